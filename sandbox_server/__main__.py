@@ -1,0 +1,3 @@
+from sandbox_server.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,172 @@
+"""`sandbox-server doctor`: is this host able to run sandboxes, and are the limits real?
+
+Every check yields a Check; a failed one carries what to do next. The probe runs a
+real sandbox with small limits and reads back what the kernel applied, then
+exceeds the memory and process limits to prove they hold.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+from sandbox_server.errors import SandboxServerError
+from sandbox_server.sandbox.docker_runtime import DockerRuntime
+from sandbox_server.sandbox.images import catalog, image_reference, image_status
+from sandbox_server.sandbox.spec import ResourceLimits, SandboxSpec
+
+__all__ = ["Check", "DoctorReport", "run_doctor"]
+
+PROBE_MEMORY_MB = 48
+PROBE_PIDS = 24
+PROBE_SCRIPT = r"""
+echo "uid=$(id -u)"
+grep -E '^(CapEff|NoNewPrivs|Seccomp):' /proc/self/status | tr -d '\t ' | tr ':' '='
+echo "net=$(ls /sys/class/net | tr '\n' ',')"
+if touch /usr/.probe 2>/dev/null; then echo rootfs=writable; else echo rootfs=readonly; fi
+echo "memory_limit=$(cat /sys/fs/cgroup/memory/memory.limit_in_bytes 2>/dev/null || cat /sys/fs/cgroup/memory.max)"
+echo "pids_limit=$(cat /sys/fs/cgroup/pids/pids.max 2>/dev/null || cat /sys/fs/cgroup/pids.max)"
+head -c 200000000 /dev/zero | tail >/dev/null
+echo "memory_hog_exit=$?"
+sh -c 'i=0; while [ $i -lt 100 ]; do sleep 30 >/dev/null 2>&1 & i=$((i+1)); echo "forked=$i"; done' 2>/dev/null | tail -n 1
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    """One line of the report."""
+
+    name: str
+    ok: bool
+    detail: str
+    fix: str = ""
+    required: bool = True
+
+
+@dataclass(slots=True)
+class DoctorReport:
+    """All checks; healthy when every required one passed."""
+
+    checks: list[Check] = field(default_factory=list)
+
+    @property
+    def healthy(self) -> bool:
+        """True when no required check failed."""
+        return all(check.ok or not check.required for check in self.checks)
+
+    def to_json(self) -> str:
+        """The report for machines."""
+        return json.dumps({"healthy": self.healthy, "checks": [asdict(c) for c in self.checks]}, indent=2)
+
+    def to_text(self) -> str:
+        """The report for people."""
+        lines = []
+        for check in self.checks:
+            mark = "ok  " if check.ok else ("FAIL" if check.required else "warn")
+            lines.append(f"[{mark}] {check.name}: {check.detail}")
+            if not check.ok and check.fix:
+                lines.append(f"       -> {check.fix}")
+        lines.append("healthy" if self.healthy else "NOT healthy: fix the lines marked FAIL")
+        return "\n".join(lines)
+
+
+def _parse_probe(stdout: str) -> dict[str, str]:
+    facts = {}
+    for line in stdout.splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            facts[key.strip()] = value.strip()
+    return facts
+
+
+def _probe_checks(facts: dict[str, str], oom_killed: bool) -> list[Check]:
+    fix = "the engine is not applying the hardened settings; check its version and the kernel's cgroups"
+    expected_memory = str(PROBE_MEMORY_MB * 1024 * 1024)
+    forked = int(facts.get("forked", "0") or 0)
+    return [
+        Check("probe: non-root user", facts.get("uid") not in (None, "0"), f"uid {facts.get('uid')}", fix),
+        Check("probe: no capabilities", facts.get("CapEff") == "0000000000000000", f"CapEff {facts.get('CapEff')}", fix),
+        Check("probe: no-new-privileges", facts.get("NoNewPrivs") == "1", f"NoNewPrivs {facts.get('NoNewPrivs')}", fix),
+        Check("probe: seccomp filter", facts.get("Seccomp") == "2", f"Seccomp mode {facts.get('Seccomp')}", fix),
+        Check("probe: network none", facts.get("net") == "lo,", f"interfaces {facts.get('net')}", fix),
+        Check("probe: read-only root", facts.get("rootfs") == "readonly", f"root filesystem {facts.get('rootfs')}", fix),
+        Check(
+            "probe: memory limit enforced",
+            facts.get("memory_limit") == expected_memory and facts.get("memory_hog_exit") == "137" and oom_killed,
+            f"cgroup limit {facts.get('memory_limit')} bytes (asked {expected_memory}); "
+            f"a 200 MB hog exited {facts.get('memory_hog_exit')}, oom_killed={oom_killed}",
+            fix,
+        ),
+        Check(
+            "probe: pids limit enforced",
+            facts.get("pids_limit") == str(PROBE_PIDS) and 0 < forked < PROBE_PIDS,
+            f"cgroup pids.max {facts.get('pids_limit')} (asked {PROBE_PIDS}); 100 forks stopped after {forked}",
+            fix,
+        ),
+    ]
+
+
+async def run_doctor(runtime: DockerRuntime) -> DoctorReport:
+    """Run every check against the engine the runtime is connected to."""
+    report = DoctorReport()
+    try:
+        info = runtime.info()
+    except SandboxServerError as exc:
+        report.checks.append(Check("engine", False, str(exc), "run scripts/engine-up, or start dockerd yourself"))
+        return report
+    report.checks.append(
+        Check("engine", True, f"Docker {info.server_version} (API {info.api_version}), {info.operating_system}")
+    )
+    report.checks.append(
+        Check("runtime runc", "runc" in info.runtimes, f"runtimes: {', '.join(info.runtimes)}", "install runc")
+    )
+    report.checks.append(
+        Check(
+            "runtime runsc (gVisor)",
+            "runsc" in info.runtimes,
+            "available" if "runsc" in info.runtimes else "not registered",
+            "install runsc and register it in /etc/docker/daemon.json (scripts/engine-up does both)",
+            required=False,
+        )
+    )
+    images_current = True
+    for definition in catalog().values():
+        status = image_status(runtime, definition)
+        ok = status.built and status.current
+        images_current &= ok
+        detail = "built and current" if ok else ("stale: its build context changed" if status.built else "not built")
+        report.checks.append(
+            Check(f"image {status.reference}", ok, detail, f"run `sandbox-server images build {definition.name}`")
+        )
+    if not images_current and runtime.image(image_reference("base")) is None:
+        return report
+    spec = SandboxSpec(
+        image=image_reference("base"),
+        argv=("/bin/sh", "-c", PROBE_SCRIPT),
+        limits=ResourceLimits(timeout_s=20, memory_mb=PROBE_MEMORY_MB, pids=PROBE_PIDS),
+    )
+    try:
+        result = await runtime.run(spec)
+    except SandboxServerError as exc:
+        report.checks.append(Check("probe container", False, str(exc), "see the engine's log"))
+        return report
+    report.checks.append(
+        Check(
+            "probe container",
+            not result.timed_out and not result.killed,
+            f"ran in {result.duration_ms} ms" + (", timed out" if result.timed_out else ""),
+            "see the engine's log",
+        )
+    )
+    report.checks.extend(_probe_checks(_parse_probe(result.stdout.decode(errors="replace")), result.oom_killed))
+    if "runsc" in info.runtimes:
+        gvisor = SandboxSpec(image=image_reference("base"), argv=("/bin/true",), runtime="runsc")
+        try:
+            outcome = await runtime.run(gvisor)
+            ok, detail = outcome.exit_code == 0, f"`true` under gVisor exited {outcome.exit_code}"
+        except SandboxServerError as exc:
+            ok, detail = False, str(exc)
+        report.checks.append(
+            Check("probe under runsc", ok, detail, "check runsc's registration in /etc/docker/daemon.json", False)
+        )
+    return report

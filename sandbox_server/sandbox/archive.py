@@ -1,0 +1,100 @@
+"""Pure tar handling for files moving in and out of a sandbox.
+
+In: one tar built in memory holding the input files under `workspace/` and the
+request under `tmp/.sandbox/` (stdin). Out: the launcher's tar of the output folder,
+read member by member, never extracted: only regular files with safe relative
+names, within the count and byte caps, are returned; every other entry gets a note.
+"""
+
+from __future__ import annotations
+
+import io
+import tarfile
+
+from sandbox_server.sandbox.spec import InputFile, OutputFile
+
+__all__ = ["build_request", "read_outputs", "safe_relative_path"]
+
+REQUEST_DIR = "tmp/.sandbox"
+
+
+def safe_relative_path(path: str) -> str | None:
+    """Normalise a relative path inside a folder; None when it is absolute, escapes or is empty."""
+    if not path or "\x00" in path or path.startswith("/"):
+        return None
+    parts = [part for part in path.split("/") if part not in ("", ".")]
+    if not parts or any(part == ".." for part in parts):
+        return None
+    return "/".join(parts)
+
+
+def _add(tar: tarfile.TarFile, name: str, content: bytes, mode: int, kind: bytes = tarfile.REGTYPE) -> None:
+    info = tarfile.TarInfo(name)
+    info.type = kind
+    info.mode = mode
+    info.size = len(content) if kind == tarfile.REGTYPE else 0
+    info.mtime = 0
+    tar.addfile(info, io.BytesIO(content) if kind == tarfile.REGTYPE else None)
+
+
+def build_request(files: tuple[InputFile, ...], stdin: bytes, workspace_prefix: str = "workspace") -> bytes:
+    """The tar the launcher unpacks: input files relative to the workspace, and stdin."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        _add(tar, REQUEST_DIR, b"", 0o700, tarfile.DIRTYPE)
+        _add(tar, f"{REQUEST_DIR}/stdin", stdin, 0o600)
+        made: set[str] = set()
+        for item in files:
+            relative = safe_relative_path(item.path)
+            if relative is None:
+                raise ValueError(f"input file path {item.path!r} is not a relative path inside the workspace")
+            for depth in range(1, relative.count("/") + 1):
+                folder = "/".join(relative.split("/")[:depth])
+                if folder not in made:
+                    made.add(folder)
+                    _add(tar, f"{workspace_prefix}/{folder}", b"", 0o755, tarfile.DIRTYPE)
+            _add(tar, f"{workspace_prefix}/{relative}", item.content, item.mode & 0o755)
+    return buffer.getvalue()
+
+
+def _printable(name: str) -> str:
+    return name.encode("unicode_escape", "backslashreplace").decode("ascii")
+
+
+def read_outputs(
+    archive: bytes, max_files: int, max_bytes: int, complete: bool = True
+) -> tuple[tuple[OutputFile, ...], tuple[str, ...]]:
+    """Regular files from the output archive within the caps, and a note for everything skipped."""
+    files: list[OutputFile] = []
+    notes: list[str] = []
+    if not archive:
+        return (), ()
+    used = 0
+    try:
+        with tarfile.open(fileobj=io.BytesIO(archive), mode="r|") as tar:
+            for member in tar:
+                name = safe_relative_path(member.name)
+                shown = _printable(member.name)
+                if member.isdir():
+                    continue
+                if name is None:
+                    notes.append(f"{shown}: skipped, name leaves the output folder")
+                elif member.issym() or member.islnk():
+                    notes.append(f"{shown}: skipped, links are never followed")
+                elif not member.isreg():
+                    notes.append(f"{shown}: skipped, not a regular file")
+                elif len(files) >= max_files:
+                    notes.append(f"{shown}: skipped, more than {max_files} files")
+                elif used + member.size > max_bytes:
+                    notes.append(f"{shown}: skipped, returned files are capped at {max_bytes} bytes")
+                else:
+                    handle = tar.extractfile(member)
+                    content = handle.read() if handle else b""
+                    used += len(content)
+                    files.append(OutputFile(path=name, content=content, size=member.size))
+    except (tarfile.TarError, EOFError) as exc:
+        if complete:
+            notes.append(f"output archive unreadable after {len(files)} files: {exc}")
+    if not complete:
+        notes.append(f"output files cut short after {len(files)} files: the archive exceeded its cap")
+    return tuple(files), tuple(notes)

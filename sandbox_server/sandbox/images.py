@@ -1,0 +1,251 @@
+"""Sandbox images: find their build contexts, hash them, build only what changed.
+
+Each folder under `sandbox_server/images/` is one image, tagged
+`sandbox-server/<name>:latest` and labelled with a hash of its build context (and
+of its parent's hash), so a second build with nothing changed builds nothing.
+When no registry serves `debian:bookworm-slim`, the base's root filesystem is made
+locally with debootstrap and imported.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from sandbox_server.errors import ImageError
+from sandbox_server.sandbox.docker_runtime import DockerRuntime
+
+__all__ = [
+    "HASH_LABEL",
+    "IMAGES_DIR",
+    "ImageDefinition",
+    "ImageStatus",
+    "build_images",
+    "catalog",
+    "image_reference",
+    "image_status",
+]
+
+IMAGES_DIR = Path(__file__).resolve().parent.parent / "images"
+PREFIX = "sandbox-server"
+HASH_LABEL = "org.sandbox-server.context-hash"
+NAME_LABEL = "org.sandbox-server.image"
+ROOTFS_LABEL = "org.sandbox-server.rootfs"
+UPSTREAM_ROOTFS = "debian:bookworm-slim"
+LOCAL_ROOTFS = f"{PREFIX}/rootfs:bookworm"
+_FROM_OURS = re.compile(rf"^\s*FROM\s+{PREFIX}/([a-z0-9-]+)(?::\S+)?", re.IGNORECASE | re.MULTILINE)
+
+Say = Callable[[str], None]
+
+
+def image_reference(name: str) -> str:
+    """The tag an image of ours is built under."""
+    return f"{PREFIX}/{name}:latest"
+
+
+@dataclass(frozen=True, slots=True)
+class ImageDefinition:
+    """One buildable image: its folder and the image of ours it starts FROM, if any."""
+
+    name: str
+    context_dir: Path
+    parent: str | None
+
+    @property
+    def reference(self) -> str:
+        """The tag it is built under."""
+        return image_reference(self.name)
+
+
+@dataclass(frozen=True, slots=True)
+class ImageStatus:
+    """Whether an image is built and built from the current context."""
+
+    name: str
+    reference: str
+    built: bool
+    current: bool
+    expected_hash: str
+    built_hash: str | None
+    size_bytes: int
+
+
+def catalog(images_dir: Path = IMAGES_DIR) -> dict[str, ImageDefinition]:
+    """All image definitions, parents before children."""
+    found: dict[str, ImageDefinition] = {}
+    for dockerfile in sorted(images_dir.glob("*/Dockerfile")):
+        match = _FROM_OURS.search(dockerfile.read_text())
+        found[dockerfile.parent.name] = ImageDefinition(
+            dockerfile.parent.name, dockerfile.parent, match.group(1) if match else None
+        )
+    ordered: dict[str, ImageDefinition] = {}
+
+    def visit(name: str, trail: tuple[str, ...]) -> None:
+        if name in ordered:
+            return
+        if name in trail:
+            raise ImageError(f"images {' -> '.join(trail + (name,))} start FROM each other in a cycle")
+        definition = found.get(name)
+        if definition is None:
+            raise ImageError(f"image {trail[-1]!r} starts FROM {image_reference(name)}, which has no folder")
+        if definition.parent:
+            visit(definition.parent, trail + (name,))
+        ordered[name] = definition
+
+    for name in found:
+        visit(name, ())
+    return ordered
+
+
+def _context_digest(context_dir: Path) -> hashlib._Hash:
+    digest = hashlib.sha256()
+    for path in sorted(p for p in context_dir.rglob("*") if p.is_file()):
+        relative = path.relative_to(context_dir).as_posix()
+        if "__pycache__" in relative:
+            continue
+        digest.update(relative.encode() + b"\0")
+        digest.update(oct(path.stat().st_mode & 0o777).encode() + b"\0")
+        digest.update(hashlib.sha256(path.read_bytes()).digest())
+    return digest
+
+
+def _expected_hash(definition: ImageDefinition, foundation: str) -> str:
+    """Hash of the build context and of what it is built upon (parent hash or rootfs id)."""
+    digest = _context_digest(definition.context_dir)
+    digest.update(b"upon\0" + foundation.encode())
+    return digest.hexdigest()[:24]
+
+
+def _foundation(runtime: DockerRuntime, definition: ImageDefinition) -> str:
+    """What an image is built upon, as known now: the parent's hash label, or the rootfs image id."""
+    if definition.parent:
+        parent = runtime.image(image_reference(definition.parent))
+        return (parent.labels.get(HASH_LABEL, "") if parent else "") or "unbuilt"
+    for reference in (UPSTREAM_ROOTFS, LOCAL_ROOTFS):
+        record = runtime.image(reference)
+        if record is not None:
+            return record.image_id
+    return "unbuilt"
+
+
+def image_status(runtime: DockerRuntime, definition: ImageDefinition) -> ImageStatus:
+    """Compare a built image's hash label with the hash of its context now."""
+    expected = _expected_hash(definition, _foundation(runtime, definition))
+    record = runtime.image(definition.reference)
+    built_hash = record.labels.get(HASH_LABEL) if record else None
+    return ImageStatus(
+        name=definition.name,
+        reference=definition.reference,
+        built=record is not None,
+        current=built_hash == expected,
+        expected_hash=expected,
+        built_hash=built_hash,
+        size_bytes=record.size_bytes if record else 0,
+    )
+
+
+def _ensure_rootfs(runtime: DockerRuntime, say: Say) -> str:
+    """A Debian bookworm root filesystem image: local, pulled, or made with debootstrap."""
+    for reference in (UPSTREAM_ROOTFS, LOCAL_ROOTFS):
+        if runtime.image(reference) is not None:
+            return reference
+    say(f"[rootfs] pulling {UPSTREAM_ROOTFS}")
+    if runtime.try_pull(UPSTREAM_ROOTFS):
+        return UPSTREAM_ROOTFS
+    say(f"[rootfs] no registry serves {UPSTREAM_ROOTFS}; building it with debootstrap")
+    _debootstrap(runtime, say)
+    return LOCAL_ROOTFS
+
+
+def _debootstrap(runtime: DockerRuntime, say: Say) -> None:
+    tool = shutil.which("debootstrap")
+    if tool is None:
+        raise ImageError(
+            "no registry serves debian:bookworm-slim and debootstrap is not installed: "
+            "run scripts/engine-up (it installs debootstrap) or `apt-get install debootstrap`"
+        )
+    if os.geteuid() != 0:
+        raise ImageError("building the base root filesystem with debootstrap needs root: run `images build` as root")
+    mirror = os.environ.get("SANDBOX_DEBIAN_MIRROR", "http://deb.debian.org/debian")
+    with tempfile.TemporaryDirectory(prefix="sandbox-rootfs-") as work:
+        target = Path(work) / "rootfs"
+        command = [tool, "--variant=minbase", "bookworm", str(target), mirror]
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        assert process.stdout is not None
+        last: list[str] = []
+        for line in process.stdout:
+            last = (last + [line.rstrip()])[-20:]
+            if line.startswith(("I: Retrieving Release", "I: Validating", "I: Installing", "I: Base system")):
+                say(f"[rootfs] {line.rstrip()}")
+        if process.wait() != 0:
+            raise ImageError("debootstrap failed:\n" + "\n".join(last))
+        for leftover in ("var/cache/apt/archives", "var/lib/apt/lists"):
+            for entry in (target / leftover).glob("*"):
+                if entry.is_file():
+                    entry.unlink()
+        tarball = Path(work) / "rootfs.tar"
+        subprocess.run(["tar", "-C", str(target), "--numeric-owner", "-cf", str(tarball), "."], check=True)
+        say(f"[rootfs] importing as {LOCAL_ROOTFS}")
+        runtime.import_rootfs(
+            str(tarball),
+            LOCAL_ROOTFS,
+            changes=[
+                "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                'CMD ["/bin/bash"]',
+                f"LABEL {ROOTFS_LABEL}=debootstrap-minbase-bookworm",
+            ],
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class BuildOutcome:
+    """What `build_images` did for one image."""
+
+    name: str
+    rebuilt: bool
+    context_hash: str
+
+
+def build_images(
+    runtime: DockerRuntime,
+    names: list[str] | None = None,
+    say: Say = print,
+    force: bool = False,
+    images_dir: Path = IMAGES_DIR,
+) -> list[BuildOutcome]:
+    """Build the named images (and their parents) when their context hash changed."""
+    definitions = catalog(images_dir)
+    unknown = [name for name in names or [] if name not in definitions]
+    if unknown:
+        raise ImageError(f"unknown image(s) {', '.join(unknown)}; known: {', '.join(definitions)}")
+    wanted: set[str] = set()
+    for name in names or list(definitions):
+        while name and name not in wanted:
+            wanted.add(name)
+            name = definitions[name].parent or ""
+    outcomes = []
+    for definition in definitions.values():
+        if definition.name not in wanted:
+            continue
+        buildargs: dict[str, str] = {}
+        if definition.parent is None:
+            buildargs["ROOTFS"] = _ensure_rootfs(runtime, say)
+        status = image_status(runtime, definition)
+        if status.current and not force:
+            say(f"[{definition.name}] current ({status.expected_hash}), nothing to build")
+            outcomes.append(BuildOutcome(definition.name, False, status.expected_hash))
+            continue
+        say(f"[{definition.name}] building {definition.reference} ({status.expected_hash})")
+        labels = {HASH_LABEL: status.expected_hash, NAME_LABEL: definition.name}
+        for line in runtime.build(str(definition.context_dir), definition.reference, buildargs, labels):
+            if line.startswith("Step ") or line.startswith("Successfully"):
+                say(f"[{definition.name}] {line}")
+        outcomes.append(BuildOutcome(definition.name, True, status.expected_hash))
+    return outcomes

@@ -1,0 +1,113 @@
+"""Frozen data passed across the sandbox boundary: what to run, with what limits, and what came out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = [
+    "SANDBOX_LABEL",
+    "ExecutionResult",
+    "InputFile",
+    "Mount",
+    "OutputFile",
+    "ResourceLimits",
+    "SandboxSpec",
+]
+
+SANDBOX_LABEL = "org.sandbox-server.sandbox"
+"""Every container we create carries this label, so strays can be found and removed."""
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceLimits:
+    """What one sandbox may use; units are in the names."""
+
+    timeout_s: float = 30.0
+    memory_mb: int = 512
+    cpus: float = 1.0
+    pids: int = 128
+    nofile: int = 256
+    file_size_mb: int = 64
+    tmp_mb: int = 64
+    workspace_mb: int = 128
+    shm_mb: int = 16
+    output_bytes: int = 1_000_000
+    returned_files: int = 20
+    returned_file_bytes: int = 8_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class Mount:
+    """A host folder made visible inside the sandbox."""
+
+    host_path: str
+    sandbox_path: str
+    read_only: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class InputFile:
+    """A file written under the workspace before the program starts."""
+
+    path: str
+    content: bytes
+    mode: int = 0o644
+
+
+@dataclass(frozen=True, slots=True)
+class SandboxSpec:
+    """Everything needed to run one program in one fresh container."""
+
+    image: str
+    argv: tuple[str, ...]
+    limits: ResourceLimits = field(default_factory=ResourceLimits)
+    runtime: str = "runc"
+    user: str = "1000:1000"
+    network: str = "none"
+    env: tuple[tuple[str, str], ...] = ()
+    stdin: bytes = b""
+    files: tuple[InputFile, ...] = ()
+    mounts: tuple[Mount, ...] = ()
+    workdir: str = "/workspace"
+    output_dir: str = "/workspace/out"
+    seccomp_profile: str | None = None
+    """A seccomp profile as JSON text; None keeps the engine's default profile."""
+    labels: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class OutputFile:
+    """A regular file the program left under the output folder."""
+
+    path: str
+    content: bytes
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutionResult:
+    """What happened to one program: outcomes are data, never exceptions."""
+
+    exit_code: int | None
+    stdout: bytes
+    stderr: bytes
+    duration_ms: int
+    timed_out: bool = False
+    oom_killed: bool = False
+    killed: bool = False
+    """The container was killed from outside (neither by our timeout nor by OOM)."""
+    cancelled: bool = False
+    flooded: bool = False
+    """The program wrote far more than its output cap and was stopped."""
+    stdout_truncated_bytes: int = 0
+    stderr_truncated_bytes: int = 0
+    files: tuple[OutputFile, ...] = ()
+    skipped_files: tuple[str, ...] = ()
+    """Notes on output entries not returned (links, devices, over the caps)."""
+    container_id: str = ""
+    peak_memory_bytes: int | None = None
+
+    @property
+    def truncated(self) -> bool:
+        """True when any output was cut to fit the byte cap."""
+        return bool(self.stdout_truncated_bytes or self.stderr_truncated_bytes)

@@ -1,0 +1,124 @@
+"""Pure stream handling: the engine's multiplexed attach stream, capped buffers and
+the boundary that separates the program's stdout from the archive of its output files."""
+
+from __future__ import annotations
+
+import struct
+
+__all__ = ["CappedBuffer", "FrameDemuxer", "StdoutSplitter"]
+
+_HEADER = struct.Struct(">BxxxL")
+STDOUT, STDERR = 1, 2
+
+
+class CappedBuffer:
+    """Keeps the first and last bytes of a stream within `limit` bytes and counts the rest."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = max(0, limit)
+        self._tail_limit = self.limit // 2
+        self._head_limit = self.limit - self._tail_limit
+        self._head = bytearray()
+        self._tail = bytearray()
+        self.total = 0
+
+    def feed(self, data: bytes) -> None:
+        """Add bytes; memory stays bounded by `limit`."""
+        self.total += len(data)
+        room = self._head_limit - len(self._head)
+        if room > 0:
+            self._head += data[:room]
+            data = data[room:]
+        if data and self._tail_limit:
+            self._tail += data
+            if len(self._tail) > self._tail_limit:
+                del self._tail[: len(self._tail) - self._tail_limit]
+
+    @property
+    def truncated_bytes(self) -> int:
+        """How many bytes were dropped from the middle."""
+        return self.total - len(self._head) - len(self._tail)
+
+    def head(self) -> bytes:
+        """The kept beginning of the stream."""
+        return bytes(self._head)
+
+    def tail(self) -> bytes:
+        """The kept end of the stream (empty when nothing was dropped)."""
+        return bytes(self._tail)
+
+
+class FrameDemuxer:
+    """Splits the engine's attach stream (8-byte headers: stream id, size) into stdout and stderr."""
+
+    def __init__(self) -> None:
+        self._pending = bytearray()
+
+    def feed(self, data: bytes) -> list[tuple[int, bytes]]:
+        """Return the complete frames in `data` (plus what was pending) as (stream, payload)."""
+        self._pending += data
+        frames: list[tuple[int, bytes]] = []
+        offset = 0
+        while len(self._pending) - offset >= _HEADER.size:
+            stream, size = _HEADER.unpack_from(self._pending, offset)
+            end = offset + _HEADER.size + size
+            if end > len(self._pending):
+                break
+            frames.append((stream, bytes(self._pending[offset + _HEADER.size : end])))
+            offset = end
+        del self._pending[:offset]
+        return frames
+
+
+class StdoutSplitter:
+    """Routes stdout bytes to the program's buffer until `boundary`, then to the archive.
+
+    The launcher inside the sandbox writes the boundary after the program exits,
+    followed by a tar of the output folder. Bytes that could be the start of the
+    boundary are held back until it is clear they are not.
+    """
+
+    def __init__(self, boundary: bytes, program: CappedBuffer, archive_limit: int) -> None:
+        self.boundary = boundary
+        self.program = program
+        self.archive = bytearray()
+        self.archive_limit = archive_limit
+        self.archive_overflow = False
+        self.found = False
+        self._held = b""
+
+    def feed(self, data: bytes) -> None:
+        """Route a chunk of stdout."""
+        if self.found:
+            self._to_archive(data)
+            return
+        data = self._held + data
+        index = data.find(self.boundary)
+        if index >= 0:
+            self.program.feed(data[:index])
+            self._held = b""
+            self.found = True
+            self._to_archive(data[index + len(self.boundary) :])
+            return
+        keep = self._partial_suffix(data)
+        self.program.feed(data[: len(data) - keep])
+        self._held = data[len(data) - keep :] if keep else b""
+
+    def finish(self) -> None:
+        """The stream ended: whatever was held back belongs to the program."""
+        if self._held:
+            self.program.feed(self._held)
+            self._held = b""
+
+    def _partial_suffix(self, data: bytes) -> int:
+        for size in range(min(len(self.boundary) - 1, len(data)), 0, -1):
+            if self.boundary.startswith(data[-size:]):
+                return size
+        return 0
+
+    def _to_archive(self, data: bytes) -> None:
+        room = self.archive_limit - len(self.archive)
+        if len(data) > room:
+            self.archive_overflow = True
+            data = data[: max(room, 0)]
+        self.archive += data

@@ -1,0 +1,39 @@
+"""Shared fixtures. Tests that need the engine fail (never skip) when it is missing."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+from sandbox_server.sandbox.docker_runtime import DockerRuntime
+from sandbox_server.sandbox.images import catalog, image_status
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
+    """Run the real `sandbox-server` command line in a child process."""
+    return subprocess.run(
+        [sys.executable, "-m", "sandbox_server", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        env={**os.environ, **(env or {})},
+        check=False,
+    )
+
+
+@pytest.fixture(scope="session")
+def runtime() -> Iterator[DockerRuntime]:
+    """A connection to the real engine, with every image built and current."""
+    try:
+        connected = DockerRuntime.connect()
+    except Exception as exc:  # the suite must fail loudly, not skip, without an engine
+        pytest.fail(f"the Docker engine is required for this test: {exc}", pytrace=False)
+    stale = [s.reference for s in (image_status(connected, d) for d in catalog().values()) if not s.current]
+    if stale:
+        pytest.fail(f"images not built or stale: {stale}; run `sandbox-server images build`", pytrace=False)
+    yield connected
+    connected.close()

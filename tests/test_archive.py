@@ -1,0 +1,83 @@
+"""Pure logic of archives in and out: names, links and caps."""
+
+import io
+import tarfile
+
+import pytest
+
+from sandbox_server.sandbox.archive import build_request, read_outputs, safe_relative_path
+from sandbox_server.sandbox.spec import InputFile
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        ("a.txt", "a.txt"),
+        ("./dir//b.csv", "dir/b.csv"),
+        ("../etc/passwd", None),
+        ("dir/../../x", None),
+        ("/etc/passwd", None),
+        ("", None),
+        ("a\x00b", None),
+    ],
+)
+def test_safe_relative_path(given: str, expected: str | None) -> None:
+    assert safe_relative_path(given) == expected
+
+
+def test_request_holds_stdin_and_files_under_the_workspace() -> None:
+    request = build_request((InputFile("data/in.csv", b"a,b\n"),), b"typed input")
+    with tarfile.open(fileobj=io.BytesIO(request)) as tar:
+        names = tar.getnames()
+        assert tar.extractfile("tmp/.sandbox/stdin").read() == b"typed input"  # type: ignore[union-attr]
+        assert tar.extractfile("workspace/data/in.csv").read() == b"a,b\n"  # type: ignore[union-attr]
+    assert "workspace/data" in names
+
+
+def test_request_refuses_paths_outside_the_workspace() -> None:
+    with pytest.raises(ValueError, match="not a relative path"):
+        build_request((InputFile("../escape", b""),), b"")
+
+
+def _archive(*members: tuple[str, bytes, bytes]) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for name, kind, content in members:
+            info = tarfile.TarInfo(name)
+            info.type = kind
+            if kind == tarfile.REGTYPE:
+                info.size = len(content)
+                tar.addfile(info, io.BytesIO(content))
+            else:
+                info.linkname = content.decode()
+                tar.addfile(info)
+    return buffer.getvalue()
+
+
+def test_outputs_keep_regular_files_and_note_everything_else() -> None:
+    archive = _archive(
+        ("./result.txt", tarfile.REGTYPE, b"42"),
+        ("./shadow", tarfile.SYMTYPE, b"/etc/shadow"),
+        ("./hard", tarfile.LNKTYPE, b"result.txt"),
+        ("../escape", tarfile.REGTYPE, b"x"),
+        ("./fifo", tarfile.FIFOTYPE, b""),
+    )
+    files, notes = read_outputs(archive, max_files=10, max_bytes=1000)
+    assert [(f.path, f.content) for f in files] == [("result.txt", b"42")]
+    assert len(notes) == 4
+    assert any("links are never followed" in note for note in notes)
+    assert any("leaves the output folder" in note for note in notes)
+
+
+def test_outputs_respect_count_and_byte_caps() -> None:
+    archive = _archive(*((f"f{i}", tarfile.REGTYPE, b"x" * 10) for i in range(5)))
+    files, notes = read_outputs(archive, max_files=3, max_bytes=25)
+    assert [f.path for f in files] == ["f0", "f1"]
+    assert len(notes) == 3
+
+
+def test_truncated_archive_keeps_what_was_complete() -> None:
+    archive = _archive(("a", tarfile.REGTYPE, b"1" * 600), ("b", tarfile.REGTYPE, b"2" * 600))
+    files, notes = read_outputs(archive[:1600], max_files=10, max_bytes=10_000, complete=False)
+    assert [f.path for f in files] == ["a"]
+    assert "cut short" in notes[-1]

@@ -1,0 +1,25 @@
+"""The layering of DESIGN.md: one module talks to Docker, one to the MCP SDK."""
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent.parent / "sandbox_server"
+
+
+def _importers(top_level: str) -> set[str]:
+    found = set()
+    for path in PACKAGE.rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [node.module]
+            if any(name == top_level or name.startswith(top_level + ".") for name in names):
+                found.add(path.relative_to(PACKAGE).as_posix())
+    return found
+
+
+def test_only_the_docker_runtime_imports_docker() -> None:
+    assert _importers("docker") == {"sandbox/docker_runtime.py"}

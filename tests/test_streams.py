@@ -1,0 +1,65 @@
+"""Pure logic of the output streams: caps, frames, and the stdout/archive boundary."""
+
+import struct
+
+from sandbox_server.sandbox.streams import CappedBuffer, FrameDemuxer, StdoutSplitter
+
+
+def test_capped_buffer_keeps_everything_under_the_cap() -> None:
+    buffer = CappedBuffer(100)
+    buffer.feed(b"hello ")
+    buffer.feed(b"world")
+    assert buffer.head() == b"hello world"
+    assert buffer.truncated_bytes == 0
+    assert buffer.tail() == b""
+
+
+def test_capped_buffer_keeps_head_and_tail_and_counts_the_middle() -> None:
+    buffer = CappedBuffer(10)
+    for index in range(100):
+        buffer.feed(bytes([65 + index % 26]))
+    assert buffer.head() == b"ABCDE"
+    assert buffer.tail() == bytes(65 + i % 26 for i in range(95, 100))
+    assert buffer.total == 100
+    assert buffer.truncated_bytes == 90
+
+
+def _frame(stream: int, payload: bytes) -> bytes:
+    return struct.pack(">BxxxL", stream, len(payload)) + payload
+
+
+def test_demuxer_reassembles_frames_split_anywhere() -> None:
+    wire = _frame(1, b"out") + _frame(2, b"err") + _frame(1, b"more")
+    for cut in range(len(wire) + 1):
+        demuxer = FrameDemuxer()
+        frames = demuxer.feed(wire[:cut]) + demuxer.feed(wire[cut:])
+        assert frames == [(1, b"out"), (2, b"err"), (1, b"more")]
+
+
+def test_splitter_finds_a_boundary_split_across_chunks() -> None:
+    data = b"program output" + b"BOUNDARY42" + b"archive bytes"
+    for cut in range(len(data) + 1):
+        program = CappedBuffer(1000)
+        splitter = StdoutSplitter(b"BOUNDARY42", program, 1000)
+        splitter.feed(data[:cut])
+        splitter.feed(data[cut:])
+        splitter.finish()
+        assert program.head() == b"program output"
+        assert bytes(splitter.archive) == b"archive bytes"
+        assert splitter.found
+
+
+def test_splitter_without_boundary_gives_everything_to_the_program() -> None:
+    program = CappedBuffer(1000)
+    splitter = StdoutSplitter(b"BOUNDARY42", program, 1000)
+    splitter.feed(b"ends with BOUNDA")
+    splitter.finish()
+    assert program.head() == b"ends with BOUNDA"
+    assert not splitter.found
+
+
+def test_splitter_caps_the_archive() -> None:
+    splitter = StdoutSplitter(b"B", CappedBuffer(10), 4)
+    splitter.feed(b"xB123456")
+    assert bytes(splitter.archive) == b"1234"
+    assert splitter.archive_overflow

@@ -1,0 +1,144 @@
+"""ToolOutcome -> MCP content blocks, as plain JSON-shaped dicts (server.py makes them models).
+
+Text is sanitised for a model and a terminal: escape sequences removed, control
+characters replaced, bidirectional overrides made visible. Files come back as
+images, embedded text or blobs, or, when large, as resource links served by
+`ResourceStore` through resources/read.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import mimetypes
+import re
+import threading
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+from sandbox_server.sandbox.spec import OutputFile
+from sandbox_server.tools.base import ToolOutcome
+
+__all__ = ["RenderedResult", "ResourceStore", "render", "sanitize"]
+
+_ESCAPES = re.compile(
+    r"\x1b\[[0-?]*[ -/]*[@-~]"  # CSI: colours, cursor moves, clear screen
+    r"|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?"  # OSC: titles, hyperlinks, clipboard (52)
+    r"|\x1b[PX^_][^\x1b]*(?:\x1b\\)?"  # DCS, SOS, PM, APC strings
+    r"|\x1b[@-Z\\-_]?"  # other two-byte escapes, or a lone ESC
+    r"|\x9b[0-?]*[ -/]*[@-~]"  # 8-bit CSI
+)
+_CONTROLS = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+_INVISIBLE = re.compile(r"[\u200b-\u200f\u202a-\u202e\u2066-\u2069\ufeff]")
+
+EMBED_TEXT_BYTES = 64 * 1024
+EMBED_BLOB_BYTES = 256 * 1024
+IMAGE_TYPES = {b"\x89PNG\r\n\x1a\n": "image/png", b"\xff\xd8\xff": "image/jpeg", b"GIF8": "image/gif"}
+
+
+def sanitize(text: str) -> str:
+    """Text safe to show a model or a terminal: no escapes, no controls, visible bidi marks."""
+    text = _ESCAPES.sub("", text)
+    text = text.replace("\r\n", "\n").replace("\r", "\n")
+    text = _CONTROLS.sub("\ufffd", text)
+    return _INVISIBLE.sub(lambda match: f"<U+{ord(match.group()):04X}>", text)
+
+
+class ResourceStore:
+    """Files too large to embed, readable through resources/read; oldest dropped past the cap."""
+
+    def __init__(self, max_bytes: int = 256 * 1024 * 1024) -> None:
+        self.max_bytes = max_bytes
+        self._items: OrderedDict[str, tuple[str, bytes]] = OrderedDict()
+        self._used = 0
+        self._lock = threading.Lock()
+
+    def put(self, uri: str, mime_type: str, content: bytes) -> None:
+        """Keep a file under its URI."""
+        with self._lock:
+            self._items[uri] = (mime_type, content)
+            self._used += len(content)
+            while self._used > self.max_bytes and self._items:
+                _, (_, dropped) = self._items.popitem(last=False)
+                self._used -= len(dropped)
+
+    def get(self, uri: str) -> tuple[str, bytes] | None:
+        """The MIME type and bytes of a kept file, or None."""
+        with self._lock:
+            return self._items.get(uri)
+
+    def uris(self) -> list[str]:
+        """Every kept URI, oldest first."""
+        with self._lock:
+            return list(self._items)
+
+
+@dataclass(frozen=True, slots=True)
+class RenderedResult:
+    """A CallToolResult as JSON-shaped parts."""
+
+    content: list[dict[str, Any]]
+    structured: dict[str, Any] | None
+    is_error: bool
+
+
+def _mime_type(file: OutputFile) -> str:
+    for magic, mime in IMAGE_TYPES.items():
+        if file.content.startswith(magic):
+            return mime
+    guessed, _ = mimetypes.guess_type(file.path)
+    return guessed or "application/octet-stream"
+
+
+def _file_block(file: OutputFile, call_id: str, store: ResourceStore) -> dict[str, Any]:
+    uri = f"sandbox://calls/{call_id}/out/{quote(file.path, safe='/')}"
+    mime = _mime_type(file)
+    if mime.startswith("image/") and len(file.content) <= EMBED_BLOB_BYTES * 8:
+        return {"type": "image", "data": base64.b64encode(file.content).decode(), "mimeType": mime}
+    try:
+        text = file.content.decode("utf-8")
+    except UnicodeDecodeError:
+        text = None
+    if text is not None and len(file.content) <= EMBED_TEXT_BYTES:
+        if mime == "application/octet-stream":
+            mime = "text/plain"
+        return {"type": "resource", "resource": {"uri": uri, "mimeType": mime, "text": text}}
+    if text is None and len(file.content) <= EMBED_BLOB_BYTES:
+        blob = base64.b64encode(file.content).decode()
+        return {"type": "resource", "resource": {"uri": uri, "mimeType": mime, "blob": blob}}
+    store.put(uri, mime, file.content)
+    return {
+        "type": "resource_link",
+        "uri": uri,
+        "name": sanitize(file.path),
+        "mimeType": mime,
+        "size": len(file.content),
+        "description": "too large to embed; read it with resources/read",
+    }
+
+
+def render(outcome: ToolOutcome, store: ResourceStore) -> RenderedResult:
+    """The blocks a client receives: text first, then structured JSON, images and files."""
+    lines = [sanitize(outcome.headline)]
+    for title, body in outcome.sections:
+        if body or title == "stdout":
+            lines.append(f"--- {title} ---")
+            lines.append(sanitize(body).rstrip("\n") or "(empty)")
+    for note in outcome.notes:
+        lines.append(f"note: {sanitize(note)}")
+    content: list[dict[str, Any]] = [{"type": "text", "text": "\n".join(lines)}]
+    structured = None
+    if outcome.structured is not None:
+        structured = json.loads(json.dumps(outcome.structured))
+        for key in ("stdout", "stderr"):
+            if isinstance(structured.get(key), str):
+                structured[key] = sanitize(structured[key])
+        for item in structured.get("files", []):
+            item["path"] = sanitize(item["path"])
+        content.append({"type": "text", "text": json.dumps(structured, ensure_ascii=False)})
+    call_id = uuid.uuid4().hex[:12]
+    content.extend(_file_block(file, call_id, store) for file in outcome.files)
+    return RenderedResult(content=content, structured=structured, is_error=outcome.is_error)

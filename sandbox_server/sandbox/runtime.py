@@ -1,0 +1,20 @@
+"""The SandboxRuntime protocol: what tools need from a container engine."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Protocol
+
+from sandbox_server.sandbox.spec import ExecutionResult, SandboxSpec
+
+__all__ = ["SandboxRuntime"]
+
+
+class SandboxRuntime(Protocol):
+    """Runs a spec in a fresh sandbox that is destroyed afterwards."""
+
+    async def run(
+        self, spec: SandboxSpec, on_progress: Callable[[float, int, int], Awaitable[None]] | None = None
+    ) -> ExecutionResult:
+        """Run one program; engine failures raise EngineError, program failures are data."""
+        ...

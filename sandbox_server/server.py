@@ -1,0 +1,220 @@
+"""The only module that speaks MCP: the tool registry becomes tools/list and tools/call.
+
+Protocol faults (unknown tool, bad cursor, malformed request) are JSON-RPC errors;
+everything about a call (invalid arguments, refusals, failed programs, an engine
+that is down) is an `isError` result whose first line says what happened.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import mcp_types as types
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import ValidationError
+from mcp.server.lowlevel import NotificationOptions, Server
+from mcp.server.stdio import stdio_server
+from mcp.server.transport_security import TransportSecuritySettings
+from mcp.shared.exceptions import MCPError
+
+from sandbox_server import __version__
+from sandbox_server.errors import EngineError, EngineUnavailable
+from sandbox_server.policy import Policy
+from sandbox_server.results import RenderedResult, ResourceStore, render
+from sandbox_server.sandbox.runtime import SandboxRuntime
+from sandbox_server.tools import Tool, ToolContext, ToolOutcome
+
+__all__ = ["SandboxServer", "serve_http", "serve_stdio"]
+
+logger = logging.getLogger("sandbox_server")
+
+INVALID_PARAMS = -32602
+INSTRUCTIONS = (
+    "Every tool call runs in a fresh, isolated, resource-limited container that is destroyed "
+    "afterwards: nothing persists between calls. Send input files with `files`; files written "
+    "to /workspace/out come back with the result."
+)
+
+
+def _field_path(error: ValidationError) -> str:
+    path = ""
+    for part in error.absolute_path:
+        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+    return path or "(arguments)"
+
+
+def _describe(error: ValidationError) -> str:
+    if error.validator == "required":
+        return f"missing required field: {error.message.split(' ')[0]}"
+    if error.validator == "additionalProperties":
+        return f"unknown field: {error.message}"
+    if error.validator == "pattern" and "\\u0000" in str(error.validator_value):
+        return f"`{_field_path(error)}` contains a NUL byte, which no program argument can hold"
+    message = error.message if len(error.message) < 300 else error.message[:300] + "…"
+    return f"`{_field_path(error)}`: {message}"
+
+
+class SandboxServer:
+    """Tools, policy and runtime wired to an MCP low-level Server."""
+
+    def __init__(
+        self,
+        tools: list[Tool],
+        policy: Policy,
+        runtime: SandboxRuntime,
+        page_size: int = 50,
+        store: ResourceStore | None = None,
+    ) -> None:
+        self.tools = {tool.name: tool for tool in tools}
+        self.validators = {tool.name: Draft202012Validator(tool.input_schema) for tool in tools}
+        self.policy = policy
+        self.runtime = runtime
+        self.page_size = max(1, page_size)
+        self.store = store or ResourceStore()
+        self.server: Server[Any] = Server(
+            "sandbox-server",
+            version=__version__,
+            title="Sandbox server",
+            instructions=INSTRUCTIONS,
+            on_list_tools=self._list_tools,
+            on_call_tool=self._call_tool,
+            on_list_resources=self._list_resources,
+            on_read_resource=self._read_resource,
+        )
+
+    # -- tools/list --------------------------------------------------------------------
+
+    def _tool_model(self, tool: Tool) -> types.Tool:
+        return types.Tool(
+            name=tool.name,
+            title=tool.title,
+            description=tool.description,
+            input_schema=dict(tool.input_schema),
+            output_schema=dict(tool.output_schema),
+            annotations=types.ToolAnnotations(title=tool.title, **_snake(tool.annotations)),
+        )
+
+    async def _list_tools(self, ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
+        names = sorted(self.tools)
+        start = 0
+        cursor = params.cursor if params else None
+        if cursor is not None:
+            try:
+                start = int(base64.urlsafe_b64decode(cursor.encode()).decode().removeprefix("offset:"))
+                if not 0 < start < len(names):
+                    raise ValueError(start)
+            except (ValueError, binascii.Error, UnicodeDecodeError):
+                raise MCPError(INVALID_PARAMS, f"invalid cursor {cursor!r}: use the nextCursor of a previous page")
+        page = names[start : start + self.page_size]
+        end = start + len(page)
+        next_cursor = base64.urlsafe_b64encode(f"offset:{end}".encode()).decode() if end < len(names) else None
+        return types.ListToolsResult(tools=[self._tool_model(self.tools[n]) for n in page], next_cursor=next_cursor)
+
+    # -- tools/call --------------------------------------------------------------------
+
+    async def _call_tool(self, ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
+        tool = self.tools.get(params.name)
+        if tool is None:
+            raise MCPError(INVALID_PARAMS, f"unknown tool {params.name!r}; tools/list names the tools")
+        arguments = params.arguments or {}
+        outcome = await self._outcome(tool, arguments, ctx)
+        return _result_model(render(outcome, self.store))
+
+    async def _outcome(self, tool: Tool, arguments: Mapping[str, Any], ctx: Any) -> ToolOutcome:
+        policy = self.policy.for_tool(tool.name)
+        size = len(json.dumps(arguments, ensure_ascii=False).encode())
+        if size > policy.max_argument_bytes:
+            return ToolOutcome.refusal(
+                f"refused: arguments are {size} bytes, above the cap of {policy.max_argument_bytes} bytes "
+                f"set by policy '{self.policy.name}' (field max_argument_bytes)"
+            )
+        errors = sorted(self.validators[tool.name].iter_errors(arguments), key=lambda e: list(e.absolute_path))
+        if errors:
+            return ToolOutcome.refusal(
+                f"invalid arguments for {tool.name}: " + "; ".join(_describe(e) for e in errors[:5])
+            )
+
+        async def progress(elapsed_s: float, stdout_bytes: int, stderr_bytes: int) -> None:
+            message = f"{elapsed_s:.0f} s elapsed; {stdout_bytes} bytes of stdout, {stderr_bytes} of stderr so far"
+            await ctx.session.report_progress(elapsed_s, None, message)
+
+        tool_ctx = ToolContext(runtime=self.runtime, policy=policy, policy_name=self.policy.name, on_progress=progress)
+        try:
+            return await tool.run(arguments, tool_ctx)
+        except EngineUnavailable as exc:
+            return ToolOutcome.refusal(str(exc))
+        except EngineError as exc:
+            return ToolOutcome.refusal(f"sandbox engine error: {exc}")
+
+    # -- resources ---------------------------------------------------------------------
+
+    async def _list_resources(self, ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListResourcesResult:
+        resources = []
+        for uri in self.store.uris():
+            found = self.store.get(uri)
+            if found:
+                resources.append(
+                    types.Resource(uri=uri, name=uri.rsplit("/", 1)[-1], mime_type=found[0], size=len(found[1]))
+                )
+        return types.ListResourcesResult(resources=resources)
+
+    async def _read_resource(self, ctx: Any, params: types.ReadResourceRequestParams) -> types.ReadResourceResult:
+        found = self.store.get(str(params.uri))
+        if found is None:
+            raise MCPError(-32002, f"resource not found: {params.uri} (files are kept for a while, then dropped)")
+        mime, content = found
+        try:
+            text = content.decode("utf-8")
+        except UnicodeDecodeError:
+            blob = base64.b64encode(content).decode()
+            item: Any = types.BlobResourceContents(uri=str(params.uri), mime_type=mime, blob=blob)
+        else:
+            item = types.TextResourceContents(uri=str(params.uri), mime_type=mime, text=text)
+        return types.ReadResourceResult(contents=[item])
+
+    def initialization_options(self) -> Any:
+        """What the server announces in the handshake."""
+        return self.server.create_initialization_options(NotificationOptions(tools_changed=True))
+
+
+def _snake(annotations: Mapping[str, Any]) -> dict[str, Any]:
+    names = {
+        "readOnlyHint": "read_only_hint",
+        "destructiveHint": "destructive_hint",
+        "idempotentHint": "idempotent_hint",
+        "openWorldHint": "open_world_hint",
+    }
+    return {names[key]: value for key, value in annotations.items()}
+
+
+def _result_model(rendered: RenderedResult) -> types.CallToolResult:
+    return types.CallToolResult.model_validate(
+        {"content": rendered.content, "structuredContent": rendered.structured, "isError": rendered.is_error}
+    )
+
+
+async def serve_stdio(app: SandboxServer) -> None:
+    """Serve MCP over stdin/stdout until the client closes the stream."""
+    async with stdio_server() as (read_stream, write_stream):
+        await app.server.run(read_stream, write_stream, app.initialization_options())
+
+
+async def serve_http(app: SandboxServer, host: str, port: int) -> None:
+    """Serve MCP over Streamable HTTP at http://HOST:PORT/mcp."""
+    import uvicorn
+
+    loopback = ["127.0.0.1", "localhost", "[::1]"]
+    names = loopback if host in ("127.0.0.1", "localhost", "::1") else [host, *loopback]
+    security = TransportSecuritySettings(
+        enable_dns_rebinding_protection=True,
+        allowed_hosts=[f"{name}:*" for name in names],
+        allowed_origins=[f"http://{name}:*" for name in names] + [f"https://{name}:*" for name in names],
+    )
+    starlette_app = app.server.streamable_http_app(host=host, transport_security=security)
+    config = uvicorn.Config(starlette_app, host=host, port=port, log_level="warning", lifespan="on")
+    await uvicorn.Server(config).serve()

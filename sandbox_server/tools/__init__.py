@@ -1,0 +1,11 @@
+"""The tools this server offers, one per module."""
+
+from sandbox_server.tools.base import Tool, ToolContext, ToolOutcome
+from sandbox_server.tools.execute_command import ExecuteCommand
+
+__all__ = ["Tool", "ToolContext", "ToolOutcome", "all_tools"]
+
+
+def all_tools() -> list[Tool]:
+    """Every tool, in the order tools/list shows them."""
+    return [ExecuteCommand()]

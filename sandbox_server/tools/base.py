@@ -1,0 +1,165 @@
+"""What every tool is: a description for tools/list and `run(args, ctx) -> ToolOutcome`."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from sandbox_server.policy import ToolPolicy
+from sandbox_server.sandbox.archive import safe_relative_path
+from sandbox_server.sandbox.runtime import SandboxRuntime
+from sandbox_server.sandbox.spec import ExecutionResult, InputFile, OutputFile
+
+__all__ = [
+    "FILES_SCHEMA",
+    "Tool",
+    "ToolContext",
+    "ToolOutcome",
+    "decode_files",
+    "outcome_from_execution",
+    "refuse_timeout",
+]
+
+ProgressReporter = Callable[[float, int, int], Awaitable[None]]
+
+FILES_SCHEMA: dict[str, Any] = {
+    "type": "array",
+    "description": "Input files written under /workspace before the program starts.",
+    "maxItems": 1000,
+    "items": {
+        "type": "object",
+        "properties": {
+            "path": {"type": "string", "minLength": 1, "maxLength": 4096, "description": "Relative to /workspace."},
+            "content": {"type": "string"},
+            "encoding": {"enum": ["utf-8", "base64"], "default": "utf-8"},
+        },
+        "required": ["path", "content"],
+        "additionalProperties": False,
+    },
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ToolContext:
+    """What a tool gets besides its arguments."""
+
+    runtime: SandboxRuntime
+    policy: ToolPolicy
+    policy_name: str = "default"
+    on_progress: ProgressReporter | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ToolOutcome:
+    """A tool's answer before rendering: the headline is the first line a model reads."""
+
+    headline: str
+    is_error: bool
+    sections: tuple[tuple[str, str], ...] = ()
+    structured: Mapping[str, Any] | None = None
+    files: tuple[OutputFile, ...] = ()
+    notes: tuple[str, ...] = ()
+
+    @classmethod
+    def refusal(cls, message: str) -> ToolOutcome:
+        """Nothing ran: the request was refused, and why."""
+        return cls(headline=message, is_error=True)
+
+
+class Tool(Protocol):
+    """One tool; modules under tools/ each provide one."""
+
+    name: str
+    title: str
+    description: str
+    input_schema: Mapping[str, Any]
+    output_schema: Mapping[str, Any]
+    annotations: Mapping[str, Any]
+
+    async def run(self, args: Mapping[str, Any], ctx: ToolContext) -> ToolOutcome:
+        """Run the tool; sandboxed failures are outcomes, not exceptions."""
+        ...
+
+
+def decode_files(items: list[Mapping[str, str]], policy: ToolPolicy) -> tuple[InputFile, ...] | str:
+    """Input files from the arguments, or a refusal naming the file and the limit."""
+    files: list[InputFile] = []
+    total = 0
+    for index, item in enumerate(items):
+        if item.get("encoding", "utf-8") == "base64":
+            try:
+                content = base64.b64decode(item["content"], validate=True)
+            except (binascii.Error, ValueError):
+                return f"files[{index}].content is not valid base64"
+        else:
+            content = item["content"].encode("utf-8", "surrogatepass")
+        if safe_relative_path(item["path"]) is None:
+            return f"files[{index}].path {item['path']!r} must be a relative path inside /workspace (no '..')"
+        total += len(content)
+        if total > policy.max_input_file_bytes:
+            return (
+                f"input files exceed {policy.max_input_file_bytes} bytes "
+                f"(policy field max_input_file_bytes); send less or raise the limit"
+            )
+        files.append(InputFile(path=item["path"], content=content))
+    return tuple(files)
+
+
+def refuse_timeout(requested: float | None, policy: ToolPolicy, policy_name: str) -> str | None:
+    """A refusal when the caller asks for more time than the policy allows."""
+    if requested is not None and requested > policy.max_timeout_s:
+        return (
+            f"refused: timeout_s {requested:g} is above the cap of {policy.max_timeout_s:g} s "
+            f"set by policy '{policy_name}' (field max_timeout_s); ask for {policy.max_timeout_s:g} or less"
+        )
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class _Headline:
+    text: str
+    is_error: bool = True
+
+
+def _headline(result: ExecutionResult, limits_memory_mb: int, timeout_s: float) -> _Headline:
+    if result.timed_out:
+        return _Headline(f"timed out after {timeout_s:g} s (partial output below)")
+    if result.oom_killed:
+        return _Headline(f"killed: out of memory ({limits_memory_mb} MiB)")
+    if result.flooded:
+        return _Headline("killed: output flood (far more output than the cap; partial output below)")
+    if result.killed:
+        return _Headline("killed: the sandbox was killed from outside before the program finished")
+    if result.exit_code == 0:
+        return _Headline("exit code 0", is_error=False)
+    if result.exit_code is not None and result.exit_code > 128:
+        return _Headline(f"exit code {result.exit_code} (killed by signal {result.exit_code - 128})")
+    return _Headline(f"exit code {result.exit_code}")
+
+
+def outcome_from_execution(result: ExecutionResult, memory_mb: int, timeout_s: float) -> ToolOutcome:
+    """The common rendering of a sandboxed run: headline, stdout, stderr, files, structured data."""
+    headline = _headline(result, memory_mb, timeout_s)
+    stdout = result.stdout.decode("utf-8", "replace")
+    stderr = result.stderr.decode("utf-8", "replace")
+    structured = {
+        "exit_code": result.exit_code,
+        "stdout": stdout,
+        "stderr": stderr,
+        "timed_out": result.timed_out,
+        "oom_killed": result.oom_killed,
+        "duration_ms": result.duration_ms,
+        "truncated": result.truncated,
+        "files": [{"path": f.path, "size": f.size} for f in result.files],
+    }
+    return ToolOutcome(
+        headline=f"{headline.text} · {result.duration_ms} ms",
+        is_error=headline.is_error,
+        sections=(("stdout", stdout), ("stderr", stderr)),
+        structured=structured,
+        files=result.files,
+        notes=result.skipped_files,
+    )

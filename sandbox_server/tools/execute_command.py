@@ -1,0 +1,126 @@
+"""execute_command: run one program in a fresh, hardened container."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+from sandbox_server.sandbox.spec import SandboxSpec
+from sandbox_server.tools.base import (
+    FILES_SCHEMA,
+    ToolContext,
+    ToolOutcome,
+    decode_files,
+    outcome_from_execution,
+    refuse_timeout,
+)
+
+__all__ = ["OUTPUT_SCHEMA", "ExecuteCommand"]
+
+NO_NUL = "^[^\\u0000]*$"
+
+OUTPUT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "exit_code": {"type": ["integer", "null"], "description": "null when the program was killed"},
+        "stdout": {"type": "string"},
+        "stderr": {"type": "string"},
+        "timed_out": {"type": "boolean"},
+        "oom_killed": {"type": "boolean"},
+        "duration_ms": {"type": "integer"},
+        "truncated": {"type": "boolean", "description": "stdout or stderr was cut to the output cap"},
+        "files": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {"path": {"type": "string"}, "size": {"type": "integer"}},
+                "required": ["path", "size"],
+            },
+        },
+    },
+    "required": ["exit_code", "stdout", "stderr", "timed_out", "oom_killed", "duration_ms", "truncated", "files"],
+}
+
+
+class ExecuteCommand:
+    """Run a command in a fresh container that is destroyed afterwards."""
+
+    name = "execute_command"
+    title = "Run a shell command in a sandbox"
+    description = (
+        "Run a command in a fresh, isolated Linux container (Debian, no network, read-only root, "
+        "writable /workspace and /tmp) that is destroyed afterwards. Without `args`, `command` runs "
+        "through /bin/sh -c (pipes and redirections work); with `args`, the program runs with exactly "
+        "those arguments and no shell. Files written to /workspace/out are returned.\n"
+        'Example: {"command": "ls -la /workspace && wc -l data.txt", '
+        '"files": [{"path": "data.txt", "content": "a\\nb\\n"}]}\n'
+        'Example: {"command": "grep", "args": ["-n", "needle", "notes.txt"], "timeout_s": 5}'
+    )
+    input_schema: dict[str, Any] = {
+        "type": "object",
+        "properties": {
+            "command": {
+                "type": "string",
+                "minLength": 1,
+                "pattern": NO_NUL,
+                "description": "A shell command line, or the program to run when `args` is given.",
+            },
+            "args": {
+                "type": "array",
+                "items": {"type": "string", "pattern": NO_NUL},
+                "maxItems": 10000,
+                "description": "Arguments passed literally (no shell, no expansion).",
+            },
+            "stdin": {"type": "string", "description": "Text given to the program on standard input."},
+            "timeout_s": {
+                "type": "number",
+                "exclusiveMinimum": 0,
+                "description": "Wall-clock limit in seconds; the policy caps it.",
+            },
+            "files": FILES_SCHEMA,
+        },
+        "required": ["command"],
+        "additionalProperties": False,
+    }
+    output_schema = OUTPUT_SCHEMA
+    annotations: dict[str, Any] = {
+        "readOnlyHint": False,
+        "destructiveHint": False,
+        "idempotentHint": False,
+        "openWorldHint": False,
+    }
+
+    async def run(self, args: Mapping[str, Any], ctx: ToolContext) -> ToolOutcome:
+        """Build the spec from the arguments and the policy, run it, describe what happened."""
+        policy = ctx.policy
+        refusal = refuse_timeout(args.get("timeout_s"), policy, ctx.policy_name)
+        if refusal:
+            return ToolOutcome.refusal(refusal)
+        if "args" in args:
+            argv = (args["command"], *args["args"])
+        elif policy.allow_shell:
+            argv = ("/bin/sh", "-c", args["command"])
+        else:
+            return ToolOutcome.refusal(
+                f"refused: policy '{ctx.policy_name}' does not allow a shell (field allow_shell); "
+                "give the program in `command` and its arguments in `args`"
+            )
+        files = decode_files(args.get("files", []), policy)
+        if isinstance(files, str):
+            return ToolOutcome.refusal(f"refused: {files}")
+        timeout_s = float(args.get("timeout_s", policy.limits.timeout_s))
+        limits = policy.limits
+        if timeout_s != limits.timeout_s:
+            limits = replace(limits, timeout_s=timeout_s)
+        spec = SandboxSpec(
+            image=policy.image,
+            argv=argv,
+            limits=limits,
+            runtime=policy.runtime,
+            user=policy.user,
+            stdin=args.get("stdin", "").encode("utf-8", "surrogatepass"),
+            files=files,
+        )
+        result = await ctx.runtime.run(spec, ctx.on_progress)
+        return outcome_from_execution(result, limits.memory_mb, timeout_s)

@@ -37,3 +37,20 @@ def runtime() -> Iterator[DockerRuntime]:
         pytest.fail(f"images not built or stale: {stale}; run `sandbox-server images build`", pytrace=False)
     yield connected
     connected.close()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_container_left_behind() -> Iterator[None]:
+    """After the whole suite, no container of ours remains."""
+    yield
+    try:
+        leftover = DockerRuntime.connect().sandbox_containers()
+    except Exception:
+        return  # the engine fixture already failed the tests that needed it
+    assert not leftover, f"sandbox containers left behind: {leftover}"
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    """Async tests run on asyncio."""
+    return "asyncio"

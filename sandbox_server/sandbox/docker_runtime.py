@@ -12,6 +12,7 @@ import contextlib
 import os
 import secrets
 import socket
+import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
@@ -33,7 +34,9 @@ __all__ = ["DockerRuntime", "EngineInfo", "ImageRecord", "host_config_kwargs"]
 
 OWNER_LABEL = "org.sandbox-server.owner"
 FLOOD_FACTOR = 16
-"""A program that writes more than this many times its output cap is killed as a flood."""
+FLOOD_MIN_BYTES = 64 * 1024 * 1024
+"""A program that writes more than FLOOD_FACTOR times its output cap (and at least
+FLOOD_MIN_BYTES) is killed as a flood: draining it longer only burns the host's CPU."""
 ENGINE_HINT = "start it with `scripts/engine-up` (as root), or `dockerd &`, or point DOCKER_HOST at a running engine"
 
 
@@ -155,7 +158,7 @@ class _Drain:
         self.stdout = CappedBuffer(cap)
         self.stderr = CappedBuffer(cap)
         self.splitter = StdoutSplitter(boundary, self.stdout, spec.limits.returned_file_bytes + 1024 * 1024)
-        self.flood_limit = cap * FLOOD_FACTOR
+        self.flood_limit = max(cap * FLOOD_FACTOR, FLOOD_MIN_BYTES)
         self.flooded = False
         self.finished = False
 
@@ -188,13 +191,22 @@ ProgressCallback = Callable[[float, int, int], Awaitable[None]]
 class DockerRuntime:
     """A SandboxRuntime on the Docker engine; one instance per server process."""
 
-    def __init__(self, client: docker.DockerClient) -> None:
-        self._client = client
-        self._api = client.api
+    def __init__(self, client: docker.DockerClient | None = None) -> None:
+        self._connected = client
+        self._connect_lock = threading.Lock()
         self.owner = _owner()
 
+    @property
+    def _api(self) -> docker.APIClient:
+        """The engine's API, connecting on first use (and again after a failed attempt)."""
+        if self._connected is None:
+            with self._connect_lock, _engine_errors("connect"):
+                if self._connected is None:
+                    self._connected = docker.from_env(timeout=60)
+        return self._connected.api
+
     @classmethod
-    def connect(cls, timeout_s: float = 10.0) -> DockerRuntime:
+    def connect(cls, timeout_s: float = 60.0) -> DockerRuntime:
         """Connect to the engine named by the environment (DOCKER_HOST or the local socket)."""
         with _engine_errors("connect"):
             client = docker.from_env(timeout=int(timeout_s))
@@ -203,13 +215,13 @@ class DockerRuntime:
 
     @classmethod
     def lazy(cls) -> DockerRuntime:
-        """A runtime that does not contact the engine until first used."""
-        with _engine_errors("configure the client"):
-            return cls(docker.from_env())
+        """A runtime that does not contact the engine until first used, so a server starts without one."""
+        return cls(None)
 
     def close(self) -> None:
         """Release the client's connections."""
-        self._client.close()
+        if self._connected is not None:
+            self._connected.close()
 
     # -- the engine ------------------------------------------------------------------
 
@@ -314,6 +326,12 @@ class DockerRuntime:
                 removed += 1
         return removed
 
+    def sandbox_containers(self) -> list[str]:
+        """Ids of every container carrying our label, whichever server made it."""
+        with _engine_errors("list sandbox containers"):
+            found = self._api.containers(all=True, filters={"label": SANDBOX_LABEL})
+        return [item["Id"] for item in found]
+
     def own_containers(self) -> list[str]:
         """Ids of the containers this process created and has not removed yet."""
         with _engine_errors("list sandbox containers"):
@@ -385,6 +403,8 @@ class DockerRuntime:
                     group.cancel_scope.cancel()
             timed_out = deadline.cancelled_caught
             if timed_out or drain.flooded:
+                # Close our end first: the engine does not finish a kill while an attach stream backs up.
+                _close(raw)
                 await anyio.to_thread.run_sync(self._remove, container_id)
                 exit_code: int | None = None
                 oom_killed = False
@@ -396,8 +416,7 @@ class DockerRuntime:
         finally:
             with anyio.CancelScope(shield=True):
                 if raw is not None:
-                    with contextlib.suppress(OSError):
-                        raw.close()
+                    _close(raw)
                 await anyio.to_thread.run_sync(self._remove, container_id)
         duration_ms = int((time.monotonic() - started) * 1000)
         files, notes = read_outputs(
@@ -428,6 +447,13 @@ class DockerRuntime:
         while not drain.finished:
             await anyio.sleep(1.0)
             await on_progress(time.monotonic() - started, drain.stdout.total, drain.stderr.total)
+
+
+def _close(raw: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        raw.shutdown(socket.SHUT_RDWR)
+    with contextlib.suppress(OSError):
+        raw.close()
 
 
 def _joined(buffer: CappedBuffer) -> bytes:

@@ -31,7 +31,7 @@ class ResourceLimits:
     tmp_mb: int = 64
     workspace_mb: int = 128
     shm_mb: int = 16
-    output_bytes: int = 1_000_000
+    output_bytes: int = 100_000
     returned_files: int = 20
     returned_file_bytes: int = 8_000_000
 

@@ -1,0 +1,70 @@
+"""Start the real server and connect the official MCP client to it, over stdio or HTTP."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+
+from mcp import Client
+from mcp.client.stdio import StdioServerParameters
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@contextmanager
+def http_server(*serve_args: str, env: dict[str, str] | None = None) -> Iterator[str]:
+    """A `serve --transport http` child process; yields its MCP endpoint URL."""
+    port = _free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "sandbox_server", "serve", "--transport", "http", "--port", str(port), *serve_args],
+        env={**os.environ, **(env or {})},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(f"server exited: {process.stderr.read().decode() if process.stderr else ''}")
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("HTTP server did not start listening within 30 s") from None
+                time.sleep(0.05)
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        if process.stderr is not None:
+            process.stderr.close()
+
+
+def stdio_parameters(*serve_args: str, env: dict[str, str] | None = None) -> StdioServerParameters:
+    """How the client starts the server over stdio."""
+    return StdioServerParameters(
+        command=sys.executable,
+        args=["-m", "sandbox_server", "serve", *serve_args],
+        env={**os.environ, **(env or {})},
+    )
+
+
+@asynccontextmanager
+async def connect(target: StdioServerParameters | str, mode: str = "legacy") -> AsyncIterator[Client]:
+    """An initialised official MCP client session."""
+    async with Client(target, mode=mode) as client:  # type: ignore[arg-type]
+        yield client

@@ -1,0 +1,243 @@
+"""execute_command through the official MCP client, over stdio and Streamable HTTP, on the real engine."""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from collections.abc import AsyncIterator, Iterator
+
+import anyio
+import mcp_types as types
+import pytest
+from mcp import Client
+from mcp.shared.exceptions import MCPError
+
+from sandbox_server.sandbox.docker_runtime import DockerRuntime
+from tests.mcp_harness import connect, http_server, stdio_parameters
+
+pytestmark = pytest.mark.anyio
+
+PNG_1x1 = base64.b64decode(
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
+)
+
+
+@pytest.fixture(scope="session")
+def http_url(runtime: DockerRuntime) -> Iterator[str]:
+    """One HTTP server for the session's HTTP tests."""
+    with http_server() as url:
+        yield url
+
+
+@pytest.fixture(params=["stdio", "http"])
+async def client(request: pytest.FixtureRequest, http_url: str) -> AsyncIterator[Client]:
+    """A client session with the real server over each transport."""
+    target = stdio_parameters() if request.param == "stdio" else http_url
+    async with connect(target) as session:
+        yield session
+
+
+def _text(result: types.CallToolResult) -> str:
+    block = result.content[0]
+    assert isinstance(block, types.TextContent)
+    return block.text
+
+
+async def test_tools_list_describes_execute_command(client: Client) -> None:
+    listed = await client.list_tools()
+    tool = next(tool for tool in listed.tools if tool.name == "execute_command")
+    assert tool.title and "Example:" in (tool.description or "")
+    assert tool.input_schema["required"] == ["command"]
+    assert {"command", "args", "stdin", "timeout_s", "files"} <= set(tool.input_schema["properties"])
+    assert tool.output_schema is not None and "exit_code" in tool.output_schema["properties"]
+    assert tool.annotations is not None and tool.annotations.open_world_hint is False
+    assert listed.next_cursor is None
+
+
+async def test_an_invalid_cursor_is_a_protocol_error(client: Client) -> None:
+    with pytest.raises(MCPError) as raised:
+        await client.list_tools(cursor="not-a-cursor")
+    assert raised.value.code == -32602
+
+
+async def test_echo_returns_text_and_structured_content(client: Client) -> None:
+    result = await client.call_tool("execute_command", {"command": "echo hello; echo oops >&2"})
+    assert not result.is_error
+    assert _text(result).startswith("exit code 0")
+    assert "hello" in _text(result) and "oops" in _text(result)
+    structured = result.structured_content
+    assert structured is not None
+    assert structured["exit_code"] == 0
+    assert structured["stdout"] == "hello\n"
+    assert structured["stderr"] == "oops\n"
+    assert structured["timed_out"] is False and structured["oom_killed"] is False
+    second = result.content[1]
+    assert isinstance(second, types.TextContent) and json.loads(second.text) == structured
+
+
+async def test_unknown_tool_is_a_protocol_error(client: Client) -> None:
+    with pytest.raises(MCPError) as raised:
+        await client.call_tool("no_such_tool", {})
+    assert raised.value.code == -32602
+    assert "no_such_tool" in raised.value.message
+
+
+async def test_invalid_arguments_name_the_field(client: Client) -> None:
+    missing = await client.call_tool("execute_command", {"args": ["x"]})
+    assert missing.is_error and "missing required field: 'command'" in _text(missing)
+    wrong_type = await client.call_tool("execute_command", {"command": "true", "timeout_s": "soon"})
+    assert wrong_type.is_error and "`timeout_s`" in _text(wrong_type)
+    nul = await client.call_tool("execute_command", {"command": "echo", "args": ["a\x00b"]})
+    assert nul.is_error and "`args[0]` contains a NUL byte" in _text(nul)
+
+
+async def test_non_zero_exit_is_an_error_result_with_the_code_first(client: Client) -> None:
+    result = await client.call_tool("execute_command", {"command": "echo partial; exit 3"})
+    assert result.is_error
+    assert _text(result).startswith("exit code 3")
+    assert result.structured_content is not None and result.structured_content["exit_code"] == 3
+    assert "partial" in _text(result)
+
+
+async def test_args_are_literal_without_a_shell(client: Client) -> None:
+    hostile = ["$(id)", "; id", "`id`", "--help", "a\nb"]
+    result = await client.call_tool("execute_command", {"command": "printf", "args": ["%s|", *hostile]})
+    assert not result.is_error
+    assert result.structured_content is not None
+    assert result.structured_content["stdout"] == "|".join(hostile) + "|"
+
+
+async def test_timeout_is_answered_within_timeout_plus_two_seconds(client: Client) -> None:
+    started = time.monotonic()
+    result = await client.call_tool(
+        "execute_command", {"command": "echo before; trap '' TERM; sleep 3600", "timeout_s": 1}
+    )
+    elapsed = time.monotonic() - started
+    assert elapsed < 3.0
+    assert result.is_error
+    assert _text(result).startswith("timed out after 1 s")
+    assert result.structured_content is not None and result.structured_content["timed_out"] is True
+    assert "before" in result.structured_content["stdout"]
+
+
+async def test_timeout_above_the_policy_cap_is_refused(client: Client) -> None:
+    result = await client.call_tool("execute_command", {"command": "true", "timeout_s": 100000})
+    assert result.is_error
+    assert "above the cap" in _text(result) and "max_timeout_s" in _text(result)
+
+
+async def test_out_of_memory_is_reported(client: Client) -> None:
+    result = await client.call_tool("execute_command", {"command": "head -c 2000m /dev/zero | tail > /dev/null"})
+    assert result.is_error
+    assert _text(result).startswith("killed: out of memory (512 MiB)")
+    assert result.structured_content is not None and result.structured_content["oom_killed"] is True
+
+
+async def test_output_is_capped_head_and_tail_with_a_marker(client: Client) -> None:
+    result = await client.call_tool("execute_command", {"command": "seq 1 1000000"})
+    structured = result.structured_content
+    assert structured is not None and structured["truncated"] is True
+    assert structured["stdout"].startswith("1\n2\n3\n")
+    assert structured["stdout"].endswith("999999\n1000000\n")
+    assert "bytes truncated" in structured["stdout"]
+    assert len(structured["stdout"]) < 110_000
+
+
+async def test_an_endless_flood_is_stopped(client: Client) -> None:
+    started = time.monotonic()
+    result = await client.call_tool("execute_command", {"command": "yes", "timeout_s": 60})
+    assert time.monotonic() - started < 30
+    assert result.is_error
+    assert "output flood" in _text(result)
+
+
+async def test_invalid_utf8_and_escape_sequences_are_sanitised(client: Client) -> None:
+    command = r"printf 'a\033[2Jb\033]52;c;ZXZpbA==\007c\377\000d\342\200\256e\rf'"
+    result = await client.call_tool("execute_command", {"command": command})
+    assert result.structured_content is not None
+    stdout = result.structured_content["stdout"]
+    assert "\x1b" not in stdout and "\x00" not in stdout and "\x07" not in stdout and "\r" not in stdout
+    assert "\u202e" not in stdout and "<U+202E>" in stdout
+    assert stdout.startswith("abc\ufffd\ufffdd")
+    assert "\x1b" not in _text(result)
+
+
+async def test_files_go_in_and_out(client: Client) -> None:
+    result = await client.call_tool(
+        "execute_command",
+        {
+            "command": "wc -l < data/in.txt > out/count.txt && cp pixel.png out/pixel.png && ln -s /etc/shadow out/x",
+            "files": [
+                {"path": "data/in.txt", "content": "a\nb\nc\n"},
+                {"path": "pixel.png", "content": base64.b64encode(PNG_1x1).decode(), "encoding": "base64"},
+            ],
+        },
+    )
+    assert not result.is_error, _text(result)
+    images = [block for block in result.content if isinstance(block, types.ImageContent)]
+    assert len(images) == 1 and base64.b64decode(images[0].data) == PNG_1x1
+    resources = [block for block in result.content if isinstance(block, types.EmbeddedResource)]
+    assert len(resources) == 1 and str(resources[0].resource.uri).endswith("/out/count.txt")
+    assert getattr(resources[0].resource, "text", "").strip() == "3"
+    assert "x: skipped, links are never followed" in _text(result)
+
+
+async def test_input_paths_outside_the_workspace_are_refused(client: Client) -> None:
+    result = await client.call_tool(
+        "execute_command", {"command": "true", "files": [{"path": "../etc/x", "content": ""}]}
+    )
+    assert result.is_error and "relative path inside /workspace" in _text(result)
+
+
+async def test_progress_arrives_for_long_calls(client: Client) -> None:
+    updates: list[tuple[float, str | None]] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        updates.append((progress, message))
+
+    result = await client.call_tool(
+        "execute_command", {"command": "echo working; sleep 2.5"}, progress_callback=on_progress
+    )
+    assert not result.is_error
+    assert updates, "no progress notification arrived"
+    assert "elapsed" in (updates[0][1] or "")
+
+
+async def test_cancellation_kills_the_container(client: Client, runtime: DockerRuntime) -> None:
+    running = anyio.Event()
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        running.set()
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(
+            lambda: client.call_tool("execute_command", {"command": "sleep 100"}, progress_callback=on_progress)
+        )
+        with anyio.fail_after(10):
+            await running.wait()
+        assert runtime.sandbox_containers(), "the call should have a container while it runs"
+        group.cancel_scope.cancel()
+    with anyio.fail_after(5):
+        while runtime.sandbox_containers():
+            await anyio.sleep(0.05)
+
+
+async def test_the_stateless_2026_era_serves_tools_too(http_url: str) -> None:
+    for target in (stdio_parameters(), http_url):
+        async with connect(target, mode="2026-07-28") as session:
+            listed = await session.list_tools()
+            assert [tool.name for tool in listed.tools] == ["execute_command"]
+            result = await session.call_tool("execute_command", {"command": "echo modern"})
+            assert result.structured_content is not None and result.structured_content["stdout"] == "modern\n"
+
+
+async def test_an_engine_that_is_down_is_an_error_result_not_a_crash(tmp_path) -> None:
+    target = stdio_parameters(env={"DOCKER_HOST": f"unix://{tmp_path}/no-engine.sock"})
+    async with connect(target) as session:
+        listed = await session.list_tools()
+        assert listed.tools
+        result = await session.call_tool("execute_command", {"command": "true"})
+        assert result.is_error
+        assert _text(result).startswith("sandbox engine unavailable")
+        assert "scripts/engine-up" in _text(result)

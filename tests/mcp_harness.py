@@ -23,6 +23,15 @@ def _free_port() -> int:
 @contextmanager
 def http_server(*serve_args: str, env: dict[str, str] | None = None) -> Iterator[str]:
     """A `serve --transport http` child process; yields its MCP endpoint URL."""
+    with http_server_process(*serve_args, env=env) as (url, _):
+        yield url
+
+
+@contextmanager
+def http_server_process(
+    *serve_args: str, env: dict[str, str] | None = None
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """A `serve --transport http` child process; yields its URL and the process."""
     port = _free_port()
     process = subprocess.Popen(
         [sys.executable, "-m", "sandbox_server", "serve", "--transport", "http", "--port", str(port), *serve_args],
@@ -42,7 +51,7 @@ def http_server(*serve_args: str, env: dict[str, str] | None = None) -> Iterator
                 if time.monotonic() > deadline:
                     raise RuntimeError("HTTP server did not start listening within 30 s") from None
                 time.sleep(0.05)
-        yield f"http://127.0.0.1:{port}/mcp"
+        yield f"http://127.0.0.1:{port}/mcp", process
     finally:
         process.terminate()
         try:

@@ -23,3 +23,7 @@ def _importers(top_level: str) -> set[str]:
 
 def test_only_the_docker_runtime_imports_docker() -> None:
     assert _importers("docker") == {"sandbox/docker_runtime.py"}
+
+
+def test_only_the_server_and_the_one_shot_client_import_mcp() -> None:
+    assert _importers("mcp") | _importers("mcp_types") == {"server.py", "client.py"}

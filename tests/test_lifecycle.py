@@ -1,0 +1,31 @@
+"""Containers are always destroyed: also when the server itself dies mid-call."""
+
+import anyio
+import pytest
+
+from sandbox_server.sandbox.docker_runtime import DockerRuntime
+from tests.mcp_harness import connect, http_server, http_server_process
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_a_server_killed_mid_call_leaves_a_stray_that_the_next_server_reaps(runtime: DockerRuntime) -> None:
+    running = anyio.Event()
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        running.set()
+
+    with http_server_process() as (url, process):
+        with pytest.raises(Exception):  # the connection dies with the server
+            async with connect(url) as session, anyio.create_task_group() as group:
+                group.start_soon(
+                    lambda: session.call_tool("execute_command", {"command": "sleep 300"}, progress_callback=on_progress)
+                )
+                with anyio.fail_after(10):
+                    await running.wait()
+                process.kill()
+                process.wait()
+        strays = runtime.sandbox_containers()
+        assert strays, "a SIGKILLed server cannot clean up: its container must still be there"
+    with http_server():  # listening means the start-up reaper has run
+        assert not set(strays) & set(runtime.sandbox_containers())

@@ -1,0 +1,49 @@
+"""Pure logic of rendering: sanitising text and choosing how files come back."""
+
+import base64
+
+from sandbox_server.results import ResourceStore, render, sanitize
+from sandbox_server.sandbox.spec import OutputFile
+from sandbox_server.tools.base import ToolOutcome
+
+
+def test_sanitize_removes_escapes_and_controls() -> None:
+    hostile = "a\x1b[2Jb\x1b]52;c;ZXZpbA==\x07c\x1b]8;;http://x\x1b\\d\x00e\x7ff\r\ng\rh\x9b31m"
+    assert sanitize(hostile) == "abcd\ufffde\ufffdf\ng\nh"
+
+
+def test_sanitize_makes_bidi_overrides_visible() -> None:
+    assert sanitize("safe\u202etxt.exe") == "safe<U+202E>txt.exe"
+
+
+def test_render_puts_the_headline_first_and_structured_json_second() -> None:
+    outcome = ToolOutcome("exit code 0", False, (("stdout", "hi\n"),), {"stdout": "hi\n"})
+    rendered = render(outcome, ResourceStore())
+    assert rendered.content[0]["text"].splitlines()[0] == "exit code 0"
+    assert rendered.content[1]["text"] == '{"stdout": "hi\\n"}'
+
+
+def test_files_become_images_resources_blobs_or_links() -> None:
+    png = b"\x89PNG\r\n\x1a\n" + b"\0" * 10
+    files = (
+        OutputFile("plot.png", png, len(png)),
+        OutputFile("a.txt", b"text", 4),
+        OutputFile("b.bin", b"\xff\xfe\x00", 3),
+        OutputFile("big.txt", b"x" * 200_000, 200_000),
+    )
+    store = ResourceStore()
+    rendered = render(ToolOutcome("ok", False, files=files), store)
+    kinds = [block["type"] for block in rendered.content[1:]]
+    assert kinds == ["image", "resource", "resource", "resource_link"]
+    assert base64.b64decode(rendered.content[1]["data"]) == png
+    assert rendered.content[2]["resource"]["text"] == "text"
+    assert base64.b64decode(rendered.content[3]["resource"]["blob"]) == b"\xff\xfe\x00"
+    link = rendered.content[4]
+    assert store.get(link["uri"]) == ("text/plain", b"x" * 200_000)
+
+
+def test_resource_store_drops_the_oldest_past_its_cap() -> None:
+    store = ResourceStore(max_bytes=10)
+    store.put("a", "text/plain", b"123456")
+    store.put("b", "text/plain", b"123456")
+    assert store.get("a") is None and store.get("b") is not None

@@ -204,7 +204,7 @@ async def test_progress_arrives_for_long_calls(client: Client) -> None:
     assert "elapsed" in (updates[0][1] or "")
 
 
-async def test_cancellation_kills_the_container(client: Client, runtime: DockerRuntime) -> None:
+async def _cancel_mid_call(session: Client, runtime: DockerRuntime) -> None:
     running = anyio.Event()
 
     async def on_progress(progress: float, total: float | None, message: str | None) -> None:
@@ -212,7 +212,7 @@ async def test_cancellation_kills_the_container(client: Client, runtime: DockerR
 
     async with anyio.create_task_group() as group:
         group.start_soon(
-            lambda: client.call_tool("execute_command", {"command": "sleep 100"}, progress_callback=on_progress)
+            lambda: session.call_tool("execute_command", {"command": "sleep 100"}, progress_callback=on_progress)
         )
         with anyio.fail_after(10):
             await running.wait()
@@ -221,6 +221,15 @@ async def test_cancellation_kills_the_container(client: Client, runtime: DockerR
     with anyio.fail_after(5):
         while runtime.sandbox_containers():
             await anyio.sleep(0.05)
+
+
+async def test_cancellation_kills_the_container(client: Client, runtime: DockerRuntime) -> None:
+    await _cancel_mid_call(client, runtime)
+
+
+async def test_abandoning_a_2026_era_http_request_kills_the_container(http_url: str, runtime: DockerRuntime) -> None:
+    async with connect(http_url, mode="2026-07-28") as session:
+        await _cancel_mid_call(session, runtime)
 
 
 async def test_the_stateless_2026_era_serves_tools_too(http_url: str) -> None:

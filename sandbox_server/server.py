@@ -9,12 +9,18 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import json
 import logging
+import time
+import weakref
+from datetime import datetime, timezone
 from collections.abc import Mapping
 from typing import Any
 
 import mcp_types as types
+import anyio
+import anyio.to_thread
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError
 from mcp.server.lowlevel import NotificationOptions, Server
@@ -24,6 +30,7 @@ from mcp.shared.exceptions import MCPError
 
 from sandbox_server import __version__
 from sandbox_server.errors import EngineError, EngineUnavailable
+from sandbox_server.guard import Admission, AuditLog
 from sandbox_server.policy import Policy
 from sandbox_server.results import RenderedResult, ResourceStore, render
 from sandbox_server.sandbox.runtime import SandboxRuntime
@@ -69,13 +76,17 @@ class SandboxServer:
         runtime: SandboxRuntime,
         page_size: int = 50,
         store: ResourceStore | None = None,
+        audit: AuditLog | None = None,
     ) -> None:
-        self.tools = {tool.name: tool for tool in tools}
+        self.all_tools = {tool.name: tool for tool in tools}
         self.validators = {tool.name: Draft202012Validator(tool.input_schema) for tool in tools}
         self.policy = policy
+        self.admission = Admission(policy.rate, policy.host, policy.name)
         self.runtime = runtime
         self.page_size = max(1, page_size)
         self.store = store or ResourceStore()
+        self.audit = audit
+        self._sessions: weakref.WeakSet[Any] = weakref.WeakSet()
         self.server: Server[Any] = Server(
             "sandbox-server",
             version=__version__,
@@ -86,6 +97,22 @@ class SandboxServer:
             on_list_resources=self._list_resources,
             on_read_resource=self._read_resource,
         )
+
+    @property
+    def tools(self) -> dict[str, Tool]:
+        """The tools the current policy offers."""
+        return {name: tool for name, tool in self.all_tools.items() if self.policy.for_tool(name).enabled}
+
+    async def swap_policy(self, policy: Policy) -> None:
+        """Use a new policy for new calls (running calls keep theirs) and tell clients the tools changed."""
+        self.policy = policy
+        self.admission.reconfigure(policy.rate, policy.host, policy.name)
+        logger.info("policy %s (%s) is now in force", policy.name, policy.digest[:12])
+        for session in list(self._sessions):
+            try:
+                await session.send_tool_list_changed()
+            except Exception as exc:  # a closed session must not stop the others from hearing
+                logger.debug("could not notify a session: %s", exc)
 
     # -- tools/list --------------------------------------------------------------------
 
@@ -100,6 +127,7 @@ class SandboxServer:
         )
 
     async def _list_tools(self, ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
+        self._sessions.add(ctx.session)
         names = sorted(self.tools)
         start = 0
         cursor = params.cursor if params else None
@@ -118,38 +146,82 @@ class SandboxServer:
     # -- tools/call --------------------------------------------------------------------
 
     async def _call_tool(self, ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
+        self._sessions.add(ctx.session)
+        policy = self.policy  # one policy for the whole call, even if a new one is swapped in meanwhile
         tool = self.tools.get(params.name)
         if tool is None:
             raise MCPError(INVALID_PARAMS, f"unknown tool {params.name!r}; tools/list names the tools")
         arguments = params.arguments or {}
-        outcome = await self._outcome(tool, arguments, ctx)
-        return _result_model(render(outcome, self.store))
+        started = time.monotonic()
+        record = self._audit_start(ctx, tool.name, arguments, policy)
+        outcome: ToolOutcome | None = None
+        try:
+            outcome = await self._outcome(tool, arguments, ctx, policy)
+            rendered = render(outcome, self.store)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._audit_finish(record, outcome, started)
+        return _result_model(rendered)
 
-    async def _outcome(self, tool: Tool, arguments: Mapping[str, Any], ctx: Any) -> ToolOutcome:
-        policy = self.policy.for_tool(tool.name)
-        size = len(json.dumps(arguments, ensure_ascii=False).encode())
-        if size > policy.max_argument_bytes:
+    def _audit_start(self, ctx: Any, tool: str, arguments: Mapping[str, Any], policy: Policy) -> dict[str, Any]:
+        encoded = json.dumps(arguments, ensure_ascii=False, sort_keys=True).encode("utf-8", "surrogatepass")
+        record: dict[str, Any] = {
+            "time": datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
+            "client": _client_name(ctx),
+            "tool": tool,
+            "arguments_sha256": hashlib.sha256(encoded).hexdigest(),
+            "arguments_bytes": len(encoded),
+            "policy": policy.name,
+            "policy_sha256": policy.digest,
+        }
+        if policy.audit.include_arguments:
+            record["arguments"] = arguments
+        return record
+
+    async def _audit_finish(self, record: dict[str, Any], outcome: ToolOutcome | None, started: float) -> None:
+        if self.audit is None:
+            return
+        record["duration_ms"] = int((time.monotonic() - started) * 1000)
+        if outcome is None:
+            record["outcome"] = "cancelled"
+        elif outcome.audit is None:
+            record["outcome"] = "refused"
+            record["reason"] = outcome.headline
+        else:
+            record["outcome"] = "error" if outcome.is_error else "ok"
+            record.update(outcome.audit)
+        await anyio.to_thread.run_sync(self.audit.write, record)
+
+    async def _outcome(self, tool: Tool, arguments: Mapping[str, Any], ctx: Any, policy: Policy) -> ToolOutcome:
+        tool_policy = policy.for_tool(tool.name)
+        size = len(json.dumps(arguments, ensure_ascii=False).encode("utf-8", "surrogatepass"))
+        if size > tool_policy.max_argument_bytes:
             return ToolOutcome.refusal(
-                f"refused: arguments are {size} bytes, above the cap of {policy.max_argument_bytes} bytes "
-                f"set by policy '{self.policy.name}' (field max_argument_bytes)"
+                f"refused: arguments are {size} bytes, above the cap of {tool_policy.max_argument_bytes} bytes "
+                f"set by policy '{policy.name}' (field limits.argument_bytes)"
             )
-        errors = sorted(self.validators[tool.name].iter_errors(arguments), key=lambda e: list(e.absolute_path))
+        errors = sorted(self.validators[tool.name].iter_errors(arguments), key=lambda e: list(map(str, e.absolute_path)))
         if errors:
             return ToolOutcome.refusal(
                 f"invalid arguments for {tool.name}: " + "; ".join(_describe(e) for e in errors[:5])
             )
+        ticket = self.admission.admit(_client_name(ctx))
+        if isinstance(ticket, str):
+            return ToolOutcome.refusal(ticket)
 
         async def progress(elapsed_s: float, stdout_bytes: int, stderr_bytes: int) -> None:
             message = f"{elapsed_s:.0f} s elapsed; {stdout_bytes} bytes of stdout, {stderr_bytes} of stderr so far"
             await ctx.session.report_progress(elapsed_s, None, message)
 
-        tool_ctx = ToolContext(runtime=self.runtime, policy=policy, policy_name=self.policy.name, on_progress=progress)
+        tool_ctx = ToolContext(runtime=self.runtime, policy=tool_policy, policy_name=policy.name, on_progress=progress)
         try:
             return await tool.run(arguments, tool_ctx)
         except EngineUnavailable as exc:
             return ToolOutcome.refusal(str(exc))
         except EngineError as exc:
             return ToolOutcome.refusal(f"sandbox engine error: {exc}")
+        finally:
+            ticket.release()
 
     # -- resources ---------------------------------------------------------------------
 
@@ -180,6 +252,15 @@ class SandboxServer:
     def initialization_options(self) -> Any:
         """What the server announces in the handshake."""
         return self.server.create_initialization_options(NotificationOptions(tools_changed=True))
+
+
+def _client_name(ctx: Any) -> str:
+    params = getattr(ctx.session, "client_params", None)
+    info = getattr(params, "client_info", None)
+    name = f"{info.name}/{info.version}" if info is not None else "unknown-client"
+    request = getattr(ctx, "request", None)
+    session_id = getattr(request, "headers", {}).get("mcp-session-id") if request is not None else None
+    return f"{name}@{session_id[:8]}" if session_id else name
 
 
 def _snake(annotations: Mapping[str, Any]) -> dict[str, Any]:

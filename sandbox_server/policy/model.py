@@ -1,12 +1,12 @@
-"""Frozen policy objects, built once; every limit's unit is in its name."""
+"""Frozen policy objects, built once from a validated policy file; units are in the names."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sandbox_server.sandbox.spec import ResourceLimits
+from sandbox_server.sandbox.spec import Mount, ResourceLimits
 
-__all__ = ["Policy", "ToolPolicy"]
+__all__ = ["AuditSettings", "HostAdmission", "Policy", "RateLimits", "ToolPolicy"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -16,22 +16,63 @@ class ToolPolicy:
     image: str = "sandbox-server/base:latest"
     runtime: str = "runc"
     user: str = "1000:1000"
+    network: str = "none"
+    seccomp_profile: str | None = None
+    """The profile's JSON text (read at load time), or None for the engine's default."""
     limits: ResourceLimits = field(default_factory=ResourceLimits)
     max_timeout_s: float = 120.0
     """The most a caller may ask for with `timeout_s`; more is refused, never lowered."""
     allow_shell: bool = True
+    commands_allow: tuple[str, ...] = ()
+    commands_deny: tuple[str, ...] = ()
     max_argument_bytes: int = 16 * 1024 * 1024
     """Arguments larger than this (JSON-encoded) are refused before anything runs."""
     max_input_file_bytes: int = 64 * 1024 * 1024
+    mounts: tuple[Mount, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+    """The program's environment, resolved at load time (passed names and fixed values)."""
+    enabled: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class RateLimits:
+    """Admission limits answered at once, never queued."""
+
+    calls_per_minute: int = 120
+    concurrent_calls: int = 8
+
+
+@dataclass(frozen=True, slots=True)
+class HostAdmission:
+    """No new sandbox on a saturated host."""
+
+    min_available_memory_mb: int = 256
+    max_load_per_cpu: float = 8.0
+
+
+@dataclass(frozen=True, slots=True)
+class AuditSettings:
+    """Where the audit trail goes and what it holds."""
+
+    path: str | None = None
+    include_arguments: bool = False
+    max_bytes: int = 10_000_000
+    keep: int = 5
 
 
 @dataclass(frozen=True, slots=True)
 class Policy:
-    """A named set of tool policies with a default."""
+    """A named, fully resolved policy."""
 
     name: str = "default"
     default: ToolPolicy = field(default_factory=ToolPolicy)
     tools: tuple[tuple[str, ToolPolicy], ...] = ()
+    rate: RateLimits = field(default_factory=RateLimits)
+    host: HostAdmission = field(default_factory=HostAdmission)
+    audit: AuditSettings = field(default_factory=AuditSettings)
+    source: str = "(built in)"
+    digest: str = ""
+    """sha256 of the resolved policy document, recorded in every audit line."""
 
     def for_tool(self, tool_name: str) -> ToolPolicy:
         """The effective policy of one tool."""

@@ -5,13 +5,13 @@ from __future__ import annotations
 import base64
 import binascii
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
 from sandbox_server.policy import ToolPolicy
 from sandbox_server.sandbox.archive import safe_relative_path
 from sandbox_server.sandbox.runtime import SandboxRuntime
-from sandbox_server.sandbox.spec import ExecutionResult, InputFile, OutputFile
+from sandbox_server.sandbox.spec import ExecutionResult, InputFile, OutputFile, SandboxSpec
 
 __all__ = [
     "FILES_SCHEMA",
@@ -62,6 +62,8 @@ class ToolOutcome:
     structured: Mapping[str, Any] | None = None
     files: tuple[OutputFile, ...] = ()
     notes: tuple[str, ...] = ()
+    audit: Mapping[str, Any] | None = None
+    """What the audit line records about the sandbox (container, runtime, limits, outcome)."""
 
     @classmethod
     def refusal(cls, message: str) -> ToolOutcome:
@@ -102,7 +104,7 @@ def decode_files(items: list[Mapping[str, str]], policy: ToolPolicy) -> tuple[In
         if total > policy.max_input_file_bytes:
             return (
                 f"input files exceed {policy.max_input_file_bytes} bytes "
-                f"(policy field max_input_file_bytes); send less or raise the limit"
+                f"(policy field limits.input_file_bytes); send less or raise the limit"
             )
         files.append(InputFile(path=item["path"], content=content))
     return tuple(files)
@@ -113,7 +115,7 @@ def refuse_timeout(requested: float | None, policy: ToolPolicy, policy_name: str
     if requested is not None and requested > policy.max_timeout_s:
         return (
             f"refused: timeout_s {requested:g} is above the cap of {policy.max_timeout_s:g} s "
-            f"set by policy '{policy_name}' (field max_timeout_s); ask for {policy.max_timeout_s:g} or less"
+            f"set by policy '{policy_name}' (field limits.max_timeout_s); ask for {policy.max_timeout_s:g} or less"
         )
     return None
 
@@ -140,9 +142,9 @@ def _headline(result: ExecutionResult, limits_memory_mb: int, timeout_s: float) 
     return _Headline(f"exit code {result.exit_code}")
 
 
-def outcome_from_execution(result: ExecutionResult, memory_mb: int, timeout_s: float) -> ToolOutcome:
+def outcome_from_execution(result: ExecutionResult, spec: SandboxSpec) -> ToolOutcome:
     """The common rendering of a sandboxed run: headline, stdout, stderr, files, structured data."""
-    headline = _headline(result, memory_mb, timeout_s)
+    headline = _headline(result, spec.limits.memory_mb, spec.limits.timeout_s)
     stdout = result.stdout.decode("utf-8", "replace")
     stderr = result.stderr.decode("utf-8", "replace")
     structured = {
@@ -155,6 +157,20 @@ def outcome_from_execution(result: ExecutionResult, memory_mb: int, timeout_s: f
         "truncated": result.truncated,
         "files": [{"path": f.path, "size": f.size} for f in result.files],
     }
+    audit = {
+        "container_id": result.container_id[:12],
+        "image": spec.image,
+        "runtime": spec.runtime,
+        "limits": asdict(spec.limits),
+        "exit_code": result.exit_code,
+        "timed_out": result.timed_out,
+        "oom_killed": result.oom_killed,
+        "killed": result.killed,
+        "flooded": result.flooded,
+        "stdout_bytes": len(result.stdout) + result.stdout_truncated_bytes,
+        "stderr_bytes": len(result.stderr) + result.stderr_truncated_bytes,
+        "files_bytes": sum(f.size for f in result.files),
+    }
     return ToolOutcome(
         headline=f"{headline.text} · {result.duration_ms} ms",
         is_error=headline.is_error,
@@ -162,4 +178,5 @@ def outcome_from_execution(result: ExecutionResult, memory_mb: int, timeout_s: f
         structured=structured,
         files=result.files,
         notes=result.skipped_files,
+        audit=audit,
     )

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
+from sandbox_server.policy import ToolPolicy
 from sandbox_server.sandbox.spec import SandboxSpec
 from sandbox_server.tools.base import (
     FILES_SCHEMA,
@@ -41,6 +42,20 @@ OUTPUT_SCHEMA: dict[str, Any] = {
     },
     "required": ["exit_code", "stdout", "stderr", "timed_out", "oom_killed", "duration_ms", "truncated", "files"],
 }
+
+
+def _refuse_program(command: str, policy: ToolPolicy, policy_name: str) -> str | None:
+    """A refusal when the policy's command lists do not admit this program."""
+    program = command.rsplit("/", 1)[-1]
+    if program in policy.commands_deny:
+        return f"refused: program {program!r} is denied by policy '{policy_name}' (field commands.deny)"
+    if policy.commands_allow and program not in policy.commands_allow:
+        allowed = ", ".join(policy.commands_allow)
+        return (
+            f"refused: program {program!r} is not allowed by policy '{policy_name}' "
+            f"(field commands.allow: {allowed})"
+        )
+    return None
 
 
 class ExecuteCommand:
@@ -99,11 +114,14 @@ class ExecuteCommand:
             return ToolOutcome.refusal(refusal)
         if "args" in args:
             argv = (args["command"], *args["args"])
+            refusal = _refuse_program(args["command"], policy, ctx.policy_name)
+            if refusal:
+                return ToolOutcome.refusal(refusal)
         elif policy.allow_shell:
             argv = ("/bin/sh", "-c", args["command"])
         else:
             return ToolOutcome.refusal(
-                f"refused: policy '{ctx.policy_name}' does not allow a shell (field allow_shell); "
+                f"refused: policy '{ctx.policy_name}' does not allow a shell (field commands.shell); "
                 "give the program in `command` and its arguments in `args`"
             )
         files = decode_files(args.get("files", []), policy)
@@ -119,8 +137,12 @@ class ExecuteCommand:
             limits=limits,
             runtime=policy.runtime,
             user=policy.user,
+            network=policy.network,
+            env=policy.env,
             stdin=args.get("stdin", "").encode("utf-8", "surrogatepass"),
             files=files,
+            mounts=policy.mounts,
+            seccomp_profile=policy.seccomp_profile,
         )
         result = await ctx.runtime.run(spec, ctx.on_progress)
-        return outcome_from_execution(result, limits.memory_mb, timeout_s)
+        return outcome_from_execution(result, spec)

@@ -1,0 +1,6 @@
+"""Guards around every call: admission (rate, concurrency, host) and the audit trail."""
+
+from sandbox_server.guard.admission import Admission, Ticket
+from sandbox_server.guard.audit import AuditLog
+
+__all__ = ["Admission", "AuditLog", "Ticket"]

@@ -1,0 +1,103 @@
+"""Admission control: rate limits, a concurrency cap and host load, answered at once.
+
+Nothing here queues: a call that may not start now gets a refusal saying which
+limit, which policy field and when to retry.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+import time
+from collections import defaultdict, deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import psutil
+
+from sandbox_server.policy import HostAdmission, RateLimits
+
+__all__ = ["Admission", "Ticket"]
+
+
+@dataclass(slots=True)
+class Ticket:
+    """Permission to run one sandbox; release it when the call ends."""
+
+    _release: Callable[[], None]
+    _released: bool = False
+
+    def release(self) -> None:
+        """Give the concurrency slot back (idempotent)."""
+        if not self._released:
+            self._released = True
+            self._release()
+
+
+class Admission:
+    """Decides, without waiting, whether a call may start a sandbox now."""
+
+    def __init__(self, rate: RateLimits, host: HostAdmission, policy_name: str, clock: Callable[[], float] = time.monotonic) -> None:
+        self.rate = rate
+        self.host = host
+        self.policy_name = policy_name
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._calls: defaultdict[str, deque[float]] = defaultdict(deque)
+        self._running = 0
+
+    def reconfigure(self, rate: RateLimits, host: HostAdmission, policy_name: str) -> None:
+        """New limits for calls admitted from now on; running calls keep their slots."""
+        with self._lock:
+            self.rate, self.host, self.policy_name = rate, host, policy_name
+
+    @property
+    def running(self) -> int:
+        """Sandboxes admitted and not yet released."""
+        return self._running
+
+    def admit(self, client: str) -> Ticket | str:
+        """A ticket, or the refusal to send back at once."""
+        now = self._clock()
+        with self._lock:
+            window = self._calls[client]
+            while window and window[0] <= now - 60:
+                window.popleft()
+            if len(window) >= self.rate.calls_per_minute:
+                retry = max(1, math.ceil(window[0] + 60 - now))
+                return (
+                    f"rate limited: {self.rate.calls_per_minute} calls/min (policy '{self.policy_name}', "
+                    f"field rate.calls_per_minute); retry in {retry} s"
+                )
+            if self._running >= self.rate.concurrent_calls:
+                return (
+                    f"busy: {self.rate.concurrent_calls} calls already running (policy '{self.policy_name}', "
+                    "field rate.concurrent_calls); retry in 1 s"
+                )
+            saturated = self._host_saturated()
+            if saturated:
+                return saturated
+            window.append(now)
+            self._running += 1
+        return Ticket(self._release)
+
+    def _release(self) -> None:
+        with self._lock:
+            self._running -= 1
+
+    def _host_saturated(self) -> str | None:
+        available_mb = psutil.virtual_memory().available // (1024 * 1024)
+        if available_mb < self.host.min_available_memory_mb:
+            return (
+                f"busy: the host has {available_mb} MiB of memory available, below "
+                f"{self.host.min_available_memory_mb} MiB (policy '{self.policy_name}', "
+                "field host.min_available_memory_mb); retry in 5 s"
+            )
+        load_per_cpu = os.getloadavg()[0] / (psutil.cpu_count() or 1)
+        if load_per_cpu > self.host.max_load_per_cpu:
+            return (
+                f"busy: host load is {load_per_cpu:.1f} per CPU, above {self.host.max_load_per_cpu:g} "
+                f"(policy '{self.policy_name}', field host.max_load_per_cpu); retry in 5 s"
+            )
+        return None

@@ -1,0 +1,46 @@
+"""The audit trail: one JSON line per call, appended and flushed before the result is returned."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+__all__ = ["AuditLog"]
+
+
+class AuditLog:
+    """An append-only JSONL file, rotated by size (path.1 … path.N)."""
+
+    def __init__(self, path: str | os.PathLike[str], max_bytes: int = 10_000_000, keep: int = 5) -> None:
+        self.path = Path(path)
+        self.max_bytes = max_bytes
+        self.keep = keep
+        self._lock = threading.Lock()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def write(self, record: Mapping[str, Any]) -> None:
+        """Append one record and flush it to the disk."""
+        line = json.dumps(record, ensure_ascii=False, separators=(",", ":"), default=str) + "\n"
+        with self._lock:
+            self._rotate_if_needed(len(line.encode()))
+            with open(self.path, "a", encoding="utf-8") as handle:
+                handle.write(line)
+                handle.flush()
+                os.fsync(handle.fileno())
+
+    def _rotate_if_needed(self, incoming: int) -> None:
+        try:
+            size = self.path.stat().st_size
+        except FileNotFoundError:
+            return
+        if size + incoming <= self.max_bytes:
+            return
+        for index in range(self.keep - 1, 0, -1):
+            older = self.path.with_name(f"{self.path.name}.{index}")
+            if older.exists():
+                os.replace(older, self.path.with_name(f"{self.path.name}.{index + 1}"))
+        os.replace(self.path, self.path.with_name(f"{self.path.name}.1"))

@@ -1,0 +1,251 @@
+"""Policy files: YAML (safe_load) -> `extends` resolved -> JSON Schema -> host checks -> frozen Policy.
+
+Every error names the file, the field path and what is allowed; all errors of a
+file are reported at once, and a policy with any error is never used.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+from jsonschema import Draft202012Validator
+
+from sandbox_server.errors import ConfigError
+from sandbox_server.policy.model import AuditSettings, HostAdmission, Policy, RateLimits, ToolPolicy
+from sandbox_server.sandbox.spec import Mount, ResourceLimits
+
+__all__ = [
+    "POLICIES_DIR",
+    "HostFacts",
+    "effective_tool_settings",
+    "load_policy",
+    "policy_errors",
+    "policy_path",
+    "resolved_document",
+    "schema",
+]
+
+POLICIES_DIR = Path(__file__).resolve().parent.parent / "policies"
+SCHEMA_PATH = Path(__file__).resolve().parent / "schema.json"
+LIMIT_FIELDS = {
+    "timeout_s",
+    "memory_mb",
+    "cpus",
+    "pids",
+    "nofile",
+    "file_size_mb",
+    "tmp_mb",
+    "workspace_mb",
+    "shm_mb",
+    "output_bytes",
+    "returned_files",
+    "returned_file_bytes",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class HostFacts:
+    """What the host can honour; None where it is not known (engine down)."""
+
+    runtimes: frozenset[str] | None = None
+
+
+@cache
+def schema() -> dict[str, Any]:
+    """The JSON Schema of policy files (draft 2020-12)."""
+    return dict(json.loads(SCHEMA_PATH.read_text()))
+
+
+@cache
+def _validator() -> Draft202012Validator:
+    return Draft202012Validator(schema())
+
+
+def policy_path(reference: str, relative_to: Path | None = None) -> Path:
+    """A policy file from a shipped name (`strict`) or a path."""
+    if "/" in reference or reference.endswith((".yaml", ".yml")):
+        path = Path(reference)
+        if not path.is_absolute() and relative_to is not None:
+            path = relative_to / path
+        return path
+    return POLICIES_DIR / f"{reference}.yaml"
+
+
+def _field(path: Iterable[Any]) -> str:
+    text = ""
+    for part in path:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text or "(top level)"
+
+
+def _read(path: Path) -> tuple[dict[str, Any] | None, list[str]]:
+    try:
+        document = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        return None, [f"{path}: cannot read: {exc.strerror}"]
+    except yaml.YAMLError as exc:
+        return None, [f"{path}: not valid YAML: {exc}"]
+    if document is None:
+        document = {}
+    if not isinstance(document, dict):
+        return None, [f"{path}: (top level): must be a mapping of policy fields, not {type(document).__name__}"]
+    errors = [
+        f"{path}: {_field(error.absolute_path)}: {error.message}"
+        for error in sorted(_validator().iter_errors(document), key=lambda e: list(map(str, e.absolute_path)))
+    ]
+    return document, errors
+
+
+def _merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
+    """Mappings merge key by key; everything else (lists included) is replaced."""
+    merged = copy.deepcopy(dict(base))
+    for key, value in override.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+def resolved_document(path: Path, trail: tuple[Path, ...] = ()) -> tuple[dict[str, Any], list[str]]:
+    """A policy file with its `extends` chain merged in, and every error found on the way."""
+    path = path.resolve()
+    if path in trail:
+        chain = " -> ".join(str(p) for p in (*trail, path))
+        return {}, [f"{trail[-1]}: extends: the chain comes back to itself ({chain})"]
+    document, errors = _read(path)
+    if document is None:
+        return {}, errors
+    parent_reference = document.get("extends")
+    resolved: dict[str, Any] = {}
+    if isinstance(parent_reference, str):
+        parent_path = policy_path(parent_reference, path.parent)
+        if not parent_path.exists():
+            errors.append(f"{path}: extends: no policy {parent_reference!r} (looked for {parent_path})")
+        else:
+            parent, parent_errors = resolved_document(parent_path, (*trail, path))
+            errors.extend(parent_errors)
+            resolved = {key: value for key, value in parent.items() if key not in ("name", "description")}
+    merged = _merge(resolved, {key: value for key, value in document.items() if key != "extends"})
+    merged.setdefault("name", path.stem)
+    return merged, errors
+
+
+def effective_tool_settings(document: Mapping[str, Any], tool: str) -> dict[str, Any]:
+    """One tool's settings: its section merged over `defaults`."""
+    return _merge(document.get("defaults", {}), document.get("tools", {}).get(tool, {}))
+
+
+def _tool_policy(
+    settings: Mapping[str, Any], field_prefix: str, source: Path, host: HostFacts, errors: list[str]
+) -> ToolPolicy:
+    def error(field: str, message: str) -> None:
+        errors.append(f"{source}: {field_prefix}.{field}: {message}")
+
+    limits = settings.get("limits", {})
+    defaults = ToolPolicy()
+    resource_limits = ResourceLimits(**{key: value for key, value in limits.items() if key in LIMIT_FIELDS})
+    max_timeout_s = float(limits.get("max_timeout_s", defaults.max_timeout_s))
+    if max_timeout_s < resource_limits.timeout_s:
+        error("limits.max_timeout_s", f"{max_timeout_s:g} is below limits.timeout_s ({resource_limits.timeout_s:g})")
+    commands = settings.get("commands", {})
+    shell = bool(commands.get("shell", True))
+    if shell and (commands.get("allow") or commands.get("deny")):
+        error("commands.shell", "must be false when commands.allow or commands.deny is set: a shell runs anything")
+    runtime = settings.get("runtime", "runc")
+    if host.runtimes is not None and runtime not in host.runtimes:
+        error(
+            "runtime",
+            f"{runtime!r} is not available on this host's engine (it has: {', '.join(sorted(host.runtimes))}); "
+            "install it (scripts/engine-up registers runsc) or choose runc",
+        )
+    mounts = []
+    for index, item in enumerate(settings.get("mounts", [])):
+        if not os.path.isdir(item["host"]):
+            error(f"mounts[{index}].host", f"{item['host']} does not exist or is not a folder on this host")
+        mounts.append(Mount(item["host"], item["sandbox"], item.get("mode", "ro") == "ro"))
+    seccomp = None
+    if settings.get("seccomp_profile"):
+        profile_path = policy_path(settings["seccomp_profile"], source.parent)
+        try:
+            seccomp = json.dumps(json.loads(profile_path.read_text()))
+        except (OSError, ValueError) as exc:
+            error("seccomp_profile", f"cannot use {profile_path}: {exc}")
+    env_settings = settings.get("env", {})
+    environment = {name: os.environ[name] for name in env_settings.get("pass", []) if name in os.environ}
+    environment.update(env_settings.get("set", {}))
+    return ToolPolicy(
+        image=settings.get("image", defaults.image),
+        runtime=runtime,
+        user=settings.get("user", defaults.user),
+        network=settings.get("network", "none"),
+        seccomp_profile=seccomp,
+        limits=resource_limits,
+        max_timeout_s=max_timeout_s,
+        allow_shell=shell,
+        commands_allow=tuple(commands.get("allow", [])),
+        commands_deny=tuple(commands.get("deny", [])),
+        max_argument_bytes=int(limits.get("argument_bytes", defaults.max_argument_bytes)),
+        max_input_file_bytes=int(limits.get("input_file_bytes", defaults.max_input_file_bytes)),
+        mounts=tuple(mounts),
+        env=tuple(sorted(environment.items())),
+        enabled=bool(settings.get("enabled", True)),
+    )
+
+
+def _build(document: dict[str, Any], source: Path, tool_names: Iterable[str], host: HostFacts) -> tuple[Policy, list[str]]:
+    errors: list[str] = []
+    known = list(tool_names)
+    for name in document.get("tools", {}):
+        if name not in known:
+            errors.append(f"{source}: tools.{name}: no such tool (known: {', '.join(known)})")
+    default = _tool_policy(document.get("defaults", {}), "defaults", source, host, errors)
+    tools = tuple(
+        (name, _tool_policy(effective_tool_settings(document, name), f"tools.{name}", source, host, errors))
+        for name in known
+        if name in document.get("tools", {})
+    )
+    digest = hashlib.sha256(json.dumps(document, sort_keys=True).encode()).hexdigest()
+    policy = Policy(
+        name=document["name"],
+        default=default,
+        tools=tools,
+        rate=RateLimits(**document.get("rate", {})),
+        host=HostAdmission(**document.get("host", {})),
+        audit=AuditSettings(**document.get("audit", {})),
+        source=str(source),
+        digest=digest,
+    )
+    return policy, errors
+
+
+def policy_errors(path: Path, tool_names: Iterable[str], host: HostFacts = HostFacts()) -> list[str]:
+    """Every error in a policy file (and what it extends); empty when it is usable."""
+    document, errors = resolved_document(path)
+    if errors:
+        return errors
+    _, build_errors = _build(document, path.resolve(), tool_names, host)
+    return build_errors
+
+
+def load_policy(reference: str, tool_names: Iterable[str], host: HostFacts = HostFacts()) -> Policy:
+    """Load a policy by shipped name or path; raises ConfigError listing every error."""
+    path = policy_path(reference)
+    if not path.exists():
+        shipped = ", ".join(sorted(p.stem for p in POLICIES_DIR.glob("*.yaml")))
+        raise ConfigError(f"no policy {reference!r}: give a shipped name ({shipped}) or a path to a .yaml file")
+    document, errors = resolved_document(path)
+    if not errors:
+        policy, errors = _build(document, path.resolve(), tool_names, host)
+    if errors:
+        raise ConfigError("policy refused:\n  " + "\n  ".join(errors))
+    return policy

@@ -69,27 +69,55 @@ def _doctor(args: argparse.Namespace) -> int:
     return 0 if report.healthy else 1
 
 
+def _host_facts(runtime: object) -> object:
+    from sandbox_server.policy.loader import HostFacts
+
+    try:
+        return HostFacts(frozenset(runtime.info().runtimes))  # type: ignore[attr-defined]
+    except SandboxServerError:
+        return HostFacts()  # engine down: runtimes cannot be checked now; each call will say so
+
+
 def _serve(args: argparse.Namespace) -> int:
     import logging
+    from pathlib import Path
 
-    from sandbox_server.policy import Policy
+    from sandbox_server.guard import AuditLog
+    from sandbox_server.policy.loader import load_policy
+    from sandbox_server.policy.watcher import watch_policy
     from sandbox_server.sandbox.docker_runtime import DockerRuntime
     from sandbox_server.server import SandboxServer, serve_http, serve_stdio
     from sandbox_server.tools import all_tools
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="sandbox-server: %(message)s")
+    log = logging.getLogger("sandbox_server")
     runtime = DockerRuntime.lazy()
+    tools = all_tools()
+    names = [tool.name for tool in tools]
+    policy = load_policy(args.policy, names, _host_facts(runtime))  # type: ignore[arg-type]
     try:
         reaped = runtime.reap_strays()
         if reaped:
-            logging.getLogger("sandbox_server").info("removed %d stray sandbox container(s)", reaped)
+            log.info("removed %d stray sandbox container(s)", reaped)
     except SandboxServerError as exc:
-        logging.getLogger("sandbox_server").warning("%s", exc)
-    app = SandboxServer(all_tools(), Policy(), runtime, page_size=args.page_size)
-    if args.transport == "http":
-        anyio.run(serve_http, app, args.host, args.port)
-    else:
-        anyio.run(serve_stdio, app)
+        log.warning("%s", exc)
+    audit_path = args.audit_log or policy.audit.path
+    audit = AuditLog(audit_path, policy.audit.max_bytes, policy.audit.keep) if audit_path else None
+    app = SandboxServer(tools, policy, runtime, page_size=args.page_size, audit=audit)
+
+    async def main() -> None:
+        async with anyio.create_task_group() as group:
+            if not args.no_watch:
+                group.start_soon(
+                    watch_policy, args.policy, Path(policy.source), names, lambda: _host_facts(runtime), app.swap_policy
+                )
+            if args.transport == "http":
+                await serve_http(app, args.host, args.port)
+            else:
+                await serve_stdio(app)
+            group.cancel_scope.cancel()
+
+    anyio.run(main)
     return 0
 
 
@@ -142,6 +170,69 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _tool_names() -> list[str]:
+    from sandbox_server.tools import all_tools
+
+    return [tool.name for tool in all_tools()]
+
+
+def _runtime_facts() -> object:
+    from sandbox_server.sandbox.docker_runtime import DockerRuntime
+
+    return _host_facts(DockerRuntime.lazy())
+
+
+def _policy_check(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from sandbox_server.policy.loader import policy_errors, policy_path
+
+    facts = _runtime_facts()
+    failed = False
+    for reference in args.files:
+        path = policy_path(reference) if not Path(reference).exists() else Path(reference)
+        errors = policy_errors(path, _tool_names(), facts)  # type: ignore[arg-type]
+        if errors:
+            failed = True
+            print(f"{path}: {len(errors)} error(s)")
+            for error in errors:
+                print(f"  {error}")
+        else:
+            print(f"{path}: ok")
+    return 1 if failed else 0
+
+
+def _policy_explain(args: argparse.Namespace) -> int:
+    from sandbox_server.policy.explain import explain_policy
+    from sandbox_server.policy.loader import load_policy
+
+    names = _tool_names()
+    policy = load_policy(args.policy, names, _runtime_facts())  # type: ignore[arg-type]
+    print(json.dumps(explain_policy(policy, names), indent=2, default=str))
+    return 0
+
+
+def _policy_diff(args: argparse.Namespace) -> int:
+    from sandbox_server.policy.explain import diff_policies, explain_policy
+    from sandbox_server.policy.loader import load_policy
+
+    names = _tool_names()
+    first, second = (
+        json.loads(json.dumps(explain_policy(load_policy(ref, names), names), default=str))
+        for ref in (args.first, args.second)
+    )
+    lines = diff_policies(first, second)
+    print("\n".join(lines) if lines else "no differences in effect")
+    return 0
+
+
+def _policy_schema(args: argparse.Namespace) -> int:
+    from sandbox_server.policy.loader import schema
+
+    print(json.dumps(schema(), indent=2, ensure_ascii=False))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser for every subcommand."""
     parser = argparse.ArgumentParser(
@@ -166,6 +257,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1", help="HTTP: address to bind (default loopback)")
     serve.add_argument("--port", type=int, default=8000, help="HTTP: port (default 8000)")
     serve.add_argument("--page-size", type=int, default=50, help="tools per tools/list page")
+    serve.add_argument("--policy", default="default", help="a shipped policy name or a policy file (default: default)")
+    serve.add_argument("--audit-log", help="append one JSON line per call to this file (overrides audit.path)")
+    serve.add_argument("--no-watch", action="store_true", help="do not reload the policy when its file changes")
     serve.set_defaults(handler=_serve)
 
     call = commands.add_parser("call", help="start the server, make one tool call, print the result")
@@ -176,6 +270,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = commands.add_parser("demo", help="a real MCP session against the server, with a few calls")
     demo.set_defaults(handler=_demo)
+
+    policy = commands.add_parser("policy", help="check, explain, compare policies; print their schema")
+    policy_commands = policy.add_subparsers(dest="policy_command", required=True, metavar="ACTION")
+    check = policy_commands.add_parser("check", help="validate policy files; exit 1 with every error")
+    check.add_argument("files", nargs="+", metavar="FILE", help="policy files (or shipped names)")
+    check.set_defaults(handler=_policy_check)
+    explain = policy_commands.add_parser("explain", help="the fully resolved policy and its container settings")
+    explain.add_argument("policy", metavar="NAME|PATH")
+    explain.set_defaults(handler=_policy_explain)
+    diff = policy_commands.add_parser("diff", help="what differs in effect between two policies")
+    diff.add_argument("first", metavar="A")
+    diff.add_argument("second", metavar="B")
+    diff.set_defaults(handler=_policy_diff)
+    schema_command = policy_commands.add_parser("schema", help="print the policy JSON Schema")
+    schema_command.set_defaults(handler=_policy_schema)
 
     doctor = commands.add_parser("doctor", help="check the engine, images and enforced limits")
     doctor.add_argument("--json", action="store_true", help="machine-readable output")

@@ -1,0 +1,54 @@
+"""Hot reload: watch a policy's folder, swap in a valid change, keep the old policy on a broken one."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Iterable
+from pathlib import Path
+
+import anyio
+
+from sandbox_server.errors import ConfigError
+from sandbox_server.policy.loader import POLICIES_DIR, HostFacts, load_policy
+from sandbox_server.policy.model import Policy
+
+__all__ = ["watch_policy"]
+
+logger = logging.getLogger("sandbox_server")
+
+
+def _signature(folders: Iterable[Path]) -> tuple[tuple[str, int, int], ...]:
+    entries = []
+    for folder in folders:
+        for path in sorted(folder.glob("*.y*ml")):
+            try:
+                stat = path.stat()
+            except FileNotFoundError:
+                continue
+            entries.append((str(path), stat.st_mtime_ns, stat.st_size))
+    return tuple(entries)
+
+
+async def watch_policy(
+    reference: str,
+    source: Path,
+    tool_names: list[str],
+    host: Callable[[], HostFacts],
+    on_change: Callable[[Policy], Awaitable[None]],
+    interval_s: float = 0.25,
+) -> None:
+    """Poll the policy's folder (and the shipped one, for `extends`) until cancelled."""
+    folders = {source.parent.resolve(), POLICIES_DIR.resolve()}
+    seen = _signature(folders)
+    while True:
+        await anyio.sleep(interval_s)
+        current = _signature(folders)
+        if current == seen:
+            continue
+        seen = current
+        try:
+            policy = await anyio.to_thread.run_sync(load_policy, reference, tool_names, host())
+        except ConfigError as exc:
+            logger.warning("policy change ignored, the previous policy stays in force: %s", exc)
+            continue
+        await on_change(policy)

@@ -86,7 +86,7 @@ class SandboxServer:
         self.page_size = max(1, page_size)
         self.store = store or ResourceStore()
         self.audit = audit
-        self._sessions: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._connections: weakref.WeakSet[Any] = weakref.WeakSet()
         self.server: Server[Any] = Server(
             "sandbox-server",
             version=__version__,
@@ -108,11 +108,18 @@ class SandboxServer:
         self.policy = policy
         self.admission.reconfigure(policy.rate, policy.host, policy.name)
         logger.info("policy %s (%s) is now in force", policy.name, policy.digest[:12])
-        for session in list(self._sessions):
+        for connection in list(self._connections):
             try:
-                await session.send_tool_list_changed()
+                await connection.send_tool_list_changed()
             except Exception as exc:  # a closed session must not stop the others from hearing
-                logger.debug("could not notify a session: %s", exc)
+                logger.warning("could not notify a session: %r", exc)
+
+    def _remember(self, ctx: Any) -> None:
+        # The low-level handler context exposes only the per-request session; the connection it
+        # belongs to lives as long as the client stays connected, so that is what is notified later.
+        connection = getattr(ctx.session, "_connection", None)
+        if connection is not None:
+            self._connections.add(connection)
 
     # -- tools/list --------------------------------------------------------------------
 
@@ -127,7 +134,7 @@ class SandboxServer:
         )
 
     async def _list_tools(self, ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
-        self._sessions.add(ctx.session)
+        self._remember(ctx)
         names = sorted(self.tools)
         start = 0
         cursor = params.cursor if params else None
@@ -146,14 +153,16 @@ class SandboxServer:
     # -- tools/call --------------------------------------------------------------------
 
     async def _call_tool(self, ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
-        self._sessions.add(ctx.session)
+        self._remember(ctx)
         policy = self.policy  # one policy for the whole call, even if a new one is swapped in meanwhile
-        tool = self.tools.get(params.name)
-        if tool is None:
-            raise MCPError(INVALID_PARAMS, f"unknown tool {params.name!r}; tools/list names the tools")
         arguments = params.arguments or {}
         started = time.monotonic()
-        record = self._audit_start(ctx, tool.name, arguments, policy)
+        record = self._audit_start(ctx, params.name, arguments, policy)
+        tool = self.tools.get(params.name)
+        if tool is None:
+            message = f"unknown tool {params.name!r}; tools/list names the tools"
+            await self._audit_finish(record, ToolOutcome.refusal(message), started)
+            raise MCPError(INVALID_PARAMS, message)
         outcome: ToolOutcome | None = None
         try:
             outcome = await self._outcome(tool, arguments, ctx, policy)

@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -20,18 +21,43 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+class ServerProcess:
+    """A running `serve --transport http` child: its URL, process, and the lines of its log."""
+
+    def __init__(self, url: str, process: subprocess.Popen[bytes]) -> None:
+        self.url = url
+        self.process = process
+        self.lines: list[str] = []
+        self._changed = threading.Condition()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stderr is not None
+        for raw in self.process.stderr:
+            with self._changed:
+                self.lines.append(raw.decode(errors="replace"))
+                self._changed.notify_all()
+
+    def wait_for_line(self, text: str, timeout_s: float = 10) -> str:
+        """Block until the server logs a line containing `text`."""
+        with self._changed:
+            found = self._changed.wait_for(lambda: next((l for l in self.lines if text in l), None), timeout_s)
+        if not found:
+            raise AssertionError(f"the server did not log {text!r} within {timeout_s} s; it logged: {self.lines}")
+        return found
+
+
 @contextmanager
 def http_server(*serve_args: str, env: dict[str, str] | None = None) -> Iterator[str]:
     """A `serve --transport http` child process; yields its MCP endpoint URL."""
-    with http_server_process(*serve_args, env=env) as (url, _):
-        yield url
+    with http_server_process(*serve_args, env=env) as server:
+        yield server.url
 
 
 @contextmanager
-def http_server_process(
-    *serve_args: str, env: dict[str, str] | None = None
-) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    """A `serve --transport http` child process; yields its URL and the process."""
+def http_server_process(*serve_args: str, env: dict[str, str] | None = None) -> Iterator[ServerProcess]:
+    """A `serve --transport http` child process, with its log readable."""
     port = _free_port()
     process = subprocess.Popen(
         [sys.executable, "-m", "sandbox_server", "serve", "--transport", "http", "--port", str(port), *serve_args],
@@ -39,6 +65,7 @@ def http_server_process(
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
+    server: ServerProcess | None = None
     try:
         deadline = time.monotonic() + 30
         while True:
@@ -51,7 +78,8 @@ def http_server_process(
                 if time.monotonic() > deadline:
                     raise RuntimeError("HTTP server did not start listening within 30 s") from None
                 time.sleep(0.05)
-        yield f"http://127.0.0.1:{port}/mcp", process
+        server = ServerProcess(f"http://127.0.0.1:{port}/mcp", process)
+        yield server
     finally:
         process.terminate()
         try:
@@ -59,6 +87,8 @@ def http_server_process(
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+        if server is not None:
+            server._reader.join(timeout=10)  # the log reader ends at the pipe's end of file
         if process.stderr is not None:
             process.stderr.close()
 

@@ -15,7 +15,8 @@ async def test_a_server_killed_mid_call_leaves_a_stray_that_the_next_server_reap
     async def on_progress(progress: float, total: float | None, message: str | None) -> None:
         running.set()
 
-    with http_server_process() as (url, process):
+    with http_server_process() as server:
+        url, process = server.url, server.process
         with pytest.raises(Exception):  # the connection dies with the server
             async with connect(url) as session, anyio.create_task_group() as group:
                 group.start_soon(

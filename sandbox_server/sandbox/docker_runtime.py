@@ -37,6 +37,9 @@ FLOOD_FACTOR = 16
 FLOOD_MIN_BYTES = 64 * 1024 * 1024
 """A program that writes more than FLOOD_FACTOR times its output cap (and at least
 FLOOD_MIN_BYTES) is killed as a flood: draining it longer only burns the host's CPU."""
+RUNSC_PIDS_FACTOR, RUNSC_PIDS_BASE = 8, 256
+"""Under gVisor the sandbox kernel's own host threads (several per guest task on the ptrace
+platform) count against the pids cgroup, so the cgroup limit is pids * 8 + 256 there."""
 ENGINE_HINT = "start it with `scripts/engine-up` (as root), or `dockerd &`, or point DOCKER_HOST at a running engine"
 
 
@@ -127,7 +130,7 @@ def host_config_kwargs(spec: SandboxSpec) -> dict[str, Any]:
                 f"uid={uid},gid={gid or uid},mode=0755,nosuid,nodev"
             ),
         },
-        "pids_limit": limits.pids,
+        "pids_limit": limits.pids if spec.runtime != "runsc" else limits.pids * RUNSC_PIDS_FACTOR + RUNSC_PIDS_BASE,
         "mem_limit": limits.memory_mb * 1024 * 1024,
         "memswap_limit": limits.memory_mb * 1024 * 1024,
         "nano_cpus": int(limits.cpus * 1e9),

@@ -1,0 +1,131 @@
+"""Policy files: shipped ones pass, broken ones are refused with file and field, extends merges."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from jsonschema import Draft202012Validator
+
+from sandbox_server.errors import ConfigError
+from sandbox_server.guard import Admission
+from sandbox_server.policy import HostAdmission, RateLimits
+from sandbox_server.policy.loader import HostFacts, load_policy, policy_errors
+from tests.conftest import run_cli
+
+TOOLS = ["execute_command"]
+BOTH = HostFacts(frozenset({"runc", "runsc"}))
+
+
+def _write(folder: Path, name: str, text: str) -> Path:
+    path = folder / name
+    path.write_text(text)
+    return path
+
+
+def test_every_shipped_policy_passes_policy_check() -> None:
+    result = run_cli("policy", "check", "default", "strict", "data-science")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.count(": ok") == 3
+
+
+def test_a_broken_policy_is_refused_with_every_error_and_its_field_path(tmp_path: Path) -> None:
+    path = _write(
+        tmp_path,
+        "broken.yaml",
+        "defaults:\n  limits:\n    memory_mb: 'lots'\n    pids: 2\n  colour: blue\n"
+        "tools:\n  nonexistent_tool: {enabled: false}\n",
+    )
+    result = run_cli("policy", "check", str(path))
+    assert result.returncode == 1
+    assert f"{path}: defaults.limits.memory_mb: 'lots' is not of type 'integer'" in result.stdout
+    assert f"{path}: defaults.limits.pids: 2 is less than the minimum of 8" in result.stdout
+    assert "colour" in result.stdout and "Unevaluated properties are not allowed" in result.stdout
+
+
+def test_semantic_errors_name_the_field(tmp_path: Path) -> None:
+    path = _write(
+        tmp_path,
+        "p.yaml",
+        "defaults:\n  runtime: runsc\n  commands: {shell: true, allow: [ls]}\n"
+        "  limits: {timeout_s: 50, max_timeout_s: 10}\n"
+        "  mounts: [{host: /no/such/folder, sandbox: /data}]\n"
+        "tools:\n  nonexistent_tool: {enabled: false}\n",
+    )
+    errors = policy_errors(path, TOOLS, HostFacts(frozenset({"runc"})))
+    text = "\n".join(errors)
+    assert f"{path}: defaults.runtime: 'runsc' is not available on this host's engine" in text
+    assert f"{path}: defaults.commands.shell: must be false when commands.allow" in text
+    assert f"{path}: defaults.limits.max_timeout_s: 10 is below limits.timeout_s (50)" in text
+    assert f"{path}: defaults.mounts[0].host: /no/such/folder does not exist" in text
+    assert f"{path}: tools.nonexistent_tool: no such tool" in text
+
+
+def test_extends_merges_mappings_and_replaces_lists(tmp_path: Path) -> None:
+    _write(tmp_path, "base.yaml", "defaults:\n  limits: {memory_mb: 256, pids: 64}\n  env: {set: {A: '1', B: '2'}}\n")
+    child = _write(
+        tmp_path,
+        "child.yaml",
+        "extends: base.yaml\ndefaults:\n  limits: {memory_mb: 128}\n"
+        "tools:\n  execute_command:\n    limits: {timeout_s: 5}\n",
+    )
+    policy = load_policy(str(child), TOOLS, BOTH)
+    assert policy.name == "child"
+    assert policy.default.limits.memory_mb == 128 and policy.default.limits.pids == 64
+    assert dict(policy.default.env) == {"A": "1", "B": "2"}
+    tool = policy.for_tool("execute_command")
+    assert tool.limits.timeout_s == 5 and tool.limits.memory_mb == 128
+
+
+def test_an_extends_cycle_is_refused(tmp_path: Path) -> None:
+    _write(tmp_path, "a.yaml", "extends: b.yaml\n")
+    _write(tmp_path, "b.yaml", "extends: a.yaml\n")
+    with pytest.raises(ConfigError, match="comes back to itself"):
+        load_policy(str(tmp_path / "a.yaml"), TOOLS, BOTH)
+
+
+def test_strict_extends_default_with_gvisor_and_no_shell() -> None:
+    policy = load_policy("strict", TOOLS, BOTH)
+    tool = policy.for_tool("execute_command")
+    assert tool.runtime == "runsc" and tool.allow_shell is False
+    assert tool.limits.memory_mb == 128 and tool.limits.nofile == 64
+    assert "ls" in tool.commands_allow
+
+
+def test_policy_schema_command_prints_a_valid_2020_12_schema() -> None:
+    result = run_cli("policy", "schema")
+    assert result.returncode == 0
+    printed = json.loads(result.stdout)
+    Draft202012Validator.check_schema(printed)
+    assert printed["$defs"]["limits"]["properties"]["memory_mb"]["default"] == 512
+
+
+def test_policy_diff_and_explain_show_the_container_settings() -> None:
+    diff = run_cli("policy", "diff", "default", "strict")
+    assert diff.returncode == 0
+    assert "tools.execute_command.container.runtime: 'runc' -> 'runsc'" in diff.stdout
+    assert "tools.execute_command.container.mem_limit: 536870912 -> 134217728" in diff.stdout
+    explain = run_cli("policy", "explain", "default")
+    settings = json.loads(explain.stdout)["tools"]["execute_command"]["container"]
+    assert settings["cap_drop"] == ["ALL"] and settings["read_only"] is True and settings["network_mode"] == "none"
+
+
+def test_admission_rate_window_and_concurrency_are_answered_at_once() -> None:
+    now = [1000.0]
+    admission = Admission(RateLimits(calls_per_minute=2, concurrent_calls=1), HostAdmission(0, 1000), "p", lambda: now[0])
+    first = admission.admit("a")
+    assert not isinstance(first, str)
+    busy = admission.admit("b")
+    assert isinstance(busy, str) and busy.startswith("busy: 1 calls already running") and "rate.concurrent_calls" in busy
+    first.release()
+    first.release()  # idempotent
+    now[0] += 10
+    second = admission.admit("a")
+    assert not isinstance(second, str)
+    second.release()
+    limited = admission.admit("a")
+    assert isinstance(limited, str)
+    assert limited == "rate limited: 2 calls/min (policy 'p', field rate.calls_per_minute); retry in 50 s"
+    now[0] += 51
+    assert not isinstance(admission.admit("a"), str)

@@ -1,0 +1,27 @@
+"""Pure logic of the guards: audit rotation and host admission."""
+
+import json
+from pathlib import Path
+
+from sandbox_server.guard import Admission, AuditLog
+from sandbox_server.policy import HostAdmission, RateLimits
+
+
+def test_audit_log_appends_json_lines_and_rotates_by_size(tmp_path: Path) -> None:
+    log = AuditLog(tmp_path / "audit.jsonl", max_bytes=4096, keep=2)
+    for index in range(200):
+        log.write({"call": index, "padding": "x" * 40})
+    current = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
+    rotated = [json.loads(line) for line in (tmp_path / "audit.jsonl.1").read_text().splitlines()]
+    assert current[-1]["call"] == 199
+    assert rotated[-1]["call"] == current[0]["call"] - 1
+    assert (tmp_path / "audit.jsonl.2").exists() and not (tmp_path / "audit.jsonl.3").exists()
+    assert all(path.stat().st_size <= 4096 for path in tmp_path.iterdir())
+
+
+def test_a_saturated_host_refuses_new_sandboxes_and_says_which_field() -> None:
+    admission = Admission(RateLimits(), HostAdmission(min_available_memory_mb=10**9, max_load_per_cpu=8), "p")
+    refusal = admission.admit("client")
+    assert isinstance(refusal, str)
+    assert refusal.startswith("busy: the host has") and "field host.min_available_memory_mb" in refusal
+    assert admission.running == 0

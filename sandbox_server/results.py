@@ -120,7 +120,9 @@ def _file_block(file: OutputFile, call_id: str, store: ResourceStore) -> dict[st
     }
 
 
-def render(outcome: ToolOutcome, store: ResourceStore) -> RenderedResult:
+def render(
+    outcome: ToolOutcome, store: ResourceStore, max_images: int = 8, max_image_bytes: int = 4_000_000
+) -> RenderedResult:
     """The blocks a client receives: text first, then structured JSON, images and files."""
     lines = [sanitize(outcome.headline)]
     for title, body in outcome.sections:
@@ -140,5 +142,18 @@ def render(outcome: ToolOutcome, store: ResourceStore) -> RenderedResult:
             item["path"] = sanitize(item["path"])
         content.append({"type": "text", "text": json.dumps(structured, ensure_ascii=False)})
     call_id = uuid.uuid4().hex[:12]
-    content.extend(_file_block(file, call_id, store) for file in outcome.files)
+    images = image_bytes = 0
+    skipped = []
+    for file in outcome.files:
+        if _mime_type(file).startswith("image/"):
+            if images >= max_images or image_bytes + file.size > max_image_bytes:
+                skipped.append(f"note: {sanitize(file.path)}: image not returned, over the images budget "
+                               f"({max_images} images, {max_image_bytes} bytes; policy fields "
+                               "limits.returned_images, limits.returned_image_bytes)")
+                continue
+            images += 1
+            image_bytes += file.size
+        content.append(_file_block(file, call_id, store))
+    if skipped:
+        content[0]["text"] += "\n" + "\n".join(skipped)
     return RenderedResult(content=content, structured=structured, is_error=outcome.is_error)

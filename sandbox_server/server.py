@@ -25,6 +25,7 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError
 from mcp.server.lowlevel import NotificationOptions, Server
 from mcp.server.stdio import stdio_server
+from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ToolsListChanged
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
 
@@ -87,6 +88,7 @@ class SandboxServer:
         self.store = store or ResourceStore()
         self.audit = audit
         self._connections: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._events = InMemorySubscriptionBus()  # 2026-07-28 clients hear of changes via subscriptions/listen
         self.server: Server[Any] = Server(
             "sandbox-server",
             version=__version__,
@@ -96,6 +98,7 @@ class SandboxServer:
             on_call_tool=self._call_tool,
             on_list_resources=self._list_resources,
             on_read_resource=self._read_resource,
+            on_subscriptions_listen=ListenHandler(self._events),
         )
 
     @property
@@ -108,6 +111,7 @@ class SandboxServer:
         self.policy = policy
         self.admission.reconfigure(policy.rate, policy.host, policy.name)
         logger.info("policy %s (%s) is now in force", policy.name, policy.digest[:12])
+        await self._events.publish(ToolsListChanged())
         for connection in list(self._connections):
             try:
                 await connection.send_tool_list_changed()
@@ -166,7 +170,8 @@ class SandboxServer:
         outcome: ToolOutcome | None = None
         try:
             outcome = await self._outcome(tool, arguments, ctx, policy)
-            rendered = render(outcome, self.store)
+            limits = policy.for_tool(tool.name).limits
+            rendered = render(outcome, self.store, limits.returned_images, limits.returned_image_bytes)
         finally:
             with anyio.CancelScope(shield=True):
                 await self._audit_finish(record, outcome, started)

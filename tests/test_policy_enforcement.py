@@ -154,3 +154,32 @@ async def test_a_policy_edit_changes_the_next_call_and_a_broken_edit_changes_not
             await anyio.to_thread.run_sync(server.wait_for_line, "defaults.limits.memory_mb: -5 is less than the minimum")
             third = await session.call_tool("execute_command", read_limit)
             assert third.structured_content is not None and third.structured_content["stdout"].strip() == str(96 * 2**20)
+
+
+async def test_2026_era_clients_hear_of_a_policy_change_through_subscriptions_listen(
+    tmp_path: Path, runtime: DockerRuntime
+) -> None:
+    policy = tmp_path / "live.yaml"
+    policy.write_text("defaults:\n  limits: {memory_mb: 64}\n")
+    with http_server_process("--policy", str(policy)) as server:
+        async with Client(server.url, mode="2026-07-28") as session:
+            async with session.listen(tools_list_changed=True) as subscription:
+                policy.write_text("tools:\n  execute_command: {enabled: false}\n")
+                with anyio.fail_after(10):
+                    async for _ in subscription:
+                        break
+            assert (await session.list_tools()).tools == []
+
+
+async def test_a_mount_is_visible_read_only_and_nothing_else_is(tmp_path: Path, runtime: DockerRuntime) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "sales.csv").write_text("region,amount\nnorth,3\n")
+    policy = tmp_path / "mounted.yaml"
+    policy.write_text(f"defaults:\n  mounts: [{{host: {data}, sandbox: /data/shared, mode: ro}}]\n")
+    async with connect(stdio_parameters("--policy", str(policy))) as session:
+        read = await session.call_tool("execute_command", {"command": "cat /data/shared/sales.csv"})
+        assert read.structured_content is not None and read.structured_content["stdout"] == "region,amount\nnorth,3\n"
+        write = await session.call_tool("execute_command", {"command": "touch /data/shared/x"})
+        assert write.is_error and "Read-only file system" in _text(write)
+    assert sorted(p.name for p in data.iterdir()) == ["sales.csv"]

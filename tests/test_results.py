@@ -47,3 +47,11 @@ def test_resource_store_drops_the_oldest_past_its_cap() -> None:
     store.put("a", "text/plain", b"123456")
     store.put("b", "text/plain", b"123456")
     assert store.get("a") is None and store.get("b") is not None
+
+
+def test_images_beyond_the_budget_are_listed_not_returned() -> None:
+    png = b"\x89PNG\r\n\x1a\n" + b"\0" * 100
+    files = tuple(OutputFile(f"p{i}.png", png, len(png)) for i in range(3))
+    rendered = render(ToolOutcome("ok", False, files=files), ResourceStore(), max_images=2)
+    assert [block["type"] for block in rendered.content] == ["text", "image", "image"]
+    assert "p2.png: image not returned, over the images budget" in rendered.content[0]["text"]

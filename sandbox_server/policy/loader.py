@@ -49,6 +49,8 @@ LIMIT_FIELDS = {
     "output_bytes",
     "returned_files",
     "returned_file_bytes",
+    "returned_images",
+    "returned_image_bytes",
 }
 
 

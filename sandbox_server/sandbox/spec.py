@@ -34,6 +34,8 @@ class ResourceLimits:
     output_bytes: int = 100_000
     returned_files: int = 20
     returned_file_bytes: int = 8_000_000
+    returned_images: int = 8
+    returned_image_bytes: int = 4_000_000
 
 
 @dataclass(frozen=True, slots=True)

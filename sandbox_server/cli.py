@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import asdict
 from collections.abc import Sequence
 
 import anyio
@@ -37,7 +38,7 @@ def _images_list(args: argparse.Namespace) -> int:
     runtime = DockerRuntime.connect()
     statuses = [image_status(runtime, definition) for definition in catalog().values()]
     if args.json:
-        print(json.dumps([_status_dict(status) for status in statuses], indent=2))
+        print(json.dumps([asdict(status) for status in statuses], indent=2))
     else:
         print(f"{'IMAGE':<32} {'BUILT':<6} {'CURRENT':<8} {'SIZE':>9}  HASH")
         for status in statuses:
@@ -47,12 +48,6 @@ def _images_list(args: argparse.Namespace) -> int:
                 f"{'yes' if status.current else 'no':<8} {size:>9}  {status.expected_hash}"
             )
     return 0 if all(status.current for status in statuses) else 1
-
-
-def _status_dict(status: object) -> dict[str, object]:
-    from dataclasses import asdict
-
-    return asdict(status)  # type: ignore[call-overload]
 
 
 def _doctor(args: argparse.Namespace) -> int:

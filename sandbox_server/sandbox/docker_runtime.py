@@ -380,12 +380,12 @@ class DockerRuntime:
             pass  # the program exited before reading all of its input; its output says the rest
         return raw
 
-    def _finish(self, container_id: str) -> tuple[int | None, bool, int | None]:
-        """Exit code, OOM flag and peak memory of a container that has stopped."""
+    def _finish(self, container_id: str) -> tuple[int | None, bool]:
+        """Exit code and OOM flag of a container that has stopped."""
         with _engine_errors("read the sandbox's exit status"):
             status = self._api.wait(container_id, timeout=30)
             state = self._api.inspect_container(container_id)["State"]
-        return int(status.get("StatusCode", -1)), bool(state.get("OOMKilled")), None
+        return int(status.get("StatusCode", -1)), bool(state.get("OOMKilled"))
 
     async def run(self, spec: SandboxSpec, on_progress: ProgressCallback | None = None) -> ExecutionResult:
         """Run a spec in a fresh container, always removed afterwards."""
@@ -412,7 +412,7 @@ class DockerRuntime:
                 exit_code: int | None = None
                 oom_killed = False
             else:
-                exit_code, oom_killed, _ = await anyio.to_thread.run_sync(self._finish, container_id)
+                exit_code, oom_killed = await anyio.to_thread.run_sync(self._finish, container_id)
         except anyio.get_cancelled_exc_class():
             cancelled = True
             raise

@@ -12,9 +12,10 @@ from sandbox_server.errors import ConfigError
 from sandbox_server.guard import Admission
 from sandbox_server.policy import HostAdmission, RateLimits
 from sandbox_server.policy.loader import HostFacts, load_policy, policy_errors
+from sandbox_server.tools import all_tools
 from tests.conftest import run_cli
 
-TOOLS = ["execute_command"]
+TOOLS = [tool.name for tool in all_tools()]
 BOTH = HostFacts(frozenset({"runc", "runsc"}))
 
 

@@ -2,10 +2,11 @@
 
 from sandbox_server.tools.base import Tool, ToolContext, ToolOutcome
 from sandbox_server.tools.execute_command import ExecuteCommand
+from sandbox_server.tools.run_python import RunPython
 
 __all__ = ["Tool", "ToolContext", "ToolOutcome", "all_tools"]
 
 
 def all_tools() -> list[Tool]:
     """Every tool, in the order tools/list shows them."""
-    return [ExecuteCommand()]
+    return [ExecuteCommand(), RunPython()]

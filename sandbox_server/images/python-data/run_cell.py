@@ -1,0 +1,62 @@
+"""Run one notebook-style cell inside the sandbox (the run_python tool's launcher).
+
+The code arrives on stdin. It runs as __main__ with the working folder /workspace;
+when its last statement is an expression, its value is printed as a notebook
+would. Every matplotlib figure still open at the end (shown or not) is saved
+to /workspace/out/figure-N.png, downscaled to fit SANDBOX_IMAGE_BYTES.
+"""
+
+import ast
+import os
+import sys
+import traceback
+
+OUT = "/workspace/out"
+IMAGE_BYTES = int(os.environ.pop("SANDBOX_IMAGE_BYTES", "2000000"))
+
+
+def _save_figures() -> None:
+    if "matplotlib.pyplot" not in sys.modules:
+        return
+    import matplotlib.pyplot as plt
+
+    os.makedirs(OUT, exist_ok=True)
+    for index, number in enumerate(plt.get_fignums(), start=1):
+        figure = plt.figure(number)
+        path = os.path.join(OUT, f"figure-{index}.png")
+        for dpi in (100, 72, 50, 36, 24):
+            figure.savefig(path, dpi=dpi, format="png")
+            if os.path.getsize(path) <= IMAGE_BYTES:
+                break
+
+
+def main() -> int:
+    source = sys.stdin.read()
+    sys.stdin = open(os.devnull)
+    try:
+        tree = ast.parse(source, filename="<cell>")
+    except SyntaxError:
+        traceback.print_exc(limit=0)
+        return 1
+    last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
+    namespace = {"__name__": "__main__"}
+    try:
+        exec(compile(tree, "<cell>", "exec"), namespace)
+        if last is not None:
+            value = eval(compile(ast.Expression(last.value), "<cell>", "eval"), namespace)
+            if value is not None:
+                print(repr(value))
+    except SystemExit as exc:
+        _save_figures()
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:
+        exc_type, exc, tb = sys.exc_info()
+        traceback.print_exception(exc_type, exc, tb.tb_next if tb else None)
+        _save_figures()
+        return 1
+    _save_figures()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,79 @@
+"""run_python through the official MCP client on the real engine."""
+
+from __future__ import annotations
+
+import base64
+import struct
+from collections.abc import AsyncIterator
+
+import mcp_types as types
+import pytest
+from mcp import Client
+
+from sandbox_server.sandbox.docker_runtime import DockerRuntime
+from tests.mcp_harness import connect, stdio_parameters
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+async def client(runtime: DockerRuntime) -> AsyncIterator[Client]:
+    """A stdio session on the default policy."""
+    async with connect(stdio_parameters()) as session:
+        yield session
+
+
+def _text(result: types.CallToolResult) -> str:
+    block = result.content[0]
+    assert isinstance(block, types.TextContent)
+    return block.text
+
+
+def _png_size(data: bytes) -> tuple[int, int]:
+    assert data.startswith(b"\x89PNG\r\n\x1a\n") and data[12:16] == b"IHDR"
+    width, height = struct.unpack(">II", data[16:24])
+    return width, height
+
+
+async def test_two_figures_come_back_as_two_png_images(client: Client) -> None:
+    code = (
+        "import matplotlib.pyplot as plt\n"
+        "plt.figure(); plt.plot([1, 2, 3])\n"
+        "fig, ax = plt.subplots(); ax.bar(['a', 'b'], [3, 5])\n"
+        "print('drawn')\n"
+    )
+    result = await client.call_tool("run_python", {"code": code})
+    assert not result.is_error, _text(result)
+    images = [block for block in result.content if isinstance(block, types.ImageContent)]
+    assert len(images) == 2
+    for image in images:
+        assert image.mime_type == "image/png"
+        width, height = _png_size(base64.b64decode(image.data))
+        assert width > 100 and height > 100
+    assert "drawn" in _text(result)
+
+
+async def test_the_final_expression_is_shown_like_a_notebook_cell(client: Client) -> None:
+    code = "import pandas as pd\ndf = pd.read_csv('d.csv')\nint(df['x'].sum()) * 2"
+    result = await client.call_tool("run_python", {"code": code, "files": [{"path": "d.csv", "content": "x\n1\n2\n"}]})
+    assert not result.is_error, _text(result)
+    assert result.structured_content is not None and result.structured_content["stdout"] == "6\n"
+
+
+async def test_a_file_written_to_out_comes_back_as_a_resource(client: Client) -> None:
+    code = "import numpy as np\nnp.savetxt('out/squares.txt', np.arange(4) ** 2, fmt='%d')"
+    result = await client.call_tool("run_python", {"code": code})
+    resources = [block for block in result.content if isinstance(block, types.EmbeddedResource)]
+    assert len(resources) == 1
+    assert str(resources[0].resource.uri).endswith("/out/squares.txt")
+    assert getattr(resources[0].resource, "text", "").split() == ["0", "1", "4", "9"]
+
+
+async def test_an_exception_is_an_error_with_the_tracebacks_last_lines(client: Client) -> None:
+    code = "def divide(a, b):\n    return a / b\n\ndivide(1, 0)\n"
+    result = await client.call_tool("run_python", {"code": code})
+    assert result.is_error
+    assert _text(result).startswith("ZeroDivisionError: division by zero (exit code 1)")
+    assert result.structured_content is not None
+    stderr = result.structured_content["stderr"]
+    assert "Traceback" in stderr and "in divide" in stderr and "run_cell.py" not in stderr

@@ -149,6 +149,16 @@ DEMO_CALLS: list[tuple[str, dict[str, object]]] = [
     ("execute_command", {"command": "echo", "args": ["$(id)", "; rm -rf /", "`whoami`"]}),
     ("execute_command", {"command": "touch /usr/bin/evil"}),
     ("execute_command", {"command": "sleep 30", "timeout_s": 1}),
+    (
+        "run_python",
+        {
+            "code": "import pandas as pd, matplotlib.pyplot as plt\n"
+            "df = pd.read_csv('scores.csv', names=['who', 'score'])\n"
+            "df.plot.bar(x='who', y='score')\n"
+            "df.describe().loc[['mean', 'max']]",
+            "files": [{"path": "scores.csv", "content": "ada,93\nlinus,71\ngrace,88\n"}],
+        },
+    ),
 ]
 
 
@@ -157,7 +167,7 @@ def _demo(args: argparse.Namespace) -> int:
 
     print("A real MCP session: this command starts `sandbox-server serve` over stdio and calls it.\n", flush=True)
     results = anyio.run(run_calls, DEMO_CALLS, (), True)
-    expected_errors = [False, False, False, True, True]
+    expected_errors = [False, False, False, True, True, False]
     if [result.is_error for result in results] != expected_errors:
         print("demo: unexpected results, see above", file=sys.stderr)
         return 1

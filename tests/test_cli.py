@@ -27,3 +27,11 @@ def test_the_mcp_conformance_suite_passes_its_applicable_scenarios(runtime: Dock
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.count(" passed") == 6
+
+
+def test_the_demo_runs_a_real_session_and_succeeds(runtime: DockerRuntime) -> None:
+    result = run_cli("demo")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "tools: execute_command, run_python" in result.stdout
+    assert "timed out after 1 s" in result.stdout and "[image image/png" in result.stdout
+    assert not runtime.sandbox_containers()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 import binascii
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Protocol
 
 from sandbox_server.policy import ToolPolicy
@@ -15,12 +15,15 @@ from sandbox_server.sandbox.spec import ExecutionResult, InputFile, OutputFile, 
 
 __all__ = [
     "FILES_SCHEMA",
+    "SANDBOX_ANNOTATIONS",
+    "TIMEOUT_SCHEMA",
     "Tool",
     "ToolContext",
     "ToolOutcome",
     "decode_files",
     "outcome_from_execution",
     "refuse_timeout",
+    "sandbox_spec",
 ]
 
 ProgressReporter = Callable[[float, int, int], Awaitable[None]]
@@ -40,6 +43,22 @@ FILES_SCHEMA: dict[str, Any] = {
         "additionalProperties": False,
     },
 }
+
+
+TIMEOUT_SCHEMA: dict[str, Any] = {
+    "type": "number",
+    "exclusiveMinimum": 0,
+    "description": "Wall-clock limit in seconds; the policy caps it.",
+}
+
+SANDBOX_ANNOTATIONS: dict[str, Any] = {
+    "readOnlyHint": False,
+    "destructiveHint": False,
+    "idempotentHint": False,
+    "openWorldHint": False,
+}
+"""Honest hints for a tool that runs code: it may write (but only inside a throwaway sandbox),
+is not idempotent, and reaches nothing outside (no network)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +137,39 @@ def refuse_timeout(requested: float | None, policy: ToolPolicy, policy_name: str
             f"set by policy '{policy_name}' (field limits.max_timeout_s); ask for {policy.max_timeout_s:g} or less"
         )
     return None
+
+
+def sandbox_spec(
+    args: Mapping[str, Any],
+    ctx: ToolContext,
+    argv: tuple[str, ...],
+    stdin: bytes,
+    extra_env: tuple[tuple[str, str], ...] = (),
+) -> SandboxSpec | ToolOutcome:
+    """The spec of one call from its arguments and its tool's policy, or the refusal to answer with."""
+    policy = ctx.policy
+    refusal = refuse_timeout(args.get("timeout_s"), policy, ctx.policy_name)
+    if refusal:
+        return ToolOutcome.refusal(refusal)
+    files = decode_files(args.get("files", []), policy)
+    if isinstance(files, str):
+        return ToolOutcome.refusal(f"refused: {files}")
+    limits = policy.limits
+    if "timeout_s" in args:
+        limits = replace(limits, timeout_s=float(args["timeout_s"]))
+    return SandboxSpec(
+        image=policy.image,
+        argv=argv,
+        limits=limits,
+        runtime=policy.runtime,
+        user=policy.user,
+        network=policy.network,
+        env=(*policy.env, *extra_env),
+        stdin=stdin,
+        files=files,
+        mounts=policy.mounts,
+        seccomp_profile=policy.seccomp_profile,
+    )
 
 
 @dataclass(frozen=True, slots=True)

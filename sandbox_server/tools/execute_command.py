@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import replace
 from typing import Any
 
 from sandbox_server.policy import ToolPolicy
-from sandbox_server.sandbox.spec import SandboxSpec
 from sandbox_server.tools.base import (
     FILES_SCHEMA,
+    SANDBOX_ANNOTATIONS,
+    TIMEOUT_SCHEMA,
     ToolContext,
     ToolOutcome,
-    decode_files,
     outcome_from_execution,
-    refuse_timeout,
+    sandbox_spec,
 )
 
 __all__ = ["OUTPUT_SCHEMA", "ExecuteCommand"]
@@ -88,30 +87,18 @@ class ExecuteCommand:
                 "description": "Arguments passed literally (no shell, no expansion).",
             },
             "stdin": {"type": "string", "description": "Text given to the program on standard input."},
-            "timeout_s": {
-                "type": "number",
-                "exclusiveMinimum": 0,
-                "description": "Wall-clock limit in seconds; the policy caps it.",
-            },
+            "timeout_s": TIMEOUT_SCHEMA,
             "files": FILES_SCHEMA,
         },
         "required": ["command"],
         "additionalProperties": False,
     }
     output_schema = OUTPUT_SCHEMA
-    annotations: dict[str, Any] = {
-        "readOnlyHint": False,
-        "destructiveHint": False,
-        "idempotentHint": False,
-        "openWorldHint": False,
-    }
+    annotations = SANDBOX_ANNOTATIONS
 
     async def run(self, args: Mapping[str, Any], ctx: ToolContext) -> ToolOutcome:
         """Build the spec from the arguments and the policy, run it, describe what happened."""
         policy = ctx.policy
-        refusal = refuse_timeout(args.get("timeout_s"), policy, ctx.policy_name)
-        if refusal:
-            return ToolOutcome.refusal(refusal)
         if "args" in args:
             argv = (args["command"], *args["args"])
             refusal = _refuse_program(args["command"], policy, ctx.policy_name)
@@ -124,25 +111,8 @@ class ExecuteCommand:
                 f"refused: policy '{ctx.policy_name}' does not allow a shell (field commands.shell); "
                 "give the program in `command` and its arguments in `args`"
             )
-        files = decode_files(args.get("files", []), policy)
-        if isinstance(files, str):
-            return ToolOutcome.refusal(f"refused: {files}")
-        timeout_s = float(args.get("timeout_s", policy.limits.timeout_s))
-        limits = policy.limits
-        if timeout_s != limits.timeout_s:
-            limits = replace(limits, timeout_s=timeout_s)
-        spec = SandboxSpec(
-            image=policy.image,
-            argv=argv,
-            limits=limits,
-            runtime=policy.runtime,
-            user=policy.user,
-            network=policy.network,
-            env=policy.env,
-            stdin=args.get("stdin", "").encode("utf-8", "surrogatepass"),
-            files=files,
-            mounts=policy.mounts,
-            seccomp_profile=policy.seccomp_profile,
-        )
+        spec = sandbox_spec(args, ctx, argv, args.get("stdin", "").encode("utf-8", "surrogatepass"))
+        if isinstance(spec, ToolOutcome):
+            return spec
         result = await ctx.runtime.run(spec, ctx.on_progress)
         return outcome_from_execution(result, spec)

@@ -6,14 +6,14 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from sandbox_server.sandbox.spec import SandboxSpec
 from sandbox_server.tools.base import (
     FILES_SCHEMA,
+    SANDBOX_ANNOTATIONS,
+    TIMEOUT_SCHEMA,
     ToolContext,
     ToolOutcome,
-    decode_files,
     outcome_from_execution,
-    refuse_timeout,
+    sandbox_spec,
 )
 from sandbox_server.tools.execute_command import OUTPUT_SCHEMA
 
@@ -40,50 +40,28 @@ class RunPython:
         "type": "object",
         "properties": {
             "code": {"type": "string", "minLength": 1, "description": "Python 3 source, run as one cell."},
-            "timeout_s": {
-                "type": "number",
-                "exclusiveMinimum": 0,
-                "description": "Wall-clock limit in seconds; the policy caps it.",
-            },
+            "timeout_s": TIMEOUT_SCHEMA,
             "files": FILES_SCHEMA,
         },
         "required": ["code"],
         "additionalProperties": False,
     }
     output_schema = OUTPUT_SCHEMA
-    annotations: dict[str, Any] = {
-        "readOnlyHint": False,
-        "destructiveHint": False,
-        "idempotentHint": False,
-        "openWorldHint": False,
-    }
+    annotations = SANDBOX_ANNOTATIONS
 
     async def run(self, args: Mapping[str, Any], ctx: ToolContext) -> ToolOutcome:
         """Run the cell; an exception's last traceback line becomes the headline."""
-        policy = ctx.policy
-        refusal = refuse_timeout(args.get("timeout_s"), policy, ctx.policy_name)
-        if refusal:
-            return ToolOutcome.refusal(refusal)
-        files = decode_files(args.get("files", []), policy)
-        if isinstance(files, str):
-            return ToolOutcome.refusal(f"refused: {files}")
-        limits = policy.limits
-        if "timeout_s" in args:
-            limits = replace(limits, timeout_s=float(args["timeout_s"]))
+        limits = ctx.policy.limits
         per_image = limits.returned_image_bytes // max(1, limits.returned_images)
-        spec = SandboxSpec(
-            image=policy.image,
-            argv=("python3", RUNNER),
-            limits=limits,
-            runtime=policy.runtime,
-            user=policy.user,
-            network=policy.network,
-            env=(*policy.env, ("SANDBOX_IMAGE_BYTES", str(per_image))),
-            stdin=args["code"].encode("utf-8", "surrogatepass"),
-            files=files,
-            mounts=policy.mounts,
-            seccomp_profile=policy.seccomp_profile,
+        spec = sandbox_spec(
+            args,
+            ctx,
+            ("python3", RUNNER),
+            args["code"].encode("utf-8", "surrogatepass"),
+            extra_env=(("SANDBOX_IMAGE_BYTES", str(per_image)),),
         )
+        if isinstance(spec, ToolOutcome):
+            return spec
         result = await ctx.runtime.run(spec, ctx.on_progress)
         outcome = outcome_from_execution(result, spec)
         stderr = result.stderr.decode("utf-8", "replace").rstrip()

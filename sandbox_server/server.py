@@ -161,7 +161,8 @@ class SandboxServer:
         policy = self.policy  # one policy for the whole call, even if a new one is swapped in meanwhile
         arguments = params.arguments or {}
         started = time.monotonic()
-        record = self._audit_start(ctx, params.name, arguments, policy)
+        client = _client_name(ctx)
+        record = self._audit_start(client, params.name, arguments, policy)
         tool = self.tools.get(params.name)
         if tool is None:
             message = f"unknown tool {params.name!r}; tools/list names the tools"
@@ -169,7 +170,7 @@ class SandboxServer:
             raise MCPError(INVALID_PARAMS, message)
         outcome: ToolOutcome | None = None
         try:
-            outcome = await self._outcome(tool, arguments, ctx, policy)
+            outcome = await self._outcome(tool, arguments, ctx, policy, client)
             limits = policy.for_tool(tool.name).limits
             rendered = render(outcome, self.store, limits.returned_images, limits.returned_image_bytes)
         finally:
@@ -177,11 +178,11 @@ class SandboxServer:
                 await self._audit_finish(record, outcome, started)
         return _result_model(rendered)
 
-    def _audit_start(self, ctx: Any, tool: str, arguments: Mapping[str, Any], policy: Policy) -> dict[str, Any]:
+    def _audit_start(self, client: str, tool: str, arguments: Mapping[str, Any], policy: Policy) -> dict[str, Any]:
         encoded = json.dumps(arguments, ensure_ascii=False, sort_keys=True).encode("utf-8", "surrogatepass")
         record: dict[str, Any] = {
             "time": datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
-            "client": _client_name(ctx),
+            "client": client,
             "tool": tool,
             "arguments_sha256": hashlib.sha256(encoded).hexdigest(),
             "arguments_bytes": len(encoded),
@@ -206,7 +207,9 @@ class SandboxServer:
             record.update(outcome.audit)
         await anyio.to_thread.run_sync(self.audit.write, record)
 
-    async def _outcome(self, tool: Tool, arguments: Mapping[str, Any], ctx: Any, policy: Policy) -> ToolOutcome:
+    async def _outcome(
+        self, tool: Tool, arguments: Mapping[str, Any], ctx: Any, policy: Policy, client: str
+    ) -> ToolOutcome:
         tool_policy = policy.for_tool(tool.name)
         size = len(json.dumps(arguments, ensure_ascii=False).encode("utf-8", "surrogatepass"))
         if size > tool_policy.max_argument_bytes:
@@ -219,7 +222,7 @@ class SandboxServer:
             return ToolOutcome.refusal(
                 f"invalid arguments for {tool.name}: " + "; ".join(_describe(e) for e in errors[:5])
             )
-        ticket = self.admission.admit(_client_name(ctx))
+        ticket = self.admission.admit(client)
         if isinstance(ticket, str):
             return ToolOutcome.refusal(ticket)
 

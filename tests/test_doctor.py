@@ -22,7 +22,7 @@ def test_doctor_is_healthy_and_proves_the_limits(runtime: DockerRuntime) -> None
     ):
         assert checks[name]["ok"], checks[name]
     assert "oom_killed=True" in checks["probe: memory limit enforced"]["detail"]
-    assert not runtime.own_containers()
+    assert not runtime.sandbox_containers()
 
 
 def test_doctor_without_an_engine_fails_and_says_how_to_start_it(tmp_path) -> None:

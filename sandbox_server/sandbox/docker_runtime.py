@@ -14,7 +14,7 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +27,7 @@ import requests.exceptions
 
 from sandbox_server.errors import EngineError, EngineUnavailable, ImageError
 from sandbox_server.sandbox.archive import build_request, read_outputs
+from sandbox_server.sandbox.runtime import ProgressCallback
 from sandbox_server.sandbox.spec import SANDBOX_LABEL, ExecutionResult, SandboxSpec
 from sandbox_server.sandbox.streams import STDERR, CappedBuffer, FrameDemuxer, StdoutSplitter
 
@@ -188,9 +189,6 @@ class _Drain:
             self.finished = True
 
 
-ProgressCallback = Callable[[float, int, int], Awaitable[None]]
-
-
 class DockerRuntime:
     """A SandboxRuntime on the Docker engine; one instance per server process."""
 
@@ -333,12 +331,6 @@ class DockerRuntime:
         """Ids of every container carrying our label, whichever server made it."""
         with _engine_errors("list sandbox containers"):
             found = self._api.containers(all=True, filters={"label": SANDBOX_LABEL})
-        return [item["Id"] for item in found]
-
-    def own_containers(self) -> list[str]:
-        """Ids of the containers this process created and has not removed yet."""
-        with _engine_errors("list sandbox containers"):
-            found = self._api.containers(all=True, filters={"label": f"{OWNER_LABEL}={self.owner}"})
         return [item["Id"] for item in found]
 
     def _remove(self, container_id: str) -> None:

@@ -7,14 +7,17 @@ from typing import Protocol
 
 from sandbox_server.sandbox.spec import ExecutionResult, SandboxSpec
 
-__all__ = ["SandboxRuntime"]
+__all__ = ["ProgressCallback", "SandboxRuntime"]
+
+ProgressCallback = Callable[[float, int, int], Awaitable[None]]
+"""Called about once a second while a program runs: (elapsed_s, stdout_bytes, stderr_bytes)."""
 
 
 class SandboxRuntime(Protocol):
     """Runs a spec in a fresh sandbox that is destroyed afterwards."""
 
     async def run(
-        self, spec: SandboxSpec, on_progress: Callable[[float, int, int], Awaitable[None]] | None = None
+        self, spec: SandboxSpec, on_progress: ProgressCallback | None = None
     ) -> ExecutionResult:
         """Run one program; engine failures raise EngineError, program failures are data."""
         ...

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Protocol
 
 from sandbox_server.policy import ToolPolicy
 from sandbox_server.sandbox.archive import safe_relative_path
-from sandbox_server.sandbox.runtime import SandboxRuntime
+from sandbox_server.sandbox.runtime import ProgressCallback, SandboxRuntime
 from sandbox_server.sandbox.spec import ExecutionResult, InputFile, OutputFile, SandboxSpec
 
 __all__ = [
@@ -25,8 +25,6 @@ __all__ = [
     "refuse_timeout",
     "sandbox_spec",
 ]
-
-ProgressReporter = Callable[[float, int, int], Awaitable[None]]
 
 FILES_SCHEMA: dict[str, Any] = {
     "type": "array",
@@ -68,7 +66,7 @@ class ToolContext:
     runtime: SandboxRuntime
     policy: ToolPolicy
     policy_name: str = "default"
-    on_progress: ProgressReporter | None = None
+    on_progress: ProgressCallback | None = None
 
 
 @dataclass(frozen=True, slots=True)

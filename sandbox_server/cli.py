@@ -159,6 +159,23 @@ DEMO_CALLS: list[tuple[str, dict[str, object]]] = [
             "files": [{"path": "scores.csv", "content": "ada,93\nlinus,71\ngrace,88\n"}],
         },
     ),
+    (
+        "analyze_csv",
+        {
+            "filepath": "sales.csv",
+            "operations": ["sum", "average", "count"],
+            "group_by": ["region"],
+            "plot": {"kind": "bar", "y": "amount"},
+            "files": [
+                {
+                    "path": "sales.csv",
+                    "content": "region,amount,note\nnorth,120.5,\"big, early\"\nsouth,80,\nnorth,42,late\n"
+                    "east,,missing\nsouth,19.5,\n",
+                }
+            ],
+        },
+    ),
+    ("analyze_csv", {"filepath": "../../etc/passwd", "operations": ["count"]}),
 ]
 
 
@@ -167,7 +184,7 @@ def _demo(args: argparse.Namespace) -> int:
 
     print("A real MCP session: this command starts `sandbox-server serve` over stdio and calls it.\n", flush=True)
     results = anyio.run(run_calls, DEMO_CALLS, (), True)
-    expected_errors = [False, False, False, True, True, False]
+    expected_errors = [False, False, False, True, True, False, False, True]
     if [result.is_error for result in results] != expected_errors:
         print("demo: unexpected results, see above", file=sys.stderr)
         return 1

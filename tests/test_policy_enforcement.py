@@ -104,7 +104,7 @@ async def test_a_disabled_tool_disappears(tmp_path: Path, runtime: DockerRuntime
     policy = tmp_path / "off.yaml"
     policy.write_text("tools:\n  execute_command: {enabled: false}\n")
     async with connect(stdio_parameters("--policy", str(policy))) as session:
-        assert [tool.name for tool in (await session.list_tools()).tools] == ["run_python"]
+        assert [tool.name for tool in (await session.list_tools()).tools] == ["analyze_csv", "run_python"]
         with pytest.raises(MCPError) as raised:
             await session.call_tool("execute_command", {"command": "true"})
         assert raised.value.code == -32602
@@ -168,7 +168,7 @@ async def test_2026_era_clients_hear_of_a_policy_change_through_subscriptions_li
                 with anyio.fail_after(10):
                     async for _ in subscription:
                         break
-            assert [tool.name for tool in (await session.list_tools()).tools] == ["run_python"]
+            assert [tool.name for tool in (await session.list_tools()).tools] == ["analyze_csv", "run_python"]
 
 
 async def test_a_mount_is_visible_read_only_and_nothing_else_is(tmp_path: Path, runtime: DockerRuntime) -> None:

@@ -4,18 +4,23 @@ Each folder under `sandbox_server/images/` is one image, tagged
 `sandbox-server/<name>:latest` and labelled with a hash of its build context (and
 of its parent's hash), so a second build with nothing changed builds nothing.
 When no registry serves `debian:bookworm-slim`, the base's root filesystem is made
-locally with debootstrap and imported.
+locally with debootstrap and imported. Python wheels an image pins in `wheels.lock`
+(`sha256  file-name` lines) are downloaded on the host with pip, checked against
+their hash and unpacked into `site/` of a temporary copy of the build context.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
-from collections.abc import Callable
+import zipfile
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,6 +43,9 @@ PREFIX = "sandbox-server"
 HASH_LABEL = "org.sandbox-server.context-hash"
 NAME_LABEL = "org.sandbox-server.image"
 ROOTFS_LABEL = "org.sandbox-server.rootfs"
+WHEELS_LOCK = "wheels.lock"
+IMAGE_PYTHON = "3.11"
+"""The python3 of Debian bookworm, which the images run; pinned wheels must be built for it."""
 UPSTREAM_ROOTFS = "debian:bookworm-slim"
 LOCAL_ROOTFS = f"{PREFIX}/rootfs:bookworm"
 _FROM_OURS = re.compile(rf"^\s*FROM\s+{PREFIX}/([a-z0-9-]+)(?::\S+)?", re.IGNORECASE | re.MULTILINE)
@@ -204,6 +212,85 @@ def _debootstrap(runtime: DockerRuntime, say: Say) -> None:
         )
 
 
+def wheel_cache() -> Path:
+    """Where downloaded wheels are kept between builds."""
+    configured = os.environ.get("SANDBOX_WHEEL_CACHE")
+    if configured:
+        return Path(configured)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "sandbox-server" / "wheels"
+
+
+def _locked_wheels(context_dir: Path) -> list[tuple[str, str]]:
+    """(sha256, file name) pairs of an image's wheels.lock; none when it has no lock."""
+    lock = context_dir / WHEELS_LOCK
+    if not lock.is_file():
+        return []
+    pinned = []
+    for number, line in enumerate(lock.read_text().splitlines(), start=1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        fields = line.split()
+        if len(fields) != 2 or not re.fullmatch(r"[0-9a-f]{64}", fields[0]) or not fields[1].endswith(".whl"):
+            raise ImageError(f"{lock}:{number}: expected '<sha256>  <file>.whl', found {line!r}")
+        pinned.append((fields[0], fields[1]))
+    return pinned
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _fetch_wheel(sha256: str, filename: str, say: Say) -> Path:
+    """A pinned wheel from the cache, downloaded with pip when missing; its hash checked."""
+    cache = wheel_cache()
+    path = cache / filename
+    if not path.is_file():
+        name, version = filename.split("-")[:2]
+        platform = filename.removesuffix(".whl").split("-")[-1].split(".")[-1]
+        say(f"[wheels] downloading {name}=={version} ({platform}, Python {IMAGE_PYTHON})")
+        cache.mkdir(parents=True, exist_ok=True)
+        command = [
+            sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
+            "--platform", platform, "--python-version", IMAGE_PYTHON, "--implementation", "cp",
+            "--dest", str(cache), f"{name}=={version}",
+        ]  # fmt: skip
+        done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode != 0 or not path.is_file():
+            raise ImageError(
+                f"could not download {filename} with pip ({done.stderr.strip()[-500:] or 'another file came'}); "
+                f"put the file in {cache} by hand and build again"
+            )
+    found = _sha256(path)
+    if found != sha256:
+        path.unlink()
+        raise ImageError(f"{filename} has sha256 {found}, but {WHEELS_LOCK} pins {sha256}; the download was removed")
+    return path
+
+
+@contextlib.contextmanager
+def _build_context(definition: ImageDefinition, say: Say) -> Iterator[Path]:
+    """The folder to build from: the context itself, or a copy with its pinned wheels unpacked in site/."""
+    pinned = _locked_wheels(definition.context_dir)
+    if not pinned:
+        yield definition.context_dir
+        return
+    wheels = [_fetch_wheel(sha256, filename, say) for sha256, filename in pinned]
+    with tempfile.TemporaryDirectory(prefix=f"sandbox-image-{definition.name}-") as work:
+        context = Path(work) / "context"
+        shutil.copytree(definition.context_dir, context, ignore=shutil.ignore_patterns("__pycache__", "site"))
+        site = context / "site"
+        site.mkdir()
+        for wheel in wheels:
+            with zipfile.ZipFile(wheel) as archive:
+                archive.extractall(site)
+        yield context
+
+
 @dataclass(frozen=True, slots=True)
 class BuildOutcome:
     """What `build_images` did for one image."""
@@ -244,8 +331,9 @@ def build_images(
             continue
         say(f"[{definition.name}] building {definition.reference} ({status.expected_hash})")
         labels = {HASH_LABEL: status.expected_hash, NAME_LABEL: definition.name}
-        for line in runtime.build(str(definition.context_dir), definition.reference, buildargs, labels):
-            if line.startswith("Step ") or line.startswith("Successfully"):
-                say(f"[{definition.name}] {line}")
+        with _build_context(definition, say) as context:
+            for line in runtime.build(str(context), definition.reference, buildargs, labels):
+                if line.startswith("Step ") or line.startswith("Successfully"):
+                    say(f"[{definition.name}] {line}")
         outcomes.append(BuildOutcome(definition.name, True, status.expected_hash))
     return outcomes

@@ -1,5 +1,6 @@
 """The tools this server offers, one per module."""
 
+from sandbox_server.tools.analyze_csv import AnalyzeCsv
 from sandbox_server.tools.base import Tool, ToolContext, ToolOutcome
 from sandbox_server.tools.execute_command import ExecuteCommand
 from sandbox_server.tools.run_python import RunPython
@@ -9,4 +10,4 @@ __all__ = ["Tool", "ToolContext", "ToolOutcome", "all_tools"]
 
 def all_tools() -> list[Tool]:
     """Every tool, in the order tools/list shows them."""
-    return [ExecuteCommand(), RunPython()]
+    return [ExecuteCommand(), RunPython(), AnalyzeCsv()]

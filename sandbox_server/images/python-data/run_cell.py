@@ -11,6 +11,8 @@ import os
 import sys
 import traceback
 
+from sandbox_figures import save_png
+
 OUT = "/workspace/out"
 IMAGE_BYTES = int(os.environ.pop("SANDBOX_IMAGE_BYTES", "2000000"))
 
@@ -23,11 +25,7 @@ def _save_figures() -> None:
     os.makedirs(OUT, exist_ok=True)
     for index, number in enumerate(plt.get_fignums(), start=1):
         figure = plt.figure(number)
-        path = os.path.join(OUT, f"figure-{index}.png")
-        for dpi in (100, 72, 50, 36, 24):
-            figure.savefig(path, dpi=dpi, format="png")
-            if os.path.getsize(path) <= IMAGE_BYTES:
-                break
+        save_png(figure, os.path.join(OUT, f"figure-{index}.png"), IMAGE_BYTES)
 
 
 def main() -> int:

@@ -1,0 +1,528 @@
+"""Answer one analyze_csv request inside the sandbox (the analyze_csv tool's launcher).
+
+The request arrives on stdin as JSON; the answer is written as one JSON document
+to /workspace/out/analysis.json (stdout stays free, and its cap does not apply):
+either {"error": ..., "field": ...} (exit 2) or the file's shape, the statistics
+per group and column, what was skipped and why, and the names of the other files
+written to /workspace/out (result.csv, plot.png).
+
+DuckDB reads the file as a stream: aggregates need one pass and only the memory
+their state needs (median and distinct keep values; nothing else does), bounded
+below the container's own memory limit.
+"""
+
+import codecs
+import csv
+import datetime
+import decimal
+import json
+import math
+import os
+import sys
+
+OUT = "/workspace/out"
+ANSWER = "analysis.json"
+NULL_STRINGS = ["", "NA", "N/A", "NaN", "nan", "null", "NULL", "None", "#N/A"]
+"""Cells read as missing: empty ones and the spellings pandas treats as missing by default."""
+NUMERIC_TYPES = {
+    "TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT",
+    "UTINYINT", "USMALLINT", "UINTEGER", "UBIGINT", "UHUGEINT", "FLOAT", "DOUBLE",
+}  # fmt: skip
+TEMPORAL_PREFIXES = ("DATE", "TIME", "TIMESTAMP")
+NUMBER_ONLY = ("sum", "average", "median", "std")
+ORDERED = ("min", "max")
+ANY_TYPE = ("count", "distinct", "nulls")
+DESCRIBE_NUMERIC = ("count", "average", "std", "min", "25%", "median", "75%", "max")
+DESCRIBE_TEMPORAL = ("count", "nulls", "min", "max")
+DESCRIBE_OTHER = ("count", "nulls", "distinct")
+SCATTER_POINTS = 10_000
+LINE_POINTS = 5_000
+STAT_ORDER = ("count", "nulls", "distinct", "sum", "average", "std", "min", "25%", "median", "75%", "max")
+"""The order statistics are listed in, whatever order they were asked for."""
+FORMULA_PREFIXES = ("=", "+", "-", "@", "\t", "\r")
+
+
+class Refusal(Exception):
+    """A request this file cannot answer; the message says why, `field` names the argument."""
+
+    def __init__(self, message, field=None):
+        super().__init__(message)
+        self.field = field
+
+
+def quote_ident(name):
+    return '"' + name.replace('"', '""') + '"'
+
+
+def quote_literal(text):
+    return "'" + text.replace("'", "''") + "'"
+
+
+def inside(path, root):
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def resolve(path, roots):
+    """The real path of the file to read, which must stay under one of the roots."""
+    real = os.path.realpath(path)
+    real_roots = [os.path.realpath(root) for root in roots]
+    if not any(inside(real, root) for root in real_roots):
+        raise Refusal(
+            f"refused: {path} resolves to {real}, outside the readable roots ({', '.join(roots)}); "
+            "a symbolic link may not lead out of them",
+            "filepath",
+        )
+    if not os.path.exists(real):
+        raise Refusal(f"{path} does not exist (readable roots: {', '.join(roots)})", "filepath")
+    if not os.path.isfile(real):
+        raise Refusal(f"{path} is not a regular file", "filepath")
+    return real
+
+
+def looks_like_text(text):
+    """True when control characters other than tab and line ends are rare (not binary data)."""
+    controls = sum(1 for char in text if not char.isprintable() and char not in "\t\r\n\ufeff")
+    return bool(text) and controls <= len(text) // 100
+
+
+def detect_encoding(path):
+    """(duckdb encoding or None to transcode, label for people) from the file's first bytes."""
+    with open(path, "rb") as handle:
+        head = handle.read(1 << 16)
+    if not head:
+        raise Refusal(f"{path} is empty (0 bytes): no header and no rows", "filepath")
+    if head.startswith(codecs.BOM_UTF8):
+        return "utf-8", "UTF-8 with BOM"
+    candidates = []
+    if head.startswith(codecs.BOM_UTF16_LE):
+        candidates = [("utf-16-le", "utf-16", "UTF-16 LE")]
+    elif head.startswith(codecs.BOM_UTF16_BE):
+        candidates = [("utf-16-be", None, "UTF-16 BE")]
+    elif b"\x00" in head:
+        candidates = [("utf-16-le", "utf-16", "UTF-16 LE (no BOM)"), ("utf-16-be", None, "UTF-16 BE (no BOM)")]
+    else:
+        try:
+            text = codecs.getincrementaldecoder("utf-8")().decode(head, final=False)
+            found = ("utf-8", "UTF-8")
+        except UnicodeDecodeError as exc:
+            text = head.decode("latin-1")
+            found = ("latin-1", f"Latin-1 (not UTF-8: byte 0x{head[exc.start]:02x} at offset {exc.start})")
+        if looks_like_text(text):
+            return found
+    for codec, engine_name, label in candidates:
+        text = codecs.getincrementaldecoder(codec)(errors="replace").decode(head, final=False)
+        if "\ufffd" not in text and looks_like_text(text):
+            return engine_name, label
+    why = "it holds NUL bytes" if b"\x00" in head else "it holds many control characters"
+    raise Refusal(
+        f"{path} does not look like a text CSV: its first bytes are not UTF-8, UTF-16 or Latin-1 text ({why})",
+        "filepath",
+    )
+
+
+def transcode_utf16_be(path):
+    """A UTF-8 copy of a big-endian UTF-16 file (DuckDB reads only little-endian UTF-16)."""
+    target = "/tmp/transcoded.csv"
+    with open(path, encoding="utf-16-be") as source, open(target, "w", encoding="utf-8") as sink:
+        first = source.read(1)
+        if first != "\ufeff":
+            sink.write(first)
+        while block := source.read(1 << 20):
+            sink.write(block)
+    return target
+
+
+def cgroup_value(*candidates):
+    for candidate in candidates:
+        try:
+            with open(candidate) as handle:
+                return handle.read().split()
+        except OSError:
+            continue
+    return None
+
+
+def engine_settings():
+    """DuckDB threads and memory from the container's cgroup limits."""
+    memory = cgroup_value("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
+    limit = int(memory[0]) if memory and memory[0].isdigit() else 1 << 30
+    limit = min(limit, 1 << 40)
+    threads = 1
+    quota = cgroup_value("/sys/fs/cgroup/cpu.max")
+    if quota and quota[0].isdigit():
+        threads = math.ceil(int(quota[0]) / int(quota[1]))
+    else:
+        v1_quota = cgroup_value("/sys/fs/cgroup/cpu/cpu.cfs_quota_us", "/sys/fs/cgroup/cpu,cpuacct/cpu.cfs_quota_us")
+        v1_period = cgroup_value("/sys/fs/cgroup/cpu/cpu.cfs_period_us", "/sys/fs/cgroup/cpu,cpuacct/cpu.cfs_period_us")
+        if v1_quota and v1_period and int(v1_quota[0]) > 0:
+            threads = math.ceil(int(v1_quota[0]) / int(v1_period[0]))
+        else:
+            threads = os.cpu_count() or 1
+    return max(1, threads), max(64 << 20, limit // 2), limit
+
+
+def json_value(value):
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, decimal.Decimal):
+        return float(value)
+    if isinstance(value, (datetime.date, datetime.time, datetime.datetime)):
+        return value.isoformat()
+    if isinstance(value, (bytes, bytearray)):
+        return value.decode("utf-8", "replace")
+    return value
+
+
+def neutralize(cell):
+    """A cell a spreadsheet would take as a formula, made inert with a leading apostrophe."""
+    if isinstance(cell, str) and cell.startswith(FORMULA_PREFIXES):
+        try:
+            float(cell)
+        except ValueError:
+            return "'" + cell
+    return cell
+
+
+class Analysis:
+    def __init__(self, request):
+        import duckdb
+
+        self.duckdb = duckdb
+        self.request = request
+        self.notes = []
+        threads, memory, self.memory_limit = engine_settings()
+        self.con = duckdb.connect(
+            config={
+                "threads": threads,
+                "memory_limit": f"{memory // (1 << 20)}MB",
+                "temp_directory": "/tmp/duckdb-spill",
+                "autoinstall_known_extensions": False,
+                "autoload_known_extensions": False,
+            }
+        )
+
+    # -- reading -------------------------------------------------------------------
+
+    def open(self):
+        request = self.request
+        self.path = resolve(request["path"], request["roots"])
+        encoding, self.encoding_label = detect_encoding(self.path)
+        source_path = self.path
+        if encoding is None:
+            source_path, encoding = transcode_utf16_be(self.path), "utf-8"
+            self.notes.append("the file is big-endian UTF-16; it was transcoded to UTF-8 before reading")
+        self.reader_options = {"encoding": encoding, "sample_size": 20480}
+        self.source_path = source_path
+        self._define_source()
+
+    def _read_csv(self):
+        options = ", ".join(
+            [
+                quote_literal(self.source_path),
+                f"encoding={quote_literal(self.reader_options['encoding'])}",
+                f"sample_size={self.reader_options['sample_size']}",
+                "nullstr=[" + ", ".join(quote_literal(text) for text in NULL_STRINGS) + "]",
+            ]
+        )
+        return f"read_csv({options})"
+
+    def _define_source(self):
+        reader = self._read_csv()
+        sniffed = self.con.execute(f"SELECT Delimiter, HasHeader FROM sniff_csv({reader[len('read_csv('):-1]})")
+        self.delimiter, self.has_header = sniffed.fetchone()
+        self.con.execute(f"CREATE OR REPLACE TEMP VIEW src AS SELECT * FROM {reader}")
+        self.columns = [(row[0], row[1]) for row in self.con.execute("DESCRIBE src").fetchall()]
+
+    def query(self, sql):
+        """Run a query over the file, re-reading it once with wider settings when the first sample misled."""
+        for attempt in range(3):
+            try:
+                return self.con.execute(sql).fetchall()
+            except self.duckdb.OutOfMemoryException:
+                raise Refusal(
+                    f"the analysis needs more memory than the sandbox has ({self.memory_limit >> 20} MiB, "
+                    "policy field limits.memory_mb); median and distinct keep every value: ask for fewer "
+                    "of them, fewer columns or fewer groups"
+                ) from None
+            except (self.duckdb.InvalidInputException, self.duckdb.ConversionException) as exc:
+                text = str(exc)
+                if attempt == 2:
+                    raise Refusal(f"cannot read {self.request['path']} as CSV: {text.splitlines()[0]}") from None
+                if "Invalid unicode" in text and self.reader_options["encoding"] == "utf-8":
+                    self.reader_options["encoding"] = "latin-1"
+                    self.encoding_label = "Latin-1 (invalid UTF-8 past the first 64 KiB)"
+                    self.notes.append("the file is not valid UTF-8 throughout; it was read as Latin-1")
+                elif self.reader_options["sample_size"] != -1:
+                    self.reader_options["sample_size"] = -1
+                    self.notes.append(
+                        "column types were detected on the whole file: a value late in the file did not "
+                        "fit the types guessed from its first rows"
+                    )
+                else:
+                    raise Refusal(f"cannot read {self.request['path']} as CSV: {text.splitlines()[0]}") from None
+                self._define_source()
+        raise AssertionError("unreachable")
+
+    # -- planning ------------------------------------------------------------------
+
+    def kind(self, column):
+        declared = dict(self.columns)[column]
+        if declared in NUMERIC_TYPES or declared.startswith("DECIMAL"):
+            return "numeric"
+        if declared.startswith(TEMPORAL_PREFIXES):
+            return "temporal"
+        return "other"
+
+    def check_names(self, names, field):
+        known = [name for name, _ in self.columns]
+        for index, name in enumerate(names):
+            if name not in known:
+                close = [k for k in known if k.lower() == name.lower()]
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                shown = ", ".join(repr(k) for k in known[:40]) + (" …" if len(known) > 40 else "")
+                raise Refusal(f"{field}[{index}]: no column {name!r} in the file{hint} (columns: {shown})", field)
+
+    def plan(self):
+        """(column, statistic, SQL) triples, and what is skipped and why."""
+        request = self.request
+        self.group_by = request.get("group_by") or []
+        self.check_names(self.group_by, "group_by")
+        if request.get("columns"):
+            self.check_names(request["columns"], "columns")
+            selected = list(request["columns"])
+        else:
+            selected = [name for name, _ in self.columns if name not in self.group_by]
+        self.selected = selected
+        aggregates, skipped = [], []
+        for column in selected:
+            q = quote_ident(column)
+            kind = self.kind(column)
+            declared = dict(self.columns)[column]
+            refused = []
+            for operation in request["operations"]:
+                if operation == "describe":
+                    stats = {"numeric": DESCRIBE_NUMERIC, "temporal": DESCRIBE_TEMPORAL}.get(kind, DESCRIBE_OTHER)
+                    for stat in stats:
+                        aggregates.append((column, stat, self.sql_for(stat, q)))
+                elif operation in NUMBER_ONLY and kind != "numeric":
+                    refused.append(operation)
+                elif operation in ORDERED and kind == "other":
+                    refused.append(operation)
+                else:
+                    aggregates.append((column, operation, self.sql_for(operation, q)))
+            if refused:
+                reason = f"not numeric (read as {declared})"
+                skipped.append({"column": column, "type": declared, "operations": refused, "reason": reason})
+        unique = {(column, stat): sql for column, stat, sql in aggregates}
+        ordered = sorted(unique.items(), key=lambda item: (selected.index(item[0][0]), STAT_ORDER.index(item[0][1])))
+        return [(column, stat, sql) for (column, stat), sql in ordered], skipped
+
+    @staticmethod
+    def sql_for(stat, q):
+        return {
+            "count": f"count({q})",
+            "nulls": f"count(*) - count({q})",
+            "distinct": f"count(DISTINCT {q})",
+            "sum": f"coalesce(sum({q}), 0)",
+            "average": f"avg({q})",
+            "min": f"min({q})",
+            "max": f"max({q})",
+            "median": f"median({q})",
+            "25%": f"quantile_cont({q}, 0.25)",
+            "75%": f"quantile_cont({q}, 0.75)",
+            "std": f"stddev_samp({q})",
+        }[stat]
+
+    # -- running -------------------------------------------------------------------
+
+    def run(self):
+        self.open()
+        if not self.has_header:
+            self.notes.append("no header row was found; columns are named column0, column1, …")
+        aggregates, skipped = self.plan()
+        max_groups = int(self.request.get("max_groups", 50))
+        select = [f"{sql} AS a{index}" for index, (_, _, sql) in enumerate(aggregates)]
+        keys = [quote_ident(name) for name in self.group_by]
+        if keys:
+            sql = (
+                f"SELECT {', '.join(keys + select)}, count(*) AS n_rows, count(*) OVER () AS n_groups, "
+                f"sum(count(*)) OVER () AS n_total FROM src GROUP BY {', '.join(keys)} "
+                f"ORDER BY {', '.join(k + ' NULLS LAST' for k in keys)} LIMIT {max_groups}"
+            )
+        else:
+            sql = f"SELECT {', '.join(select + ['count(*) AS n_rows'])} FROM src"
+        rows = self.query(sql)
+        results, total_rows, total_groups = [], 0, 0
+        for row in rows:
+            group = None
+            if keys:
+                group = {name: json_value(value) for name, value in zip(self.group_by, row)}
+                row = row[len(keys):]
+                total_groups, total_rows = row[-2], int(row[-1])
+            else:
+                total_rows = row[-1]
+            stats = {}
+            for (column, stat, _), value in zip(aggregates, row):
+                stats.setdefault(column, {})[stat] = json_value(value)
+            results.append({"group": group, "rows": row[len(aggregates)], "columns": stats})
+        if total_rows == 0:
+            self.notes.append("the file has a header and no data rows")
+            for item in skipped:
+                item["reason"] = "the file has no data rows"
+        for item in skipped:
+            self.notes.append(
+                f"column {item['column']!r} skipped for {', '.join(item['operations'])}: {item['reason']}"
+            )
+        if keys and total_groups > len(results):
+            self.notes.append(f"{total_groups} groups; the first {len(results)} (ordered by key) are shown (max_groups)")
+        os.makedirs(OUT, exist_ok=True)
+        written = [self.write_csv(results, aggregates)]
+        plot = self.request.get("plot")
+        if plot:
+            written.append(self.plot(plot, results, aggregates))
+        return {
+            "file": {
+                "path": self.request["path"],
+                "encoding": self.encoding_label,
+                "delimiter": self.delimiter,
+                "header": bool(self.has_header),
+                "rows": total_rows,
+                "columns": [{"name": name, "type": declared} for name, declared in self.columns],
+            },
+            "group_by": self.group_by,
+            "statistics": sorted({stat for _, stat, _ in aggregates}, key=STAT_ORDER.index),
+            "groups": total_groups if keys else None,
+            "results": results,
+            "skipped": skipped,
+            "notes": self.notes,
+            "outputs": written,
+        }
+
+    def write_csv(self, results, aggregates):
+        stats = sorted({stat for _, stat, _ in aggregates}, key=STAT_ORDER.index)
+        path = os.path.join(OUT, "result.csv")
+        with open(path, "w", newline="", encoding="utf-8") as handle:
+            writer = csv.writer(handle)
+            writer.writerow([neutralize(name) for name in [*self.group_by, "column", "rows", *stats]])
+            for result in results:
+                keys = [(result["group"] or {}).get(name) for name in self.group_by]
+                for column, values in result["columns"].items():
+                    cells = [*keys, column, result["rows"], *(values.get(stat) for stat in stats)]
+                    writer.writerow(["" if cell is None else neutralize(cell) for cell in cells])
+        return "result.csv"
+
+    # -- plotting ------------------------------------------------------------------
+
+    def plot(self, plot, results, aggregates):
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        from sandbox_figures import save_png
+
+        kind = plot["kind"]
+        for field in ("x", "y"):
+            if plot.get(field):
+                self.check_names([plot[field]], f"plot.{field}")
+        numeric = [c for c in self.selected if self.kind(c) == "numeric"]
+        figure, axes = plt.subplots(figsize=(8, 4.5))
+        if kind == "histogram":
+            column = plot.get("x") or plot.get("y") or (numeric[0] if numeric else None)
+            if column is None or self.kind(column) != "numeric":
+                raise Refusal("a histogram needs a numeric column: name one in plot.x", "plot.x")
+            self.histogram(axes, column, int(plot.get("bins", 30)))
+        elif kind == "bar":
+            self.bar(axes, plot, results, aggregates, numeric)
+        else:
+            x = plot.get("x")
+            y = plot.get("y") or next((c for c in numeric if c != x), None)
+            if not x or not y:
+                raise Refusal(f"a {kind} plot needs plot.x and a numeric plot.y", "plot.x" if not x else "plot.y")
+            for column, field in ((x, "plot.x"), (y, "plot.y")):
+                if self.kind(column) == "other":
+                    raise Refusal(f"{field} {column!r} is not numeric or temporal; a {kind} plot needs one", field)
+            self.xy(axes, kind, x, y)
+        figure.tight_layout()
+        save_png(figure, os.path.join(OUT, "plot.png"), int(self.request.get("image_bytes", 2_000_000)))
+        plt.close(figure)
+        return "plot.png"
+
+    def histogram(self, axes, column, bins):
+        q = quote_ident(column)
+        low, high, count = self.query(f"SELECT min({q}), max({q}), count({q}) FROM src")[0]
+        if count == 0:
+            raise Refusal(f"column {column!r} has no values to draw", "plot.x")
+        low, high = float(low), float(high)
+        width = (high - low) / bins if high > low else 1.0
+        counts = dict(
+            self.query(
+                f"SELECT least(floor(({q} - {low!r}) / {width!r})::BIGINT, {bins - 1}) AS b, count(*) "
+                f"FROM src WHERE {q} IS NOT NULL GROUP BY b"
+            )
+        )
+        edges = [low + width * index for index in range(bins)]
+        axes.bar(edges, [counts.get(index, 0) for index in range(bins)], width=width, align="edge")
+        axes.set_xlabel(column)
+        axes.set_ylabel("rows")
+        axes.set_title(f"Distribution of {column} ({count} values)")
+
+    def bar(self, axes, plot, results, aggregates, numeric):
+        if self.group_by:
+            y = plot.get("y") or next(
+                (c for c in numeric if any(col == c for col, *_ in aggregates)), None
+            ) or self.selected[0]
+            available = [stat for col, stat, _ in aggregates if col == y]
+            stat = next((s for s in available if s not in ("nulls",)), None)
+            if stat is None:
+                raise Refusal(f"plot.y {y!r} has no statistic to draw; include it in columns", "plot.y")
+            labels = [" / ".join(str(v) for v in (r["group"] or {}).values()) for r in results]
+            values = [r["columns"].get(y, {}).get(stat) or 0 for r in results]
+            axes.bar(range(len(values)), values)
+            axes.set_xticks(range(len(values)), labels, rotation=45, ha="right")
+            axes.set_ylabel(f"{stat} of {y}")
+            axes.set_title(f"{stat} of {y} by {', '.join(self.group_by)}")
+            return
+        x = plot.get("x")
+        if not x:
+            raise Refusal("a bar plot needs group_by, or plot.x to count the rows of each value", "plot.x")
+        q = quote_ident(x)
+        rows = self.query(f"SELECT {q}, count(*) AS n FROM src GROUP BY {q} ORDER BY n DESC, {q} LIMIT 30")
+        axes.bar(range(len(rows)), [n for _, n in rows])
+        axes.set_xticks(range(len(rows)), [str(json_value(v)) for v, _ in rows], rotation=45, ha="right")
+        axes.set_ylabel("rows")
+        axes.set_title(f"Rows per {x} (most frequent {len(rows)})")
+
+    def xy(self, axes, kind, x, y):
+        qx, qy = quote_ident(x), quote_ident(y)
+        limit = SCATTER_POINTS if kind == "scatter" else LINE_POINTS
+        total = self.query(f"SELECT count(*) FROM src WHERE {qx} IS NOT NULL AND {qy} IS NOT NULL")[0][0]
+        source = f"(SELECT {qx} AS x, {qy} AS y FROM src WHERE {qx} IS NOT NULL AND {qy} IS NOT NULL)"
+        if total > limit:
+            source += f" USING SAMPLE reservoir({limit} ROWS) REPEATABLE (7)"
+            self.notes.append(f"the {kind} plot shows a random sample of {limit} of {total} points")
+        points = self.query(f"SELECT x, y FROM {source} ORDER BY x")
+        xs, ys = [p[0] for p in points], [p[1] for p in points]
+        if kind == "scatter":
+            axes.scatter(xs, ys, s=6, alpha=0.6)
+        else:
+            axes.plot(xs, ys)
+        axes.set_xlabel(x)
+        axes.set_ylabel(y)
+        axes.set_title(f"{y} by {x}")
+
+
+def main():
+    request = json.loads(sys.stdin.read())
+    status = 0
+    try:
+        answer = Analysis(request).run()
+    except Refusal as refusal:
+        answer, status = {"error": str(refusal), "field": refusal.field}, 2
+    os.makedirs(OUT, exist_ok=True)
+    with open(os.path.join(OUT, ANSWER), "w", encoding="utf-8") as handle:
+        json.dump(answer, handle, ensure_ascii=False, default=json_value)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

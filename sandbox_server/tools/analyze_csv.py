@@ -1,0 +1,295 @@
+"""analyze_csv: statistics, groups and a plot of a CSV file, computed inside the sandbox.
+
+The host checks the path against the roots the policy makes readable (its data
+mounts and the workspace) before anything runs; the launcher in the python-data
+image resolves symbolic links and checks again, reads the file with DuckDB as a
+stream, and writes its answer to /workspace/out/analysis.json. The answer becomes
+a markdown table for the model, structuredContent per group and column, and the
+plot as a PNG.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+from sandbox_server.tools.base import (
+    FILES_SCHEMA,
+    SANDBOX_ANNOTATIONS,
+    TIMEOUT_SCHEMA,
+    ToolContext,
+    ToolOutcome,
+    outcome_from_execution,
+    sandbox_spec,
+)
+
+__all__ = ["AnalyzeCsv", "markdown_table", "sandbox_path"]
+
+RUNNER = "/usr/local/lib/sandbox/analyze_csv.py"
+ANSWER = "analysis.json"
+WORKSPACE = "/workspace"
+OPERATIONS = ["sum", "average", "count", "min", "max", "median", "std", "distinct", "nulls", "describe"]
+PLOTS = ["histogram", "bar", "line", "scatter"]
+TABLE_ROWS = 200
+"""Rows of the markdown table; the full table is in result.csv and structuredContent."""
+
+_VALUE: dict[str, Any] = {"type": ["number", "string", "integer", "boolean", "null"]}
+OUTPUT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "file": {
+            "type": "object",
+            "properties": {
+                "path": {"type": "string"},
+                "encoding": {"type": "string"},
+                "delimiter": {"type": "string"},
+                "header": {"type": "boolean"},
+                "rows": {"type": "integer"},
+                "columns": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "properties": {"name": {"type": "string"}, "type": {"type": "string"}},
+                        "required": ["name", "type"],
+                    },
+                },
+            },
+            "required": ["path", "encoding", "delimiter", "header", "rows", "columns"],
+        },
+        "group_by": {"type": "array", "items": {"type": "string"}},
+        "statistics": {"type": "array", "items": {"type": "string"}, "description": "Statistic names, in order."},
+        "groups": {"type": ["integer", "null"], "description": "How many groups exist (results may show fewer)."},
+        "results": {
+            "type": "array",
+            "description": "One entry per group (one entry with group null without group_by).",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "group": {"type": ["object", "null"], "additionalProperties": _VALUE},
+                    "rows": {"type": "integer"},
+                    "columns": {
+                        "type": "object",
+                        "description": "Column name -> statistic name -> value.",
+                        "additionalProperties": {"type": "object", "additionalProperties": _VALUE},
+                    },
+                },
+                "required": ["group", "rows", "columns"],
+            },
+        },
+        "skipped": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "column": {"type": "string"},
+                    "type": {"type": "string"},
+                    "operations": {"type": "array", "items": {"type": "string"}},
+                    "reason": {"type": "string"},
+                },
+                "required": ["column", "operations", "reason"],
+            },
+        },
+        "notes": {"type": "array", "items": {"type": "string"}},
+        "duration_ms": {"type": "integer"},
+    },
+    "required": ["file", "group_by", "results", "skipped", "notes", "duration_ms"],
+}
+
+
+def sandbox_path(filepath: str, roots: list[str]) -> str | None:
+    """The absolute path inside the sandbox, or None when it is not under one of the roots.
+
+    Relative paths are taken from /workspace (where uploaded files land). A `..`
+    component is refused outright rather than normalised away.
+    """
+    if "\x00" in filepath or ".." in filepath.split("/"):
+        return None
+    absolute = filepath if filepath.startswith("/") else f"{WORKSPACE}/{filepath}"
+    normalised = posixpath.normpath(absolute)
+    for root in roots:
+        root = posixpath.normpath(root)
+        if normalised.startswith(root.rstrip("/") + "/"):
+            return normalised
+    return None
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float):
+        text = f"{value:.6g}" if value != 0 and abs(value) < 1e-3 else f"{value:,.4f}".rstrip("0").rstrip(".")
+        return text
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value).replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ").replace("\r", " ")
+
+
+def markdown_table(answer: Mapping[str, Any], max_rows: int = TABLE_ROWS) -> tuple[str, bool]:
+    """A compact markdown table: one row per (group, column), one column per statistic; and whether it was cut."""
+    group_by = list(answer.get("group_by") or [])
+    stats = list(answer.get("statistics") or [])
+    header = [*group_by, "column", *stats]
+    lines = ["| " + " | ".join(_cell(name) for name in header) + " |", "|" + "---|" * len(header)]
+    rows = 0
+    for result in answer["results"]:
+        keys = [(result["group"] or {}).get(name) for name in group_by]
+        for column, values in result["columns"].items():
+            if rows == max_rows:
+                return "\n".join(lines), True
+            cells = [*keys, column, *(values.get(stat) for stat in stats)]
+            lines.append("| " + " | ".join(_cell(cell) for cell in cells) + " |")
+            rows += 1
+    if rows == 0:
+        rows_line = f"(no statistics: {answer['file']['rows']} rows)"
+        return rows_line, False
+    return "\n".join(lines), False
+
+
+class AnalyzeCsv:
+    """Statistics of a CSV file under the policy's data mounts or uploaded with the call."""
+
+    name = "analyze_csv"
+    title = "Analyze a CSV file (statistics, groups, plot)"
+    description = (
+        "Compute statistics of a CSV file inside the sandbox without loading it whole: sum, average, count, "
+        "min, max, median, std (sample), distinct (count of distinct values), nulls, describe; per column, "
+        "optionally per group (group_by), optionally with a plot (histogram, bar, line, scatter) returned as "
+        "a PNG. Delimiter, header and encoding (UTF-8, UTF-8 with BOM, UTF-16, Latin-1) are detected. "
+        "Non-numeric columns are skipped for numeric statistics, and the answer says so. `filepath` is a "
+        "path inside the sandbox: under a data folder the policy mounts (such as /data) or a file sent with "
+        "`files` (relative paths are taken from /workspace). The full table also comes back as result.csv.\n"
+        'Example: {"filepath": "/data/sales.csv", "operations": ["sum", "average", "count"], '
+        '"columns": ["amount"], "group_by": ["region"], "plot": {"kind": "bar", "y": "amount"}}\n'
+        'Example: {"filepath": "data.csv", "operations": ["describe"], '
+        '"files": [{"path": "data.csv", "content": "x,y\\n1,2\\n3,4\\n"}]}'
+    )
+    input_schema: dict[str, Any] = {
+        "type": "object",
+        "properties": {
+            "filepath": {
+                "type": "string",
+                "minLength": 1,
+                "maxLength": 4096,
+                "description": "The CSV inside the sandbox: under a policy data mount (e.g. /data/sales.csv) "
+                "or a file from `files` (relative to /workspace).",
+            },
+            "operations": {
+                "type": "array",
+                "items": {"enum": OPERATIONS},
+                "minItems": 1,
+                "uniqueItems": True,
+                "description": "Statistics per column. std is the sample standard deviation; distinct counts "
+                "distinct values; describe is count, mean, std, min, quartiles and max for numbers.",
+            },
+            "columns": {
+                "type": "array",
+                "items": {"type": "string"},
+                "maxItems": 1000,
+                "description": "Columns to analyze (default: all but the group_by columns).",
+            },
+            "group_by": {
+                "type": "array",
+                "items": {"type": "string"},
+                "maxItems": 4,
+                "description": "Columns whose values form the groups.",
+            },
+            "max_groups": {
+                "type": "integer",
+                "minimum": 1,
+                "maximum": 500,
+                "default": 50,
+                "description": "Groups returned, in key order; the answer says how many exist.",
+            },
+            "plot": {
+                "type": "object",
+                "properties": {
+                    "kind": {"enum": PLOTS},
+                    "x": {"type": "string", "description": "Column on the x axis (histogram: the column)."},
+                    "y": {"type": "string", "description": "Column on the y axis (bar: the statistic's column)."},
+                    "bins": {"type": "integer", "minimum": 1, "maximum": 200, "default": 30},
+                },
+                "required": ["kind"],
+                "additionalProperties": False,
+            },
+            "timeout_s": TIMEOUT_SCHEMA,
+            "files": FILES_SCHEMA,
+        },
+        "required": ["filepath", "operations"],
+        "additionalProperties": False,
+    }
+    output_schema = OUTPUT_SCHEMA
+    annotations = {**SANDBOX_ANNOTATIONS, "readOnlyHint": True}
+
+    async def run(self, args: Mapping[str, Any], ctx: ToolContext) -> ToolOutcome:
+        """Check the path, analyze in the sandbox, and turn the answer into a table, data and a plot."""
+        policy = ctx.policy
+        roots = [mount.sandbox_path for mount in policy.mounts] + [WORKSPACE]
+        path = sandbox_path(args["filepath"], roots)
+        if path is None:
+            return ToolOutcome.refusal(
+                f"refused: filepath {args['filepath']!r} is not inside a readable root of policy "
+                f"'{ctx.policy_name}' ({', '.join(roots)}; field mounts adds data folders); "
+                "'..' is never accepted"
+            )
+        limits = policy.limits
+        request = {
+            "path": path,
+            "roots": roots,
+            "operations": args["operations"],
+            "columns": args.get("columns"),
+            "group_by": args.get("group_by", []),
+            "max_groups": args.get("max_groups", 50),
+            "plot": args.get("plot"),
+            "image_bytes": limits.returned_image_bytes // max(1, limits.returned_images),
+        }
+        stdin = json.dumps(request).encode()
+        spec = sandbox_spec(args, ctx, ("python3", RUNNER), stdin)
+        if isinstance(spec, ToolOutcome):
+            return spec
+        result = await ctx.runtime.run(spec, ctx.on_progress)
+        outcome = outcome_from_execution(result, spec)
+        answer_file = next((f for f in result.files if f.path == ANSWER), None)
+        answer = None
+        if answer_file is not None and result.exit_code in (0, 2):
+            try:
+                answer = json.loads(answer_file.content)
+            except ValueError:
+                answer = None
+        if answer is None:
+            if result.timed_out or result.oom_killed or result.flooded or result.killed:
+                return outcome
+            last = result.stderr.decode("utf-8", "replace").strip().rsplit("\n", 1)[-1]
+            return replace(
+                outcome,
+                headline=f"analysis failed (exit code {result.exit_code}): {last or 'no answer written'}",
+                is_error=True,
+            )
+        files = tuple(f for f in result.files if f.path != ANSWER)
+        if "error" in answer:
+            return ToolOutcome(headline=answer["error"], is_error=True, audit=outcome.audit)
+        table, cut = markdown_table(answer)
+        notes = list(answer["notes"])
+        if cut:
+            notes.append(f"the table shows its first {TABLE_ROWS} rows; result.csv and the structured result hold all")
+        shape = answer["file"]
+        headline = (
+            f"{args['filepath']}: {shape['rows']:,} rows, {len(shape['columns'])} columns "
+            f"({shape['encoding']}, delimiter {shape['delimiter']!r}, "
+            f"{'header' if shape['header'] else 'no header'}) · {result.duration_ms} ms"
+        )
+        structured = {key: answer[key] for key in ("file", "group_by", "statistics", "groups", "results", "skipped", "notes")}
+        structured["duration_ms"] = result.duration_ms
+        return ToolOutcome(
+            headline=headline,
+            is_error=False,
+            sections=(("results", table),),
+            structured=structured,
+            files=files,
+            notes=(*notes, *result.skipped_files),
+            audit=outcome.audit,
+        )

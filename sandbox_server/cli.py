@@ -133,7 +133,7 @@ def _call(args: argparse.Namespace) -> int:
     from sandbox_server.client import run_calls
 
     arguments = _parse_arguments(args.arg, args.json)
-    results = anyio.run(run_calls, [(args.tool, arguments)])
+    results = anyio.run(run_calls, [(args.tool, arguments)], ("--policy", args.policy))
     return 1 if results[0].is_error else 0
 
 
@@ -286,6 +286,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     call = commands.add_parser("call", help="start the server, make one tool call, print the result")
     call.add_argument("tool", help="tool name, e.g. execute_command")
+    call.add_argument("--policy", default="default", help="the policy the server runs with (name or file)")
     call.add_argument("--arg", action="append", default=[], metavar="KEY=VALUE", help="an argument (repeatable)")
     call.add_argument("--json", help="all arguments as one JSON object")
     call.set_defaults(handler=_call)

@@ -2,8 +2,11 @@
 
 from pathlib import Path
 
+import pytest
+
+from sandbox_server.errors import ImageError
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
-from sandbox_server.sandbox.images import _expected_hash, catalog, image_reference
+from sandbox_server.sandbox.images import _expected_hash, _fetch_wheel, _locked_wheels, catalog, image_reference
 from tests.conftest import run_cli
 
 
@@ -37,3 +40,21 @@ def test_images_list_reports_every_image_current(runtime: DockerRuntime) -> None
     for name in catalog():
         line = next(line for line in result.stdout.splitlines() if line.startswith(image_reference(name)))
         assert line.split()[1:3] == ["yes", "yes"]
+
+
+def test_a_pinned_wheel_whose_hash_differs_is_refused_and_removed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SANDBOX_WHEEL_CACHE", str(tmp_path))
+    [(sha256, filename)] = _locked_wheels(catalog()["python-data"].context_dir)
+    assert filename.startswith("duckdb-") and filename.endswith(".whl")
+    (tmp_path / filename).write_bytes(b"not the wheel that was pinned")
+    with pytest.raises(ImageError, match=f"but wheels.lock pins {sha256}; the download was removed"):
+        _fetch_wheel(sha256, filename, lambda _: None)
+    assert not (tmp_path / filename).exists()
+
+
+def test_a_malformed_wheels_lock_names_its_line(tmp_path: Path) -> None:
+    (tmp_path / "wheels.lock").write_text("# pinned\n\nabc  duckdb.whl\n")
+    with pytest.raises(ImageError, match=r"wheels.lock:3: expected '<sha256>  <file>.whl', found 'abc  duckdb.whl'"):
+        _locked_wheels(tmp_path)

@@ -33,6 +33,10 @@ ANSWER = "analysis.json"
 WORKSPACE = "/workspace"
 OPERATIONS = ["sum", "average", "count", "min", "max", "median", "std", "distinct", "nulls", "describe"]
 PLOTS = ["histogram", "bar", "line", "scatter"]
+MEMORY_HINT = (
+    "sums, averages, counts, std, min and max stream in constant memory, but median and distinct keep "
+    "every value of their columns: drop them, ask for fewer columns, or raise limits.memory_mb"
+)
 TABLE_ROWS = 200
 """Rows of the markdown table; the full table is in result.csv and structuredContent."""
 
@@ -93,6 +97,16 @@ OUTPUT_SCHEMA: dict[str, Any] = {
             },
         },
         "notes": {"type": "array", "items": {"type": "string"}},
+        "engine": {
+            "type": "object",
+            "description": "What computed the answer inside the sandbox, and the most memory it held (RSS).",
+            "properties": {
+                "name": {"type": "string"},
+                "threads": {"type": "integer"},
+                "memory_limit_mb": {"type": "integer"},
+                "peak_rss_mb": {"type": "number"},
+            },
+        },
         "duration_ms": {"type": "integer"},
     },
     "required": ["file", "group_by", "results", "skipped", "notes", "duration_ms"],
@@ -261,7 +275,9 @@ class AnalyzeCsv:
             except ValueError:
                 answer = None
         if answer is None:
-            if result.timed_out or result.oom_killed or result.flooded or result.killed:
+            if result.oom_killed:
+                return replace(outcome, headline=f"{outcome.headline}; {MEMORY_HINT}")
+            if result.timed_out or result.flooded or result.killed:
                 return outcome
             last = result.stderr.decode("utf-8", "replace").strip().rsplit("\n", 1)[-1]
             return replace(
@@ -282,7 +298,8 @@ class AnalyzeCsv:
             f"({shape['encoding']}, delimiter {shape['delimiter']!r}, "
             f"{'header' if shape['header'] else 'no header'}) · {result.duration_ms} ms"
         )
-        structured = {key: answer[key] for key in ("file", "group_by", "statistics", "groups", "results", "skipped", "notes")}
+        keys = ("file", "group_by", "statistics", "groups", "results", "skipped", "notes", "engine")
+        structured = {key: answer[key] for key in keys if key in answer}
         structured["duration_ms"] = result.duration_ms
         return ToolOutcome(
             headline=headline,

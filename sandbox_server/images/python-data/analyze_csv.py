@@ -18,6 +18,7 @@ import decimal
 import json
 import math
 import os
+import resource
 import sys
 
 OUT = "/workspace/out"
@@ -191,6 +192,11 @@ class Analysis:
         self.request = request
         self.notes = []
         threads, memory, self.memory_limit = engine_settings()
+        self.engine = {
+            "name": f"duckdb {duckdb.__version__}",
+            "threads": threads,
+            "memory_limit_mb": memory >> 20,
+        }
         self.con = duckdb.connect(
             config={
                 "threads": threads,
@@ -200,6 +206,7 @@ class Analysis:
                 "autoload_known_extensions": False,
             }
         )
+        self.con.execute("SET enable_progress_bar = false")
 
     # -- reading -------------------------------------------------------------------
 
@@ -396,6 +403,7 @@ class Analysis:
             "skipped": skipped,
             "notes": self.notes,
             "outputs": written,
+            "engine": {**self.engine, "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)},
         }
 
     def write_csv(self, results, aggregates):

@@ -1,0 +1,20 @@
+"""`python -m bench NAME [options]`: run one benchmark (see bench/README.md)."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+BENCHMARKS = {"analyze_csv": "bench.analyze_csv"}
+
+
+def main() -> int:
+    if len(sys.argv) < 2 or sys.argv[1] not in BENCHMARKS:
+        print(f"usage: python -m bench {{{'|'.join(BENCHMARKS)}}} [options]", file=sys.stderr)
+        return 2
+    module = importlib.import_module(BENCHMARKS[sys.argv[1]])
+    return int(module.main(sys.argv[2:]))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,47 @@
+"""What every benchmark shares: medians, the table it prints and the JSON it writes."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def median(values: Sequence[float]) -> float:
+    """The median, rounded for reading."""
+    return round(statistics.median(values), 3)
+
+
+def machine() -> dict[str, Any]:
+    """What the numbers were measured on."""
+    return {
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "kernel": platform.release(),
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+
+
+def print_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    """A plain aligned table on stdout."""
+    cells = [[str(cell) for cell in header]] + [[str(cell) for cell in row] for row in rows]
+    widths = [max(len(row[index]) for row in cells) for index in range(len(header))]
+    for number, row in enumerate(cells):
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+        if number == 0:
+            print("  ".join("-" * width for width in widths))
+
+
+def write_results(name: str, document: dict[str, Any]) -> Path:
+    """bench/results/<name>.json, with the machine it was measured on."""
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps({"benchmark": name, "machine": machine(), **document}, indent=2) + "\n")
+    return path

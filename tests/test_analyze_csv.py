@@ -342,3 +342,18 @@ def test_the_markdown_table_escapes_cells_and_is_cut_at_its_row_budget() -> None
     ]
     assert not cut
     assert markdown_table(answer, max_rows=1) == ("\n".join(table.splitlines()[:3]), True)
+
+
+async def test_a_plot_that_cannot_be_drawn_says_what_it_needs(client: Client) -> None:
+    files = _files("q.csv", "name,amount\na,1\nb,2\n")
+    bar = await client.call_tool(
+        "analyze_csv", {"filepath": "q.csv", "operations": ["sum"], "plot": {"kind": "bar"}, "files": files}
+    )
+    assert bar.is_error
+    assert _text(bar) == "a bar plot needs group_by, or plot.x to count the rows of each value"
+    scatter = await client.call_tool(
+        "analyze_csv",
+        {"filepath": "q.csv", "operations": ["sum"], "plot": {"kind": "scatter", "x": "name", "y": "amount"}, "files": files},
+    )
+    assert scatter.is_error
+    assert _text(scatter) == "plot.x 'name' is not numeric or temporal; a scatter plot needs one"

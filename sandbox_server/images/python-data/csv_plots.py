@@ -1,0 +1,108 @@
+"""The plots of analyze_csv: histogram, bar, line and scatter, drawn with matplotlib.
+
+Each function takes the running analysis (`analysis`: its query method, columns and
+notes), so the statistics module stays about reading and computing.
+"""
+
+import os
+
+from analyze_csv import LINE_POINTS, OUT, SCATTER_POINTS, Refusal, json_value, quote_ident
+
+
+def draw(analysis, plot, results, aggregates):
+    """Draw the requested plot to /workspace/out/plot.png and return its name."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from sandbox_figures import save_png
+
+    kind = plot["kind"]
+    for field in ("x", "y"):
+        if plot.get(field):
+            analysis.check_names([plot[field]], f"plot.{field}")
+    numeric = [c for c in analysis.selected if analysis.kind(c) == "numeric"]
+    figure, axes = plt.subplots(figsize=(8, 4.5))
+    if kind == "histogram":
+        column = plot.get("x") or plot.get("y") or (numeric[0] if numeric else None)
+        if column is None or analysis.kind(column) != "numeric":
+            raise Refusal("a histogram needs a numeric column: name one in plot.x", "plot.x")
+        histogram(analysis, axes, column, int(plot.get("bins", 30)))
+    elif kind == "bar":
+        bar(analysis, axes, plot, results, aggregates, numeric)
+    else:
+        x = plot.get("x")
+        y = plot.get("y") or next((c for c in numeric if c != x), None)
+        if not x or not y:
+            raise Refusal(f"a {kind} plot needs plot.x and a numeric plot.y", "plot.x" if not x else "plot.y")
+        for column, field in ((x, "plot.x"), (y, "plot.y")):
+            if analysis.kind(column) == "other":
+                raise Refusal(f"{field} {column!r} is not numeric or temporal; a {kind} plot needs one", field)
+        xy(analysis, axes, kind, x, y)
+    figure.tight_layout()
+    save_png(figure, os.path.join(OUT, "plot.png"), int(analysis.request.get("image_bytes", 2_000_000)))
+    plt.close(figure)
+    return "plot.png"
+
+def histogram(analysis, axes, column, bins):
+    q = quote_ident(column)
+    low, high, count = analysis.query(f"SELECT min({q}), max({q}), count({q}) FROM src")[0]
+    if count == 0:
+        raise Refusal(f"column {column!r} has no values to draw", "plot.x")
+    low, high = float(low), float(high)
+    width = (high - low) / bins if high > low else 1.0
+    counts = dict(
+        analysis.query(
+            f"SELECT least(floor(({q} - {low!r}) / {width!r})::BIGINT, {bins - 1}) AS b, count(*) "
+            f"FROM src WHERE {q} IS NOT NULL GROUP BY b"
+        )
+    )
+    edges = [low + width * index for index in range(bins)]
+    axes.bar(edges, [counts.get(index, 0) for index in range(bins)], width=width, align="edge")
+    axes.set_xlabel(column)
+    axes.set_ylabel("rows")
+    axes.set_title(f"Distribution of {column} ({count} values)")
+
+def bar(analysis, axes, plot, results, aggregates, numeric):
+    if analysis.group_by:
+        y = plot.get("y") or next(
+            (c for c in numeric if any(col == c for col, *_ in aggregates)), None
+        ) or analysis.selected[0]
+        available = [stat for col, stat, _ in aggregates if col == y]
+        stat = next((s for s in available if s not in ("nulls",)), None)
+        if stat is None:
+            raise Refusal(f"plot.y {y!r} has no statistic to draw; include it in columns", "plot.y")
+        labels = [" / ".join(str(v) for v in (r["group"] or {}).values()) for r in results]
+        values = [r["columns"].get(y, {}).get(stat) or 0 for r in results]
+        axes.bar(range(len(values)), values)
+        axes.set_xticks(range(len(values)), labels, rotation=45, ha="right")
+        axes.set_ylabel(f"{stat} of {y}")
+        axes.set_title(f"{stat} of {y} by {', '.join(analysis.group_by)}")
+        return
+    x = plot.get("x")
+    if not x:
+        raise Refusal("a bar plot needs group_by, or plot.x to count the rows of each value", "plot.x")
+    q = quote_ident(x)
+    rows = analysis.query(f"SELECT {q}, count(*) AS n FROM src GROUP BY {q} ORDER BY n DESC, {q} LIMIT 30")
+    axes.bar(range(len(rows)), [n for _, n in rows])
+    axes.set_xticks(range(len(rows)), [str(json_value(v)) for v, _ in rows], rotation=45, ha="right")
+    axes.set_ylabel("rows")
+    axes.set_title(f"Rows per {x} (most frequent {len(rows)})")
+
+def xy(analysis, axes, kind, x, y):
+    qx, qy = quote_ident(x), quote_ident(y)
+    limit = SCATTER_POINTS if kind == "scatter" else LINE_POINTS
+    total = analysis.query(f"SELECT count(*) FROM src WHERE {qx} IS NOT NULL AND {qy} IS NOT NULL")[0][0]
+    source = f"(SELECT {qx} AS x, {qy} AS y FROM src WHERE {qx} IS NOT NULL AND {qy} IS NOT NULL)"
+    if total > limit:
+        source += f" USING SAMPLE reservoir({limit} ROWS) REPEATABLE (7)"
+        analysis.notes.append(f"the {kind} plot shows a random sample of {limit} of {total} points")
+    points = analysis.query(f"SELECT x, y FROM {source} ORDER BY x")
+    xs, ys = [p[0] for p in points], [p[1] for p in points]
+    if kind == "scatter":
+        axes.scatter(xs, ys, s=6, alpha=0.6)
+    else:
+        axes.plot(xs, ys)
+    axes.set_xlabel(x)
+    axes.set_ylabel(y)
+    axes.set_title(f"{y} by {x}")

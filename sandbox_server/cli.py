@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 from dataclasses import asdict
 from collections.abc import Sequence
 
 import anyio
+import anyio.to_thread
 
 from sandbox_server import __version__
 from sandbox_server.errors import SandboxServerError
@@ -81,6 +83,7 @@ def _serve(args: argparse.Namespace) -> int:
     from sandbox_server.policy.loader import load_policy
     from sandbox_server.policy.watcher import watch_policy
     from sandbox_server.sandbox.docker_runtime import DockerRuntime
+    from sandbox_server.sandbox.pool import WarmPool
     from sandbox_server.server import SandboxServer, serve_http, serve_stdio
     from sandbox_server.tools import all_tools
 
@@ -98,19 +101,37 @@ def _serve(args: argparse.Namespace) -> int:
         log.warning("%s", exc)
     audit_path = args.audit_log or policy.audit.path
     audit = AuditLog(audit_path, policy.audit.max_bytes, policy.audit.keep) if audit_path else None
-    app = SandboxServer(tools, policy, runtime, page_size=args.page_size, audit=audit)
+    pool = None if args.no_pool else WarmPool(runtime)
+    app = SandboxServer(tools, policy, runtime, page_size=args.page_size, audit=audit, pool=pool)
+
+    async def stop_on_signal(scope: anyio.CancelScope) -> None:
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for received in signals:
+                log.info("%s: shutting down", signal.Signals(received).name)
+                scope.cancel()
+                return
 
     async def main() -> None:
-        async with anyio.create_task_group() as group:
-            if not args.no_watch:
-                group.start_soon(
-                    watch_policy, args.policy, Path(policy.source), names, lambda: _host_facts(runtime), app.swap_policy
-                )
-            if args.transport == "http":
-                await serve_http(app, args.host, args.port)
-            else:
-                await serve_stdio(app)
-            group.cancel_scope.cancel()
+        try:
+            async with anyio.create_task_group() as group:
+                group.start_soon(stop_on_signal, group.cancel_scope)
+                if pool is not None:
+                    group.start_soon(pool.maintain)
+                if not args.no_watch:
+                    group.start_soon(
+                        watch_policy, args.policy, Path(policy.source), names, lambda: _host_facts(runtime),
+                        app.swap_policy,
+                    )  # fmt: skip
+                if args.transport == "http":
+                    await serve_http(app, args.host, args.port)
+                else:
+                    await serve_stdio(app)
+                group.cancel_scope.cancel()
+        finally:
+            with anyio.CancelScope(shield=True):
+                if pool is not None:
+                    await pool.close()
+                await anyio.to_thread.run_sync(runtime.close)
 
     anyio.run(main)
     return 0
@@ -280,6 +301,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=8000, help="HTTP: port (default 8000)")
     serve.add_argument("--page-size", type=int, default=50, help="tools per tools/list page")
     serve.add_argument("--policy", default="default", help="a shipped policy name or a policy file (default: default)")
+    serve.add_argument(
+        "--no-pool", action="store_true", help="no warm containers: every call creates its container (pool size 0)"
+    )
     serve.add_argument("--audit-log", help="append one JSON line per call to this file (overrides audit.path)")
     serve.add_argument("--no-watch", action="store_true", help="do not reload the policy when its file changes")
     serve.set_defaults(handler=_serve)

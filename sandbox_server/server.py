@@ -34,8 +34,10 @@ from sandbox_server.errors import EngineError, EngineUnavailable
 from sandbox_server.guard import Admission, AuditLog
 from sandbox_server.policy import Policy
 from sandbox_server.results import RenderedResult, ResourceStore, render
+from sandbox_server.sandbox.pool import PoolTarget, WarmPool
 from sandbox_server.sandbox.runtime import SandboxRuntime
 from sandbox_server.tools import Tool, ToolContext, ToolOutcome
+from sandbox_server.tools.base import container_template
 
 __all__ = ["SandboxServer", "serve_http", "serve_stdio"]
 
@@ -78,12 +80,16 @@ class SandboxServer:
         page_size: int = 50,
         store: ResourceStore | None = None,
         audit: AuditLog | None = None,
+        pool: WarmPool | None = None,
     ) -> None:
         self.all_tools = {tool.name: tool for tool in tools}
         self.validators = {tool.name: Draft202012Validator(tool.input_schema) for tool in tools}
         self.policy = policy
         self.admission = Admission(policy.rate, policy.host, policy.name)
-        self.runtime = runtime
+        self.pool = pool
+        self.runtime: SandboxRuntime = pool if pool is not None else runtime
+        if pool is not None:
+            pool.configure(self._pool_targets(policy))
         self.page_size = max(1, page_size)
         self.store = store or ResourceStore()
         self.audit = audit
@@ -106,10 +112,22 @@ class SandboxServer:
         """The tools the current policy offers."""
         return {name: tool for name, tool in self.all_tools.items() if self.policy.for_tool(name).enabled}
 
+    def _pool_targets(self, policy: Policy) -> list[PoolTarget]:
+        """One warm pool per enabled tool's container settings (tools with equal settings share one)."""
+        targets = []
+        for name in self.all_tools:
+            tool_policy = policy.for_tool(name)
+            if tool_policy.enabled:
+                template = container_template(tool_policy)
+                targets.append(PoolTarget(template, tool_policy.pool_size, tool_policy.pool_idle_s))
+        return targets
+
     async def swap_policy(self, policy: Policy) -> None:
         """Use a new policy for new calls (running calls keep theirs) and tell clients the tools changed."""
         self.policy = policy
         self.admission.reconfigure(policy.rate, policy.host, policy.name)
+        if self.pool is not None:
+            self.pool.configure(self._pool_targets(policy))
         logger.info("policy %s (%s) is now in force", policy.name, policy.digest[:12])
         await self._events.publish(ToolsListChanged())
         for connection in list(self._connections):

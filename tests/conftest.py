@@ -7,10 +7,36 @@ import subprocess
 import sys
 from collections.abc import Iterator
 
+import docker
+import docker.errors
 import pytest
 
-from sandbox_server.sandbox.docker_runtime import DockerRuntime
+from sandbox_server.sandbox.docker_runtime import OWNER_LABEL, DockerRuntime
 from sandbox_server.sandbox.images import catalog, image_status
+from sandbox_server.sandbox.spec import SANDBOX_LABEL
+
+
+def containers_running(command: str) -> list[str]:
+    """Our containers with a process whose command line contains `command` (warm ones run only the launcher)."""
+    api = docker.APIClient()
+    found = []
+    for item in api.containers(filters={"label": SANDBOX_LABEL}):
+        try:
+            processes = api.top(item["Id"])["Processes"] or []
+        except docker.errors.APIError:
+            continue  # gone meanwhile
+        if any(command in " ".join(process) for process in processes):
+            found.append(item["Id"])
+    api.close()
+    return found
+
+
+def containers_of(pid: int) -> list[str]:
+    """Our containers made by the server process `pid` (its owner label)."""
+    api = docker.APIClient()
+    items = api.containers(all=True, filters={"label": SANDBOX_LABEL})
+    api.close()
+    return [item["Id"] for item in items if f":{pid}:" in (item.get("Labels") or {}).get(OWNER_LABEL, "")]
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:

@@ -1,6 +1,7 @@
 """Pure logic of archives in and out: names, links and caps."""
 
 import io
+import shlex
 import tarfile
 
 import pytest
@@ -25,18 +26,27 @@ def test_safe_relative_path(given: str, expected: str | None) -> None:
     assert safe_relative_path(given) == expected
 
 
-def test_request_holds_stdin_and_files_under_the_workspace() -> None:
-    request = build_request((InputFile("data/in.csv", b"a,b\n"),), b"typed input")
+def test_request_holds_stdin_argv_env_boundary_and_files_under_the_workspace() -> None:
+    argv = ("echo", "it's", "$(id)", "a b", "")
+    request = build_request(
+        (InputFile("data/in.csv", b"a,b\n"),), b"typed input", argv, "b0undary", (("X_Y", "1 'two'"),)
+    )
     with tarfile.open(fileobj=io.BytesIO(request)) as tar:
         names = tar.getnames()
-        assert tar.extractfile("tmp/.sandbox/stdin").read() == b"typed input"  # type: ignore[union-attr]
-        assert tar.extractfile("workspace/data/in.csv").read() == b"a,b\n"  # type: ignore[union-attr]
+        read = lambda name: tar.extractfile(name).read()  # type: ignore[union-attr]  # noqa: E731
+        assert read("tmp/.sandbox/stdin") == b"typed input"
+        assert read("workspace/data/in.csv") == b"a,b\n"
+        assert shlex.split(read("tmp/.sandbox/argv").decode()) == list(argv)
+        assert read("tmp/.sandbox/env") == b"export X_Y='1 '\"'\"'two'\"'\"''\n"
+        assert read("tmp/.sandbox/boundary") == b"b0undary"
     assert "workspace/data" in names
 
 
-def test_request_refuses_paths_outside_the_workspace() -> None:
+def test_request_refuses_paths_outside_the_workspace_and_bad_env_names() -> None:
     with pytest.raises(ValueError, match="not a relative path"):
-        build_request((InputFile("../escape", b""),), b"")
+        build_request((InputFile("../escape", b""),), b"", ("true",), "b")
+    with pytest.raises(ValueError, match="not valid shell names"):
+        build_request((), b"", ("true",), "b", (("A;rm", "x"),))
 
 
 def _archive(*members: tuple[str, bytes, bytes]) -> bytes:

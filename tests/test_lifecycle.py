@@ -4,6 +4,7 @@ import anyio
 import pytest
 
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
+from tests.conftest import containers_of, containers_running
 from tests.mcp_harness import connect, http_server, http_server_process
 
 pytestmark = pytest.mark.anyio
@@ -24,9 +25,10 @@ async def test_a_server_killed_mid_call_leaves_a_stray_that_the_next_server_reap
                 )
                 with anyio.fail_after(10):
                     await running.wait()
+                [busy] = containers_running("sleep 300")
                 process.kill()
                 process.wait()
-        strays = runtime.sandbox_containers()
-        assert strays, "a SIGKILLed server cannot clean up: its container must still be there"
+        strays = containers_of(process.pid)
+        assert busy in strays, "a SIGKILLed server cannot clean up: its container must still be there"
     with http_server():  # listening means the start-up reaper has run
         assert not set(strays) & set(runtime.sandbox_containers())

@@ -32,6 +32,10 @@ class ToolPolicy:
     env: tuple[tuple[str, str], ...] = ()
     """The program's environment, resolved at load time (passed names and fixed values)."""
     enabled: bool = True
+    pool_size: int = 2
+    """Warm containers kept ready for this tool's container settings (0: every call starts cold)."""
+    pool_idle_s: float = 300.0
+    """How long a warm container may wait before it is replaced."""
 
 
 @dataclass(frozen=True, slots=True)

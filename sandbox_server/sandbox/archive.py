@@ -1,7 +1,8 @@
 """Pure tar handling for files moving in and out of a sandbox.
 
 In: one tar built in memory holding the input files under `workspace/` and the
-request under `tmp/.sandbox/` (stdin). Out: the launcher's tar of the output folder,
+request under `tmp/.sandbox/`: stdin, argv (shell-quoted), extra environment and
+the output boundary, so a container started before the call knows nothing of it. Out: the launcher's tar of the output folder,
 read member by member, never extracted: only regular files with safe relative
 names, within the count and byte caps, are returned; every other entry gets a note.
 """
@@ -9,6 +10,8 @@ names, within the count and byte caps, are returned; every other entry gets a no
 from __future__ import annotations
 
 import io
+import re
+import shlex
 import tarfile
 
 from sandbox_server.sandbox.spec import InputFile, OutputFile
@@ -37,12 +40,31 @@ def _add(tar: tarfile.TarFile, name: str, content: bytes, mode: int, kind: bytes
     tar.addfile(info, io.BytesIO(content) if kind == tarfile.REGTYPE else None)
 
 
-def build_request(files: tuple[InputFile, ...], stdin: bytes, workspace_prefix: str = "workspace") -> bytes:
-    """The tar the launcher unpacks: input files relative to the workspace, and stdin."""
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def build_request(
+    files: tuple[InputFile, ...],
+    stdin: bytes,
+    argv: tuple[str, ...],
+    boundary: str,
+    env: tuple[tuple[str, str], ...] = (),
+    workspace_prefix: str = "workspace",
+) -> bytes:
+    """The tar the launcher unpacks: input files relative to the workspace, stdin, argv, env and boundary."""
+    if not argv:
+        raise ValueError("a request needs a program to run")
+    bad = [name for name, _ in env if not _ENV_NAME.fullmatch(name)]
+    if bad:
+        raise ValueError(f"environment variable name(s) {bad!r} are not valid shell names")
+    exports = "".join(f"export {name}={shlex.quote(value)}\n" for name, value in env)
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
         _add(tar, REQUEST_DIR, b"", 0o700, tarfile.DIRTYPE)
         _add(tar, f"{REQUEST_DIR}/stdin", stdin, 0o600)
+        _add(tar, f"{REQUEST_DIR}/argv", " ".join(shlex.quote(word) for word in argv).encode(), 0o600)
+        _add(tar, f"{REQUEST_DIR}/env", exports.encode(), 0o600)
+        _add(tar, f"{REQUEST_DIR}/boundary", boundary.encode(), 0o600)
         made: set[str] = set()
         for item in files:
             relative = safe_relative_path(item.path)

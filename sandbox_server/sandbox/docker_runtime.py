@@ -11,10 +11,12 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import select
 import socket
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +33,7 @@ from sandbox_server.sandbox.runtime import ProgressCallback
 from sandbox_server.sandbox.spec import SANDBOX_LABEL, ExecutionResult, SandboxSpec
 from sandbox_server.sandbox.streams import STDERR, CappedBuffer, FrameDemuxer, StdoutSplitter
 
-__all__ = ["DockerRuntime", "EngineInfo", "ImageRecord", "host_config_kwargs"]
+__all__ = ["DockerRuntime", "EngineInfo", "ImageRecord", "WarmContainer", "host_config_kwargs"]
 
 OWNER_LABEL = "org.sandbox-server.owner"
 FLOOD_FACTOR = 16
@@ -41,6 +43,7 @@ FLOOD_MIN_BYTES) is killed as a flood: draining it longer only burns the host's 
 RUNSC_PIDS_FACTOR, RUNSC_PIDS_BASE = 8, 256
 """Under gVisor the sandbox kernel's own host threads (several per guest task on the ptrace
 platform) count against the pids cgroup, so the cgroup limit is pids * 8 + 256 there."""
+LAUNCHER = "/usr/local/bin/sandbox-launch"
 ENGINE_HINT = "start it with `scripts/engine-up` (as root), or `dockerd &`, or point DOCKER_HOST at a running engine"
 
 
@@ -154,6 +157,17 @@ def host_config_kwargs(spec: SandboxSpec) -> dict[str, Any]:
     }
 
 
+@dataclass(frozen=True, slots=True)
+class WarmContainer:
+    """A container created, attached and started, its launcher waiting for a request on stdin."""
+
+    container_id: str
+    stream: socket.socket
+    key: tuple[object, ...]
+    ready_at: float
+    """time.monotonic() when it became ready."""
+
+
 class _Drain:
     """Reads one attach stream in a worker thread; the async side reads its state."""
 
@@ -196,6 +210,8 @@ class DockerRuntime:
         self._connected = client
         self._connect_lock = threading.Lock()
         self.owner = _owner()
+        self._removals = ThreadPoolExecutor(max_workers=2, thread_name_prefix="sandbox-remove")
+        self._pending: set[Future[None]] = set()
 
     @property
     def _api(self) -> docker.APIClient:
@@ -220,7 +236,8 @@ class DockerRuntime:
         return cls(None)
 
     def close(self) -> None:
-        """Release the client's connections."""
+        """Finish the removals still under way, then release the client's connections."""
+        self._removals.shutdown(wait=True)
         if self._connected is not None:
             self._connected.close()
 
@@ -338,17 +355,27 @@ class DockerRuntime:
         with contextlib.suppress(Exception):
             self._api.remove_container(container_id, force=True, v=True)
 
-    def _create(self, spec: SandboxSpec, boundary: str) -> str:
+    def _remove_later(self, container_id: str) -> None:
+        """Remove a finished container off the answer's path; close() waits for it."""
+        try:
+            future = self._removals.submit(self._remove, container_id)
+        except RuntimeError:  # shutting down: remove now
+            self._remove(container_id)
+            return
+        self._pending.add(future)
+        future.add_done_callback(self._pending.discard)
+
+    def prepare(self, spec: SandboxSpec) -> WarmContainer:
+        """Create, attach and start a container whose launcher then waits for its request."""
         labels = {SANDBOX_LABEL: "1", OWNER_LABEL: self.owner, **dict(spec.labels)}
-        environment = {**dict(spec.env), "SANDBOX_BOUNDARY": boundary}
         with _engine_errors("create a sandbox container"):
             host_config = self._api.create_host_config(**host_config_kwargs(spec))
             created = self._api.create_container(
                 image=spec.image,
-                command=["/usr/local/bin/sandbox-launch", *spec.argv],
+                command=[LAUNCHER],
                 user=spec.user,
                 working_dir=spec.workdir,
-                environment=environment,
+                environment=dict(spec.env),
                 labels=labels,
                 hostname="sandbox",
                 stdin_open=True,
@@ -356,40 +383,71 @@ class DockerRuntime:
                 network_disabled=spec.network == "none",
                 host_config=host_config,
             )
-        return str(created["Id"])
+        container_id = str(created["Id"])
+        try:
+            with _engine_errors("start the sandbox container"):
+                attached = self._api.attach_socket(
+                    container_id, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}
+                )
+                raw: socket.socket = getattr(attached, "_sock", attached)
+                self._api.start(container_id)
+        except BaseException:
+            self._remove(container_id)
+            raise
+        return WarmContainer(container_id, raw, spec.container_key(), time.monotonic())
 
-    def _start(self, container_id: str, request: bytes) -> socket.socket:
-        with _engine_errors("start the sandbox container"):
-            attached = self._api.attach_socket(
-                container_id, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}
-            )
-            raw: socket.socket = getattr(attached, "_sock", attached)
-            self._api.start(container_id)
+    @staticmethod
+    def healthy(warm: WarmContainer) -> bool:
+        """Still waiting for its request: its stream has neither ended nor said anything."""
+        try:
+            readable, _, _ = select.select([warm.stream], [], [], 0)
+        except (OSError, ValueError):
+            return False
+        return not readable
+
+    def discard(self, warm: WarmContainer) -> None:
+        """Throw a warm container away unused; never raises."""
+        _close(warm.stream)
+        self._remove(warm.container_id)
+
+    def discard_later(self, warm: WarmContainer) -> None:
+        """Throw a warm container away unused, off the caller's path."""
+        _close(warm.stream)
+        self._remove_later(warm.container_id)
+
+    @staticmethod
+    def _send(raw: socket.socket, request: bytes) -> None:
         try:
             raw.sendall(request)
             raw.shutdown(socket.SHUT_WR)
         except OSError:
             pass  # the program exited before reading all of its input; its output says the rest
-        return raw
 
     def _finish(self, container_id: str) -> tuple[int | None, bool]:
-        """Exit code and OOM flag of a container that has stopped."""
+        """Exit code and OOM flag of a container whose stream has ended: one inspect, a wait only if it lags."""
         with _engine_errors("read the sandbox's exit status"):
-            status = self._api.wait(container_id, timeout=30)
             state = self._api.inspect_container(container_id)["State"]
-        return int(status.get("StatusCode", -1)), bool(state.get("OOMKilled"))
+            if state.get("Running") or state.get("Status") not in ("exited", "dead"):
+                self._api.wait(container_id, timeout=30)
+                state = self._api.inspect_container(container_id)["State"]
+        return int(state.get("ExitCode", -1)), bool(state.get("OOMKilled"))
 
-    async def run(self, spec: SandboxSpec, on_progress: ProgressCallback | None = None) -> ExecutionResult:
-        """Run a spec in a fresh container, always removed afterwards."""
+    async def run(
+        self, spec: SandboxSpec, on_progress: ProgressCallback | None = None, warm: WarmContainer | None = None
+    ) -> ExecutionResult:
+        """Run a spec in a fresh container (or a warm one made for its key), never reused, always removed."""
         boundary = secrets.token_hex(16)
-        request = build_request(spec.files, spec.stdin)
+        request = build_request(spec.files, spec.stdin, spec.argv, boundary, spec.call_env)
         started = time.monotonic()
-        container_id = await anyio.to_thread.run_sync(self._create, spec, boundary)
+        if warm is None:
+            warm = await anyio.to_thread.run_sync(self.prepare, spec)
+        elif warm.key != spec.container_key():
+            raise ValueError("a warm container made for other settings was handed to this call")
+        container_id, raw = warm.container_id, warm.stream
         drain = _Drain(spec, boundary.encode())
-        timed_out = cancelled = False
-        raw: socket.socket | None = None
+        timed_out = cancelled = removed = False
         try:
-            raw = await anyio.to_thread.run_sync(self._start, container_id, request)
+            await anyio.to_thread.run_sync(self._send, raw, request)
             with anyio.move_on_after(spec.limits.timeout_s) as deadline:
                 async with anyio.create_task_group() as group:
                     if on_progress is not None:
@@ -401,6 +459,7 @@ class DockerRuntime:
                 # Close our end first: the engine does not finish a kill while an attach stream backs up.
                 _close(raw)
                 await anyio.to_thread.run_sync(self._remove, container_id)
+                removed = True
                 exit_code: int | None = None
                 oom_killed = False
             else:
@@ -409,10 +468,13 @@ class DockerRuntime:
             cancelled = True
             raise
         finally:
-            with anyio.CancelScope(shield=True):
-                if raw is not None:
-                    _close(raw)
-                await anyio.to_thread.run_sync(self._remove, container_id)
+            _close(raw)
+            if not removed:
+                if cancelled:
+                    with anyio.CancelScope(shield=True):
+                        await anyio.to_thread.run_sync(self._remove, container_id)
+                else:
+                    self._remove_later(container_id)
         duration_ms = int((time.monotonic() - started) * 1000)
         files, notes = read_outputs(
             bytes(drain.splitter.archive),

@@ -67,6 +67,9 @@ class SandboxSpec:
     user: str = "1000:1000"
     network: str = "none"
     env: tuple[tuple[str, str], ...] = ()
+    """The container's environment (the policy's); part of what a warm container is made with."""
+    call_env: tuple[tuple[str, str], ...] = ()
+    """Environment of this call only, sent with the request (a warm container starts without it)."""
     stdin: bytes = b""
     files: tuple[InputFile, ...] = ()
     mounts: tuple[Mount, ...] = ()
@@ -75,6 +78,15 @@ class SandboxSpec:
     seccomp_profile: str | None = None
     """A seccomp profile as JSON text; None keeps the engine's default profile."""
     labels: tuple[tuple[str, str], ...] = ()
+
+    def container_key(self) -> tuple[object, ...]:
+        """What the container is created with: calls with equal keys can use the same kind of warm container."""
+        limits = self.limits
+        return (
+            self.image, self.runtime, self.user, self.network, self.env, self.mounts, self.workdir,
+            self.seccomp_profile, self.labels, limits.memory_mb, limits.cpus, limits.pids, limits.nofile,
+            limits.file_size_mb, limits.tmp_mb, limits.workspace_mb, limits.shm_mb,
+        )  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)

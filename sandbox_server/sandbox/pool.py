@@ -1,0 +1,214 @@
+"""Warm containers: made ahead of calls, each used by exactly one call, then destroyed.
+
+One queue per container key (image and every container setting of a tool's
+policy). A call whose key has a healthy, fresh container takes it and skips
+create/attach/start; otherwise it starts cold at once, never waiting for the pool.
+A container that is never taken is replaced after its idle time. A container that
+said anything or whose stream ended before its call (broken) is discarded, never
+handed out. A new policy drains the queues it no longer wants; close() destroys
+all. Isolation between calls is that of a cold container: a warm one has run
+nothing but the launcher, blocked on reading its request.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Protocol
+
+import anyio
+import anyio.to_thread
+
+from sandbox_server.errors import SandboxServerError
+from sandbox_server.sandbox.runtime import ProgressCallback
+from sandbox_server.sandbox.spec import ExecutionResult, SandboxSpec
+
+__all__ = ["PoolStats", "PoolTarget", "WarmPool"]
+
+log = logging.getLogger("sandbox_server.pool")
+
+Key = tuple[object, ...]
+FILL_CONCURRENCY = 2
+"""Containers prepared at the same time; more only queues up in the engine."""
+MAX_BACKOFF_S = 30.0
+
+
+class Warm(Protocol):
+    """What the pool needs to know of a warm container."""
+
+    @property
+    def key(self) -> Key: ...
+    @property
+    def ready_at(self) -> float: ...
+
+
+class WarmEngine(Protocol):
+    """The engine side: make, check, throw away, and run in a warm container."""
+
+    def prepare(self, spec: SandboxSpec) -> Warm: ...
+    def healthy(self, warm: Warm) -> bool: ...
+    def discard(self, warm: Warm) -> None: ...
+    def discard_later(self, warm: Warm) -> None: ...
+    async def run(
+        self, spec: SandboxSpec, on_progress: ProgressCallback | None = None, warm: Warm | None = None
+    ) -> ExecutionResult: ...
+
+
+@dataclass(frozen=True, slots=True)
+class PoolTarget:
+    """Keep `size` containers made from `spec`'s container settings, none older than `idle_s`."""
+
+    spec: SandboxSpec
+    size: int
+    idle_s: float
+
+    @property
+    def key(self) -> Key:
+        """The container key this target fills."""
+        return self.spec.container_key()
+
+
+@dataclass(slots=True)
+class PoolStats:
+    """Counters, for the benchmark and the logs."""
+
+    hits: int = 0
+    misses: int = 0
+    made: int = 0
+    discarded_stale: int = 0
+    discarded_broken: int = 0
+    failures: int = 0
+
+
+class WarmPool:
+    """A SandboxRuntime that runs each call in a warm container when one is ready, cold otherwise."""
+
+    def __init__(self, engine: WarmEngine) -> None:
+        self._engine = engine
+        self._targets: dict[Key, PoolTarget] = {}
+        self._ready: dict[Key, deque[Warm]] = {}
+        self._filling: dict[Key, int] = {}
+        self._wakeup = anyio.Event()
+        self._retry_at = 0.0
+        self._closed = False
+        self._announced: set[Key] = set()
+        self.stats = PoolStats()
+
+    def configure(self, targets: Iterable[PoolTarget]) -> None:
+        """Keep these pools from now on; containers of pools no longer wanted are destroyed."""
+        wanted: dict[Key, PoolTarget] = {}
+        for target in targets:
+            if target.size > 0:
+                known = wanted.get(target.key)
+                wanted[target.key] = target if known is None or target.size > known.size else known
+        for key in list(self._ready):
+            if key not in wanted or wanted[key] != self._targets.get(key):
+                for warm in self._ready.pop(key):
+                    self._engine.discard_later(warm)
+        self._targets = wanted
+        self._announced &= set(wanted)
+        self._wakeup.set()
+
+    def ready_count(self) -> int:
+        """Warm containers waiting now."""
+        return sum(len(queue) for queue in self._ready.values())
+
+    async def run(self, spec: SandboxSpec, on_progress: ProgressCallback | None = None) -> ExecutionResult:
+        """Run one call in a warm container of its key if one is ready, else in a cold one at once."""
+        return await self._engine.run(spec, on_progress, warm=self._take(spec.container_key()))
+
+    def _take(self, key: Key) -> Warm | None:
+        queue = self._ready.get(key)
+        target = self._targets.get(key)
+        now = time.monotonic()
+        while queue:
+            warm = queue.popleft()
+            if target is None or now - warm.ready_at > target.idle_s:
+                self.stats.discarded_stale += 1
+            elif not self._engine.healthy(warm):
+                self.stats.discarded_broken += 1
+            else:
+                self.stats.hits += 1
+                self._wakeup.set()
+                return warm
+            self._engine.discard_later(warm)
+        if target is not None:
+            self.stats.misses += 1
+            self._wakeup.set()
+        return None
+
+    async def maintain(self) -> None:
+        """Keep every pool full and fresh until cancelled (run it in the server's task group)."""
+        async with anyio.create_task_group() as group:
+            limiter = anyio.CapacityLimiter(FILL_CONCURRENCY)
+            while True:
+                self._wakeup = anyio.Event()
+                now = time.monotonic()
+                self._expire(now)
+                if now >= self._retry_at:
+                    for key, target in self._targets.items():
+                        missing = target.size - len(self._ready.get(key, ())) - self._filling.get(key, 0)
+                        for _ in range(max(0, missing)):
+                            self._filling[key] = self._filling.get(key, 0) + 1
+                            group.start_soon(self._fill, target, limiter)
+                with anyio.move_on_after(self._next_deadline(now)):
+                    await self._wakeup.wait()
+
+    def _expire(self, now: float) -> None:
+        for key, queue in self._ready.items():
+            target = self._targets[key]
+            while queue and now - queue[0].ready_at > target.idle_s:
+                self.stats.discarded_stale += 1
+                self._engine.discard_later(queue.popleft())
+
+    def _next_deadline(self, now: float) -> float:
+        deadlines = [
+            queue[0].ready_at + self._targets[key].idle_s - now for key, queue in self._ready.items() if queue
+        ]
+        if now < self._retry_at:
+            deadlines.append(self._retry_at - now)
+        return max(0.05, min(deadlines)) if deadlines else math.inf
+
+    async def _fill(self, target: PoolTarget, limiter: anyio.CapacityLimiter) -> None:
+        key = target.key
+        try:
+            async with limiter:
+                if self._targets.get(key) != target or time.monotonic() < self._retry_at:
+                    return
+                with anyio.CancelScope(shield=True):  # a container being made is always received, never lost
+                    warm = await anyio.to_thread.run_sync(self._engine.prepare, target.spec)
+        except Exception as exc:  # the pool is an optimisation: calls still run cold, the server goes on
+            self.stats.failures += 1
+            backoff = min(MAX_BACKOFF_S, 2.0 ** min(self.stats.failures, 5))
+            self._retry_at = time.monotonic() + backoff
+            detail = str(exc) if isinstance(exc, SandboxServerError) else repr(exc)
+            log.warning("could not prepare a warm container (retrying in %.0f s): %s", backoff, detail)
+            return
+        finally:
+            self._filling[key] -= 1
+            self._wakeup.set()
+        # No await between receiving the container and queueing it: close() must always find it.
+        if self._closed or self._targets.get(key) != target:
+            self._engine.discard_later(warm)
+            return
+        self.stats.made += 1
+        self.stats.failures = 0
+        queue = self._ready.setdefault(key, deque())
+        queue.append(warm)
+        if len(queue) == target.size and key not in self._announced:
+            self._announced.add(key)
+            log.info("warm pool ready: %d container(s) of %s", target.size, target.spec.image)
+
+    async def close(self) -> None:
+        """Destroy every waiting container (after maintain() was cancelled)."""
+        self._closed = True
+        waiting = [warm for queue in self._ready.values() for warm in queue]
+        self._ready.clear()
+        self._targets = {}
+        async with anyio.create_task_group() as group:
+            for warm in waiting:
+                group.start_soon(anyio.to_thread.run_sync, self._engine.discard, warm)

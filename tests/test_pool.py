@@ -1,0 +1,150 @@
+"""Warm containers: used once and destroyed, never reused; broken, stale or unwanted ones discarded."""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+from typing import Any
+
+import anyio
+import docker
+import pytest
+
+from sandbox_server.sandbox.docker_runtime import DockerRuntime
+from sandbox_server.sandbox.pool import PoolTarget, WarmPool
+from sandbox_server.sandbox.spec import ExecutionResult, SandboxSpec
+from tests.conftest import containers_of
+from tests.mcp_harness import connect, http_server_process
+
+pytestmark = pytest.mark.anyio
+
+POOLED = """
+name: pooled
+extends: default
+defaults:
+  pool: {size: %(size)d, idle_s: %(idle)s}
+tools:
+  run_python: {enabled: false}
+  analyze_csv: {enabled: false}
+"""
+
+
+def _policy(tmp_path: Path, size: int = 2, idle: float = 300) -> Path:
+    path = tmp_path / "pooled.yaml"
+    path.write_text(POOLED % {"size": size, "idle": idle})
+    return path
+
+
+def _audited_containers(audit: Path) -> list[str]:
+    return [json.loads(line)["container_id"] for line in audit.read_text().splitlines()]
+
+
+async def _gone(runtime: DockerRuntime, container_ids: set[str]) -> None:
+    with anyio.fail_after(10):
+        while container_ids & {cid[:12] for cid in runtime.sandbox_containers()}:
+            await anyio.sleep(0.05)
+
+
+async def test_each_call_takes_a_warm_container_that_is_then_destroyed(tmp_path: Path, runtime: DockerRuntime) -> None:
+    audit = tmp_path / "audit.jsonl"
+    with http_server_process("--policy", str(_policy(tmp_path)), "--audit-log", str(audit)) as server:
+        server.wait_for_line("warm pool ready: 2 container(s)")
+        warm = {cid[:12] for cid in containers_of(server.process.pid)}
+        assert len(warm) == 2
+        async with connect(server.url) as session:
+            first = await session.call_tool("execute_command", {"command": "echo secret > /tmp/left; echo one"})
+            second = await session.call_tool("execute_command", {"command": "cat /tmp/left 2>&1; echo two"})
+        assert first.structured_content is not None and first.structured_content["stdout"] == "one\n"
+        assert second.structured_content is not None
+        assert "No such file" in second.structured_content["stdout"], "a second call must not see the first's files"
+        used = _audited_containers(audit)
+        assert len(set(used)) == 2 and set(used) <= warm, (used, warm)
+        await _gone(runtime, set(used))
+    assert not containers_of(server.process.pid), "the server's shutdown destroys its warm containers"
+
+
+async def test_a_warm_container_killed_from_outside_is_never_handed_out(tmp_path: Path, runtime: DockerRuntime) -> None:
+    audit = tmp_path / "audit.jsonl"
+    with http_server_process("--policy", str(_policy(tmp_path, size=1)), "--audit-log", str(audit)) as server:
+        server.wait_for_line("warm pool ready: 1 container(s)")
+        [victim] = containers_of(server.process.pid)
+        client = docker.from_env()
+        client.containers.get(victim).kill()
+        client.close()
+        async with connect(server.url) as session:
+            result = await session.call_tool("execute_command", {"command": "echo fine"})
+        assert not result.is_error and result.structured_content is not None
+        assert result.structured_content["stdout"] == "fine\n"
+        assert _audited_containers(audit) != [victim[:12]]
+        await _gone(runtime, {victim[:12]})
+
+
+async def test_idle_containers_are_replaced_and_a_policy_without_pool_drains_them(
+    tmp_path: Path, runtime: DockerRuntime
+) -> None:
+    policy = _policy(tmp_path, size=1, idle=0.5)
+    with http_server_process("--policy", str(policy)) as server:
+        server.wait_for_line("warm pool ready: 1 container(s)")
+        [first] = containers_of(server.process.pid)
+        with anyio.fail_after(10):
+            while first in containers_of(server.process.pid) or not containers_of(server.process.pid):
+                await anyio.sleep(0.05)
+        policy.write_text(POOLED % {"size": 0, "idle": 300})
+        server.wait_for_line("policy pooled")
+        with anyio.fail_after(10):
+            while containers_of(server.process.pid):
+                await anyio.sleep(0.05)
+        server.process.send_signal(signal.SIGTERM)
+        assert server.process.wait(timeout=10) == 0
+
+
+class _FakeWarm:
+    def __init__(self, key: tuple[object, ...], ready_at: float, broken: bool = False) -> None:
+        self.key, self.ready_at, self.broken = key, ready_at, broken
+
+
+class _FakeEngine:
+    """Pure bookkeeping: which warm containers were handed out and which were thrown away."""
+
+    def __init__(self) -> None:
+        self.discarded: list[_FakeWarm] = []
+        self.handed: list[_FakeWarm | None] = []
+
+    def prepare(self, spec: SandboxSpec) -> _FakeWarm:
+        return _FakeWarm(spec.container_key(), anyio.current_time())
+
+    def healthy(self, warm: Any) -> bool:
+        return not warm.broken
+
+    def discard(self, warm: Any) -> None:
+        self.discarded.append(warm)
+
+    discard_later = discard
+
+    async def run(self, spec: SandboxSpec, on_progress: Any = None, warm: Any = None) -> ExecutionResult:
+        self.handed.append(warm)
+        return ExecutionResult(exit_code=0, stdout=b"", stderr=b"", duration_ms=0)
+
+
+def test_the_pool_hands_out_only_healthy_fresh_containers_of_the_right_key() -> None:
+    import time
+
+    engine = _FakeEngine()
+    pool = WarmPool(engine)  # type: ignore[arg-type]
+    spec = SandboxSpec(image="img", argv=("true",))
+    other = SandboxSpec(image="other", argv=("true",))
+    pool.configure([PoolTarget(spec, 3, idle_s=60)])
+    now = time.monotonic()
+    stale, broken, good = _FakeWarm(spec.container_key(), now - 120), _FakeWarm(spec.container_key(), now, True), \
+        _FakeWarm(spec.container_key(), now)  # fmt: skip
+    pool._ready[spec.container_key()] = __import__("collections").deque([stale, broken, good])
+    assert pool._take(other.container_key()) is None
+    assert pool._take(spec.container_key()) is good
+    assert engine.discarded == [stale, broken]
+    assert pool._take(spec.container_key()) is None
+    assert (pool.stats.hits, pool.stats.misses, pool.stats.discarded_stale, pool.stats.discarded_broken) == (1, 1, 1, 1)
+    leftover = _FakeWarm(spec.container_key(), now)
+    pool._ready[spec.container_key()].append(leftover)
+    pool.configure([PoolTarget(other, 1, idle_s=60)])
+    assert engine.discarded[-1] is leftover and pool.ready_count() == 0

@@ -36,10 +36,11 @@ def test_request_holds_stdin_argv_env_boundary_and_files_under_the_workspace() -
         read = lambda name: tar.extractfile(name).read()  # type: ignore[union-attr]  # noqa: E731
         assert read("tmp/.sandbox/stdin") == b"typed input"
         assert read("workspace/data/in.csv") == b"a,b\n"
-        assert shlex.split(read("tmp/.sandbox/argv").decode()) == list(argv)
-        assert read("tmp/.sandbox/env") == b"export X_Y='1 '\"'\"'two'\"'\"''\n"
-        assert read("tmp/.sandbox/boundary") == b"b0undary"
-    assert "workspace/data" in names
+        export, words, boundary = read("tmp/.sandbox/request").decode().splitlines()
+        assert export == "export X_Y='1 '\"'\"'two'\"'\"''"
+        assert words.startswith("set -- ") and shlex.split(words[len("set -- ") :]) == list(argv)
+        assert boundary == "boundary=b0undary"
+    assert "workspace/data" in names and "workspace/out" in names
 
 
 def test_request_refuses_paths_outside_the_workspace_and_bad_env_names() -> None:

@@ -2,6 +2,8 @@
 
 import struct
 
+import pytest
+
 from sandbox_server.sandbox.streams import CappedBuffer, FrameDemuxer, StdoutSplitter
 
 
@@ -63,3 +65,23 @@ def test_splitter_caps_the_archive() -> None:
     splitter.feed(b"xB123456")
     assert bytes(splitter.archive) == b"1234"
     assert splitter.archive_overflow
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 4096])
+def test_the_trailer_ends_the_archive_whatever_the_chunking(chunk: int) -> None:
+    boundary = b"0123456789abcdef"
+    stream = b"program says hi" + boundary + b"TARBYTES" * 100 + boundary + b" exit=3 oom_kill=1\n"
+    program = CappedBuffer(1000)
+    splitter = StdoutSplitter(boundary, program, 10_000)
+    for start in range(0, len(stream), chunk):
+        assert splitter.trailer is None
+        splitter.feed(stream[start : start + chunk])
+    assert splitter.trailer == {"exit": "3", "oom_kill": "1"}
+    assert bytes(splitter.archive) == b"TARBYTES" * 100
+    assert program.head() == b"program says hi"
+
+
+def test_without_a_whole_trailer_line_the_engine_is_asked() -> None:
+    splitter = StdoutSplitter(b"B" * 16, CappedBuffer(100), 10_000)
+    splitter.feed(b"B" * 16 + b"tar" + b"B" * 16 + b" exit=0 oom")
+    assert splitter.trailer is None and bytes(splitter.archive).startswith(b"tar")

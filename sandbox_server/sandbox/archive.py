@@ -1,8 +1,9 @@
 """Pure tar handling for files moving in and out of a sandbox.
 
 In: one tar built in memory holding the input files under `workspace/` and the
-request under `tmp/.sandbox/`: stdin, argv (shell-quoted), extra environment and
-the output boundary, so a container started before the call knows nothing of it. Out: the launcher's tar of the output folder,
+request under `tmp/.sandbox/`: stdin, and a script of shell-quoted values (extra
+environment, argv, the output boundary), so a container started before its call
+knows nothing of it. Out: the launcher's tar of the output folder,
 read member by member, never extracted: only regular files with safe relative
 names, within the count and byte caps, are returned; every other entry gets a note.
 """
@@ -57,14 +58,15 @@ def build_request(
     bad = [name for name, _ in env if not _ENV_NAME.fullmatch(name)]
     if bad:
         raise ValueError(f"environment variable name(s) {bad!r} are not valid shell names")
-    exports = "".join(f"export {name}={shlex.quote(value)}\n" for name, value in env)
+    script = "".join(f"export {name}={shlex.quote(value)}\n" for name, value in env)
+    script += "set -- " + " ".join(shlex.quote(word) for word in argv) + "\n"
+    script += f"boundary={shlex.quote(boundary)}\n"
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
         _add(tar, REQUEST_DIR, b"", 0o700, tarfile.DIRTYPE)
         _add(tar, f"{REQUEST_DIR}/stdin", stdin, 0o600)
-        _add(tar, f"{REQUEST_DIR}/argv", " ".join(shlex.quote(word) for word in argv).encode(), 0o600)
-        _add(tar, f"{REQUEST_DIR}/env", exports.encode(), 0o600)
-        _add(tar, f"{REQUEST_DIR}/boundary", boundary.encode(), 0o600)
+        _add(tar, f"{REQUEST_DIR}/request", script.encode(), 0o600)
+        _add(tar, f"{workspace_prefix}/out", b"", 0o755, tarfile.DIRTYPE)
         made: set[str] = set()
         for item in files:
             relative = safe_relative_path(item.path)

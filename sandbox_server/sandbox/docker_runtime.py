@@ -196,6 +196,8 @@ class _Drain:
                 if self.stdout.total + self.stderr.total > self.flood_limit:
                     self.flooded = True
                     break
+                if self.splitter.trailer is not None:
+                    break  # the launcher is done: no need to wait for the container to stop
         except OSError:
             pass  # the container was removed under us: what we have is what there is
         finally:
@@ -463,7 +465,11 @@ class DockerRuntime:
                 exit_code: int | None = None
                 oom_killed = False
             else:
-                exit_code, oom_killed = await anyio.to_thread.run_sync(self._finish, container_id)
+                known = _from_trailer(drain.splitter.trailer)
+                if known is None:
+                    exit_code, oom_killed = await anyio.to_thread.run_sync(self._finish, container_id)
+                else:
+                    exit_code, oom_killed = known
         except anyio.get_cancelled_exc_class():
             cancelled = True
             raise
@@ -504,6 +510,16 @@ class DockerRuntime:
         while not drain.finished:
             await anyio.sleep(1.0)
             await on_progress(time.monotonic() - started, drain.stdout.total, drain.stderr.total)
+
+
+def _from_trailer(trailer: dict[str, str] | None) -> tuple[int, bool] | None:
+    """Exit code and OOM flag from the launcher's trailer; None when the engine must be asked."""
+    if trailer is None:
+        return None
+    code, oom = trailer.get("exit", ""), trailer.get("oom_kill", "")
+    if not code.isdigit() or not oom.isdigit():
+        return None
+    return int(code), int(oom) > 0
 
 
 def _close(raw: socket.socket) -> None:

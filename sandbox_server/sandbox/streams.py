@@ -74,8 +74,10 @@ class StdoutSplitter:
     """Routes stdout bytes to the program's buffer until `boundary`, then to the archive.
 
     The launcher inside the sandbox writes the boundary after the program exits,
-    followed by a tar of the output folder. Bytes that could be the start of the
-    boundary are held back until it is clear they are not.
+    followed by a tar of the output folder, then the boundary again with a trailer
+    line (`<boundary> exit=N oom_kill=M`): once it has arrived, the call is over
+    without waiting for the container to stop. Bytes that could be the start of
+    the boundary are held back until it is clear they are not.
     """
 
     def __init__(self, boundary: bytes, program: CappedBuffer, archive_limit: int) -> None:
@@ -85,7 +87,10 @@ class StdoutSplitter:
         self.archive_limit = archive_limit
         self.archive_overflow = False
         self.found = False
+        self.trailer: dict[str, str] | None = None
+        """The launcher's last line (exit, oom_kill), once it has arrived whole."""
         self._held = b""
+        self._scanned = 0
 
     def feed(self, data: bytes) -> None:
         """Route a chunk of stdout."""
@@ -122,3 +127,18 @@ class StdoutSplitter:
             self.archive_overflow = True
             data = data[: max(room, 0)]
         self.archive += data
+        if self.trailer is None and not self.archive_overflow:
+            self._find_trailer()
+
+    def _find_trailer(self) -> None:
+        start = self.archive.find(self.boundary, self._scanned)
+        if start < 0:
+            self._scanned = max(0, len(self.archive) - len(self.boundary))
+            return
+        end = self.archive.find(b"\n", start)
+        if end < 0:
+            self._scanned = start
+            return
+        line = bytes(self.archive[start + len(self.boundary) : end]).decode("ascii", "replace")
+        self.trailer = dict(field.partition("=")[::2] for field in line.split())
+        del self.archive[start:]

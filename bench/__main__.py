@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-BENCHMARKS = {"analyze_csv": "bench.analyze_csv"}
+BENCHMARKS = {"analyze_csv": "bench.analyze_csv", "performance": "bench.performance"}
 
 
 def main() -> int:

@@ -44,6 +44,8 @@ RUNSC_PIDS_FACTOR, RUNSC_PIDS_BASE = 8, 256
 """Under gVisor the sandbox kernel's own host threads (several per guest task on the ptrace
 platform) count against the pids cgroup, so the cgroup limit is pids * 8 + 256 there."""
 LAUNCHER = "/usr/local/bin/sandbox-launch"
+ENGINE_CONNECTIONS = 64
+"""HTTP connections kept to the engine: concurrent calls, pool refills and removals each hold one."""
 ENGINE_HINT = "start it with `scripts/engine-up` (as root), or `dockerd &`, or point DOCKER_HOST at a running engine"
 
 
@@ -221,14 +223,14 @@ class DockerRuntime:
         if self._connected is None:
             with self._connect_lock, _engine_errors("connect"):
                 if self._connected is None:
-                    self._connected = docker.from_env(timeout=60)
+                    self._connected = docker.from_env(timeout=60, max_pool_size=ENGINE_CONNECTIONS)
         return self._connected.api
 
     @classmethod
     def connect(cls, timeout_s: float = 60.0) -> DockerRuntime:
         """Connect to the engine named by the environment (DOCKER_HOST or the local socket)."""
         with _engine_errors("connect"):
-            client = docker.from_env(timeout=int(timeout_s))
+            client = docker.from_env(timeout=int(timeout_s), max_pool_size=ENGINE_CONNECTIONS)
             client.ping()
         return cls(client)
 

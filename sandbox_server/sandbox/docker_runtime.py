@@ -498,6 +498,7 @@ class DockerRuntime:
             duration_ms=duration_ms,
             timed_out=timed_out,
             oom_killed=oom_killed,
+            pids_limited=_pids_limited(drain.splitter.trailer),
             killed=killed,
             flooded=drain.flooded,
             stdout_truncated_bytes=drain.stdout.truncated_bytes,
@@ -522,6 +523,12 @@ def _from_trailer(trailer: dict[str, str] | None) -> tuple[int, bool] | None:
     if not code.isdigit() or not oom.isdigit():
         return None
     return int(code), int(oom) > 0
+
+
+def _pids_limited(trailer: dict[str, str] | None) -> bool:
+    """Whether the launcher saw the process limit refuse a fork."""
+    count = (trailer or {}).get("pids_max", "")
+    return count.isdigit() and int(count) > 0
 
 
 def _close(raw: socket.socket) -> None:

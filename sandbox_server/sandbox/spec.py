@@ -108,6 +108,8 @@ class ExecutionResult:
     duration_ms: int
     timed_out: bool = False
     oom_killed: bool = False
+    pids_limited: bool = False
+    """A fork or thread failed because the process limit was reached (the cgroup counted it)."""
     killed: bool = False
     """The container was killed from outside (neither by our timeout nor by OOM)."""
     cancelled: bool = False

@@ -11,7 +11,7 @@ from typing import Any, Protocol
 from sandbox_server.policy import ToolPolicy
 from sandbox_server.sandbox.archive import safe_relative_path
 from sandbox_server.sandbox.runtime import ProgressCallback, SandboxRuntime
-from sandbox_server.sandbox.spec import ExecutionResult, InputFile, OutputFile, SandboxSpec
+from sandbox_server.sandbox.spec import ExecutionResult, InputFile, OutputFile, ResourceLimits, SandboxSpec
 
 __all__ = [
     "FILES_SCHEMA",
@@ -182,25 +182,37 @@ class _Headline:
     is_error: bool = True
 
 
-def _headline(result: ExecutionResult, limits_memory_mb: int, timeout_s: float) -> _Headline:
+SIGNALS = {9: "SIGKILL", 15: "SIGTERM", 24: "SIGXCPU", 25: "SIGXFSZ", 11: "SIGSEGV", 6: "SIGABRT"}
+
+
+def _headline(result: ExecutionResult, limits: ResourceLimits) -> _Headline:
     if result.timed_out:
-        return _Headline(f"timed out after {timeout_s:g} s (partial output below)")
+        return _Headline(f"timed out after {limits.timeout_s:g} s (partial output below)")
     if result.oom_killed:
-        return _Headline(f"killed: out of memory ({limits_memory_mb} MiB)")
+        return _Headline(f"killed: out of memory ({limits.memory_mb} MiB)")
     if result.flooded:
         return _Headline("killed: output flood (far more output than the cap; partial output below)")
     if result.killed:
         return _Headline("killed: the sandbox was killed from outside before the program finished")
+    if result.pids_limited:
+        return _Headline(
+            f"process limit reached: forks failed at {limits.pids} processes (policy field limits.pids); "
+            f"exit code {result.exit_code}"
+        )
     if result.exit_code == 0:
         return _Headline("exit code 0", is_error=False)
     if result.exit_code is not None and result.exit_code > 128:
-        return _Headline(f"exit code {result.exit_code} (killed by signal {result.exit_code - 128})")
+        number = result.exit_code - 128
+        name = SIGNALS.get(number, "")
+        if number == 25:
+            name += f": a file grew past {limits.file_size_mb} MiB (policy field limits.file_size_mb)"
+        return _Headline(f"exit code {result.exit_code} (killed by signal {number}{' ' + name if name else ''})")
     return _Headline(f"exit code {result.exit_code}")
 
 
 def outcome_from_execution(result: ExecutionResult, spec: SandboxSpec) -> ToolOutcome:
     """The common rendering of a sandboxed run: headline, stdout, stderr, files, structured data."""
-    headline = _headline(result, spec.limits.memory_mb, spec.limits.timeout_s)
+    headline = _headline(result, spec.limits)
     stdout = result.stdout.decode("utf-8", "replace")
     stderr = result.stderr.decode("utf-8", "replace")
     structured = {
@@ -221,6 +233,7 @@ def outcome_from_execution(result: ExecutionResult, spec: SandboxSpec) -> ToolOu
         "exit_code": result.exit_code,
         "timed_out": result.timed_out,
         "oom_killed": result.oom_killed,
+        "pids_limited": result.pids_limited,
         "killed": result.killed,
         "flooded": result.flooded,
         "stdout_bytes": len(result.stdout) + result.stdout_truncated_bytes,

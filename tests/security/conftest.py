@@ -1,0 +1,88 @@
+"""The hostile-input battery's invariants: after every case the server answers, nothing of the
+case's is left, and the host is back where it was."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import anyio
+import docker
+import psutil
+import pytest
+from mcp import Client
+
+from sandbox_server.sandbox.docker_runtime import DockerRuntime
+from sandbox_server.sandbox.spec import SANDBOX_LABEL
+from tests.mcp_harness import connect, stdio_parameters
+
+IDLE_LAUNCHER = ("docker-init", "sandbox-launch", "tar -x")
+"""What a warm container runs while it waits for its call: init, the launcher, and tar reading stdin."""
+
+
+@dataclass(frozen=True, slots=True)
+class HostState:
+    processes: int
+    available_mb: float
+    disk_free_mb: float
+
+    @classmethod
+    def now(cls) -> HostState:
+        return cls(
+            len(psutil.pids()),
+            psutil.virtual_memory().available / 2**20,
+            shutil.disk_usage("/var/lib/docker" if os.path.isdir("/var/lib/docker") else "/").free / 2**20,
+        )
+
+
+def busy_containers() -> list[str]:
+    """Our containers running anything beyond an idle warm launcher."""
+    api = docker.APIClient()
+    busy = []
+    for item in api.containers(all=True, filters={"label": SANDBOX_LABEL}):
+        if item.get("State") != "running":
+            busy.append(item["Id"])
+            continue
+        try:
+            processes = api.top(item["Id"], ps_args="-eo args")["Processes"] or []
+        except docker.errors.APIError:
+            continue  # removed meanwhile
+        if any(not any(idle in " ".join(process) for idle in IDLE_LAUNCHER) for process in processes):
+            busy.append(item["Id"])
+    api.close()
+    return busy
+
+
+@pytest.fixture(scope="module")
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(scope="module")
+async def server(runtime: DockerRuntime) -> AsyncIterator[Client]:
+    """One stdio session on the default policy for a battery module."""
+    async with connect(stdio_parameters()) as session:
+        yield session
+
+
+@pytest.fixture
+async def invariants(server: Client) -> AsyncIterator[None]:
+    """After the case: a plain call answers within 5 s; no container of the case is left; the host recovered."""
+    before = HostState.now()
+    yield
+    with anyio.fail_after(5):
+        plain = await server.call_tool("execute_command", {"command": "echo ok"})
+    assert not plain.is_error and plain.structured_content is not None
+    assert plain.structured_content["stdout"] == "ok\n"
+    deadline = time.monotonic() + 15
+    while busy_containers():
+        assert time.monotonic() < deadline, f"containers of the case left behind: {busy_containers()}"
+        await anyio.sleep(0.1)
+    after = HostState.now()
+    assert after.processes <= before.processes + 25, (before, after)
+    # Generous: the server's allocator may keep arenas it freed (a 100 MB argument was parsed).
+    assert after.available_mb >= before.available_mb - 1024, (before, after)
+    assert after.disk_free_mb >= before.disk_free_mb - 200, (before, after)

@@ -37,7 +37,6 @@ from sandbox_server.results import RenderedResult, ResourceStore, render
 from sandbox_server.sandbox.pool import PoolTarget, WarmPool
 from sandbox_server.sandbox.runtime import SandboxRuntime
 from sandbox_server.tools import Tool, ToolContext, ToolOutcome
-from sandbox_server.tools.base import container_template
 
 __all__ = ["SandboxServer", "serve_http", "serve_stdio"]
 
@@ -118,7 +117,7 @@ class SandboxServer:
         for name in self.all_tools:
             tool_policy = policy.for_tool(name)
             if tool_policy.enabled:
-                template = container_template(tool_policy)
+                template = tool_policy.container_spec()
                 targets.append(PoolTarget(template, tool_policy.pool_size, tool_policy.pool_idle_s))
         return targets
 

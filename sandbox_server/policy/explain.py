@@ -6,7 +6,6 @@ from dataclasses import asdict
 from typing import Any
 
 from sandbox_server.policy.model import Policy, ToolPolicy
-from sandbox_server.sandbox.spec import SandboxSpec
 
 __all__ = ["diff_policies", "explain_policy", "flatten"]
 
@@ -25,17 +24,7 @@ def explain_policy(policy: Policy, tool_names: list[str]) -> dict[str, Any]:
     tools = {}
     for name in tool_names:
         tool = policy.for_tool(name)
-        spec = SandboxSpec(
-            image=tool.image,
-            argv=("…",),
-            limits=tool.limits,
-            runtime=tool.runtime,
-            user=tool.user,
-            network=tool.network,
-            mounts=tool.mounts,
-            seccomp_profile=tool.seccomp_profile,
-        )
-        settings = host_config_kwargs(spec)
+        settings = host_config_kwargs(tool.container_spec())
         if tool.seccomp_profile:
             settings["security_opt"] = ["no-new-privileges", "seccomp=(profile from the policy)"]
         tools[name] = {"policy": _tool_view(tool), "container": {"user": tool.user, "image": tool.image, **settings}}

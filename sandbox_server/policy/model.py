@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sandbox_server.sandbox.spec import Mount, ResourceLimits
+from sandbox_server.sandbox.spec import Mount, ResourceLimits, SandboxSpec
 
 __all__ = ["AuditSettings", "HostAdmission", "Policy", "RateLimits", "ToolPolicy"]
 
@@ -36,6 +36,20 @@ class ToolPolicy:
     """Warm containers kept ready for this tool's container settings (0: every call starts cold)."""
     pool_idle_s: float = 300.0
     """How long a warm container may wait before it is replaced."""
+
+    def container_spec(self) -> SandboxSpec:
+        """The container this tool's calls run in, before any call (warm containers are made from it)."""
+        return SandboxSpec(
+            image=self.image,
+            argv=("true",),
+            limits=self.limits,
+            runtime=self.runtime,
+            user=self.user,
+            network=self.network,
+            env=self.env,
+            mounts=self.mounts,
+            seccomp_profile=self.seccomp_profile,
+        )
 
 
 @dataclass(frozen=True, slots=True)

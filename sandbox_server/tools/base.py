@@ -18,7 +18,6 @@ __all__ = [
     "SANDBOX_ANNOTATIONS",
     "TIMEOUT_SCHEMA",
     "Tool",
-    "container_template",
     "ToolContext",
     "ToolOutcome",
     "decode_files",
@@ -138,21 +137,6 @@ def refuse_timeout(requested: float | None, policy: ToolPolicy, policy_name: str
     return None
 
 
-def container_template(policy: ToolPolicy) -> SandboxSpec:
-    """The container a tool's calls run in, before any call: what warm containers are made from."""
-    return SandboxSpec(
-        image=policy.image,
-        argv=("true",),
-        limits=policy.limits,
-        runtime=policy.runtime,
-        user=policy.user,
-        network=policy.network,
-        env=policy.env,
-        mounts=policy.mounts,
-        seccomp_profile=policy.seccomp_profile,
-    )
-
-
 def sandbox_spec(
     args: Mapping[str, Any],
     ctx: ToolContext,
@@ -172,7 +156,7 @@ def sandbox_spec(
     if "timeout_s" in args:
         limits = replace(limits, timeout_s=float(args["timeout_s"]))
     return replace(
-        container_template(policy), argv=argv, limits=limits, call_env=extra_env, stdin=stdin, files=files
+        policy.container_spec(), argv=argv, limits=limits, call_env=extra_env, stdin=stdin, files=files
     )
 
 

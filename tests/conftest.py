@@ -11,7 +11,7 @@ import docker
 import docker.errors
 import pytest
 
-from sandbox_server.sandbox.docker_runtime import OWNER_LABEL, DockerRuntime
+from sandbox_server.sandbox.docker_runtime import OWNER_LABEL, DockerRuntime, _owner_alive
 from sandbox_server.sandbox.images import catalog, image_status
 from sandbox_server.sandbox.spec import SANDBOX_LABEL
 
@@ -37,6 +37,14 @@ def containers_of(pid: int) -> list[str]:
     items = api.containers(all=True, filters={"label": SANDBOX_LABEL})
     api.close()
     return [item["Id"] for item in items if f":{pid}:" in (item.get("Labels") or {}).get(OWNER_LABEL, "")]
+
+
+def left_by_exited_servers() -> list[str]:
+    """Our containers whose server process has exited (warm ones of servers still running are theirs)."""
+    api = docker.APIClient()
+    items = api.containers(all=True, filters={"label": SANDBOX_LABEL})
+    api.close()
+    return [item["Id"] for item in items if not _owner_alive((item.get("Labels") or {}).get(OWNER_LABEL, ""))]
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:

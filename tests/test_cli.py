@@ -4,7 +4,7 @@ import subprocess
 from pathlib import Path
 
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
-from tests.conftest import run_cli
+from tests.conftest import left_by_exited_servers, run_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -36,4 +36,4 @@ def test_the_demo_runs_a_real_session_and_succeeds(runtime: DockerRuntime) -> No
     assert "timed out after 1 s" in result.stdout and result.stdout.count("[image image/png") == 2
     assert "| north | amount | 2 | 162.5 | 81.25 |" in result.stdout
     assert "refused: filepath '../../etc/passwd' is not inside a readable root" in result.stdout
-    assert not runtime.sandbox_containers()
+    assert not left_by_exited_servers()

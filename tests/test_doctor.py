@@ -3,7 +3,7 @@
 import json
 
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
-from tests.conftest import run_cli
+from tests.conftest import left_by_exited_servers, run_cli
 
 
 def test_doctor_is_healthy_and_proves_the_limits(runtime: DockerRuntime) -> None:
@@ -22,7 +22,7 @@ def test_doctor_is_healthy_and_proves_the_limits(runtime: DockerRuntime) -> None
     ):
         assert checks[name]["ok"], checks[name]
     assert "oom_killed=True" in checks["probe: memory limit enforced"]["detail"]
-    assert not runtime.sandbox_containers()
+    assert not left_by_exited_servers()
 
 
 def test_doctor_without_an_engine_fails_and_says_how_to_start_it(tmp_path) -> None:

@@ -16,7 +16,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -215,7 +215,6 @@ class DockerRuntime:
         self._connect_lock = threading.Lock()
         self.owner = _owner()
         self._removals = ThreadPoolExecutor(max_workers=2, thread_name_prefix="sandbox-remove")
-        self._pending: set[Future[None]] = set()
 
     @property
     def _api(self) -> docker.APIClient:
@@ -362,12 +361,9 @@ class DockerRuntime:
     def _remove_later(self, container_id: str) -> None:
         """Remove a finished container off the answer's path; close() waits for it."""
         try:
-            future = self._removals.submit(self._remove, container_id)
+            self._removals.submit(self._remove, container_id)
         except RuntimeError:  # shutting down: remove now
             self._remove(container_id)
-            return
-        self._pending.add(future)
-        future.add_done_callback(self._pending.discard)
 
     def prepare(self, spec: SandboxSpec) -> WarmContainer:
         """Create, attach and start a container whose launcher then waits for its request."""

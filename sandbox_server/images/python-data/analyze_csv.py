@@ -222,8 +222,9 @@ class Analysis:
         self.source_path = source_path
         self._define_source()
 
-    def _read_csv(self):
-        options = ", ".join(
+    def _reader_arguments(self):
+        """The file and reading options, as both sniff_csv and read_csv take them."""
+        return ", ".join(
             [
                 quote_literal(self.source_path),
                 f"encoding={quote_literal(self.reader_options['encoding'])}",
@@ -231,13 +232,12 @@ class Analysis:
                 "nullstr=[" + ", ".join(quote_literal(text) for text in NULL_STRINGS) + "]",
             ]
         )
-        return f"read_csv({options})"
 
     def _define_source(self):
-        reader = self._read_csv()
-        sniffed = self.con.execute(f"SELECT Delimiter, HasHeader FROM sniff_csv({reader[len('read_csv('):-1]})")
+        arguments = self._reader_arguments()
+        sniffed = self.con.execute(f"SELECT Delimiter, HasHeader FROM sniff_csv({arguments})")
         self.delimiter, self.has_header = sniffed.fetchone()
-        self.con.execute(f"CREATE OR REPLACE TEMP VIEW src AS SELECT * FROM {reader}")
+        self.con.execute(f"CREATE OR REPLACE TEMP VIEW src AS SELECT * FROM read_csv({arguments})")
         self.columns = [(row[0], row[1]) for row in self.con.execute("DESCRIBE src").fetchall()]
 
     def query(self, sql):

@@ -11,6 +11,7 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 
+import mcp_types as types
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
@@ -107,3 +108,10 @@ async def connect(target: StdioServerParameters | str, mode: str = "legacy") -> 
     """An initialised official MCP client session."""
     async with Client(target, mode=mode) as client:  # type: ignore[arg-type]
         yield client
+
+
+def text_of(result: types.CallToolResult) -> str:
+    """The first content block of a tool result, which is always the text a model reads first."""
+    block = result.content[0]
+    assert isinstance(block, types.TextContent)
+    return block.text

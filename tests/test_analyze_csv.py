@@ -20,7 +20,7 @@ from mcp import Client
 
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
 from sandbox_server.tools.analyze_csv import markdown_table, sandbox_path
-from tests.mcp_harness import connect, stdio_parameters
+from tests.mcp_harness import connect, stdio_parameters, text_of
 
 pytestmark = pytest.mark.anyio
 
@@ -48,12 +48,6 @@ async def client(runtime: DockerRuntime) -> AsyncIterator[Client]:
     """One stdio session on the default policy for the whole module."""
     async with connect(stdio_parameters()) as session:
         yield session
-
-
-def _text(result: types.CallToolResult) -> str:
-    block = result.content[0]
-    assert isinstance(block, types.TextContent)
-    return block.text
 
 
 def _generated_csv(rows: int, seed: int) -> str:
@@ -85,7 +79,7 @@ def _same(ours: Any, theirs: Any) -> bool:
 
 async def _analyze(client: Client, arguments: dict[str, Any]) -> dict[str, Any]:
     result = await client.call_tool("analyze_csv", arguments)
-    assert not result.is_error, _text(result)
+    assert not result.is_error, text_of(result)
     assert result.structured_content is not None
     return result.structured_content
 
@@ -125,7 +119,7 @@ async def test_grouped_statistics_and_describe_equal_pandas(client: Client, tmp_
         "files": _files("in/data.csv", content),
     }
     result = await client.call_tool("analyze_csv", arguments)
-    assert not result.is_error, _text(result)
+    assert not result.is_error, text_of(result)
     answer = result.structured_content
     assert answer is not None
     (tmp_path / "data.csv").write_text(content)
@@ -153,7 +147,7 @@ async def test_grouped_statistics_and_describe_equal_pandas(client: Client, tmp_
             }
             for stat, theirs in expected.items():
                 assert _same(stats[stat], theirs), (key, column, stat, stats[stat], theirs)
-    table = _text(result).split("--- results ---\n", 1)[1]
+    table = text_of(result).split("--- results ---\n", 1)[1]
     assert table.startswith("| region | column | count | sum | average | std | min | 25% | median | 75% | max |")
     assert "| Nord, Süd | amount |" in table
 
@@ -203,9 +197,9 @@ async def test_no_header_and_binary_files_are_named(client: Client) -> None:
     binary = await client.call_tool(
         "analyze_csv", {"filepath": "b.csv", "operations": ["sum"], "files": _files("b.csv", b"\x00\x01\x02garbage\x00\xff")}
     )
-    assert binary.is_error and "does not look like a text CSV" in _text(binary) and "NUL bytes" in _text(binary)
+    assert binary.is_error and "does not look like a text CSV" in text_of(binary) and "NUL bytes" in text_of(binary)
     empty = await client.call_tool("analyze_csv", {"filepath": "z.csv", "operations": ["sum"], "files": _files("z.csv", b"")})
-    assert empty.is_error and "is empty (0 bytes)" in _text(empty)
+    assert empty.is_error and "is empty (0 bytes)" in text_of(empty)
 
 
 @pytest.mark.parametrize(
@@ -215,8 +209,8 @@ async def test_no_header_and_binary_files_are_named(client: Client) -> None:
 async def test_paths_outside_the_readable_roots_are_refused(client: Client, filepath: str) -> None:
     result = await client.call_tool("analyze_csv", {"filepath": filepath, "operations": ["count"]})
     assert result.is_error
-    assert _text(result).startswith(f"refused: filepath {filepath!r} is not inside a readable root of policy 'default'")
-    assert "(/workspace;" in _text(result)
+    assert text_of(result).startswith(f"refused: filepath {filepath!r} is not inside a readable root of policy 'default'")
+    assert "(/workspace;" in text_of(result)
 
 
 async def test_unknown_columns_are_named_with_what_exists(client: Client) -> None:
@@ -225,7 +219,7 @@ async def test_unknown_columns_are_named_with_what_exists(client: Client) -> Non
         {"filepath": "d.csv", "operations": ["sum"], "columns": ["Amount"], "files": _files("d.csv", "amount,x\n1,2\n")},
     )
     assert result.is_error
-    assert _text(result) == "columns[0]: no column 'Amount' in the file; did you mean 'amount'? (columns: 'amount', 'x')"
+    assert text_of(result) == "columns[0]: no column 'Amount' in the file; did you mean 'amount'? (columns: 'amount', 'x')"
 
 
 def _chunks(png: bytes) -> list[bytes]:
@@ -262,7 +256,7 @@ async def test_each_plot_is_a_valid_png(client: Client, plot: dict[str, Any]) ->
     if plot["kind"] == "bar":
         arguments["group_by"] = ["region"]
     result = await client.call_tool("analyze_csv", arguments)
-    assert not result.is_error, _text(result)
+    assert not result.is_error, text_of(result)
     [image] = [block for block in result.content if isinstance(block, types.ImageContent)]
     png = base64.b64decode(image.data)
     kinds = _chunks(png)
@@ -277,7 +271,7 @@ async def test_formula_cells_are_neutralised_in_the_csv_written_back(client: Cli
         "analyze_csv",
         {"filepath": "f.csv", "operations": ["sum"], "group_by": ["who"], "files": _files("f.csv", content)},
     )
-    assert not result.is_error, _text(result)
+    assert not result.is_error, text_of(result)
     [written] = [
         block.resource
         for block in result.content
@@ -311,7 +305,7 @@ async def test_a_data_mount_is_readable_and_symlinks_out_of_it_are_refused(runti
         assert linked["file"]["rows"] == 3
         escape = await session.call_tool("analyze_csv", {"filepath": "/data/escape.csv", "operations": ["count"]})
         assert escape.is_error
-        assert _text(escape).startswith("refused: /data/escape.csv resolves to /etc/passwd, outside the readable roots")
+        assert text_of(escape).startswith("refused: /data/escape.csv resolves to /etc/passwd, outside the readable roots")
 
 
 def test_sandbox_paths_stay_under_their_roots() -> None:
@@ -350,10 +344,10 @@ async def test_a_plot_that_cannot_be_drawn_says_what_it_needs(client: Client) ->
         "analyze_csv", {"filepath": "q.csv", "operations": ["sum"], "plot": {"kind": "bar"}, "files": files}
     )
     assert bar.is_error
-    assert _text(bar) == "a bar plot needs group_by, or plot.x to count the rows of each value"
+    assert text_of(bar) == "a bar plot needs group_by, or plot.x to count the rows of each value"
     scatter = await client.call_tool(
         "analyze_csv",
         {"filepath": "q.csv", "operations": ["sum"], "plot": {"kind": "scatter", "x": "name", "y": "amount"}, "files": files},
     )
     assert scatter.is_error
-    assert _text(scatter) == "plot.x 'name' is not numeric or temporal; a scatter plot needs one"
+    assert text_of(scatter) == "plot.x 'name' is not numeric or temporal; a scatter plot needs one"

@@ -15,7 +15,7 @@ from mcp.shared.exceptions import MCPError
 
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
 from tests.conftest import containers_running
-from tests.mcp_harness import connect, http_server, stdio_parameters
+from tests.mcp_harness import connect, http_server, stdio_parameters, text_of
 
 pytestmark = pytest.mark.anyio
 
@@ -39,12 +39,6 @@ async def client(request: pytest.FixtureRequest, http_url: str) -> AsyncIterator
         yield session
 
 
-def _text(result: types.CallToolResult) -> str:
-    block = result.content[0]
-    assert isinstance(block, types.TextContent)
-    return block.text
-
-
 async def test_tools_list_describes_execute_command(client: Client) -> None:
     listed = await client.list_tools()
     tool = next(tool for tool in listed.tools if tool.name == "execute_command")
@@ -65,8 +59,8 @@ async def test_an_invalid_cursor_is_a_protocol_error(client: Client) -> None:
 async def test_echo_returns_text_and_structured_content(client: Client) -> None:
     result = await client.call_tool("execute_command", {"command": "echo hello; echo oops >&2"})
     assert not result.is_error
-    assert _text(result).startswith("exit code 0")
-    assert "hello" in _text(result) and "oops" in _text(result)
+    assert text_of(result).startswith("exit code 0")
+    assert "hello" in text_of(result) and "oops" in text_of(result)
     structured = result.structured_content
     assert structured is not None
     assert structured["exit_code"] == 0
@@ -86,19 +80,19 @@ async def test_unknown_tool_is_a_protocol_error(client: Client) -> None:
 
 async def test_invalid_arguments_name_the_field(client: Client) -> None:
     missing = await client.call_tool("execute_command", {"args": ["x"]})
-    assert missing.is_error and "missing required field: 'command'" in _text(missing)
+    assert missing.is_error and "missing required field: 'command'" in text_of(missing)
     wrong_type = await client.call_tool("execute_command", {"command": "true", "timeout_s": "soon"})
-    assert wrong_type.is_error and "`timeout_s`" in _text(wrong_type)
+    assert wrong_type.is_error and "`timeout_s`" in text_of(wrong_type)
     nul = await client.call_tool("execute_command", {"command": "echo", "args": ["a\x00b"]})
-    assert nul.is_error and "`args[0]` contains a NUL byte" in _text(nul)
+    assert nul.is_error and "`args[0]` contains a NUL byte" in text_of(nul)
 
 
 async def test_non_zero_exit_is_an_error_result_with_the_code_first(client: Client) -> None:
     result = await client.call_tool("execute_command", {"command": "echo partial; exit 3"})
     assert result.is_error
-    assert _text(result).startswith("exit code 3")
+    assert text_of(result).startswith("exit code 3")
     assert result.structured_content is not None and result.structured_content["exit_code"] == 3
-    assert "partial" in _text(result)
+    assert "partial" in text_of(result)
 
 
 async def test_args_are_literal_without_a_shell(client: Client) -> None:
@@ -117,7 +111,7 @@ async def test_timeout_is_answered_within_timeout_plus_two_seconds(client: Clien
     elapsed = time.monotonic() - started
     assert elapsed < 3.0
     assert result.is_error
-    assert _text(result).startswith("timed out after 1 s")
+    assert text_of(result).startswith("timed out after 1 s")
     assert result.structured_content is not None and result.structured_content["timed_out"] is True
     assert "before" in result.structured_content["stdout"]
 
@@ -125,13 +119,13 @@ async def test_timeout_is_answered_within_timeout_plus_two_seconds(client: Clien
 async def test_timeout_above_the_policy_cap_is_refused(client: Client) -> None:
     result = await client.call_tool("execute_command", {"command": "true", "timeout_s": 100000})
     assert result.is_error
-    assert "above the cap" in _text(result) and "max_timeout_s" in _text(result)
+    assert "above the cap" in text_of(result) and "max_timeout_s" in text_of(result)
 
 
 async def test_out_of_memory_is_reported(client: Client) -> None:
     result = await client.call_tool("execute_command", {"command": "head -c 2000m /dev/zero | tail > /dev/null"})
     assert result.is_error
-    assert _text(result).startswith("killed: out of memory (512 MiB)")
+    assert text_of(result).startswith("killed: out of memory (512 MiB)")
     assert result.structured_content is not None and result.structured_content["oom_killed"] is True
 
 
@@ -150,7 +144,7 @@ async def test_an_endless_flood_is_stopped(client: Client) -> None:
     result = await client.call_tool("execute_command", {"command": "yes", "timeout_s": 60})
     assert time.monotonic() - started < 30
     assert result.is_error
-    assert "output flood" in _text(result)
+    assert "output flood" in text_of(result)
 
 
 async def test_invalid_utf8_and_escape_sequences_are_sanitised(client: Client) -> None:
@@ -161,7 +155,7 @@ async def test_invalid_utf8_and_escape_sequences_are_sanitised(client: Client) -
     assert "\x1b" not in stdout and "\x00" not in stdout and "\x07" not in stdout and "\r" not in stdout
     assert "\u202e" not in stdout and "<U+202E>" in stdout
     assert stdout.startswith("abc\ufffd\ufffdd")
-    assert "\x1b" not in _text(result)
+    assert "\x1b" not in text_of(result)
 
 
 async def test_files_go_in_and_out(client: Client) -> None:
@@ -175,20 +169,20 @@ async def test_files_go_in_and_out(client: Client) -> None:
             ],
         },
     )
-    assert not result.is_error, _text(result)
+    assert not result.is_error, text_of(result)
     images = [block for block in result.content if isinstance(block, types.ImageContent)]
     assert len(images) == 1 and base64.b64decode(images[0].data) == PNG_1x1
     resources = [block for block in result.content if isinstance(block, types.EmbeddedResource)]
     assert len(resources) == 1 and str(resources[0].resource.uri).endswith("/out/count.txt")
     assert getattr(resources[0].resource, "text", "").strip() == "3"
-    assert "x: skipped, links are never followed" in _text(result)
+    assert "x: skipped, links are never followed" in text_of(result)
 
 
 async def test_input_paths_outside_the_workspace_are_refused(client: Client) -> None:
     result = await client.call_tool(
         "execute_command", {"command": "true", "files": [{"path": "../etc/x", "content": ""}]}
     )
-    assert result.is_error and "relative path inside /workspace" in _text(result)
+    assert result.is_error and "relative path inside /workspace" in text_of(result)
 
 
 async def test_progress_arrives_for_long_calls(client: Client) -> None:
@@ -249,5 +243,5 @@ async def test_an_engine_that_is_down_is_an_error_result_not_a_crash(tmp_path) -
         assert listed.tools
         result = await session.call_tool("execute_command", {"command": "true"})
         assert result.is_error
-        assert _text(result).startswith("sandbox engine unavailable")
-        assert "scripts/engine-up" in _text(result)
+        assert text_of(result).startswith("sandbox engine unavailable")
+        assert "scripts/engine-up" in text_of(result)

@@ -13,7 +13,7 @@ from mcp import Client
 from mcp.shared.exceptions import MCPError
 
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
-from tests.mcp_harness import connect, http_server_process, stdio_parameters
+from tests.mcp_harness import connect, http_server_process, stdio_parameters, text_of
 
 pytestmark = pytest.mark.anyio
 
@@ -24,12 +24,6 @@ defaults:
   env: {set: {GREETING: hello-from-policy}}
 rate: {calls_per_minute: 1000, concurrent_calls: 4}
 """
-
-
-def _text(result: types.CallToolResult) -> str:
-    block = result.content[0]
-    assert isinstance(block, types.TextContent)
-    return block.text
 
 
 @pytest.fixture
@@ -47,17 +41,17 @@ async def test_memory_pids_timeout_output_and_network_limits_are_enforced(tight:
     memory = await session.call_tool("execute_command", {"command": "cat /sys/fs/cgroup/memory/memory.limit_in_bytes"})
     assert memory.structured_content is not None and memory.structured_content["stdout"].strip() == str(64 * 2**20)
     oom = await session.call_tool("execute_command", {"command": "head -c 300m /dev/zero | tail > /dev/null"})
-    assert _text(oom).startswith("killed: out of memory (64 MiB)")
+    assert text_of(oom).startswith("killed: out of memory (64 MiB)")
     forks = await session.call_tool(
         "execute_command", {"command": "for i in $(seq 40); do sleep 5 & done; wait", "timeout_s": 2}
     )
-    assert forks.is_error and ("fork" in _text(forks).lower() or "timed out" in _text(forks))
+    assert forks.is_error and ("fork" in text_of(forks).lower() or "timed out" in text_of(forks))
     capped = await session.call_tool("execute_command", {"command": "seq 1 100000"})
     assert capped.structured_content is not None and capped.structured_content["truncated"] is True
     assert len(capped.structured_content["stdout"]) < 2200
     refused = await session.call_tool("execute_command", {"command": "true", "timeout_s": 9})
     assert refused.is_error
-    assert _text(refused) == (
+    assert text_of(refused) == (
         "refused: timeout_s 9 is above the cap of 8 s set by policy 'tight' (field limits.max_timeout_s); "
         "ask for 8 or less"
     )
@@ -92,12 +86,12 @@ async def test_strict_runs_under_gvisor_without_a_shell(tmp_path: Path, runtime:
     policy.write_text("extends: strict\ndefaults:\n  commands: {shell: false, allow: [dmesg, echo]}\n")
     async with connect(stdio_parameters("--policy", str(policy))) as session:
         kernel = await session.call_tool("execute_command", {"command": "dmesg", "args": []})
-        assert not kernel.is_error, _text(kernel)
-        assert "gVisor" in _text(kernel)
+        assert not kernel.is_error, text_of(kernel)
+        assert "gVisor" in text_of(kernel)
         shell = await session.call_tool("execute_command", {"command": "echo hi"})
-        assert _text(shell).startswith("refused: policy 'strict-dmesg' does not allow a shell (field commands.shell)")
+        assert text_of(shell).startswith("refused: policy 'strict-dmesg' does not allow a shell (field commands.shell)")
         other = await session.call_tool("execute_command", {"command": "/bin/ls", "args": ["/"]})
-        assert _text(other).startswith("refused: program 'ls' is not allowed by policy 'strict-dmesg'")
+        assert text_of(other).startswith("refused: program 'ls' is not allowed by policy 'strict-dmesg'")
 
 
 async def test_a_disabled_tool_disappears(tmp_path: Path, runtime: DockerRuntime) -> None:
@@ -124,7 +118,7 @@ async def test_concurrency_cap_answers_busy_at_once(tmp_path: Path, runtime: Doc
             await running.wait()
         with anyio.fail_after(2):
             busy = await session.call_tool("execute_command", {"command": "true"})
-        assert _text(busy).startswith("busy: 1 calls already running (policy 'one', field rate.concurrent_calls)")
+        assert text_of(busy).startswith("busy: 1 calls already running (policy 'one', field rate.concurrent_calls)")
         group.cancel_scope.cancel()
 
 
@@ -181,5 +175,5 @@ async def test_a_mount_is_visible_read_only_and_nothing_else_is(tmp_path: Path, 
         read = await session.call_tool("execute_command", {"command": "cat /data/shared/sales.csv"})
         assert read.structured_content is not None and read.structured_content["stdout"] == "region,amount\nnorth,3\n"
         write = await session.call_tool("execute_command", {"command": "touch /data/shared/x"})
-        assert write.is_error and "Read-only file system" in _text(write)
+        assert write.is_error and "Read-only file system" in text_of(write)
     assert sorted(p.name for p in data.iterdir()) == ["sales.csv"]

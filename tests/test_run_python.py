@@ -11,7 +11,7 @@ import pytest
 from mcp import Client
 
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
-from tests.mcp_harness import connect, stdio_parameters
+from tests.mcp_harness import connect, stdio_parameters, text_of
 
 pytestmark = pytest.mark.anyio
 
@@ -21,12 +21,6 @@ async def client(runtime: DockerRuntime) -> AsyncIterator[Client]:
     """A stdio session on the default policy."""
     async with connect(stdio_parameters()) as session:
         yield session
-
-
-def _text(result: types.CallToolResult) -> str:
-    block = result.content[0]
-    assert isinstance(block, types.TextContent)
-    return block.text
 
 
 def _png_size(data: bytes) -> tuple[int, int]:
@@ -43,20 +37,20 @@ async def test_two_figures_come_back_as_two_png_images(client: Client) -> None:
         "print('drawn')\n"
     )
     result = await client.call_tool("run_python", {"code": code})
-    assert not result.is_error, _text(result)
+    assert not result.is_error, text_of(result)
     images = [block for block in result.content if isinstance(block, types.ImageContent)]
     assert len(images) == 2
     for image in images:
         assert image.mime_type == "image/png"
         width, height = _png_size(base64.b64decode(image.data))
         assert width > 100 and height > 100
-    assert "drawn" in _text(result)
+    assert "drawn" in text_of(result)
 
 
 async def test_the_final_expression_is_shown_like_a_notebook_cell(client: Client) -> None:
     code = "import pandas as pd\ndf = pd.read_csv('d.csv')\nint(df['x'].sum()) * 2"
     result = await client.call_tool("run_python", {"code": code, "files": [{"path": "d.csv", "content": "x\n1\n2\n"}]})
-    assert not result.is_error, _text(result)
+    assert not result.is_error, text_of(result)
     assert result.structured_content is not None and result.structured_content["stdout"] == "6\n"
 
 
@@ -73,7 +67,7 @@ async def test_an_exception_is_an_error_with_the_tracebacks_last_lines(client: C
     code = "def divide(a, b):\n    return a / b\n\ndivide(1, 0)\n"
     result = await client.call_tool("run_python", {"code": code})
     assert result.is_error
-    assert _text(result).startswith("ZeroDivisionError: division by zero (exit code 1)")
+    assert text_of(result).startswith("ZeroDivisionError: division by zero (exit code 1)")
     assert result.structured_content is not None
     stderr = result.structured_content["stderr"]
     assert "Traceback" in stderr and "in divide" in stderr and "run_cell.py" not in stderr

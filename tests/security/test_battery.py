@@ -17,16 +17,12 @@ import mcp_types as types
 import pytest
 from mcp import Client
 
+from tests.mcp_harness import text_of
+
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("invariants")]
 
 Check = Callable[[types.CallToolResult, str, dict[str, Any]], None]
-
-
-def _text(result: types.CallToolResult) -> str:
-    block = result.content[0]
-    assert isinstance(block, types.TextContent)
-    return block.text
 
 
 def error_with(*phrases: str) -> Check:
@@ -129,7 +125,7 @@ async def test_hostile_input(server: Client, case: str) -> None:
     elapsed = time.monotonic() - started
     timeout = arguments.get("timeout_s", 30)
     assert elapsed < timeout + 2, f"answered after {elapsed:.1f} s"
-    check(result, _text(result), result.structured_content or {})
+    check(result, text_of(result), result.structured_content or {})
 
 
 async def test_10_invalid_utf8_and_nuls_come_back_as_valid_json(server: Client) -> None:
@@ -143,7 +139,7 @@ async def test_10_invalid_utf8_and_nuls_come_back_as_valid_json(server: Client) 
 async def test_11_terminal_escapes_are_stripped(server: Client) -> None:
     command = "printf '\\033]52;c;SGVsbG8=\\007\\033[2J\\342\\200\\256evil\\rX\\n'"
     result = await server.call_tool("execute_command", {"command": command})
-    text = _text(result)
+    text = text_of(result)
     for forbidden in ("\x1b", "\x07", "\u202e", "\r"):
         assert forbidden not in text
     assert "evil" in text
@@ -170,7 +166,7 @@ async def test_17_the_host_loopback_is_not_reachable(server: Client) -> None:
 
 async def test_19_a_symlink_in_the_output_is_never_followed(server: Client) -> None:
     result = await server.call_tool("execute_command", {"command": "ln -s /etc/shadow out/x; ln -s /etc/passwd out/y; echo ok"})
-    text = _text(result)
+    text = text_of(result)
     assert "x" in text and "not a regular file" in text or "skipped" in text, text
     for block in result.content:
         assert not isinstance(block, types.EmbeddedResource | types.ResourceLink), block
@@ -180,4 +176,4 @@ async def test_19_a_symlink_in_the_output_is_never_followed(server: Client) -> N
 async def test_31_a_huge_argument_is_refused_with_the_limit(server: Client) -> None:
     result = await server.call_tool("execute_command", {"command": "echo " + "x" * (100 * 2**20)})
     assert result.is_error
-    assert "limits.argument_bytes" in _text(result)
+    assert "limits.argument_bytes" in text_of(result)

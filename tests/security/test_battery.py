@@ -51,6 +51,19 @@ def python(code: str, **extra: Any) -> tuple[str, dict[str, Any]]:
 
 
 CASES: dict[str, tuple[tuple[str, dict[str, Any]], Check]] = {
+    "01 fork bomb": (
+        shell("bash -c ':(){ :|:& };:'", timeout_s=5),
+        error_with("process limit reached: forks failed at 128 processes (policy field limits.pids)", "timed out after 5 s"),
+    ),
+    "02 thread bomb": (
+        python("import threading, time\nwhile True:\n    threading.Thread(target=time.sleep, args=(3600,)).start()",
+               timeout_s=5),
+        error_with("process limit reached", "timed out after 5 s"),
+    ),
+    "03 memory bomb": (
+        python("chunks = []\nwhile True:\n    chunks.append(bytearray(2**24))"),
+        error_with("out of memory (512 MiB)"),
+    ),
     "04 /dev/shm fill": (
         shell("dd if=/dev/zero of=/dev/shm/fill bs=1M count=100"),
         error_with("No space left on device"),
@@ -77,6 +90,17 @@ CASES: dict[str, tuple[tuple[str, dict[str, Any]], Check]] = {
     "13 sleeps past the timeout": (shell("sleep 3600", timeout_s=2), error_with("timed out after 2 s")),
     "14 orphans and daemons": (shell("setsid sleep 1000 & nohup sleep 1000 >/dev/null 2>&1 & echo started"),
                                stdout_is("started\n")),  # fmt: skip
+    "15 zombies reaped by init": (
+        # 3000 orphans whose parents exit at once: only init reaps them; were they left as
+        # zombies, forks would fail at the 128-process limit long before the end.
+        shell("i=0; while [ $i -lt 3000 ]; do (true &) || exit 1; i=$((i+1)); done; echo $i", timeout_s=60),
+        stdout_is("3000\n"),
+    ),
+    "15 zombies of a live parent stay within the limit": (
+        python("import os\nforked = 0\nfor _ in range(1000):\n    try:\n        if os.fork() == 0:\n            os._exit(0)\n"
+               "        forked += 1\n    except OSError:\n        pass\nprint(forked)", timeout_s=20),
+        error_with("process limit reached: forks failed at 128 processes (policy field limits.pids)"),
+    ),
     "16 DNS and egress": (
         shell("ls /sys/class/net; getent hosts example.com || echo no-dns; "
               "(exec 3<>/dev/tcp/1.1.1.1/53) 2>/dev/null || echo no-egress"),  # fmt: skip

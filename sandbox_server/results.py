@@ -86,17 +86,20 @@ class RenderedResult:
 
 
 def _mime_type(file: OutputFile) -> str:
+    """An image type only when the bytes are one (whatever the name says); otherwise a guess by name."""
     for magic, mime in IMAGE_TYPES.items():
         if file.content.startswith(magic):
             return mime
     guessed, _ = mimetypes.guess_type(file.path)
-    return guessed or "application/octet-stream"
+    if guessed is None or guessed.startswith("image/") and guessed != "image/svg+xml":
+        return "application/octet-stream"
+    return guessed
 
 
 def _file_block(file: OutputFile, call_id: str, store: ResourceStore) -> dict[str, Any]:
     uri = f"sandbox://calls/{call_id}/out/{quote(file.path, safe='/')}"
     mime = _mime_type(file)
-    if mime.startswith("image/") and len(file.content) <= EMBED_BLOB_BYTES * 8:
+    if mime in IMAGE_TYPES.values() and len(file.content) <= EMBED_BLOB_BYTES * 8:
         return {"type": "image", "data": base64.b64encode(file.content).decode(), "mimeType": mime}
     try:
         text = file.content.decode("utf-8")
@@ -145,7 +148,7 @@ def render(
     images = image_bytes = 0
     skipped = []
     for file in outcome.files:
-        if _mime_type(file).startswith("image/"):
+        if _mime_type(file) in IMAGE_TYPES.values():
             if images >= max_images or image_bytes + file.size > max_image_bytes:
                 skipped.append(f"note: {sanitize(file.path)}: image not returned, over the images budget "
                                f"({max_images} images, {max_image_bytes} bytes; policy fields "

@@ -55,3 +55,17 @@ def test_images_beyond_the_budget_are_listed_not_returned() -> None:
     rendered = render(ToolOutcome("ok", False, files=files), ResourceStore(), max_images=2)
     assert [block["type"] for block in rendered.content] == ["text", "image", "image"]
     assert "p2.png: image not returned, over the images budget" in rendered.content[0]["text"]
+
+
+def test_a_file_is_an_image_by_its_bytes_not_its_name() -> None:
+    files = (
+        OutputFile("empty.png", b"", 0),
+        OutputFile("fake.jpg", b"not a jpeg", 10),
+        OutputFile("real.dat", b"GIF89a" + b"\0" * 10, 16),
+    )
+    rendered = render(ToolOutcome("ok", False, files=files), ResourceStore(), max_images=1)
+    blocks = rendered.content[1:]
+    assert [block["type"] for block in blocks] == ["resource", "resource", "image"]
+    assert blocks[0]["resource"]["mimeType"] == blocks[1]["resource"]["mimeType"] == "text/plain"
+    assert blocks[2]["mimeType"] == "image/gif"
+    assert "budget" not in rendered.content[0]["text"]

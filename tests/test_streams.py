@@ -4,6 +4,7 @@ import struct
 
 import pytest
 
+from sandbox_server.sandbox.docker_runtime import _from_trailer, _pids_limited
 from sandbox_server.sandbox.streams import CappedBuffer, FrameDemuxer, StdoutSplitter
 
 
@@ -85,3 +86,22 @@ def test_without_a_whole_trailer_line_the_engine_is_asked() -> None:
     splitter = StdoutSplitter(b"B" * 16, CappedBuffer(100), 10_000)
     splitter.feed(b"B" * 16 + b"tar" + b"B" * 16 + b" exit=0 oom")
     assert splitter.trailer is None and bytes(splitter.archive).startswith(b"tar")
+
+
+@pytest.mark.parametrize(
+    ("line", "known", "pids"),
+    [
+        (b"exit=3 oom_kill=0 pids_max=0", (3, False), False),
+        (b"exit=137 oom_kill=2 pids_max=5", (137, True), True),
+        (b"exit=0 oom_kill=- pids_max=-", None, False),  # cgroup files unreadable: ask the engine
+        (b"exit=" + b"9" * 5000 + b" oom_kill=0 pids_max=" + b"9" * 5000, None, False),  # forged
+        (b"exit=256 oom_kill=0", None, False),
+        (b"exit=-1 oom_kill=0 pids_max=+1", None, False),
+        (b"exit=\xd9\xa3 oom_kill=0", None, False),  # a non-ASCII digit
+    ],
+)
+def test_trailer_values_are_small_ascii_numbers_or_ignored(line: bytes, known: object, pids: bool) -> None:
+    splitter = StdoutSplitter(b"--b--", CappedBuffer(100), 100_000)
+    splitter.feed(b"--b--" + b"--b--" + line + b"\n")
+    assert _from_trailer(splitter.trailer) == known
+    assert _pids_limited(splitter.trailer) is pids

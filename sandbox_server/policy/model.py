@@ -28,6 +28,10 @@ class ToolPolicy:
     max_argument_bytes: int = 16 * 1024 * 1024
     """Arguments larger than this (JSON-encoded) are refused before anything runs."""
     max_input_file_bytes: int = 64 * 1024 * 1024
+    max_input_files: int = 1000
+    max_csv_bytes: int = 4 * 1024**3
+    """Largest file analyze_csv reads (its size is checked before it is opened)."""
+    max_csv_line_bytes: int = 2 * 1024 * 1024
     mounts: tuple[Mount, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
     """The program's environment, resolved at load time (passed names and fixed values)."""

@@ -85,6 +85,11 @@ def _printable(name: str) -> str:
     return name.encode("unicode_escape", "backslashreplace").decode("ascii")
 
 
+def _valid_text(name: str) -> str:
+    """A name as valid Unicode: bytes that are not UTF-8 (surrogate escapes from tarfile) become `\\xNN`."""
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
 def read_outputs(
     archive: bytes, max_files: int, max_bytes: int, complete: bool = True
 ) -> tuple[tuple[OutputFile, ...], tuple[str, ...]]:
@@ -115,7 +120,7 @@ def read_outputs(
                     handle = tar.extractfile(member)
                     content = handle.read() if handle else b""
                     used += len(content)
-                    files.append(OutputFile(path=name, content=content, size=member.size))
+                    files.append(OutputFile(path=_valid_text(name), content=content, size=member.size))
     except (tarfile.TarError, EOFError) as exc:
         if complete:
             notes.append(f"output archive unreadable after {len(files)} files: {exc}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import secrets
 import select
 import socket
@@ -511,20 +512,30 @@ class DockerRuntime:
             await on_progress(time.monotonic() - started, drain.stdout.total, drain.stderr.total)
 
 
+_COUNTER = re.compile(r"[0-9]{1,10}")
+
+
+def _counter(trailer: dict[str, str] | None, name: str) -> int | None:
+    """A small non-negative number from the trailer, or None.
+
+    The trailer comes from inside the sandbox, where the program could forge it (it shares
+    the launcher's user): only up to ten ASCII digits are taken as a number.
+    """
+    value = (trailer or {}).get(name, "")
+    return int(value) if _COUNTER.fullmatch(value) else None
+
+
 def _from_trailer(trailer: dict[str, str] | None) -> tuple[int, bool] | None:
     """Exit code and OOM flag from the launcher's trailer; None when the engine must be asked."""
-    if trailer is None:
+    code, oom = _counter(trailer, "exit"), _counter(trailer, "oom_kill")
+    if code is None or code > 255 or oom is None:
         return None
-    code, oom = trailer.get("exit", ""), trailer.get("oom_kill", "")
-    if not code.isdigit() or not oom.isdigit():
-        return None
-    return int(code), int(oom) > 0
+    return code, oom > 0
 
 
 def _pids_limited(trailer: dict[str, str] | None) -> bool:
     """Whether the launcher saw the process limit refuse a fork."""
-    count = (trailer or {}).get("pids_max", "")
-    return count.isdigit() and int(count) > 0
+    return (_counter(trailer, "pids_max") or 0) > 0
 
 
 def _close(raw: socket.socket) -> None:

@@ -260,6 +260,9 @@ class AnalyzeCsv:
             "max_groups": args.get("max_groups", 50),
             "plot": args.get("plot"),
             "image_bytes": limits.returned_image_bytes // max(1, limits.returned_images),
+            "max_bytes": policy.max_csv_bytes,
+            "max_line_bytes": policy.max_csv_line_bytes,
+            "policy": ctx.policy_name,
         }
         stdin = json.dumps(request).encode()
         spec = sandbox_spec(args, ctx, ("python3", RUNNER), stdin)

@@ -29,7 +29,7 @@ __all__ = [
 FILES_SCHEMA: dict[str, Any] = {
     "type": "array",
     "description": "Input files written under /workspace before the program starts.",
-    "maxItems": 1000,
+    "maxItems": 10000,
     "items": {
         "type": "object",
         "properties": {
@@ -103,11 +103,43 @@ class Tool(Protocol):
         ...
 
 
+NAME_MAX = 255
+"""Bytes in one part of a path (the sandbox's filesystems refuse longer names)."""
+
+
+def _shown(path: str) -> str:
+    """A path for a message: escaped, and cut when long."""
+    shown = repr(path)
+    return shown if len(shown) <= 120 else shown[:100] + "…" + shown[-10:]
+
+
+def _path_problem(path: str) -> str | None:
+    """Why an input file path cannot be written under /workspace, or None."""
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        return "is not valid Unicode (it holds a lone surrogate)"
+    if safe_relative_path(path) is None:
+        return "must be a relative path inside /workspace (no '..')"
+    longest = max(len(part.encode()) for part in path.split("/"))
+    if longest > NAME_MAX:
+        return f"has a name part of {longest} bytes; at most {NAME_MAX} bytes per part"
+    return None
+
+
 def decode_files(items: list[Mapping[str, str]], policy: ToolPolicy) -> tuple[InputFile, ...] | str:
     """Input files from the arguments, or a refusal naming the file and the limit."""
     files: list[InputFile] = []
     total = 0
+    if len(items) > policy.max_input_files:
+        return (
+            f"{len(items)} input files, above the cap of {policy.max_input_files} "
+            "(policy field limits.input_files); nothing was copied in"
+        )
     for index, item in enumerate(items):
+        name_problem = _path_problem(item["path"])
+        if name_problem:
+            return f"files[{index}].path {_shown(item['path'])} {name_problem}"
         if item.get("encoding", "utf-8") == "base64":
             try:
                 content = base64.b64decode(item["content"], validate=True)
@@ -115,8 +147,6 @@ def decode_files(items: list[Mapping[str, str]], policy: ToolPolicy) -> tuple[In
                 return f"files[{index}].content is not valid base64"
         else:
             content = item["content"].encode("utf-8", "surrogatepass")
-        if safe_relative_path(item["path"]) is None:
-            return f"files[{index}].path {item['path']!r} must be a relative path inside /workspace (no '..')"
         total += len(content)
         if total > policy.max_input_file_bytes:
             return (
@@ -151,7 +181,7 @@ def sandbox_spec(
         return ToolOutcome.refusal(refusal)
     files = decode_files(args.get("files", []), policy)
     if isinstance(files, str):
-        return ToolOutcome.refusal(f"refused: {files}")
+        return ToolOutcome.refusal(f"refused by policy '{ctx.policy_name}': {files}")
     limits = policy.limits
     if "timeout_s" in args:
         limits = replace(limits, timeout_s=float(args["timeout_s"]))

@@ -7,16 +7,22 @@ left, and that the host's processes, memory and disk are back where they were.
 
 from __future__ import annotations
 
+import base64
+import io
 import json
+import os
 import socket
 import time
+import zipfile
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import mcp_types as types
 import pytest
 from mcp import Client
 
+from sandbox_server.sandbox.docker_runtime import DockerRuntime
 from tests.mcp_harness import text_of
 
 
@@ -201,3 +207,137 @@ async def test_31_a_huge_argument_is_refused_with_the_limit(server: Client) -> N
     result = await server.call_tool("execute_command", {"command": "echo " + "x" * (100 * 2**20)})
     assert result.is_error
     assert "limits.argument_bytes" in text_of(result)
+
+
+FORGE_OUTPUT = '''
+import io, os, re, sys, tarfile
+
+def boundary_of_the_launcher():
+    """The program shares the launcher's user, so it can read the launcher's memory."""
+    pid = os.getppid()
+    with open(f"/proc/{pid}/maps") as maps, open(f"/proc/{pid}/mem", "rb", buffering=0) as mem:
+        for line in maps:
+            fields = line.split()
+            if fields[1].startswith("rw"):
+                start, end = (int(x, 16) for x in fields[0].split("-"))
+                try:
+                    mem.seek(start)
+                    found = re.search(rb"boundary=([0-9a-f]{32})", mem.read(end - start))
+                except OSError:
+                    continue
+                if found:
+                    return found.group(1)
+    raise SystemExit("boundary not found")
+
+def member(tar, name, kind=tarfile.REGTYPE, content=b"", link=""):
+    info = tarfile.TarInfo(name)
+    info.type, info.size, info.linkname = kind, len(content), link
+    tar.addfile(info, io.BytesIO(content))
+
+boundary = boundary_of_the_launcher()
+archive = io.BytesIO()
+with tarfile.open(fileobj=archive, mode="w", format=tarfile.GNU_FORMAT) as tar:
+    member(tar, "../escape-PROBE", content=b"up")
+    member(tar, "/tmp/absolute-PROBE", content=b"abs")
+    member(tar, "link", tarfile.SYMTYPE, link="/tmp")
+    member(tar, "link/through-PROBE", content=b"through the link")
+    member(tar, "hard", tarfile.LNKTYPE, link="/etc/shadow")
+    member(tar, "device", tarfile.CHRTYPE)
+    member(tar, "fine.txt", content=b"fine")
+sys.stdout.flush()
+os.write(1, boundary + archive.getvalue() + boundary + b" exit=0 oom_kill=0 pids_max=0\\n")
+'''
+
+
+async def test_21_a_forged_output_archive_writes_nothing_outside(server: Client, tmp_path: Path) -> None:
+    """The program forges the launcher's framing; the host reads the tar as hostile data."""
+    probe = f"probe{os.getpid()}"
+    code = FORGE_OUTPUT.replace("PROBE", probe)
+    result = await server.call_tool("run_python", {"code": code})
+    text = text_of(result)
+    assert "../escape-" in text and "name leaves the output folder" in text, text
+    assert "/tmp/absolute-" in text
+    assert "link: skipped, links are never followed" in text
+    assert "hard: skipped, links are never followed" in text
+    assert "device: skipped, not a regular file" in text
+    returned = {block.resource.uri.rsplit("/", 1)[-1]: block.resource.text for block in result.content
+                if isinstance(block, types.EmbeddedResource) and isinstance(block.resource, types.TextResourceContents)}  # fmt: skip
+    assert returned.get("fine.txt") == "fine", returned
+    # What went through the link is the archive's bytes under its own name, never a host path.
+    assert returned.get(f"through-{probe}") == "through the link"
+    leftovers = [path for folder in (Path("/tmp"), Path.cwd().parent, Path.cwd(), tmp_path)
+                 for path in folder.glob(f"*{probe}*")]  # fmt: skip
+    assert leftovers == []
+
+
+async def test_22_hostile_output_names_come_back_escaped(server: Client) -> None:
+    command = (
+        "cd out && for name in \"$(printf 'a\\nb')\" ./-rf \"$(printf '\\377bad')\" \"$(printf '\\033[2Jx')\" "
+        "\"$(printf 'safe\\342\\200\\256txt.exe')\"; do echo x > \"$name\"; done; ls | wc -l"
+    )
+    result = await server.call_tool("execute_command", {"command": command})
+    assert not result.is_error, text_of(result)
+    assert result.structured_content is not None
+    paths = sorted(item["path"] for item in result.structured_content["files"])
+    # Undecodable bytes as \\xNN, escape sequences stripped, bidi overrides made visible.
+    assert paths == sorted(["a\nb", "-rf", "\\xffbad", "x", "safe<U+202E>txt.exe"]), paths
+    uris = [block.resource.uri for block in result.content if isinstance(block, types.EmbeddedResource)]
+    assert len(uris) == 5
+    for uri in map(str, uris):
+        assert uri.startswith("sandbox://calls/") and "/out/" in uri and "\n" not in uri and "\x1b" not in uri
+        assert "/../" not in uri
+
+
+@pytest.mark.parametrize(
+    ("path", "problem"),
+    [
+        ("../x", "must be a relative path inside /workspace (no '..')"),
+        ("a/../../x", "must be a relative path inside /workspace (no '..')"),
+        ("/etc/x", "must be a relative path inside /workspace (no '..')"),
+        ("x" * 300, "has a name part of 300 bytes; at most 255 bytes per part"),
+    ],
+)
+async def test_22_hostile_input_names_are_refused_before_the_engine(server: Client, path: str, problem: str) -> None:
+    result = await server.call_tool("execute_command", {"command": "true", "files": [{"path": path, "content": "x"}]})
+    assert result.is_error
+    assert text_of(result).startswith("refused by policy 'default': files[0].path "), text_of(result)
+    assert problem in text_of(result)
+
+
+async def test_22_odd_but_harmless_input_names_are_written_literally(server: Client) -> None:
+    files = [{"path": name, "content": name} for name in ("a\nb", "-rf", "d/\u202eexe.txt", "sp ace")]
+    result = await server.call_tool(
+        "execute_command", {"command": "cat -- -rf; echo; cat 'sp ace'; echo; cat d/*", "files": files}
+    )
+    assert result.structured_content is not None and not result.is_error, text_of(result)
+    assert result.structured_content["stdout"] == "-rf\nsp ace\nd/<U+202E>exe.txt"
+
+
+async def test_29_a_zip_bomb_unpacked_inside_stops_at_the_workspace_size(server: Client) -> None:
+    bomb = io.BytesIO()
+    with zipfile.ZipFile(bomb, "w", zipfile.ZIP_DEFLATED, compresslevel=9) as archive:
+        for index in range(4):
+            archive.writestr(f"zeros{index}", bytes(50 * 2**20))  # 200 MiB in about 200 kB
+    payload = base64.b64encode(bomb.getvalue()).decode()
+    assert len(payload) < 2**20
+    code = "import zipfile\nzipfile.ZipFile('bomb.zip').extractall('unpacked')"
+    result = await server.call_tool("run_python", {"code": code, "files": [{"path": "bomb.zip", "content": payload,
+                                                                            "encoding": "base64"}]})  # fmt: skip
+    assert result.is_error
+    assert "No space left on device" in text_of(result), text_of(result)
+
+
+async def test_29_too_many_input_files_are_refused_before_copying(server: Client, runtime: DockerRuntime) -> None:
+    files = [{"path": f"f{index}", "content": ""} for index in range(5000)]
+    result = await server.call_tool("execute_command", {"command": "true", "files": files})
+    assert result.is_error
+    assert text_of(result).startswith(
+        "refused by policy 'default': 5000 input files, above the cap of 1000 (policy field limits.input_files)"
+    ), text_of(result)
+
+
+async def test_29_input_bytes_past_the_policy_are_refused(server: Client) -> None:
+    files = [{"path": f"f{index}", "content": "x" * (6 * 2**20)} for index in range(3)]
+    result = await server.call_tool("execute_command", {"command": "true", "files": files})
+    assert result.is_error
+    assert "set by policy 'default' (field limits.argument_bytes)" in text_of(result), text_of(result)

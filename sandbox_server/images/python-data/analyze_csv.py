@@ -213,6 +213,13 @@ class Analysis:
     def open(self):
         request = self.request
         self.path = resolve(request["path"], request["roots"])
+        size = os.stat(self.path).st_size
+        if size > request["max_bytes"]:
+            raise Refusal(
+                f"{request['path']} is {size:,} bytes, above the {request['max_bytes']:,} bytes analyze_csv reads "
+                f"under policy '{request['policy']}' (field limits.csv_bytes); nothing was read",
+                "filepath",
+            )
         encoding, self.encoding_label = detect_encoding(self.path)
         source_path = self.path
         if encoding is None:
@@ -229,16 +236,40 @@ class Analysis:
                 quote_literal(self.source_path),
                 f"encoding={quote_literal(self.reader_options['encoding'])}",
                 f"sample_size={self.reader_options['sample_size']}",
+                f"max_line_size={int(self.request['max_line_bytes'])}",
                 "nullstr=[" + ", ".join(quote_literal(text) for text in NULL_STRINGS) + "]",
             ]
         )
 
     def _define_source(self):
         arguments = self._reader_arguments()
-        sniffed = self.con.execute(f"SELECT Delimiter, HasHeader FROM sniff_csv({arguments})")
+        try:
+            sniffed = self.con.execute(f"SELECT Delimiter, HasHeader FROM sniff_csv({arguments})")
+        except self.duckdb.OutOfMemoryException:
+            raise self._memory_refusal() from None
+        except self.duckdb.InvalidInputException as exc:
+            self._refuse_long_line(exc)
+            raise
         self.delimiter, self.has_header = sniffed.fetchone()
         self.con.execute(f"CREATE OR REPLACE TEMP VIEW src AS SELECT * FROM read_csv({arguments})")
         self.columns = [(row[0], row[1]) for row in self.con.execute("DESCRIBE src").fetchall()]
+
+    def _memory_refusal(self):
+        return Refusal(
+            f"the analysis needs more memory than the sandbox has ({self.memory_limit >> 20} MiB, "
+            "policy field limits.memory_mb); median and distinct keep every value: ask for fewer "
+            "of them, fewer columns or fewer groups; reading buffers take 16 times limits.csv_line_bytes"
+        )
+
+    def _refuse_long_line(self, exc):
+        """A line past the policy's line limit is the policy's refusal, not a reading error."""
+        if "Maximum line size" in str(exc):
+            request = self.request
+            raise Refusal(
+                f"{request['path']} has a line longer than {request['max_line_bytes']:,} bytes, the longest "
+                f"analyze_csv reads under policy '{request['policy']}' (field limits.csv_line_bytes)",
+                "filepath",
+            ) from None
 
     def query(self, sql):
         """Run a query over the file, re-reading it once with wider settings when the first sample misled."""
@@ -246,12 +277,9 @@ class Analysis:
             try:
                 return self.con.execute(sql).fetchall()
             except self.duckdb.OutOfMemoryException:
-                raise Refusal(
-                    f"the analysis needs more memory than the sandbox has ({self.memory_limit >> 20} MiB, "
-                    "policy field limits.memory_mb); median and distinct keep every value: ask for fewer "
-                    "of them, fewer columns or fewer groups"
-                ) from None
+                raise self._memory_refusal() from None
             except (self.duckdb.InvalidInputException, self.duckdb.ConversionException) as exc:
+                self._refuse_long_line(exc)
                 text = str(exc)
                 if attempt == 2:
                     raise Refusal(f"cannot read {self.request['path']} as CSV: {text.splitlines()[0]}") from None

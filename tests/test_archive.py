@@ -29,14 +29,15 @@ def test_safe_relative_path(given: str, expected: str | None) -> None:
 def test_request_holds_stdin_argv_env_boundary_and_files_under_the_workspace() -> None:
     argv = ("echo", "it's", "$(id)", "a b", "")
     request = build_request(
-        (InputFile("data/in.csv", b"a,b\n"),), b"typed input", argv, "b0undary", (("X_Y", "1 'two'"),)
+        (InputFile("data/in.csv", b"a,b\n"),), b"typed input", argv, "b0undary", (("X_Y", "1 'two'"),), "a b/c"
     )
     with tarfile.open(fileobj=io.BytesIO(request)) as tar:
         names = tar.getnames()
         read = lambda name: tar.extractfile(name).read()  # type: ignore[union-attr]  # noqa: E731
         assert read("tmp/.sandbox/stdin") == b"typed input"
         assert read("workspace/data/in.csv") == b"a,b\n"
-        export, words, boundary = read("tmp/.sandbox/request").decode().splitlines()
+        export, words, workdir, boundary = read("tmp/.sandbox/request").decode().splitlines()
+        assert workdir == "workdir='a b/c'"
         assert export == "export X_Y='1 '\"'\"'two'\"'\"''"
         assert words.startswith("set -- ") and shlex.split(words[len("set -- ") :]) == list(argv)
         assert boundary == "boundary=b0undary"
@@ -48,6 +49,8 @@ def test_request_refuses_paths_outside_the_workspace_and_bad_env_names() -> None
         build_request((InputFile("../escape", b""),), b"", ("true",), "b")
     with pytest.raises(ValueError, match="not valid shell names"):
         build_request((), b"", ("true",), "b", (("A;rm", "x"),))
+    with pytest.raises(ValueError, match="working folder"):
+        build_request((), b"", ("true",), "b", (), "../up")
 
 
 def _archive(*members: tuple[str, bytes, bytes]) -> bytes:

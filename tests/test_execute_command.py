@@ -185,6 +185,15 @@ async def test_input_paths_outside_the_workspace_are_refused(client: Client) -> 
     assert result.is_error and "relative path inside /workspace" in text_of(result)
 
 
+async def test_workdir_runs_the_program_in_a_folder_under_the_workspace(client: Client) -> None:
+    result = await client.call_tool(
+        "execute_command",
+        {"command": "pwd; cat ../in.txt", "workdir": "/workspace/a/b", "files": [{"path": "a/in.txt", "content": "hi"}]},
+    )
+    assert result.structured_content is not None and not result.is_error, text_of(result)
+    assert result.structured_content["stdout"] == "/workspace/a/b\nhi"
+
+
 async def test_progress_arrives_for_long_calls(client: Client) -> None:
     updates: list[tuple[float, str | None]] = []
 

@@ -50,16 +50,20 @@ def build_request(
     argv: tuple[str, ...],
     boundary: str,
     env: tuple[tuple[str, str], ...] = (),
+    workdir: str = "",
     workspace_prefix: str = "workspace",
 ) -> bytes:
-    """The tar the launcher unpacks: input files relative to the workspace, stdin, argv, env and boundary."""
+    """The tar the launcher unpacks: input files relative to the workspace, stdin, argv, env, working folder and boundary."""
     if not argv:
         raise ValueError("a request needs a program to run")
+    if workdir and safe_relative_path(workdir) != workdir:
+        raise ValueError(f"working folder {workdir!r} is not a normalised relative path inside the workspace")
     bad = [name for name, _ in env if not _ENV_NAME.fullmatch(name)]
     if bad:
         raise ValueError(f"environment variable name(s) {bad!r} are not valid shell names")
     script = "".join(f"export {name}={shlex.quote(value)}\n" for name, value in env)
     script += "set -- " + " ".join(shlex.quote(word) for word in argv) + "\n"
+    script += f"workdir={shlex.quote(workdir)}\n"
     script += f"boundary={shlex.quote(boundary)}\n"
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:

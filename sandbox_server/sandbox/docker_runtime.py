@@ -438,7 +438,7 @@ class DockerRuntime:
     ) -> ExecutionResult:
         """Run a spec in a fresh container (or a warm one made for its key), never reused, always removed."""
         boundary = secrets.token_hex(16)
-        request = build_request(spec.files, spec.stdin, spec.argv, boundary, spec.call_env)
+        request = build_request(spec.files, spec.stdin, spec.argv, boundary, spec.call_env, spec.call_workdir)
         started = time.monotonic()
         if warm is None:
             warm = await anyio.to_thread.run_sync(self.prepare, spec)

@@ -72,6 +72,8 @@ class SandboxSpec:
     """Environment of this call only, sent with the request (a warm container starts without it)."""
     stdin: bytes = b""
     files: tuple[InputFile, ...] = ()
+    call_workdir: str = ""
+    """Folder of this call, relative to the workspace ("" is the workspace itself); the launcher makes it."""
     mounts: tuple[Mount, ...] = ()
     workdir: str = "/workspace"
     output_dir: str = "/workspace/out"

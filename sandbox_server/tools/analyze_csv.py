@@ -20,6 +20,7 @@ from sandbox_server.tools.base import (
     FILES_SCHEMA,
     SANDBOX_ANNOTATIONS,
     TIMEOUT_SCHEMA,
+    WORKSPACE,
     ToolContext,
     ToolOutcome,
     outcome_from_execution,
@@ -30,7 +31,6 @@ __all__ = ["AnalyzeCsv", "markdown_table", "sandbox_path"]
 
 RUNNER = "/usr/local/lib/sandbox/analyze_csv.py"
 ANSWER = "analysis.json"
-WORKSPACE = "/workspace"
 OPERATIONS = ["sum", "average", "count", "min", "max", "median", "std", "distinct", "nulls", "describe"]
 PLOTS = ["histogram", "bar", "line", "scatter"]
 MEMORY_HINT = (

@@ -17,6 +17,7 @@ __all__ = [
     "FILES_SCHEMA",
     "SANDBOX_ANNOTATIONS",
     "TIMEOUT_SCHEMA",
+    "WORKSPACE",
     "Tool",
     "ToolContext",
     "ToolOutcome",
@@ -24,7 +25,11 @@ __all__ = [
     "outcome_from_execution",
     "refuse_timeout",
     "sandbox_spec",
+    "workspace_folder",
 ]
+
+WORKSPACE = "/workspace"
+"""The sandbox's writable working folder; relative paths in arguments are relative to it."""
 
 FILES_SCHEMA: dict[str, Any] = {
     "type": "array",
@@ -182,12 +187,42 @@ def sandbox_spec(
     files = decode_files(args.get("files", []), policy)
     if isinstance(files, str):
         return ToolOutcome.refusal(f"refused by policy '{ctx.policy_name}': {files}")
+    workdir = workspace_folder(args.get("workdir", WORKSPACE))
+    if workdir is None:
+        return ToolOutcome.refusal(
+            f"refused: workdir {_shown(args['workdir'])} must be {WORKSPACE} or a folder under it (no '..'); "
+            "a call never sets the container's working directory"
+        )
     limits = policy.limits
     if "timeout_s" in args:
         limits = replace(limits, timeout_s=float(args["timeout_s"]))
     return replace(
-        policy.container_spec(), argv=argv, limits=limits, call_env=extra_env, stdin=stdin, files=files
+        policy.container_spec(),
+        argv=argv,
+        limits=limits,
+        call_env=extra_env,
+        stdin=stdin,
+        files=files,
+        call_workdir=workdir,
     )
+
+
+def workspace_folder(path: str) -> str | None:
+    """A working folder as a normalised path relative to the workspace ("" for itself), or None when outside.
+
+    Lexical only (the folder may not exist yet): `/proc/self/fd/N` and every other path
+    outside the workspace is refused on the host, so the engine never sees it.
+    """
+    if path.rstrip("/") == WORKSPACE:
+        return ""
+    if path.startswith(WORKSPACE + "/"):
+        path = path[len(WORKSPACE) + 1 :]
+    if path in (".", "./"):
+        return ""
+    relative = safe_relative_path(path)
+    if relative is None or _path_problem(relative):
+        return None
+    return relative
 
 
 @dataclass(frozen=True, slots=True)

@@ -87,6 +87,13 @@ class ExecuteCommand:
                 "description": "Arguments passed literally (no shell, no expansion).",
             },
             "stdin": {"type": "string", "description": "Text given to the program on standard input."},
+            "workdir": {
+                "type": "string",
+                "minLength": 1,
+                "maxLength": 4096,
+                "pattern": NO_NUL,
+                "description": "Folder to run in: /workspace (the default) or a folder under it, made if missing.",
+            },
             "timeout_s": TIMEOUT_SCHEMA,
             "files": FILES_SCHEMA,
         },

@@ -313,6 +313,16 @@ async def test_22_odd_but_harmless_input_names_are_written_literally(server: Cli
     assert result.structured_content["stdout"] == "-rf\nsp ace\nd/<U+202E>exe.txt"
 
 
+@pytest.mark.parametrize("workdir", ["/proc/self/fd/7", "/proc/self/cwd", "/", "../..", "/workspace/../proc/1/root"])
+async def test_28_a_working_directory_outside_the_workspace_is_refused(server: Client, workdir: str) -> None:
+    """CVE-2024-21626 leaked a host directory through a working directory of /proc/self/fd/N."""
+    started = time.monotonic()
+    result = await server.call_tool("execute_command", {"command": "pwd; ls", "workdir": workdir})
+    assert result.is_error
+    assert text_of(result).startswith(f"refused: workdir {workdir!r} must be /workspace or a folder under it"), text_of(result)
+    assert time.monotonic() - started < 1
+
+
 async def test_29_a_zip_bomb_unpacked_inside_stops_at_the_workspace_size(server: Client) -> None:
     bomb = io.BytesIO()
     with zipfile.ZipFile(bomb, "w", zipfile.ZIP_DEFLATED, compresslevel=9) as archive:

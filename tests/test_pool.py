@@ -64,7 +64,9 @@ async def test_each_call_takes_a_warm_container_that_is_then_destroyed(tmp_path:
     assert not containers_of(server.process.pid), "the server's shutdown destroys its warm containers"
 
 
-async def test_a_warm_container_killed_from_outside_is_never_handed_out(tmp_path: Path, runtime: DockerRuntime) -> None:
+async def test_a_warm_container_killed_from_outside_is_replaced_and_never_handed_out(
+    tmp_path: Path, runtime: DockerRuntime
+) -> None:
     audit = tmp_path / "audit.jsonl"
     with http_server_process("--policy", str(_policy(tmp_path, size=1)), "--audit-log", str(audit)) as server:
         server.wait_for_line("warm pool ready: 1 container(s)")
@@ -72,6 +74,11 @@ async def test_a_warm_container_killed_from_outside_is_never_handed_out(tmp_path
         client = docker.from_env()
         client.containers.get(victim).kill()
         client.close()
+        # Without any call, the pool notices the dead container, removes it and makes another.
+        await _gone(runtime, {victim[:12]})
+        with anyio.fail_after(10):
+            while len(containers_of(server.process.pid)) != 1:
+                await anyio.sleep(0.05)
         async with connect(server.url) as session:
             result = await session.call_tool("execute_command", {"command": "echo fine"})
         assert not result.is_error and result.structured_content is not None

@@ -216,6 +216,9 @@ class DockerRuntime:
         self._connect_lock = threading.Lock()
         self.owner = _owner()
         self._removals = ThreadPoolExecutor(max_workers=2, thread_name_prefix="sandbox-remove")
+        self._unremoved: set[str] = set()
+        """Containers whose removal failed because the engine was away: removed once it answers again."""
+        self._unremoved_lock = threading.Lock()
 
     @property
     def _api(self) -> docker.APIClient:
@@ -240,8 +243,9 @@ class DockerRuntime:
         return cls(None)
 
     def close(self) -> None:
-        """Finish the removals still under way, then release the client's connections."""
+        """Finish the removals still under way (and retry failed ones once), then release the connections."""
         self._removals.shutdown(wait=True)
+        self._retry_removals()
         if self._connected is not None:
             self._connected.close()
 
@@ -355,9 +359,37 @@ class DockerRuntime:
         return [item["Id"] for item in found]
 
     def _remove(self, container_id: str) -> None:
-        """Kill and remove; never raises (cleanup must not hide the first error)."""
-        with contextlib.suppress(Exception):
+        """Kill and remove; never raises (cleanup must not hide the first error).
+
+        When the engine cannot be reached the container is remembered and removed once the
+        engine answers again (an engine restarted mid-call leaves its containers stopped).
+        """
+        try:
             self._api.remove_container(container_id, force=True, v=True)
+        except docker.errors.NotFound:
+            pass
+        except docker.errors.APIError as exc:
+            if exc.status_code != 409:  # 409: a removal is already under way
+                self._remember_unremoved(container_id)
+        except Exception:  # the engine is away (connection refused or reset, EngineUnavailable)
+            self._remember_unremoved(container_id)
+
+    def _remember_unremoved(self, container_id: str) -> None:
+        with self._unremoved_lock:
+            self._unremoved.add(container_id)
+
+    def _retry_removals(self) -> None:
+        """Try again to remove what could not be removed while the engine was away."""
+        with self._unremoved_lock:
+            pending, self._unremoved = self._unremoved, set()
+        for container_id in pending:
+            self._remove(container_id)
+
+    def _engine_answered(self) -> None:
+        """The engine works again: retry the removals that failed while it was away, off the caller's path."""
+        if self._unremoved:
+            with contextlib.suppress(RuntimeError):  # shutting down: close() retries
+                self._removals.submit(self._retry_removals)
 
     def _remove_later(self, container_id: str) -> None:
         """Remove a finished container off the answer's path; close() waits for it."""
@@ -385,6 +417,7 @@ class DockerRuntime:
                 host_config=host_config,
             )
         container_id = str(created["Id"])
+        self._engine_answered()
         try:
             with _engine_errors("start the sandbox container"):
                 attached = self._api.attach_socket(

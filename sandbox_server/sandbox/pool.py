@@ -35,6 +35,9 @@ Key = tuple[object, ...]
 FILL_CONCURRENCY = 2
 """Containers prepared at the same time; more only queues up in the engine."""
 MAX_BACKOFF_S = 30.0
+SWEEP_S = 1.0
+"""How often waiting containers are checked for a stream that ended (killed, engine restarted).
+A check is a zero-timeout select on each stream: no engine round trip."""
 
 
 class Warm(Protocol):
@@ -149,6 +152,7 @@ class WarmPool:
                 self._wakeup = anyio.Event()
                 now = time.monotonic()
                 self._expire(now)
+                self._sweep()
                 if now >= self._retry_at:
                     for key, target in self._targets.items():
                         missing = target.size - len(self._ready.get(key, ())) - self._filling.get(key, 0)
@@ -165,10 +169,20 @@ class WarmPool:
                 self.stats.discarded_stale += 1
                 self._engine.discard_later(queue.popleft())
 
+    def _sweep(self) -> None:
+        """Discard waiting containers that broke (their stream ended or spoke), so they are replaced now."""
+        for queue in self._ready.values():
+            for warm in [warm for warm in queue if not self._engine.healthy(warm)]:
+                queue.remove(warm)
+                self.stats.discarded_broken += 1
+                self._engine.discard_later(warm)
+
     def _next_deadline(self, now: float) -> float:
         deadlines = [
             queue[0].ready_at + self._targets[key].idle_s - now for key, queue in self._ready.items() if queue
         ]
+        if any(self._ready.values()):
+            deadlines.append(SWEEP_S)
         if now < self._retry_at:
             deadlines.append(self._retry_at - now)
         return max(0.05, min(deadlines)) if deadlines else math.inf

@@ -1,0 +1,77 @@
+"""Engine faults (battery cases 39 and 40): the engine restarted mid-call, a sandbox killed from outside.
+
+The engine down when the server starts is tests/test_execute_command.py's
+`test_an_engine_that_is_down_is_an_error_result_not_a_crash`.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+import anyio
+import docker
+import psutil
+import pytest
+from mcp import Client
+
+from tests.conftest import containers_running
+from tests.mcp_harness import text_of
+
+pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("invariants")]
+
+ENGINE_UP = Path(__file__).resolve().parents[2] / "scripts" / "engine-up"
+
+
+async def _running(command: str) -> str:
+    """The container of ours whose program runs `command`, once it does."""
+    with anyio.fail_after(15):
+        while not (found := containers_running(command)):
+            await anyio.sleep(0.05)
+    return found[0]
+
+
+def _stop_engine() -> None:
+    [engine] = [process for process in psutil.process_iter(["name"]) if process.info["name"] == "dockerd"] or [None]
+    assert engine is not None, "this case restarts the local engine: dockerd must run on this machine"
+    engine.terminate()
+    engine.wait(60)
+
+
+async def test_39_an_engine_restarted_mid_call_is_an_error_then_the_server_serves_again(server: Client) -> None:
+    async def restart_mid_call() -> None:
+        await _running("sleep 60")
+        await anyio.to_thread.run_sync(_stop_engine)
+
+    try:
+        async with anyio.create_task_group() as group:
+            group.start_soon(restart_mid_call)
+            started = time.monotonic()
+            result = await server.call_tool("execute_command", {"command": "sleep 60"})
+        assert result.is_error
+        assert text_of(result).startswith("sandbox engine unavailable: no Docker engine answers"), text_of(result)
+        assert time.monotonic() - started < 30
+        down = await server.call_tool("execute_command", {"command": "echo down"})
+        assert down.is_error and text_of(down).startswith("sandbox engine unavailable"), text_of(down)
+    finally:
+        subprocess.run([str(ENGINE_UP)], check=True, capture_output=True, timeout=120)
+    back = await server.call_tool("execute_command", {"command": "echo back"})  # the same server, not restarted
+    assert not back.is_error and back.structured_content is not None, text_of(back)
+    assert back.structured_content["stdout"] == "back\n"
+    # What the stopped engine left behind (the call's container, the warm ones) is removed
+    # once it answers again: the invariants check that nothing of the case is left.
+
+
+async def test_40_a_sandbox_killed_from_outside_says_so(server: Client) -> None:
+    async def kill_mid_call() -> None:
+        victim = await _running("sleep 300")
+        api = docker.APIClient()
+        await anyio.to_thread.run_sync(api.kill, victim)
+        api.close()
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(kill_mid_call)
+        result = await server.call_tool("execute_command", {"command": "sleep 300"})
+    assert result.is_error
+    assert text_of(result).startswith("killed: the sandbox was killed from outside before the program finished")

@@ -1,0 +1,94 @@
+"""Battery case 33: 200 concurrent calls over Streamable HTTP against the default policy.
+
+Never more containers than the policy allows (`rate.concurrent_calls` running calls plus
+the warm pools' sizes), the rest answered at once with "busy", nothing leaked, the
+server's memory bounded. Live containers are counted from the engine's own create and
+destroy events for this server's containers, so a short-lived excess cannot slip
+between two samples.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import anyio
+import docker
+import psutil
+import pytest
+
+from sandbox_server.policy.loader import load_policy
+from sandbox_server.sandbox.docker_runtime import OWNER_LABEL, DockerRuntime
+from sandbox_server.sandbox.spec import SANDBOX_LABEL
+from tests.conftest import containers_of
+from tests.mcp_harness import connect, http_server_process, text_of
+
+pytestmark = pytest.mark.anyio
+
+CALLS = 200
+TOOL_NAMES = ("analyze_csv", "execute_command", "run_python")
+
+
+class LiveContainers:
+    """The most containers of one server alive at once, from the engine's event stream."""
+
+    def __init__(self, pid: int) -> None:
+        self._api = docker.APIClient()
+        self._owner = f":{pid}:"
+        self.live = len(containers_of(pid))
+        self.most = self.live
+        self._events = self._api.events(
+            decode=True, filters={"type": "container", "label": SANDBOX_LABEL, "event": ["create", "destroy"]}
+        )
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for event in self._events:
+            if self._owner not in event.get("Actor", {}).get("Attributes", {}).get(OWNER_LABEL, ""):
+                continue
+            self.live += 1 if event["Action"] == "create" else -1
+            self.most = max(self.most, self.live)
+
+    def close(self) -> None:
+        self._events.close()
+        self._api.close()
+
+
+async def test_33_a_flood_of_calls_is_bounded_answered_busy_and_leaves_nothing(runtime: DockerRuntime) -> None:
+    policy = load_policy("default", TOOL_NAMES)
+    tools = [policy.for_tool(name) for name in TOOL_NAMES]
+    pools = {tool.container_spec().container_key(): tool.pool_size for tool in tools if tool.enabled}
+    allowed = policy.rate.concurrent_calls + sum(pools.values())
+    with http_server_process() as server:
+        server.wait_for_line("warm pool ready: 2 container(s) of sandbox-server/python-data")
+        process = psutil.Process(server.process.pid)
+        rss_before = process.memory_info().rss
+        watch = LiveContainers(server.process.pid)
+        answers: list[tuple[float, bool, str]] = []
+        try:
+            async with connect(server.url) as session:
+
+                async def call(index: int) -> None:
+                    started = time.monotonic()
+                    result = await session.call_tool("execute_command", {"command": f"sleep 3; echo {index}"})
+                    answers.append((time.monotonic() - started, result.is_error, text_of(result)))
+
+                async with anyio.create_task_group() as group:
+                    for index in range(CALLS):
+                        group.start_soon(call, index)
+            rss_after = process.memory_info().rss
+        finally:
+            watch.close()
+        ran = [text for _, is_error, text in answers if not is_error]
+        busy = [(elapsed, text) for elapsed, is_error, text in answers if is_error]
+        assert len(answers) == CALLS
+        assert 1 <= len(ran) <= policy.rate.concurrent_calls, ran
+        assert all(text.startswith("busy:") for _, text in busy), {text for _, text in busy}
+        assert "policy 'default'" in busy[0][1] and "rate.concurrent_calls" in busy[0][1], busy[0][1]
+        assert max(elapsed for elapsed, _ in busy) < 2.5, "busy must be answered at once, not queued"
+        assert watch.most <= allowed, f"{watch.most} containers alive at once; the policy allows {allowed}"
+        assert rss_after - rss_before < 100 * 2**20, (rss_before, rss_after)
+        with anyio.fail_after(15):
+            while len(containers_of(server.process.pid)) > sum(pools.values()):
+                await anyio.sleep(0.1)  # the finished calls' containers are being removed

@@ -62,6 +62,18 @@ def _doctor(args: argparse.Namespace) -> int:
         report = DoctorReport([Check("engine", False, str(exc), "run scripts/engine-up, or start dockerd yourself")])
     else:
         report = anyio.run(run_doctor, runtime)
+        if args.posture and report.healthy:
+            from sandbox_server.policy.loader import load_policy
+            from sandbox_server.posture import run_posture
+
+            names = _tool_names()
+            try:
+                policy = load_policy(args.policy, names, _host_facts(runtime))  # type: ignore[arg-type]
+            except SandboxServerError as exc:
+                report.checks.append(Check(f"policy {args.policy}", False, str(exc), "fix the policy file"))
+            else:
+                report.checks.extend(anyio.run(run_posture, runtime, policy, names))
+        runtime.close()
     print(report.to_json() if args.json else report.to_text())
     return 0 if report.healthy else 1
 
@@ -335,6 +347,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     doctor = commands.add_parser("doctor", help="check the engine, images and enforced limits")
     doctor.add_argument("--json", action="store_true", help="machine-readable output")
+    doctor.add_argument(
+        "--posture",
+        action="store_true",
+        help="also start each sandbox of a policy and compare what the kernel applied (read from the host) with it",
+    )
+    doctor.add_argument("--policy", default="default", help="the policy --posture checks (name or file)")
     doctor.set_defaults(handler=_doctor)
     return parser
 

@@ -1,8 +1,15 @@
 """`sandbox-server doctor` proves the limits on this host, and says what to do when it cannot."""
 
 import json
+from dataclasses import replace
+from pathlib import Path
 
+import pytest
+
+from sandbox_server.policy.loader import load_policy
+from sandbox_server.posture import compare, read_view
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
+from sandbox_server.sandbox.spec import Mount
 from tests.conftest import left_by_exited_servers, run_cli
 
 
@@ -31,3 +38,50 @@ def test_doctor_without_an_engine_fails_and_says_how_to_start_it(tmp_path) -> No
     assert "no Docker engine answers" in result.stdout
     assert "scripts/engine-up" in result.stdout
     assert "NOT healthy" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("policy", "expected"),
+    [
+        ("default", ["user", "capabilities (all dropped)", "no-new-privileges", "seccomp_profile", "limits.memory_mb",
+                     "limits.pids", "limits.cpus", "network", "limits.nofile", "limits.file_size_mb", "read-only root",
+                     "limits.tmp_mb", "limits.workspace_mb", "limits.shm_mb"]),
+        ("strict", ["user", "no-new-privileges", "seccomp_profile", "limits.memory_mb", "limits.pids", "network"]),
+        ("data-science", ["mounts[0].mode", "limits.memory_mb"]),
+    ],
+)  # fmt: skip
+def test_posture_reads_from_the_host_what_the_kernel_applied(runtime: DockerRuntime, policy: str,
+                                                             expected: list[str]) -> None:  # fmt: skip
+    result = run_cli("doctor", "--posture", "--policy", policy, "--json")
+    report = json.loads(result.stdout)
+    posture = {check["name"]: check for check in report["checks"] if check["name"].startswith("posture ")}
+    assert report["healthy"] is True, [check for check in posture.values() if not check["ok"]]
+    for tool in ("execute_command", "run_python+analyze_csv"):
+        for field in expected:
+            assert posture[f"posture {policy}/{tool}: {field}"]["ok"]
+    assert result.returncode == 0
+    assert not left_by_exited_servers()
+
+
+def test_posture_names_every_field_the_kernel_did_not_apply(runtime: DockerRuntime, tmp_path: Path) -> None:
+    """A real default sandbox, read from the host, held against a policy that wants other limits."""
+    tool = load_policy("default", ["analyze_csv", "execute_command", "run_python"]).for_tool("execute_command")
+    warm = runtime.prepare(tool.container_spec())
+    try:
+        view = read_view(runtime.host_pids(warm.container_id))
+    finally:
+        runtime.discard(warm)
+    assert compare(view, tool, "same") and all(check.ok for check in compare(view, tool, "same"))
+    wanted = replace(
+        tool,
+        user="1001:1001",
+        limits=replace(tool.limits, memory_mb=256, pids=64, cpus=0.5, nofile=128, tmp_mb=32),
+        mounts=(Mount(str(tmp_path), "/data"),),
+    )
+    failed = {check.name.split(": ", 1)[1]: check.detail for check in compare(view, wanted, "other") if not check.ok}
+    assert set(failed) == {"user", "limits.memory_mb", "limits.memory_mb (no swap)", "limits.pids", "limits.cpus",
+                           "limits.nofile", "limits.tmp_mb", "mounts[0].mode"}, failed  # fmt: skip
+    assert failed["limits.memory_mb"] == (
+        "policy field limits.memory_mb wants 268435456 bytes; the kernel applied 536870912 bytes"
+    )
+    assert failed["mounts[0].mode"].endswith("the kernel applied /data not mounted")

@@ -169,6 +169,15 @@ class WarmContainer:
     key: tuple[object, ...]
     ready_at: float
     """time.monotonic() when it became ready."""
+    handle: Any = None
+    """The engine client's file object around `stream`: the socket is really closed only once both are."""
+
+    def close(self) -> None:
+        """Close our end of the attach stream; never raises."""
+        _close(self.stream)
+        if self.handle is not None and self.handle is not self.stream:
+            with contextlib.suppress(OSError):
+                self.handle.close()
 
 
 class _Drain:
@@ -428,7 +437,7 @@ class DockerRuntime:
         except BaseException:
             self._remove(container_id)
             raise
-        return WarmContainer(container_id, raw, spec.container_key(), time.monotonic())
+        return WarmContainer(container_id, raw, spec.container_key(), time.monotonic(), attached)
 
     @staticmethod
     def healthy(warm: WarmContainer) -> bool:
@@ -439,14 +448,25 @@ class DockerRuntime:
             return False
         return not readable
 
+    def host_pids(self, container_id: str) -> list[int]:
+        """Host pids of a running container's processes: its first process, then every descendant."""
+        with _engine_errors("inspect the sandbox container"):
+            first = int(self._api.inspect_container(container_id)["State"]["Pid"])
+        if first <= 0:
+            raise EngineError(f"container {container_id[:12]} is not running")
+        try:
+            return [first, *(child.pid for child in psutil.Process(first).children(recursive=True))]
+        except psutil.Error as exc:
+            raise EngineError(f"container {container_id[:12]}: its processes cannot be read here: {exc}") from exc
+
     def discard(self, warm: WarmContainer) -> None:
         """Throw a warm container away unused; never raises."""
-        _close(warm.stream)
+        warm.close()
         self._remove(warm.container_id)
 
     def discard_later(self, warm: WarmContainer) -> None:
         """Throw a warm container away unused, off the caller's path."""
-        _close(warm.stream)
+        warm.close()
         self._remove_later(warm.container_id)
 
     @staticmethod
@@ -491,7 +511,7 @@ class DockerRuntime:
             timed_out = deadline.cancelled_caught
             if timed_out or drain.flooded:
                 # Close our end first: the engine does not finish a kill while an attach stream backs up.
-                _close(raw)
+                warm.close()
                 await anyio.to_thread.run_sync(self._remove, container_id)
                 removed = True
                 exit_code: int | None = None
@@ -506,7 +526,7 @@ class DockerRuntime:
             cancelled = True
             raise
         finally:
-            _close(raw)
+            warm.close()
             if not removed:
                 if cancelled:
                     with anyio.CancelScope(shield=True):

@@ -12,6 +12,7 @@ from sandbox_server.errors import ConfigError
 from sandbox_server.guard import Admission
 from sandbox_server.policy import HostAdmission, RateLimits
 from sandbox_server.policy.loader import HostFacts, load_policy, policy_errors
+from sandbox_server.seccomp import PROFILE_PATH, build_profile, known_syscalls
 from sandbox_server.tools import all_tools
 from tests.conftest import run_cli
 
@@ -61,6 +62,24 @@ def test_semantic_errors_name_the_field(tmp_path: Path) -> None:
     assert f"{path}: defaults.limits.max_timeout_s: 10 is below limits.timeout_s (50)" in text
     assert f"{path}: defaults.mounts[0].host: /no/such/folder does not exist" in text
     assert f"{path}: tools.nonexistent_tool: no such tool" in text
+
+
+def test_the_shipped_seccomp_profile_is_current_and_refuses_io_uring() -> None:
+    shipped = json.loads(PROFILE_PATH.read_text())
+    assert shipped == build_profile(known_syscalls()), "regenerate it: python -m sandbox_server.seccomp"
+    allowed = {name for rule in shipped["syscalls"] if rule["action"] == "SCMP_ACT_ALLOW" for name in rule["names"]}
+    assert not {name for name in allowed if name.startswith("io_uring")}
+    assert {"read", "write", "execve", "clone", "futex", "mmap"} <= allowed
+    assert not {"unshare", "setns", "mount", "bpf", "keyctl", "finit_module"} & allowed
+    tool = load_policy("default", TOOLS, BOTH).for_tool("execute_command")
+    assert tool.seccomp_profile is not None and json.loads(tool.seccomp_profile) == shipped
+
+
+def test_a_seccomp_profile_under_runsc_is_refused_as_it_would_not_apply(tmp_path: Path) -> None:
+    path = _write(tmp_path, "p.yaml", "extends: default\ndefaults:\n  runtime: runsc\n")
+    errors = policy_errors(path, TOOLS, BOTH)
+    assert f"{path}: defaults.seccomp_profile: runsc does not apply a container seccomp profile" in "\n".join(errors)
+    assert load_policy("strict", TOOLS, BOTH).for_tool("execute_command").seccomp_profile is None
 
 
 def test_extends_merges_mappings_and_replaces_lists(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ __all__ = ["diff_policies", "explain_policy", "flatten"]
 def _tool_view(tool: ToolPolicy) -> dict[str, Any]:
     view = asdict(tool)
     view["env"] = {name: "(set)" for name, _ in tool.env}
-    view["seccomp_profile"] = "custom" if tool.seccomp_profile else "engine default"
+    view["seccomp_profile"] = view.pop("seccomp_profile_source") or "engine default"
     return view
 
 
@@ -26,7 +26,7 @@ def explain_policy(policy: Policy, tool_names: list[str]) -> dict[str, Any]:
         tool = policy.for_tool(name)
         settings = host_config_kwargs(tool.container_spec())
         if tool.seccomp_profile:
-            settings["security_opt"] = ["no-new-privileges", "seccomp=(profile from the policy)"]
+            settings["security_opt"] = ["no-new-privileges", f"seccomp={tool.seccomp_profile_source}"]
         tools[name] = {"policy": _tool_view(tool), "container": {"user": tool.user, "image": tool.image, **settings}}
     return {
         "name": policy.name,

@@ -82,6 +82,14 @@ def policy_path(reference: str, relative_to: Path | None = None) -> Path:
     return POLICIES_DIR / f"{reference}.yaml"
 
 
+def seccomp_path(reference: str, relative_to: Path) -> Path:
+    """A seccomp profile from a shipped name (`no-io-uring`) or a JSON file relative to the policy file."""
+    if "/" not in reference and not reference.endswith(".json"):
+        return POLICIES_DIR / "seccomp" / f"{reference}.json"
+    path = Path(reference)
+    return path if path.is_absolute() else relative_to / path
+
+
 def _field(path: Iterable[Any]) -> str:
     text = ""
     for part in path:
@@ -175,13 +183,20 @@ def _tool_policy(
         if not os.path.isdir(item["host"]):
             error(f"mounts[{index}].host", f"{item['host']} does not exist or is not a folder on this host")
         mounts.append(Mount(item["host"], item["sandbox"], item.get("mode", "ro") == "ro"))
-    seccomp = None
+    seccomp = seccomp_source = None
     if settings.get("seccomp_profile"):
-        profile_path = policy_path(settings["seccomp_profile"], source.parent)
+        profile_path = seccomp_path(settings["seccomp_profile"], source.parent)
+        seccomp_source = str(profile_path)
         try:
             seccomp = json.dumps(json.loads(profile_path.read_text()))
         except (OSError, ValueError) as exc:
             error("seccomp_profile", f"cannot use {profile_path}: {exc}")
+        if runtime == "runsc":
+            error(
+                "seccomp_profile",
+                "runsc does not apply a container seccomp profile (gVisor filters the host calls of its own "
+                "kernel, and io_uring there is gVisor's, not the host's); set seccomp_profile: null",
+            )
     env_settings = settings.get("env", {})
     environment = {name: os.environ[name] for name in env_settings.get("pass", []) if name in os.environ}
     environment.update(env_settings.get("set", {}))
@@ -191,6 +206,7 @@ def _tool_policy(
         user=settings.get("user", defaults.user),
         network=settings.get("network", "none"),
         seccomp_profile=seccomp,
+        seccomp_profile_source=seccomp_source,
         limits=resource_limits,
         max_timeout_s=max_timeout_s,
         allow_shell=shell,

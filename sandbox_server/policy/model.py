@@ -19,6 +19,8 @@ class ToolPolicy:
     network: str = "none"
     seccomp_profile: str | None = None
     """The profile's JSON text (read at load time), or None for the engine's default."""
+    seccomp_profile_source: str | None = None
+    """Where the profile was read from, for people."""
     limits: ResourceLimits = field(default_factory=ResourceLimits)
     max_timeout_s: float = 120.0
     """The most a caller may ask for with `timeout_s`; more is refused, never lowered."""

@@ -136,6 +136,11 @@ CASES: dict[str, tuple[tuple[str, dict[str, Any]], Check]] = {
                "print(libc.syscall(313, fd, b'', 0), os.strerror(ctypes.get_errno()))"),  # fmt: skip
         stdout_is("-1 Operation not permitted\n"),
     ),
+    "26 io_uring (allowed by the engine's default profile)": (
+        python("import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\nparams = ctypes.create_string_buffer(120)\n"
+               "print(libc.syscall(425, 8, params), os.strerror(ctypes.get_errno()))"),  # fmt: skip
+        stdout_is("-1 Operation not permitted\n"),
+    ),
     "27 no host socket inside": (
         shell("find / \\( -path /proc -o -path /sys \\) -prune -o -type s -print 2>/dev/null; echo end"),
         stdout_is("end\n"),

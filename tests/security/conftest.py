@@ -56,6 +56,17 @@ def busy_containers() -> list[str]:
     return busy
 
 
+async def warm_pools_ready(count: int) -> None:
+    """Wait until `count` of our containers run (a new server's warm pools are full)."""
+    api = docker.APIClient()
+    try:
+        with anyio.fail_after(60):
+            while len(api.containers(filters={"label": SANDBOX_LABEL, "status": "running"})) < count:
+                await anyio.sleep(0.1)
+    finally:
+        api.close()
+
+
 @pytest.fixture(scope="module")
 def anyio_backend() -> str:
     return "asyncio"
@@ -68,13 +79,19 @@ async def server(runtime: DockerRuntime) -> AsyncIterator[Client]:
         yield session
 
 
+@pytest.fixture(scope="module")
+def plain_call() -> tuple[str, dict[str, object]]:
+    """The call that must still answer after every case (a module whose policy has no shell overrides it)."""
+    return "execute_command", {"command": "echo ok"}
+
+
 @pytest.fixture
-async def invariants(server: Client) -> AsyncIterator[None]:
+async def invariants(server: Client, plain_call: tuple[str, dict[str, object]]) -> AsyncIterator[None]:
     """After the case: a plain call answers within 5 s; no container of the case is left; the host recovered."""
     before = HostState.now()
     yield
     with anyio.fail_after(5):
-        plain = await server.call_tool("execute_command", {"command": "echo ok"})
+        plain = await server.call_tool(*plain_call)
     assert not plain.is_error and plain.structured_content is not None
     assert plain.structured_content["stdout"] == "ok\n"
     deadline = time.monotonic() + 15

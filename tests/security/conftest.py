@@ -19,6 +19,9 @@ from sandbox_server.sandbox.docker_runtime import DockerRuntime
 from sandbox_server.sandbox.spec import SANDBOX_LABEL
 from tests.mcp_harness import connect, stdio_parameters
 
+BATTERY_POLICY = os.environ.get("SANDBOX_BATTERY_POLICY", "default")
+"""The policy the battery attacks (a shipped name or a file); the expected answers are the default's."""
+
 IDLE_LAUNCHER = ("docker-init", "sandbox-launch", "tar -x")
 """What a warm container runs while it waits for its call: init, the launcher, and tar reading stdin."""
 
@@ -74,8 +77,8 @@ def anyio_backend() -> str:
 
 @pytest.fixture(scope="module")
 async def server(runtime: DockerRuntime) -> AsyncIterator[Client]:
-    """One stdio session on the default policy for a battery module."""
-    async with connect(stdio_parameters()) as session:
+    """One stdio session for a battery module, on the default policy or SANDBOX_BATTERY_POLICY."""
+    async with connect(stdio_parameters("--policy", BATTERY_POLICY)) as session:
         yield session
 
 

@@ -58,7 +58,8 @@ def python(code: str, **extra: Any) -> tuple[str, dict[str, Any]]:
 
 CASES: dict[str, tuple[tuple[str, dict[str, Any]], Check]] = {
     "01 fork bomb": (
-        shell("bash -c ':(){ :|:& };:'", timeout_s=5),
+        # The shell stays 2 s so the bomb meets the limit before the launcher reads the pids counter.
+        shell("bash -c ':(){ :|:& };:; sleep 2'", timeout_s=5),
         error_with("process limit reached: forks failed at 128 processes (policy field limits.pids)", "timed out after 5 s"),
     ),
     "02 thread bomb": (

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import threading
 
 from tests.mcp_harness import stdio_parameters
 
@@ -25,11 +26,29 @@ def test_32_deeply_nested_json_is_refused_and_the_server_lives(runtime: object) 
         json.dumps({"jsonrpc": "2.0", "id": 3, "method": "tools/list"}),
     ]  # fmt: skip
     parameters = stdio_parameters("--no-pool")
-    done = subprocess.run(
-        [parameters.command, *parameters.args], input="\n".join(lines) + "\n", capture_output=True, text=True,
-        timeout=60,
+    server = subprocess.Popen(
+        [parameters.command, *parameters.args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL, text=True,
     )  # fmt: skip
-    answers = {message.get("id"): message for message in map(json.loads, done.stdout.splitlines())}
+    answers: dict[object, dict[str, object]] = {}
+    watchdog = threading.Timer(60, server.kill)  # a server that neither answers nor exits fails the test
+    watchdog.start()
+    try:
+        assert server.stdin is not None and server.stdout is not None
+        server.stdin.write("\n".join(lines) + "\n")
+        server.stdin.flush()
+        # Read until the request after the deep one is answered; stdin stays open meanwhile,
+        # since closing it ends the session and may cut a request short.
+        for line in server.stdout:
+            message = json.loads(line)
+            answers[message.get("id")] = message
+            if 3 in answers:
+                break
+    finally:
+        watchdog.cancel()
+        server.stdin.close()  # type: ignore[union-attr]
+        server.wait(timeout=30)
+        server.stdout.close()  # type: ignore[union-attr]
     refused = answers.get(2) or answers.get(None)  # a parse error carries no id
     assert refused is None or "error" in refused or refused["result"]["isError"], refused
     assert [tool["name"] for tool in answers[3]["result"]["tools"]] == ["analyze_csv", "execute_command", "run_python"]

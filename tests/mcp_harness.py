@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import os
 import socket
 import subprocess
@@ -115,3 +116,9 @@ def text_of(result: types.CallToolResult) -> str:
     block = result.content[0]
     assert isinstance(block, types.TextContent)
     return block.text
+
+
+def upload(name: str, content: str | bytes) -> list[dict[str, str]]:
+    """The `files` argument of a tool call carrying one file, base64-encoded."""
+    data = content.encode("utf-8") if isinstance(content, str) else content
+    return [{"path": name, "content": base64.b64encode(data).decode(), "encoding": "base64"}]

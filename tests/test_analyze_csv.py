@@ -20,7 +20,7 @@ from mcp import Client
 
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
 from sandbox_server.tools.analyze_csv import markdown_table, sandbox_path
-from tests.mcp_harness import connect, stdio_parameters, text_of
+from tests.mcp_harness import connect, stdio_parameters, text_of, upload
 
 pytestmark = pytest.mark.anyio
 
@@ -66,11 +66,6 @@ def _generated_csv(rows: int, seed: int) -> str:
     return buffer.getvalue()
 
 
-def _files(name: str, content: str | bytes) -> list[dict[str, str]]:
-    data = content.encode("utf-8") if isinstance(content, str) else content
-    return [{"path": name, "content": base64.b64encode(data).decode(), "encoding": "base64"}]
-
-
 def _same(ours: Any, theirs: Any) -> bool:
     if theirs is None or (isinstance(theirs, float) and math.isnan(theirs)):
         return ours is None
@@ -86,7 +81,7 @@ async def _analyze(client: Client, arguments: dict[str, Any]) -> dict[str, Any]:
 
 async def test_statistics_equal_what_pandas_computes(client: Client, tmp_path: Path) -> None:
     content = _generated_csv(400, seed=1)
-    answer = await _analyze(client, {"filepath": "data.csv", "operations": ALL, "files": _files("data.csv", content)})
+    answer = await _analyze(client, {"filepath": "data.csv", "operations": ALL, "files": upload("data.csv", content)})
     (tmp_path / "data.csv").write_text(content)
     frame = pd.read_csv(tmp_path / "data.csv")
     assert answer["file"]["rows"] == len(frame) == 400
@@ -116,7 +111,7 @@ async def test_grouped_statistics_and_describe_equal_pandas(client: Client, tmp_
         "operations": ["sum", "count", "describe"],
         "columns": ["amount", "qty"],
         "group_by": ["region"],
-        "files": _files("in/data.csv", content),
+        "files": upload("in/data.csv", content),
     }
     result = await client.call_tool("analyze_csv", arguments)
     assert not result.is_error, text_of(result)
@@ -154,7 +149,7 @@ async def test_grouped_statistics_and_describe_equal_pandas(client: Client, tmp_
 
 async def test_a_header_only_file_has_columns_and_no_rows(client: Client) -> None:
     answer = await _analyze(
-        client, {"filepath": "h.csv", "operations": ["sum", "count"], "files": _files("h.csv", "a,b,c\n")}
+        client, {"filepath": "h.csv", "operations": ["sum", "count"], "files": upload("h.csv", "a,b,c\n")}
     )
     assert answer["file"]["rows"] == 0
     assert [c["name"] for c in answer["file"]["columns"]] == ["a", "b", "c"]
@@ -178,7 +173,7 @@ async def test_encoding_and_delimiter_are_detected(client: Client, encoding: str
     if encoding == "utf-16-be":
         data = "\ufeff".encode("utf-16-be") + data
     answer = await _analyze(
-        client, {"filepath": "e.csv", "operations": ["sum", "distinct"], "files": _files("e.csv", data)}
+        client, {"filepath": "e.csv", "operations": ["sum", "distinct"], "files": upload("e.csv", data)}
     )
     assert answer["file"]["encoding"].startswith(label)
     assert answer["file"]["delimiter"] == delimiter
@@ -189,34 +184,23 @@ async def test_encoding_and_delimiter_are_detected(client: Client, encoding: str
 
 async def test_no_header_and_binary_files_are_named(client: Client) -> None:
     answer = await _analyze(
-        client, {"filepath": "n.csv", "operations": ["sum"], "files": _files("n.csv", "1,2\n3,4\n5,6\n")}
+        client, {"filepath": "n.csv", "operations": ["sum"], "files": upload("n.csv", "1,2\n3,4\n5,6\n")}
     )
     assert answer["file"]["header"] is False
     assert answer["results"][0]["columns"]["column1"]["sum"] == 12
     assert any("no header row" in note for note in answer["notes"])
     binary = await client.call_tool(
-        "analyze_csv", {"filepath": "b.csv", "operations": ["sum"], "files": _files("b.csv", b"\x00\x01\x02garbage\x00\xff")}
+        "analyze_csv", {"filepath": "b.csv", "operations": ["sum"], "files": upload("b.csv", b"\x00\x01\x02garbage\x00\xff")}
     )
     assert binary.is_error and "does not look like a text CSV" in text_of(binary) and "NUL bytes" in text_of(binary)
-    empty = await client.call_tool("analyze_csv", {"filepath": "z.csv", "operations": ["sum"], "files": _files("z.csv", b"")})
+    empty = await client.call_tool("analyze_csv", {"filepath": "z.csv", "operations": ["sum"], "files": upload("z.csv", b"")})
     assert empty.is_error and "is empty (0 bytes)" in text_of(empty)
-
-
-@pytest.mark.parametrize(
-    "filepath",
-    ["../etc/passwd", "/etc/passwd", "/workspace/../etc/passwd", "in/../../etc/shadow", "/data/x.csv", "/workspacefoo"],
-)
-async def test_paths_outside_the_readable_roots_are_refused(client: Client, filepath: str) -> None:
-    result = await client.call_tool("analyze_csv", {"filepath": filepath, "operations": ["count"]})
-    assert result.is_error
-    assert text_of(result).startswith(f"refused: filepath {filepath!r} is not inside a readable root of policy 'default'")
-    assert "(/workspace;" in text_of(result)
 
 
 async def test_unknown_columns_are_named_with_what_exists(client: Client) -> None:
     result = await client.call_tool(
         "analyze_csv",
-        {"filepath": "d.csv", "operations": ["sum"], "columns": ["Amount"], "files": _files("d.csv", "amount,x\n1,2\n")},
+        {"filepath": "d.csv", "operations": ["sum"], "columns": ["Amount"], "files": upload("d.csv", "amount,x\n1,2\n")},
     )
     assert result.is_error
     assert text_of(result) == "columns[0]: no column 'Amount' in the file; did you mean 'amount'? (columns: 'amount', 'x')"
@@ -251,7 +235,7 @@ async def test_each_plot_is_a_valid_png(client: Client, plot: dict[str, Any]) ->
         "filepath": "p.csv",
         "operations": ["sum"],
         "plot": plot,
-        "files": _files("p.csv", _generated_csv(200, seed=3)),
+        "files": upload("p.csv", _generated_csv(200, seed=3)),
     }
     if plot["kind"] == "bar":
         arguments["group_by"] = ["region"]
@@ -263,23 +247,6 @@ async def test_each_plot_is_a_valid_png(client: Client, plot: dict[str, Any]) ->
     assert kinds[0] == b"IHDR" and b"IDAT" in kinds and kinds[-1] == b"IEND"
     width, height = struct.unpack(">II", png[16:24])
     assert width >= 400 and height >= 200
-
-
-async def test_formula_cells_are_neutralised_in_the_csv_written_back(client: Client) -> None:
-    content = "who,amount\n=HYPERLINK(\"http://x\"),1\n+1+1,2\n@SUM(A1),3\n-2,4\n-cmd,5\nplain,6\n"
-    result = await client.call_tool(
-        "analyze_csv",
-        {"filepath": "f.csv", "operations": ["sum"], "group_by": ["who"], "files": _files("f.csv", content)},
-    )
-    assert not result.is_error, text_of(result)
-    [written] = [
-        block.resource
-        for block in result.content
-        if isinstance(block, types.EmbeddedResource) and block.resource.uri.endswith("/result.csv")
-    ]
-    assert isinstance(written, types.TextResourceContents)
-    keys = [row[0] for row in csv.reader(io.StringIO(written.text))][1:]
-    assert sorted(keys) == sorted(["'+1+1", "'-cmd", "-2", "'=HYPERLINK(\"http://x\")", "'@SUM(A1)", "plain"])
 
 
 async def test_a_data_mount_is_readable_and_symlinks_out_of_it_are_refused(runtime: DockerRuntime, tmp_path: Path) -> None:
@@ -339,7 +306,7 @@ def test_the_markdown_table_escapes_cells_and_is_cut_at_its_row_budget() -> None
 
 
 async def test_a_plot_that_cannot_be_drawn_says_what_it_needs(client: Client) -> None:
-    files = _files("q.csv", "name,amount\na,1\nb,2\n")
+    files = upload("q.csv", "name,amount\na,1\nb,2\n")
     bar = await client.call_tool(
         "analyze_csv", {"filepath": "q.csv", "operations": ["sum"], "plot": {"kind": "bar"}, "files": files}
     )

@@ -8,6 +8,7 @@ left, and that the host's processes, memory and disk are back where they were.
 from __future__ import annotations
 
 import base64
+import csv
 import io
 import json
 import os
@@ -23,7 +24,7 @@ import pytest
 from mcp import Client
 
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
-from tests.mcp_harness import text_of
+from tests.mcp_harness import text_of, upload
 
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("invariants")]
@@ -357,3 +358,43 @@ async def test_29_input_bytes_past_the_policy_are_refused(server: Client) -> Non
     result = await server.call_tool("execute_command", {"command": "true", "files": files})
     assert result.is_error
     assert "set by policy 'default' (field limits.argument_bytes)" in text_of(result), text_of(result)
+
+
+async def test_34_formula_cells_are_neutralised_in_the_csv_written_back(server: Client) -> None:
+    content = "who,amount\n=HYPERLINK(\"http://x\"),1\n+1+1,2\n@SUM(A1),3\n-2,4\n-cmd,5\nplain,6\n"
+    result = await server.call_tool(
+        "analyze_csv",
+        {"filepath": "f.csv", "operations": ["sum"], "group_by": ["who"], "files": upload("f.csv", content)},
+    )
+    assert not result.is_error, text_of(result)
+    [written] = [
+        block.resource
+        for block in result.content
+        if isinstance(block, types.EmbeddedResource) and block.resource.uri.endswith("/result.csv")
+    ]
+    assert isinstance(written, types.TextResourceContents)
+    keys = [row[0] for row in csv.reader(io.StringIO(written.text))][1:]
+    assert sorted(keys) == sorted(["'+1+1", "'-cmd", "-2", "'=HYPERLINK(\"http://x\")", "'@SUM(A1)", "plain"])
+
+
+async def test_36_invalid_bytes_and_utf16_are_read_or_named(server: Client) -> None:
+    latin = "city,amount\nK\u00f6ln,1\nM\u00fcnchen,2\n".encode("latin-1")
+    result = await server.call_tool("analyze_csv", {"filepath": "l.csv", "operations": ["sum"], "files": upload("l.csv", latin)})
+    assert not result.is_error and "Latin-1" in text_of(result), text_of(result)
+    utf16 = "a,b\n1,2\n3,4\n".encode("utf-16")
+    result = await server.call_tool("analyze_csv", {"filepath": "u.csv", "operations": ["sum"], "files": upload("u.csv", utf16)})
+    assert not result.is_error and "UTF-16 LE" in text_of(result), text_of(result)
+    binary = bytes(range(256)) * 64
+    result = await server.call_tool("analyze_csv", {"filepath": "b.csv", "operations": ["sum"], "files": upload("b.csv", binary)})
+    assert result.is_error and "does not look like a text CSV" in text_of(result), text_of(result)
+
+
+@pytest.mark.parametrize(
+    "filepath",
+    ["../etc/passwd", "/etc/passwd", "/workspace/../etc/passwd", "in/../../etc/shadow", "/data/x.csv", "/workspacefoo", "/proc/self/root/etc/passwd"],
+)
+async def test_38_paths_outside_the_readable_roots_are_refused(server: Client, filepath: str) -> None:
+    result = await server.call_tool("analyze_csv", {"filepath": filepath, "operations": ["count"]})
+    assert result.is_error
+    assert text_of(result).startswith(f"refused: filepath {filepath!r} is not inside a readable root of policy 'default'")
+    assert "(/workspace;" in text_of(result)

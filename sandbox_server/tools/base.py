@@ -219,10 +219,7 @@ def workspace_folder(path: str) -> str | None:
         path = path[len(WORKSPACE) + 1 :]
     if path in (".", "./"):
         return ""
-    relative = safe_relative_path(path)
-    if relative is None or _path_problem(relative):
-        return None
-    return relative
+    return None if _path_problem(path) else safe_relative_path(path)
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,9 +21,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DENIED", "PROFILE_PATH", "build_profile", "known_syscalls"]
+from sandbox_server.shipped import seccomp_dir
 
-PROFILE_PATH = Path(__file__).parent / "policies" / "seccomp" / "no-io-uring.json"
+__all__ = ["DENIED", "PROFILE_NAME", "profile_path", "build_profile", "known_syscalls"]
+
+PROFILE_NAME = "no-io-uring"
+
+
+def profile_path() -> Path:
+    """Where the shipped profile lives."""
+    return seccomp_dir() / f"{PROFILE_NAME}.json"
+
 
 DENIED: dict[str, str] = {
     # io_uring: the reason this profile exists.
@@ -94,9 +102,10 @@ def build_profile(syscalls: list[str]) -> dict[str, Any]:
 
 def main() -> int:
     profile = build_profile(known_syscalls())
-    PROFILE_PATH.parent.mkdir(parents=True, exist_ok=True)
-    PROFILE_PATH.write_text(json.dumps(profile, indent=1) + "\n")
-    print(f"wrote {PROFILE_PATH} ({len(profile['syscalls'][0]['names'])} calls allowed, {len(DENIED)} denied)")
+    path = profile_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(profile, indent=1) + "\n")
+    print(f"wrote {path} ({len(profile['syscalls'][0]['names'])} calls allowed, {len(DENIED)} denied)")
     return 0
 
 

@@ -22,9 +22,9 @@ from jsonschema import Draft202012Validator
 from sandbox_server.errors import ConfigError
 from sandbox_server.policy.model import AuditSettings, HostAdmission, Policy, RateLimits, ToolPolicy
 from sandbox_server.sandbox.spec import Mount, ResourceLimits
+from sandbox_server.shipped import policies_dir, policy_schema_path, seccomp_dir
 
 __all__ = [
-    "POLICIES_DIR",
     "HostFacts",
     "effective_tool_settings",
     "load_policy",
@@ -34,8 +34,6 @@ __all__ = [
     "schema",
 ]
 
-POLICIES_DIR = Path(__file__).resolve().parent.parent / "policies"
-SCHEMA_PATH = Path(__file__).resolve().parent / "schema.json"
 LIMIT_FIELDS = {
     "timeout_s",
     "memory_mb",
@@ -64,7 +62,7 @@ class HostFacts:
 @cache
 def schema() -> dict[str, Any]:
     """The JSON Schema of policy files (draft 2020-12)."""
-    return dict(json.loads(SCHEMA_PATH.read_text()))
+    return dict(json.loads(policy_schema_path().read_text()))
 
 
 @cache
@@ -79,13 +77,13 @@ def policy_path(reference: str, relative_to: Path | None = None) -> Path:
         if not path.is_absolute() and relative_to is not None:
             path = relative_to / path
         return path
-    return POLICIES_DIR / f"{reference}.yaml"
+    return policies_dir() / f"{reference}.yaml"
 
 
 def seccomp_path(reference: str, relative_to: Path) -> Path:
     """A seccomp profile from a shipped name (`no-io-uring`) or a JSON file relative to the policy file."""
     if "/" not in reference and not reference.endswith(".json"):
-        return POLICIES_DIR / "seccomp" / f"{reference}.json"
+        return seccomp_dir() / f"{reference}.json"
     path = Path(reference)
     return path if path.is_absolute() else relative_to / path
 
@@ -264,7 +262,7 @@ def load_policy(reference: str, tool_names: Iterable[str], host: HostFacts = Hos
     """Load a policy by shipped name or path; raises ConfigError listing every error."""
     path = policy_path(reference)
     if not path.exists():
-        shipped = ", ".join(sorted(p.stem for p in POLICIES_DIR.glob("*.yaml")))
+        shipped = ", ".join(sorted(p.stem for p in policies_dir().glob("*.yaml")))
         raise ConfigError(f"no policy {reference!r}: give a shipped name ({shipped}) or a path to a .yaml file")
     document, errors = resolved_document(path)
     if not errors:

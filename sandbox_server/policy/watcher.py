@@ -9,7 +9,8 @@ from pathlib import Path
 import anyio
 
 from sandbox_server.errors import ConfigError
-from sandbox_server.policy.loader import POLICIES_DIR, HostFacts, load_policy
+from sandbox_server.policy.loader import HostFacts, load_policy
+from sandbox_server.shipped import policies_dir
 from sandbox_server.policy.model import Policy
 
 __all__ = ["watch_policy"]
@@ -38,7 +39,7 @@ async def watch_policy(
     interval_s: float = 0.25,
 ) -> None:
     """Poll the policy's folder (and the shipped one, for `extends`) until cancelled."""
-    folders = {source.parent.resolve(), POLICIES_DIR.resolve()}
+    folders = {source.parent.resolve(), policies_dir().resolve()}
     seen = _signature(folders)
     while True:
         await anyio.sleep(interval_s)

@@ -1,6 +1,6 @@
 """Sandbox images: find their build contexts, hash them, build only what changed.
 
-Each folder under `sandbox_server/images/` is one image, tagged
+Each folder under the shipped `images/` is one image, tagged
 `sandbox-server/<name>:latest` and labelled with a hash of its build context (and
 of its parent's hash), so a second build with nothing changed builds nothing.
 When no registry serves `debian:bookworm-slim`, the base's root filesystem is made
@@ -24,12 +24,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from sandbox_server import shipped
 from sandbox_server.errors import ImageError
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
 
 __all__ = [
     "HASH_LABEL",
-    "IMAGES_DIR",
     "ImageDefinition",
     "ImageStatus",
     "build_images",
@@ -38,7 +38,6 @@ __all__ = [
     "image_status",
 ]
 
-IMAGES_DIR = Path(__file__).resolve().parent.parent / "images"
 PREFIX = "sandbox-server"
 HASH_LABEL = "org.sandbox-server.context-hash"
 NAME_LABEL = "org.sandbox-server.image"
@@ -85,10 +84,10 @@ class ImageStatus:
     size_bytes: int
 
 
-def catalog(images_dir: Path = IMAGES_DIR) -> dict[str, ImageDefinition]:
+def catalog(images_dir: Path | None = None) -> dict[str, ImageDefinition]:
     """All image definitions, parents before children."""
     found: dict[str, ImageDefinition] = {}
-    for dockerfile in sorted(images_dir.glob("*/Dockerfile")):
+    for dockerfile in sorted((images_dir or shipped.images_dir()).glob("*/Dockerfile")):
         match = _FROM_OURS.search(dockerfile.read_text())
         found[dockerfile.parent.name] = ImageDefinition(
             dockerfile.parent.name, dockerfile.parent, match.group(1) if match else None
@@ -305,7 +304,7 @@ def build_images(
     names: list[str] | None = None,
     say: Say = print,
     force: bool = False,
-    images_dir: Path = IMAGES_DIR,
+    images_dir: Path | None = None,
 ) -> list[BuildOutcome]:
     """Build the named images (and their parents) when their context hash changed."""
     definitions = catalog(images_dir)

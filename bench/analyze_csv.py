@@ -111,8 +111,8 @@ def same(left: list[list[Any]], right: list[list[Any]]) -> bool:
     """Row lists equal up to float rounding."""
     if len(left) != len(right):
         return False
-    for a_row, b_row in zip(left, right):
-        for a, b in zip(a_row, b_row):
+    for a_row, b_row in zip(left, right, strict=True):
+        for a, b in zip(a_row, b_row, strict=False):
             if isinstance(a, (int, float)) and isinstance(b, (int, float)):
                 if not math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9):
                     return False
@@ -136,7 +136,7 @@ def measure_process(argv: list[str]) -> tuple[float, float, str]:
 
 def memory_for(workload: dict[str, Any], options: argparse.Namespace) -> int:
     """The sandbox memory a workload runs with."""
-    return options.median_memory_mb if HOLDS_VALUES & set(workload["operations"]) else options.memory_mb
+    return int(options.median_memory_mb if HOLDS_VALUES & set(workload["operations"]) else options.memory_mb)
 
 
 async def sandbox_runs(

@@ -34,7 +34,7 @@ def print_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
     cells = [[str(cell) for cell in header]] + [[str(cell) for cell in row] for row in rows]
     widths = [max(len(row[index]) for row in cells) for index in range(len(header))]
     for number, row in enumerate(cells):
-        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=False)).rstrip())
         if number == 0:
             print("  ".join("-" * width for width in widths))
 

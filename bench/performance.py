@@ -269,7 +269,11 @@ async def throughput(work: Path, total: int) -> dict[str, Any]:
     async with Client(server_parameters(["--policy", str(limited)]), mode="legacy") as client:
         await wait_for_pool(server_process().pid, 4)
         elapsed, failures, latencies, busy = await concurrent_calls(client, 16, 160)
-    report["16 callers, 4 admitted"] = {"busy_answers": busy, "failures": failures, "latency_ms": percentiles(latencies)}
+    report["16 callers, 4 admitted"] = {
+        "busy_answers": busy,
+        "failures": failures,
+        "latency_ms": percentiles(latencies),
+    }
     report["leaked_containers"] = len(our_containers() - before)
     return report
 

@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
+import re
 import sys
-from dataclasses import asdict
 from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import anyio
-import anyio.to_thread
 
 from sandbox_server import __version__
-from sandbox_server.errors import SandboxServerError
+from sandbox_server.errors import SandboxServerError, UsageError
+
+if TYPE_CHECKING:
+    from sandbox_server.policy.loader import HostFacts
 
 __all__ = ["main"]
 
@@ -63,12 +67,13 @@ def _doctor(args: argparse.Namespace) -> int:
     else:
         report = anyio.run(run_doctor, runtime)
         if args.posture and report.healthy:
+            from sandbox_server.bootstrap import host_facts
             from sandbox_server.policy.loader import load_policy
             from sandbox_server.posture import run_posture
 
             names = _tool_names()
             try:
-                policy = load_policy(args.policy, names, _host_facts(runtime))  # type: ignore[arg-type]
+                policy = load_policy(args.policy, names, host_facts(runtime))
             except SandboxServerError as exc:
                 report.checks.append(Check(f"policy {args.policy}", False, str(exc), "fix the policy file"))
             else:
@@ -78,150 +83,29 @@ def _doctor(args: argparse.Namespace) -> int:
     return 0 if report.healthy else 1
 
 
-def _host_facts(runtime: object) -> object:
-    from sandbox_server.policy.loader import HostFacts
-
-    try:
-        return HostFacts(frozenset(runtime.info().runtimes))  # type: ignore[attr-defined]
-    except SandboxServerError:
-        return HostFacts()  # engine down: runtimes cannot be checked now; each call will say so
-
-
 def _serve(args: argparse.Namespace) -> int:
-    import logging
-    from pathlib import Path
+    from sandbox_server.serve import serve_command
 
-    from sandbox_server.guard import AuditLog
-    from sandbox_server.policy.loader import load_policy
-    from sandbox_server.policy.watcher import watch_policy
-    from sandbox_server.sandbox.docker_runtime import DockerRuntime
-    from sandbox_server.sandbox.pool import WarmPool
-    from sandbox_server.server import SandboxServer, serve_http, serve_stdio
-    from sandbox_server.tools import all_tools
-
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="sandbox-server: %(message)s")
-    log = logging.getLogger("sandbox_server")
-    runtime = DockerRuntime.lazy()
-    tools = all_tools()
-    names = [tool.name for tool in tools]
-    policy = load_policy(args.policy, names, _host_facts(runtime))  # type: ignore[arg-type]
-    try:
-        reaped = runtime.reap_strays()
-        if reaped:
-            log.info("removed %d stray sandbox container(s)", reaped)
-    except SandboxServerError as exc:
-        log.warning("%s", exc)
-    audit_path = args.audit_log or policy.audit.path
-    audit = AuditLog(audit_path, policy.audit.max_bytes, policy.audit.keep) if audit_path else None
-    pool = None if args.no_pool else WarmPool(runtime)
-    app = SandboxServer(tools, policy, runtime, page_size=args.page_size, audit=audit, pool=pool)
-
-    async def stop_on_signal(scope: anyio.CancelScope) -> None:
-        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-            async for received in signals:
-                log.info("%s: shutting down", signal.Signals(received).name)
-                scope.cancel()
-                return
-
-    async def main() -> None:
-        try:
-            async with anyio.create_task_group() as group:
-                group.start_soon(stop_on_signal, group.cancel_scope)
-                if pool is not None:
-                    group.start_soon(pool.maintain)
-                if not args.no_watch:
-                    group.start_soon(
-                        watch_policy, args.policy, Path(policy.source), names, lambda: _host_facts(runtime),
-                        app.swap_policy,
-                    )  # fmt: skip
-                if args.transport == "http":
-                    await serve_http(app, args.host, args.port)
-                else:
-                    await serve_stdio(app)
-                group.cancel_scope.cancel()
-        finally:
-            with anyio.CancelScope(shield=True):
-                if pool is not None:
-                    await pool.close()
-                await anyio.to_thread.run_sync(runtime.close)
-
-    anyio.run(main)
-    return 0
-
-
-def _parse_arguments(pairs: list[str], raw_json: str | None) -> dict[str, object]:
-    arguments: dict[str, object] = json.loads(raw_json) if raw_json else {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep:
-            raise SystemExit(f"sandbox-server: --arg takes KEY=VALUE, got {pair!r}")
-        try:
-            arguments[key] = json.loads(value) if value[:1] in ('[', '{') or key == "timeout_s" else value
-        except json.JSONDecodeError:
-            arguments[key] = value
-    return arguments
+    return serve_command(args)
 
 
 def _call(args: argparse.Namespace) -> int:
-    from sandbox_server.client import run_calls
+    from sandbox_server.client import call_command
 
-    arguments = _parse_arguments(args.arg, args.json)
-    results = anyio.run(run_calls, [(args.tool, arguments)], ("--policy", args.policy))
-    return 1 if results[0].is_error else 0
-
-
-DEMO_CALLS: list[tuple[str, dict[str, object]]] = [
-    ("execute_command", {"command": "uname -sm; id; echo \"network interfaces: $(ls /sys/class/net)\""}),
-    (
-        "execute_command",
-        {
-            "command": "sort -t, -k2 -n scores.csv | tee out/sorted.csv | tail -n 1",
-            "files": [{"path": "scores.csv", "content": "ada,93\nlinus,71\ngrace,88\n"}],
-        },
-    ),
-    ("execute_command", {"command": "echo", "args": ["$(id)", "; rm -rf /", "`whoami`"]}),
-    ("execute_command", {"command": "touch /usr/bin/evil"}),
-    ("execute_command", {"command": "sleep 30", "timeout_s": 1}),
-    (
-        "run_python",
-        {
-            "code": "import pandas as pd, matplotlib.pyplot as plt\n"
-            "df = pd.read_csv('scores.csv', names=['who', 'score'])\n"
-            "df.plot.bar(x='who', y='score')\n"
-            "df.describe().loc[['mean', 'max']]",
-            "files": [{"path": "scores.csv", "content": "ada,93\nlinus,71\ngrace,88\n"}],
-        },
-    ),
-    (
-        "analyze_csv",
-        {
-            "filepath": "sales.csv",
-            "operations": ["sum", "average", "count"],
-            "group_by": ["region"],
-            "plot": {"kind": "bar", "y": "amount"},
-            "files": [
-                {
-                    "path": "sales.csv",
-                    "content": "region,amount,note\nnorth,120.5,\"big, early\"\nsouth,80,\nnorth,42,late\n"
-                    "east,,missing\nsouth,19.5,\n",
-                }
-            ],
-        },
-    ),
-    ("analyze_csv", {"filepath": "../../etc/passwd", "operations": ["count"]}),
-]
+    return call_command(args)
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from sandbox_server.client import run_calls
+    from sandbox_server.client import demo_command
 
-    print("A real MCP session: this command starts `sandbox-server serve` over stdio and calls it.\n", flush=True)
-    results = anyio.run(run_calls, DEMO_CALLS, (), True)
-    expected_errors = [False, False, False, True, True, False, False, True]
-    if [result.is_error for result in results] != expected_errors:
-        print("demo: unexpected results, see above", file=sys.stderr)
-        return 1
-    print("demo: every call ran in its own fresh container, and each was removed afterwards.")
+    return demo_command(args)
+
+
+def _setup(args: argparse.Namespace) -> int:
+    from sandbox_server.bootstrap import setup_host
+
+    setup_host(_say, force_images=args.force)
+    _say("setup done: `sandbox-server serve` is ready")
     return 0
 
 
@@ -231,22 +115,21 @@ def _tool_names() -> list[str]:
     return [tool.name for tool in all_tools()]
 
 
-def _runtime_facts() -> object:
+def _runtime_facts() -> HostFacts:
+    from sandbox_server.bootstrap import host_facts
     from sandbox_server.sandbox.docker_runtime import DockerRuntime
 
-    return _host_facts(DockerRuntime.lazy())
+    return host_facts(DockerRuntime.lazy())
 
 
 def _policy_check(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from sandbox_server.policy.loader import policy_errors, policy_path
 
     facts = _runtime_facts()
     failed = False
     for reference in args.files:
         path = policy_path(reference) if not Path(reference).exists() else Path(reference)
-        errors = policy_errors(path, _tool_names(), facts)  # type: ignore[arg-type]
+        errors = policy_errors(path, _tool_names(), facts)
         if errors:
             failed = True
             print(f"{path}: {len(errors)} error(s)")
@@ -262,7 +145,7 @@ def _policy_explain(args: argparse.Namespace) -> int:
     from sandbox_server.policy.loader import load_policy
 
     names = _tool_names()
-    policy = load_policy(args.policy, names, _runtime_facts())  # type: ignore[arg-type]
+    policy = load_policy(args.policy, names, _runtime_facts())
     print(json.dumps(explain_policy(policy, names), indent=2, default=str))
     return 0
 
@@ -286,6 +169,12 @@ def _policy_schema(args: argparse.Namespace) -> int:
 
     print(json.dumps(schema(), indent=2, ensure_ascii=False))
     return 0
+
+
+def _tool_prefix(value: str) -> str:
+    if not re.fullmatch(r"[A-Za-z0-9_.-]{0,32}", value):
+        raise argparse.ArgumentTypeError("a tool prefix is at most 32 letters, digits, '_', '-' or '.'")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -318,14 +207,34 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--audit-log", help="append one JSON line per call to this file (overrides audit.path)")
     serve.add_argument("--no-watch", action="store_true", help="do not reload the policy when its file changes")
+    serve.add_argument(
+        "--tool-prefix",
+        type=_tool_prefix,
+        help="put this before every tool name (e.g. sbx_ gives sbx_execute_command); overrides the policy's tool_prefix",
+    )
     serve.set_defaults(handler=_serve)
 
     call = commands.add_parser("call", help="start the server, make one tool call, print the result")
     call.add_argument("tool", help="tool name, e.g. execute_command")
     call.add_argument("--policy", default="default", help="the policy the server runs with (name or file)")
     call.add_argument("--arg", action="append", default=[], metavar="KEY=VALUE", help="an argument (repeatable)")
-    call.add_argument("--json", help="all arguments as one JSON object")
+    call.add_argument("--json", metavar="JSON|@FILE|-", help="all arguments as one JSON object, from a file, or stdin")
+    call.add_argument(
+        "--upload",
+        action="append",
+        default=[],
+        metavar="LOCAL[:PATH]",
+        help="send a local file, at PATH under /workspace (default: its name); repeatable",
+    )
+    call.add_argument("--save", metavar="DIR", help="write the returned files and images into DIR")
+    call.add_argument("--tool-prefix", type=_tool_prefix, help="serve tools with this name prefix")
     call.set_defaults(handler=_call)
+
+    setup = commands.add_parser(
+        "setup", help="make this host ready: start an engine if none answers (Debian, as root), build the images"
+    )
+    setup.add_argument("--force", action="store_true", help="rebuild every image even when current")
+    setup.set_defaults(handler=_setup)
 
     demo = commands.add_parser("demo", help="a real MCP session against the server, with a few calls")
     demo.set_defaults(handler=_demo)
@@ -362,6 +271,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.handler(args))
+    except UsageError as exc:
+        print(f"sandbox-server: {exc}", file=sys.stderr)
+        return 2
     except SandboxServerError as exc:
         print(f"sandbox-server: {exc}", file=sys.stderr)
         return 1

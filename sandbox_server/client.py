@@ -1,22 +1,49 @@
 """A one-shot MCP client: start the server over stdio, make calls, print what came back.
 
 Used by `sandbox-server call` and `sandbox-server demo`; it goes through the
-official MCP client exactly as any other client would.
+official MCP client exactly as any other client would. The server's own log goes
+to a temporary file, so when the server cannot start, its reason (not a
+traceback of the broken pipe) is what the person reads.
 """
 
 from __future__ import annotations
 
+import argparse
 import base64
 import json
+import os
 import sys
+import tempfile
 from collections.abc import Sequence
-from typing import Any
+from pathlib import Path
+from typing import Any, TextIO
+from urllib.parse import unquote, urlsplit
 
+import anyio
 import mcp_types as types
 from mcp import Client
-from mcp.client.stdio import StdioServerParameters
+from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp.shared.exceptions import MCPError
+from mcp_types import CONNECTION_CLOSED
 
-__all__ = ["format_result", "run_calls", "server_parameters"]
+from sandbox_server.errors import SandboxServerError, UsageError
+from sandbox_server.results import OWN_NAME_META, PATH_META
+from sandbox_server.sandbox.archive import safe_relative_path
+
+__all__ = [
+    "DEMO_CALLS",
+    "ServerDidNotStart",
+    "call_command",
+    "demo_command",
+    "format_result",
+    "run_calls",
+    "save_result",
+    "server_parameters",
+]
+
+
+class ServerDidNotStart(SandboxServerError):
+    """The server exited before answering; the message is its own reason, on one line."""
 
 
 def server_parameters(serve_args: Sequence[str] = ()) -> StdioServerParameters:
@@ -43,18 +70,221 @@ def format_result(result: types.CallToolResult) -> str:
     return "\n".join(lines)
 
 
+def _output_name(uri: str) -> str | None:
+    """The file's path under the sandbox's output folder, from its resource URI."""
+    path = unquote(urlsplit(uri).path)
+    _, found, rest = path.partition("/out/")
+    return safe_relative_path(rest) if found else None
+
+
+async def save_result(client: Client, result: types.CallToolResult, folder: Path) -> list[Path]:
+    """Write the result's files and images under `folder` (never outside it); returns what was written."""
+    written: list[Path] = []
+    images = 0
+    for block in result.content:
+        data: bytes | None = None
+        name: str | None = None
+        if isinstance(block, types.ImageContent):
+            images += 1
+            shown = (block.meta or {}).get(PATH_META)
+            name = safe_relative_path(shown) if isinstance(shown, str) else None
+            name = name or f"image-{images}.{block.mime_type.rsplit('/', 1)[-1]}"
+            data = base64.b64decode(block.data)
+        elif isinstance(block, types.EmbeddedResource):
+            resource = block.resource
+            name = _output_name(str(resource.uri))
+            if isinstance(resource, types.TextResourceContents):
+                data = resource.text.encode("utf-8")
+            else:
+                data = base64.b64decode(resource.blob)
+        elif isinstance(block, types.ResourceLink):
+            name = _output_name(str(block.uri))
+            read = await client.read_resource(str(block.uri))
+            item = read.contents[0]
+            data = item.text.encode() if isinstance(item, types.TextResourceContents) else base64.b64decode(item.blob)
+        if name is None or data is None:
+            continue
+        target = folder / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+        written.append(target)
+    return written
+
+
+def _reason(log: TextIO) -> str:
+    """The server's own last words, on one line."""
+    log.seek(0)
+    lines = [line.rstrip() for line in log.read().splitlines() if line.strip()]
+    start = max((i for i, line in enumerate(lines) if line.startswith("sandbox-server: ")), default=None)
+    if start is None:
+        return "the server exited before answering" + (f": {lines[-1]}" if lines else " and said nothing")
+    return " ".join(line.strip() for line in lines[start:]).removeprefix("sandbox-server: ")
+
+
+def _resolve(name: str, tools: Sequence[types.Tool]) -> str:
+    """The exposed name of a tool given by its exposed or its own name (a policy may prefix names)."""
+    if any(tool.name == name for tool in tools):
+        return name
+    own = [tool.name for tool in tools if (tool.meta or {}).get(OWN_NAME_META) == name]
+    return own[0] if len(own) == 1 else name
+
+
 async def run_calls(
-    calls: Sequence[tuple[str, dict[str, Any]]], serve_args: Sequence[str] = (), show_tools: bool = False
+    calls: Sequence[tuple[str, dict[str, Any]]],
+    serve_args: Sequence[str] = (),
+    show_tools: bool = False,
+    save_to: Path | None = None,
 ) -> list[types.CallToolResult]:
-    """Start the server, make each call in one session, print each result; return them."""
+    """Start the server, make each call in one session, print each result; return them.
+
+    Raises ServerDidNotStart with the server's own reason when it exits before answering.
+    """
     results = []
-    async with Client(server_parameters(serve_args), mode="legacy") as client:
-        if show_tools:
-            listed = await client.list_tools()
-            print(f"tools: {', '.join(tool.name for tool in listed.tools)}\n", flush=True)
-        for name, arguments in calls:
-            print(f"$ {name} {json.dumps(arguments)}", flush=True)
-            result = await client.call_tool(name, arguments)
-            print(format_result(result) + "\n", flush=True)
-            results.append(result)
+    with tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace") as log:
+        try:
+            async with Client(stdio_client(server_parameters(serve_args), errlog=log), mode="legacy") as client:
+                listed = await client.list_tools()
+                if show_tools:
+                    print(f"tools: {', '.join(tool.name for tool in listed.tools)}\n", flush=True)
+                for name, arguments in calls:
+                    print(f"$ {name} {json.dumps(arguments)}", flush=True)
+                    result = await client.call_tool(_resolve(name, listed.tools), arguments)
+                    print(format_result(result) + "\n", flush=True)
+                    if save_to is not None:
+                        for path in await save_result(client, result, save_to):
+                            print(f"saved {os.fspath(path)}", flush=True)
+                    results.append(result)
+        except Exception as exc:
+            if results or not _server_exited(exc):
+                raise
+            raise ServerDidNotStart(_reason(log)) from None
     return results
+
+
+def _server_exited(exc: BaseException) -> bool:
+    """Whether an exception (or any inside an exception group) says the connection to the server closed."""
+    if isinstance(exc, BaseExceptionGroup):
+        return any(_server_exited(inner) for inner in exc.exceptions)
+    if isinstance(exc, MCPError):
+        return exc.error.code == CONNECTION_CLOSED
+    return isinstance(exc, (anyio.ClosedResourceError, anyio.BrokenResourceError, BrokenPipeError, ConnectionError))
+
+
+def _read_json(value: str) -> dict[str, object]:
+    """`--json` as given: a JSON object inline, `@FILE`, or `-` for standard input."""
+    if value == "-":
+        text = sys.stdin.read()
+    elif value.startswith("@"):
+        try:
+            text = Path(value[1:]).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise UsageError(f"--json {value}: cannot read {value[1:]}: {exc.strerror}") from None
+    else:
+        text = value
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"--json: not valid JSON ({exc})") from None
+    if not isinstance(document, dict):
+        raise UsageError("--json: the arguments must be one JSON object")
+    return document
+
+
+def _parse_arguments(pairs: list[str], raw_json: str | None, uploads: list[str]) -> dict[str, object]:
+    arguments = _read_json(raw_json) if raw_json else {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise UsageError(f"--arg takes KEY=VALUE, got {pair!r}")
+        try:
+            arguments[key] = json.loads(value) if value[:1] in ("[", "{") or key == "timeout_s" else value
+        except json.JSONDecodeError:
+            arguments[key] = value
+    if uploads:
+        files = arguments.setdefault("files", [])
+        if not isinstance(files, list):
+            raise UsageError("--upload: the arguments' `files` must be a list")
+        files.extend(_upload(spec) for spec in uploads)
+    return arguments
+
+
+def _upload(spec: str) -> dict[str, str]:
+    """`LOCAL[:PATH]` as one entry of `files`: the local file's bytes at PATH (default: its name) under /workspace."""
+    local, _, remote = spec.partition(":")
+    path = Path(local)
+    try:
+        content = path.read_bytes()
+    except OSError as exc:
+        raise UsageError(f"--upload {spec}: cannot read {local}: {exc.strerror}") from None
+    return {"path": remote or path.name, "content": base64.b64encode(content).decode(), "encoding": "base64"}
+
+
+def call_command(args: argparse.Namespace) -> int:
+    """`sandbox-server call`: one call through a real session; 0 ok, 1 an error result, 2 not run."""
+    arguments = _parse_arguments(args.arg, args.json, args.upload)
+    serve_args = ["--policy", args.policy, *(["--tool-prefix", args.tool_prefix] if args.tool_prefix else [])]
+    save_to = Path(args.save) if args.save else None
+    try:
+        results = anyio.run(run_calls, [(args.tool, arguments)], serve_args, False, save_to)
+    except ServerDidNotStart as exc:
+        print(f"sandbox-server call: the server did not start: {exc}", file=sys.stderr)
+        return 2
+    error = (results[0].structured_content or {}).get("error") or {}
+    if error.get("kind") == "engine_unavailable":
+        print(f"sandbox-server call: {error['message']}", file=sys.stderr)
+        return 2
+    return 1 if results[0].is_error else 0
+
+
+DEMO_CALLS: list[tuple[str, dict[str, object]]] = [
+    ("execute_command", {"command": 'uname -sm; id; echo "network interfaces: $(ls /sys/class/net)"'}),
+    (
+        "execute_command",
+        {
+            "command": "sort -t, -k2 -n scores.csv | tee out/sorted.csv | tail -n 1",
+            "files": [{"path": "scores.csv", "content": "ada,93\nlinus,71\ngrace,88\n"}],
+        },
+    ),
+    ("execute_command", {"command": "echo", "args": ["$(id)", "; rm -rf /", "`whoami`"]}),
+    ("execute_command", {"command": "touch /usr/bin/evil"}),
+    ("execute_command", {"command": "sleep 30", "timeout_s": 1}),
+    (
+        "run_python",
+        {
+            "code": "import pandas as pd, matplotlib.pyplot as plt\n"
+            "df = pd.read_csv('scores.csv', names=['who', 'score'])\n"
+            "df.plot.bar(x='who', y='score')\n"
+            "df.describe().loc[['mean', 'max']]",
+            "files": [{"path": "scores.csv", "content": "ada,93\nlinus,71\ngrace,88\n"}],
+        },
+    ),
+    (
+        "analyze_csv",
+        {
+            "filepath": "sales.csv",
+            "operations": ["sum", "average", "count"],
+            "group_by": ["region"],
+            "plot": {"kind": "bar", "y": "amount"},
+            "files": [
+                {
+                    "path": "sales.csv",
+                    "content": 'region,amount,note\nnorth,120.5,"big, early"\nsouth,80,\nnorth,42,late\n'
+                    "east,,missing\nsouth,19.5,\n",
+                }
+            ],
+        },
+    ),
+    ("analyze_csv", {"filepath": "../../etc/passwd", "operations": ["count"]}),
+]
+
+
+def demo_command(args: argparse.Namespace) -> int:
+    """`sandbox-server demo`: a real session with a few calls; 0 when each answered as expected."""
+    print("A real MCP session: this command starts `sandbox-server serve` over stdio and calls it.\n", flush=True)
+    results = anyio.run(run_calls, DEMO_CALLS, (), True)
+    expected_errors = [False, False, False, True, True, False, False, True]
+    if [result.is_error for result in results] != expected_errors:
+        print("demo: unexpected results, see above", file=sys.stderr)
+        return 1
+    print("demo: every call ran in its own fresh container, and each was removed afterwards.")
+    return 0

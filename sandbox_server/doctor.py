@@ -85,11 +85,15 @@ def _probe_checks(facts: dict[str, str], oom_killed: bool) -> list[Check]:
     forked = int(facts.get("forked", "0") or 0)
     return [
         Check("probe: non-root user", facts.get("uid") not in (None, "0"), f"uid {facts.get('uid')}", fix),
-        Check("probe: no capabilities", facts.get("CapEff") == "0000000000000000", f"CapEff {facts.get('CapEff')}", fix),
+        Check(
+            "probe: no capabilities", facts.get("CapEff") == "0000000000000000", f"CapEff {facts.get('CapEff')}", fix
+        ),
         Check("probe: no-new-privileges", facts.get("NoNewPrivs") == "1", f"NoNewPrivs {facts.get('NoNewPrivs')}", fix),
         Check("probe: seccomp filter", facts.get("Seccomp") == "2", f"Seccomp mode {facts.get('Seccomp')}", fix),
         Check("probe: network none", facts.get("net") == "lo,", f"interfaces {facts.get('net')}", fix),
-        Check("probe: read-only root", facts.get("rootfs") == "readonly", f"root filesystem {facts.get('rootfs')}", fix),
+        Check(
+            "probe: read-only root", facts.get("rootfs") == "readonly", f"root filesystem {facts.get('rootfs')}", fix
+        ),
         Check(
             "probe: memory limit enforced",
             facts.get("memory_limit") == expected_memory and facts.get("memory_hog_exit") == "137" and oom_killed,

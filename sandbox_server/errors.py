@@ -1,20 +1,42 @@
 """The one exception tree of sandbox-server.
 
     SandboxServerError            anything the server itself cannot do
+    ├── Refusal                   a call not run: why, and the policy field (or argument) that decided it
+    ├── UsageError                a command line asks for something impossible (exit code 2)
     ├── ConfigError               a policy or setting is invalid (names file and field)
     ├── EngineError               the container engine failed a request
     │   └── EngineUnavailable     no engine answers (down, restarting, wrong DOCKER_HOST)
     └── ImageError                a sandbox image is missing or failed to build
 
 What the sandboxed program does (non-zero exit, timeout, out of memory, truncated
-output) is never an exception: it is data in an ExecutionResult.
+output) is never an exception: it is data in an ExecutionResult. A Refusal is raised
+where the reason is found (arguments, policy, admission, paths) and becomes an
+`isError` result in one place, the server's call handler, which also turns an engine
+that does not answer into a refusal.
 """
 
-__all__ = ["ConfigError", "EngineError", "EngineUnavailable", "ImageError", "SandboxServerError"]
+from __future__ import annotations
+
+from typing import Literal
+
+__all__ = [
+    "ConfigError",
+    "EngineError",
+    "EngineUnavailable",
+    "ImageError",
+    "Refusal",
+    "RefusalKind",
+    "SandboxServerError",
+    "UsageError",
+]
 
 
 class SandboxServerError(Exception):
     """Base of every error sandbox-server raises on purpose."""
+
+
+class UsageError(SandboxServerError):
+    """A command line asks for something impossible."""
 
 
 class ConfigError(SandboxServerError):
@@ -31,3 +53,24 @@ class EngineUnavailable(EngineError):
 
 class ImageError(SandboxServerError):
     """A sandbox image is missing, stale or failed to build."""
+
+
+RefusalKind = Literal["invalid_arguments", "refused", "busy", "rate_limited", "engine_unavailable", "engine_error"]
+
+
+class Refusal(SandboxServerError):
+    """A call that is not run, and why; `field` names the policy field or argument that decided it."""
+
+    def __init__(
+        self,
+        message: str,
+        field: str | None = None,
+        *,
+        kind: RefusalKind = "refused",
+        retry_after_s: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.field = field
+        self.kind: RefusalKind = kind
+        self.retry_after_s = retry_after_s

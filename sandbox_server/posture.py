@@ -140,8 +140,8 @@ def _cgroup_limits(pid: int) -> tuple[int | None, int | None, int | None, float 
     swap = memory_bytes + swap_only if memory_bytes is not None and swap_only is not None else None
     cpus = None
     try:
-        quota, period = (group / "cpu.max").read_text().split()
-        cpus = int(quota) / int(period) if quota != "max" else None
+        quota_text, period_text = (group / "cpu.max").read_text().split()
+        cpus = int(quota_text) / int(period_text) if quota_text != "max" else None
     except OSError:
         pass
     return memory_bytes, swap, _read_int(group / "pids.max"), cpus

@@ -22,7 +22,12 @@ from urllib.parse import quote
 from sandbox_server.sandbox.spec import OutputFile
 from sandbox_server.tools.base import ToolOutcome
 
-__all__ = ["RenderedResult", "ResourceStore", "render", "sanitize"]
+__all__ = ["OWN_NAME_META", "PATH_META", "RenderedResult", "ResourceStore", "render", "sanitize"]
+
+OWN_NAME_META = "org.sandbox-server/tool"
+"""Key of a tool's `_meta` holding its own name, when a prefix changes the name clients see."""
+PATH_META = "org.sandbox-server/path"
+"""Key of an image block's `_meta` holding the file's path under the output folder."""
 
 _ESCAPES = re.compile(
     r"\x1b\[[0-?]*[ -/]*[@-~]"  # CSI: colours, cursor moves, clear screen
@@ -100,7 +105,8 @@ def _file_block(file: OutputFile, call_id: str, store: ResourceStore) -> dict[st
     uri = f"sandbox://calls/{call_id}/out/{quote(file.path, safe='/')}"
     mime = _mime_type(file)
     if mime in IMAGE_TYPES.values() and len(file.content) <= EMBED_BLOB_BYTES * 8:
-        return {"type": "image", "data": base64.b64encode(file.content).decode(), "mimeType": mime}
+        data = base64.b64encode(file.content).decode()
+        return {"type": "image", "data": data, "mimeType": mime, "_meta": {PATH_META: sanitize(file.path)}}
     try:
         text = file.content.decode("utf-8")
     except UnicodeDecodeError:
@@ -150,9 +156,11 @@ def render(
     for file in outcome.files:
         if _mime_type(file) in IMAGE_TYPES.values():
             if images >= max_images or image_bytes + file.size > max_image_bytes:
-                skipped.append(f"note: {sanitize(file.path)}: image not returned, over the images budget "
-                               f"({max_images} images, {max_image_bytes} bytes; policy fields "
-                               "limits.returned_images, limits.returned_image_bytes)")
+                skipped.append(
+                    f"note: {sanitize(file.path)}: image not returned, over the images budget "
+                    f"({max_images} images, {max_image_bytes} bytes; policy fields "
+                    "limits.returned_images, limits.returned_image_bytes)"
+                )
                 continue
             images += 1
             image_bytes += file.size

@@ -82,10 +82,7 @@ def build_profile(syscalls: list[str]) -> dict[str, Any]:
     return {
         "defaultAction": "SCMP_ACT_ERRNO",
         "defaultErrnoRet": EPERM,
-        "archMap": [
-            {"architecture": main, "subArchitectures": rest}
-            for main, *rest in ARCHITECTURES.values()
-        ],
+        "archMap": [{"architecture": main, "subArchitectures": rest} for main, *rest in ARCHITECTURES.values()],
         "syscalls": [
             {"names": allowed, "action": "SCMP_ACT_ALLOW"},
             {
@@ -94,8 +91,12 @@ def build_profile(syscalls: list[str]) -> dict[str, Any]:
                 "args": [{"index": 0, "value": CLONE_NAMESPACES, "valueTwo": 0, "op": "SCMP_CMP_MASKED_EQ"}],
                 "comment": "threads and processes, never new namespaces (x86-64 and arm64 take flags first)",
             },
-            {"names": ["clone3"], "action": "SCMP_ACT_ERRNO", "errnoRet": ENOSYS,
-             "comment": "its flags sit in memory a filter cannot read: callers fall back to clone"},  # fmt: skip
+            {
+                "names": ["clone3"],
+                "action": "SCMP_ACT_ERRNO",
+                "errnoRet": ENOSYS,
+                "comment": "its flags sit in memory a filter cannot read: callers fall back to clone",
+            },  # fmt: skip
         ],
     }
 

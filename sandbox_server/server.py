@@ -9,40 +9,46 @@ from __future__ import annotations
 
 import base64
 import binascii
-import hashlib
 import json
 import logging
 import time
-import weakref
-from datetime import datetime, timezone
+from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
-import mcp_types as types
 import anyio
 import anyio.to_thread
+import mcp_types as types
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError
+from mcp.server import ServerRequestContext
 from mcp.server.lowlevel import NotificationOptions, Server
+from mcp.server.session import ServerSession
 from mcp.server.stdio import stdio_server
 from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ToolsListChanged
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
 from sandbox_server import __version__
-from sandbox_server.errors import EngineError, EngineUnavailable
-from sandbox_server.guard import Admission, AuditLog
+from sandbox_server.errors import EngineError, EngineUnavailable, Refusal
+from sandbox_server.guard import Admission, AuditLog, call_record
 from sandbox_server.policy import Policy
-from sandbox_server.results import RenderedResult, ResourceStore, render
+from sandbox_server.results import OWN_NAME_META, RenderedResult, ResourceStore, render
 from sandbox_server.sandbox.pool import PoolTarget, WarmPool
 from sandbox_server.sandbox.runtime import SandboxRuntime
 from sandbox_server.tools import Tool, ToolContext, ToolOutcome
+from sandbox_server.tools.base import annotations_for
 
 __all__ = ["SandboxServer", "serve_http", "serve_stdio"]
 
 logger = logging.getLogger("sandbox_server")
 
+Context = ServerRequestContext[Any, Any]
 INVALID_PARAMS = -32602
+RESOURCE_NOT_FOUND_HANDSHAKE = -32002
+"""Handshake-era code for a missing resource; the 2026-07-28 era retired it for -32602."""
+REMEMBERED_SESSIONS = 1024
 INSTRUCTIONS = (
     "Every tool call runs in a fresh, isolated, resource-limited container that is destroyed "
     "afterwards: nothing persists between calls. Send input files with `files`; files written "
@@ -79,9 +85,12 @@ class SandboxServer:
         page_size: int = 50,
         store: ResourceStore | None = None,
         audit: AuditLog | None = None,
-        pool: WarmPool | None = None,
+        pool: WarmPool[Any] | None = None,
+        tool_prefix: str | None = None,
     ) -> None:
         self.all_tools = {tool.name: tool for tool in tools}
+        self.tool_prefix = tool_prefix
+        """Overrides the policy's `tool_prefix` when set (serve --tool-prefix)."""
         self.validators = {tool.name: Draft202012Validator(tool.input_schema) for tool in tools}
         self.policy = policy
         self.admission = Admission(policy.rate, policy.host, policy.name)
@@ -92,7 +101,8 @@ class SandboxServer:
         self.page_size = max(1, page_size)
         self.store = store or ResourceStore()
         self.audit = audit
-        self._connections: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._sessions: OrderedDict[str, ServerSession] = OrderedDict()
+        """Handshake-era connections to tell of a tools/list change, by MCP session id (the latest request's)."""
         self._events = InMemorySubscriptionBus()  # 2026-07-28 clients hear of changes via subscriptions/listen
         self.server: Server[Any] = Server(
             "sandbox-server",
@@ -107,9 +117,15 @@ class SandboxServer:
         )
 
     @property
+    def prefix(self) -> str:
+        """What is put before every tool name clients see."""
+        return self.policy.tool_prefix if self.tool_prefix is None else self.tool_prefix
+
+    @property
     def tools(self) -> dict[str, Tool]:
-        """The tools the current policy offers."""
-        return {name: tool for name, tool in self.all_tools.items() if self.policy.for_tool(name).enabled}
+        """The tools the current policy offers, by the names clients see."""
+        prefix = self.prefix
+        return {prefix + name: tool for name, tool in self.all_tools.items() if self.policy.for_tool(name).enabled}
 
     def _pool_targets(self, policy: Policy) -> list[PoolTarget]:
         """One warm pool per enabled tool's container settings (tools with equal settings share one)."""
@@ -129,32 +145,43 @@ class SandboxServer:
             self.pool.configure(self._pool_targets(policy))
         logger.info("policy %s (%s) is now in force", policy.name, policy.digest[:12])
         await self._events.publish(ToolsListChanged())
-        for connection in list(self._connections):
+        for key, session in list(self._sessions.items()):
             try:
-                await connection.send_tool_list_changed()
+                await session.send_tool_list_changed()
             except Exception as exc:  # a closed session must not stop the others from hearing
-                logger.warning("could not notify a session: %r", exc)
+                logger.info("session %s is gone (%r); it will not be told again", key, exc)
+                self._sessions.pop(key, None)
 
-    def _remember(self, ctx: Any) -> None:
-        # The low-level handler context exposes only the per-request session; the connection it
-        # belongs to lives as long as the client stays connected, so that is what is notified later.
-        connection = getattr(ctx.session, "_connection", None)
-        if connection is not None:
-            self._connections.add(connection)
+    def _remember(self, ctx: Context) -> None:
+        """Keep a handshake-era connection's session to tell it of tools/list changes later.
+
+        A session's notifications go out on its connection's own stream, so the session of
+        any of its requests will do; 2026-07-28 clients hear through subscriptions/listen.
+        """
+        if ctx.protocol_version not in HANDSHAKE_PROTOCOL_VERSIONS:
+            return
+        headers = getattr(ctx.request, "headers", None)
+        key = (headers.get("mcp-session-id") if headers is not None else None) or "stdio"
+        self._sessions[key] = ctx.session
+        self._sessions.move_to_end(key)
+        while len(self._sessions) > REMEMBERED_SESSIONS:
+            self._sessions.popitem(last=False)
 
     # -- tools/list --------------------------------------------------------------------
 
-    def _tool_model(self, tool: Tool) -> types.Tool:
+    def _tool_model(self, exposed: str, tool: Tool) -> types.Tool:
+        hints = annotations_for(tool, self.policy.for_tool(tool.name))
         return types.Tool(
-            name=tool.name,
+            name=exposed,
             title=tool.title,
             description=tool.description,
             input_schema=dict(tool.input_schema),
             output_schema=dict(tool.output_schema),
-            annotations=types.ToolAnnotations(title=tool.title, **_snake(tool.annotations)),
+            annotations=types.ToolAnnotations(title=tool.title, **_snake(hints)),
+            _meta={OWN_NAME_META: tool.name},
         )
 
-    async def _list_tools(self, ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
+    async def _list_tools(self, ctx: Context, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
         self._remember(ctx)
         names = sorted(self.tools)
         start = 0
@@ -165,50 +192,44 @@ class SandboxServer:
                 if not 0 < start < len(names):
                     raise ValueError(start)
             except (ValueError, binascii.Error, UnicodeDecodeError):
-                raise MCPError(INVALID_PARAMS, f"invalid cursor {cursor!r}: use the nextCursor of a previous page")
+                raise MCPError(
+                    INVALID_PARAMS, f"invalid cursor {cursor!r}: use the nextCursor of a previous page"
+                ) from None
         page = names[start : start + self.page_size]
         end = start + len(page)
         next_cursor = base64.urlsafe_b64encode(f"offset:{end}".encode()).decode() if end < len(names) else None
-        return types.ListToolsResult(tools=[self._tool_model(self.tools[n]) for n in page], next_cursor=next_cursor)
+        tools = self.tools
+        return types.ListToolsResult(tools=[self._tool_model(n, tools[n]) for n in page], next_cursor=next_cursor)
 
     # -- tools/call --------------------------------------------------------------------
 
-    async def _call_tool(self, ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
+    async def _call_tool(self, ctx: Context, params: types.CallToolRequestParams) -> types.CallToolResult:
         self._remember(ctx)
         policy = self.policy  # one policy for the whole call, even if a new one is swapped in meanwhile
         arguments = params.arguments or {}
         started = time.monotonic()
         client = _client_name(ctx)
-        record = self._audit_start(client, params.name, arguments, policy)
         tool = self.tools.get(params.name)
+        own_name = tool.name if tool is not None else params.name
+        record = call_record(
+            client, own_name, params.name, arguments, policy.name, policy.digest, policy.audit.include_arguments
+        )
         if tool is None:
             message = f"unknown tool {params.name!r}; tools/list names the tools"
-            await self._audit_finish(record, ToolOutcome.refusal(message), started)
+            await self._audit_finish(record, ToolOutcome.refused(Refusal(message, "name"), policy.name), started)
             raise MCPError(INVALID_PARAMS, message)
         outcome: ToolOutcome | None = None
         try:
-            outcome = await self._outcome(tool, arguments, ctx, policy, client)
+            try:
+                outcome = await self._run_checked(tool, arguments, ctx, policy, client)
+            except Refusal as refusal:  # the one place a refusal becomes a result
+                outcome = ToolOutcome.refused(refusal, policy.name)
             limits = policy.for_tool(tool.name).limits
             rendered = render(outcome, self.store, limits.returned_images, limits.returned_image_bytes)
         finally:
             with anyio.CancelScope(shield=True):
                 await self._audit_finish(record, outcome, started)
         return _result_model(rendered)
-
-    def _audit_start(self, client: str, tool: str, arguments: Mapping[str, Any], policy: Policy) -> dict[str, Any]:
-        encoded = json.dumps(arguments, ensure_ascii=False, sort_keys=True).encode("utf-8", "surrogatepass")
-        record: dict[str, Any] = {
-            "time": datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
-            "client": client,
-            "tool": tool,
-            "arguments_sha256": hashlib.sha256(encoded).hexdigest(),
-            "arguments_bytes": len(encoded),
-            "policy": policy.name,
-            "policy_sha256": policy.digest,
-        }
-        if policy.audit.include_arguments:
-            record["arguments"] = arguments
-        return record
 
     async def _audit_finish(self, record: dict[str, Any], outcome: ToolOutcome | None, started: float) -> None:
         if self.audit is None:
@@ -217,31 +238,35 @@ class SandboxServer:
         if outcome is None:
             record["outcome"] = "cancelled"
         elif outcome.audit is None:
-            record["outcome"] = "refused"
-            record["reason"] = outcome.headline
+            error = (outcome.structured or {}).get("error") or {}
+            record.update(outcome="refused", reason=outcome.headline, kind=error.get("kind"), field=error.get("field"))
         else:
             record["outcome"] = "error" if outcome.is_error else "ok"
             record.update(outcome.audit)
         await anyio.to_thread.run_sync(self.audit.write, record)
 
-    async def _outcome(
-        self, tool: Tool, arguments: Mapping[str, Any], ctx: Any, policy: Policy, client: str
+    async def _run_checked(
+        self, tool: Tool, arguments: Mapping[str, Any], ctx: Context, policy: Policy, client: str
     ) -> ToolOutcome:
+        """Check the arguments and admission, then run the tool; every refusal on the way is raised."""
         tool_policy = policy.for_tool(tool.name)
         size = len(json.dumps(arguments, ensure_ascii=False).encode("utf-8", "surrogatepass"))
         if size > tool_policy.max_argument_bytes:
-            return ToolOutcome.refusal(
+            raise Refusal(
                 f"refused: arguments are {size} bytes, above the cap of {tool_policy.max_argument_bytes} bytes "
-                f"set by policy '{policy.name}' (field limits.argument_bytes)"
+                f"set by policy '{policy.name}' (field limits.argument_bytes)",
+                "limits.argument_bytes",
             )
-        errors = sorted(self.validators[tool.name].iter_errors(arguments), key=lambda e: list(map(str, e.absolute_path)))
+        errors = sorted(
+            self.validators[tool.name].iter_errors(arguments), key=lambda e: list(map(str, e.absolute_path))
+        )
         if errors:
-            return ToolOutcome.refusal(
-                f"invalid arguments for {tool.name}: " + "; ".join(_describe(e) for e in errors[:5])
+            raise Refusal(
+                f"invalid arguments for {tool.name}: " + "; ".join(_describe(e) for e in errors[:5]),
+                _field_path(errors[0]),
+                kind="invalid_arguments",
             )
         ticket = self.admission.admit(client)
-        if isinstance(ticket, str):
-            return ToolOutcome.refusal(ticket)
 
         async def progress(elapsed_s: float, stdout_bytes: int, stderr_bytes: int) -> None:
             message = f"{elapsed_s:.0f} s elapsed; {stdout_bytes} bytes of stdout, {stderr_bytes} of stderr so far"
@@ -251,15 +276,17 @@ class SandboxServer:
         try:
             return await tool.run(arguments, tool_ctx)
         except EngineUnavailable as exc:
-            return ToolOutcome.refusal(str(exc))
+            raise Refusal(str(exc), kind="engine_unavailable") from exc
         except EngineError as exc:
-            return ToolOutcome.refusal(f"sandbox engine error: {exc}")
+            raise Refusal(f"sandbox engine error: {exc}", kind="engine_error") from exc
         finally:
             ticket.release()
 
     # -- resources ---------------------------------------------------------------------
 
-    async def _list_resources(self, ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListResourcesResult:
+    async def _list_resources(
+        self, ctx: Context, params: types.PaginatedRequestParams | None
+    ) -> types.ListResourcesResult:
         resources = []
         for uri in self.store.uris():
             found = self.store.get(uri)
@@ -269,10 +296,13 @@ class SandboxServer:
                 )
         return types.ListResourcesResult(resources=resources)
 
-    async def _read_resource(self, ctx: Any, params: types.ReadResourceRequestParams) -> types.ReadResourceResult:
+    async def _read_resource(self, ctx: Context, params: types.ReadResourceRequestParams) -> types.ReadResourceResult:
         found = self.store.get(str(params.uri))
         if found is None:
-            raise MCPError(-32002, f"resource not found: {params.uri} (files are kept for a while, then dropped)")
+            code = (
+                RESOURCE_NOT_FOUND_HANDSHAKE if ctx.protocol_version in HANDSHAKE_PROTOCOL_VERSIONS else INVALID_PARAMS
+            )
+            raise MCPError(code, f"resource not found: {params.uri} (files are kept for a while, then dropped)")
         mime, content = found
         try:
             text = content.decode("utf-8")
@@ -288,12 +318,12 @@ class SandboxServer:
         return self.server.create_initialization_options(NotificationOptions(tools_changed=True))
 
 
-def _client_name(ctx: Any) -> str:
-    params = getattr(ctx.session, "client_params", None)
-    info = getattr(params, "client_info", None)
+def _client_name(ctx: Context) -> str:
+    params = ctx.session.client_params
+    info = params.client_info if params is not None else None
     name = f"{info.name}/{info.version}" if info is not None else "unknown-client"
-    request = getattr(ctx, "request", None)
-    session_id = getattr(request, "headers", {}).get("mcp-session-id") if request is not None else None
+    headers = getattr(ctx.request, "headers", None)  # the HTTP request, when the transport has one
+    session_id = headers.get("mcp-session-id") if headers is not None else None
     return f"{name}@{session_id[:8]}" if session_id else name
 
 

@@ -11,10 +11,52 @@ import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
+from typing import Any
 
 import mcp_types as types
+from jsonschema import Draft202012Validator
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
+
+CHECKED: list[tuple[str, bool]] = []
+"""(tool, is_error) of every result the harness validated against its tool's outputSchema, in this test run."""
+
+
+class CheckedClient(Client):
+    """The official client, validating every tool result, isError ones included, against the listed outputSchema.
+
+    The SDK's client validates only successful results; the specification asks that every
+    result with structured content conform, so the suite checks refusals and failures too.
+    """
+
+    async def call_tool(
+        self, name: str, arguments: dict[str, Any] | None = None, *args: Any, **kwargs: Any
+    ) -> types.CallToolResult:
+        result = await super().call_tool(name, arguments, *args, **kwargs)
+        check_result(name, result, await self._output_schema(name))
+        return result
+
+    async def _output_schema(self, name: str) -> dict[str, Any]:
+        cursor = None
+        while True:
+            page = await self.list_tools(cursor=cursor)
+            for tool in page.tools:
+                if tool.name == name:
+                    assert tool.output_schema is not None, f"tool {name} lists no outputSchema"
+                    return tool.output_schema
+            cursor = page.next_cursor
+            if cursor is None:
+                raise AssertionError(f"tool {name} is not listed")
+
+
+def check_result(name: str, result: types.CallToolResult, schema: dict[str, Any]) -> None:
+    """Assert a result carries structuredContent valid against its tool's outputSchema."""
+    assert result.structured_content is not None, f"{name}: a result without structuredContent: {result.content}"
+    errors = [e.message for e in Draft202012Validator(schema).iter_errors(result.structured_content)]
+    assert not errors, (
+        f"{name}: structuredContent does not match the outputSchema: {errors}; {result.structured_content}"
+    )
+    CHECKED.append((name, bool(result.is_error)))
 
 
 def _free_port() -> int:
@@ -44,7 +86,7 @@ class ServerProcess:
     def wait_for_line(self, text: str, timeout_s: float = 10) -> str:
         """Block until the server logs a line containing `text`."""
         with self._changed:
-            found = self._changed.wait_for(lambda: next((l for l in self.lines if text in l), None), timeout_s)
+            found = self._changed.wait_for(lambda: next((line for line in self.lines if text in line), None), timeout_s)
         if not found:
             raise AssertionError(f"the server did not log {text!r} within {timeout_s} s; it logged: {self.lines}")
         return found
@@ -105,9 +147,10 @@ def stdio_parameters(*serve_args: str, env: dict[str, str] | None = None) -> Std
 
 
 @asynccontextmanager
-async def connect(target: StdioServerParameters | str, mode: str = "legacy") -> AsyncIterator[Client]:
-    """An initialised official MCP client session."""
-    async with Client(target, mode=mode) as client:  # type: ignore[arg-type]
+async def connect(target: Any, mode: str = "legacy", **options: Any) -> AsyncIterator[CheckedClient]:
+    """An initialised official MCP client session (stdio parameters, a URL, or an in-process server)."""
+    client = CheckedClient(target, mode=mode, **options)
+    async with client:
         yield client
 
 

@@ -69,14 +69,14 @@ def _generated_csv(rows: int, seed: int) -> str:
 def _same(ours: Any, theirs: Any) -> bool:
     if theirs is None or (isinstance(theirs, float) and math.isnan(theirs)):
         return ours is None
-    return ours == pytest.approx(float(theirs), rel=1e-9, abs=1e-9)
+    return bool(ours == pytest.approx(float(theirs), rel=1e-9, abs=1e-9))
 
 
 async def _analyze(client: Client, arguments: dict[str, Any]) -> dict[str, Any]:
     result = await client.call_tool("analyze_csv", arguments)
     assert not result.is_error, text_of(result)
     assert result.structured_content is not None
-    return result.structured_content
+    return dict(result.structured_content)
 
 
 async def test_statistics_equal_what_pandas_computes(client: Client, tmp_path: Path) -> None:
@@ -190,20 +190,30 @@ async def test_no_header_and_binary_files_are_named(client: Client) -> None:
     assert answer["results"][0]["columns"]["column1"]["sum"] == 12
     assert any("no header row" in note for note in answer["notes"])
     binary = await client.call_tool(
-        "analyze_csv", {"filepath": "b.csv", "operations": ["sum"], "files": upload("b.csv", b"\x00\x01\x02garbage\x00\xff")}
+        "analyze_csv",
+        {"filepath": "b.csv", "operations": ["sum"], "files": upload("b.csv", b"\x00\x01\x02garbage\x00\xff")},
     )
     assert binary.is_error and "does not look like a text CSV" in text_of(binary) and "NUL bytes" in text_of(binary)
-    empty = await client.call_tool("analyze_csv", {"filepath": "z.csv", "operations": ["sum"], "files": upload("z.csv", b"")})
+    empty = await client.call_tool(
+        "analyze_csv", {"filepath": "z.csv", "operations": ["sum"], "files": upload("z.csv", b"")}
+    )
     assert empty.is_error and "is empty (0 bytes)" in text_of(empty)
 
 
 async def test_unknown_columns_are_named_with_what_exists(client: Client) -> None:
     result = await client.call_tool(
         "analyze_csv",
-        {"filepath": "d.csv", "operations": ["sum"], "columns": ["Amount"], "files": upload("d.csv", "amount,x\n1,2\n")},
+        {
+            "filepath": "d.csv",
+            "operations": ["sum"],
+            "columns": ["Amount"],
+            "files": upload("d.csv", "amount,x\n1,2\n"),
+        },
     )
     assert result.is_error
-    assert text_of(result) == "columns[0]: no column 'Amount' in the file; did you mean 'amount'? (columns: 'amount', 'x')"
+    assert (
+        text_of(result) == "columns[0]: no column 'Amount' in the file; did you mean 'amount'? (columns: 'amount', 'x')"
+    )
 
 
 def _chunks(png: bytes) -> list[bytes]:
@@ -249,7 +259,9 @@ async def test_each_plot_is_a_valid_png(client: Client, plot: dict[str, Any]) ->
     assert width >= 400 and height >= 200
 
 
-async def test_a_data_mount_is_readable_and_symlinks_out_of_it_are_refused(runtime: DockerRuntime, tmp_path: Path) -> None:
+async def test_a_data_mount_is_readable_and_symlinks_out_of_it_are_refused(
+    runtime: DockerRuntime, tmp_path: Path
+) -> None:
     data = tmp_path / "data"
     data.mkdir()
     (data / "sales.csv").write_text("region,amount\nnorth,10\nsouth,32\nnorth,5\n")
@@ -259,8 +271,7 @@ async def test_a_data_mount_is_readable_and_symlinks_out_of_it_are_refused(runti
     (data / "sales.csv").chmod(0o644)
     policy = tmp_path / "mounted.yaml"
     policy.write_text(
-        "name: mounted\nextends: default\ndefaults:\n  mounts:\n"
-        f"    - {{host: {data}, sandbox: /data, mode: ro}}\n"
+        f"name: mounted\nextends: default\ndefaults:\n  mounts:\n    - {{host: {data}, sandbox: /data, mode: ro}}\n"
     )
     async with connect(stdio_parameters("--policy", str(policy))) as session:
         answer = await _analyze(session, {"filepath": "/data/sales.csv", "operations": ["sum"], "group_by": ["region"]})
@@ -272,7 +283,9 @@ async def test_a_data_mount_is_readable_and_symlinks_out_of_it_are_refused(runti
         assert linked["file"]["rows"] == 3
         escape = await session.call_tool("analyze_csv", {"filepath": "/data/escape.csv", "operations": ["count"]})
         assert escape.is_error
-        assert text_of(escape).startswith("refused: /data/escape.csv resolves to /etc/passwd, outside the readable roots")
+        assert text_of(escape).startswith(
+            "refused: /data/escape.csv resolves to /etc/passwd, outside the readable roots"
+        )
 
 
 def test_sandbox_paths_stay_under_their_roots() -> None:
@@ -314,7 +327,12 @@ async def test_a_plot_that_cannot_be_drawn_says_what_it_needs(client: Client) ->
     assert text_of(bar) == "a bar plot needs group_by, or plot.x to count the rows of each value"
     scatter = await client.call_tool(
         "analyze_csv",
-        {"filepath": "q.csv", "operations": ["sum"], "plot": {"kind": "scatter", "x": "name", "y": "amount"}, "files": files},
+        {
+            "filepath": "q.csv",
+            "operations": ["sum"],
+            "plot": {"kind": "scatter", "x": "name", "y": "amount"},
+            "files": files,
+        },
     )
     assert scatter.is_error
     assert text_of(scatter) == "plot.x 'name' is not numeric or temporal; a scatter plot needs one"

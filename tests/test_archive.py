@@ -33,7 +33,12 @@ def test_request_holds_stdin_argv_env_boundary_and_files_under_the_workspace() -
     )
     with tarfile.open(fileobj=io.BytesIO(request)) as tar:
         names = tar.getnames()
-        read = lambda name: tar.extractfile(name).read()  # type: ignore[union-attr]  # noqa: E731
+
+        def read(name: str) -> bytes:
+            member = tar.extractfile(name)
+            assert member is not None
+            return member.read()
+
         assert read("tmp/.sandbox/stdin") == b"typed input"
         assert read("workspace/data/in.csv") == b"a,b\n"
         export, words, workdir, boundary = read("tmp/.sandbox/request").decode().splitlines()

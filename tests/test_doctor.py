@@ -32,7 +32,7 @@ def test_doctor_is_healthy_and_proves_the_limits(runtime: DockerRuntime) -> None
     assert not left_by_exited_servers()
 
 
-def test_doctor_without_an_engine_fails_and_says_how_to_start_it(tmp_path) -> None:
+def test_doctor_without_an_engine_fails_and_says_how_to_start_it(tmp_path: Path) -> None:
     result = run_cli("doctor", env={"DOCKER_HOST": f"unix://{tmp_path}/no-engine.sock"})
     assert result.returncode == 1
     assert "no Docker engine answers" in result.stdout

@@ -6,6 +6,7 @@ import base64
 import json
 import time
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import anyio
 import mcp_types as types
@@ -188,7 +189,11 @@ async def test_input_paths_outside_the_workspace_are_refused(client: Client) -> 
 async def test_workdir_runs_the_program_in_a_folder_under_the_workspace(client: Client) -> None:
     result = await client.call_tool(
         "execute_command",
-        {"command": "pwd; cat ../in.txt", "workdir": "/workspace/a/b", "files": [{"path": "a/in.txt", "content": "hi"}]},
+        {
+            "command": "pwd; cat ../in.txt",
+            "workdir": "/workspace/a/b",
+            "files": [{"path": "a/in.txt", "content": "hi"}],
+        },
     )
     assert result.structured_content is not None and not result.is_error, text_of(result)
     assert result.structured_content["stdout"] == "/workspace/a/b\nhi"
@@ -245,7 +250,7 @@ async def test_the_stateless_2026_era_serves_tools_too(http_url: str) -> None:
             assert result.structured_content is not None and result.structured_content["stdout"] == "modern\n"
 
 
-async def test_an_engine_that_is_down_is_an_error_result_not_a_crash(tmp_path) -> None:
+async def test_an_engine_that_is_down_is_an_error_result_not_a_crash(tmp_path: Path) -> None:
     target = stdio_parameters(env={"DOCKER_HOST": f"unix://{tmp_path}/no-engine.sock"})
     async with connect(target) as session:
         listed = await session.list_tools()

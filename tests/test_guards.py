@@ -3,6 +3,9 @@
 import json
 from pathlib import Path
 
+import pytest
+
+from sandbox_server.errors import Refusal
 from sandbox_server.guard import Admission, AuditLog
 from sandbox_server.policy import HostAdmission, RateLimits
 
@@ -21,7 +24,8 @@ def test_audit_log_appends_json_lines_and_rotates_by_size(tmp_path: Path) -> Non
 
 def test_a_saturated_host_refuses_new_sandboxes_and_says_which_field() -> None:
     admission = Admission(RateLimits(), HostAdmission(min_available_memory_mb=10**9, max_load_per_cpu=8), "p")
-    refusal = admission.admit("client")
-    assert isinstance(refusal, str)
-    assert refusal.startswith("busy: the host has") and "field host.min_available_memory_mb" in refusal
+    with pytest.raises(Refusal) as refused:
+        admission.admit("client")
+    assert refused.value.message.startswith("busy: the host has")
+    assert refused.value.field == "host.min_available_memory_mb" and refused.value.kind == "busy"
     assert admission.running == 0

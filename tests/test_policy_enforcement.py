@@ -9,11 +9,10 @@ from pathlib import Path
 import anyio
 import mcp_types as types
 import pytest
-from mcp import Client
 from mcp.shared.exceptions import MCPError
 
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
-from tests.mcp_harness import connect, http_server_process, stdio_parameters, text_of
+from tests.mcp_harness import CheckedClient, connect, http_server_process, stdio_parameters, text_of
 
 pytestmark = pytest.mark.anyio
 
@@ -27,7 +26,7 @@ rate: {calls_per_minute: 1000, concurrent_calls: 4}
 
 
 @pytest.fixture
-async def tight(tmp_path: Path, runtime: DockerRuntime) -> AsyncIterator[tuple[Client, Path]]:
+async def tight(tmp_path: Path, runtime: DockerRuntime) -> AsyncIterator[tuple[CheckedClient, Path]]:
     """A stdio session on a policy with small limits, and its audit log."""
     policy = tmp_path / "tight.yaml"
     policy.write_text(TIGHT)
@@ -36,7 +35,7 @@ async def tight(tmp_path: Path, runtime: DockerRuntime) -> AsyncIterator[tuple[C
         yield session, audit
 
 
-async def test_memory_pids_timeout_output_and_network_limits_are_enforced(tight: tuple[Client, Path]) -> None:
+async def test_memory_pids_timeout_output_and_network_limits_are_enforced(tight: tuple[CheckedClient, Path]) -> None:
     session, _ = tight
     memory = await session.call_tool("execute_command", {"command": "cat /sys/fs/cgroup/memory/memory.limit_in_bytes"})
     assert memory.structured_content is not None and memory.structured_content["stdout"].strip() == str(64 * 2**20)
@@ -61,7 +60,7 @@ async def test_memory_pids_timeout_output_and_network_limits_are_enforced(tight:
     assert env.structured_content is not None and env.structured_content["stdout"].startswith("hello-from-policy\n")
 
 
-async def test_every_call_leaves_exactly_one_audit_line(tight: tuple[Client, Path]) -> None:
+async def test_every_call_leaves_exactly_one_audit_line(tight: tuple[CheckedClient, Path]) -> None:
     session, audit = tight
     await session.call_tool("execute_command", {"command": "echo audited"})
     await session.call_tool("execute_command", {"command": "exit 2"})
@@ -113,7 +112,9 @@ async def test_concurrency_cap_answers_busy_at_once(tmp_path: Path, runtime: Doc
         running.set()
 
     async with connect(stdio_parameters("--policy", str(policy))) as session, anyio.create_task_group() as group:
-        group.start_soon(lambda: session.call_tool("execute_command", {"command": "sleep 30"}, progress_callback=on_progress))
+        group.start_soon(
+            lambda: session.call_tool("execute_command", {"command": "sleep 30"}, progress_callback=on_progress)
+        )
         with anyio.fail_after(10):
             await running.wait()
         with anyio.fail_after(2):
@@ -135,19 +136,27 @@ async def test_a_policy_edit_changes_the_next_call_and_a_broken_edit_changes_not
 
     read_limit = {"command": "cat /sys/fs/cgroup/memory/memory.limit_in_bytes"}
     with http_server_process("--policy", str(policy)) as server:
-        async with Client(server.url, mode="legacy", message_handler=on_message) as session:
+        async with connect(server.url, message_handler=on_message) as session:
             first = await session.call_tool("execute_command", read_limit)
-            assert first.structured_content is not None and first.structured_content["stdout"].strip() == str(64 * 2**20)
+            assert first.structured_content is not None and first.structured_content["stdout"].strip() == str(
+                64 * 2**20
+            )
             policy.write_text("defaults:\n  limits: {memory_mb: 96}\n")
             with anyio.fail_after(10):
                 await changed.wait()
             second = await session.call_tool("execute_command", read_limit)
-            assert second.structured_content is not None and second.structured_content["stdout"].strip() == str(96 * 2**20)
+            assert second.structured_content is not None and second.structured_content["stdout"].strip() == str(
+                96 * 2**20
+            )
             policy.write_text("defaults:\n  limits: {memory_mb: -5}\n")
             await anyio.to_thread.run_sync(server.wait_for_line, "policy change ignored")
-            await anyio.to_thread.run_sync(server.wait_for_line, "defaults.limits.memory_mb: -5 is less than the minimum")
+            await anyio.to_thread.run_sync(
+                server.wait_for_line, "defaults.limits.memory_mb: -5 is less than the minimum"
+            )
             third = await session.call_tool("execute_command", read_limit)
-            assert third.structured_content is not None and third.structured_content["stdout"].strip() == str(96 * 2**20)
+            assert third.structured_content is not None and third.structured_content["stdout"].strip() == str(
+                96 * 2**20
+            )
 
 
 async def test_2026_era_clients_hear_of_a_policy_change_through_subscriptions_listen(
@@ -156,7 +165,7 @@ async def test_2026_era_clients_hear_of_a_policy_change_through_subscriptions_li
     policy = tmp_path / "live.yaml"
     policy.write_text("defaults:\n  limits: {memory_mb: 64}\n")
     with http_server_process("--policy", str(policy)) as server:
-        async with Client(server.url, mode="2026-07-28") as session:
+        async with connect(server.url, mode="2026-07-28") as session:
             async with session.listen(tools_list_changed=True) as subscription:
                 policy.write_text("tools:\n  execute_command: {enabled: false}\n")
                 with anyio.fail_after(10):

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from jsonschema import Draft202012Validator
 
-from sandbox_server.errors import ConfigError
+from sandbox_server.errors import ConfigError, Refusal
 from sandbox_server.guard import Admission
 from sandbox_server.policy import HostAdmission, RateLimits
 from sandbox_server.policy.loader import HostFacts, load_policy, policy_errors
@@ -133,19 +133,21 @@ def test_policy_diff_and_explain_show_the_container_settings() -> None:
 
 def test_admission_rate_window_and_concurrency_are_answered_at_once() -> None:
     now = [1000.0]
-    admission = Admission(RateLimits(calls_per_minute=2, concurrent_calls=1), HostAdmission(0, 1000), "p", lambda: now[0])
+    admission = Admission(
+        RateLimits(calls_per_minute=2, concurrent_calls=1), HostAdmission(0, 1000), "p", lambda: now[0]
+    )
     first = admission.admit("a")
-    assert not isinstance(first, str)
-    busy = admission.admit("b")
-    assert isinstance(busy, str) and busy.startswith("busy: 1 calls already running") and "rate.concurrent_calls" in busy
+    with pytest.raises(Refusal) as busy:
+        admission.admit("b")
+    assert busy.value.message.startswith("busy: 1 calls already running")
+    assert (busy.value.kind, busy.value.field, busy.value.retry_after_s) == ("busy", "rate.concurrent_calls", 1)
     first.release()
     first.release()  # idempotent
     now[0] += 10
-    second = admission.admit("a")
-    assert not isinstance(second, str)
-    second.release()
-    limited = admission.admit("a")
-    assert isinstance(limited, str)
-    assert limited == "rate limited: 2 calls/min (policy 'p', field rate.calls_per_minute); retry in 50 s"
+    admission.admit("a").release()
+    with pytest.raises(Refusal) as limited:
+        admission.admit("a")
+    assert limited.value.message == "rate limited: 2 calls/min (policy 'p', field rate.calls_per_minute); retry in 50 s"
+    assert (limited.value.kind, limited.value.retry_after_s) == ("rate_limited", 50)
     now[0] += 51
-    assert not isinstance(admission.admit("a"), str)
+    admission.admit("a").release()

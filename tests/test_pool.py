@@ -138,7 +138,7 @@ def test_the_pool_hands_out_only_healthy_fresh_containers_of_the_right_key() -> 
     import time
 
     engine = _FakeEngine()
-    pool = WarmPool(engine)  # type: ignore[arg-type]
+    pool = WarmPool(engine)
     spec = SandboxSpec(image="img", argv=("true",))
     other = SandboxSpec(image="other", argv=("true",))
     pool.configure([PoolTarget(spec, 3, idle_s=60)])

@@ -391,13 +391,13 @@ class Analysis:
         for row in rows:
             group = None
             if keys:
-                group = {name: json_value(value) for name, value in zip(self.group_by, row)}
-                row = row[len(keys):]
+                group = {name: json_value(value) for name, value in zip(self.group_by, row, strict=False)}
+                row = row[len(keys) :]
                 total_groups, total_rows = row[-2], int(row[-1])
             else:
                 total_rows = row[-1]
             stats = {}
-            for (column, stat, _), value in zip(aggregates, row):
+            for (column, stat, _), value in zip(aggregates, row, strict=False):
                 stats.setdefault(column, {})[stat] = json_value(value)
             results.append({"group": group, "rows": row[len(aggregates)], "columns": stats})
         if total_rows == 0:
@@ -409,7 +409,9 @@ class Analysis:
                 f"column {item['column']!r} skipped for {', '.join(item['operations'])}: {item['reason']}"
             )
         if keys and total_groups > len(results):
-            self.notes.append(f"{total_groups} groups; the first {len(results)} (ordered by key) are shown (max_groups)")
+            self.notes.append(
+                f"{total_groups} groups; the first {len(results)} (ordered by key) are shown (max_groups)"
+            )
         os.makedirs(OUT, exist_ok=True)
         written = [self.write_csv(results, aggregates)]
         plot = self.request.get("plot")
@@ -433,7 +435,10 @@ class Analysis:
             "skipped": skipped,
             "notes": self.notes,
             "outputs": written,
-            "engine": {**self.engine, "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)},
+            "engine": {
+                **self.engine,
+                "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+            },
         }
 
     def write_csv(self, results, aggregates):

@@ -44,6 +44,7 @@ def draw(analysis, plot, results, aggregates):
     plt.close(figure)
     return "plot.png"
 
+
 def histogram(analysis, axes, column, bins):
     q = quote_ident(column)
     low, high, count = analysis.query(f"SELECT min({q}), max({q}), count({q}) FROM src")[0]
@@ -63,11 +64,14 @@ def histogram(analysis, axes, column, bins):
     axes.set_ylabel("rows")
     axes.set_title(f"Distribution of {column} ({count} values)")
 
+
 def bar(analysis, axes, plot, results, aggregates, numeric):
     if analysis.group_by:
-        y = plot.get("y") or next(
-            (c for c in numeric if any(col == c for col, *_ in aggregates)), None
-        ) or analysis.selected[0]
+        y = (
+            plot.get("y")
+            or next((c for c in numeric if any(col == c for col, *_ in aggregates)), None)
+            or analysis.selected[0]
+        )
         available = [stat for col, stat, _ in aggregates if col == y]
         stat = next((s for s in available if s not in ("nulls",)), None)
         if stat is None:
@@ -88,6 +92,7 @@ def bar(analysis, axes, plot, results, aggregates, numeric):
     axes.set_xticks(range(len(rows)), [str(json_value(v)) for v, _ in rows], rotation=45, ha="right")
     axes.set_ylabel("rows")
     axes.set_title(f"Rows per {x} (most frequent {len(rows)})")
+
 
 def xy(analysis, axes, kind, x, y):
     qx, qy = quote_ident(x), quote_ident(y)

@@ -1,7 +1,7 @@
 """Admission control: rate limits, a concurrency cap and host load, answered at once.
 
-Nothing here queues: a call that may not start now gets a refusal saying which
-limit, which policy field and when to retry.
+Nothing here queues: a call that may not start now is refused (a Refusal) saying
+which limit, which policy field and when to retry.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import psutil
 
+from sandbox_server.errors import Refusal
 from sandbox_server.policy import HostAdmission, RateLimits
 
 __all__ = ["Admission", "Ticket"]
@@ -38,7 +39,9 @@ class Ticket:
 class Admission:
     """Decides, without waiting, whether a call may start a sandbox now."""
 
-    def __init__(self, rate: RateLimits, host: HostAdmission, policy_name: str, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, rate: RateLimits, host: HostAdmission, policy_name: str, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.rate = rate
         self.host = host
         self.policy_name = policy_name
@@ -57,8 +60,8 @@ class Admission:
         """Sandboxes admitted and not yet released."""
         return self._running
 
-    def admit(self, client: str) -> Ticket | str:
-        """A ticket, or the refusal to send back at once."""
+    def admit(self, client: str) -> Ticket:
+        """A ticket; raises the Refusal to send back at once when the call may not start now."""
         now = self._clock()
         with self._lock:
             window = self._calls[client]
@@ -66,18 +69,22 @@ class Admission:
                 window.popleft()
             if len(window) >= self.rate.calls_per_minute:
                 retry = max(1, math.ceil(window[0] + 60 - now))
-                return (
+                raise Refusal(
                     f"rate limited: {self.rate.calls_per_minute} calls/min (policy '{self.policy_name}', "
-                    f"field rate.calls_per_minute); retry in {retry} s"
+                    f"field rate.calls_per_minute); retry in {retry} s",
+                    "rate.calls_per_minute",
+                    kind="rate_limited",
+                    retry_after_s=retry,
                 )
             if self._running >= self.rate.concurrent_calls:
-                return (
+                raise Refusal(
                     f"busy: {self.rate.concurrent_calls} calls already running (policy '{self.policy_name}', "
-                    "field rate.concurrent_calls); retry in 1 s"
+                    "field rate.concurrent_calls); retry in 1 s",
+                    "rate.concurrent_calls",
+                    kind="busy",
+                    retry_after_s=1,
                 )
-            saturated = self._host_saturated()
-            if saturated:
-                return saturated
+            self._refuse_when_saturated()
             window.append(now)
             self._running += 1
         return Ticket(self._release)
@@ -86,18 +93,23 @@ class Admission:
         with self._lock:
             self._running -= 1
 
-    def _host_saturated(self) -> str | None:
+    def _refuse_when_saturated(self) -> None:
         available_mb = psutil.virtual_memory().available // (1024 * 1024)
         if available_mb < self.host.min_available_memory_mb:
-            return (
+            raise Refusal(
                 f"busy: the host has {available_mb} MiB of memory available, below "
                 f"{self.host.min_available_memory_mb} MiB (policy '{self.policy_name}', "
-                "field host.min_available_memory_mb); retry in 5 s"
+                "field host.min_available_memory_mb); retry in 5 s",
+                "host.min_available_memory_mb",
+                kind="busy",
+                retry_after_s=5,
             )
         load_per_cpu = os.getloadavg()[0] / (psutil.cpu_count() or 1)
         if load_per_cpu > self.host.max_load_per_cpu:
-            return (
+            raise Refusal(
                 f"busy: host load is {load_per_cpu:.1f} per CPU, above {self.host.max_load_per_cpu:g} "
-                f"(policy '{self.policy_name}', field host.max_load_per_cpu); retry in 5 s"
+                f"(policy '{self.policy_name}', field host.max_load_per_cpu); retry in 5 s",
+                "host.max_load_per_cpu",
+                kind="busy",
+                retry_after_s=5,
             )
-        return None

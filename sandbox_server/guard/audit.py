@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import threading
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-__all__ = ["AuditLog"]
+__all__ = ["AuditLog", "call_record"]
 
 
 class AuditLog:
@@ -44,3 +46,24 @@ class AuditLog:
             if older.exists():
                 os.replace(older, self.path.with_name(f"{self.path.name}.{index + 1}"))
         os.replace(self.path, self.path.with_name(f"{self.path.name}.1"))
+
+
+def call_record(
+    client: str, tool: str, exposed_as: str, arguments: Mapping[str, Any], policy_name: str, policy_digest: str,
+    include_arguments: bool,
+) -> dict[str, Any]:  # fmt: skip
+    """The start of a call's audit record: who called what, under which policy; the arguments only by hash."""
+    encoded = json.dumps(arguments, ensure_ascii=False, sort_keys=True).encode("utf-8", "surrogatepass")
+    record: dict[str, Any] = {
+        "time": datetime.now(UTC).isoformat(timespec="milliseconds"),
+        "client": client,
+        "tool": tool,
+        "exposed_as": exposed_as,
+        "arguments_sha256": hashlib.sha256(encoded).hexdigest(),
+        "arguments_bytes": len(encoded),
+        "policy": policy_name,
+        "policy_sha256": policy_digest,
+    }
+    if include_arguments:
+        record["arguments"] = arguments
+    return record

@@ -223,7 +223,9 @@ def _tool_policy(
     )
 
 
-def _build(document: dict[str, Any], source: Path, tool_names: Iterable[str], host: HostFacts) -> tuple[Policy, list[str]]:
+def _build(
+    document: dict[str, Any], source: Path, tool_names: Iterable[str], host: HostFacts
+) -> tuple[Policy, list[str]]:
     errors: list[str] = []
     known = list(tool_names)
     for name in document.get("tools", {}):
@@ -238,6 +240,7 @@ def _build(document: dict[str, Any], source: Path, tool_names: Iterable[str], ho
     digest = hashlib.sha256(json.dumps(document, sort_keys=True).encode()).hexdigest()
     policy = Policy(
         name=document["name"],
+        tool_prefix=str(document.get("tool_prefix", "")),
         default=default,
         tools=tools,
         rate=RateLimits(**document.get("rate", {})),

@@ -89,6 +89,8 @@ class Policy:
     """A named, fully resolved policy."""
 
     name: str = "default"
+    tool_prefix: str = ""
+    """Put before every tool name clients see (`sbx_` gives `sbx_execute_command`)."""
     default: ToolPolicy = field(default_factory=ToolPolicy)
     tools: tuple[tuple[str, ToolPolicy], ...] = ()
     rate: RateLimits = field(default_factory=RateLimits)

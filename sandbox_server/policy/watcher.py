@@ -10,8 +10,8 @@ import anyio
 
 from sandbox_server.errors import ConfigError
 from sandbox_server.policy.loader import HostFacts, load_policy
-from sandbox_server.shipped import policies_dir
 from sandbox_server.policy.model import Policy
+from sandbox_server.shipped import policies_dir
 
 __all__ = ["watch_policy"]
 

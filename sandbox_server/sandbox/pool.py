@@ -18,7 +18,7 @@ import time
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar
 
 import anyio
 import anyio.to_thread
@@ -49,15 +49,18 @@ class Warm(Protocol):
     def ready_at(self) -> float: ...
 
 
-class WarmEngine(Protocol):
-    """The engine side: make, check, throw away, and run in a warm container."""
+WarmT = TypeVar("WarmT", bound=Warm)
 
-    def prepare(self, spec: SandboxSpec) -> Warm: ...
-    def healthy(self, warm: Warm) -> bool: ...
-    def discard(self, warm: Warm) -> None: ...
-    def discard_later(self, warm: Warm) -> None: ...
+
+class WarmEngine(Protocol[WarmT]):
+    """The engine side: make, check, throw away, and run in a warm container (of its own kind)."""
+
+    def prepare(self, spec: SandboxSpec) -> WarmT: ...
+    def healthy(self, warm: WarmT) -> bool: ...
+    def discard(self, warm: WarmT) -> None: ...
+    def discard_later(self, warm: WarmT) -> None: ...
     async def run(
-        self, spec: SandboxSpec, on_progress: ProgressCallback | None = None, warm: Warm | None = None
+        self, spec: SandboxSpec, on_progress: ProgressCallback | None = None, warm: WarmT | None = None
     ) -> ExecutionResult: ...
 
 
@@ -87,13 +90,13 @@ class PoolStats:
     failures: int = 0
 
 
-class WarmPool:
+class WarmPool(Generic[WarmT]):
     """A SandboxRuntime that runs each call in a warm container when one is ready, cold otherwise."""
 
-    def __init__(self, engine: WarmEngine) -> None:
+    def __init__(self, engine: WarmEngine[WarmT]) -> None:
         self._engine = engine
         self._targets: dict[Key, PoolTarget] = {}
-        self._ready: dict[Key, deque[Warm]] = {}
+        self._ready: dict[Key, deque[WarmT]] = {}
         self._filling: dict[Key, int] = {}
         self._wakeup = anyio.Event()
         self._retry_at = 0.0
@@ -124,7 +127,7 @@ class WarmPool:
         """Run one call in a warm container of its key if one is ready, else in a cold one at once."""
         return await self._engine.run(spec, on_progress, warm=self._take(spec.container_key()))
 
-    def _take(self, key: Key) -> Warm | None:
+    def _take(self, key: Key) -> WarmT | None:
         queue = self._ready.get(key)
         target = self._targets.get(key)
         now = time.monotonic()
@@ -178,9 +181,7 @@ class WarmPool:
                 self._engine.discard_later(warm)
 
     def _next_deadline(self, now: float) -> float:
-        deadlines = [
-            queue[0].ready_at + self._targets[key].idle_s - now for key, queue in self._ready.items() if queue
-        ]
+        deadlines = [queue[0].ready_at + self._targets[key].idle_s - now for key, queue in self._ready.items() if queue]
         if any(self._ready.values()):
             deadlines.append(SWEEP_S)
         if now < self._retry_at:

@@ -16,8 +16,6 @@ ProgressCallback = Callable[[float, int, int], Awaitable[None]]
 class SandboxRuntime(Protocol):
     """Runs a spec in a fresh sandbox that is destroyed afterwards."""
 
-    async def run(
-        self, spec: SandboxSpec, on_progress: ProgressCallback | None = None
-    ) -> ExecutionResult:
+    async def run(self, spec: SandboxSpec, on_progress: ProgressCallback | None = None) -> ExecutionResult:
         """Run one program; engine failures raise EngineError, program failures are data."""
         ...

@@ -13,9 +13,10 @@ from __future__ import annotations
 import json
 import posixpath
 from collections.abc import Mapping
-from dataclasses import replace
 from typing import Any
 
+from sandbox_server.errors import Refusal
+from sandbox_server.sandbox.spec import ExecutionResult
 from sandbox_server.tools.base import (
     FILES_SCHEMA,
     SANDBOX_ANNOTATIONS,
@@ -24,6 +25,7 @@ from sandbox_server.tools.base import (
     ToolContext,
     ToolOutcome,
     outcome_from_execution,
+    result_schema,
     sandbox_spec,
 )
 
@@ -41,76 +43,76 @@ TABLE_ROWS = 200
 """Rows of the markdown table; the full table is in result.csv and structuredContent."""
 
 _VALUE: dict[str, Any] = {"type": ["number", "string", "integer", "boolean", "null"]}
-OUTPUT_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "properties": {
-        "file": {
+ANSWER_PROPERTIES: dict[str, Any] = {
+    "file": {
+        "type": "object",
+        "properties": {
+            "path": {"type": "string"},
+            "encoding": {"type": "string"},
+            "delimiter": {"type": "string"},
+            "header": {"type": "boolean"},
+            "rows": {"type": "integer"},
+            "columns": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {"name": {"type": "string"}, "type": {"type": "string"}},
+                    "required": ["name", "type"],
+                },
+            },
+        },
+        "required": ["path", "encoding", "delimiter", "header", "rows", "columns"],
+    },
+    "group_by": {"type": "array", "items": {"type": "string"}},
+    "statistics": {"type": "array", "items": {"type": "string"}, "description": "Statistic names, in order."},
+    "groups": {"type": ["integer", "null"], "description": "How many groups exist (results may show fewer)."},
+    "results": {
+        "type": "array",
+        "description": "One entry per group (one entry with group null without group_by).",
+        "items": {
             "type": "object",
             "properties": {
-                "path": {"type": "string"},
-                "encoding": {"type": "string"},
-                "delimiter": {"type": "string"},
-                "header": {"type": "boolean"},
+                "group": {"type": ["object", "null"], "additionalProperties": _VALUE},
                 "rows": {"type": "integer"},
                 "columns": {
-                    "type": "array",
-                    "items": {
-                        "type": "object",
-                        "properties": {"name": {"type": "string"}, "type": {"type": "string"}},
-                        "required": ["name", "type"],
-                    },
+                    "type": "object",
+                    "description": "Column name -> statistic name -> value.",
+                    "additionalProperties": {"type": "object", "additionalProperties": _VALUE},
                 },
             },
-            "required": ["path", "encoding", "delimiter", "header", "rows", "columns"],
+            "required": ["group", "rows", "columns"],
         },
-        "group_by": {"type": "array", "items": {"type": "string"}},
-        "statistics": {"type": "array", "items": {"type": "string"}, "description": "Statistic names, in order."},
-        "groups": {"type": ["integer", "null"], "description": "How many groups exist (results may show fewer)."},
-        "results": {
-            "type": "array",
-            "description": "One entry per group (one entry with group null without group_by).",
-            "items": {
-                "type": "object",
-                "properties": {
-                    "group": {"type": ["object", "null"], "additionalProperties": _VALUE},
-                    "rows": {"type": "integer"},
-                    "columns": {
-                        "type": "object",
-                        "description": "Column name -> statistic name -> value.",
-                        "additionalProperties": {"type": "object", "additionalProperties": _VALUE},
-                    },
-                },
-                "required": ["group", "rows", "columns"],
-            },
-        },
-        "skipped": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "properties": {
-                    "column": {"type": "string"},
-                    "type": {"type": "string"},
-                    "operations": {"type": "array", "items": {"type": "string"}},
-                    "reason": {"type": "string"},
-                },
-                "required": ["column", "operations", "reason"],
-            },
-        },
-        "notes": {"type": "array", "items": {"type": "string"}},
-        "engine": {
-            "type": "object",
-            "description": "What computed the answer inside the sandbox, and the most memory it held (RSS).",
-            "properties": {
-                "name": {"type": "string"},
-                "threads": {"type": "integer"},
-                "memory_limit_mb": {"type": "integer"},
-                "peak_rss_mb": {"type": "number"},
-            },
-        },
-        "duration_ms": {"type": "integer"},
     },
-    "required": ["file", "group_by", "results", "skipped", "notes", "duration_ms"],
+    "skipped": {
+        "type": "array",
+        "items": {
+            "type": "object",
+            "properties": {
+                "column": {"type": "string"},
+                "type": {"type": "string"},
+                "operations": {"type": "array", "items": {"type": "string"}},
+                "reason": {"type": "string"},
+            },
+            "required": ["column", "operations", "reason"],
+        },
+    },
+    "notes": {"type": "array", "items": {"type": "string"}},
+    "engine": {
+        "type": "object",
+        "description": "What computed the answer inside the sandbox, and the most memory it held (RSS).",
+        "properties": {
+            "name": {"type": "string"},
+            "threads": {"type": "integer"},
+            "memory_limit_mb": {"type": "integer"},
+            "peak_rss_mb": {"type": "number"},
+        },
+    },
+    "duration_ms": {"type": "integer"},
+    "stderr": {"type": "string", "description": "Only when the analysis failed: the end of its error output."},
 }
+OUTPUT_SCHEMA = result_schema(
+    "analyze_csv: result", ANSWER_PROPERTIES, ["file", "group_by", "results", "skipped", "notes", "duration_ms"]
+)
 
 
 def sandbox_path(filepath: str, roots: list[str]) -> str | None:
@@ -162,6 +164,37 @@ def markdown_table(answer: Mapping[str, Any], max_rows: int = TABLE_ROWS) -> tup
         rows_line = f"(no statistics: {answer['file']['rows']} rows)"
         return rows_line, False
     return "\n".join(lines), False
+
+
+def _failure(
+    answer: Mapping[str, Any] | None, result: ExecutionResult, outcome: ToolOutcome, policy_name: str
+) -> ToolOutcome:
+    """An analysis that gave no answer, in this tool's own shape: what went wrong, and the program's last words."""
+    details = {"duration_ms": result.duration_ms, "stderr": result.stderr.decode("utf-8", "replace")[-4000:]}
+    if answer is not None:  # the launcher refused the request (a missing column, a file too big …)
+        field = answer.get("field")
+        return ToolOutcome.failed(
+            "refused", str(answer["error"]), policy_name, field if isinstance(field, str) else None,
+            extra={"duration_ms": result.duration_ms}, audit=outcome.audit,
+        )  # fmt: skip
+    if result.oom_killed:
+        kind, message = "out_of_memory", f"{outcome.headline}; {MEMORY_HINT}"
+    elif result.timed_out:
+        kind, message = "timed_out", outcome.headline
+    elif result.flooded or result.killed:
+        kind, message = "killed", outcome.headline
+    else:
+        last = result.stderr.decode("utf-8", "replace").strip().rsplit("\n", 1)[-1]
+        kind, message = "failed", f"analysis failed (exit code {result.exit_code}): {last or 'no answer written'}"
+    field = "limits.memory_mb" if kind == "out_of_memory" else "limits.timeout_s" if kind == "timed_out" else None
+    return ToolOutcome(
+        headline=message,
+        is_error=True,
+        sections=outcome.sections,
+        structured={"error": {"kind": kind, "message": message, "policy": policy_name, "field": field}, **details},
+        notes=outcome.notes,
+        audit=outcome.audit,
+    )
 
 
 class AnalyzeCsv:
@@ -233,6 +266,7 @@ class AnalyzeCsv:
             "timeout_s": TIMEOUT_SCHEMA,
             "files": FILES_SCHEMA,
         },
+        "title": "analyze_csv: arguments",
         "required": ["filepath", "operations"],
         "additionalProperties": False,
     }
@@ -245,10 +279,11 @@ class AnalyzeCsv:
         roots = [mount.sandbox_path for mount in policy.mounts] + [WORKSPACE]
         path = sandbox_path(args["filepath"], roots)
         if path is None:
-            return ToolOutcome.refusal(
+            raise Refusal(
                 f"refused: filepath {args['filepath']!r} is not inside a readable root of policy "
                 f"'{ctx.policy_name}' ({', '.join(roots)}; field mounts adds data folders); "
-                "'..' is never accepted"
+                "'..' is never accepted",
+                "mounts",
             )
         limits = policy.limits
         request = {
@@ -266,8 +301,6 @@ class AnalyzeCsv:
         }
         stdin = json.dumps(request).encode()
         spec = sandbox_spec(args, ctx, ("python3", RUNNER), stdin)
-        if isinstance(spec, ToolOutcome):
-            return spec
         result = await ctx.runtime.run(spec, ctx.on_progress)
         outcome = outcome_from_execution(result, spec)
         answer_file = next((f for f in result.files if f.path == ANSWER), None)
@@ -277,20 +310,9 @@ class AnalyzeCsv:
                 answer = json.loads(answer_file.content)
             except ValueError:
                 answer = None
-        if answer is None:
-            if result.oom_killed:
-                return replace(outcome, headline=f"{outcome.headline}; {MEMORY_HINT}")
-            if result.timed_out or result.flooded or result.killed:
-                return outcome
-            last = result.stderr.decode("utf-8", "replace").strip().rsplit("\n", 1)[-1]
-            return replace(
-                outcome,
-                headline=f"analysis failed (exit code {result.exit_code}): {last or 'no answer written'}",
-                is_error=True,
-            )
+        if answer is None or "error" in answer:
+            return _failure(answer, result, outcome, ctx.policy_name)
         files = tuple(f for f in result.files if f.path != ANSWER)
-        if "error" in answer:
-            return ToolOutcome(headline=answer["error"], is_error=True, audit=outcome.audit)
         table, cut = markdown_table(answer)
         notes = list(answer["notes"])
         if cut:

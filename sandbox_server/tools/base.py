@@ -8,12 +8,14 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Protocol
 
+from sandbox_server.errors import Refusal
 from sandbox_server.policy import ToolPolicy
 from sandbox_server.sandbox.archive import safe_relative_path
 from sandbox_server.sandbox.runtime import ProgressCallback, SandboxRuntime
 from sandbox_server.sandbox.spec import ExecutionResult, InputFile, OutputFile, ResourceLimits, SandboxSpec
 
 __all__ = [
+    "ERROR_SCHEMA",
     "FILES_SCHEMA",
     "SANDBOX_ANNOTATIONS",
     "TIMEOUT_SCHEMA",
@@ -22,8 +24,10 @@ __all__ = [
     "ToolContext",
     "ToolOutcome",
     "decode_files",
+    "annotations_for",
     "outcome_from_execution",
     "refuse_timeout",
+    "result_schema",
     "sandbox_spec",
     "workspace_folder",
 ]
@@ -61,7 +65,46 @@ SANDBOX_ANNOTATIONS: dict[str, Any] = {
     "openWorldHint": False,
 }
 """Honest hints for a tool that runs code: it may write (but only inside a throwaway sandbox),
-is not idempotent, and reaches nothing outside (no network)."""
+is not idempotent, and reaches nothing outside (no network). `annotations_for` adjusts
+them to a policy: a writable mount makes a writing tool destructive, a network open-world."""
+
+ERROR_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "Present when the call was refused, or failed before the tool could answer.",
+    "properties": {
+        "kind": {
+            "enum": [
+                "invalid_arguments", "refused", "busy", "rate_limited", "engine_unavailable", "engine_error",
+                "timed_out", "out_of_memory", "killed", "failed",
+            ],
+        },
+        "message": {"type": "string", "description": "The same text as the result's first line."},
+        "policy": {"type": ["string", "null"], "description": "The policy in force."},
+        "field": {"type": ["string", "null"], "description": "The policy field or argument that decided it."},
+        "retry_after_s": {"type": ["number", "null"], "description": "For busy and rate_limited: when to retry."},
+    },
+    "required": ["kind", "message"],
+    "additionalProperties": False,
+}  # fmt: skip
+
+
+def result_schema(title: str, properties: Mapping[str, Any], required: list[str]) -> dict[str, Any]:
+    """A tool's outputSchema: its own answer, or an `error` object when it was refused or failed."""
+    return {
+        "title": title,
+        "type": "object",
+        "properties": {**properties, "error": ERROR_SCHEMA},
+        "anyOf": [{"required": required}, {"required": ["error"]}],
+    }
+
+
+def annotations_for(tool: Tool, policy: ToolPolicy) -> dict[str, Any]:
+    """The tool's hints under a policy: what the sandbox can reach changes what the tool may do."""
+    hints = dict(tool.annotations)
+    writes_outside = any(not mount.read_only for mount in policy.mounts)
+    hints["destructiveHint"] = bool(not hints.get("readOnlyHint") and writes_outside)
+    hints["openWorldHint"] = policy.network != "none"
+    return hints
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,20 +131,48 @@ class ToolOutcome:
     """What the audit line records about the sandbox (container, runtime, limits, outcome)."""
 
     @classmethod
-    def refusal(cls, message: str) -> ToolOutcome:
-        """Nothing ran: the request was refused, and why."""
-        return cls(headline=message, is_error=True)
+    def refused(cls, refusal: Refusal, policy_name: str) -> ToolOutcome:
+        """Nothing ran: the call was refused, and why (the one conversion of a Refusal)."""
+        return cls.failed(refusal.kind, refusal.message, policy_name, refusal.field, refusal.retry_after_s)
+
+    @classmethod
+    def failed(
+        cls,
+        kind: str,
+        message: str,
+        policy_name: str | None = None,
+        field: str | None = None,
+        retry_after_s: float | None = None,
+        *,
+        extra: Mapping[str, Any] | None = None,
+        audit: Mapping[str, Any] | None = None,
+    ) -> ToolOutcome:
+        """An error answer whose structured form is `{"error": {...}}` and any `extra` fields."""
+        error = {
+            "kind": kind,
+            "message": message,
+            "policy": policy_name,
+            "field": field,
+            "retry_after_s": retry_after_s,
+        }
+        return cls(headline=message, is_error=True, structured={"error": error, **(extra or {})}, audit=audit)
 
 
 class Tool(Protocol):
     """One tool; modules under tools/ each provide one."""
 
-    name: str
-    title: str
-    description: str
-    input_schema: Mapping[str, Any]
-    output_schema: Mapping[str, Any]
-    annotations: Mapping[str, Any]
+    @property
+    def name(self) -> str: ...
+    @property
+    def title(self) -> str: ...
+    @property
+    def description(self) -> str: ...
+    @property
+    def input_schema(self) -> Mapping[str, Any]: ...
+    @property
+    def output_schema(self) -> Mapping[str, Any]: ...
+    @property
+    def annotations(self) -> Mapping[str, Any]: ...
 
     async def run(self, args: Mapping[str, Any], ctx: ToolContext) -> ToolOutcome:
         """Run the tool; sandboxed failures are outcomes, not exceptions."""
@@ -132,44 +203,52 @@ def _path_problem(path: str) -> str | None:
     return None
 
 
-def decode_files(items: list[Mapping[str, str]], policy: ToolPolicy) -> tuple[InputFile, ...] | str:
-    """Input files from the arguments, or a refusal naming the file and the limit."""
+def decode_files(items: list[Mapping[str, str]], policy: ToolPolicy, policy_name: str) -> tuple[InputFile, ...]:
+    """Input files from the arguments; a Refusal names the file and the limit."""
     files: list[InputFile] = []
     total = 0
     if len(items) > policy.max_input_files:
-        return (
-            f"{len(items)} input files, above the cap of {policy.max_input_files} "
-            "(policy field limits.input_files); nothing was copied in"
+        raise Refusal(
+            f"refused by policy '{policy_name}': {len(items)} input files, above the cap of "
+            f"{policy.max_input_files} (policy field limits.input_files); nothing was copied in",
+            "limits.input_files",
         )
     for index, item in enumerate(items):
         name_problem = _path_problem(item["path"])
         if name_problem:
-            return f"files[{index}].path {_shown(item['path'])} {name_problem}"
+            raise Refusal(
+                f"refused by policy '{policy_name}': files[{index}].path {_shown(item['path'])} {name_problem}",
+                f"files[{index}].path",
+            )
         if item.get("encoding", "utf-8") == "base64":
             try:
                 content = base64.b64decode(item["content"], validate=True)
             except (binascii.Error, ValueError):
-                return f"files[{index}].content is not valid base64"
+                raise Refusal(
+                    f"refused by policy '{policy_name}': files[{index}].content is not valid base64",
+                    f"files[{index}].content",
+                ) from None
         else:
             content = item["content"].encode("utf-8", "surrogatepass")
         total += len(content)
         if total > policy.max_input_file_bytes:
-            return (
-                f"input files exceed {policy.max_input_file_bytes} bytes "
-                f"(policy field limits.input_file_bytes); send less or raise the limit"
+            raise Refusal(
+                f"refused by policy '{policy_name}': input files exceed {policy.max_input_file_bytes} bytes "
+                "(policy field limits.input_file_bytes); send less or raise the limit",
+                "limits.input_file_bytes",
             )
         files.append(InputFile(path=item["path"], content=content))
     return tuple(files)
 
 
-def refuse_timeout(requested: float | None, policy: ToolPolicy, policy_name: str) -> str | None:
-    """A refusal when the caller asks for more time than the policy allows."""
+def refuse_timeout(requested: float | None, policy: ToolPolicy, policy_name: str) -> None:
+    """Refuse a call that asks for more time than the policy allows."""
     if requested is not None and requested > policy.max_timeout_s:
-        return (
+        raise Refusal(
             f"refused: timeout_s {requested:g} is above the cap of {policy.max_timeout_s:g} s "
-            f"set by policy '{policy_name}' (field limits.max_timeout_s); ask for {policy.max_timeout_s:g} or less"
+            f"set by policy '{policy_name}' (field limits.max_timeout_s); ask for {policy.max_timeout_s:g} or less",
+            "limits.max_timeout_s",
         )
-    return None
 
 
 def sandbox_spec(
@@ -178,20 +257,17 @@ def sandbox_spec(
     argv: tuple[str, ...],
     stdin: bytes,
     extra_env: tuple[tuple[str, str], ...] = (),
-) -> SandboxSpec | ToolOutcome:
-    """The spec of one call from its arguments and its tool's policy, or the refusal to answer with."""
+) -> SandboxSpec:
+    """The spec of one call from its arguments and its tool's policy; raises Refusal when the policy says no."""
     policy = ctx.policy
-    refusal = refuse_timeout(args.get("timeout_s"), policy, ctx.policy_name)
-    if refusal:
-        return ToolOutcome.refusal(refusal)
-    files = decode_files(args.get("files", []), policy)
-    if isinstance(files, str):
-        return ToolOutcome.refusal(f"refused by policy '{ctx.policy_name}': {files}")
+    refuse_timeout(args.get("timeout_s"), policy, ctx.policy_name)
+    files = decode_files(args.get("files", []), policy, ctx.policy_name)
     workdir = workspace_folder(args.get("workdir", WORKSPACE))
     if workdir is None:
-        return ToolOutcome.refusal(
+        raise Refusal(
             f"refused: workdir {_shown(args['workdir'])} must be {WORKSPACE} or a folder under it (no '..'); "
-            "a call never sets the container's working directory"
+            "a call never sets the container's working directory",
+            "workdir",
         )
     limits = policy.limits
     if "timeout_s" in args:

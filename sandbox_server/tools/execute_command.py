@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from sandbox_server.errors import Refusal
 from sandbox_server.policy import ToolPolicy
 from sandbox_server.tools.base import (
     FILES_SCHEMA,
@@ -13,48 +14,49 @@ from sandbox_server.tools.base import (
     ToolContext,
     ToolOutcome,
     outcome_from_execution,
+    result_schema,
     sandbox_spec,
 )
 
-__all__ = ["OUTPUT_SCHEMA", "ExecuteCommand"]
+__all__ = ["EXECUTION_PROPERTIES", "EXECUTION_REQUIRED", "OUTPUT_SCHEMA", "ExecuteCommand"]
 
 NO_NUL = "^[^\\u0000]*$"
 
-OUTPUT_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "properties": {
-        "exit_code": {"type": ["integer", "null"], "description": "null when the program was killed"},
-        "stdout": {"type": "string"},
-        "stderr": {"type": "string"},
-        "timed_out": {"type": "boolean"},
-        "oom_killed": {"type": "boolean"},
-        "duration_ms": {"type": "integer"},
-        "truncated": {"type": "boolean", "description": "stdout or stderr was cut to the output cap"},
-        "files": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "properties": {"path": {"type": "string"}, "size": {"type": "integer"}},
-                "required": ["path", "size"],
-            },
+EXECUTION_PROPERTIES: dict[str, Any] = {
+    "exit_code": {"type": ["integer", "null"], "description": "null when the program was killed"},
+    "stdout": {"type": "string"},
+    "stderr": {"type": "string"},
+    "timed_out": {"type": "boolean"},
+    "oom_killed": {"type": "boolean"},
+    "duration_ms": {"type": "integer"},
+    "truncated": {"type": "boolean", "description": "stdout or stderr was cut to the output cap"},
+    "files": {
+        "type": "array",
+        "items": {
+            "type": "object",
+            "properties": {"path": {"type": "string"}, "size": {"type": "integer"}},
+            "required": ["path", "size"],
         },
     },
-    "required": ["exit_code", "stdout", "stderr", "timed_out", "oom_killed", "duration_ms", "truncated", "files"],
 }
+"""What a program that ran left: run_python shares it."""
+EXECUTION_REQUIRED = list(EXECUTION_PROPERTIES)
+OUTPUT_SCHEMA = result_schema("execute_command: result", EXECUTION_PROPERTIES, EXECUTION_REQUIRED)
 
 
-def _refuse_program(command: str, policy: ToolPolicy, policy_name: str) -> str | None:
-    """A refusal when the policy's command lists do not admit this program."""
+def _refuse_program(command: str, policy: ToolPolicy, policy_name: str) -> None:
+    """Refuse a program the policy's command lists do not admit."""
     program = command.rsplit("/", 1)[-1]
     if program in policy.commands_deny:
-        return f"refused: program {program!r} is denied by policy '{policy_name}' (field commands.deny)"
+        raise Refusal(
+            f"refused: program {program!r} is denied by policy '{policy_name}' (field commands.deny)", "commands.deny"
+        )
     if policy.commands_allow and program not in policy.commands_allow:
         allowed = ", ".join(policy.commands_allow)
-        return (
-            f"refused: program {program!r} is not allowed by policy '{policy_name}' "
-            f"(field commands.allow: {allowed})"
+        raise Refusal(
+            f"refused: program {program!r} is not allowed by policy '{policy_name}' (field commands.allow: {allowed})",
+            "commands.allow",
         )
-    return None
 
 
 class ExecuteCommand:
@@ -97,6 +99,7 @@ class ExecuteCommand:
             "timeout_s": TIMEOUT_SCHEMA,
             "files": FILES_SCHEMA,
         },
+        "title": "execute_command: arguments",
         "required": ["command"],
         "additionalProperties": False,
     }
@@ -108,18 +111,15 @@ class ExecuteCommand:
         policy = ctx.policy
         if "args" in args:
             argv = (args["command"], *args["args"])
-            refusal = _refuse_program(args["command"], policy, ctx.policy_name)
-            if refusal:
-                return ToolOutcome.refusal(refusal)
+            _refuse_program(args["command"], policy, ctx.policy_name)
         elif policy.allow_shell:
             argv = ("/bin/sh", "-c", args["command"])
         else:
-            return ToolOutcome.refusal(
+            raise Refusal(
                 f"refused: policy '{ctx.policy_name}' does not allow a shell (field commands.shell); "
-                "give the program in `command` and its arguments in `args`"
+                "give the program in `command` and its arguments in `args`",
+                "commands.shell",
             )
         spec = sandbox_spec(args, ctx, argv, args.get("stdin", "").encode("utf-8", "surrogatepass"))
-        if isinstance(spec, ToolOutcome):
-            return spec
         result = await ctx.runtime.run(spec, ctx.on_progress)
         return outcome_from_execution(result, spec)

@@ -13,9 +13,10 @@ from sandbox_server.tools.base import (
     ToolContext,
     ToolOutcome,
     outcome_from_execution,
+    result_schema,
     sandbox_spec,
 )
-from sandbox_server.tools.execute_command import OUTPUT_SCHEMA
+from sandbox_server.tools.execute_command import EXECUTION_PROPERTIES, EXECUTION_REQUIRED
 
 __all__ = ["RunPython"]
 
@@ -43,10 +44,11 @@ class RunPython:
             "timeout_s": TIMEOUT_SCHEMA,
             "files": FILES_SCHEMA,
         },
+        "title": "run_python: arguments",
         "required": ["code"],
         "additionalProperties": False,
     }
-    output_schema = OUTPUT_SCHEMA
+    output_schema = result_schema("run_python: result", EXECUTION_PROPERTIES, EXECUTION_REQUIRED)
     annotations = SANDBOX_ANNOTATIONS
 
     async def run(self, args: Mapping[str, Any], ctx: ToolContext) -> ToolOutcome:
@@ -60,8 +62,6 @@ class RunPython:
             args["code"].encode("utf-8", "surrogatepass"),
             extra_env=(("SANDBOX_IMAGE_BYTES", str(per_image)),),
         )
-        if isinstance(spec, ToolOutcome):
-            return spec
         result = await ctx.runtime.run(spec, ctx.on_progress)
         outcome = outcome_from_execution(result, spec)
         stderr = result.stderr.decode("utf-8", "replace").rstrip()

@@ -26,7 +26,6 @@ from mcp import Client
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
 from tests.mcp_harness import text_of, upload
 
-
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("invariants")]
 
 Check = Callable[[types.CallToolResult, str, dict[str, Any]], None]
@@ -61,11 +60,15 @@ CASES: dict[str, tuple[tuple[str, dict[str, Any]], Check]] = {
     "01 fork bomb": (
         # The shell stays 2 s so the bomb meets the limit before the launcher reads the pids counter.
         shell("bash -c ':(){ :|:& };:; sleep 2'", timeout_s=5),
-        error_with("process limit reached: forks failed at 128 processes (policy field limits.pids)", "timed out after 5 s"),
+        error_with(
+            "process limit reached: forks failed at 128 processes (policy field limits.pids)", "timed out after 5 s"
+        ),
     ),
     "02 thread bomb": (
-        python("import threading, time\nwhile True:\n    threading.Thread(target=time.sleep, args=(3600,)).start()",
-               timeout_s=5),
+        python(
+            "import threading, time\nwhile True:\n    threading.Thread(target=time.sleep, args=(3600,)).start()",
+            timeout_s=5,
+        ),
         error_with("process limit reached", "timed out after 5 s"),
     ),
     "03 memory bomb": (
@@ -96,8 +99,10 @@ CASES: dict[str, tuple[tuple[str, dict[str, Any]], Check]] = {
         error_with("timed out after 2 s"),
     ),
     "13 sleeps past the timeout": (shell("sleep 3600", timeout_s=2), error_with("timed out after 2 s")),
-    "14 orphans and daemons": (shell("setsid sleep 1000 & nohup sleep 1000 >/dev/null 2>&1 & echo started"),
-                               stdout_is("started\n")),  # fmt: skip
+    "14 orphans and daemons": (
+        shell("setsid sleep 1000 & nohup sleep 1000 >/dev/null 2>&1 & echo started"),
+        stdout_is("started\n"),
+    ),  # fmt: skip
     "15 zombies reaped by init": (
         # 3000 orphans whose parents exit at once: only init reaps them; were they left as
         # zombies, forks would fail at the 128-process limit long before the end.
@@ -105,42 +110,57 @@ CASES: dict[str, tuple[tuple[str, dict[str, Any]], Check]] = {
         stdout_is("3000\n"),
     ),
     "15 zombies of a live parent stay within the limit": (
-        python("import os\nforked = 0\nfor _ in range(1000):\n    try:\n        if os.fork() == 0:\n            os._exit(0)\n"
-               "        forked += 1\n    except OSError:\n        pass\nprint(forked)", timeout_s=20),
+        python(
+            "import os\nforked = 0\nfor _ in range(1000):\n    try:\n        if os.fork() == 0:\n            os._exit(0)\n"
+            "        forked += 1\n    except OSError:\n        pass\nprint(forked)",
+            timeout_s=20,
+        ),
         error_with("process limit reached: forks failed at 128 processes (policy field limits.pids)"),
     ),
     "16 DNS and egress": (
-        shell("ls /sys/class/net; getent hosts example.com || echo no-dns; "
-              "(exec 3<>/dev/tcp/1.1.1.1/53) 2>/dev/null || echo no-egress"),  # fmt: skip
+        shell(
+            "ls /sys/class/net; getent hosts example.com || echo no-dns; "
+            "(exec 3<>/dev/tcp/1.1.1.1/53) 2>/dev/null || echo no-egress"
+        ),  # fmt: skip
         stdout_is("lo\nno-dns\nno-egress\n"),
     ),
     "18 raw socket": (
         python("import socket\nsocket.socket(socket.AF_PACKET, socket.SOCK_RAW)"),
         error_with("PermissionError", "Operation not permitted"),
     ),
-    "20 hardlink to a host file": (shell("ln /etc/shadow /workspace/x"), error_with("Operation not permitted",
-                                                                                   "Invalid cross-device link")),
+    "20 hardlink to a host file": (
+        shell("ln /etc/shadow /workspace/x"),
+        error_with("Operation not permitted", "Invalid cross-device link"),
+    ),
     "23 setuid and privilege": (
         shell("su -c id root </dev/null; mount -t tmpfs none /mnt; id -u; cat /proc/self/status | grep ^CapEff"),
         stdout_is("1000\nCapEff:\t0000000000000000\n"),
     ),
     "24 /proc and /sys writes": (
-        shell("echo 1 > /proc/sys/kernel/sysrq || echo refused-sysrq; echo b > /proc/sysrq-trigger || echo refused-trigger;"
-              " echo 1 > /sys/kernel/mm/ksm/run || echo refused-sys"),  # fmt: skip
+        shell(
+            "echo 1 > /proc/sys/kernel/sysrq || echo refused-sysrq; echo b > /proc/sysrq-trigger || echo refused-trigger;"
+            " echo 1 > /sys/kernel/mm/ksm/run || echo refused-sys"
+        ),  # fmt: skip
         stdout_is("refused-sysrq\nrefused-trigger\nrefused-sys\n"),
     ),
     "25 mount and unshare": (
-        shell("mount -t tmpfs none /tmp 2>/dev/null || echo no-mount; unshare -Urm true 2>/dev/null || echo no-unshare"),
+        shell(
+            "mount -t tmpfs none /tmp 2>/dev/null || echo no-mount; unshare -Urm true 2>/dev/null || echo no-unshare"
+        ),
         stdout_is("no-mount\nno-unshare\n"),
     ),
     "26 kernel modules": (
-        python("import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\nfd = os.open('/dev/null', os.O_RDONLY)\n"
-               "print(libc.syscall(313, fd, b'', 0), os.strerror(ctypes.get_errno()))"),  # fmt: skip
+        python(
+            "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\nfd = os.open('/dev/null', os.O_RDONLY)\n"
+            "print(libc.syscall(313, fd, b'', 0), os.strerror(ctypes.get_errno()))"
+        ),  # fmt: skip
         stdout_is("-1 Operation not permitted\n"),
     ),
     "26 io_uring (allowed by the engine's default profile)": (
-        python("import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\nparams = ctypes.create_string_buffer(120)\n"
-               "print(libc.syscall(425, 8, params), os.strerror(ctypes.get_errno()))"),  # fmt: skip
+        python(
+            "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\nparams = ctypes.create_string_buffer(120)\n"
+            "print(libc.syscall(425, 8, params), os.strerror(ctypes.get_errno()))"
+        ),  # fmt: skip
         stdout_is("-1 Operation not permitted\n"),
     ),
     "27 no host socket inside": (
@@ -202,7 +222,9 @@ async def test_17_the_host_loopback_is_not_reachable(server: Client) -> None:
 
 
 async def test_19_a_symlink_in_the_output_is_never_followed(server: Client) -> None:
-    result = await server.call_tool("execute_command", {"command": "ln -s /etc/shadow out/x; ln -s /etc/passwd out/y; echo ok"})
+    result = await server.call_tool(
+        "execute_command", {"command": "ln -s /etc/shadow out/x; ln -s /etc/passwd out/y; echo ok"}
+    )
     text = text_of(result)
     assert "x" in text and "not a regular file" in text or "skipped" in text, text
     for block in result.content:
@@ -280,7 +302,7 @@ async def test_21_a_forged_output_archive_writes_nothing_outside(server: Client,
 async def test_22_hostile_output_names_come_back_escaped(server: Client) -> None:
     command = (
         "cd out && for name in \"$(printf 'a\\nb')\" ./-rf \"$(printf '\\377bad')\" \"$(printf '\\033[2Jx')\" "
-        "\"$(printf 'safe\\342\\200\\256txt.exe')\"; do echo x > \"$name\"; done; ls | wc -l"
+        '"$(printf \'safe\\342\\200\\256txt.exe\')"; do echo x > "$name"; done; ls | wc -l'
     )
     result = await server.call_tool("execute_command", {"command": command})
     assert not result.is_error, text_of(result)
@@ -326,7 +348,9 @@ async def test_28_a_working_directory_outside_the_workspace_is_refused(server: C
     started = time.monotonic()
     result = await server.call_tool("execute_command", {"command": "pwd; ls", "workdir": workdir})
     assert result.is_error
-    assert text_of(result).startswith(f"refused: workdir {workdir!r} must be /workspace or a folder under it"), text_of(result)
+    assert text_of(result).startswith(f"refused: workdir {workdir!r} must be /workspace or a folder under it"), text_of(
+        result
+    )
     assert time.monotonic() - started < 1
 
 
@@ -361,7 +385,7 @@ async def test_29_input_bytes_past_the_policy_are_refused(server: Client) -> Non
 
 
 async def test_34_formula_cells_are_neutralised_in_the_csv_written_back(server: Client) -> None:
-    content = "who,amount\n=HYPERLINK(\"http://x\"),1\n+1+1,2\n@SUM(A1),3\n-2,4\n-cmd,5\nplain,6\n"
+    content = 'who,amount\n=HYPERLINK("http://x"),1\n+1+1,2\n@SUM(A1),3\n-2,4\n-cmd,5\nplain,6\n'
     result = await server.call_tool(
         "analyze_csv",
         {"filepath": "f.csv", "operations": ["sum"], "group_by": ["who"], "files": upload("f.csv", content)},
@@ -374,27 +398,43 @@ async def test_34_formula_cells_are_neutralised_in_the_csv_written_back(server: 
     ]
     assert isinstance(written, types.TextResourceContents)
     keys = [row[0] for row in csv.reader(io.StringIO(written.text))][1:]
-    assert sorted(keys) == sorted(["'+1+1", "'-cmd", "-2", "'=HYPERLINK(\"http://x\")", "'@SUM(A1)", "plain"])
+    assert sorted(keys) == sorted(["'+1+1", "'-cmd", "-2", '\'=HYPERLINK("http://x")', "'@SUM(A1)", "plain"])
 
 
 async def test_36_invalid_bytes_and_utf16_are_read_or_named(server: Client) -> None:
     latin = "city,amount\nK\u00f6ln,1\nM\u00fcnchen,2\n".encode("latin-1")
-    result = await server.call_tool("analyze_csv", {"filepath": "l.csv", "operations": ["sum"], "files": upload("l.csv", latin)})
+    result = await server.call_tool(
+        "analyze_csv", {"filepath": "l.csv", "operations": ["sum"], "files": upload("l.csv", latin)}
+    )
     assert not result.is_error and "Latin-1" in text_of(result), text_of(result)
     utf16 = "a,b\n1,2\n3,4\n".encode("utf-16")
-    result = await server.call_tool("analyze_csv", {"filepath": "u.csv", "operations": ["sum"], "files": upload("u.csv", utf16)})
+    result = await server.call_tool(
+        "analyze_csv", {"filepath": "u.csv", "operations": ["sum"], "files": upload("u.csv", utf16)}
+    )
     assert not result.is_error and "UTF-16 LE" in text_of(result), text_of(result)
     binary = bytes(range(256)) * 64
-    result = await server.call_tool("analyze_csv", {"filepath": "b.csv", "operations": ["sum"], "files": upload("b.csv", binary)})
+    result = await server.call_tool(
+        "analyze_csv", {"filepath": "b.csv", "operations": ["sum"], "files": upload("b.csv", binary)}
+    )
     assert result.is_error and "does not look like a text CSV" in text_of(result), text_of(result)
 
 
 @pytest.mark.parametrize(
     "filepath",
-    ["../etc/passwd", "/etc/passwd", "/workspace/../etc/passwd", "in/../../etc/shadow", "/data/x.csv", "/workspacefoo", "/proc/self/root/etc/passwd"],
+    [
+        "../etc/passwd",
+        "/etc/passwd",
+        "/workspace/../etc/passwd",
+        "in/../../etc/shadow",
+        "/data/x.csv",
+        "/workspacefoo",
+        "/proc/self/root/etc/passwd",
+    ],
 )
 async def test_38_paths_outside_the_readable_roots_are_refused(server: Client, filepath: str) -> None:
     result = await server.call_tool("analyze_csv", {"filepath": filepath, "operations": ["count"]})
     assert result.is_error
-    assert text_of(result).startswith(f"refused: filepath {filepath!r} is not inside a readable root of policy 'default'")
+    assert text_of(result).startswith(
+        f"refused: filepath {filepath!r} is not inside a readable root of policy 'default'"
+    )
     assert "(/workspace;" in text_of(result)

@@ -33,7 +33,9 @@ def data_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-async def server(runtime: DockerRuntime, data_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Client]:
+async def server(
+    runtime: DockerRuntime, data_folder: Path, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[Client]:
     """The default policy with the folder mounted read-only at /data."""
     policy = tmp_path_factory.mktemp("battery-policy") / "data.yaml"
     policy.write_text(

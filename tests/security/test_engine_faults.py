@@ -33,8 +33,9 @@ async def _running(command: str) -> str:
 
 
 def _stop_engine() -> None:
-    [engine] = [process for process in psutil.process_iter(["name"]) if process.info["name"] == "dockerd"] or [None]
-    assert engine is not None, "this case restarts the local engine: dockerd must run on this machine"
+    engines = [process for process in psutil.process_iter(["name"]) if process.info["name"] == "dockerd"]
+    assert len(engines) == 1, "this case restarts the local engine: one dockerd must run on this machine"
+    [engine] = engines
     engine.terminate()
     engine.wait(60)
 

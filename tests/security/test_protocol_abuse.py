@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import threading
+from typing import Any
 
 from tests.mcp_harness import stdio_parameters
 
@@ -30,7 +31,7 @@ def test_32_deeply_nested_json_is_refused_and_the_server_lives(runtime: object) 
         [parameters.command, *parameters.args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL, text=True,
     )  # fmt: skip
-    answers: dict[object, dict[str, object]] = {}
+    answers: dict[object, dict[str, Any]] = {}
     watchdog = threading.Timer(60, server.kill)  # a server that neither answers nor exits fails the test
     watchdog.start()
     try:
@@ -49,6 +50,6 @@ def test_32_deeply_nested_json_is_refused_and_the_server_lives(runtime: object) 
         server.stdin.close()  # type: ignore[union-attr]
         server.wait(timeout=30)
         server.stdout.close()  # type: ignore[union-attr]
-    refused = answers.get(2) or answers.get(None)  # a parse error carries no id
+    refused: Any = answers.get(2) or answers.get(None)  # a parse error carries no id
     assert refused is None or "error" in refused or refused["result"]["isError"], refused
     assert [tool["name"] for tool in answers[3]["result"]["tools"]] == ["analyze_csv", "execute_command", "run_python"]

@@ -1,0 +1,79 @@
+"""`sandbox-server serve`: the engine connection, policy, pool, watcher and transport, wired and run."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from pathlib import Path
+
+import anyio
+import anyio.to_thread
+
+from sandbox_server.bootstrap import host_facts
+from sandbox_server.errors import SandboxServerError
+
+__all__ = ["serve_command"]
+
+
+def serve_command(args: argparse.Namespace) -> int:
+    """`sandbox-server serve`: run the server until the client leaves or a signal comes."""
+    from sandbox_server.guard import AuditLog
+    from sandbox_server.policy.loader import load_policy
+    from sandbox_server.policy.watcher import watch_policy
+    from sandbox_server.sandbox.docker_runtime import DockerRuntime
+    from sandbox_server.sandbox.pool import WarmPool
+    from sandbox_server.server import SandboxServer, serve_http, serve_stdio
+    from sandbox_server.tools import all_tools
+
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="sandbox-server: %(message)s")
+    log = logging.getLogger("sandbox_server")
+    runtime = DockerRuntime.lazy()
+    tools = all_tools()
+    names = [tool.name for tool in tools]
+    policy = load_policy(args.policy, names, host_facts(runtime))
+    try:
+        reaped = runtime.reap_strays()
+        if reaped:
+            log.info("removed %d stray sandbox container(s)", reaped)
+    except SandboxServerError as exc:
+        log.warning("%s", exc)
+    audit_path = args.audit_log or policy.audit.path
+    audit = AuditLog(audit_path, policy.audit.max_bytes, policy.audit.keep) if audit_path else None
+    pool = None if args.no_pool else WarmPool(runtime)
+    app = SandboxServer(
+        tools, policy, runtime, page_size=args.page_size, audit=audit, pool=pool, tool_prefix=args.tool_prefix
+    )
+
+    async def stop_on_signal(scope: anyio.CancelScope) -> None:
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for received in signals:
+                log.info("%s: shutting down", signal.Signals(received).name)
+                scope.cancel()
+                return
+
+    async def main() -> None:
+        try:
+            async with anyio.create_task_group() as group:
+                group.start_soon(stop_on_signal, group.cancel_scope)
+                if pool is not None:
+                    group.start_soon(pool.maintain)
+                if not args.no_watch:
+                    group.start_soon(
+                        watch_policy, args.policy, Path(policy.source), names, lambda: host_facts(runtime),
+                        app.swap_policy,
+                    )  # fmt: skip
+                if args.transport == "http":
+                    await serve_http(app, args.host, args.port)
+                else:
+                    await serve_stdio(app)
+                group.cancel_scope.cancel()
+        finally:
+            with anyio.CancelScope(shield=True):
+                if pool is not None:
+                    await pool.close()
+                await anyio.to_thread.run_sync(runtime.close)
+
+    anyio.run(main)
+    return 0

@@ -38,7 +38,8 @@ from mcp import Client
 
 from bench.common import RESULTS, print_table, write_results
 from sandbox_server.client import server_parameters
-from sandbox_server.sandbox.docker_runtime import OWNER_LABEL, host_config_kwargs
+from sandbox_server.sandbox.host_config import host_config_kwargs
+from sandbox_server.sandbox.removal import OWNER_LABEL
 from sandbox_server.sandbox.spec import SANDBOX_LABEL, SandboxSpec
 
 BASE = "sandbox-server/base:latest"

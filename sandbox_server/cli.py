@@ -63,7 +63,16 @@ def _doctor(args: argparse.Namespace) -> int:
     try:
         runtime = DockerRuntime.connect()
     except SandboxServerError as exc:
-        report = DoctorReport([Check("engine", False, str(exc), "run scripts/engine-up, or start dockerd yourself")])
+        report = DoctorReport(
+            [
+                Check(
+                    "engine",
+                    False,
+                    str(exc),
+                    "run `sandbox-server setup` (as root on Debian), or start dockerd yourself",
+                )
+            ]
+        )
     else:
         report = anyio.run(run_doctor, runtime)
         if args.posture and report.healthy:

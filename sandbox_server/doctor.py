@@ -116,7 +116,11 @@ async def run_doctor(runtime: DockerRuntime) -> DoctorReport:
     try:
         info = runtime.info()
     except SandboxServerError as exc:
-        report.checks.append(Check("engine", False, str(exc), "run scripts/engine-up, or start dockerd yourself"))
+        report.checks.append(
+            Check(
+                "engine", False, str(exc), "run `sandbox-server setup` (as root on Debian), or start dockerd yourself"
+            )
+        )
         return report
     report.checks.append(
         Check("engine", True, f"Docker {info.server_version} (API {info.api_version}), {info.operating_system}")
@@ -129,7 +133,7 @@ async def run_doctor(runtime: DockerRuntime) -> DoctorReport:
             "runtime runsc (gVisor)",
             "runsc" in info.runtimes,
             "available" if "runsc" in info.runtimes else "not registered",
-            "install runsc and register it in /etc/docker/daemon.json (scripts/engine-up does both)",
+            "install runsc and register it in /etc/docker/daemon.json (`sandbox-server setup` does both when it starts the engine)",
             required=False,
         )
     )

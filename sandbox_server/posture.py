@@ -26,7 +26,8 @@ import anyio.to_thread
 from sandbox_server.doctor import Check
 from sandbox_server.errors import SandboxServerError
 from sandbox_server.policy import Policy, ToolPolicy
-from sandbox_server.sandbox.docker_runtime import RUNSC_PIDS_BASE, RUNSC_PIDS_FACTOR, DockerRuntime
+from sandbox_server.sandbox.docker_runtime import DockerRuntime
+from sandbox_server.sandbox.host_config import RUNSC_PIDS_BASE, RUNSC_PIDS_FACTOR
 from sandbox_server.sandbox.spec import SandboxSpec
 
 __all__ = ["ProcessView", "SandboxView", "compare", "read_view", "run_posture"]

@@ -11,8 +11,9 @@ import docker
 import docker.errors
 import pytest
 
-from sandbox_server.sandbox.docker_runtime import OWNER_LABEL, DockerRuntime, _owner_alive
+from sandbox_server.sandbox.docker_runtime import DockerRuntime
 from sandbox_server.sandbox.images import catalog, image_status
+from sandbox_server.sandbox.removal import OWNER_LABEL, owner_alive
 from sandbox_server.sandbox.spec import SANDBOX_LABEL
 
 
@@ -44,7 +45,7 @@ def left_by_exited_servers() -> list[str]:
     api = docker.APIClient()
     items = api.containers(all=True, filters={"label": SANDBOX_LABEL})
     api.close()
-    return [item["Id"] for item in items if not _owner_alive((item.get("Labels") or {}).get(OWNER_LABEL, ""))]
+    return [item["Id"] for item in items if not owner_alive((item.get("Labels") or {}).get(OWNER_LABEL, ""))]
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:

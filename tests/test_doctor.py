@@ -36,7 +36,7 @@ def test_doctor_without_an_engine_fails_and_says_how_to_start_it(tmp_path: Path)
     result = run_cli("doctor", env={"DOCKER_HOST": f"unix://{tmp_path}/no-engine.sock"})
     assert result.returncode == 1
     assert "no Docker engine answers" in result.stdout
-    assert "scripts/engine-up" in result.stdout
+    assert "sandbox-server setup" in result.stdout
     assert "NOT healthy" in result.stdout
 
 

@@ -258,4 +258,4 @@ async def test_an_engine_that_is_down_is_an_error_result_not_a_crash(tmp_path: P
         result = await session.call_tool("execute_command", {"command": "true"})
         assert result.is_error
         assert text_of(result).startswith("sandbox engine unavailable")
-        assert "scripts/engine-up" in text_of(result)
+        assert "sandbox-server setup" in text_of(result)

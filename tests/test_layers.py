@@ -1,4 +1,4 @@
-"""The layering of DESIGN.md: one module talks to Docker, one to the MCP SDK."""
+"""The layering of docs/design.md: the engine modules talk to Docker, one module to the MCP SDK's server side."""
 
 import ast
 from pathlib import Path
@@ -21,8 +21,8 @@ def _importers(top_level: str) -> set[str]:
     return found
 
 
-def test_only_the_docker_runtime_imports_docker() -> None:
-    assert _importers("docker") == {"sandbox/docker_runtime.py"}
+def test_only_the_engine_modules_import_docker() -> None:
+    assert _importers("docker") == {"sandbox/engine.py", "sandbox/removal.py", "sandbox/docker_runtime.py"}
 
 
 def test_only_the_server_and_the_one_shot_client_import_mcp() -> None:

@@ -4,7 +4,7 @@ import struct
 
 import pytest
 
-from sandbox_server.sandbox.docker_runtime import _from_trailer, _pids_limited
+from sandbox_server.sandbox.attach import exit_from_trailer, pids_limited
 from sandbox_server.sandbox.streams import CappedBuffer, FrameDemuxer, StdoutSplitter
 
 
@@ -103,5 +103,5 @@ def test_without_a_whole_trailer_line_the_engine_is_asked() -> None:
 def test_trailer_values_are_small_ascii_numbers_or_ignored(line: bytes, known: object, pids: bool) -> None:
     splitter = StdoutSplitter(b"--b--", CappedBuffer(100), 100_000)
     splitter.feed(b"--b--" + b"--b--" + line + b"\n")
-    assert _from_trailer(splitter.trailer) == known
-    assert _pids_limited(splitter.trailer) is pids
+    assert exit_from_trailer(splitter.trailer) == known
+    assert pids_limited(splitter.trailer) is pids

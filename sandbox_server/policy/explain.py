@@ -19,7 +19,7 @@ def _tool_view(tool: ToolPolicy) -> dict[str, Any]:
 
 def explain_policy(policy: Policy, tool_names: list[str]) -> dict[str, Any]:
     """The effective policy of every tool and the exact container settings each one gets."""
-    from sandbox_server.sandbox.docker_runtime import host_config_kwargs
+    from sandbox_server.sandbox.host_config import host_config_kwargs
 
     tools = {}
     for name in tool_names:

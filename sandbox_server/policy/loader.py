@@ -174,7 +174,7 @@ def _tool_policy(
         error(
             "runtime",
             f"{runtime!r} is not available on this host's engine (it has: {', '.join(sorted(host.runtimes))}); "
-            "install it (scripts/engine-up registers runsc) or choose runc",
+            "install it (`sandbox-server setup` registers runsc when it installs the engine) or choose runc",
         )
     mounts = []
     for index, item in enumerate(settings.get("mounts", [])):

@@ -176,7 +176,7 @@ def _debootstrap(runtime: DockerRuntime, say: Say) -> None:
     if tool is None:
         raise ImageError(
             "no registry serves debian:bookworm-slim and debootstrap is not installed: "
-            "run scripts/engine-up (it installs debootstrap) or `apt-get install debootstrap`"
+            "run `sandbox-server setup` (it installs debootstrap with the engine) or `apt-get install debootstrap`"
         )
     if os.geteuid() != 0:
         raise ImageError("building the base root filesystem with debootstrap needs root: run `images build` as root")

@@ -114,7 +114,6 @@ class ExecutionResult:
     """A fork or thread failed because the process limit was reached (the cgroup counted it)."""
     killed: bool = False
     """The container was killed from outside (neither by our timeout nor by OOM)."""
-    cancelled: bool = False
     flooded: bool = False
     """The program wrote far more than its output cap and was stopped."""
     stdout_truncated_bytes: int = 0
@@ -123,7 +122,6 @@ class ExecutionResult:
     skipped_files: tuple[str, ...] = ()
     """Notes on output entries not returned (links, devices, over the caps)."""
     container_id: str = ""
-    peak_memory_bytes: int | None = None
 
     @property
     def truncated(self) -> bool:

@@ -18,7 +18,8 @@ import psutil
 import pytest
 
 from sandbox_server.policy.loader import load_policy
-from sandbox_server.sandbox.docker_runtime import OWNER_LABEL, DockerRuntime
+from sandbox_server.sandbox.docker_runtime import DockerRuntime
+from sandbox_server.sandbox.removal import OWNER_LABEL
 from sandbox_server.sandbox.spec import SANDBOX_LABEL
 from tests.conftest import containers_of
 from tests.mcp_harness import connect, http_server_process, text_of

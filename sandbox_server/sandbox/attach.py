@@ -1,0 +1,102 @@
+"""The attach stream of one call: stdout, stderr, the output archive and the launcher's trailer.
+
+A worker thread reads the multiplexed stream into capped buffers; the launcher's
+boundary splits stdout from the tar of /workspace/out, and its trailer carries the exit
+code and the cgroup's counters. Everything here comes from inside the sandbox, where the
+program can forge it: numbers are read strictly and files as hostile data.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import socket
+
+from sandbox_server.sandbox.spec import SandboxSpec
+from sandbox_server.sandbox.streams import STDERR, CappedBuffer, FrameDemuxer, StdoutSplitter
+
+__all__ = ["FLOOD_FACTOR", "FLOOD_MIN_BYTES", "Drain", "close_socket", "exit_from_trailer", "joined", "pids_limited"]
+
+FLOOD_FACTOR = 16
+FLOOD_MIN_BYTES = 64 * 1024 * 1024
+"""A program that writes more than FLOOD_FACTOR times its output cap (and at least
+FLOOD_MIN_BYTES) is killed as a flood: draining it longer only burns the host's CPU."""
+
+
+class Drain:
+    """Reads one attach stream in a worker thread; the async side reads its state."""
+
+    def __init__(self, spec: SandboxSpec, boundary: bytes) -> None:
+        cap = spec.limits.output_bytes
+        self.stdout = CappedBuffer(cap)
+        self.stderr = CappedBuffer(cap)
+        self.splitter = StdoutSplitter(boundary, self.stdout, spec.limits.returned_file_bytes + 1024 * 1024)
+        self.flood_limit = max(cap * FLOOD_FACTOR, FLOOD_MIN_BYTES)
+        self.flooded = False
+        self.finished = False
+
+    def run(self, raw: socket.socket) -> None:
+        """Read until the stream ends or the output turns into a flood."""
+        demuxer = FrameDemuxer()
+        try:
+            while True:
+                chunk = raw.recv(65536)
+                if not chunk:
+                    break
+                for stream, payload in demuxer.feed(chunk):
+                    if stream == STDERR:
+                        self.stderr.feed(payload)
+                    else:
+                        self.splitter.feed(payload)
+                if self.stdout.total + self.stderr.total > self.flood_limit:
+                    self.flooded = True
+                    break
+                if self.splitter.trailer is not None:
+                    break  # the launcher is done: no need to wait for the container to stop
+        except OSError:
+            pass  # the container was removed under us: what we have is what there is
+        finally:
+            self.splitter.finish()
+            self.finished = True
+
+
+_COUNTER = re.compile(r"[0-9]{1,10}")
+
+
+def _counter(trailer: dict[str, str] | None, name: str) -> int | None:
+    """A small non-negative number from the trailer, or None.
+
+    The trailer comes from inside the sandbox, where the program could forge it (it shares
+    the launcher's user): only up to ten ASCII digits are taken as a number.
+    """
+    value = (trailer or {}).get(name, "")
+    return int(value) if _COUNTER.fullmatch(value) else None
+
+
+def exit_from_trailer(trailer: dict[str, str] | None) -> tuple[int, bool] | None:
+    """Exit code and OOM flag from the launcher's trailer; None when the engine must be asked."""
+    code, oom = _counter(trailer, "exit"), _counter(trailer, "oom_kill")
+    if code is None or code > 255 or oom is None:
+        return None
+    return code, oom > 0
+
+
+def pids_limited(trailer: dict[str, str] | None) -> bool:
+    """Whether the launcher saw the process limit refuse a fork."""
+    return (_counter(trailer, "pids_max") or 0) > 0
+
+
+def close_socket(raw: socket.socket) -> None:
+    """Shut down and close a socket; never raises."""
+    with contextlib.suppress(OSError):
+        raw.shutdown(socket.SHUT_RDWR)
+    with contextlib.suppress(OSError):
+        raw.close()
+
+
+def joined(buffer: CappedBuffer) -> bytes:
+    """Head and tail with a marker where the middle was dropped."""
+    if not buffer.truncated_bytes:
+        return buffer.head()
+    marker = f"\n[… {buffer.truncated_bytes} bytes truncated …]\n".encode()
+    return buffer.head() + marker + buffer.tail()

@@ -1,0 +1,188 @@
+"""The connection to the Docker engine, the one place its errors are mapped, and its images.
+
+Every docker-py and transport exception is converted in `engine_errors`, most
+specific first: an engine that does not answer becomes EngineUnavailable, any
+other refusal EngineError.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import docker
+import docker.errors
+import requests.exceptions
+
+from sandbox_server.errors import EngineError, EngineUnavailable, ImageError
+
+__all__ = ["ENGINE_HINT", "Engine", "EngineInfo", "ImageRecord", "engine_address", "engine_errors"]
+
+ENGINE_CONNECTIONS = 64
+"""HTTP connections kept to the engine: concurrent calls, pool refills and removals each hold one."""
+ENGINE_HINT = (
+    "start it with `sandbox-server setup` (as root on Debian), or `dockerd &`, or point DOCKER_HOST at a running engine"
+)
+
+_UNREACHABLE = (requests.exceptions.ConnectionError, ConnectionError, FileNotFoundError)
+
+
+def engine_address() -> str:
+    """Where the client looks for the engine, for messages."""
+    return os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+
+
+def _unreachable(exc: BaseException) -> bool:
+    """True when an exception, or one it was raised from, says nothing answered."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, _UNREACHABLE):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+@contextlib.contextmanager
+def engine_errors(action: str) -> Iterator[None]:
+    """Turn whatever the engine client raises while doing `action` into EngineUnavailable or EngineError."""
+    try:
+        yield
+    except (docker.errors.DockerException, requests.exceptions.RequestException, OSError) as exc:
+        if _unreachable(exc):
+            raise EngineUnavailable(
+                f"sandbox engine unavailable: no Docker engine answers at {engine_address()} "
+                f"(while trying to {action}); {ENGINE_HINT}"
+            ) from exc
+        if isinstance(exc, docker.errors.DockerException):
+            raise EngineError(f"sandbox engine refused to {action}: {exc}") from exc
+        raise EngineUnavailable(f"sandbox engine unavailable while trying to {action}: {exc}") from exc
+
+
+@dataclass(frozen=True, slots=True)
+class EngineInfo:
+    """What the engine says about itself."""
+
+    server_version: str
+    api_version: str
+    runtimes: tuple[str, ...]
+    default_runtime: str
+    cgroup_version: str
+    security_options: tuple[str, ...]
+    operating_system: str
+
+
+@dataclass(frozen=True, slots=True)
+class ImageRecord:
+    """A local image and its labels."""
+
+    reference: str
+    image_id: str
+    labels: dict[str, str]
+    size_bytes: int
+    created: str
+
+
+class Engine:
+    """A connection to the engine (made on first use when lazy), its facts and its images."""
+
+    def __init__(self, client: docker.DockerClient | None = None) -> None:
+        self._connected = client
+        self._connect_lock = threading.Lock()
+
+    @property
+    def api(self) -> docker.APIClient:
+        """The engine's API, connecting on first use (and again after a failed attempt)."""
+        if self._connected is None:
+            with self._connect_lock, engine_errors("connect"):
+                if self._connected is None:
+                    self._connected = docker.from_env(timeout=60, max_pool_size=ENGINE_CONNECTIONS)
+        return self._connected.api
+
+    @staticmethod
+    def _client(timeout_s: float) -> docker.DockerClient:
+        """A client of the engine named by the environment, which answered a ping."""
+        with engine_errors("connect"):
+            client = docker.from_env(timeout=int(timeout_s), max_pool_size=ENGINE_CONNECTIONS)
+            client.ping()
+        return client
+
+    def close_connection(self) -> None:
+        """Release the connections to the engine."""
+        if self._connected is not None:
+            self._connected.close()
+
+    def info(self) -> EngineInfo:
+        """Version, runtimes and security options of the engine."""
+        with engine_errors("describe itself"):
+            version = self.api.version()
+            info = self.api.info()
+        return EngineInfo(
+            server_version=str(version.get("Version", "?")),
+            api_version=str(version.get("ApiVersion", "?")),
+            runtimes=tuple(sorted(info.get("Runtimes") or {})),
+            default_runtime=str(info.get("DefaultRuntime", "runc")),
+            cgroup_version=str(info.get("CgroupVersion", "1")),
+            security_options=tuple(info.get("SecurityOptions") or ()),
+            operating_system=str(info.get("OperatingSystem", "?")),
+        )
+
+    def image(self, reference: str) -> ImageRecord | None:
+        """The local image with this reference, or None."""
+        with engine_errors(f"inspect image {reference}"):
+            try:
+                data = self.api.inspect_image(reference)
+            except docker.errors.ImageNotFound:
+                return None
+        return ImageRecord(
+            reference=reference,
+            image_id=data["Id"],
+            labels=dict((data.get("Config") or {}).get("Labels") or {}),
+            size_bytes=int(data.get("Size", 0)),
+            created=str(data.get("Created", "")),
+        )
+
+    def try_pull(self, reference: str) -> bool:
+        """Pull an image; False when no registry can serve it."""
+        try:
+            with engine_errors(f"pull {reference}"):
+                self.api.pull(reference)
+        except EngineUnavailable:
+            raise
+        except EngineError:
+            return False
+        return True
+
+    def import_rootfs(self, tar_path: str, reference: str, changes: list[str]) -> str:
+        """Import a root filesystem tarball as an image; returns the image id."""
+        repository, _, tag = reference.rpartition(":")
+        with engine_errors(f"import {reference}"):
+            self.api.import_image_from_file(tar_path, repository=repository, tag=tag, changes=changes)
+        record = self.image(reference)
+        if record is None:
+            raise ImageError(f"importing {tar_path} as {reference} produced no image")
+        return record.image_id
+
+    def build(
+        self, context_dir: str, reference: str, buildargs: dict[str, str], labels: dict[str, str]
+    ) -> Iterator[str]:
+        """Build an image, yielding the build's progress lines; raises ImageError on failure."""
+        with engine_errors(f"build {reference}"):
+            stream = self.api.build(
+                path=context_dir,
+                tag=reference,
+                buildargs=buildargs,
+                labels=labels,
+                rm=True,
+                forcerm=True,
+                pull=False,
+                decode=True,
+            )
+            for event in stream:
+                if "error" in event:
+                    raise ImageError(f"building {reference} failed: {event['error'].strip()}")
+                text = event.get("stream") or event.get("status")
+                if text and text.strip():
+                    yield text.rstrip("\n")

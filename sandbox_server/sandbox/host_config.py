@@ -1,0 +1,54 @@
+"""A SandboxSpec as the engine's HostConfig: the hardened container of docs/design.md."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sandbox_server.sandbox.spec import SandboxSpec
+
+__all__ = ["RUNSC_PIDS_BASE", "RUNSC_PIDS_FACTOR", "host_config_kwargs"]
+
+RUNSC_PIDS_FACTOR, RUNSC_PIDS_BASE = 8, 256
+"""Under gVisor the sandbox kernel's own host threads (several per guest task on the ptrace
+platform) count against the pids cgroup, so the cgroup limit is pids * 8 + 256 there."""
+
+
+def host_config_kwargs(spec: SandboxSpec) -> dict[str, Any]:
+    """The engine's HostConfig for a spec (keyword arguments of the engine client's create_host_config)."""
+    limits = spec.limits
+    uid, _, gid = spec.user.partition(":")
+    security_opt = ["no-new-privileges"]
+    if spec.seccomp_profile is not None:
+        security_opt.append(f"seccomp={spec.seccomp_profile}")
+    return {
+        "read_only": True,
+        "cap_drop": ["ALL"],
+        "security_opt": security_opt,
+        "tmpfs": {
+            "/tmp": f"size={limits.tmp_mb}m,nr_inodes={max(1024, limits.tmp_mb * 256)},mode=1777,noexec,nosuid,nodev",
+            spec.workdir: (
+                f"size={limits.workspace_mb}m,nr_inodes={max(1024, limits.workspace_mb * 256)},"
+                f"uid={uid},gid={gid or uid},mode=0755,nosuid,nodev"
+            ),
+        },
+        "pids_limit": limits.pids if spec.runtime != "runsc" else limits.pids * RUNSC_PIDS_FACTOR + RUNSC_PIDS_BASE,
+        "mem_limit": limits.memory_mb * 1024 * 1024,
+        "memswap_limit": limits.memory_mb * 1024 * 1024,
+        "nano_cpus": int(limits.cpus * 1e9),
+        "ulimits": [
+            {"name": "nofile", "soft": limits.nofile, "hard": limits.nofile},
+            {"name": "fsize", "soft": limits.file_size_mb * 1024 * 1024, "hard": limits.file_size_mb * 1024 * 1024},
+            {"name": "core", "soft": 0, "hard": 0},
+        ],
+        "network_mode": spec.network,
+        "ipc_mode": "private",
+        "shm_size": limits.shm_mb * 1024 * 1024,
+        "init": True,
+        "log_config": {"type": "none", "config": {}},
+        "runtime": spec.runtime,
+        "binds": {
+            mount.host_path: {"bind": mount.sandbox_path, "mode": "ro" if mount.read_only else "rw"}
+            for mount in spec.mounts
+        },
+        "privileged": False,
+    }

@@ -1,0 +1,111 @@
+"""Removing containers: always, off the answer's path when possible, again once the engine is back.
+
+Every container carries its server's owner label (host, pid, process start time), so a
+server can tell its own containers from those of a server process that died, and remove
+the latter when it starts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+import docker
+import docker.errors
+import psutil
+
+from sandbox_server.sandbox.engine import engine_errors
+from sandbox_server.sandbox.spec import SANDBOX_LABEL
+
+__all__ = ["OWNER_LABEL", "Remover", "current_owner", "owner_alive"]
+
+OWNER_LABEL = "org.sandbox-server.owner"
+
+
+def current_owner() -> str:
+    """This server process as an owner label: host, pid and start time."""
+    me = psutil.Process()
+    return f"{socket.gethostname()}:{me.pid}:{int(me.create_time())}"
+
+
+def owner_alive(owner: str) -> bool:
+    """Whether the server process named by an owner label still runs (another host's is assumed alive)."""
+    host, _, rest = owner.partition(":")
+    pid_text, _, created_text = rest.partition(":")
+    if host != socket.gethostname():
+        return True  # another host's server: not ours to judge
+    try:
+        process = psutil.Process(int(pid_text))
+        return int(process.create_time()) == int(created_text)
+    except (ValueError, psutil.Error):
+        return False
+
+
+class Remover:
+    """Kills and removes containers; never raises, and remembers what the engine could not remove."""
+
+    def __init__(self, api: Callable[[], docker.APIClient]) -> None:
+        self._api = api
+        self._workers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="sandbox-remove")
+        self._unremoved: set[str] = set()
+        """Containers whose removal failed because the engine was away: removed once it answers again."""
+        self._lock = threading.Lock()
+
+    def remove(self, container_id: str) -> None:
+        """Kill and remove now; never raises (cleanup must not hide the first error).
+
+        When the engine cannot be reached the container is remembered and removed once the
+        engine answers again (an engine restarted mid-call leaves its containers stopped).
+        """
+        try:
+            self._api().remove_container(container_id, force=True, v=True)
+        except docker.errors.NotFound:
+            pass
+        except docker.errors.APIError as exc:
+            if exc.status_code != 409:  # 409: a removal is already under way
+                self._remember(container_id)
+        except Exception:  # the engine is away (connection refused or reset, EngineUnavailable)
+            self._remember(container_id)
+
+    def remove_later(self, container_id: str) -> None:
+        """Remove off the caller's path; close() waits for it."""
+        try:
+            self._workers.submit(self.remove, container_id)
+        except RuntimeError:  # shutting down: remove now
+            self.remove(container_id)
+
+    def engine_answered(self) -> None:
+        """The engine works again: retry the removals that failed while it was away, off the caller's path."""
+        if self._unremoved:
+            with contextlib.suppress(RuntimeError):  # shutting down: close() retries
+                self._workers.submit(self._retry)
+
+    def reap(self, owner: str) -> int:
+        """Remove containers of ours whose server process is gone; returns how many."""
+        removed = 0
+        with engine_errors("list sandbox containers"):
+            found = self._api().containers(all=True, filters={"label": SANDBOX_LABEL})
+        for item in found:
+            other = (item.get("Labels") or {}).get(OWNER_LABEL, "")
+            if other != owner and not owner_alive(other):
+                self.remove(item["Id"])
+                removed += 1
+        return removed
+
+    def close(self) -> None:
+        """Finish the removals under way, and retry the failed ones once."""
+        self._workers.shutdown(wait=True)
+        self._retry()
+
+    def _remember(self, container_id: str) -> None:
+        with self._lock:
+            self._unremoved.add(container_id)
+
+    def _retry(self) -> None:
+        with self._lock:
+            pending, self._unremoved = self._unremoved, set()
+        for container_id in pending:
+            self.remove(container_id)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from sandbox_server.errors import ConfigError
 
-__all__ = ["engine_script", "images_dir", "policies_dir", "policy_schema_path", "seccomp_dir"]
+__all__ = ["engine_script", "images_dir", "policies_dir", "policy_schema_path", "seccomp_dir", "wire_module"]
 
 _PACKAGE = Path(str(resources.files("sandbox_server")))
 
@@ -55,3 +55,8 @@ def engine_script() -> Path:
 def policy_schema_path() -> Path:
     """The JSON Schema of policy files, which lives with the policy code."""
     return _PACKAGE / "policy" / "schema.json"
+
+
+def wire_module() -> Path:
+    """The host/launcher contract, which image build contexts receive as `sandbox_wire.py`."""
+    return _PACKAGE / "sandbox" / "wire.py"

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import docker
 import docker.errors
@@ -15,6 +16,9 @@ from sandbox_server.sandbox.docker_runtime import DockerRuntime
 from sandbox_server.sandbox.images import catalog, image_status
 from sandbox_server.sandbox.removal import OWNER_LABEL, owner_alive
 from sandbox_server.sandbox.spec import SANDBOX_LABEL
+
+ROOT = Path(__file__).resolve().parent.parent
+"""The checkout the tests run from."""
 
 
 def containers_running(command: str) -> list[str]:

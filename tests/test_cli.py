@@ -1,12 +1,9 @@
 """The one-shot `call` command and the conformance suite go through real MCP sessions."""
 
 import subprocess
-from pathlib import Path
 
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
-from tests.conftest import left_by_exited_servers, run_cli
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.conftest import ROOT, left_by_exited_servers, run_cli
 
 
 def test_call_prints_the_result_and_exits_zero(runtime: DockerRuntime) -> None:

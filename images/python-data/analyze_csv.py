@@ -1,10 +1,11 @@
 """Answer one analyze_csv request inside the sandbox (the analyze_csv tool's launcher).
 
 The request arrives on stdin as JSON; the answer is written as one JSON document
-to /workspace/out/analysis.json (stdout stays free, and its cap does not apply):
+to analysis.json in the output folder (stdout stays free, and its cap does not apply):
 either {"error": ..., "field": ...} (exit 2) or the file's shape, the statistics
 per group and column, what was skipped and why, and the names of the other files
-written to /workspace/out (result.csv, plot.png).
+written to the output folder (result.csv, plot.png). Names and paths shared with the
+host come from sandbox_wire; helpers shared with csv_plots from csv_values.
 
 DuckDB reads the file as a stream: aggregates need one pass and only the memory
 their state needs (median and distinct keep values; nothing else does), bounded
@@ -13,16 +14,15 @@ below the container's own memory limit.
 
 import codecs
 import csv
-import datetime
-import decimal
 import json
 import math
 import os
 import resource
 import sys
 
-OUT = "/workspace/out"
-ANSWER = "analysis.json"
+from csv_values import Refusal, json_value, quote_ident, quote_literal
+from sandbox_wire import ANALYSIS_ANSWER, ANALYSIS_REFUSED_EXIT, ANALYSIS_REQUEST_KEYS, ANALYSIS_TABLE, OUTPUT_DIR
+
 NULL_STRINGS = ["", "NA", "N/A", "NaN", "nan", "null", "NULL", "None", "#N/A"]
 """Cells read as missing: empty ones and the spellings pandas treats as missing by default."""
 NUMERIC_TYPES = {
@@ -36,27 +36,9 @@ ANY_TYPE = ("count", "distinct", "nulls")
 DESCRIBE_NUMERIC = ("count", "average", "std", "min", "25%", "median", "75%", "max")
 DESCRIBE_TEMPORAL = ("count", "nulls", "min", "max")
 DESCRIBE_OTHER = ("count", "nulls", "distinct")
-SCATTER_POINTS = 10_000
-LINE_POINTS = 5_000
 STAT_ORDER = ("count", "nulls", "distinct", "sum", "average", "std", "min", "25%", "median", "75%", "max")
 """The order statistics are listed in, whatever order they were asked for."""
 FORMULA_PREFIXES = ("=", "+", "-", "@", "\t", "\r")
-
-
-class Refusal(Exception):
-    """A request this file cannot answer; the message says why, `field` names the argument."""
-
-    def __init__(self, message, field=None):
-        super().__init__(message)
-        self.field = field
-
-
-def quote_ident(name):
-    return '"' + name.replace('"', '""') + '"'
-
-
-def quote_literal(text):
-    return "'" + text.replace("'", "''") + "'"
 
 
 def inside(path, root):
@@ -160,18 +142,6 @@ def engine_settings():
         else:
             threads = os.cpu_count() or 1
     return max(1, threads), max(64 << 20, limit // 2), limit
-
-
-def json_value(value):
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, decimal.Decimal):
-        return float(value)
-    if isinstance(value, (datetime.date, datetime.time, datetime.datetime)):
-        return value.isoformat()
-    if isinstance(value, (bytes, bytearray)):
-        return value.decode("utf-8", "replace")
-    return value
 
 
 def neutralize(cell):
@@ -412,7 +382,7 @@ class Analysis:
             self.notes.append(
                 f"{total_groups} groups; the first {len(results)} (ordered by key) are shown (max_groups)"
             )
-        os.makedirs(OUT, exist_ok=True)
+        os.makedirs(OUTPUT_DIR, exist_ok=True)
         written = [self.write_csv(results, aggregates)]
         plot = self.request.get("plot")
         if plot:
@@ -443,7 +413,7 @@ class Analysis:
 
     def write_csv(self, results, aggregates):
         stats = sorted({stat for _, stat, _ in aggregates}, key=STAT_ORDER.index)
-        path = os.path.join(OUT, "result.csv")
+        path = os.path.join(OUTPUT_DIR, ANALYSIS_TABLE)
         with open(path, "w", newline="", encoding="utf-8") as handle:
             writer = csv.writer(handle)
             writer.writerow([neutralize(name) for name in [*self.group_by, "column", "rows", *stats]])
@@ -452,23 +422,25 @@ class Analysis:
                 for column, values in result["columns"].items():
                     cells = [*keys, column, result["rows"], *(values.get(stat) for stat in stats)]
                     writer.writerow(["" if cell is None else neutralize(cell) for cell in cells])
-        return "result.csv"
+        return ANALYSIS_TABLE
 
 
 def main():
     request = json.loads(sys.stdin.read())
     status = 0
     try:
+        if sorted(request) != sorted(ANALYSIS_REQUEST_KEYS):
+            raise Refusal(
+                f"the request's keys {sorted(request)} are not the contract's {sorted(ANALYSIS_REQUEST_KEYS)}"
+            )
         answer = Analysis(request).run()
     except Refusal as refusal:
-        answer, status = {"error": str(refusal), "field": refusal.field}, 2
-    os.makedirs(OUT, exist_ok=True)
-    with open(os.path.join(OUT, ANSWER), "w", encoding="utf-8") as handle:
+        answer, status = {"error": str(refusal), "field": refusal.field}, ANALYSIS_REFUSED_EXIT
+    os.makedirs(OUTPUT_DIR, exist_ok=True)
+    with open(os.path.join(OUTPUT_DIR, ANALYSIS_ANSWER), "w", encoding="utf-8") as handle:
         json.dump(answer, handle, ensure_ascii=False, default=json_value)
     return status
 
 
 if __name__ == "__main__":
-    import analyze_csv  # run the importable module, so csv_plots and this file share one Refusal class
-
-    sys.exit(analyze_csv.main())
+    sys.exit(main())

@@ -6,11 +6,12 @@ notes), so the statistics module stays about reading and computing.
 
 import os
 
-from analyze_csv import LINE_POINTS, OUT, SCATTER_POINTS, Refusal, json_value, quote_ident
+from csv_values import LINE_POINTS, SCATTER_POINTS, Refusal, json_value, quote_ident
+from sandbox_wire import ANALYSIS_PLOT, OUTPUT_DIR
 
 
 def draw(analysis, plot, results, aggregates):
-    """Draw the requested plot to /workspace/out/plot.png and return its name."""
+    """Draw the requested plot into the output folder and return its name."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -40,9 +41,9 @@ def draw(analysis, plot, results, aggregates):
                 raise Refusal(f"{field} {column!r} is not numeric or temporal; a {kind} plot needs one", field)
         xy(analysis, axes, kind, x, y)
     figure.tight_layout()
-    save_png(figure, os.path.join(OUT, "plot.png"), int(analysis.request.get("image_bytes", 2_000_000)))
+    save_png(figure, os.path.join(OUTPUT_DIR, ANALYSIS_PLOT), int(analysis.request["image_bytes"]))
     plt.close(figure)
-    return "plot.png"
+    return ANALYSIS_PLOT
 
 
 def histogram(analysis, axes, column, bins):

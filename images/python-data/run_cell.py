@@ -3,7 +3,8 @@
 The code arrives on stdin. It runs as __main__ with the working folder /workspace;
 when its last statement is an expression, its value is printed as a notebook
 would. Every matplotlib figure still open at the end (shown or not) is saved
-to /workspace/out/figure-N.png, downscaled to fit SANDBOX_IMAGE_BYTES.
+to the output folder as figure-N.png, downscaled to fit the byte budget the host
+sends (names and paths from sandbox_wire, the contract shared with the host).
 """
 
 import ast
@@ -12,9 +13,9 @@ import sys
 import traceback
 
 from sandbox_figures import save_png
+from sandbox_wire import FIGURE_NAME, IMAGE_BYTES_ENV, OUTPUT_DIR
 
-OUT = "/workspace/out"
-IMAGE_BYTES = int(os.environ.pop("SANDBOX_IMAGE_BYTES", "2000000"))
+IMAGE_BYTES = int(os.environ.pop(IMAGE_BYTES_ENV, "2000000"))
 
 
 def _save_figures() -> None:
@@ -22,10 +23,10 @@ def _save_figures() -> None:
         return
     import matplotlib.pyplot as plt
 
-    os.makedirs(OUT, exist_ok=True)
+    os.makedirs(OUTPUT_DIR, exist_ok=True)
     for index, number in enumerate(plt.get_fignums(), start=1):
         figure = plt.figure(number)
-        save_png(figure, os.path.join(OUT, f"figure-{index}.png"), IMAGE_BYTES)
+        save_png(figure, os.path.join(OUTPUT_DIR, FIGURE_NAME.format(index=index)), IMAGE_BYTES)
 
 
 def main() -> int:

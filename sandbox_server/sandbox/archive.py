@@ -15,11 +15,14 @@ import re
 import shlex
 import tarfile
 
+from sandbox_server.sandbox import wire
 from sandbox_server.sandbox.spec import InputFile, OutputFile
 
 __all__ = ["build_request", "read_outputs", "safe_relative_path"]
 
-REQUEST_DIR = "tmp/.sandbox"
+REQUEST_DIR = wire.REQUEST_DIR.lstrip("/")
+WORKSPACE_DIR = wire.WORKSPACE.lstrip("/")
+OUTPUT_DIR = wire.OUTPUT_DIR.lstrip("/")
 
 
 def safe_relative_path(path: str) -> str | None:
@@ -51,7 +54,6 @@ def build_request(
     boundary: str,
     env: tuple[tuple[str, str], ...] = (),
     workdir: str = "",
-    workspace_prefix: str = "workspace",
 ) -> bytes:
     """The tar the launcher unpacks: input files relative to the workspace, stdin, argv, env, working folder and boundary."""
     if not argv:
@@ -70,7 +72,7 @@ def build_request(
         _add(tar, REQUEST_DIR, b"", 0o700, tarfile.DIRTYPE)
         _add(tar, f"{REQUEST_DIR}/stdin", stdin, 0o600)
         _add(tar, f"{REQUEST_DIR}/request", script.encode(), 0o600)
-        _add(tar, f"{workspace_prefix}/out", b"", 0o755, tarfile.DIRTYPE)
+        _add(tar, OUTPUT_DIR, b"", 0o755, tarfile.DIRTYPE)
         made: set[str] = set()
         for item in files:
             relative = safe_relative_path(item.path)
@@ -80,8 +82,8 @@ def build_request(
                 folder = "/".join(relative.split("/")[:depth])
                 if folder not in made:
                     made.add(folder)
-                    _add(tar, f"{workspace_prefix}/{folder}", b"", 0o755, tarfile.DIRTYPE)
-            _add(tar, f"{workspace_prefix}/{relative}", item.content, item.mode & 0o755)
+                    _add(tar, f"{WORKSPACE_DIR}/{folder}", b"", 0o755, tarfile.DIRTYPE)
+            _add(tar, f"{WORKSPACE_DIR}/{relative}", item.content, item.mode & 0o755)
     return buffer.getvalue()
 
 

@@ -22,6 +22,7 @@ import docker
 import psutil
 
 from sandbox_server.errors import EngineError
+from sandbox_server.sandbox import wire
 from sandbox_server.sandbox.archive import build_request, read_outputs
 from sandbox_server.sandbox.attach import Drain, close_socket, exit_from_trailer, joined, pids_limited
 from sandbox_server.sandbox.engine import Engine, engine_errors
@@ -31,8 +32,6 @@ from sandbox_server.sandbox.runtime import ProgressCallback
 from sandbox_server.sandbox.spec import SANDBOX_LABEL, ExecutionResult, SandboxSpec
 
 __all__ = ["DockerRuntime", "WarmContainer"]
-
-LAUNCHER = "/usr/local/bin/sandbox-launch"
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +94,7 @@ class DockerRuntime(Engine):
             host_config = self.api.create_host_config(**host_config_kwargs(spec))
             created = self.api.create_container(
                 image=spec.image,
-                command=[LAUNCHER],
+                command=[wire.LAUNCHER],
                 user=spec.user,
                 working_dir=spec.workdir,
                 environment=dict(spec.env),

@@ -111,10 +111,20 @@ def catalog(images_dir: Path | None = None) -> dict[str, ImageDefinition]:
     return ordered
 
 
+WIRE_NAME = "sandbox_wire.py"
+"""The host/launcher contract's name in a build context; an image whose Dockerfile names it receives it."""
+
+
+def _shared_files(context_dir: Path) -> dict[str, Path]:
+    """Files from the host package that this image's Dockerfile asks for, by their name in the context."""
+    return {WIRE_NAME: shipped.wire_module()} if WIRE_NAME in (context_dir / "Dockerfile").read_text() else {}
+
+
 def _context_digest(context_dir: Path) -> hashlib._Hash:
     digest = hashlib.sha256()
-    for path in sorted(p for p in context_dir.rglob("*") if p.is_file()):
-        relative = path.relative_to(context_dir).as_posix()
+    files = {path.relative_to(context_dir).as_posix(): path for path in context_dir.rglob("*") if path.is_file()}
+    files.update(_shared_files(context_dir))
+    for relative, path in sorted(files.items()):
         if "__pycache__" in relative:
             continue
         digest.update(relative.encode() + b"\0")
@@ -273,20 +283,25 @@ def _fetch_wheel(sha256: str, filename: str, say: Say) -> Path:
 
 @contextlib.contextmanager
 def _build_context(definition: ImageDefinition, say: Say) -> Iterator[Path]:
-    """The folder to build from: the context itself, or a copy with its pinned wheels unpacked in site/."""
+    """The folder to build from: the context itself, or a copy with the shared files it asks for and its
+    pinned wheels unpacked in site/."""
     pinned = _locked_wheels(definition.context_dir)
-    if not pinned:
+    shared = _shared_files(definition.context_dir)
+    if not pinned and not shared:
         yield definition.context_dir
         return
     wheels = [_fetch_wheel(sha256, filename, say) for sha256, filename in pinned]
     with tempfile.TemporaryDirectory(prefix=f"sandbox-image-{definition.name}-") as work:
         context = Path(work) / "context"
         shutil.copytree(definition.context_dir, context, ignore=shutil.ignore_patterns("__pycache__", "site"))
-        site = context / "site"
-        site.mkdir()
-        for wheel in wheels:
-            with zipfile.ZipFile(wheel) as archive:
-                archive.extractall(site)
+        for name, source in shared.items():
+            shutil.copy2(source, context / name)
+        if wheels:
+            site = context / "site"
+            site.mkdir()
+            for wheel in wheels:
+                with zipfile.ZipFile(wheel) as archive:
+                    archive.extractall(site)
         yield context
 
 

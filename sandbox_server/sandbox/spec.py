@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from sandbox_server.sandbox import wire
+
 __all__ = [
     "SANDBOX_LABEL",
     "ExecutionResult",
@@ -75,8 +77,7 @@ class SandboxSpec:
     call_workdir: str = ""
     """Folder of this call, relative to the workspace ("" is the workspace itself); the launcher makes it."""
     mounts: tuple[Mount, ...] = ()
-    workdir: str = "/workspace"
-    output_dir: str = "/workspace/out"
+    workdir: str = wire.WORKSPACE
     seccomp_profile: str | None = None
     """A seccomp profile as JSON text; None keeps the engine's default profile."""
     labels: tuple[tuple[str, str], ...] = ()

@@ -16,6 +16,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from sandbox_server.errors import Refusal
+from sandbox_server.policy import ToolPolicy
+from sandbox_server.sandbox import wire
 from sandbox_server.sandbox.spec import ExecutionResult
 from sandbox_server.tools.base import (
     FILES_SCHEMA,
@@ -29,10 +31,8 @@ from sandbox_server.tools.base import (
     sandbox_spec,
 )
 
-__all__ = ["AnalyzeCsv", "markdown_table", "sandbox_path"]
+__all__ = ["AnalyzeCsv", "analysis_request", "markdown_table", "sandbox_path"]
 
-RUNNER = "/usr/local/lib/sandbox/analyze_csv.py"
-ANSWER = "analysis.json"
 OPERATIONS = ["sum", "average", "count", "min", "max", "median", "std", "distinct", "nulls", "describe"]
 PLOTS = ["histogram", "bar", "line", "scatter"]
 MEMORY_HINT = (
@@ -166,6 +166,33 @@ def markdown_table(answer: Mapping[str, Any], max_rows: int = TABLE_ROWS) -> tup
     return "\n".join(lines), False
 
 
+def analysis_request(args: Mapping[str, Any], policy: ToolPolicy, policy_name: str) -> dict[str, Any]:
+    """The request the launcher reads (its keys are wire.ANALYSIS_REQUEST_KEYS); a Refusal for a path out of bounds."""
+    roots = [mount.sandbox_path for mount in policy.mounts] + [WORKSPACE]
+    path = sandbox_path(args["filepath"], roots)
+    if path is None:
+        raise Refusal(
+            f"refused: filepath {args['filepath']!r} is not inside a readable root of policy "
+            f"'{policy_name}' ({', '.join(roots)}; field mounts adds data folders); "
+            "'..' is never accepted",
+            "mounts",
+        )
+    limits = policy.limits
+    return {
+        "path": path,
+        "roots": roots,
+        "operations": args["operations"],
+        "columns": args.get("columns"),
+        "group_by": args.get("group_by", []),
+        "max_groups": args.get("max_groups", 50),
+        "plot": args.get("plot"),
+        "image_bytes": limits.returned_image_bytes // max(1, limits.returned_images),
+        "max_bytes": policy.max_csv_bytes,
+        "max_line_bytes": policy.max_csv_line_bytes,
+        "policy": policy_name,
+    }
+
+
 def _failure(
     answer: Mapping[str, Any] | None, result: ExecutionResult, outcome: ToolOutcome, policy_name: str
 ) -> ToolOutcome:
@@ -275,44 +302,20 @@ class AnalyzeCsv:
 
     async def run(self, args: Mapping[str, Any], ctx: ToolContext) -> ToolOutcome:
         """Check the path, analyze in the sandbox, and turn the answer into a table, data and a plot."""
-        policy = ctx.policy
-        roots = [mount.sandbox_path for mount in policy.mounts] + [WORKSPACE]
-        path = sandbox_path(args["filepath"], roots)
-        if path is None:
-            raise Refusal(
-                f"refused: filepath {args['filepath']!r} is not inside a readable root of policy "
-                f"'{ctx.policy_name}' ({', '.join(roots)}; field mounts adds data folders); "
-                "'..' is never accepted",
-                "mounts",
-            )
-        limits = policy.limits
-        request = {
-            "path": path,
-            "roots": roots,
-            "operations": args["operations"],
-            "columns": args.get("columns"),
-            "group_by": args.get("group_by", []),
-            "max_groups": args.get("max_groups", 50),
-            "plot": args.get("plot"),
-            "image_bytes": limits.returned_image_bytes // max(1, limits.returned_images),
-            "max_bytes": policy.max_csv_bytes,
-            "max_line_bytes": policy.max_csv_line_bytes,
-            "policy": ctx.policy_name,
-        }
-        stdin = json.dumps(request).encode()
-        spec = sandbox_spec(args, ctx, ("python3", RUNNER), stdin)
+        stdin = json.dumps(analysis_request(args, ctx.policy, ctx.policy_name)).encode()
+        spec = sandbox_spec(args, ctx, ("python3", wire.ANALYZE_CSV), stdin)
         result = await ctx.runtime.run(spec, ctx.on_progress)
         outcome = outcome_from_execution(result, spec)
-        answer_file = next((f for f in result.files if f.path == ANSWER), None)
+        answer_file = next((f for f in result.files if f.path == wire.ANALYSIS_ANSWER), None)
         answer = None
-        if answer_file is not None and result.exit_code in (0, 2):
+        if answer_file is not None and result.exit_code in (0, wire.ANALYSIS_REFUSED_EXIT):
             try:
                 answer = json.loads(answer_file.content)
             except ValueError:
                 answer = None
         if answer is None or "error" in answer:
             return _failure(answer, result, outcome, ctx.policy_name)
-        files = tuple(f for f in result.files if f.path != ANSWER)
+        files = tuple(f for f in result.files if f.path != wire.ANALYSIS_ANSWER)
         table, cut = markdown_table(answer)
         notes = list(answer["notes"])
         if cut:

@@ -10,6 +10,7 @@ from typing import Any, Protocol
 
 from sandbox_server.errors import Refusal
 from sandbox_server.policy import ToolPolicy
+from sandbox_server.sandbox import wire
 from sandbox_server.sandbox.archive import safe_relative_path
 from sandbox_server.sandbox.runtime import ProgressCallback, SandboxRuntime
 from sandbox_server.sandbox.spec import ExecutionResult, InputFile, OutputFile, ResourceLimits, SandboxSpec
@@ -32,7 +33,7 @@ __all__ = [
     "workspace_folder",
 ]
 
-WORKSPACE = "/workspace"
+WORKSPACE = wire.WORKSPACE
 """The sandbox's writable working folder; relative paths in arguments are relative to it."""
 
 FILES_SCHEMA: dict[str, Any] = {

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
+from sandbox_server.sandbox import wire
 from sandbox_server.tools.base import (
     FILES_SCHEMA,
     SANDBOX_ANNOTATIONS,
@@ -19,8 +20,6 @@ from sandbox_server.tools.base import (
 from sandbox_server.tools.execute_command import EXECUTION_PROPERTIES, EXECUTION_REQUIRED
 
 __all__ = ["RunPython"]
-
-RUNNER = "/usr/local/lib/sandbox/run_cell.py"
 
 
 class RunPython:
@@ -58,9 +57,9 @@ class RunPython:
         spec = sandbox_spec(
             args,
             ctx,
-            ("python3", RUNNER),
+            ("python3", wire.RUN_CELL),
             args["code"].encode("utf-8", "surrogatepass"),
-            extra_env=(("SANDBOX_IMAGE_BYTES", str(per_image)),),
+            extra_env=((wire.IMAGE_BYTES_ENV, str(per_image)),),
         )
         result = await ctx.runtime.run(spec, ctx.on_progress)
         outcome = outcome_from_execution(result, spec)

@@ -1,0 +1,40 @@
+"""The contract between the host and the launchers inside the sandbox images, written once.
+
+This file is the host's module `sandbox_server.sandbox.wire` and, copied into the build
+context of every image whose Dockerfile names it, the launchers' module `sandbox_wire`.
+It uses nothing but the language itself, so it imports the same on both sides; a test
+compares what the image holds with what the host uses, and the shell launcher's paths
+with the ones here.
+"""
+
+from __future__ import annotations
+
+WORKSPACE = "/workspace"
+"""The call's writable folder; input files land here and relative paths start here."""
+OUTPUT_DIR = "/workspace/out"
+"""What a program leaves here comes back with the result."""
+REQUEST_DIR = "/tmp/.sandbox"
+"""Where the request tar puts the program's stdin and the request script the launcher sources."""
+LAUNCHER = "/usr/local/bin/sandbox-launch"
+"""Every sandbox's command: it reads the request from stdin."""
+LAUNCHERS_DIR = "/usr/local/lib/sandbox"
+"""The Python launchers of the python-data image."""
+RUN_CELL = f"{LAUNCHERS_DIR}/run_cell.py"
+ANALYZE_CSV = f"{LAUNCHERS_DIR}/analyze_csv.py"
+
+IMAGE_BYTES_ENV = "SANDBOX_IMAGE_BYTES"
+"""run_python: the most bytes one figure's PNG may take (it is drawn smaller to fit)."""
+FIGURE_NAME = "figure-{index}.png"
+"""run_python: each open matplotlib figure, numbered from 1, under OUTPUT_DIR."""
+
+ANALYSIS_ANSWER = "analysis.json"
+"""analyze_csv: the launcher's answer under OUTPUT_DIR (the other files there are returned as they are)."""
+ANALYSIS_TABLE = "result.csv"
+ANALYSIS_PLOT = "plot.png"
+ANALYSIS_REFUSED_EXIT = 2
+"""analyze_csv: the exit code when the answer is a refusal ({"error": ..., "field": ...})."""
+ANALYSIS_REQUEST_KEYS = (
+    "path", "roots", "operations", "columns", "group_by", "max_groups", "plot", "image_bytes", "max_bytes",
+    "max_line_bytes", "policy",
+)  # fmt: skip
+"""analyze_csv: the keys of the JSON request the host sends on stdin, all of them always present."""

@@ -1,0 +1,62 @@
+"""The contract between host and launchers is written once and holds on both sides."""
+
+from __future__ import annotations
+
+import ast
+import json
+
+import pytest
+
+from sandbox_server import shipped
+from sandbox_server.policy import ToolPolicy
+from sandbox_server.sandbox import wire
+from sandbox_server.sandbox.docker_runtime import DockerRuntime
+from sandbox_server.tools.analyze_csv import analysis_request
+from tests.mcp_harness import connect, stdio_parameters, text_of
+
+CONTRACT = {name: getattr(wire, name) for name in dir(wire) if name.isupper()}
+
+
+def test_the_shell_launcher_and_the_base_image_use_the_contracts_paths() -> None:
+    base = shipped.images_dir() / "base"
+    launcher = (base / "sandbox-launch").read_text()
+    assert f"cd {wire.OUTPUT_DIR} " in launcher
+    assert f"{wire.REQUEST_DIR}/request" in launcher and f"{wire.REQUEST_DIR}/stdin" in launcher
+    assert f"cd {wire.WORKSPACE} " in launcher
+    assert f"COPY sandbox-launch {wire.LAUNCHER}" in (base / "Dockerfile").read_text()
+
+
+def test_an_analysis_request_has_exactly_the_contracts_keys() -> None:
+    request = analysis_request({"filepath": "data.csv", "operations": ["count"]}, ToolPolicy(), "default")
+    assert sorted(request) == sorted(wire.ANALYSIS_REQUEST_KEYS)
+
+
+def test_the_python_launchers_import_one_another_without_a_circle() -> None:
+    folder = shipped.images_dir() / "python-data"
+    local = {path.stem for path in folder.glob("*.py")} | {"sandbox_wire"}
+    edges: dict[str, set[str]] = {}
+    for path in folder.glob("*.py"):
+        imported: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                imported.add(node.module)
+        edges[path.stem] = imported & local
+
+    def reaches(start: str, target: str, seen: frozenset[str] = frozenset()) -> bool:
+        return any(n == target or (n not in seen and reaches(n, target, seen | {n})) for n in edges.get(start, ()))
+
+    assert [name for name in edges if reaches(name, name)] == []
+    assert "sandbox_wire" in edges["run_cell"] and "sandbox_wire" in edges["analyze_csv"]
+
+
+@pytest.mark.anyio
+async def test_the_python_image_holds_the_hosts_contract(runtime: DockerRuntime) -> None:
+    code = "import json, sandbox_wire as w\njson.dumps({n: getattr(w, n) for n in dir(w) if n.isupper()})"
+    async with connect(stdio_parameters()) as session:
+        result = await session.call_tool("run_python", {"code": code})
+    assert not result.is_error, text_of(result)
+    assert result.structured_content is not None
+    in_image = json.loads(ast.literal_eval(result.structured_content["stdout"].strip()))
+    assert in_image == json.loads(json.dumps(CONTRACT))

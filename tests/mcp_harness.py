@@ -73,8 +73,8 @@ class ServerProcess:
         self.process = process
         self.lines: list[str] = []
         self._changed = threading.Condition()
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
 
     def _read(self) -> None:
         assert self.process.stderr is not None
@@ -132,7 +132,7 @@ def http_server_process(*serve_args: str, env: dict[str, str] | None = None) -> 
             process.kill()
             process.wait()
         if server is not None:
-            server._reader.join(timeout=10)  # the log reader ends at the pipe's end of file
+            server.reader.join(timeout=10)  # the log reader ends at the pipe's end of file
         if process.stderr is not None:
             process.stderr.close()
 

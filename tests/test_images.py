@@ -6,7 +6,7 @@ import pytest
 
 from sandbox_server.errors import ImageError
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
-from sandbox_server.sandbox.images import _expected_hash, _fetch_wheel, _locked_wheels, catalog, image_reference
+from sandbox_server.sandbox.images import catalog, expected_hash, fetch_wheel, image_reference, locked_wheels
 from tests.conftest import run_cli
 
 
@@ -20,11 +20,11 @@ def test_context_hash_follows_content_and_foundation(tmp_path: Path) -> None:
     (tmp_path / "img").mkdir()
     (tmp_path / "img" / "Dockerfile").write_text("FROM scratch\n")
     definition = catalog(tmp_path)["img"]
-    first = _expected_hash(definition, "rootfs-a")
-    assert _expected_hash(definition, "rootfs-a") == first
-    assert _expected_hash(definition, "rootfs-b") != first
+    first = expected_hash(definition, "rootfs-a")
+    assert expected_hash(definition, "rootfs-a") == first
+    assert expected_hash(definition, "rootfs-b") != first
     (tmp_path / "img" / "extra.txt").write_text("x")
-    assert _expected_hash(definition, "rootfs-a") != first
+    assert expected_hash(definition, "rootfs-a") != first
 
 
 def test_second_build_rebuilds_nothing(runtime: DockerRuntime) -> None:
@@ -46,15 +46,15 @@ def test_a_pinned_wheel_whose_hash_differs_is_refused_and_removed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("SANDBOX_WHEEL_CACHE", str(tmp_path))
-    [(sha256, filename)] = _locked_wheels(catalog()["python-data"].context_dir)
+    [(sha256, filename)] = locked_wheels(catalog()["python-data"].context_dir)
     assert filename.startswith("duckdb-") and filename.endswith(".whl")
     (tmp_path / filename).write_bytes(b"not the wheel that was pinned")
     with pytest.raises(ImageError, match=f"but wheels.lock pins {sha256}; the download was removed"):
-        _fetch_wheel(sha256, filename, lambda _: None)
+        fetch_wheel(sha256, filename, lambda _: None)
     assert not (tmp_path / filename).exists()
 
 
 def test_a_malformed_wheels_lock_names_its_line(tmp_path: Path) -> None:
     (tmp_path / "wheels.lock").write_text("# pinned\n\nabc  duckdb.whl\n")
     with pytest.raises(ImageError, match=r"wheels.lock:3: expected '<sha256>  <file>.whl', found 'abc  duckdb.whl'"):
-        _locked_wheels(tmp_path)
+        locked_wheels(tmp_path)

@@ -141,17 +141,19 @@ def test_the_pool_hands_out_only_healthy_fresh_containers_of_the_right_key() -> 
     pool = WarmPool(engine)
     spec = SandboxSpec(image="img", argv=("true",))
     other = SandboxSpec(image="other", argv=("true",))
-    pool.configure([PoolTarget(spec, 3, idle_s=60)])
+    target = PoolTarget(spec, 3, idle_s=60)
+    pool.configure([target])
     now = time.monotonic()
     stale, broken, good = _FakeWarm(spec.container_key(), now - 120), _FakeWarm(spec.container_key(), now, True), \
         _FakeWarm(spec.container_key(), now)  # fmt: skip
-    pool._ready[spec.container_key()] = __import__("collections").deque([stale, broken, good])
-    assert pool._take(other.container_key()) is None
-    assert pool._take(spec.container_key()) is good
+    for warm in (stale, broken, good):
+        pool.add(target, warm)
+    assert pool.take(other.container_key()) is None
+    assert pool.take(spec.container_key()) is good
     assert engine.discarded == [stale, broken]
-    assert pool._take(spec.container_key()) is None
+    assert pool.take(spec.container_key()) is None
     assert (pool.stats.hits, pool.stats.misses, pool.stats.discarded_stale, pool.stats.discarded_broken) == (1, 1, 1, 1)
     leftover = _FakeWarm(spec.container_key(), now)
-    pool._ready[spec.container_key()].append(leftover)
+    pool.add(target, leftover)
     pool.configure([PoolTarget(other, 1, idle_s=60)])
     assert engine.discarded[-1] is leftover and pool.ready_count() == 0

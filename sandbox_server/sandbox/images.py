@@ -29,6 +29,9 @@ from sandbox_server.errors import ImageError
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
 
 __all__ = [
+    "expected_hash",
+    "fetch_wheel",
+    "locked_wheels",
     "HASH_LABEL",
     "ImageDefinition",
     "ImageStatus",
@@ -133,7 +136,7 @@ def _context_digest(context_dir: Path) -> hashlib._Hash:
     return digest
 
 
-def _expected_hash(definition: ImageDefinition, foundation: str) -> str:
+def expected_hash(definition: ImageDefinition, foundation: str) -> str:
     """Hash of the build context and of what it is built upon (parent hash or rootfs id)."""
     digest = _context_digest(definition.context_dir)
     digest.update(b"upon\0" + foundation.encode())
@@ -154,7 +157,7 @@ def _foundation(runtime: DockerRuntime, definition: ImageDefinition) -> str:
 
 def image_status(runtime: DockerRuntime, definition: ImageDefinition) -> ImageStatus:
     """Compare a built image's hash label with the hash of its context now."""
-    expected = _expected_hash(definition, _foundation(runtime, definition))
+    expected = expected_hash(definition, _foundation(runtime, definition))
     record = runtime.image(definition.reference)
     built_hash = record.labels.get(HASH_LABEL) if record else None
     return ImageStatus(
@@ -230,7 +233,7 @@ def wheel_cache() -> Path:
     return Path(base) / "sandbox-server" / "wheels"
 
 
-def _locked_wheels(context_dir: Path) -> list[tuple[str, str]]:
+def locked_wheels(context_dir: Path) -> list[tuple[str, str]]:
     """(sha256, file name) pairs of an image's wheels.lock; none when it has no lock."""
     lock = context_dir / WHEELS_LOCK
     if not lock.is_file():
@@ -254,7 +257,7 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _fetch_wheel(sha256: str, filename: str, say: Say) -> Path:
+def fetch_wheel(sha256: str, filename: str, say: Say) -> Path:
     """A pinned wheel from the cache, downloaded with pip when missing; its hash checked."""
     cache = wheel_cache()
     path = cache / filename
@@ -285,12 +288,12 @@ def _fetch_wheel(sha256: str, filename: str, say: Say) -> Path:
 def _build_context(definition: ImageDefinition, say: Say) -> Iterator[Path]:
     """The folder to build from: the context itself, or a copy with the shared files it asks for and its
     pinned wheels unpacked in site/."""
-    pinned = _locked_wheels(definition.context_dir)
+    pinned = locked_wheels(definition.context_dir)
     shared = _shared_files(definition.context_dir)
     if not pinned and not shared:
         yield definition.context_dir
         return
-    wheels = [_fetch_wheel(sha256, filename, say) for sha256, filename in pinned]
+    wheels = [fetch_wheel(sha256, filename, say) for sha256, filename in pinned]
     with tempfile.TemporaryDirectory(prefix=f"sandbox-image-{definition.name}-") as work:
         context = Path(work) / "context"
         shutil.copytree(definition.context_dir, context, ignore=shutil.ignore_patterns("__pycache__", "site"))

@@ -125,9 +125,11 @@ class WarmPool(Generic[WarmT]):
 
     async def run(self, spec: SandboxSpec, on_progress: ProgressCallback | None = None) -> ExecutionResult:
         """Run one call in a warm container of its key if one is ready, else in a cold one at once."""
-        return await self._engine.run(spec, on_progress, warm=self._take(spec.container_key()))
+        return await self._engine.run(spec, on_progress, warm=self.take(spec.container_key()))
 
-    def _take(self, key: Key) -> WarmT | None:
+    def take(self, key: Key) -> WarmT | None:
+        """A healthy warm container of this key not older than its idle time, or None; stale and broken
+        ones met on the way are discarded."""
         queue = self._ready.get(key)
         target = self._targets.get(key)
         now = time.monotonic()
@@ -207,6 +209,11 @@ class WarmPool(Generic[WarmT]):
             self._filling[key] -= 1
             self._wakeup.set()
         # No await between receiving the container and queueing it: close() must always find it.
+        self.add(target, warm)
+
+    def add(self, target: PoolTarget, warm: WarmT) -> None:
+        """Queue a container made for `target`; discarded when the pool closed or no longer wants it."""
+        key = target.key
         if self._closed or self._targets.get(key) != target:
             self._engine.discard_later(warm)
             return

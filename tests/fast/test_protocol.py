@@ -1,0 +1,285 @@
+"""The fast tier: the real server and the SDK's in-memory client over a fake runtime.
+
+Pagination, argument validation, every kind of refusal, rendering, names and hints,
+and audit records, in both protocol eras and in seconds. What a sandbox does is
+proved by the real-engine tests; here the runtime only answers what it is told to.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import anyio
+import mcp_types as types
+import pytest
+from mcp.shared.exceptions import MCPError
+
+from sandbox_server.errors import EngineUnavailable
+from sandbox_server.guard import AuditLog
+from sandbox_server.policy import Policy, RateLimits, ToolPolicy
+from sandbox_server.results import OWN_NAME_META, PATH_META
+from sandbox_server.sandbox import wire
+from sandbox_server.sandbox.runtime import ProgressCallback
+from sandbox_server.sandbox.spec import ExecutionResult, Mount, OutputFile, SandboxSpec
+from sandbox_server.server import SandboxServer
+from sandbox_server.tools import all_tools
+from tests.mcp_harness import CHECKED, CheckedClient, connect, text_of
+
+pytestmark = pytest.mark.anyio
+
+ERAS = ["legacy", "2026-07-28"]
+PNG = b"\x89PNG\r\n\x1a\n" + b"\0" * 32
+
+Answer = Callable[[SandboxSpec], ExecutionResult]
+
+
+def ran(stdout: bytes = b"", exit_code: int | None = 0, **fields: Any) -> Answer:
+    """A runtime answer: the program ran and left this."""
+    return lambda spec: ExecutionResult(exit_code=exit_code, stdout=stdout, stderr=b"", duration_ms=3, **fields)
+
+
+class FakeRuntime:
+    """A SandboxRuntime that records each spec and answers as told; `gate` holds calls until set."""
+
+    def __init__(self, answer: Answer | None = None, error: Exception | None = None) -> None:
+        self.answer = answer or ran()
+        self.error = error
+        self.specs: list[SandboxSpec] = []
+        self.gate: anyio.Event | None = None
+        self.entered = anyio.Event()
+
+    async def run(self, spec: SandboxSpec, on_progress: ProgressCallback | None = None) -> ExecutionResult:
+        self.specs.append(spec)
+        self.entered.set()
+        if self.gate is not None:
+            await self.gate.wait()
+        if self.error is not None:
+            raise self.error
+        return self.answer(spec)
+
+
+def policy(tool: dict[str, Any] | None = None, **changes: Any) -> Policy:
+    """A policy for the fast tier: the defaults, with `tool` settings for every tool and `changes` to the policy."""
+    return replace(Policy(name="fast", default=ToolPolicy(**(tool or {}))), **changes)
+
+
+@asynccontextmanager
+async def serving(
+    runtime: FakeRuntime, mode: str = "legacy", *, page_size: int = 50, audit: Path | None = None, **changes: Any
+) -> AsyncIterator[tuple[SandboxServer, CheckedClient]]:
+    app = SandboxServer(
+        all_tools(),
+        policy(**changes),
+        runtime,
+        page_size=page_size,
+        audit=AuditLog(audit) if audit else None,
+    )
+    async with connect(app.server, mode=mode) as client:
+        yield app, client
+
+
+@pytest.mark.parametrize("mode", ERAS)
+async def test_tools_are_listed_a_page_at_a_time_and_a_bad_cursor_is_a_protocol_error(mode: str) -> None:
+    async with serving(FakeRuntime(), mode, page_size=1) as (_, client):
+        names, cursor = [], None
+        while True:
+            page = await client.list_tools(cursor=cursor)
+            assert len(page.tools) == 1
+            names += [tool.name for tool in page.tools]
+            if (cursor := page.next_cursor) is None:
+                break
+        assert names == ["analyze_csv", "execute_command", "run_python"]
+        with pytest.raises(MCPError) as bad:
+            await client.list_tools(cursor="not-a-cursor")
+        assert bad.value.error.code == -32602
+
+
+@pytest.mark.parametrize("mode", ERAS)
+async def test_invalid_arguments_are_an_error_result_naming_the_field(mode: str) -> None:
+    runtime = FakeRuntime()
+    async with serving(runtime, mode) as (_, client):
+        result = await client.call_tool("execute_command", {"command": "ls", "timeout_s": -1})
+    assert result.is_error and text_of(result).startswith("invalid arguments for execute_command: `timeout_s`")
+    assert result.structured_content == {
+        "error": {
+            "kind": "invalid_arguments",
+            "message": text_of(result),
+            "policy": "fast",
+            "field": "timeout_s",
+            "retry_after_s": None,
+        }
+    }
+    assert runtime.specs == []
+
+
+async def test_each_refusal_names_its_policy_field_and_runs_nothing() -> None:
+    runtime = FakeRuntime()
+    calls: list[tuple[str, dict[str, Any], str]] = [
+        ("execute_command", {"command": "ls", "timeout_s": 500}, "limits.max_timeout_s"),
+        ("execute_command", {"command": "ls", "workdir": "/proc/self/fd/7"}, "workdir"),
+        ("execute_command", {"command": "ls", "files": [{"path": "../x", "content": ""}]}, "files[0].path"),
+        (
+            "run_python",
+            {"code": "1", "files": [{"path": "a", "content": "!", "encoding": "base64"}]},
+            "files[0].content",
+        ),
+        ("analyze_csv", {"filepath": "/etc/passwd", "operations": ["count"]}, "mounts"),
+    ]
+    async with serving(runtime) as (_, client):
+        for tool, arguments, field in calls:
+            result = await client.call_tool(tool, arguments)
+            assert result.is_error and text_of(result).startswith("refused"), text_of(result)
+            assert result.structured_content is not None
+            error = result.structured_content["error"]
+            assert (error["kind"], error["field"], error["policy"]) == ("refused", field, "fast")
+    async with serving(runtime, tool={"allow_shell": False, "commands_allow": ("ls",)}) as (_, client):
+        shell = await client.call_tool("execute_command", {"command": "ls"})
+        program = await client.call_tool("execute_command", {"command": "cat", "args": ["x"]})
+    assert shell.structured_content and shell.structured_content["error"]["field"] == "commands.shell"
+    assert program.structured_content and program.structured_content["error"]["field"] == "commands.allow"
+    assert runtime.specs == []
+
+
+async def test_busy_is_answered_at_once_with_when_to_retry() -> None:
+    runtime = FakeRuntime()
+    runtime.gate = anyio.Event()
+    async with serving(runtime, rate=RateLimits(concurrent_calls=1)) as (_, client):
+        async with anyio.create_task_group() as group:
+            group.start_soon(client.call_tool, "execute_command", {"command": "sleep 1"})
+            await runtime.entered.wait()
+            with anyio.fail_after(2):
+                busy = await client.call_tool("run_python", {"code": "1"})
+            runtime.gate.set()
+    assert busy.is_error and text_of(busy).startswith("busy: 1 calls already running")
+    assert busy.structured_content is not None
+    assert busy.structured_content["error"] | {"message": ""} == {
+        "kind": "busy",
+        "message": "",
+        "policy": "fast",
+        "field": "rate.concurrent_calls",
+        "retry_after_s": 1,
+    }
+
+
+async def test_an_engine_that_does_not_answer_is_a_refusal_of_that_kind() -> None:
+    runtime = FakeRuntime(error=EngineUnavailable("sandbox engine unavailable: nothing at unix:///x"))
+    async with serving(runtime) as (_, client):
+        calls: list[tuple[str, dict[str, Any]]] = [
+            ("execute_command", {"command": "true"}),
+            ("run_python", {"code": "1"}),
+            ("analyze_csv", {"filepath": "a.csv", "operations": ["count"]}),
+        ]
+        for tool, arguments in calls:
+            result = await client.call_tool(tool, arguments)
+            assert result.is_error and text_of(result).startswith("sandbox engine unavailable")
+            assert result.structured_content and result.structured_content["error"]["kind"] == "engine_unavailable"
+
+
+async def test_analyze_csv_failures_have_analyze_csvs_shape() -> None:
+    runtime = FakeRuntime(ran(exit_code=None, oom_killed=True))
+    async with serving(runtime) as (_, client):
+        killed = await client.call_tool("analyze_csv", {"filepath": "a.csv", "operations": ["median"]})
+        runtime.answer = lambda spec: ExecutionResult(
+            exit_code=wire.ANALYSIS_REFUSED_EXIT,
+            stdout=b"",
+            stderr=b"",
+            duration_ms=5,
+            files=(OutputFile(wire.ANALYSIS_ANSWER, b'{"error": "no column \'x\'", "field": "columns"}', 45),),
+        )
+        refused = await client.call_tool("analyze_csv", {"filepath": "a.csv", "operations": ["sum"], "columns": ["x"]})
+    assert killed.structured_content is not None and refused.structured_content is not None
+    assert killed.structured_content["error"]["kind"] == "out_of_memory"
+    assert "median and distinct keep every value" in text_of(killed)
+    assert refused.structured_content["error"] | {"policy": None} == {
+        "kind": "refused",
+        "message": "no column 'x'",
+        "policy": None,
+        "field": "columns",
+        "retry_after_s": None,
+    }
+    assert "exit_code" not in killed.structured_content  # not execute_command's shape
+
+
+async def test_every_error_result_of_every_tool_was_checked_against_its_output_schema() -> None:
+    before = len(CHECKED)
+    runtime = FakeRuntime(ran(exit_code=3))
+    async with serving(runtime) as (_, client):
+        await client.call_tool("execute_command", {"command": "exit 3"})
+        await client.call_tool("run_python", {"code": "raise SystemExit(3)"})
+        await client.call_tool("analyze_csv", {"filepath": "a.csv", "operations": ["count"]})
+        await client.call_tool("analyze_csv", {"filepath": "../a.csv", "operations": ["count"]})
+    assert CHECKED[before:] == [
+        ("execute_command", True),
+        ("run_python", True),
+        ("analyze_csv", True),
+        ("analyze_csv", True),
+    ]
+
+
+@pytest.mark.parametrize("mode", ERAS)
+async def test_output_is_sanitised_images_carry_their_path_and_large_files_are_links(mode: str) -> None:
+    files = (OutputFile("plots/fig.png", PNG, len(PNG)), OutputFile("big.txt", b"y" * 300_000, 300_000))
+    runtime = FakeRuntime(ran(b"\x1b[2Jclean\x1b]52;c;ZXZpbA==\x07", files=files))
+    async with serving(runtime, mode) as (_, client):
+        result = await client.call_tool("execute_command", {"command": "draw"})
+        image = next(block for block in result.content if isinstance(block, types.ImageContent))
+        link = next(block for block in result.content if isinstance(block, types.ResourceLink))
+        read = await client.read_resource(str(link.uri))
+        with pytest.raises(MCPError) as missing:
+            await client.read_resource(str(link.uri).replace("big.txt", "gone.txt"))
+    assert text_of(result).startswith("exit code 0") and "clean" in text_of(result) and "\x1b" not in text_of(result)
+    assert base64.b64decode(image.data) == PNG and (image.meta or {})[PATH_META] == "plots/fig.png"
+    assert isinstance(read.contents[0], types.TextResourceContents) and len(read.contents[0].text) == 300_000
+    assert missing.value.error.code == (-32002 if mode == "legacy" else -32602)
+
+
+async def test_a_prefix_renames_every_tool_and_keeps_its_own_name_beside_it(tmp_path: Path) -> None:
+    audit = tmp_path / "audit.jsonl"
+    runtime = FakeRuntime()
+    async with serving(runtime, audit=audit, tool_prefix="sbx_") as (_, client):
+        listed = (await client.list_tools()).tools
+        result = await client.call_tool("sbx_execute_command", {"command": "true"})
+        with pytest.raises(MCPError) as unknown:
+            await client.call_tool("execute_command", {"command": "true"})
+    assert [tool.name for tool in listed] == ["sbx_analyze_csv", "sbx_execute_command", "sbx_run_python"]
+    assert [(tool.meta or {})[OWN_NAME_META] for tool in listed] == ["analyze_csv", "execute_command", "run_python"]
+    assert [tool.input_schema["title"] for tool in listed][1] == "execute_command: arguments"
+    assert not result.is_error and unknown.value.error.code == -32602
+    records = [json.loads(line) for line in audit.read_text().splitlines()]
+    assert [(r["tool"], r["exposed_as"], r["outcome"]) for r in records] == [
+        ("execute_command", "sbx_execute_command", "ok"),
+        ("execute_command", "execute_command", "refused"),
+    ]
+
+
+async def test_hints_follow_the_policy() -> None:
+    async with serving(FakeRuntime()) as (_, client):
+        closed = {tool.name: tool.annotations for tool in (await client.list_tools()).tools}
+    writable = (Mount("/srv", "/data", read_only=False),)
+    async with serving(FakeRuntime(), tool={"mounts": writable, "network": "bridge"}) as (_, client):
+        opened = {tool.name: tool.annotations for tool in (await client.list_tools()).tools}
+    for hints in closed.values():
+        assert hints is not None and hints.destructive_hint is False and hints.open_world_hint is False
+    assert opened["execute_command"] and opened["execute_command"].destructive_hint is True
+    assert opened["run_python"] and opened["run_python"].open_world_hint is True
+    assert opened["analyze_csv"] and opened["analyze_csv"].read_only_hint is True
+    assert opened["analyze_csv"].destructive_hint is False
+
+
+async def test_the_audit_record_says_who_what_and_why_never_the_arguments(tmp_path: Path) -> None:
+    audit = tmp_path / "audit.jsonl"
+    async with serving(FakeRuntime(ran(b"secret-output")), audit=audit) as (_, client):
+        await client.call_tool("execute_command", {"command": "echo secret-argument"})
+        await client.call_tool("execute_command", {"command": "ls", "timeout_s": 999})
+    ok, refused = [json.loads(line) for line in audit.read_text().splitlines()]
+    assert "secret" not in audit.read_text()
+    assert ok["outcome"] == "ok" and ok["exit_code"] == 0 and ok["policy"] == "fast"
+    assert len(ok["arguments_sha256"]) == 64 and ok["client"].startswith("mcp")
+    assert refused["outcome"] == "refused" and refused["field"] == "limits.max_timeout_s"
+    assert refused["kind"] == "refused" and refused["reason"].startswith("refused: timeout_s 999")

@@ -47,8 +47,11 @@ class ServerDidNotStart(SandboxServerError):
 
 
 def server_parameters(serve_args: Sequence[str] = ()) -> StdioServerParameters:
-    """How to start this server as a child process speaking MCP over stdio."""
-    return StdioServerParameters(command=sys.executable, args=["-m", "sandbox_server", "serve", *serve_args])
+    """How to start this server as a child process speaking MCP over stdio, in this process's environment
+    (DOCKER_HOST and the SANDBOX_ settings reach it; the client's default environment would drop them)."""
+    return StdioServerParameters(
+        command=sys.executable, args=["-m", "sandbox_server", "serve", *serve_args], env=dict(os.environ)
+    )
 
 
 def format_result(result: types.CallToolResult) -> str:

@@ -52,7 +52,13 @@ def left_by_exited_servers() -> list[str]:
     return [item["Id"] for item in items if not owner_alive((item.get("Labels") or {}).get(OWNER_LABEL, ""))]
 
 
-def run_cli(*args: str, env: dict[str, str] | None = None, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    *args: str,
+    env: dict[str, str] | None = None,
+    timeout_s: float = 120,
+    cwd: Path | None = None,
+    stdin: str | None = None,
+) -> subprocess.CompletedProcess[str]:
     """Run the real `sandbox-server` command line in a child process."""
     return subprocess.run(
         [sys.executable, "-m", "sandbox_server", *args],
@@ -60,6 +66,8 @@ def run_cli(*args: str, env: dict[str, str] | None = None, timeout_s: float = 12
         text=True,
         timeout=timeout_s,
         env={**os.environ, **(env or {})},
+        cwd=cwd,
+        input=stdin,
         check=False,
     )
 

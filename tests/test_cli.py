@@ -1,6 +1,8 @@
-"""The one-shot `call` command and the conformance suite go through real MCP sessions."""
+"""The one-shot `call` command, `setup` and the conformance suite go through the real server and engine."""
 
+import json
 import subprocess
+from pathlib import Path
 
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
 from tests.conftest import ROOT, left_by_exited_servers, run_cli
@@ -16,6 +18,60 @@ def test_call_exits_one_on_an_error_result(runtime: DockerRuntime) -> None:
     result = run_cli("call", "execute_command", "--json", '{"command": "exit 4"}')
     assert result.returncode == 1
     assert "exit code 4" in result.stdout
+
+
+def test_call_takes_arguments_from_a_file_sends_uploads_and_saves_what_comes_back(
+    tmp_path: Path, runtime: DockerRuntime
+) -> None:
+    (tmp_path / "data.csv").write_text("a,b\n1,2\n")
+    (tmp_path / "notes.txt").write_bytes(b"\xffbinary\x00")
+    code = "import shutil, matplotlib.pyplot as plt\nshutil.copy('in/notes.bin', 'out/sub/notes.bin')\nplt.plot([1, 2])"
+    (tmp_path / "args.json").write_text(json.dumps({"code": "import os\nos.makedirs('out/sub')\n" + code}))
+    result = run_cli(
+        "call", "run_python", "--json", "@args.json", "--upload", "data.csv", "--upload", "notes.txt:in/notes.bin",
+        "--save", "saved", cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert (tmp_path / "saved/sub/notes.bin").read_bytes() == b"\xffbinary\x00"
+    assert (tmp_path / "saved/figure-1.png").read_bytes().startswith(b"\x89PNG")
+    listed = run_cli(
+        "call", "execute_command", "--json", "-", "--upload", "data.csv", cwd=tmp_path,
+        stdin='{"command": "cat", "args": ["data.csv"]}',
+    )  # fmt: skip
+    assert listed.returncode == 0 and "1,2" in listed.stdout, listed.stdout + listed.stderr
+
+
+def test_call_with_a_broken_policy_prints_the_servers_reason_on_one_line_and_exits_two(tmp_path: Path) -> None:
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("defaults:\n  limits: {memory_mb: -5}\n")
+    result = run_cli("call", "execute_command", "--policy", str(broken), "--arg", "command=true")
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr, result.stderr
+    assert (
+        "policy refused" in result.stderr and "defaults.limits.memory_mb: -5 is less than the minimum" in result.stderr
+    )
+
+
+def test_call_without_an_engine_says_so_on_one_line_and_exits_two(tmp_path: Path) -> None:
+    result = run_cli(
+        "call", "execute_command", "--arg", "command=true", env={"DOCKER_HOST": f"unix://{tmp_path}/no-engine.sock"}
+    )
+    assert result.returncode == 2
+    assert (
+        result.stderr.startswith("sandbox-server call: sandbox engine unavailable") and result.stderr.count("\n") == 1
+    )
+
+
+def test_call_finds_a_tool_by_its_own_name_under_a_prefix(runtime: DockerRuntime) -> None:
+    result = run_cli("call", "execute_command", "--tool-prefix", "sbx_", "--arg", "command=echo prefixed")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.startswith("$ execute_command") and "prefixed" in result.stdout
+
+
+def test_setup_finds_everything_ready_and_does_nothing_more(runtime: DockerRuntime) -> None:
+    result = run_cli("setup")
+    assert result.returncode == 0, result.stderr
+    assert "images: all current, nothing rebuilt" in result.stderr and "Step " not in result.stderr
 
 
 def test_the_mcp_conformance_suite_passes_its_applicable_scenarios(runtime: DockerRuntime) -> None:

@@ -1,6 +1,7 @@
 """The layering of docs/design.md: the engine modules talk to Docker, one module to the MCP SDK's server side."""
 
 import ast
+import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "sandbox_server"
@@ -27,3 +28,18 @@ def test_only_the_engine_modules_import_docker() -> None:
 
 def test_only_the_server_and_the_one_shot_client_import_mcp() -> None:
     assert _importers("mcp") | _importers("mcp_types") == {"server.py", "client.py"}
+
+
+def test_every_document_the_code_names_is_in_the_repository() -> None:
+    root = PACKAGE.parent
+    named: set[str] = set()
+    for folder in ("sandbox_server", "images", "policies", "scripts", "tests", "bench"):
+        for path in (root / folder).rglob("*"):
+            if (
+                path.is_file()
+                and path.suffix in ("", ".py", ".yaml", ".json", ".sh")
+                and "__pycache__" not in path.parts
+            ):
+                named |= set(re.findall(r"[\w./-]+\.md\b", path.read_text(errors="replace")))
+    missing = sorted(name for name in named if not (root / name).is_file())
+    assert named and not missing, f"the code names documents the repository does not hold: {missing}"

@@ -1,4 +1,4 @@
-"""The hostile-input battery (SECURITY-BATTERY.md) through the real server on the default policy.
+"""The hostile-input battery (docs/security.md) through the real server on the default policy.
 
 Each case asserts its expected answer; the `invariants` fixture then asserts that the
 server still answers a plain call within 5 s, that none of the case's containers is

@@ -151,3 +151,11 @@ def test_admission_rate_window_and_concurrency_are_answered_at_once() -> None:
     assert (limited.value.kind, limited.value.retry_after_s) == ("rate_limited", 50)
     now[0] += 51
     admission.admit("a").release()
+
+
+def test_a_tool_prefix_is_a_policy_field_with_a_safe_alphabet(tmp_path: Path) -> None:
+    good = _write(tmp_path, "prefixed.yaml", "extends: default\ntool_prefix: sbx_\n")
+    assert load_policy(str(good), TOOLS, BOTH).tool_prefix == "sbx_"
+    bad = _write(tmp_path, "bad-prefix.yaml", "extends: default\ntool_prefix: 'sbx execute;'\n")
+    [error] = policy_errors(bad, TOOLS, BOTH)
+    assert error.startswith(f"{bad}: tool_prefix: 'sbx execute;' does not match")

@@ -32,6 +32,7 @@ def explain_policy(policy: Policy, tool_names: list[str]) -> dict[str, Any]:
         "name": policy.name,
         "source": policy.source,
         "sha256": policy.digest,
+        "tool_prefix": policy.tool_prefix,
         "rate": asdict(policy.rate),
         "host": asdict(policy.host),
         "audit": asdict(policy.audit),

@@ -160,8 +160,7 @@ class SandboxServer:
         """
         if ctx.protocol_version not in HANDSHAKE_PROTOCOL_VERSIONS:
             return
-        headers = getattr(ctx.request, "headers", None)
-        key = (headers.get("mcp-session-id") if headers is not None else None) or "stdio"
+        key = _session_id(ctx) or "stdio"
         self._sessions[key] = ctx.session
         self._sessions.move_to_end(key)
         while len(self._sessions) > REMEMBERED_SESSIONS:
@@ -322,9 +321,14 @@ def _client_name(ctx: Context) -> str:
     params = ctx.session.client_params
     info = params.client_info if params is not None else None
     name = f"{info.name}/{info.version}" if info is not None else "unknown-client"
-    headers = getattr(ctx.request, "headers", None)  # the HTTP request, when the transport has one
-    session_id = headers.get("mcp-session-id") if headers is not None else None
+    session_id = _session_id(ctx)
     return f"{name}@{session_id[:8]}" if session_id else name
+
+
+def _session_id(ctx: Context) -> str | None:
+    """The Streamable HTTP session of a handshake-era request; None over stdio or without one."""
+    headers = getattr(ctx.request, "headers", None)  # the HTTP request, when the transport has one
+    return headers.get("mcp-session-id") if headers is not None else None
 
 
 def _snake(annotations: Mapping[str, Any]) -> dict[str, Any]:

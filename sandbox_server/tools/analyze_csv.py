@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import posixpath
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from sandbox_server.errors import Refusal
@@ -197,7 +198,6 @@ def _failure(
     answer: Mapping[str, Any] | None, result: ExecutionResult, outcome: ToolOutcome, policy_name: str
 ) -> ToolOutcome:
     """An analysis that gave no answer, in this tool's own shape: what went wrong, and the program's last words."""
-    details = {"duration_ms": result.duration_ms, "stderr": result.stderr.decode("utf-8", "replace")[-4000:]}
     if answer is not None:  # the launcher refused the request (a missing column, a file too big …)
         field = answer.get("field")
         return ToolOutcome.failed(
@@ -214,14 +214,9 @@ def _failure(
         last = result.stderr.decode("utf-8", "replace").strip().rsplit("\n", 1)[-1]
         kind, message = "failed", f"analysis failed (exit code {result.exit_code}): {last or 'no answer written'}"
     field = "limits.memory_mb" if kind == "out_of_memory" else "limits.timeout_s" if kind == "timed_out" else None
-    return ToolOutcome(
-        headline=message,
-        is_error=True,
-        sections=outcome.sections,
-        structured={"error": {"kind": kind, "message": message, "policy": policy_name, "field": field}, **details},
-        notes=outcome.notes,
-        audit=outcome.audit,
-    )
+    details = {"duration_ms": result.duration_ms, "stderr": result.stderr.decode("utf-8", "replace")[-4000:]}
+    failed = ToolOutcome.failed(kind, message, policy_name, field, extra=details, audit=outcome.audit)
+    return replace(failed, sections=outcome.sections, notes=outcome.notes)
 
 
 class AnalyzeCsv:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-BENCHMARKS = {"analyze_csv": "bench.analyze_csv", "performance": "bench.performance"}
+BENCHMARKS = {"analyze_csv": "bench.analyze_csv", "performance": "bench.performance", "workspaces": "bench.workspaces"}
 
 
 def main() -> int:

@@ -217,6 +217,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--audit-log", help="append one JSON line per call to this file (overrides audit.path)")
     serve.add_argument("--no-watch", action="store_true", help="do not reload the policy when its file changes")
     serve.add_argument(
+        "--state-dir",
+        help="where kept workspaces live (default: SANDBOX_STATE_DIR, /var/lib/sandbox-server as root, "
+        "else ~/.local/state/sandbox-server)",
+    )
+    serve.add_argument(
         "--tool-prefix",
         type=_tool_prefix,
         help="put this before every tool name (e.g. sbx_ gives sbx_execute_command); overrides the policy's tool_prefix",

@@ -16,6 +16,9 @@ from sandbox_server.errors import SandboxServerError
 
 __all__ = ["serve_command"]
 
+WORKSPACE_SWEEP_S = 60.0
+"""How often expired workspaces are looked for while serving."""
+
 
 def serve_command(args: argparse.Namespace) -> int:
     """`sandbox-server serve`: run the server until the client leaves or a signal comes."""
@@ -24,8 +27,10 @@ def serve_command(args: argparse.Namespace) -> int:
     from sandbox_server.policy.watcher import watch_policy
     from sandbox_server.sandbox.docker_runtime import DockerRuntime
     from sandbox_server.sandbox.pool import WarmPool
+    from sandbox_server.sandbox.removal import owner_alive
     from sandbox_server.server import SandboxServer, serve_http, serve_stdio
     from sandbox_server.tools import all_tools
+    from sandbox_server.workspaces import WorkspaceStore, default_state_dir
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="sandbox-server: %(message)s")
     log = logging.getLogger("sandbox_server")
@@ -42,9 +47,24 @@ def serve_command(args: argparse.Namespace) -> int:
     audit_path = args.audit_log or policy.audit.path
     audit = AuditLog(audit_path, policy.audit.max_bytes, policy.audit.keep) if audit_path else None
     pool = None if args.no_pool else WarmPool(runtime)
-    app = SandboxServer(
-        tools, policy, runtime, page_size=args.page_size, audit=audit, pool=pool, tool_prefix=args.tool_prefix
+    state_dir = Path(args.state_dir) if args.state_dir else default_state_dir()
+    workspaces = WorkspaceStore(
+        state_dir / "workspaces", policy.workspace, policy.host.workspace_storage_mb * 1024 * 1024
     )
+    swept = workspaces.sweep(owner_alive)
+    if swept:
+        log.info("removed %d expired or orphaned workspace(s)", swept)
+    app = SandboxServer(
+        tools, policy, runtime, page_size=args.page_size, audit=audit, pool=pool, tool_prefix=args.tool_prefix,
+        workspaces=workspaces, instance=runtime.owner,
+    )  # fmt: skip
+
+    async def sweep_workspaces() -> None:
+        while True:
+            await anyio.sleep(WORKSPACE_SWEEP_S)
+            removed = await anyio.to_thread.run_sync(workspaces.sweep, owner_alive)
+            if removed:
+                log.info("removed %d expired workspace(s)", removed)
 
     async def stop_on_signal(scope: anyio.CancelScope) -> None:
         with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
@@ -57,6 +77,7 @@ def serve_command(args: argparse.Namespace) -> int:
         try:
             async with anyio.create_task_group() as group:
                 group.start_soon(stop_on_signal, group.cancel_scope)
+                group.start_soon(sweep_workspaces)
                 if pool is not None:
                     group.start_soon(pool.maintain)
                 if not args.no_watch:
@@ -71,6 +92,9 @@ def serve_command(args: argparse.Namespace) -> int:
                 group.cancel_scope.cancel()
         finally:
             with anyio.CancelScope(shield=True):
+                ended = workspaces.end_sessions(runtime.owner)
+                if ended:
+                    log.info("removed the workspace(s) of %d handshake session(s) that ended with the server", ended)
                 if pool is not None:
                     await pool.close()
                 await anyio.to_thread.run_sync(runtime.close)

@@ -8,19 +8,18 @@ that is down) is an `isError` result whose first line says what happened.
 from __future__ import annotations
 
 import base64
-import binascii
 import json
 import logging
 import time
 from collections import OrderedDict
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import anyio
 import anyio.to_thread
 import mcp_types as types
 from jsonschema import Draft202012Validator
-from jsonschema.exceptions import ValidationError
 from mcp.server import ServerRequestContext
 from mcp.server.lowlevel import NotificationOptions, Server
 from mcp.server.session import ServerSession
@@ -31,6 +30,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
 from sandbox_server import __version__
+from sandbox_server.arguments import argument_path, describe_error, paginate
 from sandbox_server.errors import EngineError, EngineUnavailable, Refusal
 from sandbox_server.guard import Admission, AuditLog, call_record
 from sandbox_server.policy import Policy
@@ -39,6 +39,7 @@ from sandbox_server.sandbox.pool import PoolTarget, WarmPool
 from sandbox_server.sandbox.runtime import SandboxRuntime
 from sandbox_server.tools import Tool, ToolContext, ToolOutcome
 from sandbox_server.tools.base import annotations_for
+from sandbox_server.workspaces import RESOURCE_TEMPLATE, KeptWorkspace, WorkspaceStore, session_owner
 
 __all__ = ["SandboxServer", "serve_http", "serve_stdio"]
 
@@ -56,24 +57,6 @@ INSTRUCTIONS = (
 )
 
 
-def _field_path(error: ValidationError) -> str:
-    path = ""
-    for part in error.absolute_path:
-        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
-    return path or "(arguments)"
-
-
-def _describe(error: ValidationError) -> str:
-    if error.validator == "required":
-        return f"missing required field: {error.message.split(' ')[0]}"
-    if error.validator == "additionalProperties":
-        return f"unknown field: {error.message}"
-    if error.validator == "pattern" and "\\u0000" in str(error.validator_value):
-        return f"`{_field_path(error)}` contains a NUL byte, which no program argument can hold"
-    message = error.message if len(error.message) < 300 else error.message[:300] + "…"
-    return f"`{_field_path(error)}`: {message}"
-
-
 class SandboxServer:
     """Tools, policy and runtime wired to an MCP low-level Server."""
 
@@ -87,6 +70,8 @@ class SandboxServer:
         audit: AuditLog | None = None,
         pool: WarmPool[Any] | None = None,
         tool_prefix: str | None = None,
+        workspaces: WorkspaceStore | None = None,
+        instance: str = "local",
     ) -> None:
         self.all_tools = {tool.name: tool for tool in tools}
         self.tool_prefix = tool_prefix
@@ -101,6 +86,10 @@ class SandboxServer:
         self.page_size = max(1, page_size)
         self.store = store or ResourceStore()
         self.audit = audit
+        self.workspaces = workspaces
+        """Kept workspaces, used when the policy's workspace.persist is true."""
+        self.instance = instance
+        """This server process, in the owner of its handshake sessions' workspaces."""
         self._sessions: OrderedDict[str, ServerSession] = OrderedDict()
         """Handshake-era connections to tell of a tools/list change, by MCP session id (the latest request's)."""
         self._events = InMemorySubscriptionBus()  # 2026-07-28 clients hear of changes via subscriptions/listen
@@ -113,6 +102,7 @@ class SandboxServer:
             on_call_tool=self._call_tool,
             on_list_resources=self._list_resources,
             on_read_resource=self._read_resource,
+            on_list_resource_templates=self._list_templates,
             on_subscriptions_listen=ListenHandler(self._events),
         )
 
@@ -141,6 +131,8 @@ class SandboxServer:
         """Use a new policy for new calls (running calls keep theirs) and tell clients the tools changed."""
         self.policy = policy
         self.admission.reconfigure(policy.rate, policy.host, policy.name)
+        if self.workspaces is not None:
+            self.workspaces.reconfigure(policy.workspace, policy.host.workspace_storage_mb * 1024 * 1024)
         if self.pool is not None:
             self.pool.configure(self._pool_targets(policy))
         logger.info("policy %s (%s) is now in force", policy.name, policy.digest[:12])
@@ -176,28 +168,21 @@ class SandboxServer:
             description=tool.description,
             input_schema=dict(tool.input_schema),
             output_schema=dict(tool.output_schema),
-            annotations=types.ToolAnnotations(title=tool.title, **_snake(hints)),
+            annotations=types.ToolAnnotations.model_validate({"title": tool.title, **hints}),
             _meta={OWN_NAME_META: tool.name},
         )
 
     async def _list_tools(self, ctx: Context, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
         self._remember(ctx)
-        names = sorted(self.tools)
-        start = 0
-        cursor = params.cursor if params else None
-        if cursor is not None:
-            try:
-                start = int(base64.urlsafe_b64decode(cursor.encode()).decode().removeprefix("offset:"))
-                if not 0 < start < len(names):
-                    raise ValueError(start)
-            except (ValueError, binascii.Error, UnicodeDecodeError):
-                raise MCPError(
-                    INVALID_PARAMS, f"invalid cursor {cursor!r}: use the nextCursor of a previous page"
-                ) from None
-        page = names[start : start + self.page_size]
-        end = start + len(page)
-        next_cursor = base64.urlsafe_b64encode(f"offset:{end}".encode()).decode() if end < len(names) else None
         tools = self.tools
+        names = sorted(tools)
+        cursor = params.cursor if params else None
+        try:
+            page, next_cursor = paginate(names, cursor, self.page_size)
+        except ValueError:
+            raise MCPError(
+                INVALID_PARAMS, f"invalid cursor {cursor!r}: use the nextCursor of a previous page"
+            ) from None
         return types.ListToolsResult(tools=[self._tool_model(n, tools[n]) for n in page], next_cursor=next_cursor)
 
     # -- tools/call --------------------------------------------------------------------
@@ -261,19 +246,29 @@ class SandboxServer:
         )
         if errors:
             raise Refusal(
-                f"invalid arguments for {tool.name}: " + "; ".join(_describe(e) for e in errors[:5]),
-                _field_path(errors[0]),
+                f"invalid arguments for {tool.name}: " + "; ".join(describe_error(e) for e in errors[:5]),
+                argument_path(errors[0]),
                 kind="invalid_arguments",
             )
         ticket = self.admission.admit(client)
+        try:
+            runtime, kept = self._workspace_runtime(arguments, ctx, policy, client)
+        except BaseException:
+            ticket.release()
+            raise
 
         async def progress(elapsed_s: float, stdout_bytes: int, stderr_bytes: int) -> None:
             message = f"{elapsed_s:.0f} s elapsed; {stdout_bytes} bytes of stdout, {stderr_bytes} of stderr so far"
             await ctx.session.report_progress(elapsed_s, None, message)
 
-        tool_ctx = ToolContext(runtime=self.runtime, policy=tool_policy, policy_name=policy.name, on_progress=progress)
+        tool_ctx = ToolContext(runtime=runtime, policy=tool_policy, policy_name=policy.name, on_progress=progress)
         try:
-            return await tool.run(arguments, tool_ctx)
+            outcome = await tool.run(arguments, tool_ctx)
+            if kept is None:
+                return outcome
+            structured = {**(outcome.structured or {}), "workspace": kept.record.id}
+            note = f"workspace {kept.record.id}: pass it as `workspace` to continue in it"
+            return replace(outcome, structured=structured, notes=(*outcome.notes, note))
         except EngineUnavailable as exc:
             raise Refusal(str(exc), kind="engine_unavailable") from exc
         except EngineError as exc:
@@ -281,7 +276,29 @@ class SandboxServer:
         finally:
             ticket.release()
 
+    def _workspace_runtime(
+        self, arguments: Mapping[str, Any], ctx: Context, policy: Policy, client: str
+    ) -> tuple[SandboxRuntime, KeptWorkspace | None]:
+        """The runtime of this call: in its kept workspace when the policy keeps them, else the plain one."""
+        requested = arguments.get("workspace")
+        if self.workspaces is None or not policy.workspace.persist:
+            if requested is not None:
+                raise WorkspaceStore.unknown(requested)
+            return self.runtime, None
+        handshake = ctx.protocol_version in HANDSHAKE_PROTOCOL_VERSIONS
+        owner = session_owner(self.instance, _session_id(ctx) or "stdio") if handshake else None
+        record, notes = self.workspaces.open(requested, owner, client)
+        kept = KeptWorkspace(self.runtime, self.workspaces, record)
+        kept.notes.extend(notes)
+        return kept, kept
+
     # -- resources ---------------------------------------------------------------------
+
+    def _caller(self, ctx: Context) -> str | None:
+        """Who owns the workspaces a request may see: its handshake session; None in the 2026-07-28 era."""
+        if ctx.protocol_version not in HANDSHAKE_PROTOCOL_VERSIONS:
+            return None
+        return session_owner(self.instance, _session_id(ctx) or "stdio")
 
     async def _list_resources(
         self, ctx: Context, params: types.PaginatedRequestParams | None
@@ -293,10 +310,35 @@ class SandboxServer:
                 resources.append(
                     types.Resource(uri=uri, name=uri.rsplit("/", 1)[-1], mime_type=found[0], size=len(found[1]))
                 )
+        owner = self._caller(ctx)
+        if self.workspaces is not None and owner is not None:
+            listing = await anyio.to_thread.run_sync(self.workspaces.listing, owner)
+            resources += [types.Resource(uri=u, name=n, mime_type=m, size=size) for u, n, m, size in listing]
         return types.ListResourcesResult(resources=resources)
 
+    async def _list_templates(
+        self, ctx: Context, params: types.PaginatedRequestParams | None
+    ) -> types.ListResourceTemplatesResult:
+        kept = types.ResourceTemplate(
+            uri_template=RESOURCE_TEMPLATE,
+            name="workspace-file",
+            title="A file in a kept workspace",
+            description="A file of the workspace a tool result named in `structuredContent.workspace`.",
+        )
+        return types.ListResourceTemplatesResult(resource_templates=[kept])
+
+    def _workspace_file(self, ctx: Context, uri: str) -> tuple[str, bytes] | None:
+        """A kept workspace's file the caller may read, as (MIME type, bytes)."""
+        if self.workspaces is None:
+            return None
+        try:
+            return self.workspaces.read_resource(uri, self._caller(ctx), self.policy.default.limits.returned_file_bytes)
+        except Refusal as refusal:
+            raise MCPError(INVALID_PARAMS, refusal.message) from None
+
     async def _read_resource(self, ctx: Context, params: types.ReadResourceRequestParams) -> types.ReadResourceResult:
-        found = self.store.get(str(params.uri))
+        uri = str(params.uri)
+        found = self.store.get(uri) or await anyio.to_thread.run_sync(self._workspace_file, ctx, uri)
         if found is None:
             code = (
                 RESOURCE_NOT_FOUND_HANDSHAKE if ctx.protocol_version in HANDSHAKE_PROTOCOL_VERSIONS else INVALID_PARAMS
@@ -329,16 +371,6 @@ def _session_id(ctx: Context) -> str | None:
     """The Streamable HTTP session of a handshake-era request; None over stdio or without one."""
     headers = getattr(ctx.request, "headers", None)  # the HTTP request, when the transport has one
     return headers.get("mcp-session-id") if headers is not None else None
-
-
-def _snake(annotations: Mapping[str, Any]) -> dict[str, Any]:
-    names = {
-        "readOnlyHint": "read_only_hint",
-        "destructiveHint": "destructive_hint",
-        "idempotentHint": "idempotent_hint",
-        "openWorldHint": "open_world_hint",
-    }
-    return {names[key]: value for key, value in annotations.items()}
 
 
 def _result_model(rendered: RenderedResult) -> types.CallToolResult:

@@ -11,7 +11,7 @@ import hashlib
 import json
 import os
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -20,7 +20,7 @@ import yaml
 from jsonschema import Draft202012Validator
 
 from sandbox_server.errors import ConfigError
-from sandbox_server.policy.model import AuditSettings, HostAdmission, Policy, RateLimits, ToolPolicy
+from sandbox_server.policy.model import AuditSettings, HostAdmission, Policy, RateLimits, ToolPolicy, WorkspaceSettings
 from sandbox_server.sandbox.spec import Mount, ResourceLimits
 from sandbox_server.shipped import policies_dir, policy_schema_path, seccomp_dir
 
@@ -237,6 +237,11 @@ def _build(
         for name in known
         if name in document.get("tools", {})
     )
+    workspace = WorkspaceSettings(**document.get("workspace", {}))
+    if workspace.persist:  # every tool's /workspace is the persistent one, sized by the workspace section
+        sized = {"workspace_mb": workspace.size_mb, "workspace_files": workspace.files}
+        default = replace(default, limits=replace(default.limits, **sized))
+        tools = tuple((name, replace(tool, limits=replace(tool.limits, **sized))) for name, tool in tools)
     digest = hashlib.sha256(json.dumps(document, sort_keys=True).encode()).hexdigest()
     policy = Policy(
         name=document["name"],
@@ -246,6 +251,7 @@ def _build(
         rate=RateLimits(**document.get("rate", {})),
         host=HostAdmission(**document.get("host", {})),
         audit=AuditSettings(**document.get("audit", {})),
+        workspace=workspace,
         source=str(source),
         digest=digest,
     )

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from sandbox_server.sandbox.spec import Mount, ResourceLimits, SandboxSpec
 
-__all__ = ["AuditSettings", "HostAdmission", "Policy", "RateLimits", "ToolPolicy"]
+__all__ = ["AuditSettings", "HostAdmission", "Policy", "RateLimits", "ToolPolicy", "WorkspaceSettings"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +72,19 @@ class HostAdmission:
 
     min_available_memory_mb: int = 256
     max_load_per_cpu: float = 8.0
+    workspace_storage_mb: int = 4096
+    """All saved workspaces together may take at most this much of the host's disk."""
+
+
+@dataclass(frozen=True, slots=True)
+class WorkspaceSettings:
+    """Whether /workspace lasts across the calls of a session, and its bounds."""
+
+    persist: bool = False
+    size_mb: int = 256
+    files: int = 20000
+    idle_ttl_s: float = 1800.0
+    max_per_client: int = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +109,7 @@ class Policy:
     rate: RateLimits = field(default_factory=RateLimits)
     host: HostAdmission = field(default_factory=HostAdmission)
     audit: AuditSettings = field(default_factory=AuditSettings)
+    workspace: WorkspaceSettings = field(default_factory=WorkspaceSettings)
     source: str = "(built in)"
     digest: str = ""
     """sha256 of the resolved policy document, recorded in every audit line."""

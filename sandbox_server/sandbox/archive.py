@@ -1,6 +1,7 @@
 """Pure tar handling for files moving in and out of a sandbox.
 
-In: one tar built in memory holding the input files under `workspace/` and the
+In: one tar built in memory holding a saved workspace's entries and the input files
+under `workspace/` and the
 request under `tmp/.sandbox/`: stdin, and a script of shell-quoted values (extra
 environment, argv, the output boundary), so a container started before its call
 knows nothing of it. Out: the launcher's tar of the output folder,
@@ -23,6 +24,8 @@ __all__ = ["build_request", "read_outputs", "safe_relative_path"]
 REQUEST_DIR = wire.REQUEST_DIR.lstrip("/")
 WORKSPACE_DIR = wire.WORKSPACE.lstrip("/")
 OUTPUT_DIR = wire.OUTPUT_DIR.lstrip("/")
+OUTPUT_LEAF = OUTPUT_DIR.removeprefix(WORKSPACE_DIR + "/")
+"""The output folder relative to the workspace ("out")."""
 
 
 def safe_relative_path(path: str) -> str | None:
@@ -54,6 +57,8 @@ def build_request(
     boundary: str,
     env: tuple[tuple[str, str], ...] = (),
     workdir: str = "",
+    saved: bytes | None = None,
+    deadline_s: float | None = None,
 ) -> bytes:
     """The tar the launcher unpacks: input files relative to the workspace, stdin, argv, env, working folder and boundary."""
     if not argv:
@@ -67,8 +72,14 @@ def build_request(
     script += "set -- " + " ".join(shlex.quote(word) for word in argv) + "\n"
     script += f"workdir={shlex.quote(workdir)}\n"
     script += f"boundary={shlex.quote(boundary)}\n"
+    if saved is not None:
+        script += "persist=1\n"
+    if deadline_s is not None:
+        script += f"deadline={deadline_s:.3f}\n"
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        if saved:
+            _restore(tar, saved)
         _add(tar, REQUEST_DIR, b"", 0o700, tarfile.DIRTYPE)
         _add(tar, f"{REQUEST_DIR}/stdin", stdin, 0o600)
         _add(tar, f"{REQUEST_DIR}/request", script.encode(), 0o600)
@@ -87,6 +98,33 @@ def build_request(
     return buffer.getvalue()
 
 
+def _restore(tar: tarfile.TarFile, saved: bytes) -> None:
+    """Copy a saved workspace's entries under workspace/, as entries (nothing is extracted on the host).
+
+    The saved archive came out of a sandbox: entries whose names leave the workspace, and
+    the output folder of the call that saved it, are dropped; links and special files are
+    copied as entries, to be made inside the next sandbox, never here; FIFOs and devices
+    are dropped.
+    """
+    with tarfile.open(fileobj=io.BytesIO(saved), mode="r:") as source:
+        for member in source:
+            name = safe_relative_path(member.name)
+            if name is None or name == OUTPUT_LEAF or name.startswith(OUTPUT_LEAF + "/"):
+                continue
+            if not (member.isreg() or member.isdir() or member.issym() or member.islnk()):
+                continue  # FIFOs, devices: not carried from one call to the next
+            if member.islnk() and safe_relative_path(member.linkname) is None:
+                continue  # a hard link must name an entry of the workspace itself
+            content = source.extractfile(member) if member.isreg() else None
+            member.name = f"{WORKSPACE_DIR}/{name}"
+            if member.islnk():
+                member.linkname = f"{WORKSPACE_DIR}/{safe_relative_path(member.linkname)}"
+            member.uid = member.gid = 0
+            member.uname = member.gname = ""
+            member.pax_headers = {}  # a path or linkpath kept there would override the names set above
+            tar.addfile(member, content)
+
+
 def _printable(name: str) -> str:
     return name.encode("unicode_escape", "backslashreplace").decode("ascii")
 
@@ -97,9 +135,13 @@ def _valid_text(name: str) -> str:
 
 
 def read_outputs(
-    archive: bytes, max_files: int, max_bytes: int, complete: bool = True
+    archive: bytes, max_files: int, max_bytes: int, complete: bool = True, under: str = ""
 ) -> tuple[tuple[OutputFile, ...], tuple[str, ...]]:
-    """Regular files from the output archive within the caps, and a note for everything skipped."""
+    """Regular files from the output archive within the caps, and a note for everything skipped.
+
+    With `under` (the archive is the whole workspace), only entries below that folder count,
+    named relative to it.
+    """
     files: list[OutputFile] = []
     notes: list[str] = []
     if not archive:
@@ -109,7 +151,11 @@ def read_outputs(
         with tarfile.open(fileobj=io.BytesIO(archive), mode="r|") as tar:
             for member in tar:
                 name = safe_relative_path(member.name)
-                shown = _printable(member.name)
+                if under:
+                    if name is None or not name.startswith(under + "/"):
+                        continue
+                    name = name.removeprefix(under + "/")
+                shown = _printable(name or member.name)
                 if member.isdir():
                     continue
                 if name is None:

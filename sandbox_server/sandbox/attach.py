@@ -15,12 +15,43 @@ import socket
 from sandbox_server.sandbox.spec import SandboxSpec
 from sandbox_server.sandbox.streams import STDERR, CappedBuffer, FrameDemuxer, StdoutSplitter
 
-__all__ = ["FLOOD_FACTOR", "FLOOD_MIN_BYTES", "Drain", "close_socket", "exit_from_trailer", "joined", "pids_limited"]
+__all__ = [
+    "FLOOD_FACTOR",
+    "FLOOD_MIN_BYTES",
+    "Drain",
+    "archive_limit",
+    "close_socket",
+    "exit_from_trailer",
+    "joined",
+    "launcher_timed_out",
+    "persist_grace_s",
+    "pids_limited",
+]
 
 FLOOD_FACTOR = 16
 FLOOD_MIN_BYTES = 64 * 1024 * 1024
 """A program that writes more than FLOOD_FACTOR times its output cap (and at least
 FLOOD_MIN_BYTES) is killed as a flood: draining it longer only burns the host's CPU."""
+
+
+def archive_limit(spec: SandboxSpec) -> int:
+    """The most bytes the launcher's archive may take: the returned files, or a whole persistent workspace."""
+    limits = spec.limits
+    returned = limits.returned_file_bytes + 1024 * 1024
+    if spec.saved_workspace is None:
+        return returned
+    files = limits.workspace_files or limits.workspace_mb * 256
+    return max(returned, limits.workspace_mb * 1024 * 1024 + files * 1536)  # contents plus a header per entry
+
+
+def persist_grace_s(spec: SandboxSpec) -> float:
+    """How long past the deadline the host waits for a persistent workspace to be written out."""
+    return 5.0 + spec.limits.workspace_mb / 100
+
+
+def launcher_timed_out(trailer: dict[str, str] | None) -> bool:
+    """Whether the launcher stopped the program at its deadline (persistent workspaces only)."""
+    return _counter(trailer, "timed_out") == 1
 
 
 class Drain:
@@ -30,7 +61,7 @@ class Drain:
         cap = spec.limits.output_bytes
         self.stdout = CappedBuffer(cap)
         self.stderr = CappedBuffer(cap)
-        self.splitter = StdoutSplitter(boundary, self.stdout, spec.limits.returned_file_bytes + 1024 * 1024)
+        self.splitter = StdoutSplitter(boundary, self.stdout, archive_limit(spec))
         self.flood_limit = max(cap * FLOOD_FACTOR, FLOOD_MIN_BYTES)
         self.flooded = False
         self.finished = False

@@ -23,8 +23,16 @@ import psutil
 
 from sandbox_server.errors import EngineError
 from sandbox_server.sandbox import wire
-from sandbox_server.sandbox.archive import build_request, read_outputs
-from sandbox_server.sandbox.attach import Drain, close_socket, exit_from_trailer, joined, pids_limited
+from sandbox_server.sandbox.archive import OUTPUT_LEAF, build_request, read_outputs
+from sandbox_server.sandbox.attach import (
+    Drain,
+    close_socket,
+    exit_from_trailer,
+    joined,
+    launcher_timed_out,
+    persist_grace_s,
+    pids_limited,
+)
 from sandbox_server.sandbox.engine import Engine, engine_errors
 from sandbox_server.sandbox.host_config import host_config_kwargs
 from sandbox_server.sandbox.removal import OWNER_LABEL, Remover, current_owner
@@ -171,7 +179,14 @@ class DockerRuntime(Engine):
     ) -> ExecutionResult:
         """Run a spec in a fresh container (or a warm one made for its key), never reused, always removed."""
         boundary = secrets.token_hex(16)
-        request = build_request(spec.files, spec.stdin, spec.argv, boundary, spec.call_env, spec.call_workdir)
+        persist = spec.saved_workspace is not None
+        request = build_request(
+            spec.files, spec.stdin, spec.argv, boundary, spec.call_env, spec.call_workdir,
+            saved=spec.saved_workspace, deadline_s=spec.limits.timeout_s if persist else None,
+        )  # fmt: skip
+        # A persistent workspace is saved even when its program runs out of time: the launcher stops
+        # the program at the deadline and writes the workspace; the host waits that much longer.
+        hard_timeout_s = spec.limits.timeout_s + (persist_grace_s(spec) if persist else 0)
         started = time.monotonic()
         if warm is None:
             warm = await anyio.to_thread.run_sync(self.prepare, spec)
@@ -182,7 +197,7 @@ class DockerRuntime(Engine):
         timed_out = cancelled = removed = False
         try:
             await anyio.to_thread.run_sync(self._send, raw, request)
-            with anyio.move_on_after(spec.limits.timeout_s) as deadline:
+            with anyio.move_on_after(hard_timeout_s) as deadline:
                 async with anyio.create_task_group() as group:
                     if on_progress is not None:
                         group.start_soon(self._report, drain, started, on_progress)
@@ -214,12 +229,16 @@ class DockerRuntime(Engine):
                 else:
                     self.removal.remove_later(container_id)
         duration_ms = int((time.monotonic() - started) * 1000)
+        archive = bytes(drain.splitter.archive)
         files, notes = read_outputs(
-            bytes(drain.splitter.archive),
+            archive,
             spec.limits.returned_files,
             spec.limits.returned_file_bytes,
             complete=not drain.splitter.archive_overflow,
+            under=OUTPUT_LEAF if persist else "",
         )
+        written = persist and drain.splitter.trailer is not None and not drain.splitter.archive_overflow
+        timed_out = timed_out or launcher_timed_out(drain.splitter.trailer)
         killed = not (timed_out or oom_killed or drain.flooded or cancelled) and not drain.splitter.found
         return ExecutionResult(
             exit_code=exit_code,
@@ -236,6 +255,7 @@ class DockerRuntime(Engine):
             files=files,
             skipped_files=notes,
             container_id=container_id,
+            workspace=archive if written else None,
         )
 
     @staticmethod

@@ -32,6 +32,8 @@ class ResourceLimits:
     file_size_mb: int = 64
     tmp_mb: int = 64
     workspace_mb: int = 128
+    workspace_files: int | None = None
+    """Inodes of /workspace; None: 256 per MiB."""
     shm_mb: int = 16
     output_bytes: int = 100_000
     returned_files: int = 20
@@ -81,6 +83,9 @@ class SandboxSpec:
     seccomp_profile: str | None = None
     """A seccomp profile as JSON text; None keeps the engine's default profile."""
     labels: tuple[tuple[str, str], ...] = ()
+    saved_workspace: bytes | None = None
+    """A persistent workspace: its saved archive (b"" when new), restored before the program runs and
+    saved again after it; None when the workspace is not kept."""
 
     def container_key(self) -> tuple[object, ...]:
         """What the container is created with: calls with equal keys can use the same kind of warm container."""
@@ -88,7 +93,7 @@ class SandboxSpec:
         return (
             self.image, self.runtime, self.user, self.network, self.env, self.mounts, self.workdir,
             self.seccomp_profile, self.labels, limits.memory_mb, limits.cpus, limits.pids, limits.nofile,
-            limits.file_size_mb, limits.tmp_mb, limits.workspace_mb, limits.shm_mb,
+            limits.file_size_mb, limits.tmp_mb, limits.workspace_mb, limits.workspace_files, limits.shm_mb,
         )  # fmt: skip
 
 
@@ -123,6 +128,10 @@ class ExecutionResult:
     skipped_files: tuple[str, ...] = ()
     """Notes on output entries not returned (links, devices, over the caps)."""
     container_id: str = ""
+    workspace: bytes | None = None
+    """A persistent workspace as the program left it (a tar), when the launcher could write it whole."""
+    workspace_problem: str | None = None
+    """Why a persistent workspace was not kept as this call left it (then the call is an error)."""
 
     @property
     def truncated(self) -> bool:

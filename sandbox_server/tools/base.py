@@ -20,6 +20,7 @@ __all__ = [
     "FILES_SCHEMA",
     "SANDBOX_ANNOTATIONS",
     "TIMEOUT_SCHEMA",
+    "WORKSPACE_ARGUMENT",
     "WORKSPACE",
     "Tool",
     "ToolContext",
@@ -52,6 +53,13 @@ FILES_SCHEMA: dict[str, Any] = {
     },
 }
 
+
+WORKSPACE_ARGUMENT: dict[str, Any] = {
+    "type": "string",
+    "maxLength": 64,
+    "description": "Continue a kept workspace: the `workspace` id of an earlier result. Without it, a call gets "
+    "its session's workspace (or a new one); with a policy that keeps nothing, a new empty one.",
+}
 
 TIMEOUT_SCHEMA: dict[str, Any] = {
     "type": "number",
@@ -94,7 +102,11 @@ def result_schema(title: str, properties: Mapping[str, Any], required: list[str]
     return {
         "title": title,
         "type": "object",
-        "properties": {**properties, "error": ERROR_SCHEMA},
+        "properties": {
+            **properties,
+            "error": ERROR_SCHEMA,
+            "workspace": {"type": "string", "description": "The kept workspace this call worked in (pass it back)."},
+        },
         "anyOf": [{"required": required}, {"required": ["error"]}],
     }
 
@@ -363,9 +375,12 @@ def outcome_from_execution(result: ExecutionResult, spec: SandboxSpec) -> ToolOu
         "stderr_bytes": len(result.stderr) + result.stderr_truncated_bytes,
         "files_bytes": sum(f.size for f in result.files),
     }
+    text, is_error = headline.text, headline.is_error
+    if result.workspace_problem:
+        text, is_error = f"{text}; {result.workspace_problem}", True
     return ToolOutcome(
-        headline=f"{headline.text} · {result.duration_ms} ms",
-        is_error=headline.is_error,
+        headline=f"{text} · {result.duration_ms} ms",
+        is_error=is_error,
         sections=(("stdout", stdout), ("stderr", stderr)),
         structured=structured,
         files=result.files,

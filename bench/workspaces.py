@@ -1,0 +1,75 @@
+"""What a kept workspace costs a call: `execute_command true` on an empty kept workspace and on
+one holding 50 MB in 200 files, against the same call with nothing kept, in the same run.
+
+Each row is one stdio session on its own policy (the warm pool on in all of them), calls
+spaced apart as a model's are; medians of `--calls` calls. Writes
+bench/results/workspaces.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+from mcp import Client
+
+from bench.common import median, print_table, write_results
+from bench.performance import percentiles, server_process, wait_for_pool
+from sandbox_server.client import server_parameters
+
+POLICY = "extends: default\nworkspace: {persist: %(persist)s, size_mb: 128, files: 20000}\n"
+FILL = "for i in $(seq 1 200); do head -c 262144 /dev/urandom > f$i; done; du -sm . | cut -f1"
+"""50 MiB in 200 files of random (incompressible) bytes."""
+
+
+async def session(work: Path, persist: bool, fill: bool, calls: int, gap_s: float) -> dict[str, Any]:
+    """`calls` calls of `true` in one session; with `fill`, the workspace first gets 50 MB in 200 files."""
+    policy = work / f"persist-{persist}-{fill}.yaml"
+    policy.write_text(POLICY % {"persist": str(persist).lower()})
+    arguments = ["--policy", str(policy), "--state-dir", str(work / "state")]
+    async with Client(server_parameters(arguments), mode="legacy") as client:
+        await wait_for_pool(server_process().pid, 4)
+        if fill:
+            filled = await client.call_tool("execute_command", {"command": FILL, "timeout_s": 60})
+            assert not filled.is_error, filled.content
+        samples, failures = [], 0
+        for _ in range(calls):
+            started = time.perf_counter()
+            result = await client.call_tool("execute_command", {"command": "true"})
+            samples.append(time.perf_counter() - started)
+            failures += bool(result.is_error)
+            await anyio.sleep(gap_s)
+    return {**percentiles(samples), "failures": failures, "median_ms": median([s * 1000 for s in samples])}
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench workspaces", description=__doc__)
+    parser.add_argument("--calls", type=int, default=60, help="calls per row (default 60)")
+    parser.add_argument("--gap-s", type=float, default=0.25, help="pause between calls (default 0.25 s)")
+    options = parser.parse_args(argv)
+
+    async def run() -> dict[str, Any]:
+        with tempfile.TemporaryDirectory(prefix="bench-workspaces-") as folder:
+            work = Path(folder)
+            rows = {
+                "nothing kept": await session(work, False, False, options.calls, options.gap_s),
+                "kept, empty": await session(work, True, False, options.calls, options.gap_s),
+                "kept, 50 MB in 200 files": await session(work, True, True, options.calls, options.gap_s),
+            }
+        baseline = rows["nothing kept"]["p50"]
+        for row in rows.values():
+            row["added_p50_ms"] = round(row["p50"] - baseline, 1)
+        return rows
+
+    rows = anyio.run(run)
+    print_table(
+        ["execute_command true", "p50 ms", "p95 ms", "added p50 ms", "failures"],
+        [[name, row["p50"], row["p95"], row["added_p50_ms"], row["failures"]] for name, row in rows.items()],
+    )
+    path = write_results("workspaces", {"calls": options.calls, "gap_s": options.gap_s, "rows": rows})
+    print(f"\nwritten: {path}")
+    return 0

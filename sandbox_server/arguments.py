@@ -1,0 +1,45 @@
+"""Request parameters: schema errors said so that a person (or a model) can fix them, and list cursors."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+
+from jsonschema.exceptions import ValidationError
+
+__all__ = ["argument_path", "describe_error", "paginate"]
+
+
+def argument_path(error: ValidationError) -> str:
+    """Where in the arguments a schema error is, as `files[2].path`."""
+    path = ""
+    for part in error.absolute_path:
+        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+    return path or "(arguments)"
+
+
+def describe_error(error: ValidationError) -> str:
+    """A schema error as a person reads it, naming the field."""
+    if error.validator == "required":
+        return f"missing required field: {error.message.split(' ')[0]}"
+    if error.validator == "additionalProperties":
+        return f"unknown field: {error.message}"
+    if error.validator == "pattern" and "\\u0000" in str(error.validator_value):
+        return f"`{argument_path(error)}` contains a NUL byte, which no program argument can hold"
+    message = error.message if len(error.message) < 300 else error.message[:300] + "…"
+    return f"`{argument_path(error)}`: {message}"
+
+
+def paginate(names: list[str], cursor: str | None, page_size: int) -> tuple[list[str], str | None]:
+    """One page of names from an opaque cursor, and the cursor of the next page; ValueError for a bad cursor."""
+    start = 0
+    if cursor is not None:
+        try:
+            start = int(base64.urlsafe_b64decode(cursor.encode()).decode().removeprefix("offset:"))
+        except (binascii.Error, UnicodeDecodeError) as exc:
+            raise ValueError(cursor) from exc
+        if not 0 < start < len(names):
+            raise ValueError(cursor)
+    page = names[start : start + page_size]
+    end = start + len(page)
+    return page, base64.urlsafe_b64encode(f"offset:{end}".encode()).decode() if end < len(names) else None

@@ -1,0 +1,383 @@
+"""Session workspaces: /workspace kept between calls, while every call still gets a fresh container.
+
+A workspace is kept on the host as the archive its last call's launcher wrote (a tar of
+/workspace), beside a small JSON record. The host never extracts it: the next call's
+request carries its entries into the new sandbox, whose size- and inode-capped tmpfs (the
+kernel) bounds what it can hold. Ids are 128-bit random. In the handshake era a workspace
+belongs to its session; in the 2026-07-28 era its id is the capability. An id that does
+not exist, has expired or belongs to another session gets one and the same answer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import mimetypes
+import os
+import re
+import secrets
+import tarfile
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from urllib.parse import quote, unquote
+
+import anyio
+
+from sandbox_server.errors import Refusal
+from sandbox_server.policy import WorkspaceSettings
+from sandbox_server.sandbox.archive import safe_relative_path
+from sandbox_server.sandbox.runtime import ProgressCallback, SandboxRuntime
+from sandbox_server.sandbox.spec import ExecutionResult, SandboxSpec
+
+__all__ = [
+    "ID_PATTERN",
+    "RESOURCE_TEMPLATE",
+    "KeptWorkspace",
+    "WorkspaceRecord",
+    "WorkspaceStore",
+    "default_state_dir",
+    "parse_resource_uri",
+    "resource_uri",
+    "session_owner",
+]
+
+ID_PATTERN = re.compile(r"ws-[A-Za-z0-9_-]{22}")
+SESSION_PREFIX = "session:"
+RESOURCE_PREFIX = "sandbox://workspace/"
+RESOURCE_TEMPLATE = RESOURCE_PREFIX + "{workspace}/{+path}"
+"""How a kept workspace's files are named as MCP resources (RFC 6570)."""
+
+
+def resource_uri(workspace_id: str, path: str) -> str:
+    """The resource URI of a file in a kept workspace."""
+    return f"{RESOURCE_PREFIX}{workspace_id}/{quote(path, safe='/')}"
+
+
+def parse_resource_uri(uri: str) -> tuple[str, str] | None:
+    """(workspace id, path) of a workspace resource URI; None when it is not one or the path leaves it."""
+    if not uri.startswith(RESOURCE_PREFIX):
+        return None
+    workspace_id, _, quoted = uri.removeprefix(RESOURCE_PREFIX).partition("/")
+    path = safe_relative_path(unquote(quoted))
+    return (workspace_id, path) if ID_PATTERN.fullmatch(workspace_id) and path else None
+
+
+def default_state_dir() -> Path:
+    """Where workspaces are kept: SANDBOX_STATE_DIR, /var/lib/sandbox-server as root, else the user's state folder."""
+    configured = os.environ.get("SANDBOX_STATE_DIR")
+    if configured:
+        return Path(configured)
+    if os.geteuid() == 0:
+        return Path("/var/lib/sandbox-server")
+    base = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
+    return Path(base) / "sandbox-server"
+
+
+@dataclass(frozen=True, slots=True)
+class WorkspaceRecord:
+    """One kept workspace."""
+
+    id: str
+    owner: str | None
+    """`session:<server>:<session>` in the handshake era; None when the id itself is the capability."""
+    client: str
+    created: float
+    last_used: float
+    size_bytes: int = 0
+
+
+class WorkspaceStore:
+    """The kept workspaces of this host, in one folder of the server's."""
+
+    def __init__(self, root: Path, settings: WorkspaceSettings, storage_bytes: int) -> None:
+        self.root = root
+        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.settings = settings
+        self.storage_bytes = storage_bytes
+        self._lock = threading.Lock()
+        self._busy: dict[str, anyio.Lock] = {}
+        self._records: dict[str, WorkspaceRecord] = {}
+        for path in self.root.glob("ws-*.json"):
+            try:
+                record = WorkspaceRecord(**json.loads(path.read_text()))
+            except (OSError, ValueError, TypeError):
+                continue  # a record this version cannot read is swept with its archive below
+            if ID_PATTERN.fullmatch(record.id) and path.stem == record.id:
+                self._records[record.id] = record
+
+    def reconfigure(self, settings: WorkspaceSettings, storage_bytes: int) -> None:
+        """New bounds for what happens from now on."""
+        self.settings, self.storage_bytes = settings, storage_bytes
+
+    # -- finding and making ------------------------------------------------------------
+
+    @staticmethod
+    def unknown(requested: str) -> Refusal:
+        """The one answer for an id that does not exist, expired, or is someone else's."""
+        shown = requested if len(requested) <= 40 else requested[:40] + "…"
+        return Refusal(
+            f"refused: unknown workspace {shown!r}: it does not exist, has expired, or is not this caller's; "
+            "leave out `workspace` to get a new one",
+            "workspace",
+        )
+
+    def open(self, requested: str | None, owner: str | None, client: str) -> tuple[WorkspaceRecord, list[str]]:
+        """The workspace a call works in, and notes for its answer; raises Refusal for an id it may not use."""
+        now = time.time()
+        with self._lock:
+            if requested is not None:
+                record = self._records.get(requested) if ID_PATTERN.fullmatch(requested) else None
+                if record is None or self._expired(record, now) or (record.owner is not None and record.owner != owner):
+                    raise self.unknown(requested)
+                return record, []
+            if owner is not None:
+                mine = [r for r in self._records.values() if r.owner == owner and not self._expired(r, now)]
+                if mine:
+                    return max(mine, key=lambda r: r.last_used), []
+            notes = self._make_room(client)
+            record = WorkspaceRecord(f"ws-{secrets.token_urlsafe(16)}", owner, client, now, now)
+            self._records[record.id] = record
+            self._write_record(record)
+        return record, notes
+
+    def _make_room(self, client: str) -> list[str]:
+        """Remove this client's least recently used idle workspaces until it may make one more."""
+        notes = []
+        theirs = sorted((r for r in self._records.values() if r.client == client), key=lambda r: r.last_used)
+        while len(theirs) >= self.settings.max_per_client:
+            oldest = next((r for r in theirs if not self._in_use(r.id)), None)
+            if oldest is None:
+                raise Refusal(
+                    f"refused: {len(theirs)} workspaces of this client are in use, the most it may hold "
+                    "(policy field workspace.max_per_client); retry when one is free",
+                    "workspace.max_per_client",
+                    kind="busy",
+                    retry_after_s=1,
+                )
+            theirs.remove(oldest)
+            self._remove(oldest.id)
+            notes.append(
+                f"workspace {oldest.id} (least recently used) was removed to make room "
+                f"(policy field workspace.max_per_client: {self.settings.max_per_client})"
+            )
+        return notes
+
+    def _expired(self, record: WorkspaceRecord, now: float) -> bool:
+        return now - record.last_used > self.settings.idle_ttl_s and not self._in_use(record.id)
+
+    def _in_use(self, workspace_id: str) -> bool:
+        busy = self._busy.get(workspace_id)
+        return busy is not None and busy.locked()
+
+    # -- one call at a time ------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def using(self, record: WorkspaceRecord, wait_s: float) -> AsyncIterator[None]:
+        """Hold the workspace for one call; a second call waits up to `wait_s`, then is answered busy."""
+        busy = self._busy.setdefault(record.id, anyio.Lock())
+        acquired = False
+        with anyio.move_on_after(wait_s):
+            await busy.acquire()
+            acquired = True
+        if not acquired:
+            raise Refusal(
+                f"busy: another call is working in workspace {record.id} and did not finish within "
+                f"{wait_s:g} s; retry, or leave out `workspace` for a new one",
+                "workspace",
+                kind="busy",
+                retry_after_s=1,
+            )
+        try:
+            yield
+        finally:
+            busy.release()
+
+    def find(self, workspace_id: str, owner: str | None) -> WorkspaceRecord | None:
+        """A live workspace this caller may see (the one answer, None, for every other case)."""
+        with self._lock:
+            record = self._records.get(workspace_id)
+        if record is None or self._expired(record, time.time()) or (record.owner is not None and record.owner != owner):
+            return None
+        return record
+
+    def of_owner(self, owner: str) -> WorkspaceRecord | None:
+        """A handshake session's workspace, if it has one."""
+        with self._lock:
+            mine = [r for r in self._records.values() if r.owner == owner]
+        return max(mine, key=lambda r: r.last_used) if mine else None
+
+    def files(self, record: WorkspaceRecord) -> list[tuple[str, int]]:
+        """The regular files of a kept workspace (path, size), read from its archive's headers."""
+        found = []
+        for member, _ in self._members(record):
+            name = safe_relative_path(member.name)
+            if name is not None and member.isreg():
+                found.append((name, member.size))
+        return found
+
+    def read_file(self, record: WorkspaceRecord, path: str, max_bytes: int) -> bytes | None:
+        """One regular file of a kept workspace; None when there is none; a Refusal when it is too large."""
+        for member, tar in self._members(record):
+            if member.isreg() and safe_relative_path(member.name) == path:
+                if member.size > max_bytes:
+                    raise Refusal(
+                        f"{path} is {member.size} bytes, above the {max_bytes} bytes a read may return "
+                        "(policy field limits.returned_file_bytes); copy out what you need with a call",
+                        "limits.returned_file_bytes",
+                    )
+                handle = tar.extractfile(member)
+                return handle.read() if handle else b""
+        return None
+
+    def listing(self, owner: str) -> list[tuple[str, str, str, int]]:
+        """A handshake session's workspace files as resources: (URI, name, MIME type, size)."""
+        record = self.of_owner(owner)
+        if record is None:
+            return []
+        return [(resource_uri(record.id, path), path, _mime(path), size) for path, size in self.files(record)]
+
+    def read_resource(self, uri: str, owner: str | None, max_bytes: int) -> tuple[str, bytes] | None:
+        """A workspace file by its resource URI, as (MIME type, bytes), when this caller may read it."""
+        parsed = parse_resource_uri(uri)
+        record = self.find(parsed[0], owner) if parsed else None
+        if parsed is None or record is None:
+            return None
+        content = self.read_file(record, parsed[1], max_bytes)
+        return None if content is None else (_mime(parsed[1]), content)
+
+    def _members(self, record: WorkspaceRecord) -> Iterator[tuple[tarfile.TarInfo, tarfile.TarFile]]:
+        try:
+            with tarfile.open(self._archive(record.id), mode="r:") as tar:
+                for member in tar:
+                    yield member, tar
+        except (FileNotFoundError, tarfile.TarError, EOFError):
+            return
+
+    # -- contents ----------------------------------------------------------------------
+
+    def _archive(self, workspace_id: str) -> Path:
+        return self.root / f"{workspace_id}.tar"
+
+    def load(self, record: WorkspaceRecord) -> bytes:
+        """The saved archive (b"" for a new workspace)."""
+        try:
+            return self._archive(record.id).read_bytes()
+        except FileNotFoundError:
+            return b""
+
+    def save(self, record: WorkspaceRecord, archive: bytes) -> str | None:
+        """Keep the workspace as its call left it; the problem, when it could not be kept."""
+        try:
+            with tarfile.open(fileobj=io.BytesIO(archive), mode="r:") as tar:
+                for _ in tar:
+                    pass
+        except (tarfile.TarError, EOFError) as exc:
+            return f"the workspace was not saved (its archive is unreadable: {exc}); it is as the previous call left it"
+        with self._lock:
+            others = sum(r.size_bytes for r in self._records.values() if r.id != record.id)
+            if others + len(archive) > self.storage_bytes:
+                return (
+                    f"the workspace was not saved: all workspaces together would take {others + len(archive)} bytes, "
+                    f"above the host's cap of {self.storage_bytes} (policy field host.workspace_storage_mb); "
+                    "it is as the previous call left it"
+                )
+            if record.id not in self._records:
+                return "the workspace was removed while the call ran; nothing was saved"
+            temporary = self.root / f".{record.id}.tar.new"
+            temporary.write_bytes(archive)
+            os.replace(temporary, self._archive(record.id))
+            updated = replace(record, last_used=time.time(), size_bytes=len(archive))
+            self._records[record.id] = updated
+            self._write_record(updated)
+        return None
+
+    def touch(self, record: WorkspaceRecord) -> None:
+        """Count a call that did not save as use, so the workspace does not expire under it."""
+        with self._lock:
+            current = self._records.get(record.id)
+            if current is not None:
+                self._records[record.id] = replace(current, last_used=time.time())
+                self._write_record(self._records[record.id])
+
+    # -- ending ------------------------------------------------------------------------
+
+    def sweep(self, server_alive: Callable[[str], bool]) -> int:
+        """Remove expired workspaces and those of handshake sessions whose server is gone; returns how many."""
+        now = time.time()
+        removed = 0
+        with self._lock:
+            for record in list(self._records.values()):
+                orphaned = record.owner is not None and not server_alive(_server_of(record.owner))
+                if (self._expired(record, now) or orphaned) and not self._in_use(record.id):
+                    self._remove(record.id)
+                    removed += 1
+            known = set(self._records)
+            for path in self.root.glob("ws-*"):
+                if path.name.split(".", 1)[0] not in known:
+                    path.unlink(missing_ok=True)
+        return removed
+
+    def end_sessions(self, server: str) -> int:
+        """Remove the workspaces of every handshake session this server held (it is shutting down)."""
+        with self._lock:
+            ended = [r.id for r in self._records.values() if r.owner and _server_of(r.owner) == server]
+            for workspace_id in ended:
+                self._remove(workspace_id)
+        return len(ended)
+
+    def total_bytes(self) -> int:
+        """What all kept workspaces take on the host's disk."""
+        with self._lock:
+            return sum(r.size_bytes for r in self._records.values())
+
+    def _remove(self, workspace_id: str) -> None:
+        self._records.pop(workspace_id, None)
+        self._busy.pop(workspace_id, None)
+        self._archive(workspace_id).unlink(missing_ok=True)
+        (self.root / f"{workspace_id}.json").unlink(missing_ok=True)
+
+    def _write_record(self, record: WorkspaceRecord) -> None:
+        temporary = self.root / f".{record.id}.json.new"
+        temporary.write_text(json.dumps(asdict(record)))
+        os.replace(temporary, self.root / f"{record.id}.json")
+
+
+def _mime(path: str) -> str:
+    return mimetypes.guess_type(path)[0] or "application/octet-stream"
+
+
+def session_owner(server: str, session: str) -> str:
+    """The owner of a handshake session's workspace: its server process and its session."""
+    return f"{SESSION_PREFIX}{server}|{session}"
+
+
+def _server_of(owner: str) -> str:
+    return owner.removeprefix(SESSION_PREFIX).split("|", 1)[0]
+
+
+class KeptWorkspace:
+    """A SandboxRuntime that runs each call in a kept workspace: restored before, saved after, one call at a time."""
+
+    def __init__(self, inner: SandboxRuntime, store: WorkspaceStore, record: WorkspaceRecord) -> None:
+        self.inner, self.store, self.record = inner, store, record
+        self.notes: list[str] = []
+
+    async def run(self, spec: SandboxSpec, on_progress: ProgressCallback | None = None) -> ExecutionResult:
+        """Run in the workspace as its previous call left it; keep it as this call leaves it."""
+        async with self.store.using(self.record, spec.limits.timeout_s):
+            saved = await anyio.to_thread.run_sync(self.store.load, self.record)
+            result = await self.inner.run(replace(spec, saved_workspace=saved), on_progress)
+            if result.workspace is None:
+                self.store.touch(self.record)
+                problem: str | None = (
+                    "the workspace was not saved: the sandbox ended before writing it out; "
+                    "it is as the previous call left it"
+                )
+            else:
+                problem = await anyio.to_thread.run_sync(self.store.save, self.record, result.workspace)
+        notes = (*result.skipped_files, *self.notes)
+        return replace(result, skipped_files=notes, workspace=None, workspace_problem=problem)

@@ -1,0 +1,214 @@
+"""Kept workspaces: files last across the calls of a session (or of a workspace id), containers never do."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import mcp_types as types
+import pytest
+from mcp.shared.exceptions import MCPError
+
+from sandbox_server.sandbox.docker_runtime import DockerRuntime
+from tests.mcp_harness import CheckedClient, connect, http_server, stdio_parameters, text_of
+
+pytestmark = pytest.mark.anyio
+
+KEEPING = """\
+extends: default
+workspace: {persist: true, size_mb: 16, files: 2000, idle_ttl_s: 600, max_per_client: 3}
+"""
+
+
+@pytest.fixture
+def keeping(tmp_path: Path) -> Iterator[tuple[Path, Path, Path]]:
+    """A policy that keeps workspaces, its state folder and an audit log."""
+    policy = tmp_path / "keeping.yaml"
+    policy.write_text(KEEPING)
+    yield policy, tmp_path / "state", tmp_path / "audit.jsonl"
+
+
+def _serve_args(keeping: tuple[Path, Path, Path]) -> tuple[str, ...]:
+    policy, state, audit = keeping
+    return ("--policy", str(policy), "--state-dir", str(state), "--audit-log", str(audit))
+
+
+def _containers(audit: Path) -> list[str]:
+    return [json.loads(line)["container_id"] for line in audit.read_text().splitlines() if "container_id" in line]
+
+
+async def _call(session: CheckedClient, command: str, **extra: Any) -> dict[str, Any]:
+    result = await session.call_tool("execute_command", {"command": command, **extra})
+    assert result.structured_content is not None, text_of(result)
+    return {**result.structured_content, "is_error": result.is_error, "text": text_of(result)}
+
+
+async def test_a_stdio_session_finds_its_files_in_the_next_call_in_another_container(
+    keeping: tuple[Path, Path, Path], runtime: DockerRuntime
+) -> None:
+    async with connect(stdio_parameters(*_serve_args(keeping))) as session:
+        first = await _call(session, "echo kept > a.txt; mkdir -p d/e && echo deep > d/e/f; echo temp > /tmp/t")
+        second = await _call(session, "cat a.txt d/e/f; cat /tmp/t 2>&1 || true")
+    assert not first["is_error"] and first["workspace"] == second["workspace"]
+    assert second["stdout"].startswith("kept\ndeep\n") and "No such file" in second["stdout"]
+    first_container, second_container = _containers(keeping[2])
+    assert first_container != second_container
+    # The session ended with the server: its workspace is gone from the host.
+    assert not list((keeping[1] / "workspaces").glob("ws-*"))
+
+
+async def test_http_sessions_each_have_their_own_and_cannot_open_anothers(
+    keeping: tuple[Path, Path, Path], runtime: DockerRuntime
+) -> None:
+    with http_server(*_serve_args(keeping)) as url:
+        async with connect(url) as alice, connect(url) as bob:
+            written = await _call(alice, "echo secret > mine.txt")
+            theirs = await _call(bob, "ls")
+            forged = await _call(bob, "cat mine.txt", workspace=written["workspace"])
+            made_up = await _call(bob, "true", workspace="ws-" + "A" * 22)
+            again = await _call(alice, "cat mine.txt")
+    assert theirs["workspace"] != written["workspace"] and "mine.txt" not in theirs["stdout"]
+    assert forged["is_error"] and made_up["is_error"]
+    assert forged["error"]["field"] == "workspace" and forged["text"].replace(written["workspace"], "X") == made_up[
+        "text"
+    ].replace("ws-" + "A" * 22, "X")
+    assert again["stdout"] == "secret\n"
+
+
+async def test_2026_era_calls_continue_by_id_and_each_call_without_one_starts_empty(
+    keeping: tuple[Path, Path, Path], runtime: DockerRuntime
+) -> None:
+    with http_server(*_serve_args(keeping)) as url:
+        async with connect(url, mode="2026-07-28") as session:
+            first = await _call(session, "echo one > n.txt")
+            continued = await _call(session, "cat n.txt; echo two >> n.txt", workspace=first["workspace"])
+            fresh = await _call(session, "ls")
+            last = await _call(session, "cat n.txt", workspace=first["workspace"])
+    assert continued["stdout"] == "one\n" and last["stdout"] == "one\ntwo\n"
+    assert fresh["workspace"] != first["workspace"] and "n.txt" not in fresh["stdout"]
+
+
+async def test_a_disk_bomb_stops_at_the_workspace_size_and_the_next_call_still_runs(
+    keeping: tuple[Path, Path, Path], runtime: DockerRuntime
+) -> None:
+    async with connect(stdio_parameters(*_serve_args(keeping))) as session:
+        bomb = await _call(
+            session, "dd if=/dev/zero of=big bs=1M count=64 2>&1; df -k . | tail -1 | tr -s ' ' | cut -d' ' -f2"
+        )
+        inodes = await _call(
+            session, "i=0; while [ $i -lt 3000 ]; do touch f$i 2>/dev/null || break; i=$((i+1)); done; echo made=$i"
+        )
+        after = await _call(session, "ls -s big; echo still-running")
+    assert "No space left on device" in bomb["stdout"] and bomb["stdout"].endswith("\n16384\n"), bomb["stdout"]
+    made = int(inodes["stdout"].strip().rsplit("=", 1)[-1])
+    assert 1000 < made < 2000, inodes["stdout"]
+    assert "still-running" in after["stdout"]
+
+
+async def test_a_timed_out_call_leaves_the_workspace_as_its_program_left_it(
+    keeping: tuple[Path, Path, Path], runtime: DockerRuntime
+) -> None:
+    async with connect(stdio_parameters(*_serve_args(keeping))) as session:
+        slow = await _call(session, "echo before > progress; sleep 30", timeout_s=1)
+        after = await _call(session, "cat progress")
+    assert slow["is_error"] and slow["text"].startswith("timed out after 1 s") and slow["timed_out"]
+    assert after["stdout"] == "before\n"
+
+
+async def test_links_fifos_and_output_files_are_not_carried_into_the_next_call(
+    keeping: tuple[Path, Path, Path], runtime: DockerRuntime
+) -> None:
+    async with connect(stdio_parameters(*_serve_args(keeping))) as session:
+        await _call(session, "ln -s /etc/shadow shadow; mkfifo pipe; echo x > kept; ln kept hard; echo o > out/o.txt")
+        after = await _call(session, "ls -l; ls out | wc -l; cat hard")
+    listing = after["stdout"]
+    assert "shadow -> /etc/shadow" in listing and "pipe" not in listing and listing.rstrip().endswith("0\nx")
+
+
+async def test_a_2026_workspace_outlives_a_restart_until_its_idle_time_then_the_sweep_removes_it(
+    keeping: tuple[Path, Path, Path], runtime: DockerRuntime
+) -> None:
+    policy, state, _ = keeping
+    with http_server(*_serve_args(keeping)) as url:
+        async with connect(url, mode="2026-07-28") as session:
+            first = await _call(session, "echo across > r.txt")
+    with http_server(*_serve_args(keeping)) as url:
+        async with connect(url, mode="2026-07-28") as session:
+            continued = await _call(session, "cat r.txt", workspace=first["workspace"])
+    assert continued["stdout"] == "across\n"
+    policy.write_text(KEEPING.replace("idle_ttl_s: 600", "idle_ttl_s: 0.01"))
+    with http_server(*_serve_args(keeping)) as url:
+        async with connect(url, mode="2026-07-28") as session:
+            expired = await _call(session, "true", workspace=first["workspace"])
+    assert expired["is_error"] and expired["error"]["field"] == "workspace"
+    assert not list((state / "workspaces").glob(f"{first['workspace']}*"))
+
+
+async def test_a_client_past_its_workspace_cap_loses_its_least_recently_used_one_and_is_told(
+    keeping: tuple[Path, Path, Path], runtime: DockerRuntime
+) -> None:
+    with http_server(*_serve_args(keeping)) as url:
+        async with connect(url, mode="2026-07-28") as session:
+            made = [await _call(session, "true") for _ in range(4)]
+            gone = await _call(session, "true", workspace=made[0]["workspace"])
+    assert f"workspace {made[0]['workspace']} (least recently used) was removed" in made[3]["text"]
+    assert "workspace.max_per_client" in made[3]["text"] and gone["is_error"]
+
+
+async def test_a_workspace_past_the_hosts_storage_cap_is_not_kept_and_the_answer_names_the_field(
+    keeping: tuple[Path, Path, Path], runtime: DockerRuntime
+) -> None:
+    policy = keeping[0]
+    policy.write_text(KEEPING + "host: {workspace_storage_mb: 1}\n")
+    async with connect(stdio_parameters(*_serve_args(keeping))) as session:
+        small = await _call(session, "echo small > s.txt")
+        big = await _call(session, "head -c 2000000 /dev/zero > big; echo wrote")
+        after = await _call(session, "ls")
+    assert not small["is_error"] and big["is_error"] and big["stdout"] == "wrote\n"
+    assert "the workspace was not saved" in big["text"] and "host.workspace_storage_mb" in big["text"]
+    assert after["stdout"] == "out\ns.txt\n"
+
+
+async def test_a_policy_that_keeps_nothing_refuses_a_workspace_id(runtime: DockerRuntime) -> None:
+    async with connect(stdio_parameters()) as session:
+        first = await _call(session, "echo x > a")
+        refused = await _call(session, "true", workspace="ws-" + "B" * 22)
+        second = await _call(session, "ls")
+    assert "workspace" not in first and refused["is_error"] and refused["error"]["field"] == "workspace"
+    assert second["stdout"] == "out\n"
+
+
+async def test_workspace_files_are_resources_of_their_session_only(
+    keeping: tuple[Path, Path, Path], runtime: DockerRuntime
+) -> None:
+    with http_server(*_serve_args(keeping)) as url:
+        async with connect(url) as alice, connect(url) as bob:
+            written = await _call(alice, "mkdir -p data && printf 'a,b\\n1,2\\n' > data/t.csv")
+            listed = (await alice.list_resources()).resources
+            uri = next(str(r.uri) for r in listed if r.name == "data/t.csv")
+            read = await alice.read_resource(uri)
+            with pytest.raises(MCPError) as foreign:
+                await bob.read_resource(uri)
+            bobs = [r.name for r in (await bob.list_resources()).resources]
+            templates = (await alice.list_resource_templates()).resource_templates
+        async with connect(url, mode="2026-07-28") as modern:
+            with pytest.raises(MCPError) as by_id:
+                await modern.read_resource(uri)
+    assert uri == f"sandbox://workspace/{written['workspace']}/data/t.csv"
+    assert isinstance(read.contents[0], types.TextResourceContents) and read.contents[0].text == "a,b\n1,2\n"
+    assert [r.mime_type for r in listed if r.name == "data/t.csv"] == ["text/csv"]
+    assert foreign.value.error.code == -32002 and "data/t.csv" not in bobs
+    assert by_id.value.error.code == -32602  # a session's workspace is not anyone's capability
+    assert [t.uri_template for t in templates] == ["sandbox://workspace/{workspace}/{+path}"]
+
+
+async def test_a_2026_workspace_file_is_read_by_its_id(
+    keeping: tuple[Path, Path, Path], runtime: DockerRuntime
+) -> None:
+    with http_server(*_serve_args(keeping)) as url:
+        async with connect(url, mode="2026-07-28") as session:
+            written = await _call(session, "echo hello > greeting.txt")
+            read = await session.read_resource(f"sandbox://workspace/{written['workspace']}/greeting.txt")
+    assert isinstance(read.contents[0], types.TextResourceContents) and read.contents[0].text == "hello\n"

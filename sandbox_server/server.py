@@ -261,7 +261,7 @@ class SandboxServer:
             message = f"{elapsed_s:.0f} s elapsed; {stdout_bytes} bytes of stdout, {stderr_bytes} of stderr so far"
             await ctx.session.report_progress(elapsed_s, None, message)
 
-        tool_ctx = ToolContext(runtime=runtime, policy=tool_policy, policy_name=policy.name, on_progress=progress)
+        tool_ctx = ToolContext(runtime, tool_policy, policy.name, progress, kept_workspace=kept is not None)
         try:
             outcome = await tool.run(arguments, tool_ctx)
             if kept is None:

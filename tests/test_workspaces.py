@@ -212,3 +212,44 @@ async def test_a_2026_workspace_file_is_read_by_its_id(
             written = await _call(session, "echo hello > greeting.txt")
             read = await session.read_resource(f"sandbox://workspace/{written['workspace']}/greeting.txt")
     assert isinstance(read.contents[0], types.TextResourceContents) and read.contents[0].text == "hello\n"
+
+
+async def test_run_python_keeps_a_dataframe_for_the_next_cell_and_names_what_it_cannot_keep(
+    keeping: tuple[Path, Path, Path], runtime: DockerRuntime
+) -> None:
+    async with connect(stdio_parameters(*_serve_args(keeping))) as session:
+        first = await session.call_tool(
+            "run_python",
+            {"code": "import pandas as pd, matplotlib.pyplot as plt\ndf = pd.DataFrame({'x': [1, 2, 3]})\n"
+             "total = int(df.x.sum())\nfig = plt.figure()\nstream = open('/dev/null')"},
+        )  # fmt: skip
+        second = await session.call_tool(
+            "run_python", {"code": "df['y'] = df.x * 2\n(total, int(df.y.sum()), pd.__name__)"}
+        )
+    assert not first.is_error and not second.is_error, text_of(second)
+    assert "variables kept for the next cell: df, total, fig" in text_of(first)
+    assert "not kept: stream (TextIOWrapper)" in text_of(first)
+    assert second.structured_content is not None
+    assert second.structured_content["stdout"].strip() == "(6, 12, 'pandas')"
+    assert not any(f["path"] == "cell-state.json" for f in second.structured_content["files"])
+
+
+async def test_a_poisoned_state_runs_only_inside_the_next_sandbox(
+    keeping: tuple[Path, Path, Path], runtime: DockerRuntime, tmp_path: Path
+) -> None:
+    marker = tmp_path / "poisoned-on-the-host"
+    poison = (
+        "import os, pickle\n"
+        "class Evil:\n"
+        "    def __reduce__(self):\n"
+        f"        return (os.system, ('id -u > /workspace/ran-inside; touch {marker}',))\n"
+        "os.makedirs('.sandbox', exist_ok=True)\n"
+        "pickle.dump({'values': {'x': Evil()}}, open('.sandbox/cell-state.pickle', 'wb'))\n"
+        "os._exit(0)  # before the launcher keeps this cell's own variables over the planted ones"
+    )
+    async with connect(stdio_parameters(*_serve_args(keeping))) as session:
+        planted = await session.call_tool("run_python", {"code": poison})
+        loaded = await session.call_tool("run_python", {"code": "open('ran-inside').read().strip()"})
+    assert not planted.is_error, text_of(planted)
+    assert loaded.structured_content is not None and loaded.structured_content["stdout"].strip() == "'1000'"
+    assert not marker.exists()

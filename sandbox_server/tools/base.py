@@ -128,6 +128,8 @@ class ToolContext:
     policy: ToolPolicy
     policy_name: str = "default"
     on_progress: ProgressCallback | None = None
+    kept_workspace: bool = False
+    """The call runs in a kept workspace (what it leaves there is there in the next call)."""
 
 
 @dataclass(frozen=True, slots=True)

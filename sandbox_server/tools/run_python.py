@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
@@ -21,6 +22,18 @@ from sandbox_server.tools.base import (
 from sandbox_server.tools.execute_command import EXECUTION_PROPERTIES, EXECUTION_REQUIRED
 
 __all__ = ["RunPython"]
+
+
+def _kept_variables(report: bytes) -> str:
+    """The answer's note on what the next cell will find: `kept: df, totals; not kept: fig (Figure)`."""
+    try:
+        names = json.loads(report)
+        kept, not_kept = [str(n) for n in names["kept"]], [str(n) for n in names["not_kept"]]
+    except (ValueError, KeyError, TypeError):
+        return "variables: the sandbox's report of what was kept is unreadable"
+    return f"variables kept for the next cell: {', '.join(kept) or 'none'}" + (
+        f"; not kept: {', '.join(not_kept)}" if not_kept else ""
+    )
 
 
 class RunPython:
@@ -61,10 +74,18 @@ class RunPython:
             ctx,
             ("python3", wire.RUN_CELL),
             args["code"].encode("utf-8", "surrogatepass"),
-            extra_env=((wire.IMAGE_BYTES_ENV, str(per_image)),),
+            extra_env=(
+                (wire.IMAGE_BYTES_ENV, str(per_image)),
+                (wire.KEEP_VARIABLES_ENV, "1" if ctx.kept_workspace else ""),
+            ),
         )
         result = await ctx.runtime.run(spec, ctx.on_progress)
+        report = next((f for f in result.files if f.path == wire.CELL_STATE_REPORT), None)
+        if report is not None:
+            result = replace(result, files=tuple(f for f in result.files if f is not report))
         outcome = outcome_from_execution(result, spec)
+        if report is not None:
+            outcome = replace(outcome, notes=(*outcome.notes, _kept_variables(report.content)))
         stderr = result.stderr.decode("utf-8", "replace").rstrip()
         if result.exit_code == 1 and ("Traceback" in stderr or "Error" in stderr.rsplit("\n", 1)[-1]):
             last_line = stderr.rsplit("\n", 1)[-1].strip()

@@ -17,12 +17,14 @@ import mimetypes
 import os
 import re
 import secrets
+import shutil
 import tarfile
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import BinaryIO
 from urllib.parse import quote, unquote
 
 import anyio
@@ -262,35 +264,37 @@ class WorkspaceStore:
     def _archive(self, workspace_id: str) -> Path:
         return self.root / f"{workspace_id}.tar"
 
-    def load(self, record: WorkspaceRecord) -> bytes:
-        """The saved archive (b"" for a new workspace)."""
-        try:
-            return self._archive(record.id).read_bytes()
-        except FileNotFoundError:
-            return b""
+    def load(self, record: WorkspaceRecord) -> str:
+        """The path of the saved archive ("" for a new workspace)."""
+        path = self._archive(record.id)
+        return str(path) if path.exists() else ""
 
-    def save(self, record: WorkspaceRecord, archive: bytes) -> str | None:
-        """Keep the workspace as its call left it; the problem, when it could not be kept."""
+    def save(self, record: WorkspaceRecord, archive: BinaryIO) -> str | None:
+        """Keep the workspace as its call left it (a tar in a file); the problem, when it could not be kept."""
+        size = archive.seek(0, io.SEEK_END)
+        archive.seek(0)
         try:
-            with tarfile.open(fileobj=io.BytesIO(archive), mode="r:") as tar:
+            with tarfile.open(fileobj=archive, mode="r|") as tar:
                 for _ in tar:
                     pass
         except (tarfile.TarError, EOFError) as exc:
             return f"the workspace was not saved (its archive is unreadable: {exc}); it is as the previous call left it"
         with self._lock:
             others = sum(r.size_bytes for r in self._records.values() if r.id != record.id)
-            if others + len(archive) > self.storage_bytes:
+            if others + size > self.storage_bytes:
                 return (
-                    f"the workspace was not saved: all workspaces together would take {others + len(archive)} bytes, "
+                    f"the workspace was not saved: all workspaces together would take {others + size} bytes, "
                     f"above the host's cap of {self.storage_bytes} (policy field host.workspace_storage_mb); "
                     "it is as the previous call left it"
                 )
             if record.id not in self._records:
                 return "the workspace was removed while the call ran; nothing was saved"
             temporary = self.root / f".{record.id}.tar.new"
-            temporary.write_bytes(archive)
+            archive.seek(0)
+            with open(temporary, "wb") as copy:
+                shutil.copyfileobj(archive, copy, 1 << 20)
             os.replace(temporary, self._archive(record.id))
-            updated = replace(record, last_used=time.time(), size_bytes=len(archive))
+            updated = replace(record, last_used=time.time(), size_bytes=size)
             self._records[record.id] = updated
             self._write_record(updated)
         return None
@@ -369,7 +373,7 @@ class KeptWorkspace:
     async def run(self, spec: SandboxSpec, on_progress: ProgressCallback | None = None) -> ExecutionResult:
         """Run in the workspace as its previous call left it; keep it as this call leaves it."""
         async with self.store.using(self.record, spec.limits.timeout_s):
-            saved = await anyio.to_thread.run_sync(self.store.load, self.record)
+            saved = self.store.load(self.record)
             result = await self.inner.run(replace(spec, saved_workspace=saved), on_progress)
             if result.workspace is None:
                 self.store.touch(self.record)
@@ -378,6 +382,9 @@ class KeptWorkspace:
                     "it is as the previous call left it"
                 )
             else:
-                problem = await anyio.to_thread.run_sync(self.store.save, self.record, result.workspace)
+                try:
+                    problem = await anyio.to_thread.run_sync(self.store.save, self.record, result.workspace)
+                finally:
+                    result.workspace.close()
         notes = (*result.skipped_files, *self.notes)
         return replace(result, skipped_files=notes, workspace=None, workspace_problem=problem)

@@ -15,6 +15,7 @@ import io
 import re
 import shlex
 import tarfile
+from typing import BinaryIO
 
 from sandbox_server.sandbox import wire
 from sandbox_server.sandbox.spec import InputFile, OutputFile
@@ -57,8 +58,9 @@ def build_request(
     boundary: str,
     env: tuple[tuple[str, str], ...] = (),
     workdir: str = "",
-    saved: bytes | None = None,
+    saved: str | None = None,
     deadline_s: float | None = None,
+    into: BinaryIO | None = None,
 ) -> bytes:
     """The tar the launcher unpacks: input files relative to the workspace, stdin, argv, env, working folder and boundary."""
     if not argv:
@@ -76,7 +78,7 @@ def build_request(
         script += "persist=1\n"
     if deadline_s is not None:
         script += f"deadline={deadline_s:.3f}\n"
-    buffer = io.BytesIO()
+    buffer = into if into is not None else io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
         if saved:
             _restore(tar, saved)
@@ -95,10 +97,10 @@ def build_request(
                     made.add(folder)
                     _add(tar, f"{WORKSPACE_DIR}/{folder}", b"", 0o755, tarfile.DIRTYPE)
             _add(tar, f"{WORKSPACE_DIR}/{relative}", item.content, item.mode & 0o755)
-    return buffer.getvalue()
+    return buffer.getvalue() if isinstance(buffer, io.BytesIO) else b""
 
 
-def _restore(tar: tarfile.TarFile, saved: bytes) -> None:
+def _restore(tar: tarfile.TarFile, saved: str) -> None:
     """Copy a saved workspace's entries under workspace/, as entries (nothing is extracted on the host).
 
     The saved archive came out of a sandbox: entries whose names leave the workspace, and
@@ -106,7 +108,7 @@ def _restore(tar: tarfile.TarFile, saved: bytes) -> None:
     copied as entries, to be made inside the next sandbox, never here; FIFOs and devices
     are dropped.
     """
-    with tarfile.open(fileobj=io.BytesIO(saved), mode="r:") as source:
+    with tarfile.open(saved, mode="r:") as source:
         for member in source:
             name = safe_relative_path(member.name)
             if name is None or name == OUTPUT_LEAF or name.startswith(OUTPUT_LEAF + "/"):
@@ -135,7 +137,7 @@ def _valid_text(name: str) -> str:
 
 
 def read_outputs(
-    archive: bytes, max_files: int, max_bytes: int, complete: bool = True, under: str = ""
+    archive: bytes | BinaryIO, max_files: int, max_bytes: int, complete: bool = True, under: str = ""
 ) -> tuple[tuple[OutputFile, ...], tuple[str, ...]]:
     """Regular files from the output archive within the caps, and a note for everything skipped.
 
@@ -144,11 +146,16 @@ def read_outputs(
     """
     files: list[OutputFile] = []
     notes: list[str] = []
-    if not archive:
+    if isinstance(archive, bytes):
+        if not archive:
+            return (), ()
+        archive = io.BytesIO(archive)
+    if archive.seek(0, io.SEEK_END) == 0:
         return (), ()
+    archive.seek(0)
     used = 0
     try:
-        with tarfile.open(fileobj=io.BytesIO(archive), mode="r|") as tar:
+        with tarfile.open(fileobj=archive, mode="r|") as tar:
             for member in tar:
                 name = safe_relative_path(member.name)
                 if under:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import re
 import socket
+from typing import BinaryIO
 
 from sandbox_server.sandbox.spec import SandboxSpec
 from sandbox_server.sandbox.streams import STDERR, CappedBuffer, FrameDemuxer, StdoutSplitter
@@ -57,11 +58,11 @@ def launcher_timed_out(trailer: dict[str, str] | None) -> bool:
 class Drain:
     """Reads one attach stream in a worker thread; the async side reads its state."""
 
-    def __init__(self, spec: SandboxSpec, boundary: bytes) -> None:
+    def __init__(self, spec: SandboxSpec, boundary: bytes, sink: BinaryIO | None = None) -> None:
         cap = spec.limits.output_bytes
         self.stdout = CappedBuffer(cap)
         self.stderr = CappedBuffer(cap)
-        self.splitter = StdoutSplitter(boundary, self.stdout, archive_limit(spec))
+        self.splitter = StdoutSplitter(boundary, self.stdout, archive_limit(spec), sink)
         self.flood_limit = max(cap * FLOOD_FACTOR, FLOOD_MIN_BYTES)
         self.flooded = False
         self.finished = False

@@ -9,12 +9,15 @@ removal (`removal.py`).
 from __future__ import annotations
 
 import contextlib
+import io
+import os
 import secrets
 import select
 import socket
+import tempfile
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, BinaryIO
 
 import anyio
 import anyio.to_thread
@@ -40,6 +43,9 @@ from sandbox_server.sandbox.runtime import ProgressCallback
 from sandbox_server.sandbox.spec import SANDBOX_LABEL, ExecutionResult, SandboxSpec
 
 __all__ = ["DockerRuntime", "WarmContainer"]
+
+SPOOL_BYTES = 4 * 1024 * 1024
+"""A kept workspace larger than this goes through a temporary file on the host rather than memory."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,12 +164,18 @@ class DockerRuntime(Engine):
         self.removal.remove_later(warm.container_id)
 
     @staticmethod
-    def _send(raw: socket.socket, request: bytes) -> None:
+    def _send(raw: socket.socket, request: BinaryIO) -> None:
         try:
-            raw.sendall(request)
+            if isinstance(request, io.BytesIO):
+                raw.sendall(request.getbuffer())
+            else:
+                request.seek(0)
+                raw.sendfile(request)
             raw.shutdown(socket.SHUT_WR)
         except OSError:
             pass  # the program exited before reading all of its input; its output says the rest
+        finally:
+            request.close()
 
     def _finish(self, container_id: str) -> tuple[int | None, bool]:
         """Exit code and OOM flag of a container whose stream has ended: one inspect, a wait only if it lags."""
@@ -180,9 +192,13 @@ class DockerRuntime(Engine):
         """Run a spec in a fresh container (or a warm one made for its key), never reused, always removed."""
         boundary = secrets.token_hex(16)
         persist = spec.saved_workspace is not None
-        request = build_request(
+        # A kept workspace goes in and comes out through temporary files, never whole in memory
+        # (small ones stay in memory, where they are quicker).
+        large = bool(spec.saved_workspace) and os.path.getsize(spec.saved_workspace or "") > SPOOL_BYTES
+        request: BinaryIO = tempfile.TemporaryFile() if large else io.BytesIO()
+        build_request(
             spec.files, spec.stdin, spec.argv, boundary, spec.call_env, spec.call_workdir,
-            saved=spec.saved_workspace, deadline_s=spec.limits.timeout_s if persist else None,
+            saved=spec.saved_workspace, deadline_s=spec.limits.timeout_s if persist else None, into=request,
         )  # fmt: skip
         # A persistent workspace is saved even when its program runs out of time: the launcher stops
         # the program at the deadline and writes the workspace; the host waits that much longer.
@@ -193,7 +209,8 @@ class DockerRuntime(Engine):
         elif warm.key != spec.container_key():
             raise ValueError("a warm container made for other settings was handed to this call")
         container_id, raw = warm.container_id, warm.stream
-        drain = Drain(spec, boundary.encode())
+        sink = tempfile.SpooledTemporaryFile(SPOOL_BYTES) if persist else None
+        drain = Drain(spec, boundary.encode(), sink)  # type: ignore[arg-type]
         timed_out = cancelled = removed = False
         try:
             await anyio.to_thread.run_sync(self._send, raw, request)
@@ -229,7 +246,7 @@ class DockerRuntime(Engine):
                 else:
                     self.removal.remove_later(container_id)
         duration_ms = int((time.monotonic() - started) * 1000)
-        archive = bytes(drain.splitter.archive)
+        archive = drain.splitter.sink
         files, notes = read_outputs(
             archive,
             spec.limits.returned_files,
@@ -238,6 +255,8 @@ class DockerRuntime(Engine):
             under=OUTPUT_LEAF if persist else "",
         )
         written = persist and drain.splitter.trailer is not None and not drain.splitter.archive_overflow
+        if persist and not written:
+            archive.close()
         timed_out = timed_out or launcher_timed_out(drain.splitter.trailer)
         killed = not (timed_out or oom_killed or drain.flooded or cancelled) and not drain.splitter.found
         return ExecutionResult(

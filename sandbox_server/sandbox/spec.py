@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import BinaryIO
 
 from sandbox_server.sandbox import wire
 
@@ -83,9 +84,9 @@ class SandboxSpec:
     seccomp_profile: str | None = None
     """A seccomp profile as JSON text; None keeps the engine's default profile."""
     labels: tuple[tuple[str, str], ...] = ()
-    saved_workspace: bytes | None = None
-    """A persistent workspace: its saved archive (b"" when new), restored before the program runs and
-    saved again after it; None when the workspace is not kept."""
+    saved_workspace: str | None = None
+    """A kept workspace: the path of its saved archive on the host ("" when new), restored before the
+    program runs and written out again after it; None when the workspace is not kept."""
 
     def container_key(self) -> tuple[object, ...]:
         """What the container is created with: calls with equal keys can use the same kind of warm container."""
@@ -128,8 +129,9 @@ class ExecutionResult:
     skipped_files: tuple[str, ...] = ()
     """Notes on output entries not returned (links, devices, over the caps)."""
     container_id: str = ""
-    workspace: bytes | None = None
-    """A persistent workspace as the program left it (a tar), when the launcher could write it whole."""
+    workspace: BinaryIO | None = None
+    """A kept workspace as the program left it (a tar in a temporary file, which the keeper closes), when
+    the launcher could write it whole."""
     workspace_problem: str | None = None
     """Why a persistent workspace was not kept as this call left it (then the call is an error)."""
 

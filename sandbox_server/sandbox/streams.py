@@ -3,7 +3,9 @@ the boundary that separates the program's stdout from the archive of its output 
 
 from __future__ import annotations
 
+import io
 import struct
+from typing import BinaryIO
 
 __all__ = ["CappedBuffer", "FrameDemuxer", "StdoutSplitter"]
 
@@ -71,26 +73,38 @@ class FrameDemuxer:
 
 
 class StdoutSplitter:
-    """Routes stdout bytes to the program's buffer until `boundary`, then to the archive.
+    """Routes stdout bytes to the program's buffer until `boundary`, then to the archive sink.
 
     The launcher inside the sandbox writes the boundary after the program exits,
-    followed by a tar of the output folder, then the boundary again with a trailer
-    line (`<boundary> exit=N oom_kill=M`): once it has arrived, the call is over
-    without waiting for the container to stop. Bytes that could be the start of
-    the boundary are held back until it is clear they are not.
+    followed by a tar of the output folder (or of the whole workspace), then the boundary
+    again with a trailer line (`<boundary> exit=N oom_kill=M …`): once it has arrived, the
+    call is over without waiting for the container to stop. Bytes that could be the start
+    of the boundary are held back until it is clear they are not. The archive goes to
+    `sink` (memory by default, a file for a whole workspace), so the host holds no more
+    than the boundary's length of it in memory.
     """
 
-    def __init__(self, boundary: bytes, program: CappedBuffer, archive_limit: int) -> None:
+    def __init__(
+        self, boundary: bytes, program: CappedBuffer, archive_limit: int, sink: BinaryIO | None = None
+    ) -> None:
         self.boundary = boundary
         self.program = program
-        self.archive = bytearray()
+        self.sink: BinaryIO = sink if sink is not None else io.BytesIO()
+        self.archive_size = 0
+        """Bytes of the archive written to the sink."""
         self.archive_limit = archive_limit
         self.archive_overflow = False
         self.found = False
         self.trailer: dict[str, str] | None = None
-        """The launcher's last line (exit, oom_kill), once it has arrived whole."""
+        """The launcher's last line (exit, oom_kill, …), once it has arrived whole."""
         self._held = b""
-        self._scanned = 0
+        self._archive_held = bytearray()
+
+    @property
+    def archive(self) -> bytes:
+        """The archive so far, when the sink is memory (tests and small outputs)."""
+        assert isinstance(self.sink, io.BytesIO)
+        return self.sink.getvalue() + bytes(self._archive_held)
 
     def feed(self, data: bytes) -> None:
         """Route a chunk of stdout."""
@@ -110,10 +124,13 @@ class StdoutSplitter:
         self._held = data[len(data) - keep :] if keep else b""
 
     def finish(self) -> None:
-        """The stream ended: whatever was held back belongs to the program."""
+        """The stream ended: whatever was held back belongs to the program, or to the archive."""
         if self._held:
             self.program.feed(self._held)
             self._held = b""
+        if self.trailer is None and self._archive_held:
+            self._write(bytes(self._archive_held))
+            self._archive_held.clear()
 
     def _partial_suffix(self, data: bytes) -> int:
         for size in range(min(len(self.boundary) - 1, len(data)), 0, -1):
@@ -121,24 +138,36 @@ class StdoutSplitter:
                 return size
         return 0
 
+    def _write(self, data: bytes) -> None:
+        self.sink.write(data)
+        self.archive_size += len(data)
+
     def _to_archive(self, data: bytes) -> None:
-        room = self.archive_limit - len(self.archive)
+        if self.trailer is not None:
+            return
+        room = self.archive_limit - self.archive_size - len(self._archive_held)
         if len(data) > room:
             self.archive_overflow = True
             data = data[: max(room, 0)]
-        self.archive += data
-        if self.trailer is None and not self.archive_overflow:
-            self._find_trailer()
-
-    def _find_trailer(self) -> None:
-        start = self.archive.find(self.boundary, self._scanned)
+        held = self._archive_held
+        held += data
+        if self.archive_overflow:
+            self._write(bytes(held))
+            held.clear()
+            return
+        start = held.find(self.boundary)
         if start < 0:
-            self._scanned = max(0, len(self.archive) - len(self.boundary))
+            keep = len(self.boundary) - 1
+            if len(held) > keep:
+                self._write(bytes(held[: len(held) - keep]))
+                del held[: len(held) - keep]
             return
-        end = self.archive.find(b"\n", start)
+        if start:
+            self._write(bytes(held[:start]))
+            del held[:start]
+        end = held.find(b"\n")
         if end < 0:
-            self._scanned = start
             return
-        line = bytes(self.archive[start + len(self.boundary) : end]).decode("ascii", "replace")
+        line = bytes(held[len(self.boundary) : end]).decode("ascii", "replace")
         self.trailer = dict(field.partition("=")[::2] for field in line.split())
-        del self.archive[start:]
+        held.clear()

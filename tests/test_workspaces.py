@@ -7,11 +7,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import mcp_types as types
 import pytest
 from mcp.shared.exceptions import MCPError
 
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
+from tests.conftest import containers_running
 from tests.mcp_harness import CheckedClient, connect, http_server, stdio_parameters, text_of
 
 pytestmark = pytest.mark.anyio
@@ -253,3 +255,33 @@ async def test_a_poisoned_state_runs_only_inside_the_next_sandbox(
     assert not planted.is_error, text_of(planted)
     assert loaded.structured_content is not None and loaded.structured_content["stdout"].strip() == "'1000'"
     assert not marker.exists()
+
+
+async def test_calls_on_one_workspace_run_one_at_a_time_or_are_answered_busy(
+    keeping: tuple[Path, Path, Path], runtime: DockerRuntime
+) -> None:
+    results: dict[str, dict[str, Any]] = {}
+
+    async def call(name: str, command: str, timeout_s: float = 10) -> None:
+        results[name] = await _call(session, command, timeout_s=timeout_s)
+
+    async with connect(stdio_parameters(*_serve_args(keeping))) as session:
+        await _call(session, "true")
+        async with anyio.create_task_group() as group:
+            group.start_soon(call, "first", "sleep 2; echo a >> log")
+            await _running("sleep 2")
+            group.start_soon(call, "second", "echo b >> log; cat log")
+        async with anyio.create_task_group() as group:
+            group.start_soon(call, "long", "sleep 6")
+            await _running("sleep 6")
+            group.start_soon(call, "impatient", "cat log", 1)
+    # Without one call at a time the second would have started from the workspace before "a".
+    assert results["second"]["stdout"] == "a\nb\n"
+    impatient = results["impatient"]
+    assert impatient["is_error"] and impatient["error"]["kind"] == "busy" and impatient["error"]["field"] == "workspace"
+
+
+async def _running(command: str) -> None:
+    with anyio.fail_after(10):
+        while not containers_running(command):
+            await anyio.sleep(0.05)

@@ -267,6 +267,8 @@ class SandboxServer:
             if kept is None:
                 return outcome
             structured = {**(outcome.structured or {}), "workspace": kept.record.id}
+            if kept.record.owner is not None:  # a session's own workspace: the next call of the session finds it
+                return replace(outcome, structured=structured)
             note = f"workspace {kept.record.id}: pass it as `workspace` to continue in it"
             return replace(outcome, structured=structured, notes=(*outcome.notes, note))
         except EngineUnavailable as exc:

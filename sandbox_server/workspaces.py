@@ -11,13 +11,11 @@ not exist, has expired or belongs to another session gets one and the same answe
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import mimetypes
 import os
 import re
 import secrets
-import shutil
 import tarfile
 import threading
 import time
@@ -31,7 +29,7 @@ import anyio
 
 from sandbox_server.errors import Refusal
 from sandbox_server.policy import WorkspaceSettings
-from sandbox_server.sandbox.archive import safe_relative_path
+from sandbox_server.sandbox.archive import WorkspaceTooLarge, keep_workspace, kept_entries, safe_relative_path
 from sandbox_server.sandbox.runtime import ProgressCallback, SandboxRuntime
 from sandbox_server.sandbox.spec import ExecutionResult, SandboxSpec
 
@@ -214,17 +212,12 @@ class WorkspaceStore:
 
     def files(self, record: WorkspaceRecord) -> list[tuple[str, int]]:
         """The regular files of a kept workspace (path, size), read from its archive's headers."""
-        found = []
-        for member, _ in self._members(record):
-            name = safe_relative_path(member.name)
-            if name is not None and member.isreg():
-                found.append((name, member.size))
-        return found
+        return [(name, member.size) for name, member, _ in self._members(record) if member.isreg()]
 
     def read_file(self, record: WorkspaceRecord, path: str, max_bytes: int) -> bytes | None:
         """One regular file of a kept workspace; None when there is none; a Refusal when it is too large."""
-        for member, tar in self._members(record):
-            if member.isreg() and safe_relative_path(member.name) == path:
+        for name, member, tar in self._members(record):
+            if member.isreg() and name == path:
                 if member.size > max_bytes:
                     raise Refusal(
                         f"{path} is {member.size} bytes, above the {max_bytes} bytes a read may return "
@@ -251,12 +244,11 @@ class WorkspaceStore:
         content = self.read_file(record, parsed[1], max_bytes)
         return None if content is None else (_mime(parsed[1]), content)
 
-    def _members(self, record: WorkspaceRecord) -> Iterator[tuple[tarfile.TarInfo, tarfile.TarFile]]:
+    def _members(self, record: WorkspaceRecord) -> Iterator[tuple[str, tarfile.TarInfo, tarfile.TarFile]]:
         try:
-            with tarfile.open(self._archive(record.id), mode="r:") as tar:
-                for member in tar:
-                    yield member, tar
-        except (FileNotFoundError, tarfile.TarError, EOFError):
+            with open(self._archive(record.id), "rb") as kept:
+                yield from kept_entries(kept)
+        except FileNotFoundError:
             return
 
     # -- contents ----------------------------------------------------------------------
@@ -271,28 +263,26 @@ class WorkspaceStore:
 
     def save(self, record: WorkspaceRecord, archive: BinaryIO) -> str | None:
         """Keep the workspace as its call left it (a tar in a file); the problem, when it could not be kept."""
-        size = archive.seek(0, io.SEEK_END)
-        archive.seek(0)
+        temporary = self.root / f".{record.id}.tar.new"
         try:
-            with tarfile.open(fileobj=archive, mode="r|") as tar:
-                for _ in tar:
-                    pass
-        except (tarfile.TarError, EOFError) as exc:
-            return f"the workspace was not saved (its archive is unreadable: {exc}); it is as the previous call left it"
+            with open(temporary, "wb") as kept:
+                keep_workspace(archive, kept, self.settings.size_mb * 1024 * 1024, self.settings.files)
+                size = kept.tell()
+        except (tarfile.TarError, EOFError, WorkspaceTooLarge) as exc:
+            temporary.unlink(missing_ok=True)
+            return f"the workspace was not saved ({exc}); it is as the previous call left it"
         with self._lock:
             others = sum(r.size_bytes for r in self._records.values() if r.id != record.id)
             if others + size > self.storage_bytes:
+                temporary.unlink(missing_ok=True)
                 return (
                     f"the workspace was not saved: all workspaces together would take {others + size} bytes, "
                     f"above the host's cap of {self.storage_bytes} (policy field host.workspace_storage_mb); "
                     "it is as the previous call left it"
                 )
             if record.id not in self._records:
+                temporary.unlink(missing_ok=True)
                 return "the workspace was removed while the call ran; nothing was saved"
-            temporary = self.root / f".{record.id}.tar.new"
-            archive.seek(0)
-            with open(temporary, "wb") as copy:
-                shutil.copyfileobj(archive, copy, 1 << 20)
             os.replace(temporary, self._archive(record.id))
             updated = replace(record, last_used=time.time(), size_bytes=size)
             self._records[record.id] = updated

@@ -6,7 +6,14 @@ import tarfile
 
 import pytest
 
-from sandbox_server.sandbox.archive import build_request, read_outputs, safe_relative_path
+from sandbox_server.sandbox.archive import (
+    WorkspaceTooLarge,
+    build_request,
+    keep_workspace,
+    kept_entries,
+    read_outputs,
+    safe_relative_path,
+)
 from sandbox_server.sandbox.spec import InputFile
 
 
@@ -100,3 +107,42 @@ def test_truncated_archive_keeps_what_was_complete() -> None:
     files, notes = read_outputs(archive[:1600], max_files=10, max_bytes=10_000, complete=False)
     assert [f.path for f in files] == ["a"]
     assert "cut short" in notes[-1]
+
+
+def test_a_forged_workspace_archive_keeps_only_what_the_next_call_can_restore() -> None:
+    forged = io.BytesIO()
+    with tarfile.open(fileobj=forged, mode="w") as tar:
+        for name, kind, extra in [
+            ("./", tarfile.DIRTYPE, ""),
+            ("./data", tarfile.DIRTYPE, ""),
+            ("./data/kept.txt", tarfile.REGTYPE, ""),
+            ("./link", tarfile.SYMTYPE, "/etc"),
+            ("./link/passwd", tarfile.REGTYPE, ""),  # through a link: would stop the next restore
+            ("./data/kept.txt", tarfile.REGTYPE, ""),  # a second entry of one name
+            ("./hard", tarfile.LNKTYPE, "./data/kept.txt"),
+            ("./hard-out", tarfile.LNKTYPE, "/etc/shadow"),
+            ("./hard-missing", tarfile.LNKTYPE, "./nowhere"),
+            ("./fifo", tarfile.FIFOTYPE, ""),
+            ("./dev", tarfile.CHRTYPE, ""),
+            ("../escape", tarfile.REGTYPE, ""),
+            ("./out/returned.txt", tarfile.REGTYPE, ""),
+        ]:
+            info = tarfile.TarInfo(name)
+            info.type, info.linkname = kind, extra
+            info.size = 2 if kind == tarfile.REGTYPE else 0
+            tar.addfile(info, io.BytesIO(b"ok") if kind == tarfile.REGTYPE else None)
+    kept = io.BytesIO()
+    keep_workspace(forged, kept, max_bytes=1000, max_entries=100)
+    names = [(name, member.type) for name, member, _ in kept_entries(kept)]
+    assert names == [
+        ("data", tarfile.DIRTYPE),
+        ("data/kept.txt", tarfile.REGTYPE),
+        ("link", tarfile.SYMTYPE),
+        ("hard", tarfile.LNKTYPE),
+    ]
+    with pytest.raises(WorkspaceTooLarge):
+        keep_workspace(forged, io.BytesIO(), max_bytes=1, max_entries=100)
+    request = io.BytesIO()
+    build_request((), b"", ("true",), "b0undary", into=request)
+    with tarfile.open(fileobj=io.BytesIO(kept.getvalue() + request.getvalue())) as both:
+        assert "workspace/data/kept.txt" in both.getnames() and "tmp/.sandbox/request" in both.getnames()

@@ -173,8 +173,10 @@ async def test_a_workspace_past_the_hosts_storage_cap_is_not_kept_and_the_answer
     assert after["stdout"] == "out\ns.txt\n"
 
 
-async def test_a_policy_that_keeps_nothing_refuses_a_workspace_id(runtime: DockerRuntime) -> None:
-    async with connect(stdio_parameters()) as session:
+async def test_a_policy_that_keeps_nothing_refuses_a_workspace_id(tmp_path: Path, runtime: DockerRuntime) -> None:
+    forgetting = tmp_path / "forgetting.yaml"
+    forgetting.write_text("extends: default\nworkspace: {persist: false}\n")
+    async with connect(stdio_parameters("--policy", str(forgetting))) as session:
         first = await _call(session, "echo x > a")
         refused = await _call(session, "true", workspace="ws-" + "B" * 22)
         second = await _call(session, "ls")

@@ -14,13 +14,22 @@ from __future__ import annotations
 import io
 import re
 import shlex
+import shutil
 import tarfile
+from collections.abc import Iterator
 from typing import BinaryIO
 
 from sandbox_server.sandbox import wire
 from sandbox_server.sandbox.spec import InputFile, OutputFile
 
-__all__ = ["build_request", "read_outputs", "safe_relative_path"]
+__all__ = [
+    "WorkspaceTooLarge",
+    "build_request",
+    "keep_workspace",
+    "kept_entries",
+    "read_outputs",
+    "safe_relative_path",
+]
 
 REQUEST_DIR = wire.REQUEST_DIR.lstrip("/")
 WORKSPACE_DIR = wire.WORKSPACE.lstrip("/")
@@ -79,9 +88,10 @@ def build_request(
     if deadline_s is not None:
         script += f"deadline={deadline_s:.3f}\n"
     buffer = into if into is not None else io.BytesIO()
+    if saved:  # a kept workspace's entries open the request; the tar continues after them
+        with open(saved, "rb") as kept:
+            shutil.copyfileobj(kept, buffer, 1 << 20)
     with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        if saved:
-            _restore(tar, saved)
         _add(tar, REQUEST_DIR, b"", 0o700, tarfile.DIRTYPE)
         _add(tar, f"{REQUEST_DIR}/stdin", stdin, 0o600)
         _add(tar, f"{REQUEST_DIR}/request", script.encode(), 0o600)
@@ -100,31 +110,70 @@ def build_request(
     return buffer.getvalue() if isinstance(buffer, io.BytesIO) else b""
 
 
-def _restore(tar: tarfile.TarFile, saved: str) -> None:
-    """Copy a saved workspace's entries under workspace/, as entries (nothing is extracted on the host).
+class WorkspaceTooLarge(ValueError):
+    """A workspace archive holds more than the workspace can: it could not be restored."""
 
-    The saved archive came out of a sandbox: entries whose names leave the workspace, and
-    the output folder of the call that saved it, are dropped; links and special files are
-    copied as entries, to be made inside the next sandbox, never here; FIFOs and devices
-    are dropped.
+
+def keep_workspace(source: BinaryIO, target: BinaryIO, max_bytes: int, max_entries: int) -> None:
+    """A launcher's tar of /workspace, as the entries the next call's request starts with.
+
+    The archive came out of a sandbox and is read as data, never extracted here: entries
+    whose names leave the workspace, the output folder of the call (returned, not kept),
+    FIFOs and devices are dropped; symbolic and hard links stay entries, to be made inside
+    the next sandbox only. The entries are written under workspace/ and without the
+    archive's end marker, so that the next request's tar continues right after them.
+
+    The program can forge this archive, so nothing in it may stop the next call from
+    restoring it: an entry below a name that is not a folder (a link-then-file trick), a
+    second entry of one name, and a hard link to anything but a file already kept are
+    dropped; more bytes or entries than the workspace holds raise WorkspaceTooLarge.
+    Raises tarfile.TarError (or EOFError) when the archive is unreadable.
     """
-    with tarfile.open(saved, mode="r:") as source:
-        for member in source:
+    source.seek(0)
+    kept = tarfile.open(fileobj=target, mode="w", format=tarfile.PAX_FORMAT)
+    kinds: dict[str, str] = {}
+    total = 0
+    with tarfile.open(fileobj=source, mode="r|") as tar:
+        for member in tar:
             name = safe_relative_path(member.name)
-            if name is None or name == OUTPUT_LEAF or name.startswith(OUTPUT_LEAF + "/"):
+            if name is None or name == OUTPUT_LEAF or name.startswith(OUTPUT_LEAF + "/") or name in kinds:
                 continue
             if not (member.isreg() or member.isdir() or member.issym() or member.islnk()):
-                continue  # FIFOs, devices: not carried from one call to the next
-            if member.islnk() and safe_relative_path(member.linkname) is None:
-                continue  # a hard link must name an entry of the workspace itself
-            content = source.extractfile(member) if member.isreg() else None
-            member.name = f"{WORKSPACE_DIR}/{name}"
+                continue
+            parents = name.split("/")[:-1]
+            if any(kinds.get("/".join(parents[: depth + 1]), "dir") != "dir" for depth in range(len(parents))):
+                continue
             if member.islnk():
-                member.linkname = f"{WORKSPACE_DIR}/{safe_relative_path(member.linkname)}"
+                target_name = safe_relative_path(member.linkname)
+                if target_name is None or kinds.get(target_name) != "file":
+                    continue  # a hard link must name a file of the workspace kept before it
+                member.linkname = f"{WORKSPACE_DIR}/{target_name}"
+            kinds[name] = "dir" if member.isdir() else "file" if member.isreg() or member.islnk() else "link"
+            total += member.size if member.isreg() else 0
+            if total > max_bytes or len(kinds) > max_entries:
+                raise WorkspaceTooLarge(
+                    f"it holds more than the workspace can ({max_bytes} bytes, {max_entries} entries)"
+                )
+            content = tar.extractfile(member) if member.isreg() else None
+            member.name = f"{WORKSPACE_DIR}/{name}"
             member.uid = member.gid = 0
             member.uname = member.gname = ""
             member.pax_headers = {}  # a path or linkpath kept there would override the names set above
-            tar.addfile(member, content)
+            kept.addfile(member, content)
+    # Not kept.close(): its end marker would end the next request's tar right after these entries.
+
+
+def kept_entries(kept: BinaryIO) -> Iterator[tuple[str, tarfile.TarInfo, tarfile.TarFile]]:
+    """The entries of a kept workspace with their paths in the workspace (for listing and reading)."""
+    kept.seek(0)
+    try:
+        with tarfile.open(fileobj=kept, mode="r:") as tar:
+            for member in tar:
+                name = safe_relative_path(member.name.removeprefix(WORKSPACE_DIR + "/"))
+                if name is not None:
+                    yield name, member, tar
+    except (tarfile.TarError, EOFError):
+        return
 
 
 def _printable(name: str) -> str:

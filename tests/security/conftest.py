@@ -97,6 +97,13 @@ async def invariants(server: Client, plain_call: tuple[str, dict[str, object]]) 
         plain = await server.call_tool(*plain_call)
     assert not plain.is_error and plain.structured_content is not None
     assert plain.structured_content["stdout"] == "ok\n"
+    if "workspace" in plain.structured_content:
+        # The session's workspace is kept: empty it, so that the next case starts as a new session would
+        # (and the host's disk is measured without what this case left there).
+        emptied = await server.call_tool(
+            "execute_command", {"command": "find", "args": ["/workspace", "-mindepth", "1", "-delete"]}
+        )
+        assert not emptied.is_error, emptied.content
     deadline = time.monotonic() + 15
     while busy_containers():
         assert time.monotonic() < deadline, f"containers of the case left behind: {busy_containers()}"

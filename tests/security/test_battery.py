@@ -73,7 +73,7 @@ CASES: dict[str, tuple[tuple[str, dict[str, Any]], Check]] = {
         error_with("No space left on device"),
     ),
     "05 workspace and output fill": (
-        shell("for i in 1 2 3; do dd if=/dev/zero of=/workspace/out/f$i bs=1M count=60 2>&1 || exit 1; done"),
+        shell("for i in 1 2 3 4 5; do dd if=/dev/zero of=/workspace/out/f$i bs=1M count=60 2>&1 || exit 1; done"),
         error_with("No space left on device"),
     ),
     "06 /tmp inode flood": (

@@ -24,7 +24,7 @@ from mcp.server import ServerRequestContext
 from mcp.server.lowlevel import NotificationOptions, Server
 from mcp.server.session import ServerSession
 from mcp.server.stdio import stdio_server
-from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ToolsListChanged
+from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ResourcesListChanged, ToolsListChanged
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
@@ -52,8 +52,10 @@ RESOURCE_NOT_FOUND_HANDSHAKE = -32002
 REMEMBERED_SESSIONS = 1024
 INSTRUCTIONS = (
     "Every tool call runs in a fresh, isolated, resource-limited container that is destroyed "
-    "afterwards: nothing persists between calls. Send input files with `files`; files written "
-    "to /workspace/out come back with the result."
+    "afterwards; processes and /tmp never outlive a call. When the policy keeps workspaces, "
+    "/workspace is as the previous call of this session left it (in the 2026-07-28 era: of the "
+    "`workspace` id you pass back from a result), and run_python keeps a cell's variables for the "
+    "next. Send input files with `files`; files written to /workspace/out come back with the result."
 )
 
 
@@ -219,14 +221,7 @@ class SandboxServer:
         if self.audit is None:
             return
         record["duration_ms"] = int((time.monotonic() - started) * 1000)
-        if outcome is None:
-            record["outcome"] = "cancelled"
-        elif outcome.audit is None:
-            error = (outcome.structured or {}).get("error") or {}
-            record.update(outcome="refused", reason=outcome.headline, kind=error.get("kind"), field=error.get("field"))
-        else:
-            record["outcome"] = "error" if outcome.is_error else "ok"
-            record.update(outcome.audit)
+        record.update(outcome.audit_fields() if outcome is not None else {"outcome": "cancelled"})
         await anyio.to_thread.run_sync(self.audit.write, record)
 
     async def _run_checked(
@@ -266,6 +261,8 @@ class SandboxServer:
             outcome = await tool.run(arguments, tool_ctx)
             if kept is None:
                 return outcome
+            if kept.saved:
+                await self._resources_changed(ctx)
             structured = {**(outcome.structured or {}), "workspace": kept.record.id}
             if kept.record.owner is not None:  # a session's own workspace: the next call of the session finds it
                 return replace(outcome, structured=structured)
@@ -278,21 +275,22 @@ class SandboxServer:
         finally:
             ticket.release()
 
+    async def _resources_changed(self, ctx: Context) -> None:
+        """Tell the caller its workspace files changed (handshake: on its session; 2026: to listeners)."""
+        await self._events.publish(ResourcesListChanged())
+        if ctx.protocol_version in HANDSHAKE_PROTOCOL_VERSIONS:
+            try:
+                await ctx.session.send_resource_list_changed()
+            except Exception as exc:  # a client without a stream for it still gets its answer
+                logger.info("could not send resources/list_changed: %r", exc)
+
     def _workspace_runtime(
         self, arguments: Mapping[str, Any], ctx: Context, policy: Policy, client: str
     ) -> tuple[SandboxRuntime, KeptWorkspace | None]:
         """The runtime of this call: in its kept workspace when the policy keeps them, else the plain one."""
-        requested = arguments.get("workspace")
-        if self.workspaces is None or not policy.workspace.persist:
-            if requested is not None:
-                raise WorkspaceStore.unknown(requested)
-            return self.runtime, None
-        handshake = ctx.protocol_version in HANDSHAKE_PROTOCOL_VERSIONS
-        owner = session_owner(self.instance, _session_id(ctx) or "stdio") if handshake else None
-        record, notes = self.workspaces.open(requested, owner, client)
-        kept = KeptWorkspace(self.runtime, self.workspaces, record)
-        kept.notes.extend(notes)
-        return kept, kept
+        store = self.workspaces if policy.workspace.persist else None
+        kept = KeptWorkspace.open(self.runtime, store, arguments.get("workspace"), self._caller(ctx), client)
+        return (kept or self.runtime), kept
 
     # -- resources ---------------------------------------------------------------------
 
@@ -358,7 +356,9 @@ class SandboxServer:
 
     def initialization_options(self) -> Any:
         """What the server announces in the handshake."""
-        return self.server.create_initialization_options(NotificationOptions(tools_changed=True))
+        return self.server.create_initialization_options(
+            NotificationOptions(tools_changed=True, resources_changed=True)
+        )
 
 
 def _client_name(ctx: Context) -> str:

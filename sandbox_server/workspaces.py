@@ -359,6 +359,22 @@ class KeptWorkspace:
     def __init__(self, inner: SandboxRuntime, store: WorkspaceStore, record: WorkspaceRecord) -> None:
         self.inner, self.store, self.record = inner, store, record
         self.notes: list[str] = []
+        self.saved = False
+        """Whether a call saved the workspace (its files, and so the caller's resources, may have changed)."""
+
+    @classmethod
+    def open(
+        cls, inner: SandboxRuntime, store: WorkspaceStore | None, requested: str | None, owner: str | None, client: str
+    ) -> KeptWorkspace | None:
+        """The kept workspace a call works in; None when nothing is kept (then an id is refused as unknown)."""
+        if store is None:
+            if requested is not None:
+                raise WorkspaceStore.unknown(requested)
+            return None
+        record, notes = store.open(requested, owner, client)
+        kept = cls(inner, store, record)
+        kept.notes.extend(notes)
+        return kept
 
     async def run(self, spec: SandboxSpec, on_progress: ProgressCallback | None = None) -> ExecutionResult:
         """Run in the workspace as its previous call left it; keep it as this call leaves it."""
@@ -376,5 +392,6 @@ class KeptWorkspace:
                     problem = await anyio.to_thread.run_sync(self.store.save, self.record, result.workspace)
                 finally:
                     result.workspace.close()
+                self.saved = problem is None
         notes = (*result.skipped_files, *self.notes)
         return replace(result, skipped_files=notes, workspace=None, workspace_problem=problem)

@@ -287,3 +287,20 @@ async def _running(command: str) -> None:
     with anyio.fail_after(10):
         while not containers_running(command):
             await anyio.sleep(0.05)
+
+
+async def test_a_call_that_changes_the_workspace_tells_the_session_its_resources_changed(
+    keeping: tuple[Path, Path, Path], runtime: DockerRuntime
+) -> None:
+    changed = anyio.Event()
+
+    async def on_message(message: object) -> None:
+        if isinstance(message, types.ResourceListChangedNotification):
+            changed.set()
+
+    async with connect(stdio_parameters(*_serve_args(keeping)), message_handler=on_message) as session:
+        await _call(session, "echo new > file.txt")
+        with anyio.fail_after(5):
+            await changed.wait()
+        capabilities = session.server_capabilities
+    assert capabilities.resources is not None and capabilities.resources.list_changed

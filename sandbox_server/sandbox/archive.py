@@ -207,8 +207,8 @@ def read_outputs(
         with tarfile.open(fileobj=archive, mode="r|") as tar:
             for member in tar:
                 name = safe_relative_path(member.name)
-                if under:
-                    if name is None or not name.startswith(under + "/"):
+                if under and name is not None:  # a whole workspace: only its output folder comes back
+                    if not name.startswith(under + "/"):
                         continue
                     name = name.removeprefix(under + "/")
                 shown = _printable(name or member.name)

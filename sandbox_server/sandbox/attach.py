@@ -63,6 +63,8 @@ class Drain:
         self.stdout = CappedBuffer(cap)
         self.stderr = CappedBuffer(cap)
         self.splitter = StdoutSplitter(boundary, self.stdout, archive_limit(spec), sink)
+        self.stderr_end = StdoutSplitter(boundary, self.stderr, 0)
+        """Finds the launcher's mark after the program's stderr (it may arrive after stdout's trailer)."""
         self.flood_limit = max(cap * FLOOD_FACTOR, FLOOD_MIN_BYTES)
         self.flooded = False
         self.finished = False
@@ -77,18 +79,19 @@ class Drain:
                     break
                 for stream, payload in demuxer.feed(chunk):
                     if stream == STDERR:
-                        self.stderr.feed(payload)
+                        self.stderr_end.feed(payload)
                     else:
                         self.splitter.feed(payload)
                 if self.stdout.total + self.stderr.total > self.flood_limit:
                     self.flooded = True
                     break
-                if self.splitter.trailer is not None:
+                if self.splitter.trailer is not None and self.stderr_end.found:
                     break  # the launcher is done: no need to wait for the container to stop
         except OSError:
             pass  # the container was removed under us: what we have is what there is
         finally:
             self.splitter.finish()
+            self.stderr_end.finish()
             self.finished = True
 
 

@@ -172,6 +172,18 @@ class ToolOutcome:
         }
         return cls(headline=message, is_error=True, structured={"error": error, **(extra or {})}, audit=audit)
 
+    def audit_fields(self) -> dict[str, Any]:
+        """What the audit record says of this outcome: refused (why, which field) or ok/error with the sandbox's facts."""
+        if self.audit is None:
+            error = (self.structured or {}).get("error") or {}
+            return {
+                "outcome": "refused",
+                "reason": self.headline,
+                "kind": error.get("kind"),
+                "field": error.get("field"),
+            }
+        return {"outcome": "error" if self.is_error else "ok", **self.audit}
+
 
 class Tool(Protocol):
     """One tool; modules under tools/ each provide one."""

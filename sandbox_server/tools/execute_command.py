@@ -69,7 +69,8 @@ class ExecuteCommand:
         "Run a command in a fresh, isolated Linux container (Debian, no network, read-only root, "
         "writable /workspace and /tmp) that is destroyed afterwards. Without `args`, `command` runs "
         "through /bin/sh -c (pipes and redirections work); with `args`, the program runs with exactly "
-        "those arguments and no shell. Files written to /workspace/out are returned.\n"
+        "those arguments and no shell. Files written to /workspace/out are returned; when the policy keeps "
+        "workspaces, the rest of /workspace is there in the next call.\n"
         'Example: {"command": "ls -la /workspace && wc -l data.txt", '
         '"files": [{"path": "data.txt", "content": "a\\nb\\n"}]}\n'
         'Example: {"command": "grep", "args": ["-n", "needle", "notes.txt"], "timeout_s": 5}'

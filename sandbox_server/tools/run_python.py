@@ -45,7 +45,8 @@ class RunPython:
         "Run Python 3 code like a notebook cell in a fresh, isolated container (no network) that is "
         "destroyed afterwards. pandas, numpy and matplotlib are installed. The value of a final "
         "expression is printed; every matplotlib figure the code creates comes back as a PNG image; "
-        "files written to /workspace/out come back as resources. Input files land in /workspace.\n"
+        "files written to /workspace/out come back as resources. Input files land in /workspace. When the "
+        "policy keeps workspaces, /workspace and the cell's picklable variables are there in the next cell.\n"
         'Example: {"code": "import pandas as pd\\ndf = pd.read_csv(\'data.csv\')\\ndf.describe()", '
         '"files": [{"path": "data.csv", "content": "x,y\\n1,2\\n3,4\\n"}]}\n'
         'Example: {"code": "import matplotlib.pyplot as plt\\nplt.plot([1, 4, 9])\\nplt.title(\'squares\')"}'

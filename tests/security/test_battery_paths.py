@@ -52,13 +52,13 @@ def member(tar, name, kind=tarfile.REGTYPE, content=b"", link=""):
 boundary = boundary_of_the_launcher()
 archive = io.BytesIO()
 with tarfile.open(fileobj=archive, mode="w", format=tarfile.GNU_FORMAT) as tar:
-    member(tar, "../escape-PROBE", content=b"up")
+    member(tar, "PREFIX" + "../escape-PROBE", content=b"up")
     member(tar, "/tmp/absolute-PROBE", content=b"abs")
-    member(tar, "link", tarfile.SYMTYPE, link="/tmp")
-    member(tar, "link/through-PROBE", content=b"through the link")
-    member(tar, "hard", tarfile.LNKTYPE, link="/etc/shadow")
-    member(tar, "device", tarfile.CHRTYPE)
-    member(tar, "fine.txt", content=b"fine")
+    member(tar, "PREFIX" + "link", tarfile.SYMTYPE, link="/tmp")
+    member(tar, "PREFIX" + "link/through-PROBE", content=b"through the link")
+    member(tar, "PREFIX" + "hard", tarfile.LNKTYPE, link="/etc/shadow")
+    member(tar, "PREFIX" + "device", tarfile.CHRTYPE)
+    member(tar, "PREFIX" + "fine.txt", content=b"fine")
 sys.stdout.flush()
 os.write(1, boundary + archive.getvalue() + boundary + b" exit=0 oom_kill=0 pids_max=0\\n")
 '''
@@ -67,7 +67,10 @@ os.write(1, boundary + archive.getvalue() + boundary + b" exit=0 oom_kill=0 pids
 async def test_21_a_forged_output_archive_writes_nothing_outside(server: Client, tmp_path: Path) -> None:
     """The program forges the launcher's framing; the host reads the tar as hostile data."""
     probe = f"probe{os.getpid()}"
-    code = FORGE_OUTPUT.replace("PROBE", probe)
+    # In a kept workspace the launcher frames all of /workspace, and the output files are under out/.
+    first = await server.call_tool("execute_command", {"command": "true"})
+    kept = "workspace" in (first.structured_content or {})
+    code = FORGE_OUTPUT.replace("PROBE", probe).replace("PREFIX", "out/" if kept else "")
     result = await server.call_tool("run_python", {"code": code})
     text = text_of(result)
     assert "../escape-" in text and "name leaves the output folder" in text, text
@@ -143,8 +146,8 @@ async def test_28_a_working_directory_outside_the_workspace_is_refused(server: C
 async def test_29_a_zip_bomb_unpacked_inside_stops_at_the_workspace_size(server: Client) -> None:
     bomb = io.BytesIO()
     with zipfile.ZipFile(bomb, "w", zipfile.ZIP_DEFLATED, compresslevel=9) as archive:
-        for index in range(4):
-            archive.writestr(f"zeros{index}", bytes(50 * 2**20))  # 200 MiB in about 200 kB
+        for index in range(8):
+            archive.writestr(f"zeros{index}", bytes(50 * 2**20))  # 400 MiB, more than a kept workspace holds
     payload = base64.b64encode(bomb.getvalue()).decode()
     assert len(payload) < 2**20
     code = "import zipfile\nzipfile.ZipFile('bomb.zip').extractall('unpacked')"

@@ -1,5 +1,7 @@
 """What a kept workspace costs a call: `execute_command true` on an empty kept workspace and on
-one holding 50 MB in 200 files, against the same call with nothing kept, in the same run.
+one holding 50 MB in 200 files, against the same call with nothing kept; and a run_python cell
+after one that made a 1 M-row DataFrame, whose variables are kept (saved and restored) or not.
+All in the same run.
 
 Each row is one stdio session on its own policy (the warm pool on in all of them), calls
 spaced apart as a model's are; medians of `--calls` calls. Writes
@@ -24,11 +26,19 @@ from sandbox_server.client import server_parameters
 POLICY = "extends: default\nworkspace: {persist: %(persist)s, size_mb: 128, files: 20000}\n"
 FILL = "for i in $(seq 1 200); do head -c 262144 /dev/urandom > f$i; done; du -sm . | cut -f1"
 """50 MiB in 200 files of random (incompressible) bytes."""
+FRAME = (
+    "import numpy as np, pandas as pd\ndf = pd.DataFrame({'a': np.arange(1_000_000), 'b': np.random.rand(1_000_000)})"
+)
+"""A 1 M-row DataFrame (16 MB of numbers), kept for the next cell when variables are kept."""
+CELL = "import pandas as pd\nlen(globals().get('df', ()))"
 
 
-async def session(work: Path, persist: bool, fill: bool, calls: int, gap_s: float) -> dict[str, Any]:
-    """`calls` calls of `true` in one session; with `fill`, the workspace first gets 50 MB in 200 files."""
-    policy = work / f"persist-{persist}-{fill}.yaml"
+async def session(
+    work: Path, persist: bool, fill: bool, calls: int, gap_s: float, python: bool = False
+) -> dict[str, Any]:
+    """`calls` calls in one session: `true`, or with `python` a cell after a DataFrame cell; with `fill`,
+    the workspace first gets 50 MB in 200 files."""
+    policy = work / f"persist-{persist}-{fill}-{python}.yaml"
     policy.write_text(POLICY % {"persist": str(persist).lower()})
     arguments = ["--policy", str(policy), "--state-dir", str(work / "state")]
     async with Client(server_parameters(arguments), mode="legacy") as client:
@@ -38,8 +48,13 @@ async def session(work: Path, persist: bool, fill: bool, calls: int, gap_s: floa
             assert not filled.is_error, filled.content
         samples, failures = [], 0
         for _ in range(calls):
+            if python:  # the timed cell restores what this one kept (and keeps it again)
+                await client.call_tool("run_python", {"code": FRAME})
             started = time.perf_counter()
-            result = await client.call_tool("execute_command", {"command": "true"})
+            if python:
+                result = await client.call_tool("run_python", {"code": CELL})
+            else:
+                result = await client.call_tool("execute_command", {"command": "true"})
             samples.append(time.perf_counter() - started)
             failures += bool(result.is_error)
             await anyio.sleep(gap_s)
@@ -60,14 +75,21 @@ def main(argv: list[str]) -> int:
                 "kept, empty": await session(work, True, False, options.calls, options.gap_s),
                 "kept, 50 MB in 200 files": await session(work, True, True, options.calls, options.gap_s),
             }
-        baseline = rows["nothing kept"]["p50"]
-        for row in rows.values():
-            row["added_p50_ms"] = round(row["p50"] - baseline, 1)
-        return rows
+            cells = {
+                "run_python cell, nothing kept": await session(work, False, False, options.calls, options.gap_s, True),
+                "run_python cell, 1 M-row DataFrame kept": await session(
+                    work, True, False, options.calls, options.gap_s, True
+                ),
+            }
+        for group in (rows, cells):
+            baseline = next(iter(group.values()))["p50"]
+            for row in group.values():
+                row["added_p50_ms"] = round(row["p50"] - baseline, 1)
+        return {**rows, **cells}
 
     rows = anyio.run(run)
     print_table(
-        ["execute_command true", "p50 ms", "p95 ms", "added p50 ms", "failures"],
+        ["call", "p50 ms", "p95 ms", "added p50 ms", "failures"],
         [[name, row["p50"], row["p95"], row["added_p50_ms"], row["failures"]] for name, row in rows.items()],
     )
     path = write_results("workspaces", {"calls": options.calls, "gap_s": options.gap_s, "rows": rows})

@@ -33,6 +33,7 @@ from sandbox_server import __version__
 from sandbox_server.arguments import argument_path, describe_error, paginate
 from sandbox_server.errors import EngineError, EngineUnavailable, Refusal
 from sandbox_server.guard import Admission, AuditLog, call_record
+from sandbox_server.http_sessions import SessionEndWatcher
 from sandbox_server.policy import Policy
 from sandbox_server.results import OWN_NAME_META, RenderedResult, ResourceStore, render
 from sandbox_server.sandbox.pool import PoolTarget, WarmPool
@@ -284,6 +285,12 @@ class SandboxServer:
             except Exception as exc:  # a client without a stream for it still gets its answer
                 logger.info("could not send resources/list_changed: %r", exc)
 
+    async def session_ended(self, session_id: str) -> None:
+        """A handshake session over HTTP was ended by its client: its workspace goes with it."""
+        self._sessions.pop(session_id, None)
+        if self.workspaces is not None:
+            await anyio.to_thread.run_sync(self.workspaces.end_owner, session_owner(self.instance, session_id))
+
     def _workspace_runtime(
         self, arguments: Mapping[str, Any], ctx: Context, policy: Policy, client: str
     ) -> tuple[SandboxRuntime, KeptWorkspace | None]:
@@ -399,5 +406,6 @@ async def serve_http(app: SandboxServer, host: str, port: int) -> None:
         allowed_origins=[f"http://{name}:*" for name in names] + [f"https://{name}:*" for name in names],
     )
     starlette_app = app.server.streamable_http_app(host=host, transport_security=security)
-    config = uvicorn.Config(starlette_app, host=host, port=port, log_level="warning", lifespan="on")
+    watched = SessionEndWatcher(starlette_app, app.session_ended)
+    config = uvicorn.Config(watched, host=host, port=port, log_level="warning", lifespan="on")
     await uvicorn.Server(config).serve()

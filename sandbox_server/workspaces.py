@@ -323,6 +323,14 @@ class WorkspaceStore:
                 self._remove(workspace_id)
         return len(ended)
 
+    def end_owner(self, owner: str) -> int:
+        """Remove the workspaces of one handshake session that ended."""
+        with self._lock:
+            ended = [r.id for r in self._records.values() if r.owner == owner]
+            for workspace_id in ended:
+                self._remove(workspace_id)
+        return len(ended)
+
     def total_bytes(self) -> int:
         """What all kept workspaces take on the host's disk."""
         with self._lock:

@@ -304,3 +304,17 @@ async def test_a_call_that_changes_the_workspace_tells_the_session_its_resources
             await changed.wait()
         capabilities = session.server_capabilities
     assert capabilities.resources is not None and capabilities.resources.list_changed
+
+
+async def test_an_http_session_its_client_ends_takes_its_workspace_with_it(
+    keeping: tuple[Path, Path, Path], runtime: DockerRuntime
+) -> None:
+    state = keeping[1] / "workspaces"
+    with http_server(*_serve_args(keeping)) as url:
+        async with connect(url) as session:
+            written = await _call(session, "echo bye > gone.txt")
+            assert list(state.glob(f"{written['workspace']}.*"))
+        # Leaving the session sends DELETE: the server ends it, and its workspace with it.
+        with anyio.fail_after(5):
+            while list(state.glob(f"{written['workspace']}.*")):
+                await anyio.sleep(0.05)

@@ -181,7 +181,9 @@ def _policy_schema(args: argparse.Namespace) -> int:
 
 
 def _tool_prefix(value: str) -> str:
-    if not re.fullmatch(r"[A-Za-z0-9_.-]{0,32}", value):
+    from sandbox_server.policy.loader import schema
+
+    if not re.fullmatch(schema()["properties"]["tool_prefix"]["pattern"], value):
         raise argparse.ArgumentTypeError("a tool prefix is at most 32 letters, digits, '_', '-' or '.'")
     return value
 

@@ -131,7 +131,7 @@ class WorkspaceStore:
         with self._lock:
             if requested is not None:
                 record = self._records.get(requested) if ID_PATTERN.fullmatch(requested) else None
-                if record is None or self._expired(record, now) or (record.owner is not None and record.owner != owner):
+                if record is None or not self._visible(record, owner, now):
                     raise self.unknown(requested)
                 return record, []
             if owner is not None:
@@ -165,6 +165,10 @@ class WorkspaceStore:
                 f"(policy field workspace.max_per_client: {self.settings.max_per_client})"
             )
         return notes
+
+    def _visible(self, record: WorkspaceRecord, owner: str | None, now: float) -> bool:
+        """Live, and this caller's: its session's, or anyone's who holds the id (2026-07-28 era)."""
+        return not self._expired(record, now) and (record.owner is None or record.owner == owner)
 
     def _expired(self, record: WorkspaceRecord, now: float) -> bool:
         return now - record.last_used > self.settings.idle_ttl_s and not self._in_use(record.id)
@@ -200,9 +204,7 @@ class WorkspaceStore:
         """A live workspace this caller may see (the one answer, None, for every other case)."""
         with self._lock:
             record = self._records.get(workspace_id)
-        if record is None or self._expired(record, time.time()) or (record.owner is not None and record.owner != owner):
-            return None
-        return record
+        return record if record is not None and self._visible(record, owner, time.time()) else None
 
     def of_owner(self, owner: str) -> WorkspaceRecord | None:
         """A handshake session's workspace, if it has one."""
@@ -317,16 +319,15 @@ class WorkspaceStore:
 
     def end_sessions(self, server: str) -> int:
         """Remove the workspaces of every handshake session this server held (it is shutting down)."""
-        with self._lock:
-            ended = [r.id for r in self._records.values() if r.owner and _server_of(r.owner) == server]
-            for workspace_id in ended:
-                self._remove(workspace_id)
-        return len(ended)
+        return self._end(lambda owner: _server_of(owner) == server)
 
     def end_owner(self, owner: str) -> int:
         """Remove the workspaces of one handshake session that ended."""
+        return self._end(lambda other: other == owner)
+
+    def _end(self, ended_owner: Callable[[str], bool]) -> int:
         with self._lock:
-            ended = [r.id for r in self._records.values() if r.owner == owner]
+            ended = [r.id for r in self._records.values() if r.owner is not None and ended_owner(r.owner)]
             for workspace_id in ended:
                 self._remove(workspace_id)
         return len(ended)

@@ -41,8 +41,9 @@ def archive_limit(spec: SandboxSpec) -> int:
     returned = limits.returned_file_bytes + 1024 * 1024
     if spec.saved_workspace is None:
         return returned
-    files = limits.workspace_files or limits.workspace_mb * 256
-    return max(returned, limits.workspace_mb * 1024 * 1024 + files * 1536)  # contents plus a header per entry
+    return max(
+        returned, limits.workspace_mb * 1024 * 1024 + limits.workspace_inodes * 1536
+    )  # contents plus a header per entry
 
 
 def persist_grace_s(spec: SandboxSpec) -> float:

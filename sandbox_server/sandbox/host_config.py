@@ -27,7 +27,7 @@ def host_config_kwargs(spec: SandboxSpec) -> dict[str, Any]:
         "tmpfs": {
             "/tmp": f"size={limits.tmp_mb}m,nr_inodes={max(1024, limits.tmp_mb * 256)},mode=1777,noexec,nosuid,nodev",
             spec.workdir: (
-                f"size={limits.workspace_mb}m,nr_inodes={limits.workspace_files or max(1024, limits.workspace_mb * 256)},"
+                f"size={limits.workspace_mb}m,nr_inodes={limits.workspace_inodes},"
                 f"uid={uid},gid={gid or uid},mode=0755,nosuid,nodev"
             ),
         },

@@ -42,6 +42,11 @@ class ResourceLimits:
     returned_images: int = 8
     returned_image_bytes: int = 4_000_000
 
+    @property
+    def workspace_inodes(self) -> int:
+        """The inodes of the /workspace tmpfs: workspace_files, or 256 per MiB (at least 1024)."""
+        return self.workspace_files or max(1024, self.workspace_mb * 256)
+
 
 @dataclass(frozen=True, slots=True)
 class Mount:

@@ -224,6 +224,13 @@ def build_parser() -> argparse.ArgumentParser:
         "else ~/.local/state/sandbox-server)",
     )
     serve.add_argument(
+        "--workspaces",
+        choices=["auto", "mounted", "archived"],
+        default="auto",
+        help="how kept workspaces are kept: mounted (a sized filesystem per workspace; root on the engine's "
+        "host), archived (a tar carried in and out of each call; works anywhere), or auto (mounted when it can)",
+    )
+    serve.add_argument(
         "--tool-prefix",
         type=_tool_prefix,
         help="put this before every tool name (e.g. sbx_ gives sbx_execute_command); overrides the policy's tool_prefix",

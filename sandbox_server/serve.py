@@ -6,13 +6,19 @@ import argparse
 import logging
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import anyio
 import anyio.to_thread
 
 from sandbox_server.bootstrap import host_facts
 from sandbox_server.errors import SandboxServerError
+
+if TYPE_CHECKING:
+    from sandbox_server.sandbox.docker_runtime import DockerRuntime
+    from sandbox_server.workspace_contents import Contents
 
 __all__ = ["serve_command"]
 
@@ -49,8 +55,9 @@ def serve_command(args: argparse.Namespace) -> int:
     pool = None if args.no_pool else WarmPool(runtime)
     state_dir = Path(args.state_dir) if args.state_dir else default_state_dir()
     workspaces = WorkspaceStore(
-        state_dir / "workspaces", policy.workspace, policy.host.workspace_storage_mb * 1024 * 1024
-    )
+        state_dir / "workspaces", policy.workspace, policy.host.workspace_storage_mb * 1024 * 1024,
+        _workspace_contents(args.workspaces, runtime, log),
+    )  # fmt: skip
     swept = workspaces.sweep(owner_alive)
     if swept:
         log.info("removed %d expired or orphaned workspace(s)", swept)
@@ -98,6 +105,24 @@ def serve_command(args: argparse.Namespace) -> int:
                 if pool is not None:
                     await pool.close()
                 await anyio.to_thread.run_sync(runtime.close)
+                workspaces.close()
 
     anyio.run(main)
     return 0
+
+
+def _workspace_contents(choice: str, runtime: DockerRuntime, log: logging.Logger) -> Callable[[Path], Contents]:
+    """How this server keeps workspace files (serve --workspaces), said once at start."""
+    from sandbox_server.sandbox import mounts
+    from sandbox_server.sandbox.removal import owner_alive
+    from sandbox_server.workspace_contents import ArchivedContents, MountedContents
+
+    why_not = None if choice == "archived" else mounts.unavailable(runtime.on_this_host())
+    if choice == "mounted" and why_not is not None:
+        raise SandboxServerError(f"--workspaces mounted: kept workspaces cannot be mounted here: {why_not}")
+    if choice == "archived" or why_not is not None:
+        reason = "as asked" if choice == "archived" else f"{why_not}, so they cannot be mounted"
+        log.info("workspaces are kept as archives carried in and out of each call (%s)", reason)
+        return ArchivedContents
+    log.info("workspaces are kept as sized filesystems mounted into each call's container")
+    return lambda root: MountedContents(root, runtime.owner, owner_alive)

@@ -82,6 +82,8 @@ class SandboxServer:
         self.validators = {tool.name: Draft202012Validator(tool.input_schema) for tool in tools}
         self.policy = policy
         self.admission = Admission(policy.rate, policy.host, policy.name)
+        self.workspaces = workspaces
+        """Kept workspaces, used when the policy's workspace.persist is true."""
         self.pool = pool
         self.runtime: SandboxRuntime = pool if pool is not None else runtime
         if pool is not None:
@@ -89,8 +91,6 @@ class SandboxServer:
         self.page_size = max(1, page_size)
         self.store = store or ResourceStore()
         self.audit = audit
-        self.workspaces = workspaces
-        """Kept workspaces, used when the policy's workspace.persist is true."""
         self.instance = instance
         """This server process, in the owner of its handshake sessions' workspaces."""
         self._sessions: OrderedDict[str, ServerSession] = OrderedDict()
@@ -127,6 +127,8 @@ class SandboxServer:
             tool_policy = policy.for_tool(name)
             if tool_policy.enabled:
                 template = tool_policy.container_spec()
+                if policy.workspace.persist and self.workspaces is not None:
+                    template = self.workspaces.shape(template)  # calls in kept workspaces get such containers
                 targets.append(PoolTarget(template, tool_policy.pool_size, tool_policy.pool_idle_s))
         return targets
 

@@ -1,9 +1,9 @@
 """Session workspaces: /workspace kept between calls, while every call still gets a fresh container.
 
-A workspace is kept on the host as the archive its last call's launcher wrote (a tar of
-/workspace), beside a small JSON record. The host never extracts it: the next call's
-request carries its entries into the new sandbox, whose size- and inode-capped tmpfs (the
-kernel) bounds what it can hold. Ids are 128-bit random. In the handshake era a workspace
+This module keeps the records (a small JSON file per workspace): who a workspace belongs
+to, when it was last used, what it takes of the host's cap, and that one call at a time
+works in it. Where its files live is sandbox_server.workspace_contents' concern (a mounted
+ext4 image, or an archive). Ids are 128-bit random. In the handshake era a workspace
 belongs to its session; in the 2026-07-28 era its id is the capability. An id that does
 not exist, has expired or belongs to another session gets one and the same answer.
 """
@@ -12,26 +12,24 @@ from __future__ import annotations
 
 import contextlib
 import json
-import mimetypes
 import os
 import re
 import secrets
-import tarfile
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import BinaryIO
 from urllib.parse import quote, unquote
 
 import anyio
 
 from sandbox_server.errors import Refusal
 from sandbox_server.policy import WorkspaceSettings
-from sandbox_server.sandbox.archive import WorkspaceTooLarge, keep_workspace, kept_entries, safe_relative_path
+from sandbox_server.sandbox.archive import safe_relative_path
 from sandbox_server.sandbox.runtime import ProgressCallback, SandboxRuntime
 from sandbox_server.sandbox.spec import ExecutionResult, SandboxSpec
+from sandbox_server.workspace_contents import ArchivedContents, Contents, mime_type
 
 __all__ = [
     "ID_PATTERN",
@@ -93,11 +91,18 @@ class WorkspaceRecord:
 class WorkspaceStore:
     """The kept workspaces of this host, in one folder of the server's."""
 
-    def __init__(self, root: Path, settings: WorkspaceSettings, storage_bytes: int) -> None:
+    def __init__(
+        self,
+        root: Path,
+        settings: WorkspaceSettings,
+        storage_bytes: int,
+        contents: Callable[[Path], Contents] = ArchivedContents,
+    ) -> None:
         self.root = root
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.settings = settings
         self.storage_bytes = storage_bytes
+        self.contents = contents(root)
         self._lock = threading.Lock()
         self._busy: dict[str, anyio.Lock] = {}
         self._records: dict[str, WorkspaceRecord] = {}
@@ -139,7 +144,16 @@ class WorkspaceStore:
                 if mine:
                     return max(mine, key=lambda r: r.last_used), []
             notes = self._make_room(client)
-            record = WorkspaceRecord(f"ws-{secrets.token_urlsafe(16)}", owner, client, now, now)
+            reserved = self.contents.reserve(self.settings)
+            problem = self._room(None, reserved)
+            if problem is not None:
+                raise Refusal(
+                    f"refused: no new workspace: {problem}; retry when older workspaces have expired",
+                    "host.workspace_storage_mb",
+                    kind="busy",
+                    retry_after_s=60,
+                )
+            record = WorkspaceRecord(f"ws-{secrets.token_urlsafe(16)}", owner, client, now, now, reserved)
             self._records[record.id] = record
             self._write_record(record)
         return record, notes
@@ -213,29 +227,15 @@ class WorkspaceStore:
         return max(mine, key=lambda r: r.last_used) if mine else None
 
     def files(self, record: WorkspaceRecord) -> list[tuple[str, int]]:
-        """The regular files of a kept workspace (path, size), read from its archive's headers."""
-        return [(name, member.size) for name, member, _ in self._members(record) if member.isreg()]
-
-    def read_file(self, record: WorkspaceRecord, path: str, max_bytes: int) -> bytes | None:
-        """One regular file of a kept workspace; None when there is none; a Refusal when it is too large."""
-        for name, member, tar in self._members(record):
-            if member.isreg() and name == path:
-                if member.size > max_bytes:
-                    raise Refusal(
-                        f"{path} is {member.size} bytes, above the {max_bytes} bytes a read may return "
-                        "(policy field limits.returned_file_bytes); copy out what you need with a call",
-                        "limits.returned_file_bytes",
-                    )
-                handle = tar.extractfile(member)
-                return handle.read() if handle else b""
-        return None
+        """The regular files of a kept workspace (path, size)."""
+        return self.contents.files(record.id)
 
     def listing(self, owner: str) -> list[tuple[str, str, str, int]]:
         """A handshake session's workspace files as resources: (URI, name, MIME type, size)."""
         record = self.of_owner(owner)
         if record is None:
             return []
-        return [(resource_uri(record.id, path), path, _mime(path), size) for path, size in self.files(record)]
+        return [(resource_uri(record.id, path), path, mime_type(path), size) for path, size in self.files(record)]
 
     def read_resource(self, uri: str, owner: str | None, max_bytes: int) -> tuple[str, bytes] | None:
         """A workspace file by its resource URI, as (MIME type, bytes), when this caller may read it."""
@@ -243,51 +243,50 @@ class WorkspaceStore:
         record = self.find(parsed[0], owner) if parsed else None
         if parsed is None or record is None:
             return None
-        content = self.read_file(record, parsed[1], max_bytes)
-        return None if content is None else (_mime(parsed[1]), content)
-
-    def _members(self, record: WorkspaceRecord) -> Iterator[tuple[str, tarfile.TarInfo, tarfile.TarFile]]:
-        try:
-            with open(self._archive(record.id), "rb") as kept:
-                yield from kept_entries(kept)
-        except FileNotFoundError:
-            return
+        content = self.contents.read_file(record.id, parsed[1], max_bytes)
+        return None if content is None else (mime_type(parsed[1]), content)
 
     # -- contents ----------------------------------------------------------------------
 
-    def _archive(self, workspace_id: str) -> Path:
-        return self.root / f"{workspace_id}.tar"
+    def shape(self, spec: SandboxSpec) -> SandboxSpec:
+        """The container settings of calls in kept workspaces (so warm containers can be made for them)."""
+        return self.contents.shape(spec)
 
-    def load(self, record: WorkspaceRecord) -> str:
-        """The path of the saved archive ("" for a new workspace)."""
-        path = self._archive(record.id)
-        return str(path) if path.exists() else ""
+    def begin(self, record: WorkspaceRecord, spec: SandboxSpec) -> SandboxSpec:
+        """The spec of one call in the workspace as its previous call left it."""
+        return self.contents.begin(record.id, spec)
 
-    def save(self, record: WorkspaceRecord, archive: BinaryIO) -> str | None:
-        """Keep the workspace as its call left it (a tar in a file); the problem, when it could not be kept."""
-        temporary = self.root / f".{record.id}.tar.new"
-        try:
-            with open(temporary, "wb") as kept:
-                keep_workspace(archive, kept, self.settings.size_mb * 1024 * 1024, self.settings.files)
-                size = kept.tell()
-        except (tarfile.TarError, EOFError, WorkspaceTooLarge) as exc:
-            temporary.unlink(missing_ok=True)
-            return f"the workspace was not saved ({exc}); it is as the previous call left it"
+    def finish(self, record: WorkspaceRecord, result: ExecutionResult) -> str | None:
+        """Keep the workspace as its call left it; the problem, when it could not be kept."""
+        problem = self.contents.finish(record.id, result, self.settings, self._grow)
+        self.touch(record)
+        return problem
+
+    def close(self) -> None:
+        """The server is stopping: let go of what it holds (kept workspaces stay for a later process)."""
+        self.contents.close()
+
+    def _room(self, workspace_id: str | None, size: int) -> str | None:
+        """Why the host's cap has no room for a workspace of `size` bytes (None when it has); under the lock."""
+        others = sum(r.size_bytes for r in self._records.values() if r.id != workspace_id)
+        if others + size <= self.storage_bytes:
+            return None
+        return (
+            f"all workspaces together would take {others + size} bytes, above the host's cap of "
+            f"{self.storage_bytes} (policy field host.workspace_storage_mb)"
+        )
+
+    def _grow(self, workspace_id: str, size: int) -> str | None:
+        """Record a workspace's new size when the host's cap has room for it."""
         with self._lock:
-            others = sum(r.size_bytes for r in self._records.values() if r.id != record.id)
-            if others + size > self.storage_bytes:
-                temporary.unlink(missing_ok=True)
-                return (
-                    f"the workspace was not saved: all workspaces together would take {others + size} bytes, "
-                    f"above the host's cap of {self.storage_bytes} (policy field host.workspace_storage_mb); "
-                    "it is as the previous call left it"
-                )
-            if record.id not in self._records:
-                temporary.unlink(missing_ok=True)
+            record = self._records.get(workspace_id)
+            if record is None:
                 return "the workspace was removed while the call ran; nothing was saved"
-            os.replace(temporary, self._archive(record.id))
+            problem = self._room(workspace_id, size)
+            if problem is not None:
+                return f"the workspace was not saved: {problem}; it is as the previous call left it"
             updated = replace(record, last_used=time.time(), size_bytes=size)
-            self._records[record.id] = updated
+            self._records[workspace_id] = updated
             self._write_record(updated)
         return None
 
@@ -311,10 +310,10 @@ class WorkspaceStore:
                 if (self._expired(record, now) or orphaned) and not self._in_use(record.id):
                     self._remove(record.id)
                     removed += 1
-            known = set(self._records)
-            for path in self.root.glob("ws-*"):
-                if path.name.split(".", 1)[0] not in known:
+            for path in self.root.glob("ws-*"):  # files whose record is gone (another process's have theirs)
+                if not (self.root / (path.name.split(".", 1)[0] + ".json")).exists():
                     path.unlink(missing_ok=True)
+        self.contents.sweep()
         return removed
 
     def end_sessions(self, server: str) -> int:
@@ -340,17 +339,13 @@ class WorkspaceStore:
     def _remove(self, workspace_id: str) -> None:
         self._records.pop(workspace_id, None)
         self._busy.pop(workspace_id, None)
-        self._archive(workspace_id).unlink(missing_ok=True)
+        self.contents.remove(workspace_id)
         (self.root / f"{workspace_id}.json").unlink(missing_ok=True)
 
     def _write_record(self, record: WorkspaceRecord) -> None:
         temporary = self.root / f".{record.id}.json.new"
         temporary.write_text(json.dumps(asdict(record)))
         os.replace(temporary, self.root / f"{record.id}.json")
-
-
-def _mime(path: str) -> str:
-    return mimetypes.guess_type(path)[0] or "application/octet-stream"
 
 
 def session_owner(server: str, session: str) -> str:
@@ -388,19 +383,11 @@ class KeptWorkspace:
     async def run(self, spec: SandboxSpec, on_progress: ProgressCallback | None = None) -> ExecutionResult:
         """Run in the workspace as its previous call left it; keep it as this call leaves it."""
         async with self.store.using(self.record, spec.limits.timeout_s):
-            saved = self.store.load(self.record)
-            result = await self.inner.run(replace(spec, saved_workspace=saved), on_progress)
-            if result.workspace is None:
-                self.store.touch(self.record)
-                problem: str | None = (
-                    "the workspace was not saved: the sandbox ended before writing it out; "
-                    "it is as the previous call left it"
-                )
-            else:
-                try:
-                    problem = await anyio.to_thread.run_sync(self.store.save, self.record, result.workspace)
-                finally:
-                    result.workspace.close()
-                self.saved = problem is None
-        notes = (*result.skipped_files, *self.notes)
-        return replace(result, skipped_files=notes, workspace=None, workspace_problem=problem)
+            shaped = await anyio.to_thread.run_sync(self.store.begin, self.record, spec)
+            result = await self.inner.run(shaped, on_progress)
+            problem = await anyio.to_thread.run_sync(self.store.finish, self.record, result)
+            self.saved = problem is None
+        notes = [*result.skipped_files, *self.notes]
+        if problem is None and (result.timed_out or result.killed or result.oom_killed or result.flooded):
+            notes.append("the workspace is kept as the program left it when it was stopped")
+        return replace(result, skipped_files=tuple(notes), workspace=None, workspace_problem=problem)

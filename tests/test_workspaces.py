@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import anyio
 import mcp_types as types
@@ -24,17 +24,28 @@ workspace: {persist: true, size_mb: 16, files: 2000, idle_ttl_s: 600, max_per_cl
 """
 
 
-@pytest.fixture
-def keeping(tmp_path: Path) -> Iterator[tuple[Path, Path, Path]]:
-    """A policy that keeps workspaces, its state folder and an audit log."""
+class Keeping(NamedTuple):
+    """A policy that keeps workspaces, its state folder, an audit log, and how the server keeps them."""
+
+    policy: Path
+    state: Path
+    audit: Path
+    kind: str
+
+
+@pytest.fixture(params=["mounted", "archived"])
+def keeping(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Keeping]:
+    """Every test runs with both ways of keeping workspaces (serve --workspaces)."""
     policy = tmp_path / "keeping.yaml"
     policy.write_text(KEEPING)
-    yield policy, tmp_path / "state", tmp_path / "audit.jsonl"
+    yield Keeping(policy, tmp_path / "state", tmp_path / "audit.jsonl", request.param)
 
 
-def _serve_args(keeping: tuple[Path, Path, Path]) -> tuple[str, ...]:
-    policy, state, audit = keeping
-    return ("--policy", str(policy), "--state-dir", str(state), "--audit-log", str(audit))
+def _serve_args(keeping: Keeping) -> tuple[str, ...]:
+    return (
+        "--policy", str(keeping.policy), "--state-dir", str(keeping.state), "--audit-log", str(keeping.audit),
+        "--workspaces", keeping.kind,
+    )  # fmt: skip
 
 
 def _containers(audit: Path) -> list[str]:
@@ -48,21 +59,21 @@ async def _call(session: CheckedClient, command: str, **extra: Any) -> dict[str,
 
 
 async def test_a_stdio_session_finds_its_files_in_the_next_call_in_another_container(
-    keeping: tuple[Path, Path, Path], runtime: DockerRuntime
+    keeping: Keeping, runtime: DockerRuntime
 ) -> None:
     async with connect(stdio_parameters(*_serve_args(keeping))) as session:
         first = await _call(session, "echo kept > a.txt; mkdir -p d/e && echo deep > d/e/f; echo temp > /tmp/t")
         second = await _call(session, "cat a.txt d/e/f; cat /tmp/t 2>&1 || true")
     assert not first["is_error"] and first["workspace"] == second["workspace"]
     assert second["stdout"].startswith("kept\ndeep\n") and "No such file" in second["stdout"]
-    first_container, second_container = _containers(keeping[2])
+    first_container, second_container = _containers(keeping.audit)
     assert first_container != second_container
     # The session ended with the server: its workspace is gone from the host.
-    assert not list((keeping[1] / "workspaces").glob("ws-*"))
+    assert not list((keeping.state / "workspaces").glob("ws-*"))
 
 
 async def test_http_sessions_each_have_their_own_and_cannot_open_anothers(
-    keeping: tuple[Path, Path, Path], runtime: DockerRuntime
+    keeping: Keeping, runtime: DockerRuntime
 ) -> None:
     with http_server(*_serve_args(keeping)) as url:
         async with connect(url) as alice, connect(url) as bob:
@@ -80,7 +91,7 @@ async def test_http_sessions_each_have_their_own_and_cannot_open_anothers(
 
 
 async def test_2026_era_calls_continue_by_id_and_each_call_without_one_starts_empty(
-    keeping: tuple[Path, Path, Path], runtime: DockerRuntime
+    keeping: Keeping, runtime: DockerRuntime
 ) -> None:
     with http_server(*_serve_args(keeping)) as url:
         async with connect(url, mode="2026-07-28") as session:
@@ -93,24 +104,24 @@ async def test_2026_era_calls_continue_by_id_and_each_call_without_one_starts_em
 
 
 async def test_a_disk_bomb_stops_at_the_workspace_size_and_the_next_call_still_runs(
-    keeping: tuple[Path, Path, Path], runtime: DockerRuntime
+    keeping: Keeping, runtime: DockerRuntime
 ) -> None:
     async with connect(stdio_parameters(*_serve_args(keeping))) as session:
-        bomb = await _call(
-            session, "dd if=/dev/zero of=big bs=1M count=64 2>&1; df -k . | tail -1 | tr -s ' ' | cut -d' ' -f2"
-        )
+        bomb = await _call(session, "dd if=/dev/zero of=big bs=1M count=64 2>&1; wc -c < big")
         inodes = await _call(
             session, "i=0; while [ $i -lt 3000 ]; do touch f$i 2>/dev/null || break; i=$((i+1)); done; echo made=$i"
         )
         after = await _call(session, "ls -s big; echo still-running")
-    assert "No space left on device" in bomb["stdout"] and bomb["stdout"].endswith("\n16384\n"), bomb["stdout"]
+    written = int(bomb["stdout"].split()[-1])
+    assert "No space left on device" in bomb["stdout"], bomb["stdout"]
+    assert 15 * 2**20 <= written <= 17 * 2**20, bomb["stdout"]  # workspace.size_mb is 16
     made = int(inodes["stdout"].strip().rsplit("=", 1)[-1])
     assert 1000 < made < 2000, inodes["stdout"]
     assert "still-running" in after["stdout"]
 
 
 async def test_a_timed_out_call_leaves_the_workspace_as_its_program_left_it(
-    keeping: tuple[Path, Path, Path], runtime: DockerRuntime
+    keeping: Keeping, runtime: DockerRuntime
 ) -> None:
     async with connect(stdio_parameters(*_serve_args(keeping))) as session:
         slow = await _call(session, "echo before > progress; sleep 30", timeout_s=1)
@@ -120,19 +131,21 @@ async def test_a_timed_out_call_leaves_the_workspace_as_its_program_left_it(
 
 
 async def test_links_fifos_and_output_files_are_not_carried_into_the_next_call(
-    keeping: tuple[Path, Path, Path], runtime: DockerRuntime
+    keeping: Keeping, runtime: DockerRuntime
 ) -> None:
     async with connect(stdio_parameters(*_serve_args(keeping))) as session:
         await _call(session, "ln -s /etc/shadow shadow; mkfifo pipe; echo x > kept; ln kept hard; echo o > out/o.txt")
         after = await _call(session, "ls -l; ls out | wc -l; cat hard")
     listing = after["stdout"]
-    assert "shadow -> /etc/shadow" in listing and "pipe" not in listing and listing.rstrip().endswith("0\nx")
+    assert "shadow -> /etc/shadow" in listing and listing.rstrip().endswith("0\nx")
+    # An archive keeps no FIFO; a mounted filesystem keeps it where the host never opens it.
+    assert ("pipe" in listing) == (keeping.kind == "mounted")
 
 
 async def test_a_2026_workspace_outlives_a_restart_until_its_idle_time_then_the_sweep_removes_it(
-    keeping: tuple[Path, Path, Path], runtime: DockerRuntime
+    keeping: Keeping, runtime: DockerRuntime
 ) -> None:
-    policy, state, _ = keeping
+    policy, state = keeping.policy, keeping.state
     with http_server(*_serve_args(keeping)) as url:
         async with connect(url, mode="2026-07-28") as session:
             first = await _call(session, "echo across > r.txt")
@@ -149,7 +162,7 @@ async def test_a_2026_workspace_outlives_a_restart_until_its_idle_time_then_the_
 
 
 async def test_a_client_past_its_workspace_cap_loses_its_least_recently_used_one_and_is_told(
-    keeping: tuple[Path, Path, Path], runtime: DockerRuntime
+    keeping: Keeping, runtime: DockerRuntime
 ) -> None:
     with http_server(*_serve_args(keeping)) as url:
         async with connect(url, mode="2026-07-28") as session:
@@ -160,9 +173,18 @@ async def test_a_client_past_its_workspace_cap_loses_its_least_recently_used_one
 
 
 async def test_a_workspace_past_the_hosts_storage_cap_is_not_kept_and_the_answer_names_the_field(
-    keeping: tuple[Path, Path, Path], runtime: DockerRuntime
+    keeping: Keeping, runtime: DockerRuntime
 ) -> None:
-    policy = keeping[0]
+    policy = keeping.policy
+    if keeping.kind == "mounted":  # a filesystem takes its whole size of the cap when it is made
+        policy.write_text(KEEPING + "host: {workspace_storage_mb: 40}\n")
+        with http_server(*_serve_args(keeping)) as url:
+            async with connect(url, mode="2026-07-28") as session:
+                first = await _call(session, "head -c 2000000 /dev/zero > big; echo wrote")
+                second = await _call(session, "true")
+        assert not first["is_error"] and second["is_error"], second["text"]
+        assert second["error"]["field"] == "host.workspace_storage_mb" and "no new workspace" in second["text"]
+        return
     policy.write_text(KEEPING + "host: {workspace_storage_mb: 1}\n")
     async with connect(stdio_parameters(*_serve_args(keeping))) as session:
         small = await _call(session, "echo small > s.txt")
@@ -185,7 +207,7 @@ async def test_a_policy_that_keeps_nothing_refuses_a_workspace_id(tmp_path: Path
 
 
 async def test_workspace_files_are_resources_of_their_session_only(
-    keeping: tuple[Path, Path, Path], runtime: DockerRuntime
+    keeping: Keeping, runtime: DockerRuntime
 ) -> None:
     with http_server(*_serve_args(keeping)) as url:
         async with connect(url) as alice, connect(url) as bob:
@@ -209,7 +231,7 @@ async def test_workspace_files_are_resources_of_their_session_only(
 
 
 async def test_a_2026_workspace_file_is_read_by_its_id(
-    keeping: tuple[Path, Path, Path], runtime: DockerRuntime
+    keeping: Keeping, runtime: DockerRuntime
 ) -> None:
     with http_server(*_serve_args(keeping)) as url:
         async with connect(url, mode="2026-07-28") as session:
@@ -219,7 +241,7 @@ async def test_a_2026_workspace_file_is_read_by_its_id(
 
 
 async def test_run_python_keeps_a_dataframe_for_the_next_cell_and_names_what_it_cannot_keep(
-    keeping: tuple[Path, Path, Path], runtime: DockerRuntime
+    keeping: Keeping, runtime: DockerRuntime
 ) -> None:
     async with connect(stdio_parameters(*_serve_args(keeping))) as session:
         first = await session.call_tool(
@@ -239,7 +261,7 @@ async def test_run_python_keeps_a_dataframe_for_the_next_cell_and_names_what_it_
 
 
 async def test_a_poisoned_state_runs_only_inside_the_next_sandbox(
-    keeping: tuple[Path, Path, Path], runtime: DockerRuntime, tmp_path: Path
+    keeping: Keeping, runtime: DockerRuntime, tmp_path: Path
 ) -> None:
     marker = tmp_path / "poisoned-on-the-host"
     poison = (
@@ -260,7 +282,7 @@ async def test_a_poisoned_state_runs_only_inside_the_next_sandbox(
 
 
 async def test_calls_on_one_workspace_run_one_at_a_time_or_are_answered_busy(
-    keeping: tuple[Path, Path, Path], runtime: DockerRuntime
+    keeping: Keeping, runtime: DockerRuntime
 ) -> None:
     results: dict[str, dict[str, Any]] = {}
 
@@ -290,7 +312,7 @@ async def _running(command: str) -> None:
 
 
 async def test_a_call_that_changes_the_workspace_tells_the_session_its_resources_changed(
-    keeping: tuple[Path, Path, Path], runtime: DockerRuntime
+    keeping: Keeping, runtime: DockerRuntime
 ) -> None:
     changed = anyio.Event()
 
@@ -307,9 +329,9 @@ async def test_a_call_that_changes_the_workspace_tells_the_session_its_resources
 
 
 async def test_an_http_session_its_client_ends_takes_its_workspace_with_it(
-    keeping: tuple[Path, Path, Path], runtime: DockerRuntime
+    keeping: Keeping, runtime: DockerRuntime
 ) -> None:
-    state = keeping[1] / "workspaces"
+    state = keeping.state / "workspaces"
     with http_server(*_serve_args(keeping)) as url:
         async with connect(url) as session:
             written = await _call(session, "echo bye > gone.txt")

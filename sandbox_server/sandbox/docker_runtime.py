@@ -25,7 +25,7 @@ import docker
 import psutil
 
 from sandbox_server.errors import EngineError
-from sandbox_server.sandbox import wire
+from sandbox_server.sandbox import mounts, wire
 from sandbox_server.sandbox.archive import OUTPUT_LEAF, build_request, read_outputs
 from sandbox_server.sandbox.attach import (
     Drain,
@@ -59,6 +59,8 @@ class WarmContainer:
     """time.monotonic() when it became ready."""
     handle: Any = None
     """The engine client's file object around `stream`: the socket is really closed only once both are."""
+    slot: str | None = None
+    """The host folder bound at its workspace, where a kept workspace is mounted for its call."""
 
     def close(self) -> None:
         """Close our end of the attach stream; never raises."""
@@ -66,6 +68,13 @@ class WarmContainer:
         if self.handle is not None and self.handle is not self.stream:
             with contextlib.suppress(OSError):
                 self.handle.close()
+
+    def free_slot(self) -> None:
+        """Detach what is mounted on its slot and remove the slot; never raises."""
+        if self.slot is not None:
+            mounts.detach(self.slot)
+            with contextlib.suppress(OSError):
+                os.rmdir(self.slot)
 
 
 class DockerRuntime(Engine):
@@ -104,8 +113,18 @@ class DockerRuntime(Engine):
     def prepare(self, spec: SandboxSpec) -> WarmContainer:
         """Create, attach and start a container whose launcher then waits for its request."""
         labels = {SANDBOX_LABEL: "1", OWNER_LABEL: self.owner, **dict(spec.labels)}
+        slot = tempfile.mkdtemp(prefix="slot-", dir=spec.workspace_slots) if spec.workspace_slots else None
+        # The slot itself stays root's (mode 0700): a program never writes to the host's disk through it.
+        try:
+            return self._start(spec, labels, slot)
+        except BaseException:
+            if slot is not None:
+                os.rmdir(slot)
+            raise
+
+    def _start(self, spec: SandboxSpec, labels: dict[str, str], slot: str | None) -> WarmContainer:
         with engine_errors("create a sandbox container"):
-            host_config = self.api.create_host_config(**host_config_kwargs(spec))
+            host_config = self.api.create_host_config(**host_config_kwargs(spec, slot))
             created = self.api.create_container(
                 image=spec.image,
                 command=[wire.LAUNCHER],
@@ -131,7 +150,7 @@ class DockerRuntime(Engine):
         except BaseException:
             self.removal.remove(container_id)
             raise
-        return WarmContainer(container_id, raw, spec.container_key(), time.monotonic(), attached)
+        return WarmContainer(container_id, raw, spec.container_key(), time.monotonic(), attached, slot)
 
     @staticmethod
     def healthy(warm: WarmContainer) -> bool:
@@ -157,11 +176,13 @@ class DockerRuntime(Engine):
         """Throw a warm container away unused; never raises."""
         warm.close()
         self.removal.remove(warm.container_id)
+        warm.free_slot()
 
     def discard_later(self, warm: WarmContainer) -> None:
         """Throw a warm container away unused, off the caller's path."""
         warm.close()
         self.removal.remove_later(warm.container_id)
+        warm.free_slot()
 
     @staticmethod
     def _send(raw: socket.socket, request: BinaryIO) -> None:
@@ -209,6 +230,15 @@ class DockerRuntime(Engine):
         elif warm.key != spec.container_key():
             raise ValueError("a warm container made for other settings was handed to this call")
         container_id, raw = warm.container_id, warm.stream
+        if (spec.mounted_workspace is None) != (warm.slot is None):
+            self.discard_later(warm)
+            raise ValueError("a container with a workspace slot runs exactly the calls with a mounted workspace")
+        if spec.mounted_workspace is not None and warm.slot is not None:
+            try:
+                mounts.bind(spec.mounted_workspace, warm.slot)
+            except OSError as exc:
+                self.discard_later(warm)
+                raise EngineError(f"could not mount the workspace into the sandbox: {exc}") from exc
         sink = tempfile.SpooledTemporaryFile(SPOOL_BYTES) if persist else None
         drain = Drain(spec, boundary.encode(), sink)  # type: ignore[arg-type]
         timed_out = cancelled = removed = False
@@ -239,6 +269,9 @@ class DockerRuntime(Engine):
             raise
         finally:
             warm.close()
+            # The program's processes are gone (the launcher killed what it left before its trailer, or
+            # the container was removed), so nothing of this call writes to the workspace after this.
+            warm.free_slot()
             if not removed:
                 if cancelled:
                     with anyio.CancelScope(shield=True):

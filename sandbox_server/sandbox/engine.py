@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -113,6 +114,16 @@ class Engine:
         """Release the connections to the engine."""
         if self._connected is not None:
             self._connected.close()
+
+    def on_this_host(self) -> bool:
+        """Whether the engine runs on this host: reached over a Unix socket, and naming this host when it answers."""
+        try:
+            if not str(self.api.base_url).startswith("http+docker://"):
+                return False
+            with engine_errors("describe itself"):
+                return bool(self.api.info().get("Name") == socket.gethostname())
+        except EngineError:
+            return True  # a local socket whose engine does not answer yet
 
     def info(self) -> EngineInfo:
         """Version, runtimes and security options of the engine."""

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from docker.types import Mount
+
 from sandbox_server.sandbox.spec import SandboxSpec
 
 __all__ = ["RUNSC_PIDS_BASE", "RUNSC_PIDS_FACTOR", "host_config_kwargs"]
@@ -13,24 +15,29 @@ RUNSC_PIDS_FACTOR, RUNSC_PIDS_BASE = 8, 256
 platform) count against the pids cgroup, so the cgroup limit is pids * 8 + 256 there."""
 
 
-def host_config_kwargs(spec: SandboxSpec) -> dict[str, Any]:
-    """The engine's HostConfig for a spec (keyword arguments of the engine client's create_host_config)."""
+def host_config_kwargs(spec: SandboxSpec, slot: str | None = None) -> dict[str, Any]:
+    """The engine's HostConfig for a spec (keyword arguments of the engine client's create_host_config).
+
+    `slot`: the host folder bound at the workspace (a kept workspace is mounted onto it per
+    call, and the mount propagates in); without one the workspace is a sized tmpfs.
+    """
     limits = spec.limits
     uid, _, gid = spec.user.partition(":")
     security_opt = ["no-new-privileges"]
     if spec.seccomp_profile is not None:
         security_opt.append(f"seccomp={spec.seccomp_profile}")
+    tmpfs = {"/tmp": f"size={limits.tmp_mb}m,nr_inodes={max(1024, limits.tmp_mb * 256)},mode=1777,noexec,nosuid,nodev"}
+    if slot is None:
+        tmpfs[spec.workdir] = (
+            f"size={limits.workspace_mb}m,nr_inodes={limits.workspace_inodes},"
+            f"uid={uid},gid={gid or uid},mode=0755,nosuid,nodev"
+        )
     return {
         "read_only": True,
         "cap_drop": ["ALL"],
         "security_opt": security_opt,
-        "tmpfs": {
-            "/tmp": f"size={limits.tmp_mb}m,nr_inodes={max(1024, limits.tmp_mb * 256)},mode=1777,noexec,nosuid,nodev",
-            spec.workdir: (
-                f"size={limits.workspace_mb}m,nr_inodes={limits.workspace_inodes},"
-                f"uid={uid},gid={gid or uid},mode=0755,nosuid,nodev"
-            ),
-        },
+        "tmpfs": tmpfs,
+        "mounts": [] if slot is None else [Mount(spec.workdir, slot, type="bind", propagation="rslave")],
         "pids_limit": limits.pids if spec.runtime != "runsc" else limits.pids * RUNSC_PIDS_FACTOR + RUNSC_PIDS_BASE,
         "mem_limit": limits.memory_mb * 1024 * 1024,
         "memswap_limit": limits.memory_mb * 1024 * 1024,

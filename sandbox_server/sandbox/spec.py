@@ -92,13 +92,18 @@ class SandboxSpec:
     saved_workspace: str | None = None
     """A kept workspace: the path of its saved archive on the host ("" when new), restored before the
     program runs and written out again after it; None when the workspace is not kept."""
+    workspace_slots: str | None = None
+    """A host folder (a shared mount) under which the container gets a slot of its own, bound at
+    `workdir` with slave propagation instead of a tmpfs: a kept workspace is mounted there per call."""
+    mounted_workspace: str | None = None
+    """A kept workspace's mounted filesystem on the host, bound onto the container's slot for this call."""
 
     def container_key(self) -> tuple[object, ...]:
         """What the container is created with: calls with equal keys can use the same kind of warm container."""
         limits = self.limits
         return (
             self.image, self.runtime, self.user, self.network, self.env, self.mounts, self.workdir,
-            self.seccomp_profile, self.labels, limits.memory_mb, limits.cpus, limits.pids, limits.nofile,
+            self.seccomp_profile, self.labels, self.workspace_slots, limits.memory_mb, limits.cpus, limits.pids, limits.nofile,
             limits.file_size_mb, limits.tmp_mb, limits.workspace_mb, limits.workspace_files, limits.shm_mb,
         )  # fmt: skip
 

@@ -1,0 +1,345 @@
+"""Where a kept workspace's files live between its calls: a mounted ext4 image, or an archive.
+
+Both keep the fresh single-use container and the kernel's limits:
+
+- **mounted** (root on the engine's host): each workspace is a sparse ext4 image of its
+  policy's size and inode count, mounted on the host and bound into the call's warm
+  container through its slot (sandbox_server.sandbox.mounts). Nothing is copied; the
+  filesystem is the limit; a killed program leaves it as it was at the kill.
+- **archived** (anywhere, a remote engine included): the launcher writes all of /workspace
+  as a tar after the program; the host cleans and keeps that tar, and the next request
+  carries it into the new sandbox's sized tmpfs.
+
+The host reads a workspace's files only for `resources/list` and `resources/read`, and
+never follows what a sandbox left there: archive entries are data; in a mounted image
+every path is opened component by component without following links, and only regular
+files are read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import mimetypes
+import os
+import shutil
+import stat
+import tarfile
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Protocol
+
+from sandbox_server.errors import Refusal
+from sandbox_server.policy import WorkspaceSettings
+from sandbox_server.sandbox import mounts
+from sandbox_server.sandbox.archive import OUTPUT_LEAF, WorkspaceTooLarge, keep_workspace, kept_entries
+from sandbox_server.sandbox.spec import ExecutionResult, ResourceLimits, SandboxSpec
+
+__all__ = ["ArchivedContents", "Contents", "MountedContents", "mime_type", "too_large"]
+
+Room = Callable[[str, int], str | None]
+"""Asked before a workspace grows to a size: None when the host has room, else why not."""
+
+
+def mime_type(path: str) -> str:
+    """The MIME type a workspace file is listed and read with."""
+    return mimetypes.guess_type(path)[0] or "application/octet-stream"
+
+
+def too_large(path: str, size: int, max_bytes: int) -> Refusal:
+    """The answer to reading a workspace file above the policy's byte limit."""
+    return Refusal(
+        f"{path} is {size} bytes, above the {max_bytes} bytes a read may return "
+        "(policy field limits.returned_file_bytes); copy out what you need with a call",
+        "limits.returned_file_bytes",
+    )
+
+
+class Contents(Protocol):
+    """How one host keeps its workspaces' files."""
+
+    kind: str
+
+    def shape(self, spec: SandboxSpec) -> SandboxSpec:
+        """The container settings of a call in a kept workspace (what its warm containers are made with)."""
+
+    def reserve(self, settings: WorkspaceSettings) -> int:
+        """Bytes a new workspace takes of the host's cap as soon as it exists."""
+
+    def begin(self, workspace_id: str, spec: SandboxSpec) -> SandboxSpec:
+        """The spec of one call in the workspace, as its previous call left it."""
+
+    def finish(self, workspace_id: str, result: ExecutionResult, settings: WorkspaceSettings, room: Room) -> str | None:
+        """After a call: keep what it left; the problem, when the workspace could not be kept as it left it."""
+
+    def files(self, workspace_id: str) -> list[tuple[str, int]]:
+        """The regular files of a workspace (path, size)."""
+
+    def read_file(self, workspace_id: str, path: str, max_bytes: int) -> bytes | None:
+        """One regular file; None when there is none; raises Refusal when it is above max_bytes."""
+
+    def remove(self, workspace_id: str) -> None:
+        """Delete a workspace's files."""
+
+    def sweep(self) -> None:
+        """Let go of what server processes that no longer run left behind."""
+
+    def close(self) -> None:
+        """The server is stopping: let go of what this process holds (the files stay)."""
+
+
+class ArchivedContents:
+    """Each workspace is the tar its last call's launcher wrote, cleaned on the host once, at save."""
+
+    kind = "archived"
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def _archive(self, workspace_id: str) -> Path:
+        return self.root / f"{workspace_id}.tar"
+
+    def shape(self, spec: SandboxSpec) -> SandboxSpec:
+        return spec
+
+    def reserve(self, settings: WorkspaceSettings) -> int:
+        return 0  # counted when saved, at its real size
+
+    def begin(self, workspace_id: str, spec: SandboxSpec) -> SandboxSpec:
+        path = self._archive(workspace_id)
+        return replace(spec, saved_workspace=str(path) if path.exists() else "")
+
+    def finish(self, workspace_id: str, result: ExecutionResult, settings: WorkspaceSettings, room: Room) -> str | None:
+        if result.workspace is None:
+            return "the workspace was not saved: the sandbox ended before writing it out; it is as the previous call left it"
+        temporary = self.root / f".{workspace_id}.tar.new"
+        try:
+            with open(temporary, "wb") as kept:
+                keep_workspace(result.workspace, kept, settings.size_mb * 1024 * 1024, settings.files)
+                size = kept.tell()
+        except (tarfile.TarError, EOFError, WorkspaceTooLarge) as exc:
+            temporary.unlink(missing_ok=True)
+            return f"the workspace was not saved ({exc}); it is as the previous call left it"
+        finally:
+            result.workspace.close()
+        problem = room(workspace_id, size)
+        if problem is None:
+            os.replace(temporary, self._archive(workspace_id))
+        temporary.unlink(missing_ok=True)
+        return problem
+
+    def _members(self, workspace_id: str) -> Iterator[tuple[str, tarfile.TarInfo, tarfile.TarFile]]:
+        try:
+            with open(self._archive(workspace_id), "rb") as kept:
+                yield from kept_entries(kept)
+        except FileNotFoundError:
+            return
+
+    def files(self, workspace_id: str) -> list[tuple[str, int]]:
+        return [(name, member.size) for name, member, _ in self._members(workspace_id) if member.isreg()]
+
+    def read_file(self, workspace_id: str, path: str, max_bytes: int) -> bytes | None:
+        for name, member, tar in self._members(workspace_id):
+            if member.isreg() and name == path:
+                if member.size > max_bytes:
+                    raise too_large(path, member.size, max_bytes)
+                handle = tar.extractfile(member)
+                return handle.read() if handle else b""
+        return None
+
+    def remove(self, workspace_id: str) -> None:
+        self._archive(workspace_id).unlink(missing_ok=True)
+
+    def sweep(self) -> None:
+        pass  # nothing outlives a process but the archives, which their records account for
+
+    def close(self) -> None:
+        pass
+
+
+class MountedContents:
+    """Each workspace is a sized ext4 image, mounted by the one server process that holds its lock.
+
+    Layout under the store's folder: `<id>.img` (the image), and `run/<process>/` of each
+    serving process, holding `ws/<id>` (its mounted images) and `slots/` (a shared mount
+    under which every warm container gets a slot of its own). A process that ends lets go of
+    all of them; a later one sweeps what a killed process left.
+    """
+
+    kind = "mounted"
+
+    def __init__(self, root: Path, process: str, process_alive: Callable[[str], bool]) -> None:
+        self.root = root
+        self.run = root / "run" / process.replace("/", "_")
+        self._process_alive = process_alive
+        self._lock = threading.Lock()
+        self._held: dict[str, int] = {}
+        """Workspaces this process has mounted, with the open image whose lock says so."""
+        self.sweep()
+        self.slots = self.run / "slots"
+        mounts.make_shared(self.slots)
+
+    def sweep(self) -> None:
+        """Let go of what server processes that no longer run left mounted."""
+        for folder in (self.root / "run").glob("*"):
+            if folder != self.run and not self._process_alive(folder.name):
+                mounts.detach_under(folder)
+                _remove_tree(folder)
+
+    def _image(self, workspace_id: str) -> Path:
+        return self.root / f"{workspace_id}.img"
+
+    def _where(self, workspace_id: str) -> Path:
+        return self.run / "ws" / workspace_id
+
+    def shape(self, spec: SandboxSpec) -> SandboxSpec:
+        return replace(spec, workspace_slots=str(self.slots))
+
+    def reserve(self, settings: WorkspaceSettings) -> int:
+        return mounts.image_bytes(settings.size_mb, settings.files)
+
+    def _create(self, workspace_id: str, limits: ResourceLimits, user: str) -> None:
+        """A new workspace: an empty filesystem of the policy's size and files (as the sandbox's tmpfs is)."""
+        image = self._image(workspace_id)
+        try:
+            mounts.make_image(image, limits.workspace_mb, limits.workspace_inodes, user)
+        except BaseException:
+            image.unlink(missing_ok=True)
+            raise
+
+    def _mounted(self, workspace_id: str) -> Path:
+        """The workspace's filesystem, mounted by this process (which then holds its image's lock)."""
+        where = self._where(workspace_id)
+        with self._lock:
+            if workspace_id in self._held:
+                return where
+            handle = os.open(self._image(workspace_id), os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(handle)
+                raise Refusal(
+                    f"busy: workspace {workspace_id} is open in another sandbox-server process on this host; "
+                    "retry when that process has let it go, or leave out `workspace` for a new one",
+                    "workspace",
+                    kind="busy",
+                    retry_after_s=5,
+                ) from None
+            try:
+                mounts.detach(str(where))  # a mount of a process killed on this id before us
+                mounts.mount_image(self._image(workspace_id), where)
+            except BaseException:
+                os.close(handle)
+                raise
+            self._held[workspace_id] = handle
+        return where
+
+    def begin(self, workspace_id: str, spec: SandboxSpec) -> SandboxSpec:
+        if not self._image(workspace_id).exists():
+            self._create(workspace_id, spec.limits, spec.user)
+        where = self._mounted(workspace_id)
+        _empty_outputs(where)
+        return replace(self.shape(spec), mounted_workspace=str(where))
+
+    def finish(self, workspace_id: str, result: ExecutionResult, settings: WorkspaceSettings, room: Room) -> str | None:
+        return None  # the filesystem is the workspace: whatever the program did is already kept
+
+    def files(self, workspace_id: str) -> list[tuple[str, int]]:
+        if not self._image(workspace_id).exists():
+            return []
+        top = self._mounted(workspace_id)
+        found: list[tuple[str, int]] = []
+        pending = [("", os.open(top, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC))]
+        while pending:
+            prefix, folder = pending.pop()
+            try:
+                for entry in os.scandir(folder):
+                    name = prefix + entry.name
+                    if name == OUTPUT_LEAF:
+                        continue  # the last call's returned files, gone at the next call
+                    info = entry.stat(follow_symlinks=False)
+                    if stat.S_ISREG(info.st_mode):
+                        found.append((name, info.st_size))
+                    elif stat.S_ISDIR(info.st_mode):
+                        with contextlib.suppress(OSError):
+                            pending.append((name + "/", _open_below(folder, entry.name, directory=True)))
+            finally:
+                os.close(folder)
+        return sorted(found)
+
+    def read_file(self, workspace_id: str, path: str, max_bytes: int) -> bytes | None:
+        if not self._image(workspace_id).exists() or path.split("/", 1)[0] == OUTPUT_LEAF:
+            return None
+        folder = os.open(self._mounted(workspace_id), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        *parents, leaf = path.split("/")
+        try:
+            for part in parents:
+                inner = _open_below(folder, part, directory=True)
+                os.close(folder)
+                folder = inner
+            handle = _open_below(folder, leaf, directory=False)
+        except OSError:
+            return None
+        finally:
+            os.close(folder)
+        with os.fdopen(handle, "rb") as opened:
+            info = os.fstat(opened.fileno())
+            if not stat.S_ISREG(info.st_mode):
+                return None
+            if info.st_size > max_bytes:
+                raise too_large(path, info.st_size, max_bytes)
+            return opened.read(max_bytes + 1)[:max_bytes]
+
+    def remove(self, workspace_id: str) -> None:
+        with self._lock:
+            handle = self._held.pop(workspace_id, None)
+            where = self._where(workspace_id)
+            mounts.detach(str(where))
+            with contextlib.suppress(OSError):
+                where.rmdir()
+            if handle is not None:
+                os.close(handle)
+        self._image(workspace_id).unlink(missing_ok=True)
+
+    def close(self) -> None:
+        with self._lock:
+            mounts.detach_under(self.run)
+            for handle in self._held.values():
+                os.close(handle)
+            self._held.clear()
+        _remove_tree(self.run)
+
+
+def _empty_outputs(workspace: Path) -> None:
+    """Remove the previous call's output folder, without following anything the sandbox left there."""
+    root = os.open(workspace, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        info = os.stat(OUTPUT_LEAF, dir_fd=root, follow_symlinks=False)
+        if stat.S_ISDIR(info.st_mode):
+            shutil.rmtree(OUTPUT_LEAF, dir_fd=root)  # by open folders, never through a link
+        else:
+            os.unlink(OUTPUT_LEAF, dir_fd=root)
+    except FileNotFoundError:
+        pass
+    finally:
+        os.close(root)
+
+
+def _open_below(folder: int, name: str, *, directory: bool) -> int:
+    """Open one entry of an open folder without following a link (nor blocking on a FIFO)."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+    return os.open(name, flags | (os.O_DIRECTORY if directory else 0), dir_fd=folder)
+
+
+def _remove_tree(folder: Path) -> None:
+    """Remove a process's run folder: only empty folders once nothing is mounted there."""
+    for part in ("ws", "slots"):
+        with contextlib.suppress(OSError):
+            for child in os.scandir(folder / part):
+                with contextlib.suppress(OSError):
+                    os.rmdir(child.path)  # an empty mount point; never a workspace's own folder
+            os.rmdir(folder / part)
+    with contextlib.suppress(OSError):
+        folder.rmdir()

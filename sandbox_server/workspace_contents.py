@@ -177,6 +177,8 @@ class MountedContents:
         self._lock = threading.Lock()
         self._held: dict[str, int] = {}
         """Workspaces this process has mounted, with the open image whose lock says so."""
+        self._giving_back: dict[str, threading.Thread] = {}
+        """After a call, off its answer's path: the workspace's freed blocks go back to the host."""
         self.sweep()
         self.slots = self.run / "slots"
         mounts.make_shared(self.slots)
@@ -237,6 +239,7 @@ class MountedContents:
         return where
 
     def begin(self, workspace_id: str, spec: SandboxSpec) -> SandboxSpec:
+        self._settle(workspace_id)
         if not self._image(workspace_id).exists():
             self._create(workspace_id, spec.limits, spec.user)
         where = self._mounted(workspace_id)
@@ -244,7 +247,20 @@ class MountedContents:
         return replace(self.shape(spec), mounted_workspace=str(where))
 
     def finish(self, workspace_id: str, result: ExecutionResult, settings: WorkspaceSettings, room: Room) -> str | None:
-        return None  # the filesystem is the workspace: whatever the program did is already kept
+        # The filesystem is the workspace: whatever the program did is kept already. What it deleted
+        # goes back to the host's disk after the answer, before the workspace's next call.
+        giving_back = threading.Thread(target=mounts.give_back, args=(str(self._where(workspace_id)),), daemon=True)
+        with self._lock:
+            self._giving_back[workspace_id] = giving_back
+        giving_back.start()
+        return None
+
+    def _settle(self, workspace_id: str) -> None:
+        """Wait until what the workspace's last call freed is back with the host."""
+        with self._lock:
+            giving_back = self._giving_back.pop(workspace_id, None)
+        if giving_back is not None:
+            giving_back.join()
 
     def files(self, workspace_id: str) -> list[tuple[str, int]]:
         if not self._image(workspace_id).exists():
@@ -293,6 +309,7 @@ class MountedContents:
             return opened.read(max_bytes + 1)[:max_bytes]
 
     def remove(self, workspace_id: str) -> None:
+        self._settle(workspace_id)
         with self._lock:
             handle = self._held.pop(workspace_id, None)
             where = self._where(workspace_id)
@@ -304,6 +321,8 @@ class MountedContents:
         self._image(workspace_id).unlink(missing_ok=True)
 
     def close(self) -> None:
+        for workspace_id in list(self._giving_back):
+            self._settle(workspace_id)
         with self._lock:
             mounts.detach_under(self.run)
             for handle in self._held.values():

@@ -23,7 +23,12 @@ def _importers(top_level: str) -> set[str]:
 
 
 def test_only_the_engine_modules_import_docker() -> None:
-    assert _importers("docker") == {"sandbox/engine.py", "sandbox/removal.py", "sandbox/docker_runtime.py"}
+    assert _importers("docker") == {
+        "sandbox/engine.py",
+        "sandbox/host_config.py",
+        "sandbox/removal.py",
+        "sandbox/docker_runtime.py",
+    }
 
 
 def test_only_the_server_and_the_one_shot_client_import_mcp() -> None:

@@ -1,0 +1,120 @@
+"""Kept workspaces as mounted filesystems: what the host mounts, it lets go of; what it never does."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import docker
+import pytest
+
+from sandbox_server.sandbox import mounts
+from sandbox_server.sandbox.docker_runtime import DockerRuntime
+from sandbox_server.sandbox.spec import SandboxSpec
+from tests.mcp_harness import CheckedClient, connect, http_server_process, stdio_parameters, text_of
+
+pytestmark = pytest.mark.anyio
+
+KEEPING = "extends: default\nworkspace: {persist: true, size_mb: 16, files: 2000, idle_ttl_s: 600, max_per_client: 3}\n"
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[tuple[str, ...]]:
+    """serve arguments of a server that mounts workspaces under tmp_path/state; nothing is left mounted after."""
+    policy = tmp_path / "keeping.yaml"
+    policy.write_text(KEEPING)
+    state = tmp_path / "state"
+    yield ("--policy", str(policy), "--state-dir", str(state), "--workspaces", "mounted")
+    leftover = mounts.mounted(tmp_path)
+    mounts.detach_under(tmp_path)
+    assert not leftover, f"left mounted: {leftover}"
+
+
+def _state(served: tuple[str, ...]) -> Path:
+    return Path(served[served.index("--state-dir") + 1]) / "workspaces"
+
+
+async def _call(session: CheckedClient, command: str, **extra: Any) -> dict[str, Any]:
+    result = await session.call_tool("execute_command", {"command": command, **extra})
+    assert result.structured_content is not None, text_of(result)
+    return {**result.structured_content, "is_error": result.is_error, "text": text_of(result)}
+
+
+async def test_a_sessions_disk_is_given_back_and_nothing_stays_mounted_when_it_ends(
+    served: tuple[str, ...], runtime: DockerRuntime
+) -> None:
+    state = _state(served)
+    async with connect(stdio_parameters(*served)) as session:
+        bomb = await _call(session, "dd if=/dev/urandom of=big bs=1M count=64 2>&1")
+        (image,) = state.glob("ws-*.img")
+        allocated = image.stat().st_blocks * 512
+        during = mounts.mounted(state)
+    assert "No space left on device" in bomb["stdout"]
+    assert 15 * 2**20 <= allocated <= 24 * 2**20  # the bomb's 16 MiB and ext4's own, never more
+    assert len(during) == 2  # the session's workspace, and the slots of its warm containers
+    assert not list(state.glob("ws-*")) and not mounts.mounted(state)
+    assert not (state / "run").exists() or not list((state / "run").iterdir())
+
+
+async def test_a_killed_servers_mounts_are_swept_and_its_workspace_continues_in_the_next(
+    served: tuple[str, ...], runtime: DockerRuntime
+) -> None:
+    state = _state(served)
+    with http_server_process(*served) as first:
+        async with connect(first.url, mode="2026-07-28") as session:
+            made = await _call(session, "echo survived > s.txt")
+        first.process.send_signal(signal.SIGKILL)
+        first.process.wait()
+    left = mounts.mounted(state)
+    with http_server_process(*served) as second:
+        async with connect(second.url, mode="2026-07-28") as session:
+            continued = await _call(session, "cat s.txt", workspace=made["workspace"])
+        now = mounts.mounted(state)
+    assert left  # what the killed process had mounted
+    assert continued["stdout"] == "survived\n"
+    assert not set(left) & set(now)  # swept, and mounted again by the process that uses it now
+
+
+async def test_two_server_processes_never_mount_one_workspace_at_once(
+    served: tuple[str, ...], runtime: DockerRuntime
+) -> None:
+    with http_server_process(*served) as first:
+        async with connect(first.url, mode="2026-07-28") as session:
+            made = await _call(session, "echo one > f.txt")
+        with http_server_process(*served) as second:
+            async with connect(second.url, mode="2026-07-28") as session:
+                refused = await _call(session, "cat f.txt", workspace=made["workspace"])
+    assert refused["is_error"] and refused["error"]["kind"] == "busy" and refused["error"]["field"] == "workspace"
+    assert "another sandbox-server process" in refused["text"]
+
+
+def test_an_empty_slot_is_not_the_sandboxs_to_write(tmp_path: Path, runtime: DockerRuntime) -> None:
+    slots = tmp_path / "slots"
+    mounts.make_shared(slots)
+    warm = None
+    try:
+        spec = SandboxSpec(image="sandbox-server/base:latest", argv=("true",), workspace_slots=str(slots))
+        warm = runtime.prepare(spec)
+        assert warm.slot is not None and Path(warm.slot).parent == slots
+        api = docker.APIClient()
+        execution = api.exec_create(warm.container_id, ["sh", "-c", "touch /workspace/x 2>&1; id -u"], user="1000")
+        said = api.exec_start(execution).decode()
+        assert "Permission denied" in said and said.rstrip().endswith("1000")
+        assert not list(Path(warm.slot).iterdir())
+    finally:
+        if warm is not None:
+            runtime.discard(warm)
+        mounts.detach_under(slots)
+    assert warm is not None and not Path(warm.slot or "").exists()
+
+
+async def test_a_workspace_is_created_with_its_policys_size_and_files(
+    served: tuple[str, ...], runtime: DockerRuntime
+) -> None:
+    async with connect(stdio_parameters(*served)) as session:
+        shape = await _call(session, "stat -f -c '%b %S %c' . ; stat -f -c %T .")
+    blocks, block_size, inodes = map(int, shape["stdout"].split()[:3])
+    assert 16 * 2**20 <= blocks * block_size <= 18 * 2**20 and 2000 <= inodes <= 2100
+    assert shape["stdout"].split()[-1] == "ext2/ext3"  # stat's name for ext4

@@ -206,9 +206,7 @@ async def test_a_policy_that_keeps_nothing_refuses_a_workspace_id(tmp_path: Path
     assert second["stdout"] == "out\n"
 
 
-async def test_workspace_files_are_resources_of_their_session_only(
-    keeping: Keeping, runtime: DockerRuntime
-) -> None:
+async def test_workspace_files_are_resources_of_their_session_only(keeping: Keeping, runtime: DockerRuntime) -> None:
     with http_server(*_serve_args(keeping)) as url:
         async with connect(url) as alice, connect(url) as bob:
             written = await _call(alice, "mkdir -p data && printf 'a,b\\n1,2\\n' > data/t.csv")
@@ -230,9 +228,7 @@ async def test_workspace_files_are_resources_of_their_session_only(
     assert [t.uri_template for t in templates] == ["sandbox://workspace/{workspace}/{+path}"]
 
 
-async def test_a_2026_workspace_file_is_read_by_its_id(
-    keeping: Keeping, runtime: DockerRuntime
-) -> None:
+async def test_a_2026_workspace_file_is_read_by_its_id(keeping: Keeping, runtime: DockerRuntime) -> None:
     with http_server(*_serve_args(keeping)) as url:
         async with connect(url, mode="2026-07-28") as session:
             written = await _call(session, "echo hello > greeting.txt")

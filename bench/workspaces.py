@@ -1,7 +1,7 @@
 """What a kept workspace costs a call: `execute_command true` on an empty kept workspace and on
 one holding 50 MB in 200 files, against the same call with nothing kept; and a run_python cell
 after one that made a 1 M-row DataFrame, whose variables are kept (saved and restored) or not.
-All in the same run.
+Each kept row for both ways of keeping (a mounted filesystem, an archive). All in the same run.
 
 Each row is one stdio session on its own policy (the warm pool on in all of them), calls
 spaced apart as a model's are; medians of `--calls` calls. Writes
@@ -34,13 +34,14 @@ CELL = "import pandas as pd\nlen(globals().get('df', ()))"
 
 
 async def session(
-    work: Path, persist: bool, fill: bool, calls: int, gap_s: float, python: bool = False
+    work: Path, keeping: str | None, fill: bool, calls: int, gap_s: float, python: bool = False
 ) -> dict[str, Any]:
     """`calls` calls in one session: `true`, or with `python` a cell after a DataFrame cell; with `fill`,
-    the workspace first gets 50 MB in 200 files."""
-    policy = work / f"persist-{persist}-{fill}-{python}.yaml"
-    policy.write_text(POLICY % {"persist": str(persist).lower()})
-    arguments = ["--policy", str(policy), "--state-dir", str(work / "state")]
+    the workspace first gets 50 MB in 200 files. `keeping`: how workspaces are kept (serve --workspaces),
+    None for nothing kept."""
+    policy = work / f"persist-{keeping}-{fill}-{python}.yaml"
+    policy.write_text(POLICY % {"persist": str(keeping is not None).lower()})
+    arguments = ["--policy", str(policy), "--state-dir", str(work / "state"), "--workspaces", keeping or "auto"]
     async with Client(server_parameters(arguments), mode="legacy") as client:
         await wait_for_pool(server_process().pid, 4)
         if fill:
@@ -65,22 +66,27 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench workspaces", description=__doc__)
     parser.add_argument("--calls", type=int, default=60, help="calls per row (default 60)")
     parser.add_argument("--gap-s", type=float, default=0.25, help="pause between calls (default 0.25 s)")
+    parser.add_argument(
+        "--keeping", nargs="+", default=["mounted", "archived"], choices=["mounted", "archived"],
+        help="how workspaces are kept (serve --workspaces); default: both",
+    )  # fmt: skip
     options = parser.parse_args(argv)
 
     async def run() -> dict[str, Any]:
         with tempfile.TemporaryDirectory(prefix="bench-workspaces-") as folder:
             work = Path(folder)
-            rows = {
-                "nothing kept": await session(work, False, False, options.calls, options.gap_s),
-                "kept, empty": await session(work, True, False, options.calls, options.gap_s),
-                "kept, 50 MB in 200 files": await session(work, True, True, options.calls, options.gap_s),
-            }
+            rows = {"nothing kept": await session(work, None, False, options.calls, options.gap_s)}
             cells = {
-                "run_python cell, nothing kept": await session(work, False, False, options.calls, options.gap_s, True),
-                "run_python cell, 1 M-row DataFrame kept": await session(
-                    work, True, False, options.calls, options.gap_s, True
-                ),
+                "run_python cell, nothing kept": await session(work, None, False, options.calls, options.gap_s, True)
             }
+            for keeping in options.keeping:
+                for fill, label in ((False, "empty"), (True, "50 MB in 200 files")):
+                    rows[f"kept ({keeping}), {label}"] = await session(
+                        work, keeping, fill, options.calls, options.gap_s
+                    )
+                cells[f"run_python cell, 1 M-row DataFrame kept ({keeping})"] = await session(
+                    work, keeping, False, options.calls, options.gap_s, True
+                )
         for group in (rows, cells):
             baseline = next(iter(group.values()))["p50"]
             for row in group.values():

@@ -336,3 +336,31 @@ async def test_an_http_session_its_client_ends_takes_its_workspace_with_it(
         with anyio.fail_after(5):
             while list(state.glob(f"{written['workspace']}.*")):
                 await anyio.sleep(0.05)
+
+
+async def test_resources_never_follow_a_link_or_open_a_fifo_the_sandbox_left(
+    keeping: Keeping, runtime: DockerRuntime
+) -> None:
+    with http_server(*_serve_args(keeping)) as url:
+        async with connect(url, mode="2026-07-28") as session:
+            made = await _call(
+                session,
+                "echo mine > real.txt; ln -s /etc/hostname host.txt; ln -s /etc up; mkfifo pipe.txt; "
+                "mkdir d; ln -s ../real.txt d/again.txt",
+            )
+            base = f"sandbox://workspace/{made['workspace']}/"
+            read = await session.read_resource(base + "real.txt")
+            refused = {}
+            for path in ("host.txt", "up/hostname", "pipe.txt", "d/again.txt", "out"):
+                with anyio.fail_after(5), pytest.raises(MCPError) as missing:
+                    await session.read_resource(base + path)
+                refused[path] = missing.value.error.code
+    assert isinstance(read.contents[0], types.TextResourceContents) and read.contents[0].text == "mine\n"
+    assert set(refused.values()) == {-32602}, refused
+
+
+async def test_a_sessions_resource_list_names_its_regular_files_only(keeping: Keeping, runtime: DockerRuntime) -> None:
+    async with connect(stdio_parameters(*_serve_args(keeping))) as session:
+        await _call(session, "echo a > a.txt; ln -s /etc/passwd p.txt; mkfifo f; mkdir -p s/t && echo b > s/t/b.txt")
+        names = sorted(r.name for r in (await session.list_resources()).resources if "workspace" in str(r.uri))
+    assert names == ["a.txt", "s/t/b.txt"]

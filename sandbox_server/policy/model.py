@@ -72,8 +72,8 @@ class HostAdmission:
 
     min_available_memory_mb: int = 256
     max_load_per_cpu: float = 8.0
-    workspace_storage_mb: int = 4096
-    """All saved workspaces together may take at most this much of the host's disk."""
+    workspace_storage_mb: int = 8192
+    """All kept workspaces together may take at most this much of the host's disk (mounted ones: their whole size)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -181,8 +181,7 @@ class DockerRuntime(Engine):
     def discard_later(self, warm: WarmContainer) -> None:
         """Throw a warm container away unused, off the caller's path."""
         warm.close()
-        self.removal.remove_later(warm.container_id)
-        warm.free_slot()
+        self.removal.remove_later(warm.container_id, then=warm.free_slot)
 
     @staticmethod
     def _send(raw: socket.socket, request: BinaryIO) -> None:
@@ -269,15 +268,18 @@ class DockerRuntime(Engine):
             raise
         finally:
             warm.close()
-            # The program's processes are gone (the launcher killed what it left before its trailer, or
-            # the container was removed), so nothing of this call writes to the workspace after this.
-            warm.free_slot()
-            if not removed:
-                if cancelled:
-                    with anyio.CancelScope(shield=True):
-                        await anyio.to_thread.run_sync(self.removal.remove, container_id)
-                else:
-                    self.removal.remove_later(container_id)
+            # The program's processes are gone (the launcher killed what it left before its trailer, or the
+            # container is removed before the answer), so nothing of this call writes to its workspace after
+            # the answer. The slot is let go of after the removal, off the answer's path: unmounting from a
+            # live container's mounts waits for the kernel's RCU grace period, some milliseconds.
+            if removed:
+                warm.free_slot()
+            elif cancelled:
+                with anyio.CancelScope(shield=True):
+                    await anyio.to_thread.run_sync(self.removal.remove, container_id)
+                warm.free_slot()
+            else:
+                self.removal.remove_later(container_id, then=warm.free_slot)
         duration_ms = int((time.monotonic() - started) * 1000)
         archive = drain.splitter.sink
         files, notes = read_outputs(

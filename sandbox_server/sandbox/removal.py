@@ -70,12 +70,18 @@ class Remover:
         except Exception:  # the engine is away (connection refused or reset, EngineUnavailable)
             self._remember(container_id)
 
-    def remove_later(self, container_id: str) -> None:
-        """Remove off the caller's path; close() waits for it."""
-        try:
-            self._workers.submit(self.remove, container_id)
-        except RuntimeError:  # shutting down: remove now
+    def remove_later(self, container_id: str, then: Callable[[], None] | None = None) -> None:
+        """Remove off the caller's path, then call `then` (which must not raise); close() waits for both."""
+
+        def remove() -> None:
             self.remove(container_id)
+            if then is not None:
+                then()
+
+        try:
+            self._workers.submit(remove)
+        except RuntimeError:  # shutting down: remove now
+            remove()
 
     def engine_answered(self) -> None:
         """The engine works again: retry the removals that failed while it was away, off the caller's path."""

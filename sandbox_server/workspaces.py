@@ -47,6 +47,8 @@ ID_PATTERN = re.compile(r"ws-[A-Za-z0-9_-]{22}")
 SESSION_PREFIX = "session:"
 RESOURCE_PREFIX = "sandbox://workspace/"
 RESOURCE_TEMPLATE = RESOURCE_PREFIX + "{workspace}/{+path}"
+RECORD_WRITE_S = 5.0
+"""A workspace's last use reaches its record on disk at most this often (idle times are minutes)."""
 """How a kept workspace's files are named as MCP resources (RFC 6570)."""
 
 
@@ -106,6 +108,8 @@ class WorkspaceStore:
         self._lock = threading.Lock()
         self._busy: dict[str, anyio.Lock] = {}
         self._records: dict[str, WorkspaceRecord] = {}
+        self._written: dict[str, float] = {}
+        """When each record was last written to disk."""
         for path in self.root.glob("ws-*.json"):
             try:
                 record = WorkspaceRecord(**json.loads(path.read_text()))
@@ -264,6 +268,10 @@ class WorkspaceStore:
 
     def close(self) -> None:
         """The server is stopping: let go of what it holds (kept workspaces stay for a later process)."""
+        with self._lock:
+            for record in self._records.values():
+                if record.last_used > self._written.get(record.id, 0.0):
+                    self._write_record(record)
         self.contents.close()
 
     def _room(self, workspace_id: str | None, size: int) -> str | None:
@@ -291,12 +299,14 @@ class WorkspaceStore:
         return None
 
     def touch(self, record: WorkspaceRecord) -> None:
-        """Count a call that did not save as use, so the workspace does not expire under it."""
+        """Count a call as use, so the workspace does not expire under it (on disk at most every few seconds)."""
         with self._lock:
             current = self._records.get(record.id)
             if current is not None:
-                self._records[record.id] = replace(current, last_used=time.time())
-                self._write_record(self._records[record.id])
+                now = time.time()
+                self._records[record.id] = replace(current, last_used=now)
+                if now - self._written.get(record.id, 0.0) > RECORD_WRITE_S:
+                    self._write_record(self._records[record.id])
 
     # -- ending ------------------------------------------------------------------------
 
@@ -338,11 +348,13 @@ class WorkspaceStore:
 
     def _remove(self, workspace_id: str) -> None:
         self._records.pop(workspace_id, None)
+        self._written.pop(workspace_id, None)
         self._busy.pop(workspace_id, None)
         self.contents.remove(workspace_id)
         (self.root / f"{workspace_id}.json").unlink(missing_ok=True)
 
     def _write_record(self, record: WorkspaceRecord) -> None:
+        self._written[record.id] = time.time()
         temporary = self.root / f".{record.id}.json.new"
         temporary.write_text(json.dumps(asdict(record)))
         os.replace(temporary, self.root / f"{record.id}.json")

@@ -106,14 +106,14 @@ def image_bytes(size_mb: int, inodes: int) -> int:
 def make_image(path: Path, size_mb: int, inodes: int, owner: str) -> None:
     """A new sparse ext4 image whose root folder belongs to the sandbox's user ("uid:gid").
 
-    ext4 rounds the inode count to fill its tables, and keeps a few for itself: asking a little
-    more gives at least `inodes`.
+    ext4 rounds the inode count down to fill whole tables and keeps eleven for itself, so a
+    workspace holds slightly fewer files than `inodes`, never more.
     """
     uid, _, gid = owner.partition(":")
     with open(path, "wb") as image:
         image.truncate(image_bytes(size_mb, inodes))
     _run(
-        "mkfs.ext4", "-q", "-F", "-m", "0", "-N", str(inodes + inodes // 50 + 32), "-J", f"size={JOURNAL_MB}",
+        "mkfs.ext4", "-q", "-F", "-m", "0", "-N", str(inodes), "-J", f"size={JOURNAL_MB}",
         "-E", f"root_owner={uid}:{gid or uid},nodiscard", "-L", "workspace", str(path),
     )  # fmt: skip
 

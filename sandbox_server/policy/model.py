@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from sandbox_server.sandbox import wire
 from sandbox_server.sandbox.spec import Mount, ResourceLimits, SandboxSpec
 
 __all__ = ["AuditSettings", "HostAdmission", "Policy", "RateLimits", "ToolPolicy", "WorkspaceSettings"]
@@ -42,6 +43,8 @@ class ToolPolicy:
     """Warm containers kept ready for this tool's container settings (0: every call starts cold)."""
     pool_idle_s: float = 300.0
     """How long a warm container may wait before it is replaced."""
+    preload: tuple[str, ...] = ()
+    """Modules a warm interpreter imports before the request (images with warm_python.py)."""
 
     def container_spec(self) -> SandboxSpec:
         """The container this tool's calls run in, before any call (warm containers are made from it)."""
@@ -52,7 +55,7 @@ class ToolPolicy:
             runtime=self.runtime,
             user=self.user,
             network=self.network,
-            env=self.env,
+            env=self.env + ((wire.PRELOAD_ENV, " ".join(self.preload)),) if self.preload else self.env,
             mounts=self.mounts,
             seccomp_profile=self.seccomp_profile,
         )

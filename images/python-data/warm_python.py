@@ -1,0 +1,90 @@
+"""A warm interpreter: the data libraries imported before any call exists, then one program run.
+
+The shell launcher starts this in a warm container before its request arrives (when the
+container's environment names modules in SANDBOX_PRELOAD), so nothing of any call is in it
+while it imports. It then waits on a FIFO for the one job of its container: the launcher
+writes the folder holding the program's argv, environment, working folder and stdin, and
+this process becomes that program (`python3 SCRIPT ARGS…`), in a process group of its own,
+with the call's stdin, environment and folder, and exits with its exit code. It is never
+reused: the container is destroyed after its one call, as every sandbox is.
+
+While importing, its output goes to a file (nothing may reach the attach stream before the
+request); a module that cannot be imported is skipped, and the reason kept for `doctor`.
+"""
+
+import os
+import runpy
+import sys
+import time
+
+from sandbox_wire import PRELOAD_ENV, REQUEST_DIR, WARM_DIR, WARM_ERRORS, WARM_JOB
+
+_started = time.monotonic()
+
+
+def _preload() -> None:
+    saved = os.dup(1), os.dup(2)
+    quiet = os.open(WARM_ERRORS, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.dup2(quiet, 1)
+    os.dup2(quiet, 2)
+    try:
+        for name in os.environ.get(PRELOAD_ENV, "").split():
+            try:
+                __import__(name)
+            except BaseException as exc:  # a missing library leaves that call cold, never broken
+                print(f"preload {name}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        if "matplotlib.pyplot" in sys.modules:  # its font list and backend, built now rather than in the call
+            import matplotlib.pyplot as plt
+
+            plt.figure().canvas.draw()
+            plt.close("all")
+        print(f"preloaded in {time.monotonic() - _started:.3f} s", file=sys.stderr)
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        os.close(quiet)
+        for fd in saved:
+            os.close(fd)
+
+
+def _read(name: str) -> bytes:
+    with open(os.path.join(WARM_DIR, name), "rb") as handle:
+        return handle.read()
+
+
+def main() -> None:
+    os.setsid()  # the launcher's deadline stops this process group
+    _preload()
+    with open(WARM_JOB, "rb") as fifo:  # blocks until the launcher hands over its call's program
+        fifo.readline()
+    argv = [part.decode() for part in _read("argv").split(b"\0")[:-1]]
+    environment = dict(entry.decode().split("=", 1) for entry in _read("env").split(b"\0") if b"=" in entry)
+    os.chdir(_read("cwd").decode().rstrip("\n"))
+    stdin = os.open(os.path.join(REQUEST_DIR, "stdin"), os.O_RDONLY)
+    os.dup2(stdin, 0)
+    os.close(stdin)
+    sys.stdin = open(0, encoding="utf-8", errors="surrogateescape", closefd=False)
+    os.environ.clear()
+    os.environ.update(environment)
+    script = argv[1]
+    sys.argv = argv[1:]
+    sys.path[0] = os.path.dirname(script)
+    code = 0
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if not isinstance(exc.code, int | None):
+            print(exc.code, file=sys.stderr)
+    except BaseException:  # as the interpreter itself reports an uncaught exception
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    sys.exit(code)  # the interpreter's own shutdown (atexit, flushing), as a cold program's
+
+
+if __name__ == "__main__":
+    main()

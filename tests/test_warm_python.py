@@ -1,0 +1,105 @@
+"""Warm interpreters: python-data containers import the data libraries before their call exists."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sandbox_server.sandbox.docker_runtime import DockerRuntime
+from tests.mcp_harness import CheckedClient, connect, stdio_parameters, text_of
+
+pytestmark = pytest.mark.anyio
+
+PROBE = (
+    "import sys, os\n"
+    "import pandas as pd\n"
+    "mine = sorted(k for k in globals() if not k.startswith('__'))\n"
+    "warm = open('/tmp/.sandbox-warm/errors').read() if os.path.exists('/tmp/.sandbox-warm/errors') else ''\n"
+    "import matplotlib.pyplot as plt\n"
+    "(mine, 'duckdb' in sys.modules, pd is sys.modules['pandas'], __name__, plt.get_fignums(), os.getcwd(),\n"
+    " os.environ.get('SANDBOX_PRELOAD'), 'preloaded in' in warm)"
+)
+
+
+async def _cell(session: CheckedClient, code: str) -> dict[str, Any]:
+    result = await session.call_tool("run_python", {"code": code})
+    assert result.structured_content is not None, text_of(result)
+    return {**result.structured_content, "is_error": result.is_error, "text": text_of(result)}
+
+
+def _policy(tmp_path: Path, body: str) -> str:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("extends: default\nworkspace: {persist: false}\n" + body)
+    return str(policy)
+
+
+async def test_a_cell_in_a_warm_interpreter_sees_a_clean_namespace_and_the_preloaded_modules(
+    tmp_path: Path, runtime: DockerRuntime
+) -> None:
+    audit = tmp_path / "audit.jsonl"
+    async with connect(stdio_parameters("--policy", _policy(tmp_path, ""), "--audit-log", str(audit))) as session:
+        first = await _cell(session, PROBE)
+        second = await _cell(session, PROBE)
+    assert not first["is_error"], first["text"]
+    values = first["stdout"].strip()
+    # Only what the cell made; duckdb imported before the cell (it never imports it); the user's own
+    # `import pandas` is the preloaded module; no figure it did not make; the cold start's folder.
+    assert values == ("(['os', 'pd', 'sys'], True, True, '__main__', [], '/workspace', None, True)"), values
+    assert second["stdout"] == first["stdout"]
+    containers = [json.loads(line)["container_id"] for line in audit.read_text().splitlines()]
+    assert len(set(containers)) == 2  # still one container per call
+
+
+async def test_a_cell_that_breaks_the_preloaded_libraries_breaks_only_itself(
+    tmp_path: Path, runtime: DockerRuntime
+) -> None:
+    breaking = (
+        "import sys, matplotlib.pyplot as plt, pandas\n"
+        "plt.plot = None\n"
+        "pandas.DataFrame = None\n"
+        "del sys.modules['numpy']\n"
+        "plt.figure()\n"
+        "'broken'"
+    )
+    working = (
+        "import matplotlib.pyplot as plt, pandas as pd\n"
+        "plt.plot(pd.DataFrame({'x': [1, 2, 3]}).x)\n"
+        "len(plt.get_fignums())"
+    )
+    async with connect(stdio_parameters("--policy", _policy(tmp_path, ""))) as session:
+        broken = await _cell(session, breaking)
+        after = await _cell(session, working)
+    assert not broken["is_error"] and broken["stdout"].strip() == "'broken'"
+    assert not after["is_error"] and after["stdout"].strip() == "1", after["text"]
+    assert [f["path"] for f in after["files"]] == ["figure-1.png"]
+
+
+async def test_a_module_that_cannot_be_preloaded_leaves_the_call_working(
+    tmp_path: Path, runtime: DockerRuntime
+) -> None:
+    policy = _policy(tmp_path, "tools:\n  run_python:\n    preload: [no_such_module, pandas]\n")
+    async with connect(stdio_parameters("--policy", policy)) as session:
+        cell = await _cell(session, "import sys\n(open('/tmp/.sandbox-warm/errors').read(), 'pandas' in sys.modules)")
+    assert not cell["is_error"], cell["text"]
+    assert "preload no_such_module: ModuleNotFoundError" in cell["stdout"] and cell["stdout"].strip().endswith("True)")
+
+
+async def test_a_program_that_is_not_the_images_own_python_stops_the_warm_interpreter_first(
+    tmp_path: Path, runtime: DockerRuntime
+) -> None:
+    body = "tools:\n  execute_command:\n    image: sandbox-server/python-data:latest\n    preload: [pandas]\n"
+    listing = "for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < $f; echo; done"
+    async with connect(stdio_parameters("--policy", _policy(tmp_path, body))) as session:
+        result = await session.call_tool("execute_command", {"command": listing})
+    assert result.structured_content is not None and not result.is_error, text_of(result)
+    assert "warm_python" not in result.structured_content["stdout"]
+    assert "for f in" in result.structured_content["stdout"]  # the listing saw its own shell
+
+
+async def test_a_cold_container_does_the_same_work_on_the_calls_path(tmp_path: Path, runtime: DockerRuntime) -> None:
+    async with connect(stdio_parameters("--policy", _policy(tmp_path, ""), "--no-pool")) as session:
+        cold = await _cell(session, PROBE)
+    assert not cold["is_error"] and cold["stdout"].strip().endswith("'/workspace', None, True)"), cold["text"]

@@ -5,7 +5,12 @@ from __future__ import annotations
 import importlib
 import sys
 
-BENCHMARKS = {"analyze_csv": "bench.analyze_csv", "performance": "bench.performance", "workspaces": "bench.workspaces"}
+BENCHMARKS = {
+    "analyze_csv": "bench.analyze_csv",
+    "performance": "bench.performance",
+    "warm": "bench.warm",
+    "workspaces": "bench.workspaces",
+}
 
 
 def main() -> int:

@@ -12,6 +12,7 @@ While importing, its output goes to a file (nothing may reach the attach stream 
 request); a module that cannot be imported is skipped, and the reason kept for `doctor`.
 """
 
+import atexit
 import os
 import runpy
 import sys
@@ -83,7 +84,15 @@ def main() -> None:
 
         traceback.print_exc()
         code = 1
-    sys.exit(code)  # the interpreter's own shutdown (atexit, flushing), as a cold program's
+    # What a program's exit does for it (exit handlers, flushed streams), without tearing down the
+    # preloaded modules one by one: with pandas and matplotlib loaded that alone takes ~300 ms.
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
 
 
 if __name__ == "__main__":

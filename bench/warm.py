@@ -1,0 +1,187 @@
+"""Warm interpreters: a realistic data call, beside the same work in an interpreter that is already warm.
+
+    scripts/run bench warm [--calls 20] [--gap-s 0.5]
+
+Rows, through the real MCP client over stdio (calls spaced --gap-s apart, as a model's):
+- run_python `import pandas, matplotlib; df.plot(); df.sum()` (3 rows) and analyze_csv on
+  200 rows (sum by group with a bar plot), with the warm pool and preloaded interpreters
+  (the shipped default), with the pool but nothing preloaded, and cold (`--no-pool`);
+- the anchors, measured in the same run: the same cell, and the same DuckDB query, timed
+  inside one python-data container whose interpreter has already imported the libraries
+  (what a call costs once nothing needs importing);
+- the resident memory of a warm container of each image, read from the host.
+Writes bench/results/warm.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import docker
+import psutil
+from mcp import Client
+
+from bench.common import print_table, write_results
+from bench.performance import percentiles, server_process, wait_for_pool
+from sandbox_server.client import server_parameters
+from sandbox_server.sandbox.docker_runtime import DockerRuntime
+from sandbox_server.sandbox.host_config import host_config_kwargs
+from sandbox_server.sandbox.spec import SandboxSpec
+
+DATA = "sandbox-server/python-data:latest"
+CELL = (
+    "import pandas as pd, matplotlib.pyplot as plt\n"
+    "df = pd.DataFrame({'a': [1, 2, 3], 'b': [4.0, 5.5, 6.25]})\n"
+    "df.plot()\n"
+    "df.sum()"
+)
+CSV = "region,amount\n" + "".join(f"r{i % 5},{i * 1.5}\n" for i in range(200))
+ANALYSIS = {
+    "filepath": "s.csv",
+    "operations": ["sum"],
+    "columns": ["amount"],
+    "group_by": ["region"],
+    "plot": {"kind": "bar", "y": "amount"},
+    "files": [{"path": "s.csv", "content": CSV}],
+}
+QUERY = "SELECT region, sum(amount) FROM read_csv_auto('/tmp/s.csv') GROUP BY region ORDER BY region"
+POLICY = """
+name: bench-warm
+extends: default
+workspace: {persist: false}
+rate: {calls_per_minute: 1000000}
+host: {min_available_memory_mb: 64, max_load_per_cpu: 1000}
+%(tools)s
+"""
+NOTHING_PRELOADED = "tools:\n  run_python: {preload: []}\n  analyze_csv: {preload: []}\n"
+ANCHOR = r"""
+import json, sys, time
+import numpy, pandas, duckdb, matplotlib.pyplot as plt
+open('/tmp/s.csv', 'w').write(sys.argv[3])
+cell, query, calls = sys.argv[1], sys.argv[2], 12
+plt.figure().canvas.draw(); plt.close('all')
+cells, queries = [], []
+for _ in range(calls):
+    started = time.perf_counter()
+    exec(compile(cell, '<cell>', 'exec'), {'__name__': '__main__'})
+    for number in plt.get_fignums():
+        plt.figure(number).savefig('/tmp/f.png')
+    plt.close('all')
+    cells.append(time.perf_counter() - started)
+    started = time.perf_counter()
+    duckdb.connect().execute(query).fetchall()
+    queries.append(time.perf_counter() - started)
+print(json.dumps({'cell': sorted(cells)[calls // 2] * 1000, 'query': sorted(queries)[calls // 2] * 1000}))
+"""
+
+
+def anchors() -> dict[str, float]:
+    """The cell and the DuckDB query in one python-data container whose interpreter imported everything first."""
+    api = docker.APIClient()
+    settings = host_config_kwargs(SandboxSpec(image=DATA, argv=("true",)))
+    settings["log_config"] = {"type": "json-file", "config": {}}  # its answer is read from its log
+    container = api.create_container(
+        DATA, ["python3", "-c", ANCHOR, CELL, QUERY, CSV], user="1000:1000", working_dir="/workspace",
+        host_config=api.create_host_config(**settings),
+    )  # fmt: skip
+    try:
+        api.start(container)
+        api.wait(container, timeout=300)
+        said = api.logs(container, stdout=True, stderr=True).decode()
+    finally:
+        api.remove_container(container, force=True)
+    return {key: round(value, 1) for key, value in json.loads(said.strip().splitlines()[-1]).items()}
+
+
+async def latency(work: Path, label: str, tools: str, pooled: bool, calls: int, gap_s: float) -> dict[str, Any]:
+    """The two data calls `calls` times each in one session."""
+    policy = work / f"{label}.yaml"
+    policy.write_text(POLICY % {"tools": tools})
+    arguments = ["--policy", str(policy)] + ([] if pooled else ["--no-pool"])
+    report: dict[str, Any] = {}
+    async with Client(server_parameters(arguments), mode="legacy") as client:
+        if pooled:
+            await wait_for_pool(server_process().pid, 4)
+            await anyio.sleep(3)  # preloading is done off the call's path: let it finish, as between a model's calls
+        for name, (tool, arguments_) in {"run_python": ("run_python", {"code": CELL}),
+                                         "analyze_csv": ("analyze_csv", ANALYSIS)}.items():  # fmt: skip
+            samples, failures = [], 0
+            for _ in range(calls):
+                started = time.perf_counter()
+                result = await client.call_tool(tool, arguments_)
+                samples.append(time.perf_counter() - started)
+                failures += bool(result.is_error)
+                await anyio.sleep(gap_s)
+            report[name] = {**percentiles(samples), "failures": failures}
+    return report
+
+
+def warm_memory() -> dict[str, float]:
+    """RSS (MiB) of one warm container of each image, preloaded as the default policy does."""
+    runtime = DockerRuntime.connect()
+    sizes = {}
+    try:
+        for name, spec in {
+            "base": SandboxSpec(image="sandbox-server/base:latest", argv=("true",)),
+            "python-data, preloaded": SandboxSpec(
+                image=DATA, argv=("true",), env=(("SANDBOX_PRELOAD", "numpy pandas matplotlib.pyplot duckdb"),)
+            ),
+            "python-data, nothing preloaded": SandboxSpec(image=DATA, argv=("true",)),
+        }.items():
+            warm = runtime.prepare(spec)
+            try:
+                time.sleep(4)  # the interpreter's imports
+                pids = runtime.host_pids(warm.container_id)
+                sizes[name] = round(sum(psutil.Process(pid).memory_info().rss for pid in pids) / 2**20, 1)
+            finally:
+                runtime.discard(warm)
+    finally:
+        runtime.close()
+    return sizes
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench warm", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--calls", type=int, default=20, help="calls per row (default 20)")
+    parser.add_argument("--gap-s", type=float, default=0.5, help="pause between calls (default 0.5 s)")
+    options = parser.parse_args(argv)
+    report: dict[str, Any] = {"calls": options.calls, "gap_s": options.gap_s}
+    print("anchors ...", flush=True)
+    report["anchors_ms"] = anchors()
+    with tempfile.TemporaryDirectory(prefix="sandbox-bench-warm-") as folder:
+        work = Path(folder)
+        rows = {
+            "warm pool, preloaded": (work, "preloaded", "", True),
+            "warm pool, nothing preloaded": (work, "plain", NOTHING_PRELOADED, True),
+            "cold (--no-pool)": (work, "cold", "", False),
+        }
+        for label, row in rows.items():
+            print(f"{label} ...", flush=True)
+            report[label] = anyio.run(latency, *row, options.calls, options.gap_s)
+    print("warm container memory ...", flush=True)
+    report["warm_container_rss_mb"] = warm_memory()
+    cell, query = report["anchors_ms"]["cell"], report["anchors_ms"]["query"]
+    table = []
+    for label in rows:
+        for tool, anchor in (("run_python", cell), ("analyze_csv", cell + query)):
+            entry = report[label][tool]
+            entry["ratio_to_anchor"] = round(entry["p50"] / anchor, 2)
+            table.append([f"{tool}, {label}", entry["p50"], entry["p95"], entry["ratio_to_anchor"], entry["failures"]])
+    print()
+    print_table(["call", "p50 ms", "p95 ms", "p50 / anchor", "failures"], table)
+    print(f"\nanchors (already-warm interpreter): cell {cell} ms, DuckDB query {query} ms")
+    print("warm container RSS (MiB): " + ", ".join(f"{k} {v}" for k, v in report["warm_container_rss_mb"].items()))
+    path = write_results("warm", report)
+    print(f"\nwritten: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

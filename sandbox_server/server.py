@@ -19,6 +19,7 @@ from typing import Any
 import anyio
 import anyio.to_thread
 import mcp_types as types
+import psutil
 from jsonschema import Draft202012Validator
 from mcp.server import ServerRequestContext
 from mcp.server.lowlevel import NotificationOptions, Server
@@ -86,8 +87,7 @@ class SandboxServer:
         """Kept workspaces, used when the policy's workspace.persist is true."""
         self.pool = pool
         self.runtime: SandboxRuntime = pool if pool is not None else runtime
-        if pool is not None:
-            pool.configure(self._pool_targets(policy))
+        self._configure_pool(policy)
         self.page_size = max(1, page_size)
         self.store = store or ResourceStore()
         self.audit = audit
@@ -129,8 +129,20 @@ class SandboxServer:
                 template = tool_policy.container_spec()
                 if policy.workspace.persist and self.workspaces is not None:
                     template = self.workspaces.shape(template)  # calls in kept workspaces get such containers
-                targets.append(PoolTarget(template, tool_policy.pool_size, tool_policy.pool_idle_s))
+                most = min(tool_policy.pool_max, policy.rate.concurrent_calls)
+                targets.append(PoolTarget(template, tool_policy.pool_size, tool_policy.pool_idle_s, most))
         return targets
+
+    def _configure_pool(self, policy: Policy) -> None:
+        """The warm pools a policy wants, within its memory budget and the host's memory floor."""
+        if self.pool is None:
+            return
+        floor = policy.host.min_available_memory_mb * 2**20
+
+        def host_room() -> bool:
+            return bool(psutil.virtual_memory().available > floor)
+
+        self.pool.configure(self._pool_targets(policy), policy.host.pool_memory_mb * 2**20, host_room)
 
     async def swap_policy(self, policy: Policy) -> None:
         """Use a new policy for new calls (running calls keep theirs) and tell clients the tools changed."""
@@ -138,8 +150,7 @@ class SandboxServer:
         self.admission.reconfigure(policy.rate, policy.host, policy.name)
         if self.workspaces is not None:
             self.workspaces.reconfigure(policy.workspace, policy.host.workspace_storage_mb * 1024 * 1024)
-        if self.pool is not None:
-            self.pool.configure(self._pool_targets(policy))
+        self._configure_pool(policy)
         logger.info("policy %s (%s) is now in force", policy.name, policy.digest[:12])
         await self._events.publish(ToolsListChanged())
         for key, session in list(self._sessions.items()):

@@ -124,6 +124,9 @@ class _FakeEngine:
     def healthy(self, warm: Any) -> bool:
         return not warm.broken
 
+    def memory(self, warm: Any) -> int:
+        return 100
+
     def discard(self, warm: Any) -> None:
         self.discarded.append(warm)
 
@@ -157,3 +160,75 @@ def test_the_pool_hands_out_only_healthy_fresh_containers_of_the_right_key() -> 
     pool.add(target, leftover)
     pool.configure([PoolTarget(other, 1, idle_s=60)])
     assert engine.discarded[-1] is leftover and pool.ready_count() == 0
+
+
+def test_a_pool_grows_when_calls_find_it_empty_and_shrinks_after_idle_time() -> None:
+    import time
+
+    engine = _FakeEngine()
+    pool = WarmPool(engine)
+    spec = SandboxSpec(image="img", argv=("true",))
+    key = spec.container_key()
+    target = PoolTarget(spec, 1, idle_s=60, maximum=6)
+    pool.configure([target])
+    assert pool.wanted(key) == 1
+    assert pool.take(key) is None and pool.wanted(key) == 2  # a miss doubles it
+    assert pool.take(key) is None and pool.take(key) is None and pool.wanted(key) == 6  # never past its maximum
+    now = time.monotonic()
+    pool.add(target, _FakeWarm(key, now))
+    assert pool.take(key) is not None and pool.wanted(key) == 6
+    for _ in range(3):
+        pool.add(target, _FakeWarm(key, now - 120))
+    pool._expire(now)  # each container that waited its whole idle time unused takes one back
+    assert pool.wanted(key) == 3 and pool.ready_count() == 0
+    for _ in range(5):
+        pool.add(target, _FakeWarm(key, now - 120))
+    pool._expire(now)
+    assert pool.wanted(key) == 1  # never below its size
+
+
+def test_a_pool_makes_no_container_past_its_memory_budget_or_the_hosts_floor() -> None:
+    import time
+
+    engine = _FakeEngine()  # every container holds 100 bytes
+    pool = WarmPool(engine)
+    spec = SandboxSpec(image="img", argv=("true",))
+    key = spec.container_key()
+    target = PoolTarget(spec, 1, idle_s=60, maximum=8)
+    room = [True]
+    pool.configure([target], memory_budget=250, host_room=lambda: room[0])
+    for _ in range(2):
+        pool.add(target, _FakeWarm(key, time.monotonic()))
+    pool._sweep()  # reads what each holds
+    assert pool.memory_bytes() == 200 and not pool._affordable(key)  # a third would pass 250
+    pool.take(key)
+    assert pool.memory_bytes() == 100 and pool._affordable(key)
+    room[0] = False
+    assert not pool._affordable(key)  # the host is short of memory: nothing more is made
+
+
+async def test_a_burst_grows_the_pool_and_idle_time_shrinks_it_back(tmp_path: Path, runtime: DockerRuntime) -> None:
+    policy = tmp_path / "demand.yaml"
+    policy.write_text(POOLED.replace("pool: {size: %(size)d, idle_s: %(idle)s}", "pool: {min: 1, max: 4, idle_s: 2}"))
+    with http_server_process("--policy", str(policy)) as server:
+        server.wait_for_line("warm pool ready: 1 container(s)")
+        async with connect(server.url) as session:
+            for _ in range(3):  # back to back: the first takes the one, the next find it empty
+                await session.call_tool("execute_command", {"command": "true"})
+        with anyio.fail_after(20):
+            while len(containers_of(server.process.pid)) < 4:
+                await anyio.sleep(0.05)
+        with anyio.fail_after(30):  # each container that waits 2 s unused takes one back
+            while len(containers_of(server.process.pid)) > 1:
+                await anyio.sleep(0.1)
+
+
+async def test_the_warm_containers_of_a_killed_server_remove_themselves(tmp_path: Path, runtime: DockerRuntime) -> None:
+    with http_server_process("--policy", str(_policy(tmp_path))) as server:
+        server.wait_for_line("warm pool ready: 2 container(s)")
+        warm = {cid[:12] for cid in containers_of(server.process.pid)}
+        server.process.send_signal(signal.SIGKILL)
+        server.process.wait()
+        # No server starts to sweep them: their launchers read the end of their closed streams and exit,
+        # and the engine removes them.
+        await _gone(runtime, warm)

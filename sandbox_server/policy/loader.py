@@ -218,7 +218,8 @@ def _tool_policy(
         mounts=tuple(mounts),
         env=tuple(sorted(environment.items())),
         enabled=bool(settings.get("enabled", True)),
-        pool_size=int(settings.get("pool", {}).get("size", defaults.pool_size)),
+        pool_size=int(settings.get("pool", {}).get("min", settings.get("pool", {}).get("size", defaults.pool_size))),
+        pool_max=int(settings.get("pool", {}).get("max", defaults.pool_max)),
         pool_idle_s=float(settings.get("pool", {}).get("idle_s", defaults.pool_idle_s)),
         preload=tuple(settings.get("preload", defaults.preload)),
     )

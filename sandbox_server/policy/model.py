@@ -40,7 +40,9 @@ class ToolPolicy:
     """The program's environment, resolved at load time (passed names and fixed values)."""
     enabled: bool = True
     pool_size: int = 2
-    """Warm containers kept ready for this tool's container settings (0: every call starts cold)."""
+    """Warm containers kept ready for this tool's container settings at the least (0: every call starts cold)."""
+    pool_max: int = 8
+    """The most its pool grows to under demand."""
     pool_idle_s: float = 300.0
     """How long a warm container may wait before it is replaced."""
     preload: tuple[str, ...] = ()
@@ -75,6 +77,8 @@ class HostAdmission:
 
     min_available_memory_mb: int = 256
     max_load_per_cpu: float = 8.0
+    pool_memory_mb: int = 2048
+    """All warm containers together may hold at most this much memory."""
     workspace_storage_mb: int = 8192
     """All kept workspaces together may take at most this much of the host's disk (mounted ones: their whole size)."""
 

@@ -61,6 +61,8 @@ class WarmContainer:
     """The engine client's file object around `stream`: the socket is really closed only once both are."""
     slot: str | None = None
     """The host folder bound at its workspace, where a kept workspace is mounted for its call."""
+    pid: int = 0
+    """The host pid of its init, to read its memory from the host (0: unknown)."""
 
     def close(self) -> None:
         """Close our end of the attach stream; never raises."""
@@ -147,10 +149,11 @@ class DockerRuntime(Engine):
                 )
                 raw: socket.socket = getattr(attached, "_sock", attached)
                 self.api.start(container_id)
+                pid = int(self.api.inspect_container(container_id)["State"].get("Pid") or 0)
         except BaseException:
             self.removal.remove(container_id)
             raise
-        return WarmContainer(container_id, raw, spec.container_key(), time.monotonic(), attached, slot)
+        return WarmContainer(container_id, raw, spec.container_key(), time.monotonic(), attached, slot, pid)
 
     @staticmethod
     def healthy(warm: WarmContainer) -> bool:
@@ -171,6 +174,15 @@ class DockerRuntime(Engine):
             return [first, *(child.pid for child in psutil.Process(first).children(recursive=True))]
         except psutil.Error as exc:
             raise EngineError(f"container {container_id[:12]}: its processes cannot be read here: {exc}") from exc
+
+    @staticmethod
+    def memory(warm: WarmContainer) -> int:
+        """Resident bytes of a waiting container's processes, read from the host (0 when they cannot be read)."""
+        try:
+            init = psutil.Process(warm.pid)
+            return sum(p.memory_info().rss for p in (init, *init.children(recursive=True)))
+        except (psutil.Error, ValueError):
+            return 0
 
     def discard(self, warm: WarmContainer) -> None:
         """Throw a warm container away unused; never raises."""
@@ -198,12 +210,19 @@ class DockerRuntime(Engine):
             request.close()
 
     def _finish(self, container_id: str) -> tuple[int | None, bool]:
-        """Exit code and OOM flag of a container whose stream has ended: one inspect, a wait only if it lags."""
-        with engine_errors("read the sandbox's exit status"):
-            state = self.api.inspect_container(container_id)["State"]
-            if state.get("Running") or state.get("Status") not in ("exited", "dead"):
-                self.api.wait(container_id, timeout=30)
+        """Exit code and OOM flag of a container whose stream has ended: one inspect, a wait only if it lags.
+
+        A container that ended is removed by the engine itself (auto-remove): then nothing is known."""
+        try:
+            with engine_errors("read the sandbox's exit status"):
                 state = self.api.inspect_container(container_id)["State"]
+                if state.get("Running") or state.get("Status") not in ("exited", "dead"):
+                    self.api.wait(container_id, timeout=30)
+                    state = self.api.inspect_container(container_id)["State"]
+        except EngineError as exc:
+            if isinstance(exc.__cause__, docker.errors.NotFound):
+                return None, False
+            raise
         return int(state.get("ExitCode", -1)), bool(state.get("OOMKilled"))
 
     async def run(

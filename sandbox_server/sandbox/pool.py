@@ -7,7 +7,14 @@ A container that is never taken is replaced after its idle time. A container tha
 said anything or whose stream ended before its call (broken) is discarded, never
 handed out. A new policy drains the queues it no longer wants; close() destroys
 all. Isolation between calls is that of a cold container: a warm one has run
-nothing but the launcher, blocked on reading its request.
+nothing but the launcher (and, in python-data images, an interpreter importing its
+libraries), blocked on reading its request.
+
+Each pool follows demand between its target's `size` (its minimum) and `maximum`: a
+call that finds it empty doubles what it keeps, a container that waited its whole idle
+time unused takes one back. It never holds more memory than its budget (the warm
+containers' resident memory, read from the host), and makes none while the host has
+less memory available than its floor.
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ import logging
 import math
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
@@ -57,6 +64,7 @@ class WarmEngine(Protocol[WarmT]):
 
     def prepare(self, spec: SandboxSpec) -> WarmT: ...
     def healthy(self, warm: WarmT) -> bool: ...
+    def memory(self, warm: WarmT) -> int: ...
     def discard(self, warm: WarmT) -> None: ...
     def discard_later(self, warm: WarmT) -> None: ...
     async def run(
@@ -66,11 +74,18 @@ class WarmEngine(Protocol[WarmT]):
 
 @dataclass(frozen=True, slots=True)
 class PoolTarget:
-    """Keep `size` containers made from `spec`'s container settings, none older than `idle_s`."""
+    """Keep `size` to `maximum` containers made from `spec`'s container settings, none older than `idle_s`."""
 
     spec: SandboxSpec
     size: int
     idle_s: float
+    maximum: int = 0
+    """The most this pool grows to under demand (never below `size`)."""
+
+    @property
+    def most(self) -> int:
+        """The pool's ceiling."""
+        return max(self.size, self.maximum)
 
     @property
     def key(self) -> Key:
@@ -88,6 +103,8 @@ class PoolStats:
     discarded_stale: int = 0
     discarded_broken: int = 0
     failures: int = 0
+    held_back: int = 0
+    """Containers not made because the memory budget or the host's memory floor said no."""
 
 
 class WarmPool(Generic[WarmT]):
@@ -102,10 +119,28 @@ class WarmPool(Generic[WarmT]):
         self._retry_at = 0.0
         self._closed = False
         self._announced: set[Key] = set()
+        self._want: dict[Key, int] = {}
+        """How many each pool keeps now, between its size and its maximum."""
+        self._memory: dict[int, int] = {}
+        """Resident bytes of each waiting container (by id()), read at each sweep."""
+        self._per_container: dict[Key, int] = {}
+        """The most one container of each key was seen to hold: what making another will cost."""
+        self.memory_budget = math.inf
+        """Bytes all waiting containers together may hold."""
+        self.host_room: Callable[[], bool] = lambda: True
+        """Whether the host has memory to spare for another warm container."""
         self.stats = PoolStats()
 
-    def configure(self, targets: Iterable[PoolTarget]) -> None:
+    def configure(
+        self,
+        targets: Iterable[PoolTarget],
+        memory_budget: float = math.inf,
+        host_room: Callable[[], bool] | None = None,
+    ) -> None:
         """Keep these pools from now on; containers of pools no longer wanted are destroyed."""
+        self.memory_budget = memory_budget
+        if host_room is not None:
+            self.host_room = host_room
         wanted: dict[Key, PoolTarget] = {}
         for target in targets:
             if target.size > 0:
@@ -117,11 +152,31 @@ class WarmPool(Generic[WarmT]):
                     self._engine.discard_later(warm)
         self._targets = wanted
         self._announced &= set(wanted)
+        self._want = {key: self._want[key] for key in wanted if key in self._want}
         self._wakeup.set()
 
     def ready_count(self) -> int:
         """Warm containers waiting now."""
         return sum(len(queue) for queue in self._ready.values())
+
+    def wanted(self, key: Key) -> int:
+        """How many containers the pool of this key keeps now."""
+        target = self._targets.get(key)
+        if target is None:
+            return 0
+        return min(target.most, max(target.size, self._want.get(key, target.size)))
+
+    def memory_bytes(self) -> int:
+        """What the waiting containers hold, as last read."""
+        return sum(self._memory.values())
+
+    def _grow(self, key: Key, by_doubling: bool) -> None:
+        current = self.wanted(key)
+        self._want[key] = min(self._targets[key].most, current * 2 if by_doubling else current + 1)
+
+    def _shrink(self, key: Key) -> None:
+        if key in self._targets:
+            self._want[key] = max(self._targets[key].size, self.wanted(key) - 1)
 
     async def run(self, spec: SandboxSpec, on_progress: ProgressCallback | None = None) -> ExecutionResult:
         """Run one call in a warm container of its key if one is ready, else in a cold one at once."""
@@ -141,11 +196,16 @@ class WarmPool(Generic[WarmT]):
                 self.stats.discarded_broken += 1
             else:
                 self.stats.hits += 1
+                self._memory.pop(id(warm), None)
+                if not queue:  # the last one: demand is catching up with the pool
+                    self._grow(key, by_doubling=False)
                 self._wakeup.set()
                 return warm
+            self._memory.pop(id(warm), None)
             self._engine.discard_later(warm)
         if target is not None:
             self.stats.misses += 1
+            self._grow(key, by_doubling=True)
             self._wakeup.set()
         return None
 
@@ -160,27 +220,46 @@ class WarmPool(Generic[WarmT]):
                 self._sweep()
                 if now >= self._retry_at:
                     for key, target in self._targets.items():
-                        missing = target.size - len(self._ready.get(key, ())) - self._filling.get(key, 0)
+                        missing = self.wanted(key) - len(self._ready.get(key, ())) - self._filling.get(key, 0)
                         for _ in range(max(0, missing)):
+                            if not self._affordable(key):
+                                self.stats.held_back += 1
+                                break
                             self._filling[key] = self._filling.get(key, 0) + 1
                             group.start_soon(self._fill, target, limiter)
                 with anyio.move_on_after(self._next_deadline(now)):
                     await self._wakeup.wait()
+
+    def _affordable(self, key: Key) -> bool:
+        """Whether one more container of this key fits the memory budget and the host's floor."""
+        being_made = sum(self._filling.get(k, 0) * self._per_container.get(k, 0) for k in self._filling)
+        cost = self._per_container.get(key, 0)
+        return self.memory_bytes() + being_made + cost <= self.memory_budget and self.host_room()
 
     def _expire(self, now: float) -> None:
         for key, queue in self._ready.items():
             target = self._targets[key]
             while queue and now - queue[0].ready_at > target.idle_s:
                 self.stats.discarded_stale += 1
-                self._engine.discard_later(queue.popleft())
+                warm = queue.popleft()
+                self._memory.pop(id(warm), None)
+                self._engine.discard_later(warm)
+                self._shrink(key)  # it waited its whole idle time unused: one fewer is enough
 
     def _sweep(self) -> None:
-        """Discard waiting containers that broke (their stream ended or spoke), so they are replaced now."""
-        for queue in self._ready.values():
-            for warm in [warm for warm in queue if not self._engine.healthy(warm)]:
-                queue.remove(warm)
-                self.stats.discarded_broken += 1
-                self._engine.discard_later(warm)
+        """Discard waiting containers that broke (their stream ended or spoke), so they are replaced now;
+        read what the others hold."""
+        for key, queue in self._ready.items():
+            for warm in list(queue):
+                if not self._engine.healthy(warm):
+                    queue.remove(warm)
+                    self._memory.pop(id(warm), None)
+                    self.stats.discarded_broken += 1
+                    self._engine.discard_later(warm)
+                    continue
+                held = self._engine.memory(warm)
+                self._memory[id(warm)] = held
+                self._per_container[key] = max(self._per_container.get(key, 0), held)
 
     def _next_deadline(self, now: float) -> float:
         deadlines = [queue[0].ready_at + self._targets[key].idle_s - now for key, queue in self._ready.items() if queue]
@@ -221,6 +300,7 @@ class WarmPool(Generic[WarmT]):
         self.stats.failures = 0
         queue = self._ready.setdefault(key, deque())
         queue.append(warm)
+        self._memory[id(warm)] = self._per_container.get(key, 0)  # until the next sweep reads it
         if len(queue) == target.size and key not in self._announced:
             self._announced.add(key)
             log.info("warm pool ready: %d container(s) of %s", target.size, target.spec.image)
@@ -230,6 +310,7 @@ class WarmPool(Generic[WarmT]):
         self._closed = True
         waiting = [warm for queue in self._ready.values() for warm in queue]
         self._ready.clear()
+        self._memory.clear()
         self._targets = {}
         async with anyio.create_task_group() as group:
             for warm in waiting:

@@ -123,7 +123,8 @@ async def latency(policy: Path, pooled: bool, calls: int, gap_s: float) -> dict[
 
 def spec_kwargs() -> dict[str, Any]:
     """The hardened settings our containers get, for the baselines."""
-    return host_config_kwargs(SandboxSpec(image=BASE, argv=("true",)))
+    # Without the engine's auto-remove: the baselines wait for and remove their containers themselves.
+    return {**host_config_kwargs(SandboxSpec(image=BASE, argv=("true",))), "auto_remove": False}
 
 
 def baselines(calls: int) -> dict[str, Any]:

@@ -9,7 +9,10 @@ Rows, through the real MCP client over stdio (calls spaced --gap-s apart, as a m
 - the anchors, measured in the same run: the same cell, and the same DuckDB query, timed
   inside one python-data container whose interpreter has already imported the libraries
   (what a call costs once nothing needs importing);
-- the resident memory of a warm container of each image, read from the host.
+- the resident memory of a warm container of each image, read from the host;
+- the pool following demand: `execute_command true` spaced, then a burst of 10 back to
+  back after 5 s idle (an earlier burst let the pool grow), then 200 back to back, beside
+  the engine's own create/start/wait/remove ceiling measured in the same run.
 Writes bench/results/warm.json.
 """
 
@@ -29,7 +32,7 @@ import psutil
 from mcp import Client
 
 from bench.common import print_table, write_results
-from bench.performance import percentiles, server_process, wait_for_pool
+from bench.performance import engine_ceiling, percentiles, server_process, wait_for_pool
 from sandbox_server.client import server_parameters
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
 from sandbox_server.sandbox.host_config import host_config_kwargs
@@ -86,7 +89,8 @@ def anchors() -> dict[str, float]:
     """The cell and the DuckDB query in one python-data container whose interpreter imported everything first."""
     api = docker.APIClient()
     settings = host_config_kwargs(SandboxSpec(image=DATA, argv=("true",)))
-    settings["log_config"] = {"type": "json-file", "config": {}}  # its answer is read from its log
+    settings["log_config"] = {"type": "json-file", "config": {}}  # its answer is read from its log, once it ended
+    settings["auto_remove"] = False
     container = api.create_container(
         DATA, ["python3", "-c", ANCHOR, CELL, QUERY, CSV], user="1000:1000", working_dir="/workspace",
         host_config=api.create_host_config(**settings),
@@ -121,6 +125,41 @@ async def latency(work: Path, label: str, tools: str, pooled: bool, calls: int, 
                 await anyio.sleep(gap_s)
             report[name] = {**percentiles(samples), "failures": failures}
     return report
+
+
+async def demand(work: Path, spaced_calls: int) -> dict[str, Any]:
+    """The pool under a burst after idle time, and under a long run of back-to-back calls."""
+    policy = work / "demand.yaml"
+    policy.write_text(POLICY % {"tools": ""})
+    true = {"command": "true"}
+    async with Client(server_parameters(["--policy", str(policy)]), mode="legacy") as client:
+        await wait_for_pool(server_process().pid, 4)
+
+        async def timed(count: int, gap_s: float) -> list[float]:
+            samples = []
+            for _ in range(count):
+                started = time.perf_counter()
+                await client.call_tool("execute_command", true)
+                samples.append(time.perf_counter() - started)
+                if gap_s:
+                    await anyio.sleep(gap_s)
+            return samples
+
+        spaced = await timed(spaced_calls, 0.25)
+        await timed(10, 0)  # the first burst: the pool grows for the next
+        await anyio.sleep(5)
+        burst = await timed(10, 0)
+        started = time.perf_counter()
+        run = await timed(200, 0)
+        elapsed = time.perf_counter() - started
+    ceiling = engine_ceiling(1, 30)
+    return {
+        "spaced": percentiles(spaced),
+        "burst_after_5s_idle": percentiles(burst),
+        "burst_p95_over_spaced_p50": round(percentiles(burst)["p95"] / percentiles(spaced)["p50"], 2),
+        "200_back_to_back": {**percentiles(run), "calls_per_s": round(200 / elapsed, 1)},
+        "engine_ceiling_per_s": round(ceiling, 1),
+    }
 
 
 def warm_memory() -> dict[str, float]:
@@ -167,6 +206,9 @@ def main(argv: list[str]) -> int:
             report[label] = anyio.run(latency, *row, options.calls, options.gap_s)
     print("warm container memory ...", flush=True)
     report["warm_container_rss_mb"] = warm_memory()
+    print("the pool under demand ...", flush=True)
+    with tempfile.TemporaryDirectory(prefix="sandbox-bench-demand-") as folder:
+        report["demand"] = anyio.run(demand, Path(folder), options.calls * 2)
     cell, query = report["anchors_ms"]["cell"], report["anchors_ms"]["query"]
     table = []
     for label in rows:
@@ -178,6 +220,13 @@ def main(argv: list[str]) -> int:
     print_table(["call", "p50 ms", "p95 ms", "p50 / anchor", "failures"], table)
     print(f"\nanchors (already-warm interpreter): cell {cell} ms, DuckDB query {query} ms")
     print("warm container RSS (MiB): " + ", ".join(f"{k} {v}" for k, v in report["warm_container_rss_mb"].items()))
+    pool = report["demand"]
+    print(
+        f"execute_command true: spaced p50 {pool['spaced']['p50']} ms; burst of 10 after 5 s idle p95 "
+        f"{pool['burst_after_5s_idle']['p95']} ms ({pool['burst_p95_over_spaced_p50']}x); 200 back to back "
+        f"p50 {pool['200_back_to_back']['p50']} / p95 {pool['200_back_to_back']['p95']} ms, "
+        f"{pool['200_back_to_back']['calls_per_s']} calls/s (engine ceiling {pool['engine_ceiling_per_s']}/s)"
+    )
     path = write_results("warm", report)
     print(f"\nwritten: {path}")
     return 0

@@ -18,6 +18,7 @@ from sandbox_server.errors import SandboxServerError, UsageError
 
 if TYPE_CHECKING:
     from sandbox_server.policy.loader import HostFacts
+    from sandbox_server.sandbox.docker_runtime import DockerRuntime
 
 __all__ = ["main"]
 
@@ -74,7 +75,7 @@ def _doctor(args: argparse.Namespace) -> int:
             ]
         )
     else:
-        report = anyio.run(run_doctor, runtime)
+        report = anyio.run(run_doctor, runtime, _preload_of(args.policy, runtime))
         if args.posture and report.healthy:
             from sandbox_server.bootstrap import host_facts
             from sandbox_server.policy.loader import load_policy
@@ -90,6 +91,17 @@ def _doctor(args: argparse.Namespace) -> int:
         runtime.close()
     print(report.to_json() if args.json else report.to_text())
     return 0 if report.healthy else 1
+
+
+def _preload_of(reference: str, runtime: DockerRuntime) -> tuple[str, ...]:
+    """What the policy's run_python preloads (nothing when the policy cannot be loaded: its own check says why)."""
+    from sandbox_server.bootstrap import host_facts
+    from sandbox_server.policy.loader import load_policy
+
+    try:
+        return load_policy(reference, _tool_names(), host_facts(runtime)).for_tool("run_python").preload
+    except SandboxServerError:
+        return ()
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -284,7 +296,9 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also start each sandbox of a policy and compare what the kernel applied (read from the host) with it",
     )
-    doctor.add_argument("--policy", default="default", help="the policy --posture checks (name or file)")
+    doctor.add_argument(
+        "--policy", default="default", help="the policy --posture checks, and whose preload is tried (name or file)"
+    )
     doctor.set_defaults(handler=_doctor)
     return parser
 

@@ -10,7 +10,11 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
+import anyio
+import anyio.to_thread
+
 from sandbox_server.errors import SandboxServerError
+from sandbox_server.sandbox import wire
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
 from sandbox_server.sandbox.images import catalog, image_reference, image_status
 from sandbox_server.sandbox.spec import ResourceLimits, SandboxSpec
@@ -110,7 +114,41 @@ def _probe_checks(facts: dict[str, str], oom_killed: bool) -> list[Check]:
     ]
 
 
-async def run_doctor(runtime: DockerRuntime) -> DoctorReport:
+async def warm_interpreter_check(runtime: DockerRuntime, preload: tuple[str, ...]) -> Check:
+    """Whether a warm python-data container imports `preload` before its call, and what it then holds."""
+    if not preload:
+        return Check("warm interpreter", True, "the policy preloads nothing: python-data calls start cold", "", False)
+    spec = SandboxSpec(
+        image=image_reference("python-data"),
+        argv=("python3", wire.RUN_CELL),
+        stdin=f"print(open({wire.WARM_ERRORS!r}).read())".encode(),
+        env=((wire.PRELOAD_ENV, " ".join(preload)),),
+        limits=ResourceLimits(timeout_s=60, memory_mb=1024),
+    )
+    try:
+        warm = await anyio.to_thread.run_sync(runtime.prepare, spec)
+        held, previous = 0, -1
+        with anyio.move_on_after(20):  # until its imports are done: what it holds stops growing
+            while held != previous or held == 0:
+                previous, held = held, runtime.memory(warm)
+                await anyio.sleep(0.5)
+        result = await runtime.run(spec, warm=warm)
+    except SandboxServerError as exc:
+        return Check("warm interpreter", False, str(exc), "see the engine's log", False)
+    said = result.stdout.decode(errors="replace")
+    problems = [line for line in said.splitlines() if line.startswith("preload ")]
+    ok = "preloaded in" in said and not problems
+    detail = "; ".join(problems) if problems else (said.strip().splitlines() or ["no answer"])[-1]
+    return Check(
+        "warm interpreter",
+        ok,
+        f"{detail}; a warm python-data container holds {held / 2**20:.0f} MiB (host.pool_memory_mb counts it)",
+        "install the missing modules in the image, or drop them from the tool's `preload`",
+        False,
+    )
+
+
+async def run_doctor(runtime: DockerRuntime, preload: tuple[str, ...] = ()) -> DoctorReport:
     """Run every check against the engine the runtime is connected to."""
     report = DoctorReport()
     try:
@@ -177,4 +215,5 @@ async def run_doctor(runtime: DockerRuntime) -> DoctorReport:
         report.checks.append(
             Check("probe under runsc", ok, detail, "check runsc's registration in /etc/docker/daemon.json", False)
         )
+    report.checks.append(await warm_interpreter_check(runtime, preload))
     return report

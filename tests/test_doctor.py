@@ -29,7 +29,18 @@ def test_doctor_is_healthy_and_proves_the_limits(runtime: DockerRuntime) -> None
     ):
         assert checks[name]["ok"], checks[name]
     assert "oom_killed=True" in checks["probe: memory limit enforced"]["detail"]
+    warm = checks["warm interpreter"]
+    assert warm["ok"] and "preloaded in" in warm["detail"] and "MiB" in warm["detail"], warm
     assert not left_by_exited_servers()
+
+
+@pytest.mark.anyio
+async def test_doctor_says_which_module_a_warm_interpreter_could_not_import(runtime: DockerRuntime) -> None:
+    from sandbox_server.doctor import warm_interpreter_check
+
+    check = await warm_interpreter_check(runtime, ("pandas", "no_such_module"))
+    assert not check.ok and not check.required
+    assert "preload no_such_module: ModuleNotFoundError" in check.detail and "drop them" in check.fix
 
 
 def test_doctor_without_an_engine_fails_and_says_how_to_start_it(tmp_path: Path) -> None:

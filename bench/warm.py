@@ -114,8 +114,8 @@ async def latency(work: Path, label: str, tools: str, pooled: bool, calls: int, 
         if pooled:
             await wait_for_pool(server_process().pid, 4)
             await anyio.sleep(3)  # preloading is done off the call's path: let it finish, as between a model's calls
-        for name, (tool, arguments_) in {"run_python": ("run_python", {"code": CELL}),
-                                         "analyze_csv": ("analyze_csv", ANALYSIS)}.items():  # fmt: skip
+        calls_made: dict[str, dict[str, Any]] = {"run_python": {"code": CELL}, "analyze_csv": ANALYSIS}
+        for tool, arguments_ in calls_made.items():
             samples, failures = [], 0
             for _ in range(calls):
                 started = time.perf_counter()
@@ -123,7 +123,7 @@ async def latency(work: Path, label: str, tools: str, pooled: bool, calls: int, 
                 samples.append(time.perf_counter() - started)
                 failures += bool(result.is_error)
                 await anyio.sleep(gap_s)
-            report[name] = {**percentiles(samples), "failures": failures}
+            report[tool] = {**percentiles(samples), "failures": failures}
     return report
 
 

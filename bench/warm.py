@@ -58,6 +58,8 @@ QUERY = "SELECT region, sum(amount) FROM read_csv_auto('/tmp/s.csv') GROUP BY re
 POLICY = """
 name: bench-warm
 extends: default
+defaults:
+  pool: {min: 2, max: 8}
 workspace: {persist: false}
 rate: {calls_per_minute: 1000000}
 host: {min_available_memory_mb: 64, max_load_per_cpu: 1000}

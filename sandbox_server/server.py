@@ -261,7 +261,7 @@ class SandboxServer:
             )
         ticket = self.admission.admit(client)
         try:
-            runtime, kept = self._workspace_runtime(arguments, ctx, policy, client)
+            runtime, kept = await self._workspace_runtime(arguments, ctx, policy, client)
         except BaseException:
             ticket.release()
             raise
@@ -304,12 +304,15 @@ class SandboxServer:
         if self.workspaces is not None:
             await anyio.to_thread.run_sync(self.workspaces.end_owner, session_owner(self.instance, session_id))
 
-    def _workspace_runtime(
+    async def _workspace_runtime(
         self, arguments: Mapping[str, Any], ctx: Context, policy: Policy, client: str
     ) -> tuple[SandboxRuntime, KeptWorkspace | None]:
-        """The runtime of this call: in its kept workspace when the policy keeps them, else the plain one."""
+        """The runtime of this call: in its kept workspace when the policy keeps them, else the plain one.
+
+        Opening one may remove another to make room (unmounting it), so it happens off the event loop."""
         store = self.workspaces if policy.workspace.persist else None
-        kept = KeptWorkspace.open(self.runtime, store, arguments.get("workspace"), self._caller(ctx), client)
+        requested, caller = arguments.get("workspace"), self._caller(ctx)
+        kept = await anyio.to_thread.run_sync(KeptWorkspace.open, self.runtime, store, requested, caller, client)
         return (kept or self.runtime), kept
 
     # -- resources ---------------------------------------------------------------------

@@ -8,10 +8,12 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import anyio
 import docker
 import docker.errors
 import pytest
 
+from sandbox_server.sandbox import wire
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
 from sandbox_server.sandbox.images import catalog, image_status
 from sandbox_server.sandbox.removal import OWNER_LABEL, owner_alive
@@ -101,3 +103,26 @@ def no_container_left_behind() -> Iterator[None]:
 def anyio_backend() -> str:
     """Async tests run on asyncio."""
     return "asyncio"
+
+
+async def interpreters_warm(pid: int) -> None:
+    """Wait until every warm interpreter in the server `pid`'s containers has finished importing (CPU-heavy)."""
+    api = docker.APIClient()
+    try:
+        with anyio.fail_after(60):
+            while True:
+                pending = 0
+                for container in containers_of(pid):
+                    try:
+                        root = f"/proc/{api.inspect_container(container)['State'].get('Pid') or 0}/root"
+                        if not os.path.isdir(root + wire.WARM_DIR):
+                            continue  # no warm interpreter in this one (a shell image)
+                        with open(root + wire.WARM_ERRORS, encoding="utf-8") as said:
+                            pending += "preloaded in" not in said.read()
+                    except (OSError, docker.errors.APIError):
+                        pending += 1
+                if not pending:
+                    return
+                await anyio.sleep(0.1)
+    finally:
+        api.close()

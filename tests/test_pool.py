@@ -221,14 +221,3 @@ async def test_a_burst_grows_the_pool_and_idle_time_shrinks_it_back(tmp_path: Pa
         with anyio.fail_after(30):  # each container that waits 2 s unused takes one back
             while len(containers_of(server.process.pid)) > 1:
                 await anyio.sleep(0.1)
-
-
-async def test_the_warm_containers_of_a_killed_server_remove_themselves(tmp_path: Path, runtime: DockerRuntime) -> None:
-    with http_server_process("--policy", str(_policy(tmp_path))) as server:
-        server.wait_for_line("warm pool ready: 2 container(s)")
-        warm = {cid[:12] for cid in containers_of(server.process.pid)}
-        server.process.send_signal(signal.SIGKILL)
-        server.process.wait()
-        # No server starts to sweep them: their launchers read the end of their closed streams and exit,
-        # and the engine removes them.
-        await _gone(runtime, warm)

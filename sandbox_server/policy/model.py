@@ -41,8 +41,8 @@ class ToolPolicy:
     enabled: bool = True
     pool_size: int = 2
     """Warm containers kept ready for this tool's container settings at the least (0: every call starts cold)."""
-    pool_max: int = 8
-    """The most its pool grows to under demand."""
+    pool_max: int = 0
+    """The most its pool grows to under demand (0: no growth, it stays at pool_size)."""
     pool_idle_s: float = 300.0
     """How long a warm container may wait before it is replaced."""
     preload: tuple[str, ...] = ()

@@ -210,19 +210,12 @@ class DockerRuntime(Engine):
             request.close()
 
     def _finish(self, container_id: str) -> tuple[int | None, bool]:
-        """Exit code and OOM flag of a container whose stream has ended: one inspect, a wait only if it lags.
-
-        A container that ended is removed by the engine itself (auto-remove): then nothing is known."""
-        try:
-            with engine_errors("read the sandbox's exit status"):
+        """Exit code and OOM flag of a container whose stream has ended: one inspect, a wait only if it lags."""
+        with engine_errors("read the sandbox's exit status"):
+            state = self.api.inspect_container(container_id)["State"]
+            if state.get("Running") or state.get("Status") not in ("exited", "dead"):
+                self.api.wait(container_id, timeout=30)
                 state = self.api.inspect_container(container_id)["State"]
-                if state.get("Running") or state.get("Status") not in ("exited", "dead"):
-                    self.api.wait(container_id, timeout=30)
-                    state = self.api.inspect_container(container_id)["State"]
-        except EngineError as exc:
-            if isinstance(exc.__cause__, docker.errors.NotFound):
-                return None, False
-            raise
         return int(state.get("ExitCode", -1)), bool(state.get("OOMKilled"))
 
     async def run(

@@ -51,8 +51,6 @@ def host_config_kwargs(spec: SandboxSpec, slot: str | None = None) -> dict[str, 
         "ipc_mode": "private",
         "shm_size": limits.shm_mb * 1024 * 1024,
         "init": True,
-        # A container whose server died (its stream closed before a request came) exits and is gone.
-        "auto_remove": True,
         "log_config": {"type": "none", "config": {}},
         "runtime": spec.runtime,
         "binds": {

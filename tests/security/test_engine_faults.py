@@ -51,7 +51,11 @@ async def test_39_an_engine_restarted_mid_call_is_an_error_then_the_server_serve
             started = time.monotonic()
             result = await server.call_tool("execute_command", {"command": "sleep 60"})
         assert result.is_error
-        assert text_of(result).startswith("sandbox engine unavailable: no Docker engine answers"), text_of(result)
+        # Whether the stopping engine still answers when the stream ends is the engine's race: either it
+        # no longer answers, or it says it killed the container (it stops every container on its way out).
+        assert text_of(result).startswith(
+            ("sandbox engine unavailable: no Docker engine answers", "killed: the sandbox was killed from outside")
+        ), text_of(result)
         assert time.monotonic() - started < 30
         down = await server.call_tool("execute_command", {"command": "echo down"})
         assert down.is_error and text_of(down).startswith("sandbox engine unavailable"), text_of(down)

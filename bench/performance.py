@@ -123,8 +123,7 @@ async def latency(policy: Path, pooled: bool, calls: int, gap_s: float) -> dict[
 
 def spec_kwargs() -> dict[str, Any]:
     """The hardened settings our containers get, for the baselines."""
-    # Without the engine's auto-remove: the baselines wait for and remove their containers themselves.
-    return {**host_config_kwargs(SandboxSpec(image=BASE, argv=("true",))), "auto_remove": False}
+    return host_config_kwargs(SandboxSpec(image=BASE, argv=("true",)))
 
 
 def baselines(calls: int) -> dict[str, Any]:

@@ -92,7 +92,6 @@ def anchors() -> dict[str, float]:
     api = docker.APIClient()
     settings = host_config_kwargs(SandboxSpec(image=DATA, argv=("true",)))
     settings["log_config"] = {"type": "json-file", "config": {}}  # its answer is read from its log, once it ended
-    settings["auto_remove"] = False
     container = api.create_container(
         DATA, ["python3", "-c", ANCHOR, CELL, QUERY, CSV], user="1000:1000", working_dir="/workspace",
         host_config=api.create_host_config(**settings),

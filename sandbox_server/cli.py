@@ -104,6 +104,12 @@ def _preload_of(reference: str, runtime: DockerRuntime) -> tuple[str, ...]:
         return ()
 
 
+def _reap_after(args: argparse.Namespace) -> int:
+    from sandbox_server.sandbox.removal import reap_after
+
+    return reap_after(args.pid, args.owner)
+
+
 def _serve(args: argparse.Namespace) -> int:
     from sandbox_server.serve import serve_command
 
@@ -248,6 +254,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="put this before every tool name (e.g. sbx_ gives sbx_execute_command); overrides the policy's tool_prefix",
     )
     serve.set_defaults(handler=_serve)
+
+    # Started by `serve` itself, never by people: outlives a server killed with SIGKILL and removes its containers.
+    reaper = commands.add_parser("reap-after")
+    reaper.add_argument("--pid", type=int, required=True)
+    reaper.add_argument("--owner", required=True)
+    reaper.set_defaults(handler=_reap_after)
 
     call = commands.add_parser("call", help="start the server, make one tool call, print the result")
     call.add_argument("tool", help="tool name, e.g. execute_command")

@@ -41,6 +41,7 @@ def serve_command(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="sandbox-server: %(message)s")
     log = logging.getLogger("sandbox_server")
     runtime = DockerRuntime.lazy()
+    _start_reaper(runtime.owner)
     tools = all_tools()
     names = [tool.name for tool in tools]
     policy = load_policy(args.policy, names, host_facts(runtime))
@@ -126,3 +127,18 @@ def _workspace_contents(choice: str, runtime: DockerRuntime, log: logging.Logger
         return ArchivedContents
     log.info("workspaces are kept as sized filesystems mounted into each call's container")
     return lambda root: MountedContents(root, runtime.owner, owner_alive)
+
+
+def _start_reaper(owner: str) -> None:
+    """A small process that outlives this one: if this server is killed, it removes the server's containers."""
+    import os
+    import subprocess
+
+    subprocess.Popen(
+        [sys.executable, "-m", "sandbox_server", "reap-after", "--pid", str(os.getpid()), "--owner", owner],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,  # not in the server's process group, so a signal to the group spares it
+        close_fds=True,
+    )

@@ -221,3 +221,15 @@ async def test_a_burst_grows_the_pool_and_idle_time_shrinks_it_back(tmp_path: Pa
         with anyio.fail_after(30):  # each container that waits 2 s unused takes one back
             while len(containers_of(server.process.pid)) > 1:
                 await anyio.sleep(0.1)
+
+
+async def test_the_warm_containers_of_a_killed_server_are_removed_within_seconds(
+    tmp_path: Path, runtime: DockerRuntime
+) -> None:
+    with http_server_process("--policy", str(_policy(tmp_path))) as server:
+        server.wait_for_line("warm pool ready: 2 container(s)")
+        warm = {cid[:12] for cid in containers_of(server.process.pid)}
+        server.process.send_signal(signal.SIGKILL)
+        server.process.wait()
+        # No server starts to sweep them: the reaper the server started removes them when it sees the server end.
+        await _gone(runtime, warm)

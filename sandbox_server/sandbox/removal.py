@@ -8,6 +8,8 @@ the latter when it starts.
 from __future__ import annotations
 
 import contextlib
+import os
+import select
 import socket
 import threading
 from collections.abc import Callable
@@ -42,6 +44,31 @@ def owner_alive(owner: str) -> bool:
         return int(process.create_time()) == int(created_text)
     except (ValueError, psutil.Error):
         return False
+
+
+def reap_after(pid: int, owner: str) -> int:
+    """Wait for the server process `pid` to end (a pidfd: no polling), then remove the containers it left.
+
+    A server that stops cleanly has removed them already; one killed with SIGKILL has not, and
+    its warm containers would otherwise wait, stopped, for the next server's sweep.
+    """
+    try:
+        handle = os.pidfd_open(pid)
+    except OSError:
+        return 0  # already gone: what it left is removed below
+    else:
+        try:
+            select.select([handle], [], [])
+        finally:
+            os.close(handle)
+    try:
+        api = docker.from_env(timeout=30).api
+        for item in api.containers(all=True, filters={"label": f"{OWNER_LABEL}={owner}"}):
+            with contextlib.suppress(docker.errors.APIError):
+                api.remove_container(item["Id"], force=True, v=True)
+    except Exception:  # the engine is away: the next server's sweep removes them
+        return 1
+    return 0
 
 
 class Remover:

@@ -17,7 +17,7 @@ security battery instead.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -169,12 +169,23 @@ def _interfaces(pid: int) -> tuple[str, ...]:
     return tuple(sorted(line.split(":", 1)[0].strip() for line in lines))
 
 
+def _living(pids: list[int]) -> Iterator[ProcessView]:
+    """The processes that still exist when read: a short-lived one (the launcher's `mkfifo` while a warm
+    interpreter starts) may end between the listing and the reading, and then has nothing left to check."""
+    for index, pid in enumerate(pids):
+        try:
+            yield _process(pid)
+        except FileNotFoundError:
+            if index == 0:
+                raise  # the container's init: the sandbox itself is gone
+
+
 def read_view(pids: list[int]) -> SandboxView:
     """Read one sandbox from the host's /proc and cgroup files, given its processes' host pids."""
     first = pids[0]
     memory, swap, pids_max, cpus = _cgroup_limits(first)
     return SandboxView(
-        processes=tuple(_process(pid) for pid in pids),
+        processes=tuple(_living(pids)),
         memory_bytes=memory,
         memory_swap_bytes=swap,
         pids_max=pids_max,

@@ -122,7 +122,7 @@ class WarmPool(Generic[WarmT]):
         self._want: dict[Key, int] = {}
         """How many each pool keeps now, between its size and its maximum."""
         self._memory: dict[int, int] = {}
-        """Resident bytes of each waiting container (by id()), read at each sweep."""
+        """Resident bytes of the waiting containers (by id()), as the last sweep read them."""
         self._per_container: dict[Key, int] = {}
         """The most one container of each key was seen to hold: what making another will cost."""
         self.memory_budget = math.inf
@@ -167,8 +167,12 @@ class WarmPool(Generic[WarmT]):
         return min(target.most, max(target.size, self._want.get(key, target.size)))
 
     def memory_bytes(self) -> int:
-        """What the waiting containers hold, as last read."""
-        return sum(self._memory.values())
+        """What the waiting containers hold, as last read (one not read yet: what one of its kind held)."""
+        return sum(
+            self._memory.get(id(warm), self._per_container.get(key, 0))
+            for key, queue in self._ready.items()
+            for warm in queue
+        )
 
     def _grow(self, key: Key, by_doubling: bool) -> None:
         current = self.wanted(key)
@@ -196,12 +200,10 @@ class WarmPool(Generic[WarmT]):
                 self.stats.discarded_broken += 1
             else:
                 self.stats.hits += 1
-                self._memory.pop(id(warm), None)
                 if not queue:  # the last one: demand is catching up with the pool
                     self._grow(key, by_doubling=False)
                 self._wakeup.set()
                 return warm
-            self._memory.pop(id(warm), None)
             self._engine.discard_later(warm)
         if target is not None:
             self.stats.misses += 1
@@ -241,25 +243,23 @@ class WarmPool(Generic[WarmT]):
             target = self._targets[key]
             while queue and now - queue[0].ready_at > target.idle_s:
                 self.stats.discarded_stale += 1
-                warm = queue.popleft()
-                self._memory.pop(id(warm), None)
-                self._engine.discard_later(warm)
+                self._engine.discard_later(queue.popleft())
                 self._shrink(key)  # it waited its whole idle time unused: one fewer is enough
 
     def _sweep(self) -> None:
         """Discard waiting containers that broke (their stream ended or spoke), so they are replaced now;
         read what the others hold."""
+        read: dict[int, int] = {}
         for key, queue in self._ready.items():
             for warm in list(queue):
                 if not self._engine.healthy(warm):
                     queue.remove(warm)
-                    self._memory.pop(id(warm), None)
                     self.stats.discarded_broken += 1
                     self._engine.discard_later(warm)
                     continue
-                held = self._engine.memory(warm)
-                self._memory[id(warm)] = held
+                read[id(warm)] = held = self._engine.memory(warm)
                 self._per_container[key] = max(self._per_container.get(key, 0), held)
+        self._memory = read
 
     def _next_deadline(self, now: float) -> float:
         deadlines = [queue[0].ready_at + self._targets[key].idle_s - now for key, queue in self._ready.items() if queue]
@@ -300,7 +300,6 @@ class WarmPool(Generic[WarmT]):
         self.stats.failures = 0
         queue = self._ready.setdefault(key, deque())
         queue.append(warm)
-        self._memory[id(warm)] = self._per_container.get(key, 0)  # until the next sweep reads it
         if len(queue) == target.size and key not in self._announced:
             self._announced.add(key)
             log.info("warm pool ready: %d container(s) of %s", target.size, target.spec.image)
@@ -310,7 +309,6 @@ class WarmPool(Generic[WarmT]):
         self._closed = True
         waiting = [warm for queue in self._ready.values() for warm in queue]
         self._ready.clear()
-        self._memory.clear()
         self._targets = {}
         async with anyio.create_task_group() as group:
             for warm in waiting:

@@ -60,8 +60,6 @@ def too_large(path: str, size: int, max_bytes: int) -> Refusal:
 class Contents(Protocol):
     """How one host keeps its workspaces' files."""
 
-    kind: str
-
     def shape(self, spec: SandboxSpec) -> SandboxSpec:
         """The container settings of a call in a kept workspace (what its warm containers are made with)."""
 
@@ -92,8 +90,6 @@ class Contents(Protocol):
 
 class ArchivedContents:
     """Each workspace is the tar its last call's launcher wrote, cleaned on the host once, at save."""
-
-    kind = "archived"
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -167,8 +163,6 @@ class MountedContents:
     under which every warm container gets a slot of its own). A process that ends lets go of
     all of them; a later one sweeps what a killed process left.
     """
-
-    kind = "mounted"
 
     def __init__(self, root: Path, process: str, process_alive: Callable[[str], bool]) -> None:
         self.root = root
@@ -267,7 +261,7 @@ class MountedContents:
             return []
         top = self._mounted(workspace_id)
         found: list[tuple[str, int]] = []
-        pending = [("", os.open(top, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC))]
+        pending = [("", mounts.open_folder(top))]
         while pending:
             prefix, folder = pending.pop()
             try:
@@ -288,7 +282,7 @@ class MountedContents:
     def read_file(self, workspace_id: str, path: str, max_bytes: int) -> bytes | None:
         if not self._image(workspace_id).exists() or path.split("/", 1)[0] == OUTPUT_LEAF:
             return None
-        folder = os.open(self._mounted(workspace_id), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        folder = mounts.open_folder(self._mounted(workspace_id))
         *parents, leaf = path.split("/")
         try:
             for part in parents:
@@ -333,7 +327,7 @@ class MountedContents:
 
 def _empty_outputs(workspace: Path) -> None:
     """Remove the previous call's output folder, without following anything the sandbox left there."""
-    root = os.open(workspace, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    root = mounts.open_folder(workspace)
     try:
         info = os.stat(OUTPUT_LEAF, dir_fd=root, follow_symlinks=False)
         if stat.S_ISDIR(info.st_mode):

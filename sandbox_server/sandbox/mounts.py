@@ -34,6 +34,7 @@ __all__ = [
     "make_shared",
     "mount_image",
     "mounted",
+    "open_folder",
     "unavailable",
 ]
 
@@ -126,10 +127,15 @@ def mount_image(image: Path, target: Path) -> None:
         os.rmdir(target / "lost+found")
 
 
+def open_folder(folder: str | Path) -> int:
+    """A descriptor of a folder itself, never of what a link there points to."""
+    return os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+
+
 def give_back(folder: str) -> None:
     """Write a mounted workspace out and return its free blocks to the host (holes in its image); never raises."""
     try:
-        handle = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        handle = open_folder(folder)
     except OSError:
         return
     try:

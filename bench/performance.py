@@ -95,6 +95,21 @@ async def wait_for_pool(pid: int, expected: int) -> None:
     api.close()
 
 
+async def timed_calls(
+    client: Client, tool: str, arguments: dict[str, Any], calls: int, gap_s: float
+) -> tuple[list[float], int]:
+    """`calls` calls of one tool, gap_s apart (0: back to back): each call's seconds, and how many were errors."""
+    samples, failures = [], 0
+    for _ in range(calls):
+        started = time.perf_counter()
+        result = await client.call_tool(tool, arguments)
+        samples.append(time.perf_counter() - started)
+        failures += bool(result.is_error)
+        if gap_s:
+            await anyio.sleep(gap_s)
+    return samples, failures
+
+
 async def latency(policy: Path, pooled: bool, calls: int, gap_s: float) -> dict[str, Any]:
     """Each call kind `calls` times in one session, spaced gap_s apart."""
     arguments = ["--policy", str(policy)] + ([] if pooled else ["--no-pool"])
@@ -105,13 +120,7 @@ async def latency(policy: Path, pooled: bool, calls: int, gap_s: float) -> dict[
             await wait_for_pool(process.pid, 4)
         idle_rss = process.memory_info().rss
         for name, (tool, args) in CALLS.items():
-            samples, failures = [], 0
-            for _ in range(calls):
-                started = time.perf_counter()
-                result = await client.call_tool(tool, args)
-                samples.append(time.perf_counter() - started)
-                failures += bool(result.is_error)
-                await anyio.sleep(gap_s)
+            samples, failures = await timed_calls(client, tool, args, calls, gap_s)
             report[name] = {
                 **percentiles(samples),
                 "failures": failures,

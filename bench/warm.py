@@ -32,7 +32,7 @@ import psutil
 from mcp import Client
 
 from bench.common import print_table, write_results
-from bench.performance import engine_ceiling, percentiles, server_process, wait_for_pool
+from bench.performance import engine_ceiling, percentiles, server_process, timed_calls, wait_for_pool
 from sandbox_server.client import server_parameters
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
 from sandbox_server.sandbox.host_config import host_config_kwargs
@@ -117,13 +117,7 @@ async def latency(work: Path, label: str, tools: str, pooled: bool, calls: int, 
             await anyio.sleep(3)  # preloading is done off the call's path: let it finish, as between a model's calls
         calls_made: dict[str, dict[str, Any]] = {"run_python": {"code": CELL}, "analyze_csv": ANALYSIS}
         for tool, arguments_ in calls_made.items():
-            samples, failures = [], 0
-            for _ in range(calls):
-                started = time.perf_counter()
-                result = await client.call_tool(tool, arguments_)
-                samples.append(time.perf_counter() - started)
-                failures += bool(result.is_error)
-                await anyio.sleep(gap_s)
+            samples, failures = await timed_calls(client, tool, arguments_, calls, gap_s)
             report[tool] = {**percentiles(samples), "failures": failures}
     return report
 
@@ -137,14 +131,7 @@ async def demand(work: Path, spaced_calls: int) -> dict[str, Any]:
         await wait_for_pool(server_process().pid, 4)
 
         async def timed(count: int, gap_s: float) -> list[float]:
-            samples = []
-            for _ in range(count):
-                started = time.perf_counter()
-                await client.call_tool("execute_command", true)
-                samples.append(time.perf_counter() - started)
-                if gap_s:
-                    await anyio.sleep(gap_s)
-            return samples
+            return (await timed_calls(client, "execute_command", true, count, gap_s))[0]
 
         spaced = await timed(spaced_calls, 0.25)
         await timed(10, 0)  # the first burst: the pool grows for the next

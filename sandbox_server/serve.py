@@ -53,7 +53,7 @@ def serve_command(args: argparse.Namespace) -> int:
         log.warning("%s", exc)
     audit_path = args.audit_log or policy.audit.path
     audit = AuditLog(audit_path, policy.audit.max_bytes, policy.audit.keep) if audit_path else None
-    pool = None if args.no_pool else WarmPool(runtime)
+    pool = None if args.no_pool else WarmPool(runtime, runtime.activity)
     state_dir = Path(args.state_dir) if args.state_dir else default_state_dir()
     workspaces = WorkspaceStore(
         state_dir / "workspaces", policy.workspace, policy.host.workspace_storage_mb * 1024 * 1024,

@@ -103,3 +103,25 @@ async def test_a_cold_container_does_the_same_work_on_the_calls_path(tmp_path: P
     async with connect(stdio_parameters("--policy", _policy(tmp_path, ""), "--no-pool")) as session:
         cold = await _cell(session, PROBE)
     assert not cold["is_error"] and cold["stdout"].strip().endswith("'/workspace', None, True)"), cold["text"]
+
+
+async def test_a_warm_interpreter_gives_the_program_the_environment_a_plain_one_has(
+    tmp_path: Path, runtime: DockerRuntime
+) -> None:
+    tricky = 'it\'s "quoted"\nover = two lines, $HOME `x` \\ ü'
+    environment = "defaults:\n  env:\n    set: {TRICKY: " + json.dumps(tricky) + "}\n"
+    cell = (
+        "import os\nprint(repr(os.environ['TRICKY']))\n"
+        "(os.path.exists('/tmp/.sandbox-warm/errors'), sorted(os.environ.items()))"
+    )
+    seen = []
+    for preload in ("", "tools:\n  run_python: {preload: []}\n"):
+        async with connect(stdio_parameters("--policy", _policy(tmp_path, environment + preload))) as session:
+            result = await _cell(session, cell)
+        assert not result["is_error"], result["text"]
+        first, _, rest = result["stdout"].partition("\n")
+        assert first == repr(tricky)
+        seen.append(rest)
+    warm, plain = seen
+    assert warm.startswith("(True, ") and plain.startswith("(False, ")
+    assert warm.removeprefix("(True, ") == plain.removeprefix("(False, ") and "SANDBOX_" not in warm

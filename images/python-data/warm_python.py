@@ -15,6 +15,7 @@ request); a module that cannot be imported is skipped, and the reason kept for `
 import atexit
 import os
 import runpy
+import shlex
 import sys
 import time
 
@@ -55,13 +56,19 @@ def _read(name: str) -> bytes:
         return handle.read()
 
 
+def _exported(listing: str) -> dict:
+    """The variables of `export -p` output (`export NAME='value'` words; one exported but unset has no `=`)."""
+    words = (word for word in shlex.split(listing) if word != "export")
+    return dict(word.split("=", 1) for word in words if "=" in word)
+
+
 def main() -> None:
     os.setsid()  # the launcher's deadline stops this process group
     _preload()
     with open(WARM_JOB, "rb") as fifo:  # blocks until the launcher hands over its call's program
         fifo.readline()
     argv = [part.decode() for part in _read("argv").split(b"\0")[:-1]]
-    environment = dict(entry.decode().split("=", 1) for entry in _read("env").split(b"\0") if b"=" in entry)
+    environment = _exported(_read("env").decode("utf-8", "surrogateescape"))
     os.chdir(_read("cwd").decode().rstrip("\n"))
     stdin = os.open(os.path.join(REQUEST_DIR, "stdin"), os.O_RDONLY)
     os.dup2(stdin, 0)

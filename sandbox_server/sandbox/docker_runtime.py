@@ -26,6 +26,7 @@ import psutil
 
 from sandbox_server.errors import EngineError
 from sandbox_server.sandbox import mounts, wire
+from sandbox_server.sandbox.activity import Activity
 from sandbox_server.sandbox.archive import OUTPUT_LEAF, build_request, read_outputs
 from sandbox_server.sandbox.attach import (
     Drain,
@@ -85,7 +86,9 @@ class DockerRuntime(Engine):
     def __init__(self, client: docker.DockerClient | None = None) -> None:
         super().__init__(client)
         self.owner = current_owner()
-        self.removal = Remover(lambda: self.api)
+        self.activity = Activity()
+        """The calls running now: used containers are removed, and warm ones made, in the pauses between them."""
+        self.removal = Remover(lambda: self.api, self.activity)
 
     @classmethod
     def connect(cls, timeout_s: float = 60.0) -> DockerRuntime:
@@ -132,7 +135,7 @@ class DockerRuntime(Engine):
                 command=[wire.LAUNCHER],
                 user=spec.user,
                 working_dir=spec.workdir,
-                environment=dict(spec.env),
+                environment=dict(spec.env) | ({} if spec.runtime == "runsc" else {wire.LINGER_ENV: "1"}),
                 labels=labels,
                 hostname="sandbox",
                 stdin_open=True,
@@ -209,11 +212,14 @@ class DockerRuntime(Engine):
         finally:
             request.close()
 
-    def _finish(self, container_id: str) -> tuple[int | None, bool]:
-        """Exit code and OOM flag of a container whose stream has ended: one inspect, a wait only if it lags."""
+    def _finish(self, container_id: str, lingering: bool) -> tuple[int | None, bool]:
+        """Exit code and OOM flag of a container whose stream has ended, or whose launcher wrote a trailer the
+        host cannot read and now waits, stopped (`lingering`): one inspect, a wait only if it lags."""
         with engine_errors("read the sandbox's exit status"):
             state = self.api.inspect_container(container_id)["State"]
             if state.get("Running") or state.get("Status") not in ("exited", "dead"):
+                if lingering:
+                    self.api.kill(container_id)
                 self.api.wait(container_id, timeout=30)
                 state = self.api.inspect_container(container_id)["State"]
         return int(state.get("ExitCode", -1)), bool(state.get("OOMKilled"))
@@ -222,6 +228,12 @@ class DockerRuntime(Engine):
         self, spec: SandboxSpec, on_progress: ProgressCallback | None = None, warm: WarmContainer | None = None
     ) -> ExecutionResult:
         """Run a spec in a fresh container (or a warm one made for its key), never reused, always removed."""
+        with self.activity.call():
+            return await self._run(spec, on_progress, warm)
+
+    async def _run(
+        self, spec: SandboxSpec, on_progress: ProgressCallback | None, warm: WarmContainer | None
+    ) -> ExecutionResult:
         boundary = secrets.token_hex(16)
         persist = spec.saved_workspace is not None
         # A kept workspace goes in and comes out through temporary files, never whole in memory
@@ -272,7 +284,8 @@ class DockerRuntime(Engine):
             else:
                 known = exit_from_trailer(drain.splitter.trailer)
                 if known is None:
-                    exit_code, oom_killed = await anyio.to_thread.run_sync(self._finish, container_id)
+                    lingering = drain.splitter.trailer is not None
+                    exit_code, oom_killed = await anyio.to_thread.run_sync(self._finish, container_id, lingering)
                 else:
                     exit_code, oom_killed = known
         except anyio.get_cancelled_exc_class():

@@ -14,11 +14,13 @@ Each pool follows demand between its target's `size` (its minimum) and `maximum`
 call that finds it empty doubles what it keeps, a container that waited its whole idle
 time unused takes one back. It never holds more memory than its budget (the warm
 containers' resident memory, read from the host), and makes none while the host has
-less memory available than its floor.
+less memory available than its floor. It makes containers in the pauses between calls
+(engine work beside back-to-back calls would slow each of them), unless it runs low.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import time
@@ -31,6 +33,7 @@ import anyio
 import anyio.to_thread
 
 from sandbox_server.errors import SandboxServerError
+from sandbox_server.sandbox.activity import Activity
 from sandbox_server.sandbox.runtime import ProgressCallback
 from sandbox_server.sandbox.spec import ExecutionResult, SandboxSpec
 
@@ -41,6 +44,10 @@ log = logging.getLogger("sandbox_server.pool")
 Key = tuple[object, ...]
 FILL_CONCURRENCY = 2
 """Containers prepared at the same time; more only queues up in the engine."""
+LOW_WATER = 2
+"""A pool with fewer containers waiting than this is filled at once, even while calls run."""
+DEFER_S = 2.0
+"""The longest a pool with enough containers waiting defers making more while calls run back to back."""
 MAX_BACKOFF_S = 30.0
 SWEEP_S = 1.0
 """How often waiting containers are checked for a stream that ended (killed, engine restarted).
@@ -110,8 +117,9 @@ class PoolStats:
 class WarmPool(Generic[WarmT]):
     """A SandboxRuntime that runs each call in a warm container when one is ready, cold otherwise."""
 
-    def __init__(self, engine: WarmEngine[WarmT]) -> None:
+    def __init__(self, engine: WarmEngine[WarmT], activity: Activity | None = None) -> None:
         self._engine = engine
+        self._activity = activity or Activity()
         self._targets: dict[Key, PoolTarget] = {}
         self._ready: dict[Key, deque[WarmT]] = {}
         self._filling: dict[Key, int] = {}
@@ -200,6 +208,7 @@ class WarmPool(Generic[WarmT]):
                 self.stats.discarded_broken += 1
             else:
                 self.stats.hits += 1
+                self._activity.changed()  # a fill waiting for a pause looks again at what is left
                 if not queue:  # the last one: demand is catching up with the pool
                     self._grow(key, by_doubling=False)
                 self._wakeup.set()
@@ -271,8 +280,11 @@ class WarmPool(Generic[WarmT]):
 
     async def _fill(self, target: PoolTarget, limiter: anyio.CapacityLimiter) -> None:
         key = target.key
+        low = functools.partial(self._running_low, key)
         try:
             async with limiter:
+                pause = functools.partial(self._activity.wait_for_pause, DEFER_S, unless=low)
+                await anyio.to_thread.run_sync(pause, abandon_on_cancel=True)
                 if self._targets.get(key) != target or time.monotonic() < self._retry_at:
                     return
                 with anyio.CancelScope(shield=True):  # a container being made is always received, never lost
@@ -289,6 +301,9 @@ class WarmPool(Generic[WarmT]):
             self._wakeup.set()
         # No await between receiving the container and queueing it: close() must always find it.
         self.add(target, warm)
+
+    def _running_low(self, key: Key) -> bool:
+        return self._closed or len(self._ready.get(key, ())) < LOW_WATER
 
     def add(self, target: PoolTarget, warm: WarmT) -> None:
         """Queue a container made for `target`; discarded when the pool closed or no longer wants it."""

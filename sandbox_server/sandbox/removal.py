@@ -19,12 +19,17 @@ import docker
 import docker.errors
 import psutil
 
+from sandbox_server.sandbox.activity import Activity
 from sandbox_server.sandbox.engine import engine_errors
 from sandbox_server.sandbox.spec import SANDBOX_LABEL
 
 __all__ = ["OWNER_LABEL", "Remover", "current_owner", "owner_alive"]
 
 OWNER_LABEL = "org.sandbox-server.owner"
+DEFER_S = 2.0
+"""The longest a used container's removal waits for a pause between calls."""
+BACKLOG = 8
+"""With more removals than this waiting, none waits for a pause."""
 
 
 def current_owner() -> str:
@@ -74,8 +79,12 @@ def reap_after(pid: int, owner: str) -> int:
 class Remover:
     """Kills and removes containers; never raises, and remembers what the engine could not remove."""
 
-    def __init__(self, api: Callable[[], docker.APIClient]) -> None:
+    def __init__(self, api: Callable[[], docker.APIClient], activity: Activity | None = None) -> None:
         self._api = api
+        self._activity = activity or Activity()
+        self._waiting = 0
+        """Removals submitted and not yet begun."""
+        self._closing = False
         self._workers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="sandbox-remove")
         self._unremoved: set[str] = set()
         """Containers whose removal failed because the engine was away: removed once it answers again."""
@@ -98,13 +107,20 @@ class Remover:
             self._remember(container_id)
 
     def remove_later(self, container_id: str, then: Callable[[], None] | None = None) -> None:
-        """Remove off the caller's path, then call `then` (which must not raise); close() waits for both."""
+        """Remove off the caller's path, in a pause between calls (unless the backlog grows), then call
+        `then` (which must not raise); close() waits for both."""
 
         def remove() -> None:
+            self._activity.wait_for_pause(DEFER_S, unless=lambda: self._closing or self._waiting > BACKLOG)
+            with self._lock:
+                self._waiting -= 1
             self.remove(container_id)
             if then is not None:
                 then()
 
+        with self._lock:
+            self._waiting += 1
+        self._activity.changed()  # the backlog may have grown past what waits for a pause
         try:
             self._workers.submit(remove)
         except RuntimeError:  # shutting down: remove now
@@ -129,7 +145,9 @@ class Remover:
         return removed
 
     def close(self) -> None:
-        """Finish the removals under way, and retry the failed ones once."""
+        """Finish the removals under way (none waits for a pause any more), and retry the failed ones once."""
+        self._closing = True
+        self._activity.changed()
         self._workers.shutdown(wait=True)
         self._retry()
 

@@ -31,6 +31,9 @@ WARM_JOB = f"{WARM_DIR}/job"
 WARM_ERRORS = f"{WARM_DIR}/errors"
 """What importing the preloaded modules said (nothing may reach the attach stream before the request)."""
 WARM_PYTHON = f"{LAUNCHERS_DIR}/warm_python.py"
+LINGER_ENV = "SANDBOX_LINGER"
+"""In a container's environment: "1" has the launcher stop itself after its trailer, so the container
+ends when the host removes it (in a pause between calls), not at once."""
 
 IMAGE_BYTES_ENV = "SANDBOX_IMAGE_BYTES"
 """run_python: the most bytes one figure's PNG may take (it is drawn smaller to fit)."""

@@ -1,0 +1,63 @@
+"""Calls in flight, so the engine work done beside them can wait for a pause between them.
+
+Making warm containers and removing used ones costs the engine (and, on a small host, the
+CPU) far more than a warm call does. Done while calls arrive back to back, that work
+would slow each of them several times over; done in the pauses between a model's calls,
+it costs the calls nothing. Such work waits for a pause, but only so long: a pool that is
+running out, or a removal backlog that grows, does not wait.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+__all__ = ["PAUSE_S", "Activity"]
+
+PAUSE_S = 0.1
+"""No call for this long is a pause: longer than a client takes between back-to-back calls."""
+
+
+class Activity:
+    """Counts the calls running now; background work waits (in its own thread) for a pause."""
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._running = 0
+        self._last_end = 0.0
+
+    @contextmanager
+    def call(self) -> Iterator[None]:
+        """Mark one call running for the duration of the block."""
+        with self._changed:
+            self._running += 1
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._running -= 1
+                self._last_end = time.monotonic()
+                self._changed.notify_all()
+
+    def changed(self) -> None:
+        """Something a waiter's `unless` reads has changed: let the waiters look again."""
+        with self._changed:
+            self._changed.notify_all()
+
+    def wait_for_pause(self, at_most_s: float, unless: Callable[[], bool] = lambda: False) -> None:
+        """Return once no call has run for PAUSE_S, once `unless()` is true, or after at_most_s."""
+        give_up = time.monotonic() + at_most_s
+        with self._changed:
+            while True:
+                now = time.monotonic()
+                if now >= give_up or unless():
+                    return
+                if self._running == 0:
+                    quiet_at = self._last_end + PAUSE_S
+                    if now >= quiet_at:
+                        return
+                    self._changed.wait(min(quiet_at, give_up) - now)
+                else:
+                    self._changed.wait(give_up - now)

@@ -59,9 +59,9 @@ POLICY = """
 name: bench-warm
 extends: default
 defaults:
-  pool: {min: 2, max: 8}
+  pool: {min: 2, max: 12}
 workspace: {persist: false}
-rate: {calls_per_minute: 1000000}
+rate: {calls_per_minute: 1000000, concurrent_calls: 12}
 host: {min_available_memory_mb: 64, max_load_per_cpu: 1000}
 %(tools)s
 """

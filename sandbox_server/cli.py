@@ -17,6 +17,7 @@ from sandbox_server import __version__
 from sandbox_server.errors import SandboxServerError, UsageError
 
 if TYPE_CHECKING:
+    from sandbox_server.doctor import WarmPlan
     from sandbox_server.policy.loader import HostFacts
     from sandbox_server.sandbox.docker_runtime import DockerRuntime
 
@@ -75,7 +76,7 @@ def _doctor(args: argparse.Namespace) -> int:
             ]
         )
     else:
-        report = anyio.run(run_doctor, runtime, _preload_of(args.policy, runtime))
+        report = anyio.run(run_doctor, runtime, _warm_plan(args.policy, runtime))
         if args.posture and report.healthy:
             from sandbox_server.bootstrap import host_facts
             from sandbox_server.policy.loader import load_policy
@@ -93,15 +94,18 @@ def _doctor(args: argparse.Namespace) -> int:
     return 0 if report.healthy else 1
 
 
-def _preload_of(reference: str, runtime: DockerRuntime) -> tuple[str, ...]:
-    """What the policy's run_python preloads (nothing when the policy cannot be loaded: its own check says why)."""
+def _warm_plan(reference: str, runtime: DockerRuntime) -> WarmPlan:
+    """What the policy's run_python preloads and how many such containers its pools keep (nothing when the
+    policy cannot be loaded: its own check says why)."""
     from sandbox_server.bootstrap import host_facts
+    from sandbox_server.doctor import WarmPlan
     from sandbox_server.policy.loader import load_policy
 
     try:
-        return load_policy(reference, _tool_names(), host_facts(runtime)).for_tool("run_python").preload
+        policy = load_policy(reference, _tool_names(), host_facts(runtime))
     except SandboxServerError:
-        return ()
+        return WarmPlan()
+    return WarmPlan.of(policy, _tool_names())
 
 
 def _reap_after(args: argparse.Namespace) -> int:

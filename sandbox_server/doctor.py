@@ -8,7 +8,9 @@ exceeds the memory and process limits to prove they hold.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 
 import anyio
 import anyio.to_thread
@@ -18,6 +20,9 @@ from sandbox_server.sandbox import wire
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
 from sandbox_server.sandbox.images import catalog, image_reference, image_status
 from sandbox_server.sandbox.spec import ResourceLimits, SandboxSpec
+
+if TYPE_CHECKING:
+    from sandbox_server.policy.model import Policy
 
 __all__ = ["Check", "DoctorReport", "run_doctor"]
 
@@ -114,8 +119,38 @@ def _probe_checks(facts: dict[str, str], oom_killed: bool) -> list[Check]:
     ]
 
 
-async def warm_interpreter_check(runtime: DockerRuntime, preload: tuple[str, ...]) -> Check:
-    """Whether a warm python-data container imports `preload` before its call, and what it then holds."""
+@dataclass(frozen=True, slots=True)
+class WarmPlan:
+    """What a policy's python-data pools preload, how many containers they keep, and their memory budget."""
+
+    preload: tuple[str, ...] = ()
+    least: int = 0
+    """Containers of preloading pools kept waiting when no call comes."""
+    most: int = 0
+    """What those pools grow to under demand."""
+    budget_mb: int = 0
+
+    @classmethod
+    def of(cls, policy: Policy, tool_names: Iterable[str]) -> WarmPlan:
+        """The plan of a policy's enabled tools (tools with equal container settings share one pool)."""
+        pools: dict[tuple[object, ...], tuple[int, int]] = {}
+        for name in tool_names:
+            tool = policy.for_tool(name)
+            if tool.enabled and tool.preload:
+                most = max(tool.pool_size, min(tool.pool_max, policy.rate.concurrent_calls))
+                pools[tool.container_spec().container_key()] = (tool.pool_size, most)
+        return cls(
+            policy.for_tool("run_python").preload,
+            sum(least for least, _ in pools.values()),
+            sum(most for _, most in pools.values()),
+            policy.host.pool_memory_mb,
+        )
+
+
+async def warm_interpreter_check(runtime: DockerRuntime, plan: WarmPlan) -> Check:
+    """Whether a warm python-data container imports the plan's modules before its call, what it then holds,
+    and what the policy's pools of such containers hold."""
+    preload = plan.preload
     if not preload:
         return Check("warm interpreter", True, "the policy preloads nothing: python-data calls start cold", "", False)
     spec = SandboxSpec(
@@ -139,16 +174,23 @@ async def warm_interpreter_check(runtime: DockerRuntime, preload: tuple[str, ...
     problems = [line for line in said.splitlines() if line.startswith("preload ")]
     ok = "preloaded in" in said and not problems
     detail = "; ".join(problems) if problems else (said.strip().splitlines() or ["no answer"])[-1]
+    one = held / 2**20
+    pools = (
+        f"; the policy's pools keep {plan.least} of them ({plan.least * one:.0f} MiB) and grow to {plan.most} "
+        f"({plan.most * one:.0f} MiB) within host.pool_memory_mb {plan.budget_mb} MiB"
+        if plan.least or plan.most
+        else " (host.pool_memory_mb counts it)"
+    )
     return Check(
         "warm interpreter",
         ok,
-        f"{detail}; a warm python-data container holds {held / 2**20:.0f} MiB (host.pool_memory_mb counts it)",
+        f"{detail}; a warm python-data container holds {one:.0f} MiB{pools}",
         "install the missing modules in the image, or drop them from the tool's `preload`",
         False,
     )
 
 
-async def run_doctor(runtime: DockerRuntime, preload: tuple[str, ...] = ()) -> DoctorReport:
+async def run_doctor(runtime: DockerRuntime, plan: WarmPlan | None = None) -> DoctorReport:
     """Run every check against the engine the runtime is connected to."""
     report = DoctorReport()
     try:
@@ -215,5 +257,5 @@ async def run_doctor(runtime: DockerRuntime, preload: tuple[str, ...] = ()) -> D
         report.checks.append(
             Check("probe under runsc", ok, detail, "check runsc's registration in /etc/docker/daemon.json", False)
         )
-    report.checks.append(await warm_interpreter_check(runtime, preload))
+    report.checks.append(await warm_interpreter_check(runtime, plan or WarmPlan()))
     return report

@@ -31,14 +31,17 @@ def test_doctor_is_healthy_and_proves_the_limits(runtime: DockerRuntime) -> None
     assert "oom_killed=True" in checks["probe: memory limit enforced"]["detail"]
     warm = checks["warm interpreter"]
     assert warm["ok"] and "preloaded in" in warm["detail"] and "MiB" in warm["detail"], warm
+    # The default policy's run_python and analyze_csv share one pool: 2 waiting, up to 8 under demand.
+    assert "the policy's pools keep 2 of them" in warm["detail"] and "grow to 8" in warm["detail"], warm
+    assert "within host.pool_memory_mb 2048 MiB" in warm["detail"], warm
     assert not left_by_exited_servers()
 
 
 @pytest.mark.anyio
 async def test_doctor_says_which_module_a_warm_interpreter_could_not_import(runtime: DockerRuntime) -> None:
-    from sandbox_server.doctor import warm_interpreter_check
+    from sandbox_server.doctor import WarmPlan, warm_interpreter_check
 
-    check = await warm_interpreter_check(runtime, ("pandas", "no_such_module"))
+    check = await warm_interpreter_check(runtime, WarmPlan(("pandas", "no_such_module")))
     assert not check.ok and not check.required
     assert "preload no_such_module: ModuleNotFoundError" in check.detail and "drop them" in check.fix
 

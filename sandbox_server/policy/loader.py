@@ -143,9 +143,22 @@ def resolved_document(path: Path, trail: tuple[Path, ...] = ()) -> tuple[dict[st
             parent, parent_errors = resolved_document(parent_path, (*trail, path))
             errors.extend(parent_errors)
             resolved = {key: value for key, value in parent.items() if key not in ("name", "description")}
-    merged = _merge(resolved, {key: value for key, value in document.items() if key != "extends"})
+    merged = _merge(resolved, _pool_size_as_min({key: value for key, value in document.items() if key != "extends"}))
     merged.setdefault("name", path.stem)
     return merged, errors
+
+
+def _pool_size_as_min(document: dict[str, Any]) -> dict[str, Any]:
+    """`pool.size` (the older name) read as `pool.min` before merging, so a file's `size` overrides the
+    `min` of the policy it extends."""
+    sections = [document.get("defaults")]
+    if isinstance(document.get("tools"), Mapping):
+        sections.extend(document["tools"].values())
+    for section in sections:
+        pool = section.get("pool") if isinstance(section, Mapping) else None
+        if isinstance(pool, dict) and "size" in pool and "min" not in pool:
+            pool["min"] = pool.pop("size")
+    return document
 
 
 def effective_tool_settings(document: Mapping[str, Any], tool: str) -> dict[str, Any]:

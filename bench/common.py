@@ -39,6 +39,17 @@ def print_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
             print("  ".join("-" * width for width in widths))
 
 
+def update_results(name: str, section: str, document: dict[str, Any]) -> Path:
+    """Replace one section of bench/results/<name>.json (with the machine it was measured on), keeping the
+    others as their last run left them."""
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    existing = json.loads(path.read_text()) if path.exists() else {"benchmark": name, "machine": machine()}
+    existing[section] = {"machine": machine(), **document}
+    path.write_text(json.dumps(existing, indent=2) + "\n")
+    return path
+
+
 def write_results(name: str, document: dict[str, Any]) -> Path:
     """bench/results/<name>.json, with the machine it was measured on."""
     RESULTS.mkdir(exist_ok=True)

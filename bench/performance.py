@@ -14,7 +14,9 @@ Through the real MCP client over stdio:
   engine's raw create/start/remove ceiling at the same concurrency, with failures and
   leaked containers counted; and with more callers than the policy admits, how fast
   the extra calls hear "busy";
-- the server's RSS, idle and under load.
+- the server's RSS, idle and under load;
+- data calls with warm interpreters and the pool under demand (bench/warm.py, also run
+  alone as `scripts/run bench warm`).
 Prints a table, writes bench/results/performance.json and bench/results/performance.png.
 """
 
@@ -342,6 +344,10 @@ def main(argv: list[str]) -> int:
         report["baselines"] = baselines(options.calls)
         print("throughput ...", flush=True)
         report["throughput"] = anyio.run(throughput, work, options.throughput_calls)
+    from bench import warm  # it measures with this module's helpers
+
+    print("warm interpreters and the pool under demand ...", flush=True)
+    report["warm"] = warm.measure()
     true_p50 = pool["execute_command true"]["p50"]
     sdk_p50 = report["baselines"]["SDK create/start/wait/remove"]["p50"]
     report["summary"] = {

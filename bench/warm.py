@@ -2,6 +2,8 @@
 
     scripts/run bench warm [--calls 20] [--gap-s 0.5]
 
+(`scripts/run bench performance` runs it too, with its defaults.)
+
 Rows, through the real MCP client over stdio (calls spaced --gap-s apart, as a model's):
 - run_python `import pandas, matplotlib; df.plot(); df.sum()` (3 rows) and analyze_csv on
   200 rows (sum by group with a bar plot), with the warm pool and preloaded interpreters
@@ -13,12 +15,13 @@ Rows, through the real MCP client over stdio (calls spaced --gap-s apart, as a m
 - the pool following demand: `execute_command true` spaced, then a burst of 10 back to
   back after 5 s idle (an earlier burst let the pool grow), then 200 back to back, beside
   the engine's own create/start/wait/remove ceiling measured in the same run.
-Writes bench/results/warm.json.
+Writes the "warm" section of bench/results/performance.json.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import tempfile
@@ -31,12 +34,13 @@ import docker
 import psutil
 from mcp import Client
 
-from bench.common import print_table, write_results
+from bench.common import print_table, update_results
 from bench.performance import engine_ceiling, percentiles, server_process, timed_calls, wait_for_pool
 from sandbox_server.client import server_parameters
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
 from sandbox_server.sandbox.host_config import host_config_kwargs
-from sandbox_server.sandbox.spec import SandboxSpec
+from sandbox_server.sandbox.removal import OWNER_LABEL
+from sandbox_server.sandbox.spec import SANDBOX_LABEL, SandboxSpec
 
 DATA = "sandbox-server/python-data:latest"
 CELL = (
@@ -115,6 +119,7 @@ async def latency(work: Path, label: str, tools: str, pooled: bool, calls: int, 
         if pooled:
             await wait_for_pool(server_process().pid, 4)
             await anyio.sleep(3)  # preloading is done off the call's path: let it finish, as between a model's calls
+            report["pool_before_calls"] = pool_memory(server_process().pid)
         calls_made: dict[str, dict[str, Any]] = {"run_python": {"code": CELL}, "analyze_csv": ANALYSIS}
         for tool, arguments_ in calls_made.items():
             samples, failures = await timed_calls(client, tool, arguments_, calls, gap_s)
@@ -137,6 +142,7 @@ async def demand(work: Path, spaced_calls: int) -> dict[str, Any]:
         await timed(10, 0)  # the first burst: the pool grows for the next
         await anyio.sleep(5)
         burst = await timed(10, 0)
+        grown = pool_memory(server_process().pid)
         started = time.perf_counter()
         run = await timed(200, 0)
         elapsed = time.perf_counter() - started
@@ -145,9 +151,27 @@ async def demand(work: Path, spaced_calls: int) -> dict[str, Any]:
         "spaced": percentiles(spaced),
         "burst_after_5s_idle": percentiles(burst),
         "burst_p95_over_spaced_p50": round(percentiles(burst)["p95"] / percentiles(spaced)["p50"], 2),
+        "pool_after_the_bursts": grown,
         "200_back_to_back": {**percentiles(run), "calls_per_s": round(200 / elapsed, 1)},
         "engine_ceiling_per_s": round(ceiling, 1),
     }
+
+
+def pool_memory(pid: int) -> dict[str, float]:
+    """How many containers the server `pid` holds now (waiting ones, and used ones not yet removed) and their
+    resident memory together, read from the host."""
+    runtime = DockerRuntime.connect()
+    count, held = 0, 0
+    try:
+        for item in runtime.api.containers(filters={"label": SANDBOX_LABEL}):
+            if f":{pid}:" in (item.get("Labels") or {}).get(OWNER_LABEL, ""):
+                count += 1
+                for host_pid in runtime.host_pids(item["Id"]):
+                    with contextlib.suppress(psutil.Error):
+                        held += psutil.Process(host_pid).memory_info().rss
+    finally:
+        runtime.close()
+    return {"containers": count, "rss_mb": round(held / 2**20, 1)}
 
 
 def warm_memory() -> dict[str, float]:
@@ -174,12 +198,13 @@ def warm_memory() -> dict[str, float]:
     return sizes
 
 
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench warm", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--calls", type=int, default=20, help="calls per row (default 20)")
-    parser.add_argument("--gap-s", type=float, default=0.5, help="pause between calls (default 0.5 s)")
-    options = parser.parse_args(argv)
-    report: dict[str, Any] = {"calls": options.calls, "gap_s": options.gap_s}
+CALLS = 20
+GAP_S = 0.5
+
+
+def measure(calls: int = CALLS, gap_s: float = GAP_S) -> dict[str, Any]:
+    """Every row, printed; returns the report."""
+    report: dict[str, Any] = {"calls": calls, "gap_s": gap_s}
     print("anchors ...", flush=True)
     report["anchors_ms"] = anchors()
     with tempfile.TemporaryDirectory(prefix="sandbox-bench-warm-") as folder:
@@ -191,12 +216,12 @@ def main(argv: list[str]) -> int:
         }
         for label, row in rows.items():
             print(f"{label} ...", flush=True)
-            report[label] = anyio.run(latency, *row, options.calls, options.gap_s)
+            report[label] = anyio.run(latency, *row, calls, gap_s)
     print("warm container memory ...", flush=True)
     report["warm_container_rss_mb"] = warm_memory()
     print("the pool under demand ...", flush=True)
     with tempfile.TemporaryDirectory(prefix="sandbox-bench-demand-") as folder:
-        report["demand"] = anyio.run(demand, Path(folder), options.calls * 2)
+        report["demand"] = anyio.run(demand, Path(folder), calls * 2)
     cell, query = report["anchors_ms"]["cell"], report["anchors_ms"]["query"]
     table = []
     for label in rows:
@@ -208,6 +233,12 @@ def main(argv: list[str]) -> int:
     print_table(["call", "p50 ms", "p95 ms", "p50 / anchor", "failures"], table)
     print(f"\nanchors (already-warm interpreter): cell {cell} ms, DuckDB query {query} ms")
     print("warm container RSS (MiB): " + ", ".join(f"{k} {v}" for k, v in report["warm_container_rss_mb"].items()))
+    before = report["warm pool, preloaded"]["pool_before_calls"]
+    grown = report["demand"]["pool_after_the_bursts"]
+    print(
+        f"the pools' containers: {before['containers']} holding {before['rss_mb']} MiB before the data calls (default "
+        f"sizes); {grown['containers']} holding {grown['rss_mb']} MiB after the bursts of execute_command"
+    )
     pool = report["demand"]
     print(
         f"execute_command true: spaced p50 {pool['spaced']['p50']} ms; burst of 10 after 5 s idle p95 "
@@ -215,8 +246,16 @@ def main(argv: list[str]) -> int:
         f"p50 {pool['200_back_to_back']['p50']} / p95 {pool['200_back_to_back']['p95']} ms, "
         f"{pool['200_back_to_back']['calls_per_s']} calls/s (engine ceiling {pool['engine_ceiling_per_s']}/s)"
     )
-    path = write_results("warm", report)
-    print(f"\nwritten: {path}")
+    return report
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench warm", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--calls", type=int, default=CALLS, help=f"calls per row (default {CALLS})")
+    parser.add_argument("--gap-s", type=float, default=GAP_S, help=f"pause between calls (default {GAP_S} s)")
+    options = parser.parse_args(argv)
+    path = update_results("performance", "warm", measure(options.calls, options.gap_s))
+    print(f"\nwritten: the warm section of {path}")
     return 0
 
 

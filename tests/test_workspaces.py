@@ -117,7 +117,7 @@ async def test_a_disk_bomb_stops_at_the_workspace_size_and_the_next_call_still_r
     assert 15 * 2**20 <= written <= 17 * 2**20, bomb["stdout"]  # workspace.size_mb is 16
     made = int(inodes["stdout"].strip().rsplit("=", 1)[-1])
     assert 1000 < made < 2000, inodes["stdout"]
-    assert "still-running" in after["stdout"]
+    assert "still-running" in after["stdout"], after
 
 
 async def test_a_timed_out_call_leaves_the_workspace_as_its_program_left_it(

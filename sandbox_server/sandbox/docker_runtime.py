@@ -219,7 +219,8 @@ class DockerRuntime(Engine):
             state = self.api.inspect_container(container_id)["State"]
             if state.get("Running") or state.get("Status") not in ("exited", "dead"):
                 if lingering:
-                    self.api.kill(container_id)
+                    with contextlib.suppress(docker.errors.APIError):  # it ended meanwhile
+                        self.api.kill(container_id)
                 self.api.wait(container_id, timeout=30)
                 state = self.api.inspect_container(container_id)["State"]
         return int(state.get("ExitCode", -1)), bool(state.get("OOMKilled"))
@@ -284,7 +285,7 @@ class DockerRuntime(Engine):
             else:
                 known = exit_from_trailer(drain.splitter.trailer)
                 if known is None:
-                    lingering = drain.splitter.trailer is not None
+                    lingering = drain.splitter.trailer is not None and spec.runtime != "runsc"
                     exit_code, oom_killed = await anyio.to_thread.run_sync(self._finish, container_id, lingering)
                 else:
                     exit_code, oom_killed = known

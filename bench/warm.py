@@ -37,6 +37,7 @@ from mcp import Client
 from bench.common import print_table, update_results
 from bench.performance import engine_ceiling, percentiles, server_process, timed_calls, wait_for_pool
 from sandbox_server.client import server_parameters
+from sandbox_server.errors import SandboxServerError
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
 from sandbox_server.sandbox.host_config import host_config_kwargs
 from sandbox_server.sandbox.removal import OWNER_LABEL
@@ -165,10 +166,12 @@ def pool_memory(pid: int) -> dict[str, float]:
     try:
         for item in runtime.api.containers(filters={"label": SANDBOX_LABEL}):
             if f":{pid}:" in (item.get("Labels") or {}).get(OWNER_LABEL, ""):
-                count += 1
-                for host_pid in runtime.host_pids(item["Id"]):
-                    with contextlib.suppress(psutil.Error):
-                        held += psutil.Process(host_pid).memory_info().rss
+                with contextlib.suppress(SandboxServerError):  # removed meanwhile
+                    pids = runtime.host_pids(item["Id"])
+                    count += 1
+                    for host_pid in pids:
+                        with contextlib.suppress(psutil.Error):
+                            held += psutil.Process(host_pid).memory_info().rss
     finally:
         runtime.close()
     return {"containers": count, "rss_mb": round(held / 2**20, 1)}

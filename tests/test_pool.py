@@ -233,3 +233,23 @@ async def test_the_warm_containers_of_a_killed_server_are_removed_within_seconds
         server.process.wait()
         # No server starts to sweep them: the reaper the server started removes them when it sees the server end.
         await _gone(runtime, warm)
+
+
+def test_a_process_tree_is_read_from_the_kernels_children_lists() -> None:
+    import subprocess
+
+    import psutil
+
+    from sandbox_server.sandbox.docker_runtime import process_tree
+
+    script = "sleep 30 & (sleep 30 & echo started; wait) & wait"  # started: all four exist
+    with subprocess.Popen(["sh", "-c", script], stdout=subprocess.PIPE) as parent:
+        try:
+            assert parent.stdout is not None and parent.stdout.readline() == b"started\n"
+            expected = [parent.pid, *(child.pid for child in psutil.Process(parent.pid).children(recursive=True))]
+            assert len(expected) >= 4 and sorted(process_tree(parent.pid)) == sorted(expected)
+        finally:
+            for process in psutil.Process(parent.pid).children(recursive=True):
+                process.kill()
+            parent.kill()
+    assert process_tree(parent.pid) == []

@@ -28,7 +28,7 @@ __all__ = ["OWNER_LABEL", "Remover", "current_owner", "owner_alive"]
 OWNER_LABEL = "org.sandbox-server.owner"
 DEFER_S = 2.0
 """The longest a used container's removal waits for a pause between calls."""
-BACKLOG = 8
+BACKLOG = 16
 """With more removals than this waiting, none waits for a pause."""
 
 

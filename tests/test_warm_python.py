@@ -125,3 +125,13 @@ async def test_a_warm_interpreter_gives_the_program_the_environment_a_plain_one_
     warm, plain = seen
     assert warm.startswith("(True, ") and plain.startswith("(False, ")
     assert warm.removeprefix("(True, ") == plain.removeprefix("(False, ") and "SANDBOX_" not in warm
+
+
+async def test_matplotlibs_font_list_comes_built_with_the_image(tmp_path: Path, runtime: DockerRuntime) -> None:
+    policy = _policy(tmp_path, "tools:\n  run_python: {preload: []}\n")
+    cell = "import os, sys\n(sorted(os.listdir(os.environ['MPLCONFIGDIR'])), 'matplotlib' in sys.modules)"
+    async with connect(stdio_parameters("--policy", policy, "--no-pool")) as session:
+        result = await _cell(session, cell)
+    # Before the cell imports matplotlib, its cache folder already holds the image's font list.
+    assert not result["is_error"] and result["stdout"].startswith("(['fontlist-v"), result["text"]
+    assert result["stdout"].strip().endswith("False)"), result["text"]

@@ -12,11 +12,13 @@ from sandbox_wire import ANALYSIS_PLOT, OUTPUT_DIR
 
 def draw(analysis, plot, results, aggregates):
     """Draw the requested plot into the output folder and return its name."""
+    from sandbox_figures import save_png, seed_font_cache
+
+    seed_font_cache()
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from sandbox_figures import save_png
 
     kind = plot["kind"]
     for field in ("x", "y"):

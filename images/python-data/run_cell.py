@@ -15,7 +15,7 @@ import sys
 import traceback
 
 import cell_state
-from sandbox_figures import save_png
+from sandbox_figures import save_png, seed_font_cache
 from sandbox_wire import FIGURE_NAME, IMAGE_BYTES_ENV, KEEP_VARIABLES_ENV, OUTPUT_DIR
 
 IMAGE_BYTES = int(os.environ.pop(IMAGE_BYTES_ENV, "2000000"))
@@ -34,6 +34,7 @@ def _save_figures() -> None:
 
 
 def main() -> int:
+    seed_font_cache()  # before the cell can import matplotlib
     source = sys.stdin.read()
     sys.stdin = open(os.devnull)
     try:

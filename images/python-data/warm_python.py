@@ -25,6 +25,9 @@ _started = time.monotonic()
 
 
 def _preload() -> None:
+    from sandbox_figures import seed_font_cache
+
+    seed_font_cache()
     saved = os.dup(1), os.dup(2)
     quiet = os.open(WARM_ERRORS, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     os.dup2(quiet, 1)

@@ -19,7 +19,7 @@ import os
 import resource
 import sys
 
-from csv_files import detect_encoding, engine_settings, resolve, transcode_utf16_be
+from csv_files import Transcoder, detect_encoding, engine_settings, resolve
 from csv_values import Refusal, json_value, quote_ident, quote_literal
 from sandbox_wire import ANALYSIS_ANSWER, ANALYSIS_REFUSED_EXIT, ANALYSIS_REQUEST_KEYS, ANALYSIS_TABLE, OUTPUT_DIR
 
@@ -87,12 +87,18 @@ class Analysis:
                 f"under policy '{request['policy']}' (field limits.csv_bytes); nothing was read",
                 "filepath",
             )
-        encoding, self.encoding_label = detect_encoding(self.path)
-        source_path = self.path
-        if encoding is None:
-            source_path, encoding = transcode_utf16_be(self.path), "utf-8"
-            self.notes.append("the file is big-endian UTF-16; it was transcoded to UTF-8 before reading")
-        self.reader_options = {"encoding": encoding, "sample_size": 20480}
+        found = detect_encoding(self.path, request.get("encoding"))
+        self.encoding_label = found.label
+        self.transcoder = None
+        if found.native is not None:
+            source_path, encoding, compression = self.path, found.native, found.compression or "none"
+        else:
+            self.transcoder = Transcoder(self.path, found)
+            source_path, encoding, compression = self.transcoder.fifo, "utf-8", "none"
+            self.notes.append(f"the file is {found.codec}; it was converted to UTF-8 as it was read")
+        if found.compression:
+            self.notes.append(f"the file is {found.compression}-compressed; it was decompressed as it was read")
+        self.reader_options = {"encoding": encoding, "sample_size": 20480, "compression": compression}
         self.source_path = source_path
         self._define_source()
 
@@ -102,6 +108,7 @@ class Analysis:
             [
                 quote_literal(self.source_path),
                 f"encoding={quote_literal(self.reader_options['encoding'])}",
+                f"compression={quote_literal(self.reader_options['compression'])}",
                 f"sample_size={self.reader_options['sample_size']}",
                 f"max_line_size={int(self.request['max_line_bytes'])}",
                 "nullstr=[" + ", ".join(quote_literal(text) for text in NULL_STRINGS) + "]",
@@ -120,6 +127,12 @@ class Analysis:
         self.delimiter, self.has_header = sniffed.fetchone()
         self.con.execute(f"CREATE OR REPLACE TEMP VIEW src AS SELECT * FROM read_csv({arguments})")
         self.columns = [(row[0], row[1]) for row in self.con.execute("DESCRIBE src").fetchall()]
+        self._check_stream()
+
+    def _check_stream(self):
+        """A conversion that stopped at a byte not in the file's encoding: refused, never half an answer."""
+        if self.transcoder is not None and self.transcoder.error:
+            raise Refusal(f"cannot read {self.request['path']}: {self.transcoder.error}", "encoding")
 
     def _memory_refusal(self):
         return Refusal(
@@ -142,7 +155,9 @@ class Analysis:
         """Run a query over the file, re-reading it once with wider settings when the first sample misled."""
         for attempt in range(3):
             try:
-                return self.con.execute(sql).fetchall()
+                rows = self.con.execute(sql).fetchall()
+                self._check_stream()
+                return rows
             except self.duckdb.OutOfMemoryException:
                 raise self._memory_refusal() from None
             except (self.duckdb.InvalidInputException, self.duckdb.ConversionException) as exc:

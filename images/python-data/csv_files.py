@@ -36,51 +36,185 @@ def looks_like_text(text):
     return bool(text) and controls <= len(text) // 100
 
 
-def detect_encoding(path):
-    """(duckdb encoding or None to transcode, label for people) from the file's first bytes."""
+SAMPLE_BYTES = 1 << 20
+"""How much of the (decompressed) file detection reads: never the whole of a big file."""
+NATIVE = {"utf_8": "utf-8", "utf_16_le": "utf-16", "iso8859_1": "latin-1"}
+"""Python codecs DuckDB reads itself (its names); any other is converted to UTF-8 as a stream."""
+GZIP_MAGIC, ZSTD_MAGIC = b"\x1f\x8b", b"\x28\xb5\x2f\xfd"
+BOMS = (
+    (codecs.BOM_UTF32_LE, "utf_32_le", "UTF-32 LE with BOM"),
+    (codecs.BOM_UTF32_BE, "utf_32_be", "UTF-32 BE with BOM"),
+    (codecs.BOM_UTF8, "utf_8", "UTF-8 with BOM"),
+    (codecs.BOM_UTF16_LE, "utf_16_le", "UTF-16 LE with BOM"),
+    (codecs.BOM_UTF16_BE, "utf_16_be", "UTF-16 BE with BOM"),
+)
+
+
+class Encoding:
+    """What the file is: its compression, its Python codec, and what to tell people (with how sure)."""
+
+    def __init__(self, codec, label, compression=None, confidence=1.0):
+        self.codec = codecs.lookup(codec).name.replace("-", "_")
+        self.label = label
+        self.compression = compression
+        self.confidence = confidence
+
+    @property
+    def native(self):
+        """DuckDB's name for the encoding when it reads this file itself, else None."""
+        return NATIVE.get(self.codec)
+
+
+def open_raw(path, compression):
+    """The file's bytes, decompressed as a stream."""
+    if compression == "gzip":
+        import gzip
+
+        return gzip.open(path, "rb")
+    if compression == "zstd":
+        import zstandard
+
+        return zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), closefd=True)
+    return open(path, "rb")
+
+
+def compression_of(path):
     with open(path, "rb") as handle:
-        head = handle.read(1 << 16)
+        magic = handle.read(4)
+    if magic.startswith(GZIP_MAGIC):
+        return "gzip"
+    if magic.startswith(ZSTD_MAGIC):
+        return "zstd"
+    return None
+
+
+def detect_encoding(path, explicit=None):
+    """The file's Encoding, from a bounded sample of its (decompressed) start; `explicit` (a codec name) wins."""
+    compression = compression_of(path)
+    with open_raw(path, compression) as handle:
+        head = handle.read(SAMPLE_BYTES)
     if not head:
         raise Refusal(f"{path} is empty (0 bytes): no header and no rows", "filepath")
-    if head.startswith(codecs.BOM_UTF8):
-        return "utf-8", "UTF-8 with BOM"
-    candidates = []
-    if head.startswith(codecs.BOM_UTF16_LE):
-        candidates = [("utf-16-le", "utf-16", "UTF-16 LE")]
-    elif head.startswith(codecs.BOM_UTF16_BE):
-        candidates = [("utf-16-be", None, "UTF-16 BE")]
-    elif b"\x00" in head:
-        candidates = [("utf-16-le", "utf-16", "UTF-16 LE (no BOM)"), ("utf-16-be", None, "UTF-16 BE (no BOM)")]
-    else:
+    if explicit:
         try:
-            text = codecs.getincrementaldecoder("utf-8")().decode(head, final=False)
-            found = ("utf-8", "UTF-8")
-        except UnicodeDecodeError as exc:
-            text = head.decode("latin-1")
-            found = ("latin-1", f"Latin-1 (not UTF-8: byte 0x{head[exc.start]:02x} at offset {exc.start})")
-        if looks_like_text(text):
-            return found
-    for codec, engine_name, label in candidates:
-        text = codecs.getincrementaldecoder(codec)(errors="replace").decode(head, final=False)
-        if "\ufffd" not in text and looks_like_text(text):
-            return engine_name, label
-    why = "it holds NUL bytes" if b"\x00" in head else "it holds many control characters"
+            return Encoding(explicit, f"{codecs.lookup(explicit).name} (as asked)", compression)
+        except LookupError:
+            raise Refusal(
+                f"encoding {explicit!r} is not an encoding Python knows (try gb18030, big5, cp1252)", "encoding"
+            ) from None
+    for bom, codec, label in BOMS:
+        if head.startswith(bom):
+            return Encoding(codec, label, compression)
+    if b"\x00" in head:
+        for codec, label in (
+            ("utf_16_le", "UTF-16 LE (no BOM)"),
+            ("utf_16_be", "UTF-16 BE (no BOM)"),
+            ("utf_32_le", "UTF-32 LE (no BOM)"),
+            ("utf_32_be", "UTF-32 BE (no BOM)"),
+        ):
+            text = codecs.getincrementaldecoder(codec)(errors="replace").decode(head, final=False)
+            if "\ufffd" not in text and looks_like_text(text):
+                return Encoding(codec, label, compression)
+        raise Refusal(
+            f"{path} does not look like a text CSV: its first bytes hold NUL bytes and are not UTF-16 or UTF-32 text",
+            "filepath",
+        )
+    try:
+        text = codecs.getincrementaldecoder("utf-8")().decode(head, final=False)
+        found = Encoding("utf_8", "UTF-8" if not text.isascii() else "ASCII (read as UTF-8)", compression)
+    except UnicodeDecodeError as exc:
+        found = _guess(head, exc, compression)
+        text = head.decode(found.codec, "replace")
+    if looks_like_text(text):
+        return found
     raise Refusal(
-        f"{path} does not look like a text CSV: its first bytes are not UTF-8, UTF-16 or Latin-1 text ({why})",
+        f"{path} does not look like a text CSV: its first bytes are not text in any encoding tried "
+        "(it holds many control characters); a gzip or zstd file is read whole, other containers are not",
         "filepath",
     )
 
 
-def transcode_utf16_be(path):
-    """A UTF-8 copy of a big-endian UTF-16 file (DuckDB reads only little-endian UTF-16)."""
-    target = "/tmp/transcoded.csv"
-    with open(path, encoding="utf-16-be") as source, open(target, "w", encoding="utf-8") as sink:
-        first = source.read(1)
-        if first != "\ufeff":
-            sink.write(first)
-        while block := source.read(1 << 20):
-            sink.write(block)
-    return target
+def _guess(head, utf8_error, compression):
+    """Not UTF-8: the detector's best match (charset-normalizer), Latin-1 when it has none."""
+    from charset_normalizer import from_bytes
+
+    matches = list(from_bytes(head))
+    where = f"byte 0x{head[utf8_error.start]:02x} at offset {utf8_error.start} is not UTF-8"
+    if not matches:
+        return Encoding("latin_1", f"Latin-1 ({where}; no better match)", compression, 0.0)
+    best = matches[0]
+    # Candidates the detector cannot tell apart (a short sample): Windows-1252, the most common
+    # single-byte encoding, wins among them, as browsers decide; the others are named.
+    tied = [m for m in matches if m.chaos <= best.chaos + 0.01 and m.coherence >= best.coherence - 0.01]
+    chosen = next((m for m in tied if m.encoding == "cp1252"), best)
+    others = sorted({m.encoding for m in tied if str(m) != str(chosen)})
+    codec = codecs.lookup(chosen.encoding).name
+    if codec in ("gbk", "gb2312"):
+        codec = "gb18030"  # the superset: every GBK file is GB18030
+    sure = max(0.0, min(1.0, 1.0 - chosen.chaos)) / (1 + len(others))
+    also = f"; {', '.join(others)} would read it too, differently" if others else ""
+    label = f"{codec} (detected, {sure:.0%} sure; {where}{also})"
+    return Encoding(codec, label, compression, round(sure, 2))
+
+
+class Transcoder:
+    """A FIFO that gives, each time it is opened, the whole file converted to UTF-8 as a stream.
+
+    DuckDB reads only UTF-8, UTF-16 LE and Latin-1, so any other encoding (and a compressed
+    file in one) is decoded here block by block and written to a FIFO that DuckDB reads as
+    UTF-8: nothing is held whole, in memory or on disk. A byte that is not valid in the
+    encoding stops the stream; `error` then names its line, and the answer is refused
+    rather than computed from part of the file.
+    """
+
+    def __init__(self, path, encoding, fifo="/tmp/.analyze-csv-source.csv"):
+        import threading
+
+        self.path, self.encoding, self.fifo = path, encoding, fifo
+        self.error = None
+        self._threading = threading
+        os.mkfifo(fifo, 0o600)
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        """Each reader that opens the FIFO gets its own whole stream: once one has opened it, a new FIFO
+        takes its name (atomically), so a later open never joins a stream already under way."""
+        fresh = self.fifo + ".next"
+        while True:
+            sink = open(self.fifo, "wb")  # blocks until a reader opens it
+            os.mkfifo(fresh, 0o600)
+            os.rename(fresh, self.fifo)
+            self._threading.Thread(target=self._feed, args=(sink,), daemon=True).start()
+
+    def _feed(self, sink):
+        try:
+            with sink, open_raw(self.path, self.encoding.compression) as source:
+                self._copy(source, sink)
+        except OSError:
+            pass  # the reader stopped early (it needed only the start)
+
+    def _copy(self, source, sink):
+        decoder = codecs.getincrementaldecoder(self.encoding.codec)()
+        lines, first = 0, True
+        while True:
+            block = source.read(1 << 20)
+            try:
+                text = decoder.decode(block, final=not block)
+            except UnicodeDecodeError as exc:
+                line = lines + block.count(b"\n", 0, max(0, exc.start)) + 1
+                self.error = (
+                    f"line {line} is not valid {self.encoding.codec} (bytes {block[exc.start : exc.end]!r}); "
+                    "the file mixes encodings or is not in this one: give `encoding`, or convert the file"
+                )
+                return
+            if first and text.startswith("\ufeff"):
+                text = text[1:]
+            first = False
+            if text:
+                sink.write(text.encode("utf-8"))
+            lines += block.count(b"\n")
+            if not block:
+                return
 
 
 def cgroup_value(*candidates):

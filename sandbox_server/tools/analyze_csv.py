@@ -187,6 +187,7 @@ def analysis_request(args: Mapping[str, Any], policy: ToolPolicy, policy_name: s
         "columns": args.get("columns"),
         "group_by": args.get("group_by", []),
         "max_groups": args.get("max_groups", 50),
+        "encoding": args.get("encoding"),
         "plot": args.get("plot"),
         "image_bytes": limits.returned_image_bytes // max(1, limits.returned_images),
         "max_bytes": policy.max_csv_bytes,
@@ -229,7 +230,9 @@ class AnalyzeCsv:
         "Compute statistics of a CSV file inside the sandbox without loading it whole: sum, average, count, "
         "min, max, median, std (sample), distinct (count of distinct values), nulls, describe; per column, "
         "optionally per group (group_by), optionally with a plot (histogram, bar, line, scatter) returned as "
-        "a PNG. Delimiter, header and encoding (UTF-8, UTF-8 with BOM, UTF-16, Latin-1) are detected. "
+        "a PNG. Delimiter, header and encoding are detected (UTF-8/16/32 with or without BOM, GB18030/GBK, Big5, "
+        "Shift_JIS, EUC-JP, EUC-KR, Windows-125x, Latin-1; `encoding` overrides); gzip and zstd files are read "
+        "as streams. "
         "Non-numeric columns are skipped for numeric statistics, and the answer says so. `filepath` is a "
         "path inside the sandbox: under a data folder the policy mounts (such as /data) or a file sent with "
         "`files` (relative paths are taken from /workspace). The full table also comes back as result.csv.\n"
@@ -274,6 +277,13 @@ class AnalyzeCsv:
                 "maximum": 500,
                 "default": 50,
                 "description": "Groups returned, in key order; the answer says how many exist.",
+            },
+            "encoding": {
+                "type": "string",
+                "maxLength": 40,
+                "pattern": "^[A-Za-z0-9_.:-]+$",
+                "description": "The file's text encoding (a Python codec name such as gb18030, big5, shift_jis, "
+                "cp1252, utf-16); detected when left out, and the answer says what was found and how sure.",
             },
             "plot": {
                 "type": "object",

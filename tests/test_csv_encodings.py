@@ -1,0 +1,141 @@
+"""analyze_csv on files as spreadsheets and data portals write them: encodings and compression,
+through the real server, against pandas on the host reading the same bytes with the right settings."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import random
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+from mcp import Client
+
+from sandbox_server.sandbox.docker_runtime import DockerRuntime
+from tests.mcp_harness import connect, stdio_parameters, text_of, upload
+
+pytestmark = pytest.mark.anyio
+
+# Each case: headers and group values in the encoding's own script, and the codec names a detector
+# may fairly report for such bytes (GBK is read as its superset GB18030; Big5 as Big5 or its Windows form).
+CASES = {
+    "gb18030": (["地区", "金额", "备注"], ["华东", "华南", "西北", "东北"],
+                ["按时交货", "客户满意", "需要跟进", "已经付款", "退货处理中"], {"gb18030"}),
+    "big5": (["地區", "金額", "備註"], ["臺北", "高雄", "臺中", "花蓮"],
+             ["準時交貨", "客戶滿意", "需要跟進", "已經付款", "退貨處理中"], {"big5", "cp950", "big5hkscs"}),
+    "shift_jis": (["地域", "金額", "備考"], ["東京", "大阪", "名古屋", "札幌"],
+                  ["予定通りに納品しました", "お客様は満足しています", "確認が必要です", "支払い済みです",
+                   "返品の処理中です"], {"shift_jis", "cp932"}),
+    "euc_kr": (["지역", "금액", "비고"], ["서울", "부산", "대구", "인천"],
+               ["제때 배송되었습니다", "고객이 만족합니다", "확인이 필요합니다", "결제 완료", "반품 처리 중"],
+               {"euc_kr", "cp949"}),
+    "cp1252": (["Région", "Montant", "Remarque"], ["Île-de-France", "Provence-Côte", "Bourgogne", "Hauts-de-Seine"],
+               ["livré à l'heure", "client très satisfait", "à vérifier – relancer", "payé €", "retour en cours"],
+               {"cp1252", "iso8859_15"}),
+    "cp1250": (["Województwo", "Kwota", "Uwagi"], ["Łódzkie", "Śląskie", "Małopolskie", "Świętokrzyskie"],
+               ["dostarczono na czas", "klient zadowolony", "wymaga sprawdzenia", "zapłacono", "zwrot w toku"],
+               {"cp1250", "iso8859_2"}),
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(scope="module")
+async def client(runtime: DockerRuntime) -> AsyncIterator[Client]:
+    async with connect(stdio_parameters()) as session:
+        yield session
+
+
+def _table(codec: str, rows: int = 300, seed: int = 3) -> str:
+    """A small table in the case's own script: a group, an amount and a free-text remark per row."""
+    headers, groups, remarks, _ = CASES[codec]
+    rng = random.Random(seed)
+    lines = [",".join(headers)]
+    lines += [f"{rng.choice(groups)},{rng.randint(-500, 5000) / 4},{rng.choice(remarks)}" for _ in range(rows)]
+    return "\n".join(lines) + "\n"
+
+
+async def _analyze(client: Client, arguments: dict[str, Any]) -> dict[str, Any]:
+    result = await client.call_tool("analyze_csv", arguments)
+    assert not result.is_error, text_of(result)
+    assert result.structured_content is not None
+    return dict(result.structured_content)
+
+
+def _sums_by_group(answer: dict[str, Any], group: str, column: str) -> dict[str, float]:
+    return {entry["group"][group]: entry["columns"][column]["sum"] for entry in answer["results"]}
+
+
+@pytest.mark.parametrize("codec", list(CASES))
+async def test_a_file_in_its_own_encoding_answers_what_pandas_reads(client: Client, tmp_path: Path, codec: str) -> None:
+    headers, _, _, fair = CASES[codec]
+    data = _table(codec).encode(codec)
+    answer = await _analyze(client, {
+        "filepath": "local.csv", "operations": ["sum", "count"], "group_by": [headers[0]],
+        "files": upload("local.csv", data),
+    })  # fmt: skip
+    (tmp_path / "local.csv").write_bytes(data)
+    frame = pd.read_csv(tmp_path / "local.csv", encoding=codec)
+    expected = frame.groupby(headers[0])[headers[1]].sum().to_dict()
+    assert [column["name"] for column in answer["file"]["columns"]] == headers  # in their own script
+    assert _sums_by_group(answer, headers[0], headers[1]) == pytest.approx(expected)
+    reported = answer["file"]["encoding"].split(" ", 1)[0].lower().replace("-", "_")
+    assert reported in fair, answer["file"]["encoding"]
+    assert "sure" in answer["file"]["encoding"], "a detected encoding says how sure the detector is"
+
+
+async def test_an_encoding_given_overrides_detection(client: Client) -> None:
+    data = _table("gb18030").encode("gb18030")
+    answer = await _analyze(client, {
+        "filepath": "given.csv", "operations": ["sum"], "encoding": "gb18030", "files": upload("given.csv", data),
+    })  # fmt: skip
+    assert answer["file"]["encoding"] == "gb18030 (as asked)"
+    unknown = await client.call_tool(
+        "analyze_csv",
+        {"filepath": "given.csv", "operations": ["sum"], "encoding": "klingon", "files": upload("given.csv", data)},
+    )
+    assert unknown.is_error and "encoding 'klingon' is not an encoding" in text_of(unknown), text_of(unknown)
+
+
+async def test_a_file_that_changes_encoding_is_refused_naming_the_line(client: Client) -> None:
+    lines = _table("gb18030").encode("gb18030").split(b"\n")
+    lines[150] = b"\xff\xfe" + lines[150]  # never valid GB18030
+    result = await client.call_tool("analyze_csv", {
+        "filepath": "mixed.csv", "operations": ["sum"], "encoding": "gb18030",
+        "files": upload("mixed.csv", b"\n".join(lines)),
+    })  # fmt: skip
+    assert result.is_error, text_of(result)
+    assert "line 151 is not valid gb18030" in text_of(result), text_of(result)
+
+
+async def test_compressed_files_are_read_as_streams(client: Client, tmp_path: Path) -> None:
+    headers = CASES["gb18030"][0]
+    text = _table("gb18030", rows=2000)
+    expected = pd.read_csv(io.StringIO(text)).groupby(headers[0])[headers[1]].sum().to_dict()
+    for name, data in (
+        ("utf8.csv.gz", gzip.compress(text.encode("utf-8"))),
+        ("gbk.csv.gz", gzip.compress(text.encode("gb18030"))),
+    ):
+        answer = await _analyze(client, {
+            "filepath": name, "operations": ["sum"], "group_by": [headers[0]], "files": upload(name, data),
+        })  # fmt: skip
+        assert _sums_by_group(answer, headers[0], headers[1]) == pytest.approx(expected), name
+        assert any("gzip-compressed" in note for note in answer["notes"]), answer["notes"]
+    # zstd: written inside the sandbox (the image has the library), read by the next call in the same workspace.
+    made = await client.call_tool("run_python", {"code": (
+        "import zstandard\n"
+        f"data = {text!r}.encode('utf-8')\n"
+        "open('/workspace/t.csv.zst', 'wb').write(zstandard.ZstdCompressor().compress(data))"
+    )})  # fmt: skip
+    assert not made.is_error, text_of(made)
+    answer = await _analyze(
+        client, {"filepath": "/workspace/t.csv.zst", "operations": ["sum"], "group_by": [headers[0]]}
+    )
+    assert _sums_by_group(answer, headers[0], headers[1]) == pytest.approx(expected)
+    assert any("zstd-compressed" in note for note in answer["notes"]), answer["notes"]

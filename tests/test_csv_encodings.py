@@ -139,3 +139,63 @@ async def test_compressed_files_are_read_as_streams(client: Client, tmp_path: Pa
     )
     assert _sums_by_group(answer, headers[0], headers[1]) == pytest.approx(expected)
     assert any("zstd-compressed" in note for note in answer["notes"]), answer["notes"]
+
+
+def _amounts(seed: int, rows: int = 400) -> list[float]:
+    rng = random.Random(seed)
+    return [rng.randint(-2_000_000, 90_000_000) / 100 for _ in range(rows)]
+
+
+def _written(value: float, decimal: str, thousands: str) -> str:
+    text = f"{value:,.2f}".replace(",", "\0").replace(".", decimal).replace("\0", thousands)
+    return text
+
+
+# (delimiter, decimal mark, thousands separator, pandas' reading of them)
+STYLES = {
+    "german": (";", ",", ".", {"sep": ";", "decimal": ",", "thousands": "."}),
+    "decimal comma only": (";", ",", "", {"sep": ";", "decimal": ","}),
+    "english with thousands": (",", ".", ",", {"sep": ",", "thousands": ","}),
+    "french": (";", ",", "\u202f", {"sep": ";", "decimal": ",", "thousands": "\u202f", "engine": "python"}),
+    "swiss": ("\t", ".", "'", {"sep": "\t", "thousands": "'"}),
+}
+
+
+@pytest.mark.parametrize("style", list(STYLES))
+async def test_numbers_in_a_locales_style_answer_what_pandas_reads(client: Client, tmp_path: Path, style: str) -> None:
+    delimiter, decimal, thousands, reading = STYLES[style]
+    regions = ["Nord", "Süd", "Ost", "West"]
+    lines = [delimiter.join(["Region", "Betrag", "Menge"])]
+    for index, value in enumerate(_amounts(seed=len(style))):
+        amount = _written(value, decimal, thousands)
+        if delimiter in amount:
+            amount = f'"{amount}"'
+        lines.append(delimiter.join([regions[index % 4], amount, str(index % 17)]))
+    text = "\n".join(lines) + "\n"
+    answer = await _analyze(client, {
+        "filepath": "locale.csv", "operations": ["sum", "max"], "group_by": ["Region"],
+        "files": upload("locale.csv", text),
+    })  # fmt: skip
+    (tmp_path / "locale.csv").write_text(text)
+    frame = pd.read_csv(tmp_path / "locale.csv", **reading)  # type: ignore[call-overload]
+    expected = frame.groupby("Region")["Betrag"].sum().to_dict()
+    assert _sums_by_group(answer, "Region", "Betrag") == pytest.approx(expected)
+    numbers = answer["file"]["numbers"]
+    assert numbers["decimal"] == decimal and (numbers["thousands"] or "") in (thousands, " " if thousands else "")
+    if decimal != "." or thousands:
+        assert any("as the decimal mark" in note for note in answer["notes"]), answer["notes"]
+
+
+async def test_percentages_and_currencies_are_named_and_a_given_style_wins(client: Client) -> None:
+    text = "item;share;price;amount\n" + "".join(f"i{n};{n}%;€ {n},50;{n},25\n" for n in range(1, 60))
+    answer = await _analyze(client, {"filepath": "p.csv", "operations": ["sum"], "files": upload("p.csv", text)})
+    notes = " ".join(answer["notes"])
+    assert "column 'share' holds numbers with a percent sign" in notes and "'1%'" in notes, notes
+    assert "column 'price' holds numbers with a percent sign or a currency symbol" in notes, notes
+    assert answer["results"][0]["columns"]["amount"]["sum"] == pytest.approx(sum(n + 0.25 for n in range(1, 60)))
+    # The same digits read with '.' as the decimal mark, as asked: 1,25 is then not a number.
+    given = await _analyze(client, {
+        "filepath": "p.csv", "operations": ["sum"], "decimal": ".", "thousands": "", "files": upload("p.csv", text),
+    })  # fmt: skip
+    assert given["file"]["numbers"] == {"decimal": ".", "thousands": None, "detected": False}
+    assert "amount" not in given["results"][0]["columns"]  # skipped: not numeric read that way

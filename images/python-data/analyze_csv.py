@@ -20,6 +20,7 @@ import resource
 import sys
 
 from csv_files import Transcoder, detect_encoding, engine_settings, resolve
+from csv_numbers import detect_style
 from csv_values import Refusal, json_value, quote_ident, quote_literal
 from sandbox_wire import ANALYSIS_ANSWER, ANALYSIS_REFUSED_EXIT, ANALYSIS_REQUEST_KEYS, ANALYSIS_TABLE, OUTPUT_DIR
 
@@ -125,9 +126,36 @@ class Analysis:
             self._refuse_long_line(exc)
             raise
         self.delimiter, self.has_header = sniffed.fetchone()
-        self.con.execute(f"CREATE OR REPLACE TEMP VIEW src AS SELECT * FROM read_csv({arguments})")
+        self.numbers = style = self._number_style(arguments)
+        replaced = ""
+        if style.decimal == "," and style.thousands is None and self.delimiter != ",":
+            arguments += ", decimal_separator=','"  # DuckDB reads these itself
+        elif not style.plain and style.columns:
+            arguments += ", types={" + ", ".join(f"{quote_literal(c)}: 'VARCHAR'" for c in style.columns) + "}"
+            replaced = (
+                "REPLACE ("
+                + ", ".join(f"{style.expression(quote_ident(c))} AS {quote_ident(c)}" for c in style.columns)
+                + ")"
+            )
+        self.con.execute(f"CREATE OR REPLACE TEMP VIEW src AS SELECT * {replaced} FROM read_csv({arguments})")
         self.columns = [(row[0], row[1]) for row in self.con.execute("DESCRIBE src").fetchall()]
         self._check_stream()
+
+    def _number_style(self, arguments):
+        """The decimal mark and thousands separator of the file's numbers, from its first 2,000 rows as text."""
+        header = "true" if self.has_header else "false"
+        cursor = self.con.execute(f"SELECT * FROM read_csv({arguments}, all_varchar=true, header={header}) LIMIT 2000")
+        names = [column[0] for column in cursor.description]
+        request = self.request
+        style = detect_style(names, cursor.fetchall(), request.get("decimal"), request.get("thousands"))
+        if not style.plain or style.given:
+            self.notes.append(style.describe())
+        for column, example in style.symbols.items():
+            self.notes.append(
+                f"column {column!r} holds numbers with a percent sign or a currency symbol (such as {example!r}): "
+                "it is read as text, not as numbers"
+            )
+        return style
 
     def _check_stream(self):
         """A conversion that stopped at a byte not in the file's encoding: refused, never half an answer."""
@@ -306,6 +334,11 @@ class Analysis:
                 "path": self.request["path"],
                 "encoding": self.encoding_label,
                 "delimiter": self.delimiter,
+                "numbers": {
+                    "decimal": self.numbers.decimal,
+                    "thousands": self.numbers.thousands,
+                    "detected": not self.numbers.given,
+                },
                 "header": bool(self.has_header),
                 "rows": total_rows,
                 "columns": [{"name": name, "type": declared} for name, declared in self.columns],

@@ -31,9 +31,11 @@ def resolve(path, roots):
 
 
 def looks_like_text(text):
-    """True when control characters other than tab and line ends are rare (not binary data)."""
-    controls = sum(1 for char in text if not char.isprintable() and char not in "\t\r\n\ufeff")
-    return bool(text) and controls <= len(text) // 100
+    """True when characters that are neither printable nor spaces are rare in the first 64 Ki (not binary
+    data; a no-break space between thousands is text)."""
+    text = text[: 1 << 16]
+    odd = sum(1 for char in text if not char.isprintable() and not char.isspace() and char != "\ufeff")
+    return bool(text) and odd <= len(text) // 100
 
 
 SAMPLE_BYTES = 1 << 20

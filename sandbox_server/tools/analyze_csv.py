@@ -51,6 +51,15 @@ ANSWER_PROPERTIES: dict[str, Any] = {
         "properties": {
             "path": {"type": "string"},
             "encoding": {"type": "string"},
+            "numbers": {
+                "type": "object",
+                "description": "How the file writes numbers: its decimal mark and thousands separator.",
+                "properties": {
+                    "decimal": {"type": "string"},
+                    "thousands": {"type": ["string", "null"]},
+                    "detected": {"type": "boolean"},
+                },
+            },
             "delimiter": {"type": "string"},
             "header": {"type": "boolean"},
             "rows": {"type": "integer"},
@@ -188,6 +197,8 @@ def analysis_request(args: Mapping[str, Any], policy: ToolPolicy, policy_name: s
         "group_by": args.get("group_by", []),
         "max_groups": args.get("max_groups", 50),
         "encoding": args.get("encoding"),
+        "decimal": args.get("decimal"),
+        "thousands": args.get("thousands"),
         "plot": args.get("plot"),
         "image_bytes": limits.returned_image_bytes // max(1, limits.returned_images),
         "max_bytes": policy.max_csv_bytes,
@@ -284,6 +295,16 @@ class AnalyzeCsv:
                 "pattern": "^[A-Za-z0-9_.:-]+$",
                 "description": "The file's text encoding (a Python codec name such as gb18030, big5, shift_jis, "
                 "cp1252, utf-16); detected when left out, and the answer says what was found and how sure.",
+            },
+            "decimal": {
+                "type": "string",
+                "enum": [".", ","],
+                "description": "The numbers' decimal mark (detected from the first rows when left out).",
+            },
+            "thousands": {
+                "type": "string",
+                "enum": ["", ",", ".", " ", "'"],
+                "description": "What separates thousands in the numbers ('' for nothing; detected when left out).",
             },
             "plot": {
                 "type": "object",

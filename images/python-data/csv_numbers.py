@@ -1,0 +1,128 @@
+"""How a file writes its numbers: the decimal mark and the thousands separator, from a sample of its rows.
+
+European exports write `10,5` and `1.234,5`; others `1,234.5`; French ones `1 234,5`. Each
+value of the sample votes only when it can be read one way; a column votes for the file's
+style, and the answer says what was found. Numbers with a percent sign or a currency symbol
+are named, not silently read as text or dropped.
+"""
+
+import re
+
+SPACES = " \u00a0\u202f"
+"""Thousands separators that are spaces: plain, no-break, narrow no-break."""
+SIGN = r"^[+-]?"
+UNAMBIGUOUS = (
+    # (pattern, decimal mark, thousands separator)
+    (re.compile(SIGN + r"\d{1,3}(\.\d{3})+,\d+$"), ",", "."),
+    (re.compile(SIGN + r"\d{1,3}(,\d{3})+\.\d+$"), ".", ","),
+    (re.compile(SIGN + r"\d{1,3}([" + SPACES + r"]\d{3})+,\d+$"), ",", " "),
+    (re.compile(SIGN + r"\d{1,3}([" + SPACES + r"]\d{3})+\.\d+$"), ".", " "),
+    (re.compile(SIGN + r"\d{1,3}([" + SPACES + r"]\d{3})+$"), None, " "),
+    (re.compile(SIGN + r"\d{1,3}(,\d{3}){2,}$"), ".", ","),
+    (re.compile(SIGN + r"\d{1,3}(\.\d{3}){2,}$"), ",", "."),
+    (re.compile(SIGN + r"\d{1,3}('\d{3})+(\.\d+)?$"), ".", "'"),
+    (re.compile(SIGN + r"\d*,\d{1,2}$|" + SIGN + r"\d*,\d{4,}$|" + SIGN + r"0,\d+$"), ",", None),
+    (re.compile(SIGN + r"\d*\.\d{1,2}$|" + SIGN + r"\d*\.\d{4,}$|" + SIGN + r"0\.\d+$"), ".", None),
+)
+AMBIGUOUS = re.compile(SIGN + r"\d{1,3}[.,]\d{3}$")
+"""`1,234` and `1.234`: a thousand or a fraction, depending on the file's style."""
+PLAIN = re.compile(SIGN + r"\d+$")
+SYMBOLS = re.compile(r"^[+-]?\s*([$€£¥₹]|CHF|EUR|USD)?\s*[+-]?\d[\d.,'" + SPACES + r"]*\s*(%|[$€£¥₹]|CHF|EUR|USD)?$")
+
+
+class NumberStyle:
+    """The file's decimal mark and thousands separator, the columns written in it, and what stays text."""
+
+    def __init__(self, decimal=".", thousands=None, columns=(), symbols=None, given=False):
+        self.decimal = decimal
+        self.thousands = thousands
+        self.columns = list(columns)
+        """Columns whose sample values are all numbers in this style (read through `expression`)."""
+        self.symbols = symbols or {}
+        """Column -> an example value holding a percent sign or a currency symbol."""
+        self.given = given
+
+    def describe(self):
+        thousands = {None: "no thousands separator", " ": "spaces between thousands"}.get(
+            self.thousands, f"{self.thousands!r} between thousands"
+        )
+        how = "as asked" if self.given else "detected from the first rows"
+        return f"numbers use {self.decimal!r} as the decimal mark and {thousands} ({how})"
+
+    @property
+    def plain(self):
+        """Whether DuckDB reads these numbers itself (a '.' decimal mark, nothing between thousands)."""
+        return self.decimal == "." and self.thousands is None
+
+    def expression(self, quoted):
+        """SQL turning a text column written in this style into a DOUBLE (an error on a value that is not)."""
+        text = f"trim({quoted})"
+        for separator in SPACES if self.thousands == " " else self.thousands or "":
+            text = f"replace({text}, {_literal(separator)}, '')"
+        if self.decimal == ",":
+            text = f"replace({text}, ',', '.')"
+        return f"CAST(nullif({text}, '') AS DOUBLE)"
+
+    def reads(self, value):
+        """Whether a text value is a number written in this style."""
+        value = value.strip()
+        if PLAIN.match(value):
+            return True
+        for pattern, decimal, thousands in UNAMBIGUOUS:
+            if pattern.match(value):
+                return (
+                    decimal in (None, self.decimal)
+                    and thousands in (None, self.thousands)
+                    and not (thousands is None and decimal is None)
+                )
+        if AMBIGUOUS.match(value):
+            return value.lstrip("+-")[-4] in (self.decimal, self.thousands)
+        return False
+
+
+def _literal(text):
+    return "'" + text.replace("'", "''") + "'"
+
+
+def detect_style(names, rows, decimal=None, thousands=None):
+    """The style of the sample's numbers (text cells only); `decimal`/`thousands` given win."""
+    votes = {}
+    for row in rows:
+        for value in row:
+            if not isinstance(value, str):
+                continue
+            for pattern, mark, separator in UNAMBIGUOUS:
+                if pattern.match(value.strip()):
+                    votes[(mark, separator)] = votes.get((mark, separator), 0) + 1
+                    break
+    marks = {",": 0, ".": 0}
+    separators = {}
+    for (mark, separator), count in votes.items():
+        if mark:
+            marks[mark] += count
+        if separator:
+            separators[separator] = separators.get(separator, 0) + count
+    given = decimal is not None or thousands is not None
+    if decimal is None:
+        decimal = "," if marks[","] > marks["."] else "."
+    if thousands is None:
+        fitting = {s: n for s, n in separators.items() if s != decimal}
+        thousands = max(fitting, key=fitting.get) if fitting else None
+    elif thousands == "":
+        thousands = None
+    style = NumberStyle(decimal, thousands, given=given)
+    for index, name in enumerate(names):
+        values = [row[index] for row in rows if isinstance(row[index], str) and row[index].strip()]
+        if not values:
+            continue
+        if all(style.reads(value) for value in values) and not all(PLAIN.match(v.strip()) for v in values):
+            style.columns.append(name)
+        else:
+            example = next((v for v in values if not style.reads(v) and SYMBOLS.match(v.strip())), None)
+            if (
+                example is not None
+                and any(char in example for char in "%$€£¥₹")
+                or (example is not None and re.search("CHF|EUR|USD", example))
+            ):
+                style.symbols[name] = example
+    return style

@@ -177,7 +177,7 @@ async def test_numbers_in_a_locales_style_answer_what_pandas_reads(client: Clien
         "files": upload("locale.csv", text),
     })  # fmt: skip
     (tmp_path / "locale.csv").write_text(text)
-    frame = pd.read_csv(tmp_path / "locale.csv", **reading)  # type: ignore[call-overload]
+    frame = pd.read_csv(tmp_path / "locale.csv", **reading)
     expected = frame.groupby("Region")["Betrag"].sum().to_dict()
     assert _sums_by_group(answer, "Region", "Betrag") == pytest.approx(expected)
     numbers = answer["file"]["numbers"]

@@ -199,3 +199,31 @@ async def test_percentages_and_currencies_are_named_and_a_given_style_wins(clien
     })  # fmt: skip
     assert given["file"]["numbers"] == {"decimal": ".", "thousands": None, "detected": False}
     assert "amount" not in given["results"][0]["columns"]  # skipped: not numeric read that way
+
+
+async def test_parquet_and_xlsx_twins_answer_what_the_csv_answers(client: Client) -> None:
+    text = _table("cp1252", rows=500)
+    made = await client.call_tool("run_python", {"code": (
+        "import duckdb, openpyxl, csv\n"
+        f"open('/workspace/twin.csv', 'w', encoding='utf-8').write({text!r})\n"
+        "duckdb.sql(\"COPY (SELECT * FROM read_csv('/workspace/twin.csv')) TO '/workspace/twin.parquet' (FORMAT parquet)\")\n"
+        "book = openpyxl.Workbook()\n"
+        "book.active.title = 'notes'\n"
+        "book.active.append(['nothing here'])\n"
+        "data = book.create_sheet('data')\n"
+        "for number, row in enumerate(csv.reader(open('/workspace/twin.csv', encoding='utf-8'))):\n"
+        "    data.append(row if number == 0 else [row[0], float(row[1]), row[2]])\n"
+        "book.save('/workspace/twin.xlsx')"
+    )})  # fmt: skip
+    assert not made.is_error, text_of(made)
+    headers = CASES["cp1252"][0]
+    asked = {"operations": ["sum", "average", "min", "max", "count"], "group_by": [headers[0]]}
+    twin = await _analyze(client, {"filepath": "/workspace/twin.csv", **asked})
+    parquet = await _analyze(client, {"filepath": "/workspace/twin.parquet", **asked})
+    workbook = await _analyze(client, {"filepath": "/workspace/twin.xlsx", "sheet": "data", **asked})
+    assert twin["file"]["format"] == "csv" and parquet["file"]["format"] == "parquet"
+    assert workbook["file"]["format"] == "xlsx" and "sheet 'data'" in workbook["file"]["encoding"]
+    for other in (parquet, workbook):
+        assert other["results"] == twin["results"], other["file"]
+    missing = await client.call_tool("analyze_csv", {"filepath": "/workspace/twin.xlsx", "sheet": "sales", **asked})
+    assert missing.is_error and "sheet 'sales' is not in" in text_of(missing) and "'data'" in text_of(missing)

@@ -19,8 +19,8 @@ import os
 import resource
 import sys
 
-from csv_files import Transcoder, detect_encoding, engine_settings, resolve
-from csv_numbers import detect_style
+from csv_files import container_of, detect_encoding, engine_settings, resolve, sheet_names, transcoding, workbook_rows
+from csv_numbers import NumberStyle, detect_style
 from csv_values import Refusal, json_value, quote_ident, quote_literal
 from sandbox_wire import ANALYSIS_ANSWER, ANALYSIS_REFUSED_EXIT, ANALYSIS_REQUEST_KEYS, ANALYSIS_TABLE, OUTPUT_DIR
 
@@ -88,20 +88,51 @@ class Analysis:
                 f"under policy '{request['policy']}' (field limits.csv_bytes); nothing was read",
                 "filepath",
             )
-        found = detect_encoding(self.path, request.get("encoding"))
-        self.encoding_label = found.label
+        self.format = container_of(self.path) or "csv"
         self.transcoder = None
-        if found.native is not None:
-            source_path, encoding, compression = self.path, found.native, found.compression or "none"
-        else:
-            self.transcoder = Transcoder(self.path, found)
+        if self.format == "parquet":
+            self._open_parquet()
+            return
+        if self.format == "xlsx":
+            sheets = sheet_names(self.path)
+            sheet = request.get("sheet") or sheets[0]
+            if sheet not in sheets:
+                raise Refusal(
+                    f"sheet {sheet!r} is not in {request['path']} (sheets: {', '.join(map(repr, sheets))})", "sheet"
+                )
+            self.transcoder = workbook_rows(self.path, sheet)
             source_path, encoding, compression = self.transcoder.fifo, "utf-8", "none"
-            self.notes.append(f"the file is {found.codec}; it was converted to UTF-8 as it was read")
-        if found.compression:
-            self.notes.append(f"the file is {found.compression}-compressed; it was decompressed as it was read")
+            self.encoding_label = f"an xlsx workbook, sheet {sheet!r}"
+            if len(sheets) > 1:
+                self.notes.append(f"sheet {sheet!r} was read; the workbook has {', '.join(map(repr, sheets))}")
+        else:
+            found = detect_encoding(self.path, request.get("encoding"))
+            self.encoding_label = found.label
+            if found.native is not None:
+                source_path, encoding, compression = self.path, found.native, found.compression or "none"
+            else:
+                self.transcoder = transcoding(self.path, found)
+                source_path, encoding, compression = self.transcoder.fifo, "utf-8", "none"
+                self.notes.append(f"the file is {found.codec}; it was converted to UTF-8 as it was read")
+            if found.compression:
+                self.notes.append(f"the file is {found.compression}-compressed; it was decompressed as it was read")
         self.reader_options = {"encoding": encoding, "sample_size": 20480, "compression": compression}
         self.source_path = source_path
         self._define_source()
+
+    def _open_parquet(self):
+        """A Parquet file: DuckDB reads it natively (its own types; no encoding, delimiter or number style)."""
+        self.encoding_label, self.delimiter, self.has_header = "Parquet", "", True
+        self.numbers = NumberStyle()
+        try:
+            self.con.execute(
+                f"CREATE OR REPLACE TEMP VIEW src AS SELECT * FROM read_parquet({quote_literal(self.path)})"
+            )
+            self.columns = [(row[0], row[1]) for row in self.con.execute("DESCRIBE src").fetchall()]
+        except self.duckdb.Error as exc:
+            raise Refusal(
+                f"cannot read {self.request['path']} as Parquet: {str(exc).splitlines()[0]}", "filepath"
+            ) from None
 
     def _reader_arguments(self):
         """The file and reading options, as both sniff_csv and read_csv take them."""
@@ -191,7 +222,7 @@ class Analysis:
             except (self.duckdb.InvalidInputException, self.duckdb.ConversionException) as exc:
                 self._refuse_long_line(exc)
                 text = str(exc)
-                if attempt == 2:
+                if attempt == 2 or self.format == "parquet":
                     raise Refusal(f"cannot read {self.request['path']} as CSV: {text.splitlines()[0]}") from None
                 if "Invalid unicode" in text and self.reader_options["encoding"] == "utf-8":
                     self.reader_options["encoding"] = "latin-1"
@@ -333,6 +364,7 @@ class Analysis:
             "file": {
                 "path": self.request["path"],
                 "encoding": self.encoding_label,
+                "format": self.format,
                 "delimiter": self.delimiter,
                 "numbers": {
                     "decimal": self.numbers.decimal,

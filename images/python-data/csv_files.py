@@ -154,33 +154,74 @@ def _guess(head, utf8_error, compression):
     if codec in ("gbk", "gb2312"):
         codec = "gb18030"  # the superset: every GBK file is GB18030
     sure = max(0.0, min(1.0, 1.0 - chosen.chaos)) / (1 + len(others))
+    if sure < 0.5 and not chosen.multi_byte_usage and codec != "cp1252" and _decodes(head, "cp1252"):
+        # Too little text to tell single-byte encodings apart: Windows-1252 (Latin-1's letters and more).
+        others = sorted({codec, *others})
+        codec, sure = "cp1252", 1.0 / (1 + len(others))
     also = f"; {', '.join(others)} would read it too, differently" if others else ""
     label = f"{codec} (detected, {sure:.0%} sure; {where}{also})"
     return Encoding(codec, label, compression, round(sure, 2))
 
 
-class Transcoder:
-    """A FIFO that gives, each time it is opened, the whole file converted to UTF-8 as a stream.
+def container_of(path):
+    """ "parquet" or "xlsx" when the file is one (by its first bytes, whatever its name), else None."""
+    with open(path, "rb") as handle:
+        magic = handle.read(4)
+    if magic == b"PAR1":
+        return "parquet"
+    if magic == b"PK\x03\x04":
+        import zipfile
 
-    DuckDB reads only UTF-8, UTF-16 LE and Latin-1, so any other encoding (and a compressed
-    file in one) is decoded here block by block and written to a FIFO that DuckDB reads as
-    UTF-8: nothing is held whole, in memory or on disk. A byte that is not valid in the
-    encoding stops the stream; `error` then names its line, and the answer is refused
-    rather than computed from part of the file.
+        try:
+            with zipfile.ZipFile(path) as archive:
+                if "xl/workbook.xml" in archive.namelist():
+                    return "xlsx"
+        except zipfile.BadZipFile:
+            return None
+    return None
+
+
+def sheet_names(path):
+    import openpyxl
+
+    book = openpyxl.load_workbook(path, read_only=True)
+    try:
+        return list(book.sheetnames)
+    finally:
+        book.close()
+
+
+def _decodes(data, codec):
+    try:
+        codecs.getincrementaldecoder(codec)().decode(data, final=False)
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+class StreamedSource:
+    """A FIFO that gives, each time it is opened, the whole of what `produce` writes, as a stream.
+
+    DuckDB reads only UTF-8, UTF-16 LE and Latin-1 text, so a file in another encoding (or
+    a workbook) is turned into UTF-8 CSV here, block by block, and written to a FIFO that
+    DuckDB reads: nothing is held whole, in memory or on disk. Each reader that opens it gets
+    its own whole stream. `produce(sink)` returns an error text when the file cannot be read
+    to its end (a byte not in its encoding); the answer is then refused, never computed from
+    part of the file.
     """
 
-    def __init__(self, path, encoding, fifo="/tmp/.analyze-csv-source.csv"):
+    def __init__(self, produce, fifo="/tmp/.analyze-csv-source.csv"):
         import threading
 
-        self.path, self.encoding, self.fifo = path, encoding, fifo
+        self.produce, self.fifo = produce, fifo
         self.error = None
         self._threading = threading
         os.mkfifo(fifo, 0o600)
         threading.Thread(target=self._serve, daemon=True).start()
 
     def _serve(self):
-        """Each reader that opens the FIFO gets its own whole stream: once one has opened it, a new FIFO
-        takes its name (atomically), so a later open never joins a stream already under way."""
+        """Once a reader has opened the FIFO, a new FIFO takes its name (atomically), so a later open
+        never joins a stream already under way."""
         fresh = self.fifo + ".next"
         while True:
             sink = open(self.fifo, "wb")  # blocks until a reader opens it
@@ -190,33 +231,66 @@ class Transcoder:
 
     def _feed(self, sink):
         try:
-            with sink, open_raw(self.path, self.encoding.compression) as source:
-                self._copy(source, sink)
+            with sink:
+                self.error = self.produce(sink) or self.error
         except OSError:
             pass  # the reader stopped early (it needed only the start)
 
-    def _copy(self, source, sink):
-        decoder = codecs.getincrementaldecoder(self.encoding.codec)()
-        lines, first = 0, True
-        while True:
-            block = source.read(1 << 20)
-            try:
-                text = decoder.decode(block, final=not block)
-            except UnicodeDecodeError as exc:
-                line = lines + block.count(b"\n", 0, max(0, exc.start)) + 1
-                self.error = (
-                    f"line {line} is not valid {self.encoding.codec} (bytes {block[exc.start : exc.end]!r}); "
-                    "the file mixes encodings or is not in this one: give `encoding`, or convert the file"
-                )
-                return
-            if first and text.startswith("\ufeff"):
-                text = text[1:]
-            first = False
-            if text:
-                sink.write(text.encode("utf-8"))
-            lines += block.count(b"\n")
-            if not block:
-                return
+
+def transcoding(path, encoding):
+    """The file converted to UTF-8 as it is read."""
+
+    def produce(sink):
+        with open_raw(path, encoding.compression) as source:
+            return _decode(source, sink, encoding.codec)
+
+    return StreamedSource(produce)
+
+
+def _decode(source, sink, codec):
+    decoder = codecs.getincrementaldecoder(codec)()
+    lines, first = 0, True
+    while True:
+        block = source.read(1 << 20)
+        try:
+            text = decoder.decode(block, final=not block)
+        except UnicodeDecodeError as exc:
+            line = lines + block.count(b"\n", 0, max(0, exc.start)) + 1
+            return (
+                f"line {line} is not valid {codec} (bytes {block[exc.start : exc.end]!r}); "
+                "the file mixes encodings or is not in this one: give `encoding`, or convert the file"
+            )
+        if first and text.startswith("\ufeff"):
+            text = text[1:]
+        first = False
+        if text:
+            sink.write(text.encode("utf-8"))
+        lines += block.count(b"\n")
+        if not block:
+            return None
+
+
+def workbook_rows(path, sheet):
+    """One sheet of an xlsx workbook as UTF-8 CSV, row by row (openpyxl's read-only mode streams it)."""
+    import csv
+    import io
+
+    def produce(sink):
+        import openpyxl
+
+        book = openpyxl.load_workbook(path, read_only=True, data_only=True)
+        try:
+            text = io.TextIOWrapper(sink, encoding="utf-8", newline="", write_through=True)
+            writer = csv.writer(text)
+            for row in book[sheet].iter_rows(values_only=True):
+                writer.writerow(["" if v is None else v.isoformat() if hasattr(v, "isoformat") else v for v in row])
+            text.flush()
+            text.detach()
+        finally:
+            book.close()
+        return None
+
+    return StreamedSource(produce)
 
 
 def cgroup_value(*candidates):

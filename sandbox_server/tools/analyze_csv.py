@@ -51,6 +51,7 @@ ANSWER_PROPERTIES: dict[str, Any] = {
         "properties": {
             "path": {"type": "string"},
             "encoding": {"type": "string"},
+            "format": {"type": "string", "enum": ["csv", "parquet", "xlsx"]},
             "numbers": {
                 "type": "object",
                 "description": "How the file writes numbers: its decimal mark and thousands separator.",
@@ -199,6 +200,7 @@ def analysis_request(args: Mapping[str, Any], policy: ToolPolicy, policy_name: s
         "encoding": args.get("encoding"),
         "decimal": args.get("decimal"),
         "thousands": args.get("thousands"),
+        "sheet": args.get("sheet"),
         "plot": args.get("plot"),
         "image_bytes": limits.returned_image_bytes // max(1, limits.returned_images),
         "max_bytes": policy.max_csv_bytes,
@@ -243,7 +245,7 @@ class AnalyzeCsv:
         "optionally per group (group_by), optionally with a plot (histogram, bar, line, scatter) returned as "
         "a PNG. Delimiter, header and encoding are detected (UTF-8/16/32 with or without BOM, GB18030/GBK, Big5, "
         "Shift_JIS, EUC-JP, EUC-KR, Windows-125x, Latin-1; `encoding` overrides); gzip and zstd files are read "
-        "as streams. "
+        "as streams; Parquet files and xlsx workbooks (the first sheet, or `sheet`) answer the same way. "
         "Non-numeric columns are skipped for numeric statistics, and the answer says so. `filepath` is a "
         "path inside the sandbox: under a data folder the policy mounts (such as /data) or a file sent with "
         "`files` (relative paths are taken from /workspace). The full table also comes back as result.csv.\n"
@@ -305,6 +307,11 @@ class AnalyzeCsv:
                 "type": "string",
                 "enum": ["", ",", ".", " ", "'"],
                 "description": "What separates thousands in the numbers ('' for nothing; detected when left out).",
+            },
+            "sheet": {
+                "type": "string",
+                "maxLength": 200,
+                "description": "The sheet of an xlsx workbook to read (the first when left out).",
             },
             "plot": {
                 "type": "object",

@@ -195,7 +195,8 @@ async def test_36_invalid_bytes_and_utf16_are_read_or_named(server: Client) -> N
     result = await server.call_tool(
         "analyze_csv", {"filepath": "l.csv", "operations": ["sum"], "files": upload("l.csv", latin)}
     )
-    assert not result.is_error and "Latin-1" in text_of(result), text_of(result)
+    # Two rows cannot tell single-byte encodings apart: Windows-1252 (Latin-1's letters), and the others named.
+    assert not result.is_error and text_of(result).startswith("l.csv: 2 rows, 2 columns (cp1252"), text_of(result)
     utf16 = "a,b\n1,2\n3,4\n".encode("utf-16")
     result = await server.call_tool(
         "analyze_csv", {"filepath": "u.csv", "operations": ["sum"], "files": upload("u.csv", utf16)}

@@ -227,3 +227,36 @@ async def test_parquet_and_xlsx_twins_answer_what_the_csv_answers(client: Client
         assert other["results"] == twin["results"], other["file"]
     missing = await client.call_tool("analyze_csv", {"filepath": "/workspace/twin.xlsx", "sheet": "sales", **asked})
     assert missing.is_error and "sheet 'sales' is not in" in text_of(missing) and "'data'" in text_of(missing)
+
+
+DATE_STYLES = {"%Y/%m/%d": "slashes", "%b %d %Y": "month names", "%d.%m.%Y": "dots", "%Y-%m-%dT%H:%M:%S%z": "iso zoned"}
+
+
+@pytest.mark.parametrize("fmt", list(DATE_STYLES))
+async def test_dates_as_written_give_min_max_and_groups_by_month(client: Client, fmt: str) -> None:
+    import datetime
+
+    rng = random.Random(5)
+    start = datetime.datetime(2019, 11, 3, 8, 30, tzinfo=datetime.UTC)
+    days = [start + datetime.timedelta(days=rng.randint(0, 200), hours=rng.randint(0, 12)) for _ in range(300)]
+    amounts = [rng.randint(1, 1000) / 4 for _ in days]
+    text = "when,amount\n" + "".join(f"{d.strftime(fmt)},{a}\n" for d, a in zip(days, amounts, strict=True))
+    answer = await _analyze(client, {
+        "filepath": "d.csv", "operations": ["min", "max"], "columns": ["when"], "files": upload("d.csv", text),
+    })  # fmt: skip
+    stats = answer["results"][0]["columns"]["when"]
+    written = [datetime.datetime.strptime(d.strftime(fmt), fmt) for d in days]  # what the text says
+    assert stats["min"][:10] == min(written).date().isoformat() and stats["max"][:10] == max(written).date().isoformat()
+    grouped = await _analyze(client, {
+        "filepath": "d.csv", "operations": ["sum"], "columns": ["amount"], "group_by": ["when"], "period": "month",
+        "files": upload("d.csv", text),
+    })  # fmt: skip
+    frame = pd.DataFrame({"month": [w.strftime("%Y-%m-01") for w in written], "amount": amounts})
+    expected = frame.groupby("month")["amount"].sum().to_dict()
+    assert {k[:10]: v for k, v in _sums_by_group(grouped, "when", "amount").items()} == pytest.approx(expected)
+    assert any("grouped by month" in note for note in grouped["notes"]), grouped["notes"]
+    refused = await client.call_tool("analyze_csv", {
+        "filepath": "d.csv", "operations": ["sum"], "group_by": ["amount"], "period": "year",
+        "files": upload("d.csv", text),
+    })  # fmt: skip
+    assert refused.is_error and "group_by has none" in text_of(refused), text_of(refused)

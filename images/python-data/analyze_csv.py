@@ -20,7 +20,7 @@ import resource
 import sys
 
 from csv_files import container_of, detect_encoding, engine_settings, resolve, sheet_names, transcoding, workbook_rows
-from csv_numbers import NumberStyle, detect_style
+from csv_numbers import NumberStyle, detect_dates, detect_style
 from csv_values import Refusal, json_value, quote_ident, quote_literal
 from sandbox_wire import ANALYSIS_ANSWER, ANALYSIS_REFUSED_EXIT, ANALYSIS_REQUEST_KEYS, ANALYSIS_TABLE, OUTPUT_DIR
 
@@ -170,6 +170,20 @@ class Analysis:
             )
         self.con.execute(f"CREATE OR REPLACE TEMP VIEW src AS SELECT * {replaced} FROM read_csv({arguments})")
         self.columns = [(row[0], row[1]) for row in self.con.execute("DESCRIBE src").fetchall()]
+        text = {name for name, declared in self.columns if declared == "VARCHAR"}
+        dates = detect_dates(self._sample_names, self._sample_rows, text)
+        if dates:
+            conversions = [replaced.removeprefix("REPLACE (").removesuffix(")")] if replaced else []
+            for name, (fmt, timed, other) in dates.items():
+                sql = f"strptime(nullif(trim({quote_ident(name)}), ''), {quote_literal(fmt)})"
+                conversions.append(f"{sql if timed else f'CAST({sql} AS DATE)'} AS {quote_ident(name)}")
+                self.notes.append(
+                    f"column {name!r} holds dates written {fmt!r}"
+                    + (f" (they also read as {other!r})" if other else "")
+                )
+            replaced = "REPLACE (" + ", ".join(conversions) + ")"
+            self.con.execute(f"CREATE OR REPLACE TEMP VIEW src AS SELECT * {replaced} FROM read_csv({arguments})")
+            self.columns = [(row[0], row[1]) for row in self.con.execute("DESCRIBE src").fetchall()]
         self._check_stream()
 
     def _number_style(self, arguments):
@@ -178,7 +192,8 @@ class Analysis:
         cursor = self.con.execute(f"SELECT * FROM read_csv({arguments}, all_varchar=true, header={header}) LIMIT 2000")
         names = [column[0] for column in cursor.description]
         request = self.request
-        style = detect_style(names, cursor.fetchall(), request.get("decimal"), request.get("thousands"))
+        self._sample_names, self._sample_rows = names, cursor.fetchall()
+        style = detect_style(names, self._sample_rows, request.get("decimal"), request.get("thousands"))
         if not style.plain or style.given:
             self.notes.append(style.describe())
         for column, example in style.symbols.items():
@@ -258,11 +273,24 @@ class Analysis:
                 shown = ", ".join(repr(k) for k in known[:40]) + (" …" if len(known) > 40 else "")
                 raise Refusal(f"{field}[{index}]: no column {name!r} in the file{hint} (columns: {shown})", field)
 
+    def key_sql(self, name):
+        """A group_by column as the query groups it: by `period` when it is a date column and one is asked."""
+        period = self.request.get("period")
+        if period and self.kind(name) == "temporal":
+            return f"CAST(date_trunc({quote_literal(period)}, {quote_ident(name)}) AS DATE)"
+        return quote_ident(name)
+
     def plan(self):
         """(column, statistic, SQL) triples, and what is skipped and why."""
         request = self.request
         self.group_by = request.get("group_by") or []
         self.check_names(self.group_by, "group_by")
+        period = request.get("period")
+        if period:
+            dated = [name for name in self.group_by if self.kind(name) == "temporal"]
+            if not dated:
+                raise Refusal(f"period {period!r} groups a date column, and group_by has none", "period")
+            self.notes.append(f"{', '.join(map(repr, dated))} grouped by {period} (each group is its first day)")
         if request.get("columns"):
             self.check_names(request["columns"], "columns")
             selected = list(request["columns"])
@@ -318,7 +346,7 @@ class Analysis:
         aggregates, skipped = self.plan()
         max_groups = int(self.request.get("max_groups", 50))
         select = [f"{sql} AS a{index}" for index, (_, _, sql) in enumerate(aggregates)]
-        keys = [quote_ident(name) for name in self.group_by]
+        keys = [self.key_sql(name) for name in self.group_by]
         if keys:
             sql = (
                 f"SELECT {', '.join(keys + select)}, count(*) AS n_rows, count(*) OVER () AS n_groups, "

@@ -126,3 +126,54 @@ def detect_style(names, rows, decimal=None, thousands=None):
             ):
                 style.symbols[name] = example
     return style
+
+
+DATE_FORMATS = (
+    "%Y/%m/%d",
+    "%Y.%m.%d",
+    "%d.%m.%Y",
+    "%b %d %Y",
+    "%b %d, %Y",
+    "%d %b %Y",
+    "%B %d %Y",
+    "%B %d, %Y",
+    "%d %B %Y",
+    "%m/%d/%Y",
+    "%d/%m/%Y",
+    "%Y/%m/%d %H:%M:%S",
+    "%Y/%m/%d %H:%M",
+    "%d.%m.%Y %H:%M:%S",
+    "%d.%m.%Y %H:%M",
+    "%m/%d/%Y %H:%M:%S",
+    "%m/%d/%Y %H:%M",
+    "%Y-%m-%dT%H:%M:%S%z",
+    "%Y-%m-%d %H:%M:%S%z",
+    "%Y-%m-%dT%H:%M:%S.%f%z",
+)
+"""Date and date-time formats recognised in text columns (DuckDB itself reads ISO dates and times)."""
+
+
+def detect_dates(names, rows, text_columns):
+    """Column -> (format, whether it has a time, another format that also reads every value) for the text
+    columns whose sample values are all dates in one format."""
+    import datetime
+
+    found = {}
+    for index, name in enumerate(names):
+        if name not in text_columns:
+            continue
+        values = [row[index].strip() for row in rows if isinstance(row[index], str) and row[index].strip()]
+        if not values:
+            continue
+        fitting = []
+        for fmt in DATE_FORMATS:
+            try:
+                for value in values:
+                    datetime.datetime.strptime(value, fmt)
+            except ValueError:
+                continue
+            fitting.append(fmt)
+        if fitting:
+            timed = any(code in fitting[0] for code in ("%H", "%M", "%S"))
+            found[name] = (fitting[0], timed, fitting[1] if len(fitting) > 1 else None)
+    return found

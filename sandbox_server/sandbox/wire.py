@@ -53,7 +53,7 @@ ANALYSIS_PLOT = "plot.png"
 ANALYSIS_REFUSED_EXIT = 2
 """analyze_csv: the exit code when the answer is a refusal ({"error": ..., "field": ...})."""
 ANALYSIS_REQUEST_KEYS = (
-    "path", "roots", "operations", "columns", "group_by", "max_groups", "encoding", "decimal", "thousands", "sheet", "plot", "image_bytes",
+    "path", "roots", "operations", "columns", "group_by", "max_groups", "encoding", "decimal", "thousands", "sheet", "period", "plot", "image_bytes",
     "max_bytes", "max_line_bytes", "policy",
 )  # fmt: skip
 """analyze_csv: the keys of the JSON request the host sends on stdin, all of them always present."""

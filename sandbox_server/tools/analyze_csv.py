@@ -201,6 +201,7 @@ def analysis_request(args: Mapping[str, Any], policy: ToolPolicy, policy_name: s
         "decimal": args.get("decimal"),
         "thousands": args.get("thousands"),
         "sheet": args.get("sheet"),
+        "period": args.get("period"),
         "plot": args.get("plot"),
         "image_bytes": limits.returned_image_bytes // max(1, limits.returned_images),
         "max_bytes": policy.max_csv_bytes,
@@ -312,6 +313,11 @@ class AnalyzeCsv:
                 "type": "string",
                 "maxLength": 200,
                 "description": "The sheet of an xlsx workbook to read (the first when left out).",
+            },
+            "period": {
+                "type": "string",
+                "enum": ["day", "week", "month", "year"],
+                "description": "Group a date column of group_by by this period (each group is named by its first day).",
             },
             "plot": {
                 "type": "object",

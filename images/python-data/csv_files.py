@@ -145,10 +145,13 @@ def _guess(head, utf8_error, compression):
     if not matches:
         return Encoding("latin_1", f"Latin-1 ({where}; no better match)", compression, 0.0)
     best = matches[0]
-    # Candidates the detector cannot tell apart (a short sample): Windows-1252, the most common
-    # single-byte encoding, wins among them, as browsers decide; the others are named.
-    tied = [m for m in matches if m.chaos <= best.chaos + 0.01 and m.coherence >= best.coherence - 0.01]
-    chosen = next((m for m in tied if m.encoding == "cp1252"), best)
+    # Among the candidates as clean as the best, the one whose text reads most like a language
+    # wins; those the detector cannot tell apart even so (a short sample): Windows-1252, the most
+    # common single-byte encoding, as browsers decide. The others are named.
+    tied = [m for m in matches if m.chaos <= best.chaos + 0.01]
+    top = max(m.coherence for m in tied)
+    tied = [m for m in tied if m.coherence >= top - 0.005]
+    chosen = next((m for m in tied if m.encoding == "cp1252"), tied[0])
     others = sorted({m.encoding for m in tied if str(m) != str(chosen)})
     codec = codecs.lookup(chosen.encoding).name
     if codec in ("gbk", "gb2312"):

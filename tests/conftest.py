@@ -5,19 +5,21 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import anyio
 import docker
 import docker.errors
 import pytest
+from mcp import Client
 
 from sandbox_server.sandbox import wire
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
 from sandbox_server.sandbox.images import catalog, image_status
 from sandbox_server.sandbox.removal import OWNER_LABEL, owner_alive
 from sandbox_server.sandbox.spec import SANDBOX_LABEL
+from tests.mcp_harness import connect, stdio_parameters
 
 ROOT = Path(__file__).resolve().parent.parent
 """The checkout the tests run from."""
@@ -103,6 +105,13 @@ def no_container_left_behind() -> Iterator[None]:
 def anyio_backend() -> str:
     """Async tests run on asyncio."""
     return "asyncio"
+
+
+@pytest.fixture(scope="module")
+async def module_session(runtime: DockerRuntime) -> AsyncIterator[Client]:
+    """One stdio session on the default policy for a whole module (which sets a module-scoped anyio_backend)."""
+    async with connect(stdio_parameters()) as session:
+        yield session
 
 
 async def interpreters_warm(pid: int) -> None:

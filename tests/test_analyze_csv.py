@@ -9,7 +9,6 @@ import math
 import random
 import struct
 import zlib
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -43,13 +42,6 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-@pytest.fixture(scope="module")
-async def client(runtime: DockerRuntime) -> AsyncIterator[Client]:
-    """One stdio session on the default policy for the whole module."""
-    async with connect(stdio_parameters()) as session:
-        yield session
-
-
 def _generated_csv(rows: int, seed: int) -> str:
     """Numbers with gaps and negatives, quoted commas, unicode, a column mixing numbers and words."""
     rng = random.Random(seed)
@@ -72,16 +64,18 @@ def _same(ours: Any, theirs: Any) -> bool:
     return bool(ours == pytest.approx(float(theirs), rel=1e-9, abs=1e-9))
 
 
-async def _analyze(client: Client, arguments: dict[str, Any]) -> dict[str, Any]:
-    result = await client.call_tool("analyze_csv", arguments)
+async def _analyze(module_session: Client, arguments: dict[str, Any]) -> dict[str, Any]:
+    result = await module_session.call_tool("analyze_csv", arguments)
     assert not result.is_error, text_of(result)
     assert result.structured_content is not None
     return dict(result.structured_content)
 
 
-async def test_statistics_equal_what_pandas_computes(client: Client, tmp_path: Path) -> None:
+async def test_statistics_equal_what_pandas_computes(module_session: Client, tmp_path: Path) -> None:
     content = _generated_csv(400, seed=1)
-    answer = await _analyze(client, {"filepath": "data.csv", "operations": ALL, "files": upload("data.csv", content)})
+    answer = await _analyze(
+        module_session, {"filepath": "data.csv", "operations": ALL, "files": upload("data.csv", content)}
+    )
     (tmp_path / "data.csv").write_text(content)
     frame = pd.read_csv(tmp_path / "data.csv")
     assert answer["file"]["rows"] == len(frame) == 400
@@ -104,7 +98,7 @@ async def test_statistics_equal_what_pandas_computes(client: Client, tmp_path: P
     assert any("'mixed' skipped for sum" in note for note in answer["notes"])
 
 
-async def test_grouped_statistics_and_describe_equal_pandas(client: Client, tmp_path: Path) -> None:
+async def test_grouped_statistics_and_describe_equal_pandas(module_session: Client, tmp_path: Path) -> None:
     content = _generated_csv(300, seed=2)
     arguments = {
         "filepath": "/workspace/in/data.csv",
@@ -113,7 +107,7 @@ async def test_grouped_statistics_and_describe_equal_pandas(client: Client, tmp_
         "group_by": ["region"],
         "files": upload("in/data.csv", content),
     }
-    result = await client.call_tool("analyze_csv", arguments)
+    result = await module_session.call_tool("analyze_csv", arguments)
     assert not result.is_error, text_of(result)
     answer = result.structured_content
     assert answer is not None
@@ -147,9 +141,9 @@ async def test_grouped_statistics_and_describe_equal_pandas(client: Client, tmp_
     assert "| Nord, Süd | amount |" in table
 
 
-async def test_a_header_only_file_has_columns_and_no_rows(client: Client) -> None:
+async def test_a_header_only_file_has_columns_and_no_rows(module_session: Client) -> None:
     answer = await _analyze(
-        client, {"filepath": "h.csv", "operations": ["sum", "count"], "files": upload("h.csv", "a,b,c\n")}
+        module_session, {"filepath": "h.csv", "operations": ["sum", "count"], "files": upload("h.csv", "a,b,c\n")}
     )
     assert answer["file"]["rows"] == 0
     assert [c["name"] for c in answer["file"]["columns"]] == ["a", "b", "c"]
@@ -166,14 +160,16 @@ async def test_a_header_only_file_has_columns_and_no_rows(client: Client) -> Non
         ("latin-1", "\t", "cp1252"),  # Windows-1252 reads every Latin-1 letter; a 5-row file cannot tell more
     ],
 )
-async def test_encoding_and_delimiter_are_detected(client: Client, encoding: str, delimiter: str, label: str) -> None:
+async def test_encoding_and_delimiter_are_detected(
+    module_session: Client, encoding: str, delimiter: str, label: str
+) -> None:
     rows = [["stadt", "betrag"], ["Zürich", "1.5"], ["Genève", "2.25"], ["Köln", ""], ["Bâle", "4"]]
     text = "".join(delimiter.join(row) + "\n" for row in rows)
     data = text.encode(encoding)
     if encoding == "utf-16-be":
         data = "\ufeff".encode("utf-16-be") + data
     answer = await _analyze(
-        client, {"filepath": "e.csv", "operations": ["sum", "distinct"], "files": upload("e.csv", data)}
+        module_session, {"filepath": "e.csv", "operations": ["sum", "distinct"], "files": upload("e.csv", data)}
     )
     assert answer["file"]["encoding"].startswith(label)
     assert answer["file"]["delimiter"] == delimiter
@@ -182,26 +178,26 @@ async def test_encoding_and_delimiter_are_detected(client: Client, encoding: str
     assert stats["stadt"]["distinct"] == 4
 
 
-async def test_no_header_and_binary_files_are_named(client: Client) -> None:
+async def test_no_header_and_binary_files_are_named(module_session: Client) -> None:
     answer = await _analyze(
-        client, {"filepath": "n.csv", "operations": ["sum"], "files": upload("n.csv", "1,2\n3,4\n5,6\n")}
+        module_session, {"filepath": "n.csv", "operations": ["sum"], "files": upload("n.csv", "1,2\n3,4\n5,6\n")}
     )
     assert answer["file"]["header"] is False
     assert answer["results"][0]["columns"]["column1"]["sum"] == 12
     assert any("no header row" in note for note in answer["notes"])
-    binary = await client.call_tool(
+    binary = await module_session.call_tool(
         "analyze_csv",
         {"filepath": "b.csv", "operations": ["sum"], "files": upload("b.csv", b"\x00\x01\x02garbage\x00\xff")},
     )
     assert binary.is_error and "does not look like a text CSV" in text_of(binary) and "NUL bytes" in text_of(binary)
-    empty = await client.call_tool(
+    empty = await module_session.call_tool(
         "analyze_csv", {"filepath": "z.csv", "operations": ["sum"], "files": upload("z.csv", b"")}
     )
     assert empty.is_error and "is empty (0 bytes)" in text_of(empty)
 
 
-async def test_unknown_columns_are_named_with_what_exists(client: Client) -> None:
-    result = await client.call_tool(
+async def test_unknown_columns_are_named_with_what_exists(module_session: Client) -> None:
+    result = await module_session.call_tool(
         "analyze_csv",
         {
             "filepath": "d.csv",
@@ -240,7 +236,7 @@ def _chunks(png: bytes) -> list[bytes]:
         {"kind": "scatter", "x": "amount", "y": "qty"},
     ],
 )
-async def test_each_plot_is_a_valid_png(client: Client, plot: dict[str, Any]) -> None:
+async def test_each_plot_is_a_valid_png(module_session: Client, plot: dict[str, Any]) -> None:
     arguments: dict[str, Any] = {
         "filepath": "p.csv",
         "operations": ["sum"],
@@ -249,7 +245,7 @@ async def test_each_plot_is_a_valid_png(client: Client, plot: dict[str, Any]) ->
     }
     if plot["kind"] == "bar":
         arguments["group_by"] = ["region"]
-    result = await client.call_tool("analyze_csv", arguments)
+    result = await module_session.call_tool("analyze_csv", arguments)
     assert not result.is_error, text_of(result)
     [image] = [block for block in result.content if isinstance(block, types.ImageContent)]
     png = base64.b64decode(image.data)
@@ -318,14 +314,14 @@ def test_the_markdown_table_escapes_cells_and_is_cut_at_its_row_budget() -> None
     assert markdown_table(answer, max_rows=1) == ("\n".join(table.splitlines()[:3]), True)
 
 
-async def test_a_plot_that_cannot_be_drawn_says_what_it_needs(client: Client) -> None:
+async def test_a_plot_that_cannot_be_drawn_says_what_it_needs(module_session: Client) -> None:
     files = upload("q.csv", "name,amount\na,1\nb,2\n")
-    bar = await client.call_tool(
+    bar = await module_session.call_tool(
         "analyze_csv", {"filepath": "q.csv", "operations": ["sum"], "plot": {"kind": "bar"}, "files": files}
     )
     assert bar.is_error
     assert text_of(bar) == "a bar plot needs group_by, or plot.x to count the rows of each value"
-    scatter = await client.call_tool(
+    scatter = await module_session.call_tool(
         "analyze_csv",
         {
             "filepath": "q.csv",

@@ -6,7 +6,6 @@ from __future__ import annotations
 import gzip
 import io
 import random
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -14,8 +13,7 @@ import pandas as pd
 import pytest
 from mcp import Client
 
-from sandbox_server.sandbox.docker_runtime import DockerRuntime
-from tests.mcp_harness import connect, stdio_parameters, text_of, upload
+from tests.mcp_harness import text_of, upload
 
 pytestmark = pytest.mark.anyio
 
@@ -58,12 +56,6 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-@pytest.fixture(scope="module")
-async def client(runtime: DockerRuntime) -> AsyncIterator[Client]:
-    async with connect(stdio_parameters()) as session:
-        yield session
-
-
 def _table(codec: str, rows: int = 300, seed: int = 3) -> str:
     """A small table in the case's own script: a group, an amount and a free-text remark per row."""
     headers, groups, remarks, _ = CASES[codec]
@@ -73,8 +65,8 @@ def _table(codec: str, rows: int = 300, seed: int = 3) -> str:
     return "\n".join(lines) + "\n"
 
 
-async def _analyze(client: Client, arguments: dict[str, Any]) -> dict[str, Any]:
-    result = await client.call_tool("analyze_csv", arguments)
+async def _analyze(module_session: Client, arguments: dict[str, Any]) -> dict[str, Any]:
+    result = await module_session.call_tool("analyze_csv", arguments)
     assert not result.is_error, text_of(result)
     assert result.structured_content is not None
     return dict(result.structured_content)
@@ -85,10 +77,12 @@ def _sums_by_group(answer: dict[str, Any], group: str, column: str) -> dict[str,
 
 
 @pytest.mark.parametrize("codec", list(CASES))
-async def test_a_file_in_its_own_encoding_answers_what_pandas_reads(client: Client, tmp_path: Path, codec: str) -> None:
+async def test_a_file_in_its_own_encoding_answers_what_pandas_reads(
+    module_session: Client, tmp_path: Path, codec: str
+) -> None:
     headers, _, _, fair = CASES[codec]
     data = _table(codec).encode(codec)
-    answer = await _analyze(client, {
+    answer = await _analyze(module_session, {
         "filepath": "local.csv", "operations": ["sum", "count"], "group_by": [headers[0]],
         "files": upload("local.csv", data),
     })  # fmt: skip
@@ -102,23 +96,23 @@ async def test_a_file_in_its_own_encoding_answers_what_pandas_reads(client: Clie
     assert "sure" in answer["file"]["encoding"], "a detected encoding says how sure the detector is"
 
 
-async def test_an_encoding_given_overrides_detection(client: Client) -> None:
+async def test_an_encoding_given_overrides_detection(module_session: Client) -> None:
     data = _table("gb18030").encode("gb18030")
-    answer = await _analyze(client, {
+    answer = await _analyze(module_session, {
         "filepath": "given.csv", "operations": ["sum"], "encoding": "gb18030", "files": upload("given.csv", data),
     })  # fmt: skip
     assert answer["file"]["encoding"] == "gb18030 (as asked)"
-    unknown = await client.call_tool(
+    unknown = await module_session.call_tool(
         "analyze_csv",
         {"filepath": "given.csv", "operations": ["sum"], "encoding": "klingon", "files": upload("given.csv", data)},
     )
     assert unknown.is_error and "encoding 'klingon' is not an encoding" in text_of(unknown), text_of(unknown)
 
 
-async def test_a_file_that_changes_encoding_is_refused_naming_the_line(client: Client) -> None:
+async def test_a_file_that_changes_encoding_is_refused_naming_the_line(module_session: Client) -> None:
     lines = _table("gb18030").encode("gb18030").split(b"\n")
     lines[150] = b"\xff\xfe" + lines[150]  # never valid GB18030
-    result = await client.call_tool("analyze_csv", {
+    result = await module_session.call_tool("analyze_csv", {
         "filepath": "mixed.csv", "operations": ["sum"], "encoding": "gb18030",
         "files": upload("mixed.csv", b"\n".join(lines)),
     })  # fmt: skip
@@ -126,7 +120,7 @@ async def test_a_file_that_changes_encoding_is_refused_naming_the_line(client: C
     assert "line 151 is not valid gb18030" in text_of(result), text_of(result)
 
 
-async def test_compressed_files_are_read_as_streams(client: Client, tmp_path: Path) -> None:
+async def test_compressed_files_are_read_as_streams(module_session: Client, tmp_path: Path) -> None:
     headers = CASES["gb18030"][0]
     text = _table("gb18030", rows=2000)
     expected = pd.read_csv(io.StringIO(text)).groupby(headers[0])[headers[1]].sum().to_dict()
@@ -134,20 +128,20 @@ async def test_compressed_files_are_read_as_streams(client: Client, tmp_path: Pa
         ("utf8.csv.gz", gzip.compress(text.encode("utf-8"))),
         ("gbk.csv.gz", gzip.compress(text.encode("gb18030"))),
     ):
-        answer = await _analyze(client, {
+        answer = await _analyze(module_session, {
             "filepath": name, "operations": ["sum"], "group_by": [headers[0]], "files": upload(name, data),
         })  # fmt: skip
         assert _sums_by_group(answer, headers[0], headers[1]) == pytest.approx(expected), name
         assert any("gzip-compressed" in note for note in answer["notes"]), answer["notes"]
     # zstd: written inside the sandbox (the image has the library), read by the next call in the same workspace.
-    made = await client.call_tool("run_python", {"code": (
+    made = await module_session.call_tool("run_python", {"code": (
         "import zstandard\n"
         f"data = {text!r}.encode('utf-8')\n"
         "open('/workspace/t.csv.zst', 'wb').write(zstandard.ZstdCompressor().compress(data))"
     )})  # fmt: skip
     assert not made.is_error, text_of(made)
     answer = await _analyze(
-        client, {"filepath": "/workspace/t.csv.zst", "operations": ["sum"], "group_by": [headers[0]]}
+        module_session, {"filepath": "/workspace/t.csv.zst", "operations": ["sum"], "group_by": [headers[0]]}
     )
     assert _sums_by_group(answer, headers[0], headers[1]) == pytest.approx(expected)
     assert any("zstd-compressed" in note for note in answer["notes"]), answer["notes"]
@@ -174,7 +168,9 @@ STYLES = {
 
 
 @pytest.mark.parametrize("style", list(STYLES))
-async def test_numbers_in_a_locales_style_answer_what_pandas_reads(client: Client, tmp_path: Path, style: str) -> None:
+async def test_numbers_in_a_locales_style_answer_what_pandas_reads(
+    module_session: Client, tmp_path: Path, style: str
+) -> None:
     delimiter, decimal, thousands, reading = STYLES[style]
     regions = ["Nord", "Süd", "Ost", "West"]
     lines = [delimiter.join(["Region", "Betrag", "Menge"])]
@@ -184,7 +180,7 @@ async def test_numbers_in_a_locales_style_answer_what_pandas_reads(client: Clien
             amount = f'"{amount}"'
         lines.append(delimiter.join([regions[index % 4], amount, str(index % 17)]))
     text = "\n".join(lines) + "\n"
-    answer = await _analyze(client, {
+    answer = await _analyze(module_session, {
         "filepath": "locale.csv", "operations": ["sum", "max"], "group_by": ["Region"],
         "files": upload("locale.csv", text),
     })  # fmt: skip
@@ -198,24 +194,26 @@ async def test_numbers_in_a_locales_style_answer_what_pandas_reads(client: Clien
         assert any("as the decimal mark" in note for note in answer["notes"]), answer["notes"]
 
 
-async def test_percentages_and_currencies_are_named_and_a_given_style_wins(client: Client) -> None:
+async def test_percentages_and_currencies_are_named_and_a_given_style_wins(module_session: Client) -> None:
     text = "item;share;price;amount\n" + "".join(f"i{n};{n}%;€ {n},50;{n},25\n" for n in range(1, 60))
-    answer = await _analyze(client, {"filepath": "p.csv", "operations": ["sum"], "files": upload("p.csv", text)})
+    answer = await _analyze(
+        module_session, {"filepath": "p.csv", "operations": ["sum"], "files": upload("p.csv", text)}
+    )
     notes = " ".join(answer["notes"])
     assert "column 'share' holds numbers with a percent sign" in notes and "'1%'" in notes, notes
     assert "column 'price' holds numbers with a percent sign or a currency symbol" in notes, notes
     assert answer["results"][0]["columns"]["amount"]["sum"] == pytest.approx(sum(n + 0.25 for n in range(1, 60)))
     # The same digits read with '.' as the decimal mark, as asked: 1,25 is then not a number.
-    given = await _analyze(client, {
+    given = await _analyze(module_session, {
         "filepath": "p.csv", "operations": ["sum"], "decimal": ".", "thousands": "", "files": upload("p.csv", text),
     })  # fmt: skip
     assert given["file"]["numbers"] == {"decimal": ".", "thousands": None, "detected": False}
     assert "amount" not in given["results"][0]["columns"]  # skipped: not numeric read that way
 
 
-async def test_parquet_and_xlsx_twins_answer_what_the_csv_answers(client: Client) -> None:
+async def test_parquet_and_xlsx_twins_answer_what_the_csv_answers(module_session: Client) -> None:
     text = _table("cp1252", rows=500)
-    made = await client.call_tool("run_python", {"code": (
+    made = await module_session.call_tool("run_python", {"code": (
         "import duckdb, openpyxl, csv\n"
         f"open('/workspace/twin.csv', 'w', encoding='utf-8').write({text!r})\n"
         "duckdb.sql(\"COPY (SELECT * FROM read_csv('/workspace/twin.csv')) TO '/workspace/twin.parquet' (FORMAT parquet)\")\n"
@@ -230,14 +228,16 @@ async def test_parquet_and_xlsx_twins_answer_what_the_csv_answers(client: Client
     assert not made.is_error, text_of(made)
     headers = CASES["cp1252"][0]
     asked = {"operations": ["sum", "average", "min", "max", "count"], "group_by": [headers[0]]}
-    twin = await _analyze(client, {"filepath": "/workspace/twin.csv", **asked})
-    parquet = await _analyze(client, {"filepath": "/workspace/twin.parquet", **asked})
-    workbook = await _analyze(client, {"filepath": "/workspace/twin.xlsx", "sheet": "data", **asked})
+    twin = await _analyze(module_session, {"filepath": "/workspace/twin.csv", **asked})
+    parquet = await _analyze(module_session, {"filepath": "/workspace/twin.parquet", **asked})
+    workbook = await _analyze(module_session, {"filepath": "/workspace/twin.xlsx", "sheet": "data", **asked})
     assert twin["file"]["format"] == "csv" and parquet["file"]["format"] == "parquet"
     assert workbook["file"]["format"] == "xlsx" and "sheet 'data'" in workbook["file"]["encoding"]
     for other in (parquet, workbook):
         assert other["results"] == twin["results"], other["file"]
-    missing = await client.call_tool("analyze_csv", {"filepath": "/workspace/twin.xlsx", "sheet": "sales", **asked})
+    missing = await module_session.call_tool(
+        "analyze_csv", {"filepath": "/workspace/twin.xlsx", "sheet": "sales", **asked}
+    )
     assert missing.is_error and "sheet 'sales' is not in" in text_of(missing) and "'data'" in text_of(missing)
 
 
@@ -245,7 +245,7 @@ DATE_STYLES = {"%Y/%m/%d": "slashes", "%b %d %Y": "month names", "%d.%m.%Y": "do
 
 
 @pytest.mark.parametrize("fmt", list(DATE_STYLES))
-async def test_dates_as_written_give_min_max_and_groups_by_month(client: Client, fmt: str) -> None:
+async def test_dates_as_written_give_min_max_and_groups_by_month(module_session: Client, fmt: str) -> None:
     import datetime
 
     rng = random.Random(5)
@@ -253,13 +253,13 @@ async def test_dates_as_written_give_min_max_and_groups_by_month(client: Client,
     days = [start + datetime.timedelta(days=rng.randint(0, 200), hours=rng.randint(0, 12)) for _ in range(300)]
     amounts = [rng.randint(1, 1000) / 4 for _ in days]
     text = "when,amount\n" + "".join(f"{d.strftime(fmt)},{a}\n" for d, a in zip(days, amounts, strict=True))
-    answer = await _analyze(client, {
+    answer = await _analyze(module_session, {
         "filepath": "d.csv", "operations": ["min", "max"], "columns": ["when"], "files": upload("d.csv", text),
     })  # fmt: skip
     stats = answer["results"][0]["columns"]["when"]
     written = [datetime.datetime.strptime(d.strftime(fmt), fmt) for d in days]  # what the text says
     assert stats["min"][:10] == min(written).date().isoformat() and stats["max"][:10] == max(written).date().isoformat()
-    grouped = await _analyze(client, {
+    grouped = await _analyze(module_session, {
         "filepath": "d.csv", "operations": ["sum"], "columns": ["amount"], "group_by": ["when"], "period": "month",
         "files": upload("d.csv", text),
     })  # fmt: skip
@@ -267,7 +267,7 @@ async def test_dates_as_written_give_min_max_and_groups_by_month(client: Client,
     expected = frame.groupby("month")["amount"].sum().to_dict()
     assert {k[:10]: v for k, v in _sums_by_group(grouped, "when", "amount").items()} == pytest.approx(expected)
     assert any("grouped by month" in note for note in grouped["notes"]), grouped["notes"]
-    refused = await client.call_tool("analyze_csv", {
+    refused = await module_session.call_tool("analyze_csv", {
         "filepath": "d.csv", "operations": ["sum"], "group_by": ["amount"], "period": "year",
         "files": upload("d.csv", text),
     })  # fmt: skip

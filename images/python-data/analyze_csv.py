@@ -150,41 +150,36 @@ class Analysis:
     def _define_source(self):
         arguments = self._reader_arguments()
         try:
-            sniffed = self.con.execute(f"SELECT Delimiter, HasHeader FROM sniff_csv({arguments})")
+            sniffed = self.con.execute(f"SELECT Delimiter, HasHeader, Columns FROM sniff_csv({arguments})")
         except self.duckdb.OutOfMemoryException:
             raise self._memory_refusal() from None
         except self.duckdb.InvalidInputException as exc:
             self._refuse_long_line(exc)
             raise
-        self.delimiter, self.has_header = sniffed.fetchone()
+        self.delimiter, self.has_header, sniffed_columns = sniffed.fetchone()
         self.numbers = style = self._number_style(arguments)
-        replaced = ""
+        conversions = []
         if style.decimal == "," and style.thousands is None and self.delimiter != ",":
             arguments += ", decimal_separator=','"  # DuckDB reads these itself
         elif not style.plain and style.columns:
             arguments += ", types={" + ", ".join(f"{quote_literal(c)}: 'VARCHAR'" for c in style.columns) + "}"
-            replaced = (
-                "REPLACE ("
-                + ", ".join(f"{style.expression(quote_ident(c))} AS {quote_ident(c)}" for c in style.columns)
-                + ")"
+            conversions += [f"{style.expression(quote_ident(c))} AS {quote_ident(c)}" for c in style.columns]
+        text = {column["name"] for column in sniffed_columns if column["type"] == "VARCHAR"} - set(style.columns)
+        for name, (fmt, timed, other) in detect_dates(self._sample_names, self._sample_rows, text).items():
+            sql = f"strptime(nullif(trim({quote_ident(name)}), ''), {quote_literal(fmt)})"
+            conversions.append(f"{sql if timed else f'CAST({sql} AS DATE)'} AS {quote_ident(name)}")
+            self._note(
+                f"column {name!r} holds dates written {fmt!r}" + (f" (they also read as {other!r})" if other else "")
             )
+        replaced = f"REPLACE ({', '.join(conversions)})" if conversions else ""
         self.con.execute(f"CREATE OR REPLACE TEMP VIEW src AS SELECT * {replaced} FROM read_csv({arguments})")
         self.columns = [(row[0], row[1]) for row in self.con.execute("DESCRIBE src").fetchall()]
-        text = {name for name, declared in self.columns if declared == "VARCHAR"}
-        dates = detect_dates(self._sample_names, self._sample_rows, text)
-        if dates:
-            conversions = [replaced.removeprefix("REPLACE (").removesuffix(")")] if replaced else []
-            for name, (fmt, timed, other) in dates.items():
-                sql = f"strptime(nullif(trim({quote_ident(name)}), ''), {quote_literal(fmt)})"
-                conversions.append(f"{sql if timed else f'CAST({sql} AS DATE)'} AS {quote_ident(name)}")
-                self.notes.append(
-                    f"column {name!r} holds dates written {fmt!r}"
-                    + (f" (they also read as {other!r})" if other else "")
-                )
-            replaced = "REPLACE (" + ", ".join(conversions) + ")"
-            self.con.execute(f"CREATE OR REPLACE TEMP VIEW src AS SELECT * {replaced} FROM read_csv({arguments})")
-            self.columns = [(row[0], row[1]) for row in self.con.execute("DESCRIBE src").fetchall()]
         self._check_stream()
+
+    def _note(self, text):
+        """A note about how the file is read: once, though a re-read with wider settings finds it again."""
+        if text not in self.notes:
+            self.notes.append(text)
 
     def _number_style(self, arguments):
         """The decimal mark and thousands separator of the file's numbers, from its first 2,000 rows as text."""
@@ -195,9 +190,9 @@ class Analysis:
         self._sample_names, self._sample_rows = names, cursor.fetchall()
         style = detect_style(names, self._sample_rows, request.get("decimal"), request.get("thousands"))
         if not style.plain or style.given:
-            self.notes.append(style.describe())
+            self._note(style.describe())
         for column, example in style.symbols.items():
-            self.notes.append(
+            self._note(
                 f"column {column!r} holds numbers with a percent sign or a currency symbol (such as {example!r}): "
                 "it is read as text, not as numbers"
             )

@@ -53,13 +53,12 @@ BOMS = (
 
 
 class Encoding:
-    """What the file is: its compression, its Python codec, and what to tell people (with how sure)."""
+    """What the file is: its compression, its Python codec, and what to tell people (with how sure, for a guess)."""
 
-    def __init__(self, codec, label, compression=None, confidence=1.0):
+    def __init__(self, codec, label, compression=None):
         self.codec = codecs.lookup(codec).name.replace("-", "_")
         self.label = label
         self.compression = compression
-        self.confidence = confidence
 
     @property
     def native(self):
@@ -143,7 +142,7 @@ def _guess(head, utf8_error, compression):
     matches = list(from_bytes(head))
     where = f"byte 0x{head[utf8_error.start]:02x} at offset {utf8_error.start} is not UTF-8"
     if not matches:
-        return Encoding("latin_1", f"Latin-1 ({where}; no better match)", compression, 0.0)
+        return Encoding("latin_1", f"Latin-1 ({where}; no better match)", compression)
     best = matches[0]
     # Among the candidates as clean as the best, the one whose text reads most like a language
     # wins; those the detector cannot tell apart even so (a short sample): Windows-1252, the most
@@ -163,7 +162,7 @@ def _guess(head, utf8_error, compression):
         codec, sure = "cp1252", 1.0 / (1 + len(others))
     also = f"; {', '.join(others)} would read it too, differently" if others else ""
     label = f"{codec} (detected, {sure:.0%} sure; {where}{also})"
-    return Encoding(codec, label, compression, round(sure, 2))
+    return Encoding(codec, label, compression)
 
 
 def container_of(path):

@@ -8,6 +8,8 @@ are named, not silently read as text or dropped.
 
 import re
 
+from csv_values import quote_literal
+
 SPACES = " \u00a0\u202f"
 """Thousands separators that are spaces: plain, no-break, narrow no-break."""
 SIGN = r"^[+-]?"
@@ -33,12 +35,12 @@ SYMBOLS = re.compile(r"^[+-]?\s*([$€£¥₹]|CHF|EUR|USD)?\s*[+-]?\d[\d.,'" + 
 class NumberStyle:
     """The file's decimal mark and thousands separator, the columns written in it, and what stays text."""
 
-    def __init__(self, decimal=".", thousands=None, columns=(), symbols=None, given=False):
+    def __init__(self, decimal=".", thousands=None, given=False):
         self.decimal = decimal
         self.thousands = thousands
-        self.columns = list(columns)
+        self.columns = []
         """Columns whose sample values are all numbers in this style (read through `expression`)."""
-        self.symbols = symbols or {}
+        self.symbols = {}
         """Column -> an example value holding a percent sign or a currency symbol."""
         self.given = given
 
@@ -58,7 +60,7 @@ class NumberStyle:
         """SQL turning a text column written in this style into a DOUBLE (an error on a value that is not)."""
         text = f"trim({quoted})"
         for separator in SPACES if self.thousands == " " else self.thousands or "":
-            text = f"replace({text}, {_literal(separator)}, '')"
+            text = f"replace({text}, {quote_literal(separator)}, '')"
         if self.decimal == ",":
             text = f"replace({text}, ',', '.')"
         return f"CAST(nullif({text}, '') AS DOUBLE)"
@@ -70,18 +72,10 @@ class NumberStyle:
             return True
         for pattern, decimal, thousands in UNAMBIGUOUS:
             if pattern.match(value):
-                return (
-                    decimal in (None, self.decimal)
-                    and thousands in (None, self.thousands)
-                    and not (thousands is None and decimal is None)
-                )
+                return decimal in (None, self.decimal) and thousands in (None, self.thousands)
         if AMBIGUOUS.match(value):
             return value.lstrip("+-")[-4] in (self.decimal, self.thousands)
         return False
-
-
-def _literal(text):
-    return "'" + text.replace("'", "''") + "'"
 
 
 def detect_style(names, rows, decimal=None, thousands=None):
@@ -119,11 +113,7 @@ def detect_style(names, rows, decimal=None, thousands=None):
             style.columns.append(name)
         else:
             example = next((v for v in values if not style.reads(v) and SYMBOLS.match(v.strip())), None)
-            if (
-                example is not None
-                and any(char in example for char in "%$€£¥₹")
-                or (example is not None and re.search("CHF|EUR|USD", example))
-            ):
+            if example is not None and re.search("[%$€£¥₹]|CHF|EUR|USD", example):
                 style.symbols[name] = example
     return style
 

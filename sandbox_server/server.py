@@ -129,7 +129,7 @@ class SandboxServer:
                 template = tool_policy.container_spec()
                 if policy.workspace.persist and self.workspaces is not None:
                     template = self.workspaces.shape(template)  # calls in kept workspaces get such containers
-                most = min(tool_policy.pool_max, policy.rate.concurrent_calls)
+                most = tool_policy.pool_most(policy.rate.concurrent_calls)
                 targets.append(PoolTarget(template, tool_policy.pool_size, tool_policy.pool_idle_s, most))
         return targets
 

@@ -48,6 +48,10 @@ class ToolPolicy:
     preload: tuple[str, ...] = ()
     """Modules a warm interpreter imports before the request (images with warm_python.py)."""
 
+    def pool_most(self, concurrent_calls: int) -> int:
+        """The most containers its pool holds: pool_max, never past the policy's concurrency nor below pool_size."""
+        return max(self.pool_size, min(self.pool_max, concurrent_calls))
+
     def container_spec(self) -> SandboxSpec:
         """The container this tool's calls run in, before any call (warm containers are made from it)."""
         return SandboxSpec(

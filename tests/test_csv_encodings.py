@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import io
 import random
+import unicodedata
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,32 @@ from mcp import Client
 from tests.mcp_harness import text_of, upload
 
 pytestmark = pytest.mark.anyio
+
+TONES = "\u0300\u0301\u0303\u0309\u0323"
+
+
+def _vietnamese(*words: str) -> list[str]:
+    """Words as Windows-1258 writes them: a letter with its vowel mark (â, ư, ơ...) and the tone as a separate
+    combining mark (that code page has no letters carrying both)."""
+    written = []
+    for word in words:
+        letters = []
+        for char in word:
+            parts = unicodedata.normalize("NFD", char)
+            tones = "".join(mark for mark in parts if mark in TONES)
+            base = unicodedata.normalize("NFC", "".join(mark for mark in parts if mark not in TONES))
+            letters.append(char if _encodes(char, "cp1258") else base + tones)
+        written.append("".join(letters))
+    return written
+
+
+def _encodes(text: str, codec: str) -> bool:
+    try:
+        text.encode(codec)
+    except UnicodeEncodeError:
+        return False
+    return True
+
 
 # Each case: headers and group values in the encoding's own script, and the codec names a detector
 # may fairly report for such bytes (GBK is read as its superset GB18030; Big5 as Big5 or its Windows form).
@@ -45,6 +72,17 @@ CASES = {
     "cp1254": (["Bölge", "Tutar", "Not"], ["İstanbul", "Ankara", "İzmir", "Eskişehir"],
                ["zamanında teslim edildi", "müşteri memnun", "kontrol gerekiyor", "ödendi", "iade işleniyor"],
                {"cp1254"}),
+    "cp1255": (["אזור", "סכום", "הערה"], ["ירושלים", "תל אביב", "חיפה", "באר שבע"],
+               ["נמסר בזמן", "הלקוח מרוצה", "דורש בדיקה", "שולם", "החזרה בטיפול"], {"cp1255", "iso8859_8"}),
+    "cp1256": (["المنطقة", "المبلغ", "ملاحظة"], ["القاهرة", "الرياض", "دبي", "عمان"],
+               ["تم التسليم في الموعد", "العميل راض", "يحتاج إلى مراجعة", "تم الدفع", "الإرجاع قيد المعالجة"],
+               {"cp1256"}),
+    "cp1257": (["Regionas", "Suma", "Pastaba"], ["Vilnius", "Kaunas", "Klaipėda", "Šiauliai"],
+               ["pristatyta laiku", "klientas patenkintas", "reikia patikrinti", "apmokėta", "grąžinimas vykdomas"],
+               {"cp1257", "iso8859_13"}),
+    "cp1258": (_vietnamese("Khu vực", "Số tiền", "Ghi chú"), _vietnamese("Hà Nội", "Đà Nẵng", "Huế", "Cần Thơ"),
+               _vietnamese("giao đúng hẹn", "khách hàng hài lòng", "cần kiểm tra", "đã thanh toán",
+                           "đang xử lý trả hàng"), {"cp1258"}),
     "cp1250": (["Województwo", "Kwota", "Uwagi"], ["Łódzkie", "Śląskie", "Małopolskie", "Świętokrzyskie"],
                ["dostarczono na czas", "klient zadowolony", "wymaga sprawdzenia", "zapłacono", "zwrot w toku"],
                {"cp1250", "iso8859_2"}),
@@ -211,6 +249,54 @@ async def test_percentages_and_currencies_are_named_and_a_given_style_wins(modul
     assert "amount" not in given["results"][0]["columns"]  # skipped: not numeric read that way
 
 
+def _departing(delimiter: str, usual: str, other: str, rows: int, at: int) -> str:
+    """A table whose amounts are written `usual` except on data row `at`, written `other` (quoted when needed)."""
+    cell = f'"{other}"' if delimiter in other else other
+    lines = [delimiter.join(["id", "amount"])]
+    lines += [delimiter.join([str(n), cell if n == at else usual.format(n % 1000)]) for n in range(rows)]
+    return "\n".join(lines) + "\n"
+
+
+# (file, the line named, the value named, how the value is written, how the rest of the file writes numbers)
+DEPARTURES = {
+    # Past the first rows the style is detected from, and past DuckDB's own type sample.
+    "a point among decimal commas": (_departing(";", "{},5", "10.5", 30000, 29990), 29992, "10.5",
+                                     "'.' as the decimal mark", "',' as the decimal mark and no thousands"),
+    "a decimal comma among points": (_departing(",", "{}.5", "10,5", 30000, 29990), 29992, "10,5",
+                                     "',' as the decimal mark", "'.' as the decimal mark and no thousands"),
+    # Within the first rows: read as thousands it would have been a wrong number, never an error.
+    "English thousands among German ones": (_departing(";", "1.{:03d},5", "1,234.5", 100, 10), 12, "1,234.5",
+                                            "'.' as the decimal mark and ',' between thousands",
+                                            "',' as the decimal mark and '.' between thousands"),
+    "German thousands among English ones": (_departing(",", '"1,{:03d}.5"', "1.234,5", 30000, 25000), 25002,
+                                            "1.234,5", "',' as the decimal mark and '.' between thousands",
+                                            "'.' as the decimal mark and ',' between thousands"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(DEPARTURES))
+async def test_a_file_that_changes_number_style_is_refused_naming_the_line(module_session: Client, case: str) -> None:
+    text, line, value, written, rest = DEPARTURES[case]
+    result = await module_session.call_tool(
+        "analyze_csv", {"filepath": "styles.csv", "operations": ["sum"], "files": upload("styles.csv", text)}
+    )
+    message = text_of(result)
+    assert result.is_error, message
+    assert f"mixes two number styles: line {line}, column 'amount', holds {value!r}, written with {written}," in message
+    assert f"its other numbers use {rest}" in message and "nothing was computed" in message, message
+    assert value in text.splitlines()[line - 1]
+    assert result.structured_content is not None and result.structured_content["error"]["field"] == "decimal"
+
+
+async def test_a_word_late_in_a_number_column_is_not_a_change_of_style(module_session: Client) -> None:
+    text = _departing(";", "{},5", "unknown", 3000, 2990)
+    answer = await _analyze(
+        module_session, {"filepath": "word.csv", "operations": ["sum", "count"], "files": upload("word.csv", text)}
+    )
+    assert answer["results"][0]["columns"]["amount"]["count"] == 3000
+    assert any("'amount' skipped for sum: not numeric" in note for note in answer["notes"]), answer["notes"]
+
+
 async def test_parquet_and_xlsx_twins_answer_what_the_csv_answers(module_session: Client) -> None:
     text = _table("cp1252", rows=500)
     made = await module_session.call_tool("run_python", {"code": (
@@ -239,6 +325,22 @@ async def test_parquet_and_xlsx_twins_answer_what_the_csv_answers(module_session
         "analyze_csv", {"filepath": "/workspace/twin.xlsx", "sheet": "sales", **asked}
     )
     assert missing.is_error and "sheet 'sales' is not in" in text_of(missing) and "'data'" in text_of(missing)
+
+
+async def test_a_workbook_whose_text_numbers_change_style_is_refused_naming_the_row(module_session: Client) -> None:
+    made = await module_session.call_tool("run_python", {"code": (
+        "import openpyxl\n"
+        "book = openpyxl.Workbook()\n"
+        "book.active.append(['id', 'amount'])\n"
+        "for n in range(60):\n"
+        "    book.active.append([n, '10.5' if n == 40 else f'{n},25'])\n"
+        "book.save('/workspace/typed-as-text.xlsx')"
+    )})  # fmt: skip
+    assert not made.is_error, text_of(made)
+    result = await module_session.call_tool(
+        "analyze_csv", {"filepath": "/workspace/typed-as-text.xlsx", "operations": ["sum"]}
+    )
+    assert result.is_error and "row 42, column 'amount', holds '10.5'" in text_of(result), text_of(result)
 
 
 DATE_STYLES = {"%Y/%m/%d": "slashes", "%b %d %Y": "month names", "%d.%m.%Y": "dots", "%Y-%m-%dT%H:%M:%S%z": "iso zoned"}

@@ -19,8 +19,18 @@ import os
 import resource
 import sys
 
-from csv_files import container_of, detect_encoding, engine_settings, resolve, sheet_names, transcoding, workbook_rows
-from csv_numbers import NumberStyle, detect_dates, detect_style
+from csv_files import (
+    container_of,
+    detect_encoding,
+    engine_settings,
+    resolve,
+    sheet_names,
+    sheet_rows,
+    text_rows,
+    transcoding,
+    workbook_rows,
+)
+from csv_numbers import DEPARTURE, NumberStyle, departure, detect_dates, detect_style, style_of
 from csv_values import Refusal, json_value, quote_ident, quote_literal
 from sandbox_wire import ANALYSIS_ANSWER, ANALYSIS_REFUSED_EXIT, ANALYSIS_REQUEST_KEYS, ANALYSIS_TABLE, OUTPUT_DIR
 
@@ -100,13 +110,14 @@ class Analysis:
                 raise Refusal(
                     f"sheet {sheet!r} is not in {request['path']} (sheets: {', '.join(map(repr, sheets))})", "sheet"
                 )
+            self.sheet = sheet
             self.transcoder = workbook_rows(self.path, sheet)
             source_path, encoding, compression = self.transcoder.fifo, "utf-8", "none"
             self.encoding_label = f"an xlsx workbook, sheet {sheet!r}"
             if len(sheets) > 1:
                 self.notes.append(f"sheet {sheet!r} was read; the workbook has {', '.join(map(repr, sheets))}")
         else:
-            found = detect_encoding(self.path, request.get("encoding"))
+            self.found = found = detect_encoding(self.path, request.get("encoding"))
             self.encoding_label = found.label
             if found.native is not None:
                 source_path, encoding, compression = self.path, found.native, found.compression or "none"
@@ -175,6 +186,9 @@ class Analysis:
         self.con.execute(f"CREATE OR REPLACE TEMP VIEW src AS SELECT * {replaced} FROM read_csv({arguments})")
         self.columns = [(row[0], row[1]) for row in self.con.execute("DESCRIBE src").fetchall()]
         self._check_stream()
+        unread = [name for name, declared in self.columns if declared == "VARCHAR" and name in style.numeric]
+        if unread:
+            self._refuse_departure(unread)  # numbers at the start, and somewhere a value DuckDB did not read
 
     def _note(self, text):
         """A note about how the file is read: once, though a re-read with wider settings finds it again."""
@@ -189,6 +203,9 @@ class Analysis:
         request = self.request
         self._sample_names, self._sample_rows = names, cursor.fetchall()
         style = detect_style(names, self._sample_rows, request.get("decimal"), request.get("thousands"))
+        self.numbers = style
+        if style.mixed:
+            self._refuse_departure(style.mixed)
         if not style.plain or style.given:
             self._note(style.describe())
         for column, example in style.symbols.items():
@@ -197,6 +214,24 @@ class Analysis:
                 "it is read as text, not as numbers"
             )
         return style
+
+    def _refuse_departure(self, columns):
+        """A number written in another style than the file's other numbers (`10.5` among `10,5`, or `1,234.5`
+        among `1.234,5`) is refused, naming its line: never read as text, never read as a wrong number."""
+        if self.format == "xlsx":
+            where, rows = "row", sheet_rows(self.path, self.sheet)
+        else:
+            where, rows = "line", text_rows(self.path, self.found, self.delimiter, self.has_header)
+        found = departure(rows, columns, self.numbers)
+        if found is None:
+            return
+        line, column, value = found
+        raise Refusal(
+            f"{self.request['path']} mixes two number styles: {where} {line}, column {column!r}, holds {value!r}, "
+            f"written with {style_of(value)}, but its other {self.numbers.describe()}; nothing was computed. "
+            "Give `decimal` and `thousands` for the style the file is written in, or correct that line",
+            "decimal",
+        )
 
     def _check_stream(self):
         """A conversion that stopped at a byte not in the file's encoding: refused, never half an answer."""
@@ -232,6 +267,8 @@ class Analysis:
             except (self.duckdb.InvalidInputException, self.duckdb.ConversionException) as exc:
                 self._refuse_long_line(exc)
                 text = str(exc)
+                if DEPARTURE in text:
+                    self._refuse_departure(self.numbers.columns)
                 if attempt == 2 or self.format == "parquet":
                     raise Refusal(f"cannot read {self.request['path']} as CSV: {text.splitlines()[0]}") from None
                 if "Invalid unicode" in text and self.reader_options["encoding"] == "utf-8":

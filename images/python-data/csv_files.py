@@ -272,6 +272,37 @@ def _decode(source, sink, codec):
             return None
 
 
+def text_rows(path, encoding, delimiter, has_header):
+    """The file's rows as (line, {column: text}) pairs, decoded as a stream in Python: how a value DuckDB
+    stopped at is traced back to the line that holds it (a slow path, taken only on such a value)."""
+    import csv
+    import io
+
+    codec = "utf_8_sig" if encoding.codec == "utf_8" else encoding.codec
+    with io.TextIOWrapper(open_raw(path, encoding.compression), encoding=codec, errors="replace", newline="") as text:
+        reader = csv.reader(text, delimiter=delimiter or ",")
+        first = next(reader, [])
+        names = [name.lstrip("\ufeff") for name in first] if has_header else [f"column{i}" for i in range(len(first))]
+        if not has_header:
+            yield reader.line_num, dict(zip(names, first, strict=False))
+        for row in reader:
+            yield reader.line_num, dict(zip(names, row, strict=False))
+
+
+def sheet_rows(path, sheet):
+    """One sheet's rows as (row number, {column: text}) pairs, the first row naming the columns."""
+    import openpyxl
+
+    book = openpyxl.load_workbook(path, read_only=True, data_only=True)
+    try:
+        rows = book[sheet].iter_rows(values_only=True)
+        names = ["" if v is None else str(v) for v in next(rows, ())]
+        for number, row in enumerate(rows, start=2):
+            yield number, {name: ("" if v is None else str(v)) for name, v in zip(names, row, strict=False)}
+    finally:
+        book.close()
+
+
 def workbook_rows(path, sheet):
     """One sheet of an xlsx workbook as UTF-8 CSV, row by row (openpyxl's read-only mode streams it)."""
     import csv

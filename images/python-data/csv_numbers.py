@@ -26,6 +26,8 @@ UNAMBIGUOUS = (
     (re.compile(SIGN + r"\d*,\d{1,2}$|" + SIGN + r"\d*,\d{4,}$|" + SIGN + r"0,\d+$"), ",", None),
     (re.compile(SIGN + r"\d*\.\d{1,2}$|" + SIGN + r"\d*\.\d{4,}$|" + SIGN + r"0\.\d+$"), ".", None),
 )
+DEPARTURE = "number in another style: "
+"""What the SQL conversion's error starts with when a value is not written in the file's number style."""
 AMBIGUOUS = re.compile(SIGN + r"\d{1,3}[.,]\d{3}$")
 """`1,234` and `1.234`: a thousand or a fraction, depending on the file's style."""
 PLAIN = re.compile(SIGN + r"\d+$")
@@ -43,6 +45,10 @@ class NumberStyle:
         self.symbols = {}
         """Column -> an example value holding a percent sign or a currency symbol."""
         self.given = given
+        self.numeric = []
+        """Columns whose sample values are all numbers, some written in this style (not just digits)."""
+        self.mixed = []
+        """Of those, the columns where some numbers are written in another style."""
 
     def describe(self):
         thousands = {None: "no thousands separator", " ": "spaces between thousands"}.get(
@@ -56,14 +62,32 @@ class NumberStyle:
         """Whether DuckDB reads these numbers itself (a '.' decimal mark, nothing between thousands)."""
         return self.decimal == "." and self.thousands is None
 
+    @property
+    def pattern(self):
+        """A regular expression matching exactly the numbers written in this style (Python's and DuckDB's
+        syntax alike)."""
+        if self.thousands is None:
+            whole = r"\d+"
+        else:
+            separator = "[" + SPACES + "]" if self.thousands == " " else re.escape(self.thousands)
+            whole = r"\d{1,3}(" + separator + r"\d{3})+|\d+"
+        mark = re.escape(self.decimal)
+        return r"[+-]?((" + whole + ")(" + mark + r"\d*)?|" + mark + r"\d+)"
+
     def expression(self, quoted):
-        """SQL turning a text column written in this style into a DOUBLE (an error on a value that is not)."""
-        text = f"trim({quoted})"
+        """SQL turning a text column written in this style into a DOUBLE; a value that is not a number in this
+        style stops the query with an error holding DEPARTURE (the launcher then finds its line)."""
+        value = f"trim({quoted})"
+        text = value
         for separator in SPACES if self.thousands == " " else self.thousands or "":
             text = f"replace({text}, {quote_literal(separator)}, '')"
         if self.decimal == ",":
             text = f"replace({text}, ',', '.')"
-        return f"CAST(nullif({text}, '') AS DOUBLE)"
+        return (
+            f"CASE WHEN {value} = '' THEN NULL "
+            f"WHEN regexp_full_match({value}, {quote_literal(self.pattern)}) THEN CAST({text} AS DOUBLE) "
+            f"ELSE error({quote_literal(DEPARTURE)} || {value}) END"
+        )
 
     def reads(self, value):
         """Whether a text value is a number written in this style."""
@@ -76,6 +100,47 @@ class NumberStyle:
         if AMBIGUOUS.match(value):
             return value.lstrip("+-")[-4] in (self.decimal, self.thousands)
         return False
+
+
+def is_number(value):
+    """Whether a text value is a number in some style (plain, with a decimal comma or point, with thousands)."""
+    value = value.strip()
+    return bool(PLAIN.match(value) or AMBIGUOUS.match(value) or any(p.match(value) for p, _, _ in UNAMBIGUOUS))
+
+
+def style_of(value):
+    """How one number is written, in words (for an answer naming a value that departs from the file's style)."""
+    value = value.strip()
+    for pattern, mark, separator in UNAMBIGUOUS:
+        if pattern.match(value):
+            parts = [f"{mark!r} as the decimal mark"] if mark else []
+            if separator:
+                parts.append("spaces between thousands" if separator == " " else f"{separator!r} between thousands")
+            return " and ".join(parts)
+    if AMBIGUOUS.match(value):
+        return f"{value.lstrip('+-')[-4]!r} as the decimal mark or between thousands"
+    return "a style of its own"
+
+
+def departure(rows, columns, style):
+    """The first number written in another style than `style`, as (line, column, value), in a column of
+    `columns` that also holds numbers written in `style` (not just digits); None when no column mixes the two.
+    `rows` are (line, {column: value}) pairs. A column wholly in another style is not mixed: it is text."""
+    kept, off = set(), {}
+    for line, values in rows:
+        for column in columns:
+            value = (values.get(column) or "").strip()
+            if not value or PLAIN.match(value):
+                continue
+            if style.reads(value):
+                kept.add(column)
+            elif is_number(value):
+                off.setdefault(column, (line, column, value))
+            else:
+                continue
+            if column in kept and column in off:
+                return off[column]
+    return None
 
 
 def detect_style(names, rows, decimal=None, thousands=None):
@@ -109,8 +174,9 @@ def detect_style(names, rows, decimal=None, thousands=None):
         values = [row[index] for row in rows if isinstance(row[index], str) and row[index].strip()]
         if not values:
             continue
-        if all(style.reads(value) for value in values) and not all(PLAIN.match(v.strip()) for v in values):
-            style.columns.append(name)
+        if all(is_number(v) for v in values) and any(style.reads(v) and not PLAIN.match(v.strip()) for v in values):
+            style.numeric.append(name)
+            (style.columns if all(style.reads(v) for v in values) else style.mixed).append(name)
         else:
             example = next((v for v in values if not style.reads(v) and SYMBOLS.match(v.strip())), None)
             if example is not None and re.search("[%$€£¥₹]|CHF|EUR|USD", example):

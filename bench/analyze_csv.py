@@ -7,6 +7,12 @@ The sandbox gets less memory than the file's size (512 MiB by default for a 1 GB
 file), which proves the file is streamed rather than loaded. Each measurement is
 repeated; medians are reported, and the sandbox's answers are compared with the
 host's. Wall time of a sandbox call includes starting and removing its container.
+
+The same table is then written as spreadsheets in other locales write it: in GB18030 with
+Chinese text, and with decimal commas (with and without '.' between thousands). DuckDB on
+the host reads each after the same conversion: the GB18030 file decoded to UTF-8 first
+(that time counted), the decimal commas read by DuckDB's own option or the same SQL
+conversion.
 """
 
 from __future__ import annotations
@@ -55,6 +61,78 @@ con.execute("SET enable_progress_bar = false")
 print(json.dumps(con.execute(sys.argv[1]).fetchall(), default=float))
 """
 
+HOST_TRANSCODE = """
+import sys
+with open(sys.argv[1], encoding=sys.argv[2], newline="") as source, open(sys.argv[3], "w", encoding="utf-8", newline="") as sink:
+    while block := source.read(1 << 20):
+        sink.write(block)
+"""
+
+BEFORE: dict[str, str | float] = {
+    "measured_at": "2026-11-21T06:26:15+0000",
+    "totals": 1.35,
+    "by_category": 1.34,
+    "median_by_category": 1.3,
+}
+"""The UTF-8 file's sandbox/host ratios before encodings, number styles and containers were detected
+(the committed bench/results/analyze_csv.json of that run): what "the UTF-8 path keeps its speed" is
+measured against, as a ratio of ratios."""
+
+VARIANTS = ("gb18030", "decimal_comma", "decimal_comma_thousands")
+LOCALE_WORKLOADS = ("totals", "by_category")
+"""The workloads the locale variants of the file run (streaming ones: the 512 MiB sandbox)."""
+
+CHINESE_CATEGORY = "'类别_' || (hash(i) % 40)::VARCHAR"
+"""Category names in the GB18030 variant."""
+
+
+def variant_sql(variant: str, rows: int) -> tuple[str, str]:
+    """The COPY query writing a locale variant of the table, and its COPY options."""
+    category = CHINESE_CATEGORY if variant == "gb18030" else "'cat_' || (hash(i) % 40)::VARCHAR"
+    note = "'备注，' || (i % 997)::VARCHAR" if variant == "gb18030" else "'note, ' || (i % 997)::VARCHAR"
+    amount = "round((hash(i * 7) % 1000000) / 100.0 - 2000, 2)"
+    if variant == "decimal_comma":
+        amount = f"replace(({amount})::VARCHAR, '.', ',')"
+    elif variant == "decimal_comma_thousands":
+        amount = f"translate(format('{{:,.2f}}', {amount}), ',.', '.,')"
+    query = f"""SELECT i AS id, {category} AS category,
+                  CASE WHEN i % 17 = 0 THEN NULL ELSE {amount} END AS amount,
+                  (hash(i * 13) % 100)::INTEGER AS qty,
+                  CASE WHEN i % 10 = 0 THEN NULL ELSE {note} END AS note,
+                  DATE '2020-01-01' + (i % 1500)::INTEGER AS day
+                FROM range({rows}) t(i)"""
+    return query, "HEADER" if variant == "gb18030" else "HEADER, DELIMITER ';'"
+
+
+def generate_variant(path: Path, variant: str, rows: int) -> None:
+    """Write a locale variant of the table (the GB18030 one is written as UTF-8, then encoded in blocks)."""
+    query, options = variant_sql(variant, rows)
+    connection = duckdb.connect()
+    connection.execute("SET enable_progress_bar = false")
+    target = path.with_suffix(".utf8") if variant == "gb18030" else path
+    connection.execute(f"COPY ({query}) TO '{target}' ({options})")
+    if variant == "gb18030":
+        with (
+            open(target, encoding="utf-8", newline="") as source,
+            open(path, "w", encoding="gb18030", newline="") as sink,
+        ):
+            while block := source.read(1 << 20):
+                sink.write(block)
+        target.unlink()
+
+
+def variant_source(variant: str, path: Path) -> str:
+    """How DuckDB on the host reads a variant, after the same conversion the sandbox makes."""
+    if variant == "decimal_comma":
+        return f"read_csv('{path}', delim=';', decimal_separator=',')"
+    if variant == "decimal_comma_thousands":
+        return (
+            "(SELECT * REPLACE (CAST(replace(replace(trim(amount), '.', ''), ',', '.') AS DOUBLE) AS amount) "
+            f"FROM read_csv('{path}', delim=';', types={{'amount': 'VARCHAR'}}))"
+        )
+    return f"read_csv('{path}')"
+
+
 HOST_PANDAS = """
 import json, sys
 import pandas as pd
@@ -84,13 +162,13 @@ def generate(path: Path, size_mb: int) -> int:
     return rows
 
 
-def host_sql(path: Path, workload: dict[str, Any]) -> str:
+def host_sql(path: Path, workload: dict[str, Any], source: str | None = None) -> str:
     """The query DuckDB on the host runs for a workload, in the sandbox answer's order."""
     keys = workload.get("group_by", [])
     aggregates = [
         f'{SQL_OF[operation]}("{column}")' for column in workload["columns"] for operation in workload["operations"]
     ]
-    source = f"read_csv('{path}')"
+    source = source or f"read_csv('{path}')"
     if not keys:
         return f"SELECT {', '.join(aggregates)} FROM {source}"
     key_list = ", ".join(f'"{key}"' for key in keys)
@@ -139,31 +217,33 @@ def memory_for(workload: dict[str, Any], options: argparse.Namespace) -> int:
     return int(options.median_memory_mb if HOLDS_VALUES & set(workload["operations"]) else options.memory_mb)
 
 
+Runs = dict[tuple[str, str], list[tuple[float, dict[str, Any]]]]
+"""(file, workload) -> (seconds, answer) of each sandbox call."""
+
+
 async def sandbox_runs(
-    policies: dict[int, Path], options: argparse.Namespace
-) -> dict[str, list[tuple[float, dict[str, Any]]]]:
-    """Each workload `repeat` times through a real stdio session on the policy with its memory."""
-    runs: dict[str, list[tuple[float, dict[str, Any]]]] = {}
+    policies: dict[int, Path], files: dict[str, tuple[str, ...]], options: argparse.Namespace
+) -> Runs:
+    """Each file's workloads `repeat` times through a real stdio session on the policy with their memory."""
+    runs: Runs = {}
     for memory_mb, policy in policies.items():
         async with Client(server_parameters(["--policy", str(policy)]), mode="legacy") as client:
-            await _workloads(client, memory_mb, options, runs)
+            for file, names in files.items():
+                for name in names:
+                    if memory_for(WORKLOADS[name], options) == memory_mb:
+                        await _workload(client, file, name, options, runs)
     return runs
 
 
-async def _workloads(
-    client: Client, memory_mb: int, options: argparse.Namespace, runs: dict[str, list[tuple[float, dict[str, Any]]]]
-) -> None:
-    for name, workload in WORKLOADS.items():
-        if memory_for(workload, options) != memory_mb:
-            continue
-        for _ in range(options.repeat):
-            started = time.perf_counter()
-            result = await client.call_tool("analyze_csv", {"filepath": "/data/big.csv", **workload})
-            elapsed = time.perf_counter() - started
-            if result.is_error or result.structured_content is None:
-                text = getattr(result.content[0], "text", "")
-                raise RuntimeError(f"sandbox call {name} failed: {text}")
-            runs.setdefault(name, []).append((elapsed, result.structured_content))
+async def _workload(client: Client, file: str, name: str, options: argparse.Namespace, runs: Runs) -> None:
+    for _ in range(options.repeat):
+        started = time.perf_counter()
+        result = await client.call_tool("analyze_csv", {"filepath": f"/data/{file}", **WORKLOADS[name]})
+        elapsed = time.perf_counter() - started
+        if result.is_error or result.structured_content is None:
+            text = getattr(result.content[0], "text", "")
+            raise RuntimeError(f"sandbox call {name} on {file} failed: {text}")
+        runs.setdefault((file, name), []).append((elapsed, result.structured_content))
 
 
 def main(argv: list[str]) -> int:
@@ -186,6 +266,11 @@ def main(argv: list[str]) -> int:
         rows = generate(csv_path, options.size_mb)
         csv_path.chmod(0o644)
         size = csv_path.stat().st_size
+        for variant in VARIANTS:
+            print(f"writing the {variant} variant ...", flush=True)
+            generate_variant(data / f"{variant}.csv", variant, rows)
+            (data / f"{variant}.csv").chmod(0o644)
+        files = {"big.csv": tuple(WORKLOADS), **{f"{variant}.csv": LOCALE_WORKLOADS for variant in VARIANTS}}
         policies = {}
         for memory_mb in sorted({memory_for(workload, options) for workload in WORKLOADS.values()}):
             policies[memory_mb] = Path(work) / f"bench-{memory_mb}.yaml"
@@ -195,7 +280,7 @@ def main(argv: list[str]) -> int:
                 f"  mounts: [{{host: {data}, sandbox: /data, mode: ro}}]\n"
             )
         print(f"{rows:,} rows, {size / 1e6:.0f} MB; sandbox: {options.cpus} CPUs", flush=True)
-        runs = anyio.run(sandbox_runs, policies, options)
+        runs = anyio.run(sandbox_runs, policies, files, options)
         report: dict[str, Any] = {}
         table = []
         for name, workload in WORKLOADS.items():
@@ -204,17 +289,19 @@ def main(argv: list[str]) -> int:
                 measure_process([sys.executable, "-c", HOST_DUCKDB, sql, str(options.cpus)])
                 for _ in range(options.repeat)
             ]
-            sandboxed = runs[name]
+            sandboxed = runs[("big.csv", name)]
             entry: dict[str, Any] = {
                 "workload": workload,
                 "sandbox_memory_mb": memory_for(workload, options),
                 "sandbox_s": median([elapsed for elapsed, _ in sandboxed]),
                 "sandbox_peak_rss_mb": max(answer["engine"]["peak_rss_mb"] for _, answer in sandboxed),
+                "sandbox_detect_ms": median([answer["engine"]["detect_ms"] for _, answer in sandboxed]),
                 "host_duckdb_s": median([elapsed for elapsed, _, _ in host]),
                 "host_duckdb_peak_rss_mb": round(max(rss for _, rss, _ in host), 1),
                 "results_match_host_duckdb": same(sandbox_rows(sandboxed[0][1], workload), json.loads(host[0][2])),
             }
             entry["sandbox_over_host_duckdb"] = round(entry["sandbox_s"] / entry["host_duckdb_s"], 2)
+            entry["detect_share_of_call"] = round(entry["sandbox_detect_ms"] / 1000 / entry["sandbox_s"], 4)
             row = [name, entry["sandbox_memory_mb"], entry["sandbox_s"], entry["sandbox_peak_rss_mb"],
                    entry["host_duckdb_s"], entry["host_duckdb_peak_rss_mb"], entry["sandbox_over_host_duckdb"]]  # fmt: skip
             if not workload.get("group_by"):
@@ -233,12 +320,29 @@ def main(argv: list[str]) -> int:
             row.append(entry["results_match_host_duckdb"])
             report[name] = entry
             table.append(row)
-    print()
-    print_table(
-        ["workload", "limit MiB", "sandbox s", "sandbox MiB", "host duckdb s", "host duckdb MiB", "ratio",
-         "host pandas s", "host pandas MiB", "same answers"],
-        table,
-    )  # fmt: skip
+        print()
+        print_table(
+            ["workload", "limit MiB", "sandbox s", "sandbox MiB", "host duckdb s", "host duckdb MiB", "ratio",
+             "host pandas s", "host pandas MiB", "same answers"],
+            table,
+        )  # fmt: skip
+        locales = measure_locales(data, Path(work), runs, options)
+    against_before = {
+        "before_measured_at": BEFORE["measured_at"],
+        **{
+            name: {
+                "before": BEFORE[name],
+                "now": entry["sandbox_over_host_duckdb"],
+                "change": round(entry["sandbox_over_host_duckdb"] / float(BEFORE[name]), 3),
+            }  # fmt: skip
+            for name, entry in report.items()
+        },
+    }
+    print("\nUTF-8 file, sandbox/host ratio now against before detection was added, and detection's share:")
+    for name, change in against_before.items():
+        if isinstance(change, dict):
+            share = report[name]["detect_share_of_call"]
+            print(f"  {name}: {change['before']} -> {change['now']} ({change['change']:.3f}x); detection {share:.1%}")
     path = write_results(
         "analyze_csv",
         {
@@ -246,7 +350,54 @@ def main(argv: list[str]) -> int:
             "sandbox": {"cpus": options.cpus},
             "repeat": options.repeat,
             "workloads": report,
+            "utf8_against_before": against_before,
+            "locales": locales,
         },
     )
     print(f"\nwritten: {path}", flush=True)
-    return 0 if all(entry["results_match_host_duckdb"] for entry in report.values()) else 1
+    answers = [entry["results_match_host_duckdb"] for entry in report.values()]
+    answers += [entry["results_match_host_duckdb"] for variant in locales.values() for entry in variant.values()]
+    return 0 if all(answers) else 1
+
+
+def measure_locales(data: Path, work: Path, runs: Runs, options: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """Each locale variant's workloads in the sandbox beside DuckDB on the host after the same conversion."""
+    locales: dict[str, dict[str, Any]] = {}
+    table = []
+    for variant in VARIANTS:
+        path = data / f"{variant}.csv"
+        converted, conversion_s = path, 0.0
+        if variant == "gb18030":
+            converted = work / "gb18030-as-utf8.csv"
+            argv = [sys.executable, "-c", HOST_TRANSCODE, str(path), "gb18030", str(converted)]
+            conversion_s = median([measure_process(argv)[0] for _ in range(options.repeat)])
+        for name in LOCALE_WORKLOADS:
+            workload = WORKLOADS[name]
+            sql = host_sql(converted, workload, variant_source(variant, converted))
+            host = [
+                measure_process([sys.executable, "-c", HOST_DUCKDB, sql, str(options.cpus)])
+                for _ in range(options.repeat)
+            ]
+            sandboxed = runs[(f"{variant}.csv", name)]
+            answer = sandboxed[0][1]
+            entry: dict[str, Any] = {
+                "bytes": path.stat().st_size,
+                "sandbox_s": median([elapsed for elapsed, _ in sandboxed]),
+                "sandbox_peak_rss_mb": max(a["engine"]["peak_rss_mb"] for _, a in sandboxed),
+                "sandbox_detect_ms": median([a["engine"]["detect_ms"] for _, a in sandboxed]),
+                "host_conversion_s": conversion_s,
+                "host_duckdb_s": median([elapsed for elapsed, _, _ in host]),
+                "encoding_found": answer["file"]["encoding"],
+                "numbers_found": answer["file"].get("numbers"),
+                "results_match_host_duckdb": same(sandbox_rows(answer, workload), json.loads(host[0][2])),
+            }
+            entry["host_s"] = round(conversion_s + entry["host_duckdb_s"], 3)
+            entry["sandbox_over_host"] = round(entry["sandbox_s"] / entry["host_s"], 2)
+            locales.setdefault(variant, {})[name] = entry
+            table.append([variant, name, entry["sandbox_s"], entry["host_conversion_s"], entry["host_duckdb_s"],
+                          entry["sandbox_over_host"], entry["results_match_host_duckdb"]])  # fmt: skip
+        if converted != path:
+            converted.unlink()
+    print()
+    print_table(["file", "workload", "sandbox s", "host conversion s", "host duckdb s", "ratio", "same answers"], table)
+    return locales

@@ -41,6 +41,7 @@ NUMERIC_TYPES = {
     "UTINYINT", "USMALLINT", "UINTEGER", "UBIGINT", "UHUGEINT", "FLOAT", "DOUBLE",
 }  # fmt: skip
 TEMPORAL_PREFIXES = ("DATE", "TIME", "TIMESTAMP")
+FRACTION_TYPES = ("DOUBLE", "FLOAT", "DECIMAL")
 NUMBER_ONLY = ("sum", "average", "median", "std")
 ORDERED = ("min", "max")
 ANY_TYPE = ("count", "distinct", "nulls")
@@ -168,15 +169,20 @@ class Analysis:
             self._refuse_long_line(exc)
             raise
         self.delimiter, self.has_header, sniffed_columns = sniffed.fetchone()
-        self.numbers = style = self._number_style(arguments)
+        text = {column["name"] for column in sniffed_columns if column["type"] == "VARCHAR"}
+        # Whole numbers and dates DuckDB read itself hold no decimal mark; `1.234` read as a fraction may be
+        # a thousand in a file whose other columns write `1.234,5`.
+        fractions = {column["name"] for column in sniffed_columns if column["type"].startswith(FRACTION_TYPES)}
+        self.numbers = style = self._number_style(arguments, text | fractions)
         conversions = []
         if style.decimal == "," and style.thousands is None and self.delimiter != ",":
             arguments += ", decimal_separator=','"  # DuckDB reads these itself
         elif not style.plain and style.columns:
             arguments += ", types={" + ", ".join(f"{quote_literal(c)}: 'VARCHAR'" for c in style.columns) + "}"
             conversions += [f"{style.expression(quote_ident(c))} AS {quote_ident(c)}" for c in style.columns]
-        text = {column["name"] for column in sniffed_columns if column["type"] == "VARCHAR"} - set(style.columns)
-        for name, (fmt, timed, other) in detect_dates(self._sample_names, self._sample_rows, text).items():
+        for name, (fmt, timed, other) in detect_dates(
+            self._sample_names, self._sample_rows, text - set(style.columns)
+        ).items():
             sql = f"strptime(nullif(trim({quote_ident(name)}), ''), {quote_literal(fmt)})"
             conversions.append(f"{sql if timed else f'CAST({sql} AS DATE)'} AS {quote_ident(name)}")
             self._note(
@@ -195,14 +201,14 @@ class Analysis:
         if text not in self.notes:
             self.notes.append(text)
 
-    def _number_style(self, arguments):
+    def _number_style(self, arguments, candidates):
         """The decimal mark and thousands separator of the file's numbers, from its first 2,000 rows as text."""
         header = "true" if self.has_header else "false"
         cursor = self.con.execute(f"SELECT * FROM read_csv({arguments}, all_varchar=true, header={header}) LIMIT 2000")
         names = [column[0] for column in cursor.description]
         request = self.request
         self._sample_names, self._sample_rows = names, cursor.fetchall()
-        style = detect_style(names, self._sample_rows, request.get("decimal"), request.get("thousands"))
+        style = detect_style(names, self._sample_rows, request.get("decimal"), request.get("thousands"), candidates)
         self.numbers = style
         if style.mixed:
             self._refuse_departure(style.mixed)
@@ -372,7 +378,11 @@ class Analysis:
     # -- running -------------------------------------------------------------------
 
     def run(self):
+        import time
+
+        started = time.perf_counter()
         self.open()
+        self.engine["detect_ms"] = round((time.perf_counter() - started) * 1000)
         if not self.has_header:
             self.notes.append("no header row was found; columns are named column0, column1, …")
         aggregates, skipped = self.plan()

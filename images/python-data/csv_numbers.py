@@ -31,6 +31,8 @@ DEPARTURE = "number in another style: "
 AMBIGUOUS = re.compile(SIGN + r"\d{1,3}[.,]\d{3}$")
 """`1,234` and `1.234`: a thousand or a fraction, depending on the file's style."""
 PLAIN = re.compile(SIGN + r"\d+$")
+NUMBERISH = re.compile(r"\s*[+-]?[\d.,'" + SPACES + r"]*\d[\d.,'" + SPACES + r"]*\s*$")
+"""What any number of any style looks like at the least: a quick test before the exact patterns."""
 SYMBOLS = re.compile(r"^[+-]?\s*([$€£¥₹]|CHF|EUR|USD)?\s*[+-]?\d[\d.,'" + SPACES + r"]*\s*(%|[$€£¥₹]|CHF|EUR|USD)?$")
 
 
@@ -104,6 +106,8 @@ class NumberStyle:
 
 def is_number(value):
     """Whether a text value is a number in some style (plain, with a decimal comma or point, with thousands)."""
+    if not NUMBERISH.match(value):
+        return False
     value = value.strip()
     return bool(PLAIN.match(value) or AMBIGUOUS.match(value) or any(p.match(value) for p, _, _ in UNAMBIGUOUS))
 
@@ -143,15 +147,19 @@ def departure(rows, columns, style):
     return None
 
 
-def detect_style(names, rows, decimal=None, thousands=None):
-    """The style of the sample's numbers (text cells only); `decimal`/`thousands` given win."""
+def detect_style(names, rows, decimal=None, thousands=None, candidates=None):
+    """The style of the sample's numbers; `decimal`/`thousands` given win. Only the `candidates` columns are
+    looked at (all when None)."""
+    looked = [i for i, name in enumerate(names) if candidates is None or name in candidates]
     votes = {}
     for row in rows:
-        for value in row:
-            if not isinstance(value, str):
+        for index in looked:
+            value = row[index]
+            if not isinstance(value, str) or not NUMBERISH.match(value):
                 continue
+            value = value.strip()
             for pattern, mark, separator in UNAMBIGUOUS:
-                if pattern.match(value.strip()):
+                if pattern.match(value):
                     votes[(mark, separator)] = votes.get((mark, separator), 0) + 1
                     break
     marks = {",": 0, ".": 0}
@@ -170,7 +178,8 @@ def detect_style(names, rows, decimal=None, thousands=None):
     elif thousands == "":
         thousands = None
     style = NumberStyle(decimal, thousands, given=given)
-    for index, name in enumerate(names):
+    for index in looked:
+        name = names[index]
         values = [row[index] for row in rows if isinstance(row[index], str) and row[index].strip()]
         if not values:
             continue

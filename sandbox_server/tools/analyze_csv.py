@@ -117,6 +117,11 @@ ANSWER_PROPERTIES: dict[str, Any] = {
             "threads": {"type": "integer"},
             "memory_limit_mb": {"type": "integer"},
             "peak_rss_mb": {"type": "number"},
+            "detect_ms": {
+                "type": "integer",
+                "description": "How long finding how the file is written took (container, encoding, delimiter, "
+                "number and date styles), before the query read it.",
+            },
         },
     },
     "duration_ms": {"type": "integer"},

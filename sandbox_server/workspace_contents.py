@@ -170,6 +170,8 @@ class MountedContents:
         self._process_alive = process_alive
         self._lock = threading.Lock()
         self._held: dict[str, int] = {}
+        self._executable: dict[str, bool] = {}
+        """Whether each held workspace is mounted to let programs run from it."""
         """Workspaces this process has mounted, with the open image whose lock says so."""
         self._giving_back: dict[str, threading.Thread] = {}
         """After a call, off its answer's path: the workspace's freed blocks go back to the host."""
@@ -205,11 +207,15 @@ class MountedContents:
             image.unlink(missing_ok=True)
             raise
 
-    def _mounted(self, workspace_id: str) -> Path:
-        """The workspace's filesystem, mounted by this process (which then holds its image's lock)."""
+    def _mounted(self, workspace_id: str, executable: bool | None = None) -> Path:
+        """The workspace's filesystem, mounted by this process (which then holds its image's lock); for a call,
+        `executable` says whether programs may run from it (None: as it is, noexec when newly mounted)."""
         where = self._where(workspace_id)
         with self._lock:
             if workspace_id in self._held:
+                if executable is not None and self._executable.get(workspace_id) != executable:
+                    mounts.set_executable(where, executable)
+                    self._executable[workspace_id] = executable
                 return where
             handle = os.open(self._image(workspace_id), os.O_RDONLY | os.O_CLOEXEC)
             try:
@@ -225,18 +231,19 @@ class MountedContents:
                 ) from None
             try:
                 mounts.detach(str(where))  # a mount of a process killed on this id before us
-                mounts.mount_image(self._image(workspace_id), where)
+                mounts.mount_image(self._image(workspace_id), where, bool(executable))
             except BaseException:
                 os.close(handle)
                 raise
             self._held[workspace_id] = handle
+            self._executable[workspace_id] = bool(executable)
         return where
 
     def begin(self, workspace_id: str, spec: SandboxSpec) -> SandboxSpec:
         self._settle(workspace_id)
         if not self._image(workspace_id).exists():
             self._create(workspace_id, spec.limits, spec.user)
-        where = self._mounted(workspace_id)
+        where = self._mounted(workspace_id, spec.limits.workspace_exec)
         _empty_outputs(where)
         return replace(self.shape(spec), mounted_workspace=str(where))
 
@@ -306,6 +313,7 @@ class MountedContents:
         self._settle(workspace_id)
         with self._lock:
             handle = self._held.pop(workspace_id, None)
+            self._executable.pop(workspace_id, None)
             where = self._where(workspace_id)
             mounts.detach(str(where))
             with contextlib.suppress(OSError):

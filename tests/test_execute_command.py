@@ -179,6 +179,20 @@ async def test_files_go_in_and_out(client: Client) -> None:
     assert "x: skipped, links are never followed" in text_of(result)
 
 
+async def test_scripts_run_from_the_workspace_but_never_from_tmp(client: Client) -> None:
+    script = "#!/bin/sh\necho \"$0 ran\"\n"
+    result = await client.call_tool("execute_command", {
+        "command": "./uploaded.sh && chmod +x made.sh && ./made.sh && cp made.sh /tmp/ && /tmp/made.sh",
+        "files": [
+            {"path": "uploaded.sh", "content": script, "executable": True},
+            {"path": "made.sh", "content": script},
+        ],
+    })  # fmt: skip
+    assert result.structured_content is not None, text_of(result)
+    assert result.structured_content["stdout"] == "./uploaded.sh ran\n./made.sh ran\n", text_of(result)
+    assert result.is_error and "/tmp/made.sh: Permission denied" in result.structured_content["stderr"]
+
+
 async def test_input_paths_outside_the_workspace_are_refused(client: Client) -> None:
     result = await client.call_tool(
         "execute_command", {"command": "true", "files": [{"path": "../etc/x", "content": ""}]}

@@ -96,6 +96,8 @@ class WorkspaceSettings:
     files: int = 20000
     idle_ttl_s: float = 1800.0
     max_per_client: int = 8
+    exec: bool = True
+    """Whether programs may be run from files under /workspace (uploads marked executable, `./run.sh`)."""
 
 
 @dataclass(frozen=True, slots=True)

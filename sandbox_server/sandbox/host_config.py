@@ -30,7 +30,7 @@ def host_config_kwargs(spec: SandboxSpec, slot: str | None = None) -> dict[str, 
     if slot is None:
         tmpfs[spec.workdir] = (
             f"size={limits.workspace_mb}m,nr_inodes={limits.workspace_inodes},"
-            f"uid={uid},gid={gid or uid},mode=0755,nosuid,nodev"
+            f"uid={uid},gid={gid or uid},mode=0755,nosuid,nodev" + ("" if limits.workspace_exec else ",noexec")
         )
     return {
         "read_only": True,

@@ -33,6 +33,7 @@ __all__ = [
     "make_image",
     "make_shared",
     "mount_image",
+    "set_executable",
     "mounted",
     "open_folder",
     "unavailable",
@@ -119,12 +120,19 @@ def make_image(path: Path, size_mb: int, inodes: int, owner: str) -> None:
     )  # fmt: skip
 
 
-def mount_image(image: Path, target: Path) -> None:
-    """Mount a workspace image (never devices, set-uid or programs run from it) and drop lost+found."""
+def mount_image(image: Path, target: Path, executable: bool) -> None:
+    """Mount a workspace image (never devices or set-uid; programs run from it only when `executable`) and drop
+    lost+found."""
     target.mkdir(parents=True, exist_ok=True, mode=0o700)
-    _run("mount", "-t", "ext4", "-o", "loop,noatime,nodev,nosuid,noexec", str(image), str(target))
+    options = "loop,noatime,nodev,nosuid" + ("" if executable else ",noexec")
+    _run("mount", "-t", "ext4", "-o", options, str(image), str(target))
     with contextlib.suppress(OSError):
         os.rmdir(target / "lost+found")
+
+
+def set_executable(target: Path, executable: bool) -> None:
+    """Allow or forbid running programs from a mounted workspace (a policy reloaded with another workspace.exec)."""
+    _run("mount", "-o", "remount," + ("exec" if executable else "noexec"), str(target))
 
 
 def open_folder(folder: str | Path) -> int:

@@ -35,6 +35,8 @@ class ResourceLimits:
     workspace_mb: int = 128
     workspace_files: int | None = None
     """Inodes of /workspace; None: 256 per MiB."""
+    workspace_exec: bool = True
+    """Whether programs may be run from files under /workspace (False: mounted noexec); /tmp never."""
     shm_mb: int = 16
     output_bytes: int = 100_000
     returned_files: int = 20
@@ -104,7 +106,7 @@ class SandboxSpec:
         return (
             self.image, self.runtime, self.user, self.network, self.env, self.mounts, self.workdir,
             self.seccomp_profile, self.labels, self.workspace_slots, limits.memory_mb, limits.cpus, limits.pids, limits.nofile,
-            limits.file_size_mb, limits.tmp_mb, limits.workspace_mb, limits.workspace_files, limits.shm_mb,
+            limits.file_size_mb, limits.tmp_mb, limits.workspace_mb, limits.workspace_files, limits.shm_mb, limits.workspace_exec,
         )  # fmt: skip
 
 

@@ -47,6 +47,12 @@ FILES_SCHEMA: dict[str, Any] = {
             "path": {"type": "string", "minLength": 1, "maxLength": 4096, "description": "Relative to /workspace."},
             "content": {"type": "string"},
             "encoding": {"enum": ["utf-8", "base64"], "default": "utf-8"},
+            "executable": {
+                "type": "boolean",
+                "default": False,
+                "description": "Make the file executable (mode 0755), to run it as ./name; the policy's "
+                "workspace.exec must allow running programs from /workspace.",
+            },
         },
         "required": ["path", "content"],
         "additionalProperties": False,
@@ -264,7 +270,14 @@ def decode_files(items: list[Mapping[str, str]], policy: ToolPolicy, policy_name
                 "(policy field limits.input_file_bytes); send less or raise the limit",
                 "limits.input_file_bytes",
             )
-        files.append(InputFile(path=item["path"], content=content))
+        executable = bool(item.get("executable", False))
+        if executable and not policy.limits.workspace_exec:
+            raise Refusal(
+                f"refused by policy '{policy_name}': files[{index}] asks to be executable, but programs may not "
+                "run from /workspace under this policy (field workspace.exec)",
+                "workspace.exec",
+            )
+        files.append(InputFile(path=item["path"], content=content, mode=0o755 if executable else 0o644))
     return tuple(files)
 
 

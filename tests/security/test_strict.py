@@ -108,6 +108,30 @@ async def test_strict_refuses_a_shell_and_programs_off_its_list(server: Client) 
     assert off_list.is_error and "commands.allow" in text_of(off_list), text_of(off_list)
 
 
+RUN_FROM_WORKSPACE = """
+import os, subprocess
+with open("run.sh", "w") as script:
+    script.write("#!/bin/sh\\necho ran\\n")
+os.chmod("run.sh", 0o755)
+try:
+    subprocess.run(["./run.sh"], check=True)
+except PermissionError:
+    print("refused", oct(os.stat("run.sh").st_mode & 0o777))
+"""
+
+
+async def test_strict_runs_no_program_from_the_workspace(server: Client) -> None:
+    upload = await server.call_tool("execute_command", {
+        "command": "cat", "args": ["run.sh"],
+        "files": [{"path": "run.sh", "content": "#!/bin/sh\necho ran\n", "executable": True}],
+    })  # fmt: skip
+    assert upload.is_error and "(field workspace.exec)" in text_of(upload), text_of(upload)
+    # Made executable inside the sandbox, it still may not run: the kernel refuses (noexec).
+    result = await server.call_tool("run_python", {"code": RUN_FROM_WORKSPACE})
+    assert result.structured_content is not None, text_of(result)
+    assert result.structured_content["stdout"] == "refused 0o755\n", text_of(result)
+
+
 async def test_strict_stops_an_output_flood(server: Client) -> None:
     result = await server.call_tool("execute_command", {"command": "cat", "args": ["/dev/urandom"]})
     assert result.is_error and "killed: output flood" in text_of(result), text_of(result)

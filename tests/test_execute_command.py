@@ -180,7 +180,7 @@ async def test_files_go_in_and_out(client: Client) -> None:
 
 
 async def test_scripts_run_from_the_workspace_but_never_from_tmp(client: Client) -> None:
-    script = "#!/bin/sh\necho \"$0 ran\"\n"
+    script = '#!/bin/sh\necho "$0 ran"\n'
     result = await client.call_tool("execute_command", {
         "command": "./uploaded.sh && chmod +x made.sh && ./made.sh && cp made.sh /tmp/ && /tmp/made.sh",
         "files": [

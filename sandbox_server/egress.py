@@ -1,0 +1,200 @@
+"""The network a policy may open: its allow list and static names, checked, and the filtering
+proxy's configuration made from them.
+
+A sandbox with an allow list joins an `internal` Docker network whose only way out is a
+Squid proxy: plain HTTP to an allowed host and port, HTTPS through CONNECT to an allowed
+host and port (never intercepted), nothing else. The proxy refuses loopback, link-local,
+private and other special addresses even when an allowed name resolves to them, unless the
+policy's `hosts` names them itself.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+__all__ = ["DEFAULT_PORTS", "SPECIAL_NETWORKS", "Destination", "Egress", "parse_egress", "squid_config"]
+
+DEFAULT_PORTS = (443, 80)
+"""The ports an entry without one opens: HTTPS and HTTP."""
+SPECIAL_NETWORKS = (
+    "0.0.0.0/8", "10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "169.254.0.0/16", "172.16.0.0/12",
+    "192.0.0.0/24", "192.0.2.0/24", "192.168.0.0/16", "198.18.0.0/15", "198.51.100.0/24", "203.0.113.0/24",
+    "224.0.0.0/4", "240.0.0.0/4", "::/128", "::1/128", "::ffff:0:0/96", "64:ff9b::/96", "fc00::/7", "fe80::/10",
+    "ff00::/8",
+)  # fmt: skip
+"""Destinations the proxy never connects to unless the policy's `hosts` names them: this host, cloud
+metadata (link-local), private networks and the other addresses that are not the internet."""
+LABEL = re.compile(r"^(?!-)[a-z0-9-]{1,63}(?<!-)$")
+PROXY_PORT = 3128
+
+
+@dataclass(frozen=True, slots=True)
+class Destination:
+    """One allow-list entry: a host (or, with `subdomains`, every name under a domain) and its ports."""
+
+    host: str
+    subdomains: bool
+    ports: tuple[int, ...]
+
+    def squid_domain(self) -> str:
+        return f".{self.host}" if self.subdomains else self.host
+
+
+@dataclass(frozen=True, slots=True)
+class Egress:
+    """A policy's network when it is not `none`."""
+
+    allow: tuple[Destination, ...]
+    egress_network: str = "bridge"
+    hosts: tuple[tuple[str, str], ...] = ()
+    """Static name -> address entries the proxy resolves before DNS (private mirrors, tests)."""
+
+    def key(self) -> str:
+        """What proxies are shared by: equal allow lists, egress networks and hosts share one."""
+        text = repr((self.allow, self.egress_network, self.hosts))
+        return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def _host_problem(name: str) -> str | None:
+    """Why `name` is not a host name (None when it is one)."""
+    if "://" in name:
+        return "is a URL; give the host name alone (e.g. pypi.org)"
+    if "/" in name:
+        return "holds a path or an address range; give a host name"
+    try:
+        ipaddress.ip_address(name.strip("[]"))
+    except ValueError:
+        pass
+    else:
+        return "is an IP address; allow a host name (name a private address in network.hosts)"
+    labels = name.split(".")
+    if not all(LABEL.match(label) for label in labels) or labels[-1].isdigit():
+        return "is not a host name (letters, digits and '-' in dot-separated labels)"
+    return None
+
+
+def _destination(entry: object, field: str, errors: list[str]) -> Destination | None:
+    if not isinstance(entry, str) or not entry.strip():
+        errors.append(f"{field}: an entry is a host name, host:port, *.domain or *.domain:port, not {entry!r}")
+        return None
+    text = entry.strip().lower()
+    ports: tuple[int, ...] = DEFAULT_PORTS
+    host = text
+    if text.count(":") == 1 and "://" not in text:
+        host, _, port_text = text.partition(":")
+        if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
+            errors.append(f"{field}: {entry!r}: the port must be a number from 1 to 65535")
+            return None
+        ports = (int(port_text),)
+    subdomains = host.startswith("*.")
+    if subdomains:
+        host = host[2:]
+        if "." not in host:
+            errors.append(f"{field}: {entry!r} opens a whole top-level domain; name a domain under it")
+            return None
+    if "*" in host:
+        errors.append(f"{field}: {entry!r}: '*' may only begin an entry, as *.domain")
+        return None
+    problem = _host_problem(host)
+    if problem:
+        errors.append(f"{field}: {entry!r} {problem}")
+        return None
+    return Destination(host, subdomains, ports)
+
+
+def parse_egress(network: object, field: str, errors: list[str]) -> Egress | None:
+    """The policy's `network` object as an Egress (None, with errors appended naming the field, when it is
+    not valid). `none` is not handled here."""
+    if not isinstance(network, Mapping):
+        errors.append(f"{field}: either none or an object with allow, egress_network and hosts")
+        return None
+    allow: list[Destination] = []
+    entries = network.get("allow", [])
+    if not isinstance(entries, Sequence) or isinstance(entries, str) or not entries:
+        errors.append(f"{field}.allow: a non-empty list of host names and patterns")
+        return None
+    for index, entry in enumerate(entries):
+        destination = _destination(entry, f"{field}.allow[{index}]", errors)
+        if destination is not None:
+            allow.append(destination)
+    hosts: list[tuple[str, str]] = []
+    for name, address in dict(network.get("hosts", {})).items():
+        where = f"{field}.hosts.{name}"
+        problem = _host_problem(str(name).lower())
+        if problem:
+            errors.append(f"{where}: {name!r} {problem}")
+            continue
+        try:
+            hosts.append((str(name).lower(), str(ipaddress.ip_address(str(address)))))
+        except ValueError:
+            errors.append(f"{where}: {address!r} is not an IP address")
+    egress_network = str(network.get("egress_network", "bridge"))
+    if not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$", egress_network):
+        errors.append(f"{field}.egress_network: {egress_network!r} is not a Docker network name")
+    if len(allow) != len(entries):
+        return None
+    return Egress(tuple(allow), egress_network, tuple(sorted(hosts)))
+
+
+def squid_config(egress: Egress, policy_name: str) -> dict[str, str]:
+    """The proxy's files: squid.conf, its hosts file and the two refusal pages (name -> text).
+
+    Rules, first match wins: special destinations (by the addresses a name resolves to) are
+    denied unless the policy's `hosts` names the host; an allowed host on one of its ports is
+    let through (CONNECT for HTTPS, never decrypted); everything else is denied. Each refusal
+    is an HTTP 403 whose text names the policy and the field to change. Every request is
+    logged on stdout, one line each, for the calls' audit records.
+    """
+    lines = [
+        f"# sandbox-server egress proxy for policy {policy_name!r}; generated, do not edit",
+        f"http_port {PROXY_PORT}",
+        "pid_filename none",
+        "cache deny all",
+        "cache_mem 8 MB",
+        "coredump_dir /tmp",
+        "shutdown_lifetime 1 seconds",
+        "forwarded_for delete",
+        "via off",
+        "httpd_suppress_version_string on",
+        "hosts_file /etc/squid/sandbox/hosts",
+        "error_directory /etc/squid/sandbox/errors",
+        "logformat sandbox %ts.%03tu %>a %rm %>rd %>rP %Ss %>Hs %<st %>st",
+        "access_log stdio:/dev/stdout logformat=sandbox",
+        "cache_log stdio:/dev/stderr",
+        "acl CONNECT method CONNECT",
+        "acl special dst " + " ".join(SPECIAL_NETWORKS),
+    ]
+    named = [name for name, _ in egress.hosts]
+    if named:
+        lines.append("acl named dstdomain -n " + " ".join(named))
+        lines.append("http_access deny !named special")
+    else:
+        lines.append("http_access deny special")
+    for index, destination in enumerate(egress.allow):
+        lines.append(f"acl allow{index} dstdomain -n {destination.squid_domain()}")
+        lines.append(f"acl allow{index}_ports port {' '.join(map(str, destination.ports))}")
+        lines.append(f"http_access allow allow{index} allow{index}_ports")
+    lines += [
+        "http_access deny all",
+        "deny_info ERR_SANDBOX_SPECIAL special",
+        "deny_info ERR_SANDBOX_DENIED all",
+    ]
+    denied = (
+        f"sandbox-server: %H:%p is not allowed by policy '{policy_name}' (field network.allow); "
+        "ask for a host the policy allows, or add it to network.allow\n"
+    )
+    special = (
+        f"sandbox-server: %H resolves to a private, loopback or link-local address, which policy "
+        f"'{policy_name}' does not allow (field network.hosts names the ones it may reach)\n"
+    )
+    hosts = "".join(f"{address} {name}\n" for name, address in egress.hosts)
+    return {
+        "squid.conf": "\n".join(lines) + "\n",
+        "hosts": hosts,
+        "errors/ERR_SANDBOX_DENIED": denied,
+        "errors/ERR_SANDBOX_SPECIAL": special,
+    }

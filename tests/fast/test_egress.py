@@ -1,0 +1,103 @@
+"""The egress allow list and the proxy configuration made from it: pure logic, no engine."""
+
+from __future__ import annotations
+
+import pytest
+
+from sandbox_server.egress import DEFAULT_PORTS, SPECIAL_NETWORKS, Destination, Egress, parse_egress, squid_config
+
+
+def _parse(network: object) -> tuple[Egress | None, list[str]]:
+    errors: list[str] = []
+    return parse_egress(network, "defaults.network", errors), errors
+
+
+def test_entries_become_hosts_domains_and_ports() -> None:
+    egress, errors = _parse({
+        "allow": ["PyPI.org", "files.pythonhosted.org:443", "*.example.com", "*.internal.test:8080", "upstream"],
+        "egress_network": "test-upstreams",
+        "hosts": {"upstream": "172.30.0.5", "mirror.internal.test": "10.1.2.3"},
+    })  # fmt: skip
+    assert errors == []
+    assert egress is not None
+    assert egress.allow == (
+        Destination("pypi.org", False, DEFAULT_PORTS),
+        Destination("files.pythonhosted.org", False, (443,)),
+        Destination("example.com", True, DEFAULT_PORTS),
+        Destination("internal.test", True, (8080,)),
+        Destination("upstream", False, DEFAULT_PORTS),
+    )
+    assert egress.egress_network == "test-upstreams"
+    assert egress.hosts == (("mirror.internal.test", "10.1.2.3"), ("upstream", "172.30.0.5"))
+
+
+BAD_ENTRIES = {
+    "https://pypi.org/simple": "is a URL",
+    "pypi.org/simple": "holds a path",
+    "10.0.0.0/8": "holds a path or an address range",
+    "*": "'*' may only begin an entry",
+    "*.com": "opens a whole top-level domain",
+    "pypi.*.org": "'*' may only begin an entry",
+    "169.254.169.254": "is an IP address",
+    "[::1]": "is an IP address",
+    "pypi.org:0": "the port must be a number from 1 to 65535",
+    "pypi.org:https": "the port must be a number from 1 to 65535",
+    "bad_name.org": "is not a host name",
+    "": "an entry is a host name",
+}
+
+
+@pytest.mark.parametrize("entry", list(BAD_ENTRIES))
+def test_an_entry_that_is_not_a_host_or_pattern_is_an_error_naming_its_field(entry: str) -> None:
+    egress, errors = _parse({"allow": ["pypi.org", entry]})
+    assert egress is None
+    assert len(errors) == 1 and errors[0].startswith("defaults.network.allow[1]: "), errors
+    assert BAD_ENTRIES[entry] in errors[0], errors
+
+
+def test_hosts_and_the_egress_network_are_checked() -> None:
+    egress, errors = _parse({"allow": ["a.test"], "hosts": {"a.test": "not-an-ip"}, "egress_network": "bad name"})
+    assert egress is None or errors
+    assert any(e.startswith("defaults.network.hosts.a.test: 'not-an-ip' is not an IP address") for e in errors)
+    assert any(e.startswith("defaults.network.egress_network: 'bad name'") for e in errors)
+    assert _parse({"allow": []})[1] == ["defaults.network.allow: a non-empty list of host names and patterns"]
+    assert _parse("bridge")[1] == ["defaults.network: either none or an object with allow, egress_network and hosts"]
+
+
+def test_the_proxy_denies_special_addresses_before_any_allow_rule() -> None:
+    egress, _ = _parse({"allow": ["pypi.org", "*.example.com:8443"]})
+    assert egress is not None
+    conf = squid_config(egress, "team")["squid.conf"].splitlines()
+    rules = [line for line in conf if line.startswith("http_access")]
+    assert rules == [
+        "http_access deny special",
+        "http_access allow allow0 allow0_ports",
+        "http_access allow allow1 allow1_ports",
+        "http_access deny all",
+    ]
+    special = next(line for line in conf if line.startswith("acl special dst "))
+    for network in ("127.0.0.0/8", "169.254.0.0/16", "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "::1/128",
+                    "fe80::/10", "fc00::/7"):  # fmt: skip
+        assert network in special.split()
+    assert set(special.split()[3:]) == set(SPECIAL_NETWORKS)
+    assert "acl allow0 dstdomain -n pypi.org" in conf and "acl allow0_ports port 443 80" in conf
+    assert "acl allow1 dstdomain -n .example.com" in conf and "acl allow1_ports port 8443" in conf
+
+
+def test_names_the_policy_gives_may_reach_their_private_addresses_and_refusals_name_the_field() -> None:
+    egress, _ = _parse({"allow": ["upstream", "pypi.org"], "hosts": {"upstream": "172.30.0.5"}})
+    assert egress is not None
+    files = squid_config(egress, "team")
+    conf = files["squid.conf"].splitlines()
+    assert conf.index("acl named dstdomain -n upstream") < conf.index("http_access deny !named special")
+    assert files["hosts"] == "172.30.0.5 upstream\n"
+    assert "policy 'team' (field network.allow)" in files["errors/ERR_SANDBOX_DENIED"]
+    assert "(field network.hosts" in files["errors/ERR_SANDBOX_SPECIAL"]
+
+
+def test_equal_allow_lists_share_a_proxy() -> None:
+    first, _ = _parse({"allow": ["pypi.org", "*.example.com"]})
+    again, _ = _parse({"allow": ["PYPI.org", "*.example.com"]})
+    other, _ = _parse({"allow": ["pypi.org"]})
+    assert first is not None and again is not None and other is not None
+    assert first.key() == again.key() != other.key()

@@ -194,7 +194,7 @@ class Analysis:
         self._check_stream()
         unread = [name for name, declared in self.columns if declared == "VARCHAR" and name in style.numeric]
         if unread:
-            self._refuse_departure(unread)  # numbers at the start, and somewhere a value DuckDB did not read
+            self._refuse_departure(style, unread)  # numbers at the start, and somewhere a value DuckDB did not read
 
     def _note(self, text):
         """A note about how the file is read: once, though a re-read with wider settings finds it again."""
@@ -209,9 +209,8 @@ class Analysis:
         request = self.request
         self._sample_names, self._sample_rows = names, cursor.fetchall()
         style = detect_style(names, self._sample_rows, request.get("decimal"), request.get("thousands"), candidates)
-        self.numbers = style
         if style.mixed:
-            self._refuse_departure(style.mixed)
+            self._refuse_departure(style, style.mixed)
         if not style.plain or style.given:
             self._note(style.describe())
         for column, example in style.symbols.items():
@@ -221,20 +220,20 @@ class Analysis:
             )
         return style
 
-    def _refuse_departure(self, columns):
+    def _refuse_departure(self, style, columns):
         """A number written in another style than the file's other numbers (`10.5` among `10,5`, or `1,234.5`
         among `1.234,5`) is refused, naming its line: never read as text, never read as a wrong number."""
         if self.format == "xlsx":
             where, rows = "row", sheet_rows(self.path, self.sheet)
         else:
             where, rows = "line", text_rows(self.path, self.found, self.delimiter, self.has_header)
-        found = departure(rows, columns, self.numbers)
+        found = departure(rows, columns, style)
         if found is None:
             return
         line, column, value = found
         raise Refusal(
             f"{self.request['path']} mixes two number styles: {where} {line}, column {column!r}, holds {value!r}, "
-            f"written with {style_of(value)}, but its other {self.numbers.describe()}; nothing was computed. "
+            f"written with {style_of(value)}, but its other {style.describe()}; nothing was computed. "
             "Give `decimal` and `thousands` for the style the file is written in, or correct that line",
             "decimal",
         )
@@ -274,7 +273,7 @@ class Analysis:
                 self._refuse_long_line(exc)
                 text = str(exc)
                 if DEPARTURE in text:
-                    self._refuse_departure(self.numbers.columns)
+                    self._refuse_departure(self.numbers, self.numbers.columns)
                 if attempt == 2 or self.format == "parquet":
                     raise Refusal(f"cannot read {self.request['path']} as CSV: {text.splitlines()[0]}") from None
                 if "Invalid unicode" in text and self.reader_options["encoding"] == "utf-8":

@@ -79,9 +79,14 @@ def open_raw(path, compression):
     return open(path, "rb")
 
 
-def compression_of(path):
+def _magic(path):
+    """The file's first four bytes, which say what kind of file it is."""
     with open(path, "rb") as handle:
-        magic = handle.read(4)
+        return handle.read(4)
+
+
+def compression_of(path):
+    magic = _magic(path)
     if magic.startswith(GZIP_MAGIC):
         return "gzip"
     if magic.startswith(ZSTD_MAGIC):
@@ -167,8 +172,7 @@ def _guess(head, utf8_error, compression):
 
 def container_of(path):
     """ "parquet" or "xlsx" when the file is one (by its first bytes, whatever its name), else None."""
-    with open(path, "rb") as handle:
-        magic = handle.read(4)
+    magic = _magic(path)
     if magic == b"PAR1":
         return "parquet"
     if magic == b"PK\x03\x04":
@@ -289,38 +293,37 @@ def text_rows(path, encoding, delimiter, has_header):
             yield reader.line_num, dict(zip(names, row, strict=False))
 
 
-def sheet_rows(path, sheet):
-    """One sheet's rows as (row number, {column: text}) pairs, the first row naming the columns."""
+def _sheet_cells(path, sheet):
+    """One sheet's rows as lists of cell texts (dates and times in ISO form), read as a stream (openpyxl's
+    read-only mode)."""
     import openpyxl
 
     book = openpyxl.load_workbook(path, read_only=True, data_only=True)
     try:
-        rows = book[sheet].iter_rows(values_only=True)
-        names = ["" if v is None else str(v) for v in next(rows, ())]
-        for number, row in enumerate(rows, start=2):
-            yield number, {name: ("" if v is None else str(v)) for name, v in zip(names, row, strict=False)}
+        for row in book[sheet].iter_rows(values_only=True):
+            yield ["" if v is None else v.isoformat() if hasattr(v, "isoformat") else str(v) for v in row]
     finally:
         book.close()
 
 
+def sheet_rows(path, sheet):
+    """One sheet's rows as (row number, {column: text}) pairs, the first row naming the columns."""
+    rows = _sheet_cells(path, sheet)
+    names = next(rows, [])
+    for number, row in enumerate(rows, start=2):
+        yield number, dict(zip(names, row, strict=False))
+
+
 def workbook_rows(path, sheet):
-    """One sheet of an xlsx workbook as UTF-8 CSV, row by row (openpyxl's read-only mode streams it)."""
+    """One sheet of an xlsx workbook as UTF-8 CSV, row by row."""
     import csv
     import io
 
     def produce(sink):
-        import openpyxl
-
-        book = openpyxl.load_workbook(path, read_only=True, data_only=True)
-        try:
-            text = io.TextIOWrapper(sink, encoding="utf-8", newline="", write_through=True)
-            writer = csv.writer(text)
-            for row in book[sheet].iter_rows(values_only=True):
-                writer.writerow(["" if v is None else v.isoformat() if hasattr(v, "isoformat") else v for v in row])
-            text.flush()
-            text.detach()
-        finally:
-            book.close()
+        text = io.TextIOWrapper(sink, encoding="utf-8", newline="", write_through=True)
+        csv.writer(text).writerows(_sheet_cells(path, sheet))
+        text.flush()
+        text.detach()
         return None
 
     return StreamedSource(produce)

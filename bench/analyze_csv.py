@@ -61,12 +61,16 @@ con.execute("SET enable_progress_bar = false")
 print(json.dumps(con.execute(sys.argv[1]).fetchall(), default=float))
 """
 
-HOST_TRANSCODE = """
+TRANSCODE = """
 import sys
-with open(sys.argv[1], encoding=sys.argv[2], newline="") as source, open(sys.argv[3], "w", encoding="utf-8", newline="") as sink:
+source_path, source_encoding, target_path, target_encoding = sys.argv[1:5]
+with open(source_path, encoding=source_encoding, newline="") as source, \\
+        open(target_path, "w", encoding=target_encoding, newline="") as sink:
     while block := source.read(1 << 20):
         sink.write(block)
 """
+"""A text file re-encoded in 1 MiB blocks: how the GB18030 variant is written, and the host's conversion
+of it back to UTF-8 that DuckDB's time is measured after."""
 
 BEFORE: dict[str, str | float] = {
     "measured_at": "2026-11-21T06:26:15+0000",
@@ -87,7 +91,7 @@ CHINESE_CATEGORY = "'类别_' || (hash(i) % 40)::VARCHAR"
 
 
 def variant_sql(variant: str, rows: int) -> tuple[str, str]:
-    """The COPY query writing a locale variant of the table, and its COPY options."""
+    """The query writing the table (`utf8`) or a locale variant of it, and its COPY options."""
     category = CHINESE_CATEGORY if variant == "gb18030" else "'cat_' || (hash(i) % 40)::VARCHAR"
     note = "'备注，' || (i % 997)::VARCHAR" if variant == "gb18030" else "'note, ' || (i % 997)::VARCHAR"
     amount = "round((hash(i * 7) % 1000000) / 100.0 - 2000, 2)"
@@ -101,23 +105,18 @@ def variant_sql(variant: str, rows: int) -> tuple[str, str]:
                   CASE WHEN i % 10 = 0 THEN NULL ELSE {note} END AS note,
                   DATE '2020-01-01' + (i % 1500)::INTEGER AS day
                 FROM range({rows}) t(i)"""
-    return query, "HEADER" if variant == "gb18030" else "HEADER, DELIMITER ';'"
+    return query, "HEADER" if variant in ("utf8", "gb18030") else "HEADER, DELIMITER ';'"
 
 
 def generate_variant(path: Path, variant: str, rows: int) -> None:
-    """Write a locale variant of the table (the GB18030 one is written as UTF-8, then encoded in blocks)."""
+    """Write the table or a locale variant of it (the GB18030 one is written as UTF-8, then re-encoded)."""
     query, options = variant_sql(variant, rows)
     connection = duckdb.connect()
     connection.execute("SET enable_progress_bar = false")
     target = path.with_suffix(".utf8") if variant == "gb18030" else path
     connection.execute(f"COPY ({query}) TO '{target}' ({options})")
     if variant == "gb18030":
-        with (
-            open(target, encoding="utf-8", newline="") as source,
-            open(path, "w", encoding="gb18030", newline="") as sink,
-        ):
-            while block := source.read(1 << 20):
-                sink.write(block)
+        subprocess.run([sys.executable, "-c", TRANSCODE, str(target), "utf-8", str(path), "gb18030"], check=True)
         target.unlink()
 
 
@@ -149,16 +148,7 @@ print(json.dumps([[v for c in columns for v in (sums[c], sums[c] / counts[c], co
 def generate(path: Path, size_mb: int) -> int:
     """Write the CSV (numbers with gaps, quoted commas, dates) and return its row count."""
     rows = int(size_mb * 1_000_000 / BYTES_PER_ROW)
-    connection = duckdb.connect()
-    connection.execute("SET enable_progress_bar = false")
-    connection.execute(
-        f"""COPY (SELECT i AS id, 'cat_' || (hash(i) % 40)::VARCHAR AS category,
-                  CASE WHEN i % 17 = 0 THEN NULL ELSE round((hash(i * 7) % 1000000) / 100.0 - 2000, 2) END AS amount,
-                  (hash(i * 13) % 100)::INTEGER AS qty,
-                  CASE WHEN i % 10 = 0 THEN NULL ELSE 'note, ' || (i % 997)::VARCHAR END AS note,
-                  DATE '2020-01-01' + (i % 1500)::INTEGER AS day
-                FROM range({rows}) t(i)) TO '{path}' (HEADER)"""
-    )
+    generate_variant(path, "utf8", rows)
     return rows
 
 
@@ -210,6 +200,11 @@ def measure_process(argv: list[str]) -> tuple[float, float, str]:
     if process.returncode != 0:
         raise RuntimeError(f"{argv[:3]} failed with exit code {process.returncode}")
     return time.perf_counter() - started, usage.ru_maxrss / 1024, output
+
+
+def host_duckdb(sql: str, options: argparse.Namespace) -> list[tuple[float, float, str]]:
+    """DuckDB on the host running `sql` `repeat` times, each in a fresh process: (seconds, peak MiB, rows JSON)."""
+    return [measure_process([sys.executable, "-c", HOST_DUCKDB, sql, str(options.cpus)]) for _ in range(options.repeat)]
 
 
 def memory_for(workload: dict[str, Any], options: argparse.Namespace) -> int:
@@ -285,10 +280,7 @@ def main(argv: list[str]) -> int:
         table = []
         for name, workload in WORKLOADS.items():
             sql = host_sql(csv_path, workload)
-            host = [
-                measure_process([sys.executable, "-c", HOST_DUCKDB, sql, str(options.cpus)])
-                for _ in range(options.repeat)
-            ]
+            host = host_duckdb(sql, options)
             sandboxed = runs[("big.csv", name)]
             entry: dict[str, Any] = {
                 "workload": workload,
@@ -369,15 +361,12 @@ def measure_locales(data: Path, work: Path, runs: Runs, options: argparse.Namesp
         converted, conversion_s = path, 0.0
         if variant == "gb18030":
             converted = work / "gb18030-as-utf8.csv"
-            argv = [sys.executable, "-c", HOST_TRANSCODE, str(path), "gb18030", str(converted)]
+            argv = [sys.executable, "-c", TRANSCODE, str(path), "gb18030", str(converted), "utf-8"]
             conversion_s = median([measure_process(argv)[0] for _ in range(options.repeat)])
         for name in LOCALE_WORKLOADS:
             workload = WORKLOADS[name]
             sql = host_sql(converted, workload, variant_source(variant, converted))
-            host = [
-                measure_process([sys.executable, "-c", HOST_DUCKDB, sql, str(options.cpus)])
-                for _ in range(options.repeat)
-            ]
+            host = host_duckdb(sql, options)
             sandboxed = runs[(f"{variant}.csv", name)]
             answer = sandboxed[0][1]
             entry: dict[str, Any] = {

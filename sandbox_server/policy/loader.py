@@ -253,11 +253,11 @@ def _build(
         if name in document.get("tools", {})
     )
     workspace = WorkspaceSettings(**document.get("workspace", {}))
-    sized: dict[str, Any] = {"workspace_exec": workspace.exec}
+    workspace_limits: dict[str, Any] = {"workspace_exec": workspace.exec}
     if workspace.persist:  # every tool's /workspace is the persistent one, sized by the workspace section
-        sized |= {"workspace_mb": workspace.size_mb, "workspace_files": workspace.files}
-    default = replace(default, limits=replace(default.limits, **sized))
-    tools = tuple((name, replace(tool, limits=replace(tool.limits, **sized))) for name, tool in tools)
+        workspace_limits |= {"workspace_mb": workspace.size_mb, "workspace_files": workspace.files}
+    default = replace(default, limits=replace(default.limits, **workspace_limits))
+    tools = tuple((name, replace(tool, limits=replace(tool.limits, **workspace_limits))) for name, tool in tools)
     digest = hashlib.sha256(json.dumps(document, sort_keys=True).encode()).hexdigest()
     policy = Policy(
         name=document["name"],

@@ -7,6 +7,7 @@ import sys
 
 BENCHMARKS = {
     "analyze_csv": "bench.analyze_csv",
+    "csv_launcher": "bench.csv_launcher",
     "performance": "bench.performance",
     "warm": "bench.warm",
     "workspaces": "bench.workspaces",

@@ -15,8 +15,21 @@ import ipaddress
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["DEFAULT_PORTS", "SPECIAL_NETWORKS", "Destination", "Egress", "parse_egress", "squid_config"]
+__all__ = [
+    "DEFAULT_PORTS",
+    "MARKER_DOMAIN",
+    "PROXY_PORT",
+    "SPECIAL_NETWORKS",
+    "Destination",
+    "Egress",
+    "ProxyEndpoint",
+    "ProxyRequest",
+    "parse_egress",
+    "parse_log_line",
+    "squid_config",
+]
 
 DEFAULT_PORTS = (443, 80)
 """The ports an entry without one opens: HTTPS and HTTP."""
@@ -30,6 +43,8 @@ SPECIAL_NETWORKS = (
 metadata (link-local), private networks and the other addresses that are not the internet."""
 LABEL = re.compile(r"^(?!-)[a-z0-9-]{1,63}(?<!-)$")
 PROXY_PORT = 3128
+MARKER_DOMAIN = "marker.sandbox-server.invalid"
+"""Requests the server itself sends the proxy, to know its log has caught up; never a sandbox's."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,20 +158,26 @@ def parse_egress(network: object, field: str, errors: list[str]) -> Egress | Non
 def squid_config(egress: Egress, policy_name: str) -> dict[str, str]:
     """The proxy's files: squid.conf, its hosts file and the two refusal pages (name -> text).
 
-    Rules, first match wins: special destinations (by the addresses a name resolves to) are
-    denied unless the policy's `hosts` names the host; an allowed host on one of its ports is
-    let through (CONNECT for HTTPS, never decrypted); everything else is denied. Each refusal
-    is an HTTP 403 whose text names the policy and the field to change. Every request is
-    logged on stdout, one line each, for the calls' audit records.
+    Rules, first match wins: a host the allow list does not name is denied by its name alone
+    (nothing is resolved for it); a special destination (by the addresses an allowed name
+    resolves to) is denied unless the policy's `hosts` names the host; an allowed host on one
+    of its ports is let through (CONNECT for HTTPS, never decrypted); everything else is
+    denied. Each refusal is an HTTP 403 whose text names the policy and the field to change.
+    Every request is logged on stdout, one line each, for the calls' audit records. When
+    every allowed name is pinned in `hosts`, the proxy asks no DNS server at all.
     """
+    pinned = {name for name, _ in egress.hosts}
     lines = [
         f"# sandbox-server egress proxy for policy {policy_name!r}; generated, do not edit",
         f"http_port {PROXY_PORT}",
+        "visible_hostname sandbox-proxy",
         "pid_filename none",
         "cache deny all",
         "cache_mem 8 MB",
         "coredump_dir /tmp",
+        "pinger_enable off",
         "shutdown_lifetime 1 seconds",
+        "client_db off",
         "forwarded_for delete",
         "via off",
         "httpd_suppress_version_string on",
@@ -165,12 +186,17 @@ def squid_config(egress: Egress, policy_name: str) -> dict[str, str]:
         "logformat sandbox %ts.%03tu %>a %rm %>rd %>rP %Ss %>Hs %<st %>st",
         "access_log stdio:/dev/stdout logformat=sandbox",
         "cache_log stdio:/dev/stderr",
-        "acl CONNECT method CONNECT",
+    ]
+    if all(not destination.subdomains and destination.host in pinned for destination in egress.allow):
+        lines.append("dns_nameservers 127.0.0.1")
+    domains = sorted({destination.squid_domain() for destination in egress.allow})
+    lines += [
+        "acl allowed dstdomain -n " + " ".join(domains),
+        "http_access deny !allowed",
         "acl special dst " + " ".join(SPECIAL_NETWORKS),
     ]
-    named = [name for name, _ in egress.hosts]
-    if named:
-        lines.append("acl named dstdomain -n " + " ".join(named))
+    if pinned:
+        lines.append("acl named dstdomain -n " + " ".join(sorted(pinned)))
         lines.append("http_access deny !named special")
     else:
         lines.append("http_access deny special")
@@ -180,6 +206,7 @@ def squid_config(egress: Egress, policy_name: str) -> dict[str, str]:
         lines.append(f"http_access allow allow{index} allow{index}_ports")
     lines += [
         "http_access deny all",
+        "deny_info ERR_SANDBOX_DENIED allowed",
         "deny_info ERR_SANDBOX_SPECIAL special",
         "deny_info ERR_SANDBOX_DENIED all",
     ]
@@ -198,3 +225,67 @@ def squid_config(egress: Egress, policy_name: str) -> dict[str, str]:
         "errors/ERR_SANDBOX_DENIED": denied,
         "errors/ERR_SANDBOX_SPECIAL": special,
     }
+
+
+@dataclass(frozen=True, slots=True)
+class ProxyRequest:
+    """One request the proxy handled, from its log."""
+
+    client: str
+    method: str
+    host: str
+    port: int
+    status: str
+    """Squid's result, e.g. TCP_MISS, TCP_TUNNEL, TCP_DENIED."""
+    http_status: int
+    bytes_in: int
+    """Bytes sent to the sandbox."""
+    bytes_out: int
+    """Bytes the sandbox sent."""
+
+    @property
+    def allowed(self) -> bool:
+        return "DENIED" not in self.status
+
+    def record(self) -> dict[str, Any]:
+        """As the answer and the audit record show it."""
+        return {
+            "method": self.method,
+            "host": self.host,
+            "port": self.port,
+            "allowed": self.allowed,
+            "status": self.http_status,
+            "bytes_in": self.bytes_in,
+            "bytes_out": self.bytes_out,
+        }
+
+
+def parse_log_line(line: str) -> ProxyRequest | None:
+    """A line of the proxy's `sandbox` log format (see egress.squid_config); None for anything else."""
+    parts = line.split()
+    if len(parts) != 9:
+        return None
+    _, client, method, host, port, status, http_status, bytes_in, bytes_out = parts
+    try:
+        return ProxyRequest(client, method, host, int(port), status, int(http_status), int(bytes_in), int(bytes_out))
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class ProxyEndpoint:
+    """Where a call's sandbox goes: the internal network, and the proxy's address on it."""
+
+    key: str
+    network: str
+    address: str
+
+    def environment(self) -> tuple[tuple[str, str], ...]:
+        """The sandbox's proxy settings: every HTTP client that reads them goes through the proxy."""
+        url = f"http://{self.address}:{PROXY_PORT}"
+        names = ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")
+        return (
+            *((name, url) for name in names),
+            ("NO_PROXY", "localhost,127.0.0.1"),
+            ("no_proxy", "localhost,127.0.0.1"),
+        )

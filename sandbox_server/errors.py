@@ -55,7 +55,9 @@ class ImageError(SandboxServerError):
     """A sandbox image is missing, stale or failed to build."""
 
 
-RefusalKind = Literal["invalid_arguments", "refused", "busy", "rate_limited", "engine_unavailable", "engine_error"]
+RefusalKind = Literal[
+    "invalid_arguments", "refused", "busy", "rate_limited", "engine_unavailable", "engine_error", "network_unavailable"
+]
 
 
 class Refusal(SandboxServerError):

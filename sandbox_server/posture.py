@@ -239,7 +239,7 @@ def compare(view: SandboxView, tool: ToolPolicy, label: str) -> list[Check]:
     check("limits.pids", view.pids_max == pids, f"pids.max {view.pids_max}", str(pids))
     check("limits.cpus", view.cpus is not None and abs(view.cpus - limits.cpus) < 0.01, f"{view.cpus} CPUs",
           f"{limits.cpus:g} CPUs")  # fmt: skip
-    if tool.network == "none":
+    if tool.egress is None:
         check("network", view.interfaces == ("lo",), f"interfaces {list(view.interfaces)}", "only lo")
     if gvisor:
         return checks

@@ -33,6 +33,7 @@ def serve_command(args: argparse.Namespace) -> int:
     from sandbox_server.policy.watcher import watch_policy
     from sandbox_server.sandbox.docker_runtime import DockerRuntime
     from sandbox_server.sandbox.pool import WarmPool
+    from sandbox_server.sandbox.proxies import EgressProxies
     from sandbox_server.sandbox.removal import owner_alive
     from sandbox_server.server import SandboxServer, serve_http, serve_stdio
     from sandbox_server.tools import all_tools
@@ -62,9 +63,10 @@ def serve_command(args: argparse.Namespace) -> int:
     swept = workspaces.sweep(owner_alive)
     if swept:
         log.info("removed %d expired or orphaned workspace(s)", swept)
+    proxies = EgressProxies(lambda: runtime.api, runtime.owner)
     app = SandboxServer(
         tools, policy, runtime, page_size=args.page_size, audit=audit, pool=pool, tool_prefix=args.tool_prefix,
-        workspaces=workspaces, instance=runtime.owner,
+        workspaces=workspaces, instance=runtime.owner, proxies=proxies,
     )  # fmt: skip
 
     async def sweep_workspaces() -> None:
@@ -106,6 +108,7 @@ def serve_command(args: argparse.Namespace) -> int:
                 if pool is not None:
                     await pool.close()
                 await anyio.to_thread.run_sync(runtime.close)
+                await anyio.to_thread.run_sync(proxies.close)
                 workspaces.close()
 
     anyio.run(main)

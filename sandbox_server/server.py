@@ -32,12 +32,14 @@ from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
 from sandbox_server import __version__
 from sandbox_server.arguments import argument_path, describe_error, paginate
+from sandbox_server.egress import ProxyEndpoint
 from sandbox_server.errors import EngineError, EngineUnavailable, Refusal
 from sandbox_server.guard import Admission, AuditLog, call_record
 from sandbox_server.http_sessions import SessionEndWatcher
-from sandbox_server.policy import Policy
+from sandbox_server.policy import Policy, ToolPolicy
 from sandbox_server.results import OWN_NAME_META, RenderedResult, ResourceStore, render
 from sandbox_server.sandbox.pool import PoolTarget, WarmPool
+from sandbox_server.sandbox.proxies import EgressProxies
 from sandbox_server.sandbox.runtime import SandboxRuntime
 from sandbox_server.tools import Tool, ToolContext, ToolOutcome
 from sandbox_server.tools.base import annotations_for
@@ -76,6 +78,7 @@ class SandboxServer:
         tool_prefix: str | None = None,
         workspaces: WorkspaceStore | None = None,
         instance: str = "local",
+        proxies: EgressProxies | None = None,
     ) -> None:
         self.all_tools = {tool.name: tool for tool in tools}
         self.tool_prefix = tool_prefix
@@ -86,6 +89,8 @@ class SandboxServer:
         self.workspaces = workspaces
         """Kept workspaces, used when the policy's workspace.persist is true."""
         self.pool = pool
+        self.proxies = proxies
+        """The egress proxies of policies with an allow list (None: such a policy's calls are refused)."""
         self.runtime: SandboxRuntime = pool if pool is not None else runtime
         self._configure_pool(policy)
         self.page_size = max(1, page_size)
@@ -125,7 +130,7 @@ class SandboxServer:
         targets = []
         for name in self.all_tools:
             tool_policy = policy.for_tool(name)
-            if tool_policy.enabled:
+            if tool_policy.enabled and tool_policy.egress is None:  # with a network, a call's container starts
                 template = tool_policy.container_spec()
                 if policy.workspace.persist and self.workspaces is not None:
                     template = self.workspaces.shape(template)  # calls in kept workspaces get such containers
@@ -270,9 +275,12 @@ class SandboxServer:
             message = f"{elapsed_s:.0f} s elapsed; {stdout_bytes} bytes of stdout, {stderr_bytes} of stderr so far"
             await ctx.session.report_progress(elapsed_s, None, message)
 
-        tool_ctx = ToolContext(runtime, tool_policy, policy.name, progress, kept_workspace=kept is not None)
         try:
+            proxy = await self._proxy(tool_policy, policy.name)
+            tool_ctx = ToolContext(runtime, tool_policy, policy.name, progress, kept is not None, proxy)
             outcome = await tool.run(arguments, tool_ctx)
+            if proxy is not None:
+                outcome = await self._with_requests(outcome, proxy)
             if kept is None:
                 return outcome
             if kept.saved:
@@ -288,6 +296,33 @@ class SandboxServer:
             raise Refusal(f"sandbox engine error: {exc}", kind="engine_error") from exc
         finally:
             ticket.release()
+
+    async def _proxy(self, tool_policy: ToolPolicy, policy_name: str) -> ProxyEndpoint | None:
+        """The running proxy of a tool with an allow list (a Refusal saying why when there is none)."""
+        if tool_policy.egress is None:
+            return None
+        if self.proxies is None:
+            raise Refusal(
+                f"refused: policy '{policy_name}' opens a network (field network), and this server runs no proxies",
+                "network",
+                kind="network_unavailable",
+            )
+        return await anyio.to_thread.run_sync(self.proxies.endpoint, tool_policy.egress, policy_name)
+
+    async def _with_requests(self, outcome: ToolOutcome, proxy: ProxyEndpoint) -> ToolOutcome:
+        """The outcome with the requests its sandbox made through the proxy (answer, notes and audit)."""
+        assert self.proxies is not None
+        address = str((outcome.audit or {}).get("address") or "")
+        requests = await anyio.to_thread.run_sync(self.proxies.requests_of, proxy, address)
+        records = [request.record() for request in requests]
+        denied = sorted({f"{r.host}:{r.port}" for r in requests if not r.allowed})
+        network = {"requests": records, "denied": denied}
+        notes = outcome.notes
+        if denied:
+            notes = (*notes, f"the proxy refused {', '.join(denied)} (policy field network.allow)")
+        audit = {**(outcome.audit or {}), "network": network} if outcome.audit is not None else None
+        structured = {**outcome.structured, "network": network} if outcome.structured is not None else None
+        return replace(outcome, structured=structured, notes=notes, audit=audit)
 
     async def _resources_changed(self, ctx: Context) -> None:
         """Tell the caller its workspace files changed (handshake: on its session; 2026: to listeners)."""

@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 from jsonschema import Draft202012Validator
 
+from sandbox_server.egress import parse_egress
 from sandbox_server.errors import ConfigError
 from sandbox_server.policy.model import AuditSettings, HostAdmission, Policy, RateLimits, ToolPolicy, WorkspaceSettings
 from sandbox_server.sandbox.spec import Mount, ResourceLimits
@@ -208,6 +209,19 @@ def _tool_policy(
                 "runsc does not apply a container seccomp profile (gVisor filters the host calls of its own "
                 "kernel, and io_uring there is gVisor's, not the host's); set seccomp_profile: null",
             )
+    egress = None
+    if settings.get("network", "none") != "none":
+        network_errors: list[str] = []
+        egress = parse_egress(settings["network"], "network", network_errors)
+        for problem in network_errors:
+            field, _, message = problem.partition(": ")
+            error(field, message)
+        if runtime == "runsc":
+            error(
+                "network",
+                "runsc is registered here with --network=none, so a gVisor sandbox has no network to open; "
+                "use runtime runc for a tool with an allow list",
+            )
     env_settings = settings.get("env", {})
     environment = {name: os.environ[name] for name in env_settings.get("pass", []) if name in os.environ}
     environment.update(env_settings.get("set", {}))
@@ -215,7 +229,7 @@ def _tool_policy(
         image=settings.get("image", defaults.image),
         runtime=runtime,
         user=settings.get("user", defaults.user),
-        network=settings.get("network", "none"),
+        egress=egress,
         seccomp_profile=seccomp,
         seccomp_profile_source=seccomp_source,
         limits=resource_limits,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from sandbox_server.egress import Egress
 from sandbox_server.sandbox import wire
 from sandbox_server.sandbox.spec import Mount, ResourceLimits, SandboxSpec
 
@@ -17,7 +18,8 @@ class ToolPolicy:
     image: str = "sandbox-server/base:latest"
     runtime: str = "runc"
     user: str = "1000:1000"
-    network: str = "none"
+    egress: Egress | None = None
+    """The allow list a proxy opens to this tool's sandboxes; None: no network (only loopback)."""
     seccomp_profile: str | None = None
     """The profile's JSON text (read at load time), or None for the engine's default."""
     seccomp_profile_source: str | None = None
@@ -60,7 +62,6 @@ class ToolPolicy:
             limits=self.limits,
             runtime=self.runtime,
             user=self.user,
-            network=self.network,
             env=self.env + ((wire.PRELOAD_ENV, " ".join(self.preload)),) if self.preload else self.env,
             mounts=self.mounts,
             seccomp_profile=self.seccomp_profile,

@@ -63,6 +63,8 @@ class WarmContainer:
     """The host folder bound at its workspace, where a kept workspace is mounted for its call."""
     pid: int = 0
     """The host pid of its init, to read its memory from the host (0: unknown)."""
+    address: str = ""
+    """Its IP address on its network ("" with no network): how the proxy's log names it."""
 
     def close(self) -> None:
         """Close our end of the attach stream; never raises."""
@@ -171,11 +173,14 @@ class DockerRuntime(Engine):
                 )
                 raw: socket.socket = getattr(attached, "_sock", attached)
                 self.api.start(container_id)
-                pid = int(self.api.inspect_container(container_id)["State"].get("Pid") or 0)
+                state = self.api.inspect_container(container_id)
+                pid = int(state["State"].get("Pid") or 0)
+                networks = (state.get("NetworkSettings") or {}).get("Networks") or {}
+                address = str((networks.get(spec.network) or {}).get("IPAddress") or "")
         except BaseException:
             self.removal.remove(container_id)
             raise
-        return WarmContainer(container_id, raw, spec.container_key(), time.monotonic(), attached, slot, pid)
+        return WarmContainer(container_id, raw, spec.container_key(), time.monotonic(), attached, slot, pid, address)
 
     @staticmethod
     def healthy(warm: WarmContainer) -> bool:
@@ -361,6 +366,7 @@ class DockerRuntime(Engine):
             files=files,
             skipped_files=notes,
             container_id=container_id,
+            address=warm.address,
             workspace=archive if written else None,
         )
 

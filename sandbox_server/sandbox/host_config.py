@@ -32,7 +32,13 @@ def host_config_kwargs(spec: SandboxSpec, slot: str | None = None) -> dict[str, 
             f"size={limits.workspace_mb}m,nr_inodes={limits.workspace_inodes},"
             f"uid={uid},gid={gid or uid},mode=0755,nosuid,nodev" + ("" if limits.workspace_exec else ",noexec")
         )
+    network: dict[str, Any] = {}
+    if spec.network != "none":
+        # An internal network with a proxy: no name server but loopback (names are the proxy's
+        # business) and no IPv6 (its link-local addresses would reach the host's bridge).
+        network = {"dns": ["127.0.0.1"], "sysctls": {"net.ipv6.conf.all.disable_ipv6": "1"}}
     return {
+        **network,
         "read_only": True,
         "cap_drop": ["ALL"],
         "security_opt": security_opt,

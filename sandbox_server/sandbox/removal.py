@@ -12,6 +12,7 @@ import os
 import select
 import socket
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
@@ -71,6 +72,9 @@ def reap_after(pid: int, owner: str) -> int:
         for item in api.containers(all=True, filters={"label": f"{OWNER_LABEL}={owner}"}):
             with contextlib.suppress(docker.errors.APIError):
                 api.remove_container(item["Id"], force=True, v=True)
+        for network in api.networks(filters={"label": f"{OWNER_LABEL}={owner}"}):  # egress networks
+            with contextlib.suppress(docker.errors.APIError):
+                api.remove_network(network["Id"])
     except Exception:  # the engine is away: the next server's sweep removes them
         return 1
     return 0
@@ -142,7 +146,28 @@ class Remover:
             if other != owner and not owner_alive(other):
                 self.remove(item["Id"])
                 removed += 1
+        with engine_errors("list sandbox networks"):
+            networks = self._api().networks(filters={"label": SANDBOX_LABEL})
+        for network in networks:  # egress networks, once their proxies and sandboxes are gone
+            other = (network.get("Labels") or {}).get(OWNER_LABEL, "")
+            if other != owner and not owner_alive(other):
+                self.remove_network(network["Id"])
         return removed
+
+    def remove_network(self, network_id: str) -> None:
+        """Remove a network of a server that is gone, after the containers on it; never raises."""
+
+        def remove() -> None:
+            for _ in range(50):
+                try:
+                    self._api().remove_network(network_id)
+                    return
+                except docker.errors.NotFound:
+                    return
+                except docker.errors.APIError:  # its containers are still being removed
+                    time.sleep(0.2)
+
+        self._workers.submit(remove)
 
     def close(self) -> None:
         """Finish the removals under way (none waits for a pause any more), and retry the failed ones once."""

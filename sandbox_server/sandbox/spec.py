@@ -141,6 +141,8 @@ class ExecutionResult:
     skipped_files: tuple[str, ...] = ()
     """Notes on output entries not returned (links, devices, over the caps)."""
     container_id: str = ""
+    address: str = ""
+    """The sandbox's IP address on its network ("" with none)."""
     workspace: BinaryIO | None = None
     """A kept workspace as the program left it (a tar in a temporary file, which the keeper closes), when
     the launcher could write it whole."""

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Protocol
 
+from sandbox_server.egress import ProxyEndpoint
 from sandbox_server.errors import Refusal
 from sandbox_server.policy import ToolPolicy
 from sandbox_server.sandbox import wire
@@ -90,7 +91,7 @@ ERROR_SCHEMA: dict[str, Any] = {
         "kind": {
             "enum": [
                 "invalid_arguments", "refused", "busy", "rate_limited", "engine_unavailable", "engine_error",
-                "timed_out", "out_of_memory", "killed", "failed",
+                "network_unavailable", "timed_out", "out_of_memory", "killed", "failed",
             ],
         },
         "message": {"type": "string", "description": "The same text as the result's first line."},
@@ -103,6 +104,28 @@ ERROR_SCHEMA: dict[str, Any] = {
 }  # fmt: skip
 
 
+NETWORK_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "With a policy that allows a network: every request the sandbox made through its proxy.",
+    "properties": {
+        "requests": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "method": {"type": "string"}, "host": {"type": "string"}, "port": {"type": "integer"},
+                    "allowed": {"type": "boolean"}, "status": {"type": "integer"},
+                    "bytes_in": {"type": "integer"}, "bytes_out": {"type": "integer"},
+                },
+                "required": ["method", "host", "port", "allowed", "status", "bytes_in", "bytes_out"],
+            },
+        },
+        "denied": {"type": "array", "items": {"type": "string"}, "description": "host:port the policy refused."},
+    },
+    "required": ["requests", "denied"],
+}  # fmt: skip
+
+
 def result_schema(title: str, properties: Mapping[str, Any], required: list[str]) -> dict[str, Any]:
     """A tool's outputSchema: its own answer, or an `error` object when it was refused or failed."""
     return {
@@ -112,6 +135,7 @@ def result_schema(title: str, properties: Mapping[str, Any], required: list[str]
             **properties,
             "error": ERROR_SCHEMA,
             "workspace": {"type": "string", "description": "The kept workspace this call worked in (pass it back)."},
+            "network": NETWORK_SCHEMA,
         },
         "anyOf": [{"required": required}, {"required": ["error"]}],
     }
@@ -122,7 +146,7 @@ def annotations_for(tool: Tool, policy: ToolPolicy) -> dict[str, Any]:
     hints = dict(tool.annotations)
     writes_outside = any(not mount.read_only for mount in policy.mounts)
     hints["destructiveHint"] = bool(not hints.get("readOnlyHint") and writes_outside)
-    hints["openWorldHint"] = policy.network != "none"
+    hints["openWorldHint"] = policy.egress is not None
     return hints
 
 
@@ -136,6 +160,8 @@ class ToolContext:
     on_progress: ProgressCallback | None = None
     kept_workspace: bool = False
     """The call runs in a kept workspace (what it leaves there is there in the next call)."""
+    proxy: ProxyEndpoint | None = None
+    """With an allow list: the internal network the sandbox joins and its proxy."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -312,11 +338,13 @@ def sandbox_spec(
     limits = policy.limits
     if "timeout_s" in args:
         limits = replace(limits, timeout_s=float(args["timeout_s"]))
+    network, network_env = ("none", ()) if ctx.proxy is None else (ctx.proxy.network, ctx.proxy.environment())
     return replace(
         policy.container_spec(),
         argv=argv,
         limits=limits,
-        call_env=extra_env,
+        network=network,
+        call_env=network_env + extra_env,
         stdin=stdin,
         files=files,
         call_workdir=workdir,
@@ -389,6 +417,7 @@ def outcome_from_execution(result: ExecutionResult, spec: SandboxSpec) -> ToolOu
     }
     audit = {
         "container_id": result.container_id[:12],
+        "address": result.address,
         "image": spec.image,
         "runtime": spec.runtime,
         "limits": asdict(spec.limits),

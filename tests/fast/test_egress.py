@@ -2,9 +2,27 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from sandbox_server.egress import DEFAULT_PORTS, SPECIAL_NETWORKS, Destination, Egress, parse_egress, squid_config
+from sandbox_server.egress import (
+    DEFAULT_PORTS,
+    SPECIAL_NETWORKS,
+    Destination,
+    Egress,
+    ProxyEndpoint,
+    ProxyRequest,
+    parse_egress,
+    parse_log_line,
+    squid_config,
+)
+from sandbox_server.errors import ConfigError
+from sandbox_server.policy.loader import HostFacts, load_policy
+from sandbox_server.sandbox.host_config import host_config_kwargs
+from sandbox_server.sandbox.spec import SandboxSpec
+
+TOOLS = ("execute_command", "run_python", "analyze_csv")
 
 
 def _parse(network: object) -> tuple[Egress | None, list[str]]:
@@ -64,12 +82,14 @@ def test_hosts_and_the_egress_network_are_checked() -> None:
     assert _parse("bridge")[1] == ["defaults.network: either none or an object with allow, egress_network and hosts"]
 
 
-def test_the_proxy_denies_special_addresses_before_any_allow_rule() -> None:
+def test_the_proxy_denies_unlisted_names_unresolved_then_special_addresses_before_any_allow_rule() -> None:
     egress, _ = _parse({"allow": ["pypi.org", "*.example.com:8443"]})
     assert egress is not None
     conf = squid_config(egress, "team")["squid.conf"].splitlines()
     rules = [line for line in conf if line.startswith("http_access")]
+    assert "acl allowed dstdomain -n .example.com pypi.org" in conf
     assert rules == [
+        "http_access deny !allowed",
         "http_access deny special",
         "http_access allow allow0 allow0_ports",
         "http_access allow allow1 allow1_ports",
@@ -93,6 +113,18 @@ def test_names_the_policy_gives_may_reach_their_private_addresses_and_refusals_n
     assert files["hosts"] == "172.30.0.5 upstream\n"
     assert "policy 'team' (field network.allow)" in files["errors/ERR_SANDBOX_DENIED"]
     assert "(field network.hosts" in files["errors/ERR_SANDBOX_SPECIAL"]
+    assert not any(line.startswith("dns_nameservers") for line in conf)  # pypi.org is resolved by DNS
+
+
+def test_a_proxy_whose_allowed_names_are_all_pinned_asks_no_dns_server() -> None:
+    egress, _ = _parse(
+        {"allow": ["upstream", "mirror.test:8080"], "hosts": {"upstream": "172.30.0.5", "mirror.test": "172.30.0.6"}}
+    )
+    assert egress is not None
+    assert "dns_nameservers 127.0.0.1" in squid_config(egress, "team")["squid.conf"].splitlines()
+    wildcard, _ = _parse({"allow": ["*.mirror.test"], "hosts": {"a.mirror.test": "172.30.0.6"}})
+    assert wildcard is not None
+    assert "dns_nameservers 127.0.0.1" not in squid_config(wildcard, "team")["squid.conf"].splitlines()
 
 
 def test_equal_allow_lists_share_a_proxy() -> None:
@@ -101,3 +133,41 @@ def test_equal_allow_lists_share_a_proxy() -> None:
     other, _ = _parse({"allow": ["pypi.org"]})
     assert first is not None and again is not None and other is not None
     assert first.key() == again.key() != other.key()
+
+
+def test_a_proxy_log_line_becomes_a_request_and_other_lines_are_skipped() -> None:
+    line = "1795324648.244 172.19.0.3 CONNECT secure.test 443 TCP_TUNNEL 200 4120 980"
+    request = parse_log_line(line)
+    assert request == ProxyRequest("172.19.0.3", "CONNECT", "secure.test", 443, "TCP_TUNNEL", 200, 4120, 980)
+    assert request.allowed and request.record()["bytes_in"] == 4120
+    denied = parse_log_line("1795324653.275 172.19.0.3 GET nope.test 80 TCP_DENIED 403 443 119")
+    assert denied is not None and not denied.allowed
+    assert parse_log_line("2026/11/22 05:17:18| storeLateRelease: released 0 objects") is None
+
+
+def test_a_sandbox_on_a_proxied_network_asks_no_name_server_and_has_no_ipv6() -> None:
+    spec = SandboxSpec(image="x", argv=("true",), network="sandbox-egress-abc")
+    settings = host_config_kwargs(spec)
+    assert settings["network_mode"] == "sandbox-egress-abc"
+    assert settings["dns"] == ["127.0.0.1"]
+    assert settings["sysctls"] == {"net.ipv6.conf.all.disable_ipv6": "1"}
+    assert "dns" not in host_config_kwargs(SandboxSpec(image="x", argv=("true",)))
+    endpoint = ProxyEndpoint("abc", "sandbox-egress-abc", "172.19.0.2")
+    assert ("HTTPS_PROXY", "http://172.19.0.2:3128") in endpoint.environment()
+    assert ("NO_PROXY", "localhost,127.0.0.1") in endpoint.environment()
+
+
+def test_a_policy_file_opens_an_allow_list_and_errors_name_the_field(tmp_path: Path) -> None:
+    good = tmp_path / "good.yaml"
+    good.write_text("name: good\nextends: default\ntools:\n  execute_command:\n    network:\n      allow: [pypi.org]\n")
+    policy = load_policy(str(good), TOOLS, HostFacts(frozenset({"runc", "runsc"})))
+    egress = policy.for_tool("execute_command").egress
+    assert egress is not None and egress.allow == (Destination("pypi.org", False, DEFAULT_PORTS),)
+    assert policy.for_tool("run_python").egress is None
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: bad\nextends: strict\ndefaults:\n  network:\n    allow: ['https://pypi.org/simple']\n")
+    with pytest.raises(ConfigError) as raised:
+        load_policy(str(bad), TOOLS, HostFacts(frozenset({"runc", "runsc"})))
+    text = str(raised.value)
+    assert "defaults.network.allow[0]: 'https://pypi.org/simple' is a URL" in text, text
+    assert "defaults.network: runsc is registered here with --network=none" in text, text

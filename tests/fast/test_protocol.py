@@ -20,6 +20,7 @@ import mcp_types as types
 import pytest
 from mcp.shared.exceptions import MCPError
 
+from sandbox_server.egress import Destination, Egress
 from sandbox_server.errors import EngineUnavailable
 from sandbox_server.guard import AuditLog
 from sandbox_server.policy import Policy, RateLimits, ToolPolicy
@@ -262,7 +263,9 @@ async def test_hints_follow_the_policy() -> None:
     async with serving(FakeRuntime()) as (_, client):
         closed = {tool.name: tool.annotations for tool in (await client.list_tools()).tools}
     writable = (Mount("/srv", "/data", read_only=False),)
-    async with serving(FakeRuntime(), tool={"mounts": writable, "network": "bridge"}) as (_, client):
+    async with serving(
+        FakeRuntime(), tool={"mounts": writable, "egress": Egress((Destination("pypi.org", False, (443,)),))}
+    ) as (_, client):
         opened = {tool.name: tool.annotations for tool in (await client.list_tools()).tools}
     for hints in closed.values():
         assert hints is not None and hints.destructive_hint is False and hints.open_world_hint is False

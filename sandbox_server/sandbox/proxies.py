@@ -1,0 +1,294 @@
+"""Egress proxies on the Docker engine: one per distinct allow list, started on demand.
+
+For an allow list the server makes an `internal` Docker network whose bridge has no address
+on the host (`inhibit_ipv4`: a sandbox there reaches neither the host nor any route out) and
+a hardened Squid container joined to it and to the policy's egress network. Sandboxes join
+only the internal network; the proxy is their one way out. The proxy's log (one line per
+request) is followed, so that each call's requests, found by the sandbox's address, go into
+its answer and its audit record.
+
+A proxy that stopped is noticed by the next call needing it: that call is refused with the
+reason and the proxy is restarted behind it; calls are refused until it answers again. A
+sandbox never runs with a network its proxy does not guard.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import shutil
+import socket
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+
+import docker
+
+from sandbox_server.egress import (
+    MARKER_DOMAIN,
+    PROXY_PORT,
+    Egress,
+    ProxyEndpoint,
+    ProxyRequest,
+    parse_log_line,
+    squid_config,
+)
+from sandbox_server.errors import Refusal
+from sandbox_server.sandbox.removal import OWNER_LABEL
+from sandbox_server.sandbox.spec import SANDBOX_LABEL
+
+__all__ = ["PROXY_IMAGE", "PROXY_LABEL", "EgressProxies"]
+
+log = logging.getLogger(__name__)
+
+PROXY_IMAGE = "sandbox-server/proxy:latest"
+PROXY_LABEL = "org.sandbox-server.egress"
+"""On the proxies and internal networks: the allow list's key."""
+CONFIG_DIR = "/etc/squid/sandbox"
+START_S = 20.0
+"""The longest a proxy may take to answer after it starts."""
+BARRIER_S = 5.0
+"""The longest the proxy's log may lag behind a call's end."""
+
+
+class _Proxy:
+    """One allow list's network, proxy container and log."""
+
+    def __init__(self, egress: Egress, policy_name: str, network: str) -> None:
+        self.egress = egress
+        self.policy_name = policy_name
+        self.network = network
+        self.container_id: str | None = None
+        self.address = ""
+        """Its address on the internal network (sandboxes' proxy)."""
+        self.health_address = ""
+        """Its address on the egress network (the host reaches it there)."""
+        self.config_dir: str | None = None
+        self.lines: list[ProxyRequest] = []
+        self.markers: set[str] = set()
+        self.changed = threading.Condition()
+        """Guards the log's lines and markers."""
+        self.lifecycle = threading.Lock()
+        """Held while the proxy starts or stops."""
+        self.restarting = False
+        self.ready = threading.Event()
+        self.failure: str | None = None
+        self.started_once = False
+
+    def endpoint(self) -> ProxyEndpoint:
+        return ProxyEndpoint(self.egress.key(), self.network, self.address)
+
+
+class EgressProxies:
+    """The proxies of one server process; every method blocks (call them from a worker thread)."""
+
+    def __init__(self, api: Callable[[], docker.APIClient], owner: str) -> None:
+        self._api = api
+        self._owner = owner
+        self._suffix = hashlib.sha256(owner.encode()).hexdigest()[:8]
+        self._proxies: dict[str, _Proxy] = {}
+        self._lock = threading.Lock()
+
+    def network_name(self, egress: Egress) -> str:
+        return f"sandbox-egress-{egress.key()}-{self._suffix}"
+
+    def _labels(self, egress: Egress) -> dict[str, str]:
+        return {SANDBOX_LABEL: "1", OWNER_LABEL: self._owner, PROXY_LABEL: egress.key()}
+
+    # -- the call path ---------------------------------------------------------------------
+
+    def endpoint(self, egress: Egress, policy_name: str) -> ProxyEndpoint:
+        """The running proxy for an allow list: started (and awaited) the first time; a Refusal naming the
+        reason when it cannot start or has stopped (then it is restarted behind the refusal)."""
+        with self._lock:
+            proxy = self._proxies.get(egress.key())
+            if proxy is None:
+                proxy = self._proxies[egress.key()] = _Proxy(egress, policy_name, self.network_name(egress))
+        if proxy.restarting:
+            raise self._refusal(proxy, proxy.failure or "it stopped", restarting=True)
+        with proxy.lifecycle:
+            if not proxy.started_once:
+                self._start(proxy)
+                if proxy.failure is not None:
+                    self._remove(proxy)
+                    raise self._refusal(proxy, proxy.failure, restarting=False)
+                proxy.started_once = True
+                return proxy.endpoint()
+            if proxy.restarting:
+                raise self._refusal(proxy, proxy.failure or "it stopped", restarting=True)
+            problem = self._problem(proxy)
+            if problem is None:
+                return proxy.endpoint()
+            proxy.failure, proxy.restarting = problem, True
+        threading.Thread(target=self._restart, args=(proxy,), name="sandbox-proxy-restart", daemon=True).start()
+        raise self._refusal(proxy, problem, restarting=True)
+
+    def requests_of(self, endpoint: ProxyEndpoint, client: str) -> list[ProxyRequest]:
+        """The requests the sandbox at `client` made, once the proxy's log has caught up with now."""
+        proxy = self._proxies.get(endpoint.key)
+        if proxy is None or not client:
+            return []
+        marker = f"m{os.urandom(6).hex()}.{MARKER_DOMAIN}"
+        with contextlib.suppress(OSError):
+            with socket.create_connection((proxy.health_address, PROXY_PORT), timeout=2) as conn:
+                conn.sendall(f"GET http://{marker}/ HTTP/1.0\r\n\r\n".encode())
+                conn.recv(4096)
+        deadline = time.monotonic() + BARRIER_S
+        with proxy.changed:
+            while marker not in proxy.markers and time.monotonic() < deadline:
+                proxy.changed.wait(deadline - time.monotonic())
+            proxy.markers.discard(marker)
+            mine = [line for line in proxy.lines if line.client == client]
+            proxy.lines = [line for line in proxy.lines if line.client != client]
+        return mine
+
+    def close(self) -> None:
+        """Remove every proxy and network of this server; never raises."""
+        with self._lock:
+            proxies, self._proxies = list(self._proxies.values()), {}
+        for proxy in proxies:
+            with proxy.lifecycle:
+                self._remove(proxy)
+            with contextlib.suppress(docker.errors.APIError, docker.errors.NotFound):
+                self._api().remove_network(proxy.network)
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def _refusal(self, proxy: _Proxy, reason: str, restarting: bool) -> Refusal:
+        then = "; it is being restarted, try again shortly" if restarting else ""
+        return Refusal(
+            f"refused: the network proxy of policy '{proxy.policy_name}' (field network) is not running: "
+            f"{reason}{then}; nothing ran (a sandbox never runs without the proxy that guards its network)",
+            "network",
+            kind="network_unavailable",
+        )
+
+    def _problem(self, proxy: _Proxy) -> str | None:
+        """Why the proxy cannot serve a call now (None: it answers)."""
+        if proxy.container_id is None:
+            return proxy.failure or "it was never started"
+        try:
+            state = self._api().inspect_container(proxy.container_id)["State"]
+        except docker.errors.NotFound:
+            return "its container was removed"
+        except docker.errors.APIError as exc:
+            return f"the engine cannot say how it is ({exc.explanation or exc})"
+        if not state.get("Running"):
+            return f"its container {state.get('Status', 'stopped')} with exit code {state.get('ExitCode')}"
+        try:
+            socket.create_connection((proxy.health_address, PROXY_PORT), timeout=1).close()
+        except OSError as exc:
+            return f"it does not answer on port {PROXY_PORT} ({exc.strerror or exc})"
+        return None
+
+    def _restart(self, proxy: _Proxy) -> None:
+        with proxy.lifecycle:
+            self._remove(proxy)
+            self._start(proxy)
+            if proxy.failure is not None:
+                log.warning("egress proxy for policy %r did not restart: %s", proxy.policy_name, proxy.failure)
+            proxy.restarting = False
+
+    def _start(self, proxy: _Proxy) -> None:
+        """Network, configuration and container, and wait until it answers; proxy.failure says why not."""
+        proxy.failure = None
+        api = self._api()
+        egress = proxy.egress
+        try:
+            if not api.networks(names=[proxy.network]):
+                api.create_network(
+                    proxy.network,
+                    driver="bridge",
+                    internal=True,
+                    options={"com.docker.network.bridge.inhibit_ipv4": "true"},
+                    labels=self._labels(egress),
+                )
+            proxy.config_dir = tempfile.mkdtemp(prefix="sandbox-proxy-")
+            os.chmod(proxy.config_dir, 0o755)
+            for name, text in squid_config(egress, proxy.policy_name).items():
+                path = os.path.join(proxy.config_dir, name)
+                os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+                with open(path, "w", encoding="utf-8") as handle:
+                    handle.write(text)
+                os.chmod(path, 0o644)
+            host_config = api.create_host_config(
+                read_only=True,
+                cap_drop=["ALL"],
+                security_opt=["no-new-privileges"],
+                tmpfs={"/tmp": "size=16m,mode=1777,noexec,nosuid,nodev"},
+                pids_limit=256,
+                mem_limit=256 * 1024 * 1024,
+                memswap_limit=256 * 1024 * 1024,
+                nano_cpus=1_000_000_000,
+                ulimits=[{"name": "nofile", "soft": 4096, "hard": 4096}, {"name": "core", "soft": 0, "hard": 0}],
+                network_mode=egress.egress_network,
+                binds={proxy.config_dir: {"bind": CONFIG_DIR, "mode": "ro"}},
+                log_config={"type": "json-file", "config": {"max-size": "10m", "max-file": "2"}},
+                init=True,
+                privileged=False,
+            )
+            created = api.create_container(
+                PROXY_IMAGE, labels=self._labels(egress), hostname="sandbox-proxy", host_config=host_config
+            )
+            proxy.container_id = str(created["Id"])
+            api.connect_container_to_network(proxy.container_id, proxy.network)
+            api.start(proxy.container_id)
+            networks = api.inspect_container(proxy.container_id)["NetworkSettings"]["Networks"]
+            proxy.address = networks[proxy.network]["IPAddress"]
+            proxy.health_address = networks[egress.egress_network]["IPAddress"]
+        except docker.errors.ImageNotFound:
+            proxy.failure = f"its image {PROXY_IMAGE} is not built (`sandbox-server images build`)"
+            return
+        except (docker.errors.APIError, KeyError, OSError) as exc:
+            proxy.failure = f"it could not be started ({getattr(exc, 'explanation', None) or exc})"
+            return
+        threading.Thread(
+            target=self._follow, args=(proxy, proxy.container_id), name="sandbox-proxy-log", daemon=True
+        ).start()
+        deadline = time.monotonic() + START_S
+        while time.monotonic() < deadline:
+            problem = self._problem(proxy)
+            if problem is None:
+                log.info("egress proxy for policy %r up at %s", proxy.policy_name, proxy.address)
+                return
+            if "exit code" in problem or "removed" in problem:
+                break
+            proxy.ready.wait(0.1)  # nothing to await: the proxy's port is polled until it answers
+        tail = ""
+        with contextlib.suppress(docker.errors.APIError):
+            tail = api.logs(proxy.container_id, stdout=False, stderr=True, tail=3).decode(errors="replace").strip()
+        proxy.failure = f"it did not answer within {START_S:g} s ({self._problem(proxy)}){': ' + tail if tail else ''}"
+
+    def _follow(self, proxy: _Proxy, container_id: str) -> None:
+        """Read the proxy's request log as it is written, until its container ends."""
+        try:
+            stream = self._api().logs(container_id, stdout=True, stderr=False, stream=True, follow=True)
+            pending = b""
+            for chunk in stream:
+                pending += chunk
+                *complete, pending = pending.split(b"\n")
+                parsed = [parse_log_line(line.decode(errors="replace")) for line in complete]
+                with proxy.changed:
+                    for request in parsed:
+                        if request is None:
+                            continue
+                        if request.host.endswith(MARKER_DOMAIN):
+                            proxy.markers.add(request.host)
+                        else:
+                            proxy.lines.append(request)
+                    del proxy.lines[:-10000]
+                    proxy.changed.notify_all()
+        except (docker.errors.APIError, OSError):
+            return
+
+    def _remove(self, proxy: _Proxy) -> None:
+        if proxy.container_id is not None:
+            with contextlib.suppress(docker.errors.APIError, docker.errors.NotFound):
+                self._api().remove_container(proxy.container_id, force=True)
+            proxy.container_id = None
+        if proxy.config_dir is not None:
+            shutil.rmtree(proxy.config_dir, ignore_errors=True)
+            proxy.config_dir = None

@@ -1,0 +1,330 @@
+"""A policy with an allow list, through the real server, the real proxy and the real engine.
+
+Every packet stays on this machine: the upstream servers are the test's own containers on a
+network the test creates (internal, so nothing on it routes out), named to the proxy through
+the policy's `hosts`, and every name the policy allows is pinned there, so the proxy asks no
+name server. Refusals are proven against those upstreams and the proxy's own configuration.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import subprocess
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.to_thread
+import docker
+import pytest
+from mcp import Client
+
+from sandbox_server.sandbox.docker_runtime import DockerRuntime
+from sandbox_server.sandbox.proxies import PROXY_LABEL
+from sandbox_server.sandbox.removal import OWNER_LABEL
+from tests.mcp_harness import connect, stdio_parameters, text_of
+
+pytestmark = pytest.mark.anyio
+
+SHELL = "sandbox-server/shell:latest"
+WEB = """
+import http.server, socket, ssl, sys, threading
+class Echo(threading.Thread):
+    def run(self):
+        udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        udp.bind(("0.0.0.0", 5353))
+        while True:
+            data, peer = udp.recvfrom(512)
+            udp.sendto(b"echo " + data, peer)
+Echo(daemon=True).start()
+class Page(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = ("hello from " + sys.argv[1] + " " + self.path + "\\n").encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+server = http.server.ThreadingHTTPServer(("0.0.0.0", int(sys.argv[2])), Page)
+if len(sys.argv) > 3:
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(sys.argv[3], sys.argv[4])
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+print("listening", flush=True)
+server.serve_forever()
+"""
+"""The upstreams: a page naming the server and path (HTTP, or HTTPS with the test's certificate), and a
+UDP echo on 5353."""
+
+
+@pytest.fixture(scope="module")
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@dataclass
+class Upstreams:
+    network: str
+    web: str
+    """The HTTP upstream's address."""
+    secure: str
+    certificate: str
+    """The HTTPS upstream's certificate (PEM), which the sandbox trusts per call."""
+
+
+def _close(stream: Any) -> None:
+    """Close a streamed answer of the engine's API and the connection under it."""
+    stream.close()
+    stream._response.close()
+
+
+def _wait_listening(api: docker.APIClient, container: str) -> None:
+    stream = api.logs(container, stream=True, follow=True, stdout=True, stderr=True)
+    try:
+        for line in stream:
+            if b"listening" in line:
+                return
+    finally:
+        _close(stream)
+    raise AssertionError(f"upstream {container[:12]} ended: {api.logs(container).decode()}")
+
+
+@pytest.fixture(scope="module")
+def upstreams(runtime: DockerRuntime, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Upstreams]:
+    api = docker.APIClient()
+    name = f"sandbox-test-upstream-{secrets.token_hex(4)}"
+    folder = tmp_path_factory.mktemp("tls")
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=secure.test",
+         "-addext", "subjectAltName=DNS:secure.test", "-keyout", str(folder / "key.pem"),
+         "-out", str(folder / "cert.pem")],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    folder.chmod(0o755)
+    for file in folder.iterdir():
+        file.chmod(0o644)
+    network = api.create_network(name, internal=True)["Id"]
+    containers = []
+    try:
+        for label, port, tls in (("web", 80, ()), ("secure", 443, ("/tls/cert.pem", "/tls/key.pem"))):
+            created = api.create_container(
+                SHELL, ["python3", "-c", WEB, label, str(port), *tls],
+                host_config=api.create_host_config(network_mode=name, binds={str(folder): {"bind": "/tls", "mode": "ro"}},
+                                                   read_only=True, cap_drop=["ALL"]),
+            )  # fmt: skip
+            containers.append(created["Id"])
+            api.start(created["Id"])
+            _wait_listening(api, created["Id"])
+        addresses = [api.inspect_container(c)["NetworkSettings"]["Networks"][name]["IPAddress"] for c in containers]
+        yield Upstreams(name, addresses[0], addresses[1], (folder / "cert.pem").read_text())
+    finally:
+        for container in containers:
+            api.remove_container(container, force=True)
+        api.remove_network(network)
+        api.close()
+
+
+@pytest.fixture(scope="module")
+def audit_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("audit") / "audit.jsonl"
+
+
+@pytest.fixture(scope="module")
+async def session(
+    upstreams: Upstreams, audit_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[Client]:
+    policy = tmp_path_factory.mktemp("policy") / "egress.yaml"
+    policy.write_text(
+        "name: egress-test\nextends: default\n"
+        f"audit: {{path: {audit_path}}}\n"
+        "tools:\n  execute_command:\n    network:\n"
+        "      allow: [web.test, secure.test]\n"
+        f"      egress_network: {upstreams.network}\n"
+        f"      hosts: {{web.test: {upstreams.web}, secure.test: {upstreams.secure}}}\n"
+    )
+    async with connect(stdio_parameters("--policy", str(policy))) as client:
+        yield client
+
+
+async def run(session: Client, command: str, **arguments: Any) -> dict[str, Any]:
+    result = await session.call_tool("execute_command", {"command": command, **arguments})
+    assert result.structured_content is not None, text_of(result)
+    return {"text": text_of(result), "is_error": result.is_error, **result.structured_content}
+
+
+def _audit_records(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+async def test_an_allowed_host_answers_over_http_and_every_request_is_in_the_answer_and_the_audit(
+    session: Client, audit_path: Path
+) -> None:
+    answer = await run(session, "curl -sS -m 10 http://web.test/first && curl -sS -m 10 http://web.test/second")
+    assert answer["stdout"] == "hello from web /first\nhello from web /second\n", answer["text"]
+    requests = answer["network"]["requests"]
+    assert [(r["method"], r["host"], r["port"], r["allowed"], r["status"]) for r in requests] == [
+        ("GET", "web.test", 80, True, 200), ("GET", "web.test", 80, True, 200),
+    ], requests  # fmt: skip
+    assert all(r["bytes_in"] > 0 and r["bytes_out"] > 0 for r in requests)
+    assert answer["network"]["denied"] == []
+    record = _audit_records(audit_path)[-1]
+    assert record["network"]["requests"] == requests
+
+
+async def test_https_goes_through_connect_to_an_allowed_host_without_interception(
+    session: Client, upstreams: Upstreams
+) -> None:
+    answer = await run(
+        session, "curl -sS -m 10 --cacert ca.pem https://secure.test/page",
+        files=[{"path": "ca.pem", "content": upstreams.certificate}],
+    )  # fmt: skip
+    assert answer["stdout"] == "hello from secure /page\n", answer["text"]  # the test's own certificate verified
+    assert [(r["method"], r["host"], r["port"], r["allowed"]) for r in answer["network"]["requests"]] == [
+        ("CONNECT", "secure.test", 443, True)
+    ]
+
+
+async def test_a_host_the_list_does_not_name_gets_a_403_naming_the_field_and_is_listed_as_denied(
+    session: Client, upstreams: Upstreams
+) -> None:
+    answer = await run(
+        session,
+        f"curl -sS -m 10 http://other.test/; echo; curl -sS -m 10 http://{upstreams.web}/; echo; "
+        "curl -sS -m 10 http://web.test:8080/ -o /dev/null -w '%{http_code}\\n'; "
+        "curl -sS -m 10 https://other.test/ 2>&1 | tail -1",
+    )
+    lines = answer["stdout"].splitlines()
+    assert lines[0] == (
+        "sandbox-server: other.test:80 is not allowed by policy 'egress-test' (field network.allow); "
+        "ask for a host the policy allows, or add it to network.allow"
+    ), answer["text"]
+    assert lines[2].startswith(f"sandbox-server: {upstreams.web}:80 is not allowed"), answer["text"]  # an address
+    assert lines[4] == "403", answer["text"]  # an allowed host on a port it does not list
+    assert "403" in lines[5], answer["text"]  # CONNECT to a name not listed
+    assert answer["network"]["denied"] == sorted(
+        {"other.test:80", f"{upstreams.web}:80", "web.test:8080", "other.test:443"}
+    )
+    assert "the proxy refused" in answer["text"] and "(policy field network.allow)" in answer["text"]
+
+
+async def test_no_way_around_the_proxy_direct_connections_udp_and_name_lookups_fail(
+    session: Client, upstreams: Upstreams
+) -> None:
+    probe = (
+        "import socket\n"
+        "def attempt(what, action):\n"
+        "    try:\n"
+        "        action()\n"
+        "        print(what, 'REACHED')\n"
+        "    except OSError as exc:\n"
+        "        print(what, 'failed', type(exc).__name__)\n"
+        f"attempt('tcp', lambda: socket.create_connection(('{upstreams.web}', 80), timeout=3))\n"
+        "def udp():\n"
+        "    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+        "    s.settimeout(3)\n"
+        f"    s.sendto(b'ping', ('{upstreams.web}', 5353))\n"
+        "    s.recvfrom(64)\n"
+        "attempt('udp', udp)\n"
+        "attempt('dns', lambda: socket.getaddrinfo('web.test', 80))\n"
+        "attempt('raw', lambda: socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP))\n"
+        "print(open('/proc/sys/net/ipv6/conf/all/disable_ipv6').read().strip())\n"
+    )
+    answer = await run(session, "python3 probe.py", files=[{"path": "probe.py", "content": probe}])
+    lines = answer["stdout"].splitlines()
+    assert lines[0].startswith("tcp failed"), answer["text"]
+    assert lines[1].startswith("udp failed"), answer["text"]
+    assert lines[2].startswith("dns failed"), answer["text"]
+    assert lines[3].startswith("raw failed"), answer["text"]
+    assert lines[4] == "1", answer["text"]  # no IPv6, so no link-local path to the host's bridge
+    # The same echo answers a container on the upstreams' own network: the probe could have succeeded.
+    api = docker.APIClient()
+    container = api.create_container(
+        SHELL, ["python3", "-c", probe.replace("('web.test', 80)", "('localhost', 80)")],
+        host_config=api.create_host_config(network_mode=upstreams.network, read_only=True, cap_drop=["ALL"]),
+    )  # fmt: skip
+    try:
+        api.start(container["Id"])
+        api.wait(container["Id"], timeout=30)
+        control = api.logs(container["Id"], stdout=True, stderr=False).decode().splitlines()
+    finally:
+        api.remove_container(container["Id"], force=True)
+        api.close()
+    assert control[:2] == ["tcp REACHED", "udp REACHED"], control
+
+
+def _proxy_container(api: docker.APIClient) -> dict[str, Any]:
+    found = api.containers(filters={"label": PROXY_LABEL})
+    assert len(found) == 1, found
+    return dict(found[0])
+
+
+async def test_the_running_proxy_denies_special_destinations_before_any_allow_rule(session: Client) -> None:
+    await run(session, "true")  # the proxy is up
+    api = docker.APIClient()
+    try:
+        proxy = _proxy_container(api)
+        exec_id = api.exec_create(proxy["Id"], ["cat", "/etc/squid/sandbox/squid.conf"])
+        conf = api.exec_start(exec_id).decode().splitlines()
+        inspected = api.inspect_container(proxy["Id"])
+    finally:
+        api.close()
+    rules = [line for line in conf if line.startswith("http_access")]
+    assert rules[:2] == ["http_access deny !allowed", "http_access deny !named special"], rules
+    assert rules[-1] == "http_access deny all"
+    special = next(line for line in conf if line.startswith("acl special dst")).split()
+    assert {"127.0.0.0/8", "169.254.0.0/16", "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"} <= set(special)
+    assert "dns_nameservers 127.0.0.1" in conf  # every allowed name is pinned: no name server is asked
+    host = inspected["HostConfig"]
+    assert host["ReadonlyRootfs"] and host["CapDrop"] == ["ALL"] and "no-new-privileges" in host["SecurityOpt"]
+    assert inspected["Config"]["User"] in ("", "proxy:proxy") and not host["Privileged"]
+
+
+async def test_a_killed_proxy_refuses_calls_with_the_reason_until_it_is_back(session: Client) -> None:
+    await run(session, "true")
+    api = docker.APIClient()
+    try:
+        killed = _proxy_container(api)
+        owner = killed["Labels"][OWNER_LABEL]
+        since = int(time.time()) - 1
+        await anyio.to_thread.run_sync(api.kill, killed["Id"])
+        result = await session.call_tool("execute_command", {"command": "curl -sS http://web.test/"})
+        assert result.is_error and result.structured_content is not None
+        error = result.structured_content["error"]
+        assert error["kind"] == "network_unavailable" and error["field"] == "network", error
+        assert "is not running" in error["message"] and "nothing ran" in error["message"], error
+        assert "exit code 137" in error["message"] or "does not answer" in error["message"], error
+
+        def started() -> str:  # the restarted proxy, once it says it accepts connections
+            events = api.events(
+                since=since,
+                until=since + 60,
+                filters={"label": f"{OWNER_LABEL}={owner}", "event": "start"},
+                decode=True,
+            )
+            try:
+                for event in events:
+                    if event.get("Actor", {}).get("Attributes", {}).get(PROXY_LABEL):
+                        log = api.logs(event["id"], stream=True, follow=True, stderr=True, stdout=False)
+                        try:
+                            if any(b"Accepting HTTP Socket connections" in line for line in log):
+                                return str(event["id"])
+                        finally:
+                            _close(log)
+            finally:
+                _close(events)
+            raise AssertionError("the event stream ended")
+
+        with anyio.fail_after(60):
+            restarted = await anyio.to_thread.run_sync(started)
+            assert restarted != killed["Id"]
+            while True:  # the server sees it answer within its next check
+                answer = await run(session, "curl -sS -m 10 http://web.test/again")
+                if not answer["is_error"]:
+                    break
+                assert answer["error"]["kind"] == "network_unavailable", answer["text"]
+    finally:
+        api.close()
+    assert answer["stdout"] == "hello from web /again\n", answer["text"]

@@ -59,6 +59,7 @@ class _Proxy:
 
     def __init__(self, egress: Egress, policy_name: str, network: str) -> None:
         self.egress = egress
+        self.key = egress.key()
         self.policy_name = policy_name
         self.network = network
         self.container_id: str | None = None
@@ -74,12 +75,11 @@ class _Proxy:
         self.lifecycle = threading.Lock()
         """Held while the proxy starts or stops."""
         self.restarting = False
-        self.ready = threading.Event()
         self.failure: str | None = None
         self.started_once = False
 
     def endpoint(self) -> ProxyEndpoint:
-        return ProxyEndpoint(self.egress.key(), self.network, self.address)
+        return ProxyEndpoint(self.key, self.network, self.address)
 
 
 class EgressProxies:
@@ -92,21 +92,22 @@ class EgressProxies:
         self._proxies: dict[str, _Proxy] = {}
         self._lock = threading.Lock()
 
-    def network_name(self, egress: Egress) -> str:
-        return f"sandbox-egress-{egress.key()}-{self._suffix}"
+    def network_name(self, key: str) -> str:
+        return f"sandbox-egress-{key}-{self._suffix}"
 
-    def _labels(self, egress: Egress) -> dict[str, str]:
-        return {SANDBOX_LABEL: "1", OWNER_LABEL: self._owner, PROXY_LABEL: egress.key()}
+    def _labels(self, proxy: _Proxy) -> dict[str, str]:
+        return {SANDBOX_LABEL: "1", OWNER_LABEL: self._owner, PROXY_LABEL: proxy.key}
 
     # -- the call path ---------------------------------------------------------------------
 
     def endpoint(self, egress: Egress, policy_name: str) -> ProxyEndpoint:
         """The running proxy for an allow list: started (and awaited) the first time; a Refusal naming the
         reason when it cannot start or has stopped (then it is restarted behind the refusal)."""
+        key = egress.key()
         with self._lock:
-            proxy = self._proxies.get(egress.key())
+            proxy = self._proxies.get(key)
             if proxy is None:
-                proxy = self._proxies[egress.key()] = _Proxy(egress, policy_name, self.network_name(egress))
+                proxy = self._proxies[key] = _Proxy(egress, policy_name, self.network_name(key))
         if proxy.restarting:
             raise self._refusal(proxy, proxy.failure or "it stopped", restarting=True)
         with proxy.lifecycle:
@@ -168,6 +169,10 @@ class EgressProxies:
 
     def _problem(self, proxy: _Proxy) -> str | None:
         """Why the proxy cannot serve a call now (None: it answers)."""
+        return self._container_problem(proxy) or self._port_problem(proxy)
+
+    def _container_problem(self, proxy: _Proxy) -> str | None:
+        """Why the proxy's container is not running (None: it runs)."""
         if proxy.container_id is None:
             return proxy.failure or "it was never started"
         try:
@@ -178,6 +183,11 @@ class EgressProxies:
             return f"the engine cannot say how it is ({exc.explanation or exc})"
         if not state.get("Running"):
             return f"its container {state.get('Status', 'stopped')} with exit code {state.get('ExitCode')}"
+        return None
+
+    @staticmethod
+    def _port_problem(proxy: _Proxy) -> str | None:
+        """Why the proxy does not accept a connection on its port (None: it does)."""
         try:
             socket.create_connection((proxy.health_address, PROXY_PORT), timeout=1).close()
         except OSError as exc:
@@ -204,7 +214,7 @@ class EgressProxies:
                     driver="bridge",
                     internal=True,
                     options={"com.docker.network.bridge.inhibit_ipv4": "true"},
-                    labels=self._labels(egress),
+                    labels=self._labels(proxy),
                 )
             proxy.config_dir = tempfile.mkdtemp(prefix="sandbox-proxy-")
             os.chmod(proxy.config_dir, 0o755)
@@ -231,7 +241,7 @@ class EgressProxies:
                 privileged=False,
             )
             created = api.create_container(
-                PROXY_IMAGE, labels=self._labels(egress), hostname="sandbox-proxy", host_config=host_config
+                PROXY_IMAGE, labels=self._labels(proxy), hostname="sandbox-proxy", host_config=host_config
             )
             proxy.container_id = str(created["Id"])
             api.connect_container_to_network(proxy.container_id, proxy.network)
@@ -249,18 +259,19 @@ class EgressProxies:
             target=self._follow, args=(proxy, proxy.container_id), name="sandbox-proxy-log", daemon=True
         ).start()
         deadline = time.monotonic() + START_S
-        while time.monotonic() < deadline:
-            problem = self._problem(proxy)
-            if problem is None:
+        while (problem := self._container_problem(proxy)) is None:
+            waiting = self._port_problem(proxy)
+            if waiting is None:
                 log.info("egress proxy for policy %r up at %s", proxy.policy_name, proxy.address)
                 return
-            if "exit code" in problem or "removed" in problem:
+            if time.monotonic() > deadline:
+                problem = f"it did not answer within {START_S:g} s ({waiting})"
                 break
-            proxy.ready.wait(0.1)  # nothing to await: the proxy's port is polled until it answers
+            time.sleep(0.1)  # Squid says it listens only in its log: its port is polled until it answers
         tail = ""
         with contextlib.suppress(docker.errors.APIError):
             tail = api.logs(proxy.container_id, stdout=False, stderr=True, tail=3).decode(errors="replace").strip()
-        proxy.failure = f"it did not answer within {START_S:g} s ({self._problem(proxy)}){': ' + tail if tail else ''}"
+        proxy.failure = f"{problem}{': ' + tail if tail else ''}"
 
     def _follow(self, proxy: _Proxy, container_id: str) -> None:
         """Read the proxy's request log as it is written, until its container ends."""

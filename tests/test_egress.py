@@ -9,8 +9,8 @@ name server. Refusals are proven against those upstreams and the proxy's own con
 from __future__ import annotations
 
 import json
+import os
 import secrets
-import subprocess
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -97,12 +97,19 @@ def upstreams(runtime: DockerRuntime, tmp_path_factory: pytest.TempPathFactory) 
     api = docker.APIClient()
     name = f"sandbox-test-upstream-{secrets.token_hex(4)}"
     folder = tmp_path_factory.mktemp("tls")
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=secure.test",
-         "-addext", "subjectAltName=DNS:secure.test", "-keyout", str(folder / "key.pem"),
-         "-out", str(folder / "cert.pem")],
-        check=True, capture_output=True,
+    # The certificate is made by the shell image's openssl: the host needs none of its own.
+    made = api.create_container(
+        SHELL, ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=secure.test",
+                "-addext", "subjectAltName=DNS:secure.test", "-keyout", "/tls/key.pem", "-out", "/tls/cert.pem"],
+        user=f"{os.getuid()}:{os.getgid()}",
+        host_config=api.create_host_config(network_mode="none", binds={str(folder): {"bind": "/tls", "mode": "rw"}},
+                                           read_only=True, cap_drop=["ALL"]),
     )  # fmt: skip
+    try:
+        api.start(made["Id"])
+        assert api.wait(made["Id"], timeout=60)["StatusCode"] == 0, api.logs(made["Id"]).decode()
+    finally:
+        api.remove_container(made["Id"], force=True)
     folder.chmod(0o755)
     for file in folder.iterdir():
         file.chmod(0o644)

@@ -23,7 +23,9 @@ import docker
 import pytest
 from mcp import Client
 
+from sandbox_server.egress import parse_egress
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
+from sandbox_server.sandbox.images import fetch_wheel
 from sandbox_server.sandbox.proxies import PROXY_LABEL
 from sandbox_server.sandbox.removal import OWNER_LABEL
 from tests.mcp_harness import connect, stdio_parameters, text_of
@@ -58,6 +60,20 @@ server.serve_forever()
 """
 """The upstreams: a page naming the server and path (HTTP, or HTTPS with the test's certificate), and a
 UDP echo on 5353."""
+INDEX = """
+import functools, http.server
+class Index(http.server.SimpleHTTPRequestHandler):
+    def end_headers(self):
+        if self.path.startswith("/files/"):  # as PyPI serves its files, so pip may keep them in its cache
+            self.send_header("Cache-Control", "max-age=365000000, immutable, public")
+        super().end_headers()
+server = http.server.ThreadingHTTPServer(("0.0.0.0", 80), functools.partial(Index, directory="/index"))
+print("listening", flush=True)
+server.serve_forever()
+"""
+PACKAGE = ("024ca478df22e9340661486f85298cff5f6dcdba14f3813e8830015b9ed1948f", "tabulate-0.9.0-py3-none-any.whl")
+"""The package index's one wheel (sha256, file), downloaded on the host with pip before the test: pure Python,
+with a console script, and not in any image."""
 
 
 @pytest.fixture(scope="module")
@@ -73,6 +89,8 @@ class Upstreams:
     secure: str
     certificate: str
     """The HTTPS upstream's certificate (PEM), which the sandbox trusts per call."""
+    index: str
+    """The package index's address: a simple index (PEP 503) of one project."""
 
 
 def _close(stream: Any) -> None:
@@ -90,6 +108,20 @@ def _wait_listening(api: docker.APIClient, container: str) -> None:
     finally:
         _close(stream)
     raise AssertionError(f"upstream {container[:12]} ended: {api.logs(container).decode()}")
+
+
+def _package_index(folder: Path) -> Path:
+    """A simple index of the one project: its page links the wheel with the wheel's hash, as PyPI's does."""
+    sha256, filename = PACKAGE
+    wheel = fetch_wheel(sha256, filename, say=lambda line: None)
+    (folder / "files").mkdir()
+    (folder / "files" / filename).write_bytes(wheel.read_bytes())
+    project = folder / "simple" / filename.split("-")[0]
+    project.mkdir(parents=True)
+    (project / "index.html").write_text(f'<a href="/files/{filename}#sha256={sha256}">{filename}</a>\n')
+    for path in (folder, *folder.rglob("*")):
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    return folder
 
 
 @pytest.fixture(scope="module")
@@ -113,6 +145,7 @@ def upstreams(runtime: DockerRuntime, tmp_path_factory: pytest.TempPathFactory) 
     folder.chmod(0o755)
     for file in folder.iterdir():
         file.chmod(0o644)
+    index = _package_index(tmp_path_factory.mktemp("index"))
     network = api.create_network(name, internal=True)["Id"]
     containers = []
     try:
@@ -125,8 +158,16 @@ def upstreams(runtime: DockerRuntime, tmp_path_factory: pytest.TempPathFactory) 
             containers.append(created["Id"])
             api.start(created["Id"])
             _wait_listening(api, created["Id"])
+        created = api.create_container(
+            SHELL, ["python3", "-c", INDEX],
+            host_config=api.create_host_config(network_mode=name, binds={str(index): {"bind": "/index", "mode": "ro"}},
+                                               read_only=True, cap_drop=["ALL"]),
+        )  # fmt: skip
+        containers.append(created["Id"])
+        api.start(created["Id"])
+        _wait_listening(api, created["Id"])
         addresses = [api.inspect_container(c)["NetworkSettings"]["Networks"][name]["IPAddress"] for c in containers]
-        yield Upstreams(name, addresses[0], addresses[1], (folder / "cert.pem").read_text())
+        yield Upstreams(name, addresses[0], addresses[1], (folder / "cert.pem").read_text(), addresses[2])
     finally:
         for container in containers:
             api.remove_container(container, force=True)
@@ -139,18 +180,35 @@ def audit_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("audit") / "audit.jsonl"
 
 
+def shell_network(upstreams: Upstreams) -> dict[str, Any]:
+    """execute_command's network: the web and HTTPS upstreams."""
+    return {
+        "allow": ["web.test", "secure.test"],
+        "egress_network": upstreams.network,
+        "hosts": {"web.test": upstreams.web, "secure.test": upstreams.secure},
+    }
+
+
 @pytest.fixture(scope="module")
 async def session(
     upstreams: Upstreams, audit_path: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[Client]:
     policy = tmp_path_factory.mktemp("policy") / "egress.yaml"
+    tools = {
+        "execute_command": {"network": shell_network(upstreams)},
+        # run_python may reach the package index alone, and the policy's environment points pip at it.
+        "run_python": {
+            "network": {
+                "allow": ["index.test:80"],
+                "egress_network": upstreams.network,
+                "hosts": {"index.test": upstreams.index},
+            },
+            "env": {"set": {"PIP_INDEX_URL": "http://index.test/simple/", "PIP_TRUSTED_HOST": "index.test"}},
+        },
+    }
+    # JSON is YAML.
     policy.write_text(
-        "name: egress-test\nextends: default\n"
-        f"audit: {{path: {audit_path}}}\n"
-        "tools:\n  execute_command:\n    network:\n"
-        "      allow: [web.test, secure.test]\n"
-        f"      egress_network: {upstreams.network}\n"
-        f"      hosts: {{web.test: {upstreams.web}, secure.test: {upstreams.secure}}}\n"
+        json.dumps({"name": "egress-test", "extends": "default", "audit": {"path": str(audit_path)}, "tools": tools})
     )
     async with connect(stdio_parameters("--policy", str(policy))) as client:
         yield client
@@ -192,6 +250,52 @@ async def test_https_goes_through_connect_to_an_allowed_host_without_interceptio
     assert [(r["method"], r["host"], r["port"], r["allowed"]) for r in answer["network"]["requests"]] == [
         ("CONNECT", "secure.test", 443, True)
     ]
+
+
+def pip(*arguments: str) -> str:
+    """A cell that runs pip with the arguments, prints what it said and exits with its code."""
+    return (
+        "import subprocess, sys\n"
+        f"done = subprocess.run([sys.executable, '-m', 'pip', *{arguments!r}], capture_output=True, text=True)\n"
+        "print(done.stdout, done.stderr, sep='')\n"
+        "sys.exit(done.returncode)"
+    )
+
+
+async def test_pip_installs_from_the_allowed_index_into_the_workspace_and_the_sessions_next_calls_import_it(
+    session: Client, audit_path: Path
+) -> None:
+    installed = await session.call_tool("run_python", {"code": pip("install", "--user", "tabulate"), "timeout_s": 60})
+    data = installed.structured_content
+    assert data is not None and not installed.is_error, text_of(installed)
+    assert "Successfully installed tabulate-0.9.0" in data["stdout"] and "WARNING" not in data["stdout"], data["stdout"]
+    # Through the proxy: the project's page, then the wheel; no version check of pip's own.
+    requests = data["network"]["requests"]
+    assert [(r["method"], r["host"], r["port"], r["allowed"], r["status"]) for r in requests] == [
+        ("GET", "index.test", 80, True, 200), ("GET", "index.test", 80, True, 200),
+    ], requests  # fmt: skip
+    assert _audit_records(audit_path)[-1]["network"]["requests"] == requests
+    # The session's next call is a fresh container: the package is in the workspace's user site.
+    imported = await session.call_tool(
+        "run_python", {"code": "import tabulate\n(tabulate.__version__, tabulate.__file__)"}
+    )
+    assert imported.structured_content is not None and not imported.is_error, text_of(imported)
+    assert imported.structured_content["stdout"].strip() == (
+        "('0.9.0', '/workspace/.local/lib/python3.11/site-packages/tabulate/__init__.py')"
+    )
+    # The shell image's pip and python3 see it too, and its console script is on PATH.
+    shell = await run(
+        session, "pip list --user --format freeze; command -v tabulate; printf '1 2\\n' | tabulate -f plain; "
+        "python3 -c 'import tabulate'",
+    )  # fmt: skip
+    assert shell["stdout"].splitlines() == ["tabulate==0.9.0", "/workspace/.local/bin/tabulate", "1  2"], shell["text"]
+    # pip's cache is in the workspace too: asked again, it fetches the project's page and takes the wheel from there.
+    again = await session.call_tool(
+        "run_python", {"code": pip("download", "--no-deps", "-d", "/tmp/again", "tabulate")}
+    )
+    assert again.structured_content is not None and not again.is_error, text_of(again)
+    assert "Saved /tmp/again/tabulate-0.9.0-py3-none-any.whl" in again.structured_content["stdout"], text_of(again)
+    assert [(r["method"], r["status"]) for r in again.structured_content["network"]["requests"]] == [("GET", 200)]
 
 
 async def test_a_host_the_list_does_not_name_gets_a_403_naming_the_field_and_is_listed_as_denied(
@@ -262,17 +366,22 @@ async def test_no_way_around_the_proxy_direct_connections_udp_and_name_lookups_f
     assert control[:2] == ["tcp REACHED", "udp REACHED"], control
 
 
-def _proxy_container(api: docker.APIClient) -> dict[str, Any]:
-    found = api.containers(filters={"label": PROXY_LABEL})
+def _proxy_container(api: docker.APIClient, upstreams: Upstreams) -> dict[str, Any]:
+    """execute_command's proxy (run_python's allow list has one of its own)."""
+    egress = parse_egress(shell_network(upstreams), "network", [])
+    assert egress is not None
+    found = api.containers(filters={"label": f"{PROXY_LABEL}={egress.key()}"})
     assert len(found) == 1, found
     return dict(found[0])
 
 
-async def test_the_running_proxy_denies_special_destinations_before_any_allow_rule(session: Client) -> None:
+async def test_the_running_proxy_denies_special_destinations_before_any_allow_rule(
+    session: Client, upstreams: Upstreams
+) -> None:
     await run(session, "true")  # the proxy is up
     api = docker.APIClient()
     try:
-        proxy = _proxy_container(api)
+        proxy = _proxy_container(api, upstreams)
         exec_id = api.exec_create(proxy["Id"], ["cat", "/etc/squid/sandbox/squid.conf"])
         conf = api.exec_start(exec_id).decode().splitlines()
         inspected = api.inspect_container(proxy["Id"])
@@ -289,11 +398,13 @@ async def test_the_running_proxy_denies_special_destinations_before_any_allow_ru
     assert inspected["Config"]["User"] in ("", "proxy:proxy") and not host["Privileged"]
 
 
-async def test_a_killed_proxy_refuses_calls_with_the_reason_until_it_is_back(session: Client) -> None:
+async def test_a_killed_proxy_refuses_calls_with_the_reason_until_it_is_back(
+    session: Client, upstreams: Upstreams
+) -> None:
     await run(session, "true")
     api = docker.APIClient()
     try:
-        killed = _proxy_container(api)
+        killed = _proxy_container(api, upstreams)
         owner = killed["Labels"][OWNER_LABEL]
         since = int(time.time()) - 1
         await anyio.to_thread.run_sync(api.kill, killed["Id"])

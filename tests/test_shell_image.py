@@ -11,7 +11,7 @@ from tests.mcp_harness import text_of
 pytestmark = pytest.mark.anyio
 
 TOOLS = (
-    "python3 jq git curl sqlite3 xz zip unzip file bc less tree make ps awk sed grep find diff patch tar gzip "
+    "python3 pip jq git curl sqlite3 xz zip unzip file bc less tree make ps awk sed grep find diff patch tar gzip "
     "bzip2 sort head tail wc"
 )
 

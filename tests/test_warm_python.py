@@ -135,3 +135,53 @@ async def test_matplotlibs_font_list_comes_built_with_the_image(tmp_path: Path, 
     # Before the cell imports matplotlib, its cache folder already holds the image's font list.
     assert not result["is_error"] and result["stdout"].startswith("(['fontlist-v"), result["text"]
     assert result["stdout"].strip().endswith("False)"), result["text"]
+
+
+USER_SITE = ".local/lib/python3.11/site-packages"
+
+
+async def test_a_warm_interpreter_finds_packages_in_the_workspaces_user_site_as_a_plain_one_does(
+    tmp_path: Path, runtime: DockerRuntime
+) -> None:
+    """What `pip install --user` leaves in the workspace (PYTHONUSERBASE) is importable, and first on the path."""
+    files = [
+        {"path": f"{USER_SITE}/usermark.py", "content": "WHERE = __file__\n"},
+        # Ahead of the image's own packages (not of the standard library), as in a fresh interpreter.
+        {"path": f"{USER_SITE}/openpyxl.py", "content": "SHADOWED = True\n"},
+        {"path": f"{USER_SITE}/extra.pth", "content": "/workspace/extra\n"},
+        {"path": "extra/frompth.py", "content": ""},
+    ]
+    cell = (
+        "import os, sys, usermark, frompth, openpyxl\n"
+        "(os.path.exists('/tmp/.sandbox-warm/errors'), usermark.WHERE, hasattr(openpyxl, 'SHADOWED'), sys.path)"
+    )
+    seen = []
+    for preload in ("", "tools:\n  run_python: {preload: []}\n"):
+        async with connect(stdio_parameters("--policy", _policy(tmp_path, preload))) as session:
+            result = await session.call_tool("run_python", {"code": cell, "files": files})
+        assert result.structured_content is not None and not result.is_error, text_of(result)
+        seen.append(result.structured_content["stdout"].strip())
+    warm, plain = seen
+    assert warm.startswith(f"(True, '/workspace/{USER_SITE}/usermark.py', True, ['/usr/local/lib/sandbox', "), warm
+    assert warm.removeprefix("(True, ") == plain.removeprefix("(False, ")
+    assert f"'/workspace/{USER_SITE}', '/workspace/extra', '/usr/local/lib/python3.11/dist-packages'" in warm
+
+
+async def test_a_user_site_with_its_own_version_of_a_preloaded_library_gets_a_fresh_interpreter(
+    tmp_path: Path, runtime: DockerRuntime
+) -> None:
+    """Say `pip install --user -U duckdb`: the preloaded one cannot be taken back, so the call starts afresh."""
+    files = [{"path": f"{USER_SITE}/duckdb/__init__.py", "content": "MINE = True\n"}]
+    cell = (
+        "import os, sys, duckdb\n"
+        "(os.path.exists('/tmp/.sandbox-warm/errors'), getattr(duckdb, 'MINE', False), 'pandas' in sys.modules)"
+    )
+    async with connect(stdio_parameters("--policy", _policy(tmp_path, ""))) as session:
+        result = await session.call_tool("run_python", {"code": cell, "files": files})
+        plain = await _cell(
+            session, "import os, sys\n(os.path.exists('/tmp/.sandbox-warm/errors'), 'pandas' in sys.modules)"
+        )
+    assert result.structured_content is not None and not result.is_error, text_of(result)
+    # A warm container (it had preloaded), yet the program's duckdb is the user's and nothing was imported before it.
+    assert result.structured_content["stdout"].strip() == "(True, True, False)", text_of(result)
+    assert plain["stdout"].strip() == "(True, True)", plain["text"]  # without one, the warm interpreter serves

@@ -65,6 +65,34 @@ def _exported(listing: str) -> dict:
     return dict(word.split("=", 1) for word in words if "=" in word)
 
 
+def _add_user_site() -> bool:
+    """The user site of the call's PYTHONUSERBASE (what `pip install --user` put in the workspace), placed
+    as a fresh interpreter places it at start: ahead of the image's packages, its .pth files read.
+
+    This interpreter started (with -s) before the call's workspace was there, so its own start added none.
+    False when the user site holds its own version of a library already imported here (say a newer
+    pandas): only a fresh interpreter can give the program that one.
+    """
+    import site
+
+    if "PYTHONUSERBASE" not in os.environ or os.environ.get("PYTHONNOUSERSITE"):
+        return True
+    site.USER_BASE, site.USER_SITE = os.environ["PYTHONUSERBASE"], None
+    folder = site.getusersitepackages()
+    if not os.path.isdir(folder) or folder in sys.path:
+        return True
+    installed = {entry.split(".")[0] for entry in os.listdir(folder) if not entry.endswith((".dist-info", ".pth"))}
+    for name in installed & {name.partition(".")[0] for name in sys.modules}:
+        if "-packages" in (getattr(sys.modules.get(name), "__file__", None) or ""):
+            return False
+    before = list(sys.path)
+    site.addsitedir(folder)
+    added = [entry for entry in sys.path if entry not in before]
+    system = next((i for i, entry in enumerate(before) if entry.endswith(("-packages", "/site-python"))), len(before))
+    sys.path[:] = before[:system] + added + before[system:]
+    return True
+
+
 def main() -> None:
     os.setsid()  # the launcher's deadline stops this process group
     _preload()
@@ -79,6 +107,8 @@ def main() -> None:
     sys.stdin = open(0, encoding="utf-8", errors="surrogateescape", closefd=False)
     os.environ.clear()
     os.environ.update(environment)
+    if not _add_user_site():  # the program as a fresh interpreter: same process, stdin, folder and environment
+        os.execve(sys.executable, [sys.executable, *argv[1:]], environment)
     script = argv[1]
     sys.argv = argv[1:]
     sys.path[0] = os.path.dirname(script)

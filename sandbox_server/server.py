@@ -91,6 +91,8 @@ class SandboxServer:
         self.pool = pool
         self.proxies = proxies
         """The egress proxies of policies with an allow list (None: such a policy's calls are refused)."""
+        self._pooled_networks: set[str] = set()
+        """Allow lists whose network the warm pools know of (by key)."""
         self.runtime: SandboxRuntime = pool if pool is not None else runtime
         self._configure_pool(policy)
         self.page_size = max(1, page_size)
@@ -130,12 +132,18 @@ class SandboxServer:
         targets = []
         for name in self.all_tools:
             tool_policy = policy.for_tool(name)
-            if tool_policy.enabled and tool_policy.egress is None:  # with a network, a call's container starts
-                template = tool_policy.container_spec()
-                if policy.workspace.persist and self.workspaces is not None:
-                    template = self.workspaces.shape(template)  # calls in kept workspaces get such containers
-                most = tool_policy.pool_most(policy.rate.concurrent_calls)
-                targets.append(PoolTarget(template, tool_policy.pool_size, tool_policy.pool_idle_s, most))
+            if not tool_policy.enabled:
+                continue
+            template = tool_policy.container_spec()
+            if tool_policy.egress is not None:  # on its internal network, which the first call's proxy made
+                network = None if self.proxies is None else self.proxies.network_of(tool_policy.egress)
+                if network is None:
+                    continue
+                template = replace(template, network=network)
+            if policy.workspace.persist and self.workspaces is not None:
+                template = self.workspaces.shape(template)  # calls in kept workspaces get such containers
+            most = tool_policy.pool_most(policy.rate.concurrent_calls)
+            targets.append(PoolTarget(template, tool_policy.pool_size, tool_policy.pool_idle_s, most))
         return targets
 
     def _configure_pool(self, policy: Policy) -> None:
@@ -307,7 +315,11 @@ class SandboxServer:
                 "network",
                 kind="network_unavailable",
             )
-        return await anyio.to_thread.run_sync(self.proxies.endpoint, tool_policy.egress, policy_name)
+        endpoint = await anyio.to_thread.run_sync(self.proxies.endpoint, tool_policy.egress, policy_name)
+        if endpoint.key not in self._pooled_networks:  # its network exists now: the tool's warm pool can fill
+            self._pooled_networks.add(endpoint.key)
+            self._configure_pool(self.policy)
+        return endpoint
 
     async def _with_requests(self, outcome: ToolOutcome, proxy: ProxyEndpoint) -> ToolOutcome:
         """The outcome with the requests its sandbox made through the proxy (answer, notes and audit)."""

@@ -28,6 +28,7 @@ from sandbox_server.sandbox.docker_runtime import DockerRuntime
 from sandbox_server.sandbox.images import fetch_wheel
 from sandbox_server.sandbox.proxies import PROXY_LABEL
 from sandbox_server.sandbox.removal import OWNER_LABEL
+from sandbox_server.sandbox.spec import SANDBOX_LABEL
 from tests.mcp_harness import connect, stdio_parameters, text_of
 
 pytestmark = pytest.mark.anyio
@@ -396,6 +397,41 @@ async def test_the_running_proxy_denies_special_destinations_before_any_allow_ru
     host = inspected["HostConfig"]
     assert host["ReadonlyRootfs"] and host["CapDrop"] == ["ALL"] and "no-new-privileges" in host["SecurityOpt"]
     assert inspected["Config"]["User"] in ("", "proxy:proxy") and not host["Privileged"]
+
+
+async def test_once_its_proxy_runs_a_tool_with_an_allow_list_is_served_by_warm_containers_on_its_network(
+    session: Client, upstreams: Upstreams, audit_path: Path
+) -> None:
+    await run(session, "true")  # the proxy is up, so its network is, and the pool fills on it
+    api = docker.APIClient()
+    try:
+        proxy = _proxy_container(api, upstreams)
+        network = next(name for name in proxy["NetworkSettings"]["Networks"] if name.startswith("sandbox-egress-"))
+
+        def waiting() -> set[str]:  # the sandboxes on the allow list's network now: the pool's, between calls
+            listed = api.containers(filters={"network": network, "label": SANDBOX_LABEL})
+            return {c["Id"][:12] for c in listed if PROXY_LABEL not in c["Labels"]}
+
+        def warm() -> set[str]:
+            events = api.events(filters={"event": "start", "label": SANDBOX_LABEL}, decode=True)
+            try:
+                if found := waiting():
+                    return found
+                for _ in events:
+                    if found := waiting():
+                        return found
+            finally:
+                _close(events)
+            raise AssertionError("the event stream ended")
+
+        with anyio.fail_after(60):
+            before = await anyio.to_thread.run_sync(warm)
+    finally:
+        api.close()
+    answer = await run(session, "curl -sS -m 10 http://web.test/warm")
+    assert answer["stdout"] == "hello from web /warm\n", answer["text"]
+    assert [r["host"] for r in answer["network"]["requests"]] == ["web.test"]  # filed by the warm one's address
+    assert _audit_records(audit_path)[-1]["container_id"] in before
 
 
 async def test_a_killed_proxy_refuses_calls_with_the_reason_until_it_is_back(

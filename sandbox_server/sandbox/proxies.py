@@ -127,6 +127,12 @@ class EgressProxies:
         threading.Thread(target=self._restart, args=(proxy,), name="sandbox-proxy-restart", daemon=True).start()
         raise self._refusal(proxy, problem, restarting=True)
 
+    def network_of(self, egress: Egress) -> str | None:
+        """The internal network of an allow list once its proxy has started (it stays while the server runs,
+        across restarts of the proxy); None before."""
+        proxy = self._proxies.get(egress.key())
+        return proxy.network if proxy is not None and proxy.started_once else None
+
     def requests_of(self, endpoint: ProxyEndpoint, client: str) -> list[ProxyRequest]:
         """The requests the sandbox at `client` made, once the proxy's log has caught up with now."""
         proxy = self._proxies.get(endpoint.key)

@@ -23,7 +23,7 @@ def test_the_shell_launcher_and_the_base_image_use_the_contracts_paths() -> None
     assert f"cd {wire.OUTPUT_DIR} " in launcher
     assert f"{wire.REQUEST_DIR}/request" in launcher and f"{wire.REQUEST_DIR}/stdin" in launcher
     assert f"cd {wire.WORKSPACE} " in launcher
-    assert f"[ -r {wire.WARM_PYTHON} ]" in launcher and f"python3 {wire.WARM_PYTHON} " in launcher
+    assert f"[ -r {wire.WARM_PYTHON} ]" in launcher and f"python3 -s {wire.WARM_PYTHON} " in launcher
     assert f"mkfifo -m 600 {wire.WARM_JOB}" in launcher and f"{wire.WARM_DIR}/argv" in launcher
     assert f"python3:{wire.LAUNCHERS_DIR}/*.py" in launcher and f"${{{wire.PRELOAD_ENV}:-}}" in launcher
     assert f"COPY sandbox-launch {wire.LAUNCHER}" in (base / "Dockerfile").read_text()

@@ -6,7 +6,7 @@ import argparse
 import json
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -118,6 +118,46 @@ def _serve(args: argparse.Namespace) -> int:
     from sandbox_server.serve import serve_command
 
     return serve_command(args)
+
+
+def _token_add(args: argparse.Namespace) -> int:
+    from sandbox_server.tokens import add_caller
+
+    token = add_caller(Path(args.tokens), args.name, args.policy, policy_problem(_tool_names()))
+    _say(f"added caller {args.name!r} (policy {args.policy}) to {args.tokens}; its token, shown this once:")
+    print(token)
+    return 0
+
+
+def _token_list(args: argparse.Namespace) -> int:
+    from sandbox_server.tokens import read_callers
+
+    for caller in read_callers(Path(args.tokens)):
+        print(f"{caller.name}\tpolicy {caller.policy}\tadded {caller.created}")
+    return 0
+
+
+def _token_revoke(args: argparse.Namespace) -> int:
+    from sandbox_server.tokens import revoke_caller
+
+    revoke_caller(Path(args.tokens), args.name)
+    _say(f"revoked {args.name!r}: servers reading {args.tokens} refuse its token from their next request")
+    return 0
+
+
+def policy_problem(tool_names: list[str]) -> Callable[[str], str | None]:
+    """What is wrong with a policy reference (None when it loads), for a tokens file's entries."""
+    from sandbox_server.errors import ConfigError
+    from sandbox_server.policy.loader import load_policy
+
+    def problem(reference: str) -> str | None:
+        try:
+            load_policy(reference, tool_names)
+        except ConfigError as exc:
+            return str(exc)
+        return None
+
+    return problem
 
 
 def _call(args: argparse.Namespace) -> int:
@@ -257,7 +297,34 @@ def build_parser() -> argparse.ArgumentParser:
         type=_tool_prefix,
         help="put this before every tool name (e.g. sbx_ gives sbx_execute_command); overrides the policy's tool_prefix",
     )
+    serve.add_argument(
+        "--tokens",
+        metavar="FILE",
+        help="HTTP: only callers with a token in this file (`sandbox-server token add`), each under its policy; "
+        "read again when it changes",
+    )
+    serve.add_argument(
+        "--public-url",
+        metavar="URL",
+        help="HTTP with --tokens: the URL clients use for /mcp, named in the protected-resource metadata "
+        "(default http://HOST:PORT/mcp)",
+    )
     serve.set_defaults(handler=_serve)
+
+    token = commands.add_parser("token", help="static bearer tokens for HTTP callers: add, list, revoke")
+    token_commands = token.add_subparsers(dest="token_command", required=True, metavar="ACTION")
+    add = token_commands.add_parser("add", help="a new caller: prints its token once (the last line of stdout)")
+    add.add_argument("name", help="the caller's name, as the audit log shows it")
+    add.add_argument("--policy", default="default", help="the policy its calls run under (default: default)")
+    add.add_argument("--tokens", metavar="FILE", required=True, help="the tokens file (made when missing)")
+    add.set_defaults(handler=_token_add)
+    listed = token_commands.add_parser("list", help="the callers of a tokens file and their policies")
+    listed.add_argument("--tokens", metavar="FILE", required=True)
+    listed.set_defaults(handler=_token_list)
+    revoke = token_commands.add_parser("revoke", help="remove a caller; a server reading the file refuses it at once")
+    revoke.add_argument("name")
+    revoke.add_argument("--tokens", metavar="FILE", required=True)
+    revoke.set_defaults(handler=_token_revoke)
 
     # Started by `serve` itself, never by people: outlives a server killed with SIGKILL and removes its containers.
     reaper = commands.add_parser("reap-after")

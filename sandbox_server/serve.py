@@ -14,14 +14,17 @@ import anyio
 import anyio.to_thread
 
 from sandbox_server.bootstrap import host_facts
-from sandbox_server.errors import SandboxServerError
+from sandbox_server.errors import SandboxServerError, UsageError
 
 if TYPE_CHECKING:
+    from sandbox_server.policy import Policy
     from sandbox_server.sandbox.docker_runtime import DockerRuntime
     from sandbox_server.workspace_contents import Contents
 
 __all__ = ["serve_command"]
 
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+"""Addresses `serve --transport http` may bind without authentication."""
 WORKSPACE_SWEEP_S = 60.0
 """How often expired workspaces are looked for while serving."""
 
@@ -39,6 +42,15 @@ def serve_command(args: argparse.Namespace) -> int:
     from sandbox_server.tools import all_tools
     from sandbox_server.workspaces import WorkspaceStore, default_state_dir
 
+    if args.transport == "http" and args.host not in LOOPBACK and not args.tokens:
+        raise UsageError(
+            f"serve --transport http --host {args.host}: anyone who reaches that address could run code, so "
+            "the server does not start without authentication. Make a token for each caller with "
+            "`sandbox-server token add NAME --policy POLICY --tokens FILE` and serve with `--tokens FILE`, "
+            "or bind to loopback (--host 127.0.0.1)"
+        )
+    if args.tokens and args.transport != "http":
+        raise UsageError("--tokens authenticates HTTP callers; over stdio the caller is the local user")
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="sandbox-server: %(message)s")
     log = logging.getLogger("sandbox_server")
     runtime = DockerRuntime.lazy()
@@ -64,9 +76,26 @@ def serve_command(args: argparse.Namespace) -> int:
     if swept:
         log.info("removed %d expired or orphaned workspace(s)", swept)
     proxies = EgressProxies(lambda: runtime.api, runtime.owner)
+    tokens, caller_policy = None, None
+    if args.tokens:
+        from sandbox_server.cli import policy_problem
+        from sandbox_server.tokens import TokensFile
+
+        tokens = TokensFile(Path(args.tokens), policy_problem(names))
+        log.info("HTTP callers need a token of %s (%d caller(s))", args.tokens, len(tokens.callers()))
+        caller_policies: dict[str, Policy] = {}
+
+        def caller_policy(reference: str) -> Policy:
+            """A token's policy, loaded the first time a call needs it (the server's own when it names that)."""
+            if reference == args.policy:
+                return app.policy
+            if reference not in caller_policies:
+                caller_policies[reference] = load_policy(reference, names, host_facts(runtime))
+            return caller_policies[reference]
+
     app = SandboxServer(
         tools, policy, runtime, page_size=args.page_size, audit=audit, pool=pool, tool_prefix=args.tool_prefix,
-        workspaces=workspaces, instance=runtime.owner, proxies=proxies,
+        workspaces=workspaces, instance=runtime.owner, proxies=proxies, caller_policy=caller_policy,
     )  # fmt: skip
 
     async def sweep_workspaces() -> None:
@@ -96,7 +125,7 @@ def serve_command(args: argparse.Namespace) -> int:
                         app.swap_policy,
                     )  # fmt: skip
                 if args.transport == "http":
-                    await serve_http(app, args.host, args.port)
+                    await serve_http(app, args.host, args.port, tokens, args.public_url)
                 else:
                     await serve_stdio(app)
                 group.cancel_scope.cancel()

@@ -8,11 +8,12 @@ that is down) is an `isError` result whose first line says what happened.
 from __future__ import annotations
 
 import base64
+import getpass
 import json
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -22,6 +23,9 @@ import mcp_types as types
 import psutil
 from jsonschema import Draft202012Validator
 from mcp.server import ServerRequestContext
+from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
+from mcp.server.auth.provider import AccessToken
+from mcp.server.auth.settings import AuthSettings
 from mcp.server.lowlevel import NotificationOptions, Server
 from mcp.server.session import ServerSession
 from mcp.server.stdio import stdio_server
@@ -29,9 +33,11 @@ from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, Res
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
+from pydantic import AnyHttpUrl
 
 from sandbox_server import __version__
 from sandbox_server.arguments import argument_path, describe_error, paginate
+from sandbox_server.auth import POLICY_CLAIM, ExplainedRefusals, StaticTokenVerifier
 from sandbox_server.egress import ProxyEndpoint
 from sandbox_server.errors import EngineError, EngineUnavailable, Refusal
 from sandbox_server.guard import Admission, AuditLog, call_record
@@ -41,6 +47,7 @@ from sandbox_server.results import OWN_NAME_META, RenderedResult, ResourceStore,
 from sandbox_server.sandbox.pool import PoolTarget, WarmPool
 from sandbox_server.sandbox.proxies import EgressProxies
 from sandbox_server.sandbox.runtime import SandboxRuntime
+from sandbox_server.tokens import TokensFile
 from sandbox_server.tools import Tool, ToolContext, ToolOutcome
 from sandbox_server.tools.base import annotations_for
 from sandbox_server.workspaces import RESOURCE_TEMPLATE, KeptWorkspace, WorkspaceStore, session_owner
@@ -79,6 +86,7 @@ class SandboxServer:
         workspaces: WorkspaceStore | None = None,
         instance: str = "local",
         proxies: EgressProxies | None = None,
+        caller_policy: Callable[[str], Policy] | None = None,
     ) -> None:
         self.all_tools = {tool.name: tool for tool in tools}
         self.tool_prefix = tool_prefix
@@ -91,6 +99,8 @@ class SandboxServer:
         self.pool = pool
         self.proxies = proxies
         """The egress proxies of policies with an allow list (None: such a policy's calls are refused)."""
+        self.caller_policy = caller_policy
+        """The policy a caller's token names, by its reference (None: every call runs under the server's)."""
         self._pooled_networks: set[str] = set()
         """Allow lists whose network the warm pools know of (by key)."""
         self.runtime: SandboxRuntime = pool if pool is not None else runtime
@@ -218,7 +228,9 @@ class SandboxServer:
 
     async def _call_tool(self, ctx: Context, params: types.CallToolRequestParams) -> types.CallToolResult:
         self._remember(ctx)
-        policy = self.policy  # one policy for the whole call, even if a new one is swapped in meanwhile
+        caller, reference = _identity(ctx)
+        # One policy for the whole call, even if a new one is swapped in meanwhile: the caller's, else the server's.
+        policy = self.policy if reference is None or self.caller_policy is None else self.caller_policy(reference)
         arguments = params.arguments or {}
         started = time.monotonic()
         client = _client_name(ctx)
@@ -227,6 +239,7 @@ class SandboxServer:
         record = call_record(
             client, own_name, params.name, arguments, policy.name, policy.digest, policy.audit.include_arguments
         )
+        record["caller"] = caller
         if tool is None:
             message = f"unknown tool {params.name!r}; tools/list names the tools"
             await self._audit_finish(record, ToolOutcome.refused(Refusal(message, "name"), policy.name), started)
@@ -234,7 +247,7 @@ class SandboxServer:
         outcome: ToolOutcome | None = None
         try:
             try:
-                outcome = await self._run_checked(tool, arguments, ctx, policy, client)
+                outcome = await self._run_checked(tool, arguments, ctx, policy, client, caller)
             except Refusal as refusal:  # the one place a refusal becomes a result
                 outcome = ToolOutcome.refused(refusal, policy.name)
             limits = policy.for_tool(tool.name).limits
@@ -252,7 +265,7 @@ class SandboxServer:
         await anyio.to_thread.run_sync(self.audit.write, record)
 
     async def _run_checked(
-        self, tool: Tool, arguments: Mapping[str, Any], ctx: Context, policy: Policy, client: str
+        self, tool: Tool, arguments: Mapping[str, Any], ctx: Context, policy: Policy, client: str, caller: str
     ) -> ToolOutcome:
         """Check the arguments and admission, then run the tool; every refusal on the way is raised."""
         tool_policy = policy.for_tool(tool.name)
@@ -272,7 +285,8 @@ class SandboxServer:
                 argument_path(errors[0]),
                 kind="invalid_arguments",
             )
-        ticket = self.admission.admit(client)
+        # An authenticated caller's limits are its own policy's and count its calls alone.
+        ticket = self.admission.admit(caller if _authenticated(ctx) else client, policy.rate, policy.name)
         try:
             runtime, kept = await self._workspace_runtime(arguments, ctx, policy, client)
         except BaseException:
@@ -431,6 +445,28 @@ class SandboxServer:
         )
 
 
+def _access_token(ctx: Context) -> AccessToken | None:
+    """The checked bearer token of an authenticated HTTP request; None over stdio or without auth."""
+    user = getattr(ctx.request, "scope", {}).get("user")
+    return user.access_token if isinstance(user, AuthenticatedUser) else None
+
+
+def _authenticated(ctx: Context) -> bool:
+    return _access_token(ctx) is not None
+
+
+def _identity(ctx: Context) -> tuple[str, str | None]:
+    """Who calls, for the audit log and the limits, and the policy reference their token names (None: the
+    server's): a token's caller; over stdio the local user running the server; else an anonymous HTTP client."""
+    token = _access_token(ctx)
+    if token is not None:
+        reference = (token.claims or {}).get(POLICY_CLAIM)
+        return token.subject or token.client_id, str(reference) if reference is not None else None
+    if ctx.request is None:
+        return f"local user {getpass.getuser()}", None
+    return "anonymous", None
+
+
 def _client_name(ctx: Context) -> str:
     params = ctx.session.client_params
     info = params.client_info if params is not None else None
@@ -457,8 +493,14 @@ async def serve_stdio(app: SandboxServer) -> None:
         await app.server.run(read_stream, write_stream, app.initialization_options())
 
 
-async def serve_http(app: SandboxServer, host: str, port: int) -> None:
-    """Serve MCP over Streamable HTTP at http://HOST:PORT/mcp."""
+async def serve_http(
+    app: SandboxServer, host: str, port: int, tokens: TokensFile | None = None, public_url: str | None = None
+) -> None:
+    """Serve MCP over Streamable HTTP at http://HOST:PORT/mcp; with `tokens`, only to their callers.
+
+    Authentication is the SDK's resource server: every request to /mcp needs a bearer token the
+    verifier knows, a 401 points at the protected-resource metadata (RFC 9728) at its well-known path.
+    """
     import uvicorn
 
     loopback = ["127.0.0.1", "localhost", "[::1]"]
@@ -468,7 +510,19 @@ async def serve_http(app: SandboxServer, host: str, port: int) -> None:
         allowed_hosts=[f"{name}:*" for name in names],
         allowed_origins=[f"http://{name}:*" for name in names] + [f"https://{name}:*" for name in names],
     )
-    starlette_app = app.server.streamable_http_app(host=host, transport_security=security)
-    watched = SessionEndWatcher(starlette_app, app.session_ended)
+    auth, verifier = None, None
+    if tokens is not None:
+        resource = public_url or f"http://{host}:{port}/mcp"
+        # Static tokens are issued by this server's operator (`sandbox-server token add`): the server's own
+        # origin stands as their issuer.
+        origin = "/".join(resource.split("/", 3)[:3])
+        auth = AuthSettings(
+            issuer_url=AnyHttpUrl(origin), resource_server_url=AnyHttpUrl(resource), validate_token_resource=False
+        )
+        verifier = StaticTokenVerifier(tokens)
+    starlette_app = app.server.streamable_http_app(
+        host=host, transport_security=security, auth=auth, token_verifier=verifier
+    )
+    watched = ExplainedRefusals(SessionEndWatcher(starlette_app, app.session_ended))
     config = uvicorn.Config(watched, host=host, port=port, log_level="warning", lifespan="on")
     await uvicorn.Server(config).serve()

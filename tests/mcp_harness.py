@@ -59,7 +59,7 @@ def check_result(name: str, result: types.CallToolResult, schema: dict[str, Any]
     CHECKED.append((name, bool(result.is_error)))
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
@@ -83,10 +83,12 @@ class ServerProcess:
                 self.lines.append(raw.decode(errors="replace"))
                 self._changed.notify_all()
 
-    def wait_for_line(self, text: str, timeout_s: float = 10) -> str:
-        """Block until the server logs a line containing `text`."""
+    def wait_for_line(self, text: str, timeout_s: float = 10, after: int = 0) -> str:
+        """Block until the server logs a line containing `text` (among its lines from index `after` on)."""
         with self._changed:
-            found = self._changed.wait_for(lambda: next((line for line in self.lines if text in line), None), timeout_s)
+            found = self._changed.wait_for(
+                lambda: next((line for line in self.lines[after:] if text in line), None), timeout_s
+            )
         if not found:
             raise AssertionError(f"the server did not log {text!r} within {timeout_s} s; it logged: {self.lines}")
         return found
@@ -102,7 +104,7 @@ def http_server(*serve_args: str, env: dict[str, str] | None = None) -> Iterator
 @contextmanager
 def http_server_process(*serve_args: str, env: dict[str, str] | None = None) -> Iterator[ServerProcess]:
     """A `serve --transport http` child process, with its log readable."""
-    port = _free_port()
+    port = free_port()
     process = subprocess.Popen(
         [sys.executable, "-m", "sandbox_server", "serve", "--transport", "http", "--port", str(port), *serve_args],
         env={**os.environ, **(env or {})},

@@ -49,6 +49,7 @@ class Admission:
         self._lock = threading.Lock()
         self._calls: defaultdict[str, deque[float]] = defaultdict(deque)
         self._running = 0
+        self._running_by: defaultdict[str, int] = defaultdict(int)
 
     def reconfigure(self, rate: RateLimits, host: HostAdmission, policy_name: str) -> None:
         """New limits for calls admitted from now on; running calls keep their slots."""
@@ -60,38 +61,52 @@ class Admission:
         """Sandboxes admitted and not yet released."""
         return self._running
 
-    def admit(self, client: str) -> Ticket:
-        """A ticket; raises the Refusal to send back at once when the call may not start now."""
+    def admit(self, client: str, rate: RateLimits | None = None, policy_name: str | None = None) -> Ticket:
+        """A ticket; raises the Refusal to send back at once when the call may not start now.
+
+        `rate` and `policy_name` are the caller's own policy's (an authenticated caller's token may name
+        one): its calls per minute and concurrent calls count for this client alone. The server's
+        policy's concurrent calls bound every client together.
+        """
+        rate, policy_name = rate or self.rate, policy_name or self.policy_name
         now = self._clock()
         with self._lock:
             window = self._calls[client]
             while window and window[0] <= now - 60:
                 window.popleft()
-            if len(window) >= self.rate.calls_per_minute:
+            if len(window) >= rate.calls_per_minute:
                 retry = max(1, math.ceil(window[0] + 60 - now))
                 raise Refusal(
-                    f"rate limited: {self.rate.calls_per_minute} calls/min (policy '{self.policy_name}', "
+                    f"rate limited: {rate.calls_per_minute} calls/min (policy '{policy_name}', "
                     f"field rate.calls_per_minute); retry in {retry} s",
                     "rate.calls_per_minute",
                     kind="rate_limited",
                     retry_after_s=retry,
                 )
-            if self._running >= self.rate.concurrent_calls:
-                raise Refusal(
-                    f"busy: {self.rate.concurrent_calls} calls already running (policy '{self.policy_name}', "
-                    "field rate.concurrent_calls); retry in 1 s",
-                    "rate.concurrent_calls",
-                    kind="busy",
-                    retry_after_s=1,
-                )
+            for running, limit, name in (
+                (self._running_by[client], rate.concurrent_calls, policy_name),
+                (self._running, self.rate.concurrent_calls, self.policy_name),
+            ):
+                if running >= limit:
+                    raise Refusal(
+                        f"busy: {limit} calls already running (policy '{name}', field rate.concurrent_calls); "
+                        "retry in 1 s",
+                        "rate.concurrent_calls",
+                        kind="busy",
+                        retry_after_s=1,
+                    )
             self._refuse_when_saturated()
             window.append(now)
             self._running += 1
-        return Ticket(self._release)
+            self._running_by[client] += 1
+        return Ticket(lambda: self._release(client))
 
-    def _release(self) -> None:
+    def _release(self, client: str) -> None:
         with self._lock:
             self._running -= 1
+            self._running_by[client] -= 1
+            if not self._running_by[client]:
+                del self._running_by[client]
 
     def _refuse_when_saturated(self) -> None:
         available_mb = psutil.virtual_memory().available // (1024 * 1024)

@@ -1,0 +1,160 @@
+"""Who is calling over HTTP: static tokens, a policy per caller, refusals that say why.
+
+The real server over Streamable HTTP, the official MCP client carrying each caller's
+token, the real engine; tokens made by the real `sandbox-server token` commands.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import pytest
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
+
+from sandbox_server.sandbox.docker_runtime import DockerRuntime
+from tests.mcp_harness import CheckedClient, ServerProcess, connect, free_port, http_server_process, text_of
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(scope="module")
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "sandbox_server", *args], capture_output=True, text=True, timeout=60)
+
+
+def add_token(tokens: Path, name: str, policy: str) -> str:
+    done = cli("token", "add", name, "--policy", policy, "--tokens", str(tokens))
+    assert done.returncode == 0, done.stderr
+    return done.stdout.splitlines()[-1]  # alone on the last line
+
+
+def test_http_on_an_address_other_than_loopback_does_not_start_without_authentication() -> None:
+    done = cli("serve", "--transport", "http", "--host", "0.0.0.0", "--port", str(free_port()))
+    assert done.returncode == 2
+    assert "does not start without authentication" in done.stderr, done.stderr
+    assert (
+        "sandbox-server token add NAME --policy POLICY --tokens FILE" in done.stderr and "--tokens FILE" in done.stderr
+    )
+
+
+def test_token_add_prints_the_token_once_and_keeps_only_its_hash(tmp_path: Path) -> None:
+    tokens = tmp_path / "tokens.json"
+    token = add_token(tokens, "alice", "default")
+    assert token.startswith("sbx_") and len(token) > 40
+    stored = tokens.read_text()
+    assert token not in stored and json.loads(stored)["tokens"][0]["name"] == "alice"
+    assert tokens.stat().st_mode & 0o777 == 0o600
+    again = cli("token", "add", "alice", "--tokens", str(tokens))
+    assert again.returncode == 1 and "a caller named 'alice' exists" in again.stderr
+    unknown_policy = cli("token", "add", "carol", "--policy", "no-such-policy", "--tokens", str(tokens))
+    assert unknown_policy.returncode == 1 and "--policy" in unknown_policy.stderr
+    listed = cli("token", "list", "--tokens", str(tokens))
+    assert listed.stdout.startswith("alice\tpolicy default\tadded ") and token not in listed.stdout
+    assert cli("token", "revoke", "alice", "--tokens", str(tokens)).returncode == 0
+    assert json.loads(tokens.read_text()) == {"tokens": []}
+
+
+@dataclass
+class Team:
+    server: ServerProcess
+    tokens: Path
+    audit: Path
+    alice: str
+    bob: str
+
+
+@pytest.fixture(scope="module")
+def team(runtime: DockerRuntime, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Team]:
+    folder = tmp_path_factory.mktemp("team")
+    tokens, audit = folder / "tokens.json", folder / "audit.jsonl"
+    alice, bob = add_token(tokens, "alice", "default"), add_token(tokens, "bob", "strict")
+    with http_server_process("--tokens", str(tokens), "--audit-log", str(audit), "--no-pool") as server:
+        yield Team(server, tokens, audit, alice, bob)
+
+
+@asynccontextmanager
+async def as_caller(team: Team, token: str) -> AsyncIterator[CheckedClient]:
+    headers = {"Authorization": f"Bearer {token}"}
+    async with httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30, read=300)) as http:
+        async with connect(streamable_http_client(team.server.url, http_client=http)) as client:
+            yield client
+
+
+async def call(client: CheckedClient, tool: str, **arguments: Any) -> dict[str, Any]:
+    result = await client.call_tool(tool, arguments)
+    assert result.structured_content is not None, text_of(result)
+    return {"text": text_of(result), "is_error": result.is_error, **result.structured_content}
+
+
+async def test_a_request_without_a_valid_token_gets_a_401_saying_why_and_where_the_metadata_is(team: Team) -> None:
+    metadata = team.server.url.replace("/mcp", "/.well-known/oauth-protected-resource/mcp")
+    async with httpx2.AsyncClient() as http:
+        cases = {
+            "no bearer token": {},
+            "malformed Authorization header": {"Authorization": "Basic YWxpY2U6eA=="},
+            "the token is not known here": {"Authorization": "Bearer sbx_made-up"},
+        }
+        for reason, headers in cases.items():
+            answer = await http.post(team.server.url, headers=headers, json={})
+            assert answer.status_code == 401
+            challenge = answer.headers["www-authenticate"]
+            assert challenge.startswith("Bearer ") and f'error_description="{reason}' in challenge, challenge
+            assert f'resource_metadata="{metadata}"' in challenge
+        described = (await http.get(metadata)).json()
+    assert described["resource"] == team.server.url and described["bearer_methods_supported"] == ["header"]
+    team.server.wait_for_line("refused an HTTP request from 127.0.0.1: the token is not known here")
+    assert not any("sbx_made-up" in line or "YWxpY2U6eA" in line for line in team.server.lines)
+
+
+async def test_each_callers_calls_run_under_the_policy_of_its_token_and_the_audit_names_them(team: Team) -> None:
+    async with as_caller(team, team.alice) as alice, as_caller(team, team.bob) as bob:
+        alices = await call(alice, "run_python", code="import os\nos.getuid()")
+        bobs = await call(bob, "run_python", code="import os\nos.getuid()")
+        shell = await call(bob, "execute_command", command="id")
+    assert alices["stdout"] == "1000\n", alices["text"]  # default
+    assert bobs["stdout"] == "65534\n", bobs["text"]  # strict
+    assert shell["is_error"] and "policy 'strict' does not allow a shell (field commands.shell)" in shell["text"]
+    records = [json.loads(line) for line in team.audit.read_text().splitlines()]
+    assert [(r["caller"], r["policy"]) for r in records[-3:]] == [
+        ("alice", "default"),
+        ("bob", "strict"),
+        ("bob", "strict"),
+    ]
+    audit_text = team.audit.read_text()
+    assert team.alice not in audit_text and team.bob not in audit_text
+
+
+async def test_a_revoked_token_fails_at_once_and_a_broken_tokens_file_keeps_the_last_good_one(team: Team) -> None:
+    carol = add_token(team.tokens, "carol", "default")
+    async with as_caller(team, carol) as client:
+        assert (await call(client, "run_python", code="1 + 1"))["stdout"] == "2\n"
+        assert cli("token", "revoke", "carol", "--tokens", str(team.tokens)).returncode == 0
+        logged = len(team.server.lines)
+        with pytest.raises(MCPError):  # the session's very next request
+            await client.call_tool("run_python", {"code": "1 + 1"})
+        team.server.wait_for_line("refused an HTTP request from 127.0.0.1: the token is not known here", after=logged)
+    good = team.tokens.read_text()
+    team.tokens.write_text(good.replace('"policy": "default"', '"policy": 7', 1))
+    try:
+        async with as_caller(team, team.alice) as alice:
+            assert (await call(alice, "run_python", code="2 + 2"))["stdout"] == "4\n"
+        line = team.server.wait_for_line("tokens[0].policy: expected a shipped policy name or a policy file")
+        assert carol not in line and team.alice not in line
+        team.server.wait_for_line("the previous tokens stay in force")
+    finally:
+        team.tokens.write_text(good)
+        os.chmod(team.tokens, 0o600)

@@ -23,8 +23,6 @@ if TYPE_CHECKING:
 
 __all__ = ["serve_command"]
 
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
-"""Addresses `serve --transport http` may bind without authentication."""
 WORKSPACE_SWEEP_S = 60.0
 """How often expired workspaces are looked for while serving."""
 
@@ -38,11 +36,11 @@ def serve_command(args: argparse.Namespace) -> int:
     from sandbox_server.sandbox.pool import WarmPool
     from sandbox_server.sandbox.proxies import EgressProxies
     from sandbox_server.sandbox.removal import owner_alive
-    from sandbox_server.server import SandboxServer, serve_http, serve_stdio
+    from sandbox_server.server import LOOPBACK_HOSTS, SandboxServer, serve_http, serve_stdio
     from sandbox_server.tools import all_tools
     from sandbox_server.workspaces import WorkspaceStore, default_state_dir
 
-    if args.transport == "http" and args.host not in LOOPBACK and not args.tokens:
+    if args.transport == "http" and args.host not in LOOPBACK_HOSTS and not args.tokens:
         raise UsageError(
             f"serve --transport http --host {args.host}: anyone who reaches that address could run code, so "
             "the server does not start without authentication. Make a token for each caller with "

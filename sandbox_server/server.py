@@ -14,7 +14,7 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import anyio
@@ -228,18 +228,20 @@ class SandboxServer:
 
     async def _call_tool(self, ctx: Context, params: types.CallToolRequestParams) -> types.CallToolResult:
         self._remember(ctx)
-        caller, reference = _identity(ctx)
+        client = _client_name(ctx)
+        identity = _identity(ctx, client)
         # One policy for the whole call, even if a new one is swapped in meanwhile: the caller's, else the server's.
-        policy = self.policy if reference is None or self.caller_policy is None else self.caller_policy(reference)
+        policy = self.policy
+        if identity.policy is not None and self.caller_policy is not None:
+            policy = self.caller_policy(identity.policy)
         arguments = params.arguments or {}
         started = time.monotonic()
-        client = _client_name(ctx)
         tool = self.tools.get(params.name)
         own_name = tool.name if tool is not None else params.name
         record = call_record(
             client, own_name, params.name, arguments, policy.name, policy.digest, policy.audit.include_arguments
         )
-        record["caller"] = caller
+        record["caller"] = identity.caller
         if tool is None:
             message = f"unknown tool {params.name!r}; tools/list names the tools"
             await self._audit_finish(record, ToolOutcome.refused(Refusal(message, "name"), policy.name), started)
@@ -247,7 +249,7 @@ class SandboxServer:
         outcome: ToolOutcome | None = None
         try:
             try:
-                outcome = await self._run_checked(tool, arguments, ctx, policy, client, caller)
+                outcome = await self._run_checked(tool, arguments, ctx, policy, client, identity.limits_key)
             except Refusal as refusal:  # the one place a refusal becomes a result
                 outcome = ToolOutcome.refused(refusal, policy.name)
             limits = policy.for_tool(tool.name).limits
@@ -265,7 +267,7 @@ class SandboxServer:
         await anyio.to_thread.run_sync(self.audit.write, record)
 
     async def _run_checked(
-        self, tool: Tool, arguments: Mapping[str, Any], ctx: Context, policy: Policy, client: str, caller: str
+        self, tool: Tool, arguments: Mapping[str, Any], ctx: Context, policy: Policy, client: str, limits_key: str
     ) -> ToolOutcome:
         """Check the arguments and admission, then run the tool; every refusal on the way is raised."""
         tool_policy = policy.for_tool(tool.name)
@@ -286,7 +288,7 @@ class SandboxServer:
                 kind="invalid_arguments",
             )
         # An authenticated caller's limits are its own policy's and count its calls alone.
-        ticket = self.admission.admit(caller if _authenticated(ctx) else client, policy.rate, policy.name)
+        ticket = self.admission.admit(limits_key, policy.rate, policy.name)
         try:
             runtime, kept = await self._workspace_runtime(arguments, ctx, policy, client)
         except BaseException:
@@ -445,26 +447,34 @@ class SandboxServer:
         )
 
 
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+"""Addresses to bind `serve --transport http` to that only this machine reaches."""
+
+
 def _access_token(ctx: Context) -> AccessToken | None:
     """The checked bearer token of an authenticated HTTP request; None over stdio or without auth."""
     user = getattr(ctx.request, "scope", {}).get("user")
     return user.access_token if isinstance(user, AuthenticatedUser) else None
 
 
-def _authenticated(ctx: Context) -> bool:
-    return _access_token(ctx) is not None
+@dataclass(frozen=True, slots=True)
+class _Identity:
+    caller: str
+    """Who calls, as the audit record names them."""
+    policy: str | None
+    """The policy reference their token names (None: the server's)."""
+    limits_key: str
+    """Whose calls the rate limits count together: an authenticated caller's, else the client session's."""
 
 
-def _identity(ctx: Context) -> tuple[str, str | None]:
-    """Who calls, for the audit log and the limits, and the policy reference their token names (None: the
-    server's): a token's caller; over stdio the local user running the server; else an anonymous HTTP client."""
+def _identity(ctx: Context, client: str) -> _Identity:
+    """A token's caller; over stdio the local user running the server; else an anonymous HTTP client."""
     token = _access_token(ctx)
     if token is not None:
-        reference = (token.claims or {}).get(POLICY_CLAIM)
-        return token.subject or token.client_id, str(reference) if reference is not None else None
-    if ctx.request is None:
-        return f"local user {getpass.getuser()}", None
-    return "anonymous", None
+        caller, reference = token.subject or token.client_id, (token.claims or {}).get(POLICY_CLAIM)
+        return _Identity(caller, str(reference) if reference is not None else None, caller)
+    caller = f"local user {getpass.getuser()}" if ctx.request is None else "anonymous"
+    return _Identity(caller, None, client)
 
 
 def _client_name(ctx: Context) -> str:
@@ -504,7 +514,7 @@ async def serve_http(
     import uvicorn
 
     loopback = ["127.0.0.1", "localhost", "[::1]"]
-    names = loopback if host in ("127.0.0.1", "localhost", "::1") else [host, *loopback]
+    names = loopback if host in LOOPBACK_HOSTS else [host, *loopback]
     security = TransportSecuritySettings(
         enable_dns_rebinding_protection=True,
         allowed_hosts=[f"{name}:*" for name in names],

@@ -121,9 +121,12 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _token_add(args: argparse.Namespace) -> int:
+    from sandbox_server.policy.loader import load_policy
     from sandbox_server.tokens import add_caller
 
-    token = add_caller(Path(args.tokens), args.name, args.policy, policy_problem(_tool_names()))
+    names = _tool_names()
+    problem = policy_problem(lambda reference: load_policy(reference, names))
+    token = add_caller(Path(args.tokens), args.name, args.policy, problem)
     _say(f"added caller {args.name!r} (policy {args.policy}) to {args.tokens}; its token, shown this once:")
     print(token)
     return 0
@@ -145,14 +148,13 @@ def _token_revoke(args: argparse.Namespace) -> int:
     return 0
 
 
-def policy_problem(tool_names: list[str]) -> Callable[[str], str | None]:
-    """What is wrong with a policy reference (None when it loads), for a tokens file's entries."""
+def policy_problem(load: Callable[[str], object]) -> Callable[[str], str | None]:
+    """What is wrong with a policy reference (None when `load` loads it), for a tokens file's entries."""
     from sandbox_server.errors import ConfigError
-    from sandbox_server.policy.loader import load_policy
 
     def problem(reference: str) -> str | None:
         try:
-            load_policy(reference, tool_names)
+            load(reference)
         except ConfigError as exc:
             return str(exc)
         return None

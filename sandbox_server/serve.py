@@ -74,27 +74,29 @@ def serve_command(args: argparse.Namespace) -> int:
     if swept:
         log.info("removed %d expired or orphaned workspace(s)", swept)
     proxies = EgressProxies(lambda: runtime.api, runtime.owner)
-    tokens, caller_policy = None, None
+    caller_policies: dict[str, Policy] = {}
+
+    def caller_policy(reference: str) -> Policy:
+        """A token's policy, loaded once for this host (the server's own, with its reloads, when it names that)."""
+        if reference == args.policy:
+            return app.policy
+        if reference not in caller_policies:
+            caller_policies[reference] = load_policy(reference, names, host_facts(runtime))
+        return caller_policies[reference]
+
+    app = SandboxServer(
+        tools, policy, runtime, page_size=args.page_size, audit=audit, pool=pool, tool_prefix=args.tool_prefix,
+        workspaces=workspaces, instance=runtime.owner, proxies=proxies,
+        caller_policy=caller_policy if args.tokens else None,
+    )  # fmt: skip
+    tokens = None
     if args.tokens:
         from sandbox_server.cli import policy_problem
         from sandbox_server.tokens import TokensFile
 
-        tokens = TokensFile(Path(args.tokens), policy_problem(names))
+        # An entry's policy is checked by loading it as its caller's calls will.
+        tokens = TokensFile(Path(args.tokens), policy_problem(caller_policy))
         log.info("HTTP callers need a token of %s (%d caller(s))", args.tokens, len(tokens.callers()))
-        caller_policies: dict[str, Policy] = {}
-
-        def caller_policy(reference: str) -> Policy:
-            """A token's policy, loaded the first time a call needs it (the server's own when it names that)."""
-            if reference == args.policy:
-                return app.policy
-            if reference not in caller_policies:
-                caller_policies[reference] = load_policy(reference, names, host_facts(runtime))
-            return caller_policies[reference]
-
-    app = SandboxServer(
-        tools, policy, runtime, page_size=args.page_size, audit=audit, pool=pool, tool_prefix=args.tool_prefix,
-        workspaces=workspaces, instance=runtime.owner, proxies=proxies, caller_policy=caller_policy,
-    )  # fmt: skip
 
     async def sweep_workspaces() -> None:
         while True:

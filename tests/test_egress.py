@@ -150,23 +150,20 @@ def upstreams(runtime: DockerRuntime, tmp_path_factory: pytest.TempPathFactory) 
     network = api.create_network(name, internal=True)["Id"]
     containers = []
     try:
-        for label, port, tls in (("web", 80, ()), ("secure", 443, ("/tls/cert.pem", "/tls/key.pem"))):
+        upstreams = (  # the program, and the host folder it reads at the path
+            (["python3", "-c", WEB, "web", "80"], folder, "/tls"),
+            (["python3", "-c", WEB, "secure", "443", "/tls/cert.pem", "/tls/key.pem"], folder, "/tls"),
+            (["python3", "-c", INDEX], index, "/index"),
+        )
+        for program, source, target in upstreams:
             created = api.create_container(
-                SHELL, ["python3", "-c", WEB, label, str(port), *tls],
-                host_config=api.create_host_config(network_mode=name, binds={str(folder): {"bind": "/tls", "mode": "ro"}},
+                SHELL, program,
+                host_config=api.create_host_config(network_mode=name, binds={str(source): {"bind": target, "mode": "ro"}},
                                                    read_only=True, cap_drop=["ALL"]),
             )  # fmt: skip
             containers.append(created["Id"])
             api.start(created["Id"])
             _wait_listening(api, created["Id"])
-        created = api.create_container(
-            SHELL, ["python3", "-c", INDEX],
-            host_config=api.create_host_config(network_mode=name, binds={str(index): {"bind": "/index", "mode": "ro"}},
-                                               read_only=True, cap_drop=["ALL"]),
-        )  # fmt: skip
-        containers.append(created["Id"])
-        api.start(created["Id"])
-        _wait_listening(api, created["Id"])
         addresses = [api.inspect_container(c)["NetworkSettings"]["Networks"][name]["IPAddress"] for c in containers]
         yield Upstreams(name, addresses[0], addresses[1], (folder / "cert.pem").read_text(), addresses[2])
     finally:

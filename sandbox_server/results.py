@@ -53,32 +53,36 @@ def sanitize(text: str) -> str:
 
 
 class ResourceStore:
-    """Files too large to embed, readable through resources/read; oldest dropped past the cap."""
+    """Files too large to embed, readable through resources/read; oldest dropped past the cap.
+
+    A file kept for an authenticated caller is that caller's alone: to anyone else it does not exist.
+    """
 
     def __init__(self, max_bytes: int = 256 * 1024 * 1024) -> None:
         self.max_bytes = max_bytes
-        self._items: OrderedDict[str, tuple[str, bytes]] = OrderedDict()
+        self._items: OrderedDict[str, tuple[str, bytes, str | None]] = OrderedDict()
         self._used = 0
         self._lock = threading.Lock()
 
-    def put(self, uri: str, mime_type: str, content: bytes) -> None:
-        """Keep a file under its URI."""
+    def put(self, uri: str, mime_type: str, content: bytes, owner: str | None = None) -> None:
+        """Keep a file under its URI, for its owner (None: for whoever holds the URI)."""
         with self._lock:
-            self._items[uri] = (mime_type, content)
+            self._items[uri] = (mime_type, content, owner)
             self._used += len(content)
             while self._used > self.max_bytes and self._items:
-                _, (_, dropped) = self._items.popitem(last=False)
+                _, (_, dropped, _) = self._items.popitem(last=False)
                 self._used -= len(dropped)
 
-    def get(self, uri: str) -> tuple[str, bytes] | None:
-        """The MIME type and bytes of a kept file, or None."""
+    def get(self, uri: str, owner: str | None = None) -> tuple[str, bytes] | None:
+        """The MIME type and bytes of a file kept for this owner, or None."""
         with self._lock:
-            return self._items.get(uri)
+            found = self._items.get(uri)
+        return found[:2] if found is not None and found[2] == owner else None
 
-    def uris(self) -> list[str]:
-        """Every kept URI, oldest first."""
+    def uris(self, owner: str | None = None) -> list[str]:
+        """Every URI kept for this owner, oldest first."""
         with self._lock:
-            return list(self._items)
+            return [uri for uri, (_, _, kept_for) in self._items.items() if kept_for == owner]
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +105,7 @@ def _mime_type(file: OutputFile) -> str:
     return guessed
 
 
-def _file_block(file: OutputFile, call_id: str, store: ResourceStore) -> dict[str, Any]:
+def _file_block(file: OutputFile, call_id: str, store: ResourceStore, owner: str | None) -> dict[str, Any]:
     uri = f"sandbox://calls/{call_id}/out/{quote(file.path, safe='/')}"
     mime = _mime_type(file)
     if mime in IMAGE_TYPES.values() and len(file.content) <= EMBED_BLOB_BYTES * 8:
@@ -118,7 +122,7 @@ def _file_block(file: OutputFile, call_id: str, store: ResourceStore) -> dict[st
     if text is None and len(file.content) <= EMBED_BLOB_BYTES:
         blob = base64.b64encode(file.content).decode()
         return {"type": "resource", "resource": {"uri": uri, "mimeType": mime, "blob": blob}}
-    store.put(uri, mime, file.content)
+    store.put(uri, mime, file.content, owner)
     return {
         "type": "resource_link",
         "uri": uri,
@@ -130,9 +134,13 @@ def _file_block(file: OutputFile, call_id: str, store: ResourceStore) -> dict[st
 
 
 def render(
-    outcome: ToolOutcome, store: ResourceStore, max_images: int = 8, max_image_bytes: int = 4_000_000
+    outcome: ToolOutcome,
+    store: ResourceStore,
+    max_images: int = 8,
+    max_image_bytes: int = 4_000_000,
+    owner: str | None = None,
 ) -> RenderedResult:
-    """The blocks a client receives: text first, then structured JSON, images and files."""
+    """The blocks a client receives: text first, then structured JSON, images and files (large ones kept for `owner`)."""
     lines = [sanitize(outcome.headline)]
     for title, body in outcome.sections:
         if body or title == "stdout":
@@ -164,7 +172,7 @@ def render(
                 continue
             images += 1
             image_bytes += file.size
-        content.append(_file_block(file, call_id, store))
+        content.append(_file_block(file, call_id, store, owner))
     if skipped:
         content[0]["text"] += "\n" + "\n".join(skipped)
     return RenderedResult(content=content, structured=structured, is_error=outcome.is_error)

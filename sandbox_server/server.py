@@ -249,11 +249,11 @@ class SandboxServer:
         outcome: ToolOutcome | None = None
         try:
             try:
-                outcome = await self._run_checked(tool, arguments, ctx, policy, client, identity.limits_key)
+                outcome = await self._run_checked(tool, arguments, ctx, policy, identity)
             except Refusal as refusal:  # the one place a refusal becomes a result
                 outcome = ToolOutcome.refused(refusal, policy.name)
             limits = policy.for_tool(tool.name).limits
-            rendered = render(outcome, self.store, limits.returned_images, limits.returned_image_bytes)
+            rendered = render(outcome, self.store, limits.returned_images, limits.returned_image_bytes, identity.owner)
         finally:
             with anyio.CancelScope(shield=True):
                 await self._audit_finish(record, outcome, started)
@@ -267,7 +267,7 @@ class SandboxServer:
         await anyio.to_thread.run_sync(self.audit.write, record)
 
     async def _run_checked(
-        self, tool: Tool, arguments: Mapping[str, Any], ctx: Context, policy: Policy, client: str, limits_key: str
+        self, tool: Tool, arguments: Mapping[str, Any], ctx: Context, policy: Policy, identity: _Identity
     ) -> ToolOutcome:
         """Check the arguments and admission, then run the tool; every refusal on the way is raised."""
         tool_policy = policy.for_tool(tool.name)
@@ -288,9 +288,9 @@ class SandboxServer:
                 kind="invalid_arguments",
             )
         # An authenticated caller's limits are its own policy's and count its calls alone.
-        ticket = self.admission.admit(limits_key, policy.rate, policy.name)
+        ticket = self.admission.admit(identity.limits_key, policy.rate, policy.name)
         try:
-            runtime, kept = await self._workspace_runtime(arguments, ctx, policy, client)
+            runtime, kept = await self._workspace_runtime(arguments, ctx, policy, identity)
         except BaseException:
             ticket.release()
             raise
@@ -368,20 +368,22 @@ class SandboxServer:
             await anyio.to_thread.run_sync(self.workspaces.end_owner, session_owner(self.instance, session_id))
 
     async def _workspace_runtime(
-        self, arguments: Mapping[str, Any], ctx: Context, policy: Policy, client: str
+        self, arguments: Mapping[str, Any], ctx: Context, policy: Policy, identity: _Identity
     ) -> tuple[SandboxRuntime, KeptWorkspace | None]:
         """The runtime of this call: in its kept workspace when the policy keeps them, else the plain one.
 
         Opening one may remove another to make room (unmounting it), so it happens off the event loop."""
         store = self.workspaces if policy.workspace.persist else None
-        requested, caller = arguments.get("workspace"), self._caller(ctx)
-        kept = await anyio.to_thread.run_sync(KeptWorkspace.open, self.runtime, store, requested, caller, client)
+        requested, session = arguments.get("workspace"), self._session_owner(ctx)
+        kept = await anyio.to_thread.run_sync(
+            KeptWorkspace.open, self.runtime, store, requested, session, identity.limits_key, identity.owner
+        )
         return (kept or self.runtime), kept
 
     # -- resources ---------------------------------------------------------------------
 
-    def _caller(self, ctx: Context) -> str | None:
-        """Who owns the workspaces a request may see: its handshake session; None in the 2026-07-28 era."""
+    def _session_owner(self, ctx: Context) -> str | None:
+        """The session whose workspace a request may see: its handshake session's; None in the 2026-07-28 era."""
         if ctx.protocol_version not in HANDSHAKE_PROTOCOL_VERSIONS:
             return None
         return session_owner(self.instance, _session_id(ctx) or "stdio")
@@ -390,15 +392,16 @@ class SandboxServer:
         self, ctx: Context, params: types.PaginatedRequestParams | None
     ) -> types.ListResourcesResult:
         resources = []
-        for uri in self.store.uris():
-            found = self.store.get(uri)
+        caller = _identity(ctx, _client_name(ctx)).owner
+        for uri in self.store.uris(caller):
+            found = self.store.get(uri, caller)
             if found:
                 resources.append(
                     types.Resource(uri=uri, name=uri.rsplit("/", 1)[-1], mime_type=found[0], size=len(found[1]))
                 )
-        owner = self._caller(ctx)
-        if self.workspaces is not None and owner is not None:
-            listing = await anyio.to_thread.run_sync(self.workspaces.listing, owner)
+        session = self._session_owner(ctx)
+        if self.workspaces is not None and session is not None:
+            listing = await anyio.to_thread.run_sync(self.workspaces.listing, session, caller)
             resources += [types.Resource(uri=u, name=n, mime_type=m, size=size) for u, n, m, size in listing]
         return types.ListResourcesResult(resources=resources)
 
@@ -413,18 +416,20 @@ class SandboxServer:
         )
         return types.ListResourceTemplatesResult(resource_templates=[kept])
 
-    def _workspace_file(self, ctx: Context, uri: str) -> tuple[str, bytes] | None:
+    def _workspace_file(self, ctx: Context, uri: str, caller: str | None) -> tuple[str, bytes] | None:
         """A kept workspace's file the caller may read, as (MIME type, bytes)."""
         if self.workspaces is None:
             return None
         try:
-            return self.workspaces.read_resource(uri, self._caller(ctx), self.policy.default.limits.returned_file_bytes)
+            limit = self.policy.default.limits.returned_file_bytes
+            return self.workspaces.read_resource(uri, self._session_owner(ctx), limit, caller)
         except Refusal as refusal:
             raise MCPError(INVALID_PARAMS, refusal.message) from None
 
     async def _read_resource(self, ctx: Context, params: types.ReadResourceRequestParams) -> types.ReadResourceResult:
         uri = str(params.uri)
-        found = self.store.get(uri) or await anyio.to_thread.run_sync(self._workspace_file, ctx, uri)
+        caller = _identity(ctx, _client_name(ctx)).owner
+        found = self.store.get(uri, caller) or await anyio.to_thread.run_sync(self._workspace_file, ctx, uri, caller)
         if found is None:
             code = (
                 RESOURCE_NOT_FOUND_HANDSHAKE if ctx.protocol_version in HANDSHAKE_PROTOCOL_VERSIONS else INVALID_PARAMS
@@ -465,6 +470,8 @@ class _Identity:
     """The policy reference their token names (None: the server's)."""
     limits_key: str
     """Whose calls the rate limits count together: an authenticated caller's, else the client session's."""
+    owner: str | None
+    """Whose files and workspaces the call may see: an authenticated caller's alone (None: unauthenticated)."""
 
 
 def _identity(ctx: Context, client: str) -> _Identity:
@@ -472,9 +479,9 @@ def _identity(ctx: Context, client: str) -> _Identity:
     token = _access_token(ctx)
     if token is not None:
         caller, reference = token.subject or token.client_id, (token.claims or {}).get(POLICY_CLAIM)
-        return _Identity(caller, str(reference) if reference is not None else None, caller)
+        return _Identity(caller, str(reference) if reference is not None else None, caller, caller)
     caller = f"local user {getpass.getuser()}" if ctx.request is None else "anonymous"
-    return _Identity(caller, None, client)
+    return _Identity(caller, None, client, None)
 
 
 def _client_name(ctx: Context) -> str:

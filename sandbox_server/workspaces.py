@@ -4,8 +4,9 @@ This module keeps the records (a small JSON file per workspace): who a workspace
 to, when it was last used, what it takes of the host's cap, and that one call at a time
 works in it. Where its files live is sandbox_server.workspace_contents' concern (a mounted
 ext4 image, or an archive). Ids are 128-bit random. In the handshake era a workspace
-belongs to its session; in the 2026-07-28 era its id is the capability. An id that does
-not exist, has expired or belongs to another session gets one and the same answer.
+belongs to its session; in the 2026-07-28 era its id is the capability. Either way a
+workspace made for an authenticated caller is that caller's alone. An id that does not
+exist, has expired or belongs to another session or caller gets one and the same answer.
 """
 
 from __future__ import annotations
@@ -88,6 +89,8 @@ class WorkspaceRecord:
     created: float
     last_used: float
     size_bytes: int = 0
+    caller: str | None = None
+    """The authenticated caller it was made for, who alone may use it (None: made without authentication)."""
 
 
 class WorkspaceStore:
@@ -134,17 +137,19 @@ class WorkspaceStore:
             "workspace",
         )
 
-    def open(self, requested: str | None, owner: str | None, client: str) -> tuple[WorkspaceRecord, list[str]]:
+    def open(
+        self, requested: str | None, owner: str | None, client: str, caller: str | None = None
+    ) -> tuple[WorkspaceRecord, list[str]]:
         """The workspace a call works in, and notes for its answer; raises Refusal for an id it may not use."""
         now = time.time()
         with self._lock:
             if requested is not None:
                 record = self._records.get(requested) if ID_PATTERN.fullmatch(requested) else None
-                if record is None or not self._visible(record, owner, now):
+                if record is None or not self._visible(record, owner, caller, now):
                     raise self.unknown(requested)
                 return record, []
             if owner is not None:
-                mine = [r for r in self._records.values() if r.owner == owner and not self._expired(r, now)]
+                mine = [r for r in self._records.values() if r.owner == owner and self._visible(r, owner, caller, now)]
                 if mine:
                     return max(mine, key=lambda r: r.last_used), []
             notes = self._make_room(client)
@@ -157,7 +162,7 @@ class WorkspaceStore:
                     kind="busy",
                     retry_after_s=60,
                 )
-            record = WorkspaceRecord(f"ws-{secrets.token_urlsafe(16)}", owner, client, now, now, reserved)
+            record = WorkspaceRecord(f"ws-{secrets.token_urlsafe(16)}", owner, client, now, now, reserved, caller)
             self._records[record.id] = record
             self._write_record(record)
         return record, notes
@@ -184,9 +189,10 @@ class WorkspaceStore:
             )
         return notes
 
-    def _visible(self, record: WorkspaceRecord, owner: str | None, now: float) -> bool:
-        """Live, and this caller's: its session's, or anyone's who holds the id (2026-07-28 era)."""
-        return not self._expired(record, now) and (record.owner is None or record.owner == owner)
+    def _visible(self, record: WorkspaceRecord, owner: str | None, caller: str | None, now: float) -> bool:
+        """Live, made for this caller, and its session's, or (2026-07-28 era) anyone's of theirs who holds the id."""
+        mine = record.caller == caller and (record.owner is None or record.owner == owner)
+        return mine and not self._expired(record, now)
 
     def _expired(self, record: WorkspaceRecord, now: float) -> bool:
         return now - record.last_used > self.settings.idle_ttl_s and not self._in_use(record.id)
@@ -218,33 +224,35 @@ class WorkspaceStore:
         finally:
             busy.release()
 
-    def find(self, workspace_id: str, owner: str | None) -> WorkspaceRecord | None:
+    def find(self, workspace_id: str, owner: str | None, caller: str | None = None) -> WorkspaceRecord | None:
         """A live workspace this caller may see (the one answer, None, for every other case)."""
         with self._lock:
             record = self._records.get(workspace_id)
-        return record if record is not None and self._visible(record, owner, time.time()) else None
+        return record if record is not None and self._visible(record, owner, caller, time.time()) else None
 
-    def of_owner(self, owner: str) -> WorkspaceRecord | None:
-        """A handshake session's workspace, if it has one."""
+    def of_owner(self, owner: str, caller: str | None = None) -> WorkspaceRecord | None:
+        """A handshake session's workspace, if it has one (made for this caller)."""
         with self._lock:
-            mine = [r for r in self._records.values() if r.owner == owner]
+            mine = [r for r in self._records.values() if r.owner == owner and r.caller == caller]
         return max(mine, key=lambda r: r.last_used) if mine else None
 
     def files(self, record: WorkspaceRecord) -> list[tuple[str, int]]:
         """The regular files of a kept workspace (path, size)."""
         return self.contents.files(record.id)
 
-    def listing(self, owner: str) -> list[tuple[str, str, str, int]]:
+    def listing(self, owner: str, caller: str | None = None) -> list[tuple[str, str, str, int]]:
         """A handshake session's workspace files as resources: (URI, name, MIME type, size)."""
-        record = self.of_owner(owner)
+        record = self.of_owner(owner, caller)
         if record is None:
             return []
         return [(resource_uri(record.id, path), path, mime_type(path), size) for path, size in self.files(record)]
 
-    def read_resource(self, uri: str, owner: str | None, max_bytes: int) -> tuple[str, bytes] | None:
+    def read_resource(
+        self, uri: str, owner: str | None, max_bytes: int, caller: str | None = None
+    ) -> tuple[str, bytes] | None:
         """A workspace file by its resource URI, as (MIME type, bytes), when this caller may read it."""
         parsed = parse_resource_uri(uri)
-        record = self.find(parsed[0], owner) if parsed else None
+        record = self.find(parsed[0], owner, caller) if parsed else None
         if parsed is None or record is None:
             return None
         content = self.contents.read_file(record.id, parsed[1], max_bytes)
@@ -380,14 +388,20 @@ class KeptWorkspace:
 
     @classmethod
     def open(
-        cls, inner: SandboxRuntime, store: WorkspaceStore | None, requested: str | None, owner: str | None, client: str
+        cls,
+        inner: SandboxRuntime,
+        store: WorkspaceStore | None,
+        requested: str | None,
+        owner: str | None,
+        client: str,
+        caller: str | None = None,
     ) -> KeptWorkspace | None:
         """The kept workspace a call works in; None when nothing is kept (then an id is refused as unknown)."""
         if store is None:
             if requested is not None:
                 raise WorkspaceStore.unknown(requested)
             return None
-        record, notes = store.open(requested, owner, client)
+        record, notes = store.open(requested, owner, client, caller)
         kept = cls(inner, store, record)
         kept.notes.extend(notes)
         return kept

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx2
+import mcp_types as types
 import pytest
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
@@ -75,6 +76,7 @@ class Team:
     audit: Path
     alice: str
     bob: str
+    dave: str
 
 
 @pytest.fixture(scope="module")
@@ -82,15 +84,19 @@ def team(runtime: DockerRuntime, tmp_path_factory: pytest.TempPathFactory) -> It
     folder = tmp_path_factory.mktemp("team")
     tokens, audit = folder / "tokens.json", folder / "audit.jsonl"
     alice, bob = add_token(tokens, "alice", "default"), add_token(tokens, "bob", "strict")
-    with http_server_process("--tokens", str(tokens), "--audit-log", str(audit), "--no-pool") as server:
-        yield Team(server, tokens, audit, alice, bob)
+    dave = add_token(tokens, "dave", "default")  # under alice's policy, so workspaces are kept for both
+    state = folder / "state"
+    with http_server_process(
+        "--tokens", str(tokens), "--audit-log", str(audit), "--no-pool", env={"SANDBOX_STATE_DIR": str(state)}
+    ) as server:
+        yield Team(server, tokens, audit, alice, bob, dave)
 
 
 @asynccontextmanager
-async def as_caller(team: Team, token: str) -> AsyncIterator[CheckedClient]:
+async def as_caller(team: Team, token: str, mode: str = "legacy") -> AsyncIterator[CheckedClient]:
     headers = {"Authorization": f"Bearer {token}"}
     async with httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30, read=300)) as http:
-        async with connect(streamable_http_client(team.server.url, http_client=http)) as client:
+        async with connect(streamable_http_client(team.server.url, http_client=http), mode=mode) as client:
             yield client
 
 
@@ -158,3 +164,31 @@ async def test_a_revoked_token_fails_at_once_and_a_broken_tokens_file_keeps_the_
     finally:
         team.tokens.write_text(good)
         os.chmod(team.tokens, 0o600)
+
+
+async def test_a_callers_workspaces_and_files_are_unknown_to_every_other_caller(team: Team) -> None:
+    big = "head -c 100000 /dev/zero | tr '\\0' a > out/big.txt; echo kept > note.txt"
+    async with as_caller(team, team.alice, mode="2026-07-28") as alice:
+        result = await alice.call_tool("execute_command", {"command": big})
+        workspace = result.structured_content["workspace"] if result.structured_content else None
+        link = next(b for b in result.content if isinstance(b, types.ResourceLink))
+        kept_file = f"sandbox://workspace/{workspace}/note.txt"
+        assert (await alice.read_resource(str(link.uri))).contents[0].text == "a" * 100_000  # type: ignore[union-attr]
+        assert (await alice.read_resource(kept_file)).contents[0].text == "kept\n"  # type: ignore[union-attr]
+        continued = await call(alice, "execute_command", command="cat note.txt", workspace=workspace)
+        assert continued["stdout"] == "kept\n", continued["text"]
+    made_up = "ws-" + "B" * 22
+    for mode in ("2026-07-28", "legacy"):
+        async with as_caller(team, team.dave, mode=mode) as dave:
+            foreign = await call(dave, "execute_command", command="cat note.txt", workspace=workspace)
+            unknown = await call(dave, "execute_command", command="cat note.txt", workspace=made_up)
+            listed = [str(r.uri) for r in (await dave.list_resources()).resources]
+            refusals = []
+            for uri in (str(link.uri), kept_file, str(link.uri).replace("big.txt", "other.txt")):
+                with pytest.raises(MCPError) as refused:
+                    await dave.read_resource(uri)
+                refusals.append((refused.value.error.code, refused.value.error.message.replace(uri, "URI")))
+        assert foreign["is_error"] and foreign["error"]["field"] == "workspace"
+        assert foreign["text"].replace(str(workspace), made_up) == unknown["text"]  # refused like one that never was
+        assert str(link.uri) not in listed and kept_file not in listed
+        assert refusals[0] == refusals[1] == refusals[2]  # alike to a URI nobody has

@@ -49,6 +49,16 @@ def test_resource_store_drops_the_oldest_past_its_cap() -> None:
     assert store.get("a") is None and store.get("b") is not None
 
 
+def test_a_file_kept_for_a_caller_is_theirs_alone() -> None:
+    store = ResourceStore()
+    link = render(
+        ToolOutcome("ok", False, files=(OutputFile("big.txt", b"x" * 200_000, 200_000),)), store, owner="alice"
+    )
+    uri = link.content[1]["uri"]
+    assert store.get(uri, "alice") == ("text/plain", b"x" * 200_000) and store.uris("alice") == [uri]
+    assert store.get(uri, "bob") is None and store.get(uri) is None and store.uris("bob") == store.uris() == []
+
+
 def test_images_beyond_the_budget_are_listed_not_returned() -> None:
     png = b"\x89PNG\r\n\x1a\n" + b"\0" * 100
     files = tuple(OutputFile(f"p{i}.png", png, len(png)) for i in range(3))

@@ -1,24 +1,46 @@
 """Who is calling over Streamable HTTP: bearer tokens checked through the SDK's resource-server support.
 
-The SDK answers every request it cannot authenticate with a 401 saying only "Authentication
-required". `ExplainedRefusals` wraps the HTTP app so that the 401's `WWW-Authenticate`
-says why (no token, a malformed header, a token not known or revoked) and the server logs
-the same line, with the client's address and never the token.
+Two kinds of token: static ones of a tokens file (`StaticTokenVerifier`), and JWT access
+tokens of an OAuth authorization server (`JwtVerifier`: signature against the issuer's
+JWKS, issuer, audience = this server's resource URL, expiry; the caller's policy picked by
+scope or claim). The SDK answers every request it cannot authenticate with a 401 saying
+only "Authentication required". `ExplainedRefusals` wraps the HTTP app so that the 401's
+`WWW-Authenticate` says why (no token, a malformed header, a token not known, revoked,
+expired, for another audience, not signed by the issuer) and the server logs the same line,
+with the client's address and never the token.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import re
-from collections.abc import Awaitable, Callable, MutableMapping
+import urllib.parse
+import urllib.request
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Any
 
+import anyio.to_thread
+import jwt
 from mcp.server.auth.provider import AccessToken
+from mcp.server.auth.settings import AuthSettings
 
-from sandbox_server.tokens import TokensFile
+from sandbox_server.errors import UsageError
+from sandbox_server.tokens import TOKEN_PREFIX, TokensFile
 
-__all__ = ["POLICY_CLAIM", "ExplainedRefusals", "StaticTokenVerifier"]
+__all__ = [
+    "JWT_ALGORITHMS",
+    "Authentication",
+    "POLICY_CLAIM",
+    "CallerVerifier",
+    "ExplainedRefusals",
+    "JwtVerifier",
+    "PolicyRule",
+    "StaticTokenVerifier",
+    "jwks_url_of",
+]
 
 log = logging.getLogger("sandbox_server")
 
@@ -56,6 +78,188 @@ class StaticTokenVerifier:
         return AccessToken(
             token=token, client_id=caller.name, scopes=[], subject=caller.name, claims={POLICY_CLAIM: caller.policy}
         )
+
+
+JWT_ALGORITHMS = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA")
+"""Signatures accepted on access tokens: an issuer's public keys only (never `none`, never a shared secret)."""
+LEEWAY_S = 30
+"""Clock skew allowed on `exp` and `nbf`."""
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyRule:
+    """A JWT caller's policy: when the token has `scope` (claim `scope`/`scp`), or its `claim` has `value`."""
+
+    claim: str
+    value: str
+    policy: str
+
+    @classmethod
+    def parse(cls, text: str, by_scope: bool) -> PolicyRule:
+        """`SCOPE=POLICY` (serve --scope-policy) or `CLAIM:VALUE=POLICY` (serve --claim-policy)."""
+        condition, equals, policy = text.rpartition("=")
+        claim, colon, value = ("scope", ":", condition) if by_scope else condition.partition(":")
+        if not equals or not colon or not claim or not value or not policy:
+            option, form = ("--scope-policy", "SCOPE=POLICY") if by_scope else ("--claim-policy", "CLAIM:VALUE=POLICY")
+            raise UsageError(f"{option} {text!r}: expected {form}")
+        return cls(claim, value, policy)
+
+    def matches(self, claims: Mapping[str, Any], scopes: list[str]) -> bool:
+        if self.claim == "scope":
+            return self.value in scopes
+        found = claims.get(self.claim)
+        return found == self.value or isinstance(found, list) and self.value in found
+
+
+def _scopes(claims: Mapping[str, Any]) -> list[str]:
+    """A token's scopes: the space-separated `scope` claim (RFC 9068), or a `scp` list."""
+    scope, scp = claims.get("scope"), claims.get("scp")
+    if isinstance(scope, str):
+        return scope.split()
+    return [str(item) for item in scp] if isinstance(scp, list) else []
+
+
+class JwtVerifier:
+    """The SDK's TokenVerifier for JWT access tokens (RFC 9068) of one issuer, checked with PyJWT.
+
+    The issuer's signing keys come from its JWKS (`jwks_uri` of its RFC 8414 metadata, or given),
+    fetched by PyJWT's client, cached, and fetched again for an unknown key id at most every 30 s.
+    """
+
+    def __init__(self, issuer: str, audience: str, jwks_url: str, rules: list[PolicyRule]) -> None:
+        self.issuer, self.audience, self.rules = issuer, audience, rules
+        self.keys = jwt.PyJWKClient(jwks_url, cache_jwk_set=True, lifespan=300, timeout=10)
+
+    async def verify_token(self, token: str) -> AccessToken | None:
+        try:
+            claims = await anyio.to_thread.run_sync(self._claims, token)
+        except _Refused as refused:
+            refuse(str(refused))
+            return None
+        scopes = _scopes(claims)
+        subject = str(claims["sub"])
+        policy = next((rule.policy for rule in self.rules if rule.matches(claims, scopes)), None)
+        client = claims.get("client_id") or claims.get("azp") or subject
+        return AccessToken(
+            token=token,
+            client_id=str(client),
+            scopes=scopes,
+            expires_at=int(claims["exp"]),
+            resource=self.audience,
+            subject=subject,
+            claims={"iss": self.issuer, POLICY_CLAIM: policy},
+        )
+
+    def _claims(self, token: str) -> dict[str, Any]:
+        """The checked claims of a token (raises _Refused saying why it is refused)."""
+        try:
+            header = jwt.get_unverified_header(token)
+        except jwt.DecodeError:
+            raise _Refused("malformed token: neither a token of this server's nor a JWT") from None
+        algorithm = header.get("alg")
+        if algorithm not in JWT_ALGORITHMS:
+            raise _Refused(f"the token is signed with {algorithm!r}, not one of {', '.join(JWT_ALGORITHMS)}")
+        try:
+            key = self.keys.get_signing_key_from_jwt(token)
+        except jwt.PyJWKClientConnectionError as exc:
+            log.warning("could not fetch the signing keys of %s: %s", self.issuer, exc)
+            raise _Refused("the issuer's signing keys could not be fetched; try again later") from None
+        except jwt.PyJWKClientError:
+            raise _Refused(f"the token's signing key (kid {header.get('kid')!r}) is not one of the issuer's") from None
+        try:
+            return jwt.decode(
+                token,
+                key,
+                algorithms=[algorithm],
+                audience=self.audience,
+                issuer=self.issuer,
+                leeway=LEEWAY_S,
+                options={"require": ["exp", "iss", "aud", "sub"]},
+            )
+        except jwt.InvalidSignatureError:
+            raise _Refused("the token's signature does not verify with the issuer's keys") from None
+        except jwt.ExpiredSignatureError:
+            raise _Refused("the token has expired") from None
+        except jwt.ImmatureSignatureError:
+            raise _Refused("the token is not valid yet (nbf)") from None
+        except jwt.InvalidAudienceError:
+            raise _Refused(f"the token is for another audience, not this server ({self.audience})") from None
+        except jwt.InvalidIssuerError:
+            raise _Refused(f"the token was issued by another issuer, not {self.issuer}") from None
+        except jwt.MissingRequiredClaimError as exc:
+            raise _Refused(f"the token has no {exc.claim!r} claim") from None
+        except jwt.PyJWTError as exc:
+            raise _Refused(f"the token is invalid: {exc}") from None
+
+
+def jwks_url_of(issuer: str, timeout_s: float = 10) -> str:
+    """The `jwks_uri` of an issuer's metadata (RFC 8414, then OpenID Connect discovery); UsageError when none."""
+    parts = urllib.parse.urlsplit(issuer)
+    candidates = [
+        f"{parts.scheme}://{parts.netloc}/.well-known/oauth-authorization-server{parts.path.rstrip('/')}",
+        f"{issuer.rstrip('/')}/.well-known/openid-configuration",
+    ]
+    problems = []
+    for url in candidates:
+        try:
+            with urllib.request.urlopen(url, timeout=timeout_s) as answer:
+                metadata = json.loads(answer.read(1_000_000))
+        except (OSError, ValueError) as exc:
+            problems.append(f"{url}: {exc}")
+            continue
+        if not isinstance(metadata, dict) or metadata.get("issuer") != issuer:
+            problems.append(f"{url}: its issuer is {metadata.get('issuer') if isinstance(metadata, dict) else None!r}")
+        elif not isinstance(metadata.get("jwks_uri"), str):
+            problems.append(f"{url}: no jwks_uri")
+        else:
+            return str(metadata["jwks_uri"])
+    raise UsageError(
+        f"--issuer {issuer}: no usable authorization server metadata ({'; '.join(problems)}); "
+        "give the issuer's key set with --jwks-url"
+    )
+
+
+class _Refused(Exception):
+    """Why a JWT is refused."""
+
+
+class CallerVerifier:
+    """Static tokens (`sbx_…`) by the tokens file, any other by the issuer's JWT verifier."""
+
+    def __init__(self, static: StaticTokenVerifier | None, issued: JwtVerifier | None) -> None:
+        self.static, self.issued = static, issued
+
+    async def verify_token(self, token: str) -> AccessToken | None:
+        if self.static is not None and (self.issued is None or token.startswith(TOKEN_PREFIX)):
+            return await self.static.verify_token(token)
+        assert self.issued is not None
+        return await self.issued.verify_token(token)
+
+
+@dataclass(frozen=True, slots=True)
+class Authentication:
+    """The SDK's resource-server settings and the verifier of the callers' tokens."""
+
+    settings: AuthSettings
+    verifier: CallerVerifier
+
+    @classmethod
+    def of(
+        cls, resource: str, static: StaticTokenVerifier | None, issued: JwtVerifier | None, required_scopes: list[str]
+    ) -> Authentication:
+        """Tokens for `resource`: an authorization server's, or (static tokens alone) the server's own."""
+        # Static tokens are issued by this server's operator (`sandbox-server token add`): without an
+        # authorization server, the server's own origin stands as their issuer.
+        issuer = issued.issuer if issued is not None else "/".join(resource.split("/", 3)[:3])
+        settings = AuthSettings.model_validate(  # from text, so a path-less issuer keeps its exact form
+            {
+                "issuer_url": issuer,
+                "resource_server_url": resource,
+                "required_scopes": required_scopes or None,
+                "validate_token_resource": False,  # the verifiers check the audience themselves
+            }
+        )
+        return cls(settings, CallerVerifier(static, issued))
 
 
 def _why(scope: Scope, reasons: list[str]) -> str:

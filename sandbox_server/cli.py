@@ -306,10 +306,39 @@ def build_parser() -> argparse.ArgumentParser:
         "read again when it changes",
     )
     serve.add_argument(
+        "--issuer",
+        metavar="URL",
+        help="HTTP: accept JWT access tokens of this OAuth authorization server (signature by its JWKS, "
+        "issuer, audience = the resource URL, expiry)",
+    )
+    serve.add_argument("--jwks-url", metavar="URL", help="with --issuer: its key set (default: from its metadata)")
+    serve.add_argument(
+        "--scope-policy",
+        metavar="SCOPE=POLICY",
+        action="append",
+        default=[],
+        help="with --issuer: a token with this scope runs under this policy (repeatable; the first that matches)",
+    )
+    serve.add_argument(
+        "--claim-policy",
+        metavar="CLAIM:VALUE=POLICY",
+        action="append",
+        default=[],
+        help="with --issuer: a token whose claim has this value (or lists it) runs under this policy (repeatable; "
+        "scope rules first, then these; a token matching none runs under --policy)",
+    )
+    serve.add_argument(
+        "--required-scope",
+        metavar="SCOPE",
+        action="append",
+        default=[],
+        help="with --issuer: tokens without this scope get 403 insufficient_scope (repeatable)",
+    )
+    serve.add_argument(
         "--public-url",
         metavar="URL",
-        help="HTTP with --tokens: the URL clients use for /mcp, named in the protected-resource metadata "
-        "(default http://HOST:PORT/mcp)",
+        help="HTTP with --tokens or --issuer: the URL clients use for /mcp: the resource URL of the protected-resource "
+        "metadata and the audience tokens must name (default http://HOST:PORT/mcp)",
     )
     serve.set_defaults(handler=_serve)
 

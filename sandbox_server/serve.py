@@ -17,6 +17,7 @@ from sandbox_server.bootstrap import host_facts
 from sandbox_server.errors import SandboxServerError, UsageError
 
 if TYPE_CHECKING:
+    from sandbox_server.auth import Authentication
     from sandbox_server.policy import Policy
     from sandbox_server.sandbox.docker_runtime import DockerRuntime
     from sandbox_server.workspace_contents import Contents
@@ -40,15 +41,19 @@ def serve_command(args: argparse.Namespace) -> int:
     from sandbox_server.tools import all_tools
     from sandbox_server.workspaces import WorkspaceStore, default_state_dir
 
-    if args.transport == "http" and args.host not in LOOPBACK_HOSTS and not args.tokens:
+    if args.transport == "http" and args.host not in LOOPBACK_HOSTS and not args.tokens and not args.issuer:
         raise UsageError(
             f"serve --transport http --host {args.host}: anyone who reaches that address could run code, so "
             "the server does not start without authentication. Make a token for each caller with "
             "`sandbox-server token add NAME --policy POLICY --tokens FILE` and serve with `--tokens FILE`, "
+            "or accept an OAuth authorization server's tokens with `--issuer URL`, "
             "or bind to loopback (--host 127.0.0.1)"
         )
-    if args.tokens and args.transport != "http":
-        raise UsageError("--tokens authenticates HTTP callers; over stdio the caller is the local user")
+    if (args.tokens or args.issuer) and args.transport != "http":
+        raise UsageError("--tokens and --issuer authenticate HTTP callers; over stdio the caller is the local user")
+    issuer_options = args.jwks_url or args.scope_policy or args.claim_policy or args.required_scope
+    if issuer_options and not args.issuer:
+        raise UsageError("--jwks-url, --scope-policy, --claim-policy and --required-scope need --issuer URL")
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="sandbox-server: %(message)s")
     log = logging.getLogger("sandbox_server")
     runtime = DockerRuntime.lazy()
@@ -87,16 +92,9 @@ def serve_command(args: argparse.Namespace) -> int:
     app = SandboxServer(
         tools, policy, runtime, page_size=args.page_size, audit=audit, pool=pool, tool_prefix=args.tool_prefix,
         workspaces=workspaces, instance=runtime.owner, proxies=proxies,
-        caller_policy=caller_policy if args.tokens else None,
+        caller_policy=caller_policy if args.tokens or args.issuer else None,
     )  # fmt: skip
-    tokens = None
-    if args.tokens:
-        from sandbox_server.cli import policy_problem
-        from sandbox_server.tokens import TokensFile
-
-        # An entry's policy is checked by loading it as its caller's calls will.
-        tokens = TokensFile(Path(args.tokens), policy_problem(caller_policy))
-        log.info("HTTP callers need a token of %s (%d caller(s))", args.tokens, len(tokens.callers()))
+    authentication = _authentication(args, caller_policy, log)
 
     async def sweep_workspaces() -> None:
         while True:
@@ -125,7 +123,7 @@ def serve_command(args: argparse.Namespace) -> int:
                         app.swap_policy,
                     )  # fmt: skip
                 if args.transport == "http":
-                    await serve_http(app, args.host, args.port, tokens, args.public_url)
+                    await serve_http(app, args.host, args.port, authentication)
                 else:
                     await serve_stdio(app)
                 group.cancel_scope.cancel()
@@ -142,6 +140,35 @@ def serve_command(args: argparse.Namespace) -> int:
 
     anyio.run(main)
     return 0
+
+
+def _authentication(
+    args: argparse.Namespace, caller_policy: Callable[[str], Policy], log: logging.Logger
+) -> Authentication | None:
+    """Who may call over HTTP: the tokens file's callers and the issuer's (None: no authentication)."""
+    from sandbox_server.auth import Authentication, JwtVerifier, PolicyRule, StaticTokenVerifier, jwks_url_of
+    from sandbox_server.cli import policy_problem
+    from sandbox_server.tokens import TokensFile
+
+    if not args.tokens and not args.issuer:
+        return None
+    resource = args.public_url or f"http://{args.host}:{args.port}/mcp"
+    static, issued = None, None
+    if args.tokens:  # an entry's policy is checked by loading it as its caller's calls will
+        tokens = TokensFile(Path(args.tokens), policy_problem(caller_policy))
+        static = StaticTokenVerifier(tokens)
+        log.info("HTTP callers need a token of %s (%d caller(s))", args.tokens, len(tokens.callers()))
+    if args.issuer:
+        rules = [PolicyRule.parse(rule, by_scope=True) for rule in args.scope_policy]
+        rules += [PolicyRule.parse(rule, by_scope=False) for rule in args.claim_policy]
+        for rule in rules:
+            problem = policy_problem(caller_policy)(rule.policy)
+            if problem is not None:
+                raise UsageError(f"policy {rule.policy!r} of rule {rule.claim}:{rule.value}: {problem}")
+        jwks = args.jwks_url or jwks_url_of(args.issuer)
+        issued = JwtVerifier(args.issuer, resource, jwks, rules)
+        log.info("HTTP callers may bring JWT access tokens of %s for %s (keys: %s)", args.issuer, resource, jwks)
+    return Authentication.of(resource, static, issued, args.required_scope)
 
 
 def _workspace_contents(choice: str, runtime: DockerRuntime, log: logging.Logger) -> Callable[[Path], Contents]:

@@ -25,7 +25,6 @@ from jsonschema import Draft202012Validator
 from mcp.server import ServerRequestContext
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.auth.provider import AccessToken
-from mcp.server.auth.settings import AuthSettings
 from mcp.server.lowlevel import NotificationOptions, Server
 from mcp.server.session import ServerSession
 from mcp.server.stdio import stdio_server
@@ -33,11 +32,10 @@ from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, Res
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
-from pydantic import AnyHttpUrl
 
 from sandbox_server import __version__
 from sandbox_server.arguments import argument_path, describe_error, paginate
-from sandbox_server.auth import POLICY_CLAIM, ExplainedRefusals, StaticTokenVerifier
+from sandbox_server.auth import POLICY_CLAIM, Authentication, ExplainedRefusals
 from sandbox_server.egress import ProxyEndpoint
 from sandbox_server.errors import EngineError, EngineUnavailable, Refusal
 from sandbox_server.guard import Admission, AuditLog, call_record
@@ -47,7 +45,6 @@ from sandbox_server.results import OWN_NAME_META, RenderedResult, ResourceStore,
 from sandbox_server.sandbox.pool import PoolTarget, WarmPool
 from sandbox_server.sandbox.proxies import EgressProxies
 from sandbox_server.sandbox.runtime import SandboxRuntime
-from sandbox_server.tokens import TokensFile
 from sandbox_server.tools import Tool, ToolContext, ToolOutcome
 from sandbox_server.tools.base import annotations_for
 from sandbox_server.workspaces import RESOURCE_TEMPLATE, KeptWorkspace, WorkspaceStore, session_owner
@@ -478,8 +475,10 @@ def _identity(ctx: Context, client: str) -> _Identity:
     """A token's caller; over stdio the local user running the server; else an anonymous HTTP client."""
     token = _access_token(ctx)
     if token is not None:
-        caller, reference = token.subject or token.client_id, (token.claims or {}).get(POLICY_CLAIM)
-        return _Identity(caller, str(reference) if reference is not None else None, caller, caller)
+        claims = token.claims or {}
+        caller, reference, issuer = token.subject or token.client_id, claims.get(POLICY_CLAIM), claims.get("iss")
+        key = caller if issuer is None else f"{caller} ({issuer})"  # a `sub` is unique only per issuer
+        return _Identity(caller, str(reference) if reference is not None else None, key, key)
     caller = f"local user {getpass.getuser()}" if ctx.request is None else "anonymous"
     return _Identity(caller, None, client, None)
 
@@ -510,10 +509,8 @@ async def serve_stdio(app: SandboxServer) -> None:
         await app.server.run(read_stream, write_stream, app.initialization_options())
 
 
-async def serve_http(
-    app: SandboxServer, host: str, port: int, tokens: TokensFile | None = None, public_url: str | None = None
-) -> None:
-    """Serve MCP over Streamable HTTP at http://HOST:PORT/mcp; with `tokens`, only to their callers.
+async def serve_http(app: SandboxServer, host: str, port: int, authentication: Authentication | None = None) -> None:
+    """Serve MCP over Streamable HTTP at http://HOST:PORT/mcp; with `authentication`, only to the callers it knows.
 
     Authentication is the SDK's resource server: every request to /mcp needs a bearer token the
     verifier knows, a 401 points at the protected-resource metadata (RFC 9728) at its well-known path.
@@ -527,16 +524,8 @@ async def serve_http(
         allowed_hosts=[f"{name}:*" for name in names],
         allowed_origins=[f"http://{name}:*" for name in names] + [f"https://{name}:*" for name in names],
     )
-    auth, verifier = None, None
-    if tokens is not None:
-        resource = public_url or f"http://{host}:{port}/mcp"
-        # Static tokens are issued by this server's operator (`sandbox-server token add`): the server's own
-        # origin stands as their issuer.
-        origin = "/".join(resource.split("/", 3)[:3])
-        auth = AuthSettings(
-            issuer_url=AnyHttpUrl(origin), resource_server_url=AnyHttpUrl(resource), validate_token_resource=False
-        )
-        verifier = StaticTokenVerifier(tokens)
+    auth = authentication.settings if authentication is not None else None
+    verifier = authentication.verifier if authentication is not None else None
     starlette_app = app.server.streamable_http_app(
         host=host, transport_security=security, auth=auth, token_verifier=verifier
     )

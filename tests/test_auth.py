@@ -6,10 +6,13 @@ token, the real engine; tokens made by the real `sandbox-server token` commands.
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -17,8 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx2
+import jwt
 import mcp_types as types
 import pytest
+from cryptography.hazmat.primitives.asymmetric import rsa
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
@@ -192,3 +197,137 @@ async def test_a_callers_workspaces_and_files_are_unknown_to_every_other_caller(
         assert foreign["text"].replace(str(workspace), made_up) == unknown["text"]  # refused like one that never was
         assert str(link.uri) not in listed and kept_file not in listed
         assert refusals[0] == refusals[1] == refusals[2]  # alike to a URI nobody has
+
+
+# -- OAuth: JWT access tokens of the test's own authorization server ------------------------
+
+
+@dataclass
+class Issuer:
+    """The test's own authorization server: its metadata and key set, served on loopback."""
+
+    url: str
+    key: rsa.RSAPrivateKey
+    kid: str = "test-key-1"
+
+    def token(
+        self, audience: str, lifetime_s: int = 300, key: Any = None, kid: str | None = None, **claims: Any
+    ) -> str:
+        now = int(time.time())
+        payload = {"iss": self.url, "aud": audience, "sub": "alice@example.org", "iat": now, "exp": now + lifetime_s}
+        return jwt.encode({**payload, **claims}, key or self.key, "RS256", headers={"kid": kid or self.kid})
+
+
+@pytest.fixture(scope="module")
+def issuer() -> Iterator[Issuer]:
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    served = Issuer("", key)
+    public = json.loads(jwt.algorithms.RSAAlgorithm.to_jwk(key.public_key()))
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            documents = {
+                "/.well-known/oauth-authorization-server": {
+                    "issuer": served.url,
+                    "authorization_endpoint": served.url + "/authorize",
+                    "token_endpoint": served.url + "/token",
+                    "response_types_supported": ["code"],
+                    "jwks_uri": served.url + "/jwks.json",
+                },
+                "/jwks.json": {"keys": [{**public, "kid": served.kid, "use": "sig", "alg": "RS256"}]},
+            }
+            body = json.dumps(documents[self.path]).encode() if self.path in documents else b""
+            self.send_response(200 if body else 404)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler) as httpd:
+        served.url = f"http://127.0.0.1:{httpd.server_address[1]}"
+        thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+        thread.start()
+        try:
+            yield served
+        finally:
+            httpd.shutdown()
+            thread.join()
+
+
+@dataclass
+class OAuthServer:
+    server: ServerProcess
+    audit: Path
+    issuer: Issuer
+
+
+@pytest.fixture(scope="module")
+def oauth(runtime: DockerRuntime, issuer: Issuer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OAuthServer]:
+    audit = tmp_path_factory.mktemp("oauth") / "audit.jsonl"
+    rules = ["--scope-policy", "sandbox:strict=strict", "--claim-policy", "groups:auditors=strict"]
+    with http_server_process(
+        "--issuer", issuer.url, *rules, "--required-scope", "sandbox", "--audit-log", str(audit), "--no-pool"
+    ) as server:
+        yield OAuthServer(server, audit, issuer)
+
+
+async def test_a_jwt_of_the_issuer_runs_under_the_policy_its_scope_or_claim_picks(oauth: OAuthServer) -> None:
+    audience, issuer = oauth.server.url, oauth.issuer
+    plain = issuer.token(audience, scope="sandbox")
+    by_scope = issuer.token(audience, scope="sandbox sandbox:strict", sub="bob@example.org")
+    by_claim = issuer.token(audience, scope="sandbox", groups=["staff", "auditors"], sub="carol@example.org")
+    uids = []
+    for token in (plain, by_scope, by_claim):
+        async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=60) as http:
+            async with connect(streamable_http_client(oauth.server.url, http_client=http)) as client:
+                uids.append((await call(client, "run_python", code="import os\nos.getuid()"))["stdout"])
+    assert uids == ["1000\n", "65534\n", "65534\n"]  # default (the server's), strict, strict
+    records = [json.loads(line) for line in oauth.audit.read_text().splitlines()]
+    assert [(r["caller"], r["policy"]) for r in records[-3:]] == [
+        ("alice@example.org", "default"),
+        ("bob@example.org", "strict"),
+        ("carol@example.org", "strict"),
+    ]
+    async with httpx2.AsyncClient() as http:
+        described = (await http.get(audience.replace("/mcp", "/.well-known/oauth-protected-resource/mcp"))).json()
+    assert described["authorization_servers"] == [issuer.url] and described["resource"] == audience
+
+
+async def test_expired_foreign_and_misaddressed_jwts_get_a_401_saying_why(oauth: OAuthServer) -> None:
+    audience, issuer = oauth.server.url, oauth.issuer
+    stranger = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    cases = {
+        "the token has expired": issuer.token(audience, lifetime_s=-3600, scope="sandbox"),
+        "the token is for another audience": issuer.token("http://127.0.0.1:1/mcp", scope="sandbox"),
+        "the token's signature does not verify": issuer.token(audience, key=stranger, scope="sandbox"),
+        "the token's signing key (kid 'other-key') is not one of the issuer's": issuer.token(
+            audience, key=stranger, kid="other-key", scope="sandbox"
+        ),
+        "the token was issued by another issuer": issuer.token(audience, scope="sandbox", iss="http://127.0.0.1:2"),
+        "the token is signed with 'HS256'": jwt.encode({"sub": "x", "aud": audience}, "secret" * 6, "HS256"),
+        "malformed token": "not-a-jwt",
+    }
+    async with httpx2.AsyncClient() as http:
+        for reason, token in cases.items():
+            answer = await http.post(audience, headers={"Authorization": f"Bearer {token}"}, json={})
+            challenge = answer.headers.get("www-authenticate", "")
+            assert answer.status_code == 401 and f'error_description="{reason}' in challenge, (reason, challenge)
+            assert "resource_metadata=" in challenge
+            line = oauth.server.wait_for_line(f"refused an HTTP request from 127.0.0.1: {reason}")
+            assert token not in line
+        unscoped = await http.post(audience, headers={"Authorization": f"Bearer {issuer.token(audience)}"}, json={})
+    assert unscoped.status_code == 403 and 'error="insufficient_scope"' in unscoped.headers["www-authenticate"]
+
+
+def test_serve_refuses_issuer_options_it_cannot_use(issuer: Issuer) -> None:
+    port = str(free_port())
+    alone = cli("serve", "--transport", "http", "--port", port, "--scope-policy", "a=strict")
+    assert alone.returncode == 2 and "need --issuer URL" in alone.stderr
+    malformed = cli("serve", "--transport", "http", "--port", port, "--issuer", issuer.url, "--claim-policy", "x")
+    assert malformed.returncode == 2 and "expected CLAIM:VALUE=POLICY" in malformed.stderr
+    nowhere = cli("serve", "--transport", "http", "--port", port, "--issuer", issuer.url + "/nowhere")
+    assert nowhere.returncode == 2 and "no usable authorization server metadata" in nowhere.stderr
+    assert "--jwks-url" in nowhere.stderr

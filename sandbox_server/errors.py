@@ -56,7 +56,14 @@ class ImageError(SandboxServerError):
 
 
 RefusalKind = Literal[
-    "invalid_arguments", "refused", "busy", "rate_limited", "engine_unavailable", "engine_error", "network_unavailable"
+    "invalid_arguments",
+    "refused",
+    "declined",
+    "busy",
+    "rate_limited",
+    "engine_unavailable",
+    "engine_error",
+    "network_unavailable",
 ]
 
 

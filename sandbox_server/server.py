@@ -11,6 +11,7 @@ import base64
 import getpass
 import json
 import logging
+import secrets
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
@@ -26,6 +27,7 @@ from mcp.server import ServerRequestContext
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.auth.provider import AccessToken
 from mcp.server.lowlevel import NotificationOptions, Server
+from mcp.server.request_state import RequestStateBoundary, RequestStateSecurity
 from mcp.server.session import ServerSession
 from mcp.server.stdio import stdio_server
 from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ResourcesListChanged, ToolsListChanged
@@ -34,6 +36,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
 from sandbox_server import __version__
+from sandbox_server.approval import APPROVAL_FORM, Approval, approval_needed, approval_notice
 from sandbox_server.arguments import argument_path, describe_error, paginate
 from sandbox_server.auth import POLICY_CLAIM, Authentication, ExplainedRefusals
 from sandbox_server.egress import ProxyEndpoint
@@ -58,6 +61,10 @@ INVALID_PARAMS = -32602
 RESOURCE_NOT_FOUND_HANDSHAKE = -32002
 """Handshake-era code for a missing resource; the 2026-07-28 era retired it for -32602."""
 REMEMBERED_SESSIONS = 1024
+APPROVAL_TTL_S = 600.0
+"""How long a question for approval (2026-07-28 era) may wait for its answer."""
+APPROVAL_META = "sandbox-server/approval"
+"""Tool `_meta` key: what the policy asks a person to approve before the tool's calls run."""
 INSTRUCTIONS = (
     "Every tool call runs in a fresh, isolated, resource-limited container that is destroyed "
     "afterwards; processes and /tmp never outlive a call. When the policy keeps workspaces, "
@@ -122,6 +129,12 @@ class SandboxServer:
             on_list_resource_templates=self._list_templates,
             on_subscriptions_listen=ListenHandler(self._events),
         )
+        # 2026-07-28 approvals carry their question's id in requestState: sealed by the SDK, bound to the
+        # call's tool, arguments and caller, so an answer cannot be carried over to another call.
+        security = RequestStateSecurity.ephemeral(ttl=APPROVAL_TTL_S)
+        self.server.middleware.append(RequestStateBoundary(security, default_audience="sandbox-server"))
+        self._questions: dict[str, float] = {}
+        """Approval questions asked and not yet answered (2026-07-28 era): id -> when they lapse."""
 
     @property
     def prefix(self) -> str:
@@ -131,8 +144,18 @@ class SandboxServer:
     @property
     def tools(self) -> dict[str, Tool]:
         """The tools the current policy offers, by the names clients see."""
+        return self.tools_of(self.policy)
+
+    def tools_of(self, policy: Policy) -> dict[str, Tool]:
+        """The tools a policy offers, by the names clients see."""
         prefix = self.prefix
-        return {prefix + name: tool for name, tool in self.all_tools.items() if self.policy.for_tool(name).enabled}
+        return {prefix + name: tool for name, tool in self.all_tools.items() if policy.for_tool(name).enabled}
+
+    def _policy_of(self, identity: _Identity) -> Policy:
+        """The policy a caller's calls run under: its token's, else the server's (as it is now)."""
+        if identity.policy is not None and self.caller_policy is not None:
+            return self.caller_policy(identity.policy)
+        return self.policy
 
     def _pool_targets(self, policy: Policy) -> list[PoolTarget]:
         """One warm pool per enabled tool's container settings (tools with equal settings share one)."""
@@ -196,21 +219,36 @@ class SandboxServer:
 
     # -- tools/list --------------------------------------------------------------------
 
-    def _tool_model(self, exposed: str, tool: Tool) -> types.Tool:
-        hints = annotations_for(tool, self.policy.for_tool(tool.name))
+    def _tool_model(self, exposed: str, tool: Tool, policy: Policy) -> types.Tool:
+        """A tool as a caller under `policy` sees it: what it can reach and what needs approval, said plainly."""
+        tool_policy = policy.for_tool(tool.name)
+        hints = annotations_for(tool, tool_policy)
+        description, meta = tool.description, {OWN_NAME_META: tool.name}
+        writable = [f"{m.host_path} (as {m.sandbox_path})" for m in tool_policy.mounts if not m.read_only]
+        if writable:
+            description += f"\nUnder policy '{policy.name}' it can write to host folders: {', '.join(writable)}."
+        if tool_policy.egress is not None:
+            description += (
+                f"\nUnder policy '{policy.name}' it reaches the network, only the hosts its allow list names."
+            )
+        notice = approval_notice(policy.approval, tool.name, tool_policy)
+        if notice is not None:
+            description += "\n" + notice
+            meta[APPROVAL_META] = notice
         return types.Tool(
             name=exposed,
             title=tool.title,
-            description=tool.description,
+            description=description,
             input_schema=dict(tool.input_schema),
             output_schema=dict(tool.output_schema),
             annotations=types.ToolAnnotations.model_validate({"title": tool.title, **hints}),
-            _meta={OWN_NAME_META: tool.name},
+            _meta=meta,
         )
 
     async def _list_tools(self, ctx: Context, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
         self._remember(ctx)
-        tools = self.tools
+        policy = self._policy_of(_identity(ctx, _client_name(ctx)))
+        tools = self.tools_of(policy)
         names = sorted(tools)
         cursor = params.cursor if params else None
         try:
@@ -219,21 +257,23 @@ class SandboxServer:
             raise MCPError(
                 INVALID_PARAMS, f"invalid cursor {cursor!r}: use the nextCursor of a previous page"
             ) from None
-        return types.ListToolsResult(tools=[self._tool_model(n, tools[n]) for n in page], next_cursor=next_cursor)
+        return types.ListToolsResult(
+            tools=[self._tool_model(n, tools[n], policy) for n in page], next_cursor=next_cursor
+        )
 
     # -- tools/call --------------------------------------------------------------------
 
-    async def _call_tool(self, ctx: Context, params: types.CallToolRequestParams) -> types.CallToolResult:
+    async def _call_tool(
+        self, ctx: Context, params: types.CallToolRequestParams
+    ) -> types.CallToolResult | types.InputRequiredResult:
         self._remember(ctx)
         client = _client_name(ctx)
         identity = _identity(ctx, client)
         # One policy for the whole call, even if a new one is swapped in meanwhile: the caller's, else the server's.
-        policy = self.policy
-        if identity.policy is not None and self.caller_policy is not None:
-            policy = self.caller_policy(identity.policy)
+        policy = self._policy_of(identity)
         arguments = params.arguments or {}
         started = time.monotonic()
-        tool = self.tools.get(params.name)
+        tool = self.tools_of(policy).get(params.name)
         own_name = tool.name if tool is not None else params.name
         record = call_record(
             client, own_name, params.name, arguments, policy.name, policy.digest, policy.audit.include_arguments
@@ -246,6 +286,13 @@ class SandboxServer:
         outcome: ToolOutcome | None = None
         try:
             try:
+                self._check_arguments(tool, arguments, policy)
+                needed = approval_needed(policy.approval, policy.name, tool.name, policy.for_tool(tool.name), arguments)
+                if needed is not None:
+                    question = await self._approve(ctx, params, needed, record)
+                    if question is not None:  # 2026-07-28: asked through the client, answered in the call's next round
+                        record["outcome"] = "awaiting_approval"
+                        return question
                 outcome = await self._run_checked(tool, arguments, ctx, policy, identity)
             except Refusal as refusal:  # the one place a refusal becomes a result
                 outcome = ToolOutcome.refused(refusal, policy.name)
@@ -260,13 +307,56 @@ class SandboxServer:
         if self.audit is None:
             return
         record["duration_ms"] = int((time.monotonic() - started) * 1000)
-        record.update(outcome.audit_fields() if outcome is not None else {"outcome": "cancelled"})
+        if outcome is not None:
+            record.update(outcome.audit_fields())
+        record.setdefault("outcome", "cancelled")
         await anyio.to_thread.run_sync(self.audit.write, record)
 
-    async def _run_checked(
-        self, tool: Tool, arguments: Mapping[str, Any], ctx: Context, policy: Policy, identity: _Identity
-    ) -> ToolOutcome:
-        """Check the arguments and admission, then run the tool; every refusal on the way is raised."""
+    async def _approve(
+        self, ctx: Context, params: types.CallToolRequestParams, needed: Approval, record: dict[str, Any]
+    ) -> types.InputRequiredResult | None:
+        """Ask a person, through the client, to approve the call; None when they did (a Refusal when not).
+
+        Handshake era: an elicitation/create request while the call waits. 2026-07-28 era: the
+        call answers with the question (input_required); the client asks and calls again with the
+        answer and the question's id in its sealed requestState, which is good for one answer.
+        """
+        record["approval"] = {"field": needed.field, "reason": needed.reason}
+        capabilities = ctx.session.client_capabilities
+        elicitation = capabilities.elicitation if capabilities is not None else None
+        if elicitation is None or (elicitation.form is None and elicitation.url is not None):
+            record["approval"]["decision"] = "unavailable"
+            raise Refusal(
+                f"refused: policy '{needed.policy}' needs a person to approve this call ({needed.field}: "
+                f"{needed.reason}), and this client cannot ask one (it declares no form elicitation); use a "
+                f"client that can, or change the policy field {needed.field}",
+                needed.field,
+            )
+        action: str | None
+        if ctx.protocol_version in HANDSHAKE_PROTOCOL_VERSIONS:
+            answer = await ctx.session.elicit_form(needed.message, APPROVAL_FORM, related_request_id=ctx.request_id)
+            action = answer.action
+        else:
+            now = time.monotonic()
+            self._questions = {key: lapse for key, lapse in self._questions.items() if lapse > now}
+            asked = self._questions.pop(params.request_state or "", None)
+            response = (params.input_responses or {}).get("approval")
+            if asked is None or response is None:  # a first round, a lapsed question or a used answer: ask
+                question_id = secrets.token_urlsafe(16)
+                self._questions[question_id] = now + APPROVAL_TTL_S
+                request = types.ElicitRequest(
+                    params=types.ElicitRequestFormParams(message=needed.message, requested_schema=APPROVAL_FORM)
+                )
+                record["approval"]["decision"] = "asked"
+                return types.InputRequiredResult(input_requests={"approval": request}, request_state=question_id)
+            action = getattr(response, "action", None)
+        record["approval"]["decision"] = action
+        if action != "accept":
+            raise Refusal(f"declined by the user (policy field {needed.field})", needed.field, kind="declined")
+        return None
+
+    def _check_arguments(self, tool: Tool, arguments: Mapping[str, Any], policy: Policy) -> None:
+        """Refuse arguments over the policy's size cap or not valid against the tool's input schema."""
         tool_policy = policy.for_tool(tool.name)
         size = len(json.dumps(arguments, ensure_ascii=False).encode("utf-8", "surrogatepass"))
         if size > tool_policy.max_argument_bytes:
@@ -284,6 +374,12 @@ class SandboxServer:
                 argument_path(errors[0]),
                 kind="invalid_arguments",
             )
+
+    async def _run_checked(
+        self, tool: Tool, arguments: Mapping[str, Any], ctx: Context, policy: Policy, identity: _Identity
+    ) -> ToolOutcome:
+        """Check admission, then run the tool; every refusal on the way is raised."""
+        tool_policy = policy.for_tool(tool.name)
         # An authenticated caller's limits are its own policy's and count its calls alone.
         ticket = self.admission.admit(identity.limits_key, policy.rate, policy.name)
         try:

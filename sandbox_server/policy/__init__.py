@@ -1,5 +1,21 @@
 """Policies: what a sandbox may use and what callers may ask for."""
 
-from sandbox_server.policy.model import AuditSettings, HostAdmission, Policy, RateLimits, ToolPolicy, WorkspaceSettings
+from sandbox_server.policy.model import (
+    ApprovalSettings,
+    AuditSettings,
+    HostAdmission,
+    Policy,
+    RateLimits,
+    ToolPolicy,
+    WorkspaceSettings,
+)
 
-__all__ = ["AuditSettings", "HostAdmission", "Policy", "RateLimits", "ToolPolicy", "WorkspaceSettings"]
+__all__ = [
+    "ApprovalSettings",
+    "AuditSettings",
+    "HostAdmission",
+    "Policy",
+    "RateLimits",
+    "ToolPolicy",
+    "WorkspaceSettings",
+]

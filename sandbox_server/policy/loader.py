@@ -21,7 +21,15 @@ from jsonschema import Draft202012Validator
 
 from sandbox_server.egress import parse_egress
 from sandbox_server.errors import ConfigError
-from sandbox_server.policy.model import AuditSettings, HostAdmission, Policy, RateLimits, ToolPolicy, WorkspaceSettings
+from sandbox_server.policy.model import (
+    ApprovalSettings,
+    AuditSettings,
+    HostAdmission,
+    Policy,
+    RateLimits,
+    ToolPolicy,
+    WorkspaceSettings,
+)
 from sandbox_server.sandbox.spec import Mount, ResourceLimits
 from sandbox_server.shipped import policies_dir, policy_schema_path, seccomp_dir
 
@@ -272,6 +280,15 @@ def _build(
         workspace_limits |= {"workspace_mb": workspace.size_mb, "workspace_files": workspace.files}
     default = replace(default, limits=replace(default.limits, **workspace_limits))
     tools = tuple((name, replace(tool, limits=replace(tool.limits, **workspace_limits))) for name, tool in tools)
+    approval = document.get("approval", {})
+    for index, name in enumerate(approval.get("tools", [])):
+        if name not in known:
+            errors.append(f"{source}: approval.tools[{index}]: no such tool {name!r} (known: {', '.join(known)})")
+    approvals = ApprovalSettings(
+        commands=tuple(approval.get("commands", [])),
+        tools=tuple(approval.get("tools", [])),
+        writable_mounts=bool(approval.get("writable_mounts", False)),
+    )
     digest = hashlib.sha256(json.dumps(document, sort_keys=True).encode()).hexdigest()
     policy = Policy(
         name=document["name"],
@@ -282,6 +299,7 @@ def _build(
         host=HostAdmission(**document.get("host", {})),
         audit=AuditSettings(**document.get("audit", {})),
         workspace=workspace,
+        approval=approvals,
         source=str(source),
         digest=digest,
     )

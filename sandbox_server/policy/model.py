@@ -8,7 +8,15 @@ from sandbox_server.egress import Egress
 from sandbox_server.sandbox import wire
 from sandbox_server.sandbox.spec import Mount, ResourceLimits, SandboxSpec
 
-__all__ = ["AuditSettings", "HostAdmission", "Policy", "RateLimits", "ToolPolicy", "WorkspaceSettings"]
+__all__ = [
+    "ApprovalSettings",
+    "AuditSettings",
+    "HostAdmission",
+    "Policy",
+    "RateLimits",
+    "ToolPolicy",
+    "WorkspaceSettings",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +110,18 @@ class WorkspaceSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class ApprovalSettings:
+    """Calls a person must approve, through the client, before they run."""
+
+    commands: tuple[str, ...] = ()
+    """execute_command: glob patterns matched on the program (as written, or its file name) and the whole line."""
+    tools: tuple[str, ...] = ()
+    """Every call of these tools."""
+    writable_mounts: bool = False
+    """Every call of a tool that has a host folder mounted writable."""
+
+
+@dataclass(frozen=True, slots=True)
 class AuditSettings:
     """Where the audit trail goes and what it holds."""
 
@@ -124,6 +144,7 @@ class Policy:
     host: HostAdmission = field(default_factory=HostAdmission)
     audit: AuditSettings = field(default_factory=AuditSettings)
     workspace: WorkspaceSettings = field(default_factory=WorkspaceSettings)
+    approval: ApprovalSettings = field(default_factory=ApprovalSettings)
     source: str = "(built in)"
     digest: str = ""
     """sha256 of the resolved policy document, recorded in every audit line."""

@@ -90,7 +90,7 @@ ERROR_SCHEMA: dict[str, Any] = {
     "properties": {
         "kind": {
             "enum": [
-                "invalid_arguments", "refused", "busy", "rate_limited", "engine_unavailable", "engine_error",
+                "invalid_arguments", "refused", "declined", "busy", "rate_limited", "engine_unavailable", "engine_error",
                 "network_unavailable", "timed_out", "out_of_memory", "killed", "failed",
             ],
         },

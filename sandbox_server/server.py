@@ -63,6 +63,8 @@ RESOURCE_NOT_FOUND_HANDSHAKE = -32002
 REMEMBERED_SESSIONS = 1024
 APPROVAL_TTL_S = 600.0
 """How long a question for approval (2026-07-28 era) may wait for its answer."""
+MAX_QUESTIONS = 10_000
+"""Approval questions awaiting an answer at most (2026-07-28 era); past it the oldest lapse."""
 APPROVAL_META = "sandbox-server/approval"
 """Tool `_meta` key: what the policy asks a person to approve before the tool's calls run."""
 INSTRUCTIONS = (
@@ -133,7 +135,7 @@ class SandboxServer:
         # call's tool, arguments and caller, so an answer cannot be carried over to another call.
         security = RequestStateSecurity.ephemeral(ttl=APPROVAL_TTL_S)
         self.server.middleware.append(RequestStateBoundary(security, default_audience="sandbox-server"))
-        self._questions: dict[str, float] = {}
+        self._questions: OrderedDict[str, float] = OrderedDict()
         """Approval questions asked and not yet answered (2026-07-28 era): id -> when they lapse."""
 
     @property
@@ -334,11 +336,34 @@ class SandboxServer:
             )
         action: str | None
         if ctx.protocol_version in HANDSHAKE_PROTOCOL_VERSIONS:
-            answer = await ctx.session.elicit_form(needed.message, APPROVAL_FORM, related_request_id=ctx.request_id)
-            action = answer.action
+            action = "no answer"
+            with anyio.move_on_after(APPROVAL_TTL_S):
+                try:
+                    answer = await ctx.session.elicit_form(
+                        needed.message, APPROVAL_FORM, related_request_id=ctx.request_id
+                    )
+                except MCPError as exc:
+                    record["approval"]["decision"] = "client error"
+                    raise Refusal(
+                        f"not approved: the client could not ask the user ({exc.error.message}) "
+                        f"(policy field {needed.field})",
+                        needed.field,
+                        kind="declined",
+                    ) from None
+                action = answer.action
+            if action == "no answer":
+                record["approval"]["decision"] = action
+                raise Refusal(
+                    f"not approved: no answer from the user within {APPROVAL_TTL_S:g} s (policy field {needed.field})",
+                    needed.field,
+                    kind="declined",
+                )
         else:
             now = time.monotonic()
-            self._questions = {key: lapse for key, lapse in self._questions.items() if lapse > now}
+            while self._questions and (
+                next(iter(self._questions.values())) <= now or len(self._questions) >= MAX_QUESTIONS
+            ):
+                self._questions.popitem(last=False)  # lapsed, or the oldest past the cap
             asked = self._questions.pop(params.request_state or "", None)
             response = (params.input_responses or {}).get("approval")
             if asked is None or response is None:  # a first round, a lapsed question or a used answer: ask

@@ -113,6 +113,19 @@ async def test_a_client_that_cannot_ask_is_told_why_and_which_field_to_change(
     }
 
 
+async def test_a_client_that_fails_to_ask_gets_the_call_refused_not_run(setup: Setup, runtime: DockerRuntime) -> None:
+    async def unable(context: Any, params: types.ElicitRequestParams) -> types.ErrorData:
+        return types.ErrorData(code=-32603, message="no user at this terminal")
+
+    async with connect(stdio_parameters(*setup.serve_args()), elicitation_callback=unable) as client:
+        refused = await run(client, "execute_command", command="rm -f x && echo ran")
+    assert refused["is_error"] and "ran" not in refused["text"]
+    assert refused["text"] == (
+        "not approved: the client could not ask the user (no user at this terminal) (policy field approval.commands)"
+    )
+    assert setup.records()[0]["approval"]["decision"] == "client error"
+
+
 @pytest.fixture
 def modern_url(setup: Setup, runtime: DockerRuntime) -> Iterator[str]:
     with http_server(*setup.serve_args()) as url:

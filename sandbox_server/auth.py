@@ -229,6 +229,12 @@ class CallerVerifier:
     def __init__(self, static: StaticTokenVerifier | None, issued: JwtVerifier | None) -> None:
         self.static, self.issued = static, issued
 
+    def policies(self) -> list[str]:
+        """Every policy a caller may have now: the tokens file's and the issuer rules'."""
+        found = [caller.policy for caller in self.static.tokens.callers()] if self.static is not None else []
+        found += [rule.policy for rule in self.issued.rules] if self.issued is not None else []
+        return list(dict.fromkeys(found))
+
     async def verify_token(self, token: str) -> AccessToken | None:
         if self.static is not None and (self.issued is None or token.startswith(TOKEN_PREFIX)):
             return await self.static.verify_token(token)

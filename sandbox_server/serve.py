@@ -95,6 +95,8 @@ def serve_command(args: argparse.Namespace) -> int:
         caller_policy=caller_policy if args.tokens or args.issuer else None,
     )  # fmt: skip
     authentication = _authentication(args, caller_policy, log)
+    if authentication is not None:  # warm containers for every policy a caller may have, from the start
+        app.know_policies(authentication.verifier.policies())
 
     async def sweep_workspaces() -> None:
         while True:

@@ -109,8 +109,10 @@ class SandboxServer:
         """The policy a caller's token names, by its reference (None: every call runs under the server's)."""
         self._pooled_networks: set[str] = set()
         """Allow lists whose network the warm pools know of (by key)."""
+        self._caller_policies: dict[str, Policy] = {}
+        """Callers' policies other than the server's, by reference: the warm pools keep containers for them too."""
         self.runtime: SandboxRuntime = pool if pool is not None else runtime
-        self._configure_pool(policy)
+        self._configure_pool()
         self.page_size = max(1, page_size)
         self.store = store or ResourceStore()
         self.audit = audit
@@ -155,9 +157,23 @@ class SandboxServer:
 
     def _policy_of(self, identity: _Identity) -> Policy:
         """The policy a caller's calls run under: its token's, else the server's (as it is now)."""
-        if identity.policy is not None and self.caller_policy is not None:
-            return self.caller_policy(identity.policy)
-        return self.policy
+        if identity.policy is None or self.caller_policy is None:
+            return self.policy
+        policy = self.caller_policy(identity.policy)
+        if policy is not self.policy and self._caller_policies.get(identity.policy) is not policy:
+            self._caller_policies[identity.policy] = policy  # one not known before: its warm pools from now on
+            self._configure_pool()
+        return policy
+
+    def know_policies(self, references: list[str]) -> None:
+        """Keep warm containers for these callers' policies from the start (the tokens' and the issuer rules')."""
+        if self.caller_policy is None:
+            return
+        for reference in references:
+            policy = self.caller_policy(reference)
+            if policy is not self.policy:
+                self._caller_policies[reference] = policy
+        self._configure_pool()
 
     def _pool_targets(self, policy: Policy) -> list[PoolTarget]:
         """One warm pool per enabled tool's container settings (tools with equal settings share one)."""
@@ -178,16 +194,21 @@ class SandboxServer:
             targets.append(PoolTarget(template, tool_policy.pool_size, tool_policy.pool_idle_s, most))
         return targets
 
-    def _configure_pool(self, policy: Policy) -> None:
-        """The warm pools a policy wants, within its memory budget and the host's memory floor."""
+    def _configure_pool(self) -> None:
+        """The warm pools the server's and the known callers' policies want, within the server policy's memory
+        budget and the host's memory floor."""
         if self.pool is None:
             return
+        policy = self.policy
         floor = policy.host.min_available_memory_mb * 2**20
 
         def host_room() -> bool:
             return bool(psutil.virtual_memory().available > floor)
 
-        self.pool.configure(self._pool_targets(policy), policy.host.pool_memory_mb * 2**20, host_room)
+        targets = self._pool_targets(policy)
+        for other in self._caller_policies.values():
+            targets += self._pool_targets(other)
+        self.pool.configure(targets, policy.host.pool_memory_mb * 2**20, host_room)
 
     async def swap_policy(self, policy: Policy) -> None:
         """Use a new policy for new calls (running calls keep theirs) and tell clients the tools changed."""
@@ -195,7 +216,7 @@ class SandboxServer:
         self.admission.reconfigure(policy.rate, policy.host, policy.name)
         if self.workspaces is not None:
             self.workspaces.reconfigure(policy.workspace, policy.host.workspace_storage_mb * 1024 * 1024)
-        self._configure_pool(policy)
+        self._configure_pool()
         logger.info("policy %s (%s) is now in force", policy.name, policy.digest[:12])
         await self._events.publish(ToolsListChanged())
         for key, session in list(self._sessions.items()):
@@ -452,7 +473,7 @@ class SandboxServer:
         endpoint = await anyio.to_thread.run_sync(self.proxies.endpoint, tool_policy.egress, policy_name)
         if endpoint.key not in self._pooled_networks:  # its network exists now: the tool's warm pool can fill
             self._pooled_networks.add(endpoint.key)
-            self._configure_pool(self.policy)
+            self._configure_pool()
         return endpoint
 
     async def _with_requests(self, outcome: ToolOutcome, proxy: ProxyEndpoint) -> ToolOutcome:

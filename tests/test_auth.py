@@ -19,6 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import anyio
+import docker
+import docker.errors
 import httpx2
 import jwt
 import mcp_types as types
@@ -28,6 +31,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
+from sandbox_server.sandbox.spec import SANDBOX_LABEL
 from tests.mcp_harness import CheckedClient, ServerProcess, connect, free_port, http_server_process, text_of
 
 pytestmark = pytest.mark.anyio
@@ -331,3 +335,49 @@ def test_serve_refuses_issuer_options_it_cannot_use(issuer: Issuer) -> None:
     nowhere = cli("serve", "--transport", "http", "--port", port, "--issuer", issuer.url + "/nowhere")
     assert nowhere.returncode == 2 and "no usable authorization server metadata" in nowhere.stderr
     assert "--jwks-url" in nowhere.stderr
+
+
+async def test_callers_of_another_policy_are_served_by_warm_containers_of_theirs(
+    runtime: DockerRuntime, tmp_path: Path
+) -> None:
+    tokens, audit = tmp_path / "tokens.json", tmp_path / "audit.jsonl"
+    bob = add_token(tokens, "bob", "strict")  # the server's own policy is default; bob's is gVisor's
+    with http_server_process("--tokens", str(tokens), "--audit-log", str(audit)) as server:
+        api = docker.APIClient()
+        try:
+            with anyio.fail_after(60):
+                waiting = await anyio.to_thread.run_sync(_warm_gvisor_containers, api, abandon_on_cancel=True)
+        finally:
+            api.close()
+        team = Team(server, tokens, audit, "", bob, "")
+        async with as_caller(team, bob) as client:
+            answer = await call(client, "execute_command", command="id", args=["-u"])
+    assert answer["stdout"] == "65534\n", answer["text"]
+    record = json.loads(audit.read_text().splitlines()[-1])
+    assert record["runtime"] == "runsc" and record["container_id"] in waiting
+
+
+def _warm_gvisor_containers(api: docker.APIClient) -> set[str]:
+    """The sandboxes under gVisor waiting now, once there is one (woken by the engine's start events)."""
+
+    def waiting() -> set[str]:
+        found = set()
+        for listed in api.containers(filters={"label": SANDBOX_LABEL}):
+            try:
+                if api.inspect_container(listed["Id"])["HostConfig"]["Runtime"] == "runsc":
+                    found.add(listed["Id"][:12])
+            except docker.errors.NotFound:
+                continue
+        return found
+
+    events = api.events(filters={"event": "start", "label": SANDBOX_LABEL}, decode=True)
+    try:
+        if found := waiting():
+            return found
+        for _ in events:
+            if found := waiting():
+                return found
+    finally:
+        events.close()
+        events._response.close()
+    raise AssertionError("the engine's event stream ended")

@@ -187,15 +187,16 @@ async def test_a_callers_workspaces_and_files_are_unknown_to_every_other_caller(
         continued = await call(alice, "execute_command", command="cat note.txt", workspace=workspace)
         assert continued["stdout"] == "kept\n", continued["text"]
     made_up = "ws-" + "B" * 22
-    for mode in ("2026-07-28", "legacy"):
-        async with as_caller(team, team.dave, mode=mode) as dave:
-            foreign = await call(dave, "execute_command", command="cat note.txt", workspace=workspace)
-            unknown = await call(dave, "execute_command", command="cat note.txt", workspace=made_up)
-            listed = [str(r.uri) for r in (await dave.list_resources()).resources]
+    # dave has alice's policy (workspaces kept), bob has strict (none kept)
+    for token, mode in [(t, m) for t in (team.dave, team.bob) for m in ("2026-07-28", "legacy")]:
+        async with as_caller(team, token, mode=mode) as other:
+            foreign = await call(other, "execute_command", command="cat note.txt", workspace=workspace)
+            unknown = await call(other, "execute_command", command="cat note.txt", workspace=made_up)
+            listed = [str(r.uri) for r in (await other.list_resources()).resources]
             refusals = []
             for uri in (str(link.uri), kept_file, str(link.uri).replace("big.txt", "other.txt")):
                 with pytest.raises(MCPError) as refused:
-                    await dave.read_resource(uri)
+                    await other.read_resource(uri)
                 refusals.append((refused.value.error.code, refused.value.error.message.replace(uri, "URI")))
         assert foreign["is_error"] and foreign["error"]["field"] == "workspace"
         assert foreign["text"].replace(str(workspace), made_up) == unknown["text"]  # refused like one that never was

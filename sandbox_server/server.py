@@ -661,12 +661,17 @@ async def serve_http(app: SandboxServer, host: str, port: int, authentication: A
 
     loopback = ["127.0.0.1", "localhost", "[::1]"]
     names = loopback if host in LOOPBACK_HOSTS else [host, *loopback]
+    auth = authentication.settings if authentication is not None else None
+    public = auth.resource_server_url if auth is not None else None
+    if public is not None and public.host is not None and public.host not in names:
+        names.append(public.host)  # the name clients reach it by (serve --public-url), behind a proxy or not
     security = TransportSecuritySettings(
         enable_dns_rebinding_protection=True,
-        allowed_hosts=[f"{name}:*" for name in names],
-        allowed_origins=[f"http://{name}:*" for name in names] + [f"https://{name}:*" for name in names],
+        allowed_hosts=[*names, *(f"{name}:*" for name in names)],
+        allowed_origins=[
+            f"{scheme}://{name}{port}" for scheme in ("http", "https") for name in names for port in ("", ":*")
+        ],
     )
-    auth = authentication.settings if authentication is not None else None
     verifier = authentication.verifier if authentication is not None else None
     starlette_app = app.server.streamable_http_app(
         host=host, transport_security=security, auth=auth, token_verifier=verifier

@@ -37,13 +37,16 @@ def test_a_broken_policy_is_refused_with_every_error_and_its_field_path(tmp_path
         tmp_path,
         "broken.yaml",
         "defaults:\n  limits:\n    memory_mb: 'lots'\n    pids: 2\n  colour: blue\n"
-        "tools:\n  nonexistent_tool: {enabled: false}\n",
+        "tools:\n  nonexistent_tool: {enabled: false}\n"
+        "approval:\n  commands: ['']\n  writable_mounts: sometimes\n",
     )
     result = run_cli("policy", "check", str(path))
     assert result.returncode == 1
     assert f"{path}: defaults.limits.memory_mb: 'lots' is not of type 'integer'" in result.stdout
     assert f"{path}: defaults.limits.pids: 2 is less than the minimum of 8" in result.stdout
     assert "colour" in result.stdout and "Unevaluated properties are not allowed" in result.stdout
+    assert f"{path}: approval.commands[0]: '' should be non-empty" in result.stdout
+    assert f"{path}: approval.writable_mounts: 'sometimes' is not of type 'boolean'" in result.stdout
 
 
 def test_semantic_errors_name_the_field(tmp_path: Path) -> None:
@@ -53,7 +56,8 @@ def test_semantic_errors_name_the_field(tmp_path: Path) -> None:
         "defaults:\n  runtime: runsc\n  commands: {shell: true, allow: [ls]}\n"
         "  limits: {timeout_s: 50, max_timeout_s: 10}\n"
         "  mounts: [{host: /no/such/folder, sandbox: /data}]\n"
-        "tools:\n  nonexistent_tool: {enabled: false}\n",
+        "tools:\n  nonexistent_tool: {enabled: false}\n"
+        "approval:\n  tools: [run_python, shell_tool]\n",
     )
     errors = policy_errors(path, TOOLS, HostFacts(frozenset({"runc"})))
     text = "\n".join(errors)
@@ -62,6 +66,7 @@ def test_semantic_errors_name_the_field(tmp_path: Path) -> None:
     assert f"{path}: defaults.limits.max_timeout_s: 10 is below limits.timeout_s (50)" in text
     assert f"{path}: defaults.mounts[0].host: /no/such/folder does not exist" in text
     assert f"{path}: tools.nonexistent_tool: no such tool" in text
+    assert f"{path}: approval.tools[1]: no such tool 'shell_tool'" in text and "approval.tools[0]" not in text
 
 
 def test_the_shipped_seccomp_profile_is_current_and_refuses_io_uring() -> None:

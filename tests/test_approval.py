@@ -189,3 +189,31 @@ async def test_tools_list_says_what_needs_approval(setup: Setup, runtime: Docker
     assert shell.meta is not None and "approval.commands" in shell.meta["sandbox-server/approval"]
     assert "every call (approval.tools)" in (csv.description or "")
     assert "approve" not in (python.description or "") and "sandbox-server/approval" not in (python.meta or {})
+
+
+async def test_a_tool_that_writes_to_the_host_asks_first_and_a_decline_writes_nothing(
+    tmp_path: Path, runtime: DockerRuntime
+) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o777)  # the sandbox's user may write there
+    policy = tmp_path / "writing.yaml"
+    policy.write_text(
+        "extends: default\napproval: {writable_mounts: true}\n"
+        f"tools:\n  execute_command:\n    mounts: [{{host: {shared}, sandbox: /mnt/shared, mode: rw}}]\n"
+    )
+    person = Person(answer="decline")
+    async with connect(stdio_parameters("--policy", str(policy), "--no-pool"), elicitation_callback=person) as client:
+        tool = next(t for t in (await client.list_tools()).tools if t.name == "execute_command")
+        declined = await run(client, "execute_command", command="echo no > /mnt/shared/declined.txt")
+        person.answer = "accept"
+        accepted = await run(client, "execute_command", command="echo yes > /mnt/shared/accepted.txt")
+        python = await run(client, "run_python", code="1 + 1")  # no writable mount: not asked
+    assert declined["text"] == "declined by the user (policy field approval.writable_mounts)"
+    assert not (shared / "declined.txt").exists()
+    assert not accepted["is_error"] and (shared / "accepted.txt").read_text() == "yes\n"
+    assert python["stdout"] == "2\n" and len(person.shown) == 2
+    assert f"it can write to the host's {shared} as /mnt/shared" in person.shown[0]
+    assert tool.annotations is not None and tool.annotations.destructive_hint is True
+    assert f"it can write to host folders: {shared} (as /mnt/shared)" in (tool.description or "")
+    assert "approval.writable_mounts" in (tool.description or "")

@@ -9,14 +9,17 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
+import docker
 import mcp_types as types
 from jsonschema import Draft202012Validator
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
+
+from sandbox_server.sandbox.spec import SANDBOX_LABEL
 
 CHECKED: list[tuple[str, bool]] = []
 """(tool, is_error) of every result the harness validated against its tool's outputSchema, in this test run."""
@@ -167,3 +170,23 @@ def upload(name: str, content: str | bytes) -> list[dict[str, str]]:
     """The `files` argument of a tool call carrying one file, base64-encoded."""
     data = content.encode("utf-8") if isinstance(content, str) else content
     return [{"path": name, "content": base64.b64encode(data).decode(), "encoding": "base64"}]
+
+
+def close_stream(stream: Any) -> None:
+    """Close a streamed answer of the engine's API and the connection under it."""
+    stream.close()
+    stream._response.close()
+
+
+def first_sandboxes(api: docker.APIClient, waiting: Callable[[], set[str]]) -> set[str]:
+    """What `waiting` finds once it finds anything: looked for now, then again each time a sandbox starts."""
+    events = api.events(filters={"event": "start", "label": SANDBOX_LABEL}, decode=True)
+    try:
+        if found := waiting():
+            return found
+        for _ in events:
+            if found := waiting():
+                return found
+    finally:
+        close_stream(events)
+    raise AssertionError("the engine's event stream ended")

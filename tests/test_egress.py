@@ -29,7 +29,7 @@ from sandbox_server.sandbox.images import fetch_wheel
 from sandbox_server.sandbox.proxies import PROXY_LABEL
 from sandbox_server.sandbox.removal import OWNER_LABEL
 from sandbox_server.sandbox.spec import SANDBOX_LABEL
-from tests.mcp_harness import connect, stdio_parameters, text_of
+from tests.mcp_harness import close_stream, connect, first_sandboxes, stdio_parameters, text_of
 
 pytestmark = pytest.mark.anyio
 
@@ -94,12 +94,6 @@ class Upstreams:
     """The package index's address: a simple index (PEP 503) of one project."""
 
 
-def _close(stream: Any) -> None:
-    """Close a streamed answer of the engine's API and the connection under it."""
-    stream.close()
-    stream._response.close()
-
-
 def _wait_listening(api: docker.APIClient, container: str) -> None:
     stream = api.logs(container, stream=True, follow=True, stdout=True, stderr=True)
     try:
@@ -107,7 +101,7 @@ def _wait_listening(api: docker.APIClient, container: str) -> None:
             if b"listening" in line:
                 return
     finally:
-        _close(stream)
+        close_stream(stream)
     raise AssertionError(f"upstream {container[:12]} ended: {api.logs(container).decode()}")
 
 
@@ -409,20 +403,8 @@ async def test_once_its_proxy_runs_a_tool_with_an_allow_list_is_served_by_warm_c
             listed = api.containers(filters={"network": network, "label": SANDBOX_LABEL})
             return {c["Id"][:12] for c in listed if PROXY_LABEL not in c["Labels"]}
 
-        def warm() -> set[str]:
-            events = api.events(filters={"event": "start", "label": SANDBOX_LABEL}, decode=True)
-            try:
-                if found := waiting():
-                    return found
-                for _ in events:
-                    if found := waiting():
-                        return found
-            finally:
-                _close(events)
-            raise AssertionError("the event stream ended")
-
         with anyio.fail_after(60):
-            before = await anyio.to_thread.run_sync(warm)
+            before = await anyio.to_thread.run_sync(first_sandboxes, api, waiting)
     finally:
         api.close()
     answer = await run(session, "curl -sS -m 10 http://web.test/warm")
@@ -463,9 +445,9 @@ async def test_a_killed_proxy_refuses_calls_with_the_reason_until_it_is_back(
                             if any(b"Accepting HTTP Socket connections" in line for line in log):
                                 return str(event["id"])
                         finally:
-                            _close(log)
+                            close_stream(log)
             finally:
-                _close(events)
+                close_stream(events)
             raise AssertionError("the event stream ended")
 
         with anyio.fail_after(60):

@@ -91,9 +91,8 @@ def approval_needed(
         if pattern is not None:
             field, reason = "approval.commands", f"the command matches {pattern!r}"
     if field is None and settings.writable_mounts:
-        writable = [m for m in tool_policy.mounts if not m.read_only]
-        if writable:
-            shown = ", ".join(f"{m.host_path} as {m.sandbox_path}" for m in writable)
+        if tool_policy.writable_mounts:
+            shown = ", ".join(f"{m.host_path} as {m.sandbox_path}" for m in tool_policy.writable_mounts)
             field, reason = "approval.writable_mounts", f"it can write to the host's {shown}"
     if field is None or reason is None:
         return None
@@ -111,7 +110,7 @@ def approval_notice(settings: ApprovalSettings, tool: str, tool_policy: ToolPoli
         asks.append("every call (approval.tools)")
     elif tool == "execute_command" and settings.commands:
         asks.append(f"commands matching {', '.join(settings.commands)} (approval.commands)")
-    if settings.writable_mounts and any(not m.read_only for m in tool_policy.mounts):
+    if settings.writable_mounts and tool_policy.writable_mounts:
         asks.append("every call, as it can write to host folders (approval.writable_mounts)")
     if not asks:
         return None

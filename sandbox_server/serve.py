@@ -156,15 +156,16 @@ def _authentication(
         return None
     resource = args.public_url or f"http://{args.host}:{args.port}/mcp"
     static, issued = None, None
-    if args.tokens:  # an entry's policy is checked by loading it as its caller's calls will
-        tokens = TokensFile(Path(args.tokens), policy_problem(caller_policy))
+    problem_of = policy_problem(caller_policy)  # a policy is checked by loading it as its caller's calls will
+    if args.tokens:
+        tokens = TokensFile(Path(args.tokens), problem_of)
         static = StaticTokenVerifier(tokens)
         log.info("HTTP callers need a token of %s (%d caller(s))", args.tokens, len(tokens.callers()))
     if args.issuer:
         rules = [PolicyRule.parse(rule, by_scope=True) for rule in args.scope_policy]
         rules += [PolicyRule.parse(rule, by_scope=False) for rule in args.claim_policy]
         for rule in rules:
-            problem = policy_problem(caller_policy)(rule.policy)
+            problem = problem_of(rule.policy)
             if problem is not None:
                 raise UsageError(f"policy {rule.policy!r} of rule {rule.claim}:{rule.value}: {problem}")
         jwks = args.jwks_url or jwks_url_of(args.issuer)

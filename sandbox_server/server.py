@@ -247,7 +247,7 @@ class SandboxServer:
         tool_policy = policy.for_tool(tool.name)
         hints = annotations_for(tool, tool_policy)
         description, meta = tool.description, {OWN_NAME_META: tool.name}
-        writable = [f"{m.host_path} (as {m.sandbox_path})" for m in tool_policy.mounts if not m.read_only]
+        writable = [f"{m.host_path} (as {m.sandbox_path})" for m in tool_policy.writable_mounts]
         if writable:
             description += f"\nUnder policy '{policy.name}' it can write to host folders: {', '.join(writable)}."
         if tool_policy.egress is not None:

@@ -58,6 +58,11 @@ class ToolPolicy:
     preload: tuple[str, ...] = ()
     """Modules a warm interpreter imports before the request (images with warm_python.py)."""
 
+    @property
+    def writable_mounts(self) -> tuple[Mount, ...]:
+        """The host folders its sandboxes may write to."""
+        return tuple(mount for mount in self.mounts if not mount.read_only)
+
     def pool_most(self, concurrent_calls: int) -> int:
         """The most containers its pool holds: pool_max, never past the policy's concurrency nor below pool_size."""
         return max(self.pool_size, min(self.pool_max, concurrent_calls))

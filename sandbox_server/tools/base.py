@@ -144,7 +144,7 @@ def result_schema(title: str, properties: Mapping[str, Any], required: list[str]
 def annotations_for(tool: Tool, policy: ToolPolicy) -> dict[str, Any]:
     """The tool's hints under a policy: what the sandbox can reach changes what the tool may do."""
     hints = dict(tool.annotations)
-    writes_outside = any(not mount.read_only for mount in policy.mounts)
+    writes_outside = bool(policy.writable_mounts)
     hints["destructiveHint"] = bool(not hints.get("readOnlyHint") and writes_outside)
     hints["openWorldHint"] = policy.egress is not None
     return hints

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import re
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -16,7 +17,7 @@ from typing import Any
 
 from sandbox_server.policy import ApprovalSettings, ToolPolicy
 
-__all__ = ["APPROVAL_FORM", "Approval", "approval_needed", "approval_notice"]
+__all__ = ["APPROVAL_FORM", "Approval", "approval_needed", "approval_notice", "shell_commands"]
 
 APPROVAL_FORM: dict[str, Any] = {"type": "object", "properties": {}}
 """The form shown with the question: nothing to fill in, the answer is accept, decline or cancel."""
@@ -36,21 +37,101 @@ class Approval:
     """The question, showing exactly what will run."""
 
 
-def _command_line(arguments: Mapping[str, Any]) -> tuple[str, str]:
-    """(program, whole command line) of an execute_command call."""
+def _command_line(arguments: Mapping[str, Any]) -> tuple[list[str], str]:
+    """(the words of an execute_command call when it gives `args`, else None; the whole command line)."""
     command = str(arguments.get("command", ""))
     if "args" in arguments:
-        return command, shlex.join([command, *map(str, arguments["args"])])
+        words = [command, *map(str, arguments["args"])]
+        return words, shlex.join(words)
+    return [], command
+
+
+SEPARATORS = frozenset({";", "&", "&&", "|", "||", "|&", "(", ")", ";;", ";&", "{", "}", "!"})
+"""Tokens between the commands of a shell line."""
+KEYWORDS = frozenset({"if", "then", "else", "elif", "fi", "do", "done", "while", "until", "case", "esac", "in"})
+WRAPPERS = frozenset(
+    {
+        "exec", "command", "builtin", "nohup", "nice", "ionice", "env", "sudo", "doas", "timeout", "xargs",
+        "stdbuf", "setsid", "chrt", "taskset", "time", "busybox", "unbuffer", "flock", "chroot", "strace",
+    }
+)  # fmt: skip
+"""Programs that run the program named after them (and their options)."""
+SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh", "ash", "mksh", "busybox"})
+ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
+SUBSTITUTION = re.compile(r"\$\(([^()]*)\)|`([^`]*)`")
+MAX_NESTING = 4
+MAX_WRAPPER_WORDS = 4
+
+
+def shell_commands(line: str, nesting: int = 0) -> list[list[str]]:
+    """The words of every command a shell line would run, as far as reading it can tell.
+
+    Seen: commands after `;`, `&&`, `||`, `|`, `&`, newlines and in subshells; inside `$(…)`,
+    backticks, `sh -c '…'` (any shell), `eval …` and `find -exec …`; behind variable
+    assignments and wrappers (`env`, `sudo`, `xargs`, `nice`, `timeout`, `command`, `exec`, …).
+    Not seen: what a program does by itself (`find -delete`, a script, `python -c`), names made
+    at run time (`$CMD`, `$(echo rm)`), aliases and functions, and text decoded and piped to a shell.
+    """
+    if nesting > MAX_NESTING:
+        return []
+    lexer = shlex.shlex(line.replace("\n", ";"), posix=True, punctuation_chars=True)
+    lexer.whitespace_split = True
     try:
-        words = shlex.split(command)
-    except ValueError:
-        words = command.split()
-    return (words[0] if words else command), command
+        tokens = list(lexer)
+    except ValueError:  # not a line a shell would read whole (an open quote): by words
+        tokens = line.split()
+    found: list[list[str]] = []
+    for inner in SUBSTITUTION.finditer(line):
+        found += shell_commands(inner.group(1) or inner.group(2) or "", nesting + 1)
+    segment: list[str] = []
+    for token in [*tokens, ";"]:
+        if token not in SEPARATORS:
+            segment.append(token)
+            continue
+        found += _command_words(segment, nesting)
+        segment = []
+    return found
 
 
-def _matching(patterns: tuple[str, ...], program: str, line: str) -> str | None:
-    """The first pattern matching the program (as written, or its file name) or the whole command line."""
-    names = {program, program.rsplit("/", 1)[-1], line}
+def _command_words(words: list[str], nesting: int) -> list[list[str]]:
+    """One command's words from its program on, and the commands it runs in turn."""
+    words = [word.lstrip("`") for word in words if word.strip("`")]
+    while words and (ASSIGNMENT.match(words[0]) or words[0] in KEYWORDS):
+        words = words[1:]
+    if not words:
+        return []
+    found = [words]
+    program, rest = words[0].rsplit("/", 1)[-1], words[1:]
+    if program in WRAPPERS:
+        # Which of its words are its options' values is its own business: each later word that is not an
+        # option may be the program it runs (asking about one more is the safe side).
+        starts = [i for i, word in enumerate(rest) if not word.startswith("-") and not ASSIGNMENT.match(word)]
+        for start in starts[:MAX_WRAPPER_WORDS]:
+            found += _command_words(rest[start:], nesting + 1)
+    if program in SHELLS and "-c" in rest[:-1]:
+        found += shell_commands(rest[rest.index("-c") + 1], nesting + 1)
+    elif program == "eval":
+        found += shell_commands(" ".join(rest), nesting + 1)
+    elif program == "find":
+        for index, word in enumerate(rest):
+            if word in ("-exec", "-execdir", "-ok", "-okdir"):
+                command = []
+                for later in rest[index + 1 :]:
+                    if later in (";", "+"):
+                        break
+                    command.append(later)
+                found += _command_words(command, nesting)
+    return found
+
+
+def _matching(patterns: tuple[str, ...], words: list[str], line: str) -> str | None:
+    """The first pattern matching a program the line runs (as written, or its file name), that program's
+    command, or the whole line."""
+    commands = _command_words(words, 0) if words else shell_commands(line)
+    names = {line}
+    for command in commands:
+        program = command[0].rsplit("/", 1)[-1]
+        names |= {command[0], program, shlex.join(command), " ".join(command), " ".join([program, *command[1:]])}
     return next((p for p in patterns if any(fnmatch.fnmatchcase(name, p) for name in names)), None)
 
 

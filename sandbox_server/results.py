@@ -53,25 +53,46 @@ def sanitize(text: str) -> str:
 
 
 class ResourceStore:
-    """Files too large to embed, readable through resources/read; oldest dropped past the cap.
+    """Files too large to embed, readable through resources/read; oldest dropped past the caps.
 
-    A file kept for an authenticated caller is that caller's alone: to anyone else it does not exist.
+    A file is kept for its owner (an authenticated caller, an anonymous session or caller) and is
+    that owner's alone: to anyone else it does not exist. Each owner may hold `max_bytes_per_owner`
+    (its own oldest files make room for its new ones); when all of them together pass `max_bytes`,
+    the owner holding the most gives up its oldest, so one caller's many files never push out another's.
     """
 
-    def __init__(self, max_bytes: int = 256 * 1024 * 1024) -> None:
+    def __init__(self, max_bytes: int = 256 * 1024 * 1024, max_bytes_per_owner: int | None = None) -> None:
         self.max_bytes = max_bytes
+        self.max_bytes_per_owner = max_bytes_per_owner or max_bytes // 4
         self._items: OrderedDict[str, tuple[str, bytes, str | None]] = OrderedDict()
         self._used = 0
+        self._used_by: dict[str | None, int] = {}
         self._lock = threading.Lock()
 
     def put(self, uri: str, mime_type: str, content: bytes, owner: str | None = None) -> None:
         """Keep a file under its URI, for its owner (None: for whoever holds the URI)."""
         with self._lock:
+            self._drop(uri)
             self._items[uri] = (mime_type, content, owner)
             self._used += len(content)
-            while self._used > self.max_bytes and self._items:
-                _, (_, dropped, _) = self._items.popitem(last=False)
-                self._used -= len(dropped)
+            self._used_by[owner] = self._used_by.get(owner, 0) + len(content)
+            while self._used_by[owner] > self.max_bytes_per_owner and len(self._items_of(owner)) > 1:
+                self._drop(self._items_of(owner)[0])  # its own oldest, never the file just kept
+            while self._used > self.max_bytes and len(self._items) > 1:
+                largest = max(self._used_by, key=lambda holder: self._used_by[holder])
+                older = [u for u in self._items_of(largest) if u != uri]
+                self._drop(older[0] if older else next(iter(self._items)))
+
+    def _items_of(self, owner: str | None) -> list[str]:
+        return [u for u, item in self._items.items() if item[2] == owner]
+
+    def _drop(self, uri: str) -> None:
+        dropped = self._items.pop(uri, None)
+        if dropped is not None:
+            self._used -= len(dropped[1])
+            self._used_by[dropped[2]] -= len(dropped[1])
+            if not self._used_by[dropped[2]]:
+                del self._used_by[dropped[2]]
 
     def get(self, uri: str, owner: str | None = None) -> tuple[str, bytes] | None:
         """The MIME type and bytes of a file kept for this owner, or None."""

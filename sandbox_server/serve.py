@@ -6,7 +6,7 @@ import argparse
 import logging
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -26,11 +26,14 @@ __all__ = ["serve_command"]
 
 WORKSPACE_SWEEP_S = 60.0
 """How often expired workspaces are looked for while serving."""
+RESTART_S = 1.0
+"""How long a task beside the transport that failed with an OSError waits before it starts again."""
 
 
 def serve_command(args: argparse.Namespace) -> int:
     """`sandbox-server serve`: run the server until the client leaves or a signal comes."""
     from sandbox_server.guard import AuditLog
+    from sandbox_server.http_limits import ConnectionLimits, raise_open_files_limit
     from sandbox_server.policy.loader import load_policy
     from sandbox_server.policy.watcher import watch_policy
     from sandbox_server.sandbox.docker_runtime import DockerRuntime
@@ -56,6 +59,7 @@ def serve_command(args: argparse.Namespace) -> int:
         raise UsageError("--jwks-url, --scope-policy, --claim-policy and --required-scope need --issuer URL")
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="sandbox-server: %(message)s")
     log = logging.getLogger("sandbox_server")
+    raise_open_files_limit()  # bounded by the caps on connections, walks and sessions, never by hope
     runtime = DockerRuntime.lazy()
     _start_reaper(runtime.owner)
     tools = all_tools()
@@ -105,6 +109,17 @@ def serve_command(args: argparse.Namespace) -> int:
             if removed:
                 log.info("removed %d expired workspace(s)", removed)
 
+    async def surviving(name: str, work: Callable[[], Awaitable[None]]) -> None:
+        """Run a task beside the transport; an OSError (a full descriptor table, say) is logged, and the
+        task starts again a second later, rather than ending the server."""
+        while True:
+            try:
+                await work()
+                return
+            except OSError as exc:
+                log.warning("%s failed (%s); it starts again in %g s", name, exc, RESTART_S)
+                await anyio.sleep(RESTART_S)
+
     async def stop_on_signal(scope: anyio.CancelScope) -> None:
         with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async for received in signals:
@@ -116,16 +131,23 @@ def serve_command(args: argparse.Namespace) -> int:
         try:
             async with anyio.create_task_group() as group:
                 group.start_soon(stop_on_signal, group.cancel_scope)
-                group.start_soon(sweep_workspaces)
+                group.start_soon(surviving, "the workspace sweep", sweep_workspaces)
                 if pool is not None:
-                    group.start_soon(pool.maintain)
+                    group.start_soon(surviving, "the warm pool", pool.maintain)
                 if not args.no_watch:
-                    group.start_soon(
-                        watch_policy, args.policy, Path(policy.source), names, lambda: host_facts(runtime),
-                        app.swap_policy,
-                    )  # fmt: skip
+
+                    async def watch() -> None:
+                        await watch_policy(
+                            args.policy, Path(policy.source), names, lambda: host_facts(runtime), app.swap_policy
+                        )
+
+                    group.start_soon(surviving, "the policy watcher", watch)
                 if args.transport == "http":
-                    await serve_http(app, args.host, args.port, authentication)
+                    limits = ConnectionLimits(
+                        args.max_connections, args.max_connections_per_address, args.header_timeout_s,
+                        args.body_timeout_s, args.max_sessions_per_caller,
+                    )  # fmt: skip
+                    await serve_http(app, args.host, args.port, authentication, limits, args.max_request_bytes)
                 else:
                     await serve_stdio(app)
                 group.cancel_scope.cancel()

@@ -37,11 +37,12 @@ from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
 from sandbox_server import __version__
 from sandbox_server.approval import APPROVAL_FORM, Approval, approval_needed, approval_notice
-from sandbox_server.arguments import argument_path, describe_error, paginate
+from sandbox_server.arguments import argument_path, describe_error, paginate, requested_part
 from sandbox_server.auth import POLICY_CLAIM, Authentication, ExplainedRefusals
 from sandbox_server.egress import ProxyEndpoint
 from sandbox_server.errors import EngineError, EngineUnavailable, Refusal
 from sandbox_server.guard import Admission, AuditLog, call_record
+from sandbox_server.http_limits import ConnectionLimits, ExplainedBodyCap, SessionCap, bounded_protocol
 from sandbox_server.http_sessions import SessionEndWatcher
 from sandbox_server.policy import Policy, ToolPolicy
 from sandbox_server.results import OWN_NAME_META, RenderedResult, ResourceStore, render
@@ -63,8 +64,14 @@ RESOURCE_NOT_FOUND_HANDSHAKE = -32002
 REMEMBERED_SESSIONS = 1024
 APPROVAL_TTL_S = 600.0
 """How long a question for approval (2026-07-28 era) may wait for its answer."""
-MAX_QUESTIONS = 10_000
-"""Approval questions awaiting an answer at most (2026-07-28 era); past it the oldest lapse."""
+MAX_QUESTIONS = 100
+"""Approval questions of one caller awaiting an answer at most (2026-07-28 era); past it its oldest lapse."""
+RESOURCES_PAGE = 500
+"""Resources per resources/list page."""
+READ_PART_BYTES = 512 * 1024
+"""The most one resources/read returns: base64 makes it about 700 KB, within the 1 MiB message a client accepts."""
+PART_META = "org.sandbox-server/part"
+"""`_meta` key of a part of a file read with `?offset=`: its offset, length, the file's size and the next part's URI."""
 APPROVAL_META = "sandbox-server/approval"
 """Tool `_meta` key: what the policy asks a person to approve before the tool's calls run."""
 INSTRUCTIONS = (
@@ -137,8 +144,10 @@ class SandboxServer:
         # call's tool, arguments and caller, so an answer cannot be carried over to another call.
         security = RequestStateSecurity.ephemeral(ttl=APPROVAL_TTL_S)
         self.server.middleware.append(RequestStateBoundary(security, default_audience="sandbox-server"))
-        self._questions: OrderedDict[str, float] = OrderedDict()
-        """Approval questions asked and not yet answered (2026-07-28 era): id -> when they lapse."""
+        self._questions: dict[str, OrderedDict[str, float]] = {}
+        """Approval questions asked and not yet answered (2026-07-28 era), per caller: id -> when they lapse."""
+        self._waiting: dict[str, int] = {}
+        """Handshake-era calls waiting for a person's answer, per caller."""
 
     @property
     def prefix(self) -> str:
@@ -174,6 +183,11 @@ class SandboxServer:
             if policy is not self.policy:
                 self._caller_policies[reference] = policy
         self._configure_pool()
+
+    def largest_arguments(self) -> int:
+        """The largest `limits.argument_bytes` of any tool under the server's and the known callers' policies."""
+        policies = [self.policy, *self._caller_policies.values()]
+        return max(p.for_tool(name).max_argument_bytes for p in policies for name in self.all_tools)
 
     def _pool_targets(self, policy: Policy) -> list[PoolTarget]:
         """One warm pool per enabled tool's container settings (tools with equal settings share one)."""
@@ -312,7 +326,7 @@ class SandboxServer:
                 self._check_arguments(tool, arguments, policy)
                 needed = approval_needed(policy.approval, policy.name, tool.name, policy.for_tool(tool.name), arguments)
                 if needed is not None:
-                    question = await self._approve(ctx, params, needed, record)
+                    question = await self._approve(ctx, params, needed, record, identity.limits_key, policy)
                     if question is not None:  # 2026-07-28: asked through the client, answered in the call's next round
                         record["outcome"] = "awaiting_approval"
                         return question
@@ -336,7 +350,13 @@ class SandboxServer:
         await anyio.to_thread.run_sync(self.audit.write, record)
 
     async def _approve(
-        self, ctx: Context, params: types.CallToolRequestParams, needed: Approval, record: dict[str, Any]
+        self,
+        ctx: Context,
+        params: types.CallToolRequestParams,
+        needed: Approval,
+        record: dict[str, Any],
+        caller: str,
+        policy: Policy,
     ) -> types.InputRequiredResult | None:
         """Ask a person, through the client, to approve the call; None when they did (a Refusal when not).
 
@@ -357,39 +377,36 @@ class SandboxServer:
             )
         action: str | None
         if ctx.protocol_version in HANDSHAKE_PROTOCOL_VERSIONS:
-            action = "no answer"
-            with anyio.move_on_after(APPROVAL_TTL_S):
-                try:
-                    answer = await ctx.session.elicit_form(
-                        needed.message, APPROVAL_FORM, related_request_id=ctx.request_id
-                    )
-                except MCPError as exc:
-                    record["approval"]["decision"] = "client error"
-                    raise Refusal(
-                        f"not approved: the client could not ask the user ({exc.error.message}) "
-                        f"(policy field {needed.field})",
-                        needed.field,
-                        kind="declined",
-                    ) from None
-                action = answer.action
-            if action == "no answer":
-                record["approval"]["decision"] = action
+            # A call waiting for a person holds its arguments: a caller may have as many waiting as it may run.
+            most = policy.rate.concurrent_calls
+            if self._waiting.get(caller, 0) >= most:
+                record["approval"]["decision"] = "too many waiting"
                 raise Refusal(
-                    f"not approved: no answer from the user within {APPROVAL_TTL_S:g} s (policy field {needed.field})",
-                    needed.field,
-                    kind="declined",
+                    f"busy: {most} calls of this caller already wait for a person's approval, as many as it may "
+                    f"run at once (policy '{policy.name}', field rate.concurrent_calls); retry once they are answered",
+                    "rate.concurrent_calls",
+                    kind="busy",
+                    retry_after_s=5,
                 )
+            self._waiting[caller] = self._waiting.get(caller, 0) + 1
+            try:
+                action = await self._ask_in_session(ctx, needed, record)
+            finally:
+                self._waiting[caller] -= 1
+                if not self._waiting[caller]:
+                    del self._waiting[caller]
         else:
             now = time.monotonic()
-            while self._questions and (
-                next(iter(self._questions.values())) <= now or len(self._questions) >= MAX_QUESTIONS
-            ):
-                self._questions.popitem(last=False)  # lapsed, or the oldest past the cap
-            asked = self._questions.pop(params.request_state or "", None)
+            questions = self._questions.setdefault(caller, OrderedDict())
+            while questions and (next(iter(questions.values())) <= now or len(questions) >= MAX_QUESTIONS):
+                questions.popitem(last=False)  # lapsed, or this caller's oldest past its cap
+            asked = questions.pop(params.request_state or "", None)
+            if not questions:
+                del self._questions[caller]
             response = (params.input_responses or {}).get("approval")
             if asked is None or response is None:  # a first round, a lapsed question or a used answer: ask
                 question_id = secrets.token_urlsafe(16)
-                self._questions[question_id] = now + APPROVAL_TTL_S
+                self._questions.setdefault(caller, OrderedDict())[question_id] = now + APPROVAL_TTL_S
                 request = types.ElicitRequest(
                     params=types.ElicitRequestFormParams(message=needed.message, requested_schema=APPROVAL_FORM)
                 )
@@ -400,6 +417,30 @@ class SandboxServer:
         if action != "accept":
             raise Refusal(f"declined by the user (policy field {needed.field})", needed.field, kind="declined")
         return None
+
+    async def _ask_in_session(self, ctx: Context, needed: Approval, record: dict[str, Any]) -> str:
+        """Handshake era: ask through an elicitation/create while the call waits; the person's action."""
+        action = "no answer"
+        with anyio.move_on_after(APPROVAL_TTL_S):
+            try:
+                answer = await ctx.session.elicit_form(needed.message, APPROVAL_FORM, related_request_id=ctx.request_id)
+            except MCPError as exc:
+                record["approval"]["decision"] = "client error"
+                raise Refusal(
+                    f"not approved: the client could not ask the user ({exc.error.message}) "
+                    f"(policy field {needed.field})",
+                    needed.field,
+                    kind="declined",
+                ) from None
+            action = answer.action
+        if action == "no answer":
+            record["approval"]["decision"] = action
+            raise Refusal(
+                f"not approved: no answer from the user within {APPROVAL_TTL_S:g} s (policy field {needed.field})",
+                needed.field,
+                kind="declined",
+            )
+        return action
 
     def _check_arguments(self, tool: Tool, arguments: Mapping[str, Any], policy: Policy) -> None:
         """Refuse arguments over the policy's size cap or not valid against the tool's input schema."""
@@ -530,19 +571,25 @@ class SandboxServer:
     async def _list_resources(
         self, ctx: Context, params: types.PaginatedRequestParams | None
     ) -> types.ListResourcesResult:
-        resources = []
         caller = _identity(ctx, _client_name(ctx)).owner
+        found: dict[str, types.Resource] = {}
         for uri in self.store.uris(caller):
-            found = self.store.get(uri, caller)
-            if found:
-                resources.append(
-                    types.Resource(uri=uri, name=uri.rsplit("/", 1)[-1], mime_type=found[0], size=len(found[1]))
-                )
+            kept = self.store.get(uri, caller)
+            if kept:
+                name = uri.rsplit("/", 1)[-1]
+                found[uri] = types.Resource(uri=uri, name=name, mime_type=kept[0], size=len(kept[1]))
         session = self._session_owner(ctx)
         if self.workspaces is not None and session is not None:
             listing = await anyio.to_thread.run_sync(self.workspaces.listing, session, caller)
-            resources += [types.Resource(uri=u, name=n, mime_type=m, size=size) for u, n, m, size in listing]
-        return types.ListResourcesResult(resources=resources)
+            found |= {u: types.Resource(uri=u, name=n, mime_type=m, size=size) for u, n, m, size in listing}
+        cursor = params.cursor if params else None
+        try:
+            page, next_cursor = paginate(list(found), cursor, RESOURCES_PAGE)
+        except ValueError:
+            raise MCPError(
+                INVALID_PARAMS, f"invalid cursor {cursor!r}: use the nextCursor of a previous page"
+            ) from None
+        return types.ListResourcesResult(resources=[found[uri] for uri in page], next_cursor=next_cursor)
 
     async def _list_templates(
         self, ctx: Context, params: types.PaginatedRequestParams | None
@@ -555,33 +602,57 @@ class SandboxServer:
         )
         return types.ListResourceTemplatesResult(resource_templates=[kept])
 
-    def _workspace_file(self, ctx: Context, uri: str, caller: str | None) -> tuple[str, bytes] | None:
-        """A kept workspace's file the caller may read, as (MIME type, bytes)."""
+    def _file(
+        self, ctx: Context, uri: str, caller: str | None, offset: int, length: int
+    ) -> tuple[str, int, bytes] | None:
+        """A kept output or workspace file the caller may read: (MIME type, its size, `length` bytes from `offset`)."""
+        kept = self.store.get(uri, caller)
+        if kept is not None:
+            return kept[0], len(kept[1]), kept[1][offset : offset + length]
         if self.workspaces is None:
             return None
         try:
             limit = self.policy.default.limits.returned_file_bytes
-            return self.workspaces.read_resource(uri, self._session_owner(ctx), limit, caller)
+            return self.workspaces.read_resource(uri, self._session_owner(ctx), limit, caller, offset, length)
         except Refusal as refusal:
             raise MCPError(INVALID_PARAMS, refusal.message) from None
 
     async def _read_resource(self, ctx: Context, params: types.ReadResourceRequestParams) -> types.ReadResourceResult:
         uri = str(params.uri)
+        try:
+            base, part = requested_part(uri, READ_PART_BYTES)
+        except ValueError as exc:
+            raise MCPError(INVALID_PARAMS, str(exc)) from None
         caller = _identity(ctx, _client_name(ctx)).owner
-        found = self.store.get(uri, caller) or await anyio.to_thread.run_sync(self._workspace_file, ctx, uri, caller)
+        offset, length = part or (0, READ_PART_BYTES)
+        found = await anyio.to_thread.run_sync(self._file, ctx, base, caller, offset, length)
         if found is None:
             code = (
                 RESOURCE_NOT_FOUND_HANDSHAKE if ctx.protocol_version in HANDSHAKE_PROTOCOL_VERSIONS else INVALID_PARAMS
             )
-            raise MCPError(code, f"resource not found: {params.uri} (files are kept for a while, then dropped)")
-        mime, content = found
+            raise MCPError(code, f"resource not found: {base} (files are kept for a while, then dropped)")
+        mime, size, content = found
+        if part is not None:  # one part, as bytes, with where the next one starts
+            following = offset + len(content)
+            meta: dict[str, Any] = {"offset": offset, "length": len(content), "size": size}
+            meta["next"] = f"{base}?offset={following}" if following < size else None
+            blob = base64.b64encode(content).decode()
+            piece = types.BlobResourceContents(uri=uri, mime_type=mime, blob=blob, _meta={PART_META: meta})
+            return types.ReadResourceResult(contents=[piece])
+        if size > READ_PART_BYTES:
+            raise MCPError(
+                INVALID_PARAMS,
+                f"{base} is {size} bytes, more than one read returns ({READ_PART_BYTES} bytes, so that an answer "
+                f"fits the 1 MiB message a client accepts); read it in parts: {base}?offset=0, then "
+                f"?offset={READ_PART_BYTES} and so on (each part's _meta[{PART_META!r}] names the next)",
+            )
         try:
             text = content.decode("utf-8")
         except UnicodeDecodeError:
             blob = base64.b64encode(content).decode()
-            item: Any = types.BlobResourceContents(uri=str(params.uri), mime_type=mime, blob=blob)
+            item: Any = types.BlobResourceContents(uri=uri, mime_type=mime, blob=blob)
         else:
-            item = types.TextResourceContents(uri=str(params.uri), mime_type=mime, text=text)
+            item = types.TextResourceContents(uri=uri, mime_type=mime, text=text)
         return types.ReadResourceResult(contents=[item])
 
     def initialization_options(self) -> Any:
@@ -592,6 +663,12 @@ class SandboxServer:
 
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+ANONYMOUS = "anonymous"
+"""The one caller every unauthenticated HTTP client is (only loopback is served without authentication)."""
+SESSION_IDLE_S = 1800.0
+"""How long a handshake-era HTTP session may go unused before it ends (and stops counting for its caller)."""
+REQUEST_ENVELOPE_BYTES = 64 * 1024
+"""Room in an HTTP request body for the JSON-RPC envelope around the tool arguments."""
 """Addresses to bind `serve --transport http` to that only this machine reaches."""
 
 
@@ -608,21 +685,28 @@ class _Identity:
     policy: str | None
     """The policy reference their token names (None: the server's)."""
     limits_key: str
-    """Whose calls the rate limits count together: an authenticated caller's, else the client session's."""
+    """Whose calls the limits count together: an authenticated caller's, the local user's, or the anonymous
+    caller's (never a name the client gives itself)."""
     owner: str | None
-    """Whose files and workspaces the call may see: an authenticated caller's alone (None: unauthenticated)."""
+    """Whose files and workspaces the call may see: an authenticated caller's, an anonymous HTTP session's or the
+    anonymous caller's (None: over stdio, where one client is served)."""
 
 
 def _identity(ctx: Context, client: str) -> _Identity:
-    """A token's caller; over stdio the local user running the server; else an anonymous HTTP client."""
+    """Who calls, never by anything the client may choose: a token's caller; over stdio the local user running
+    the server; over HTTP without tokens (loopback) one anonymous caller, whose files are its session's (handshake
+    era) or the anonymous caller's."""
     token = _access_token(ctx)
     if token is not None:
         claims = token.claims or {}
         caller, reference, issuer = token.subject or token.client_id, claims.get(POLICY_CLAIM), claims.get("iss")
         key = caller if issuer is None else f"{caller} ({issuer})"  # a `sub` is unique only per issuer
         return _Identity(caller, str(reference) if reference is not None else None, key, key)
-    caller = f"local user {getpass.getuser()}" if ctx.request is None else "anonymous"
-    return _Identity(caller, None, client, None)
+    if ctx.request is None:
+        caller = f"local user {getpass.getuser()}"
+        return _Identity(caller, None, caller, None)
+    session = _session_id(ctx) if ctx.protocol_version in HANDSHAKE_PROTOCOL_VERSIONS else None
+    return _Identity(ANONYMOUS, None, ANONYMOUS, f"{ANONYMOUS} session {session}" if session else ANONYMOUS)
 
 
 def _client_name(ctx: Context) -> str:
@@ -651,11 +735,21 @@ async def serve_stdio(app: SandboxServer) -> None:
         await app.server.run(read_stream, write_stream, app.initialization_options())
 
 
-async def serve_http(app: SandboxServer, host: str, port: int, authentication: Authentication | None = None) -> None:
+async def serve_http(
+    app: SandboxServer,
+    host: str,
+    port: int,
+    authentication: Authentication | None = None,
+    limits: ConnectionLimits | None = None,
+    max_request_bytes: int | None = None,
+) -> None:
     """Serve MCP over Streamable HTTP at http://HOST:PORT/mcp; with `authentication`, only to the callers it knows.
 
     Authentication is the SDK's resource server: every request to /mcp needs a bearer token the
     verifier knows, a 401 points at the protected-resource metadata (RFC 9728) at its well-known path.
+    Connections, the time to send a request, sessions per caller and request bodies are bounded
+    (`limits`, `max_request_bytes`: by default the policy's `limits.argument_bytes` and room for the
+    JSON-RPC envelope).
     """
     import uvicorn
 
@@ -673,9 +767,37 @@ async def serve_http(app: SandboxServer, host: str, port: int, authentication: A
         ],
     )
     verifier = authentication.verifier if authentication is not None else None
+    limits = limits or ConnectionLimits()
+    policy_bytes = app.largest_arguments()
+    body_bytes = max_request_bytes or policy_bytes + REQUEST_ENVELOPE_BYTES
     starlette_app = app.server.streamable_http_app(
-        host=host, transport_security=security, auth=auth, token_verifier=verifier
+        host=host,
+        transport_security=security,
+        auth=auth,
+        token_verifier=verifier,
+        max_request_body_size=body_bytes,
+        session_idle_timeout=SESSION_IDLE_S,
+        max_sessions=None,  # bounded per caller instead (SessionCap), so one caller cannot lock the others out
     )
-    watched = ExplainedRefusals(SessionEndWatcher(starlette_app, app.session_ended))
-    config = uvicorn.Config(watched, host=host, port=port, log_level="warning", lifespan="on")
+    watched = ExplainedRefusals(
+        ExplainedBodyCap(
+            SessionCap(
+                SessionEndWatcher(starlette_app, app.session_ended),
+                limits.max_sessions_per_caller,
+                SESSION_IDLE_S,
+                frozenset(HANDSHAKE_PROTOCOL_VERSIONS),
+            ),
+            body_bytes,
+            policy_bytes,
+        )
+    )
+    config = uvicorn.Config(
+        watched,
+        host=host,
+        port=port,
+        log_level="warning",
+        lifespan="on",
+        http=bounded_protocol(limits),
+        timeout_keep_alive=5,
+    )
     await uvicorn.Server(config).serve()

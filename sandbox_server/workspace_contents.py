@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
+import hmac
 import mimetypes
 import os
 import shutil
@@ -39,6 +41,8 @@ from sandbox_server.sandbox.spec import ExecutionResult, ResourceLimits, Sandbox
 
 __all__ = ["ArchivedContents", "Contents", "MountedContents", "mime_type", "too_large"]
 
+IMAGE_KEY = "image-key"
+"""The state folder's key for naming workspace images (32 random bytes, mode 0600)."""
 Room = Callable[[str, int], str | None]
 """Asked before a workspace grows to a size: None when the host has room, else why not."""
 
@@ -75,8 +79,14 @@ class Contents(Protocol):
     def files(self, workspace_id: str) -> list[tuple[str, int]]:
         """The regular files of a workspace (path, size)."""
 
-    def read_file(self, workspace_id: str, path: str, max_bytes: int) -> bytes | None:
-        """One regular file; None when there is none; raises Refusal when it is above max_bytes."""
+    def read_file(
+        self, workspace_id: str, path: str, max_bytes: int, offset: int = 0, length: int | None = None
+    ) -> tuple[int, bytes] | None:
+        """A regular file's size and its bytes from `offset` (at most `length`); None when there is none; raises
+        Refusal when the file is above max_bytes."""
+
+    def kept_files(self, workspace_ids: list[str]) -> set[str]:
+        """The names of the files in the store's folder that hold these workspaces."""
 
     def remove(self, workspace_id: str) -> None:
         """Delete a workspace's files."""
@@ -96,6 +106,9 @@ class ArchivedContents:
 
     def _archive(self, workspace_id: str) -> Path:
         return self.root / f"{workspace_id}.tar"
+
+    def kept_files(self, workspace_ids: list[str]) -> set[str]:
+        return {self._archive(workspace_id).name for workspace_id in workspace_ids}
 
     def shape(self, spec: SandboxSpec) -> SandboxSpec:
         return spec
@@ -136,13 +149,18 @@ class ArchivedContents:
     def files(self, workspace_id: str) -> list[tuple[str, int]]:
         return [(name, member.size) for name, member, _ in self._members(workspace_id) if member.isreg()]
 
-    def read_file(self, workspace_id: str, path: str, max_bytes: int) -> bytes | None:
+    def read_file(
+        self, workspace_id: str, path: str, max_bytes: int, offset: int = 0, length: int | None = None
+    ) -> tuple[int, bytes] | None:
         for name, member, tar in self._members(workspace_id):
             if member.isreg() and name == path:
                 if member.size > max_bytes:
                     raise too_large(path, member.size, max_bytes)
                 handle = tar.extractfile(member)
-                return handle.read() if handle else b""
+                if handle is None:
+                    return member.size, b""
+                handle.seek(offset)
+                return member.size, handle.read(max_bytes if length is None else min(length, max_bytes))
         return None
 
     def remove(self, workspace_id: str) -> None:
@@ -158,14 +176,20 @@ class ArchivedContents:
 class MountedContents:
     """Each workspace is a sized ext4 image, mounted by the one server process that holds its lock.
 
-    Layout under the store's folder: `<id>.img` (the image), and `run/<process>/` of each
-    serving process, holding `ws/<id>` (its mounted images) and `slots/` (a shared mount
-    under which every warm container gets a slot of its own). A process that ends lets go of
-    all of them; a later one sweeps what a killed process left.
+    Layout under the store's folder: `img-<name>.img` (the image), and `run/<process>/` of
+    each serving process, holding `ws/<name>` (its mounted images) and `slots/` (a small
+    tmpfs, shared, under which every warm container gets a slot of its own). A process that
+    ends lets go of all of them; a later one sweeps what a killed process left.
+
+    A sandbox may learn where its workspace lives on the host (a loop device names its backing
+    file), so nothing there names the workspace: `<name>` is a keyed hash of its id (the key,
+    `image-key`, is the state folder's own, readable by root alone), and the slots' tmpfs keeps
+    the state folder's path out of the sandbox's mount table.
     """
 
     def __init__(self, root: Path, process: str, process_alive: Callable[[str], bool]) -> None:
         self.root = root
+        self._key = _image_key(root / IMAGE_KEY)
         self.run = root / "run" / process.replace("/", "_")
         self._process_alive = process_alive
         self._lock = threading.Lock()
@@ -176,6 +200,9 @@ class MountedContents:
         self._giving_back: dict[str, threading.Thread] = {}
         """After a call, off its answer's path: the workspace's freed blocks go back to the host."""
         self.sweep()
+        for old in root.glob("ws-*.img"):  # named by their id before names were keyed
+            with contextlib.suppress(OSError):
+                os.replace(old, self._image(old.name.removesuffix(".img")))
         self.slots = self.run / "slots"
         mounts.make_shared(self.slots)
 
@@ -186,11 +213,19 @@ class MountedContents:
                 mounts.detach_under(folder)
                 _remove_tree(folder)
 
+    def _name(self, workspace_id: str) -> str:
+        """What the host calls a workspace's image and mount: nothing a sandbox could use as its id."""
+        return hmac.new(self._key, workspace_id.encode(), hashlib.sha256).hexdigest()[:32]
+
     def _image(self, workspace_id: str) -> Path:
-        return self.root / f"{workspace_id}.img"
+        return self.root / f"img-{self._name(workspace_id)}.img"
+
+    def kept_files(self, workspace_ids: list[str]) -> set[str]:
+        """The names of the files in the store's folder that hold these workspaces."""
+        return {self._image(workspace_id).name for workspace_id in workspace_ids}
 
     def _where(self, workspace_id: str) -> Path:
-        return self.run / "ws" / workspace_id
+        return self.run / "ws" / self._name(workspace_id)
 
     def shape(self, spec: SandboxSpec) -> SandboxSpec:
         return replace(spec, workspace_slots=str(self.slots))
@@ -266,27 +301,11 @@ class MountedContents:
     def files(self, workspace_id: str) -> list[tuple[str, int]]:
         if not self._image(workspace_id).exists():
             return []
-        top = self._mounted(workspace_id)
-        found: list[tuple[str, int]] = []
-        pending = [("", mounts.open_folder(top))]
-        while pending:
-            prefix, folder = pending.pop()
-            try:
-                for entry in os.scandir(folder):
-                    name = prefix + entry.name
-                    if name == OUTPUT_LEAF:
-                        continue  # the last call's returned files, gone at the next call
-                    info = entry.stat(follow_symlinks=False)
-                    if stat.S_ISREG(info.st_mode):
-                        found.append((name, info.st_size))
-                    elif stat.S_ISDIR(info.st_mode):
-                        with contextlib.suppress(OSError):
-                            pending.append((name + "/", _open_below(folder, entry.name, directory=True)))
-            finally:
-                os.close(folder)
-        return sorted(found)
+        return sorted(_walk(mounts.open_folder(self._mounted(workspace_id))))
 
-    def read_file(self, workspace_id: str, path: str, max_bytes: int) -> bytes | None:
+    def read_file(
+        self, workspace_id: str, path: str, max_bytes: int, offset: int = 0, length: int | None = None
+    ) -> tuple[int, bytes] | None:
         if not self._image(workspace_id).exists() or path.split("/", 1)[0] == OUTPUT_LEAF:
             return None
         folder = mounts.open_folder(self._mounted(workspace_id))
@@ -307,7 +326,8 @@ class MountedContents:
                 return None
             if info.st_size > max_bytes:
                 raise too_large(path, info.st_size, max_bytes)
-            return opened.read(max_bytes + 1)[:max_bytes]
+            wanted = max_bytes if length is None else min(length, max_bytes)
+            return info.st_size, os.pread(opened.fileno(), wanted, offset) if wanted else b""
 
     def remove(self, workspace_id: str) -> None:
         self._settle(workspace_id)
@@ -346,6 +366,84 @@ def _empty_outputs(workspace: Path) -> None:
         pass
     finally:
         os.close(root)
+
+
+MAX_DEPTH = 64
+"""Folders deeper than this in a workspace are not listed (a walk holds one descriptor per level)."""
+MAX_LISTED = 100_000
+"""Entries a listing looks at, at most."""
+
+
+def _image_key(path: Path) -> bytes:
+    """The key images are named with: made once, kept beside them."""
+    try:
+        handle = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    except FileExistsError:
+        key = path.read_bytes()
+        if len(key) >= 32:
+            return key
+        raise ValueError(f"{path}: a workspace image key of {len(key)} bytes; remove it to make a new one") from None
+    key = os.urandom(32)
+    with os.fdopen(handle, "wb") as written:
+        written.write(key)
+    return key
+
+
+def _walk(top: int) -> Iterator[tuple[str, int]]:
+    """(path, size) of the regular files under an open folder, which it closes; never through a link.
+
+    It holds one open folder per level it stands in (at most MAX_DEPTH, never one per folder
+    it has seen), reading each folder's entries whole before going into any of them, and looks
+    at MAX_LISTED entries at most. Names are as the kernel gives them: bytes that are not UTF-8
+    arrive as surrogate escapes, for the caller to show escaped.
+    """
+    seen = 0
+    stack: list[tuple[str, int, Iterator[tuple[str, bool, int]]]] = [("", top, iter(()))]
+    try:
+        stack[0] = ("", top, iter(_entries(top)))
+        while stack:
+            prefix, folder, pending = stack[-1]
+            entry = next(pending, None)
+            if entry is None:
+                os.close(folder)
+                stack.pop()
+                continue
+            seen += 1
+            if seen > MAX_LISTED:
+                return
+            name, is_folder, size = entry
+            path = prefix + name
+            if path == OUTPUT_LEAF:
+                continue  # the last call's returned files, gone at the next call
+            if not is_folder:
+                yield path, size
+            elif len(stack) < MAX_DEPTH:
+                try:
+                    inner = _open_below(folder, name, directory=True)
+                except OSError:
+                    continue
+                try:
+                    listed = _entries(inner)
+                except OSError:
+                    os.close(inner)
+                    continue
+                stack.append((path + "/", inner, iter(listed)))
+    finally:
+        for _, folder, _ in stack:
+            os.close(folder)
+
+
+def _entries(folder: int) -> list[tuple[str, bool, int]]:
+    """(name, is a folder, size) of a folder's regular files and folders; links and the rest left out."""
+    found = []
+    with os.scandir(folder) as listing:
+        for entry in listing:
+            info = entry.stat(follow_symlinks=False)
+            if stat.S_ISREG(info.st_mode):
+                found.append((entry.name, False, info.st_size))
+            elif stat.S_ISDIR(info.st_mode):
+                found.append((entry.name, True, 0))
+    return found
 
 
 def _open_below(folder: int, name: str, *, directory: bool) -> int:

@@ -21,7 +21,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from urllib.parse import quote, unquote
+from urllib.parse import quote, unquote_to_bytes
 
 import anyio
 
@@ -42,6 +42,7 @@ __all__ = [
     "parse_resource_uri",
     "resource_uri",
     "session_owner",
+    "shown_name",
 ]
 
 ID_PATTERN = re.compile(r"ws-[A-Za-z0-9_-]{22}")
@@ -54,8 +55,13 @@ RECORD_WRITE_S = 5.0
 
 
 def resource_uri(workspace_id: str, path: str) -> str:
-    """The resource URI of a file in a kept workspace."""
-    return f"{RESOURCE_PREFIX}{workspace_id}/{quote(path, safe='/')}"
+    """The resource URI of a file in a kept workspace (a name's bytes that are not UTF-8 percent-encoded as they are)."""
+    return f"{RESOURCE_PREFIX}{workspace_id}/{quote(path.encode('utf-8', 'surrogateescape'), safe='/')}"
+
+
+def shown_name(path: str) -> str:
+    """A workspace file's name as people read it: bytes that are not UTF-8 shown as `\\xNN`."""
+    return path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
 def parse_resource_uri(uri: str) -> tuple[str, str] | None:
@@ -63,7 +69,7 @@ def parse_resource_uri(uri: str) -> tuple[str, str] | None:
     if not uri.startswith(RESOURCE_PREFIX):
         return None
     workspace_id, _, quoted = uri.removeprefix(RESOURCE_PREFIX).partition("/")
-    path = safe_relative_path(unquote(quoted))
+    path = safe_relative_path(unquote_to_bytes(quoted).decode("utf-8", "surrogateescape"))
     return (workspace_id, path) if ID_PATTERN.fullmatch(workspace_id) and path else None
 
 
@@ -245,18 +251,28 @@ class WorkspaceStore:
         record = self.of_owner(owner, caller)
         if record is None:
             return []
-        return [(resource_uri(record.id, path), path, mime_type(path), size) for path, size in self.files(record)]
+        return [
+            (resource_uri(record.id, path), shown_name(path), mime_type(path), size)
+            for path, size in self.files(record)
+        ]
 
     def read_resource(
-        self, uri: str, owner: str | None, max_bytes: int, caller: str | None = None
-    ) -> tuple[str, bytes] | None:
-        """A workspace file by its resource URI, as (MIME type, bytes), when this caller may read it."""
+        self,
+        uri: str,
+        owner: str | None,
+        max_bytes: int,
+        caller: str | None = None,
+        offset: int = 0,
+        length: int | None = None,
+    ) -> tuple[str, int, bytes] | None:
+        """A workspace file by its resource URI, as (MIME type, its size, its bytes from `offset`, at most
+        `length`), when this caller may read it."""
         parsed = parse_resource_uri(uri)
         record = self.find(parsed[0], owner, caller) if parsed else None
         if parsed is None or record is None:
             return None
-        content = self.contents.read_file(record.id, parsed[1], max_bytes)
-        return None if content is None else (mime_type(parsed[1]), content)
+        found = self.contents.read_file(record.id, parsed[1], max_bytes, offset, length)
+        return None if found is None else (mime_type(parsed[1]), *found)
 
     # -- contents ----------------------------------------------------------------------
 
@@ -328,8 +344,11 @@ class WorkspaceStore:
                 if (self._expired(record, now) or orphaned) and not self._in_use(record.id):
                     self._remove(record.id)
                     removed += 1
-            for path in self.root.glob("ws-*"):  # files whose record is gone (another process's have theirs)
-                if not (self.root / (path.name.split(".", 1)[0] + ".json")).exists():
+            # Files whose record is gone (another process's workspaces have their records on disk).
+            recorded = [path.stem for path in self.root.glob("ws-*.json")]
+            kept = self.contents.kept_files(recorded) | {f"{workspace_id}.json" for workspace_id in recorded}
+            for path in [*self.root.glob("ws-*"), *self.root.glob("img-*")]:
+                if path.name not in kept:
                     path.unlink(missing_ok=True)
         self.contents.sweep()
         return removed

@@ -29,3 +29,16 @@ def test_a_saturated_host_refuses_new_sandboxes_and_says_which_field() -> None:
     assert refused.value.message.startswith("busy: the host has")
     assert refused.value.field == "host.min_available_memory_mb" and refused.value.kind == "busy"
     assert admission.running == 0
+
+
+def test_admission_forgets_clients_idle_for_a_minute() -> None:
+    now = [1000.0]
+    admission = Admission(
+        RateLimits(), HostAdmission(min_available_memory_mb=0, max_load_per_cpu=10**6), "p", lambda: now[0]
+    )
+    for number in range(300):
+        admission.admit(f"client-{number}").release()
+    assert admission.remembered == 300
+    now[0] += 61
+    admission.admit("late").release()
+    assert admission.remembered == 1

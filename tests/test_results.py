@@ -49,6 +49,19 @@ def test_resource_store_drops_the_oldest_past_its_cap() -> None:
     assert store.get("a") is None and store.get("b") is not None
 
 
+def test_one_owners_many_files_never_push_out_anothers() -> None:
+    store = ResourceStore(max_bytes=100, max_bytes_per_owner=30)
+    store.put("honest", "text/plain", b"h" * 20, owner="alice")
+    for number in range(34):
+        store.put(f"flood-{number}", "text/plain", b"f" * 10, owner="mallory")
+    assert store.get("honest", "alice") is not None
+    assert store.uris("mallory") == ["flood-31", "flood-32", "flood-33"]
+    for number in range(4):  # past the whole store's cap: the owner holding the most gives way
+        store.put(f"other-{number}", "text/plain", b"o" * 25, owner=f"caller-{number}")
+    assert store.get("honest", "alice") is not None and store.get("other-3", "caller-3") is not None
+    assert len(store.uris("mallory")) < 3
+
+
 def test_a_file_kept_for_a_caller_is_theirs_alone() -> None:
     store = ResourceStore()
     link = render(

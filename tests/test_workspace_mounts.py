@@ -48,13 +48,15 @@ async def test_a_sessions_disk_is_given_back_and_nothing_stays_mounted_when_it_e
     state = _state(served)
     async with connect(stdio_parameters(*served)) as session:
         bomb = await _call(session, "dd if=/dev/urandom of=big bs=1M count=64 2>&1")
-        (image,) = state.glob("ws-*.img")
+        (image,) = state.glob("img-*.img")
         allocated = image.stat().st_blocks * 512
         during = mounts.mounted(state)
     assert "No space left on device" in bomb["stdout"]
     assert 15 * 2**20 <= allocated <= 24 * 2**20  # the bomb's 16 MiB and ext4's own, never more
-    assert any(f"/ws/{image.stem}" in target for target in during) and any(t.endswith("/slots") for t in during)
-    assert not list(state.glob("ws-*")) and not mounts.mounted(state)
+    assert any(f"/ws/{image.stem.removeprefix('img-')}" in target for target in during) and any(
+        t.endswith("/slots") for t in during
+    )
+    assert not list(state.glob("ws-*")) and not list(state.glob("img-*")) and not mounts.mounted(state)
     assert not (state / "run").exists() or not list((state / "run").iterdir())
 
 

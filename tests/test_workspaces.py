@@ -69,7 +69,7 @@ async def test_a_stdio_session_finds_its_files_in_the_next_call_in_another_conta
     first_container, second_container = _containers(keeping.audit)
     assert first_container != second_container
     # The session ended with the server: its workspace is gone from the host.
-    assert not list((keeping.state / "workspaces").glob("ws-*"))
+    assert not [*(keeping.state / "workspaces").glob("ws-*"), *(keeping.state / "workspaces").glob("img-*")]
 
 
 async def test_http_sessions_each_have_their_own_and_cannot_open_anothers(

@@ -21,6 +21,9 @@ from sandbox_server.policy import HostAdmission, RateLimits
 
 __all__ = ["Admission", "Ticket"]
 
+REMEMBERED_CLIENTS = 256
+"""Past this many clients with a window of calls, those idle for a minute are forgotten."""
+
 
 @dataclass(slots=True)
 class Ticket:
@@ -71,6 +74,8 @@ class Admission:
         rate, policy_name = rate or self.rate, policy_name or self.policy_name
         now = self._clock()
         with self._lock:
+            if len(self._calls) > REMEMBERED_CLIENTS:
+                self._forget_idle(now)
             window = self._calls[client]
             while window and window[0] <= now - 60:
                 window.popleft()
@@ -100,6 +105,16 @@ class Admission:
             self._running += 1
             self._running_by[client] += 1
         return Ticket(lambda: self._release(client))
+
+    def _forget_idle(self, now: float) -> None:
+        """Forget the clients that made no call in the last minute (they have nothing left to count)."""
+        for client in [c for c, window in self._calls.items() if not window or window[-1] <= now - 60]:
+            del self._calls[client]
+
+    @property
+    def remembered(self) -> int:
+        """How many clients' recent calls are remembered."""
+        return len(self._calls)
 
     def _release(self, client: str) -> None:
         with self._lock:

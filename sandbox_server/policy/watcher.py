@@ -43,12 +43,20 @@ async def watch_policy(
     seen = _signature(folders)
     while True:
         await anyio.sleep(interval_s)
-        current = _signature(folders)
+        try:
+            current = _signature(folders)
+        except OSError as exc:  # a full descriptor table, say: look again at the next turn
+            logger.warning("could not look at the policy's folder (%s); looking again shortly", exc)
+            continue
         if current == seen:
             continue
         seen = current
         try:
             policy = await anyio.to_thread.run_sync(load_policy, reference, tool_names, host())
+        except OSError as exc:
+            seen = ()  # read it again at the next turn
+            logger.warning("could not read the changed policy (%s); trying again shortly", exc)
+            continue
         except ConfigError as exc:
             logger.warning("policy change ignored, the previous policy stays in force: %s", exc)
             continue

@@ -37,7 +37,7 @@ from sandbox_server.sandbox.attach import (
     pids_limited,
 )
 from sandbox_server.sandbox.engine import Engine, engine_errors
-from sandbox_server.sandbox.host_config import host_config_kwargs
+from sandbox_server.sandbox.host_config import host_config_kwargs, masked_paths
 from sandbox_server.sandbox.removal import OWNER_LABEL, Remover, current_owner
 from sandbox_server.sandbox.runtime import ProgressCallback
 from sandbox_server.sandbox.spec import SANDBOX_LABEL, ExecutionResult, SandboxSpec
@@ -151,6 +151,7 @@ class DockerRuntime(Engine):
     def _start(self, spec: SandboxSpec, labels: dict[str, str], slot: str | None) -> WarmContainer:
         with engine_errors("create a sandbox container"):
             host_config = self.api.create_host_config(**host_config_kwargs(spec, slot))
+            host_config["MaskedPaths"] = masked_paths(spec)  # the engine client has no keyword for it
             created = self.api.create_container(
                 image=spec.image,
                 command=[wire.LAUNCHER],

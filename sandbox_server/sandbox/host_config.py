@@ -8,11 +8,27 @@ from docker.types import Mount
 
 from sandbox_server.sandbox.spec import SandboxSpec
 
-__all__ = ["RUNSC_PIDS_BASE", "RUNSC_PIDS_FACTOR", "host_config_kwargs"]
+__all__ = ["MASKED_PATHS", "RUNSC_PIDS_BASE", "RUNSC_PIDS_FACTOR", "host_config_kwargs", "masked_paths"]
+
+ENGINE_MASKED_PATHS = (
+    "/proc/asound", "/proc/acpi", "/proc/kcore", "/proc/keys", "/proc/latency_stats", "/proc/timer_list",
+    "/proc/timer_stats", "/proc/sched_debug", "/proc/scsi", "/sys/firmware", "/sys/devices/virtual/powercap",
+)  # fmt: skip
+"""The engine's own masked paths, which a HostConfig that names any replaces: kept as they are."""
+BLOCK_DEVICE_VIEWS = ("/sys/devices/virtual/block", "/sys/block", "/sys/class/block", "/sys/dev/block")
+"""Where the kernel shows the host's block devices, loop devices' backing files (a kept workspace's image on
+the host) among them."""
+MASKED_PATHS = ENGINE_MASKED_PATHS + BLOCK_DEVICE_VIEWS
+"""Paths a sandbox sees empty (folders) or as /dev/null (files)."""
 
 RUNSC_PIDS_FACTOR, RUNSC_PIDS_BASE = 8, 256
 """Under gVisor the sandbox kernel's own host threads (several per guest task on the ptrace
 platform) count against the pids cgroup, so the cgroup limit is pids * 8 + 256 there."""
+
+
+def masked_paths(spec: SandboxSpec) -> list[str]:
+    """The HostConfig's MaskedPaths for a spec (gVisor's own /sys shows no host device, and has none to mask)."""
+    return list(MASKED_PATHS if spec.runtime != "runsc" else ENGINE_MASKED_PATHS)
 
 
 def host_config_kwargs(spec: SandboxSpec, slot: str | None = None) -> dict[str, Any]:

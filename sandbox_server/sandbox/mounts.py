@@ -39,6 +39,7 @@ __all__ = [
     "unavailable",
 ]
 
+MS_NOSUID, MS_NODEV, MS_NOEXEC = 0x2, 0x4, 0x8
 MS_BIND, MS_REC, MS_SHARED = 0x1000, 0x4000, 0x100000
 FITRIM = 0xC0185879
 MNT_DETACH, UMOUNT_NOFOLLOW = 0x2, 0x8
@@ -54,9 +55,10 @@ class MountError(OSError):
     """A mount the host could not make."""
 
 
-def _mount(source: str | None, target: str, flags: int) -> None:
+def _mount(source: str | None, target: str, flags: int, kind: str | None = None, data: str | None = None) -> None:
     encoded = source.encode() if source is not None else None
-    if _libc.mount(encoded, target.encode(), None, flags, None) != 0:
+    options = ctypes.c_char_p(data.encode()) if data is not None else None
+    if _libc.mount(encoded, target.encode(), kind.encode() if kind else None, flags, options) != 0:
         code = ctypes.get_errno()
         raise MountError(code, f"mount {source or ''} on {target}: {os.strerror(code)}")
 
@@ -92,10 +94,14 @@ def detach_under(folder: Path) -> None:
 
 
 def make_shared(folder: Path) -> None:
-    """Make a folder a mount of its own whose sub-mounts propagate into the containers bound to it."""
+    """Make a folder a small tmpfs of its own whose sub-mounts propagate into the containers bound to it.
+
+    A tmpfs rather than the folder bound to itself: a container's mount table shows where a bind
+    mount's folder lies in its filesystem, and a slot on the host's own disk would show the state
+    folder's path; on a tmpfs of its own it shows only the slot's name."""
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
     if str(folder.resolve()) not in mounted(folder):
-        bind(str(folder), str(folder))
+        _mount("sandbox-slots", str(folder), MS_NOSUID | MS_NODEV | MS_NOEXEC, "tmpfs", "size=1m,mode=0700")
     _mount(None, str(folder), MS_SHARED)
 
 

@@ -53,3 +53,33 @@ def test_tool_descriptions_say_what_will_be_asked() -> None:
     assert "every call (approval.tools)" in (approval_notice(ASKING, "analyze_csv", PLAIN) or "")
     assert approval_notice(ASKING, "run_python", PLAIN) is None
     assert "host folders" in (approval_notice(ApprovalSettings(writable_mounts=True), "run_python", WRITING) or "")
+
+
+def test_command_patterns_see_every_program_a_shell_line_runs() -> None:
+    asking = ApprovalSettings(commands=("rm *",))
+    spellings = [
+        "/bin/rm x",
+        "true; rm x",
+        "true && rm x",
+        "false || rm x",
+        "echo x | xargs rm -f",
+        "sh -c 'rm x'",
+        'bash -c "echo; /usr/bin/rm x"',
+        "echo $(rm x)",
+        "echo `rm x`",
+        "FOO=1 env BAR=2 rm x",
+        "sudo -u root rm x",
+        "nice -n 5 timeout 3 rm x",
+        "find . -name '*.tmp' -exec rm {} ;",
+        "eval 'rm x'",
+        "(cd /tmp; rm x)",
+        "if true; then rm x; fi",
+        "true\nrm x",
+    ]
+    for line in spellings:
+        asked = needed("execute_command", asking, command=line)
+        assert asked is not None and asked.reason == "the command matches 'rm *'", line
+    assert needed("execute_command", asking, command="sh", args=["-c", "true; rm x"]) is not None
+    assert needed("execute_command", asking, command="echo rm x") is None  # an argument, not a program
+    # Documented as unseen: what a program does by itself.
+    assert needed("execute_command", asking, command="find . -delete") is None

@@ -1,0 +1,334 @@
+"""Bounds on what HTTP clients may hold before and around their MCP requests.
+
+The SDK's Streamable HTTP app sees a request only once its headers are complete, so what
+a client holds before that (an open connection that says nothing, a header sent a byte at
+a time) is bounded here, in the HTTP server's own protocol: at most `max_connections`
+connections in all and `max_per_address` from one address (more are answered `503` and
+closed at once), `header_timeout_s` to send a request's headers (from the connection's
+start, or the end of its previous answer) and `body_timeout_s` to send its body. Every
+refusal says which `serve` option bounds it.
+
+Around the app, `SessionCap` bounds the handshake-era sessions one caller keeps open,
+so that one caller cannot fill the SDK's table of sessions and lock the others out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import resource
+import time
+from collections import defaultdict
+from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["ConnectionLimits", "ExplainedBodyCap", "SessionCap", "bounded_protocol", "raise_open_files_limit"]
+
+log = logging.getLogger("sandbox_server")
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionLimits:
+    """What HTTP clients may hold open (serve's --max-connections, --max-connections-per-address,
+    --header-timeout-s, --body-timeout-s, --max-sessions-per-caller)."""
+
+    max_connections: int = 1000
+    max_per_address: int = 100
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 60.0
+    max_sessions_per_caller: int = 100
+
+
+def raise_open_files_limit() -> int:
+    """Raise this process's soft limit on open files to its hard limit; returns the limit now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (OSError, ValueError):
+            pass
+    return soft
+
+
+def _refusal(status: str, text: str) -> bytes:
+    body = text.encode("utf-8") + b"\n"
+    head = (
+        f"HTTP/1.1 {status}\r\ncontent-type: text/plain; charset=utf-8\r\nconnection: close\r\n"
+        f"retry-after: 1\r\ncontent-length: {len(body)}\r\n\r\n"
+    )
+    return head.encode("ascii") + body
+
+
+@dataclass(slots=True)
+class _Connections:
+    """The connections open now, in all and by address (one per server)."""
+
+    total: int = 0
+    by_address: defaultdict[str, int] = field(default_factory=lambda: defaultdict(int))
+
+    def add(self, address: str) -> None:
+        self.total += 1
+        self.by_address[address] += 1
+
+    def remove(self, address: str) -> None:
+        self.total -= 1
+        self.by_address[address] -= 1
+        if self.by_address[address] <= 0:
+            del self.by_address[address]
+
+
+def bounded_protocol(limits: ConnectionLimits) -> type[asyncio.Protocol]:
+    """uvicorn's h11 protocol with the connection caps and the header and body timeouts of `limits`."""
+    import h11
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    open_now = _Connections()
+
+    class BoundedH11Protocol(H11Protocol):
+        """One HTTP connection, counted, and dropped when its client is too slow to send a request."""
+
+        _address: str | None = None
+        _deadline: asyncio.TimerHandle | None = None
+        _waiting_for: str = ""
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            address = self.client[0] if self.client else "unknown"
+            if open_now.total >= limits.max_connections:
+                self._refuse(
+                    f"too many connections: the server holds {open_now.total}, its most "
+                    f"(serve --max-connections {limits.max_connections}); retry shortly"
+                )
+                return
+            if open_now.by_address[address] >= limits.max_per_address:
+                self._refuse(
+                    f"too many connections from {address}: {open_now.by_address[address]} are open, the most one "
+                    f"address may hold (serve --max-connections-per-address {limits.max_per_address}); "
+                    "close some and retry"
+                )
+                return
+            self._address = address
+            open_now.add(address)
+            self._expect("headers")
+
+        def _refuse(self, text: str) -> None:
+            log.warning("refused an HTTP connection: %s", text)
+            transport = self.transport
+            transport.write(_refusal("503 Service Unavailable", text))
+            transport.close()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._stop_waiting()
+            if self._address is not None:
+                open_now.remove(self._address)
+                self._address = None
+            super().connection_lost(exc)
+
+        def _expect(self, what: str) -> None:
+            """Start the clock for the client's request headers or body."""
+            self._stop_waiting()
+            timeout = limits.header_timeout_s if what == "headers" else limits.body_timeout_s
+            self._waiting_for = what
+            self._deadline = self.loop.call_later(timeout, self._too_slow, timeout)
+
+        def _stop_waiting(self) -> None:
+            if self._deadline is not None:
+                self._deadline.cancel()
+                self._deadline = None
+            self._waiting_for = ""
+
+        def _too_slow(self, timeout: float) -> None:
+            what, self._deadline = self._waiting_for, None
+            option = "--header-timeout-s" if what == "headers" else "--body-timeout-s"
+            log.info(
+                "closed an HTTP connection from %s: no complete request %s within %g s (serve %s)",
+                self._address,
+                what,
+                timeout,
+                option,
+            )
+            if not self.transport.is_closing():
+                if self.conn.their_state is h11.IDLE and self.conn.our_state is h11.IDLE:
+                    self.transport.write(
+                        _refusal("408 Request Timeout", f"no complete request {what} within {timeout:g} s ({option})")
+                    )
+                self.transport.close()
+
+        def handle_events(self) -> None:
+            super().handle_events()
+            self._follow_request()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if not self.transport.is_closing():
+                self._follow_request()
+
+        def _follow_request(self) -> None:
+            """Keep the clock running only while the client owes us part of a request."""
+            if self._address is None or self.transport.is_closing():
+                return
+            state = self.conn.their_state
+            if state is h11.IDLE and self.conn.our_state is h11.IDLE:
+                if self._waiting_for != "headers":
+                    self._expect("headers")
+            elif state is h11.SEND_BODY:
+                if self._waiting_for != "body":
+                    self._expect("body")
+            elif self._waiting_for:
+                self._stop_waiting()
+
+    return BoundedH11Protocol
+
+
+class SessionCap:
+    """At most `limit` open handshake-era sessions per caller (per credential; anonymous callers are one).
+
+    A session is counted from the answer that opens it (its `mcp-session-id`) until its client ends it
+    (DELETE), the SDK no longer knows it (404), or it has been idle as long as the SDK lets sessions
+    idle. A request that would open one more is answered 503 naming the limit.
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        limit: int,
+        idle_s: float,
+        handshake_versions: frozenset[str],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.app = app
+        self.limit = limit
+        self.handshake_versions = handshake_versions
+        """Protocol versions whose requests may open a session (a later era's requests carry theirs and open none)."""
+        self.idle_s = idle_s
+        self._clock = clock
+        self._sessions: dict[str, dict[str, float]] = {}
+        """caller key -> session id -> when it was last used."""
+
+    @staticmethod
+    def _caller(scope: Scope) -> str:
+        headers = dict(scope.get("headers") or [])
+        credential = headers.get(b"authorization")
+        return "anonymous" if not credential else hashlib.sha256(credential).hexdigest()
+
+    def _open(self, caller: str) -> dict[str, float]:
+        sessions = self._sessions.get(caller, {})
+        now = self._clock()
+        for session, used in list(sessions.items()):
+            if now - used > self.idle_s:
+                del sessions[session]
+        if not sessions:
+            self._sessions.pop(caller, None)
+        return sessions
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope.get("type") != "http":
+            await self.app(scope, receive, send)
+            return
+        caller = self._caller(scope)
+        headers = dict(scope.get("headers") or [])
+        requested = headers.get(b"mcp-session-id")
+        version = headers.get(b"mcp-protocol-version")
+        opening = (
+            requested is None
+            and scope.get("method") == "POST"
+            and (version is None or version.decode("latin-1") in self.handshake_versions)
+        )
+        sessions = self._open(caller)
+        if opening and len(sessions) >= self.limit:
+            text = (
+                f"too many open sessions for this caller: {len(sessions)}, the most one caller may keep "
+                f"(serve --max-sessions-per-caller {self.limit}); end one (DELETE) or let it expire"
+            )
+            log.warning("refused a new MCP session: %s", text)
+            body = text.encode() + b"\n"
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 503,
+                    "headers": [(b"content-type", b"text/plain; charset=utf-8"), (b"retry-after", b"1")],
+                }
+            )
+            await send({"type": "http.response.body", "body": body})
+            return
+        opened: list[str] = []
+        status: list[int] = []
+
+        async def watched(message: Message) -> None:
+            if message.get("type") == "http.response.start":
+                status.append(int(message.get("status", 500)))
+                for name, value in message.get("headers") or []:
+                    if name.lower() == b"mcp-session-id":
+                        opened.append(value.decode("latin-1"))
+            await send(message)
+
+        session = requested.decode("latin-1") if requested is not None else None
+        if session is not None and session in sessions:
+            sessions[session] = self._clock()
+        await self.app(scope, receive, watched)
+        if opening and opened:
+            self._sessions.setdefault(caller, {})[opened[0]] = self._clock()
+        elif (
+            session is not None
+            and status
+            and (status[0] == 404 or (scope.get("method") == "DELETE" and 200 <= status[0] < 300))
+        ):
+            known = self._sessions.get(caller)
+            if known is not None:
+                known.pop(session, None)
+
+
+class ExplainedBodyCap:
+    """A request body above the HTTP cap gets a 413 that names the cap and the policy field it bounds."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int, policy_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+        self.policy_bytes = policy_bytes
+
+    def _text(self) -> bytes:
+        return (
+            f"request body too large: this server accepts at most {self.max_bytes} bytes in one HTTP request "
+            f"(serve --max-request-bytes), which bounds tool arguments over HTTP as the policy field "
+            f"limits.argument_bytes ({self.policy_bytes} bytes) does everywhere; send less, or raise both\n"
+        ).encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope.get("type") != "http":
+            await self.app(scope, receive, send)
+            return
+        replacing = False
+
+        async def explained(message: Message) -> None:
+            nonlocal replacing
+            if message.get("type") == "http.response.start" and message.get("status") == 413:
+                replacing = True
+                body = self._text()
+                log.warning("refused an HTTP request body above %d bytes", self.max_bytes)
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": 413,
+                        "headers": [
+                            (b"content-type", b"text/plain; charset=utf-8"),
+                            (b"content-length", str(len(body)).encode()),
+                            (b"connection", b"close"),
+                        ],
+                    }
+                )
+                await send({"type": "http.response.body", "body": body})
+                return
+            if replacing:
+                return  # the SDK's own words for it
+            await send(message)
+
+        await self.app(scope, receive, explained)

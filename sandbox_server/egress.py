@@ -18,8 +18,10 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
+    "CONNECTIONS_PER_SANDBOX",
     "DEFAULT_PORTS",
     "MARKER_DOMAIN",
+    "PROXY_FILES",
     "PROXY_PORT",
     "SPECIAL_NETWORKS",
     "Destination",
@@ -177,7 +179,13 @@ def squid_config(egress: Egress, policy_name: str) -> dict[str, str]:
         "coredump_dir /tmp",
         "pinger_enable off",
         "shutdown_lifetime 1 seconds",
-        "client_db off",
+        # One sandbox cannot take the proxy from the others: a cap on its connections (counted by Squid's
+        # client table), and connections that send no request, or idle between requests, are closed.
+        "client_db on",
+        f"client_ip_max_connections {CONNECTIONS_PER_SANDBOX}",
+        f"max_filedescriptors {PROXY_FILES}",
+        "request_start_timeout 30 seconds",
+        "client_idle_pconn_timeout 30 seconds",
         "forwarded_for delete",
         "via off",
         "httpd_suppress_version_string on",
@@ -225,6 +233,12 @@ def squid_config(egress: Egress, policy_name: str) -> dict[str, str]:
         "errors/ERR_SANDBOX_DENIED": denied,
         "errors/ERR_SANDBOX_SPECIAL": special,
     }
+
+
+CONNECTIONS_PER_SANDBOX = 64
+"""Connections one sandbox may hold to its proxy at once; Squid drops more as they come."""
+PROXY_FILES = 16384
+"""Descriptors the proxy may hold (its container's limit too)."""
 
 
 @dataclass(frozen=True, slots=True)

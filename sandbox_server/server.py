@@ -521,11 +521,14 @@ class SandboxServer:
         """The outcome with the requests its sandbox made through the proxy (answer, notes and audit)."""
         assert self.proxies is not None
         address = str((outcome.audit or {}).get("address") or "")
-        requests = await anyio.to_thread.run_sync(self.proxies.requests_of, proxy, address)
+        requests, dropped = await anyio.to_thread.run_sync(self.proxies.requests_of, proxy, address)
         records = [request.record() for request in requests]
         denied = sorted({f"{r.host}:{r.port}" for r in requests if not r.allowed})
-        network = {"requests": records, "denied": denied}
+        network: dict[str, Any] = {"requests": records, "denied": denied}
         notes = outcome.notes
+        if dropped:
+            network["requests_not_kept"] = dropped
+            notes = (*notes, f"{dropped} earlier requests through the proxy are counted but not listed")
         if denied:
             notes = (*notes, f"the proxy refused {', '.join(denied)} (policy field network.allow)")
         audit = {**(outcome.audit or {}), "network": network} if outcome.audit is not None else None

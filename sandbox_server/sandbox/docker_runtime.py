@@ -81,6 +81,25 @@ class WarmContainer:
                 os.rmdir(self.slot)
 
 
+SETTLE_S = 1.0
+"""How long the host waits, after the trailer, for the sandbox's processes to have stopped."""
+SETTLED_STATES = frozenset("TtZX")
+"""Process states that can do nothing more: stopped (the launcher waits so for its removal), or dead."""
+UNSETTLED_NOTE = (
+    "the sandbox's processes were still running after the end of its output (a program that wrote the "
+    "launcher's trailer itself?); they were stopped with the sandbox before this answer"
+)
+
+
+def _process_state(pid: int) -> str:
+    """The state letter of a process from the host ("X" when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[0].decode()
+    except (OSError, IndexError):
+        return "X"
+
+
 def process_tree(pid: int) -> list[int]:
     """`pid` and its descendants, from the kernel's lists of each task's children (nothing when it is gone)."""
     found: list[int] = []
@@ -297,7 +316,7 @@ class DockerRuntime(Engine):
                 raise EngineError(f"could not mount the workspace into the sandbox: {exc}") from exc
         sink = tempfile.SpooledTemporaryFile(SPOOL_BYTES) if persist else None
         drain = Drain(spec, boundary.encode(), sink)  # type: ignore[arg-type]
-        timed_out = cancelled = removed = False
+        timed_out = cancelled = removed = unsettled = False
         try:
             await anyio.to_thread.run_sync(self._send, raw, request)
             with anyio.move_on_after(hard_timeout_s) as deadline:
@@ -321,6 +340,12 @@ class DockerRuntime(Engine):
                     exit_code, oom_killed = await anyio.to_thread.run_sync(self._finish, container_id, lingering)
                 else:
                     exit_code, oom_killed = known
+                # The trailer is the launcher's word, which the program can forge: the call ends when the
+                # host sees the sandbox's processes stopped; one that does not settle is removed first.
+                if not await anyio.to_thread.run_sync(self._settled, warm, spec):
+                    warm.close()
+                    await anyio.to_thread.run_sync(self.removal.remove, container_id)
+                    removed = unsettled = True
         except anyio.get_cancelled_exc_class():
             cancelled = True
             raise
@@ -347,6 +372,8 @@ class DockerRuntime(Engine):
             complete=not drain.splitter.archive_overflow,
             under=OUTPUT_LEAF if persist else "",
         )
+        if unsettled:
+            notes = (*notes, UNSETTLED_NOTE)
         written = persist and drain.splitter.trailer is not None and not drain.splitter.archive_overflow
         if persist and not written:
             archive.close()
@@ -370,6 +397,27 @@ class DockerRuntime(Engine):
             address=warm.address,
             workspace=archive if written else None,
         )
+
+    def _settled(self, warm: WarmContainer, spec: SandboxSpec) -> bool:
+        """Whether the sandbox's processes have ended with its launcher's trailer: every process but its init
+        stopped or gone (runc, read from the host), or the container ended (gVisor, whose processes the host
+        cannot see; asked only when a workspace is mounted or a proxy files its requests)."""
+        deadline = time.monotonic() + SETTLE_S
+        if spec.runtime == "runsc" or warm.pid <= 0:
+            if spec.mounted_workspace is None and spec.network == "none":
+                return True  # nothing of the call outlives its answer but the container, which is removed
+            try:
+                self.api.wait(warm.container_id, timeout=SETTLE_S)
+            except (docker.errors.APIError, OSError, ValueError):
+                return False
+            return True
+        while True:
+            running = [pid for pid in process_tree(warm.pid)[1:] if _process_state(pid) not in SETTLED_STATES]
+            if not running:
+                return True
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.002)
 
     @staticmethod
     async def _report(drain: Drain, started: float, on_progress: ProgressCallback) -> None:

@@ -20,15 +20,18 @@ import logging
 import os
 import shutil
 import socket
+import subprocess
 import tempfile
 import threading
 import time
+from collections import OrderedDict, deque
 from collections.abc import Callable
 
 import docker
 
 from sandbox_server.egress import (
     MARKER_DOMAIN,
+    PROXY_FILES,
     PROXY_PORT,
     Egress,
     ProxyEndpoint,
@@ -52,6 +55,12 @@ START_S = 20.0
 """The longest a proxy may take to answer after it starts."""
 BARRIER_S = 5.0
 """The longest the proxy's log may lag behind a call's end."""
+SANDBOX_RECORD = 10_000
+"""Requests kept per sandbox until its call files them (the latest; the answer says how many more there were)."""
+SANDBOXES_RECORDED = 4096
+"""Sandboxes whose requests are kept until filed; the longest unfiled go first."""
+FIREWALL_COMMENT = "sandbox-server egress"
+"""Marks the host firewall's rules that let sandboxes reach their proxy."""
 
 
 class _Proxy:
@@ -68,7 +77,10 @@ class _Proxy:
         self.health_address = ""
         """Its address on the egress network (the host reaches it there)."""
         self.config_dir: str | None = None
-        self.lines: list[ProxyRequest] = []
+        self.lines: OrderedDict[str, deque[ProxyRequest]] = OrderedDict()
+        """The requests not yet filed, per sandbox address (each sandbox's own bounded record)."""
+        self.dropped: dict[str, int] = {}
+        """Requests of a sandbox left out of its record past its bound, per address."""
         self.markers: set[str] = set()
         self.changed = threading.Condition()
         """Guards the log's lines and markers."""
@@ -77,6 +89,8 @@ class _Proxy:
         self.restarting = False
         self.failure: str | None = None
         self.started_once = False
+        self.opened: tuple[str, str] | None = None
+        """(bridge, address) the host's firewall lets reach the proxy (sandboxes reach nothing else there)."""
 
     def endpoint(self) -> ProxyEndpoint:
         return ProxyEndpoint(self.key, self.network, self.address)
@@ -85,15 +99,38 @@ class _Proxy:
 class EgressProxies:
     """The proxies of one server process; every method blocks (call them from a worker thread)."""
 
-    def __init__(self, api: Callable[[], docker.APIClient], owner: str) -> None:
+    def __init__(
+        self, api: Callable[[], docker.APIClient], owner: str, on_this_host: Callable[[], bool] = lambda: True
+    ) -> None:
         self._api = api
         self._owner = owner
         self._suffix = hashlib.sha256(owner.encode()).hexdigest()[:8]
         self._proxies: dict[str, _Proxy] = {}
         self._lock = threading.Lock()
+        self._on_this_host = on_this_host
+        self._apart: bool | None = None
+        """Whether sandboxes on one allow list are kept from reaching each other (decided at the first start)."""
 
     def network_name(self, key: str) -> str:
         return f"sandbox-egress-{key}-{self._suffix}"
+
+    def bridge_name(self, key: str) -> str:
+        """The host's bridge of an allow list's network (at most 15 characters, as the kernel allows)."""
+        return "sbx" + hashlib.sha256(f"{key}-{self._suffix}".encode()).hexdigest()[:12]
+
+    def sandboxes_apart(self) -> bool:
+        """Whether this host keeps sandboxes on one network from reaching each other: the engine's
+        inter-container traffic off, and the host's firewall (root, the engine on this host) letting them
+        reach the proxy alone."""
+        if self._apart is None:
+            self._apart = self._on_this_host() and _firewall("-S", "DOCKER-USER") is None
+            if not self._apart:
+                log.warning(
+                    "sandboxes sharing an allow list can reach each other's open ports: this host's firewall "
+                    "cannot be managed here (the server is not root on the engine's host, or iptables or the "
+                    "engine's DOCKER-USER chain is missing)"
+                )
+        return self._apart
 
     def _labels(self, proxy: _Proxy) -> dict[str, str]:
         return {SANDBOX_LABEL: "1", OWNER_LABEL: self._owner, PROXY_LABEL: proxy.key}
@@ -133,11 +170,12 @@ class EgressProxies:
         proxy = self._proxies.get(egress.key())
         return proxy.network if proxy is not None and proxy.started_once else None
 
-    def requests_of(self, endpoint: ProxyEndpoint, client: str) -> list[ProxyRequest]:
-        """The requests the sandbox at `client` made, once the proxy's log has caught up with now."""
+    def requests_of(self, endpoint: ProxyEndpoint, client: str) -> tuple[list[ProxyRequest], int]:
+        """The requests the sandbox at `client` made, once the proxy's log has caught up with now, and how many
+        more it made than its record keeps (SANDBOX_RECORD, the latest kept)."""
         proxy = self._proxies.get(endpoint.key)
         if proxy is None or not client:
-            return []
+            return [], 0
         marker = f"m{os.urandom(6).hex()}.{MARKER_DOMAIN}"
         with contextlib.suppress(OSError):
             with socket.create_connection((proxy.health_address, PROXY_PORT), timeout=2) as conn:
@@ -148,9 +186,9 @@ class EgressProxies:
             while marker not in proxy.markers and time.monotonic() < deadline:
                 proxy.changed.wait(deadline - time.monotonic())
             proxy.markers.discard(marker)
-            mine = [line for line in proxy.lines if line.client == client]
-            proxy.lines = [line for line in proxy.lines if line.client != client]
-        return mine
+            mine = list(proxy.lines.pop(client, ()))
+            dropped = proxy.dropped.pop(client, 0)
+        return mine, dropped
 
     def close(self) -> None:
         """Remove every proxy and network of this server; never raises."""
@@ -215,12 +253,12 @@ class EgressProxies:
         egress = proxy.egress
         try:
             if not api.networks(names=[proxy.network]):
+                options = {"com.docker.network.bridge.inhibit_ipv4": "true"}
+                if self.sandboxes_apart():  # each sandbox reaches the proxy alone, never another sandbox
+                    options["com.docker.network.bridge.enable_icc"] = "false"
+                    options["com.docker.network.bridge.name"] = self.bridge_name(proxy.key)
                 api.create_network(
-                    proxy.network,
-                    driver="bridge",
-                    internal=True,
-                    options={"com.docker.network.bridge.inhibit_ipv4": "true"},
-                    labels=self._labels(proxy),
+                    proxy.network, driver="bridge", internal=True, options=options, labels=self._labels(proxy)
                 )
             proxy.config_dir = tempfile.mkdtemp(prefix="sandbox-proxy-")
             os.chmod(proxy.config_dir, 0o755)
@@ -239,7 +277,10 @@ class EgressProxies:
                 mem_limit=256 * 1024 * 1024,
                 memswap_limit=256 * 1024 * 1024,
                 nano_cpus=1_000_000_000,
-                ulimits=[{"name": "nofile", "soft": 4096, "hard": 4096}, {"name": "core", "soft": 0, "hard": 0}],
+                ulimits=[
+                    {"name": "nofile", "soft": PROXY_FILES, "hard": PROXY_FILES},
+                    {"name": "core", "soft": 0, "hard": 0},
+                ],
                 network_mode=egress.egress_network,
                 binds={proxy.config_dir: {"bind": CONFIG_DIR, "mode": "ro"}},
                 log_config={"type": "json-file", "config": {"max-size": "10m", "max-file": "2"}},
@@ -255,6 +296,8 @@ class EgressProxies:
             networks = api.inspect_container(proxy.container_id)["NetworkSettings"]["Networks"]
             proxy.address = networks[proxy.network]["IPAddress"]
             proxy.health_address = networks[egress.egress_network]["IPAddress"]
+            if self.sandboxes_apart():
+                self._open_firewall(proxy)
         except docker.errors.ImageNotFound:
             proxy.failure = f"its image {PROXY_IMAGE} is not built (`sandbox-server images build`)"
             return
@@ -294,14 +337,52 @@ class EgressProxies:
                             continue
                         if request.host.endswith(MARKER_DOMAIN):
                             proxy.markers.add(request.host)
-                        else:
-                            proxy.lines.append(request)
-                    del proxy.lines[:-10000]
+                            continue
+                        record = proxy.lines.get(request.client)
+                        if record is None:
+                            record = proxy.lines[request.client] = deque(maxlen=SANDBOX_RECORD)
+                            while len(proxy.lines) > SANDBOXES_RECORDED:  # never filed: a sandbox long gone
+                                gone, _ = proxy.lines.popitem(last=False)
+                                proxy.dropped.pop(gone, None)
+                        if len(record) == SANDBOX_RECORD:
+                            proxy.dropped[request.client] = proxy.dropped.get(request.client, 0) + 1
+                        record.append(request)
                     proxy.changed.notify_all()
         except (docker.errors.APIError, OSError):
             return
 
+    def _open_firewall(self, proxy: _Proxy) -> None:
+        """Let the sandboxes of the proxy's network reach its port (and its answers reach them); nothing else
+        crosses that bridge."""
+        self._close_firewall(proxy)
+        bridge, address = self.bridge_name(proxy.key), proxy.address
+        for rule in _proxy_rules(bridge, address):
+            problem = _firewall("-I", "DOCKER-USER", *rule)
+            if problem is not None:
+                raise OSError(f"the host's firewall would not let sandboxes reach the proxy: {problem}")
+        proxy.opened = (bridge, address)
+
+    @staticmethod
+    def _close_firewall(proxy: _Proxy) -> None:
+        if proxy.opened is not None:
+            for rule in _proxy_rules(*proxy.opened):
+                _firewall("-D", "DOCKER-USER", *rule)
+            proxy.opened = None
+
+    @staticmethod
+    def sweep_firewall() -> None:
+        """Remove the proxy rules of bridges that are gone (a server killed before it could); never raises."""
+        listed = subprocess.run(["iptables", "-w", "-S", "DOCKER-USER"], capture_output=True, text=True, check=False)
+        for line in listed.stdout.splitlines():
+            if FIREWALL_COMMENT not in line or not line.startswith("-A DOCKER-USER "):
+                continue
+            words = line.split()
+            bridge = words[words.index("-i") + 1] if "-i" in words else ""
+            if bridge and not os.path.exists(f"/sys/class/net/{bridge}"):
+                subprocess.run(["iptables", "-w", "-D", *line.split()[1:]], capture_output=True, check=False)
+
     def _remove(self, proxy: _Proxy) -> None:
+        self._close_firewall(proxy)
         if proxy.container_id is not None:
             with contextlib.suppress(docker.errors.APIError, docker.errors.NotFound):
                 self._api().remove_container(proxy.container_id, force=True)
@@ -309,3 +390,23 @@ class EgressProxies:
         if proxy.config_dir is not None:
             shutil.rmtree(proxy.config_dir, ignore_errors=True)
             proxy.config_dir = None
+
+
+def _proxy_rules(bridge: str, address: str) -> list[list[str]]:
+    """The firewall rules between a proxy and the sandboxes of its bridge: to its port, and its answers back."""
+    across = ["-i", bridge, "-o", bridge, "-p", "tcp"]
+    mark = ["-m", "comment", "--comment", FIREWALL_COMMENT, "-j", "ACCEPT"]
+    return [
+        [*across, "-d", f"{address}/32", "--dport", str(PROXY_PORT), *mark],
+        [*across, "-s", f"{address}/32", "--sport", str(PROXY_PORT), "-m", "conntrack", "--ctstate", "ESTABLISHED",
+         *mark],
+    ]  # fmt: skip
+
+
+def _firewall(*arguments: str) -> str | None:
+    """Run iptables (waiting for its lock); what went wrong, or None."""
+    try:
+        done = subprocess.run(["iptables", "-w", *arguments], capture_output=True, text=True, check=False, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return str(exc)
+    return None if done.returncode == 0 else (done.stderr.strip() or f"exit code {done.returncode}")

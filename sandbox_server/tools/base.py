@@ -121,6 +121,10 @@ NETWORK_SCHEMA: dict[str, Any] = {
             },
         },
         "denied": {"type": "array", "items": {"type": "string"}, "description": "host:port the policy refused."},
+        "requests_not_kept": {
+            "type": "integer",
+            "description": "Requests made before those listed, counted but not kept (a sandbox's record is bounded).",
+        },
     },
     "required": ["requests", "denied"],
 }  # fmt: skip

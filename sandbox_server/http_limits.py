@@ -213,6 +213,8 @@ class SessionCap:
         self._clock = clock
         self._sessions: dict[str, dict[str, float]] = {}
         """caller key -> session id -> when it was last used."""
+        self._opening: dict[str, int] = {}
+        """Requests that may open a session, being answered now, per caller key."""
 
     @staticmethod
     def _caller(scope: Scope) -> str:
@@ -244,47 +246,57 @@ class SessionCap:
             and (version is None or version.decode("latin-1") in self.handshake_versions)
         )
         sessions = self._open(caller)
-        if opening and len(sessions) >= self.limit:
+        if opening and len(sessions) + self._opening.get(caller, 0) >= self.limit:
             text = (
                 f"too many open sessions for this caller: {len(sessions)}, the most one caller may keep "
                 f"(serve --max-sessions-per-caller {self.limit}); end one (DELETE) or let it expire"
             )
             log.warning("refused a new MCP session: %s", text)
             body = text.encode() + b"\n"
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": 503,
-                    "headers": [(b"content-type", b"text/plain; charset=utf-8"), (b"retry-after", b"1")],
-                }
-            )
+            answer = [
+                (b"content-type", b"text/plain; charset=utf-8"),
+                (b"content-length", str(len(body)).encode()),
+                (b"retry-after", b"1"),
+                (b"connection", b"close"),  # its request body is not read: the connection cannot carry another
+            ]
+            await send({"type": "http.response.start", "status": 503, "headers": answer})
             await send({"type": "http.response.body", "body": body})
             return
-        opened: list[str] = []
         status: list[int] = []
+        pending = [opening]
+        """Whether this request still holds a place among the caller's sessions being opened."""
+
+        def settle() -> None:
+            if pending[0]:
+                pending[0] = False
+                self._opening[caller] -= 1
+                if not self._opening[caller]:
+                    del self._opening[caller]
 
         async def watched(message: Message) -> None:
             if message.get("type") == "http.response.start":
                 status.append(int(message.get("status", 500)))
-                for name, value in message.get("headers") or []:
-                    if name.lower() == b"mcp-session-id":
-                        opened.append(value.decode("latin-1"))
+                if opening:  # counted from the answer that names it, before the client can ask for another
+                    for name, value in message.get("headers") or []:
+                        if name.lower() == b"mcp-session-id":
+                            self._sessions.setdefault(caller, {})[value.decode("latin-1")] = self._clock()
+                    settle()
+                code = status[0]
+                if session is not None and (code == 404 or (scope.get("method") == "DELETE" and 200 <= code < 300)):
+                    known = self._sessions.get(caller)  # ended (or unknown to the SDK): room for another at once
+                    if known is not None:
+                        known.pop(session, None)
             await send(message)
 
         session = requested.decode("latin-1") if requested is not None else None
         if session is not None and session in sessions:
             sessions[session] = self._clock()
-        await self.app(scope, receive, watched)
-        if opening and opened:
-            self._sessions.setdefault(caller, {})[opened[0]] = self._clock()
-        elif (
-            session is not None
-            and status
-            and (status[0] == 404 or (scope.get("method") == "DELETE" and 200 <= status[0] < 300))
-        ):
-            known = self._sessions.get(caller)
-            if known is not None:
-                known.pop(session, None)
+        if opening:
+            self._opening[caller] = self._opening.get(caller, 0) + 1
+        try:
+            await self.app(scope, receive, watched)
+        finally:
+            settle()
 
 
 class ExplainedBodyCap:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import re
+from collections import OrderedDict, deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +29,7 @@ __all__ = [
     "Egress",
     "ProxyEndpoint",
     "ProxyRequest",
+    "RequestRecords",
     "parse_egress",
     "parse_log_line",
     "squid_config",
@@ -303,3 +305,35 @@ class ProxyEndpoint:
             ("NO_PROXY", "localhost,127.0.0.1"),
             ("no_proxy", "localhost,127.0.0.1"),
         )
+
+
+SANDBOX_RECORD = 10_000
+"""Requests kept per sandbox until its call files them (the latest; the answer counts the rest)."""
+SANDBOXES_RECORDED = 4096
+"""Sandboxes whose requests are kept until filed; the longest unfiled go first."""
+
+
+class RequestRecords:
+    """The proxy's requests not yet filed, each sandbox's (by its address) in a bounded record of its own, so
+    that no sandbox's requests push out another's."""
+
+    def __init__(self, per_sandbox: int = SANDBOX_RECORD, sandboxes: int = SANDBOXES_RECORDED) -> None:
+        self.per_sandbox, self.sandboxes = per_sandbox, sandboxes
+        self._records: OrderedDict[str, deque[ProxyRequest]] = OrderedDict()
+        self._dropped: dict[str, int] = {}
+
+    def file(self, request: ProxyRequest) -> None:
+        """Keep one request in its sandbox's record (its oldest goes past the bound, counted)."""
+        record = self._records.get(request.client)
+        if record is None:
+            record = self._records[request.client] = deque(maxlen=self.per_sandbox)
+            while len(self._records) > self.sandboxes:  # never taken: a sandbox long gone
+                gone, _ = self._records.popitem(last=False)
+                self._dropped.pop(gone, None)
+        if len(record) == self.per_sandbox:
+            self._dropped[request.client] = self._dropped.get(request.client, 0) + 1
+        record.append(request)
+
+    def take(self, client: str) -> tuple[list[ProxyRequest], int]:
+        """A sandbox's requests, oldest first, and how many earlier ones its record could not keep; forgets them."""
+        return list(self._records.pop(client, ())), self._dropped.pop(client, 0)

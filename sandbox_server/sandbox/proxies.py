@@ -24,7 +24,6 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections import OrderedDict, deque
 from collections.abc import Callable
 
 import docker
@@ -36,6 +35,7 @@ from sandbox_server.egress import (
     Egress,
     ProxyEndpoint,
     ProxyRequest,
+    RequestRecords,
     parse_log_line,
     squid_config,
 )
@@ -55,10 +55,6 @@ START_S = 20.0
 """The longest a proxy may take to answer after it starts."""
 BARRIER_S = 5.0
 """The longest the proxy's log may lag behind a call's end."""
-SANDBOX_RECORD = 10_000
-"""Requests kept per sandbox until its call files them (the latest; the answer says how many more there were)."""
-SANDBOXES_RECORDED = 4096
-"""Sandboxes whose requests are kept until filed; the longest unfiled go first."""
 FIREWALL_COMMENT = "sandbox-server egress"
 """Marks the host firewall's rules that let sandboxes reach their proxy."""
 
@@ -77,10 +73,8 @@ class _Proxy:
         self.health_address = ""
         """Its address on the egress network (the host reaches it there)."""
         self.config_dir: str | None = None
-        self.lines: OrderedDict[str, deque[ProxyRequest]] = OrderedDict()
-        """The requests not yet filed, per sandbox address (each sandbox's own bounded record)."""
-        self.dropped: dict[str, int] = {}
-        """Requests of a sandbox left out of its record past its bound, per address."""
+        self.records = RequestRecords()
+        """The requests not yet filed, each sandbox's in its own bounded record."""
         self.markers: set[str] = set()
         self.changed = threading.Condition()
         """Guards the log's lines and markers."""
@@ -94,6 +88,14 @@ class _Proxy:
 
     def endpoint(self) -> ProxyEndpoint:
         return ProxyEndpoint(self.key, self.network, self.address)
+
+    def file(self, request: ProxyRequest) -> None:
+        """One request of the log: a marker among the markers, any other into its sandbox's record; under
+        `changed`."""
+        if request.host.endswith(MARKER_DOMAIN):
+            self.markers.add(request.host)
+        else:
+            self.records.file(request)
 
 
 class EgressProxies:
@@ -172,7 +174,7 @@ class EgressProxies:
 
     def requests_of(self, endpoint: ProxyEndpoint, client: str) -> tuple[list[ProxyRequest], int]:
         """The requests the sandbox at `client` made, once the proxy's log has caught up with now, and how many
-        more it made than its record keeps (SANDBOX_RECORD, the latest kept)."""
+        more it made than its record keeps (the latest are kept)."""
         proxy = self._proxies.get(endpoint.key)
         if proxy is None or not client:
             return [], 0
@@ -186,9 +188,7 @@ class EgressProxies:
             while marker not in proxy.markers and time.monotonic() < deadline:
                 proxy.changed.wait(deadline - time.monotonic())
             proxy.markers.discard(marker)
-            mine = list(proxy.lines.pop(client, ()))
-            dropped = proxy.dropped.pop(client, 0)
-        return mine, dropped
+            return proxy.records.take(client)
 
     def close(self) -> None:
         """Remove every proxy and network of this server; never raises."""
@@ -333,20 +333,8 @@ class EgressProxies:
                 parsed = [parse_log_line(line.decode(errors="replace")) for line in complete]
                 with proxy.changed:
                     for request in parsed:
-                        if request is None:
-                            continue
-                        if request.host.endswith(MARKER_DOMAIN):
-                            proxy.markers.add(request.host)
-                            continue
-                        record = proxy.lines.get(request.client)
-                        if record is None:
-                            record = proxy.lines[request.client] = deque(maxlen=SANDBOX_RECORD)
-                            while len(proxy.lines) > SANDBOXES_RECORDED:  # never filed: a sandbox long gone
-                                gone, _ = proxy.lines.popitem(last=False)
-                                proxy.dropped.pop(gone, None)
-                        if len(record) == SANDBOX_RECORD:
-                            proxy.dropped[request.client] = proxy.dropped.get(request.client, 0) + 1
-                        record.append(request)
+                        if request is not None:
+                            proxy.file(request)
                     proxy.changed.notify_all()
         except (docker.errors.APIError, OSError):
             return

@@ -13,6 +13,7 @@ from sandbox_server.egress import (
     Egress,
     ProxyEndpoint,
     ProxyRequest,
+    RequestRecords,
     parse_egress,
     parse_log_line,
     squid_config,
@@ -171,3 +172,18 @@ def test_a_policy_file_opens_an_allow_list_and_errors_name_the_field(tmp_path: P
     text = str(raised.value)
     assert "defaults.network.allow[0]: 'https://pypi.org/simple' is a URL" in text, text
     assert "defaults.network: runsc is registered here with --network=none" in text, text
+
+
+def test_each_sandboxs_requests_are_kept_apart_so_a_flood_pushes_out_none_of_anothers() -> None:
+    records = RequestRecords(per_sandbox=100, sandboxes=3)
+    honest = ProxyRequest("10.0.0.2", "GET", "web.test", 80, "TCP_MISS", 200, 10, 5)
+    records.file(honest)
+    for number in range(10_100):  # cheap denied requests of one sandbox
+        records.file(ProxyRequest("10.0.0.3", "GET", f"x{number}.test", 80, "TCP_DENIED", 403, 0, 0))
+    assert records.take("10.0.0.2") == ([honest], 0)
+    flood, dropped = records.take("10.0.0.3")
+    assert len(flood) == 100 and dropped == 10_000 and flood[-1].host == "x10099.test"
+    assert records.take("10.0.0.3") == ([], 0)
+    for address in ("10.0.0.4", "10.0.0.5", "10.0.0.6", "10.0.0.7"):  # never taken: the longest unfiled go
+        records.file(ProxyRequest(address, "GET", "web.test", 80, "TCP_MISS", 200, 1, 1))
+    assert records.take("10.0.0.4") == ([], 0) and len(records.take("10.0.0.7")[0]) == 1

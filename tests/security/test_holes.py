@@ -160,13 +160,14 @@ async def test_a_listing_of_thousands_of_folders_holds_few_descriptors_and_the_s
         listed: list[types.Resource] = []
         cursor: str | None = None
         pages = 0
-        while True:
-            page = await session.list_resources(cursor=cursor)
-            listed += page.resources
-            pages += 1
-            cursor = page.next_cursor
-            if cursor is None:
-                break
+        with anyio.fail_after(60):
+            while True:
+                page = await session.list_resources(cursor=cursor)
+                listed += page.resources
+                pages += 1
+                cursor = page.next_cursor
+                if cursor is None:
+                    break
         names = {resource.name for resource in listed}
         assert len(listed) == 3001 and pages >= 6, (len(listed), pages)
         assert "d2999/e/f" in names and "bad-\\xff-name.txt" in names  # the name's byte shown escaped

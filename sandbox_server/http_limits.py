@@ -41,7 +41,7 @@ class ConnectionLimits:
     --header-timeout-s, --body-timeout-s, --max-sessions-per-caller)."""
 
     max_connections: int = 1000
-    max_per_address: int = 100
+    max_per_address: int = 200
     header_timeout_s: float = 10.0
     body_timeout_s: float = 60.0
     max_sessions_per_caller: int = 100

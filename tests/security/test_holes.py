@@ -436,9 +436,7 @@ async def test_calls_waiting_for_a_person_are_bounded_per_caller(tmp_path: Path,
     policy.write_text(ASKING)
     person = Person()
     stdin = "x" * 2_000_000
-    # Room for the client's 120 connections at once (each call holds one while it waits).
-    serve = ("--policy", str(policy), "--no-pool", "--max-connections-per-address", "200")
-    with http_server_process(*serve) as server:
+    with http_server_process("--policy", str(policy), "--no-pool") as server:
         memory = psutil.Process(server.process.pid)
         before = memory.memory_info().rss
         results: list[dict[str, Any]] = []

@@ -17,7 +17,7 @@ import logging
 import re
 import urllib.parse
 import urllib.request
-from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+from collections.abc import Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +26,7 @@ import anyio.to_thread
 import jwt
 from mcp.server.auth.provider import AccessToken
 from mcp.server.auth.settings import AuthSettings
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sandbox_server.errors import UsageError
 from sandbox_server.tokens import TOKEN_PREFIX, TokensFile
@@ -43,12 +44,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("sandbox_server")
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 POLICY_CLAIM = "sandbox_policy"
 """The claim of an access token that names the policy its caller's calls run under."""

@@ -20,19 +20,14 @@ import logging
 import resource
 import time
 from collections import defaultdict
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 __all__ = ["ConnectionLimits", "ExplainedBodyCap", "SessionCap", "bounded_protocol", "raise_open_files_limit"]
 
 log = logging.getLogger("sandbox_server")
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,6 +23,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from starlette.responses import PlainTextResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 __all__ = ["ConnectionLimits", "ExplainedBodyCap", "SessionCap", "bounded_protocol", "raise_open_files_limit"]
@@ -247,15 +248,7 @@ class SessionCap:
                 f"(serve --max-sessions-per-caller {self.limit}); end one (DELETE) or let it expire"
             )
             log.warning("refused a new MCP session: %s", text)
-            body = text.encode() + b"\n"
-            answer = [
-                (b"content-type", b"text/plain; charset=utf-8"),
-                (b"content-length", str(len(body)).encode()),
-                (b"retry-after", b"1"),
-                (b"connection", b"close"),  # its request body is not read: the connection cannot carry another
-            ]
-            await send({"type": "http.response.start", "status": 503, "headers": answer})
-            await send({"type": "http.response.body", "body": body})
+            await _plain_answer(503, text, scope, receive, send)
             return
         status: list[int] = []
         pending = [opening]
@@ -302,12 +295,12 @@ class ExplainedBodyCap:
         self.max_bytes = max_bytes
         self.policy_bytes = policy_bytes
 
-    def _text(self) -> bytes:
+    def _text(self) -> str:
         return (
             f"request body too large: this server accepts at most {self.max_bytes} bytes in one HTTP request "
             f"(serve --max-request-bytes), which bounds tool arguments over HTTP as the policy field "
-            f"limits.argument_bytes ({self.policy_bytes} bytes) does everywhere; send less, or raise both\n"
-        ).encode()
+            f"limits.argument_bytes ({self.policy_bytes} bytes) does everywhere; send less, or raise both"
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope.get("type") != "http":
@@ -319,23 +312,18 @@ class ExplainedBodyCap:
             nonlocal replacing
             if message.get("type") == "http.response.start" and message.get("status") == 413:
                 replacing = True
-                body = self._text()
                 log.warning("refused an HTTP request body above %d bytes", self.max_bytes)
-                await send(
-                    {
-                        "type": "http.response.start",
-                        "status": 413,
-                        "headers": [
-                            (b"content-type", b"text/plain; charset=utf-8"),
-                            (b"content-length", str(len(body)).encode()),
-                            (b"connection", b"close"),
-                        ],
-                    }
-                )
-                await send({"type": "http.response.body", "body": body})
+                await _plain_answer(413, self._text(), scope, receive, send)
                 return
             if replacing:
                 return  # the SDK's own words for it
             await send(message)
 
         await self.app(scope, receive, explained)
+
+
+async def _plain_answer(status: int, text: str, scope: Scope, receive: Receive, send: Send) -> None:
+    """A refusal in plain text that closes the connection (the request's body is not read, so the connection
+    cannot carry another request)."""
+    headers = {"connection": "close", **({"retry-after": "1"} if status == 503 else {})}  # 503: it may pass
+    await PlainTextResponse(text + "\n", status_code=status, headers=headers)(scope, receive, send)

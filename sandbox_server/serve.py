@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
-import shutil
 import signal
 import sys
 from collections.abc import Awaitable, Callable
@@ -85,8 +83,7 @@ def serve_command(args: argparse.Namespace) -> int:
     if swept:
         log.info("removed %d expired or orphaned workspace(s)", swept)
     proxies = EgressProxies(lambda: runtime.api, runtime.owner, runtime.on_this_host)
-    if os.geteuid() == 0 and shutil.which("iptables"):
-        proxies.sweep_firewall()  # the rules of proxies whose server was killed
+    proxies.sweep_firewall()  # the rules of proxies whose server was killed
     caller_policies: dict[str, Policy] = {}
 
     def caller_policy(reference: str) -> Policy:

@@ -18,6 +18,7 @@ import contextlib
 import hashlib
 import logging
 import os
+import shlex
 import shutil
 import socket
 import subprocess
@@ -125,7 +126,7 @@ class EgressProxies:
         inter-container traffic off, and the host's firewall (root, the engine on this host) letting them
         reach the proxy alone."""
         if self._apart is None:
-            self._apart = self._on_this_host() and _firewall("-S", "DOCKER-USER") is None
+            self._apart = self._on_this_host() and _firewall("-S", "DOCKER-USER")[0] is None
             if not self._apart:
                 log.warning(
                     "sandboxes sharing an allow list can reach each other's open ports: this host's firewall "
@@ -345,7 +346,7 @@ class EgressProxies:
         self._close_firewall(proxy)
         bridge, address = self.bridge_name(proxy.key), proxy.address
         for rule in _proxy_rules(bridge, address):
-            problem = _firewall("-I", "DOCKER-USER", *rule)
+            problem, _ = _firewall("-I", "DOCKER-USER", *rule)
             if problem is not None:
                 raise OSError(f"the host's firewall would not let sandboxes reach the proxy: {problem}")
         proxy.opened = (bridge, address)
@@ -359,15 +360,18 @@ class EgressProxies:
 
     @staticmethod
     def sweep_firewall() -> None:
-        """Remove the proxy rules of bridges that are gone (a server killed before it could); never raises."""
-        listed = subprocess.run(["iptables", "-w", "-S", "DOCKER-USER"], capture_output=True, text=True, check=False)
-        for line in listed.stdout.splitlines():
+        """Remove the proxy rules of bridges that are gone (a server killed before it could); as root only,
+        never raises."""
+        if os.geteuid() != 0:
+            return
+        problem, listed = _firewall("-S", "DOCKER-USER")
+        for line in listed.splitlines() if problem is None else ():
             if FIREWALL_COMMENT not in line or not line.startswith("-A DOCKER-USER "):
                 continue
-            words = line.split()
+            words = shlex.split(line)  # the comment is quoted
             bridge = words[words.index("-i") + 1] if "-i" in words else ""
             if bridge and not os.path.exists(f"/sys/class/net/{bridge}"):
-                subprocess.run(["iptables", "-w", "-D", *line.split()[1:]], capture_output=True, check=False)
+                _firewall("-D", *words[1:])
 
     def _remove(self, proxy: _Proxy) -> None:
         self._close_firewall(proxy)
@@ -391,10 +395,11 @@ def _proxy_rules(bridge: str, address: str) -> list[list[str]]:
     ]  # fmt: skip
 
 
-def _firewall(*arguments: str) -> str | None:
-    """Run iptables (waiting for its lock); what went wrong, or None."""
+def _firewall(*arguments: str) -> tuple[str | None, str]:
+    """Run iptables (waiting for its lock): what went wrong (None when nothing did), and what it printed."""
     try:
         done = subprocess.run(["iptables", "-w", *arguments], capture_output=True, text=True, check=False, timeout=30)
     except (OSError, subprocess.TimeoutExpired) as exc:
-        return str(exc)
-    return None if done.returncode == 0 else (done.stderr.strip() or f"exit code {done.returncode}")
+        return str(exc), ""
+    problem = None if done.returncode == 0 else (done.stderr.strip() or f"exit code {done.returncode}")
+    return problem, done.stdout

@@ -38,7 +38,7 @@ class Approval:
 
 
 def _command_line(arguments: Mapping[str, Any]) -> tuple[list[str], str]:
-    """(the words of an execute_command call when it gives `args`, else None; the whole command line)."""
+    """(the words of an execute_command call when it gives `args`, else none; the whole command line)."""
     command = str(arguments.get("command", ""))
     if "args" in arguments:
         words = [command, *map(str, arguments["args"])]

@@ -76,15 +76,17 @@ class ResourceStore:
             self._items[uri] = (mime_type, content, owner)
             self._used += len(content)
             self._used_by[owner] = self._used_by.get(owner, 0) + len(content)
-            while self._used_by[owner] > self.max_bytes_per_owner and len(self._items_of(owner)) > 1:
-                self._drop(self._items_of(owner)[0])  # its own oldest, never the file just kept
+            for older in self._older_of(owner, uri):  # its own oldest first, never the file just kept
+                if self._used_by.get(owner, 0) <= self.max_bytes_per_owner:
+                    break
+                self._drop(older)
             while self._used > self.max_bytes and len(self._items) > 1:
-                largest = max(self._used_by, key=lambda holder: self._used_by[holder])
-                older = [u for u in self._items_of(largest) if u != uri]
-                self._drop(older[0] if older else next(iter(self._items)))
+                largest = max(self._used_by, key=self._used_by.__getitem__)
+                self._drop(next(iter(self._older_of(largest, uri)), None) or next(iter(self._items)))
 
-    def _items_of(self, owner: str | None) -> list[str]:
-        return [u for u, item in self._items.items() if item[2] == owner]
+    def _older_of(self, owner: str | None, kept: str) -> list[str]:
+        """An owner's files, oldest first, but the one just kept."""
+        return [u for u, item in self._items.items() if item[2] == owner and u != kept]
 
     def _drop(self, uri: str) -> None:
         dropped = self._items.pop(uri, None)

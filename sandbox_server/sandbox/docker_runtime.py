@@ -404,7 +404,6 @@ class DockerRuntime(Engine):
         """Whether the sandbox's processes have ended with its launcher's trailer: every process but its init
         stopped or gone (runc, read from the host), or the container ended (gVisor, whose processes the host
         cannot see; asked only when a workspace is mounted or a proxy files its requests)."""
-        deadline = time.monotonic() + SETTLE_S
         if spec.runtime == "runsc" or warm.pid <= 0:
             if spec.mounted_workspace is None and spec.network == "none":
                 return True  # nothing of the call outlives its answer but the container, which is removed
@@ -413,6 +412,7 @@ class DockerRuntime(Engine):
             except (docker.errors.APIError, OSError, ValueError):
                 return False
             return True
+        deadline = time.monotonic() + SETTLE_S
         while True:
             running = [pid for pid in process_tree(warm.pid)[1:] if _process_state(pid) not in SETTLED_STATES]
             if not running:

@@ -15,7 +15,7 @@ import anyio
 
 from sandbox_server import __version__
 from sandbox_server.errors import SandboxServerError, UsageError
-from sandbox_server.http_limits import ConnectionLimits
+from sandbox_server.http_limits import add_limit_arguments
 
 if TYPE_CHECKING:
     from sandbox_server.doctor import WarmPlan
@@ -245,20 +245,6 @@ def _policy_schema(args: argparse.Namespace) -> int:
     return 0
 
 
-def _positive_int(value: str) -> int:
-    number = int(value)
-    if number <= 0:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a positive whole number")
-    return number
-
-
-def _positive_float(value: str) -> float:
-    number = float(value)
-    if not number > 0 or number == float("inf"):
-        raise argparse.ArgumentTypeError(f"{value!r} is not a positive number of seconds")
-    return number
-
-
 def _tool_prefix(value: str) -> str:
     from sandbox_server.policy.loader import schema
 
@@ -355,46 +341,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="HTTP with --tokens or --issuer: the URL clients use for /mcp: the resource URL of the protected-resource "
         "metadata and the audience tokens must name (default http://HOST:PORT/mcp)",
     )
-    bounds = ConnectionLimits()
-    serve.add_argument(
-        "--max-connections",
-        type=_positive_int,
-        default=bounds.max_connections,
-        help=f"HTTP: connections held open at once, in all (default {bounds.max_connections}); more are answered 503",
-    )
-    serve.add_argument(
-        "--max-connections-per-address",
-        type=_positive_int,
-        default=bounds.max_per_address,
-        help=f"HTTP: connections one client address may hold open (default {bounds.max_per_address}); "
-        "raise it behind a reverse proxy, where every client has the proxy's address",
-    )
-    serve.add_argument(
-        "--header-timeout-s",
-        type=_positive_float,
-        default=bounds.header_timeout_s,
-        help=f"HTTP: seconds a client has to send a request's headers (default {bounds.header_timeout_s:g}); "
-        "idle and slow connections are closed",
-    )
-    serve.add_argument(
-        "--body-timeout-s",
-        type=_positive_float,
-        default=bounds.body_timeout_s,
-        help=f"HTTP: seconds a client has to send a request's body (default {bounds.body_timeout_s:g})",
-    )
-    serve.add_argument(
-        "--max-sessions-per-caller",
-        type=_positive_int,
-        default=bounds.max_sessions_per_caller,
-        help=f"HTTP: handshake-era sessions one caller may keep open (default {bounds.max_sessions_per_caller}; "
-        "anonymous callers on loopback are one caller)",
-    )
-    serve.add_argument(
-        "--max-request-bytes",
-        type=_positive_int,
-        help="HTTP: the largest request body (default: the policy's limits.argument_bytes and 64 KiB for the "
-        "JSON-RPC envelope)",
-    )
+    add_limit_arguments(serve)
     serve.set_defaults(handler=_serve)
 
     token = commands.add_parser("token", help="static bearer tokens for HTTP callers: add, list, revoke")

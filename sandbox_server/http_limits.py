@@ -14,6 +14,7 @@ so that one caller cannot fill the SDK's table of sessions and lock the others o
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import hashlib
 import logging
@@ -23,10 +24,16 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from starlette.responses import PlainTextResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-__all__ = ["ConnectionLimits", "ExplainedBodyCap", "SessionCap", "bounded_protocol", "raise_open_files_limit"]
+__all__ = [
+    "ConnectionLimits",
+    "ExplainedBodyCap",
+    "SessionCap",
+    "add_limit_arguments",
+    "bounded_protocol",
+    "raise_open_files_limit",
+]
 
 log = logging.getLogger("sandbox_server")
 
@@ -41,6 +48,72 @@ class ConnectionLimits:
     header_timeout_s: float = 10.0
     body_timeout_s: float = 60.0
     max_sessions_per_caller: int = 100
+
+    @classmethod
+    def of(cls, args: argparse.Namespace) -> ConnectionLimits:
+        """The limits `serve`'s options give (add_limit_arguments)."""
+        return cls(
+            args.max_connections, args.max_connections_per_address, args.header_timeout_s, args.body_timeout_s,
+            args.max_sessions_per_caller,
+        )  # fmt: skip
+
+
+def add_limit_arguments(serve: argparse.ArgumentParser) -> None:
+    """`serve`'s options for what HTTP clients may hold, with ConnectionLimits' defaults."""
+    bounds = ConnectionLimits()
+    serve.add_argument(
+        "--max-connections",
+        type=_positive_int,
+        default=bounds.max_connections,
+        help=f"HTTP: connections held open at once, in all (default {bounds.max_connections}); more are answered 503",
+    )
+    serve.add_argument(
+        "--max-connections-per-address",
+        type=_positive_int,
+        default=bounds.max_per_address,
+        help=f"HTTP: connections one client address may hold open (default {bounds.max_per_address}); "
+        "raise it behind a reverse proxy, where every client has the proxy's address",
+    )
+    serve.add_argument(
+        "--header-timeout-s",
+        type=_positive_float,
+        default=bounds.header_timeout_s,
+        help=f"HTTP: seconds a client has to send a request's headers (default {bounds.header_timeout_s:g}); "
+        "idle and slow connections are closed",
+    )
+    serve.add_argument(
+        "--body-timeout-s",
+        type=_positive_float,
+        default=bounds.body_timeout_s,
+        help=f"HTTP: seconds a client has to send a request's body (default {bounds.body_timeout_s:g})",
+    )
+    serve.add_argument(
+        "--max-sessions-per-caller",
+        type=_positive_int,
+        default=bounds.max_sessions_per_caller,
+        help=f"HTTP: handshake-era sessions one caller may keep open (default {bounds.max_sessions_per_caller}; "
+        "anonymous callers on loopback are one caller)",
+    )
+    serve.add_argument(
+        "--max-request-bytes",
+        type=_positive_int,
+        help="HTTP: the largest request body (default: the policy's limits.argument_bytes and 64 KiB for the "
+        "JSON-RPC envelope)",
+    )
+
+
+def _positive_int(value: str) -> int:
+    number = int(value)
+    if number <= 0:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a positive whole number")
+    return number
+
+
+def _positive_float(value: str) -> float:
+    number = float(value)
+    if not number > 0 or number == float("inf"):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a positive number of seconds")
+    return number
 
 
 def raise_open_files_limit() -> int:
@@ -325,5 +398,7 @@ class ExplainedBodyCap:
 async def _plain_answer(status: int, text: str, scope: Scope, receive: Receive, send: Send) -> None:
     """A refusal in plain text that closes the connection (the request's body is not read, so the connection
     cannot carry another request)."""
+    from starlette.responses import PlainTextResponse  # here: the command line imports this module's options
+
     headers = {"connection": "close", **({"retry-after": "1"} if status == 503 else {})}  # 503: it may pass
     await PlainTextResponse(text + "\n", status_code=status, headers=headers)(scope, receive, send)

@@ -144,10 +144,7 @@ def serve_command(args: argparse.Namespace) -> int:
 
                     group.start_soon(surviving, "the policy watcher", watch)
                 if args.transport == "http":
-                    limits = ConnectionLimits(
-                        args.max_connections, args.max_connections_per_address, args.header_timeout_s,
-                        args.body_timeout_s, args.max_sessions_per_caller,
-                    )  # fmt: skip
+                    limits = ConnectionLimits.of(args)
                     await serve_http(app, args.host, args.port, authentication, limits, args.max_request_bytes)
                 else:
                     await serve_stdio(app)

@@ -24,8 +24,6 @@ import hashlib
 import hmac
 import mimetypes
 import os
-import shutil
-import stat
 import tarfile
 import threading
 from collections.abc import Callable, Iterator
@@ -38,6 +36,7 @@ from sandbox_server.policy import WorkspaceSettings
 from sandbox_server.sandbox import mounts
 from sandbox_server.sandbox.archive import OUTPUT_LEAF, WorkspaceTooLarge, keep_workspace, kept_entries
 from sandbox_server.sandbox.spec import ExecutionResult, ResourceLimits, SandboxSpec
+from sandbox_server.workspace_files import empty_outputs, open_regular, regular_files
 
 __all__ = ["ArchivedContents", "Contents", "MountedContents", "mime_type", "too_large"]
 
@@ -279,7 +278,7 @@ class MountedContents:
         if not self._image(workspace_id).exists():
             self._create(workspace_id, spec.limits, spec.user)
         where = self._mounted(workspace_id, spec.limits.workspace_exec)
-        _empty_outputs(where)
+        empty_outputs(where)
         return replace(self.shape(spec), mounted_workspace=str(where))
 
     def finish(self, workspace_id: str, result: ExecutionResult, settings: WorkspaceSettings, room: Room) -> str | None:
@@ -301,29 +300,18 @@ class MountedContents:
     def files(self, workspace_id: str) -> list[tuple[str, int]]:
         if not self._image(workspace_id).exists():
             return []
-        return sorted(_walk(mounts.open_folder(self._mounted(workspace_id))))
+        return sorted(regular_files(mounts.open_folder(self._mounted(workspace_id)), skip=OUTPUT_LEAF))
 
     def read_file(
         self, workspace_id: str, path: str, max_bytes: int, offset: int = 0, length: int | None = None
     ) -> tuple[int, bytes] | None:
         if not self._image(workspace_id).exists() or path.split("/", 1)[0] == OUTPUT_LEAF:
             return None
-        folder = mounts.open_folder(self._mounted(workspace_id))
-        *parents, leaf = path.split("/")
-        try:
-            for part in parents:
-                inner = _open_below(folder, part, directory=True)
-                os.close(folder)
-                folder = inner
-            handle = _open_below(folder, leaf, directory=False)
-        except OSError:
+        handle = open_regular(mounts.open_folder(self._mounted(workspace_id)), path)
+        if handle is None:
             return None
-        finally:
-            os.close(folder)
         with os.fdopen(handle, "rb") as opened:
             info = os.fstat(opened.fileno())
-            if not stat.S_ISREG(info.st_mode):
-                return None
             if info.st_size > max_bytes:
                 raise too_large(path, info.st_size, max_bytes)
             wanted = max_bytes if length is None else min(length, max_bytes)
@@ -353,27 +341,6 @@ class MountedContents:
         _remove_tree(self.run)
 
 
-def _empty_outputs(workspace: Path) -> None:
-    """Remove the previous call's output folder, without following anything the sandbox left there."""
-    root = mounts.open_folder(workspace)
-    try:
-        info = os.stat(OUTPUT_LEAF, dir_fd=root, follow_symlinks=False)
-        if stat.S_ISDIR(info.st_mode):
-            shutil.rmtree(OUTPUT_LEAF, dir_fd=root)  # by open folders, never through a link
-        else:
-            os.unlink(OUTPUT_LEAF, dir_fd=root)
-    except FileNotFoundError:
-        pass
-    finally:
-        os.close(root)
-
-
-MAX_DEPTH = 64
-"""Folders deeper than this in a workspace are not listed (a walk holds one descriptor per level)."""
-MAX_LISTED = 100_000
-"""Entries a listing looks at, at most."""
-
-
 def _image_key(path: Path) -> bytes:
     """The key images are named with: made once, kept beside them."""
     try:
@@ -387,69 +354,6 @@ def _image_key(path: Path) -> bytes:
     with os.fdopen(handle, "wb") as written:
         written.write(key)
     return key
-
-
-def _walk(top: int) -> Iterator[tuple[str, int]]:
-    """(path, size) of the regular files under an open folder, which it closes; never through a link.
-
-    It holds one open folder per level it stands in (at most MAX_DEPTH, never one per folder
-    it has seen), reading each folder's entries whole before going into any of them, and looks
-    at MAX_LISTED entries at most. Names are as the kernel gives them: bytes that are not UTF-8
-    arrive as surrogate escapes, for the caller to show escaped.
-    """
-    seen = 0
-    stack: list[tuple[str, int, Iterator[tuple[str, bool, int]]]] = [("", top, iter(()))]
-    try:
-        stack[0] = ("", top, iter(_entries(top)))
-        while stack:
-            prefix, folder, pending = stack[-1]
-            entry = next(pending, None)
-            if entry is None:
-                os.close(folder)
-                stack.pop()
-                continue
-            seen += 1
-            if seen > MAX_LISTED:
-                return
-            name, is_folder, size = entry
-            path = prefix + name
-            if path == OUTPUT_LEAF:
-                continue  # the last call's returned files, gone at the next call
-            if not is_folder:
-                yield path, size
-            elif len(stack) < MAX_DEPTH:
-                try:
-                    inner = _open_below(folder, name, directory=True)
-                except OSError:
-                    continue
-                try:
-                    listed = _entries(inner)
-                except OSError:
-                    os.close(inner)
-                    continue
-                stack.append((path + "/", inner, iter(listed)))
-    finally:
-        for _, folder, _ in stack:
-            os.close(folder)
-
-
-def _entries(folder: int) -> list[tuple[str, bool, int]]:
-    """(name, is a folder, size) of a folder's regular files and folders; links and the rest left out."""
-    found = []
-    with os.scandir(folder) as listing:
-        for entry in listing:
-            info = entry.stat(follow_symlinks=False)
-            if stat.S_ISREG(info.st_mode):
-                found.append((entry.name, False, info.st_size))
-            elif stat.S_ISDIR(info.st_mode):
-                found.append((entry.name, True, 0))
-    return found
-
-
-def _open_below(folder: int, name: str, *, directory: bool) -> int:
-    """Open one entry of an open folder without following a link (nor blocking on a FIFO)."""
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
-    return os.open(name, flags | (os.O_DIRECTORY if directory else 0), dir_fd=folder)
 
 
 def _remove_tree(folder: Path) -> None:

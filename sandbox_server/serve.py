@@ -40,8 +40,9 @@ def serve_command(args: argparse.Namespace) -> int:
     from sandbox_server.sandbox.pool import WarmPool
     from sandbox_server.sandbox.proxies import EgressProxies
     from sandbox_server.sandbox.removal import owner_alive
-    from sandbox_server.server import LOOPBACK_HOSTS, SandboxServer, serve_http, serve_stdio
+    from sandbox_server.server import SandboxServer
     from sandbox_server.tools import all_tools
+    from sandbox_server.transports import LOOPBACK_HOSTS, serve_http, serve_stdio
     from sandbox_server.workspaces import WorkspaceStore, default_state_dir
 
     if args.transport == "http" and args.host not in LOOPBACK_HOSTS and not args.tokens and not args.issuer:

@@ -33,8 +33,9 @@ def test_only_the_engine_modules_import_docker() -> None:
 
 
 def test_only_the_server_its_authentication_and_the_one_shot_client_import_mcp() -> None:
-    # auth.py is the server's HTTP front door: the SDK's token verifier and access token.
-    assert _importers("mcp") | _importers("mcp_types") == {"server.py", "auth.py", "client.py"}
+    # auth.py is the server's HTTP front door: the SDK's token verifier and access token; transports.py serves
+    # the server over the SDK's stdio and Streamable HTTP.
+    assert _importers("mcp") | _importers("mcp_types") == {"server.py", "transports.py", "auth.py", "client.py"}
 
 
 def test_every_document_the_code_names_is_in_the_repository() -> None:

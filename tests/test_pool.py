@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 from pathlib import Path
@@ -233,6 +234,43 @@ async def test_the_warm_containers_of_a_killed_server_are_removed_within_seconds
         server.process.wait()
         # No server starts to sweep them: the reaper the server started removes them when it sees the server end.
         await _gone(runtime, warm)
+
+
+@pytest.mark.parametrize("case", ["ended before the reaper watched", "its pid now another process's"])
+def test_the_reaper_removes_what_a_server_left_even_when_it_watches_too_late(runtime: DockerRuntime, case: str) -> None:
+    import socket
+    import subprocess
+    import threading
+
+    import psutil
+
+    from sandbox_server.sandbox.images import catalog
+    from sandbox_server.sandbox.removal import OWNER_LABEL, reap_after
+    from sandbox_server.sandbox.spec import SANDBOX_LABEL
+
+    stand_in = subprocess.Popen(["sleep", "60"])
+    started = int(psutil.Process(stand_in.pid).create_time())
+    if case == "ended before the reaper watched":
+        stand_in.kill()
+        stand_in.wait()
+        owner = f"{socket.gethostname()}:{stand_in.pid}:{started}"
+    else:  # the number is alive, but not the process the label names: waiting on it would wait forever
+        owner = f"{socket.gethostname()}:{stand_in.pid}:{started - 1000}"
+    api = docker.APIClient()
+    image = next(iter(catalog().values())).reference
+    left = api.create_container(image, "true", labels={SANDBOX_LABEL: "", OWNER_LABEL: owner})["Id"]
+    try:
+        reaping = threading.Thread(target=reap_after, args=(stand_in.pid, owner), daemon=True)
+        reaping.start()
+        reaping.join(timeout=30)
+        assert not reaping.is_alive(), "the reaper waited on a process that is not the server"
+        assert left[:12] not in {cid[:12] for cid in runtime.sandbox_containers()}
+    finally:
+        stand_in.kill()
+        stand_in.wait()
+        with contextlib.suppress(docker.errors.NotFound):
+            api.remove_container(left, force=True)
+        api.close()
 
 
 def test_a_process_tree_is_read_from_the_kernels_children_lists() -> None:

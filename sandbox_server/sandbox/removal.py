@@ -61,10 +61,11 @@ def reap_after(pid: int, owner: str) -> int:
     try:
         handle = os.pidfd_open(pid)
     except OSError:
-        return 0  # already gone: what it left is removed below
-    else:
+        handle = None  # ended before this process started watching: what it left is removed below
+    if handle is not None:
         try:
-            select.select([handle], [], [])
+            if owner_alive(owner):  # the pid is still the server's, not a later process given the same number
+                select.select([handle], [], [])
         finally:
             os.close(handle)
     try:

@@ -33,7 +33,7 @@ import duckdb
 from mcp import Client
 
 from bench.common import median, print_table, write_results
-from sandbox_server.client import server_parameters
+from sandbox_server.cli.client import server_parameters
 
 BYTES_PER_ROW = 47.7
 """Average row size of the generated file, to aim at the requested size."""

@@ -39,7 +39,7 @@ import psutil
 from mcp import Client
 
 from bench.common import RESULTS, print_table, write_results
-from sandbox_server.client import server_parameters
+from sandbox_server.cli.client import server_parameters
 from sandbox_server.sandbox.host_config import host_config_kwargs
 from sandbox_server.sandbox.removal import OWNER_LABEL
 from sandbox_server.sandbox.spec import SANDBOX_LABEL, SandboxSpec

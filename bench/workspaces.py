@@ -21,7 +21,7 @@ from mcp import Client
 
 from bench.common import median, print_table, write_results
 from bench.performance import percentiles, server_process, wait_for_pool
-from sandbox_server.client import server_parameters
+from sandbox_server.cli.client import server_parameters
 
 POLICY = "extends: default\nworkspace: {persist: %(persist)s, size_mb: 128, files: 20000}\n"
 FILL = "for i in $(seq 1 200); do head -c 262144 /dev/urandom > f$i; done; du -sm . | cut -f1"

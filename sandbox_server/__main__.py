@@ -1,3 +1,3 @@
-from sandbox_server.cli import main
+from sandbox_server.cli.main import main
 
 raise SystemExit(main())

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from sandbox_server.ops.posture import compare, read_view
 from sandbox_server.policy.loader import load_policy
-from sandbox_server.posture import compare, read_view
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
 from sandbox_server.sandbox.spec import Mount
 from tests.conftest import left_by_exited_servers, run_cli
@@ -39,7 +39,7 @@ def test_doctor_is_healthy_and_proves_the_limits(runtime: DockerRuntime) -> None
 
 @pytest.mark.anyio
 async def test_doctor_says_which_module_a_warm_interpreter_could_not_import(runtime: DockerRuntime) -> None:
-    from sandbox_server.doctor import WarmPlan, warm_interpreter_check
+    from sandbox_server.ops.doctor import WarmPlan, warm_interpreter_check
 
     check = await warm_interpreter_check(runtime, WarmPlan(("pandas", "no_such_module")))
     assert not check.ok and not check.required

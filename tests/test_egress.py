@@ -23,10 +23,10 @@ import docker
 import pytest
 from mcp import Client
 
-from sandbox_server.egress import parse_egress
+from sandbox_server.network.egress import parse_egress
+from sandbox_server.network.proxies import PROXY_LABEL
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
 from sandbox_server.sandbox.images import fetch_wheel
-from sandbox_server.sandbox.proxies import PROXY_LABEL
 from sandbox_server.sandbox.removal import OWNER_LABEL
 from sandbox_server.sandbox.spec import SANDBOX_LABEL
 from tests.mcp_harness import close_stream, connect, first_sandboxes, stdio_parameters, text_of

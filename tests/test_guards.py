@@ -5,8 +5,9 @@ from pathlib import Path
 
 import pytest
 
+from sandbox_server.access.admission import Admission
+from sandbox_server.access.audit import AuditLog
 from sandbox_server.errors import Refusal
-from sandbox_server.guard import Admission, AuditLog
 from sandbox_server.policy import HostAdmission, RateLimits
 
 

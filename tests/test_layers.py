@@ -28,14 +28,14 @@ def test_only_the_engine_modules_import_docker() -> None:
         "sandbox/host_config.py",
         "sandbox/removal.py",
         "sandbox/docker_runtime.py",
-        "sandbox/proxies.py",
+        "network/proxies.py",
     }
 
 
 def test_only_the_server_its_authentication_and_the_one_shot_client_import_mcp() -> None:
     # auth.py is the server's HTTP front door: the SDK's token verifier and access token; transports.py serves
     # the server over the SDK's stdio and Streamable HTTP.
-    assert _importers("mcp") | _importers("mcp_types") == {"server.py", "transports.py", "auth.py", "client.py"}
+    assert _importers("mcp") | _importers("mcp_types") == {"protocol/server.py", "protocol/transports.py", "access/auth.py", "cli/client.py"}
 
 
 def test_every_document_the_code_names_is_in_the_repository() -> None:

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 from jsonschema import Draft202012Validator
 
+from sandbox_server.access.admission import Admission
 from sandbox_server.errors import ConfigError, Refusal
-from sandbox_server.guard import Admission
 from sandbox_server.policy import HostAdmission, RateLimits
 from sandbox_server.policy.loader import HostFacts, load_policy, policy_errors
-from sandbox_server.seccomp import build_profile, known_syscalls, profile_path
+from sandbox_server.sandbox.seccomp import build_profile, known_syscalls, profile_path
 from sandbox_server.tools import all_tools
 from tests.conftest import run_cli
 
@@ -71,7 +71,7 @@ def test_semantic_errors_name_the_field(tmp_path: Path) -> None:
 
 def test_the_shipped_seccomp_profile_is_current_and_refuses_io_uring() -> None:
     shipped = json.loads(profile_path().read_text())
-    assert shipped == build_profile(known_syscalls()), "regenerate it: python -m sandbox_server.seccomp"
+    assert shipped == build_profile(known_syscalls()), "regenerate it: python -m sandbox_server.sandbox.seccomp"
     allowed = {name for rule in shipped["syscalls"] if rule["action"] == "SCMP_ACT_ALLOW" for name in rule["names"]}
     assert not {name for name in allowed if name.startswith("io_uring")}
     assert {"read", "write", "execve", "clone", "futex", "mmap"} <= allowed

@@ -2,7 +2,7 @@
 
 import base64
 
-from sandbox_server.results import ResourceStore, render, sanitize
+from sandbox_server.protocol.results import ResourceStore, render, sanitize
 from sandbox_server.sandbox.spec import OutputFile
 from sandbox_server.tools.base import ToolOutcome
 

@@ -19,8 +19,8 @@ from typing import Any
 import yaml
 from jsonschema import Draft202012Validator
 
-from sandbox_server.egress import parse_egress
 from sandbox_server.errors import ConfigError
+from sandbox_server.network.egress import parse_egress
 from sandbox_server.policy.model import (
     ApprovalSettings,
     AuditSettings,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sandbox_server.egress import Egress
+from sandbox_server.network.egress import Egress
 from sandbox_server.sandbox import wire
 from sandbox_server.sandbox.spec import Mount, ResourceLimits, SandboxSpec
 

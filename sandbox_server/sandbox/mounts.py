@@ -8,7 +8,7 @@ after the call the host detaches it again. The filesystem's size and inode count
 kernel's limits on what a workspace can hold.
 
 Needs root on the engine's own host (mount(2), loop devices); the archive keeping of
-sandbox_server.workspace_contents works everywhere else.
+sandbox_server.workspaces.contents works everywhere else.
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Protocol
 
-from sandbox_server.egress import ProxyEndpoint
 from sandbox_server.errors import Refusal
+from sandbox_server.network.egress import ProxyEndpoint
 from sandbox_server.policy import ToolPolicy
 from sandbox_server.sandbox import wire
 from sandbox_server.sandbox.archive import safe_relative_path

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sandbox_server.approval import approval_needed, approval_notice
+from sandbox_server.access.approval import approval_needed, approval_notice
 from sandbox_server.policy import ApprovalSettings, ToolPolicy
 from sandbox_server.sandbox.spec import Mount
 

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from sandbox_server.egress import (
+from sandbox_server.errors import ConfigError
+from sandbox_server.network.egress import (
     DEFAULT_PORTS,
     SPECIAL_NETWORKS,
     Destination,
@@ -18,7 +19,6 @@ from sandbox_server.egress import (
     parse_log_line,
     squid_config,
 )
-from sandbox_server.errors import ConfigError
 from sandbox_server.policy.loader import HostFacts, load_policy
 from sandbox_server.sandbox.host_config import host_config_kwargs
 from sandbox_server.sandbox.spec import SandboxSpec

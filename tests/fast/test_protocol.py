@@ -20,15 +20,15 @@ import mcp_types as types
 import pytest
 from mcp.shared.exceptions import MCPError
 
-from sandbox_server.egress import Destination, Egress
+from sandbox_server.access.audit import AuditLog
 from sandbox_server.errors import EngineUnavailable
-from sandbox_server.guard import AuditLog
+from sandbox_server.network.egress import Destination, Egress
 from sandbox_server.policy import Policy, RateLimits, ToolPolicy
-from sandbox_server.results import OWN_NAME_META, PATH_META
+from sandbox_server.protocol.results import OWN_NAME_META, PATH_META
+from sandbox_server.protocol.server import SandboxServer
 from sandbox_server.sandbox import wire
 from sandbox_server.sandbox.runtime import ProgressCallback
 from sandbox_server.sandbox.spec import ExecutionResult, Mount, OutputFile, SandboxSpec
-from sandbox_server.server import SandboxServer
 from sandbox_server.tools import all_tools
 from tests.mcp_harness import CHECKED, CheckedClient, connect, text_of
 

@@ -28,7 +28,7 @@ from mcp.client.stdio import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
-from sandbox_server.egress import CONNECTIONS_PER_SANDBOX
+from sandbox_server.network.egress import CONNECTIONS_PER_SANDBOX
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
 from tests.mcp_harness import CheckedClient, connect, http_server_process, stdio_parameters, text_of
 
@@ -549,7 +549,7 @@ async def test_callers_on_one_allow_list_cannot_reach_each_other_nor_take_the_pr
 ) -> None:
     import docker
 
-    from sandbox_server.sandbox.proxies import PROXY_LABEL
+    from sandbox_server.network.proxies import PROXY_LABEL
     from tests.conftest import containers_running
     from tests.mcp_harness import first_sandboxes
 
@@ -611,7 +611,7 @@ async def test_callers_on_one_allow_list_cannot_reach_each_other_nor_take_the_pr
 def test_the_firewall_rules_of_a_proxy_whose_bridge_is_gone_are_swept() -> None:
     import subprocess
 
-    from sandbox_server.sandbox.proxies import FIREWALL_COMMENT, EgressProxies
+    from sandbox_server.network.proxies import FIREWALL_COMMENT, EgressProxies
 
     rule = ["-i", "sbxgone0000001", "-o", "sbxgone0000001", "-p", "tcp", "-d", "10.255.255.1/32", "--dport", "3128",
             "-m", "comment", "--comment", FIREWALL_COMMENT, "-j", "ACCEPT"]  # fmt: skip

@@ -28,8 +28,8 @@ from mcp.server.auth.provider import AccessToken
 from mcp.server.auth.settings import AuthSettings
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from sandbox_server.access.tokens import TOKEN_PREFIX, TokensFile
 from sandbox_server.errors import UsageError
-from sandbox_server.tokens import TOKEN_PREFIX, TokensFile
 
 __all__ = [
     "JWT_ALGORITHMS",

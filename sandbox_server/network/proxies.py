@@ -29,7 +29,8 @@ from collections.abc import Callable
 
 import docker
 
-from sandbox_server.egress import (
+from sandbox_server.errors import Refusal
+from sandbox_server.network.egress import (
     MARKER_DOMAIN,
     PROXY_FILES,
     PROXY_PORT,
@@ -40,7 +41,6 @@ from sandbox_server.egress import (
     parse_log_line,
     squid_config,
 )
-from sandbox_server.errors import Refusal
 from sandbox_server.sandbox.removal import OWNER_LABEL
 from sandbox_server.sandbox.spec import SANDBOX_LABEL
 

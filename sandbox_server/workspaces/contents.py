@@ -36,7 +36,7 @@ from sandbox_server.policy import WorkspaceSettings
 from sandbox_server.sandbox import mounts
 from sandbox_server.sandbox.archive import OUTPUT_LEAF, WorkspaceTooLarge, keep_workspace, kept_entries
 from sandbox_server.sandbox.spec import ExecutionResult, ResourceLimits, SandboxSpec
-from sandbox_server.workspace_files import empty_outputs, open_regular, regular_files
+from sandbox_server.workspaces.files import empty_outputs, open_regular, regular_files
 
 __all__ = ["ArchivedContents", "Contents", "MountedContents", "mime_type", "too_large"]
 

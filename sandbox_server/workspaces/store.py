@@ -2,7 +2,7 @@
 
 This module keeps the records (a small JSON file per workspace): who a workspace belongs
 to, when it was last used, what it takes of the host's cap, and that one call at a time
-works in it. Where its files live is sandbox_server.workspace_contents' concern (a mounted
+works in it. Where its files live is sandbox_server.workspaces.contents' concern (a mounted
 ext4 image, or an archive). Ids are 128-bit random. In the handshake era a workspace
 belongs to its session; in the 2026-07-28 era its id is the capability. Either way a
 workspace made for an authenticated caller is that caller's alone. An id that does not
@@ -30,7 +30,7 @@ from sandbox_server.policy import WorkspaceSettings
 from sandbox_server.sandbox.archive import safe_relative_path
 from sandbox_server.sandbox.runtime import ProgressCallback, SandboxRuntime
 from sandbox_server.sandbox.spec import ExecutionResult, SandboxSpec
-from sandbox_server.workspace_contents import ArchivedContents, Contents, mime_type
+from sandbox_server.workspaces.contents import ArchivedContents, Contents, mime_type
 
 __all__ = [
     "ID_PATTERN",

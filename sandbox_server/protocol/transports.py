@@ -8,12 +8,12 @@ from mcp.server.stdio import stdio_server
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
-from sandbox_server.auth import Authentication, ExplainedRefusals
-from sandbox_server.http_limits import ConnectionLimits, ExplainedBodyCap, SessionCap, bounded_protocol
-from sandbox_server.http_sessions import SessionEndWatcher
+from sandbox_server.access.auth import Authentication, ExplainedRefusals
+from sandbox_server.protocol.http_limits import ConnectionLimits, ExplainedBodyCap, SessionCap, bounded_protocol
+from sandbox_server.protocol.http_sessions import SessionEndWatcher
 
 if TYPE_CHECKING:
-    from sandbox_server.server import SandboxServer
+    from sandbox_server.protocol.server import SandboxServer
 
 __all__ = ["LOOPBACK_HOSTS", "serve_http", "serve_stdio"]
 

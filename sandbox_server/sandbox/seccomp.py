@@ -8,7 +8,7 @@ denied ones below (answered EPERM), with `clone` refused when it asks for a new
 namespace and `clone3` answered ENOSYS so that C libraries fall back to `clone`, whose
 flags can be checked. A system call newer than the host's libseccomp is refused.
 
-Regenerate with `python -m sandbox_server.seccomp` (the test suite checks the shipped
+Regenerate with `python -m sandbox_server.sandbox.seccomp` (the test suite checks the shipped
 file is current for the listed calls).
 """
 

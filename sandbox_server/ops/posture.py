@@ -23,8 +23,8 @@ from pathlib import Path
 
 import anyio.to_thread
 
-from sandbox_server.doctor import Check
 from sandbox_server.errors import SandboxServerError
+from sandbox_server.ops.doctor import Check
 from sandbox_server.policy import Policy, ToolPolicy
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
 from sandbox_server.sandbox.host_config import RUNSC_PIDS_BASE, RUNSC_PIDS_FACTOR

@@ -15,10 +15,10 @@ import anyio
 
 from sandbox_server import __version__
 from sandbox_server.errors import SandboxServerError, UsageError
-from sandbox_server.http_limits import add_limit_arguments
+from sandbox_server.protocol.http_limits import add_limit_arguments
 
 if TYPE_CHECKING:
-    from sandbox_server.doctor import WarmPlan
+    from sandbox_server.ops.doctor import WarmPlan
     from sandbox_server.policy.loader import HostFacts
     from sandbox_server.sandbox.docker_runtime import DockerRuntime
 
@@ -60,7 +60,7 @@ def _images_list(args: argparse.Namespace) -> int:
 
 
 def _doctor(args: argparse.Namespace) -> int:
-    from sandbox_server.doctor import Check, DoctorReport, run_doctor
+    from sandbox_server.ops.doctor import Check, DoctorReport, run_doctor
     from sandbox_server.sandbox.docker_runtime import DockerRuntime
 
     try:
@@ -79,9 +79,9 @@ def _doctor(args: argparse.Namespace) -> int:
     else:
         report = anyio.run(run_doctor, runtime, _warm_plan(args.policy, runtime))
         if args.posture and report.healthy:
-            from sandbox_server.bootstrap import host_facts
+            from sandbox_server.ops.bootstrap import host_facts
+            from sandbox_server.ops.posture import run_posture
             from sandbox_server.policy.loader import load_policy
-            from sandbox_server.posture import run_posture
 
             names = _tool_names()
             try:
@@ -98,8 +98,8 @@ def _doctor(args: argparse.Namespace) -> int:
 def _warm_plan(reference: str, runtime: DockerRuntime) -> WarmPlan:
     """What the policy's run_python preloads and how many such containers its pools keep (nothing when the
     policy cannot be loaded: its own check says why)."""
-    from sandbox_server.bootstrap import host_facts
-    from sandbox_server.doctor import WarmPlan
+    from sandbox_server.ops.bootstrap import host_facts
+    from sandbox_server.ops.doctor import WarmPlan
     from sandbox_server.policy.loader import load_policy
 
     try:
@@ -116,14 +116,14 @@ def _reap_after(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from sandbox_server.serve import serve_command
+    from sandbox_server.cli.serve import serve_command
 
     return serve_command(args)
 
 
 def _token_add(args: argparse.Namespace) -> int:
+    from sandbox_server.access.tokens import add_caller
     from sandbox_server.policy.loader import load_policy
-    from sandbox_server.tokens import add_caller
 
     names = _tool_names()
     problem = policy_problem(lambda reference: load_policy(reference, names))
@@ -134,7 +134,7 @@ def _token_add(args: argparse.Namespace) -> int:
 
 
 def _token_list(args: argparse.Namespace) -> int:
-    from sandbox_server.tokens import read_callers
+    from sandbox_server.access.tokens import read_callers
 
     for caller in read_callers(Path(args.tokens)):
         print(f"{caller.name}\tpolicy {caller.policy}\tadded {caller.created}")
@@ -142,7 +142,7 @@ def _token_list(args: argparse.Namespace) -> int:
 
 
 def _token_revoke(args: argparse.Namespace) -> int:
-    from sandbox_server.tokens import revoke_caller
+    from sandbox_server.access.tokens import revoke_caller
 
     revoke_caller(Path(args.tokens), args.name)
     _say(f"revoked {args.name!r}: servers reading {args.tokens} refuse its token from their next request")
@@ -164,19 +164,19 @@ def policy_problem(load: Callable[[str], object]) -> Callable[[str], str | None]
 
 
 def _call(args: argparse.Namespace) -> int:
-    from sandbox_server.client import call_command
+    from sandbox_server.cli.client import call_command
 
     return call_command(args)
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from sandbox_server.client import demo_command
+    from sandbox_server.cli.client import demo_command
 
     return demo_command(args)
 
 
 def _setup(args: argparse.Namespace) -> int:
-    from sandbox_server.bootstrap import setup_host
+    from sandbox_server.ops.bootstrap import setup_host
 
     setup_host(_say, force_images=args.force)
     _say("setup done: `sandbox-server serve` is ready")
@@ -190,7 +190,7 @@ def _tool_names() -> list[str]:
 
 
 def _runtime_facts() -> HostFacts:
-    from sandbox_server.bootstrap import host_facts
+    from sandbox_server.ops.bootstrap import host_facts
     from sandbox_server.sandbox.docker_runtime import DockerRuntime
 
     return host_facts(DockerRuntime.lazy())

@@ -34,20 +34,21 @@ from mcp.shared.exceptions import MCPError
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
 from sandbox_server import __version__
-from sandbox_server.approval import APPROVAL_FORM, Approval, approval_needed, approval_notice
-from sandbox_server.arguments import argument_path, describe_error, paginate, requested_part
-from sandbox_server.auth import POLICY_CLAIM
-from sandbox_server.egress import ProxyEndpoint
+from sandbox_server.access.admission import Admission
+from sandbox_server.access.approval import APPROVAL_FORM, Approval, approval_needed, approval_notice
+from sandbox_server.access.audit import AuditLog, call_record
+from sandbox_server.access.auth import POLICY_CLAIM
+from sandbox_server.calls.arguments import argument_path, describe_error, paginate, requested_part
 from sandbox_server.errors import EngineError, EngineUnavailable, Refusal
-from sandbox_server.guard import Admission, AuditLog, call_record
+from sandbox_server.network.egress import ProxyEndpoint
+from sandbox_server.network.proxies import EgressProxies
 from sandbox_server.policy import Policy, ToolPolicy
-from sandbox_server.results import OWN_NAME_META, RenderedResult, ResourceStore, render
+from sandbox_server.protocol.results import OWN_NAME_META, RenderedResult, ResourceStore, render
 from sandbox_server.sandbox.pool import PoolTarget, WarmPool
-from sandbox_server.sandbox.proxies import EgressProxies
 from sandbox_server.sandbox.runtime import SandboxRuntime
 from sandbox_server.tools import Tool, ToolContext, ToolOutcome
 from sandbox_server.tools.base import annotations_for
-from sandbox_server.workspaces import RESOURCE_TEMPLATE, KeptWorkspace, WorkspaceStore, session_owner
+from sandbox_server.workspaces.store import RESOURCE_TEMPLATE, KeptWorkspace, WorkspaceStore, session_owner
 
 __all__ = ["SandboxServer"]
 

@@ -13,14 +13,14 @@ from typing import TYPE_CHECKING
 import anyio
 import anyio.to_thread
 
-from sandbox_server.bootstrap import host_facts
 from sandbox_server.errors import SandboxServerError, UsageError
+from sandbox_server.ops.bootstrap import host_facts
 
 if TYPE_CHECKING:
-    from sandbox_server.auth import Authentication
+    from sandbox_server.access.auth import Authentication
     from sandbox_server.policy import Policy
     from sandbox_server.sandbox.docker_runtime import DockerRuntime
-    from sandbox_server.workspace_contents import Contents
+    from sandbox_server.workspaces.contents import Contents
 
 __all__ = ["serve_command"]
 
@@ -32,18 +32,18 @@ RESTART_S = 1.0
 
 def serve_command(args: argparse.Namespace) -> int:
     """`sandbox-server serve`: run the server until the client leaves or a signal comes."""
-    from sandbox_server.guard import AuditLog
-    from sandbox_server.http_limits import ConnectionLimits, raise_open_files_limit
+    from sandbox_server.access.audit import AuditLog
+    from sandbox_server.network.proxies import EgressProxies
     from sandbox_server.policy.loader import load_policy
     from sandbox_server.policy.watcher import watch_policy
+    from sandbox_server.protocol.http_limits import ConnectionLimits, raise_open_files_limit
+    from sandbox_server.protocol.server import SandboxServer
+    from sandbox_server.protocol.transports import LOOPBACK_HOSTS, serve_http, serve_stdio
     from sandbox_server.sandbox.docker_runtime import DockerRuntime
     from sandbox_server.sandbox.pool import WarmPool
-    from sandbox_server.sandbox.proxies import EgressProxies
     from sandbox_server.sandbox.removal import owner_alive
-    from sandbox_server.server import SandboxServer
     from sandbox_server.tools import all_tools
-    from sandbox_server.transports import LOOPBACK_HOSTS, serve_http, serve_stdio
-    from sandbox_server.workspaces import WorkspaceStore, default_state_dir
+    from sandbox_server.workspaces.store import WorkspaceStore, default_state_dir
 
     if args.transport == "http" and args.host not in LOOPBACK_HOSTS and not args.tokens and not args.issuer:
         raise UsageError(
@@ -169,9 +169,9 @@ def _authentication(
     args: argparse.Namespace, caller_policy: Callable[[str], Policy], log: logging.Logger
 ) -> Authentication | None:
     """Who may call over HTTP: the tokens file's callers and the issuer's (None: no authentication)."""
-    from sandbox_server.auth import Authentication, JwtVerifier, PolicyRule, StaticTokenVerifier, jwks_url_of
-    from sandbox_server.cli import policy_problem
-    from sandbox_server.tokens import TokensFile
+    from sandbox_server.access.auth import Authentication, JwtVerifier, PolicyRule, StaticTokenVerifier, jwks_url_of
+    from sandbox_server.access.tokens import TokensFile
+    from sandbox_server.cli.main import policy_problem
 
     if not args.tokens and not args.issuer:
         return None
@@ -199,7 +199,7 @@ def _workspace_contents(choice: str, runtime: DockerRuntime, log: logging.Logger
     """How this server keeps workspace files (serve --workspaces), said once at start."""
     from sandbox_server.sandbox import mounts
     from sandbox_server.sandbox.removal import owner_alive
-    from sandbox_server.workspace_contents import ArchivedContents, MountedContents
+    from sandbox_server.workspaces.contents import ArchivedContents, MountedContents
 
     why_not = None if choice == "archived" else mounts.unavailable(runtime.on_this_host())
     if choice == "mounted" and why_not is not None:

@@ -23,13 +23,11 @@ Prints a table, writes bench/results/performance.json and bench/results/performa
 from __future__ import annotations
 
 import argparse
-import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -38,13 +36,21 @@ import docker
 import psutil
 from mcp import Client
 
+from bench import warm
 from bench.common import RESULTS, print_table, write_results
+from bench.measure import (
+    BASE,
+    engine_ceiling,
+    percentiles,
+    sdk_cycle,
+    server_process,
+    spec_kwargs,
+    timed_calls,
+    wait_for_pool,
+)
 from sandbox_server.cli.client import server_parameters
-from sandbox_server.sandbox.host_config import host_config_kwargs
-from sandbox_server.sandbox.removal import OWNER_LABEL
-from sandbox_server.sandbox.spec import SANDBOX_LABEL, SandboxSpec
+from sandbox_server.sandbox.spec import SANDBOX_LABEL
 
-BASE = "sandbox-server/base:latest"
 POLICY = """
 name: bench-performance
 extends: default
@@ -65,53 +71,6 @@ CALLS: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 
-def percentiles(samples_s: list[float]) -> dict[str, float]:
-    """p50/p95/p99 and mean in milliseconds."""
-    ordered = sorted(samples_s)
-
-    def at(fraction: float) -> float:
-        return round(ordered[min(len(ordered) - 1, int(fraction * len(ordered)))] * 1000, 1)
-
-    return {"p50": at(0.50), "p95": at(0.95), "p99": at(0.99), "mean": round(statistics.mean(ordered) * 1000, 1),
-            "n": len(ordered)}  # fmt: skip
-
-
-def server_process() -> psutil.Process:
-    """The `sandbox-server serve` child the stdio client started."""
-    for child in psutil.Process().children(recursive=True):
-        if "serve" in child.cmdline():
-            return child
-    raise RuntimeError("the server process was not found")
-
-
-async def wait_for_pool(pid: int, expected: int) -> None:
-    """Until the server has `expected` warm containers (bounded)."""
-    api = docker.APIClient()
-    with anyio.fail_after(60):
-        while True:
-            found = api.containers(filters={"label": SANDBOX_LABEL})
-            owners = [(item.get("Labels") or {}).get(OWNER_LABEL, "") for item in found]
-            if sum(f":{pid}:" in owner for owner in owners) >= expected:
-                break
-            await anyio.sleep(0.1)
-    api.close()
-
-
-async def timed_calls(
-    client: Client, tool: str, arguments: dict[str, Any], calls: int, gap_s: float
-) -> tuple[list[float], int]:
-    """`calls` calls of one tool, gap_s apart (0: back to back): each call's seconds, and how many were errors."""
-    samples, failures = [], 0
-    for _ in range(calls):
-        started = time.perf_counter()
-        result = await client.call_tool(tool, arguments)
-        samples.append(time.perf_counter() - started)
-        failures += bool(result.is_error)
-        if gap_s:
-            await anyio.sleep(gap_s)
-    return samples, failures
-
-
 async def latency(policy: Path, pooled: bool, calls: int, gap_s: float) -> dict[str, Any]:
     """Each call kind `calls` times in one session, spaced gap_s apart."""
     arguments = ["--policy", str(policy)] + ([] if pooled else ["--no-pool"])
@@ -130,11 +89,6 @@ async def latency(policy: Path, pooled: bool, calls: int, gap_s: float) -> dict[
             }
         report["server_rss_idle_mb"] = round(idle_rss / 2**20, 1)
     return report
-
-
-def spec_kwargs() -> dict[str, Any]:
-    """The hardened settings our containers get, for the baselines."""
-    return host_config_kwargs(SandboxSpec(image=BASE, argv=("true",)))
 
 
 def baselines(calls: int) -> dict[str, Any]:
@@ -174,26 +128,6 @@ def baselines(calls: int) -> dict[str, Any]:
         api.remove_container(running["Id"], force=True)
     client.close()
     return report
-
-
-def sdk_cycle(api: docker.APIClient, host_config: dict[str, Any]) -> None:
-    """One create/start/wait/remove of `true`."""
-    created = api.create_container(BASE, command=["true"], host_config=host_config, user="1000:1000")
-    api.start(created["Id"])
-    api.wait(created["Id"])
-    api.remove_container(created["Id"], force=True)
-
-
-def engine_ceiling(concurrency: int, cycles: int) -> float:
-    """Raw create/start/wait/remove cycles per second the engine sustains at this concurrency."""
-    api = docker.APIClient()
-    host_config = api.create_host_config(**spec_kwargs())
-    started = time.perf_counter()
-    with ThreadPoolExecutor(concurrency) as workers:
-        list(workers.map(lambda _: sdk_cycle(api, host_config), range(cycles)))
-    elapsed = time.perf_counter() - started
-    api.close()
-    return cycles / elapsed
 
 
 class RssSampler:
@@ -344,8 +278,6 @@ def main(argv: list[str]) -> int:
         report["baselines"] = baselines(options.calls)
         print("throughput ...", flush=True)
         report["throughput"] = anyio.run(throughput, work, options.throughput_calls)
-    from bench import warm  # it measures with this module's helpers
-
     print("warm interpreters and the pool under demand ...", flush=True)
     report["warm"] = warm.measure()
     true_p50 = pool["execute_command true"]["p50"]

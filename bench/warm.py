@@ -36,7 +36,7 @@ import psutil
 from mcp import Client
 
 from bench.common import print_table, update_results
-from bench.performance import engine_ceiling, percentiles, server_process, timed_calls, wait_for_pool
+from bench.measure import engine_ceiling, percentiles, server_process, timed_calls, wait_for_pool
 from sandbox_server.cli.client import server_parameters
 from sandbox_server.errors import SandboxServerError
 from sandbox_server.sandbox.docker_runtime import DockerRuntime

@@ -20,7 +20,7 @@ import anyio
 from mcp import Client
 
 from bench.common import median, print_table, write_results
-from bench.performance import percentiles, server_process, wait_for_pool
+from bench.measure import percentiles, server_process, wait_for_pool
 from sandbox_server.cli.client import server_parameters
 
 POLICY = "extends: default\nworkspace: {persist: %(persist)s, size_mb: 128, files: 20000}\n"

@@ -6,7 +6,7 @@ import argparse
 import json
 import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -123,7 +123,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _token_add(args: argparse.Namespace) -> int:
     from sandbox_server.access.tokens import add_caller
-    from sandbox_server.policy.loader import load_policy
+    from sandbox_server.policy.loader import load_policy, policy_problem
 
     names = _tool_names()
     problem = policy_problem(lambda reference: load_policy(reference, names))
@@ -147,20 +147,6 @@ def _token_revoke(args: argparse.Namespace) -> int:
     revoke_caller(Path(args.tokens), args.name)
     _say(f"revoked {args.name!r}: servers reading {args.tokens} refuse its token from their next request")
     return 0
-
-
-def policy_problem(load: Callable[[str], object]) -> Callable[[str], str | None]:
-    """What is wrong with a policy reference (None when `load` loads it), for a tokens file's entries."""
-    from sandbox_server.errors import ConfigError
-
-    def problem(reference: str) -> str | None:
-        try:
-            load(reference)
-        except ConfigError as exc:
-            return str(exc)
-        return None
-
-    return problem
 
 
 def _call(args: argparse.Namespace) -> int:

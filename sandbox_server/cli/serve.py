@@ -171,7 +171,7 @@ def _authentication(
     """Who may call over HTTP: the tokens file's callers and the issuer's (None: no authentication)."""
     from sandbox_server.access.auth import Authentication, JwtVerifier, PolicyRule, StaticTokenVerifier, jwks_url_of
     from sandbox_server.access.tokens import TokensFile
-    from sandbox_server.cli.main import policy_problem
+    from sandbox_server.policy.loader import policy_problem
 
     if not args.tokens and not args.issuer:
         return None

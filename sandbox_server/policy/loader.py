@@ -10,7 +10,7 @@ import copy
 import hashlib
 import json
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
@@ -34,6 +34,7 @@ from sandbox_server.sandbox.spec import Mount, ResourceLimits
 from sandbox_server.shipped import policies_dir, policy_schema_path, seccomp_dir
 
 __all__ = [
+    "policy_problem",
     "HostFacts",
     "effective_tool_settings",
     "load_policy",
@@ -327,3 +328,16 @@ def load_policy(reference: str, tool_names: Iterable[str], host: HostFacts = Hos
     if errors:
         raise ConfigError("policy refused:\n  " + "\n  ".join(errors))
     return policy
+
+
+def policy_problem(load: Callable[[str], object]) -> Callable[[str], str | None]:
+    """What is wrong with a policy reference (None when `load` loads it), for a tokens file's entries."""
+
+    def problem(reference: str) -> str | None:
+        try:
+            load(reference)
+        except ConfigError as exc:
+            return str(exc)
+        return None
+
+    return problem

@@ -1,0 +1,92 @@
+"""What the server benchmarks measure with: percentiles, the server process, its warm pool, timed calls,
+and the engine's own create/start/wait/remove cycle as the baseline beside them."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import anyio
+import docker
+import psutil
+from mcp import Client
+
+from sandbox_server.sandbox.host_config import host_config_kwargs
+from sandbox_server.sandbox.removal import OWNER_LABEL
+from sandbox_server.sandbox.spec import SANDBOX_LABEL, SandboxSpec
+
+BASE = "sandbox-server/base:latest"
+
+
+def percentiles(samples_s: list[float]) -> dict[str, float]:
+    """p50/p95/p99 and mean in milliseconds."""
+    ordered = sorted(samples_s)
+
+    def at(fraction: float) -> float:
+        return round(ordered[min(len(ordered) - 1, int(fraction * len(ordered)))] * 1000, 1)
+
+    return {"p50": at(0.50), "p95": at(0.95), "p99": at(0.99), "mean": round(statistics.mean(ordered) * 1000, 1),
+            "n": len(ordered)}  # fmt: skip
+
+
+def server_process() -> psutil.Process:
+    """The `sandbox-server serve` child the stdio client started."""
+    for child in psutil.Process().children(recursive=True):
+        if "serve" in child.cmdline():
+            return child
+    raise RuntimeError("the server process was not found")
+
+
+async def wait_for_pool(pid: int, expected: int) -> None:
+    """Until the server has `expected` warm containers (bounded)."""
+    api = docker.APIClient()
+    with anyio.fail_after(60):
+        while True:
+            found = api.containers(filters={"label": SANDBOX_LABEL})
+            owners = [(item.get("Labels") or {}).get(OWNER_LABEL, "") for item in found]
+            if sum(f":{pid}:" in owner for owner in owners) >= expected:
+                break
+            await anyio.sleep(0.1)
+    api.close()
+
+
+async def timed_calls(
+    client: Client, tool: str, arguments: dict[str, Any], calls: int, gap_s: float
+) -> tuple[list[float], int]:
+    """`calls` calls of one tool, gap_s apart (0: back to back): each call's seconds, and how many were errors."""
+    samples, failures = [], 0
+    for _ in range(calls):
+        started = time.perf_counter()
+        result = await client.call_tool(tool, arguments)
+        samples.append(time.perf_counter() - started)
+        failures += bool(result.is_error)
+        if gap_s:
+            await anyio.sleep(gap_s)
+    return samples, failures
+
+
+def spec_kwargs() -> dict[str, Any]:
+    """The hardened settings our containers get, for the baselines."""
+    return host_config_kwargs(SandboxSpec(image=BASE, argv=("true",)))
+
+
+def sdk_cycle(api: docker.APIClient, host_config: dict[str, Any]) -> None:
+    """One create/start/wait/remove of `true`."""
+    created = api.create_container(BASE, command=["true"], host_config=host_config, user="1000:1000")
+    api.start(created["Id"])
+    api.wait(created["Id"])
+    api.remove_container(created["Id"], force=True)
+
+
+def engine_ceiling(concurrency: int, cycles: int) -> float:
+    """Raw create/start/wait/remove cycles per second the engine sustains at this concurrency."""
+    api = docker.APIClient()
+    host_config = api.create_host_config(**spec_kwargs())
+    started = time.perf_counter()
+    with ThreadPoolExecutor(concurrency) as workers:
+        list(workers.map(lambda _: sdk_cycle(api, host_config), range(cycles)))
+    elapsed = time.perf_counter() - started
+    api.close()
+    return cycles / elapsed

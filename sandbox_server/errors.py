@@ -17,12 +17,14 @@ that does not answer into a refusal.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 __all__ = [
+    "ERROR_KINDS",
     "ConfigError",
     "EngineError",
     "EngineUnavailable",
+    "FailureKind",
     "ImageError",
     "Refusal",
     "RefusalKind",
@@ -65,6 +67,11 @@ RefusalKind = Literal[
     "engine_error",
     "network_unavailable",
 ]
+"""Why a call was refused, or failed before the tool could answer."""
+FailureKind = Literal["timed_out", "out_of_memory", "killed", "failed"]
+"""Why a tool that answers with an error, rather than its output, failed (analyze_csv's)."""
+ERROR_KINDS: tuple[str, ...] = (*get_args(RefusalKind), *get_args(FailureKind))
+"""Every `structuredContent.error.kind` a result may carry: the tools' output schemas list these."""
 
 
 class Refusal(SandboxServerError):

@@ -186,9 +186,9 @@ async def test_tools_list_says_what_needs_approval(setup: Setup, runtime: Docker
         tools = {tool.name: tool for tool in (await client.list_tools()).tools}
     shell, csv, python = tools["execute_command"], tools["analyze_csv"], tools["run_python"]
     assert "commands matching rm, *sudo* (approval.commands)" in (shell.description or "")
-    assert shell.meta is not None and "approval.commands" in shell.meta["sandbox-server/approval"]
+    assert shell.meta is not None and "approval.commands" in shell.meta["org.sandbox-server/approval"]
     assert "every call (approval.tools)" in (csv.description or "")
-    assert "approve" not in (python.description or "") and "sandbox-server/approval" not in (python.meta or {})
+    assert "approve" not in (python.description or "") and "org.sandbox-server/approval" not in (python.meta or {})
 
 
 async def test_a_tool_that_writes_to_the_host_asks_first_and_a_decline_writes_nothing(

@@ -49,15 +49,15 @@ def test_resource_store_drops_the_oldest_past_its_cap() -> None:
     assert store.get("a") is None and store.get("b") is not None
 
 
-def test_one_owners_many_files_never_push_out_anothers() -> None:
-    store = ResourceStore(max_bytes=100, max_bytes_per_owner=30)
-    store.put("honest", "text/plain", b"h" * 20, owner="alice")
+def test_one_tenants_many_files_never_push_out_anothers() -> None:
+    store = ResourceStore(max_bytes=100, max_bytes_per_tenant=30)
+    store.put("honest", "text/plain", b"h" * 20, tenant="alice")
     for number in range(34):
-        store.put(f"flood-{number}", "text/plain", b"f" * 10, owner="mallory")
+        store.put(f"flood-{number}", "text/plain", b"f" * 10, tenant="mallory")
     assert store.get("honest", "alice") is not None
     assert store.uris("mallory") == ["flood-31", "flood-32", "flood-33"]
-    for number in range(4):  # past the whole store's cap: the owner holding the most gives way
-        store.put(f"other-{number}", "text/plain", b"o" * 25, owner=f"caller-{number}")
+    for number in range(4):  # past the whole store's cap: the tenant holding the most gives way
+        store.put(f"other-{number}", "text/plain", b"o" * 25, tenant=f"caller-{number}")
     assert store.get("honest", "alice") is not None and store.get("other-3", "caller-3") is not None
     assert len(store.uris("mallory")) < 3
 
@@ -65,7 +65,7 @@ def test_one_owners_many_files_never_push_out_anothers() -> None:
 def test_a_file_kept_for_a_caller_is_theirs_alone() -> None:
     store = ResourceStore()
     link = render(
-        ToolOutcome("ok", False, files=(OutputFile("big.txt", b"x" * 200_000, 200_000),)), store, owner="alice"
+        ToolOutcome("ok", False, files=(OutputFile("big.txt", b"x" * 200_000, 200_000),)), store, tenant="alice"
     )
     uri = link.content[1]["uri"]
     assert store.get(uri, "alice") == ("text/plain", b"x" * 200_000) and store.uris("alice") == [uri]

@@ -135,7 +135,8 @@ def _matching(patterns: tuple[str, ...], words: list[str], line: str) -> str | N
     return next((p for p in patterns if any(fnmatch.fnmatchcase(name, p) for name in names)), None)
 
 
-def _shown(text: str) -> str:
+def _truncated(text: str) -> str:
+    """Text for a person to read in full up to SHOWN_TEXT_CHARS, then cut, saying how much was left out."""
     if len(text) <= SHOWN_TEXT_CHARS:
         return text
     return f"{text[:SHOWN_TEXT_CHARS]}\n… ({len(text) - SHOWN_TEXT_CHARS} more characters not shown)"
@@ -145,12 +146,12 @@ def _what_runs(tool: str, arguments: Mapping[str, Any]) -> str:
     """What the call will do, as a person reads it."""
     if tool == "execute_command":
         _, line = _command_line(arguments)
-        shown = f"$ {_shown(line)}"
+        shown = f"$ {_truncated(line)}"
     elif tool == "run_python":
-        shown = _shown(str(arguments.get("code", "")))
+        shown = _truncated(str(arguments.get("code", "")))
     else:
         rest = {k: v for k, v in arguments.items() if k not in ("files", "workspace")}
-        shown = _shown(json.dumps(rest, indent=2, ensure_ascii=False))
+        shown = _truncated(json.dumps(rest, indent=2, ensure_ascii=False))
     files = arguments.get("files") or []
     if files:
         names = ", ".join(str(item.get("path")) for item in files[:20])

@@ -1,13 +1,19 @@
-"""Request parameters: schema errors said so that a person (or a model) can fix them, and list cursors."""
+"""A call's arguments checked before anything runs: their size against the policy's cap, their shape against
+the tool's input schema, each error said so that a person (or a model) can fix it."""
 
 from __future__ import annotations
 
-import base64
-import binascii
+import json
+from collections.abc import Mapping
+from typing import Any
 
+from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError
 
-__all__ = ["argument_path", "describe_error", "paginate", "requested_part"]
+from sandbox_server.errors import Refusal
+from sandbox_server.policy import Policy
+
+__all__ = ["argument_path", "check_arguments", "describe_error"]
 
 
 def argument_path(error: ValidationError) -> str:
@@ -30,35 +36,22 @@ def describe_error(error: ValidationError) -> str:
     return f"`{argument_path(error)}`: {message}"
 
 
-def paginate(names: list[str], cursor: str | None, page_size: int) -> tuple[list[str], str | None]:
-    """One page of names from an opaque cursor, and the cursor of the next page; ValueError for a bad cursor."""
-    start = 0
-    if cursor is not None:
-        try:
-            start = int(base64.urlsafe_b64decode(cursor.encode()).decode().removeprefix("offset:"))
-        except (binascii.Error, UnicodeDecodeError) as exc:
-            raise ValueError(cursor) from exc
-        if not 0 < start < len(names):
-            raise ValueError(cursor)
-    page = names[start : start + page_size]
-    end = start + len(page)
-    return page, base64.urlsafe_b64encode(f"offset:{end}".encode()).decode() if end < len(names) else None
-
-
-def requested_part(uri: str, most: int) -> tuple[str, tuple[int, int] | None]:
-    """A resource URI without its `?offset=N[&length=M]`, and that part (None: the whole file); ValueError when
-    the query is not one. A name's own `?` is always percent-encoded in the URIs the server gives."""
-    base, mark, query = uri.partition("?")
-    if not mark:
-        return uri, None
-    fields = dict(part.partition("=")[::2] for part in query.split("&") if part)
-    unknown = set(fields) - {"offset", "length"}
-    if unknown or "offset" not in fields:
-        raise ValueError(f"{uri}: a part of a file is asked for as ?offset=N (and at most &length=M), bytes from 0")
-    try:
-        offset, length = int(fields["offset"]), int(fields.get("length", most))
-    except ValueError:
-        raise ValueError(f"{uri}: offset and length are whole numbers of bytes") from None
-    if offset < 0 or not 0 < length <= most:
-        raise ValueError(f"{uri}: offset must be 0 or more, and length between 1 and {most}")
-    return base, (offset, length)
+def check_arguments(
+    tool_name: str, validator: Draft202012Validator, arguments: Mapping[str, Any], policy: Policy
+) -> None:
+    """Refuse arguments over the policy's size cap or not valid against the tool's input schema."""
+    tool_policy = policy.for_tool(tool_name)
+    size = len(json.dumps(arguments, ensure_ascii=False).encode("utf-8", "surrogatepass"))
+    if size > tool_policy.max_argument_bytes:
+        raise Refusal(
+            f"refused: arguments are {size} bytes, above the cap of {tool_policy.max_argument_bytes} bytes "
+            f"set by policy '{policy.name}' (field limits.argument_bytes)",
+            "limits.argument_bytes",
+        )
+    errors = sorted(validator.iter_errors(arguments), key=lambda e: list(map(str, e.absolute_path)))
+    if errors:
+        raise Refusal(
+            f"invalid arguments for {tool_name}: " + "; ".join(describe_error(e) for e in errors[:5]),
+            argument_path(errors[0]),
+            kind="invalid_arguments",
+        )

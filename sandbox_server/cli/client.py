@@ -27,7 +27,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import CONNECTION_CLOSED
 
 from sandbox_server.errors import SandboxServerError, UsageError
-from sandbox_server.protocol.results import OWN_NAME_META, PATH_META
+from sandbox_server.protocol.meta import OWN_NAME_META, PATH_META
 from sandbox_server.sandbox.archive import safe_relative_path
 
 __all__ = [

@@ -274,6 +274,12 @@ class SessionCap:
         handshake_versions: frozenset[str],
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        # The SDK's header names, imported only by a server that serves HTTP (the command line starts without it).
+        from mcp.server.streamable_http import MCP_SESSION_ID_HEADER
+        from mcp.shared.inbound import MCP_PROTOCOL_VERSION_HEADER
+
+        self._session_header = MCP_SESSION_ID_HEADER.encode()
+        self._version_header = MCP_PROTOCOL_VERSION_HEADER.encode()
         self.app = app
         self.limit = limit
         self.handshake_versions = handshake_versions
@@ -307,8 +313,8 @@ class SessionCap:
             return
         caller = self._caller(scope)
         headers = dict(scope.get("headers") or [])
-        requested = headers.get(b"mcp-session-id")
-        version = headers.get(b"mcp-protocol-version")
+        requested = headers.get(self._session_header)
+        version = headers.get(self._version_header)
         opening = (
             requested is None
             and scope.get("method") == "POST"
@@ -339,7 +345,7 @@ class SessionCap:
                 status.append(int(message.get("status", 500)))
                 if opening:  # counted from the answer that names it, before the client can ask for another
                     for name, value in message.get("headers") or []:
-                        if name.lower() == b"mcp-session-id":
+                        if name.lower() == self._session_header:
                             self._sessions.setdefault(caller, {})[value.decode("latin-1")] = self._clock()
                     settle()
                 code = status[0]

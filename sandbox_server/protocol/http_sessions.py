@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
+from mcp.server.streamable_http import MCP_SESSION_ID_HEADER
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 __all__ = ["SessionEndWatcher"]
@@ -25,7 +26,7 @@ class SessionEndWatcher:
         if scope.get("type") != "http" or scope.get("method") != "DELETE":
             await self.app(scope, receive, send)
             return
-        session = dict(scope.get("headers") or []).get(b"mcp-session-id")
+        session = dict(scope.get("headers") or []).get(MCP_SESSION_ID_HEADER.encode())
         status: list[int] = []
 
         async def watched(message: Message) -> None:

@@ -1,4 +1,4 @@
-"""ToolOutcome -> MCP content blocks, as plain JSON-shaped dicts (server.py makes them models).
+"""ToolOutcome -> MCP content blocks, as plain JSON-shaped dicts (the protocol's server makes them models).
 
 Text is sanitised for a model and a terminal: escape sequences removed, control
 characters replaced, bidirectional overrides made visible. Files come back as
@@ -19,15 +19,11 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
+from sandbox_server.protocol.meta import PATH_META
 from sandbox_server.sandbox.spec import OutputFile
 from sandbox_server.tools.base import ToolOutcome
 
-__all__ = ["OWN_NAME_META", "PATH_META", "RenderedResult", "ResourceStore", "render", "sanitize"]
-
-OWN_NAME_META = "org.sandbox-server/tool"
-"""Key of a tool's `_meta` holding its own name, when a prefix changes the name clients see."""
-PATH_META = "org.sandbox-server/path"
-"""Key of an image block's `_meta` holding the file's path under the output folder."""
+__all__ = ["RenderedResult", "ResourceStore", "render", "sanitize"]
 
 _ESCAPES = re.compile(
     r"\x1b\[[0-?]*[ -/]*[@-~]"  # CSI: colours, cursor moves, clear screen
@@ -55,38 +51,38 @@ def sanitize(text: str) -> str:
 class ResourceStore:
     """Files too large to embed, readable through resources/read; oldest dropped past the caps.
 
-    A file is kept for its owner (an authenticated caller, an anonymous session or caller) and is
-    that owner's alone: to anyone else it does not exist. Each owner may hold `max_bytes_per_owner`
+    A file is kept for its tenant (an authenticated caller, an anonymous session or caller) and is
+    that tenant's alone: to anyone else it does not exist. Each tenant may hold `max_bytes_per_tenant`
     (its own oldest files make room for its new ones); when all of them together pass `max_bytes`,
-    the owner holding the most gives up its oldest, so one caller's many files never push out another's.
+    the tenant holding the most gives up its oldest, so one caller's many files never push out another's.
     """
 
-    def __init__(self, max_bytes: int = 256 * 1024 * 1024, max_bytes_per_owner: int | None = None) -> None:
+    def __init__(self, max_bytes: int = 256 * 1024 * 1024, max_bytes_per_tenant: int | None = None) -> None:
         self.max_bytes = max_bytes
-        self.max_bytes_per_owner = max_bytes_per_owner or max_bytes // 4
+        self.max_bytes_per_tenant = max_bytes_per_tenant or max_bytes // 4
         self._items: OrderedDict[str, tuple[str, bytes, str | None]] = OrderedDict()
         self._used = 0
         self._used_by: dict[str | None, int] = {}
         self._lock = threading.Lock()
 
-    def put(self, uri: str, mime_type: str, content: bytes, owner: str | None = None) -> None:
-        """Keep a file under its URI, for its owner (None: for whoever holds the URI)."""
+    def put(self, uri: str, mime_type: str, content: bytes, tenant: str | None = None) -> None:
+        """Keep a file under its URI, for its tenant (None: for whoever holds the URI)."""
         with self._lock:
             self._drop(uri)
-            self._items[uri] = (mime_type, content, owner)
+            self._items[uri] = (mime_type, content, tenant)
             self._used += len(content)
-            self._used_by[owner] = self._used_by.get(owner, 0) + len(content)
-            for older in self._older_of(owner, uri):  # its own oldest first, never the file just kept
-                if self._used_by.get(owner, 0) <= self.max_bytes_per_owner:
+            self._used_by[tenant] = self._used_by.get(tenant, 0) + len(content)
+            for older in self._older_of(tenant, uri):  # its own oldest first, never the file just kept
+                if self._used_by.get(tenant, 0) <= self.max_bytes_per_tenant:
                     break
                 self._drop(older)
             while self._used > self.max_bytes and len(self._items) > 1:
                 largest = max(self._used_by, key=self._used_by.__getitem__)
                 self._drop(next(iter(self._older_of(largest, uri)), None) or next(iter(self._items)))
 
-    def _older_of(self, owner: str | None, kept: str) -> list[str]:
-        """An owner's files, oldest first, but the one just kept."""
-        return [u for u, item in self._items.items() if item[2] == owner and u != kept]
+    def _older_of(self, tenant: str | None, kept: str) -> list[str]:
+        """A tenant's files, oldest first, but the one just kept."""
+        return [u for u, item in self._items.items() if item[2] == tenant and u != kept]
 
     def _drop(self, uri: str) -> None:
         dropped = self._items.pop(uri, None)
@@ -96,16 +92,16 @@ class ResourceStore:
             if not self._used_by[dropped[2]]:
                 del self._used_by[dropped[2]]
 
-    def get(self, uri: str, owner: str | None = None) -> tuple[str, bytes] | None:
-        """The MIME type and bytes of a file kept for this owner, or None."""
+    def get(self, uri: str, tenant: str | None = None) -> tuple[str, bytes] | None:
+        """The MIME type and bytes of a file kept for this tenant, or None."""
         with self._lock:
             found = self._items.get(uri)
-        return found[:2] if found is not None and found[2] == owner else None
+        return found[:2] if found is not None and found[2] == tenant else None
 
-    def uris(self, owner: str | None = None) -> list[str]:
-        """Every URI kept for this owner, oldest first."""
+    def uris(self, tenant: str | None = None) -> list[str]:
+        """Every URI kept for this tenant, oldest first."""
         with self._lock:
-            return [uri for uri, (_, _, kept_for) in self._items.items() if kept_for == owner]
+            return [uri for uri, (_, _, kept_for) in self._items.items() if kept_for == tenant]
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,7 +124,7 @@ def _mime_type(file: OutputFile) -> str:
     return guessed
 
 
-def _file_block(file: OutputFile, call_id: str, store: ResourceStore, owner: str | None) -> dict[str, Any]:
+def _file_block(file: OutputFile, call_id: str, store: ResourceStore, tenant: str | None) -> dict[str, Any]:
     uri = f"sandbox://calls/{call_id}/out/{quote(file.path, safe='/')}"
     mime = _mime_type(file)
     if mime in IMAGE_TYPES.values() and len(file.content) <= EMBED_BLOB_BYTES * 8:
@@ -145,7 +141,7 @@ def _file_block(file: OutputFile, call_id: str, store: ResourceStore, owner: str
     if text is None and len(file.content) <= EMBED_BLOB_BYTES:
         blob = base64.b64encode(file.content).decode()
         return {"type": "resource", "resource": {"uri": uri, "mimeType": mime, "blob": blob}}
-    store.put(uri, mime, file.content, owner)
+    store.put(uri, mime, file.content, tenant)
     return {
         "type": "resource_link",
         "uri": uri,
@@ -161,9 +157,9 @@ def render(
     store: ResourceStore,
     max_images: int = 8,
     max_image_bytes: int = 4_000_000,
-    owner: str | None = None,
+    tenant: str | None = None,
 ) -> RenderedResult:
-    """The blocks a client receives: text first, then structured JSON, images and files (large ones kept for `owner`)."""
+    """The blocks a client receives: text first, then structured JSON, images and files (large ones kept for `tenant`)."""
     lines = [sanitize(outcome.headline)]
     for title, body in outcome.sections:
         if body or title == "stdout":
@@ -195,7 +191,7 @@ def render(
                 continue
             images += 1
             image_bytes += file.size
-        content.append(_file_block(file, call_id, store, owner))
+        content.append(_file_block(file, call_id, store, tenant))
     if skipped:
         content[0]["text"] += "\n" + "\n".join(skipped)
     return RenderedResult(content=content, structured=structured, is_error=outcome.is_error)

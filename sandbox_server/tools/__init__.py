@@ -1,4 +1,8 @@
-"""The tools this server offers, one per module."""
+"""The tools this server offers, one per module, on a shared base (schemas, input files, the sandbox spec a call
+asks for, the outcome of a run).
+
+It may import policy, network, sandbox and the top-level modules; calls and protocol import it.
+"""
 
 from sandbox_server.tools.analyze_csv import AnalyzeCsv
 from sandbox_server.tools.base import Tool, ToolContext, ToolOutcome

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from sandbox_server.errors import Refusal
+from sandbox_server.errors import FailureKind, Refusal
 from sandbox_server.policy import ToolPolicy
 from sandbox_server.sandbox import wire
 from sandbox_server.sandbox.spec import ExecutionResult
@@ -225,6 +225,7 @@ def _failure(
             "refused", str(answer["error"]), policy_name, field if isinstance(field, str) else None,
             extra={"duration_ms": result.duration_ms}, audit=outcome.audit,
         )  # fmt: skip
+    kind: FailureKind
     if result.oom_killed:
         kind, message = "out_of_memory", f"{outcome.headline}; {MEMORY_HINT}"
     elif result.timed_out:

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Protocol
 
-from sandbox_server.errors import Refusal
+from sandbox_server.errors import ERROR_KINDS, FailureKind, Refusal, RefusalKind
 from sandbox_server.network.egress import ProxyEndpoint
 from sandbox_server.policy import ToolPolicy
 from sandbox_server.sandbox import wire
@@ -88,12 +88,7 @@ ERROR_SCHEMA: dict[str, Any] = {
     "type": "object",
     "description": "Present when the call was refused, or failed before the tool could answer.",
     "properties": {
-        "kind": {
-            "enum": [
-                "invalid_arguments", "refused", "declined", "busy", "rate_limited", "engine_unavailable", "engine_error",
-                "network_unavailable", "timed_out", "out_of_memory", "killed", "failed",
-            ],
-        },
+        "kind": {"enum": list(ERROR_KINDS)},
         "message": {"type": "string", "description": "The same text as the result's first line."},
         "policy": {"type": ["string", "null"], "description": "The policy in force."},
         "field": {"type": ["string", "null"], "description": "The policy field or argument that decided it."},
@@ -189,7 +184,7 @@ class ToolOutcome:
     @classmethod
     def failed(
         cls,
-        kind: str,
+        kind: RefusalKind | FailureKind,
         message: str,
         policy_name: str | None = None,
         field: str | None = None,
@@ -246,8 +241,8 @@ NAME_MAX = 255
 """Bytes in one part of a path (the sandbox's filesystems refuse longer names)."""
 
 
-def _shown(path: str) -> str:
-    """A path for a message: escaped, and cut when long."""
+def _quoted_path(path: str) -> str:
+    """A path for a one-line message: quoted with its escapes, and cut in the middle when long."""
     shown = repr(path)
     return shown if len(shown) <= 120 else shown[:100] + "…" + shown[-10:]
 
@@ -280,7 +275,7 @@ def decode_files(items: list[Mapping[str, str]], policy: ToolPolicy, policy_name
         name_problem = _path_problem(item["path"])
         if name_problem:
             raise Refusal(
-                f"refused by policy '{policy_name}': files[{index}].path {_shown(item['path'])} {name_problem}",
+                f"refused by policy '{policy_name}': files[{index}].path {_quoted_path(item['path'])} {name_problem}",
                 f"files[{index}].path",
             )
         if item.get("encoding", "utf-8") == "base64":
@@ -335,7 +330,7 @@ def sandbox_spec(
     workdir = workspace_folder(args.get("workdir", WORKSPACE))
     if workdir is None:
         raise Refusal(
-            f"refused: workdir {_shown(args['workdir'])} must be {WORKSPACE} or a folder under it (no '..'); "
+            f"refused: workdir {_quoted_path(args['workdir'])} must be {WORKSPACE} or a folder under it (no '..'); "
             "a call never sets the container's working directory",
             "workdir",
         )

@@ -21,6 +21,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote, unquote_to_bytes
 
 import anyio
@@ -28,20 +29,18 @@ import anyio
 from sandbox_server.errors import Refusal
 from sandbox_server.policy import WorkspaceSettings
 from sandbox_server.sandbox.archive import safe_relative_path
-from sandbox_server.sandbox.runtime import ProgressCallback, SandboxRuntime
 from sandbox_server.sandbox.spec import ExecutionResult, SandboxSpec
 from sandbox_server.workspaces.contents import ArchivedContents, Contents, mime_type
 
 __all__ = [
     "ID_PATTERN",
     "RESOURCE_TEMPLATE",
-    "KeptWorkspace",
     "WorkspaceRecord",
     "WorkspaceStore",
     "default_state_dir",
     "parse_resource_uri",
     "resource_uri",
-    "session_owner",
+    "session_key",
     "shown_name",
 ]
 
@@ -89,14 +88,15 @@ class WorkspaceRecord:
     """One kept workspace."""
 
     id: str
-    owner: str | None
-    """`session:<server>:<session>` in the handshake era; None when the id itself is the capability."""
+    session: str | None
+    """`session:<server>|<session>` in the handshake era: the one session whose workspace it is; None when the id
+    itself is the capability."""
     client: str
     created: float
     last_used: float
     size_bytes: int = 0
-    caller: str | None = None
-    """The authenticated caller it was made for, who alone may use it (None: made without authentication)."""
+    tenant: str | None = None
+    """The tenant it was made for, who alone may use it (None: over stdio, where one client is served)."""
 
 
 class WorkspaceStore:
@@ -121,7 +121,7 @@ class WorkspaceStore:
         """When each record was last written to disk."""
         for path in self.root.glob("ws-*.json"):
             try:
-                record = WorkspaceRecord(**json.loads(path.read_text()))
+                record = _from_disk(json.loads(path.read_text()))
             except (OSError, ValueError, TypeError):
                 continue  # a record this version cannot read is swept with its archive below
             if ID_PATTERN.fullmatch(record.id) and path.stem == record.id:
@@ -144,18 +144,20 @@ class WorkspaceStore:
         )
 
     def open(
-        self, requested: str | None, owner: str | None, client: str, caller: str | None = None
+        self, requested: str | None, session: str | None, client: str, tenant: str | None = None
     ) -> tuple[WorkspaceRecord, list[str]]:
         """The workspace a call works in, and notes for its answer; raises Refusal for an id it may not use."""
         now = time.time()
         with self._lock:
             if requested is not None:
                 record = self._records.get(requested) if ID_PATTERN.fullmatch(requested) else None
-                if record is None or not self._visible(record, owner, caller, now):
+                if record is None or not self._visible(record, session, tenant, now):
                     raise self.unknown(requested)
                 return record, []
-            if owner is not None:
-                mine = [r for r in self._records.values() if r.owner == owner and self._visible(r, owner, caller, now)]
+            if session is not None:
+                mine = [
+                    r for r in self._records.values() if r.session == session and self._visible(r, session, tenant, now)
+                ]
                 if mine:
                     return max(mine, key=lambda r: r.last_used), []
             notes = self._make_room(client)
@@ -168,7 +170,7 @@ class WorkspaceStore:
                     kind="busy",
                     retry_after_s=60,
                 )
-            record = WorkspaceRecord(f"ws-{secrets.token_urlsafe(16)}", owner, client, now, now, reserved, caller)
+            record = WorkspaceRecord(f"ws-{secrets.token_urlsafe(16)}", session, client, now, now, reserved, tenant)
             self._records[record.id] = record
             self._write_record(record)
         return record, notes
@@ -195,9 +197,9 @@ class WorkspaceStore:
             )
         return notes
 
-    def _visible(self, record: WorkspaceRecord, owner: str | None, caller: str | None, now: float) -> bool:
+    def _visible(self, record: WorkspaceRecord, session: str | None, tenant: str | None, now: float) -> bool:
         """Live, made for this caller, and its session's, or (2026-07-28 era) anyone's of theirs who holds the id."""
-        mine = record.caller == caller and (record.owner is None or record.owner == owner)
+        mine = record.tenant == tenant and (record.session is None or record.session == session)
         return mine and not self._expired(record, now)
 
     def _expired(self, record: WorkspaceRecord, now: float) -> bool:
@@ -230,25 +232,25 @@ class WorkspaceStore:
         finally:
             busy.release()
 
-    def find(self, workspace_id: str, owner: str | None, caller: str | None = None) -> WorkspaceRecord | None:
+    def find(self, workspace_id: str, session: str | None, tenant: str | None = None) -> WorkspaceRecord | None:
         """A live workspace this caller may see (the one answer, None, for every other case)."""
         with self._lock:
             record = self._records.get(workspace_id)
-        return record if record is not None and self._visible(record, owner, caller, time.time()) else None
+        return record if record is not None and self._visible(record, session, tenant, time.time()) else None
 
-    def of_owner(self, owner: str, caller: str | None = None) -> WorkspaceRecord | None:
+    def of_session(self, session: str, tenant: str | None = None) -> WorkspaceRecord | None:
         """A handshake session's workspace, if it has one (made for this caller)."""
         with self._lock:
-            mine = [r for r in self._records.values() if r.owner == owner and r.caller == caller]
+            mine = [r for r in self._records.values() if r.session == session and r.tenant == tenant]
         return max(mine, key=lambda r: r.last_used) if mine else None
 
     def files(self, record: WorkspaceRecord) -> list[tuple[str, int]]:
         """The regular files of a kept workspace (path, size)."""
         return self.contents.files(record.id)
 
-    def listing(self, owner: str, caller: str | None = None) -> list[tuple[str, str, str, int]]:
+    def listing(self, session: str, tenant: str | None = None) -> list[tuple[str, str, str, int]]:
         """A handshake session's workspace files as resources: (URI, name, MIME type, size)."""
-        record = self.of_owner(owner, caller)
+        record = self.of_session(session, tenant)
         if record is None:
             return []
         return [
@@ -259,16 +261,16 @@ class WorkspaceStore:
     def read_resource(
         self,
         uri: str,
-        owner: str | None,
+        session: str | None,
         max_bytes: int,
-        caller: str | None = None,
+        tenant: str | None = None,
         offset: int = 0,
         length: int | None = None,
     ) -> tuple[str, int, bytes] | None:
         """A workspace file by its resource URI, as (MIME type, its size, its bytes from `offset`, at most
-        `length`), when this caller may read it."""
+        `length`), when this tenant may read it."""
         parsed = parse_resource_uri(uri)
-        record = self.find(parsed[0], owner, caller) if parsed else None
+        record = self.find(parsed[0], session, tenant) if parsed else None
         if parsed is None or record is None:
             return None
         found = self.contents.read_file(record.id, parsed[1], max_bytes, offset, length)
@@ -340,7 +342,7 @@ class WorkspaceStore:
         removed = 0
         with self._lock:
             for record in list(self._records.values()):
-                orphaned = record.owner is not None and not server_alive(_server_of(record.owner))
+                orphaned = record.session is not None and not server_alive(_server_of(record.session))
                 if (self._expired(record, now) or orphaned) and not self._in_use(record.id):
                     self._remove(record.id)
                     removed += 1
@@ -355,15 +357,15 @@ class WorkspaceStore:
 
     def end_sessions(self, server: str) -> int:
         """Remove the workspaces of every handshake session this server held (it is shutting down)."""
-        return self._end(lambda owner: _server_of(owner) == server)
+        return self._end(lambda session: _server_of(session) == server)
 
-    def end_owner(self, owner: str) -> int:
+    def end_session(self, session: str) -> int:
         """Remove the workspaces of one handshake session that ended."""
-        return self._end(lambda other: other == owner)
+        return self._end(lambda other: other == session)
 
-    def _end(self, ended_owner: Callable[[str], bool]) -> int:
+    def _end(self, ended_session: Callable[[str], bool]) -> int:
         with self._lock:
-            ended = [r.id for r in self._records.values() if r.owner is not None and ended_owner(r.owner)]
+            ended = [r.id for r in self._records.values() if r.session is not None and ended_session(r.session)]
             for workspace_id in ended:
                 self._remove(workspace_id)
         return len(ended)
@@ -383,56 +385,27 @@ class WorkspaceStore:
     def _write_record(self, record: WorkspaceRecord) -> None:
         self._written[record.id] = time.time()
         temporary = self.root / f".{record.id}.json.new"
-        temporary.write_text(json.dumps(asdict(record)))
+        temporary.write_text(json.dumps(_on_disk(record)))
         os.replace(temporary, self.root / f"{record.id}.json")
 
 
-def session_owner(server: str, session: str) -> str:
-    """The owner of a handshake session's workspace: its server process and its session."""
+def session_key(server: str, session: str) -> str:
+    """A handshake session as kept workspaces name it: its server process and its session id."""
     return f"{SESSION_PREFIX}{server}|{session}"
 
 
-def _server_of(owner: str) -> str:
-    return owner.removeprefix(SESSION_PREFIX).split("|", 1)[0]
+_DISK_NAMES = {"session": "owner", "tenant": "caller"}
+"""Fields a record file names as earlier versions did, so that a server of either version reads the other's."""
 
 
-class KeptWorkspace:
-    """A SandboxRuntime that runs each call in a kept workspace: restored before, saved after, one call at a time."""
+def _on_disk(record: WorkspaceRecord) -> dict[str, Any]:
+    return {_DISK_NAMES.get(name, name): value for name, value in asdict(record).items()}
 
-    def __init__(self, inner: SandboxRuntime, store: WorkspaceStore, record: WorkspaceRecord) -> None:
-        self.inner, self.store, self.record = inner, store, record
-        self.notes: list[str] = []
-        self.saved = False
-        """Whether a call saved the workspace (its files, and so the caller's resources, may have changed)."""
 
-    @classmethod
-    def open(
-        cls,
-        inner: SandboxRuntime,
-        store: WorkspaceStore | None,
-        requested: str | None,
-        owner: str | None,
-        client: str,
-        caller: str | None = None,
-    ) -> KeptWorkspace | None:
-        """The kept workspace a call works in; None when nothing is kept (then an id is refused as unknown)."""
-        if store is None:
-            if requested is not None:
-                raise WorkspaceStore.unknown(requested)
-            return None
-        record, notes = store.open(requested, owner, client, caller)
-        kept = cls(inner, store, record)
-        kept.notes.extend(notes)
-        return kept
+def _from_disk(fields: dict[str, Any]) -> WorkspaceRecord:
+    known = {disk: name for name, disk in _DISK_NAMES.items()}
+    return WorkspaceRecord(**{known.get(name, name): value for name, value in fields.items()})
 
-    async def run(self, spec: SandboxSpec, on_progress: ProgressCallback | None = None) -> ExecutionResult:
-        """Run in the workspace as its previous call left it; keep it as this call leaves it."""
-        async with self.store.using(self.record, spec.limits.timeout_s):
-            shaped = await anyio.to_thread.run_sync(self.store.begin, self.record, spec)
-            result = await self.inner.run(shaped, on_progress)
-            problem = await anyio.to_thread.run_sync(self.store.finish, self.record, result)
-            self.saved = problem is None
-        notes = [*result.skipped_files, *self.notes]
-        if problem is None and (result.timed_out or result.killed or result.oom_killed or result.flooded):
-            notes.append("the workspace is kept as the program left it when it was stopped")
-        return replace(result, skipped_files=tuple(notes), workspace=None, workspace_problem=problem)
+
+def _server_of(session: str) -> str:
+    return session.removeprefix(SESSION_PREFIX).split("|", 1)[0]

@@ -24,7 +24,7 @@ from sandbox_server.access.audit import AuditLog
 from sandbox_server.errors import EngineUnavailable
 from sandbox_server.network.egress import Destination, Egress
 from sandbox_server.policy import Policy, RateLimits, ToolPolicy
-from sandbox_server.protocol.results import OWN_NAME_META, PATH_META
+from sandbox_server.protocol.meta import OWN_NAME_META, PATH_META
 from sandbox_server.protocol.server import SandboxServer
 from sandbox_server.sandbox import wire
 from sandbox_server.sandbox.runtime import ProgressCallback

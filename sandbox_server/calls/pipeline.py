@@ -1,0 +1,218 @@
+"""One tool call from its arguments to its outcome, with no MCP in it.
+
+The route runs downward: check the arguments, ask a person when the policy says so (the
+asking is handed in), admit the call against its caller's limits, open its kept workspace,
+find its egress proxy, run the tool, add what its sandbox asked of the network, and turn
+every refusal and engine fault on the way into an outcome. Every call, refused or not,
+leaves one audit record. What the protocol layer must announce (a workspace saved, so
+its files changed) comes back with the outcome.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+import anyio
+import anyio.to_thread
+
+from sandbox_server.access.admission import Admission
+from sandbox_server.access.approval import Approval, approval_needed
+from sandbox_server.access.audit import AuditLog, call_record
+from sandbox_server.access.identity import Identity
+from sandbox_server.calls.arguments import check_arguments
+from sandbox_server.calls.registry import ToolRegistry
+from sandbox_server.errors import EngineError, EngineUnavailable, Refusal
+from sandbox_server.network.egress import ProxyEndpoint
+from sandbox_server.policy import Policy, ToolPolicy
+from sandbox_server.sandbox.runtime import ProgressCallback, SandboxRuntime
+from sandbox_server.sandbox.spec import ResourceLimits
+from sandbox_server.tools import Tool, ToolContext, ToolOutcome
+from sandbox_server.workspaces.kept import KeptWorkspace
+
+__all__ = ["Ask", "CallEnd", "CallPipeline", "UnknownTool"]
+
+Ask = Callable[[Approval, Policy, dict[str, Any]], Awaitable[Any]]
+"""Asks a person to approve a call (given what needs approval, the call's policy and its audit record): None
+when they approved, a Refusal raised when not, or a question the call is answered with instead (the client asks
+it and calls again with the answer)."""
+
+
+class UnknownTool(Exception):
+    """The call names no tool its policy offers (a protocol fault, not a result)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CallEnd:
+    """How a call ended: an outcome to render, or a question to answer the call with."""
+
+    outcome: ToolOutcome | None = None
+    limits: ResourceLimits | None = None
+    """The tool's limits under the call's policy (what a result may carry)."""
+    question: Any = None
+    workspace_saved: bool = False
+    """The call saved its kept workspace: the files it lists may have changed."""
+
+
+class CallPipeline:
+    """Runs calls: registry for tools and policies, admission for limits, a runtime for sandboxes, an audit trail."""
+
+    def __init__(self, registry: ToolRegistry, runtime: SandboxRuntime, audit: AuditLog | None = None) -> None:
+        self.registry = registry
+        policy = registry.policy
+        self.admission = Admission(policy.rate, policy.host, policy.name)
+        self.runtime = runtime
+        self.audit = audit
+
+    def swap(self, policy: Policy) -> None:
+        """A new server policy for new calls; running calls keep theirs."""
+        self.registry.swap(policy)
+        self.admission.reconfigure(policy.rate, policy.host, policy.name)
+
+    async def call(
+        self,
+        exposed: str,
+        arguments: Mapping[str, Any],
+        identity: Identity,
+        client: str,
+        session: str | None,
+        progress: ProgressCallback,
+        ask: Ask,
+    ) -> CallEnd:
+        """Run one call of the tool clients see as `exposed`; UnknownTool when its policy offers none such.
+
+        `client` is how the client names itself (for the audit record only); `session` is the handshake session
+        whose workspace the call works in (None: the 2026-07-28 era, where a result's `workspace` id is passed).
+        """
+        # One policy for the whole call, even if a new one is swapped in meanwhile: the caller's, else the server's.
+        policy = self.registry.policy_for(identity.policy)
+        started = time.monotonic()
+        tool = self.registry.tools_of(policy).get(exposed)
+        own_name = tool.name if tool is not None else exposed
+        record = call_record(
+            client, own_name, exposed, arguments, policy.name, policy.digest, policy.audit.include_arguments
+        )
+        record["caller"] = identity.caller
+        if tool is None:
+            message = f"unknown tool {exposed!r}; tools/list names the tools"
+            await self._audit_finish(record, ToolOutcome.refused(Refusal(message, "name"), policy.name), started)
+            raise UnknownTool(message)
+        outcome: ToolOutcome | None = None
+        saved = False
+        try:
+            try:
+                check_arguments(tool.name, self.registry.validators[tool.name], arguments, policy)
+                needed = approval_needed(policy.approval, policy.name, tool.name, policy.for_tool(tool.name), arguments)
+                if needed is not None:
+                    question = await ask(needed, policy, record)
+                    if question is not None:  # 2026-07-28: asked through the client, answered in the call's next round
+                        record["outcome"] = "awaiting_approval"
+                        return CallEnd(question=question)
+                outcome, saved = await self._run_checked(tool, arguments, policy, identity, session, progress)
+            except Refusal as refusal:  # the one place a refusal becomes an outcome
+                outcome = ToolOutcome.refused(refusal, policy.name)
+            return CallEnd(outcome, policy.for_tool(tool.name).limits, workspace_saved=saved)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._audit_finish(record, outcome, started)
+
+    async def _audit_finish(self, record: dict[str, Any], outcome: ToolOutcome | None, started: float) -> None:
+        if self.audit is None:
+            return
+        record["duration_ms"] = int((time.monotonic() - started) * 1000)
+        if outcome is not None:
+            record.update(outcome.audit_fields())
+        record.setdefault("outcome", "cancelled")
+        await anyio.to_thread.run_sync(self.audit.write, record)
+
+    async def _run_checked(
+        self,
+        tool: Tool,
+        arguments: Mapping[str, Any],
+        policy: Policy,
+        identity: Identity,
+        session: str | None,
+        progress: ProgressCallback,
+    ) -> tuple[ToolOutcome, bool]:
+        """Admit, then run the tool: its outcome and whether it saved a kept workspace; refusals are raised."""
+        tool_policy = policy.for_tool(tool.name)
+        # An authenticated caller's limits are its own policy's and count its calls alone.
+        ticket = self.admission.admit(identity.limits_key, policy.rate, policy.name)
+        try:
+            runtime, kept = await self._workspace_runtime(arguments, policy, identity, session)
+        except BaseException:
+            ticket.release()
+            raise
+        try:
+            proxy = await self._proxy(tool_policy, policy.name)
+            tool_ctx = ToolContext(runtime, tool_policy, policy.name, progress, kept is not None, proxy)
+            outcome = await tool.run(arguments, tool_ctx)
+            if proxy is not None:
+                outcome = await self._with_requests(outcome, proxy)
+            if kept is None:
+                return outcome, False
+            structured = {**(outcome.structured or {}), "workspace": kept.record.id}
+            if kept.record.session is not None:  # a session's own workspace: the next call of the session finds it
+                return replace(outcome, structured=structured), kept.saved
+            note = f"workspace {kept.record.id}: pass it as `workspace` to continue in it"
+            return replace(outcome, structured=structured, notes=(*outcome.notes, note)), kept.saved
+        except EngineUnavailable as exc:
+            raise Refusal(str(exc), kind="engine_unavailable") from exc
+        except EngineError as exc:
+            raise Refusal(f"sandbox engine error: {exc}", kind="engine_error") from exc
+        finally:
+            ticket.release()
+
+    async def _workspace_runtime(
+        self, arguments: Mapping[str, Any], policy: Policy, identity: Identity, session: str | None
+    ) -> tuple[SandboxRuntime, KeptWorkspace | None]:
+        """The runtime of this call: in its kept workspace when the policy keeps them, else the plain one.
+
+        Opening one may remove another to make room (unmounting it), so it happens off the event loop."""
+        store = self.registry.workspaces if policy.workspace.persist else None
+        kept = await anyio.to_thread.run_sync(
+            KeptWorkspace.open,
+            self.runtime,
+            store,
+            arguments.get("workspace"),
+            session,
+            identity.limits_key,
+            identity.tenant,
+        )
+        return (kept or self.runtime), kept
+
+    async def _proxy(self, tool_policy: ToolPolicy, policy_name: str) -> ProxyEndpoint | None:
+        """The running proxy of a tool with an allow list (a Refusal saying why when there is none)."""
+        if tool_policy.egress is None:
+            return None
+        proxies = self.registry.proxies
+        if proxies is None:
+            raise Refusal(
+                f"refused: policy '{policy_name}' opens a network (field network), and this server runs no proxies",
+                "network",
+                kind="network_unavailable",
+            )
+        endpoint = await anyio.to_thread.run_sync(proxies.endpoint, tool_policy.egress, policy_name)
+        self.registry.network_ready(endpoint.key)  # its network exists now: the tool's warm pool can fill
+        return endpoint
+
+    async def _with_requests(self, outcome: ToolOutcome, proxy: ProxyEndpoint) -> ToolOutcome:
+        """The outcome with the requests its sandbox made through the proxy (answer, notes and audit)."""
+        proxies = self.registry.proxies
+        assert proxies is not None
+        address = str((outcome.audit or {}).get("address") or "")
+        requests, dropped = await anyio.to_thread.run_sync(proxies.requests_of, proxy, address)
+        records = [request.record() for request in requests]
+        denied = sorted({f"{r.host}:{r.port}" for r in requests if not r.allowed})
+        network: dict[str, Any] = {"requests": records, "denied": denied}
+        notes = outcome.notes
+        if dropped:
+            network["requests_not_kept"] = dropped
+            notes = (*notes, f"{dropped} earlier requests through the proxy are counted but not listed")
+        if denied:
+            notes = (*notes, f"the proxy refused {', '.join(denied)} (policy field network.allow)")
+        audit = {**(outcome.audit or {}), "network": network} if outcome.audit is not None else None
+        structured = {**outcome.structured, "network": network} if outcome.structured is not None else None
+        return replace(outcome, structured=structured, notes=notes, audit=audit)

@@ -1,0 +1,141 @@
+"""The tools a policy offers and the warm containers they want.
+
+The registry holds the server's policy (swapped whole when its file changes), the policies
+callers' tokens name, and the names clients see (with a prefix); from them it plans one warm
+pool per distinct container shape, within the server policy's memory budget and the host's
+memory floor.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+import psutil
+from jsonschema import Draft202012Validator
+
+from sandbox_server.network.proxies import EgressProxies
+from sandbox_server.policy import Policy
+from sandbox_server.sandbox.pool import PoolTarget, WarmPool
+from sandbox_server.tools import Tool
+from sandbox_server.workspaces.store import WorkspaceStore
+
+__all__ = ["ToolRegistry"]
+
+logger = logging.getLogger("sandbox_server")
+
+
+class ToolRegistry:
+    """Tools by the names clients see, the policies calls run under, and the warm pools they want."""
+
+    def __init__(
+        self,
+        tools: list[Tool],
+        policy: Policy,
+        pool: WarmPool[Any] | None = None,
+        proxies: EgressProxies | None = None,
+        workspaces: WorkspaceStore | None = None,
+        caller_policy: Callable[[str], Policy] | None = None,
+        tool_prefix: str | None = None,
+    ) -> None:
+        self.all_tools = {tool.name: tool for tool in tools}
+        self.validators = {tool.name: Draft202012Validator(tool.input_schema) for tool in tools}
+        self.policy = policy
+        self.pool = pool
+        self.proxies = proxies
+        """The egress proxies of policies with an allow list (None: such a policy's calls are refused)."""
+        self.workspaces = workspaces
+        self.caller_policy = caller_policy
+        """The policy a caller's token names, by its reference (None: every call runs under the server's)."""
+        self.tool_prefix = tool_prefix
+        """Overrides the policy's `tool_prefix` when set (serve --tool-prefix)."""
+        self._caller_policies: dict[str, Policy] = {}
+        """Callers' policies other than the server's, by reference: the warm pools keep containers for them too."""
+        self._pooled_networks: set[str] = set()
+        """Allow lists whose network the warm pools know of (by key)."""
+        self._configure_pool()
+
+    @property
+    def prefix(self) -> str:
+        """What is put before every tool name clients see."""
+        return self.policy.tool_prefix if self.tool_prefix is None else self.tool_prefix
+
+    def tools_of(self, policy: Policy) -> dict[str, Tool]:
+        """The tools a policy offers, by the names clients see."""
+        prefix = self.prefix
+        return {prefix + name: tool for name, tool in self.all_tools.items() if policy.for_tool(name).enabled}
+
+    def policy_for(self, reference: str | None) -> Policy:
+        """The policy a caller's calls run under: the one its token names, else the server's (as it is now)."""
+        if reference is None or self.caller_policy is None:
+            return self.policy
+        policy = self.caller_policy(reference)
+        if policy is not self.policy and self._caller_policies.get(reference) is not policy:
+            self._caller_policies[reference] = policy  # one not known before: its warm pools from now on
+            self._configure_pool()
+        return policy
+
+    def know_policies(self, references: list[str]) -> None:
+        """Keep warm containers for these callers' policies from the start (the tokens' and the issuer rules')."""
+        if self.caller_policy is None:
+            return
+        for reference in references:
+            policy = self.caller_policy(reference)
+            if policy is not self.policy:
+                self._caller_policies[reference] = policy
+        self._configure_pool()
+
+    def largest_arguments(self) -> int:
+        """The largest `limits.argument_bytes` of any tool under the server's and the known callers' policies."""
+        policies = [self.policy, *self._caller_policies.values()]
+        return max(p.for_tool(name).max_argument_bytes for p in policies for name in self.all_tools)
+
+    def swap(self, policy: Policy) -> None:
+        """Use a new server policy for new calls (running calls keep theirs)."""
+        self.policy = policy
+        if self.workspaces is not None:
+            self.workspaces.reconfigure(policy.workspace, policy.host.workspace_storage_mb * 1024 * 1024)
+        self._configure_pool()
+
+    def network_ready(self, key: str) -> None:
+        """An allow list's network exists now: the warm pools of tools behind it can fill."""
+        if key not in self._pooled_networks:
+            self._pooled_networks.add(key)
+            self._configure_pool()
+
+    def _pool_targets(self, policy: Policy) -> list[PoolTarget]:
+        """One warm pool per enabled tool's container settings (tools with equal settings share one)."""
+        targets = []
+        for name in self.all_tools:
+            tool_policy = policy.for_tool(name)
+            if not tool_policy.enabled:
+                continue
+            template = tool_policy.container_spec()
+            if tool_policy.egress is not None:  # on its internal network, which the first call's proxy made
+                network = None if self.proxies is None else self.proxies.network_of(tool_policy.egress)
+                if network is None:
+                    continue
+                template = replace(template, network=network)
+            if policy.workspace.persist and self.workspaces is not None:
+                template = self.workspaces.shape(template)  # calls in kept workspaces get such containers
+            most = tool_policy.pool_most(policy.rate.concurrent_calls)
+            targets.append(PoolTarget(template, tool_policy.pool_size, tool_policy.pool_idle_s, most))
+        return targets
+
+    def _configure_pool(self) -> None:
+        """The warm pools the server's and the known callers' policies want, within the server policy's memory
+        budget and the host's memory floor."""
+        if self.pool is None:
+            return
+        policy = self.policy
+        floor = policy.host.min_available_memory_mb * 2**20
+
+        def host_room() -> bool:
+            return bool(psutil.virtual_memory().available > floor)
+
+        targets = self._pool_targets(policy)
+        for other in self._caller_policies.values():
+            targets += self._pool_targets(other)
+        self.pool.configure(targets, policy.host.pool_memory_mb * 2**20, host_room)

@@ -1,0 +1,133 @@
+"""Asking a person, through the client, to approve a call, in both protocol eras.
+
+Handshake era: an elicitation/create request while the call waits. 2026-07-28 era: the call
+answers with the question (input_required); the client asks and calls again with the answer
+and the question's id in its sealed requestState, which is good for one answer.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections import OrderedDict
+from typing import Any
+
+import anyio
+import mcp_types as types
+from mcp.shared.exceptions import MCPError
+
+from sandbox_server.access.approval import APPROVAL_FORM, Approval
+from sandbox_server.errors import Refusal
+from sandbox_server.policy import Policy
+from sandbox_server.protocol.requests import Context, handshake_era
+
+__all__ = ["APPROVAL_TTL_S", "Approvals"]
+
+APPROVAL_TTL_S = 600.0
+"""How long a question for approval may wait for its answer."""
+MAX_QUESTIONS = 100
+"""Approval questions of one caller awaiting an answer at most (2026-07-28 era); past it its oldest lapse."""
+
+
+class Approvals:
+    """The questions asked and the calls waiting for an answer, per caller (its limits key)."""
+
+    def __init__(self) -> None:
+        self._questions: dict[str, OrderedDict[str, float]] = {}
+        """Approval questions asked and not yet answered (2026-07-28 era), per caller: id -> when they lapse."""
+        self._waiting: dict[str, int] = {}
+        """Handshake-era calls waiting for a person's answer, per caller."""
+
+    async def ask(
+        self,
+        ctx: Context,
+        params: types.CallToolRequestParams,
+        caller: str,
+        needed: Approval,
+        policy: Policy,
+        record: dict[str, Any],
+    ) -> types.InputRequiredResult | None:
+        """None when a person approved the call; the question to answer it with (2026-07-28 era); else a Refusal."""
+        record["approval"] = {"field": needed.field, "reason": needed.reason}
+        capabilities = ctx.session.client_capabilities
+        elicitation = capabilities.elicitation if capabilities is not None else None
+        if elicitation is None or (elicitation.form is None and elicitation.url is not None):
+            record["approval"]["decision"] = "unavailable"
+            raise Refusal(
+                f"refused: policy '{needed.policy}' needs a person to approve this call ({needed.field}: "
+                f"{needed.reason}), and this client cannot ask one (it declares no form elicitation); use a "
+                f"client that can, or change the policy field {needed.field}",
+                needed.field,
+            )
+        action: str | None
+        if handshake_era(ctx):
+            action = await self._ask_while_waiting(ctx, caller, needed, policy, record)
+        else:
+            now = time.monotonic()
+            questions = self._questions.setdefault(caller, OrderedDict())
+            while questions and (next(iter(questions.values())) <= now or len(questions) >= MAX_QUESTIONS):
+                questions.popitem(last=False)  # lapsed, or this caller's oldest past its cap
+            asked = questions.pop(params.request_state or "", None)
+            if not questions:
+                del self._questions[caller]
+            response = (params.input_responses or {}).get("approval")
+            if asked is None or response is None:  # a first round, a lapsed question or a used answer: ask
+                question_id = secrets.token_urlsafe(16)
+                self._questions.setdefault(caller, OrderedDict())[question_id] = now + APPROVAL_TTL_S
+                request = types.ElicitRequest(
+                    params=types.ElicitRequestFormParams(message=needed.message, requested_schema=APPROVAL_FORM)
+                )
+                record["approval"]["decision"] = "asked"
+                return types.InputRequiredResult(input_requests={"approval": request}, request_state=question_id)
+            action = getattr(response, "action", None)
+        record["approval"]["decision"] = action
+        if action != "accept":
+            raise Refusal(f"declined by the user (policy field {needed.field})", needed.field, kind="declined")
+        return None
+
+    async def _ask_while_waiting(
+        self, ctx: Context, caller: str, needed: Approval, policy: Policy, record: dict[str, Any]
+    ) -> str:
+        """Handshake era: a call waiting for a person holds its arguments, so a caller may have as many waiting as
+        it may run; the person's action."""
+        most = policy.rate.concurrent_calls
+        if self._waiting.get(caller, 0) >= most:
+            record["approval"]["decision"] = "too many waiting"
+            raise Refusal(
+                f"busy: {most} calls of this caller already wait for a person's approval, as many as it may "
+                f"run at once (policy '{policy.name}', field rate.concurrent_calls); retry once they are answered",
+                "rate.concurrent_calls",
+                kind="busy",
+                retry_after_s=5,
+            )
+        self._waiting[caller] = self._waiting.get(caller, 0) + 1
+        try:
+            return await _elicit(ctx, needed, record)
+        finally:
+            self._waiting[caller] -= 1
+            if not self._waiting[caller]:
+                del self._waiting[caller]
+
+
+async def _elicit(ctx: Context, needed: Approval, record: dict[str, Any]) -> str:
+    """Ask through an elicitation/create while the call waits; the person's action."""
+    action = "no answer"
+    with anyio.move_on_after(APPROVAL_TTL_S):
+        try:
+            answer = await ctx.session.elicit_form(needed.message, APPROVAL_FORM, related_request_id=ctx.request_id)
+        except MCPError as exc:
+            record["approval"]["decision"] = "client error"
+            raise Refusal(
+                f"not approved: the client could not ask the user ({exc.error.message}) (policy field {needed.field})",
+                needed.field,
+                kind="declined",
+            ) from None
+        action = answer.action
+    if action == "no answer":
+        record["approval"]["decision"] = action
+        raise Refusal(
+            f"not approved: no answer from the user within {APPROVAL_TTL_S:g} s (policy field {needed.field})",
+            needed.field,
+            kind="declined",
+        )
+    return action

@@ -1,0 +1,50 @@
+"""tools/list: the tools a caller's policy offers, one page at a time, each said plainly: what it can reach and
+what needs a person's approval."""
+
+from __future__ import annotations
+
+import mcp_types as types
+from mcp.shared.exceptions import MCPError
+from mcp_types.jsonrpc import INVALID_PARAMS
+
+from sandbox_server.access.approval import approval_notice
+from sandbox_server.policy import Policy
+from sandbox_server.protocol.meta import APPROVAL_META, OWN_NAME_META
+from sandbox_server.protocol.paging import paginate
+from sandbox_server.tools import Tool
+from sandbox_server.tools.base import annotations_for
+
+__all__ = ["page_of", "tool_model"]
+
+
+def tool_model(exposed: str, tool: Tool, policy: Policy) -> types.Tool:
+    """A tool as a caller under `policy` sees it."""
+    tool_policy = policy.for_tool(tool.name)
+    hints = annotations_for(tool, tool_policy)
+    description, meta = tool.description, {OWN_NAME_META: tool.name}
+    writable = [f"{m.host_path} (as {m.sandbox_path})" for m in tool_policy.writable_mounts]
+    if writable:
+        description += f"\nUnder policy '{policy.name}' it can write to host folders: {', '.join(writable)}."
+    if tool_policy.egress is not None:
+        description += f"\nUnder policy '{policy.name}' it reaches the network, only the hosts its allow list names."
+    notice = approval_notice(policy.approval, tool.name, tool_policy)
+    if notice is not None:
+        description += "\n" + notice
+        meta[APPROVAL_META] = notice
+    return types.Tool(
+        name=exposed,
+        title=tool.title,
+        description=description,
+        input_schema=dict(tool.input_schema),
+        output_schema=dict(tool.output_schema),
+        annotations=types.ToolAnnotations.model_validate({"title": tool.title, **hints}),
+        _meta=meta,
+    )
+
+
+def page_of(names: list[str], cursor: str | None, page_size: int) -> tuple[list[str], str | None]:
+    """One page of a listing and the next page's cursor; a bad cursor is the client's error."""
+    try:
+        return paginate(names, cursor, page_size)
+    except ValueError:
+        raise MCPError(INVALID_PARAMS, f"invalid cursor {cursor!r}: use the nextCursor of a previous page") from None

@@ -1,0 +1,121 @@
+"""Resources: the files kept from results and the files of a session's kept workspace, listed a page at a time
+and read whole or, when large, in parts (`?offset=`) that each fit the message a client accepts."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Callable
+from typing import Any
+
+import anyio.to_thread
+import mcp_types as types
+from mcp.shared.exceptions import MCPError
+from mcp_types.jsonrpc import INVALID_PARAMS
+
+from sandbox_server.errors import Refusal
+from sandbox_server.policy import Policy
+from sandbox_server.protocol.listing import page_of
+from sandbox_server.protocol.meta import PART_META
+from sandbox_server.protocol.paging import requested_part
+from sandbox_server.protocol.requests import Context, handshake_era, identity_of, session_of
+from sandbox_server.protocol.results import ResourceStore
+from sandbox_server.workspaces.store import RESOURCE_TEMPLATE, WorkspaceStore
+
+__all__ = ["READ_PART_BYTES", "Resources"]
+
+RESOURCE_NOT_FOUND_HANDSHAKE = -32002
+"""Handshake-era code for a missing resource; the 2026-07-28 era retired it for -32602."""
+RESOURCES_PAGE = 500
+"""Resources per resources/list page."""
+READ_PART_BYTES = 512 * 1024
+"""The most one resources/read returns: base64 makes it about 700 KB, within the 1 MiB message a client accepts."""
+
+
+class Resources:
+    """The resources handlers over the result files' store and the kept workspaces."""
+
+    def __init__(
+        self, store: ResourceStore, workspaces: WorkspaceStore | None, policy: Callable[[], Policy], instance: str
+    ) -> None:
+        self.store = store
+        self.workspaces = workspaces
+        self._policy = policy
+        """The server's policy as it is now (its default returned_file_bytes caps a workspace file's read)."""
+        self.instance = instance
+
+    async def list(self, ctx: Context, params: types.PaginatedRequestParams | None) -> types.ListResourcesResult:
+        tenant = identity_of(ctx).tenant
+        found: dict[str, types.Resource] = {}
+        for uri in self.store.uris(tenant):
+            kept = self.store.get(uri, tenant)
+            if kept:
+                name = uri.rsplit("/", 1)[-1]
+                found[uri] = types.Resource(uri=uri, name=name, mime_type=kept[0], size=len(kept[1]))
+        session = session_of(ctx, self.instance)
+        if self.workspaces is not None and session is not None:
+            listing = await anyio.to_thread.run_sync(self.workspaces.listing, session, tenant)
+            found |= {u: types.Resource(uri=u, name=n, mime_type=m, size=size) for u, n, m, size in listing}
+        page, next_cursor = page_of(list(found), params.cursor if params else None, RESOURCES_PAGE)
+        return types.ListResourcesResult(resources=[found[uri] for uri in page], next_cursor=next_cursor)
+
+    async def templates(
+        self, ctx: Context, params: types.PaginatedRequestParams | None
+    ) -> types.ListResourceTemplatesResult:
+        kept = types.ResourceTemplate(
+            uri_template=RESOURCE_TEMPLATE,
+            name="workspace-file",
+            title="A file in a kept workspace",
+            description="A file of the workspace a tool result named in `structuredContent.workspace`.",
+        )
+        return types.ListResourceTemplatesResult(resource_templates=[kept])
+
+    async def read(self, ctx: Context, params: types.ReadResourceRequestParams) -> types.ReadResourceResult:
+        uri = str(params.uri)
+        try:
+            base, part = requested_part(uri, READ_PART_BYTES)
+        except ValueError as exc:
+            raise MCPError(INVALID_PARAMS, str(exc)) from None
+        tenant, session = identity_of(ctx).tenant, session_of(ctx, self.instance)
+        offset, length = part or (0, READ_PART_BYTES)
+        found = await anyio.to_thread.run_sync(self._file, base, session, tenant, offset, length)
+        if found is None:
+            code = RESOURCE_NOT_FOUND_HANDSHAKE if handshake_era(ctx) else INVALID_PARAMS
+            raise MCPError(code, f"resource not found: {base} (files are kept for a while, then dropped)")
+        mime, size, content = found
+        if part is not None:  # one part, as bytes, with where the next one starts
+            following = offset + len(content)
+            meta: dict[str, Any] = {"offset": offset, "length": len(content), "size": size}
+            meta["next"] = f"{base}?offset={following}" if following < size else None
+            blob = base64.b64encode(content).decode()
+            piece = types.BlobResourceContents(uri=uri, mime_type=mime, blob=blob, _meta={PART_META: meta})
+            return types.ReadResourceResult(contents=[piece])
+        if size > READ_PART_BYTES:
+            raise MCPError(
+                INVALID_PARAMS,
+                f"{base} is {size} bytes, more than one read returns ({READ_PART_BYTES} bytes, so that an answer "
+                f"fits the 1 MiB message a client accepts); read it in parts: {base}?offset=0, then "
+                f"?offset={READ_PART_BYTES} and so on (each part's _meta[{PART_META!r}] names the next)",
+            )
+        try:
+            text = content.decode("utf-8")
+        except UnicodeDecodeError:
+            blob = base64.b64encode(content).decode()
+            item: Any = types.BlobResourceContents(uri=uri, mime_type=mime, blob=blob)
+        else:
+            item = types.TextResourceContents(uri=uri, mime_type=mime, text=text)
+        return types.ReadResourceResult(contents=[item])
+
+    def _file(
+        self, uri: str, session: str | None, tenant: str | None, offset: int, length: int
+    ) -> tuple[str, int, bytes] | None:
+        """A kept output or workspace file the tenant may read: (MIME type, its size, `length` bytes from `offset`)."""
+        kept = self.store.get(uri, tenant)
+        if kept is not None:
+            return kept[0], len(kept[1]), kept[1][offset : offset + length]
+        if self.workspaces is None:
+            return None
+        try:
+            limit = self._policy().default.limits.returned_file_bytes
+            return self.workspaces.read_resource(uri, session, limit, tenant, offset, length)
+        except Refusal as refusal:
+            raise MCPError(INVALID_PARAMS, refusal.message) from None

@@ -1,0 +1,56 @@
+"""A call in a kept workspace: its files restored before it runs and saved after, one call at a time."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import anyio
+import anyio.to_thread
+
+from sandbox_server.sandbox.runtime import ProgressCallback, SandboxRuntime
+from sandbox_server.sandbox.spec import ExecutionResult, SandboxSpec
+from sandbox_server.workspaces.store import WorkspaceRecord, WorkspaceStore
+
+__all__ = ["KeptWorkspace"]
+
+
+class KeptWorkspace:
+    """A SandboxRuntime that runs each call in a kept workspace: restored before, saved after, one call at a time."""
+
+    def __init__(self, inner: SandboxRuntime, store: WorkspaceStore, record: WorkspaceRecord) -> None:
+        self.inner, self.store, self.record = inner, store, record
+        self.notes: list[str] = []
+        self.saved = False
+        """Whether a call saved the workspace (its files, and so the caller's resources, may have changed)."""
+
+    @classmethod
+    def open(
+        cls,
+        inner: SandboxRuntime,
+        store: WorkspaceStore | None,
+        requested: str | None,
+        session: str | None,
+        client: str,
+        tenant: str | None = None,
+    ) -> KeptWorkspace | None:
+        """The kept workspace a call works in; None when nothing is kept (then an id is refused as unknown)."""
+        if store is None:
+            if requested is not None:
+                raise WorkspaceStore.unknown(requested)
+            return None
+        record, notes = store.open(requested, session, client, tenant)
+        kept = cls(inner, store, record)
+        kept.notes.extend(notes)
+        return kept
+
+    async def run(self, spec: SandboxSpec, on_progress: ProgressCallback | None = None) -> ExecutionResult:
+        """Run in the workspace as its previous call left it; keep it as this call leaves it."""
+        async with self.store.using(self.record, spec.limits.timeout_s):
+            shaped = await anyio.to_thread.run_sync(self.store.begin, self.record, spec)
+            result = await self.inner.run(shaped, on_progress)
+            problem = await anyio.to_thread.run_sync(self.store.finish, self.record, result)
+            self.saved = problem is None
+        notes = [*result.skipped_files, *self.notes]
+        if problem is None and (result.timed_out or result.killed or result.oom_killed or result.flooded):
+            notes.append("the workspace is kept as the program left it when it was stopped")
+        return replace(result, skipped_files=tuple(notes), workspace=None, workspace_problem=problem)

@@ -49,6 +49,33 @@ def test_a_broken_policy_is_refused_with_every_error_and_its_field_path(tmp_path
     assert f"{path}: approval.writable_mounts: 'sometimes' is not of type 'boolean'" in result.stdout
 
 
+def test_every_error_of_a_file_comes_in_one_run_each_with_a_way_out(tmp_path: Path) -> None:
+    path = _write(
+        tmp_path,
+        "newcomer.yaml",
+        "extends: default\nmounts: [{host: /tmp, sandbox: /data}]\nnetwrk: none\n"
+        "tools:\n  run_pyton: {enabled: false}\n  execute_command: {limts: {timeout_s: 5}}\n"
+        "rate: {calls_per_minut: 5}\napproval: {tools: [analyse_csv]}\n",
+    )
+    result = run_cli("policy", "check", str(path))
+    assert result.returncode == 1
+    lines = result.stdout.splitlines()
+    assert lines[0] == f"{path}: 5 error(s)", result.stdout
+    # a schema error and the name checks together: the misspelled tool is not held back until the rest is fixed
+    assert "'mounts' belongs under defaults or tools.<tool>" in result.stdout
+    assert "did you mean 'network' (which belongs under defaults or tools.<tool>) instead of 'netwrk'?" in result.stdout
+    assert f"{path}: rate: " in result.stdout and "did you mean 'calls_per_minute'" in result.stdout
+    assert (
+        f"{path}: tools.execute_command: " in result.stdout
+        and "did you mean 'limits' instead of 'limts'?" in result.stdout
+    )
+    assert f"{path}: tools.run_pyton: no such tool 'run_pyton' (did you mean 'run_python'?" in result.stdout
+    assert f"{path}: approval.tools[0]: no such tool 'analyse_csv' (did you mean 'analyze_csv'?" in result.stdout
+    served = run_cli("serve", "--policy", str(path), timeout_s=60)  # serve refuses it the same way, all at once
+    assert served.returncode != 0 and "did you mean 'run_python'?" in served.stderr
+    assert "'mounts' belongs under defaults" in served.stderr
+
+
 def test_semantic_errors_name_the_field(tmp_path: Path) -> None:
     path = _write(
         tmp_path,

@@ -21,6 +21,7 @@ from jsonschema import Draft202012Validator
 
 from sandbox_server.errors import ConfigError
 from sandbox_server.network.egress import parse_egress
+from sandbox_server.policy.hints import closest, unexpected_key_hint
 from sandbox_server.policy.model import (
     ApprovalSettings,
     AuditSettings,
@@ -116,10 +117,10 @@ def _read(path: Path) -> tuple[dict[str, Any] | None, list[str]]:
         document = {}
     if not isinstance(document, dict):
         return None, [f"{path}: (top level): must be a mapping of policy fields, not {type(document).__name__}"]
-    errors = [
-        f"{path}: {_field(error.absolute_path)}: {error.message}"
-        for error in sorted(_validator().iter_errors(document), key=lambda e: list(map(str, e.absolute_path)))
-    ]
+    errors = []
+    for error in sorted(_validator().iter_errors(document), key=lambda e: list(map(str, e.absolute_path))):
+        hint = unexpected_key_hint(error, schema())
+        errors.append(f"{path}: {_field(error.absolute_path)}: {error.message}" + (f": {hint}" if hint else ""))
     return document, errors
 
 
@@ -261,14 +262,30 @@ def _tool_policy(
     )
 
 
+def _name_errors(document: Mapping[str, Any], source: Path, known: list[str]) -> list[str]:
+    """Tools named in `tools` and `approval.tools` that do not exist, each with the closest known name."""
+
+    def unknown(field: str, name: object) -> str:
+        near = closest(str(name), known)
+        guess = f"did you mean '{near}'? " if near is not None else ""
+        return f"{source}: {field}: no such tool {name!r} ({guess}known: {', '.join(known)})"
+
+    errors = []
+    tools = document.get("tools")
+    if isinstance(tools, Mapping):
+        errors += [unknown(f"tools.{name}", name) for name in tools if name not in known]
+    approval = document.get("approval")
+    named = approval.get("tools") if isinstance(approval, Mapping) else None
+    if isinstance(named, list):
+        errors += [unknown(f"approval.tools[{i}]", name) for i, name in enumerate(named) if name not in known]
+    return errors
+
+
 def _build(
     document: dict[str, Any], source: Path, tool_names: Iterable[str], host: HostFacts
 ) -> tuple[Policy, list[str]]:
-    errors: list[str] = []
     known = list(tool_names)
-    for name in document.get("tools", {}):
-        if name not in known:
-            errors.append(f"{source}: tools.{name}: no such tool (known: {', '.join(known)})")
+    errors = _name_errors(document, source, known)
     default = _tool_policy(document.get("defaults", {}), "defaults", source, host, errors)
     tools = tuple(
         (name, _tool_policy(effective_tool_settings(document, name), f"tools.{name}", source, host, errors))
@@ -282,9 +299,6 @@ def _build(
     default = replace(default, limits=replace(default.limits, **workspace_limits))
     tools = tuple((name, replace(tool, limits=replace(tool.limits, **workspace_limits))) for name, tool in tools)
     approval = document.get("approval", {})
-    for index, name in enumerate(approval.get("tools", [])):
-        if name not in known:
-            errors.append(f"{source}: approval.tools[{index}]: no such tool {name!r} (known: {', '.join(known)})")
     approvals = ApprovalSettings(
         commands=tuple(approval.get("commands", [])),
         tools=tuple(approval.get("tools", [])),
@@ -310,8 +324,8 @@ def _build(
 def policy_errors(path: Path, tool_names: Iterable[str], host: HostFacts = HostFacts()) -> list[str]:
     """Every error in a policy file (and what it extends); empty when it is usable."""
     document, errors = resolved_document(path)
-    if errors:
-        return errors
+    if errors:  # the names are checked too, so that one run shows every error
+        return errors + _name_errors(document, path.resolve(), list(tool_names))
     _, build_errors = _build(document, path.resolve(), tool_names, host)
     return build_errors
 
@@ -322,9 +336,12 @@ def load_policy(reference: str, tool_names: Iterable[str], host: HostFacts = Hos
     if not path.exists():
         shipped = ", ".join(sorted(p.stem for p in policies_dir().glob("*.yaml")))
         raise ConfigError(f"no policy {reference!r}: give a shipped name ({shipped}) or a path to a .yaml file")
+    known = list(tool_names)
     document, errors = resolved_document(path)
-    if not errors:
-        policy, errors = _build(document, path.resolve(), tool_names, host)
+    if errors:  # the names are checked too, so that one run shows every error
+        errors += _name_errors(document, path.resolve(), known)
+    else:
+        policy, errors = _build(document, path.resolve(), known, host)
     if errors:
         raise ConfigError("policy refused:\n  " + "\n  ".join(errors))
     return policy

@@ -68,6 +68,25 @@ def test_call_finds_a_tool_by_its_own_name_under_a_prefix(runtime: DockerRuntime
     assert result.stdout.startswith("$ execute_command") and "prefixed" in result.stdout
 
 
+def test_call_of_an_unknown_tool_names_the_tools_and_exits_two(runtime: DockerRuntime) -> None:
+    result = run_cli("call", "exec", "--arg", "command=ls")
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr and result.stderr.count("\n") == 1, result.stderr
+    assert "no tool 'exec' here" in result.stderr
+    assert all(name in result.stderr for name in ("execute_command", "run_python", "analyze_csv"))
+
+
+def test_call_never_echoes_an_uploads_content(tmp_path: Path, runtime: DockerRuntime) -> None:
+    (tmp_path / "sales.csv").write_text("region,amount\n" + "north,1.5\n" * 50_000)
+    result = run_cli(
+        "call", "execute_command", "--arg", "command=wc -l sales.csv", "--upload", "sales.csv", cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "50001 sales.csv" in result.stdout
+    assert len(result.stdout) < 2_000, f"the upload was echoed: {len(result.stdout)} characters"
+    assert "characters, not shown>" in result.stdout.splitlines()[0]
+
+
 def test_setup_finds_everything_ready_and_does_nothing_more(runtime: DockerRuntime) -> None:
     result = run_cli("setup")
     assert result.returncode == 0, result.stderr

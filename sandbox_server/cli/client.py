@@ -143,15 +143,21 @@ async def run_calls(
     Raises ServerDidNotStart with the server's own reason when it exits before answering.
     """
     results = []
+    unknown: str | None = None
     with tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace") as log:
         try:
             async with Client(stdio_client(server_parameters(serve_args), errlog=log), mode="legacy") as client:
                 listed = await client.list_tools()
+                names = [tool.name for tool in listed.tools]
                 if show_tools:
-                    print(f"tools: {', '.join(tool.name for tool in listed.tools)}\n", flush=True)
+                    print(f"tools: {', '.join(names)}\n", flush=True)
                 for name, arguments in calls:
-                    print(f"$ {name} {json.dumps(arguments)}", flush=True)
-                    result = await client.call_tool(_resolve(name, listed.tools), arguments)
+                    exposed = _resolve(name, listed.tools)
+                    if exposed not in names:  # said plainly, with the names, after the session has ended
+                        unknown = f"no tool {name!r} here; the server's policy offers: {', '.join(names)}"
+                        break
+                    print(f"$ {name} {json.dumps(_shown_arguments(arguments), ensure_ascii=False)}", flush=True)
+                    result = await client.call_tool(exposed, arguments)
                     print(format_result(result) + "\n", flush=True)
                     if save_to is not None:
                         for path in await save_result(client, result, save_to):
@@ -161,7 +167,24 @@ async def run_calls(
             if results or not _server_exited(exc):
                 raise
             raise ServerDidNotStart(_reason(log)) from None
+    if unknown is not None:
+        raise UsageError(unknown)
     return results
+
+
+def _shown_arguments(arguments: dict[str, Any]) -> dict[str, Any]:
+    """The arguments as echoed before a call: each sent file's content replaced by its length (an upload can be
+    megabytes of base64, which nobody reads on a terminal)."""
+    files = arguments.get("files")
+    if not isinstance(files, list):
+        return arguments
+    shown = [
+        {**item, "content": f"<{len(item['content'])} characters, not shown>"}
+        if isinstance(item, dict) and isinstance(item.get("content"), str) and len(item["content"]) > 200
+        else item
+        for item in files
+    ]
+    return {**arguments, "files": shown}
 
 
 def _server_exited(exc: BaseException) -> bool:

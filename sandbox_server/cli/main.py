@@ -259,7 +259,9 @@ def build_parser() -> argparse.ArgumentParser:
     listing.set_defaults(handler=_images_list)
 
     serve = commands.add_parser("serve", help="serve MCP over stdio (default) or Streamable HTTP")
-    serve.add_argument("--transport", choices=["stdio", "http"], default="stdio")
+    serve.add_argument(
+        "--transport", choices=["stdio", "http"], default="stdio", help="stdio (one client, default) or http (/mcp)"
+    )
     serve.add_argument("--host", default="127.0.0.1", help="HTTP: address to bind (default loopback)")
     serve.add_argument("--port", type=int, default=8000, help="HTTP: port (default 8000)")
     serve.add_argument("--page-size", type=int, default=50, help="tools per tools/list page")
@@ -338,23 +340,34 @@ def build_parser() -> argparse.ArgumentParser:
     add.add_argument("--tokens", metavar="FILE", required=True, help="the tokens file (made when missing)")
     add.set_defaults(handler=_token_add)
     listed = token_commands.add_parser("list", help="the callers of a tokens file and their policies")
-    listed.add_argument("--tokens", metavar="FILE", required=True)
+    listed.add_argument("--tokens", metavar="FILE", required=True, help="the tokens file")
     listed.set_defaults(handler=_token_list)
     revoke = token_commands.add_parser("revoke", help="remove a caller; a server reading the file refuses it at once")
-    revoke.add_argument("name")
-    revoke.add_argument("--tokens", metavar="FILE", required=True)
+    revoke.add_argument("name", help="the caller's name, as `token list` shows it")
+    revoke.add_argument("--tokens", metavar="FILE", required=True, help="the tokens file")
     revoke.set_defaults(handler=_token_revoke)
 
     # Started by `serve` itself, never by people: outlives a server killed with SIGKILL and removes its containers.
     reaper = commands.add_parser("reap-after")
-    reaper.add_argument("--pid", type=int, required=True)
-    reaper.add_argument("--owner", required=True)
+    reaper.add_argument("--pid", type=int, required=True, help="the server process to outlive")
+    reaper.add_argument("--owner", required=True, help="the owner label of that server's containers")
     reaper.set_defaults(handler=_reap_after)
 
-    call = commands.add_parser("call", help="start the server, make one tool call, print the result")
-    call.add_argument("tool", help="tool name, e.g. execute_command")
+    call = commands.add_parser(
+        "call",
+        help="start the server, make one tool call, print the result",
+        epilog="exit codes: 0 the call succeeded; 1 it answered with an error (isError); 2 it could not be made "
+        "(bad arguments here, an unknown tool, a server or engine that did not start)",
+    )
+    call.add_argument("tool", help="tool name, e.g. execute_command (an unknown one lists the tools)")
     call.add_argument("--policy", default="default", help="the policy the server runs with (name or file)")
-    call.add_argument("--arg", action="append", default=[], metavar="KEY=VALUE", help="an argument (repeatable)")
+    call.add_argument(
+        "--arg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an argument (repeatable); a VALUE starting with [ or { is JSON (as is timeout_s), any other a string",
+    )
     call.add_argument("--json", metavar="JSON|@FILE|-", help="all arguments as one JSON object, from a file, or stdin")
     call.add_argument(
         "--upload",
@@ -382,11 +395,11 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("files", nargs="+", metavar="FILE", help="policy files (or shipped names)")
     check.set_defaults(handler=_policy_check)
     explain = policy_commands.add_parser("explain", help="the fully resolved policy and its container settings")
-    explain.add_argument("policy", metavar="NAME|PATH")
+    explain.add_argument("policy", metavar="NAME|PATH", help="a shipped policy name or a policy file")
     explain.set_defaults(handler=_policy_explain)
     diff = policy_commands.add_parser("diff", help="what differs in effect between two policies")
-    diff.add_argument("first", metavar="A")
-    diff.add_argument("second", metavar="B")
+    diff.add_argument("first", metavar="A", help="a shipped policy name or a policy file")
+    diff.add_argument("second", metavar="B", help="the policy to compare it with")
     diff.set_defaults(handler=_policy_diff)
     schema_command = policy_commands.add_parser("schema", help="print the policy JSON Schema")
     schema_command.set_defaults(handler=_policy_schema)

@@ -38,7 +38,7 @@ def serve_command(args: argparse.Namespace) -> int:
     from sandbox_server.policy.watcher import watch_policy
     from sandbox_server.protocol.http_limits import ConnectionLimits, raise_open_files_limit
     from sandbox_server.protocol.server import SandboxServer
-    from sandbox_server.protocol.transports import LOOPBACK_HOSTS, serve_http, serve_stdio
+    from sandbox_server.protocol.transports import LOOPBACK_HOSTS, listen, serve_http, serve_stdio, url_of
     from sandbox_server.sandbox.docker_runtime import DockerRuntime
     from sandbox_server.sandbox.pool import WarmPool
     from sandbox_server.sandbox.removal import owner_alive
@@ -61,6 +61,7 @@ def serve_command(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="sandbox-server: %(message)s")
     log = logging.getLogger("sandbox_server")
     raise_open_files_limit()  # bounded by the caps on connections, walks and sessions, never by hope
+    listener = listen(args.host, args.port) if args.transport == "http" else None  # a taken port is said first
     runtime = DockerRuntime.lazy()
     _start_reaper(runtime.owner)
     tools = all_tools()
@@ -122,11 +123,16 @@ def serve_command(args: argparse.Namespace) -> int:
                 log.warning("%s failed (%s); it starts again in %g s", name, exc, RESTART_S)
                 await anyio.sleep(RESTART_S)
 
+    stopping = anyio.Event()
+
     async def stop_on_signal(scope: anyio.CancelScope) -> None:
         with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async for received in signals:
                 log.info("%s: shutting down", signal.Signals(received).name)
-                scope.cancel()
+                if listener is None:
+                    scope.cancel()
+                else:  # HTTP stops as uvicorn stops (its lifespan ended in order), then the rest is cancelled
+                    stopping.set()
                 return
 
     async def main() -> None:
@@ -144,9 +150,10 @@ def serve_command(args: argparse.Namespace) -> int:
                         )
 
                     group.start_soon(surviving, "the policy watcher", watch)
-                if args.transport == "http":
+                if listener is not None:
                     limits = ConnectionLimits.of(args)
-                    await serve_http(app, args.host, args.port, authentication, limits, args.max_request_bytes)
+                    log.info("serving MCP over Streamable HTTP at %s", url_of(listener))
+                    await serve_http(app, listener, authentication, limits, args.max_request_bytes, stopping)
                 else:
                     await serve_stdio(app)
                 group.cancel_scope.cancel()

@@ -2,25 +2,31 @@
 
 from __future__ import annotations
 
+import socket
 from typing import TYPE_CHECKING
 
+import anyio
 from mcp.server.stdio import stdio_server
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
 from sandbox_server.access.auth import Authentication, ExplainedRefusals
+from sandbox_server.errors import SandboxServerError
 from sandbox_server.protocol.http_limits import ConnectionLimits, ExplainedBodyCap, SessionCap, bounded_protocol
 from sandbox_server.protocol.http_sessions import SessionEndWatcher
 
 if TYPE_CHECKING:
     from sandbox_server.protocol.server import SandboxServer
 
-__all__ = ["LOOPBACK_HOSTS", "serve_http", "serve_stdio"]
+__all__ = ["LOOPBACK_HOSTS", "listen", "serve_http", "serve_stdio", "url_of"]
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 """Addresses to bind `serve --transport http` to that only this machine reaches."""
 SESSION_IDLE_S = 1800.0
 """How long a handshake-era HTTP session may go unused before it ends (and stops counting for its caller)."""
+STOP_GRACE_S = 3
+"""How long open HTTP connections (a client's event stream, a call's answer) are given to end when the server
+stops."""
 REQUEST_ENVELOPE_BYTES = 64 * 1024
 """Room in an HTTP request body for the JSON-RPC envelope around the tool arguments."""
 
@@ -31,13 +37,38 @@ async def serve_stdio(app: SandboxServer) -> None:
         await app.server.run(read_stream, write_stream, app.initialization_options())
 
 
+def listen(host: str, port: int) -> socket.socket:
+    """A listening socket at HOST:PORT, bound before anything else starts; a port that is taken (or an address
+    this host does not have) is said in one line, naming the option to change."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        listener = socket.socket(family, kind, proto)
+    except OSError as exc:
+        raise SandboxServerError(f"cannot listen on {host}:{port}: {exc.strerror or exc} (--host)") from None
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(address)
+        listener.listen(2048)
+    except OSError as exc:
+        listener.close()
+        taken = " (another process listens there; choose another with --port)" if exc.errno == 98 else ""
+        raise SandboxServerError(f"cannot listen on {host}:{port}: {exc.strerror or exc}{taken}") from None
+    return listener
+
+
+def url_of(listener: socket.socket) -> str:
+    """The URL clients reach a listening socket's /mcp at."""
+    host, port = listener.getsockname()[:2]
+    return f"http://[{host}]:{port}/mcp" if ":" in host else f"http://{host}:{port}/mcp"
+
+
 async def serve_http(
     app: SandboxServer,
-    host: str,
-    port: int,
+    listener: socket.socket,
     authentication: Authentication | None = None,
     limits: ConnectionLimits | None = None,
     max_request_bytes: int | None = None,
+    stopping: anyio.Event | None = None,
 ) -> None:
     """Serve MCP over Streamable HTTP at http://HOST:PORT/mcp; with `authentication`, only to the callers it knows.
 
@@ -45,10 +76,12 @@ async def serve_http(
     verifier knows, a 401 points at the protected-resource metadata (RFC 9728) at its well-known path.
     Connections, the time to send a request, sessions per caller and request bodies are bounded
     (`limits`, `max_request_bytes`: by default the policy's `limits.argument_bytes` and room for the
-    JSON-RPC envelope).
+    JSON-RPC envelope). Once `stopping` is set, the server stops as uvicorn stops: no new connections, the
+    open ones given STOP_GRACE_S to finish, the application's lifespan ended in order.
     """
     import uvicorn
 
+    host, port = listener.getsockname()[:2]
     loopback = ["127.0.0.1", "localhost", "[::1]"]
     names = loopback if host in LOOPBACK_HOSTS else [host, *loopback]
     auth = authentication.settings if authentication is not None else None
@@ -95,5 +128,16 @@ async def serve_http(
         lifespan="on",
         http=bounded_protocol(limits),
         timeout_keep_alive=5,
+        timeout_graceful_shutdown=STOP_GRACE_S,
     )
-    await uvicorn.Server(config).serve()
+    server = uvicorn.Server(config)
+    async with anyio.create_task_group() as group:
+        if stopping is not None:
+
+            async def stop_when_asked() -> None:
+                await stopping.wait()
+                server.should_exit = True
+
+            group.start_soon(stop_when_asked)
+        await server.serve(sockets=[listener])
+        group.cancel_scope.cancel()

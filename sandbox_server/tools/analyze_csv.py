@@ -36,6 +36,8 @@ from sandbox_server.tools.base import (
 __all__ = ["AnalyzeCsv", "analysis_request", "markdown_table", "sandbox_path"]
 
 OPERATIONS = ["sum", "average", "count", "min", "max", "median", "std", "distinct", "nulls", "describe"]
+PLOT_STATS = [*OPERATIONS[:-1], "25%", "75%"]
+"""What a plot of groups may draw: every statistic an operation computes (describe adds the quartiles)."""
 PLOTS = ["histogram", "bar", "line", "scatter"]
 MEMORY_HINT = (
     "sums, averages, counts, std, min and max stream in constant memory, but median and distinct keep "
@@ -331,6 +333,11 @@ class AnalyzeCsv:
                     "kind": {"enum": PLOTS},
                     "x": {"type": "string", "description": "Column on the x axis (histogram: the column)."},
                     "y": {"type": "string", "description": "Column on the y axis (bar: the statistic's column)."},
+                    "stat": {
+                        "enum": PLOT_STATS,
+                        "description": "With group_by (bar, line): the statistic drawn; by default the first of "
+                        "the operations that describes values (sum, average, …), else the count.",
+                    },
                     "bins": {"type": "integer", "minimum": 1, "maximum": 200, "default": 30},
                 },
                 "required": ["kind"],

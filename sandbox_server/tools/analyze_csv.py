@@ -258,8 +258,9 @@ class AnalyzeCsv:
         "Non-numeric columns are skipped for numeric statistics, and the answer says so. `filepath` is a "
         "path inside the sandbox: under a data folder the policy mounts (such as /data) or a file sent with "
         "`files` (relative paths are taken from /workspace). The full table also comes back as result.csv.\n"
-        'Example: {"filepath": "/data/sales.csv", "operations": ["sum", "average", "count"], '
-        '"columns": ["amount"], "group_by": ["region"], "plot": {"kind": "bar", "y": "amount"}}\n'
+        'Example: {"filepath": "sales.csv", "operations": ["sum", "average", "count"], '
+        '"columns": ["amount"], "group_by": ["region"], "plot": {"kind": "bar", "y": "amount"}, '
+        '"files": [{"path": "sales.csv", "content": "region,amount\\nnorth,12.5\\nsouth,8\\nnorth,3\\n"}]}\n'
         'Example: {"filepath": "data.csv", "operations": ["describe"], '
         '"files": [{"path": "data.csv", "content": "x,y\\n1,2\\n3,4\\n"}]}'
     )

@@ -1,0 +1,36 @@
+"""The examples each tool's description shows a model are valid calls that the default policy runs."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from mcp import Client
+
+from sandbox_server.tools import all_tools
+from tests.mcp_harness import text_of
+
+pytestmark = pytest.mark.anyio
+
+EXAMPLES = [
+    (tool.name, example)
+    for tool in all_tools()
+    for example in re.findall(r"^Example: (\{.*\})$", tool.description, flags=re.MULTILINE)
+]
+
+
+@pytest.fixture(scope="module")
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def test_every_tool_shows_examples() -> None:
+    assert {name for name, _ in EXAMPLES} == {tool.name for tool in all_tools()}
+
+
+@pytest.mark.parametrize(("tool", "example"), EXAMPLES)
+async def test_each_example_runs_under_the_default_policy(module_session: Client, tool: str, example: str) -> None:
+    result = await module_session.call_tool(tool, json.loads(example))
+    error = (result.structured_content or {}).get("error")
+    assert error is None, text_of(result)  # a program may fail (no such file); the call is never refused

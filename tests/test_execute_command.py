@@ -68,8 +68,13 @@ async def test_echo_returns_text_and_structured_content(client: Client) -> None:
     assert structured["stdout"] == "hello\n"
     assert structured["stderr"] == "oops\n"
     assert structured["timed_out"] is False and structured["oom_killed"] is False
-    second = result.content[1]
-    assert isinstance(second, types.TextContent) and json.loads(second.text) == structured
+    second = result.content[1]  # the JSON for clients without structuredContent, naming the output, not repeating it
+    assert isinstance(second, types.TextContent)
+    assert json.loads(second.text) == {
+        **structured,
+        "stdout": "<6 characters: the --- stdout --- section of the first text block>",
+        "stderr": "<5 characters: the --- stderr --- section of the first text block>",
+    }
 
 
 async def test_unknown_tool_is_a_protocol_error(client: Client) -> None:
@@ -126,7 +131,7 @@ async def test_timeout_above_the_policy_cap_is_refused(client: Client) -> None:
 async def test_out_of_memory_is_reported(client: Client) -> None:
     result = await client.call_tool("execute_command", {"command": "head -c 2000m /dev/zero | tail > /dev/null"})
     assert result.is_error
-    assert text_of(result).startswith("killed: out of memory (512 MiB)")
+    assert text_of(result).startswith("killed: out of memory (512 MiB); policy field limits.memory_mb")
     assert result.structured_content is not None and result.structured_content["oom_killed"] is True
 
 
@@ -138,6 +143,17 @@ async def test_output_is_capped_head_and_tail_with_a_marker(client: Client) -> N
     assert structured["stdout"].endswith("999999\n1000000\n")
     assert "bytes truncated" in structured["stdout"]
     assert len(structured["stdout"]) < 110_000
+    dropped = len("".join(f"{n}\n" for n in range(1, 1_000_001))) - 100_000  # the default cap: 100,000 bytes
+    first = text_of(result).splitlines()[0]
+    assert f"output cut to the cap: {dropped} bytes of stdout dropped (policy field limits.output_bytes)" in first
+
+
+async def test_a_result_never_carries_the_same_output_twice(client: Client) -> None:
+    result = await client.call_tool("execute_command", {"command": "head -c 50000000 /dev/zero | tr '\\0' x"})
+    assert result.structured_content is not None and result.structured_content["truncated"] is True
+    texts = [block.text for block in result.content if isinstance(block, types.TextContent)]
+    assert sum(len(text) for text in texts) < 100_000 + 2_000  # the capped stdout once, and a little more
+    assert texts[0].splitlines()[0].startswith("exit code 0; output cut to the cap: 49900000 bytes of stdout")
 
 
 async def test_an_endless_flood_is_stopped(client: Client) -> None:
@@ -177,6 +193,16 @@ async def test_files_go_in_and_out(client: Client) -> None:
     assert len(resources) == 1 and str(resources[0].resource.uri).endswith("/out/count.txt")
     assert getattr(resources[0].resource, "text", "").strip() == "3"
     assert "x: skipped, links are never followed" in text_of(result)
+    assert result.structured_content is not None
+    listed = {item["path"]: item for item in result.structured_content["files"]}
+    assert set(listed) == {"count.txt", "pixel.png"}
+    for path, item in listed.items():  # every returned file names the URI it is read by
+        read = await client.read_resource(item["uri"])
+        content = read.contents[0]
+        got = (
+            content.text.encode() if isinstance(content, types.TextResourceContents) else base64.b64decode(content.blob)
+        )
+        assert got == (PNG_1x1 if path == "pixel.png" else b"3\n")
 
 
 async def test_scripts_run_from_the_workspace_but_never_from_tmp(client: Client) -> None:

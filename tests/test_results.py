@@ -20,7 +20,11 @@ def test_render_puts_the_headline_first_and_structured_json_second() -> None:
     outcome = ToolOutcome("exit code 0", False, (("stdout", "hi\n"),), {"stdout": "hi\n"})
     rendered = render(outcome, ResourceStore())
     assert rendered.content[0]["text"].splitlines()[0] == "exit code 0"
-    assert rendered.content[1]["text"] == '{"stdout": "hi\\n"}'
+    assert (
+        rendered.content[1]["text"]
+        == '{"stdout": "<3 characters: the --- stdout --- section of the first text block>"}'
+    )
+    assert rendered.structured == {"stdout": "hi\n"}
 
 
 def test_files_become_images_resources_blobs_or_links() -> None:

@@ -124,9 +124,10 @@ def _mime_type(file: OutputFile) -> str:
     return guessed
 
 
-def _file_block(file: OutputFile, call_id: str, store: ResourceStore, tenant: str | None) -> dict[str, Any]:
-    uri = f"sandbox://calls/{call_id}/out/{quote(file.path, safe='/')}"
+def _file_block(file: OutputFile, uri: str, store: ResourceStore, tenant: str | None) -> dict[str, Any]:
+    """A returned file as a content block; every one is also kept for resources/read under its URI (bounded)."""
     mime = _mime_type(file)
+    store.put(uri, mime, file.content, tenant)
     if mime in IMAGE_TYPES.values() and len(file.content) <= EMBED_BLOB_BYTES * 8:
         data = base64.b64encode(file.content).decode()
         return {"type": "image", "data": data, "mimeType": mime, "_meta": {PATH_META: sanitize(file.path)}}
@@ -141,7 +142,6 @@ def _file_block(file: OutputFile, call_id: str, store: ResourceStore, tenant: st
     if text is None and len(file.content) <= EMBED_BLOB_BYTES:
         blob = base64.b64encode(file.content).decode()
         return {"type": "resource", "resource": {"uri": uri, "mimeType": mime, "blob": blob}}
-    store.put(uri, mime, file.content, tenant)
     return {
         "type": "resource_link",
         "uri": uri,
@@ -174,12 +174,11 @@ def render(
         for key in ("stdout", "stderr"):
             if isinstance(structured.get(key), str):
                 structured[key] = sanitize(structured[key])
-        for item in structured.get("files", []):
-            item["path"] = sanitize(item["path"])
-        content.append({"type": "text", "text": json.dumps(structured, ensure_ascii=False)})
+        content.append({"type": "text", "text": ""})  # the JSON, once the files' URIs are known
     call_id = uuid.uuid4().hex[:12]
     images = image_bytes = 0
     skipped = []
+    uris: dict[str, str] = {}
     for file in outcome.files:
         if _mime_type(file) in IMAGE_TYPES.values():
             if images >= max_images or image_bytes + file.size > max_image_bytes:
@@ -191,7 +190,24 @@ def render(
                 continue
             images += 1
             image_bytes += file.size
-        content.append(_file_block(file, call_id, store, tenant))
+        uris[file.path] = f"sandbox://calls/{call_id}/out/{quote(file.path, safe='/')}"
+        content.append(_file_block(file, uris[file.path], store, tenant))
     if skipped:
         content[0]["text"] += "\n" + "\n".join(skipped)
+    if structured is not None:
+        for item in structured.get("files", []):
+            if item.get("path") in uris:
+                item["uri"] = uris[item["path"]]
+            item["path"] = sanitize(item["path"])
+        content[1]["text"] = json.dumps(_without_repeats(structured), ensure_ascii=False)
     return RenderedResult(content=content, structured=structured, is_error=outcome.is_error)
+
+
+def _without_repeats(structured: dict[str, Any]) -> dict[str, Any]:
+    """The structured result as the JSON text block carries it: stdout and stderr, already in the first text
+    block, are named there rather than repeated (a result never carries the same output twice)."""
+    echo = dict(structured)
+    for key in ("stdout", "stderr"):
+        if isinstance(echo.get(key), str) and echo[key]:
+            echo[key] = f"<{len(echo[key])} characters: the --- {key} --- section of the first text block>"
+    return echo

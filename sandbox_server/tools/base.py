@@ -376,11 +376,17 @@ SIGNALS = {9: "SIGKILL", 15: "SIGTERM", 24: "SIGXCPU", 25: "SIGXFSZ", 11: "SIGSE
 
 def _headline(result: ExecutionResult, limits: ResourceLimits) -> _Headline:
     if result.timed_out:
-        return _Headline(f"timed out after {limits.timeout_s:g} s (partial output below)")
+        return _Headline(
+            f"timed out after {limits.timeout_s:g} s (partial output below); the call's timeout_s, at most the "
+            "policy field limits.max_timeout_s"
+        )
     if result.oom_killed:
-        return _Headline(f"killed: out of memory ({limits.memory_mb} MiB)")
+        return _Headline(f"killed: out of memory ({limits.memory_mb} MiB); policy field limits.memory_mb")
     if result.flooded:
-        return _Headline("killed: output flood (far more output than the cap; partial output below)")
+        return _Headline(
+            "killed: output flood (far more output than the cap; partial output below); "
+            "policy field limits.output_bytes"
+        )
     if result.killed:
         return _Headline("killed: the sandbox was killed from outside before the program finished")
     if result.pids_limited:
@@ -431,6 +437,10 @@ def outcome_from_execution(result: ExecutionResult, spec: SandboxSpec) -> ToolOu
         "files_bytes": sum(f.size for f in result.files),
     }
     text, is_error = headline.text, headline.is_error
+    if result.truncated and not result.flooded:  # said first, not only where the marker sits mid-output
+        cut = [f"{n} bytes of {name}" for name, n in (("stdout", result.stdout_truncated_bytes),
+                                                      ("stderr", result.stderr_truncated_bytes)) if n]  # fmt: skip
+        text += f"; output cut to the cap: {' and '.join(cut)} dropped (policy field limits.output_bytes)"
     if result.workspace_problem:
         text, is_error = f"{text}; {result.workspace_problem}", True
     return ToolOutcome(

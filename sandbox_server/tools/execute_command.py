@@ -35,7 +35,11 @@ EXECUTION_PROPERTIES: dict[str, Any] = {
         "type": "array",
         "items": {
             "type": "object",
-            "properties": {"path": {"type": "string"}, "size": {"type": "integer"}},
+            "properties": {
+                "path": {"type": "string"},
+                "size": {"type": "integer"},
+                "uri": {"type": "string", "description": "read it with resources/read (absent: not returned)"},
+            },
             "required": ["path", "size"],
         },
     },

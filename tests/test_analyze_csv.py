@@ -190,6 +190,12 @@ async def test_no_header_and_binary_files_are_named(module_session: Client) -> N
         {"filepath": "b.csv", "operations": ["sum"], "files": upload("b.csv", b"\x00\x01\x02garbage\x00\xff")},
     )
     assert binary.is_error and "does not look like a text CSV" in text_of(binary) and "NUL bytes" in text_of(binary)
+    for noise in (b"\x00\x01\x02binary", bytes(range(256)) * 4, random.Random(5).randbytes(4096)):
+        refused = await module_session.call_tool(
+            "analyze_csv", {"filepath": "r.bin", "operations": ["count"], "files": upload("r.bin", noise)}
+        )
+        assert refused.is_error and "does not look like a text CSV" in text_of(refused), text_of(refused)
+        assert refused.structured_content is not None and refused.structured_content["error"]["field"] == "filepath"
     empty = await module_session.call_tool(
         "analyze_csv", {"filepath": "z.csv", "operations": ["sum"], "files": upload("z.csv", b"")}
     )

@@ -119,7 +119,9 @@ def detect_encoding(path, explicit=None):
             ("utf_32_be", "UTF-32 BE (no BOM)"),
         ):
             text = codecs.getincrementaldecoder(codec)(errors="replace").decode(head, final=False)
-            if "\ufffd" not in text and looks_like_text(text):
+            # Any bytes decode as UTF-16 to some characters: a table also has a line break or a delimiter.
+            shaped = any(mark in text for mark in "\n,;\t|")
+            if "\ufffd" not in text and shaped and looks_like_text(text):
                 return Encoding(codec, label, compression)
         raise Refusal(
             f"{path} does not look like a text CSV: its first bytes hold NUL bytes and are not UTF-16 or UTF-32 text",

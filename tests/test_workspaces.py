@@ -161,15 +161,52 @@ async def test_a_2026_workspace_outlives_a_restart_until_its_idle_time_then_the_
     assert not list((state / "workspaces").glob(f"{first['workspace']}*"))
 
 
-async def test_a_client_past_its_workspace_cap_loses_its_least_recently_used_one_and_is_told(
+async def test_a_client_past_its_workspace_cap_loses_one_nobody_continued_and_the_loser_is_told(
+    keeping: Keeping, runtime: DockerRuntime
+) -> None:
+    keeping.policy.write_text(KEEPING.replace("max_per_client: 3", "max_per_client: 3, protect_recent_s: 0"))
+    with http_server(*_serve_args(keeping)) as url:
+        async with connect(url, mode="2026-07-28") as session:
+            made = [await _call(session, "echo one > f")]
+            await _call(session, "cat f", workspace=made[0]["workspace"])  # the first is continued
+            made += [await _call(session, "true") for _ in range(3)]
+            lost = await _call(session, "true", workspace=made[1]["workspace"])
+            kept = await _call(session, "cat f", workspace=made[0]["workspace"])
+    # The second, which no call continued, went first, though the first was made earlier.
+    assert f"workspace {made[1]['workspace']} (no call continued it) was removed" in made[3]["text"]
+    assert "workspace.max_per_client" in made[3]["text"] and kept["stdout"] == "one\n"
+    assert lost["is_error"] and lost["error"]["field"] == "workspace.max_per_client"
+    assert f"workspace {made[1]['workspace']} was removed to make room for a newer one" in lost["text"]
+
+
+async def test_a_workspace_used_in_the_last_minutes_is_never_removed_to_make_room(
     keeping: Keeping, runtime: DockerRuntime
 ) -> None:
     with http_server(*_serve_args(keeping)) as url:
         async with connect(url, mode="2026-07-28") as session:
-            made = [await _call(session, "true") for _ in range(4)]
-            gone = await _call(session, "true", workspace=made[0]["workspace"])
-    assert f"workspace {made[0]['workspace']} (least recently used) was removed" in made[3]["text"]
-    assert "workspace.max_per_client" in made[3]["text"] and gone["is_error"]
+            made = [await _call(session, f"echo {n} > f") for n in range(3)]
+            refused = await _call(session, "true")
+            still = [await _call(session, "cat f", workspace=m["workspace"]) for m in made]
+    assert refused["is_error"] and refused["error"]["field"] == "workspace.max_per_client"
+    assert "workspace.protect_recent_s" in refused["text"] and "none is removed" in refused["text"]
+    assert [entry["stdout"] for entry in still] == ["0\n", "1\n", "2\n"]
+
+
+async def test_over_stdio_calls_continue_the_connections_workspace_in_both_eras(
+    keeping: Keeping, runtime: DockerRuntime
+) -> None:
+    for mode in ("legacy", "2026-07-28"):
+        async with connect(stdio_parameters(*_serve_args(keeping)), mode=mode) as session:
+            first = await session.call_tool("run_python", {"code": "x = 41"})
+            second = await session.call_tool("run_python", {"code": "x + 1"})
+            listed = await session.list_resources()
+        assert second.structured_content is not None, text_of(second)
+        assert second.structured_content["stdout"] == "42\n", (mode, text_of(second))
+        assert first.structured_content is not None
+        assert first.structured_content["workspace"] == second.structured_content["workspace"]
+        assert not any(".sandbox" in str(resource.uri) for resource in listed.resources)  # internal files stay so
+        # The connection's workspace goes with the process.
+        assert not list((keeping.state / "workspaces").glob(f"{first.structured_content['workspace']}*"))
 
 
 async def test_a_workspace_past_the_hosts_storage_cap_is_not_kept_and_the_answer_names_the_field(

@@ -110,6 +110,8 @@ class WorkspaceSettings:
     files: int = 20000
     idle_ttl_s: float = 1800.0
     max_per_client: int = 8
+    protect_recent_s: float = 300.0
+    """A workspace used this recently is never removed to make room; the new call is refused instead."""
     exec: bool = True
     """Whether programs may be run from files under /workspace (uploads marked executable, `./run.sh`)."""
 

@@ -50,7 +50,11 @@ def client_name(ctx: Context) -> str:
 
 
 def session_of(ctx: Context, instance: str) -> str | None:
-    """The session whose workspace a request may see: its handshake session's; None in the 2026-07-28 era."""
+    """The session whose workspace a request continues: over stdio the connection's, in either era (one process
+    serves one client); over HTTP the handshake session's; None for HTTP in the 2026-07-28 era, where a result's
+    `workspace` id is passed back instead."""
+    if ctx.request is None:
+        return session_key(instance, "stdio")
     if not handshake_era(ctx):
         return None
     return session_key(instance, http_session(ctx) or "stdio")

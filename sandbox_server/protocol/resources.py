@@ -19,7 +19,8 @@ from sandbox_server.protocol.meta import PART_META
 from sandbox_server.protocol.paging import requested_part
 from sandbox_server.protocol.requests import Context, handshake_era, identity_of, session_of
 from sandbox_server.protocol.results import ResourceStore
-from sandbox_server.workspaces.store import RESOURCE_TEMPLATE, WorkspaceStore
+from sandbox_server.workspaces.naming import RESOURCE_TEMPLATE
+from sandbox_server.workspaces.store import WorkspaceStore
 
 __all__ = ["READ_PART_BYTES", "Resources"]
 

@@ -46,7 +46,7 @@ REMEMBERED_SESSIONS = 1024
 INSTRUCTIONS = (
     "Every tool call runs in a fresh, isolated, resource-limited container that is destroyed "
     "afterwards; processes and /tmp never outlive a call. When the policy keeps workspaces, "
-    "/workspace is as the previous call of this session left it (in the 2026-07-28 era: of the "
+    "/workspace is as the previous call of this connection left it (over HTTP in the 2026-07-28 era: of the "
     "`workspace` id you pass back from a result), and run_python keeps a cell's variables for the "
     "next. Send input files with `files`; files written to /workspace/out come back with the result."
 )

@@ -28,10 +28,10 @@ from sandbox_server.tools.base import (
     WORKSPACE_ARGUMENT,
     ToolContext,
     ToolOutcome,
-    outcome_from_execution,
     result_schema,
     sandbox_spec,
 )
+from sandbox_server.tools.outcome import outcome_from_execution
 
 __all__ = ["AnalyzeCsv", "analysis_request", "markdown_table", "sandbox_path"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 import binascii
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from sandbox_server.errors import ERROR_KINDS, FailureKind, Refusal, RefusalKind
@@ -14,7 +14,7 @@ from sandbox_server.policy import ToolPolicy
 from sandbox_server.sandbox import wire
 from sandbox_server.sandbox.archive import safe_relative_path
 from sandbox_server.sandbox.runtime import ProgressCallback, SandboxRuntime
-from sandbox_server.sandbox.spec import ExecutionResult, InputFile, OutputFile, ResourceLimits, SandboxSpec
+from sandbox_server.sandbox.spec import InputFile, OutputFile, SandboxSpec
 
 __all__ = [
     "ERROR_SCHEMA",
@@ -28,7 +28,6 @@ __all__ = [
     "ToolOutcome",
     "decode_files",
     "annotations_for",
-    "outcome_from_execution",
     "refuse_timeout",
     "result_schema",
     "sandbox_spec",
@@ -64,8 +63,10 @@ FILES_SCHEMA: dict[str, Any] = {
 WORKSPACE_ARGUMENT: dict[str, Any] = {
     "type": "string",
     "maxLength": 64,
-    "description": "Continue a kept workspace: the `workspace` id of an earlier result. Without it, a call gets "
-    "its session's workspace (or a new one); with a policy that keeps nothing, a new empty one.",
+    "description": "To continue where an earlier call left /workspace (and run_python's variables), pass that "
+    "result's `workspace` id here. Without it, a call over stdio or in a handshake-era HTTP session continues its "
+    "connection's workspace; over HTTP in the 2026-07-28 era it starts a new one. With a policy that keeps "
+    "nothing, every call starts empty.",
 }
 
 TIMEOUT_SCHEMA: dict[str, Any] = {
@@ -363,92 +364,3 @@ def workspace_folder(path: str) -> str | None:
     if path in (".", "./"):
         return ""
     return None if _path_problem(path) else safe_relative_path(path)
-
-
-@dataclass(frozen=True, slots=True)
-class _Headline:
-    text: str
-    is_error: bool = True
-
-
-SIGNALS = {9: "SIGKILL", 15: "SIGTERM", 24: "SIGXCPU", 25: "SIGXFSZ", 11: "SIGSEGV", 6: "SIGABRT"}
-
-
-def _headline(result: ExecutionResult, limits: ResourceLimits) -> _Headline:
-    if result.timed_out:
-        return _Headline(
-            f"timed out after {limits.timeout_s:g} s (partial output below); the call's timeout_s, at most the "
-            "policy field limits.max_timeout_s"
-        )
-    if result.oom_killed:
-        return _Headline(f"killed: out of memory ({limits.memory_mb} MiB); policy field limits.memory_mb")
-    if result.flooded:
-        return _Headline(
-            "killed: output flood (far more output than the cap; partial output below); "
-            "policy field limits.output_bytes"
-        )
-    if result.killed:
-        return _Headline("killed: the sandbox was killed from outside before the program finished")
-    if result.pids_limited:
-        return _Headline(
-            f"process limit reached: forks failed at {limits.pids} processes (policy field limits.pids); "
-            f"exit code {result.exit_code}"
-        )
-    if result.exit_code == 0:
-        return _Headline("exit code 0", is_error=False)
-    if result.exit_code is not None and result.exit_code > 128:
-        number = result.exit_code - 128
-        name = SIGNALS.get(number, "")
-        if number == 25:
-            name += f": a file grew past {limits.file_size_mb} MiB (policy field limits.file_size_mb)"
-        return _Headline(f"exit code {result.exit_code} (killed by signal {number}{' ' + name if name else ''})")
-    return _Headline(f"exit code {result.exit_code}")
-
-
-def outcome_from_execution(result: ExecutionResult, spec: SandboxSpec) -> ToolOutcome:
-    """The common rendering of a sandboxed run: headline, stdout, stderr, files, structured data."""
-    headline = _headline(result, spec.limits)
-    stdout = result.stdout.decode("utf-8", "replace")
-    stderr = result.stderr.decode("utf-8", "replace")
-    structured = {
-        "exit_code": result.exit_code,
-        "stdout": stdout,
-        "stderr": stderr,
-        "timed_out": result.timed_out,
-        "oom_killed": result.oom_killed,
-        "duration_ms": result.duration_ms,
-        "truncated": result.truncated,
-        "files": [{"path": f.path, "size": f.size} for f in result.files],
-    }
-    audit = {
-        "container_id": result.container_id[:12],
-        "address": result.address,
-        "image": spec.image,
-        "runtime": spec.runtime,
-        "limits": asdict(spec.limits),
-        "exit_code": result.exit_code,
-        "timed_out": result.timed_out,
-        "oom_killed": result.oom_killed,
-        "pids_limited": result.pids_limited,
-        "killed": result.killed,
-        "flooded": result.flooded,
-        "stdout_bytes": len(result.stdout) + result.stdout_truncated_bytes,
-        "stderr_bytes": len(result.stderr) + result.stderr_truncated_bytes,
-        "files_bytes": sum(f.size for f in result.files),
-    }
-    text, is_error = headline.text, headline.is_error
-    if result.truncated and not result.flooded:  # said first, not only where the marker sits mid-output
-        cut = [f"{n} bytes of {name}" for name, n in (("stdout", result.stdout_truncated_bytes),
-                                                      ("stderr", result.stderr_truncated_bytes)) if n]  # fmt: skip
-        text += f"; output cut to the cap: {' and '.join(cut)} dropped (policy field limits.output_bytes)"
-    if result.workspace_problem:
-        text, is_error = f"{text}; {result.workspace_problem}", True
-    return ToolOutcome(
-        headline=f"{text} · {result.duration_ms} ms",
-        is_error=is_error,
-        sections=(("stdout", stdout), ("stderr", stderr)),
-        structured=structured,
-        files=result.files,
-        notes=result.skipped_files,
-        audit=audit,
-    )

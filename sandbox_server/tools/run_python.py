@@ -15,11 +15,11 @@ from sandbox_server.tools.base import (
     WORKSPACE_ARGUMENT,
     ToolContext,
     ToolOutcome,
-    outcome_from_execution,
     result_schema,
     sandbox_spec,
 )
 from sandbox_server.tools.execute_command import EXECUTION_PROPERTIES, EXECUTION_REQUIRED
+from sandbox_server.tools.outcome import outcome_from_execution
 
 __all__ = ["RunPython"]
 

@@ -14,62 +14,30 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import secrets
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, unquote_to_bytes
 
 import anyio
 
 from sandbox_server.errors import Refusal
 from sandbox_server.policy import WorkspaceSettings
-from sandbox_server.sandbox.archive import safe_relative_path
 from sandbox_server.sandbox.spec import ExecutionResult, SandboxSpec
 from sandbox_server.workspaces.contents import ArchivedContents, Contents, mime_type
+from sandbox_server.workspaces.naming import ID_PATTERN, internal, parse_resource_uri, resource_uri, shown_name
 
-__all__ = [
-    "ID_PATTERN",
-    "RESOURCE_TEMPLATE",
-    "WorkspaceRecord",
-    "WorkspaceStore",
-    "default_state_dir",
-    "parse_resource_uri",
-    "resource_uri",
-    "session_key",
-    "shown_name",
-]
+__all__ = ["WorkspaceRecord", "WorkspaceStore", "default_state_dir", "session_key"]
 
-ID_PATTERN = re.compile(r"ws-[A-Za-z0-9_-]{22}")
+EVICTED_KEPT = 1000
+"""Removed workspaces remembered to tell their callers why (the oldest forgotten first)."""
 SESSION_PREFIX = "session:"
-RESOURCE_PREFIX = "sandbox://workspace/"
-RESOURCE_TEMPLATE = RESOURCE_PREFIX + "{workspace}/{+path}"
 RECORD_WRITE_S = 5.0
 """A workspace's last use reaches its record on disk at most this often (idle times are minutes)."""
-"""How a kept workspace's files are named as MCP resources (RFC 6570)."""
-
-
-def resource_uri(workspace_id: str, path: str) -> str:
-    """The resource URI of a file in a kept workspace (a name's bytes that are not UTF-8 percent-encoded as they are)."""
-    return f"{RESOURCE_PREFIX}{workspace_id}/{quote(path.encode('utf-8', 'surrogateescape'), safe='/')}"
-
-
-def shown_name(path: str) -> str:
-    """A workspace file's name as people read it: bytes that are not UTF-8 shown as `\\xNN`."""
-    return path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
-
-
-def parse_resource_uri(uri: str) -> tuple[str, str] | None:
-    """(workspace id, path) of a workspace resource URI; None when it is not one or the path leaves it."""
-    if not uri.startswith(RESOURCE_PREFIX):
-        return None
-    workspace_id, _, quoted = uri.removeprefix(RESOURCE_PREFIX).partition("/")
-    path = safe_relative_path(unquote_to_bytes(quoted).decode("utf-8", "surrogateescape"))
-    return (workspace_id, path) if ID_PATTERN.fullmatch(workspace_id) and path else None
 
 
 def default_state_dir() -> Path:
@@ -97,6 +65,8 @@ class WorkspaceRecord:
     size_bytes: int = 0
     tenant: str | None = None
     """The tenant it was made for, who alone may use it (None: over stdio, where one client is served)."""
+    continued: bool = False
+    """A later call continued it (by its id, or as its session's): removed after those no call continued."""
 
 
 class WorkspaceStore:
@@ -119,6 +89,8 @@ class WorkspaceStore:
         self._records: dict[str, WorkspaceRecord] = {}
         self._written: dict[str, float] = {}
         """When each record was last written to disk."""
+        self._evicted: OrderedDict[str, tuple[str | None, str]] = OrderedDict()
+        """Workspaces removed to make room, by id: their tenant, and what a call naming one is told."""
         for path in self.root.glob("ws-*.json"):
             try:
                 record = _from_disk(json.loads(path.read_text()))
@@ -151,16 +123,18 @@ class WorkspaceStore:
         with self._lock:
             if requested is not None:
                 record = self._records.get(requested) if ID_PATTERN.fullmatch(requested) else None
+                if record is None and requested in self._evicted and self._evicted[requested][0] == tenant:
+                    raise Refusal(self._evicted.pop(requested)[1], "workspace.max_per_client")
                 if record is None or not self._visible(record, session, tenant, now):
                     raise self.unknown(requested)
-                return record, []
+                return self._continued(record), []
             if session is not None:
                 mine = [
                     r for r in self._records.values() if r.session == session and self._visible(r, session, tenant, now)
                 ]
                 if mine:
-                    return max(mine, key=lambda r: r.last_used), []
-            notes = self._make_room(client)
+                    return self._continued(max(mine, key=lambda r: r.last_used)), []
+            notes = self._make_room(client, now)
             reserved = self.contents.reserve(self.settings)
             problem = self._room(None, reserved)
             if problem is not None:
@@ -175,26 +149,50 @@ class WorkspaceStore:
             self._write_record(record)
         return record, notes
 
-    def _make_room(self, client: str) -> list[str]:
-        """Remove this client's least recently used idle workspaces until it may make one more."""
+    def _continued(self, record: WorkspaceRecord) -> WorkspaceRecord:
+        if not record.continued:
+            record = replace(record, continued=True)
+            self._records[record.id] = record
+            self._write_record(record)
+        return record
+
+    def _make_room(self, client: str, now: float) -> list[str]:
+        """Remove this client's idle workspaces until it may make one more: first those no call continued, then
+        the least recently used; never one used within `protect_recent_s` (the call is refused instead)."""
+        most, recent = self.settings.max_per_client, self.settings.protect_recent_s
+        theirs = [r for r in self._records.values() if r.client == client]
+        removable = sorted(
+            (r for r in theirs if not self._in_use(r.id) and now - r.last_used >= recent),
+            key=lambda r: (r.continued, r.last_used),
+        )
         notes = []
-        theirs = sorted((r for r in self._records.values() if r.client == client), key=lambda r: r.last_used)
-        while len(theirs) >= self.settings.max_per_client:
-            oldest = next((r for r in theirs if not self._in_use(r.id)), None)
-            if oldest is None:
+        while len(theirs) >= most:
+            if not removable:
                 raise Refusal(
-                    f"refused: {len(theirs)} workspaces of this client are in use, the most it may hold "
-                    "(policy field workspace.max_per_client); retry when one is free",
+                    f"refused: this client holds {len(theirs)} workspaces, the most it may (policy field "
+                    f"workspace.max_per_client: {most}), and each is in use or was used in the last "
+                    f"{recent:g} s (workspace.protect_recent_s), so none is removed to make room; continue one "
+                    "by passing its `workspace` id, or retry later",
                     "workspace.max_per_client",
                     kind="busy",
-                    retry_after_s=1,
+                    retry_after_s=max(1.0, min(recent, 60.0)),
                 )
+            oldest = removable.pop(0)
             theirs.remove(oldest)
             self._remove(oldest.id)
+            why = "no call continued it" if not oldest.continued else "least recently used"
             notes.append(
-                f"workspace {oldest.id} (least recently used) was removed to make room "
-                f"(policy field workspace.max_per_client: {self.settings.max_per_client})"
+                f"workspace {oldest.id} ({why}) was removed to make room (policy field workspace.max_per_client: "
+                f"{most})"
             )
+            self._evicted[oldest.id] = (
+                oldest.tenant,
+                f"refused: workspace {oldest.id} was removed to make room for a newer one of this client ({why}; "
+                f"policy field workspace.max_per_client: {most}); its files are gone: leave out `workspace` to "
+                "get a new one",
+            )
+            while len(self._evicted) > EVICTED_KEPT:
+                self._evicted.popitem(last=False)
         return notes
 
     def _visible(self, record: WorkspaceRecord, session: str | None, tenant: str | None, now: float) -> bool:
@@ -256,6 +254,7 @@ class WorkspaceStore:
         return [
             (resource_uri(record.id, path), shown_name(path), mime_type(path), size)
             for path, size in self.files(record)
+            if not internal(path)
         ]
 
     def read_resource(
@@ -270,7 +269,7 @@ class WorkspaceStore:
         """A workspace file by its resource URI, as (MIME type, its size, its bytes from `offset`, at most
         `length`), when this tenant may read it."""
         parsed = parse_resource_uri(uri)
-        record = self.find(parsed[0], session, tenant) if parsed else None
+        record = self.find(parsed[0], session, tenant) if parsed and not internal(parsed[1]) else None
         if parsed is None or record is None:
             return None
         found = self.contents.read_file(record.id, parsed[1], max_bytes, offset, length)

@@ -1,0 +1,100 @@
+"""What a sandboxed run comes back as: its headline (the first line a model reads, naming the policy field of
+any limit it hit), its output, its files, the structured result and the audit record's facts."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from sandbox_server.sandbox.spec import ExecutionResult, ResourceLimits, SandboxSpec
+from sandbox_server.tools.base import ToolOutcome
+
+__all__ = ["outcome_from_execution"]
+
+
+@dataclass(frozen=True, slots=True)
+class _Headline:
+    text: str
+    is_error: bool = True
+
+
+SIGNALS = {9: "SIGKILL", 15: "SIGTERM", 24: "SIGXCPU", 25: "SIGXFSZ", 11: "SIGSEGV", 6: "SIGABRT"}
+
+
+def _headline(result: ExecutionResult, limits: ResourceLimits) -> _Headline:
+    if result.timed_out:
+        return _Headline(
+            f"timed out after {limits.timeout_s:g} s (partial output below); the call's timeout_s, at most the "
+            "policy field limits.max_timeout_s"
+        )
+    if result.oom_killed:
+        return _Headline(f"killed: out of memory ({limits.memory_mb} MiB); policy field limits.memory_mb")
+    if result.flooded:
+        return _Headline(
+            "killed: output flood (far more output than the cap; partial output below); "
+            "policy field limits.output_bytes"
+        )
+    if result.killed:
+        return _Headline("killed: the sandbox was killed from outside before the program finished")
+    if result.pids_limited:
+        return _Headline(
+            f"process limit reached: forks failed at {limits.pids} processes (policy field limits.pids); "
+            f"exit code {result.exit_code}"
+        )
+    if result.exit_code == 0:
+        return _Headline("exit code 0", is_error=False)
+    if result.exit_code is not None and result.exit_code > 128:
+        number = result.exit_code - 128
+        name = SIGNALS.get(number, "")
+        if number == 25:
+            name += f": a file grew past {limits.file_size_mb} MiB (policy field limits.file_size_mb)"
+        return _Headline(f"exit code {result.exit_code} (killed by signal {number}{' ' + name if name else ''})")
+    return _Headline(f"exit code {result.exit_code}")
+
+
+def outcome_from_execution(result: ExecutionResult, spec: SandboxSpec) -> ToolOutcome:
+    """The common rendering of a sandboxed run: headline, stdout, stderr, files, structured data."""
+    headline = _headline(result, spec.limits)
+    stdout = result.stdout.decode("utf-8", "replace")
+    stderr = result.stderr.decode("utf-8", "replace")
+    structured = {
+        "exit_code": result.exit_code,
+        "stdout": stdout,
+        "stderr": stderr,
+        "timed_out": result.timed_out,
+        "oom_killed": result.oom_killed,
+        "duration_ms": result.duration_ms,
+        "truncated": result.truncated,
+        "files": [{"path": f.path, "size": f.size} for f in result.files],
+    }
+    audit = {
+        "container_id": result.container_id[:12],
+        "address": result.address,
+        "image": spec.image,
+        "runtime": spec.runtime,
+        "limits": asdict(spec.limits),
+        "exit_code": result.exit_code,
+        "timed_out": result.timed_out,
+        "oom_killed": result.oom_killed,
+        "pids_limited": result.pids_limited,
+        "killed": result.killed,
+        "flooded": result.flooded,
+        "stdout_bytes": len(result.stdout) + result.stdout_truncated_bytes,
+        "stderr_bytes": len(result.stderr) + result.stderr_truncated_bytes,
+        "files_bytes": sum(f.size for f in result.files),
+    }
+    text, is_error = headline.text, headline.is_error
+    if result.truncated and not result.flooded:  # said first, not only where the marker sits mid-output
+        cut = [f"{n} bytes of {name}" for name, n in (("stdout", result.stdout_truncated_bytes),
+                                                      ("stderr", result.stderr_truncated_bytes)) if n]  # fmt: skip
+        text += f"; output cut to the cap: {' and '.join(cut)} dropped (policy field limits.output_bytes)"
+    if result.workspace_problem:
+        text, is_error = f"{text}; {result.workspace_problem}", True
+    return ToolOutcome(
+        headline=f"{text} · {result.duration_ms} ms",
+        is_error=is_error,
+        sections=(("stdout", stdout), ("stderr", stderr)),
+        structured=structured,
+        files=result.files,
+        notes=result.skipped_files,
+        audit=audit,
+    )

@@ -59,7 +59,7 @@ def test_doctor_without_an_engine_fails_and_says_how_to_start_it(tmp_path: Path)
     [
         ("default", ["user", "capabilities (all dropped)", "no-new-privileges", "seccomp_profile", "limits.memory_mb",
                      "limits.pids", "limits.cpus", "network", "limits.nofile", "limits.file_size_mb", "read-only root",
-                     "limits.tmp_mb", "limits.workspace_mb", "limits.shm_mb"]),
+                     "limits.tmp_mb", "limits.workspace_mb", "limits.shm_mb", "workspace.exec", "/tmp noexec"]),
         ("strict", ["user", "no-new-privileges", "seccomp_profile", "limits.memory_mb", "limits.pids", "network"]),
         ("data-science", ["mounts[0].mode", "limits.memory_mb"]),
     ],
@@ -89,13 +89,14 @@ def test_posture_names_every_field_the_kernel_did_not_apply(runtime: DockerRunti
     wanted = replace(
         tool,
         user="1001:1001",
-        limits=replace(tool.limits, memory_mb=256, pids=64, cpus=0.5, nofile=128, tmp_mb=32),
+        limits=replace(tool.limits, memory_mb=256, pids=64, cpus=0.5, nofile=128, tmp_mb=32, workspace_exec=False),
         mounts=(Mount(str(tmp_path), "/data"),),
     )
     failed = {check.name.split(": ", 1)[1]: check.detail for check in compare(view, wanted, "other") if not check.ok}
     assert set(failed) == {"user", "limits.memory_mb", "limits.memory_mb (no swap)", "limits.pids", "limits.cpus",
-                           "limits.nofile", "limits.tmp_mb", "mounts[0].mode"}, failed  # fmt: skip
+                           "limits.nofile", "limits.tmp_mb", "mounts[0].mode", "workspace.exec"}, failed  # fmt: skip
     assert failed["limits.memory_mb"] == (
         "policy field limits.memory_mb wants 268435456 bytes; the kernel applied 536870912 bytes"
     )
     assert failed["mounts[0].mode"].endswith("the kernel applied /data not mounted")
+    assert failed["workspace.exec"].endswith("wants /workspace noexec; the kernel applied /workspace exec")

@@ -192,6 +192,14 @@ async def test_a_workspace_used_in_the_last_minutes_is_never_removed_to_make_roo
     assert [entry["stdout"] for entry in still] == ["0\n", "1\n", "2\n"]
 
 
+async def test_programs_run_from_the_workspace_with_either_way_of_keeping_it(
+    keeping: Keeping, runtime: DockerRuntime
+) -> None:
+    async with connect(stdio_parameters(*_serve_args(keeping))) as session:
+        ran = await _call(session, "printf '#!/bin/sh\\necho ran\\n' > t.sh && chmod +x t.sh && ./t.sh")
+    assert not ran["is_error"] and ran["stdout"] == "ran\n", ran["text"]  # workspace.exec: true (the default)
+
+
 async def test_over_stdio_calls_continue_the_connections_workspace_in_both_eras(
     keeping: Keeping, runtime: DockerRuntime
 ) -> None:

@@ -260,6 +260,13 @@ def compare(view: SandboxView, tool: ToolPolicy, label: str) -> list[Check]:
         ok = mount is not None and mount.fstype == "tmpfs" and size == size_mb * 1024 and "nosuid" in mount.options
         applied = f"{target}: {mount.fstype}, size {size} KiB, {sorted(mount.options)}" if mount else f"{target} absent"
         check(field, ok, applied, f"tmpfs of {size_mb * 1024} KiB, nosuid")
+    for target, field, executable in (("/workspace", "workspace.exec", limits.workspace_exec),
+                                      ("/tmp", "/tmp noexec", False)):  # fmt: skip
+        mount = mounts.get(target)
+        if mount is not None:
+            applied = "noexec" if "noexec" in mount.options else "exec"
+            check(field, applied == ("exec" if executable else "noexec"), f"{target} {applied}",
+                  f"{target} {'exec' if executable else 'noexec'}")  # fmt: skip
     for index, wanted in enumerate(tool.mounts):
         mount = mounts.get(wanted.sandbox_path)
         mode = "ro" if wanted.read_only else "rw"

@@ -48,7 +48,8 @@ def host_config_kwargs(spec: SandboxSpec, slot: str | None = None) -> dict[str, 
     if slot is None:
         tmpfs[spec.workdir] = (
             f"size={limits.workspace_mb}m,nr_inodes={limits.workspace_inodes},"
-            f"uid={uid},gid={gid or uid},mode=0755,nosuid,nodev" + ("" if limits.workspace_exec else ",noexec")
+            f"uid={uid},gid={gid or uid},mode=0755,nosuid,nodev"
+            + (",exec" if limits.workspace_exec else ",noexec")  # the engine's tmpfs is noexec unless told
         )
     network: dict[str, Any] = {}
     if spec.network != "none":

@@ -87,6 +87,16 @@ def test_call_never_echoes_an_uploads_content(tmp_path: Path, runtime: DockerRun
     assert "characters, not shown>" in result.stdout.splitlines()[0]
 
 
+def test_a_call_leaves_no_workspace_behind(tmp_path: Path, runtime: DockerRuntime) -> None:
+    state = tmp_path / "state"
+    result = run_cli("call", "run_python", "--arg", "code=open('kept.txt', 'w').write('x')",
+                     env={"SANDBOX_STATE_DIR": str(state)})  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "variables kept for the next cell" in result.stdout  # it ran in a kept workspace (the default) ...
+    left = sorted(path.name for path in (state / "workspaces").glob("*") if path.name.startswith(("ws-", "img-")))
+    assert left == []  # ... which went with the server process
+
+
 def test_setup_finds_everything_ready_and_does_nothing_more(runtime: DockerRuntime) -> None:
     result = run_cli("setup")
     assert result.returncode == 0, result.stderr

@@ -200,6 +200,25 @@ async def test_programs_run_from_the_workspace_with_either_way_of_keeping_it(
     assert not ran["is_error"] and ran["stdout"] == "ran\n", ran["text"]  # workspace.exec: true (the default)
 
 
+async def test_in_the_2026_era_over_http_a_workspaces_files_are_listed_by_its_id(
+    keeping: Keeping, runtime: DockerRuntime
+) -> None:
+    with http_server(*_serve_args(keeping)) as url:
+        async with connect(url, mode="2026-07-28") as session:
+            made = await session.call_tool("run_python", {"code": "x = 1\nopen('notes.txt', 'w').write('hi')"})
+            assert made.structured_content is not None, text_of(made)
+            workspace = made.structured_content["workspace"]
+            templates = await session.list_resource_templates()
+            read = await session.read_resource(f"sandbox://workspace/{workspace}/")
+            listed = json.loads(read.contents[0].text)  # type: ignore[union-attr]
+            file = await session.read_resource(listed["files"][0]["uri"])
+            with pytest.raises(MCPError):  # an id that is no workspace lists nothing
+                await session.read_resource("sandbox://workspace/ws-AAAAAAAAAAAAAAAAAAAAAA/")
+    assert "sandbox://workspace/{workspace}/" in [t.uri_template for t in templates.resource_templates]
+    assert [entry["path"] for entry in listed["files"]] == ["notes.txt"]  # not run_python's own .sandbox/
+    assert file.contents[0].text == "hi"  # type: ignore[union-attr]
+
+
 async def test_over_stdio_calls_continue_the_connections_workspace_in_both_eras(
     keeping: Keeping, runtime: DockerRuntime
 ) -> None:

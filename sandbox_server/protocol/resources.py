@@ -4,6 +4,7 @@ and read whole or, when large, in parts (`?offset=`) that each fit the message a
 from __future__ import annotations
 
 import base64
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -19,7 +20,7 @@ from sandbox_server.protocol.meta import PART_META
 from sandbox_server.protocol.paging import requested_part
 from sandbox_server.protocol.requests import Context, handshake_era, identity_of, session_of
 from sandbox_server.protocol.results import ResourceStore
-from sandbox_server.workspaces.naming import RESOURCE_TEMPLATE
+from sandbox_server.workspaces.naming import LISTING_TEMPLATE, RESOURCE_TEMPLATE, listing_id
 from sandbox_server.workspaces.store import WorkspaceStore
 
 __all__ = ["READ_PART_BYTES", "Resources"]
@@ -68,7 +69,15 @@ class Resources:
             title="A file in a kept workspace",
             description="A file of the workspace a tool result named in `structuredContent.workspace`.",
         )
-        return types.ListResourceTemplatesResult(resource_templates=[kept])
+        listing = types.ResourceTemplate(
+            uri_template=LISTING_TEMPLATE,
+            name="workspace-files",
+            title="The files of a kept workspace",
+            description="The files of the workspace a tool result named in `structuredContent.workspace`, as JSON: "
+            "each file's path, size, MIME type and URI.",
+            mime_type="application/json",
+        )
+        return types.ListResourceTemplatesResult(resource_templates=[kept, listing])
 
     async def read(self, ctx: Context, params: types.ReadResourceRequestParams) -> types.ReadResourceResult:
         uri = str(params.uri)
@@ -77,6 +86,11 @@ class Resources:
         except ValueError as exc:
             raise MCPError(INVALID_PARAMS, str(exc)) from None
         tenant, session = identity_of(ctx).tenant, session_of(ctx, self.instance)
+        listed = listing_id(base) if part is None else None
+        if listed is not None:
+            listing = await anyio.to_thread.run_sync(self._listing, uri, listed, session, tenant)
+            if listing is not None:
+                return listing
         offset, length = part or (0, READ_PART_BYTES)
         found = await anyio.to_thread.run_sync(self._file, base, session, tenant, offset, length)
         if found is None:
@@ -105,6 +119,19 @@ class Resources:
         else:
             item = types.TextResourceContents(uri=uri, mime_type=mime, text=text)
         return types.ReadResourceResult(contents=[item])
+
+    def _listing(
+        self, uri: str, workspace_id: str, session: str | None, tenant: str | None
+    ) -> types.ReadResourceResult | None:
+        """A kept workspace's files, as JSON, when this caller may see the workspace (else None: not found)."""
+        if self.workspaces is None or self.workspaces.find(workspace_id, session, tenant) is None:
+            return None
+        files = self.workspaces.listing(session, tenant, workspace_id)
+        entries = [{"path": name, "size": size, "mimeType": mime, "uri": u} for u, name, mime, size in files]
+        text = json.dumps({"workspace": workspace_id, "files": entries}, ensure_ascii=False)
+        return types.ReadResourceResult(
+            contents=[types.TextResourceContents(uri=uri, mime_type="application/json", text=text)]
+        )
 
     def _file(
         self, uri: str, session: str | None, tenant: str | None, offset: int, length: int

@@ -12,8 +12,10 @@ from sandbox_server.sandbox.archive import safe_relative_path
 __all__ = [
     "ID_PATTERN",
     "INTERNAL_FOLDERS",
+    "LISTING_TEMPLATE",
     "RESOURCE_TEMPLATE",
     "internal",
+    "listing_id",
     "parse_resource_uri",
     "resource_uri",
     "shown_name",
@@ -23,6 +25,16 @@ ID_PATTERN = re.compile(r"ws-[A-Za-z0-9_-]{22}")
 RESOURCE_PREFIX = "sandbox://workspace/"
 RESOURCE_TEMPLATE = RESOURCE_PREFIX + "{workspace}/{+path}"
 """How a kept workspace's files are named as MCP resources (RFC 6570)."""
+LISTING_TEMPLATE = RESOURCE_PREFIX + "{workspace}/"
+"""A kept workspace's list of files, read as one resource (for clients that pass ids, not sessions)."""
+
+
+def listing_id(uri: str) -> str | None:
+    """The workspace id of a listing URI (`sandbox://workspace/<id>/`), or None when the URI is not one."""
+    if not uri.startswith(RESOURCE_PREFIX) or not uri.endswith("/"):
+        return None
+    workspace_id = uri.removeprefix(RESOURCE_PREFIX)[:-1]
+    return workspace_id if ID_PATTERN.fullmatch(workspace_id) else None
 
 
 def resource_uri(workspace_id: str, path: str) -> str:

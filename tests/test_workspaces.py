@@ -164,7 +164,6 @@ async def test_a_2026_workspace_outlives_a_restart_until_its_idle_time_then_the_
 async def test_a_client_past_its_workspace_cap_loses_one_nobody_continued_and_the_loser_is_told(
     keeping: Keeping, runtime: DockerRuntime
 ) -> None:
-    keeping.policy.write_text(KEEPING.replace("max_per_client: 3", "max_per_client: 3, protect_recent_s: 0"))
     with http_server(*_serve_args(keeping)) as url:
         async with connect(url, mode="2026-07-28") as session:
             made = [await _call(session, "echo one > f")]
@@ -179,12 +178,23 @@ async def test_a_client_past_its_workspace_cap_loses_one_nobody_continued_and_th
     assert f"workspace {made[1]['workspace']} was removed to make room for a newer one" in lost["text"]
 
 
-async def test_a_workspace_used_in_the_last_minutes_is_never_removed_to_make_room(
+async def test_a_stateless_client_past_its_workspace_cap_is_never_refused(
+    keeping: Keeping, runtime: DockerRuntime
+) -> None:
+    with http_server(*_serve_args(keeping)) as url:
+        async with connect(url, mode="2026-07-28") as session:
+            calls = [await _call(session, "true") for _ in range(5)]  # never passes an id back; the cap is 3
+    assert not any(call["is_error"] for call in calls), [call["text"] for call in calls if call["is_error"]]
+
+
+async def test_a_workspace_continued_in_the_last_minutes_is_never_removed_to_make_room(
     keeping: Keeping, runtime: DockerRuntime
 ) -> None:
     with http_server(*_serve_args(keeping)) as url:
         async with connect(url, mode="2026-07-28") as session:
             made = [await _call(session, f"echo {n} > f") for n in range(3)]
+            for each in made:  # each is continued: someone works in it
+                await _call(session, "true", workspace=each["workspace"])
             refused = await _call(session, "true")
             still = [await _call(session, "cat f", workspace=m["workspace"]) for m in made]
     assert refused["is_error"] and refused["error"]["field"] == "workspace.max_per_client"

@@ -111,7 +111,7 @@ class WorkspaceSettings:
     idle_ttl_s: float = 1800.0
     max_per_client: int = 8
     protect_recent_s: float = 300.0
-    """A workspace used this recently is never removed to make room; the new call is refused instead."""
+    """A workspace continued this recently is never removed to make room; the new call is refused instead."""
     exec: bool = True
     """Whether programs may be run from files under /workspace (uploads marked executable, `./run.sh`)."""
 

@@ -157,12 +157,13 @@ class WorkspaceStore:
         return record
 
     def _make_room(self, client: str, now: float) -> list[str]:
-        """Remove this client's idle workspaces until it may make one more: first those no call continued, then
-        the least recently used; never one used within `protect_recent_s` (the call is refused instead)."""
+        """Remove this client's idle workspaces until it may make one more: first those no call continued (a
+        stateless client's, oldest first), then the least recently used of the others, but never one continued
+        within `protect_recent_s`: someone is working in it, so the new call is refused instead."""
         most, recent = self.settings.max_per_client, self.settings.protect_recent_s
         theirs = [r for r in self._records.values() if r.client == client]
         removable = sorted(
-            (r for r in theirs if not self._in_use(r.id) and now - r.last_used >= recent),
+            (r for r in theirs if not self._in_use(r.id) and (not r.continued or now - r.last_used >= recent)),
             key=lambda r: (r.continued, r.last_used),
         )
         notes = []
@@ -170,7 +171,7 @@ class WorkspaceStore:
             if not removable:
                 raise Refusal(
                     f"refused: this client holds {len(theirs)} workspaces, the most it may (policy field "
-                    f"workspace.max_per_client: {most}), and each is in use or was used in the last "
+                    f"workspace.max_per_client: {most}), and each is in use or was continued in the last "
                     f"{recent:g} s (workspace.protect_recent_s), so none is removed to make room; continue one "
                     "by passing its `workspace` id, or retry later",
                     "workspace.max_per_client",

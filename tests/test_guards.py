@@ -43,3 +43,83 @@ def test_admission_forgets_clients_idle_for_a_minute() -> None:
     now[0] += 61
     admission.admit("late").release()
     assert admission.remembered == 1
+
+
+def _queue(concurrent: int = 1, wait_s: float = 30, length: int = 64) -> Admission:
+    rate = RateLimits(calls_per_minute=10_000, concurrent_calls=concurrent, queue_wait_s=wait_s, queue_length=length)
+    return Admission(rate, HostAdmission(min_available_memory_mb=0, max_load_per_cpu=10**6), "p")
+
+
+@pytest.mark.anyio
+async def test_a_queued_call_runs_when_a_slot_frees_callers_in_turn_each_oldest_first() -> None:
+    import anyio
+
+    admission = _queue()
+    running = admission.admit("a")
+    order: list[str] = []
+
+    async def call(client: str, name: str) -> None:
+        ticket = await admission.enter(client)
+        order.append(name)
+        ticket.release()
+
+    async with anyio.create_task_group() as group:
+        for number, (client, name) in enumerate((("a", "a1"), ("a", "a2"), ("a", "a3"), ("b", "b1")), start=1):
+            group.start_soon(call, client, name)
+            with anyio.fail_after(5):  # each waits before the next asks, so the queue's order is known
+                while admission.waiting < number:
+                    await anyio.sleep(0.01)
+        assert admission.waiting == 4 and order == []
+        running.release()
+    assert order == ["a1", "b1", "a2", "a3"]  # b's one call does not wait behind all of a's
+    assert admission.waiting == 0 and admission.running == 0
+
+
+@pytest.mark.anyio
+async def test_a_full_queue_refuses_at_once_saying_its_length() -> None:
+    import anyio
+
+    admission = _queue(length=2)
+    running = admission.admit("a")
+    async with anyio.create_task_group() as group:
+        group.start_soon(admission.enter, "b")
+        group.start_soon(admission.enter, "c")
+        with anyio.fail_after(5):
+            while admission.waiting < 2:
+                await anyio.sleep(0.01)
+        with pytest.raises(Refusal) as refused:
+            await admission.enter("d")
+        group.cancel_scope.cancel()
+    assert refused.value.field == "rate.queue_length" and refused.value.kind == "busy"
+    assert "2 calls waiting, the most the queue holds (field rate.queue_length)" in refused.value.message
+    running.release()
+
+
+@pytest.mark.anyio
+async def test_a_cancelled_or_timed_out_queued_call_leaves_the_queue() -> None:
+    import anyio
+
+    admission = _queue(wait_s=0.2)
+    running = admission.admit("a")
+    heard: list[tuple[int, float]] = []
+
+    async def waiting(ahead: int, waited_s: float) -> None:
+        heard.append((ahead, waited_s))
+
+    with pytest.raises(Refusal) as timed_out:
+        await admission.enter("b", waiting=waiting)
+    assert timed_out.value.field == "rate.queue_wait_s" and admission.waiting == 0
+    assert heard and heard[0][0] == 0
+    with pytest.raises(Refusal) as past_deadline:  # never past the call's own timeout: 0.05 s left of it
+        await admission.enter("b", deadline_s=0.05)
+    assert "waited 0.05 s" in past_deadline.value.message
+    async with anyio.create_task_group() as group:
+        group.start_soon(admission.enter, "c")
+        with anyio.fail_after(5):
+            while admission.waiting < 1:
+                await anyio.sleep(0.01)
+        group.cancel_scope.cancel()
+    assert admission.waiting == 0
+    running.release()
+    assert admission.running == 0
+    admission.admit("d").release()  # the slot went back, not to a cancelled call

@@ -103,9 +103,11 @@ async def test_a_disabled_tool_disappears(tmp_path: Path, runtime: DockerRuntime
         assert raised.value.code == -32602
 
 
-async def test_concurrency_cap_answers_busy_at_once(tmp_path: Path, runtime: DockerRuntime) -> None:
+async def test_concurrency_cap_answers_busy_at_once_when_no_call_may_wait(
+    tmp_path: Path, runtime: DockerRuntime
+) -> None:
     policy = tmp_path / "one.yaml"
-    policy.write_text("rate: {concurrent_calls: 1}\n")
+    policy.write_text("rate: {concurrent_calls: 1, queue_wait_s: 0}\n")
     running = anyio.Event()
 
     async def on_progress(progress: float, total: float | None, message: str | None) -> None:

@@ -1,7 +1,10 @@
-"""Admission control: rate limits, a concurrency cap and host load, answered at once.
+"""Admission control: rate limits, a concurrency cap with a fair queue, and host load.
 
-Nothing here queues: a call that may not start now is refused (a Refusal) saying
-which limit, which policy field and when to retry.
+Calls per minute and a saturated host are answered at once (a Refusal saying which limit,
+which policy field and when to retry). A call beyond the concurrency cap waits its turn in
+a queue, fair between callers (each caller's oldest call first, callers in turn), for at most
+`rate.queue_wait_s` and never past its own timeout; it is refused only when the queue is full
+or the wait would pass its deadline, and the refusal says how long the queue was.
 """
 
 from __future__ import annotations
@@ -10,16 +13,21 @@ import math
 import os
 import threading
 import time
-from collections import defaultdict, deque
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections import OrderedDict, defaultdict, deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 
+import anyio
 import psutil
 
 from sandbox_server.errors import Refusal
 from sandbox_server.policy import HostAdmission, RateLimits
 
-__all__ = ["Admission", "Ticket"]
+__all__ = ["Admission", "Ticket", "Waiting"]
+
+Waiting = Callable[[int, float], Awaitable[None]]
+"""Told, while a call waits for a slot, how many calls are ahead of it and how long it has waited (about once a
+second)."""
 
 REMEMBERED_CLIENTS = 256
 """Past this many clients with a window of calls, those idle for a minute are forgotten."""
@@ -39,8 +47,17 @@ class Ticket:
             self._release()
 
 
+@dataclass(eq=False, slots=True)
+class _Waiter:
+    client: str
+    limit: int
+    """The caller's own policy's concurrent calls."""
+    granted: anyio.Event = field(default_factory=anyio.Event)
+    ticket: Ticket | None = None
+
+
 class Admission:
-    """Decides, without waiting, whether a call may start a sandbox now."""
+    """Decides whether a call may start a sandbox now, or when its turn comes."""
 
     def __init__(
         self, rate: RateLimits, host: HostAdmission, policy_name: str, clock: Callable[[], float] = time.monotonic
@@ -53,6 +70,9 @@ class Admission:
         self._calls: defaultdict[str, deque[float]] = defaultdict(deque)
         self._running = 0
         self._running_by: defaultdict[str, int] = defaultdict(int)
+        self._queues: OrderedDict[str, deque[_Waiter]] = OrderedDict()
+        """Calls waiting for a slot, per caller; the callers in the order their turns come."""
+        self._waiting = 0
 
     def reconfigure(self, rate: RateLimits, host: HostAdmission, policy_name: str) -> None:
         """New limits for calls admitted from now on; running calls keep their slots."""
@@ -64,47 +84,151 @@ class Admission:
         """Sandboxes admitted and not yet released."""
         return self._running
 
+    @property
+    def waiting(self) -> int:
+        """Calls waiting in the queue for a slot."""
+        return self._waiting
+
+    async def enter(
+        self,
+        client: str,
+        rate: RateLimits | None = None,
+        policy_name: str | None = None,
+        deadline_s: float = math.inf,
+        waiting: Waiting | None = None,
+    ) -> Ticket:
+        """A ticket, at once or once the call's turn comes; the Refusal to send back when it may not run.
+
+        A call that finds every slot taken waits in the queue for at most the server policy's
+        `rate.queue_wait_s` and `deadline_s` (what is left of its own timeout), telling `waiting` how many
+        calls are ahead of it; cancelled, it leaves the queue.
+        """
+        rate, policy_name = rate or self.rate, policy_name or self.policy_name
+        with self._lock:
+            now = self._clock()
+            window = self._window(client, rate, policy_name, now)
+            if not self._waiting and self._room(client, rate.concurrent_calls):
+                self._refuse_when_saturated()
+                window.append(now)
+                return self._take(client)
+            wait = min(self.rate.queue_wait_s, deadline_s)
+            if wait <= 0 or self._waiting >= self.rate.queue_length:
+                raise self._busy(client, rate, policy_name, wait)
+            self._refuse_when_saturated()
+            window.append(now)  # a call that waits counts as started for the calls per minute
+            waiter = _Waiter(client, rate.concurrent_calls)
+            self._queues.setdefault(client, deque()).append(waiter)
+            self._waiting += 1
+        started = anyio.current_time()
+        try:
+            with anyio.move_on_after(wait):
+                while not waiter.granted.is_set():
+                    if waiting is not None:
+                        await waiting(self._ahead_of(waiter), anyio.current_time() - started)
+                    with anyio.move_on_after(1):
+                        await waiter.granted.wait()
+        except BaseException:
+            if waiter.ticket is not None:  # its turn came as it was cancelled: the slot goes to the next
+                waiter.ticket.release()
+            raise
+        finally:
+            with self._lock:
+                if waiter.ticket is None:  # timed out or cancelled: out of the queue
+                    self._queues[client].remove(waiter)
+                    if not self._queues[client]:
+                        del self._queues[client]
+                    self._waiting -= 1
+        if waiter.ticket is None:
+            raise Refusal(
+                f"busy: waited {wait:g} s for one of {self.rate.concurrent_calls} slots (policy '{self.policy_name}', "
+                f"field rate.concurrent_calls), and {self._waiting} calls still wait (field rate.queue_wait_s: "
+                f"{self.rate.queue_wait_s:g} s, and the call's own timeout); retry later",
+                "rate.queue_wait_s",
+                kind="busy",
+                retry_after_s=max(1.0, wait),
+            )
+        return waiter.ticket
+
+    def _ahead_of(self, waiter: _Waiter) -> int:
+        with self._lock:
+            ahead = 0
+            for queue in self._queues.values():
+                for other in queue:
+                    if other is waiter:
+                        break
+                    ahead += 1
+            return ahead
+
+    def _busy(self, client: str, rate: RateLimits, policy_name: str, wait: float) -> Refusal:
+        queue = f"{self._waiting} calls waiting, the most the queue holds (field rate.queue_length)"
+        if wait <= 0:
+            queue = "no call may wait (field rate.queue_wait_s: 0)"
+        full = self._running_by[client] >= rate.concurrent_calls
+        limit, name = (rate.concurrent_calls, policy_name) if full else (self.rate.concurrent_calls, self.policy_name)
+        return Refusal(
+            f"busy: {limit} calls already running (policy '{name}', field rate.concurrent_calls) and {queue}; "
+            "retry in 1 s",
+            "rate.concurrent_calls" if wait <= 0 else "rate.queue_length",
+            kind="busy",
+            retry_after_s=1,
+        )
+
+    def _room(self, client: str, limit: int) -> bool:
+        return self._running < self.rate.concurrent_calls and self._running_by[client] < limit
+
+    def _take(self, client: str) -> Ticket:
+        self._running += 1
+        self._running_by[client] += 1
+        return Ticket(lambda: self._release(client))
+
+    def _window(self, client: str, rate: RateLimits, policy_name: str, now: float) -> deque[float]:
+        """The caller's calls of the last minute (a Refusal, at once, when it may make no more)."""
+        if len(self._calls) > REMEMBERED_CLIENTS:
+            self._forget_idle(now)
+        window = self._calls[client]
+        while window and window[0] <= now - 60:
+            window.popleft()
+        if len(window) >= rate.calls_per_minute:
+            retry = max(1, math.ceil(window[0] + 60 - now))
+            raise Refusal(
+                f"rate limited: {rate.calls_per_minute} calls/min (policy '{policy_name}', "
+                f"field rate.calls_per_minute); retry in {retry} s",
+                "rate.calls_per_minute",
+                kind="rate_limited",
+                retry_after_s=retry,
+            )
+        return window
+
+    def _dispatch(self) -> None:
+        """Give free slots to waiting calls: callers in turn, each caller's oldest call first."""
+        while self._waiting and self._running < self.rate.concurrent_calls:
+            client = next((c for c, queue in self._queues.items() if self._room(c, queue[0].limit)), None)
+            if client is None:
+                return  # every waiting caller is at its own limit
+            waiter = self._queues[client].popleft()
+            if self._queues[client]:
+                self._queues.move_to_end(client)  # its next call waits for the other callers' turns
+            else:
+                del self._queues[client]
+            self._waiting -= 1
+            waiter.ticket = self._take(client)
+            waiter.granted.set()
+
     def admit(self, client: str, rate: RateLimits | None = None, policy_name: str | None = None) -> Ticket:
-        """A ticket; raises the Refusal to send back at once when the call may not start now.
+        """A ticket now, or the Refusal to send back at once (this never waits; `enter` does).
 
         `rate` and `policy_name` are the caller's own policy's (an authenticated caller's token may name
         one): its calls per minute and concurrent calls count for this client alone. The server's
         policy's concurrent calls bound every client together.
         """
         rate, policy_name = rate or self.rate, policy_name or self.policy_name
-        now = self._clock()
         with self._lock:
-            if len(self._calls) > REMEMBERED_CLIENTS:
-                self._forget_idle(now)
-            window = self._calls[client]
-            while window and window[0] <= now - 60:
-                window.popleft()
-            if len(window) >= rate.calls_per_minute:
-                retry = max(1, math.ceil(window[0] + 60 - now))
-                raise Refusal(
-                    f"rate limited: {rate.calls_per_minute} calls/min (policy '{policy_name}', "
-                    f"field rate.calls_per_minute); retry in {retry} s",
-                    "rate.calls_per_minute",
-                    kind="rate_limited",
-                    retry_after_s=retry,
-                )
-            for running, limit, name in (
-                (self._running_by[client], rate.concurrent_calls, policy_name),
-                (self._running, self.rate.concurrent_calls, self.policy_name),
-            ):
-                if running >= limit:
-                    raise Refusal(
-                        f"busy: {limit} calls already running (policy '{name}', field rate.concurrent_calls); "
-                        "retry in 1 s",
-                        "rate.concurrent_calls",
-                        kind="busy",
-                        retry_after_s=1,
-                    )
+            window = self._window(client, rate, policy_name, self._clock())
+            if self._waiting or not self._room(client, rate.concurrent_calls):
+                raise self._busy(client, rate, policy_name, 0)
             self._refuse_when_saturated()
-            window.append(now)
-            self._running += 1
-            self._running_by[client] += 1
-        return Ticket(lambda: self._release(client))
+            window.append(self._clock())
+            return self._take(client)
 
     def _forget_idle(self, now: float) -> None:
         """Forget the clients that made no call in the last minute (they have nothing left to count)."""
@@ -122,6 +246,7 @@ class Admission:
             self._running_by[client] -= 1
             if not self._running_by[client]:
                 del self._running_by[client]
+            self._dispatch()
 
     def _refuse_when_saturated(self) -> None:
         available_mb = psutil.virtual_memory().available // (1024 * 1024)

@@ -18,7 +18,7 @@ from typing import Any
 import anyio
 import anyio.to_thread
 
-from sandbox_server.access.admission import Admission
+from sandbox_server.access.admission import Admission, Waiting
 from sandbox_server.access.approval import Approval, approval_needed
 from sandbox_server.access.audit import AuditLog, call_record
 from sandbox_server.access.identity import Identity
@@ -80,11 +80,13 @@ class CallPipeline:
         session: str | None,
         progress: ProgressCallback,
         ask: Ask,
+        waiting: Waiting | None = None,
     ) -> CallEnd:
         """Run one call of the tool clients see as `exposed`; UnknownTool when its policy offers none such.
 
         `client` is how the client names itself (for the audit record only); `session` is the handshake session
-        whose workspace the call works in (None: the 2026-07-28 era, where a result's `workspace` id is passed).
+        whose workspace the call works in (None: the 2026-07-28 era, where a result's `workspace` id is passed);
+        `waiting` hears how many calls are ahead while the call waits for a slot.
         """
         # One policy for the whole call, even if a new one is swapped in meanwhile: the caller's, else the server's.
         policy = self.registry.policy_for(identity.policy)
@@ -110,7 +112,7 @@ class CallPipeline:
                     if question is not None:  # 2026-07-28: asked through the client, answered in the call's next round
                         record["outcome"] = "awaiting_approval"
                         return CallEnd(question=question)
-                outcome, saved = await self._run_checked(tool, arguments, policy, identity, session, progress)
+                outcome, saved = await self._run_checked(tool, arguments, policy, identity, session, progress, waiting)
             except Refusal as refusal:  # the one place a refusal becomes an outcome
                 outcome = ToolOutcome.refused(refusal, policy.name)
             return CallEnd(outcome, policy.for_tool(tool.name).limits, workspace_saved=saved)
@@ -135,11 +137,15 @@ class CallPipeline:
         identity: Identity,
         session: str | None,
         progress: ProgressCallback,
+        waiting: Waiting | None,
     ) -> tuple[ToolOutcome, bool]:
-        """Admit, then run the tool: its outcome and whether it saved a kept workspace; refusals are raised."""
+        """Admit (a call past the concurrency cap waits its turn, within its own timeout), then run the tool: its
+        outcome and whether it saved a kept workspace; refusals are raised."""
         tool_policy = policy.for_tool(tool.name)
+        timeout = arguments.get("timeout_s")
+        deadline = float(timeout) if isinstance(timeout, int | float) else tool_policy.limits.timeout_s
         # An authenticated caller's limits are its own policy's and count its calls alone.
-        ticket = self.admission.admit(identity.limits_key, policy.rate, policy.name)
+        ticket = await self.admission.enter(identity.limits_key, policy.rate, policy.name, deadline, waiting)
         try:
             runtime, kept = await self._workspace_runtime(arguments, policy, identity, session)
         except BaseException:

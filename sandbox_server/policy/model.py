@@ -83,10 +83,14 @@ class ToolPolicy:
 
 @dataclass(frozen=True, slots=True)
 class RateLimits:
-    """Admission limits answered at once, never queued."""
+    """Admission limits: calls per minute answered at once; calls past the concurrency cap wait their turn."""
 
     calls_per_minute: int = 120
     concurrent_calls: int = 8
+    queue_wait_s: float = 30.0
+    """The longest a call waits for a slot (never past its own timeout); 0 refuses at once."""
+    queue_length: int = 64
+    """Calls that may wait for a slot at once; past them a call is refused at once."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -163,16 +163,24 @@ class SandboxServer:
         self._remember(ctx)
         identity = identity_of(ctx)
 
+        waited = [0.0]  # progress only ever grows: a run's seconds count on from the time spent waiting
+
         async def progress(elapsed_s: float, stdout_bytes: int, stderr_bytes: int) -> None:
             message = f"{elapsed_s:.0f} s elapsed; {stdout_bytes} bytes of stdout, {stderr_bytes} of stderr so far"
-            await ctx.session.report_progress(elapsed_s, None, message)
+            await ctx.session.report_progress(waited[0] + elapsed_s, None, message)
+
+        async def waiting(ahead: int, waited_s: float) -> None:
+            waited[0] = waited_s
+            await ctx.session.report_progress(waited_s, None, f"waiting for a slot ({ahead} ahead)")
 
         async def ask(needed: Approval, policy: Policy, record: dict[str, Any]) -> types.InputRequiredResult | None:
             return await self.approvals.ask(ctx, params, identity.limits_key, needed, policy, record)
 
         arguments, session = params.arguments or {}, session_of(ctx, self.instance)
         try:
-            end = await self.calls.call(params.name, arguments, identity, client_name(ctx), session, progress, ask)
+            end = await self.calls.call(
+                params.name, arguments, identity, client_name(ctx), session, progress, ask, waiting
+            )
         except UnknownTool as exc:
             raise MCPError(INVALID_PARAMS, str(exc)) from None
         if end.question is not None:

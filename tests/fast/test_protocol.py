@@ -147,10 +147,10 @@ async def test_each_refusal_names_its_policy_field_and_runs_nothing() -> None:
     assert runtime.specs == []
 
 
-async def test_busy_is_answered_at_once_with_when_to_retry() -> None:
+async def test_busy_is_answered_at_once_with_when_to_retry_when_no_call_may_wait() -> None:
     runtime = FakeRuntime()
     runtime.gate = anyio.Event()
-    async with serving(runtime, rate=RateLimits(concurrent_calls=1)) as (_, client):
+    async with serving(runtime, rate=RateLimits(concurrent_calls=1, queue_wait_s=0)) as (_, client):
         async with anyio.create_task_group() as group:
             group.start_soon(client.call_tool, "execute_command", {"command": "sleep 1"})
             await runtime.entered.wait()
@@ -166,6 +166,27 @@ async def test_busy_is_answered_at_once_with_when_to_retry() -> None:
         "field": "rate.concurrent_calls",
         "retry_after_s": 1,
     }
+
+
+@pytest.mark.parametrize("mode", ERAS)
+async def test_a_call_past_the_cap_waits_its_turn_and_hears_how_many_are_ahead(mode: str) -> None:
+    runtime = FakeRuntime()
+    runtime.gate = anyio.Event()
+    heard: list[str] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        heard.append(message or "")
+        if "waiting for a slot" in (message or ""):
+            runtime.gate.set()  # the running call ends once the waiting one has said it waits
+
+    async with serving(runtime, mode, rate=RateLimits(concurrent_calls=1)) as (_, client):
+        async with anyio.create_task_group() as group:
+            group.start_soon(client.call_tool, "execute_command", {"command": "sleep 1"})
+            await runtime.entered.wait()
+            with anyio.fail_after(10):
+                queued = await client.call_tool("run_python", {"code": "1"}, progress_callback=on_progress)
+    assert not queued.is_error, text_of(queued)
+    assert "waiting for a slot (0 ahead)" in heard
 
 
 async def test_an_engine_that_does_not_answer_is_a_refusal_of_that_kind() -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 
 import anyio
 import docker
@@ -56,7 +57,9 @@ class LiveContainers:
         self._api.close()
 
 
-async def test_33_a_flood_of_calls_is_bounded_answered_busy_and_leaves_nothing(runtime: DockerRuntime) -> None:
+async def test_33_a_flood_of_calls_is_bounded_answered_busy_and_leaves_nothing(
+    tmp_path: Path, runtime: DockerRuntime
+) -> None:
     policy = load_policy("default", TOOL_NAMES)
     tools = [policy.for_tool(name) for name in TOOL_NAMES]
     # Each pool may have grown under the flood, to its ceiling.
@@ -66,7 +69,9 @@ async def test_33_a_flood_of_calls_is_bounded_answered_busy_and_leaves_nothing(r
         if tool.enabled
     }
     allowed = policy.rate.concurrent_calls + sum(ceiling.values())
-    with http_server_process() as server:
+    no_queue = tmp_path / "no-queue.yaml"  # the calls past the cap are refused at once (queued ones: test_guards)
+    no_queue.write_text("extends: default\nname: default\nrate: {queue_wait_s: 0}\n")
+    with http_server_process("--policy", str(no_queue)) as server:
         server.wait_for_line("warm pool ready: 2 container(s) of sandbox-server/python-data")
         await interpreters_warm(server.process.pid)  # their imports are not part of what this case measures
         process = psutil.Process(server.process.pid)

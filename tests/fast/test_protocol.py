@@ -171,13 +171,13 @@ async def test_busy_is_answered_at_once_with_when_to_retry_when_no_call_may_wait
 @pytest.mark.parametrize("mode", ERAS)
 async def test_a_call_past_the_cap_waits_its_turn_and_hears_how_many_are_ahead(mode: str) -> None:
     runtime = FakeRuntime()
-    runtime.gate = anyio.Event()
+    gate = runtime.gate = anyio.Event()
     heard: list[str] = []
 
     async def on_progress(progress: float, total: float | None, message: str | None) -> None:
         heard.append(message or "")
         if "waiting for a slot" in (message or ""):
-            runtime.gate.set()  # the running call ends once the waiting one has said it waits
+            gate.set()  # the running call ends once the waiting one has said it waits
 
     async with serving(runtime, mode, rate=RateLimits(concurrent_calls=1)) as (_, client):
         async with anyio.create_task_group() as group:

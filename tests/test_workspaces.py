@@ -299,7 +299,10 @@ async def test_workspace_files_are_resources_of_their_session_only(keeping: Keep
     assert [r.mime_type for r in listed if r.name == "data/t.csv"] == ["text/csv"]
     assert foreign.value.error.code == -32002 and "data/t.csv" not in bobs
     assert by_id.value.error.code == -32602  # a session's workspace is not anyone's capability
-    assert [t.uri_template for t in templates] == ["sandbox://workspace/{workspace}/{+path}"]
+    assert [t.uri_template for t in templates] == [
+        "sandbox://workspace/{workspace}/{+path}",
+        "sandbox://workspace/{workspace}/",
+    ]
 
 
 async def test_a_2026_workspace_file_is_read_by_its_id(keeping: Keeping, runtime: DockerRuntime) -> None:

@@ -9,6 +9,7 @@ BENCHMARKS = {
     "analyze_csv": "bench.analyze_csv",
     "csv_launcher": "bench.csv_launcher",
     "performance": "bench.performance",
+    "queue": "bench.queue",
     "warm": "bench.warm",
     "workspaces": "bench.workspaces",
 }

@@ -178,9 +178,11 @@ def close_stream(stream: Any) -> None:
     stream._response.close()
 
 
-def first_sandboxes(api: docker.APIClient, waiting: Callable[[], set[str]]) -> set[str]:
-    """What `waiting` finds once it finds anything: looked for now, then again each time a sandbox starts."""
-    events = api.events(filters={"event": "start", "label": SANDBOX_LABEL}, decode=True)
+def first_sandboxes(api: docker.APIClient, waiting: Callable[[], set[str]], within_s: float = 120) -> set[str]:
+    """What `waiting` finds once it finds anything: looked for now, then again each time a sandbox starts (for at
+    most `within_s`: the engine ends the event stream then, and the test fails instead of hanging)."""
+    until = int(time.time() + within_s)
+    events = api.events(filters={"event": "start", "label": SANDBOX_LABEL}, until=until, decode=True)
     try:
         if found := waiting():
             return found
@@ -189,4 +191,4 @@ def first_sandboxes(api: docker.APIClient, waiting: Callable[[], set[str]]) -> s
                 return found
     finally:
         close_stream(events)
-    raise AssertionError("the engine's event stream ended")
+    raise AssertionError(f"no such sandbox started within {within_s:g} s (the engine's event stream ended)")

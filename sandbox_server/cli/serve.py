@@ -153,7 +153,7 @@ def serve_command(args: argparse.Namespace) -> int:
                 if listener is not None:
                     limits = ConnectionLimits.of(args)
                     log.info("serving MCP over Streamable HTTP at %s", url_of(listener))
-                    await serve_http(app, listener, authentication, limits, args.max_request_bytes, stopping)
+                    await serve_http(app, args.host, listener, authentication, limits, args.max_request_bytes, stopping)
                 else:
                     await serve_stdio(app)
                 group.cancel_scope.cancel()

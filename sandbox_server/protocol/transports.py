@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import socket
 from typing import TYPE_CHECKING
 
@@ -51,7 +52,7 @@ def listen(host: str, port: int) -> socket.socket:
         listener.listen(2048)
     except OSError as exc:
         listener.close()
-        taken = " (another process listens there; choose another with --port)" if exc.errno == 98 else ""
+        taken = " (another process listens there; choose another with --port)" if exc.errno == errno.EADDRINUSE else ""
         raise SandboxServerError(f"cannot listen on {host}:{port}: {exc.strerror or exc}{taken}") from None
     return listener
 
@@ -64,13 +65,15 @@ def url_of(listener: socket.socket) -> str:
 
 async def serve_http(
     app: SandboxServer,
+    host: str,
     listener: socket.socket,
     authentication: Authentication | None = None,
     limits: ConnectionLimits | None = None,
     max_request_bytes: int | None = None,
     stopping: anyio.Event | None = None,
 ) -> None:
-    """Serve MCP over Streamable HTTP at http://HOST:PORT/mcp; with `authentication`, only to the callers it knows.
+    """Serve MCP over Streamable HTTP on `listener` (bound to `host` as given, a name included: the Host headers
+    allowed follow it); with `authentication`, only to the callers it knows.
 
     Authentication is the SDK's resource server: every request to /mcp needs a bearer token the
     verifier knows, a 401 points at the protected-resource metadata (RFC 9728) at its well-known path.
@@ -81,7 +84,6 @@ async def serve_http(
     """
     import uvicorn
 
-    host, port = listener.getsockname()[:2]
     loopback = ["127.0.0.1", "localhost", "[::1]"]
     names = loopback if host in LOOPBACK_HOSTS else [host, *loopback]
     auth = authentication.settings if authentication is not None else None
@@ -123,7 +125,7 @@ async def serve_http(
     config = uvicorn.Config(
         watched,
         host=host,
-        port=port,
+        port=listener.getsockname()[1],
         log_level="warning",
         lifespan="on",
         http=bounded_protocol(limits),

@@ -124,9 +124,10 @@ class Resources:
         self, uri: str, workspace_id: str, session: str | None, tenant: str | None
     ) -> types.ReadResourceResult | None:
         """A kept workspace's files, as JSON, when this caller may see the workspace (else None: not found)."""
-        if self.workspaces is None or self.workspaces.find(workspace_id, session, tenant) is None:
+        record = None if self.workspaces is None else self.workspaces.find(workspace_id, session, tenant)
+        if self.workspaces is None or record is None:
             return None
-        files = self.workspaces.listing(session, tenant, workspace_id)
+        files = self.workspaces.entries(record)
         entries = [{"path": name, "size": size, "mimeType": mime, "uri": u} for u, name, mime, size in files]
         text = json.dumps({"workspace": workspace_id, "files": entries}, ensure_ascii=False)
         return types.ReadResourceResult(

@@ -247,17 +247,13 @@ class WorkspaceStore:
         """The regular files of a kept workspace (path, size)."""
         return self.contents.files(record.id)
 
-    def listing(
-        self, session: str | None, tenant: str | None = None, workspace_id: str | None = None
-    ) -> list[tuple[str, str, str, int]]:
-        """A workspace's files as resources, (URI, name, MIME type, size): the session's, or the one `workspace_id`
-        names when this caller may see it."""
-        if workspace_id is not None:
-            record = self.find(workspace_id, session, tenant)
-        else:
-            record = self.of_session(session, tenant) if session is not None else None
-        if record is None:
-            return []
+    def listing(self, session: str, tenant: str | None = None) -> list[tuple[str, str, str, int]]:
+        """A handshake session's workspace files as resources: (URI, name, MIME type, size)."""
+        record = self.of_session(session, tenant)
+        return [] if record is None else self.entries(record)
+
+    def entries(self, record: WorkspaceRecord) -> list[tuple[str, str, str, int]]:
+        """A workspace's files as resources, (URI, name, MIME type, size); never the tools' own folders."""
         return [
             (resource_uri(record.id, path), shown_name(path), mime_type(path), size)
             for path, size in self.files(record)

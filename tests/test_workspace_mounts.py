@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import docker
 import pytest
 
@@ -120,3 +121,55 @@ async def test_a_workspace_is_created_with_its_policys_size_and_files(
     blocks, block_size, inodes = map(int, shape["stdout"].split()[:3])
     assert 16 * 2**20 <= blocks * block_size <= 18 * 2**20 and 1950 <= inodes <= 2000
     assert shape["stdout"].split()[-1] == "ext2/ext3"  # stat's name for ext4
+
+
+RENDEZVOUS = (
+    "touch started-{index}; n=0; "
+    "while [ $(ls started-* | wc -l) -lt 4 ] && [ $n -lt 200 ]; do sleep 0.1; n=$((n+1)); done; "
+    "ls started-* | wc -l; echo {index} > kept-{index}; head -c {size} /dev/zero > out/mine.txt"
+)
+"""A call that says it started, then waits (at most 20 s) until all four have: only calls running side by side
+all see four."""
+
+
+async def test_parallel_calls_in_one_session_run_side_by_side_and_each_keeps_its_files_and_outputs(
+    served: tuple[str, ...], runtime: DockerRuntime
+) -> None:
+    async with connect(stdio_parameters(*served)) as session:
+        answers: dict[int, dict[str, Any]] = {}
+
+        async def one(index: int) -> None:
+            answers[index] = await _call(session, RENDEZVOUS.format(index=index, size=index + 1), timeout_s=30)
+
+        async with anyio.create_task_group() as group:
+            for index in range(4):
+                group.start_soon(one, index)
+        kept = await _call(session, "cat kept-*; ls out .sandbox/calls 2>&1")
+    for index, answer in answers.items():
+        assert not answer["is_error"], answer["text"]
+        assert answer["stdout"] == "4\n", answer  # every call saw the four start while it waited
+        (returned,) = answer["files"]  # its own output folder: only what it wrote there
+        assert returned["path"] == "mine.txt" and returned["size"] == index + 1, returned
+    assert kept["stdout"].split()[:4] == ["0", "1", "2", "3"], kept  # every call's file kept
+    assert "mine.txt" not in kept["stdout"], kept  # no call's outputs stay in the workspace
+
+
+async def test_cells_that_keep_variables_run_one_at_a_time_and_the_one_that_waited_says_so(
+    served: tuple[str, ...], runtime: DockerRuntime
+) -> None:
+    async with connect(stdio_parameters(*served)) as session:
+        answers = []
+
+        async def cell(code: str) -> None:
+            result = await session.call_tool("run_python", {"code": code, "timeout_s": 30})
+            answers.append(result)
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(cell, "import time\ntime.sleep(1.5)\na = 1")
+            group.start_soon(cell, "import time\ntime.sleep(1.5)\nb = 2")
+        both = await session.call_tool("run_python", {"code": "print(a + b)"})
+    assert not any(answer.is_error for answer in answers), [text_of(a) for a in answers]
+    waited = [answer for answer in answers if "waited" in text_of(answer)]
+    assert len(waited) == 1, [text_of(a) for a in answers]
+    assert "cells that keep their variables run one at a time" in text_of(waited[0])
+    assert not both.is_error and (both.structured_content or {}).get("stdout") == "3\n", text_of(both)

@@ -76,6 +76,7 @@ class WarmContainer:
     def free_slot(self) -> None:
         """Detach what is mounted on its slot and remove the slot; never raises."""
         if self.slot is not None:
+            mounts.drop_outputs(self.slot)
             mounts.detach(self.slot)
             with contextlib.suppress(OSError):
                 os.rmdir(self.slot)
@@ -313,6 +314,7 @@ class DockerRuntime(Engine):
         if spec.mounted_workspace is not None and warm.slot is not None:
             try:
                 mounts.bind(spec.mounted_workspace, warm.slot)
+                mounts.bind_outputs(warm.slot, spec.user)
             except OSError as exc:
                 self.discard_later(warm)
                 raise EngineError(f"could not mount the workspace into the sandbox: {exc}") from exc

@@ -26,8 +26,11 @@ from pathlib import Path
 __all__ = [
     "MountError",
     "bind",
+    "bind_outputs",
+    "clear_calls",
     "detach",
     "detach_under",
+    "drop_outputs",
     "give_back",
     "image_bytes",
     "make_image",
@@ -40,9 +43,12 @@ __all__ = [
 ]
 
 MS_NOSUID, MS_NODEV, MS_NOEXEC = 0x2, 0x4, 0x8
-MS_BIND, MS_REC, MS_SHARED = 0x1000, 0x4000, 0x100000
+MS_BIND, MS_REC, MS_PRIVATE, MS_SHARED = 0x1000, 0x4000, 0x40000, 0x100000
 FITRIM = 0xC0185879
 MNT_DETACH, UMOUNT_NOFOLLOW = 0x2, 0x8
+CALLS = (".sandbox", "calls")
+"""Where in a workspace each call's own output folder lies while it runs (a tools' folder, never listed)."""
+OUTPUT_NAME = "out"
 JOURNAL_MB = 4
 INODE_BYTES = 256
 
@@ -66,6 +72,96 @@ def _mount(source: str | None, target: str, flags: int, kind: str | None = None,
 def bind(source: str, target: str) -> None:
     """Bind-mount a folder (and what is mounted under it) onto another."""
     _mount(source, target, MS_BIND | MS_REC)
+
+
+def bind_outputs(slot: str, owner: str) -> None:
+    """Give the call in this slot an output folder of its own, so that calls in one workspace run side by side.
+
+    `.sandbox/calls/<the slot's name>` of the workspace bound on the slot at its `out`: the mount
+    propagates into this slot's container alone (each slot's bind of a workspace is a peer group of
+    its own, as the workspace's own mount is private). Every folder is opened without following a
+    link a program left, and mounted by its descriptor, so nothing outside the workspace is touched.
+    """
+    uid, _, gid = owner.partition(":")
+    ids = (int(uid), int(gid or uid))
+    try:
+        _bind_outputs(slot, ids)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        # A workspace full to its last file has no room for a folder: the call writes to the shared `out`,
+        # emptied first, as a call in a workspace of its own would find it.
+        with contextlib.suppress(OSError):
+            root = open_folder(slot)
+            try:
+                shutil.rmtree(OUTPUT_NAME, dir_fd=root)  # by open folders, never through a link
+            finally:
+                os.close(root)
+
+
+def _bind_outputs(slot: str, ids: tuple[int, int]) -> None:
+    opened = [open_folder(slot)]
+    try:
+        for name in CALLS:
+            opened.append(_own_folder(opened[-1], name, ids))
+        outputs = _own_folder(opened[-1], os.path.basename(slot), ids)
+        opened.append(outputs)
+        target = _own_folder(opened[0], OUTPUT_NAME, ids)
+        opened.append(target)
+        _mount(f"/proc/self/fd/{outputs}", f"/proc/self/fd/{target}", MS_BIND)
+    finally:
+        for handle in opened:
+            os.close(handle)
+
+
+def drop_outputs(slot: str) -> None:
+    """Remove the output folder `bind_outputs` gave the slot's call (its files went back with the answer); never
+    raises."""
+    with contextlib.suppress(OSError):
+        calls = _open_path(open_folder(slot), CALLS)
+        try:
+            shutil.rmtree(os.path.basename(slot), dir_fd=calls)  # by open folders, never through a link
+        finally:
+            os.close(calls)
+
+
+def clear_calls(folder: Path) -> None:
+    """Remove every call's output folder from a workspace no call runs in (what a killed process left)."""
+    with contextlib.suppress(OSError):
+        sandbox = _open_path(open_folder(folder), CALLS[:1])
+        try:
+            shutil.rmtree(CALLS[1], dir_fd=sandbox)
+        finally:
+            os.close(sandbox)
+
+
+def _open_path(top: int, names: tuple[str, ...]) -> int:
+    """Open folders one below the other from an open one (which it closes), following no link."""
+    try:
+        for name in names:
+            inner = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=top)
+            os.close(top)
+            top = inner
+    except BaseException:
+        os.close(top)
+        raise
+    return top
+
+
+def _own_folder(parent: int, name: str, ids: tuple[int, int]) -> int:
+    """A real folder `name` under an open one, made for the sandbox's user when missing; whatever else a program
+    left under that name (a link, a file) is removed first."""
+    for _ in range(2):
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(name, 0o755, dir_fd=parent)
+            os.chown(name, *ids, dir_fd=parent, follow_symlinks=False)
+        try:
+            return os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOTDIR, errno.ELOOP):
+                raise
+            os.unlink(name, dir_fd=parent)
+    raise MountError(errno.EEXIST, f"{name}: kept being replaced while it was made")
 
 
 def detach(target: str) -> None:
@@ -132,6 +228,7 @@ def mount_image(image: Path, target: Path, executable: bool) -> None:
     target.mkdir(parents=True, exist_ok=True, mode=0o700)
     options = "loop,noatime,nodev,nosuid" + ("" if executable else ",noexec")
     _run("mount", "-t", "ext4", "-o", options, str(image), str(target))
+    _mount(None, str(target), MS_PRIVATE)  # what is bound onto one slot's copy never reaches another's
     with contextlib.suppress(OSError):
         os.rmdir(target / "lost+found")
 

@@ -36,7 +36,7 @@ from sandbox_server.policy import WorkspaceSettings
 from sandbox_server.sandbox import mounts
 from sandbox_server.sandbox.archive import OUTPUT_LEAF, WorkspaceTooLarge, keep_workspace, kept_entries
 from sandbox_server.sandbox.spec import ExecutionResult, ResourceLimits, SandboxSpec
-from sandbox_server.workspaces.files import empty_outputs, open_regular, regular_files
+from sandbox_server.workspaces.files import open_regular, regular_files
 
 __all__ = ["ArchivedContents", "Contents", "MountedContents", "mime_type", "too_large"]
 
@@ -62,6 +62,9 @@ def too_large(path: str, size: int, max_bytes: int) -> Refusal:
 
 class Contents(Protocol):
     """How one host keeps its workspaces' files."""
+
+    side_by_side: bool
+    """Whether calls in one workspace may run at the same time (they share its files as they run)."""
 
     def shape(self, spec: SandboxSpec) -> SandboxSpec:
         """The container settings of a call in a kept workspace (what its warm containers are made with)."""
@@ -99,6 +102,9 @@ class Contents(Protocol):
 
 class ArchivedContents:
     """Each workspace is the tar its last call's launcher wrote, cleaned on the host once, at save."""
+
+    side_by_side = False
+    """Each call starts from the last saved archive and saves its own: calls side by side would lose files."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -186,6 +192,9 @@ class MountedContents:
     the state folder's path out of the sandbox's mount table.
     """
 
+    side_by_side = True
+    """Calls share the one filesystem as programs on one computer share a folder."""
+
     def __init__(self, root: Path, process: str, process_alive: Callable[[str], bool]) -> None:
         self.root = root
         self._key = _image_key(root / IMAGE_KEY)
@@ -198,6 +207,10 @@ class MountedContents:
         """Workspaces this process has mounted, with the open image whose lock says so."""
         self._giving_back: dict[str, threading.Thread] = {}
         """After a call, off its answer's path: the workspace's freed blocks go back to the host."""
+        self._making: dict[str, threading.Lock] = {}
+        """Per workspace: held while it is made and mounted."""
+        self._again: set[str] = set()
+        """Workspaces whose calls ended while their blocks were being given back: once more, then."""
         self.sweep()
         for old in root.glob("ws-*.img"):  # named by their id before names were keyed
             with contextlib.suppress(OSError):
@@ -266,6 +279,7 @@ class MountedContents:
             try:
                 mounts.detach(str(where))  # a mount of a process killed on this id before us
                 mounts.mount_image(self._image(workspace_id), where, bool(executable))
+                mounts.clear_calls(where)  # calls' output folders a killed process left
             except BaseException:
                 os.close(handle)
                 raise
@@ -274,26 +288,43 @@ class MountedContents:
         return where
 
     def begin(self, workspace_id: str, spec: SandboxSpec) -> SandboxSpec:
-        self._settle(workspace_id)
-        if not self._image(workspace_id).exists():
-            self._create(workspace_id, spec.limits, spec.user)
-        where = self._mounted(workspace_id, spec.limits.workspace_exec)
-        empty_outputs(where)
+        # Each call gets an output folder of its own when its container's slot is bound (mounts.bind_outputs),
+        # so nothing here waits for, or clears after, another call in the workspace.
+        with self._lock:
+            making = self._making.setdefault(workspace_id, threading.Lock())
+        with making:  # calls side by side in a new workspace: the first makes it, the others wait for it
+            if not self._image(workspace_id).exists():
+                self._create(workspace_id, spec.limits, spec.user)
+            where = self._mounted(workspace_id, spec.limits.workspace_exec)
         return replace(self.shape(spec), mounted_workspace=str(where))
 
     def finish(self, workspace_id: str, result: ExecutionResult, settings: WorkspaceSettings, room: Room) -> str | None:
-        # The filesystem is the workspace: whatever the program did is kept already. What it deleted
-        # goes back to the host's disk after the answer, before the workspace's next call.
-        giving_back = threading.Thread(target=mounts.give_back, args=(str(self._where(workspace_id)),), daemon=True)
+        # The filesystem is the workspace: whatever the program did is kept already. What it deleted goes
+        # back to the host's disk after the answer, beside whatever the workspace's next call does: one
+        # thread per workspace, which goes round again when calls ended while it worked.
         with self._lock:
+            if workspace_id in self._giving_back:
+                self._again.add(workspace_id)
+                return None
+            giving_back = threading.Thread(target=self._give_back, args=(workspace_id,), daemon=True)
             self._giving_back[workspace_id] = giving_back
         giving_back.start()
         return None
 
+    def _give_back(self, workspace_id: str) -> None:
+        while True:
+            mounts.give_back(str(self._where(workspace_id)))
+            with self._lock:
+                if workspace_id not in self._again:
+                    self._giving_back.pop(workspace_id, None)
+                    return
+                self._again.discard(workspace_id)
+
     def _settle(self, workspace_id: str) -> None:
-        """Wait until what the workspace's last call freed is back with the host."""
+        """Wait until what the workspace's calls freed is back with the host (before it is let go of)."""
         with self._lock:
-            giving_back = self._giving_back.pop(workspace_id, None)
+            self._again.discard(workspace_id)
+            giving_back = self._giving_back.get(workspace_id)
         if giving_back is not None:
             giving_back.join()
 
@@ -322,6 +353,7 @@ class MountedContents:
         with self._lock:
             handle = self._held.pop(workspace_id, None)
             self._executable.pop(workspace_id, None)
+            self._making.pop(workspace_id, None)
             where = self._where(workspace_id)
             mounts.detach(str(where))
             with contextlib.suppress(OSError):

@@ -2,22 +2,16 @@
 
 Every path is opened one component at a time from the workspace's root, without following
 a link and without blocking on a FIFO; only regular files are read; a listing holds one
-open folder per level it stands in, never one per folder it has seen; and the output folder
-a call leaves is removed by open folder handles, never through a link.
+open folder per level it stands in, never one per folder it has seen.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import stat
 from collections.abc import Iterator
-from pathlib import Path
 
-from sandbox_server.sandbox import mounts
-from sandbox_server.sandbox.archive import OUTPUT_LEAF
-
-__all__ = ["MAX_DEPTH", "MAX_LISTED", "empty_outputs", "open_below", "open_regular", "regular_files"]
+__all__ = ["MAX_DEPTH", "MAX_LISTED", "open_below", "open_regular", "regular_files"]
 
 MAX_DEPTH = 64
 """Folders deeper than this in a workspace are not listed (a walk holds one descriptor per level)."""
@@ -108,18 +102,3 @@ def open_regular(top: int, path: str) -> int | None:
         os.close(handle)
         return None
     return handle
-
-
-def empty_outputs(workspace: Path) -> None:
-    """Remove the previous call's output folder, without following anything the sandbox left there."""
-    root = mounts.open_folder(workspace)
-    try:
-        info = os.stat(OUTPUT_LEAF, dir_fd=root, follow_symlinks=False)
-        if stat.S_ISDIR(info.st_mode):
-            shutil.rmtree(OUTPUT_LEAF, dir_fd=root)  # by open folders, never through a link
-        else:
-            os.unlink(OUTPUT_LEAF, dir_fd=root)
-    except FileNotFoundError:
-        pass
-    finally:
-        os.close(root)

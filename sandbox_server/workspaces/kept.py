@@ -1,4 +1,4 @@
-"""A call in a kept workspace: its files restored before it runs and saved after, one call at a time."""
+"""A call in a kept workspace: its files restored before it runs and saved after."""
 
 from __future__ import annotations
 
@@ -7,15 +7,20 @@ from dataclasses import replace
 import anyio
 import anyio.to_thread
 
+from sandbox_server.sandbox import wire
 from sandbox_server.sandbox.runtime import ProgressCallback, SandboxRuntime
 from sandbox_server.sandbox.spec import ExecutionResult, SandboxSpec
 from sandbox_server.workspaces.store import WorkspaceRecord, WorkspaceStore
 
 __all__ = ["KeptWorkspace"]
 
+WAIT_NOTED_S = 0.1
+"""A cell that waited this long for the one before it says so in its answer."""
+
 
 class KeptWorkspace:
-    """A SandboxRuntime that runs each call in a kept workspace: restored before, saved after, one call at a time."""
+    """A SandboxRuntime that runs each call in a kept workspace: restored before, saved after (side by side with
+    the workspace's other calls where the store allows it)."""
 
     def __init__(self, inner: SandboxRuntime, store: WorkspaceStore, record: WorkspaceRecord) -> None:
         self.inner, self.store, self.record = inner, store, record
@@ -45,7 +50,13 @@ class KeptWorkspace:
 
     async def run(self, spec: SandboxSpec, on_progress: ProgressCallback | None = None) -> ExecutionResult:
         """Run in the workspace as its previous call left it; keep it as this call leaves it."""
-        async with self.store.using(self.record, spec.limits.timeout_s):
+        alone = dict(spec.call_env).get(wire.KEEP_VARIABLES_ENV) == "1"  # kept variables: one cell at a time
+        async with self.store.using(self.record, spec.limits.timeout_s, alone) as waited:
+            if alone and waited >= WAIT_NOTED_S:
+                self.notes.append(
+                    f"this cell waited {waited:.1f} s for the workspace's previous cell: cells that keep their "
+                    "variables run one at a time in a workspace, so each sees the variables of the one before"
+                )
             shaped = await anyio.to_thread.run_sync(self.store.begin, self.record, spec)
             result = await self.inner.run(shaped, on_progress)
             problem = await anyio.to_thread.run_sync(self.store.finish, self.record, result)

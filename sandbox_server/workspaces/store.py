@@ -86,6 +86,9 @@ class WorkspaceStore:
         self.contents = contents(root)
         self._lock = threading.Lock()
         self._busy: dict[str, anyio.Lock] = {}
+        """Per workspace, for the calls that run one at a time in it."""
+        self._users: dict[str, int] = {}
+        """Per workspace, the calls working in it now."""
         self._records: dict[str, WorkspaceRecord] = {}
         self._written: dict[str, float] = {}
         """When each record was last written to disk."""
@@ -205,31 +208,42 @@ class WorkspaceStore:
         return now - record.last_used > self.settings.idle_ttl_s and not self._in_use(record.id)
 
     def _in_use(self, workspace_id: str) -> bool:
-        busy = self._busy.get(workspace_id)
-        return busy is not None and busy.locked()
+        return self._users.get(workspace_id, 0) > 0
 
     # -- one call at a time ------------------------------------------------------------
 
     @contextlib.asynccontextmanager
-    async def using(self, record: WorkspaceRecord, wait_s: float) -> AsyncIterator[None]:
-        """Hold the workspace for one call; a second call waits up to `wait_s`, then is answered busy."""
-        busy = self._busy.setdefault(record.id, anyio.Lock())
-        acquired = False
-        with anyio.move_on_after(wait_s):
-            await busy.acquire()
-            acquired = True
-        if not acquired:
-            raise Refusal(
-                f"busy: another call is working in workspace {record.id} and did not finish within "
-                f"{wait_s:g} s; retry, or leave out `workspace` for a new one",
-                "workspace",
-                kind="busy",
-                retry_after_s=1,
-            )
+    async def using(self, record: WorkspaceRecord, wait_s: float, alone: bool = False) -> AsyncIterator[float]:
+        """Hold the workspace for one call, yielding how long it waited. Calls run side by side in a mounted
+        workspace; a call that must run `alone` there (a cell with kept variables), and every call in an
+        archived one, waits up to `wait_s` for the one before it, then is answered busy."""
+        self._users[record.id] = self._users.get(record.id, 0) + 1
         try:
-            yield
+            if self.contents.side_by_side and not alone:
+                yield 0.0
+                return
+            busy = self._busy.setdefault(record.id, anyio.Lock())
+            started = time.monotonic()
+            acquired = False
+            with anyio.move_on_after(wait_s):
+                await busy.acquire()
+                acquired = True
+            if not acquired:
+                raise Refusal(
+                    f"busy: another call is working in workspace {record.id} and did not finish within "
+                    f"{wait_s:g} s; retry, or leave out `workspace` for a new one",
+                    "workspace",
+                    kind="busy",
+                    retry_after_s=1,
+                )
+            try:
+                yield time.monotonic() - started
+            finally:
+                busy.release()
         finally:
-            busy.release()
+            self._users[record.id] -= 1
+            if not self._users[record.id]:
+                del self._users[record.id]
 
     def find(self, workspace_id: str, session: str | None, tenant: str | None = None) -> WorkspaceRecord | None:
         """A live workspace this caller may see (the one answer, None, for every other case)."""

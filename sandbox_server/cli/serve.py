@@ -206,7 +206,8 @@ def _workspace_contents(choice: str, runtime: DockerRuntime, log: logging.Logger
     """How this server keeps workspace files (serve --workspaces), said once at start."""
     from sandbox_server.sandbox import mounts
     from sandbox_server.sandbox.removal import owner_alive
-    from sandbox_server.workspaces.contents import ArchivedContents, MountedContents
+    from sandbox_server.workspaces.contents import ArchivedContents
+    from sandbox_server.workspaces.mounted import MountedContents
 
     why_not = None if choice == "archived" else mounts.unavailable(runtime.on_this_host())
     if choice == "mounted" and why_not is not None:
@@ -216,7 +217,7 @@ def _workspace_contents(choice: str, runtime: DockerRuntime, log: logging.Logger
         log.info("workspaces are kept as archives carried in and out of each call (%s)", reason)
         return ArchivedContents
     log.info("workspaces are kept as sized filesystems mounted into each call's container")
-    return lambda root: MountedContents(root, runtime.owner, owner_alive)
+    return lambda root: MountedContents(root, runtime.owner, owner_alive, runtime.activity)
 
 
 def _start_reaper(owner: str) -> None:

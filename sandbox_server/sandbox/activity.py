@@ -41,6 +41,11 @@ class Activity:
                 self._last_end = time.monotonic()
                 self._changed.notify_all()
 
+    def stir(self) -> None:
+        """A call is on its way (it has not reached the engine yet): no pause for PAUSE_S from now."""
+        with self._changed:
+            self._last_end = max(self._last_end, time.monotonic())
+
     def changed(self) -> None:
         """Something a waiter's `unless` reads has changed: let the waiters look again."""
         with self._changed:

@@ -183,7 +183,7 @@ class WorkspaceStore:
                 )
             oldest = removable.pop(0)
             theirs.remove(oldest)
-            self._remove(oldest.id)
+            self._remove(oldest.id, later=True)  # off this call's path: its files go in a thread of their own
             why = "no call continued it" if not oldest.continued else "least recently used"
             notes.append(
                 f"workspace {oldest.id} ({why}) was removed to make room (policy field workspace.max_per_client: "
@@ -391,11 +391,11 @@ class WorkspaceStore:
         with self._lock:
             return sum(r.size_bytes for r in self._records.values())
 
-    def _remove(self, workspace_id: str) -> None:
+    def _remove(self, workspace_id: str, later: bool = False) -> None:
         self._records.pop(workspace_id, None)
         self._written.pop(workspace_id, None)
         self._busy.pop(workspace_id, None)
-        self.contents.remove(workspace_id)
+        self.contents.remove(workspace_id, later)
         (self.root / f"{workspace_id}.json").unlink(missing_ok=True)
 
     def _write_record(self, record: WorkspaceRecord) -> None:

@@ -1,0 +1,414 @@
+"""Kept workspaces as mounted filesystems: a sized ext4 image per workspace, mounted by the server process
+that holds its lock, and bound into each call's container through its slot (sandbox_server.sandbox.mounts).
+
+New workspaces are made ahead of the calls that need them, as warm containers are: a few
+spare images of the shape the last new workspace had, made and mounted in the background,
+so a call that starts a workspace takes one instead of making a filesystem on its path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import hmac
+import os
+import secrets
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from sandbox_server.errors import Refusal
+from sandbox_server.policy import WorkspaceSettings
+from sandbox_server.sandbox import mounts
+from sandbox_server.sandbox.activity import Activity
+from sandbox_server.sandbox.archive import OUTPUT_LEAF
+from sandbox_server.sandbox.spec import ExecutionResult, ResourceLimits, SandboxSpec
+from sandbox_server.workspaces.contents import Room, too_large
+from sandbox_server.workspaces.files import open_regular, regular_files
+
+__all__ = ["MountedContents"]
+
+IMAGE_KEY = "image-key"
+"""The state folder's key for naming workspace images (32 random bytes, mode 0600)."""
+SPARES = 2
+"""New workspaces kept made and mounted ahead, of the shape the last new one had."""
+DEFER_S = 2.0
+"""The longest work beside the calls (spares, freed blocks, removals) waits for a pause between them."""
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """What a new workspace is made with: its filesystem's size and files, its owner, whether programs run
+    from it."""
+
+    size_mb: int
+    files: int
+    user: str
+    executable: bool
+
+    @classmethod
+    def of(cls, spec: SandboxSpec) -> Shape:
+        limits = spec.limits
+        return cls(limits.workspace_mb, limits.workspace_inodes, spec.user, limits.workspace_exec)
+
+
+@dataclass(frozen=True, slots=True)
+class Spare:
+    """A workspace made ahead: its image and where it is mounted (named at random), and the image's lock."""
+
+    image: Path
+    where: Path
+    handle: int
+
+
+class MountedContents:
+    """Each workspace is a sized ext4 image, mounted by the one server process that holds its lock.
+
+    Layout under the store's folder: `img-<name>.img` (the image), and `run/<process>/` of
+    each serving process, holding `ws/<name>` (its mounted images) and `slots/` (a small
+    tmpfs, shared, under which every warm container gets a slot of its own). A process that
+    ends lets go of all of them; a later one sweeps what a killed process left.
+
+    A sandbox may learn where its workspace lives on the host (a loop device names its backing
+    file), so nothing there names the workspace: `<name>` is a keyed hash of its id (the key,
+    `image-key`, is the state folder's own, readable by root alone), and the slots' tmpfs keeps
+    the state folder's path out of the sandbox's mount table.
+    """
+
+    side_by_side = True
+    """Calls share the one filesystem as programs on one computer share a folder."""
+
+    def __init__(
+        self, root: Path, process: str, process_alive: Callable[[str], bool], activity: Activity | None = None
+    ) -> None:
+        self.root = root
+        self._activity = activity or Activity()
+        """The calls running now: the work beside them waits for a pause between them."""
+        self._key = _image_key(root / IMAGE_KEY)
+        self.run = root / "run" / process.replace("/", "_")
+        self._process_alive = process_alive
+        self._lock = threading.Lock()
+        self._held: dict[str, int] = {}
+        """Workspaces this process has mounted, with the open image whose lock says so."""
+        self._executable: dict[str, bool] = {}
+        """Whether each held workspace is mounted to let programs run from it."""
+        self._places: dict[str, Path] = {}
+        """Where held workspaces made as spares are mounted (the others at _where's keyed name)."""
+        self._spares: list[Spare] = []
+        self._spare_shape: Shape | None = None
+        self._spares_made: threading.Thread | None = None
+        """The thread making spares, while it runs."""
+        self._closed = False
+        self._removing: list[threading.Thread] = []
+        """Workspaces being removed off a call's path."""
+        self._giving_back: dict[str, threading.Thread] = {}
+        """After a call, off its answer's path: the workspace's freed blocks go back to the host."""
+        self._making: dict[str, threading.Lock] = {}
+        """Per workspace: held while it is made and mounted."""
+        self._again: set[str] = set()
+        """Workspaces whose calls ended while their blocks were being given back: once more, then."""
+        self.sweep()
+        for old in root.glob("ws-*.img"):  # named by their id before names were keyed
+            with contextlib.suppress(OSError):
+                os.replace(old, self._image(old.name.removesuffix(".img")))
+        self.slots = self.run / "slots"
+        mounts.make_shared(self.slots)
+
+    def sweep(self) -> None:
+        """Let go of what server processes that no longer run left mounted."""
+        for folder in (self.root / "run").glob("*"):
+            if folder != self.run and not self._process_alive(folder.name):
+                mounts.detach_under(folder)
+                _remove_tree(folder)
+
+    def _name(self, workspace_id: str) -> str:
+        """What the host calls a workspace's image and mount: nothing a sandbox could use as its id."""
+        return hmac.new(self._key, workspace_id.encode(), hashlib.sha256).hexdigest()[:32]
+
+    def _image(self, workspace_id: str) -> Path:
+        return self.root / f"img-{self._name(workspace_id)}.img"
+
+    def kept_files(self, workspace_ids: list[str]) -> set[str]:
+        """The names of the files in the store's folder that hold these workspaces."""
+        return {self._image(workspace_id).name for workspace_id in workspace_ids}
+
+    def _where(self, workspace_id: str) -> Path:
+        return self._places.get(workspace_id) or self.run / "ws" / self._name(workspace_id)
+
+    def shape(self, spec: SandboxSpec) -> SandboxSpec:
+        if self._spare_shape is None and not self._closed:  # the first warm container's: spares from the start
+            self._make_spares(Shape.of(spec))
+        return replace(spec, workspace_slots=str(self.slots))
+
+    def reserve(self, settings: WorkspaceSettings) -> int:
+        return mounts.image_bytes(settings.size_mb, settings.files)
+
+    def _create(self, workspace_id: str, limits: ResourceLimits, user: str) -> None:
+        """A new workspace: an empty filesystem of the policy's size and files (as the sandbox's tmpfs is)."""
+        image = self._image(workspace_id)
+        try:
+            mounts.make_image(image, limits.workspace_mb, limits.workspace_inodes, user)
+        except BaseException:
+            image.unlink(missing_ok=True)
+            raise
+
+    def _take_spare(self, workspace_id: str, shape: Shape) -> bool:
+        """Make a spare the new workspace: its image renamed to the workspace's, held and mounted as it is."""
+        with self._lock:
+            if shape != self._spare_shape or not self._spares:
+                return False
+            spare = self._spares.pop(0)
+            try:
+                os.rename(spare.image, self._image(workspace_id))
+            except OSError:
+                self._spares.insert(0, spare)
+                return False
+            self._held[workspace_id] = spare.handle
+            self._executable[workspace_id] = shape.executable
+            self._places[workspace_id] = spare.where
+        return True
+
+    def _make_spares(self, shape: Shape) -> None:
+        """Keep SPARES new workspaces of this shape made ahead (in a thread of their own); spares of another
+        shape are let go of."""
+        with self._lock:
+            if self._closed:
+                return
+            stale = [] if shape == self._spare_shape else self._spares
+            if stale:
+                self._spares = []
+            self._spare_shape = shape
+            if self._spares_made is not None or len(self._spares) >= SPARES:
+                making = None
+            else:
+                making = self._spares_made = threading.Thread(target=self._spares_loop, daemon=True)
+        for spare in stale:
+            _drop_spare(spare)
+        if making is not None:
+            making.start()
+
+    def _spares_loop(self) -> None:
+        try:
+            while True:
+                self._activity.wait_for_pause(DEFER_S, unless=lambda: not self._spares or self._closed)
+                with self._lock:
+                    shape = self._spare_shape
+                    if shape is None or len(self._spares) >= SPARES:
+                        return
+                spare = self._new_spare(shape)
+                with self._lock:
+                    keep = shape == self._spare_shape and len(self._spares) < SPARES
+                    if keep:
+                        self._spares.append(spare)
+                if not keep:
+                    _drop_spare(spare)
+        except OSError:
+            return  # the host cannot make one now (its disk is full?): calls make their own
+        finally:
+            with self._lock:
+                self._spares_made = None
+
+    def _new_spare(self, shape: Shape) -> Spare:
+        name = secrets.token_hex(16)
+        image, where = self.run / "spares" / f"{name}.img", self.run / "ws" / name
+        image.parent.mkdir(mode=0o700, exist_ok=True)
+        handle = -1
+        try:
+            mounts.make_image(image, shape.size_mb, shape.files, shape.user)
+            handle = os.open(image, os.O_RDONLY | os.O_CLOEXEC)
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            mounts.mount_image(image, where, shape.executable)
+        except BaseException:
+            _drop_spare(Spare(image, where, handle))
+            raise
+        return Spare(image, where, handle)
+
+    def _mounted(self, workspace_id: str, executable: bool | None = None) -> Path:
+        """The workspace's filesystem, mounted by this process (which then holds its image's lock); for a call,
+        `executable` says whether programs may run from it (None: as it is, noexec when newly mounted)."""
+        where = self._where(workspace_id)
+        with self._lock:
+            if workspace_id in self._held:
+                if executable is not None and self._executable.get(workspace_id) != executable:
+                    mounts.set_executable(where, executable)
+                    self._executable[workspace_id] = executable
+                return where
+            handle = os.open(self._image(workspace_id), os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(handle)
+                raise Refusal(
+                    f"busy: workspace {workspace_id} is open in another sandbox-server process on this host; "
+                    "retry when that process has let it go, or leave out `workspace` for a new one",
+                    "workspace",
+                    kind="busy",
+                    retry_after_s=5,
+                ) from None
+            try:
+                mounts.detach(str(where))  # a mount of a process killed on this id before us
+                mounts.mount_image(self._image(workspace_id), where, bool(executable))
+                mounts.clear_calls(where)  # calls' output folders a killed process left
+            except BaseException:
+                os.close(handle)
+                raise
+            self._held[workspace_id] = handle
+            self._executable[workspace_id] = bool(executable)
+        return where
+
+    def begin(self, workspace_id: str, spec: SandboxSpec) -> SandboxSpec:
+        # Each call gets an output folder of its own when its container's slot is bound (mounts.bind_outputs),
+        # so nothing here waits for, or clears after, another call in the workspace.
+        self._activity.stir()  # the work beside calls waits until this one has run
+        with self._lock:
+            making = self._making.setdefault(workspace_id, threading.Lock())
+        with making:  # calls side by side in a new workspace: the first makes it, the others wait for it
+            if not self._image(workspace_id).exists():
+                shape = Shape.of(spec)
+                if not self._take_spare(workspace_id, shape):
+                    self._create(workspace_id, spec.limits, spec.user)
+                self._make_spares(shape)
+            where = self._mounted(workspace_id, spec.limits.workspace_exec)
+        return replace(self.shape(spec), mounted_workspace=str(where))
+
+    def finish(self, workspace_id: str, result: ExecutionResult, settings: WorkspaceSettings, room: Room) -> str | None:
+        # The filesystem is the workspace: whatever the program did is kept already. What it deleted goes
+        # back to the host's disk after the answer, beside whatever the workspace's next call does: one
+        # thread per workspace, which goes round again when calls ended while it worked.
+        with self._lock:
+            if workspace_id in self._giving_back:
+                self._again.add(workspace_id)
+                return None
+            giving_back = threading.Thread(target=self._give_back, args=(workspace_id,), daemon=True)
+            self._giving_back[workspace_id] = giving_back
+        giving_back.start()
+        return None
+
+    def _give_back(self, workspace_id: str) -> None:
+        while True:
+            self._activity.wait_for_pause(DEFER_S)
+            mounts.give_back(str(self._where(workspace_id)))
+            with self._lock:
+                if workspace_id not in self._again:
+                    self._giving_back.pop(workspace_id, None)
+                    return
+                self._again.discard(workspace_id)
+
+    def _settle(self, workspace_id: str) -> None:
+        """Wait until what the workspace's calls freed is back with the host (before it is let go of)."""
+        with self._lock:
+            self._again.discard(workspace_id)
+            giving_back = self._giving_back.get(workspace_id)
+        if giving_back is not None:
+            giving_back.join()
+
+    def files(self, workspace_id: str) -> list[tuple[str, int]]:
+        if not self._image(workspace_id).exists():
+            return []
+        return sorted(regular_files(mounts.open_folder(self._mounted(workspace_id)), skip=OUTPUT_LEAF))
+
+    def read_file(
+        self, workspace_id: str, path: str, max_bytes: int, offset: int = 0, length: int | None = None
+    ) -> tuple[int, bytes] | None:
+        if not self._image(workspace_id).exists() or path.split("/", 1)[0] == OUTPUT_LEAF:
+            return None
+        handle = open_regular(mounts.open_folder(self._mounted(workspace_id)), path)
+        if handle is None:
+            return None
+        with os.fdopen(handle, "rb") as opened:
+            info = os.fstat(opened.fileno())
+            if info.st_size > max_bytes:
+                raise too_large(path, info.st_size, max_bytes)
+            wanted = max_bytes if length is None else min(length, max_bytes)
+            return info.st_size, os.pread(opened.fileno(), wanted, offset) if wanted else b""
+
+    def remove(self, workspace_id: str, later: bool = False) -> None:
+        """Let go of a workspace and delete its image; `later`: in a thread of its own, off a call's path (its
+        id is never used again)."""
+        if later:
+            self._activity.stir()
+            removing = threading.Thread(target=self._remove_in_a_pause, args=(workspace_id,), daemon=True)
+            with self._lock:
+                self._removing = [thread for thread in self._removing if thread.is_alive()] + [removing]
+            removing.start()
+            return
+        self._settle(workspace_id)
+        with self._lock:
+            handle = self._held.pop(workspace_id, None)
+            self._executable.pop(workspace_id, None)
+            self._making.pop(workspace_id, None)
+            where = self._where(workspace_id)
+            self._places.pop(workspace_id, None)
+            mounts.detach(str(where))
+            with contextlib.suppress(OSError):
+                where.rmdir()
+            if handle is not None:
+                os.close(handle)
+        self._image(workspace_id).unlink(missing_ok=True)
+
+    def _remove_in_a_pause(self, workspace_id: str) -> None:
+        self._activity.wait_for_pause(DEFER_S, unless=lambda: self._closed)
+        self.remove(workspace_id)
+
+    def close(self) -> None:
+        with self._lock:
+            self._spare_shape, self._closed = None, True  # the spares' thread ends after the one it is making
+            making, removing = self._spares_made, self._removing
+        self._activity.changed()
+        for thread in [*removing, *([making] if making is not None else [])]:
+            thread.join()
+        for workspace_id in list(self._giving_back):
+            self._settle(workspace_id)
+        with self._lock:
+            spares, self._spares = self._spares, []
+        for spare in spares:
+            _drop_spare(spare)
+        with self._lock:
+            mounts.detach_under(self.run)
+            for handle in self._held.values():
+                os.close(handle)
+            self._held.clear()
+        _remove_tree(self.run)
+
+
+def _image_key(path: Path) -> bytes:
+    """The key images are named with: made once, kept beside them."""
+    try:
+        handle = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    except FileExistsError:
+        key = path.read_bytes()
+        if len(key) >= 32:
+            return key
+        raise ValueError(f"{path}: a workspace image key of {len(key)} bytes; remove it to make a new one") from None
+    key = os.urandom(32)
+    with os.fdopen(handle, "wb") as written:
+        written.write(key)
+    return key
+
+
+def _drop_spare(spare: Spare) -> None:
+    """Unmount a spare and delete its image; never raises."""
+    mounts.detach(str(spare.where))
+    with contextlib.suppress(OSError):
+        spare.where.rmdir()
+    if spare.handle >= 0:
+        os.close(spare.handle)
+    spare.image.unlink(missing_ok=True)
+
+
+def _remove_tree(folder: Path) -> None:
+    """Remove a process's run folder: only empty folders once nothing is mounted there, and its spare images."""
+    with contextlib.suppress(OSError):
+        for spare in os.scandir(folder / "spares"):
+            if spare.name.endswith(".img"):
+                os.unlink(spare.path)
+    for part in ("ws", "slots", "spares"):
+        with contextlib.suppress(OSError):
+            for child in os.scandir(folder / part):
+                with contextlib.suppress(OSError):
+                    os.rmdir(child.path)  # an empty mount point; never a workspace's own folder
+            os.rmdir(folder / part)
+    with contextlib.suppress(OSError):
+        folder.rmdir()

@@ -2,6 +2,7 @@
 
 import io
 import shlex
+import subprocess
 import tarfile
 
 import pytest
@@ -38,7 +39,9 @@ def test_request_holds_stdin_argv_env_boundary_and_files_under_the_workspace() -
     request = build_request(
         (InputFile("data/in.csv", b"a,b\n"),), b"typed input", argv, "b0undary", (("X_Y", "1 'two'"),), "a b/c"
     )
-    with tarfile.open(fileobj=io.BytesIO(request)) as tar:
+    form, _, body = request.partition(b"\n")
+    assert form == b"tar"
+    with tarfile.open(fileobj=io.BytesIO(body)) as tar:
         names = tar.getnames()
 
         def read(name: str) -> bytes:
@@ -54,6 +57,19 @@ def test_request_holds_stdin_argv_env_boundary_and_files_under_the_workspace() -
         assert words.startswith("set -- ") and shlex.split(words[len("set -- ") :]) == list(argv)
         assert boundary == "boundary=b0undary"
     assert "workspace/data" in names and "workspace/out" in names
+
+
+def test_a_plain_call_is_sent_as_the_request_script_alone() -> None:
+    argv = ("printf", "%s\\n", "two\nlines", "it's")
+    request = build_request((), b"", argv, "b0undary", (("X", "a\nb"),))
+    form, _, script = request.decode().partition("\n")
+    assert form == f"script {script.count(chr(10))}" and script.endswith("boundary=b0undary\n")
+    done = subprocess.run(
+        ["sh", "-c", 'read -r form lines; r=; while [ "$lines" -gt 0 ] && IFS= read -r l; do r="$r$l\n"; '
+         'lines=$((lines-1)); done; eval "$r"; printf "%s|" "$@" "$X" "$boundary"'],
+        input=request, capture_output=True, check=True,
+    )  # fmt: skip
+    assert done.stdout.decode() == "printf|%s\\n|two\nlines|it's|a\nb|b0undary|"
 
 
 def test_request_refuses_paths_outside_the_workspace_and_bad_env_names() -> None:
@@ -143,6 +159,8 @@ def test_a_forged_workspace_archive_keeps_only_what_the_next_call_can_restore() 
     with pytest.raises(WorkspaceTooLarge):
         keep_workspace(forged, io.BytesIO(), max_bytes=1, max_entries=100)
     request = io.BytesIO()
-    build_request((), b"", ("true",), "b0undary", into=request)
-    with tarfile.open(fileobj=io.BytesIO(kept.getvalue() + request.getvalue())) as both:
+    build_request((), b"typed", ("true",), "b0undary", into=request)
+    form, _, body = request.getvalue().partition(b"\n")
+    assert form == b"tar"
+    with tarfile.open(fileobj=io.BytesIO(kept.getvalue() + body)) as both:
         assert "workspace/data/kept.txt" in both.getnames() and "tmp/.sandbox/request" in both.getnames()

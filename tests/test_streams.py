@@ -93,7 +93,8 @@ def test_without_a_whole_trailer_line_the_engine_is_asked() -> None:
     [
         (b"exit=3 oom_kill=0 pids_max=0", (3, False), False),
         (b"exit=137 oom_kill=2 pids_max=5", (137, True), True),
-        (b"exit=0 oom_kill=- pids_max=-", None, False),  # cgroup files unreadable: ask the engine
+        (b"exit=0 oom_kill=- pids_max=-", (0, False), False),  # cgroup unreadable (gVisor), but it exited 0
+        (b"exit=1 oom_kill=- pids_max=-", None, False),  # cgroup unreadable and it failed: ask the engine
         (b"exit=" + b"9" * 5000 + b" oom_kill=0 pids_max=" + b"9" * 5000, None, False),  # forged
         (b"exit=256 oom_kill=0", None, False),
         (b"exit=-1 oom_kill=0 pids_max=+1", None, False),

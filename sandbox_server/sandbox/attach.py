@@ -110,10 +110,16 @@ def _counter(trailer: dict[str, str] | None, name: str) -> int | None:
 
 
 def exit_from_trailer(trailer: dict[str, str] | None) -> tuple[int, bool] | None:
-    """Exit code and OOM flag from the launcher's trailer; None when the engine must be asked."""
+    """Exit code and OOM flag from the launcher's trailer; None when the engine must be asked.
+
+    Where the launcher cannot read its cgroup's memory events (gVisor shows none), a program
+    that exited 0 was not killed for memory: only a failed one costs the engine's round trip
+    (hundreds of milliseconds under gVisor)."""
     code, oom = _counter(trailer, "exit"), _counter(trailer, "oom_kill")
-    if code is None or code > 255 or oom is None:
+    if code is None or code > 255:
         return None
+    if oom is None:
+        return (0, False) if code == 0 else None
     return code, oom > 0
 
 

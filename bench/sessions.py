@@ -92,6 +92,18 @@ async def in_session(work: Path, calls: int) -> dict[str, Any]:
     return {"spaced 0.4 s (reference)": spaced_row, "40 back to back": back_row, "4 parallel sleep 1": parallel}
 
 
+async def back_to_back_nothing_kept(work: Path, calls: int) -> dict[str, Any]:
+    """The same back-to-back calls on a policy that keeps nothing: what the engine's pace alone costs."""
+    policy = work / "nothing-kept.yaml"
+    policy.write_text(NOTHING_KEPT)
+    async with Client(server_parameters(["--policy", str(policy)]), mode="legacy") as client:
+        await wait_for_pool(server_process().pid, 2)
+        await client.call_tool("execute_command", {"command": "true"})
+        await anyio.sleep(1)
+        back, failures = await timed_calls(client, "execute_command", {"command": "true"}, calls, 0)
+    return {**percentiles(back), "failures": failures}
+
+
 async def policy_calls(policy: str, work: Path, tool: str, arguments: dict[str, Any], calls: int) -> dict[str, Any]:
     serve = ["--policy", policy, "--state-dir", str(work / "state")]
     async with Client(server_parameters(serve), mode="legacy") as client:
@@ -132,6 +144,9 @@ def main(argv: list[str]) -> int:
             report["idless"] = idless_rows(work, options.calls)
         if {"back-to-back", "parallel"} & set(options.rows):
             report["session"] = anyio.run(in_session, work, options.calls)
+            report["session"]["40 back to back, nothing kept"] = anyio.run(
+                back_to_back_nothing_kept, work, options.calls
+            )
         if "strict" in options.rows:
             report["strict"] = strict_rows(work, options.calls)
     table = []

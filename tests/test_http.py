@@ -1,12 +1,15 @@
-"""The Streamable HTTP transport binds to loopback and refuses foreign origins."""
+"""The Streamable HTTP transport binds to loopback and refuses foreign origins; callers past the cap wait."""
 
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
+import anyio
 import httpx2
 import pytest
 
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
-from tests.mcp_harness import http_server
+from tests.mcp_harness import connect, http_server, text_of
 
 INITIALIZE = {
     "jsonrpc": "2.0",
@@ -72,3 +75,46 @@ def test_a_normal_stop_is_quiet_and_the_log_names_the_url(stop: str, runtime: Do
         server.reader.join(timeout=10)
     log = "".join(server.lines)
     assert f"{stop}: shutting down" in log and "Traceback" not in log and "Error" not in log, log
+
+
+QUEUED = "extends: default\nrate: {concurrent_calls: 1, queue_wait_s: 30, queue_length: %(length)d}\n"
+
+
+async def _at_once(url: str, callers: int) -> list[tuple[Any, list[str]]]:
+    """One `sleep 1` call from each of `callers` clients at once (2026-07-28 era): each result, and the progress
+    messages its caller heard."""
+    answers: list[tuple[Any, list[str]]] = []
+
+    async def caller() -> None:
+        heard: list[str] = []
+
+        async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+            heard.append(message or "")
+
+        async with connect(url, mode="2026-07-28") as client:
+            result = await client.call_tool("execute_command", {"command": "sleep 1"}, progress_callback=on_progress)
+        answers.append((result, heard))
+
+    async with anyio.create_task_group() as group:
+        for _ in range(callers):
+            group.start_soon(caller)
+    return answers
+
+
+@pytest.mark.anyio
+async def test_calls_past_the_cap_wait_their_turn_and_a_full_queue_refuses_saying_its_length(
+    tmp_path: Path, runtime: DockerRuntime
+) -> None:
+    policy = tmp_path / "queued.yaml"
+    policy.write_text(QUEUED % {"length": 8})
+    with http_server("--policy", str(policy), "--state-dir", str(tmp_path / "state")) as url:
+        queued = await _at_once(url, 3)
+    assert not any(result.is_error for result, _ in queued), [text_of(result) for result, _ in queued]
+    assert any(any("waiting for a slot" in message for message in heard) for _, heard in queued)
+    policy.write_text(QUEUED % {"length": 1})
+    with http_server("--policy", str(policy), "--state-dir", str(tmp_path / "state")) as url:
+        full = await _at_once(url, 3)
+    refused = [result for result, _ in full if result.is_error]
+    assert len(refused) == 1, [text_of(result) for result, _ in full]  # one runs, one waits, the third is refused
+    error = (refused[0].structured_content or {})["error"]
+    assert error["field"] == "rate.queue_length" and "1 calls waiting" in text_of(refused[0]), text_of(refused[0])

@@ -246,11 +246,16 @@ async def test_progress_arrives_for_long_calls(client: Client) -> None:
         updates.append((progress, message))
 
     result = await client.call_tool(
-        "execute_command", {"command": "echo working; sleep 2.5"}, progress_callback=on_progress
+        "execute_command",
+        {"command": "echo first; sleep 1.6; echo second >&2; sleep 1.6"},
+        progress_callback=on_progress,
     )
     assert not result.is_error
     assert updates, "no progress notification arrived"
     assert "elapsed" in (updates[0][1] or "")
+    # Each says the latest line of either stream, so a model (or a person) sees where the work is.
+    assert (updates[0][1] or "").endswith("last line: first"), updates
+    assert (updates[-1][1] or "").endswith("last line: second"), updates
 
 
 async def _cancel_mid_call(session: Client, runtime: DockerRuntime) -> None:

@@ -106,3 +106,22 @@ def test_trailer_values_are_small_ascii_numbers_or_ignored(line: bytes, known: o
     splitter.feed(b"--b--" + b"--b--" + line + b"\n")
     assert exit_from_trailer(splitter.trailer) == known
     assert pids_limited(splitter.trailer) is pids
+
+
+@pytest.mark.parametrize(
+    ("chunks", "expected"),
+    [
+        ([b"one\ntwo\n"], "two"),
+        ([b"one\ntw", b"o and a half"], "two and a half"),  # a line still being written
+        ([b"step 1/3\rstep 2/3\rstep 3/3\n\n  \n"], "step 3/3"),  # a progress bar: its latest state
+        ([b"\x1b[31mred\x07\n"], "[31mred"),  # control characters are not shown
+        ([b"x" * 300 + b"\n"], "…" + "x" * 159),
+        ([b"a\n" * 10_000, b"end of a flood\n"], "end of a flood"),  # past the buffer's cap
+        ([], ""),
+    ],
+)
+def test_the_last_line_of_a_stream_is_what_a_person_would_read(chunks: list[bytes], expected: str) -> None:
+    buffer = CappedBuffer(100)
+    for chunk in chunks:
+        buffer.feed(chunk)
+    assert buffer.last_line() == expected

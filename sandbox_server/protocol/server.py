@@ -165,8 +165,10 @@ class SandboxServer:
 
         waited = [0.0]  # progress only ever grows: a run's seconds count on from the time spent waiting
 
-        async def progress(elapsed_s: float, stdout_bytes: int, stderr_bytes: int) -> None:
+        async def progress(elapsed_s: float, stdout_bytes: int, stderr_bytes: int, last_line: str) -> None:
             message = f"{elapsed_s:.0f} s elapsed; {stdout_bytes} bytes of stdout, {stderr_bytes} of stderr so far"
+            if last_line:
+                message += f"; last line: {last_line}"
             await ctx.session.report_progress(waited[0] + elapsed_s, None, message)
 
         async def waiting(ahead: int, waited_s: float) -> None:

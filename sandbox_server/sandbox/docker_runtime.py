@@ -427,4 +427,6 @@ class DockerRuntime(Engine):
     async def _report(drain: Drain, started: float, on_progress: ProgressCallback) -> None:
         while not drain.finished:
             await anyio.sleep(1.0)
-            await on_progress(time.monotonic() - started, drain.stdout.total, drain.stderr.total)
+            latest = max((drain.stdout, drain.stderr), key=lambda stream: stream.fed)
+            last = latest.last_line() or drain.stdout.last_line() or drain.stderr.last_line()
+            await on_progress(time.monotonic() - started, drain.stdout.total, drain.stderr.total, last)

@@ -9,8 +9,9 @@ from sandbox_server.sandbox.spec import ExecutionResult, SandboxSpec
 
 __all__ = ["ProgressCallback", "SandboxRuntime"]
 
-ProgressCallback = Callable[[float, int, int], Awaitable[None]]
-"""Called about once a second while a program runs: (elapsed_s, stdout_bytes, stderr_bytes)."""
+ProgressCallback = Callable[[float, int, int, str], Awaitable[None]]
+"""Called about once a second while a program runs: (elapsed_s, stdout_bytes, stderr_bytes, last_line), the
+last line being the latest of either stream ("" before any)."""
 
 
 class SandboxRuntime(Protocol):

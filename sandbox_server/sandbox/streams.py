@@ -4,6 +4,7 @@ the boundary that separates the program's stdout from the archive of its output 
 from __future__ import annotations
 
 import io
+import itertools
 import struct
 from typing import BinaryIO
 
@@ -11,6 +12,11 @@ __all__ = ["CappedBuffer", "FrameDemuxer", "StdoutSplitter"]
 
 _HEADER = struct.Struct(">BxxxL")
 STDOUT, STDERR = 1, 2
+LAST_BYTES = 512
+"""The end of a stream kept for its last line (progress notifications show it)."""
+LINE_CHARS = 160
+"""A last line longer than this is shown cut, its end kept."""
+_feeds = itertools.count(1)
 
 
 class CappedBuffer:
@@ -22,11 +28,18 @@ class CappedBuffer:
         self._head_limit = self.limit - self._tail_limit
         self._head = bytearray()
         self._tail = bytearray()
+        self._last = bytearray()
         self.total = 0
+        self.fed = 0
+        """When it was last fed, in the order of every buffer's feeds (0: never)."""
 
     def feed(self, data: bytes) -> None:
         """Add bytes; memory stays bounded by `limit`."""
         self.total += len(data)
+        if data:
+            self.fed = next(_feeds)
+            self._last += data[-LAST_BYTES:]
+            del self._last[: max(0, len(self._last) - LAST_BYTES)]
         room = self._head_limit - len(self._head)
         if room > 0:
             self._head += data[:room]
@@ -48,6 +61,16 @@ class CappedBuffer:
     def tail(self) -> bytes:
         """The kept end of the stream (empty when nothing was dropped)."""
         return bytes(self._tail)
+
+    def last_line(self) -> str:
+        """The stream's latest line as a person reads it: the last one with text, after any carriage return
+        (a progress bar's latest state), cut to LINE_CHARS keeping its end; "" when there is none."""
+        text = self._last.decode("utf-8", "replace")
+        for line in reversed(text.splitlines()):
+            shown = "".join(ch for ch in line.rsplit("\r", 1)[-1] if ch.isprintable()).strip()
+            if shown:
+                return shown if len(shown) <= LINE_CHARS else "…" + shown[-(LINE_CHARS - 1) :]
+        return ""
 
 
 class FrameDemuxer:

@@ -448,3 +448,23 @@ async def test_a_sessions_resource_list_names_its_regular_files_only(keeping: Ke
         await _call(session, "echo a > a.txt; ln -s /etc/passwd p.txt; mkfifo f; mkdir -p s/t && echo b > s/t/b.txt")
         names = sorted(r.name for r in (await session.list_resources()).resources if "workspace" in str(r.uri))
     assert names == ["a.txt", "s/t/b.txt"]
+
+
+async def test_a_result_says_what_the_call_changed_in_its_workspace(keeping: Keeping, runtime: DockerRuntime) -> None:
+    async with connect(stdio_parameters(*_serve_args(keeping))) as session:
+        made = await _call(session, "echo a > a.txt; echo b > b.txt; echo c > c.txt; echo o > out/o.txt")
+        changed = await _call(
+            session, "echo more >> a.txt; rm b.txt; mv c.txt d.txt; echo t > tmp; rm tmp; echo n > new.txt"
+        )
+        nothing = await _call(session, "cat a.txt > /dev/null")
+    assert made["changes"]["created"] == ["a.txt", "b.txt", "c.txt"]  # not out/: returned, never kept
+    changes = changed["changes"]
+    assert changes["modified"] == ["a.txt"] and changes["more"] == 0
+    if keeping.kind == "mounted":  # the file's inode under another name
+        assert changes["renamed"] == [{"from": "c.txt", "to": "d.txt"}]
+        assert changes["created"] == ["new.txt"] and changes["deleted"] == ["b.txt"]
+    else:  # an archive keeps no inode: a rename is a deletion and a creation
+        assert changes["created"] == ["d.txt", "new.txt"] and changes["deleted"] == ["b.txt", "c.txt"]
+    assert "workspace changes: " in changed["text"] and "a.txt" in changed["text"]
+    assert nothing["changes"] == {"created": [], "modified": [], "deleted": [], "renamed": [], "more": 0}
+    assert "workspace changes" not in nothing["text"]

@@ -30,6 +30,7 @@ from sandbox_server.policy import Policy, ToolPolicy
 from sandbox_server.sandbox.runtime import ProgressCallback, SandboxRuntime
 from sandbox_server.sandbox.spec import ResourceLimits
 from sandbox_server.tools import Tool, ToolContext, ToolOutcome
+from sandbox_server.workspaces.changes import changes_line
 from sandbox_server.workspaces.kept import KeptWorkspace
 
 __all__ = ["Ask", "CallEnd", "CallPipeline", "UnknownTool"]
@@ -160,10 +161,14 @@ class CallPipeline:
             if kept is None:
                 return outcome, False
             structured = {**(outcome.structured or {}), "workspace": kept.record.id}
-            if kept.record.session is not None:  # a session's own workspace: the next call of the session finds it
-                return replace(outcome, structured=structured), kept.saved
-            note = f"workspace {kept.record.id}: pass it as `workspace` to continue in it"
-            return replace(outcome, structured=structured, notes=(*outcome.notes, note)), kept.saved
+            notes = outcome.notes
+            if kept.changes is not None:
+                structured["changes"] = kept.changes
+                said = changes_line(kept.changes)
+                notes = (*notes, said) if said else notes
+            if kept.record.session is None:  # the 2026-07-28 era: the id is how the next call continues it
+                notes = (*notes, f"workspace {kept.record.id}: pass it as `workspace` to continue in it")
+            return replace(outcome, structured=structured, notes=notes), kept.saved
         except EngineUnavailable as exc:
             raise Refusal(str(exc), kind="engine_unavailable") from exc
         except EngineError as exc:

@@ -126,6 +126,26 @@ NETWORK_SCHEMA: dict[str, Any] = {
 }  # fmt: skip
 
 
+CHANGES_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "What the call changed in its kept workspace (beside it, calls running side by side in it): "
+    "files created, modified, deleted and renamed, at most 50 paths, `more` counting the rest",
+    "properties": {
+        **{kind: {"type": "array", "items": {"type": "string"}} for kind in ("created", "modified", "deleted")},
+        "renamed": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {"from": {"type": "string"}, "to": {"type": "string"}},
+                "required": ["from", "to"],
+            },
+        },
+        "more": {"type": "integer", "minimum": 0},
+    },
+    "required": ["created", "modified", "deleted", "renamed", "more"],
+}
+
+
 def result_schema(title: str, properties: Mapping[str, Any], required: list[str]) -> dict[str, Any]:
     """A tool's outputSchema: its own answer, or an `error` object when it was refused or failed."""
     return {
@@ -135,6 +155,7 @@ def result_schema(title: str, properties: Mapping[str, Any], required: list[str]
             **properties,
             "error": ERROR_SCHEMA,
             "workspace": {"type": "string", "description": "The kept workspace this call worked in (pass it back)."},
+            "changes": CHANGES_SCHEMA,
             "network": NETWORK_SCHEMA,
         },
         "anyOf": [{"required": required}, {"required": ["error"]}],

@@ -30,6 +30,7 @@ from sandbox_server.errors import Refusal
 from sandbox_server.policy import WorkspaceSettings
 from sandbox_server.sandbox.archive import WorkspaceTooLarge, keep_workspace, kept_entries
 from sandbox_server.sandbox.spec import ExecutionResult, SandboxSpec
+from sandbox_server.workspaces.files import FileState
 
 __all__ = ["ArchivedContents", "Contents", "Room", "mime_type", "too_large"]
 
@@ -71,6 +72,9 @@ class Contents(Protocol):
 
     def files(self, workspace_id: str) -> list[tuple[str, int]]:
         """The regular files of a workspace (path, size)."""
+
+    def states(self, workspace_id: str) -> dict[str, FileState]:
+        """The regular files of a workspace and their states, for what a call changed."""
 
     def read_file(
         self, workspace_id: str, path: str, max_bytes: int, offset: int = 0, length: int | None = None
@@ -144,6 +148,10 @@ class ArchivedContents:
 
     def files(self, workspace_id: str) -> list[tuple[str, int]]:
         return [(name, member.size) for name, member, _ in self._members(workspace_id) if member.isreg()]
+
+    def states(self, workspace_id: str) -> dict[str, FileState]:
+        # An archive keeps no inode: a renamed file is one deleted and one created.
+        return {name: (m.size, int(m.mtime) * 10**9, 0) for name, m, _ in self._members(workspace_id) if m.isreg()}
 
     def read_file(
         self, workspace_id: str, path: str, max_bytes: int, offset: int = 0, length: int | None = None

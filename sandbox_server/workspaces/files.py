@@ -11,7 +11,10 @@ import os
 import stat
 from collections.abc import Iterator
 
-__all__ = ["MAX_DEPTH", "MAX_LISTED", "open_below", "open_regular", "regular_files"]
+__all__ = ["MAX_DEPTH", "MAX_LISTED", "FileState", "file_states", "open_below", "open_regular", "regular_files"]
+
+FileState = tuple[int, int, int]
+"""A regular file as a call may have changed it: (size, modification time in ns, inode)."""
 
 MAX_DEPTH = 64
 """Folders deeper than this in a workspace are not listed (a walk holds one descriptor per level)."""
@@ -20,7 +23,14 @@ MAX_LISTED = 100_000
 
 
 def regular_files(top: int, skip: str = "") -> Iterator[tuple[str, int]]:
-    """(path, size) of the regular files under an open folder, which it closes; never through a link.
+    """(path, size) of the regular files under an open folder, which it closes (see file_states)."""
+    for path, (size, _, _) in file_states(top, skip):
+        yield path, size
+
+
+def file_states(top: int, skip: str = "") -> Iterator[tuple[str, FileState]]:
+    """(path, (size, mtime_ns, inode)) of the regular files under an open folder, which it closes; never through
+    a link.
 
     It holds one open folder per level it stands in (at most MAX_DEPTH, never one per folder
     it has seen), reading each folder's entries whole before going into any of them, and looks
@@ -29,7 +39,7 @@ def regular_files(top: int, skip: str = "") -> Iterator[tuple[str, int]]:
     caller to show escaped.
     """
     seen = 0
-    stack: list[tuple[str, int, Iterator[tuple[str, bool, int]]]] = [("", top, iter(()))]
+    stack: list[tuple[str, int, Iterator[tuple[str, bool, FileState]]]] = [("", top, iter(()))]
     try:
         stack[0] = ("", top, iter(_entries(top)))
         while stack:
@@ -42,12 +52,12 @@ def regular_files(top: int, skip: str = "") -> Iterator[tuple[str, int]]:
             seen += 1
             if seen > MAX_LISTED:
                 return
-            name, is_folder, size = entry
+            name, is_folder, state = entry
             path = prefix + name
             if path == skip:
                 continue
             if not is_folder:
-                yield path, size
+                yield path, state
             elif len(stack) < MAX_DEPTH:
                 try:
                     inner = open_below(folder, name, directory=True)
@@ -64,16 +74,16 @@ def regular_files(top: int, skip: str = "") -> Iterator[tuple[str, int]]:
             os.close(folder)
 
 
-def _entries(folder: int) -> list[tuple[str, bool, int]]:
-    """(name, is a folder, size) of a folder's regular files and folders; links and the rest left out."""
+def _entries(folder: int) -> list[tuple[str, bool, FileState]]:
+    """(name, is a folder, state) of a folder's regular files and folders; links and the rest left out."""
     found = []
     with os.scandir(folder) as listing:
         for entry in listing:
             info = entry.stat(follow_symlinks=False)
             if stat.S_ISREG(info.st_mode):
-                found.append((entry.name, False, info.st_size))
+                found.append((entry.name, False, (info.st_size, info.st_mtime_ns, info.st_ino)))
             elif stat.S_ISDIR(info.st_mode):
-                found.append((entry.name, True, 0))
+                found.append((entry.name, True, (0, 0, 0)))
     return found
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import anyio
 import anyio.to_thread
@@ -10,6 +11,7 @@ import anyio.to_thread
 from sandbox_server.sandbox import wire
 from sandbox_server.sandbox.runtime import ProgressCallback, SandboxRuntime
 from sandbox_server.sandbox.spec import ExecutionResult, SandboxSpec
+from sandbox_server.workspaces.changes import changes_between
 from sandbox_server.workspaces.store import WorkspaceRecord, WorkspaceStore
 
 __all__ = ["KeptWorkspace"]
@@ -27,6 +29,8 @@ class KeptWorkspace:
         self.notes: list[str] = []
         self.saved = False
         """Whether a call saved the workspace (its files, and so the caller's resources, may have changed)."""
+        self.changes: dict[str, Any] | None = None
+        """What the call changed in the workspace (workspaces.changes), once it ran."""
 
     @classmethod
     def open(
@@ -58,9 +62,12 @@ class KeptWorkspace:
                     "variables run one at a time in a workspace, so each sees the variables of the one before"
                 )
             shaped = await anyio.to_thread.run_sync(self.store.begin, self.record, spec)
+            before = await anyio.to_thread.run_sync(self.store.states, self.record)
             result = await self.inner.run(shaped, on_progress)
             problem = await anyio.to_thread.run_sync(self.store.finish, self.record, result)
             self.saved = problem is None
+            after = await anyio.to_thread.run_sync(self.store.states, self.record)
+            self.changes = changes_between(before, after)
         notes = [*result.skipped_files, *self.notes]
         if problem is None and (result.timed_out or result.killed or result.oom_killed or result.flooded):
             notes.append("the workspace is kept as the program left it when it was stopped")

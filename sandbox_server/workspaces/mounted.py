@@ -26,7 +26,7 @@ from sandbox_server.sandbox.activity import Activity
 from sandbox_server.sandbox.archive import OUTPUT_LEAF
 from sandbox_server.sandbox.spec import ExecutionResult, ResourceLimits, SandboxSpec
 from sandbox_server.workspaces.contents import Room, too_large
-from sandbox_server.workspaces.files import open_regular, regular_files
+from sandbox_server.workspaces.files import FileState, file_states, open_regular, regular_files
 
 __all__ = ["MountedContents"]
 
@@ -308,6 +308,11 @@ class MountedContents:
         if not self._image(workspace_id).exists():
             return []
         return sorted(regular_files(mounts.open_folder(self._mounted(workspace_id)), skip=OUTPUT_LEAF))
+
+    def states(self, workspace_id: str) -> dict[str, FileState]:
+        if not self._image(workspace_id).exists():
+            return {}
+        return dict(file_states(mounts.open_folder(self._mounted(workspace_id)), skip=OUTPUT_LEAF))
 
     def read_file(
         self, workspace_id: str, path: str, max_bytes: int, offset: int = 0, length: int | None = None

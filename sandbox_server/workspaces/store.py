@@ -29,6 +29,7 @@ from sandbox_server.errors import Refusal
 from sandbox_server.policy import WorkspaceSettings
 from sandbox_server.sandbox.spec import ExecutionResult, SandboxSpec
 from sandbox_server.workspaces.contents import ArchivedContents, Contents, mime_type
+from sandbox_server.workspaces.files import FileState
 from sandbox_server.workspaces.naming import ID_PATTERN, internal, parse_resource_uri, resource_uri, shown_name
 
 __all__ = ["WorkspaceRecord", "WorkspaceStore", "default_state_dir", "session_key"]
@@ -260,6 +261,10 @@ class WorkspaceStore:
     def files(self, record: WorkspaceRecord) -> list[tuple[str, int]]:
         """The regular files of a kept workspace (path, size)."""
         return self.contents.files(record.id)
+
+    def states(self, record: WorkspaceRecord) -> dict[str, FileState]:
+        """The regular files of a kept workspace and their states (size, modification time, inode)."""
+        return self.contents.states(record.id)
 
     def listing(self, session: str, tenant: str | None = None) -> list[tuple[str, str, str, int]]:
         """A handshake session's workspace files as resources: (URI, name, MIME type, size)."""

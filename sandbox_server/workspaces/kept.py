@@ -12,6 +12,7 @@ from sandbox_server.sandbox import wire
 from sandbox_server.sandbox.runtime import ProgressCallback, SandboxRuntime
 from sandbox_server.sandbox.spec import ExecutionResult, SandboxSpec
 from sandbox_server.workspaces.changes import changes_between
+from sandbox_server.workspaces.files import FileState
 from sandbox_server.workspaces.store import WorkspaceRecord, WorkspaceStore
 
 __all__ = ["KeptWorkspace"]
@@ -52,6 +53,14 @@ class KeptWorkspace:
         kept.notes.extend(notes)
         return kept
 
+    def _begin(self, spec: SandboxSpec) -> tuple[SandboxSpec, dict[str, FileState]]:
+        """The call's spec in the workspace, and its files as the call finds them (one trip to a thread)."""
+        return self.store.begin(self.record, spec), self.store.states(self.record)
+
+    def _finish(self, result: ExecutionResult) -> tuple[str | None, dict[str, FileState]]:
+        """Keep what the call left, and its files as it left them."""
+        return self.store.finish(self.record, result), self.store.states(self.record)
+
     async def run(self, spec: SandboxSpec, on_progress: ProgressCallback | None = None) -> ExecutionResult:
         """Run in the workspace as its previous call left it; keep it as this call leaves it."""
         alone = dict(spec.call_env).get(wire.KEEP_VARIABLES_ENV) == "1"  # kept variables: one cell at a time
@@ -61,12 +70,10 @@ class KeptWorkspace:
                     f"this cell waited {waited:.1f} s for the workspace's previous cell: cells that keep their "
                     "variables run one at a time in a workspace, so each sees the variables of the one before"
                 )
-            shaped = await anyio.to_thread.run_sync(self.store.begin, self.record, spec)
-            before = await anyio.to_thread.run_sync(self.store.states, self.record)
+            shaped, before = await anyio.to_thread.run_sync(self._begin, spec)
             result = await self.inner.run(shaped, on_progress)
-            problem = await anyio.to_thread.run_sync(self.store.finish, self.record, result)
+            problem, after = await anyio.to_thread.run_sync(self._finish, result)
             self.saved = problem is None
-            after = await anyio.to_thread.run_sync(self.store.states, self.record)
             self.changes = changes_between(before, after)
         notes = [*result.skipped_files, *self.notes]
         if problem is None and (result.timed_out or result.killed or result.oom_killed or result.flooded):

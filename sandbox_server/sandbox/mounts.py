@@ -91,12 +91,7 @@ def bind_outputs(slot: str, owner: str) -> None:
             raise
         # A workspace full to its last file has no room for a folder: the call writes to the shared `out`,
         # emptied first, as a call in a workspace of its own would find it.
-        with contextlib.suppress(OSError):
-            root = open_folder(slot)
-            try:
-                shutil.rmtree(OUTPUT_NAME, dir_fd=root)  # by open folders, never through a link
-            finally:
-                os.close(root)
+        _remove_below(slot, (), OUTPUT_NAME)
 
 
 def _bind_outputs(slot: str, ids: tuple[int, int]) -> None:
@@ -117,22 +112,23 @@ def _bind_outputs(slot: str, ids: tuple[int, int]) -> None:
 def drop_outputs(slot: str) -> None:
     """Remove the output folder `bind_outputs` gave the slot's call (its files went back with the answer); never
     raises."""
-    with contextlib.suppress(OSError):
-        calls = _open_path(open_folder(slot), CALLS)
-        try:
-            shutil.rmtree(os.path.basename(slot), dir_fd=calls)  # by open folders, never through a link
-        finally:
-            os.close(calls)
+    _remove_below(slot, CALLS, os.path.basename(slot))
 
 
 def clear_calls(folder: Path) -> None:
     """Remove every call's output folder from a workspace no call runs in (what a killed process left)."""
+    _remove_below(str(folder), CALLS[:-1], CALLS[-1])
+
+
+def _remove_below(top: str, folders: tuple[str, ...], name: str) -> None:
+    """Remove the folder `name` and all it holds under `folders` of `top`, by open folders, never
+    through a link; never raises."""
     with contextlib.suppress(OSError):
-        sandbox = _open_path(open_folder(folder), CALLS[:1])
+        parent = _open_path(open_folder(top), folders)
         try:
-            shutil.rmtree(CALLS[1], dir_fd=sandbox)
+            shutil.rmtree(name, dir_fd=parent)
         finally:
-            os.close(sandbox)
+            os.close(parent)
 
 
 def _open_path(top: int, names: tuple[str, ...]) -> int:

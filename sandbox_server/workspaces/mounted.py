@@ -55,8 +55,9 @@ class Shape:
 
 
 @dataclass(frozen=True, slots=True)
-class Spare:
-    """A workspace made ahead: its image and where it is mounted (named at random), and the image's lock."""
+class Held:
+    """An image this process mounted: where (a spare's named at random), and the open image whose lock says so
+    (-1: none)."""
 
     image: Path
     where: Path
@@ -96,7 +97,7 @@ class MountedContents:
         """Whether each held workspace is mounted to let programs run from it."""
         self._places: dict[str, Path] = {}
         """Where held workspaces made as spares are mounted (the others at _where's keyed name)."""
-        self._spares: list[Spare] = []
+        self._spares: list[Held] = []
         self._spare_shape: Shape | None = None
         self._spares_made: threading.Thread | None = None
         """The thread making spares, while it runs."""
@@ -185,7 +186,7 @@ class MountedContents:
             else:
                 making = self._spares_made = threading.Thread(target=self._spares_loop, daemon=True)
         for spare in stale:
-            _drop_spare(spare)
+            _let_go(spare)
         if making is not None:
             making.start()
 
@@ -203,14 +204,14 @@ class MountedContents:
                     if keep:
                         self._spares.append(spare)
                 if not keep:
-                    _drop_spare(spare)
+                    _let_go(spare)
         except OSError:
             return  # the host cannot make one now (its disk is full?): calls make their own
         finally:
             with self._lock:
                 self._spares_made = None
 
-    def _new_spare(self, shape: Shape) -> Spare:
+    def _new_spare(self, shape: Shape) -> Held:
         name = secrets.token_hex(16)
         image, where = self.run / "spares" / f"{name}.img", self.run / "ws" / name
         image.parent.mkdir(mode=0o700, exist_ok=True)
@@ -221,9 +222,9 @@ class MountedContents:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
             mounts.mount_image(image, where, shape.executable)
         except BaseException:
-            _drop_spare(Spare(image, where, handle))
+            _let_go(Held(image, where, handle))
             raise
-        return Spare(image, where, handle)
+        return Held(image, where, handle)
 
     def _mounted(self, workspace_id: str, executable: bool | None = None) -> Path:
         """The workspace's filesystem, mounted by this process (which then holds its image's lock); for a call,
@@ -346,12 +347,7 @@ class MountedContents:
             self._making.pop(workspace_id, None)
             where = self._where(workspace_id)
             self._places.pop(workspace_id, None)
-            mounts.detach(str(where))
-            with contextlib.suppress(OSError):
-                where.rmdir()
-            if handle is not None:
-                os.close(handle)
-        self._image(workspace_id).unlink(missing_ok=True)
+            _let_go(Held(self._image(workspace_id), where, -1 if handle is None else handle))
 
     def _remove_in_a_pause(self, workspace_id: str) -> None:
         self._activity.wait_for_pause(DEFER_S, unless=lambda: self._closed)
@@ -369,7 +365,7 @@ class MountedContents:
         with self._lock:
             spares, self._spares = self._spares, []
         for spare in spares:
-            _drop_spare(spare)
+            _let_go(spare)
         with self._lock:
             mounts.detach_under(self.run)
             for handle in self._held.values():
@@ -393,14 +389,14 @@ def _image_key(path: Path) -> bytes:
     return key
 
 
-def _drop_spare(spare: Spare) -> None:
-    """Unmount a spare and delete its image; never raises."""
-    mounts.detach(str(spare.where))
+def _let_go(held: Held) -> None:
+    """Unmount an image, let go of its lock and delete it; never raises."""
+    mounts.detach(str(held.where))
     with contextlib.suppress(OSError):
-        spare.where.rmdir()
-    if spare.handle >= 0:
-        os.close(spare.handle)
-    spare.image.unlink(missing_ok=True)
+        held.where.rmdir()
+    if held.handle >= 0:
+        os.close(held.handle)
+    held.image.unlink(missing_ok=True)
 
 
 def _remove_tree(folder: Path) -> None:

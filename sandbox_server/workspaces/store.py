@@ -211,7 +211,7 @@ class WorkspaceStore:
     def _in_use(self, workspace_id: str) -> bool:
         return self._users.get(workspace_id, 0) > 0
 
-    # -- one call at a time ------------------------------------------------------------
+    # -- calls in a workspace ----------------------------------------------------------
 
     @contextlib.asynccontextmanager
     async def using(self, record: WorkspaceRecord, wait_s: float, alone: bool = False) -> AsyncIterator[float]:

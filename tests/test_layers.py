@@ -13,7 +13,7 @@ LAYERS = [  # lowest first: a module imports from its own layer and those below,
     {"network"},
     {"policy"},
     {"tools", "workspaces", "access"},
-    {"calls", "ops"},
+    {"calls", "ops", "tasks"},
     {"protocol"},
     {"cli", "__main__"},
 ]

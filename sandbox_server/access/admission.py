@@ -248,6 +248,10 @@ class Admission:
                 del self._running_by[client]
             self._dispatch()
 
+    def check_host(self) -> None:
+        """Refuse (a Refusal) when the host is saturated: a call that takes no slot still needs room."""
+        self._refuse_when_saturated()
+
     def _refuse_when_saturated(self) -> None:
         available_mb = psutil.virtual_memory().available // (1024 * 1024)
         if available_mb < self.host.min_available_memory_mb:

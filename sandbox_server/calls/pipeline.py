@@ -33,7 +33,7 @@ from sandbox_server.tools import Tool, ToolContext, ToolOutcome
 from sandbox_server.workspaces.changes import changes_line
 from sandbox_server.workspaces.kept import KeptWorkspace
 
-__all__ = ["Ask", "CallEnd", "CallPipeline", "UnknownTool"]
+__all__ = ["Ask", "CallEnd", "CallPipeline", "TaskStart", "UnknownTool"]
 
 Ask = Callable[[Approval, Policy, dict[str, Any]], Awaitable[Any]]
 """Asks a person to approve a call (given what needs approval, the call's policy and its audit record): None
@@ -43,6 +43,16 @@ it and calls again with the answer)."""
 
 class UnknownTool(Exception):
     """The call names no tool its policy offers (a protocol fault, not a result)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TaskStart:
+    """A call that runs as a task: its id, and what to do once it is past its checks and approval (from then on
+    it is a task; a refusal before that answers the request itself). It takes no slot of rate.concurrent_calls
+    (the tasks' own caps counted it) and may run for up to limits.max_task_s."""
+
+    id: str
+    created: Callable[[], Awaitable[None]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +92,7 @@ class CallPipeline:
         progress: ProgressCallback,
         ask: Ask,
         waiting: Waiting | None = None,
+        task: TaskStart | None = None,
     ) -> CallEnd:
         """Run one call of the tool clients see as `exposed`; UnknownTool when its policy offers none such.
 
@@ -98,6 +109,8 @@ class CallPipeline:
             client, own_name, exposed, arguments, policy.name, policy.digest, policy.audit.include_arguments
         )
         record["caller"] = identity.caller
+        if task is not None:
+            record["task"] = task.id
         if tool is None:
             message = f"unknown tool {exposed!r}; tools/list names the tools"
             await self._audit_finish(record, ToolOutcome.refused(Refusal(message, "name"), policy.name), started)
@@ -113,7 +126,11 @@ class CallPipeline:
                     if question is not None:  # 2026-07-28: asked through the client, answered in the call's next round
                         record["outcome"] = "awaiting_approval"
                         return CallEnd(question=question)
-                outcome, saved = await self._run_checked(tool, arguments, policy, identity, session, progress, waiting)
+                if task is not None:
+                    await task.created()
+                outcome, saved = await self._run_checked(
+                    tool, arguments, policy, identity, session, progress, waiting, task is not None
+                )
             except Refusal as refusal:  # the one place a refusal becomes an outcome
                 outcome = ToolOutcome.refused(refusal, policy.name)
             return CallEnd(outcome, policy.for_tool(tool.name).limits, workspace_saved=saved)
@@ -139,22 +156,29 @@ class CallPipeline:
         session: str | None,
         progress: ProgressCallback,
         waiting: Waiting | None,
+        as_task: bool = False,
     ) -> tuple[ToolOutcome, bool]:
         """Admit (a call past the concurrency cap waits its turn, within its own timeout), then run the tool: its
         outcome and whether it saved a kept workspace; refusals are raised."""
         tool_policy = policy.for_tool(tool.name)
         timeout = arguments.get("timeout_s")
         deadline = float(timeout) if isinstance(timeout, int | float) else tool_policy.limits.timeout_s
-        # An authenticated caller's limits are its own policy's and count its calls alone.
-        ticket = await self.admission.enter(identity.limits_key, policy.rate, policy.name, deadline, waiting)
+        # An authenticated caller's limits are its own policy's and count its calls alone; a task was counted by
+        # the tasks' own caps, and only the host's saturation may still refuse it.
+        if as_task:
+            self.admission.check_host()
+            ticket = None
+        else:
+            ticket = await self.admission.enter(identity.limits_key, policy.rate, policy.name, deadline, waiting)
         try:
             runtime, kept = await self._workspace_runtime(arguments, policy, identity, session)
         except BaseException:
-            ticket.release()
+            if ticket is not None:
+                ticket.release()
             raise
         try:
             proxy = await self._proxy(tool_policy, policy.name)
-            tool_ctx = ToolContext(runtime, tool_policy, policy.name, progress, kept is not None, proxy)
+            tool_ctx = ToolContext(runtime, tool_policy, policy.name, progress, kept is not None, proxy, as_task)
             outcome = await tool.run(arguments, tool_ctx)
             if proxy is not None:
                 outcome = await self._with_requests(outcome, proxy)
@@ -174,7 +198,8 @@ class CallPipeline:
         except EngineError as exc:
             raise Refusal(f"sandbox engine error: {exc}", kind="engine_error") from exc
         finally:
-            ticket.release()
+            if ticket is not None:
+                ticket.release()
 
     async def _workspace_runtime(
         self, arguments: Mapping[str, Any], policy: Policy, identity: Identity, session: str | None

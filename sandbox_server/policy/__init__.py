@@ -11,6 +11,7 @@ from sandbox_server.policy.model import (
     HostAdmission,
     Policy,
     RateLimits,
+    TaskSettings,
     ToolPolicy,
     WorkspaceSettings,
 )
@@ -21,6 +22,7 @@ __all__ = [
     "HostAdmission",
     "Policy",
     "RateLimits",
+    "TaskSettings",
     "ToolPolicy",
     "WorkspaceSettings",
 ]

@@ -28,6 +28,7 @@ from sandbox_server.policy.model import (
     HostAdmission,
     Policy,
     RateLimits,
+    TaskSettings,
     ToolPolicy,
     WorkspaceSettings,
 )
@@ -189,6 +190,9 @@ def _tool_policy(
     max_timeout_s = float(limits.get("max_timeout_s", defaults.max_timeout_s))
     if max_timeout_s < resource_limits.timeout_s:
         error("limits.max_timeout_s", f"{max_timeout_s:g} is below limits.timeout_s ({resource_limits.timeout_s:g})")
+    max_task_s = float(limits.get("max_task_s", defaults.max_task_s))
+    if max_task_s < max_timeout_s:
+        error("limits.max_task_s", f"{max_task_s:g} is below limits.max_timeout_s ({max_timeout_s:g})")
     commands = settings.get("commands", {})
     shell = bool(commands.get("shell", True))
     if shell and (commands.get("allow") or commands.get("deny")):
@@ -244,6 +248,7 @@ def _tool_policy(
         seccomp_profile_source=seccomp_source,
         limits=resource_limits,
         max_timeout_s=max_timeout_s,
+        max_task_s=max_task_s,
         allow_shell=shell,
         commands_allow=tuple(commands.get("allow", [])),
         commands_deny=tuple(commands.get("deny", [])),
@@ -278,6 +283,10 @@ def _name_errors(document: Mapping[str, Any], source: Path, known: list[str]) ->
     named = approval.get("tools") if isinstance(approval, Mapping) else None
     if isinstance(named, list):
         errors += [unknown(f"approval.tools[{i}]", name) for i, name in enumerate(named) if name not in known]
+    tasks = document.get("tasks")
+    first = tasks.get("first") if isinstance(tasks, Mapping) else None
+    if isinstance(first, list):
+        errors += [unknown(f"tasks.first[{i}]", name) for i, name in enumerate(first) if name not in known]
     return errors
 
 
@@ -315,6 +324,7 @@ def _build(
         audit=AuditSettings(**document.get("audit", {})),
         workspace=workspace,
         approval=approvals,
+        tasks=TaskSettings(**{**document.get("tasks", {}), "first": tuple(document.get("tasks", {}).get("first", []))}),
         source=str(source),
         digest=digest,
     )

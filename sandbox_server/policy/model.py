@@ -14,6 +14,7 @@ __all__ = [
     "HostAdmission",
     "Policy",
     "RateLimits",
+    "TaskSettings",
     "ToolPolicy",
     "WorkspaceSettings",
 ]
@@ -35,6 +36,8 @@ class ToolPolicy:
     limits: ResourceLimits = field(default_factory=ResourceLimits)
     max_timeout_s: float = 120.0
     """The most a caller may ask for with `timeout_s`; more is refused, never lowered."""
+    max_task_s: float = 3600.0
+    """The most a task may run: its `timeout_s`, else this."""
     allow_shell: bool = True
     commands_allow: tuple[str, ...] = ()
     commands_deny: tuple[str, ...] = ()
@@ -121,6 +124,21 @@ class WorkspaceSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class TaskSettings:
+    """Calls that outlive their request: how many, for how long their results are kept, how often to poll."""
+
+    running: int = 4
+    """Tasks running at once, every caller together (0: no tasks); apart from the calls' own slots."""
+    running_per_caller: int = 2
+    per_caller: int = 20
+    """Tasks one caller may hold, running or kept."""
+    ttl_s: float = 86400.0
+    poll_interval_ms: int = 2000
+    first: tuple[str, ...] = ()
+    """Tools whose calls run as tasks whenever the client can take one."""
+
+
+@dataclass(frozen=True, slots=True)
 class ApprovalSettings:
     """Calls a person must approve, through the client, before they run."""
 
@@ -156,6 +174,7 @@ class Policy:
     audit: AuditSettings = field(default_factory=AuditSettings)
     workspace: WorkspaceSettings = field(default_factory=WorkspaceSettings)
     approval: ApprovalSettings = field(default_factory=ApprovalSettings)
+    tasks: TaskSettings = field(default_factory=TaskSettings)
     source: str = "(built in)"
     digest: str = ""
     """sha256 of the resolved policy document, recorded in every audit line."""

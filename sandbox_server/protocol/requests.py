@@ -12,7 +12,7 @@ from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from sandbox_server.access.identity import Identity, anonymous, local_user, token_holder
 from sandbox_server.workspaces.store import session_key
 
-__all__ = ["Context", "client_name", "handshake_era", "http_session", "identity_of", "session_of"]
+__all__ = ["Context", "client_name", "handshake_era", "http_session", "identity_of", "session_of", "task_owner"]
 
 Context = ServerRequestContext[Any, Any]
 
@@ -58,3 +58,10 @@ def session_of(ctx: Context, instance: str) -> str | None:
     if not handshake_era(ctx):
         return None
     return session_key(instance, http_session(ctx) or "stdio")
+
+
+def task_owner(ctx: Context) -> str:
+    """Whose tasks a request sees: an authenticated caller's, else an anonymous handshake session's (the anonymous
+    caller's in the 2026-07-28 era), else over stdio the local user's."""
+    identity = identity_of(ctx)
+    return identity.tenant or identity.limits_key

@@ -37,9 +37,16 @@ class Resources:
     """The resources handlers over the result files' store and the kept workspaces."""
 
     def __init__(
-        self, store: ResourceStore, workspaces: WorkspaceStore | None, policy: Callable[[], Policy], instance: str
+        self,
+        store: ResourceStore,
+        workspaces: WorkspaceStore | None,
+        policy: Callable[[], Policy],
+        instance: str,
+        task_output: Callable[[Context, str], types.ReadResourceResult | None] | None = None,
     ) -> None:
         self.store = store
+        self._task_output = task_output
+        """A task's output so far, by its URI (sandbox://tasks/<id>/output), when its caller asks."""
         self.workspaces = workspaces
         self._policy = policy
         """The server's policy as it is now (its default returned_file_bytes caps a workspace file's read)."""
@@ -77,10 +84,29 @@ class Resources:
             "each file's path, size, MIME type and URI.",
             mime_type="application/json",
         )
-        return types.ListResourceTemplatesResult(resource_templates=[kept, listing])
+        templates = [kept, listing]
+        if self._task_output is not None:
+            templates.append(
+                types.ResourceTemplate(
+                    uri_template="sandbox://tasks/{task_id}/output",
+                    name="task-output",
+                    title="A task's output so far",
+                    description="The stdout and stderr of a task of yours, read while it runs or after it ended "
+                    "(the beginning and the end when it printed more than the policy's limits.output_bytes).",
+                    mime_type="text/plain",
+                )
+            )
+        return types.ListResourceTemplatesResult(resource_templates=templates)
 
     async def read(self, ctx: Context, params: types.ReadResourceRequestParams) -> types.ReadResourceResult:
         uri = str(params.uri)
+        if self._task_output is not None and uri.startswith("sandbox://tasks/"):
+            output = self._task_output(ctx, uri)
+            if output is None:
+                code = RESOURCE_NOT_FOUND_HANDSHAKE if handshake_era(ctx) else INVALID_PARAMS
+                raise MCPError(code, f"resource not found: {uri} (a task's output is its own caller's, kept as long "
+                               "as the task)")  # fmt: skip
+            return output
         try:
             base, part = requested_part(uri, READ_PART_BYTES)
         except ValueError as exc:

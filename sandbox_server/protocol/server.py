@@ -24,18 +24,30 @@ from mcp_types.jsonrpc import INVALID_PARAMS
 from sandbox_server import __version__
 from sandbox_server.access.approval import Approval
 from sandbox_server.access.audit import AuditLog
-from sandbox_server.calls.pipeline import CallPipeline, UnknownTool
+from sandbox_server.calls.pipeline import CallPipeline, TaskStart, UnknownTool
 from sandbox_server.calls.registry import ToolRegistry
+from sandbox_server.errors import Refusal
 from sandbox_server.network.proxies import EgressProxies
 from sandbox_server.policy import Policy
 from sandbox_server.protocol.asking import APPROVAL_TTL_S, Approvals
 from sandbox_server.protocol.listing import page_of, tool_model
-from sandbox_server.protocol.requests import Context, client_name, handshake_era, http_session, identity_of, session_of
+from sandbox_server.protocol.requests import (
+    Context,
+    client_name,
+    handshake_era,
+    http_session,
+    identity_of,
+    session_of,
+    task_owner,
+)
 from sandbox_server.protocol.resources import Resources
 from sandbox_server.protocol.results import RenderedResult, ResourceStore, render
+from sandbox_server.protocol.tasks import TaskProtocol, task_capabilities
 from sandbox_server.sandbox.pool import WarmPool
 from sandbox_server.sandbox.runtime import SandboxRuntime
-from sandbox_server.tools import Tool
+from sandbox_server.tasks.manager import Tasks
+from sandbox_server.tasks.records import TaskRecord
+from sandbox_server.tools import Tool, ToolOutcome
 from sandbox_server.workspaces.store import WorkspaceStore, session_key
 
 __all__ = ["SandboxServer"]
@@ -69,6 +81,7 @@ class SandboxServer:
         instance: str = "local",
         proxies: EgressProxies | None = None,
         caller_policy: Callable[[str], Policy] | None = None,
+        tasks: Tasks | None = None,
     ) -> None:
         self.registry = ToolRegistry(tools, policy, pool, proxies, workspaces, caller_policy, tool_prefix)
         self.calls = CallPipeline(self.registry, pool if pool is not None else runtime, audit)
@@ -77,12 +90,19 @@ class SandboxServer:
         self.workspaces = workspaces
         self.instance = instance
         """This server process, in the key of its handshake sessions' workspaces."""
-        self.resources = Resources(self.store, workspaces, lambda: self.policy, instance)
+        self.tasks = tasks
+        self.task_protocol = (
+            TaskProtocol(tasks, lambda ctx: self.registry.policy_for(identity_of(ctx).policy), self._call)
+            if tasks is not None
+            else None
+        )
+        task_output = self.task_protocol.output if self.task_protocol is not None else None
+        self.resources = Resources(self.store, workspaces, lambda: self.policy, instance, task_output)
         self.approvals = Approvals()
         self._sessions: OrderedDict[str, ServerSession] = OrderedDict()
         """Handshake-era connections to tell of a tools/list change, by MCP session id (the latest request's)."""
         self._events = InMemorySubscriptionBus()  # 2026-07-28 clients hear of changes via subscriptions/listen
-        self.server: Server[Any] = Server(
+        self.server: Server[Any] = _TaskServer(
             "sandbox-server",
             version=__version__,
             title="Sandbox server",
@@ -98,6 +118,10 @@ class SandboxServer:
         # call's tool, arguments and caller, so an answer cannot be carried over to another call.
         security = RequestStateSecurity.ephemeral(ttl=APPROVAL_TTL_S)
         self.server.middleware.append(RequestStateBoundary(security, default_audience="sandbox-server"))
+        if self.task_protocol is not None:
+            self.task_protocol.install(self.server)
+        if pool is not None and tasks is not None:  # running tasks' containers count against warm containers' memory
+            pool.held_elsewhere = tasks.memory_bytes
 
     @property
     def policy(self) -> Policy:
@@ -157,15 +181,27 @@ class SandboxServer:
         page, next_cursor = page_of(sorted(tools), params.cursor if params else None, self.page_size)
         return types.ListToolsResult(tools=[tool_model(n, tools[n], policy) for n in page], next_cursor=next_cursor)
 
-    async def _call_tool(
-        self, ctx: Context, params: types.CallToolRequestParams
-    ) -> types.CallToolResult | types.InputRequiredResult:
+    async def _call_tool(self, ctx: Context, params: types.CallToolRequestParams) -> Any:
         self._remember(ctx)
+        as_task = False
+        if self.task_protocol is not None:
+            tool = self.registry.tools_of(self.registry.policy_for(identity_of(ctx).policy)).get(params.name)
+            as_task = self.task_protocol.as_task(ctx, params, tool.name if tool is not None else None)
+        answer = await self._call(ctx, params, as_task)
+        if isinstance(answer, TaskRecord):
+            assert self.task_protocol is not None
+            return self.task_protocol.created_answer(ctx, answer)
+        return answer
+
+    async def _call(self, ctx: Context, params: types.CallToolRequestParams, as_task: bool) -> Any:
+        """Run a call: its result, a question to answer it with, or (as a task) the task's record once created."""
         identity = identity_of(ctx)
 
         waited = [0.0]  # progress only ever grows: a run's seconds count on from the time spent waiting
 
         async def progress(elapsed_s: float, stdout_bytes: int, stderr_bytes: int, last_line: str) -> None:
+            if as_task:  # the request has been answered: tasks/get and the output resource tell how it goes
+                return
             message = f"{elapsed_s:.0f} s elapsed; {stdout_bytes} bytes of stdout, {stderr_bytes} of stderr so far"
             if last_line:
                 message += f"; last line: {last_line}"
@@ -179,30 +215,68 @@ class SandboxServer:
             return await self.approvals.ask(ctx, params, identity.limits_key, needed, policy, record)
 
         arguments, session = params.arguments or {}, session_of(ctx, self.instance)
-        try:
-            end = await self.calls.call(
-                params.name, arguments, identity, client_name(ctx), session, progress, ask, waiting
-            )
-        except UnknownTool as exc:
-            raise MCPError(INVALID_PARAMS, str(exc)) from None
-        if end.question is not None:
-            question: types.InputRequiredResult = end.question
-            return question
-        if end.workspace_saved:
-            await self._resources_changed(ctx)
-        assert end.outcome is not None and end.limits is not None
-        limits = end.limits
-        rendered = render(end.outcome, self.store, limits.returned_images, limits.returned_image_bytes, identity.tenant)
-        return _result_model(rendered)
 
-    async def _resources_changed(self, ctx: Context) -> None:
+        async def run(task: TaskStart | None = None) -> Any:
+            try:
+                end = await self.calls.call(
+                    params.name, arguments, identity, client_name(ctx), session, progress, ask, waiting, task
+                )
+            except UnknownTool as exc:
+                raise MCPError(INVALID_PARAMS, str(exc)) from None
+            if end.question is not None:
+                question: types.InputRequiredResult = end.question
+                return question
+            if end.workspace_saved:
+                await self._resources_changed(ctx, tell_session=task is None)
+            assert end.outcome is not None and end.limits is not None
+            limits = end.limits
+            rendered = render(
+                end.outcome, self.store, limits.returned_images, limits.returned_image_bytes, identity.tenant
+            )
+            result = _result_model(rendered)
+            return result if task is None else result.model_dump(by_alias=True, mode="json", exclude_none=True)
+
+        if not as_task or self.tasks is None or self.task_protocol is None:
+            return await run()
+        policy = self.registry.policy_for(identity.policy)
+        tool = self.registry.tools_of(policy).get(params.name)
+        if tool is None:
+            return await run()  # answered as an unknown tool
+        protocol = self.task_protocol
+        ttl = params.task.ttl if params.task is not None else None
+
+        async def tell_end(record: TaskRecord) -> None:
+            await protocol.tell_end(ctx, record)
+
+        try:
+            started = await self.tasks.start(
+                policy.tasks, policy.name, task_owner(ctx), identity.caller, params.name,
+                policy.for_tool(tool.name).limits.memory_mb * 1024 * 1024, ttl, run, tell_end,
+            )  # fmt: skip
+        except Refusal as refusal:
+            outcome = ToolOutcome.refused(refusal, policy.name)
+            return _result_model(render(outcome, self.store, tenant=identity.tenant))
+        return started.record if started.record is not None else started.answer
+
+    async def _resources_changed(self, ctx: Context, tell_session: bool = True) -> None:
         """Tell the caller its workspace files changed (handshake: on its session; 2026: to listeners)."""
         await self._events.publish(ResourcesListChanged())
-        if handshake_era(ctx):
+        if handshake_era(ctx) and tell_session:
             try:
                 await ctx.session.send_resource_list_changed()
             except Exception as exc:  # a client without a stream for it still gets its answer
                 logger.info("could not send resources/list_changed: %r", exc)
+
+
+class _TaskServer(Server[Any]):
+    """The SDK's server, declaring tasks to handshake-era clients when it serves them (the SDK derives every
+    other capability from the handlers it has)."""
+
+    def get_capabilities(self, *args: Any, **kwargs: Any) -> types.ServerCapabilities:
+        capabilities = super().get_capabilities(*args, **kwargs)
+        if self.get_request_handler("tasks/get") is not None:
+            capabilities.tasks = task_capabilities()
+        return capabilities
 
 
 def _result_model(rendered: RenderedResult) -> types.CallToolResult:

@@ -14,7 +14,7 @@ import socket
 from typing import BinaryIO
 
 from sandbox_server.sandbox.spec import SandboxSpec
-from sandbox_server.sandbox.streams import STDERR, CappedBuffer, FrameDemuxer, StdoutSplitter
+from sandbox_server.sandbox.streams import LIVE_OUTPUT, STDERR, CappedBuffer, FrameDemuxer, StdoutSplitter
 
 __all__ = [
     "FLOOD_FACTOR",
@@ -69,6 +69,9 @@ class Drain:
         self.flood_limit = max(cap * FLOOD_FACTOR, FLOOD_MIN_BYTES)
         self.flooded = False
         self.finished = False
+        watch = LIVE_OUTPUT.get()
+        if watch is not None:
+            watch(self.stdout, self.stderr)
 
     def run(self, raw: socket.socket) -> None:
         """Read until the stream ends or the output turns into a flood."""

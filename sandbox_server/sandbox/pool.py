@@ -134,6 +134,8 @@ class WarmPool(Generic[WarmT]):
         self._per_container: dict[Key, int] = {}
         """The most one container of each key was seen to hold: what making another will cost."""
         self.memory_budget = math.inf
+        self.held_elsewhere: Callable[[], int] = lambda: 0
+        """Memory the budget also covers that the pool does not hold (running tasks' containers)."""
         """Bytes all waiting containers together may hold."""
         self.host_room: Callable[[], bool] = lambda: True
         """Whether the host has memory to spare for another warm container."""
@@ -245,7 +247,8 @@ class WarmPool(Generic[WarmT]):
         """Whether one more container of this key fits the memory budget and the host's floor."""
         being_made = sum(self._filling.get(k, 0) * self._per_container.get(k, 0) for k in self._filling)
         cost = self._per_container.get(key, 0)
-        return self.memory_bytes() + being_made + cost <= self.memory_budget and self.host_room()
+        held = self.memory_bytes() + self.held_elsewhere()
+        return held + being_made + cost <= self.memory_budget and self.host_room()
 
     def _expire(self, now: float) -> None:
         for key, queue in self._ready.items():

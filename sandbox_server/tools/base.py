@@ -183,6 +183,8 @@ class ToolContext:
     """The call runs in a kept workspace (what it leaves there is there in the next call)."""
     proxy: ProxyEndpoint | None = None
     """With an allow list: the internal network the sandbox joins and its proxy."""
+    task: bool = False
+    """The call runs as a task: it may run for up to limits.max_task_s, and that long when it does not ask."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -328,13 +330,15 @@ def decode_files(items: list[Mapping[str, str]], policy: ToolPolicy, policy_name
     return tuple(files)
 
 
-def refuse_timeout(requested: float | None, policy: ToolPolicy, policy_name: str) -> None:
-    """Refuse a call that asks for more time than the policy allows."""
-    if requested is not None and requested > policy.max_timeout_s:
+def refuse_timeout(requested: float | None, policy: ToolPolicy, policy_name: str, task: bool = False) -> None:
+    """Refuse a call that asks for more time than the policy allows (a task: limits.max_task_s)."""
+    cap, field = (policy.max_task_s, "limits.max_task_s") if task else (policy.max_timeout_s, "limits.max_timeout_s")
+    if requested is not None and requested > cap:
+        longer = "" if task or policy.max_task_s <= cap else f", or up to {policy.max_task_s:g} s as a task"
         raise Refusal(
-            f"refused: timeout_s {requested:g} is above the cap of {policy.max_timeout_s:g} s "
-            f"set by policy '{policy_name}' (field limits.max_timeout_s); ask for {policy.max_timeout_s:g} or less",
-            "limits.max_timeout_s",
+            f"refused: timeout_s {requested:g} is above the cap of {cap:g} s set by policy '{policy_name}' "
+            f"(field {field}); ask for {cap:g} or less{longer}",
+            field,
         )
 
 
@@ -347,7 +351,7 @@ def sandbox_spec(
 ) -> SandboxSpec:
     """The spec of one call from its arguments and its tool's policy; raises Refusal when the policy says no."""
     policy = ctx.policy
-    refuse_timeout(args.get("timeout_s"), policy, ctx.policy_name)
+    refuse_timeout(args.get("timeout_s"), policy, ctx.policy_name, ctx.task)
     files = decode_files(args.get("files", []), policy, ctx.policy_name)
     workdir = workspace_folder(args.get("workdir", WORKSPACE))
     if workdir is None:
@@ -359,6 +363,8 @@ def sandbox_spec(
     limits = policy.limits
     if "timeout_s" in args:
         limits = replace(limits, timeout_s=float(args["timeout_s"]))
+    elif ctx.task:
+        limits = replace(limits, timeout_s=policy.max_task_s)
     network, network_env = ("none", ()) if ctx.proxy is None else (ctx.proxy.network, ctx.proxy.environment())
     return replace(
         policy.container_spec(),

@@ -1,0 +1,81 @@
+"""The client's side of tasks (2026-07-28 era), for the official Python client: an extension that names the
+tasks extension in every request and, when a call is answered with a task, follows it to its end.
+
+    async with Client(url, mode="2026-07-28", extensions=[TasksExtension(on_status)]) as client:
+        result = await client.call_tool("execute_command", {"command": "make test", "timeout_s": 900})
+
+`on_status` hears the task each time it is polled (its statusMessage says the time and the last output line).
+A call cancelled while it follows its task cancels the task (tasks/cancel), so no container is left running.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Literal
+
+import anyio
+import mcp_types as types
+from mcp.client.extension import ClaimContext, ClientExtension, ResultClaim
+from mcp.client.session import ClientSession
+from mcp.shared.exceptions import MCPError
+from pydantic import ConfigDict, TypeAdapter
+
+__all__ = ["CreatedTask", "TasksExtension", "task_request"]
+
+EXTENSION = "io.modelcontextprotocol/tasks"
+_ANY = TypeAdapter(dict[str, Any])
+TERMINAL = ("completed", "failed", "cancelled")
+
+
+class CreatedTask(types.Result):
+    """The answer to a call that became a task: `resultType: "task"` and the task's first state."""
+
+    model_config = ConfigDict(extra="allow")
+    result_type: Literal["task"] = "task"
+    task_id: str
+    status: str
+    status_message: str | None = None
+    poll_interval_ms: int | None = None
+
+
+class _TaskRequest(types.Request[dict[str, Any], str]):
+    """A tasks/* request (the client's session stamps the era's _meta on it)."""
+
+
+async def task_request(session: ClientSession, method: str, task_id: str) -> dict[str, Any]:
+    """Send tasks/get or tasks/cancel for one task: the answer as sent."""
+    return await session.send_request(_TaskRequest(method=method, params={"taskId": task_id}), _ANY)
+
+
+class TasksExtension(ClientExtension):
+    """Names the tasks extension and follows a task to its end, polling tasks/get as often as it is told."""
+
+    identifier = EXTENSION
+
+    def __init__(self, on_status: Callable[[dict[str, Any]], Awaitable[None]] | None = None) -> None:
+        self._on_status = on_status
+
+    def claims(self) -> Sequence[ResultClaim[Any]]:
+        return [ResultClaim(result_type="task", model=CreatedTask, resolve=self._follow)]
+
+    async def _follow(self, created: CreatedTask, ctx: ClaimContext) -> types.CallToolResult:
+        task_id = created.task_id
+        try:
+            while True:
+                task = await task_request(ctx.session, "tasks/get", task_id)
+                if self._on_status is not None:
+                    await self._on_status(task)
+                if task["status"] in TERMINAL:
+                    break
+                await anyio.sleep(max(0.1, (task.get("pollIntervalMs") or 1000) / 1000))
+        except anyio.get_cancelled_exc_class():
+            with anyio.CancelScope(shield=True), anyio.move_on_after(35):
+                await task_request(ctx.session, "tasks/cancel", task_id)
+            raise
+        if task["status"] == "completed":
+            return types.CallToolResult.model_validate(task["result"], by_name=False)
+        if task["status"] == "failed":
+            error = task.get("error") or {}
+            raise MCPError(int(error.get("code", -32603)), str(error.get("message", task.get("statusMessage"))))
+        said = task.get("statusMessage") or "the task was cancelled"
+        return types.CallToolResult(content=[types.TextContent(type="text", text=said)], is_error=True)

@@ -1,0 +1,1 @@
+"""Tasks: calls that outlive their request, kept on disk until their time to live has passed."""

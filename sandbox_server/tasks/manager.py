@@ -1,0 +1,354 @@
+"""Tasks: calls that outlive their request. The request is answered once the call is past its checks and
+approval; the call goes on in the server's own task group, its output read while it runs, and its end kept on
+disk for the policy's `tasks.ttl_s`, whoever asks for it later and whether or not its client is still there.
+
+A task belongs to its owner and to no one else: any other caller is answered as for an id that never existed.
+Each runs in its own fresh container, like every call, removed at its end; cancelling one cancels the call, which
+removes its container, and its workspace keeps what the program left, as after a timeout.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.abc
+import anyio.to_thread
+
+from sandbox_server.access.audit import AuditLog
+from sandbox_server.calls.pipeline import TaskStart
+from sandbox_server.errors import Refusal
+from sandbox_server.policy import TaskSettings
+from sandbox_server.sandbox.streams import LIVE_OUTPUT, CappedBuffer
+from sandbox_server.tasks.records import TaskFiles, TaskRecord, new_task_id
+
+__all__ = ["Started", "Tasks", "Work"]
+
+logger = logging.getLogger("sandbox_server")
+
+SWEEP_S = 60.0
+"""How often expired tasks are forgotten."""
+CANCEL_WAIT_S = 30.0
+"""How long tasks/cancel waits for the task's container to be removed before it answers."""
+SERVER_STOPPED = -32603
+
+Work = Callable[[TaskStart], Awaitable[dict[str, Any] | Any]]
+"""The call itself: it calls `created` once it becomes a task; it returns the task's result (a tools/call result
+as the protocol writes it) or, when it ends before it became one, whatever answers the request instead."""
+
+
+@dataclass(frozen=True, slots=True)
+class Started:
+    """How starting a task went: its record (a task exists), or what answers the request instead."""
+
+    record: TaskRecord | None = None
+    answer: Any = None
+
+
+@dataclass(eq=False)
+class _Live:
+    record: TaskRecord
+    memory_bytes: int
+    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+    created: anyio.Event = field(default_factory=anyio.Event)
+    done: anyio.Event = field(default_factory=anyio.Event)
+    started: float = field(default_factory=time.monotonic)
+    streams: tuple[CappedBuffer, CappedBuffer] | None = None
+    last_line: str = ""
+    cancel_asked: bool = False
+    answer: Any = None
+    failure: Exception | None = None
+    """What the work raised before it became a task (raised again on the request)."""
+    on_end: Callable[[TaskRecord], Awaitable[None]] | None = None
+
+
+class Tasks:
+    """Every task of this server's callers: running ones in memory, all of them on disk."""
+
+    def __init__(
+        self, folder: Path, server: str, audit: AuditLog | None, alive: Callable[[str], bool] = lambda _: True
+    ) -> None:
+        self.files = TaskFiles(folder)
+        self.server = server
+        self.audit = audit
+        self._alive = alive
+        self._live: dict[str, _Live] = {}
+        self._group: anyio.abc.TaskGroup | None = None
+
+    # -- the server's side -------------------------------------------------------------------------------------
+
+    async def serve(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Run the tasks' group until cancelled (tasks still running then end as failed, and say why)."""
+        await anyio.to_thread.run_sync(self.recover)
+        async with anyio.create_task_group() as group:
+            self._group = group
+            task_status.started()
+            try:
+                while True:
+                    await anyio.sleep(SWEEP_S)
+                    await anyio.to_thread.run_sync(self.sweep)
+            finally:
+                self._group = None
+
+    def recover(self) -> int:
+        """Tasks a stopped server left working end as failed, saying so (their containers went with it: the
+        reaper removes a dead server's containers, so there is nothing to take back); expired ones go."""
+        failed = 0
+        for record in self.files.all():
+            if record.ended or record.server == self.server or self._alive(record.server):
+                continue
+            message = (
+                "failed: the server running this task stopped before it ended, and its container was removed with "
+                "it (a sandbox never outlives its server); run the call again"
+            )
+            error = {"code": SERVER_STOPPED, "message": message}
+            self.files.save(record.moved("failed", message, error=error))
+            self._audit("task_failed", record, status="failed", reason="server stopped")
+            failed += 1
+        self.sweep()
+        return failed
+
+    def sweep(self) -> int:
+        """Forget the tasks whose time to live has passed (a running one is cancelled first)."""
+        now, gone = time.time(), 0
+        for record in self.files.all():
+            if not record.expired(now):
+                continue
+            live = self._live.get(record.id)
+            if live is not None:
+                live.cancel_asked = True
+                live.scope.cancel()
+                continue  # it ends as cancelled, and goes at the next sweep
+            self.files.remove(record.id)
+            self._audit("task_expired", record, status=record.status)
+            gone += 1
+        return gone
+
+    def memory_bytes(self) -> int:
+        """What the running tasks' containers may hold together (warm containers leave room for it)."""
+        return sum(live.memory_bytes for live in self._live.values())
+
+    # -- a caller's side ---------------------------------------------------------------------------------------
+
+    async def start(
+        self,
+        settings: TaskSettings,
+        policy_name: str,
+        owner: str,
+        caller: str,
+        tool: str,
+        memory_bytes: int,
+        ttl_ms: int | None,
+        work: Work,
+        on_end: Callable[[TaskRecord], Awaitable[None]] | None = None,
+    ) -> Started:
+        """Start `work` as a task once the caps allow it (a Refusal naming the cap when not): its record once the
+        work says it is created, or the work's own answer when it ended before that (a refusal, a question)."""
+        if self._group is None:
+            raise Refusal("refused: this server runs no tasks (it was not started to serve them)", "tasks")
+        self._refuse_past_caps(settings, policy_name, owner)
+        now = time.time()
+        ttl_s = settings.ttl_s if ttl_ms is None else max(1.0, min(settings.ttl_s, ttl_ms / 1000))
+        record = TaskRecord(
+            new_task_id(), owner, caller, tool, policy_name, self.server, now, now, ttl_s, settings.poll_interval_ms
+        )
+        live = _Live(record, memory_bytes, on_end=on_end)
+        self._live[record.id] = live
+        self._group.start_soon(self._run, live, work)
+        async with anyio.create_task_group() as waiting:
+
+            async def until(event: anyio.Event) -> None:
+                await event.wait()
+                waiting.cancel_scope.cancel()
+
+            waiting.start_soon(until, live.created)
+            waiting.start_soon(until, live.done)
+        if not live.created.is_set():
+            if live.failure is not None:
+                raise live.failure
+            return Started(answer=live.answer)
+        return Started(record=self.status(record.id, owner))
+
+    def status(self, task_id: str, owner: str) -> TaskRecord | None:
+        """The task as it stands now, with its latest output line; None when the owner has none of this id."""
+        live = self._live.get(task_id)
+        if live is not None and live.created.is_set():
+            if live.record.owner != owner:
+                return None
+            return live.record if live.record.ended else live.record.moved("working", self._progress(live))
+        record = self.files.load(task_id)
+        if record is None or record.owner != owner or record.expired(time.time()):
+            return None
+        return record
+
+    def owned(self, owner: str) -> list[TaskRecord]:
+        """The owner's tasks, oldest first."""
+        known = [self.status(record.id, owner) for record in self.files.all() if record.owner == owner]
+        return sorted((record for record in known if record is not None), key=lambda record: record.created_at)
+
+    async def result(self, task_id: str, owner: str) -> TaskRecord | None:
+        """The task once it has ended (waiting for it while it runs here); None as for `status`."""
+        live = self._live.get(task_id)
+        if live is not None and live.record.owner == owner:
+            await live.done.wait()
+        return self.status(task_id, owner)
+
+    async def cancel(self, task_id: str, owner: str) -> TaskRecord | None:
+        """Cancel a running task and wait (a while) until its container is gone: the task as it then stands."""
+        live = self._live.get(task_id)
+        if live is not None and live.record.owner == owner and live.created.is_set():
+            live.cancel_asked = True
+            live.scope.cancel()
+            with anyio.move_on_after(CANCEL_WAIT_S):
+                await live.done.wait()
+        return self.status(task_id, owner)
+
+    def output(self, task_id: str, owner: str) -> str | None:
+        """Its stdout and stderr so far (the beginning and end when there is more than the policy returns)."""
+        if self.status(task_id, owner) is None:
+            return None
+        live = self._live.get(task_id)
+        if live is not None and live.streams is not None:
+            return _output_text(*live.streams)
+        return self.files.output(task_id) or ""
+
+    # -- inside --------------------------------------------------------------------------------------------------
+
+    def _refuse_past_caps(self, settings: TaskSettings, policy_name: str, owner: str) -> None:
+        if settings.running <= 0:
+            raise Refusal(f"refused: policy '{policy_name}' runs no tasks (field tasks.running is 0)", "tasks.running")
+        running = [live for live in self._live.values() if not live.record.ended]
+        if len(running) >= settings.running:
+            raise Refusal(
+                f"busy: {len(running)} tasks are running, the most policy '{policy_name}' allows at once "
+                "(field tasks.running); retry when one ends",
+                "tasks.running",
+                kind="busy",
+                retry_after_s=settings.poll_interval_ms / 1000,
+            )
+        mine = [live for live in running if live.record.owner == owner]
+        if len(mine) >= settings.running_per_caller:
+            raise Refusal(
+                f"busy: you have {len(mine)} tasks running, the most policy '{policy_name}' allows a caller "
+                "(field tasks.running_per_caller); wait for one to end or cancel one",
+                "tasks.running_per_caller",
+                kind="busy",
+                retry_after_s=settings.poll_interval_ms / 1000,
+            )
+        held = sum(1 for record in self.files.all() if record.owner == owner and not record.expired(time.time()))
+        if held >= settings.per_caller:
+            raise Refusal(
+                f"refused: you hold {held} tasks, the most policy '{policy_name}' keeps for a caller "
+                f"(field tasks.per_caller); they are forgotten {settings.ttl_s:g} s after they start (tasks.ttl_s)",
+                "tasks.per_caller",
+            )
+
+    async def _run(self, live: _Live, work: Work) -> None:
+        record = live.record
+
+        async def created() -> None:
+            await anyio.to_thread.run_sync(self.files.save, live.record)
+            self._audit("task_created", live.record)
+            live.created.set()
+
+        def watch(stdout: CappedBuffer, stderr: CappedBuffer) -> None:
+            live.streams = (stdout, stderr)
+
+        token = LIVE_OUTPUT.set(watch)
+        answer: Any = None
+        error: dict[str, Any] | None = None
+        try:
+            with live.scope:
+                answer = await work(TaskStart(record.id, created))
+        except Exception as exc:  # a fault of the server, not of the program: the task failed, and says how
+            if not live.created.is_set():
+                live.failure = exc
+            else:
+                logger.exception("task %s failed", record.id)
+                error = {"code": SERVER_STOPPED, "message": f"internal error: {exc}"}
+        finally:
+            LIVE_OUTPUT.reset(token)
+            with anyio.CancelScope(shield=True):
+                await self._end(live, answer, error)
+
+    async def _end(self, live: _Live, answer: Any, error: dict[str, Any] | None) -> None:
+        try:
+            if not live.created.is_set():  # it never became a task: its answer goes back on the request
+                live.answer = answer
+                return
+            elapsed = time.monotonic() - live.started
+            record = live.record
+            if error is not None:
+                record = record.moved("failed", error["message"], error=error)
+            elif isinstance(answer, dict):
+                failed = bool(answer.get("isError"))
+                said = "ended with an error" if failed else "completed"
+                record = record.moved("completed", f"{said} after {elapsed:.0f} s", result=answer)
+            elif live.cancel_asked:
+                record = record.moved("cancelled", f"cancelled after {elapsed:.0f} s; its container was removed")
+            else:
+                message = "failed: the server stopped while the task ran, and its container was removed"
+                record = record.moved("failed", message, error={"code": SERVER_STOPPED, "message": message})
+            live.record = record
+            if live.streams is not None:
+                await anyio.to_thread.run_sync(self.files.save_output, record.id, _output_text(*live.streams))
+            await anyio.to_thread.run_sync(self.files.save, record)
+            event = "task_cancelled" if record.status == "cancelled" else "task_finished"
+            self._audit(event, record, status=record.status, duration_ms=int(elapsed * 1000))
+            if live.on_end is not None:
+                try:
+                    await live.on_end(record)
+                except Exception as exc:  # a client gone away hears nothing; the result waits for it
+                    logger.info("task %s: could not tell its client it ended (%r)", record.id, exc)
+        finally:
+            self._live.pop(live.record.id, None)
+            live.done.set()
+
+    def _progress(self, live: _Live) -> str:
+        elapsed = time.monotonic() - live.started
+        message = f"working for {elapsed:.0f} s"
+        if live.streams is not None:
+            stdout, stderr = live.streams
+            latest = max(live.streams, key=lambda stream: stream.fed)
+            line = latest.last_line() or stdout.last_line() or stderr.last_line()
+            message += f"; {stdout.total} bytes of stdout, {stderr.total} of stderr"
+            if line:
+                message += f"; last line: {line}"
+        return message
+
+    def _audit(self, event: str, record: TaskRecord, **fields: Any) -> None:
+        if self.audit is None:
+            return
+        self.audit.write(
+            {
+                "time": datetime.now(UTC).isoformat(timespec="milliseconds"),
+                "event": event,
+                "task": record.id,
+                "caller": record.caller,
+                "tool": record.tool,
+                "policy": record.policy,
+                **fields,
+            }
+        )
+
+
+def _output_text(stdout: CappedBuffer, stderr: CappedBuffer) -> str:
+    """The output as one text: stdout, then stderr under its own heading, each with what was cut said."""
+    parts = []
+    for name, stream in (("stdout", stdout), ("stderr", stderr)):
+        head, tail = stream.head(), stream.tail()
+        text = head.decode("utf-8", "replace")
+        if stream.truncated_bytes:
+            text += f"\n[… {stream.truncated_bytes} bytes not kept …]\n"
+        text += tail.decode("utf-8", "replace")
+        if name == "stdout":
+            parts.append(text)
+        elif text:
+            parts.append(f"--- stderr ---\n{text}")
+    return "\n".join(part for part in parts if part)

@@ -1,0 +1,221 @@
+"""Calls that outlive their request, as MCP tasks, through the real server and engine.
+
+A policy with short caps proves what the shipped ones do with long ones: calls may take 3 s in one request
+(`limits.max_timeout_s`), and a call that asks for more runs as a task of up to 120 s (`limits.max_task_s`).
+The 2026-07-28 era is driven with the official client and the tasks extension named in its capabilities; the
+2025-11-25 era's `tools/call` with `task` is answered with a shape that client refuses to read (it checks every
+tools/call answer of that era against CallToolResult), so those requests are sent as plain JSON-RPC over HTTP.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import docker
+import httpx2
+import mcp_types as types
+import pytest
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
+from pydantic import TypeAdapter
+
+from sandbox_server.protocol.tasks_client import TasksExtension
+from sandbox_server.sandbox.docker_runtime import DockerRuntime
+from sandbox_server.sandbox.spec import SANDBOX_LABEL
+from tests.conftest import run_cli
+from tests.mcp_harness import first_sandboxes, http_server, http_server_process, stdio_parameters, text_of
+
+pytestmark = pytest.mark.anyio
+
+EXTENSION = "io.modelcontextprotocol/tasks"
+SHORT = """name: short-tasks
+extends: default
+defaults:
+  limits: {timeout_s: 3, max_timeout_s: 3, max_task_s: 120}
+tasks: {running: 3, running_per_caller: 2, per_caller: %(per_caller)d, ttl_s: 600, poll_interval_ms: 200}
+"""
+ANY = TypeAdapter(dict[str, Any])
+# Prints a numbered line every 0.2 s for about 5 s: longer than one request may take under the policy.
+COUNTING = "for i in $(seq 1 25); do echo line $i; sleep 0.2; done; echo done > /workspace/long.txt"
+
+
+def short_policy(tmp_path: Path, per_caller: int = 20) -> Path:
+    policy = tmp_path / "short.yaml"
+    policy.write_text(SHORT % {"per_caller": per_caller})
+    return policy
+
+
+class Rpc(types.Request[dict[str, Any], str]):
+    """A tasks/* request, sent through the official client's session (which stamps the era's _meta)."""
+
+
+async def request(client: Client, method: str, **params: Any) -> dict[str, Any]:
+    return await client.session.send_request(Rpc(method=method, params=params), ANY)
+
+
+@asynccontextmanager
+async def tasks_client(target: Any) -> AsyncIterator[Client]:
+    """A 2026-07-28 client that names the tasks extension in every request's capabilities."""
+    async with Client(target, mode="2026-07-28", extensions=[TasksExtension()]) as client:
+        yield client
+
+
+async def start(client: Client, command: str, timeout_s: float = 60) -> dict[str, Any]:
+    """A long execute_command call: the task it became."""
+    answer = await client.session.call_tool(
+        "execute_command", {"command": command, "timeout_s": timeout_s}, allow_claimed=True
+    )
+    created = answer.model_dump(by_alias=True, exclude_none=True)
+    assert created.get("resultType") == "task", created
+    return created
+
+
+async def until(client: Client, task_id: str, done: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
+    """Poll tasks/get at the interval the server asks for until `done` holds."""
+    with anyio.fail_after(90):
+        while True:
+            task = await request(client, "tasks/get", taskId=task_id)
+            if done(task):
+                return task
+            await anyio.sleep(task["pollIntervalMs"] / 1000)
+
+
+def sandboxes(api: docker.APIClient) -> set[str]:
+    return {c["Id"] for c in api.containers(all=True, filters={"label": SANDBOX_LABEL})}
+
+
+async def test_2026_stdio_a_long_call_is_a_task_with_live_output_and_a_whole_result(
+    tmp_path: Path, runtime: DockerRuntime
+) -> None:
+    policy = short_policy(tmp_path)
+    params = stdio_parameters("--policy", str(policy), "--state-dir", str(tmp_path / "state"))
+    async with tasks_client(params) as client:
+        created = await start(client, COUNTING)
+        assert created["status"] == "working" and created["pollIntervalMs"] == 200 and created["ttlMs"] == 600_000
+        task_id = created["taskId"]
+        working = await until(client, task_id, lambda t: "last line: line" in t.get("statusMessage", ""))
+        assert working["status"] == "working", working
+        uri = f"sandbox://tasks/{task_id}/output"
+        so_far = await client.read_resource(uri)
+        first = so_far.contents[0]
+        assert isinstance(first, types.TextResourceContents) and first.text.startswith("line 1\n"), first
+        # an ordinary call is served meanwhile, in one request
+        quick = await client.call_tool("execute_command", {"command": "echo beside"})
+        assert not quick.is_error and "beside" in text_of(quick)
+        ended = await until(client, task_id, lambda t: t["status"] != "working")
+        assert ended["status"] == "completed", ended
+        result = ended["result"]
+        stdout = result["structuredContent"]["stdout"]
+        assert stdout.splitlines() == [f"line {i}" for i in range(1, 26)], stdout
+        assert "long.txt" in json.dumps(result["structuredContent"]["changes"]), result["structuredContent"]
+        whole = await client.read_resource(uri)
+        assert isinstance(whole.contents[0], types.TextResourceContents)
+        assert whole.contents[0].text.rstrip().endswith("line 25")
+
+
+def add_token(tokens: Path, name: str, policy: Path) -> str:
+    done = run_cli("token", "add", name, "--policy", str(policy), "--tokens", str(tokens))
+    assert done.returncode == 0, done.stderr
+    return done.stdout.splitlines()[-1]
+
+
+@asynccontextmanager
+async def as_caller(url: str, token: str) -> AsyncIterator[Client]:
+    headers = {"Authorization": f"Bearer {token}"}
+    async with httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30, read=120)) as http:
+        async with tasks_client(streamable_http_client(url, http_client=http)) as client:
+            yield client
+
+
+async def test_2026_http_tasks_outlive_their_client_are_their_callers_alone_and_survive_a_restart(
+    tmp_path: Path, runtime: DockerRuntime
+) -> None:
+    tokens, state, policy = tmp_path / "tokens.json", tmp_path / "state", short_policy(tmp_path)
+    alice, bob = add_token(tokens, "alice", policy), add_token(tokens, "bob", policy)
+    serve = ("--policy", str(policy), "--tokens", str(tokens), "--no-pool", "--state-dir", str(state))
+    with http_server_process(*serve, "--audit-log", str(tmp_path / "audit.jsonl")) as server:
+        async with as_caller(server.url, alice) as client:
+            sleeper = await start(client, "sleep 60")
+            running = first_sandboxes(runtime.api, lambda: sandboxes(runtime.api))
+            counted = await start(client, COUNTING)
+        # the client is gone; its tasks go on. A new connection of the same caller finds both.
+        async with as_caller(server.url, alice) as client:
+            listed = await request(client, "tasks/list")
+            assert {t["taskId"] for t in listed["tasks"]} == {sleeper["taskId"], counted["taskId"]}
+            await request(client, "tasks/cancel", taskId=sleeper["taskId"])
+            cancelled = await request(client, "tasks/get", taskId=sleeper["taskId"])
+            assert cancelled["status"] == "cancelled", cancelled
+            assert not running & sandboxes(runtime.api), "the cancelled task's container is still there"
+            ended = await until(client, counted["taskId"], lambda t: t["status"] != "working")
+            assert ended["status"] == "completed" and "line 25" in ended["result"]["structuredContent"]["stdout"]
+            stopped = await start(client, "sleep 60")
+        async with as_caller(server.url, bob) as other:
+            for task_id in (counted["taskId"], "0f0e0d0c-0b0a-4908-8706-050403020100", "../../etc/passwd"):
+                with pytest.raises(MCPError) as refused:
+                    await request(other, "tasks/get", taskId=task_id)
+                assert refused.value.error.code == -32602
+                assert refused.value.error.message.startswith("Failed to retrieve task: Task not found")
+            assert (await request(other, "tasks/list"))["tasks"] == []
+            with pytest.raises(MCPError):
+                await other.read_resource(f"sandbox://tasks/{counted['taskId']}/output")
+    audit = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
+    events = [(r["event"], r.get("status")) for r in audit if r.get("task") == counted["taskId"] and "event" in r]
+    assert events == [("task_created", None), ("task_finished", "completed")], events
+    assert ("task_cancelled", "cancelled") in [(r.get("event"), r.get("status")) for r in audit]
+    with http_server(*serve) as url:  # a new server on the same state: the finished result is there
+        async with as_caller(url, alice) as client:
+            kept = await request(client, "tasks/get", taskId=counted["taskId"])
+            assert kept["status"] == "completed" and kept["result"] == ended["result"]
+            lost = await request(client, "tasks/get", taskId=stopped["taskId"])
+            assert lost["status"] == "failed" and "server stopped" in lost["statusMessage"], lost
+
+
+async def test_2026_a_long_call_without_the_extension_is_refused_naming_it_and_caps_are_kept(
+    tmp_path: Path, runtime: DockerRuntime
+) -> None:
+    serve = ("--policy", str(short_policy(tmp_path, per_caller=3)), "--no-pool", "--state-dir", str(tmp_path / "s"))
+    with http_server(*serve) as url:
+        async with Client(url, mode="2026-07-28") as plain:
+            with pytest.raises(MCPError) as refused:
+                await plain.call_tool("execute_command", {"command": "true", "timeout_s": 10})
+            assert refused.value.error.code == -32021 and EXTENSION in refused.value.error.message
+            assert refused.value.error.data == {"requiredCapabilities": {"extensions": {EXTENSION: {}}}}
+            quick = await plain.call_tool("execute_command", {"command": "echo short", "timeout_s": 3})
+            assert not quick.is_error
+        async with tasks_client(url) as client:
+            first, second = await start(client, "sleep 30"), await start(client, "sleep 30")
+            third = await client.session.call_tool("execute_command", {"command": "true", "timeout_s": 10})
+            assert isinstance(third, types.CallToolResult) and third.is_error
+            assert "tasks.running_per_caller" in text_of(third), text_of(third)
+            for task in (first, second):
+                await request(client, "tasks/cancel", taskId=task["taskId"])
+            await start(client, "true")  # the caller's third task: held as long as it is kept
+            fourth = await client.session.call_tool("execute_command", {"command": "true", "timeout_s": 10})
+            assert isinstance(fourth, types.CallToolResult) and "tasks.per_caller" in text_of(fourth)
+
+
+async def test_hostile_tasks_a_forked_child_and_endless_output_leave_nothing_running(
+    tmp_path: Path, runtime: DockerRuntime
+) -> None:
+    serve = ("--policy", str(short_policy(tmp_path)), "--no-pool", "--state-dir", str(tmp_path / "s"))
+    with http_server(*serve) as url:
+        async with tasks_client(url) as client:
+            forked = await start(client, "(setsid sleep 300 >/dev/null 2>&1 &); echo left a child")
+            flood = await start(client, "yes 'all work and no play'")
+            ended = await until(client, forked["taskId"], lambda t: t["status"] != "working")
+            assert ended["status"] == "completed" and "left a child" in ended["result"]["structuredContent"]["stdout"]
+            flooded = await until(client, flood["taskId"], lambda t: t["status"] != "working")
+            assert flooded["status"] == "completed" and flooded["result"]["isError"], flooded
+            output = await client.read_resource(f"sandbox://tasks/{flood['taskId']}/output")
+            text = output.contents[0]
+            assert isinstance(text, types.TextResourceContents)
+            assert len(text.text) < 2 * 100_000 + 200 and "bytes not kept" in text.text
+        with anyio.fail_after(30):
+            while sandboxes(runtime.api):
+                await anyio.sleep(0.2)

@@ -23,9 +23,8 @@ import pytest
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
-from pydantic import TypeAdapter
 
-from sandbox_server.protocol.tasks_client import TasksExtension
+from sandbox_server.protocol.tasks_client import TasksExtension, task_request
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
 from sandbox_server.sandbox.spec import SANDBOX_LABEL
 from tests.conftest import run_cli
@@ -40,7 +39,6 @@ defaults:
   limits: {timeout_s: 3, max_timeout_s: 3, max_task_s: 120}
 tasks: {running: 3, running_per_caller: 2, per_caller: %(per_caller)d, ttl_s: 600, poll_interval_ms: 200}
 """
-ANY = TypeAdapter(dict[str, Any])
 # Prints a numbered line every 0.2 s for about 5 s: longer than one request may take under the policy.
 COUNTING = "for i in $(seq 1 25); do echo line $i; sleep 0.2; done; echo done > /workspace/long.txt"
 
@@ -51,12 +49,9 @@ def short_policy(tmp_path: Path, per_caller: int = 20) -> Path:
     return policy
 
 
-class Rpc(types.Request[dict[str, Any], str]):
-    """A tasks/* request, sent through the official client's session (which stamps the era's _meta)."""
-
-
 async def request(client: Client, method: str, **params: Any) -> dict[str, Any]:
-    return await client.session.send_request(Rpc(method=method, params=params), ANY)
+    """A tasks/* request through the official client's session (which stamps the era's _meta on it)."""
+    return await task_request(client.session, method, **params)
 
 
 @asynccontextmanager

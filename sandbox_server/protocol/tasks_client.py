@@ -18,12 +18,11 @@ import mcp_types as types
 from mcp.client.extension import ClaimContext, ClientExtension, ResultClaim
 from mcp.client.session import ClientSession
 from mcp.shared.exceptions import MCPError
-from pydantic import ConfigDict, TypeAdapter
+from pydantic import ConfigDict
 
 __all__ = ["CreatedTask", "TasksExtension", "task_request"]
 
 EXTENSION = "io.modelcontextprotocol/tasks"
-_ANY = TypeAdapter(dict[str, Any])
 TERMINAL = ("completed", "failed", "cancelled")
 
 
@@ -42,9 +41,16 @@ class _TaskRequest(types.Request[dict[str, Any], str]):
     """A tasks/* request (the client's session stamps the era's _meta on it)."""
 
 
-async def task_request(session: ClientSession, method: str, task_id: str) -> dict[str, Any]:
-    """Send tasks/get or tasks/cancel for one task: the answer as sent."""
-    return await session.send_request(_TaskRequest(method=method, params={"taskId": task_id}), _ANY)
+class _Answer(types.Result):
+    """Any answer, every field kept as sent."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+async def task_request(session: ClientSession, method: str, **params: Any) -> dict[str, Any]:
+    """Send a tasks/* request (tasks/get, tasks/list, tasks/cancel, ...): the answer as sent."""
+    answer = await session.send_request(_TaskRequest(method=method, params=params), _Answer)
+    return answer.model_dump(by_alias=True, exclude_none=True)
 
 
 class TasksExtension(ClientExtension):
@@ -62,7 +68,7 @@ class TasksExtension(ClientExtension):
         task_id = created.task_id
         try:
             while True:
-                task = await task_request(ctx.session, "tasks/get", task_id)
+                task = await task_request(ctx.session, "tasks/get", taskId=task_id)
                 if self._on_status is not None:
                     await self._on_status(task)
                 if task["status"] in TERMINAL:
@@ -70,7 +76,7 @@ class TasksExtension(ClientExtension):
                 await anyio.sleep(max(0.1, (task.get("pollIntervalMs") or 1000) / 1000))
         except anyio.get_cancelled_exc_class():
             with anyio.CancelScope(shield=True), anyio.move_on_after(35):
-                await task_request(ctx.session, "tasks/cancel", task_id)
+                await task_request(ctx.session, "tasks/cancel", taskId=task_id)
             raise
         if task["status"] == "completed":
             return types.CallToolResult.model_validate(task["result"], by_name=False)

@@ -214,3 +214,99 @@ async def test_hostile_tasks_a_forked_child_and_endless_output_leave_nothing_run
         with anyio.fail_after(30):
             while sandboxes(runtime.api):
                 await anyio.sleep(0.2)
+
+
+class Raw2025:
+    """A 2025-11-25 session over Streamable HTTP, in plain JSON-RPC (see the module's docstring for why)."""
+
+    def __init__(self, http: httpx2.AsyncClient, url: str) -> None:
+        self.http, self.url, self.session, self.next_id = http, url, "", 0
+
+    async def send(self, method: str, params: dict[str, Any], notify: bool = False) -> dict[str, Any]:
+        headers = {"Accept": "application/json, text/event-stream", "MCP-Protocol-Version": "2025-11-25"}
+        if self.session:
+            headers["Mcp-Session-Id"] = self.session
+        message: dict[str, Any] = {"jsonrpc": "2.0", "method": method, "params": params}
+        if not notify:
+            self.next_id += 1
+            message["id"] = self.next_id
+        answer = await self.http.post(self.url, json=message, headers=headers)
+        self.session = answer.headers.get("mcp-session-id", self.session)
+        if notify:
+            return {}
+        if answer.headers.get("content-type", "").startswith("text/event-stream"):
+            for line in answer.text.splitlines():
+                if line.startswith("data:") and (data := json.loads(line[5:])).get("id") == self.next_id:
+                    return dict(data)
+            raise AssertionError(f"no answer to {method}: {answer.text}")
+        return dict(answer.json())
+
+    async def open(self) -> None:
+        hello = {
+            "protocolVersion": "2025-11-25",
+            "capabilities": {"tasks": {}},
+            "clientInfo": {"name": "raw", "version": "1"},
+        }
+        started = await self.send("initialize", hello)
+        assert started["result"]["capabilities"]["tasks"] == {
+            "list": {},
+            "cancel": {},
+            "requests": {"tools": {"call": {}}},
+        }, started
+        await self.send("notifications/initialized", {}, notify=True)
+
+
+async def test_2025_http_a_call_with_task_is_answered_create_task_result_and_served_by_tasks_methods(
+    tmp_path: Path, runtime: DockerRuntime
+) -> None:
+    serve = ("--policy", str(short_policy(tmp_path)), "--no-pool", "--state-dir", str(tmp_path / "s"))
+    with http_server(*serve) as url:
+        async with httpx2.AsyncClient(timeout=httpx2.Timeout(30, read=120)) as http:
+            raw = Raw2025(http, url)
+            await raw.open()
+            tools = (await raw.send("tools/list", {}))["result"]["tools"]
+            assert {tool["execution"]["taskSupport"] for tool in tools} == {"optional"}
+            arguments = {"command": COUNTING, "timeout_s": 60}
+            created = await raw.send(
+                "tools/call", {"name": "execute_command", "arguments": arguments, "task": {"ttl": 60_000}}
+            )
+            task = created["result"]["task"]
+            assert task["status"] == "working" and task["ttl"] == 60_000 and task["pollInterval"] == 200, created
+            got = await raw.send("tasks/get", {"taskId": task["taskId"]})
+            assert got["result"]["taskId"] == task["taskId"] and got["result"]["status"] in ("working", "completed")
+            listed = await raw.send("tasks/list", {})
+            assert [t["taskId"] for t in listed["result"]["tasks"]] == [task["taskId"]]
+            result = (await raw.send("tasks/result", {"taskId": task["taskId"]}))["result"]
+            assert result["_meta"]["io.modelcontextprotocol/related-task"] == {"taskId": task["taskId"]}
+            assert result["structuredContent"]["stdout"].splitlines()[-1] == "line 25" and not result["isError"]
+            again = await raw.send("tasks/cancel", {"taskId": task["taskId"]})
+            assert again["error"]["code"] == -32602 and "already ended (completed)" in again["error"]["message"]
+            without = await raw.send("tools/call", {"name": "execute_command", "arguments": arguments})
+            refusal = without["result"]["content"][0]["text"]
+            assert without["result"]["isError"] and "limits.max_timeout_s" in refusal and "as a task" in refusal
+
+
+def test_the_shell_runs_a_call_as_a_task_and_prints_its_progress_until_it_ends(
+    tmp_path: Path, runtime: DockerRuntime
+) -> None:
+    done = run_cli(
+        "call", "execute_command", "--policy", str(short_policy(tmp_path)), "--task",
+        "--arg", "command=for i in 1 2 3 4 5; do echo step $i; sleep 1; done",
+        env={"SANDBOX_STATE_DIR": str(tmp_path / "s")},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("--- stdout ---")[1].split() == [
+        "step",
+        "1",
+        "step",
+        "2",
+        "step",
+        "3",
+        "step",
+        "4",
+        "step",
+        "5",
+    ]
+    progress = [line for line in done.stderr.splitlines() if line.startswith("task ")]
+    assert any("last line: step 3" in line for line in progress), done.stderr
+    assert progress[-1].split(": ", 2)[1] == "completed", progress

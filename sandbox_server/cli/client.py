@@ -28,6 +28,7 @@ from mcp_types import CONNECTION_CLOSED
 
 from sandbox_server.errors import SandboxServerError, UsageError
 from sandbox_server.protocol.meta import OWN_NAME_META, PATH_META
+from sandbox_server.protocol.tasks_client import TasksExtension
 from sandbox_server.sandbox.archive import safe_relative_path
 
 __all__ = [
@@ -137,6 +138,7 @@ async def run_calls(
     serve_args: Sequence[str] = (),
     show_tools: bool = False,
     save_to: Path | None = None,
+    as_task: bool = False,
 ) -> list[types.CallToolResult]:
     """Start the server, make each call in one session, print each result; return them.
 
@@ -146,7 +148,10 @@ async def run_calls(
     unknown: str | None = None
     with tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace") as log:
         try:
-            async with Client(stdio_client(server_parameters(serve_args), errlog=log), mode="legacy") as client:
+            transport = stdio_client(server_parameters(serve_args), errlog=log)
+            # A task is the 2026-07-28 era's: the client names the tasks extension, and follows a task to its end.
+            era: dict[str, Any] = {"mode": "2026-07-28", "extensions": [TasksExtension(_said)]} if as_task else {}
+            async with Client(transport, **({"mode": "legacy"} | era)) as client:
                 listed = await client.list_tools()
                 names = [tool.name for tool in listed.tools]
                 if show_tools:
@@ -170,6 +175,17 @@ async def run_calls(
     if unknown is not None:
         raise UsageError(unknown)
     return results
+
+
+_last_said: dict[str, str] = {}
+
+
+async def _said(task: dict[str, Any]) -> None:
+    """A task's state, on stderr each time it changes (the result alone goes to stdout)."""
+    line = f"task {task['taskId'][:8]}: {task['status']}: {task.get('statusMessage', '')}"
+    if _last_said.get(task["taskId"]) != line:
+        _last_said[task["taskId"]] = line
+        print(line, file=sys.stderr, flush=True)
 
 
 def _shown_arguments(arguments: dict[str, Any]) -> dict[str, Any]:
@@ -250,8 +266,10 @@ def call_command(args: argparse.Namespace) -> int:
     arguments = _parse_arguments(args.arg, args.json, args.upload)
     serve_args = ["--policy", args.policy, *(["--tool-prefix", args.tool_prefix] if args.tool_prefix else [])]
     save_to = Path(args.save) if args.save else None
+    if args.task and "timeout_s" not in arguments:  # a task may run as long as the policy lets one run
+        arguments["timeout_s"] = _max_task_s(args.policy, args.tool)
     try:
-        results = anyio.run(run_calls, [(args.tool, arguments)], serve_args, False, save_to)
+        results = anyio.run(run_calls, [(args.tool, arguments)], serve_args, False, save_to, args.task)
     except ServerDidNotStart as exc:
         print(f"sandbox-server call: the server did not start: {exc}", file=sys.stderr)
         return 2
@@ -260,6 +278,16 @@ def call_command(args: argparse.Namespace) -> int:
         print(f"sandbox-server call: {error['message']}", file=sys.stderr)
         return 2
     return 1 if results[0].is_error else 0
+
+
+def _max_task_s(policy: str, tool: str) -> int | float:
+    """The longest a task of this tool may run under the policy (limits.max_task_s)."""
+    from sandbox_server.policy.loader import load_policy
+    from sandbox_server.tools import all_tools
+
+    loaded = load_policy(policy, [t.name for t in all_tools()])
+    longest = loaded.for_tool(tool).max_task_s
+    return int(longest) if longest.is_integer() else longest
 
 
 DEMO_CALLS: list[tuple[str, dict[str, object]]] = [

@@ -378,6 +378,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     call.add_argument("--save", metavar="DIR", help="write the returned files and images into DIR")
     call.add_argument("--tool-prefix", type=_tool_prefix, help="serve tools with this name prefix")
+    call.add_argument(
+        "--task",
+        action="store_true",
+        help="run it as an MCP task (up to the policy's limits.max_task_s, that long unless timeout_s says less), "
+        "printing its progress on stderr until it ends; Ctrl-C cancels it",
+    )
     call.set_defaults(handler=_call)
 
     setup = commands.add_parser(

@@ -38,6 +38,8 @@ def tool_model(exposed: str, tool: Tool, policy: Policy) -> types.Tool:
         input_schema=dict(tool.input_schema),
         output_schema=dict(tool.output_schema),
         annotations=types.ToolAnnotations.model_validate({"title": tool.title, **hints}),
+        # 2025-11-25: a client may ask for any call as a task when the policy runs tasks
+        execution=types.ToolExecution(task_support="optional" if policy.tasks.running > 0 else "forbidden"),
         _meta=meta,
     )
 

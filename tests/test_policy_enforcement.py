@@ -52,7 +52,7 @@ async def test_memory_pids_timeout_output_and_network_limits_are_enforced(tight:
     assert refused.is_error
     assert text_of(refused) == (
         "refused: timeout_s 9 is above the cap of 8 s set by policy 'tight' (field limits.max_timeout_s); "
-        "ask for 8 or less"
+        "ask for 8 or less, or up to 3600 s as a task"
     )
     network = await session.call_tool("execute_command", {"command": "ls /sys/class/net; getent hosts example.com"})
     assert network.structured_content is not None and network.structured_content["stdout"] == "lo\n"

@@ -10,6 +10,7 @@ tools/call answer of that era against CallToolResult), so those requests are sen
 from __future__ import annotations
 
 import json
+import subprocess
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -27,7 +28,7 @@ from mcp.shared.exceptions import MCPError
 from sandbox_server.protocol.tasks_client import TasksExtension, task_request
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
 from sandbox_server.sandbox.spec import SANDBOX_LABEL
-from tests.conftest import run_cli
+from tests.conftest import containers_of, run_cli
 from tests.mcp_harness import first_sandboxes, http_server, http_server_process, stdio_parameters, text_of
 
 pytestmark = pytest.mark.anyio
@@ -137,7 +138,7 @@ async def test_2026_http_tasks_outlive_their_client_are_their_callers_alone_and_
     with http_server_process(*serve, "--audit-log", str(tmp_path / "audit.jsonl")) as server:
         async with as_caller(server.url, alice) as client:
             sleeper = await start(client, "sleep 60")
-            running = first_sandboxes(runtime.api, lambda: sandboxes(runtime.api))
+            running = first_sandboxes(runtime.api, lambda: set(containers_of(server.process.pid)))
             counted = await start(client, COUNTING)
         # the client is gone; its tasks go on. A new connection of the same caller finds both.
         async with as_caller(server.url, alice) as client:
@@ -146,7 +147,7 @@ async def test_2026_http_tasks_outlive_their_client_are_their_callers_alone_and_
             await request(client, "tasks/cancel", taskId=sleeper["taskId"])
             cancelled = await request(client, "tasks/get", taskId=sleeper["taskId"])
             assert cancelled["status"] == "cancelled", cancelled
-            assert not running & sandboxes(runtime.api), "the cancelled task's container is still there"
+            assert not running & set(containers_of(server.process.pid)), "the cancelled task's container is there"
             ended = await until(client, counted["taskId"], lambda t: t["status"] != "working")
             assert ended["status"] == "completed" and "line 25" in ended["result"]["structuredContent"]["stdout"]
             stopped = await start(client, "sleep 60")
@@ -199,8 +200,8 @@ async def test_hostile_tasks_a_forked_child_and_endless_output_leave_nothing_run
     tmp_path: Path, runtime: DockerRuntime
 ) -> None:
     serve = ("--policy", str(short_policy(tmp_path)), "--no-pool", "--state-dir", str(tmp_path / "s"))
-    with http_server(*serve) as url:
-        async with tasks_client(url) as client:
+    with http_server_process(*serve) as server:
+        async with tasks_client(server.url) as client:
             forked = await start(client, "(setsid sleep 300 >/dev/null 2>&1 &); echo left a child")
             flood = await start(client, "yes 'all work and no play'")
             ended = await until(client, forked["taskId"], lambda t: t["status"] != "working")
@@ -212,7 +213,7 @@ async def test_hostile_tasks_a_forked_child_and_endless_output_leave_nothing_run
             assert isinstance(text, types.TextResourceContents)
             assert len(text.text) < 2 * 100_000 + 200 and "bytes not kept" in text.text
         with anyio.fail_after(30):
-            while sandboxes(runtime.api):
+            while containers_of(server.process.pid):
                 await anyio.sleep(0.2)
 
 
@@ -310,3 +311,36 @@ def test_the_shell_runs_a_call_as_a_task_and_prints_its_progress_until_it_ends(
     progress = [line for line in done.stderr.splitlines() if line.startswith("task ")]
     assert any("last line: step 3" in line for line in progress), done.stderr
     assert progress[-1].split(": ", 2)[1] == "completed", progress
+
+
+EXT_TASKS = Path(__file__).parent / "ext_tasks"
+
+
+@pytest.fixture(scope="module")
+def ext_tasks_client() -> Path:
+    """The official tasks client and the TypeScript SDK, from the npm registry, as the lock file pins them."""
+    if not (EXT_TASKS / "node_modules" / "@modelcontextprotocol" / "ext-tasks").is_dir():
+        done = subprocess.run(
+            ["npm", "ci", "--no-audit", "--no-fund"], cwd=EXT_TASKS, capture_output=True, text=True, timeout=300
+        )
+        assert done.returncode == 0, done.stderr
+    return EXT_TASKS / "call.mjs"
+
+
+def test_the_official_ext_tasks_client_drives_a_task_in_the_2025_era(
+    tmp_path: Path, runtime: DockerRuntime, ext_tasks_client: Path
+) -> None:
+    serve = ("--policy", str(short_policy(tmp_path)), "--no-pool", "--state-dir", str(tmp_path / "s"))
+    arguments = {"command": "for i in 1 2 3 4; do echo step $i; sleep 1; done", "timeout_s": 60}
+    with http_server(*serve) as url:
+        done = subprocess.run(
+            ["node", str(ext_tasks_client), url, json.dumps(arguments)], capture_output=True, text=True, timeout=120
+        )
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout.splitlines()[-1])
+    assert seen["kind"] == "task", seen
+    assert seen["messages"][-1].startswith("completed"), seen["messages"]
+    assert any("last line: step" in message for message in seen["messages"]), seen["messages"]
+    result = seen["result"]
+    assert result["structuredContent"]["stdout"] == "step 1\nstep 2\nstep 3\nstep 4\n" and not result["isError"]
+    assert "io.modelcontextprotocol/related-task" in result["_meta"]

@@ -302,6 +302,7 @@ async def test_workspace_files_are_resources_of_their_session_only(keeping: Keep
     assert [t.uri_template for t in templates] == [
         "sandbox://workspace/{workspace}/{+path}",
         "sandbox://workspace/{workspace}/",
+        "sandbox://tasks/{task_id}/output",
     ]
 
 

@@ -20,6 +20,7 @@ from sandbox_server.protocol.meta import PART_META
 from sandbox_server.protocol.paging import requested_part
 from sandbox_server.protocol.requests import Context, handshake_era, identity_of, session_of
 from sandbox_server.protocol.results import ResourceStore
+from sandbox_server.protocol.tasks import OUTPUT_TEMPLATE
 from sandbox_server.workspaces.naming import LISTING_TEMPLATE, RESOURCE_TEMPLATE, listing_id
 from sandbox_server.workspaces.store import WorkspaceStore
 
@@ -88,7 +89,7 @@ class Resources:
         if self._task_output is not None:
             templates.append(
                 types.ResourceTemplate(
-                    uri_template="sandbox://tasks/{task_id}/output",
+                    uri_template=OUTPUT_TEMPLATE,
                     name="task-output",
                     title="A task's output so far",
                     description="The stdout and stderr of a task of yours, read while it runs or after it ended "

@@ -189,8 +189,13 @@ class Tasks:
 
     def owned(self, owner: str) -> list[TaskRecord]:
         """The owner's tasks, oldest first."""
-        known = [self.status(record.id, owner) for record in self.files.all() if record.owner == owner]
-        return sorted((record for record in known if record is not None), key=lambda record: record.created_at)
+        now, found = time.time(), []
+        for record in self.files.all():  # each file read once; a running task's state is its live one
+            if record.owner != owner or record.expired(now):
+                continue
+            live = self._live.get(record.id)
+            found.append(self.status(record.id, owner) if live is not None else record)
+        return sorted((record for record in found if record is not None), key=lambda record: record.created_at)
 
     async def result(self, task_id: str, owner: str) -> TaskRecord | None:
         """The task once it has ended (waiting for it while it runs here); None as for `status`."""
@@ -254,7 +259,7 @@ class Tasks:
 
         async def created() -> None:
             await anyio.to_thread.run_sync(self.files.save, live.record)
-            self._audit("task_created", live.record)
+            await anyio.to_thread.run_sync(lambda: self._audit("task_created", live.record))
             live.created.set()
 
         def watch(stdout: CappedBuffer, stderr: CappedBuffer) -> None:
@@ -300,7 +305,10 @@ class Tasks:
                 await anyio.to_thread.run_sync(self.files.save_output, record.id, _output_text(*live.streams))
             await anyio.to_thread.run_sync(self.files.save, record)
             event = "task_cancelled" if record.status == "cancelled" else "task_finished"
-            self._audit(event, record, status=record.status, duration_ms=int(elapsed * 1000))
+            duration_ms = int(elapsed * 1000)
+            await anyio.to_thread.run_sync(
+                lambda: self._audit(event, record, status=record.status, duration_ms=duration_ms)
+            )
             if live.on_end is not None:
                 try:
                     await live.on_end(record)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -21,6 +22,7 @@ import docker
 import httpx2
 import mcp_types as types
 import pytest
+from anyio.streams.buffered import BufferedByteReceiveStream
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
@@ -327,20 +329,55 @@ def ext_tasks_client() -> Path:
     return EXT_TASKS / "call.mjs"
 
 
-def test_the_official_ext_tasks_client_drives_a_task_in_the_2025_era(
-    tmp_path: Path, runtime: DockerRuntime, ext_tasks_client: Path
+@pytest.mark.parametrize("era", ["2025-11-25", "2026-07-28"])
+def test_the_official_ext_tasks_client_drives_a_task_in_both_eras(
+    tmp_path: Path, runtime: DockerRuntime, ext_tasks_client: Path, era: str
 ) -> None:
     serve = ("--policy", str(short_policy(tmp_path)), "--no-pool", "--state-dir", str(tmp_path / "s"))
     arguments = {"command": "for i in 1 2 3 4; do echo step $i; sleep 1; done", "timeout_s": 60}
     with http_server(*serve) as url:
         done = subprocess.run(
-            ["node", str(ext_tasks_client), url, json.dumps(arguments)], capture_output=True, text=True, timeout=120
+            ["node", str(ext_tasks_client), url, era, json.dumps(arguments)],
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
     assert done.returncode == 0, done.stderr
     seen = json.loads(done.stdout.splitlines()[-1])
+    assert seen["era"] == ("modern" if era == "2026-07-28" else "legacy"), seen["era"]
     assert seen["kind"] == "task", seen
-    assert seen["messages"][-1].startswith("completed"), seen["messages"]
+    assert seen["messages"][0].startswith("working") and seen["messages"][-1].startswith("completed"), seen
     assert any("last line: step" in message for message in seen["messages"]), seen["messages"]
     result = seen["result"]
     assert result["structuredContent"]["stdout"] == "step 1\nstep 2\nstep 3\nstep 4\n" and not result["isError"]
-    assert "io.modelcontextprotocol/related-task" in result["_meta"]
+    if era == "2025-11-25":
+        assert "io.modelcontextprotocol/related-task" in result["_meta"]
+
+
+async def test_the_official_ext_tasks_client_over_stdio_runs_a_task_beside_a_cancelled_one_and_ordinary_calls(
+    tmp_path: Path, runtime: DockerRuntime, ext_tasks_client: Path
+) -> None:
+    """2025-11-25 over stdio: the official client starts a task, starts and cancels another, calls meanwhile."""
+    serve = [sys.executable, "-m", "sandbox_server", "serve", "--policy", str(short_policy(tmp_path)), "--no-pool"]
+    serve += ["--state-dir", str(tmp_path / "s")]
+    arguments = {"command": "for i in $(seq 1 8); do echo step $i; sleep 1; done", "timeout_s": 60}
+    command = ["node", str(ext_tasks_client), json.dumps(serve), "2025-11-25", json.dumps(arguments), "beside"]
+    with anyio.fail_after(120):
+        async with await anyio.open_process(command, stderr=subprocess.DEVNULL) as node:
+            assert node.stdout is not None and node.stdin is not None
+            lines = BufferedByteReceiveStream(node.stdout)
+            midway = json.loads(await lines.receive_until(b"\n", 1 << 20))
+            assert midway["cancelled"] == {"kind": "task", "status": "cancelled"}, midway
+            # The cancelled task's container is gone; the first task's still runs.
+            assert len(containers_of(midway["pid"])) == 1
+            await node.stdin.send(b"go\n")
+            await node.stdin.aclose()
+            story = json.loads(await lines.receive_until(b"\n", 1 << 22))
+            assert await node.wait() == 0
+    assert story["era"] == "legacy" and story["kind"] == "task", story
+    assert story["ordinary"]["stdout"] == "ordinary\n"
+    # The first task was still being followed after the ordinary call was answered.
+    assert story["ordinary"]["messagesBefore"] < len(story["messages"]), story
+    assert any("last line: step" in message for message in story["messages"]), story["messages"]
+    assert story["messages"][-1].startswith("completed"), story["messages"]
+    assert story["result"]["structuredContent"]["stdout"] == "".join(f"step {i}\n" for i in range(1, 9))

@@ -12,7 +12,7 @@ LAYERS = [  # lowest first: a module imports from its own layer and those below,
     {"sandbox"},
     {"network"},
     {"policy"},
-    {"tools", "workspaces", "access"},
+    {"tools", "workspaces", "access", "services"},
     {"calls", "ops", "tasks"},
     {"protocol"},
     {"cli", "__main__"},
@@ -149,6 +149,7 @@ def test_only_the_engine_modules_import_docker() -> None:
         "sandbox/host_config.py",
         "sandbox/removal.py",
         "sandbox/docker_runtime.py",
+        "sandbox/service_containers.py",
         "network/proxies.py",
     }
 

@@ -29,6 +29,7 @@ from sandbox_server.network.egress import ProxyEndpoint
 from sandbox_server.policy import Policy, ToolPolicy
 from sandbox_server.sandbox.runtime import ProgressCallback, SandboxRuntime
 from sandbox_server.sandbox.spec import ResourceLimits
+from sandbox_server.services.manager import Services, ServiceScope
 from sandbox_server.tools import Tool, ToolContext, ToolOutcome
 from sandbox_server.workspaces.changes import changes_line
 from sandbox_server.workspaces.kept import KeptWorkspace
@@ -76,6 +77,8 @@ class CallPipeline:
         self.admission = Admission(policy.rate, policy.host, policy.name)
         self.runtime = runtime
         self.audit = audit
+        self.services: Services | None = None
+        """The server's services (None: this server starts none)."""
 
     def swap(self, policy: Policy) -> None:
         """A new server policy for new calls; running calls keep theirs."""
@@ -178,13 +181,22 @@ class CallPipeline:
             raise
         try:
             proxy = await self._proxy(tool_policy, policy.name)
-            tool_ctx = ToolContext(runtime, tool_policy, policy.name, progress, kept is not None, proxy, as_task)
+            scope = None
+            if kept is not None and self.services is not None:
+                self.services.touch(kept.record.id)
+                scope = ServiceScope(self.services, kept.record, identity.limits_key, policy.services, policy.name)
+            tool_ctx = ToolContext(
+                runtime, tool_policy, policy.name, progress, kept is not None, proxy, as_task, scope,
+                scope.network if scope is not None else None,
+            )  # fmt: skip
             outcome = await tool.run(arguments, tool_ctx)
             if proxy is not None:
                 outcome = await self._with_requests(outcome, proxy)
             if kept is None:
                 return outcome, False
             structured = {**(outcome.structured or {}), "workspace": kept.record.id}
+            if scope is not None and (running := scope.listed()):
+                structured["services"] = running
             notes = outcome.notes
             if kept.changes is not None:
                 structured["changes"] = kept.changes

@@ -42,6 +42,7 @@ def serve_command(args: argparse.Namespace) -> int:
     from sandbox_server.sandbox.docker_runtime import DockerRuntime
     from sandbox_server.sandbox.pool import WarmPool
     from sandbox_server.sandbox.removal import owner_alive
+    from sandbox_server.services.manager import Services
     from sandbox_server.tasks.manager import Tasks
     from sandbox_server.tools import all_tools
     from sandbox_server.workspaces.store import WorkspaceStore, default_state_dir
@@ -89,6 +90,7 @@ def serve_command(args: argparse.Namespace) -> int:
     proxies.sweep_firewall()  # the rules of proxies whose server was killed
     caller_policies: dict[str, Policy] = {}
     tasks = Tasks(state_dir / "tasks", runtime.owner, audit, owner_alive)
+    services = Services(runtime, workspaces, audit)
 
     def caller_policy(reference: str) -> Policy:
         """A token's policy, loaded once for this host (the server's own, with its reloads, when it names that)."""
@@ -102,6 +104,7 @@ def serve_command(args: argparse.Namespace) -> int:
         tools, policy, runtime, page_size=args.page_size, audit=audit, pool=pool, tool_prefix=args.tool_prefix,
         workspaces=workspaces, instance=runtime.owner, proxies=proxies,
         caller_policy=caller_policy if args.tokens or args.issuer else None, tasks=tasks,
+        services=services,
     )  # fmt: skip
     authentication = _authentication(args, caller_policy, log)
     if authentication is not None:  # warm containers for every policy a caller may have, from the start
@@ -142,6 +145,7 @@ def serve_command(args: argparse.Namespace) -> int:
             async with anyio.create_task_group() as group:
                 group.start_soon(stop_on_signal, group.cancel_scope)
                 await group.start(tasks.serve)  # before the first request: a task may be asked for at once
+                await group.start(services.serve)
                 group.start_soon(surviving, "the workspace sweep", sweep_workspaces)
                 if pool is not None:
                     group.start_soon(surviving, "the warm pool", pool.maintain)

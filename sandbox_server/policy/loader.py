@@ -28,6 +28,7 @@ from sandbox_server.policy.model import (
     HostAdmission,
     Policy,
     RateLimits,
+    ServiceSettings,
     TaskSettings,
     ToolPolicy,
     WorkspaceSettings,
@@ -287,6 +288,10 @@ def _name_errors(document: Mapping[str, Any], source: Path, known: list[str]) ->
     first = tasks.get("first") if isinstance(tasks, Mapping) else None
     if isinstance(first, list):
         errors += [unknown(f"tasks.first[{i}]", name) for i, name in enumerate(first) if name not in known]
+    services = document.get("services")
+    starting = services.get("tools") if isinstance(services, Mapping) else None
+    if isinstance(starting, list):
+        errors += [unknown(f"services.tools[{i}]", name) for i, name in enumerate(starting) if name not in known]
     return errors
 
 
@@ -325,9 +330,17 @@ def _build(
         workspace=workspace,
         approval=approvals,
         tasks=TaskSettings(**{**document.get("tasks", {}), "first": tuple(document.get("tasks", {}).get("first", []))}),
+        services=ServiceSettings(
+            **{**document.get("services", {}), "tools": tuple(document.get("services", {}).get("tools", []))}
+        ),
         source=str(source),
         digest=digest,
     )
+    if policy.services.tools and not workspace.persist:
+        errors.append(
+            f"{source}: services.tools: services work in their session's kept workspace, and workspace.persist is "
+            "false; keep workspaces or name no tools"
+        )
     return policy, errors
 
 

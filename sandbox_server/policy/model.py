@@ -14,6 +14,7 @@ __all__ = [
     "HostAdmission",
     "Policy",
     "RateLimits",
+    "ServiceSettings",
     "TaskSettings",
     "ToolPolicy",
     "WorkspaceSettings",
@@ -139,6 +140,32 @@ class TaskSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class ServiceSettings:
+    """Programs that outlive their call (a web server, an API), reachable by their session's next calls."""
+
+    tools: tuple[str, ...] = ()
+    """Tools whose calls may start a service (empty: none may)."""
+    per_session: int = 3
+    """Services one workspace (a session's) may have running at once."""
+    per_caller: int = 6
+    """Services one caller may have running at once, all its workspaces together."""
+    running: int = 16
+    """Services running at once on this server, every caller together."""
+    memory_mb: int = 512
+    cpus: float = 1.0
+    start_timeout_s: float = 30.0
+    """How long a service has to listen on its port before its start is refused (and it is stopped)."""
+    idle_s: float = 1800.0
+    """A service is stopped after this long without a call in its workspace or a request through its preview."""
+    max_lifetime_s: float = 14400.0
+    """A service is stopped this long after its start, whatever it does."""
+    preview: bool = True
+    """Whether a person may open a service through the server's preview routes (HTTP transport)."""
+    log_kb: int = 1024
+    """The engine keeps at most this much of a service's log (its tail)."""
+
+
+@dataclass(frozen=True, slots=True)
 class ApprovalSettings:
     """Calls a person must approve, through the client, before they run."""
 
@@ -175,6 +202,7 @@ class Policy:
     workspace: WorkspaceSettings = field(default_factory=WorkspaceSettings)
     approval: ApprovalSettings = field(default_factory=ApprovalSettings)
     tasks: TaskSettings = field(default_factory=TaskSettings)
+    services: ServiceSettings = field(default_factory=ServiceSettings)
     source: str = "(built in)"
     digest: str = ""
     """sha256 of the resolved policy document, recorded in every audit line."""

@@ -45,6 +45,7 @@ from sandbox_server.protocol.results import RenderedResult, ResourceStore, rende
 from sandbox_server.protocol.tasks import TaskProtocol, task_capabilities
 from sandbox_server.sandbox.pool import WarmPool
 from sandbox_server.sandbox.runtime import SandboxRuntime
+from sandbox_server.services.manager import Services
 from sandbox_server.tasks.manager import Tasks
 from sandbox_server.tasks.records import TaskRecord
 from sandbox_server.tools import Tool, ToolOutcome
@@ -82,9 +83,11 @@ class SandboxServer:
         proxies: EgressProxies | None = None,
         caller_policy: Callable[[str], Policy] | None = None,
         tasks: Tasks | None = None,
+        services: Services | None = None,
     ) -> None:
         self.registry = ToolRegistry(tools, policy, pool, proxies, workspaces, caller_policy, tool_prefix)
         self.calls = CallPipeline(self.registry, pool if pool is not None else runtime, audit)
+        self.calls.services = self.services = services
         self.page_size = max(1, page_size)
         self.store = store or ResourceStore()
         self.workspaces = workspaces
@@ -120,8 +123,9 @@ class SandboxServer:
         self.server.middleware.append(RequestStateBoundary(security, default_audience="sandbox-server"))
         if self.task_protocol is not None:
             self.task_protocol.install(self.server)
-        if pool is not None and tasks is not None:  # running tasks' containers count against warm containers' memory
-            pool.held_elsewhere = tasks.memory_bytes
+        if pool is not None:  # running tasks' and services' containers count against warm containers' memory
+            held = [source.memory_bytes for source in (tasks, services) if source is not None]
+            pool.held_elsewhere = lambda: sum(memory() for memory in held)
 
     @property
     def policy(self) -> Policy:
@@ -151,6 +155,8 @@ class SandboxServer:
     async def session_ended(self, session_id: str) -> None:
         """A handshake session over HTTP was ended by its client: its workspace goes with it."""
         self._sessions.pop(session_id, None)
+        if self.services is not None:
+            await self.services.stop_session(session_key(self.instance, session_id))
         if self.workspaces is not None:
             await anyio.to_thread.run_sync(self.workspaces.end_session, session_key(self.instance, session_id))
 

@@ -184,7 +184,7 @@ class DockerRuntime(Engine):
                 hostname="sandbox",
                 stdin_open=True,
                 tty=False,
-                network_disabled=spec.network == "none",
+                network_disabled=not spec.networked,
                 host_config=host_config,
             )
         container_id = str(created["Id"])
@@ -195,6 +195,8 @@ class DockerRuntime(Engine):
                     container_id, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}
                 )
                 raw: socket.socket = getattr(attached, "_sock", attached)
+                if spec.service_network is not None and spec.network != "none":
+                    self.api.connect_container_to_network(container_id, spec.service_network)
                 self.api.start(container_id)
                 state = self.api.inspect_container(container_id)
                 pid = int(state["State"].get("Pid") or 0)
@@ -407,7 +409,7 @@ class DockerRuntime(Engine):
         stopped or gone (runc, read from the host), or the container ended (gVisor, whose processes the host
         cannot see; asked only when a workspace is mounted or a proxy files its requests)."""
         if spec.runtime == "runsc" or warm.pid <= 0:
-            if spec.mounted_workspace is None and spec.network == "none":
+            if spec.mounted_workspace is None and not spec.networked:
                 return True  # nothing of the call outlives its answer but the container, which is removed
             try:
                 self.api.wait(warm.container_id, timeout=SETTLE_S)

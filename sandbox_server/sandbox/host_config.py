@@ -52,7 +52,7 @@ def host_config_kwargs(spec: SandboxSpec, slot: str | None = None) -> dict[str, 
             + (",exec" if limits.workspace_exec else ",noexec")  # the engine's tmpfs is noexec unless told
         )
     network: dict[str, Any] = {}
-    if spec.network != "none":
+    if spec.networked:
         # An internal network with a proxy: no name server but loopback (names are the proxy's
         # business) and no IPv6 (its link-local addresses would reach the host's bridge).
         network = {"dns": ["127.0.0.1"], "sysctls": {"net.ipv6.conf.all.disable_ipv6": "1"}}
@@ -72,7 +72,8 @@ def host_config_kwargs(spec: SandboxSpec, slot: str | None = None) -> dict[str, 
             {"name": "fsize", "soft": limits.file_size_mb * 1024 * 1024, "hard": limits.file_size_mb * 1024 * 1024},
             {"name": "core", "soft": 0, "hard": 0},
         ],
-        "network_mode": spec.network,
+        # Its services' network when that is its only one; an egress network is joined first, theirs besides.
+        "network_mode": spec.network if spec.network != "none" else (spec.service_network or "none"),
         "ipc_mode": "private",
         "shm_size": limits.shm_mb * 1024 * 1024,
         "init": True,

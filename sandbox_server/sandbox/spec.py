@@ -99,13 +99,20 @@ class SandboxSpec:
     `workdir` with slave propagation instead of a tmpfs: a kept workspace is mounted there per call."""
     mounted_workspace: str | None = None
     """A kept workspace's mounted filesystem on the host, bound onto the container's slot for this call."""
+    service_network: str | None = None
+    """The private network of its workspace's services, which the sandbox joins to reach them by name."""
+
+    @property
+    def networked(self) -> bool:
+        """Whether the sandbox joins any network (an egress one, its services' or both)."""
+        return self.network != "none" or self.service_network is not None
 
     def container_key(self) -> tuple[object, ...]:
         """What the container is created with: calls with equal keys can use the same kind of warm container."""
         limits = self.limits
         return (
             self.image, self.runtime, self.user, self.network, self.env, self.mounts, self.workdir,
-            self.seccomp_profile, self.labels, self.workspace_slots, limits.memory_mb, limits.cpus, limits.pids, limits.nofile,
+            self.seccomp_profile, self.labels, self.workspace_slots, self.service_network, limits.memory_mb, limits.cpus, limits.pids, limits.nofile,
             limits.file_size_mb, limits.tmp_mb, limits.workspace_mb, limits.workspace_files, limits.shm_mb, limits.workspace_exec,
         )  # fmt: skip
 

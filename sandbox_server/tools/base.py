@@ -6,7 +6,7 @@ import base64
 import binascii
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sandbox_server.errors import ERROR_KINDS, FailureKind, Refusal, RefusalKind
 from sandbox_server.network.egress import ProxyEndpoint
@@ -15,6 +15,9 @@ from sandbox_server.sandbox import wire
 from sandbox_server.sandbox.archive import safe_relative_path
 from sandbox_server.sandbox.runtime import ProgressCallback, SandboxRuntime
 from sandbox_server.sandbox.spec import InputFile, OutputFile, SandboxSpec
+
+if TYPE_CHECKING:
+    from sandbox_server.services.manager import ServiceScope
 
 __all__ = [
     "ERROR_SCHEMA",
@@ -146,6 +149,37 @@ CHANGES_SCHEMA: dict[str, Any] = {
 }
 
 
+SERVICE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "A service: a program that outlives its call, reachable by the workspace's calls at `url`",
+    "properties": {
+        "name": {"type": "string"},
+        "id": {"type": "string"},
+        "state": {"type": "string", "enum": ["starting", "running", "stopped"]},
+        "port": {"type": "integer"},
+        "url": {"type": "string", "description": "How the workspace's next calls reach it"},
+        "uptime_s": {"type": "number"},
+        "preview": {"type": "string", "description": "Where its caller's browser opens it (HTTP transport)"},
+        "stopped_because": {"type": "string"},
+    },
+    "required": ["name", "id", "state", "port", "url"],
+}
+
+SERVICE_ARGUMENT: dict[str, Any] = {
+    "type": "object",
+    "description": "Start the command as a service instead of waiting for it to end: a program that keeps running "
+    "after this call (a web server, an API), in a container of its own that sees the workspace. The call returns "
+    "once it listens on `port`; the workspace's next calls reach it as http://<name>:<port>/ (curl works), and "
+    "nothing else can. It stops when the session ends, when idle, or at the policy's maximum lifetime.",
+    "properties": {
+        "name": {"type": "string", "pattern": "^[a-z]([a-z0-9-]{0,30}[a-z0-9])?$", "description": "Its host name"},
+        "port": {"type": "integer", "minimum": 1, "maximum": 65535, "description": "The TCP port it listens on"},
+    },
+    "required": ["name", "port"],
+    "additionalProperties": False,
+}
+
+
 def result_schema(title: str, properties: Mapping[str, Any], required: list[str]) -> dict[str, Any]:
     """A tool's outputSchema: its own answer, or an `error` object when it was refused or failed."""
     return {
@@ -157,8 +191,14 @@ def result_schema(title: str, properties: Mapping[str, Any], required: list[str]
             "workspace": {"type": "string", "description": "The kept workspace this call worked in (pass it back)."},
             "changes": CHANGES_SCHEMA,
             "network": NETWORK_SCHEMA,
+            "service": SERVICE_SCHEMA,
+            "services": {
+                "type": "array",
+                "items": SERVICE_SCHEMA,
+                "description": "The services running in the call's workspace (reach them by `url` from its calls).",
+            },
         },
-        "anyOf": [{"required": required}, {"required": ["error"]}],
+        "anyOf": [{"required": required}, {"required": ["error"]}, {"required": ["service"]}],
     }
 
 
@@ -185,6 +225,10 @@ class ToolContext:
     """With an allow list: the internal network the sandbox joins and its proxy."""
     task: bool = False
     """The call runs as a task: it may run for up to limits.max_task_s, and that long when it does not ask."""
+    services: ServiceScope | None = None
+    """Starting a service in the call's workspace (None: no kept workspace, so no services)."""
+    service_network: str | None = None
+    """The network of the workspace's running services, which the sandbox joins to reach them by name."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -375,6 +419,7 @@ def sandbox_spec(
         stdin=stdin,
         files=files,
         call_workdir=workdir,
+        service_network=ctx.service_network,
     )
 
 

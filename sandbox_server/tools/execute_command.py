@@ -10,6 +10,7 @@ from sandbox_server.policy import ToolPolicy
 from sandbox_server.tools.base import (
     FILES_SCHEMA,
     SANDBOX_ANNOTATIONS,
+    SERVICE_ARGUMENT,
     TIMEOUT_SCHEMA,
     WORKSPACE_ARGUMENT,
     ToolContext,
@@ -18,6 +19,7 @@ from sandbox_server.tools.base import (
     sandbox_spec,
 )
 from sandbox_server.tools.outcome import outcome_from_execution
+from sandbox_server.tools.services import start_service
 
 __all__ = ["EXECUTION_PROPERTIES", "EXECUTION_REQUIRED", "OUTPUT_SCHEMA", "ExecuteCommand"]
 
@@ -105,6 +107,7 @@ class ExecuteCommand:
             "timeout_s": TIMEOUT_SCHEMA,
             "files": FILES_SCHEMA,
             "workspace": WORKSPACE_ARGUMENT,
+            "service": SERVICE_ARGUMENT,
         },
         "title": "execute_command: arguments",
         "required": ["command"],
@@ -128,5 +131,7 @@ class ExecuteCommand:
                 "commands.shell",
             )
         spec = sandbox_spec(args, ctx, argv, args.get("stdin", "").encode("utf-8", "surrogatepass"))
+        if "service" in args:
+            return await start_service(args, ctx, spec, self.name)
         result = await ctx.runtime.run(spec, ctx.on_progress)
         return outcome_from_execution(result, spec)

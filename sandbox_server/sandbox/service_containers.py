@@ -1,0 +1,160 @@
+"""A service's container and its workspace's network on the engine; every function blocks (run it in a thread).
+
+A service runs its program directly (no launcher: nothing waits for it to end), in the hardened container of
+every call, with its own memory and CPU, a log the engine keeps bounded, and the workspace mounted as calls see
+it. Its workspace's network is `internal` with no address on the host's bridge: the services and the calls of
+that one workspace reach each other there, by name, and nothing else reaches them or leaves.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import tempfile
+from dataclasses import dataclass
+from typing import Any
+
+import docker
+
+from sandbox_server.sandbox import mounts
+from sandbox_server.sandbox.engine import engine_errors
+from sandbox_server.sandbox.host_config import host_config_kwargs, masked_paths
+from sandbox_server.sandbox.removal import OWNER_LABEL
+from sandbox_server.sandbox.spec import SANDBOX_LABEL, SandboxSpec
+
+__all__ = ["SERVICE_LABEL", "Started", "container_state", "listening_ports", "log_tail", "network_name", "remove",
+           "remove_network", "start_container"]  # fmt: skip
+
+SERVICE_LABEL = "org.sandbox-server.service"
+"""On a service's container and its workspace's network: the service's id, or the workspace's network."""
+
+
+def network_name(workspace_id: str, owner: str) -> str:
+    """The private network of one workspace's services (the id itself never appears on the engine)."""
+    return "sandbox-svc-" + hashlib.sha256(f"{owner}|{workspace_id}".encode()).hexdigest()[:16]
+
+
+def ensure_network(api: docker.APIClient, name: str, owner: str) -> None:
+    """Create the workspace's network unless it exists: internal, and no address of the host on its bridge."""
+    with engine_errors("create the services' network"):
+        if api.networks(names=[name]):
+            return
+        api.create_network(
+            name,
+            driver="bridge",
+            internal=True,
+            options={"com.docker.network.bridge.inhibit_ipv4": "true"},
+            labels={SANDBOX_LABEL: "1", OWNER_LABEL: owner, SERVICE_LABEL: "network"},
+        )
+
+
+def remove_network(api: docker.APIClient, name: str) -> None:
+    """Remove a workspace's network once nothing is on it; never raises."""
+    with contextlib.suppress(docker.errors.APIError, docker.errors.NotFound):
+        api.remove_network(name)
+
+
+@dataclass(frozen=True, slots=True)
+class Started:
+    """A service's container, running."""
+
+    container_id: str
+    pid: int
+    """Its init's host pid: its network namespace's sockets are read through it."""
+    slot: str | None
+
+
+def start_container(
+    api: docker.APIClient, spec: SandboxSpec, service_id: str, name: str, network: str, owner: str, log_kb: int
+) -> Started:
+    """Create and start a service's container on its workspace's network, reachable there as `name`."""
+    ensure_network(api, network, owner)
+    slot = tempfile.mkdtemp(prefix="slot-", dir=spec.workspace_slots) if spec.mounted_workspace else None
+    try:
+        if slot is not None and spec.mounted_workspace is not None:
+            mounts.bind(spec.mounted_workspace, slot)
+        options: dict[str, Any] = host_config_kwargs(spec, slot)
+        options["network_mode"] = network
+        options["log_config"] = {"type": "json-file", "config": {"max-size": f"{log_kb}k", "max-file": "1"}}
+        with engine_errors("create the service's container"):
+            host_config = api.create_host_config(**options)
+            masked = masked_paths(spec)
+            if masked is not None:
+                host_config["MaskedPaths"] = masked
+            created = api.create_container(
+                image=spec.image,
+                command=list(spec.argv),
+                user=spec.user,
+                working_dir=spec.workdir,
+                environment=dict(spec.env) | dict(spec.call_env),
+                labels={SANDBOX_LABEL: "1", OWNER_LABEL: owner, SERVICE_LABEL: service_id, **dict(spec.labels)},
+                hostname=name,
+                host_config=host_config,
+                networking_config=api.create_networking_config({network: api.create_endpoint_config(aliases=[name])}),
+            )
+        container_id = str(created["Id"])
+        try:
+            with engine_errors("start the service's container"):
+                if spec.network != "none":  # an egress network: its proxy is the way out, as for a call
+                    api.connect_container_to_network(container_id, spec.network)
+                api.start(container_id)
+                pid = int(api.inspect_container(container_id)["State"].get("Pid") or 0)
+        except BaseException:
+            remove(api, container_id, None)
+            raise
+        return Started(container_id, pid, slot)
+    except BaseException:
+        _free_slot(slot)
+        raise
+
+
+def remove(api: docker.APIClient, container_id: str, slot: str | None) -> None:
+    """Kill and remove a service's container (every process it left with it), then free its slot; never raises."""
+    with contextlib.suppress(docker.errors.APIError, docker.errors.NotFound):
+        api.remove_container(container_id, force=True, v=True)
+    _free_slot(slot)
+
+
+def _free_slot(slot: str | None) -> None:
+    if slot is not None:
+        mounts.detach(slot)
+        with contextlib.suppress(OSError):
+            os.rmdir(slot)
+
+
+def container_state(api: docker.APIClient, container_id: str) -> dict[str, Any]:
+    """The engine's State of a service's container ({} when it is gone)."""
+    try:
+        return dict(api.inspect_container(container_id)["State"])
+    except (docker.errors.APIError, docker.errors.NotFound):
+        return {}
+
+
+def log_tail(api: docker.APIClient, container_id: str, max_bytes: int) -> str:
+    """The end of a service's log (stdout and stderr as they came), at most `max_bytes`."""
+    try:
+        raw = api.logs(container_id, stdout=True, stderr=True, tail=2000)
+    except (docker.errors.APIError, docker.errors.NotFound):
+        return ""
+    return bytes(raw)[-max_bytes:].decode("utf-8", "replace")
+
+
+LISTEN = "0A"
+"""A socket's state in /proc/net/tcp when it listens."""
+
+
+def listening_ports(pid: int) -> set[int]:
+    """The TCP ports listened on in a container's network namespace, read from the host through its init."""
+    ports: set[int] = set()
+    for table in ("tcp", "tcp6"):
+        try:
+            with open(f"/proc/{pid}/net/{table}", encoding="ascii") as handle:
+                next(handle, None)
+                for line in handle:
+                    fields = line.split()
+                    if len(fields) > 3 and fields[3] == LISTEN:
+                        ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+        except OSError:
+            continue
+    return ports

@@ -1,0 +1,347 @@
+"""The services of one server: started by calls, kept while their workspace is used, stopped for a reason.
+
+A service belongs to the workspace its call ran in (a handshake session's, or a 2026-07-28 workspace id) and to
+its caller. It holds that workspace as a running call does, so the workspace is not removed under it, and it
+stops when its session ends, after `services.idle_s` without a call in its workspace or a request through its
+preview, at `services.max_lifetime_s`, when it is stopped by its caller, and with the server. A killed server's
+services are removed by its reaper with its other containers (they carry its owner label).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import anyio
+import anyio.abc
+import anyio.to_thread
+
+from sandbox_server.access.audit import AuditLog
+from sandbox_server.errors import Refusal
+from sandbox_server.policy import ServiceSettings
+from sandbox_server.sandbox import service_containers as containers
+from sandbox_server.sandbox.docker_runtime import DockerRuntime
+from sandbox_server.sandbox.spec import SandboxSpec
+from sandbox_server.workspaces.store import WorkspaceRecord, WorkspaceStore
+
+__all__ = ["NAME", "Service", "ServiceScope", "Services"]
+
+log = logging.getLogger("sandbox_server")
+
+NAME = re.compile(r"^[a-z][a-z0-9-]{0,30}[a-z0-9]$|^[a-z]$")
+"""A service's name: how the workspace's calls reach it (a host name), so a DNS label, lower case."""
+CHECK_S = 1.0
+"""How often running services are looked at (ended by themselves, idle, past their lifetime)."""
+READY_POLL_S = 0.1
+LOG_SHOWN = 2000
+"""The end of a service's log shown in an answer about it."""
+
+
+@dataclass(slots=True)
+class Service:
+    """One running (or just stopped) service."""
+
+    id: str
+    name: str
+    port: int
+    command: str
+    tool: str
+    policy_name: str
+    caller: str
+    """Whose it is (the limits key of the caller who started it)."""
+    workspace_id: str
+    session: str | None
+    settings: ServiceSettings
+    network: str
+    container_id: str = ""
+    pid: int = 0
+    slot: str | None = None
+    started_at: float = field(default_factory=time.time)
+    last_used: float = field(default_factory=time.monotonic)
+    state: str = "starting"
+    """starting, running or stopped."""
+    stop_reason: str = ""
+    stopped: anyio.Event = field(default_factory=anyio.Event)
+
+    def describe(self, preview: str | None = None) -> dict[str, Any]:
+        """The service as a result's `services` entry."""
+        described: dict[str, Any] = {
+            "name": self.name,
+            "id": self.id,
+            "state": self.state,
+            "port": self.port,
+            "url": f"http://{self.name}:{self.port}/",
+            "uptime_s": round(time.time() - self.started_at, 1),
+        }
+        if self.stop_reason:
+            described["stopped_because"] = self.stop_reason
+        if preview is not None:
+            described["preview"] = preview
+        return described
+
+
+class Services:
+    """Every service this server started; the engine work runs in worker threads."""
+
+    def __init__(self, runtime: DockerRuntime, store: WorkspaceStore, audit: AuditLog | None = None) -> None:
+        self.runtime, self.store, self.audit = runtime, store, audit
+        self._services: dict[str, Service] = {}
+        self._group: anyio.abc.TaskGroup | None = None
+        self.preview_of: Callable[[Service], str | None] = lambda _: None
+        """The preview address of a service (set by the HTTP transport; None over stdio)."""
+
+    # -- what calls and resources see ------------------------------------------------------
+
+    def running(self, workspace_id: str | None = None) -> list[Service]:
+        return [
+            s
+            for s in self._services.values()
+            if s.state != "stopped" and (workspace_id is None or s.workspace_id == workspace_id)
+        ]
+
+    def network_of(self, workspace_id: str) -> str | None:
+        """The network a call in this workspace joins to reach its services (None: it has none running)."""
+        running = self.running(workspace_id)
+        return running[0].network if running else None
+
+    def touch(self, workspace_id: str) -> None:
+        """A call ran in the workspace: its services are in use."""
+        for service in self.running(workspace_id):
+            service.last_used = time.monotonic()
+
+    def listed(self, workspace_id: str) -> list[dict[str, Any]]:
+        return [s.describe(self.preview_of(s)) for s in self.running(workspace_id)]
+
+    def find(self, service_id: str, caller: str) -> Service | None:
+        """A service of this caller (None for every other case, as for an id that never existed)."""
+        service = self._services.get(service_id)
+        return service if service is not None and service.caller == caller else None
+
+    def memory_bytes(self) -> int:
+        """What running services' containers may hold (the warm pool's budget leaves room for it)."""
+        return sum(s.settings.memory_mb for s in self.running()) * 1024 * 1024
+
+    def log_of(self, service: Service, max_bytes: int = LOG_SHOWN) -> str:
+        return containers.log_tail(self.runtime.api, service.container_id, max_bytes) if service.container_id else ""
+
+    # -- starting ----------------------------------------------------------------------------
+
+    async def start(
+        self,
+        spec: SandboxSpec,
+        record: WorkspaceRecord,
+        name: str,
+        port: int,
+        command: str,
+        tool: str,
+        policy_name: str,
+        caller: str,
+        settings: ServiceSettings,
+    ) -> Service:
+        """Start a service and wait until it listens on its port; a Refusal says why it did not."""
+        self._refuse_past_caps(record, name, caller, tool, policy_name, settings)
+        if not self.store.contents.side_by_side:
+            raise Refusal(
+                "refused: services need workspaces mounted beside calls, and this server keeps them as archives "
+                "(serve --workspaces)",
+                "services",
+            )
+        if self._group is None:
+            raise Refusal("refused: this server is not running services (it is stopping)", "services")
+        network = containers.network_name(record.id, self.runtime.owner)
+        service = Service(
+            id=f"svc-{secrets.token_urlsafe(12)}", name=name, port=port, command=command, tool=tool,
+            policy_name=policy_name, caller=caller, workspace_id=record.id, session=record.session,
+            settings=settings, network=network,
+        )  # fmt: skip
+        self._services[service.id] = service
+        held = anyio.Event()
+        self._group.start_soon(self._hold, service, record, held)
+        await held.wait()
+        spec = await anyio.to_thread.run_sync(self.store.begin, record, spec)
+        try:
+            started = await anyio.to_thread.run_sync(
+                containers.start_container,
+                self.runtime.api, spec, service.id, name, network, self.runtime.owner, settings.log_kb,
+            )  # fmt: skip
+        except BaseException:
+            await self.stop(service, "its container could not start")
+            raise
+        service.container_id, service.pid, service.slot = started.container_id, started.pid, started.slot
+        problem = await self._until_ready(service)
+        if problem is not None:
+            last = self.log_of(service)
+            await self.stop(service, "it never became ready")
+            shown = f"; its last output:\n{last}" if last else "; it printed nothing"
+            raise Refusal(f"service {name!r} did not start: {problem}{shown}", "services.start_timeout_s")
+        service.state = "running"
+        service.last_used = time.monotonic()
+        self._audit("service_started", service, container=service.container_id[:12])
+        return service
+
+    def _refuse_past_caps(
+        self, record: WorkspaceRecord, name: str, caller: str, tool: str, policy_name: str, settings: ServiceSettings
+    ) -> None:
+        if tool not in settings.tools:
+            allowed = ", ".join(settings.tools) or "none"
+            raise Refusal(
+                f"refused: {tool} may not start services under policy '{policy_name}' (field services.tools: "
+                f"{allowed})",
+                "services.tools",
+            )
+        if not NAME.match(name):
+            raise Refusal(
+                f"refused: service name {name!r} must be a host name: lower-case letters, digits and '-', "
+                "starting with a letter, at most 32 characters",
+                "service.name",
+            )
+        mine = self.running(record.id)
+        if any(s.name == name for s in mine):
+            raise Refusal(
+                f"refused: this workspace already runs a service named {name!r}; stop it first, or choose another name",
+                "service.name",
+            )
+        counted = [
+            (len(mine), settings.per_session, "services.per_session", "in this workspace"),
+            (sum(s.caller == caller for s in self.running()), settings.per_caller, "services.per_caller", "of yours"),
+            (len(self.running()), settings.running, "services.running", "on this server"),
+        ]
+        for count, cap, field_name, whose in counted:
+            if count >= cap:
+                raise Refusal(
+                    f"refused: {count} services {whose} run already, the most policy '{policy_name}' allows (field "
+                    f"{field_name}: {cap}); stop one first",
+                    field_name,
+                )
+
+    async def _until_ready(self, service: Service) -> str | None:
+        """Wait until the service listens on its port: None, or why it will not."""
+        deadline = time.monotonic() + service.settings.start_timeout_s
+        api = self.runtime.api
+        while True:
+            state = await anyio.to_thread.run_sync(containers.container_state, api, service.container_id)
+            if not state.get("Running"):
+                if state.get("OOMKilled"):
+                    return f"it ran out of memory (services.memory_mb: {service.settings.memory_mb})"
+                return f"it exited with code {state.get('ExitCode', '?')} before listening on port {service.port}"
+            ports = await anyio.to_thread.run_sync(containers.listening_ports, service.pid)
+            if service.port in ports:
+                return None
+            if time.monotonic() > deadline:
+                others = ", ".join(str(p) for p in sorted(ports))
+                elsewhere = f" (it listens on {others})" if others else ""
+                return (
+                    f"it did not listen on port {service.port} within {service.settings.start_timeout_s:g} s "
+                    f"(field services.start_timeout_s){elsewhere}"
+                )
+            await anyio.sleep(READY_POLL_S)
+
+    async def _hold(self, service: Service, record: WorkspaceRecord, held: anyio.Event) -> None:
+        """Hold the workspace while the service runs, as a running call does."""
+        async with self.store.using(record, 0):
+            held.set()
+            await service.stopped.wait()
+
+    # -- stopping ----------------------------------------------------------------------------
+
+    async def stop(self, service: Service, reason: str) -> None:
+        """Stop a service: its container (every process in it) removed, its workspace let go of."""
+        if service.state == "stopped":
+            return
+        was_running = service.state == "running"
+        service.state, service.stop_reason = "stopped", reason
+        with anyio.CancelScope(shield=True):
+            if service.container_id:
+                await anyio.to_thread.run_sync(containers.remove, self.runtime.api, service.container_id, service.slot)
+            service.stopped.set()
+            if not self.running(service.workspace_id):
+                await anyio.to_thread.run_sync(containers.remove_network, self.runtime.api, service.network)
+        if was_running:
+            self._audit("service_stopped", service, reason=reason)
+        self._services.pop(service.id, None)
+
+    async def stop_session(self, session: str) -> None:
+        """A handshake session ended: its workspace's services stop."""
+        for service in [s for s in self.running() if s.session == session]:
+            await self.stop(service, "its session ended")
+
+    async def serve(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Hold the services' task group and look at them each second, until the server stops (then stop all)."""
+        try:
+            async with anyio.create_task_group() as group:
+                self._group = group
+                task_status.started()
+                while True:
+                    await anyio.sleep(CHECK_S)
+                    await self._look()
+        finally:
+            self._group = None
+            with anyio.CancelScope(shield=True):
+                for service in list(self._services.values()):
+                    await self.stop(service, "the server stopped")
+
+    async def _look(self) -> None:
+        now, clock = time.time(), time.monotonic()
+        for service in self.running():
+            if service.state != "running":
+                continue
+            settings = service.settings
+            if now - service.started_at > settings.max_lifetime_s:
+                await self.stop(service, f"it reached its maximum lifetime (services.max_lifetime_s: "
+                                         f"{settings.max_lifetime_s:g} s)")  # fmt: skip
+            elif clock - service.last_used > settings.idle_s:
+                await self.stop(service, f"it was idle (services.idle_s: {settings.idle_s:g} s)")
+            else:
+                state = await anyio.to_thread.run_sync(
+                    containers.container_state, self.runtime.api, service.container_id
+                )
+                if not state.get("Running"):
+                    why = "out of memory" if state.get("OOMKilled") else f"with code {state.get('ExitCode', '?')}"
+                    await self.stop(service, f"its program ended ({why})")
+
+    def _audit(self, event: str, service: Service, **fields: Any) -> None:
+        if self.audit is None:
+            return
+        self.audit.write(
+            {
+                "time": datetime.now(UTC).isoformat(timespec="milliseconds"),
+                "event": event,
+                "service": service.id,
+                "name": service.name,
+                "client": service.caller,
+                "tool": service.tool,
+                "policy": service.policy_name,
+                "port": service.port,
+                **fields,
+            }
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceScope:
+    """What a call may do with services: start one in its workspace, for its caller, under its policy."""
+
+    services: Services
+    record: WorkspaceRecord
+    caller: str
+    settings: ServiceSettings
+    policy_name: str
+
+    @property
+    def network(self) -> str | None:
+        """The workspace's services' network, which the call joins (None: none runs)."""
+        return self.services.network_of(self.record.id)
+
+    async def start(self, spec: SandboxSpec, name: str, port: int, command: str, tool: str) -> Service:
+        return await self.services.start(
+            spec, self.record, name, port, command, tool, self.policy_name, self.caller, self.settings
+        )
+
+    def listed(self) -> list[dict[str, Any]]:
+        return self.services.listed(self.record.id)

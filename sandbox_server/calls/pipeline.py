@@ -182,9 +182,11 @@ class CallPipeline:
         try:
             proxy = await self._proxy(tool_policy, policy.name)
             scope = None
-            if kept is not None and self.services is not None:
-                self.services.touch(kept.record.id)
-                scope = ServiceScope(self.services, kept.record, identity.limits_key, policy.services, policy.name)
+            if self.services is not None:
+                record = kept.record if kept is not None else None
+                if record is not None:
+                    self.services.touch(record.id)
+                scope = ServiceScope(self.services, record, identity.limits_key, policy.services, policy.name)
             tool_ctx = ToolContext(
                 runtime, tool_policy, policy.name, progress, kept is not None, proxy, as_task, scope,
                 scope.network if scope is not None else None,

@@ -142,6 +142,8 @@ def log_tail(api: docker.APIClient, container_id: str, max_bytes: int) -> str:
 
 LISTEN = "0A"
 """A socket's state in /proc/net/tcp when it listens."""
+ENGINE_RESOLVER = "0B00007F"
+"""127.0.0.11, where the engine's name server listens in every container on a user-made network."""
 
 
 def listening_ports(pid: int) -> set[int]:
@@ -154,7 +156,9 @@ def listening_ports(pid: int) -> set[int]:
                 for line in handle:
                     fields = line.split()
                     if len(fields) > 3 and fields[3] == LISTEN:
-                        ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+                        address, port = fields[1].rsplit(":", 1)
+                        if address != ENGINE_RESOLVER:
+                            ports.add(int(port, 16))
         except OSError:
             continue
     return ports

@@ -174,12 +174,12 @@ class Services:
             await self.stop(service, "its container could not start")
             raise
         service.container_id, service.pid, service.slot = started.container_id, started.pid, started.slot
-        problem = await self._until_ready(service)
+        problem, field_name = await self._until_ready(service)
         if problem is not None:
             last = self.log_of(service)
             await self.stop(service, "it never became ready")
             shown = f"; its last output:\n{last}" if last else "; it printed nothing"
-            raise Refusal(f"service {name!r} did not start: {problem}{shown}", "services.start_timeout_s")
+            raise Refusal(f"service {name!r} did not start: {problem}{shown}", field_name)
         service.state = "running"
         service.last_used = time.monotonic()
         self._audit("service_started", service, container=service.container_id[:12])
@@ -188,13 +188,7 @@ class Services:
     def _refuse_past_caps(
         self, record: WorkspaceRecord, name: str, caller: str, tool: str, policy_name: str, settings: ServiceSettings
     ) -> None:
-        if tool not in settings.tools:
-            allowed = ", ".join(settings.tools) or "none"
-            raise Refusal(
-                f"refused: {tool} may not start services under policy '{policy_name}' (field services.tools: "
-                f"{allowed})",
-                "services.tools",
-            )
+        self.refuse_tool(tool, policy_name, settings)
         if not NAME.match(name):
             raise Refusal(
                 f"refused: service name {name!r} must be a host name: lower-case letters, digits and '-', "
@@ -220,25 +214,39 @@ class Services:
                     field_name,
                 )
 
-    async def _until_ready(self, service: Service) -> str | None:
-        """Wait until the service listens on its port: None, or why it will not."""
+    @staticmethod
+    def refuse_tool(tool: str, policy_name: str, settings: ServiceSettings) -> None:
+        if tool not in settings.tools:
+            allowed = ", ".join(settings.tools) or "none"
+            raise Refusal(
+                f"refused: {tool} may not start services under policy '{policy_name}' (field services.tools: "
+                f"{allowed})",
+                "services.tools",
+            )
+
+    async def _until_ready(self, service: Service) -> tuple[str | None, str]:
+        """Wait until the service listens on its port: (None, ""), or why it will not and the field that says."""
         deadline = time.monotonic() + service.settings.start_timeout_s
         api = self.runtime.api
         while True:
             state = await anyio.to_thread.run_sync(containers.container_state, api, service.container_id)
             if not state.get("Running"):
                 if state.get("OOMKilled"):
-                    return f"it ran out of memory (services.memory_mb: {service.settings.memory_mb})"
-                return f"it exited with code {state.get('ExitCode', '?')} before listening on port {service.port}"
+                    memory = service.settings.memory_mb
+                    return f"it ran out of memory (field services.memory_mb: {memory})", "services.memory_mb"
+                code = state.get("ExitCode", "?")
+                return f"it exited with code {code} before listening on port {service.port}", "services.start_timeout_s"
             ports = await anyio.to_thread.run_sync(containers.listening_ports, service.pid)
             if service.port in ports:
-                return None
+                return None, ""
             if time.monotonic() > deadline:
                 others = ", ".join(str(p) for p in sorted(ports))
                 elsewhere = f" (it listens on {others})" if others else ""
+                waited = service.settings.start_timeout_s
                 return (
-                    f"it did not listen on port {service.port} within {service.settings.start_timeout_s:g} s "
-                    f"(field services.start_timeout_s){elsewhere}"
+                    f"it did not listen on port {service.port} within {waited:g} s (field services.start_timeout_s)"
+                    f"{elsewhere}",
+                    "services.start_timeout_s",
                 )
             await anyio.sleep(READY_POLL_S)
 
@@ -328,7 +336,8 @@ class ServiceScope:
     """What a call may do with services: start one in its workspace, for its caller, under its policy."""
 
     services: Services
-    record: WorkspaceRecord
+    record: WorkspaceRecord | None
+    """The call's kept workspace (None: the policy keeps none, and so starts no service)."""
     caller: str
     settings: ServiceSettings
     policy_name: str
@@ -336,12 +345,19 @@ class ServiceScope:
     @property
     def network(self) -> str | None:
         """The workspace's services' network, which the call joins (None: none runs)."""
-        return self.services.network_of(self.record.id)
+        return self.services.network_of(self.record.id) if self.record is not None else None
 
     async def start(self, spec: SandboxSpec, name: str, port: int, command: str, tool: str) -> Service:
+        self.services.refuse_tool(tool, self.policy_name, self.settings)
+        if self.record is None:
+            raise Refusal(
+                f"refused: policy '{self.policy_name}' keeps no workspace (field workspace.persist), and a service "
+                "lives in its session's workspace",
+                "workspace.persist",
+            )
         return await self.services.start(
             spec, self.record, name, port, command, tool, self.policy_name, self.caller, self.settings
         )
 
     def listed(self) -> list[dict[str, Any]]:
-        return self.services.listed(self.record.id)
+        return self.services.listed(self.record.id) if self.record is not None else []

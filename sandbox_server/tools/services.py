@@ -17,11 +17,7 @@ async def start_service(args: Mapping[str, Any], ctx: ToolContext, spec: Sandbox
     """Start `spec`'s program as the service `args["service"]` names; answer how to reach it."""
     wanted = args["service"]
     if ctx.services is None:
-        raise Refusal(
-            f"refused: policy '{ctx.policy_name}' keeps no workspace (field workspace.persist), and a service lives "
-            "in its session's workspace",
-            "workspace.persist",
-        )
+        raise Refusal("refused: this server starts no services", "services.tools")
     if spec.files or spec.stdin:
         raise Refusal(
             "refused: a service takes no `files` or `stdin`; write its files with a call first (they stay in the "

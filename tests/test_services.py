@@ -1,0 +1,213 @@
+"""Services: programs a call starts that outlive it, through the real server, client and engine.
+
+A policy with short caps proves what the shipped ones do with long ones (a start timeout of 3 s, a lifetime of a
+few seconds). Reachability is proven from inside sandboxes: the session's own calls reach its services by name;
+another session's and another caller's calls reach them neither by name nor by address.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import docker
+import httpx2
+import pytest
+from mcp.client.streamable_http import streamable_http_client
+
+from sandbox_server.sandbox.docker_runtime import DockerRuntime
+from sandbox_server.sandbox.removal import OWNER_LABEL
+from sandbox_server.sandbox.service_containers import SERVICE_LABEL
+from tests.conftest import run_cli
+from tests.mcp_harness import CheckedClient, connect, http_server_process, text_of
+
+pytestmark = pytest.mark.anyio
+
+SHORT = """name: short-services
+extends: default
+services:
+  tools: [execute_command]
+  per_session: 2
+  per_caller: 3
+  running: 4
+  memory_mb: 96
+  start_timeout_s: 3
+  idle_s: 600
+  max_lifetime_s: %(lifetime)d
+  log_kb: 64
+"""
+API = (
+    'exec python3 -c "import http.server as h, json\n'
+    "class A(h.BaseHTTPRequestHandler):\n"
+    "    def do_GET(self):\n"
+    "        body = json.dumps({'api': self.path}).encode()\n"
+    "        self.send_response(200); self.end_headers(); self.wfile.write(body)\n"
+    "h.HTTPServer(('', 9000), A).serve_forever()\""
+)
+
+
+def short_policy(tmp_path: Path, lifetime: int = 600) -> Path:
+    policy = tmp_path / "short.yaml"
+    policy.write_text(SHORT % {"lifetime": lifetime})
+    return policy
+
+
+def add_token(tokens: Path, name: str, policy: Path) -> str:
+    done = run_cli("token", "add", name, "--policy", str(policy), "--tokens", str(tokens))
+    assert done.returncode == 0, done.stderr
+    return done.stdout.splitlines()[-1]
+
+
+@asynccontextmanager
+async def as_caller(url: str, token: str | None = None) -> AsyncIterator[CheckedClient]:
+    """A handshake-era session (its own workspace) of the caller holding `token`."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    async with httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30, read=120)) as http:
+        async with connect(streamable_http_client(url, http_client=http)) as client:
+            yield client
+
+
+async def call(client: CheckedClient, **arguments: Any) -> dict[str, Any]:
+    result = await client.call_tool("execute_command", arguments)
+    assert result.structured_content is not None, text_of(result)
+    return {"text": text_of(result), "is_error": result.is_error, **result.structured_content}
+
+
+def services_of(pid: int) -> list[dict[str, Any]]:
+    """The service containers the server process `pid` made."""
+    api = docker.APIClient()
+    try:
+        found = api.containers(all=True, filters={"label": SERVICE_LABEL})
+    finally:
+        api.close()
+    return [c for c in found if f":{pid}:" in (c.get("Labels") or {}).get(OWNER_LABEL, "")]
+
+
+def service_networks() -> set[str]:
+    api = docker.APIClient()
+    try:
+        return {n["Name"] for n in api.networks(filters={"label": SERVICE_LABEL})}
+    finally:
+        api.close()
+
+
+async def until_gone(pid: int, within_s: float = 30) -> None:
+    """Wait until the server `pid` has no service container left (the engine has no event for a label's last)."""
+    deadline = time.monotonic() + within_s
+    while services_of(pid):
+        assert time.monotonic() < deadline, services_of(pid)
+        await anyio.sleep(0.1)
+
+
+async def test_a_sessions_services_are_reached_by_name_from_it_and_from_nowhere_else(
+    tmp_path: Path, runtime: DockerRuntime
+) -> None:
+    tokens, policy = tmp_path / "tokens.json", short_policy(tmp_path)
+    alice, bob = add_token(tokens, "alice", policy), add_token(tokens, "bob", policy)
+    serve = ("--policy", str(policy), "--tokens", str(tokens), "--no-pool", "--state-dir", str(tmp_path / "s"))
+    networks_before = service_networks()
+    with http_server_process(*serve, "--audit-log", str(tmp_path / "audit.jsonl")) as server:
+        async with as_caller(server.url, alice) as session:
+            page = "echo '<h1>hello from web</h1>' > index.html && exec python3 -m http.server 8000"
+            web = await call(session, command=page, service={"name": "web", "port": 8000})
+            assert not web["is_error"], web["text"]
+            assert web["service"]["url"] == "http://web:8000/" and web["service"]["state"] == "running"
+            assert "the workspace's next calls reach it at http://web:8000/" in web["text"]
+            api = await call(session, command=API, service={"name": "api", "port": 9000})
+            assert not api["is_error"], api["text"]
+            seen = await call(
+                session, command="curl -s http://web:8000/index.html; curl -s http://api:9000/hi; echo; getent hosts web"
+            )
+            lines = seen["stdout"].splitlines()
+            assert lines[0] == "<h1>hello from web</h1>" and json.loads(lines[1]) == {"api": "/hi"}, seen["stdout"]
+            address = lines[2].split()[0]
+            assert {s["name"] for s in seen["services"]} == {"web", "api"}
+            assert len(services_of(server.process.pid)) == 2
+            # Another session of the same caller, and another caller: neither the name nor the address answers.
+            probe = f"curl -sS --max-time 3 http://web:8000/; curl -sS --max-time 3 http://{address}:8000/; true"
+            for token in (alice, bob):
+                async with as_caller(server.url, token) as other:
+                    tried = await call(other, command=probe)
+                    assert "hello" not in tried["stdout"] and "services" not in tried, tried
+                    assert "Could not resolve host: web" in tried["stderr"], tried["stderr"]
+                    assert tried["stderr"].count("curl: (") == 2, tried["stderr"]
+            taken = await call(session, command="sleep 60", service={"name": "web", "port": 8001})
+            assert taken["is_error"] and "already runs a service named 'web'" in taken["text"], taken["text"]
+            capped = await call(session, command="sleep 60", service={"name": "third", "port": 8002})
+            assert capped["is_error"] and "(field services.per_session: 2)" in capped["text"], capped["text"]
+        # The session ended (the client closed it): its services and their network are gone.
+        await until_gone(server.process.pid)
+        assert service_networks() == networks_before
+    audit = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
+    events = [(r["event"], r["name"], r.get("reason")) for r in audit if str(r.get("event", "")).startswith("service")]
+    assert sorted(events) == [
+        ("service_started", "api", None),
+        ("service_started", "web", None),
+        ("service_stopped", "api", "its session ended"),
+        ("service_stopped", "web", "its session ended"),
+    ], events
+    assert all(r["client"] == "alice" for r in audit if "service" in r)
+
+
+async def test_services_that_never_listen_listen_elsewhere_exit_or_hog_memory_are_refused_saying_why(
+    tmp_path: Path, runtime: DockerRuntime
+) -> None:
+    serve = ("--policy", str(short_policy(tmp_path)), "--no-pool", "--state-dir", str(tmp_path / "s"))
+    with http_server_process(*serve) as server:
+        async with as_caller(server.url) as session:
+            timeout = "services.start_timeout_s"
+            cases = [
+                ("echo waiting; sleep 60", "did not listen on port 8000 within 3 s (field services.start_timeout_s)", timeout),
+                ("exec python3 -m http.server 8001", "(it listens on 8001)", timeout),
+                ("echo bye; exit 3", "it exited with code 3 before listening on port 8000", timeout),
+                ("exec python3 -c 'b = bytearray(400 << 20)'", "out of memory (field services.memory_mb: 96)", "services.memory_mb"),
+            ]  # fmt: skip
+            for command, said, field in cases:
+                refused = await call(session, command=command, service={"name": "web", "port": 8000})
+                assert refused["is_error"] and said in refused["text"], refused["text"]
+                assert refused["error"]["field"] == field
+                if command.startswith("echo"):  # its last output is in the answer
+                    assert command.split(";")[0].removeprefix("echo ") in refused["text"], refused["text"]
+            assert services_of(server.process.pid) == []
+            # One that forks away and floods its log: it runs, the engine keeps its log bounded, and it stops
+            # with its container, children and all.
+            flood = "(yes flood-line-of-the-service > /dev/stderr &) ; exec python3 -m http.server 8000"
+            started = await call(session, command=flood, service={"name": "web", "port": 8000})
+            assert not started["is_error"], started["text"]
+            (container,) = services_of(server.process.pid)
+            log_path = docker.APIClient().inspect_container(container["Id"])["LogPath"]
+            deadline = time.monotonic() + 10
+            while Path(log_path).stat().st_size < 60 * 1024:  # the log has filled up to its cap
+                assert time.monotonic() < deadline
+                await anyio.sleep(0.1)
+            assert Path(log_path).stat().st_size <= 64 * 1024 + 4096
+        await until_gone(server.process.pid)
+
+
+async def test_a_service_stops_at_its_maximum_lifetime_and_the_strict_policy_starts_none(
+    tmp_path: Path, runtime: DockerRuntime
+) -> None:
+    audit_log = tmp_path / "audit.jsonl"
+    serve = ("--policy", str(short_policy(tmp_path, lifetime=3)), "--no-pool", "--state-dir", str(tmp_path / "s"))
+    with http_server_process(*serve, "--audit-log", str(audit_log)) as server:
+        async with as_caller(server.url) as session:
+            started = await call(
+                session, command="exec python3 -m http.server 8000", service={"name": "web", "port": 8000}
+            )
+            assert not started["is_error"], started["text"]
+            await until_gone(server.process.pid, within_s=15)
+            after = await call(session, command="curl -sS --max-time 3 http://web:8000/; true")
+            assert "services" not in after and "Could not resolve host: web" in after["stderr"], after
+    stopped = [json.loads(line) for line in audit_log.read_text().splitlines() if "service_stopped" in line]
+    assert stopped[0]["reason"] == "it reached its maximum lifetime (services.max_lifetime_s: 3 s)", stopped
+    serve = ("--policy", "strict", "--no-pool", "--state-dir", str(tmp_path / "s2"))
+    with http_server_process(*serve) as server:
+        async with as_caller(server.url) as session:
+            refused = await call(session, command="true", args=[], service={"name": "web", "port": 8000})
+            assert refused["is_error"] and refused["error"]["field"] == "services.tools", refused["text"]
+            assert "may not start services under policy 'strict' (field services.tools: none)" in refused["text"]

@@ -8,6 +8,7 @@ another session's and another caller's calls reach them neither by name nor by a
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -19,12 +20,16 @@ import docker
 import httpx2
 import pytest
 from mcp.client.streamable_http import streamable_http_client
+from PIL import Image
+from websockets.exceptions import InvalidStatus
+from websockets.sync.client import connect
 
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
 from sandbox_server.sandbox.removal import OWNER_LABEL
 from sandbox_server.sandbox.service_containers import SERVICE_LABEL
 from tests.conftest import run_cli
-from tests.mcp_harness import CheckedClient, connect, http_server_process, text_of
+from tests.mcp_harness import CheckedClient, http_server_process, text_of
+from tests.mcp_harness import connect as mcp_connect
 
 pytestmark = pytest.mark.anyio
 
@@ -68,7 +73,7 @@ async def as_caller(url: str, token: str | None = None) -> AsyncIterator[Checked
     """A handshake-era session (its own workspace) of the caller holding `token`."""
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     async with httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30, read=120)) as http:
-        async with connect(streamable_http_client(url, http_client=http)) as client:
+        async with mcp_connect(streamable_http_client(url, http_client=http)) as client:
             yield client
 
 
@@ -121,7 +126,8 @@ async def test_a_sessions_services_are_reached_by_name_from_it_and_from_nowhere_
             api = await call(session, command=API, service={"name": "api", "port": 9000})
             assert not api["is_error"], api["text"]
             seen = await call(
-                session, command="curl -s http://web:8000/index.html; curl -s http://api:9000/hi; echo; getent hosts web"
+                session,
+                command="curl -s http://web:8000/index.html; curl -s http://api:9000/hi; echo; getent hosts web",
             )
             lines = seen["stdout"].splitlines()
             assert lines[0] == "<h1>hello from web</h1>" and json.loads(lines[1]) == {"api": "/hi"}, seen["stdout"]
@@ -211,3 +217,82 @@ async def test_a_service_stops_at_its_maximum_lifetime_and_the_strict_policy_sta
             refused = await call(session, command="true", args=[], service={"name": "web", "port": 8000})
             assert refused["is_error"] and refused["error"]["field"] == "services.tools", refused["text"]
             assert "may not start services under policy 'strict' (field services.tools: none)" in refused["text"]
+
+
+PAGE = (
+    "<html><body style='margin:0;background:#ffffff'><h1 style='font:bold 48px sans-serif;margin:20px'>"
+    "Preview works</h1><div style='width:400px;height:200px;background:rgb(255,0,0)'></div></body></html>"
+)
+
+
+def screenshot(url: str, where: Path) -> Path:
+    """Debian's Chromium, headless, opens `url` as a person's browser would and saves what it shows."""
+    shot = where / "preview.png"
+    done = subprocess.run(
+        ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--window-size=800,600",
+         f"--user-data-dir={where / 'profile'}", f"--screenshot={shot}", url],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0 and shot.is_file(), done.stderr
+    return shot
+
+
+async def test_the_preview_opens_a_service_for_its_caller_alone_in_a_real_browser_and_carries_websockets(
+    tmp_path: Path, runtime: DockerRuntime
+) -> None:
+    tokens, policy = tmp_path / "tokens.json", short_policy(tmp_path)
+    alice, bob = add_token(tokens, "alice", policy), add_token(tokens, "bob", policy)
+    serve = ("--policy", str(policy), "--tokens", str(tokens), "--no-pool", "--state-dir", str(tmp_path / "s"))
+    echo = (Path(__file__).parent / "services" / "ws_echo.py").read_text()
+    with http_server_process(*serve, "--audit-log", str(tmp_path / "audit.jsonl")) as server:
+        async with as_caller(server.url, alice) as session:
+            await call(session, command="true", files=[{"path": "index.html", "content": PAGE}])
+            answer = await session.call_tool(
+                "execute_command",
+                {"command": "exec python3 -m http.server 8000", "service": {"name": "web", "port": 8000}},
+            )
+            assert answer.structured_content is not None and not answer.is_error, text_of(answer)
+            link = answer.structured_content["service"]["preview"]
+            assert [b.uri for b in answer.content if b.type == "resource_link"] == [link]
+            prefix = link.split("?", 1)[0]
+            other_id = prefix.replace(answer.structured_content["service"]["id"], "svc-AAAAAAAAAAAAAAAA")
+            async with httpx2.AsyncClient(timeout=30) as http:
+                as_alice, as_bob = {"Authorization": f"Bearer {alice}"}, {"Authorization": f"Bearer {bob}"}
+                assert (await http.get(prefix)).status_code == 401
+                assert (await http.get(prefix, headers=as_bob)).status_code == 404
+                assert (await http.get(other_id, headers=as_alice)).status_code == 404
+                # What follows the prefix goes to the service as its path, and nowhere else: its own 404 page.
+                for escape in ("..%2F..%2Fmcp", "%2e%2e/%2e%2e/mcp", "http://127.0.0.1:1/", "/example.invalid/"):
+                    tried = await http.get(prefix + escape, headers=as_alice)
+                    assert tried.status_code == 404 and "Error response" in tried.text, (escape, tried.text)
+                page = await http.get(prefix + "index.html", headers=as_alice)
+                assert page.status_code == 200 and "Preview works" in page.text
+            # A person's browser, with the link: the page as it is drawn.
+            shot = Image.open(screenshot(link, tmp_path)).convert("RGB")
+            rgb: list[tuple[int, int, int]] = list(shot.getdata())
+
+            def at(x: int, y: int) -> tuple[int, int, int]:
+                return rgb[y * shot.width + x]
+
+            red = sum(1 for x in range(0, 400, 10) for y in range(120, 300, 10) if at(x, y) == (255, 0, 0))
+            dark = sum(1 for x in range(20, 400, 2) for y in range(25, 75, 2) if sum(at(x, y)) < 200)
+            assert red > 200 and dark > 100, (red, dark)  # the red box, and the heading's letters above it
+            async with httpx2.AsyncClient(timeout=30) as later:  # the link was used: another browser cannot
+                assert (await later.get(link)).status_code == 401
+            # A WebSocket through the preview, as a dev server's hot reload uses one.
+            await call(session, command="true", files=[{"path": "ws_echo.py", "content": echo}])
+            started = await call(session, command="exec python3 ws_echo.py", service={"name": "ws", "port": 8765})
+            assert not started["is_error"], started["text"]
+            socket_url = started["service"]["preview"].split("?", 1)[0].replace("http://", "ws://")
+
+            def talk(token: str) -> str:
+                with connect(socket_url, additional_headers={"Authorization": f"Bearer {token}"}) as ws:
+                    ws.send("hello through the preview")
+                    return str(ws.recv(timeout=10))
+
+            assert await anyio.to_thread.run_sync(talk, alice) == "echo: hello through the preview"
+            with pytest.raises(InvalidStatus):
+                await anyio.to_thread.run_sync(talk, bob)
+    audit = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
+    previewed = {(r["name"], r["by"], r["by_means_of"]) for r in audit if r.get("event") == "service_previewed"}
+    assert previewed == {("web", "alice", "token"), ("ws", "alice", "token")}, previewed

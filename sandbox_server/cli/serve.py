@@ -37,6 +37,8 @@ def serve_command(args: argparse.Namespace) -> int:
     from sandbox_server.policy.loader import load_policy
     from sandbox_server.policy.watcher import watch_policy
     from sandbox_server.protocol.http_limits import ConnectionLimits, raise_open_files_limit
+    from sandbox_server.protocol.preview import Previews
+    from sandbox_server.sandbox import netns
     from sandbox_server.protocol.server import SandboxServer
     from sandbox_server.protocol.transports import LOOPBACK_HOSTS, listen, serve_http, serve_stdio, url_of
     from sandbox_server.sandbox.docker_runtime import DockerRuntime
@@ -160,7 +162,16 @@ def serve_command(args: argparse.Namespace) -> int:
                 if listener is not None:
                     limits = ConnectionLimits.of(args)
                     log.info("serving MCP over Streamable HTTP at %s", url_of(listener))
-                    await serve_http(app, args.host, listener, authentication, limits, args.max_request_bytes, stopping)
+                    previews = Previews(services, (args.public_url or url_of(listener)).removesuffix("/mcp"))
+                    why_not = netns.unavailable() or (None if runtime.on_this_host() else "the engine is elsewhere")
+                    if why_not is None:
+                        services.preview_of = previews.link
+                    else:
+                        log.info("services have no preview: %s (it reaches them from inside)", why_not)
+                    await serve_http(
+                        app, args.host, listener, authentication, limits, args.max_request_bytes, stopping,
+                        previews.routes(),
+                    )  # fmt: skip
                 else:
                     await serve_stdio(app)
                 group.cancel_scope.cancel()

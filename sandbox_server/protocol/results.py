@@ -194,6 +194,17 @@ def render(
         content.append(_file_block(file, uris[file.path], store, tenant))
     if skipped:
         content[0]["text"] += "\n" + "\n".join(skipped)
+    started = (outcome.structured or {}).get("service")
+    if isinstance(started, dict) and started.get("preview"):  # the signed link its caller opens it with
+        content.append(
+            {
+                "type": "resource_link",
+                "uri": started["preview"],
+                "name": f"preview of service {started['name']}",
+                "mimeType": "text/html",
+                "description": "opens the service in its caller's browser: good once, for a few minutes",
+            }
+        )
     if structured is not None:
         for item in structured.get("files", []):
             if item.get("path") in uris:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import errno
 import socket
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import anyio
 from mcp.server.stdio import stdio_server
@@ -17,6 +17,8 @@ from sandbox_server.protocol.http_limits import ConnectionLimits, ExplainedBodyC
 from sandbox_server.protocol.http_sessions import SessionEndWatcher
 
 if TYPE_CHECKING:
+    from starlette.routing import BaseRoute, Route
+
     from sandbox_server.protocol.server import SandboxServer
 
 __all__ = ["LOOPBACK_HOSTS", "listen", "serve_http", "serve_stdio", "url_of"]
@@ -71,6 +73,7 @@ async def serve_http(
     limits: ConnectionLimits | None = None,
     max_request_bytes: int | None = None,
     stopping: anyio.Event | None = None,
+    routes: list[BaseRoute] | None = None,
 ) -> None:
     """Serve MCP over Streamable HTTP on `listener` (bound to `host` as given, a name included: the Host headers
     allowed follow it); with `authentication`, only to the callers it knows.
@@ -79,7 +82,7 @@ async def serve_http(
     verifier knows, a 401 points at the protected-resource metadata (RFC 9728) at its well-known path.
     Connections, the time to send a request, sessions per caller and request bodies are bounded
     (`limits`, `max_request_bytes`: by default the policy's `limits.argument_bytes` and room for the
-    JSON-RPC envelope). Once `stopping` is set, the server stops as uvicorn stops: no new connections, the
+    JSON-RPC envelope). `routes` are served beside /mcp (previews). Once `stopping` is set, the server stops as uvicorn stops: no new connections, the
     open ones given STOP_GRACE_S to finish, the application's lifespan ended in order.
     """
     import uvicorn
@@ -109,6 +112,7 @@ async def serve_http(
         max_request_body_size=body_bytes,
         session_idle_timeout=SESSION_IDLE_S,
         max_sessions=None,  # bounded per caller instead (SessionCap), so one caller cannot lock the others out
+        custom_starlette_routes=cast("list[Route]", routes or []),
     )
     watched = ExplainedRefusals(
         ExplainedBodyCap(

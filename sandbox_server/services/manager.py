@@ -118,6 +118,11 @@ class Services:
     def listed(self, workspace_id: str) -> list[dict[str, Any]]:
         return [s.describe(self.preview_of(s)) for s in self.running(workspace_id)]
 
+    def get(self, service_id: str) -> Service | None:
+        """A running service by its id (None when there is none such)."""
+        service = self._services.get(service_id)
+        return service if service is not None and service.state == "running" else None
+
     def find(self, service_id: str, caller: str) -> Service | None:
         """A service of this caller (None for every other case, as for an id that never existed)."""
         service = self._services.get(service_id)
@@ -182,7 +187,7 @@ class Services:
             raise Refusal(f"service {name!r} did not start: {problem}{shown}", field_name)
         service.state = "running"
         service.last_used = time.monotonic()
-        self._audit("service_started", service, container=service.container_id[:12])
+        self.audit_event("service_started", service, container=service.container_id[:12])
         return service
 
     def _refuse_past_caps(
@@ -271,7 +276,7 @@ class Services:
             if not self.running(service.workspace_id):
                 await anyio.to_thread.run_sync(containers.remove_network, self.runtime.api, service.network)
         if was_running:
-            self._audit("service_stopped", service, reason=reason)
+            self.audit_event("service_stopped", service, reason=reason)
         self._services.pop(service.id, None)
 
     async def stop_session(self, session: str) -> None:
@@ -313,7 +318,7 @@ class Services:
                     why = "out of memory" if state.get("OOMKilled") else f"with code {state.get('ExitCode', '?')}"
                     await self.stop(service, f"its program ended ({why})")
 
-    def _audit(self, event: str, service: Service, **fields: Any) -> None:
+    def audit_event(self, event: str, service: Service, **fields: Any) -> None:
         if self.audit is None:
             return
         self.audit.write(

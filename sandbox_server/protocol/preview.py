@@ -1,0 +1,281 @@
+"""Previews: a person opens a service in a browser through the server's own HTTP routes, never a published port.
+
+`/preview/<service id>/…` (HTTP, and WebSocket for a dev server's hot reload) is forwarded to the service's
+port, inside the service's own network namespace (`sandbox.netns`), for the caller who started it alone: the
+same bearer token as their MCP requests, or the signed link a service's answer gives. A link is good for a short
+while and once: its first use gives that browser a session cookie for the one service and sends it on without
+the link. Everyone else is answered 401 (no credentials) or 404 (another caller's, or no such service), the
+same 404 as for an id that never existed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import http.client
+import logging
+import secrets
+import time
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import parse_qsl, urlencode
+
+import anyio
+import anyio.to_thread
+from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
+from starlette.requests import HTTPConnection, Request
+from starlette.responses import PlainTextResponse, RedirectResponse, Response, StreamingResponse
+from starlette.routing import BaseRoute, Route, WebSocketRoute
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from sandbox_server.access.identity import token_holder
+from sandbox_server.sandbox.netns import connect_inside
+from sandbox_server.services.manager import Service, Services
+
+__all__ = ["PREVIEW_PREFIX", "Previews"]
+
+log = logging.getLogger("sandbox_server")
+
+PREVIEW_PREFIX = "/preview"
+LINK_TTL_S = 600.0
+"""A preview link is good for this long, and once."""
+BROWSER_TTL_S = 8 * 3600.0
+"""A browser's preview session lasts this long at most (and no longer than its service)."""
+MAX_BODY_BYTES = 16 * 1024 * 1024
+HOP_BY_HOP = frozenset(
+    ["connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer", "trailers",
+     "transfer-encoding", "upgrade", "host", "authorization", "content-length"]
+)  # fmt: skip
+METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
+UNKNOWN = "no such service\n"
+
+
+class Previews:
+    """The preview routes of one HTTP server, its links and its browsers' sessions."""
+
+    def __init__(self, services: Services, base_url: str) -> None:
+        self.services = services
+        self.base_url = base_url.rstrip("/")
+        self._key = secrets.token_bytes(32)
+        self._browsers: dict[str, tuple[str, str, float]] = {}
+        """A browser's cookie -> (service id, caller, expiry)."""
+        self._used: dict[str, float] = {}
+        """Links already used -> their expiry (then forgotten)."""
+        self._seen: set[tuple[str, str]] = set()
+
+    # -- links ---------------------------------------------------------------------------------
+
+    def _signature(self, service_id: str, caller: str, expires: int) -> str:
+        message = f"{service_id}|{caller}|{expires}".encode()
+        return hmac.new(self._key, message, hashlib.sha256).hexdigest()[:32]
+
+    def link(self, service: Service) -> str | None:
+        """A signed link that opens the service in its caller's browser (None when its policy allows no preview)."""
+        if not service.settings.preview:
+            return None
+        expires = int(time.time() + LINK_TTL_S)
+        grant = f"{expires}.{self._signature(service.id, service.caller, expires)}"
+        return f"{self.base_url}{PREVIEW_PREFIX}/{service.id}/?{urlencode({'grant': grant})}"
+
+    def routes(self) -> list[BaseRoute]:
+        return [
+            Route(PREVIEW_PREFIX + "/{service}", self._to_folder, methods=METHODS),
+            Route(PREVIEW_PREFIX + "/{service}/{path:path}", self._http, methods=METHODS),
+            WebSocketRoute(PREVIEW_PREFIX + "/{service}/{path:path}", self._websocket),
+        ]
+
+    # -- who may ---------------------------------------------------------------------------------
+
+    def _cookie_name(self, service_id: str) -> str:
+        return "sbx-preview-" + hashlib.sha256(service_id.encode()).hexdigest()[:12]
+
+    def _admit(self, connection: HTTPConnection) -> tuple[Service | None, int, str]:
+        """The service a request may reach, else the status to answer (401: no credentials; 404: not theirs)."""
+        service_id = connection.path_params["service"]
+        service = self.services.get(service_id)
+        if service is None or not service.settings.preview:
+            return None, 404, UNKNOWN
+        user = connection.scope.get("user")
+        if isinstance(user, AuthenticatedUser):
+            token = user.access_token
+            holder = token_holder(token.subject or token.client_id, token.claims or {})
+            if holder.limits_key != service.caller:
+                return None, 404, UNKNOWN
+            return self._seen_by(service, holder.limits_key, "token"), 200, ""
+        browser = self._browsers.get(connection.cookies.get(self._cookie_name(service.id), ""))
+        if browser is not None and browser[:2] == (service.id, service.caller) and browser[2] > time.time():
+            return service, 200, ""
+        return None, 401, "open the preview link this service's answer gave, or send your bearer token\n"
+
+    def _seen_by(self, service: Service, caller: str, how: str) -> Service:
+        if (service.id, caller) not in self._seen:
+            self._seen.add((service.id, caller))
+            self.services.audit_event("service_previewed", service, by=caller, by_means_of=how)
+        return service
+
+    def _redeem(self, request: Request) -> Response | None:
+        """A first visit with a link: a cookie for this browser, and the same address without the link."""
+        grant = request.query_params.get("grant")
+        service = self.services.get(request.path_params["service"])
+        if grant is None or service is None:
+            return None
+        expires_text, _, signature = grant.partition(".")
+        now = time.time()
+        self._used = {used: until for used, until in self._used.items() if until > now}
+        valid = expires_text.isdigit() and int(expires_text) > now and signature not in self._used
+        expected = self._signature(service.id, service.caller, int(expires_text)) if expires_text.isdigit() else ""
+        if not valid or not hmac.compare_digest(signature, expected):
+            return PlainTextResponse("this preview link has expired or was used already; ask for a new one\n", 401)
+        self._used[signature] = float(expires_text)
+        cookie = secrets.token_urlsafe(24)
+        self._browsers = {k: v for k, v in self._browsers.items() if v[2] > now}
+        self._browsers[cookie] = (service.id, service.caller, now + BROWSER_TTL_S)
+        self._seen_by(service, service.caller, "link")
+        kept = [(k, v) for k, v in parse_qsl(request.url.query, keep_blank_values=True) if k != "grant"]
+        response = RedirectResponse(request.url.path + (f"?{urlencode(kept)}" if kept else ""), 303)
+        response.set_cookie(
+            self._cookie_name(service.id), cookie, path=f"{PREVIEW_PREFIX}/{service.id}/", httponly=True,
+            samesite="lax",
+        )  # fmt: skip
+        return response
+
+    # -- forwarding ------------------------------------------------------------------------------
+
+    def _target(self, connection: HTTPConnection, service: Service) -> str:
+        """The request's path below the service's prefix, as the browser sent it (without a link)."""
+        raw = connection.scope.get("raw_path") or connection.url.path.encode()
+        path = raw.decode("latin-1").split(f"{PREVIEW_PREFIX}/{service.id}", 1)[-1] or "/"
+        query = [(k, v) for k, v in parse_qsl(connection.url.query, keep_blank_values=True) if k != "grant"]
+        return ("/" + path.lstrip("/")) + (f"?{urlencode(query)}" if query else "")
+
+    def _headers(self, connection: HTTPConnection, service: Service) -> dict[str, str]:
+        own = self._cookie_name(service.id)
+        headers = {k: v for k, v in connection.headers.items() if k.lower() not in HOP_BY_HOP and k.lower() != "cookie"}
+        others = [f"{k}={v}" for k, v in connection.cookies.items() if k != own]
+        if others:
+            headers["cookie"] = "; ".join(others)
+        headers["host"] = f"{service.name}:{service.port}"
+        headers["x-forwarded-prefix"] = f"{PREVIEW_PREFIX}/{service.id}"
+        return headers
+
+    async def _to_folder(self, request: Request) -> Response:
+        query = f"?{request.url.query}" if request.url.query else ""
+        return RedirectResponse(f"{request.url.path}/{query}", 308)
+
+    async def _http(self, request: Request) -> Response:
+        service, status, why = self._admit(request)
+        if "grant" in request.query_params:
+            if service is not None:  # a browser that has its session already: the same address without the link
+                kept = [(k, v) for k, v in parse_qsl(request.url.query, keep_blank_values=True) if k != "grant"]
+                return RedirectResponse(request.url.path + (f"?{urlencode(kept)}" if kept else ""), 303)
+            redeemed = self._redeem(request)
+            if redeemed is not None:
+                return redeemed
+        if service is None:
+            return PlainTextResponse(why, status, headers={"WWW-Authenticate": "Bearer"} if status == 401 else None)
+        service.last_used = time.monotonic()
+        body = b""
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > MAX_BODY_BYTES:
+                return PlainTextResponse(f"a preview request body is at most {MAX_BODY_BYTES} bytes\n", 413)
+        target, headers = self._target(request, service), self._headers(request, service)
+        try:
+            connection, answer = await anyio.to_thread.run_sync(
+                _forward, service, request.method, target, headers, body
+            )
+        except OSError as exc:
+            return PlainTextResponse(f"service {service.name} did not answer on port {service.port}: {exc}\n", 502)
+        response = StreamingResponse(_body(connection, answer), status_code=answer.status)
+        response.raw_headers = [
+            (k.lower().encode("latin-1"), v.encode("latin-1"))
+            for k, v in answer.getheaders()
+            if k.lower() not in HOP_BY_HOP
+        ]
+        return response
+
+    async def _websocket(self, websocket: WebSocket) -> None:
+        service, _, _ = self._admit(websocket)
+        if service is None:
+            await websocket.close(code=1008)
+            return
+        from websockets.exceptions import ConnectionClosed
+        from websockets.sync.client import connect
+
+        target = self._target(websocket, service)
+        protocols = [p.strip() for p in websocket.headers.get("sec-websocket-protocol", "").split(",") if p.strip()]
+
+        def open_upstream() -> Any:
+            sock = connect_inside(service.pid, service.port)
+            return connect(
+                f"ws://{service.name}:{service.port}{target}", sock=sock, subprotocols=protocols or None,  # type: ignore[arg-type]
+                open_timeout=10, max_size=MAX_BODY_BYTES,
+            )  # fmt: skip
+
+        try:
+            upstream = await anyio.to_thread.run_sync(open_upstream)
+        except (OSError, ConnectionClosed, TimeoutError) as exc:
+            log.info("preview of %s: its WebSocket did not open (%s)", service.id, exc)
+            await websocket.close(code=1011)
+            return
+        await websocket.accept(subprotocol=upstream.subprotocol)
+
+        async def to_service() -> None:
+            try:
+                while True:
+                    message = await websocket.receive()
+                    if message["type"] == "websocket.disconnect":
+                        return
+                    data = message.get("bytes") if message.get("bytes") is not None else message.get("text")
+                    service.last_used = time.monotonic()
+                    await anyio.to_thread.run_sync(upstream.send, data)
+            except (WebSocketDisconnect, ConnectionClosed):
+                return
+
+        async def to_browser() -> None:
+            try:
+                while True:
+                    data = await anyio.to_thread.run_sync(upstream.recv, abandon_on_cancel=True)
+                    if isinstance(data, bytes):
+                        await websocket.send_bytes(data)
+                    else:
+                        await websocket.send_text(data)
+            except (ConnectionClosed, WebSocketDisconnect, RuntimeError):
+                return
+
+        async with anyio.create_task_group() as group:
+
+            async def until_one_ends(side: Any) -> None:
+                await side()
+                group.cancel_scope.cancel()
+
+            group.start_soon(until_one_ends, to_service)
+            group.start_soon(until_one_ends, to_browser)
+        upstream.close()
+        try:
+            await websocket.close()
+        except RuntimeError:
+            pass  # the browser closed it
+
+
+def _forward(
+    service: Service, method: str, target: str, headers: dict[str, str], body: bytes
+) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+    """Send one request to the service inside its namespace; its answer's head has arrived."""
+    sock = connect_inside(service.pid, service.port)
+    connection = http.client.HTTPConnection(service.name, service.port, timeout=60)
+    connection.sock = sock
+    try:
+        connection.request(method, target, body=body or None, headers=headers)
+        return connection, connection.getresponse()
+    except BaseException:
+        connection.close()
+        raise
+
+
+def _body(connection: http.client.HTTPConnection, answer: http.client.HTTPResponse) -> Iterator[bytes]:
+    try:
+        while chunk := answer.read1(64 * 1024):
+            yield chunk
+    finally:
+        connection.close()

@@ -296,3 +296,46 @@ async def test_the_preview_opens_a_service_for_its_caller_alone_in_a_real_browse
     audit = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
     previewed = {(r["name"], r["by"], r["by_means_of"]) for r in audit if r.get("event") == "service_previewed"}
     assert previewed == {("web", "alice", "token"), ("ws", "alice", "token")}, previewed
+
+
+async def test_the_services_tool_lists_reads_the_log_of_restarts_and_stops_a_workspaces_services(
+    tmp_path: Path, runtime: DockerRuntime
+) -> None:
+    serve = ("--policy", str(short_policy(tmp_path)), "--no-pool", "--state-dir", str(tmp_path / "s"))
+    with http_server_process(*serve) as server:
+        async with as_caller(server.url) as session:
+
+            async def services(**arguments: Any) -> dict[str, Any]:
+                result = await session.call_tool("services", arguments)
+                assert result.structured_content is not None, text_of(result)
+                return {"text": text_of(result), "is_error": result.is_error, **result.structured_content}
+
+            assert (await services(action="list"))["services"] == []
+            await call(session, command="exec python3 -m http.server 8000", service={"name": "web", "port": 8000})
+            await call(session, command=API, service={"name": "api", "port": 9000})
+            listed = await services(action="list")
+            assert [(s["name"], s["state"], s["port"]) for s in listed["services"]] == [
+                ("web", "running", 8000),
+                ("api", "running", 9000),
+            ]
+            await call(session, command="curl -s -o /dev/null http://web:8000/asked-for-by-the-test")
+            log = await services(action="log", name="web")
+            assert '"GET /asked-for-by-the-test HTTP/1.1" 404' in log["log"], log["log"]
+            first = {c["Id"] for c in services_of(server.process.pid)}
+            restarted = await services(action="restart", name="api")
+            assert not restarted["is_error"] and "listens on port 9000 again" in restarted["text"]
+            assert [s.get("restarts", 0) for s in restarted["services"]] == [0, 1]
+            assert len(first - {c["Id"] for c in services_of(server.process.pid)}) == 1  # a new container
+            answered = await call(session, command="curl -s http://api:9000/again")
+            assert json.loads(answered["stdout"]) == {"api": "/again"}
+            stopped = await services(action="stop", name="web")
+            assert [s["name"] for s in stopped["services"]] == ["api"]
+            gone = await call(session, command="curl -sS --max-time 3 http://web:8000/; true")
+            # The name is no more (the network's name server, asked for it, finds no one: it has no way out).
+            assert gone["stdout"] == "" and "Resol" in gone["stderr"], gone["stderr"]
+            unknown = await services(action="log", name="web")
+            assert (
+                unknown["is_error"]
+                and "no service named 'web' runs in this workspace (running: api)" in unknown["text"]
+            )
+        await until_gone(server.process.pid)

@@ -65,7 +65,12 @@ class ToolRegistry:
     def tools_of(self, policy: Policy) -> dict[str, Tool]:
         """The tools a policy offers, by the names clients see."""
         prefix = self.prefix
-        return {prefix + name: tool for name, tool in self.all_tools.items() if policy.for_tool(name).enabled}
+        return {prefix + name: tool for name, tool in self.all_tools.items() if self._offers(policy, name, tool)}
+
+    @staticmethod
+    def _offers(policy: Policy, name: str, tool: Tool) -> bool:
+        """Whether a policy offers a tool: enabled, and (the tool that runs no sandbox: services) of use there."""
+        return policy.for_tool(name).enabled and (getattr(tool, "sandbox", True) or bool(policy.services.tools))
 
     def policy_for(self, reference: str | None) -> Policy:
         """The policy a caller's calls run under: the one its token names, else the server's (as it is now)."""
@@ -108,9 +113,9 @@ class ToolRegistry:
     def _pool_targets(self, policy: Policy) -> list[PoolTarget]:
         """One warm pool per enabled tool's container settings (tools with equal settings share one)."""
         targets = []
-        for name in self.all_tools:
+        for name, tool in self.all_tools.items():
             tool_policy = policy.for_tool(name)
-            if not tool_policy.enabled:
+            if not tool_policy.enabled or not getattr(tool, "sandbox", True):
                 continue
             template = tool_policy.container_spec()
             if tool_policy.egress is not None:  # on its internal network, which the first call's proxy made

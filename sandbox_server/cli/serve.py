@@ -38,9 +38,9 @@ def serve_command(args: argparse.Namespace) -> int:
     from sandbox_server.policy.watcher import watch_policy
     from sandbox_server.protocol.http_limits import ConnectionLimits, raise_open_files_limit
     from sandbox_server.protocol.preview import Previews
-    from sandbox_server.sandbox import netns
     from sandbox_server.protocol.server import SandboxServer
     from sandbox_server.protocol.transports import LOOPBACK_HOSTS, listen, serve_http, serve_stdio, url_of
+    from sandbox_server.sandbox import netns
     from sandbox_server.sandbox.docker_runtime import DockerRuntime
     from sandbox_server.sandbox.pool import WarmPool
     from sandbox_server.sandbox.removal import owner_alive

@@ -62,6 +62,9 @@ class Service:
     container_id: str = ""
     pid: int = 0
     slot: str | None = None
+    spec: SandboxSpec | None = None
+    """What its container is made from (a restart makes it again)."""
+    restarts: int = 0
     started_at: float = field(default_factory=time.time)
     last_used: float = field(default_factory=time.monotonic)
     state: str = "starting"
@@ -81,6 +84,8 @@ class Service:
         }
         if self.stop_reason:
             described["stopped_because"] = self.stop_reason
+        if self.restarts:
+            described["restarts"] = self.restarts
         if preview is not None:
             described["preview"] = preview
         return described
@@ -178,16 +183,41 @@ class Services:
         except BaseException:
             await self.stop(service, "its container could not start")
             raise
+        service.spec = spec
+        await self._ready(service, started, "did not start")
+        self.audit_event("service_started", service, container=service.container_id[:12])
+        return service
+
+    async def _ready(self, service: Service, started: containers.Started, failed: str) -> None:
+        """Take a started container as the service's once it listens; else stop the service and say why."""
         service.container_id, service.pid, service.slot = started.container_id, started.pid, started.slot
         problem, field_name = await self._until_ready(service)
         if problem is not None:
             last = self.log_of(service)
             await self.stop(service, "it never became ready")
             shown = f"; its last output:\n{last}" if last else "; it printed nothing"
-            raise Refusal(f"service {name!r} did not start: {problem}{shown}", field_name)
+            raise Refusal(f"service {service.name!r} {failed}: {problem}{shown}", field_name)
         service.state = "running"
         service.last_used = time.monotonic()
-        self.audit_event("service_started", service, container=service.container_id[:12])
+
+    async def restart(self, service: Service) -> Service:
+        """Its container removed and made again from the same spec, its command run anew; ready as at its start."""
+        if service.spec is None:
+            raise Refusal(f"refused: service {service.name!r} cannot be restarted", "service")
+        service.state = "starting"
+        await anyio.to_thread.run_sync(containers.remove, self.runtime.api, service.container_id, service.slot)
+        service.container_id, service.slot = "", None
+        try:
+            started = await anyio.to_thread.run_sync(
+                containers.start_container, self.runtime.api, service.spec, service.id, service.name,
+                service.network, self.runtime.owner, service.settings.log_kb,
+            )  # fmt: skip
+        except BaseException:
+            await self.stop(service, "its container could not start again")
+            raise
+        await self._ready(service, started, "did not start again")
+        service.restarts += 1
+        self.audit_event("service_restarted", service, container=service.container_id[:12])
         return service
 
     def _refuse_past_caps(
@@ -366,3 +396,8 @@ class ServiceScope:
 
     def listed(self) -> list[dict[str, Any]]:
         return self.services.listed(self.record.id) if self.record is not None else []
+
+    def named(self, name: str) -> Service | None:
+        """The workspace's running service of that name (None when it runs none such)."""
+        mine = self.services.running(self.record.id) if self.record is not None else []
+        return next((s for s in mine if s.name == name), None)

@@ -1,17 +1,19 @@
 """The tools this server offers, one per module, on a shared base (schemas, input files, the sandbox spec a call
 asks for, the outcome of a run).
 
-It may import policy, network, sandbox and the top-level modules; calls and protocol import it.
+It may import policy, network, sandbox and the top-level modules (and names the services layer's scope for
+types only); calls and protocol import it.
 """
 
 from sandbox_server.tools.analyze_csv import AnalyzeCsv
 from sandbox_server.tools.base import Tool, ToolContext, ToolOutcome
 from sandbox_server.tools.execute_command import ExecuteCommand
 from sandbox_server.tools.run_python import RunPython
+from sandbox_server.tools.services import ServicesTool
 
 __all__ = ["Tool", "ToolContext", "ToolOutcome", "all_tools"]
 
 
 def all_tools() -> list[Tool]:
     """Every tool, in the order tools/list shows them."""
-    return [ExecuteCommand(), RunPython(), AnalyzeCsv()]
+    return [ExecuteCommand(), RunPython(), AnalyzeCsv(), ServicesTool()]

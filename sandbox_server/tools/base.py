@@ -161,6 +161,7 @@ SERVICE_SCHEMA: dict[str, Any] = {
         "uptime_s": {"type": "number"},
         "preview": {"type": "string", "description": "Where its caller's browser opens it (HTTP transport)"},
         "stopped_because": {"type": "string"},
+        "restarts": {"type": "integer", "description": "How many times it was restarted"},
     },
     "required": ["name", "id", "state", "port", "url"],
 }

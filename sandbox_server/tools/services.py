@@ -1,4 +1,5 @@
-"""A call that starts a service: the same command, limits and hardening, in a container that outlives the call."""
+"""Services from a tool's point of view: execute_command's `service` argument starts one; the `services` tool lists
+the workspace's, reads one's log, stops or restarts one."""
 
 from __future__ import annotations
 
@@ -8,9 +9,12 @@ from typing import Any
 
 from sandbox_server.errors import Refusal
 from sandbox_server.sandbox.spec import SandboxSpec
-from sandbox_server.tools.base import ToolContext, ToolOutcome
+from sandbox_server.tools.base import WORKSPACE_ARGUMENT, ToolContext, ToolOutcome, result_schema
 
-__all__ = ["start_service"]
+__all__ = ["ServicesTool", "start_service"]
+
+LOG_BYTES = 16_000
+"""The end of a service's log a `log` answer shows (at most the policy's output cap)."""
 
 
 async def start_service(args: Mapping[str, Any], ctx: ToolContext, spec: SandboxSpec, tool: str) -> ToolOutcome:
@@ -44,6 +48,82 @@ async def start_service(args: Mapping[str, Any], ctx: ToolContext, spec: Sandbox
         structured={"service": described},
         notes=(
             f"it stops when its session ends, after {settings.idle_s:g} s without a call in its workspace "
-            f"(services.idle_s), or {settings.max_lifetime_s:g} s after its start (services.max_lifetime_s)",
+            f"(services.idle_s), or {settings.max_lifetime_s:g} s after its start (services.max_lifetime_s); "
+            "the `services` tool lists, stops and restarts it and reads its log",
         ),
     )
+
+
+class ServicesTool:
+    """List the workspace's services, read one's log, stop or restart one; runs no sandbox of its own."""
+
+    name = "services"
+    title = "List, read, stop or restart the workspace's services"
+    description = (
+        "The services running in this workspace (started by execute_command with `service`): `list` them with "
+        "their state, port, address and uptime; read one's `log` (the end of what it printed); `stop` one (its "
+        "container and every process in it removed); or `restart` one (its container made again and its command "
+        "run anew, answered once it listens again).\n"
+        'Example: {"action": "log", "name": "web"}'
+    )
+    input_schema: dict[str, Any] = {
+        "type": "object",
+        "title": "services: arguments",
+        "properties": {
+            "action": {"type": "string", "enum": ["list", "log", "stop", "restart"]},
+            "name": {"type": "string", "minLength": 1, "maxLength": 64, "description": "The service (not for list)"},
+            "workspace": WORKSPACE_ARGUMENT,
+        },
+        "required": ["action"],
+        "additionalProperties": False,
+    }
+    output_schema = result_schema(
+        "services: result",
+        {"log": {"type": "string", "description": "The end of the service's log (action log)"}},
+        ["services"],
+    )
+    annotations: dict[str, Any] = {
+        "readOnlyHint": False,
+        "destructiveHint": True,
+        "idempotentHint": False,
+        "openWorldHint": False,
+    }
+    sandbox = False
+    """It runs no container: no warm pool is kept for it."""
+
+    async def run(self, args: Mapping[str, Any], ctx: ToolContext) -> ToolOutcome:
+        scope = ctx.services
+        if scope is None or scope.record is None:
+            raise Refusal(
+                f"refused: policy '{ctx.policy_name}' keeps no workspace (field workspace.persist), so it runs no "
+                "services",
+                "workspace.persist",
+            )
+        action = args["action"]
+        if action == "list":
+            listed = scope.listed()
+            lines = [f"{s['name']}: {s['state']}, {s['url']}, up {s['uptime_s']:g} s" for s in listed]
+            headline = f"{len(listed)} service(s) running in this workspace" if listed else "no service runs here"
+            return ToolOutcome(headline, False, (("services", "\n".join(lines)),), {"services": listed})
+        name = args.get("name")
+        service = scope.named(name) if isinstance(name, str) else None
+        if service is None:
+            known = ", ".join(s["name"] for s in scope.listed()) or "none"
+            raise Refusal(f"refused: no service named {name!r} runs in this workspace (running: {known})", "name")
+        if action == "log":
+            log = scope.services.log_of(service, min(LOG_BYTES, ctx.policy.limits.output_bytes))
+            return ToolOutcome(
+                f"the end of service {service.name}'s log ({len(log)} characters)",
+                False,
+                (("log", log),),
+                {"services": scope.listed(), "log": log},
+            )
+        if action == "stop":
+            await scope.services.stop(service, "its caller stopped it")
+            return ToolOutcome(f"service {service.name} is stopped", False, structured={"services": scope.listed()})
+        await scope.services.restart(service)
+        return ToolOutcome(
+            f"service {service.name} was restarted and listens on port {service.port} again",
+            False,
+            structured={"services": scope.listed()},
+        )

@@ -11,6 +11,7 @@ from sandbox_server.sandbox import wire
 from sandbox_server.tools.base import (
     FILES_SCHEMA,
     SANDBOX_ANNOTATIONS,
+    SERVICE_ARGUMENT,
     TIMEOUT_SCHEMA,
     WORKSPACE_ARGUMENT,
     ToolContext,
@@ -20,6 +21,7 @@ from sandbox_server.tools.base import (
 )
 from sandbox_server.tools.execute_command import EXECUTION_PROPERTIES, EXECUTION_REQUIRED
 from sandbox_server.tools.outcome import outcome_from_execution
+from sandbox_server.tools.services import start_service
 
 __all__ = ["RunPython"]
 
@@ -58,6 +60,7 @@ class RunPython:
             "timeout_s": TIMEOUT_SCHEMA,
             "files": FILES_SCHEMA,
             "workspace": WORKSPACE_ARGUMENT,
+            "service": SERVICE_ARGUMENT,
         },
         "title": "run_python: arguments",
         "required": ["code"],
@@ -68,6 +71,9 @@ class RunPython:
 
     async def run(self, args: Mapping[str, Any], ctx: ToolContext) -> ToolOutcome:
         """Run the cell; an exception's last traceback line becomes the headline."""
+        if "service" in args:  # an app that serves (Dash, Streamlit, a small API): the code runs as the program
+            spec = sandbox_spec(args, ctx, ("python3", "-c", args["code"]), b"")
+            return await start_service({**args, "command": args["code"]}, ctx, spec, self.name)
         limits = ctx.policy.limits
         per_image = limits.returned_image_bytes // max(1, limits.returned_images)
         spec = sandbox_spec(

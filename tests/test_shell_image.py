@@ -12,7 +12,7 @@ pytestmark = pytest.mark.anyio
 
 TOOLS = (
     "python3 pip jq git curl sqlite3 xz zip unzip file bc less tree make ps awk sed grep find diff patch tar gzip "
-    "bzip2 sort head tail wc"
+    "bzip2 sort head tail wc node npm"
 )
 
 
@@ -25,6 +25,7 @@ async def test_the_everyday_tools_are_found_and_work(module_session: Client) -> 
     script = (
         f"for tool in {TOOLS}; do command -v $tool >/dev/null || echo missing $tool; done\n"
         "python3 -c 'print(6 * 7)'\n"
+        "node -e 'console.log(6 * 7)'\n"
         "echo '{\"a\": [1, 2]}' | jq -c .a\n"
         "sqlite3 :memory: 'select 40 + 2'\n"
         "echo '2^10' | bc\n"
@@ -33,7 +34,7 @@ async def test_the_everyday_tools_are_found_and_work(module_session: Client) -> 
     )
     result = await module_session.call_tool("execute_command", {"command": script})
     assert result.structured_content is not None, text_of(result)
-    assert result.structured_content["stdout"] == "42\n[1,2]\n42\n1024\nfirst\n", text_of(result)
+    assert result.structured_content["stdout"] == "42\n42\n[1,2]\n42\n1024\nfirst\n", text_of(result)
     assert not result.is_error, text_of(result)
 
 

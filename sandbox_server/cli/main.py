@@ -329,6 +329,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="HTTP with --tokens or --issuer: the URL clients use for /mcp: the resource URL of the protected-resource "
         "metadata and the audience tokens must name (default http://HOST:PORT/mcp)",
     )
+    serve.add_argument(
+        "--preview-port", type=int, metavar="PORT",
+        help="stdio: open services' previews on 127.0.0.1:PORT (over HTTP they are served beside /mcp)",
+    )  # fmt: skip
     add_limit_arguments(serve)
     serve.set_defaults(handler=_serve)
 

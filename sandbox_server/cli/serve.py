@@ -37,7 +37,7 @@ def serve_command(args: argparse.Namespace) -> int:
     from sandbox_server.policy.loader import load_policy
     from sandbox_server.policy.watcher import watch_policy
     from sandbox_server.protocol.http_limits import ConnectionLimits, raise_open_files_limit
-    from sandbox_server.protocol.preview import Previews
+    from sandbox_server.protocol.preview import Previews, serve_previews
     from sandbox_server.protocol.server import SandboxServer
     from sandbox_server.protocol.transports import LOOPBACK_HOSTS, listen, serve_http, serve_stdio, url_of
     from sandbox_server.sandbox import netns
@@ -131,6 +131,22 @@ def serve_command(args: argparse.Namespace) -> int:
                 await anyio.sleep(RESTART_S)
 
     stopping = anyio.Event()
+    preview_listener = None
+    if args.preview_port is not None:
+        if args.transport != "stdio":
+            raise UsageError("--preview-port is for stdio; over HTTP previews are served beside /mcp")
+        preview_listener = listen("127.0.0.1", args.preview_port)
+
+    def offer_previews(base_url: str) -> Previews:
+        """The preview routes; their links go into answers when this host lets the server reach services."""
+        previews = Previews(services, base_url)
+        why_not = netns.unavailable() or (None if runtime.on_this_host() else "the engine is elsewhere")
+        if why_not is None:
+            services.preview_of = previews.link
+            log.info("services' previews at %s/preview/", base_url)
+        else:
+            log.info("services have no preview: %s (it reaches them from inside)", why_not)
+        return previews
 
     async def stop_on_signal(scope: anyio.CancelScope) -> None:
         with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
@@ -162,17 +178,15 @@ def serve_command(args: argparse.Namespace) -> int:
                 if listener is not None:
                     limits = ConnectionLimits.of(args)
                     log.info("serving MCP over Streamable HTTP at %s", url_of(listener))
-                    previews = Previews(services, (args.public_url or url_of(listener)).removesuffix("/mcp"))
-                    why_not = netns.unavailable() or (None if runtime.on_this_host() else "the engine is elsewhere")
-                    if why_not is None:
-                        services.preview_of = previews.link
-                    else:
-                        log.info("services have no preview: %s (it reaches them from inside)", why_not)
+                    previews = offer_previews((args.public_url or url_of(listener)).removesuffix("/mcp"))
                     await serve_http(
                         app, args.host, listener, authentication, limits, args.max_request_bytes, stopping,
                         previews.routes(),
                     )  # fmt: skip
                 else:
+                    if preview_listener is not None:
+                        previews = offer_previews(url_of(preview_listener).removesuffix("/mcp"))
+                        group.start_soon(serve_previews, previews, preview_listener)
                     await serve_stdio(app)
                 group.cancel_scope.cancel()
         finally:

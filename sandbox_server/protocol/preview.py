@@ -15,6 +15,7 @@ import hmac
 import http.client
 import logging
 import secrets
+import socket
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -32,7 +33,7 @@ from sandbox_server.access.identity import token_holder
 from sandbox_server.sandbox.netns import connect_inside
 from sandbox_server.services.manager import Service, Services
 
-__all__ = ["PREVIEW_PREFIX", "Previews"]
+__all__ = ["PREVIEW_PREFIX", "Previews", "serve_previews"]
 
 log = logging.getLogger("sandbox_server")
 
@@ -256,6 +257,16 @@ class Previews:
             await websocket.close()
         except RuntimeError:
             pass  # the browser closed it
+
+
+async def serve_previews(previews: Previews, listener: socket.socket) -> None:
+    """Serve the preview routes alone on a loopback listener (a stdio server's `--preview-port`): links only, as
+    no bearer token comes over stdio."""
+    import uvicorn
+    from starlette.applications import Starlette
+
+    config = uvicorn.Config(Starlette(routes=previews.routes()), log_level="warning", lifespan="off")
+    await uvicorn.Server(config).serve(sockets=[listener])
 
 
 def _forward(

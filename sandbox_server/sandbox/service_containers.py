@@ -12,7 +12,7 @@ import contextlib
 import hashlib
 import os
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import docker
@@ -74,7 +74,9 @@ def start_container(
     try:
         if slot is not None and spec.mounted_workspace is not None:
             mounts.bind(spec.mounted_workspace, slot)
-        options: dict[str, Any] = host_config_kwargs(spec, slot)
+        # As a call on its services' network: no IPv6 (its link-local addresses would reach the host's bridge),
+        # and no name server but the engine's own for the network's names.
+        options: dict[str, Any] = host_config_kwargs(replace(spec, service_network=network), slot)
         options["network_mode"] = network
         options["log_config"] = {"type": "json-file", "config": {"max-size": f"{log_kb}k", "max-file": "1"}}
         with engine_errors("create the service's container"):

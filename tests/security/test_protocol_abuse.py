@@ -52,4 +52,9 @@ def test_32_deeply_nested_json_is_refused_and_the_server_lives(runtime: object) 
         server.stdout.close()  # type: ignore[union-attr]
     refused: Any = answers.get(2) or answers.get(None)  # a parse error carries no id
     assert refused is None or "error" in refused or refused["result"]["isError"], refused
-    assert [tool["name"] for tool in answers[3]["result"]["tools"]] == ["analyze_csv", "execute_command", "run_python", "services"]
+    assert [tool["name"] for tool in answers[3]["result"]["tools"]] == [
+        "analyze_csv",
+        "execute_command",
+        "run_python",
+        "services",
+    ]

@@ -21,6 +21,7 @@ import httpx2
 import numpy
 import pytest
 from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
 from PIL import Image
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
@@ -43,7 +44,7 @@ services:
   running: 4
   memory_mb: 96
   start_timeout_s: 3
-  idle_s: 600
+  idle_s: %(idle)d
   max_lifetime_s: %(lifetime)d
   log_kb: 64
 """
@@ -56,12 +57,21 @@ API_CODE = (
     "h.HTTPServer(('', 9000), A).serve_forever()"
 )
 API = f'exec python3 -c "{API_CODE}"'
+READY_AFTER = (
+    "import http.server as h, time\n"
+    "ready = time.monotonic() + %g\n"
+    "class A(h.BaseHTTPRequestHandler):\n"
+    "    def do_GET(self):\n"
+    "        code = 200 if time.monotonic() > ready else 503\n"
+    "        self.send_response(code); self.end_headers(); self.wfile.write(str(code).encode())\n"
+    "h.HTTPServer(('', 8000), A).serve_forever()"
+)
 NODE = "exec node -e \"require('http').createServer((q, r) => r.end(JSON.stringify({node: q.url}))).listen(3000)\""
 
 
-def short_policy(tmp_path: Path, lifetime: int = 600) -> Path:
-    policy = tmp_path / "short.yaml"
-    policy.write_text(SHORT % {"lifetime": lifetime})
+def short_policy(tmp_path: Path, lifetime: int = 600, idle: int = 600) -> Path:
+    policy = tmp_path / f"short-{lifetime}-{idle}.yaml"
+    policy.write_text(SHORT % {"lifetime": lifetime, "idle": idle})
     return policy
 
 
@@ -155,6 +165,19 @@ async def test_a_sessions_services_are_reached_by_name_from_it_and_from_nowhere_
                     assert "hello" not in tried["stdout"] and "services" not in tried, tried
                     assert "Could not resolve host: web" in tried["stderr"], tried["stderr"]
                     assert tried["stderr"].count("curl: (") == 2, tried["stderr"]
+            # Each service is a resource of its caller's, with the end of its log; no one else's.
+            listed = (await session.list_resources()).resources
+            uri = f"sandbox://services/{web['service']['id']}"
+            assert {str(r.uri) for r in listed if str(r.uri).startswith("sandbox://services/")} == {
+                f"sandbox://services/{s['id']}" for s in seen["services"]
+            }
+            read = await session.read_resource(uri)
+            described = json.loads(read.contents[0].text)  # type: ignore[union-attr]
+            assert described["name"] == "web" and "GET /index.html" in described["log_tail"], described
+            async with as_caller(server.url, bob) as other:
+                with pytest.raises(MCPError):
+                    await other.read_resource(uri)
+                assert not [r for r in (await other.list_resources()).resources if "services" in str(r.uri)]
             taken = await call(session, command="sleep 60", service={"name": "web", "port": 8001})
             assert taken["is_error"] and "already runs a service named 'web'" in taken["text"], taken["text"]
             capped = await call(session, command="sleep 60", service={"name": "third", "port": 8002})
@@ -195,6 +218,16 @@ async def test_services_that_never_listen_listen_elsewhere_exit_or_hog_memory_ar
                 if command.startswith("echo"):  # its last output is in the answer
                     assert command.split(";")[0].removeprefix("echo ") in refused["text"], refused["text"]
             assert services_of(server.process.pid) == []
+            # With ready_path the answer waits for the path to answer below 500, not only for the port.
+            slow = 'exec python3 -c "' + READY_AFTER % 1.5 + '"'
+            ready = await call(session, command=slow, service={"name": "slow", "port": 8000, "ready_path": "/health"})
+            assert not ready["is_error"], ready["text"]
+            assert (await call(session, command="curl -s http://slow:8000/health"))["stdout"] == "200"
+            never = 'exec python3 -c "' + READY_AFTER % 600 + '"'
+            refused = await call(session, command=never, service={"name": "never", "port": 8000, "ready_path": "/h"})
+            said = "it listens on port 8000, but GET /h answered 503 within 3 s (field services.start_timeout_s)"
+            assert refused["is_error"] and said in refused["text"], refused["text"]
+            await session.call_tool("services", {"action": "stop", "name": "slow"})
             # One that forks away and floods its log: it runs, the engine keeps its log bounded, and it stops
             # with its container, children and all.
             flood = "(yes flood-line-of-the-service > /dev/stderr &) ; exec python3 -m http.server 8000"
@@ -233,8 +266,19 @@ async def test_a_service_stops_at_its_maximum_lifetime_and_the_strict_policy_sta
             await until_gone(server.process.pid, within_s=15)
             after = await call(session, command="curl -sS --max-time 3 http://web:8000/; true")
             assert "services" not in after and "Could not resolve host: web" in after["stderr"], after
+    serve = ("--policy", str(short_policy(tmp_path, idle=2)), "--no-pool", "--state-dir", str(tmp_path / "s"))
+    with http_server_process(*serve, "--audit-log", str(audit_log)) as server:
+        async with as_caller(server.url) as session:
+            started = await call(
+                session, command="exec python3 -m http.server 8000", service={"name": "web", "port": 8000}
+            )
+            assert not started["is_error"], started["text"]
+            await until_gone(server.process.pid, within_s=15)  # nothing called it, nothing ran in its workspace
     stopped = [json.loads(line) for line in audit_log.read_text().splitlines() if "service_stopped" in line]
-    assert stopped[0]["reason"] == "it reached its maximum lifetime (services.max_lifetime_s: 3 s)", stopped
+    assert [r["reason"] for r in stopped] == [
+        "it reached its maximum lifetime (services.max_lifetime_s: 3 s)",
+        "it was idle (services.idle_s: 2 s)",
+    ], stopped
     serve = ("--policy", "strict", "--no-pool", "--state-dir", str(tmp_path / "s2"))
     with http_server_process(*serve) as server:
         async with as_caller(server.url) as session:

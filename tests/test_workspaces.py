@@ -303,6 +303,7 @@ async def test_workspace_files_are_resources_of_their_session_only(keeping: Keep
         "sandbox://workspace/{workspace}/{+path}",
         "sandbox://workspace/{workspace}/",
         "sandbox://tasks/{task_id}/output",
+        "sandbox://services/{id}",
     ]
 
 

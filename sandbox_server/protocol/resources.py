@@ -21,15 +21,17 @@ from sandbox_server.protocol.paging import requested_part
 from sandbox_server.protocol.requests import Context, handshake_era, identity_of, session_of
 from sandbox_server.protocol.results import ResourceStore
 from sandbox_server.protocol.tasks import OUTPUT_TEMPLATE
+from sandbox_server.services.manager import Services
 from sandbox_server.workspaces.naming import LISTING_TEMPLATE, RESOURCE_TEMPLATE, listing_id
 from sandbox_server.workspaces.store import WorkspaceStore
 
-__all__ = ["READ_PART_BYTES", "Resources"]
+__all__ = ["READ_PART_BYTES", "SERVICE_PREFIX", "Resources"]
 
 RESOURCE_NOT_FOUND_HANDSHAKE = -32002
 """Handshake-era code for a missing resource; the 2026-07-28 era retired it for -32602."""
 RESOURCES_PAGE = 500
 """Resources per resources/list page."""
+SERVICE_PREFIX = "sandbox://services/"
 READ_PART_BYTES = 512 * 1024
 """The most one resources/read returns: base64 makes it about 700 KB, within the 1 MiB message a client accepts."""
 
@@ -44,8 +46,11 @@ class Resources:
         policy: Callable[[], Policy],
         instance: str,
         task_output: Callable[[Context, str], types.ReadResourceResult | None] | None = None,
+        services: Services | None = None,
     ) -> None:
         self.store = store
+        self.services = services
+        """The running services, each listed and read by its own caller (sandbox://services/<id>)."""
         self._task_output = task_output
         """A task's output so far, by its URI (sandbox://tasks/<id>/output), when its caller asks."""
         self.workspaces = workspaces
@@ -65,6 +70,9 @@ class Resources:
         if self.workspaces is not None and session is not None:
             listing = await anyio.to_thread.run_sync(self.workspaces.listing, session, tenant)
             found |= {u: types.Resource(uri=u, name=n, mime_type=m, size=size) for u, n, m, size in listing}
+        for service in self.services.of_caller(identity_of(ctx).limits_key) if self.services is not None else []:
+            uri = f"{SERVICE_PREFIX}{service.id}"
+            found[uri] = types.Resource(uri=uri, name=f"service {service.name}", mime_type="application/json")
         page, next_cursor = page_of(list(found), params.cursor if params else None, RESOURCES_PAGE)
         return types.ListResourcesResult(resources=[found[uri] for uri in page], next_cursor=next_cursor)
 
@@ -97,6 +105,17 @@ class Resources:
                     mime_type="text/plain",
                 )
             )
+        if self.services is not None:
+            templates.append(
+                types.ResourceTemplate(
+                    uri_template=SERVICE_PREFIX + "{id}",
+                    name="service",
+                    title="A service of yours",
+                    description="A running service's state, port, address, uptime and the last lines of its log, "
+                    "as JSON (its id is in the answer that started it).",
+                    mime_type="application/json",
+                )
+            )
         return types.ListResourceTemplatesResult(resource_templates=templates)
 
     async def read(self, ctx: Context, params: types.ReadResourceRequestParams) -> types.ReadResourceResult:
@@ -108,6 +127,8 @@ class Resources:
                 raise MCPError(code, f"resource not found: {uri} (a task's output is its own caller's, kept as long "
                                "as the task)")  # fmt: skip
             return output
+        if self.services is not None and uri.startswith(SERVICE_PREFIX):
+            return await self._service(ctx, uri)
         try:
             base, part = requested_part(uri, READ_PART_BYTES)
         except ValueError as exc:
@@ -146,6 +167,20 @@ class Resources:
         else:
             item = types.TextResourceContents(uri=uri, mime_type=mime, text=text)
         return types.ReadResourceResult(contents=[item])
+
+    async def _service(self, ctx: Context, uri: str) -> types.ReadResourceResult:
+        """A running service of the caller's, with the end of its log; not found for everyone else."""
+        assert self.services is not None
+        service = self.services.find(uri.removeprefix(SERVICE_PREFIX), identity_of(ctx).limits_key)
+        if service is None:
+            code = RESOURCE_NOT_FOUND_HANDSHAKE if handshake_era(ctx) else INVALID_PARAMS
+            raise MCPError(code, f"resource not found: {uri} (a service is its own caller's, while it runs)")
+        log = await anyio.to_thread.run_sync(self.services.log_of, service)
+        described = {**service.describe(self.services.preview_of(service)), "log_tail": log}
+        text = json.dumps(described, ensure_ascii=False)
+        return types.ReadResourceResult(
+            contents=[types.TextResourceContents(uri=uri, mime_type="application/json", text=text)]
+        )
 
     def _listing(
         self, uri: str, workspace_id: str, session: str | None, tenant: str | None

@@ -100,7 +100,7 @@ class SandboxServer:
             else None
         )
         task_output = self.task_protocol.output if self.task_protocol is not None else None
-        self.resources = Resources(self.store, workspaces, lambda: self.policy, instance, task_output)
+        self.resources = Resources(self.store, workspaces, lambda: self.policy, instance, task_output, services)
         self.approvals = Approvals()
         self._sessions: OrderedDict[str, ServerSession] = OrderedDict()
         """Handshake-era connections to tell of a tools/list change, by MCP session id (the latest request's)."""

@@ -9,11 +9,12 @@ no other work ever runs in the sandbox's namespace. Root only, with the engine o
 from __future__ import annotations
 
 import ctypes
+import http.client
 import os
 import socket
 import threading
 
-__all__ = ["NetnsUnavailable", "connect_inside", "unavailable"]
+__all__ = ["NetnsUnavailable", "connect_inside", "status_inside", "unavailable"]
 
 CLONE_NEWNET = 0x40000000
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -76,3 +77,20 @@ def connect_inside(pid: int, port: int, timeout_s: float = 5.0) -> socket.socket
     if failed:
         raise failed[0]
     return made[0]
+
+
+def status_inside(pid: int, port: int, host: str, path: str, timeout_s: float = 2.0) -> int | None:
+    """The HTTP status a GET of `path` gets from port `port` inside the namespace of `pid` (None: no answer)."""
+    try:
+        sock = connect_inside(pid, port, timeout_s)
+    except OSError:
+        return None
+    connection = http.client.HTTPConnection(host, port, timeout=timeout_s)
+    connection.sock = sock
+    try:
+        connection.request("GET", path, headers={"Host": f"{host}:{port}", "User-Agent": "sandbox-server readiness"})
+        return connection.getresponse().status
+    except (OSError, http.client.HTTPException):
+        return None
+    finally:
+        connection.close()

@@ -25,6 +25,7 @@ import anyio.to_thread
 from sandbox_server.access.audit import AuditLog
 from sandbox_server.errors import Refusal
 from sandbox_server.policy import ServiceSettings
+from sandbox_server.sandbox import netns
 from sandbox_server.sandbox import service_containers as containers
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
 from sandbox_server.sandbox.spec import SandboxSpec
@@ -50,6 +51,8 @@ class Service:
     id: str
     name: str
     port: int
+    ready_path: str | None
+    """A path that answers below 500 once the service is ready (None: listening on its port is enough)."""
     command: str
     tool: str
     policy_name: str
@@ -128,9 +131,13 @@ class Services:
         service = self._services.get(service_id)
         return service if service is not None and service.state == "running" else None
 
+    def of_caller(self, caller: str) -> list[Service]:
+        """A caller's running services, every workspace of theirs together."""
+        return [s for s in self.running() if s.caller == caller and s.state == "running"]
+
     def find(self, service_id: str, caller: str) -> Service | None:
         """A service of this caller (None for every other case, as for an id that never existed)."""
-        service = self._services.get(service_id)
+        service = self.get(service_id)
         return service if service is not None and service.caller == caller else None
 
     def memory_bytes(self) -> int:
@@ -153,6 +160,7 @@ class Services:
         policy_name: str,
         caller: str,
         settings: ServiceSettings,
+        ready_path: str | None = None,
     ) -> Service:
         """Start a service and wait until it listens on its port; a Refusal says why it did not."""
         self._refuse_past_caps(record, name, caller, tool, policy_name, settings)
@@ -166,7 +174,7 @@ class Services:
             raise Refusal("refused: this server is not running services (it is stopping)", "services")
         network = containers.network_name(record.id, self.runtime.owner)
         service = Service(
-            id=f"svc-{secrets.token_urlsafe(12)}", name=name, port=port, command=command, tool=tool,
+            id=f"svc-{secrets.token_urlsafe(12)}", name=name, port=port, ready_path=ready_path, command=command, tool=tool,
             policy_name=policy_name, caller=caller, workspace_id=record.id, session=record.session,
             settings=settings, network=network,
         )  # fmt: skip
@@ -272,9 +280,23 @@ class Services:
                 code = state.get("ExitCode", "?")
                 return f"it exited with code {code} before listening on port {service.port}", "services.start_timeout_s"
             ports = await anyio.to_thread.run_sync(containers.listening_ports, service.pid)
+            answered = None
             if service.port in ports:
-                return None, ""
+                if service.ready_path is None or netns.unavailable() is not None:
+                    return None, ""
+                answered = await anyio.to_thread.run_sync(
+                    netns.status_inside, service.pid, service.port, service.name, service.ready_path
+                )
+                if answered is not None and answered < 500:
+                    return None, ""
             if time.monotonic() > deadline:
+                if service.port in ports:
+                    said = f"answered {answered}" if answered is not None else "did not answer"
+                    return (
+                        f"it listens on port {service.port}, but GET {service.ready_path} {said} within "
+                        f"{service.settings.start_timeout_s:g} s (field services.start_timeout_s)",
+                        "services.start_timeout_s",
+                    )
                 others = ", ".join(str(p) for p in sorted(ports))
                 elsewhere = f" (it listens on {others})" if others else ""
                 waited = service.settings.start_timeout_s
@@ -382,7 +404,9 @@ class ServiceScope:
         """The workspace's services' network, which the call joins (None: none runs)."""
         return self.services.network_of(self.record.id) if self.record is not None else None
 
-    async def start(self, spec: SandboxSpec, name: str, port: int, command: str, tool: str) -> Service:
+    async def start(
+        self, spec: SandboxSpec, name: str, port: int, command: str, tool: str, ready_path: str | None = None
+    ) -> Service:
         self.services.refuse_tool(tool, self.policy_name, self.settings)
         if self.record is None:
             raise Refusal(
@@ -391,7 +415,7 @@ class ServiceScope:
                 "workspace.persist",
             )
         return await self.services.start(
-            spec, self.record, name, port, command, tool, self.policy_name, self.caller, self.settings
+            spec, self.record, name, port, command, tool, self.policy_name, self.caller, self.settings, ready_path
         )
 
     def listed(self) -> list[dict[str, Any]]:

@@ -175,6 +175,12 @@ SERVICE_ARGUMENT: dict[str, Any] = {
     "properties": {
         "name": {"type": "string", "pattern": "^[a-z]([a-z0-9-]{0,30}[a-z0-9])?$", "description": "Its host name"},
         "port": {"type": "integer", "minimum": 1, "maximum": 65535, "description": "The TCP port it listens on"},
+        "ready_path": {
+            "type": "string",
+            "pattern": "^/[!-~]*$",
+            "maxLength": 2048,
+            "description": "Wait until a GET of this path answers (below 500), not only until the port listens",
+        },
     },
     "required": ["name", "port"],
     "additionalProperties": False,

@@ -35,8 +35,9 @@ async def start_service(args: Mapping[str, Any], ctx: ToolContext, spec: Sandbox
         spec.argv if not spec.call_workdir else ("/bin/sh", "-c", 'cd "$0" && exec "$@"', spec.call_workdir, *spec.argv)
     )
     service = await ctx.services.start(
-        replace(spec, argv=argv, limits=limits), wanted["name"], int(wanted["port"]), str(args.get("command", "")), tool
-    )
+        replace(spec, argv=argv, limits=limits), wanted["name"], int(wanted["port"]), str(args.get("command", "")),
+        tool, wanted.get("ready_path"),
+    )  # fmt: skip
     described = service.describe(ctx.services.services.preview_of(service))
     reach = f"the workspace's next calls reach it at {described['url']}"
     if "preview" in described:

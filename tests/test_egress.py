@@ -28,6 +28,7 @@ from sandbox_server.network.proxies import PROXY_LABEL
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
 from sandbox_server.sandbox.images import fetch_wheel
 from sandbox_server.sandbox.removal import OWNER_LABEL
+from sandbox_server.sandbox.service_containers import SERVICE_LABEL
 from sandbox_server.sandbox.spec import SANDBOX_LABEL
 from tests.mcp_harness import close_stream, connect, first_sandboxes, stdio_parameters, text_of
 
@@ -461,3 +462,30 @@ async def test_a_killed_proxy_refuses_calls_with_the_reason_until_it_is_back(
     finally:
         api.close()
     assert answer["stdout"] == "hello from web /again\n", answer["text"]
+
+
+async def test_a_service_goes_out_through_the_proxy_and_the_sessions_calls_reach_it_and_the_proxy_both(
+    session: Client,
+) -> None:
+    """Under an allow list a service goes out as a call does, through the proxy; a call of its session then
+    joins both networks: it reaches the service by name and the allowed host through the proxy."""
+    started = await session.call_tool(
+        "execute_command",
+        {
+            "command": "curl -sS -m 10 http://web.test/from-the-service > fetched.txt && exec python3 -m http.server 8000",
+            "service": {"name": "svc", "port": 8000},
+        },
+    )
+    assert not started.is_error and started.structured_content is not None, text_of(started)
+    # It is on its workspace's network alone, never on the allow list's (which other callers' sandboxes share).
+    api = docker.APIClient()
+    label = f"{SERVICE_LABEL}={started.structured_content['service']['id']}"
+    [container] = api.containers(filters={"label": label})
+    [network] = container["NetworkSettings"]["Networks"]
+    assert network.startswith("sandbox-svc-"), network
+    both = await run(session, "curl -sS -m 10 http://svc:8000/fetched.txt; curl -sS -m 10 http://web.test/from-a-call")
+    assert both["stdout"] == "hello from web /from-the-service\nhello from web /from-a-call\n", both["text"]
+    assert [r["host"] for r in both["network"]["requests"]] == ["web.test"]  # the service is reached directly
+    stopped = await session.call_tool("services", {"action": "stop", "name": "svc"})
+    assert not stopped.is_error, text_of(stopped)
+    assert api.networks(names=[network]) == []  # the proxy let go of it, and it is gone

@@ -29,7 +29,8 @@ from sandbox_server.network.egress import ProxyEndpoint
 from sandbox_server.policy import Policy, ToolPolicy
 from sandbox_server.sandbox.runtime import ProgressCallback, SandboxRuntime
 from sandbox_server.sandbox.spec import ResourceLimits
-from sandbox_server.services.manager import Services, ServiceScope
+from sandbox_server.services.manager import Services
+from sandbox_server.services.scope import ServiceScope
 from sandbox_server.tools import Tool, ToolContext, ToolOutcome
 from sandbox_server.workspaces.changes import changes_line
 from sandbox_server.workspaces.kept import KeptWorkspace
@@ -189,7 +190,7 @@ class CallPipeline:
                 scope = ServiceScope(self.services, record, identity.limits_key, policy.services, policy.name)
             tool_ctx = ToolContext(
                 runtime, tool_policy, policy.name, progress, kept is not None, proxy, as_task, scope,
-                scope.network if scope is not None else None,
+                scope.network if scope is not None else None, scope.names if scope is not None else (),
             )  # fmt: skip
             outcome = await tool.run(arguments, tool_ctx)
             if proxy is not None:

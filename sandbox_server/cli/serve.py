@@ -92,7 +92,7 @@ def serve_command(args: argparse.Namespace) -> int:
     proxies.sweep_firewall()  # the rules of proxies whose server was killed
     caller_policies: dict[str, Policy] = {}
     tasks = Tasks(state_dir / "tasks", runtime.owner, audit, owner_alive)
-    services = Services(runtime, workspaces, audit)
+    services = Services(runtime, workspaces, audit, proxies)
 
     def caller_policy(reference: str) -> Policy:
         """A token's policy, loaded once for this host (the server's own, with its reloads, when it names that)."""

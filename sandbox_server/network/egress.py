@@ -296,14 +296,16 @@ class ProxyEndpoint:
     network: str
     address: str
 
-    def environment(self) -> tuple[tuple[str, str], ...]:
-        """The sandbox's proxy settings: every HTTP client that reads them goes through the proxy."""
+    def environment(self, direct: tuple[str, ...] = ()) -> tuple[tuple[str, str], ...]:
+        """The sandbox's proxy settings: every HTTP client that reads them goes through the proxy, but to the
+        `direct` names (its workspace's services, on a network of their own)."""
         url = f"http://{self.address}:{PROXY_PORT}"
         names = ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")
+        bypass = ",".join(("localhost", "127.0.0.1", *direct))
         return (
             *((name, url) for name in names),
-            ("NO_PROXY", "localhost,127.0.0.1"),
-            ("no_proxy", "localhost,127.0.0.1"),
+            ("NO_PROXY", bypass),
+            ("no_proxy", bypass),
         )
 
 

@@ -167,6 +167,22 @@ class EgressProxies:
         threading.Thread(target=self._restart, args=(proxy,), name="sandbox-proxy-restart", daemon=True).start()
         raise self._refusal(proxy, problem, restarting=True)
 
+    def join(self, endpoint: ProxyEndpoint, network: str) -> ProxyEndpoint:
+        """The proxy of `endpoint` on another network too (a workspace's services'), so that what runs there goes
+        out through it without joining the allow list's network, which other callers' sandboxes share."""
+        proxy = self._proxies.get(endpoint.key)
+        if proxy is None or proxy.container_id is None:
+            raise OSError("the allow list's proxy is not running")
+        api = self._api()
+        try:
+            networks = api.inspect_container(proxy.container_id)["NetworkSettings"]["Networks"]
+            if network not in networks:
+                api.connect_container_to_network(proxy.container_id, network)
+                networks = api.inspect_container(proxy.container_id)["NetworkSettings"]["Networks"]
+        except docker.errors.APIError as exc:
+            raise OSError(f"the proxy could not join the services' network: {exc}") from exc
+        return ProxyEndpoint(proxy.key, network, networks[network]["IPAddress"])
+
     def network_of(self, egress: Egress) -> str | None:
         """The internal network of an allow list once its proxy has started (it stays while the server runs,
         across restarts of the proxy); None before."""

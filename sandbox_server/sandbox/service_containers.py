@@ -3,7 +3,9 @@
 A service runs its program directly (no launcher: nothing waits for it to end), in the hardened container of
 every call, with its own memory and CPU, a log the engine keeps bounded, and the workspace mounted as calls see
 it. Its workspace's network is `internal` with no address on the host's bridge: the services and the calls of
-that one workspace reach each other there, by name, and nothing else reaches them or leaves.
+that one workspace reach each other there, by name, and nothing else reaches them or leaves. Under an allow list
+the list's proxy joins that network and is a service's one way out (a service never joins the allow list's own
+network, which other callers' sandboxes share).
 """
 
 from __future__ import annotations
@@ -23,8 +25,8 @@ from sandbox_server.sandbox.host_config import host_config_kwargs, masked_paths
 from sandbox_server.sandbox.removal import OWNER_LABEL
 from sandbox_server.sandbox.spec import SANDBOX_LABEL, SandboxSpec
 
-__all__ = ["SERVICE_LABEL", "Started", "container_state", "listening_ports", "log_tail", "network_name", "remove",
-           "remove_network", "start_container"]  # fmt: skip
+__all__ = ["SERVICE_LABEL", "Started", "container_state", "ensure_network", "listening_ports", "log_tail",
+           "network_name", "remove", "remove_network", "start_container"]  # fmt: skip
 
 SERVICE_LABEL = "org.sandbox-server.service"
 """On a service's container and its workspace's network: the service's id, or the workspace's network."""
@@ -50,8 +52,11 @@ def ensure_network(api: docker.APIClient, name: str, owner: str) -> None:
 
 
 def remove_network(api: docker.APIClient, name: str) -> None:
-    """Remove a workspace's network once nothing is on it; never raises."""
+    """Remove a workspace's network (an egress proxy that joined it let go of first); never raises."""
     with contextlib.suppress(docker.errors.APIError, docker.errors.NotFound):
+        for container in api.inspect_network(name).get("Containers") or {}:
+            with contextlib.suppress(docker.errors.APIError, docker.errors.NotFound):
+                api.disconnect_container_from_network(container, name, force=True)
         api.remove_network(name)
 
 
@@ -98,8 +103,6 @@ def start_container(
         container_id = str(created["Id"])
         try:
             with engine_errors("start the service's container"):
-                if spec.network != "none":  # an egress network: its proxy is the way out, as for a call
-                    api.connect_container_to_network(container_id, spec.network)
                 api.start(container_id)
                 pid = int(api.inspect_container(container_id)["State"].get("Pid") or 0)
         except BaseException:

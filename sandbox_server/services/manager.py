@@ -14,7 +14,7 @@ import re
 import secrets
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -24,6 +24,8 @@ import anyio.to_thread
 
 from sandbox_server.access.audit import AuditLog
 from sandbox_server.errors import Refusal
+from sandbox_server.network.egress import ProxyEndpoint
+from sandbox_server.network.proxies import EgressProxies
 from sandbox_server.policy import ServiceSettings
 from sandbox_server.sandbox import netns
 from sandbox_server.sandbox import service_containers as containers
@@ -31,7 +33,7 @@ from sandbox_server.sandbox.docker_runtime import DockerRuntime
 from sandbox_server.sandbox.spec import SandboxSpec
 from sandbox_server.workspaces.store import WorkspaceRecord, WorkspaceStore
 
-__all__ = ["NAME", "Service", "ServiceScope", "Services"]
+__all__ = ["NAME", "Service", "Services"]
 
 log = logging.getLogger("sandbox_server")
 
@@ -97,8 +99,14 @@ class Service:
 class Services:
     """Every service this server started; the engine work runs in worker threads."""
 
-    def __init__(self, runtime: DockerRuntime, store: WorkspaceStore, audit: AuditLog | None = None) -> None:
-        self.runtime, self.store, self.audit = runtime, store, audit
+    def __init__(
+        self,
+        runtime: DockerRuntime,
+        store: WorkspaceStore,
+        audit: AuditLog | None = None,
+        proxies: EgressProxies | None = None,
+    ) -> None:
+        self.runtime, self.store, self.audit, self.proxies = runtime, store, audit, proxies
         self._services: dict[str, Service] = {}
         self._group: anyio.abc.TaskGroup | None = None
         self.preview_of: Callable[[Service], str | None] = lambda _: None
@@ -161,6 +169,7 @@ class Services:
         caller: str,
         settings: ServiceSettings,
         ready_path: str | None = None,
+        proxy: ProxyEndpoint | None = None,
     ) -> Service:
         """Start a service and wait until it listens on its port; a Refusal says why it did not."""
         self._refuse_past_caps(record, name, caller, tool, policy_name, settings)
@@ -183,6 +192,8 @@ class Services:
         self._group.start_soon(self._hold, service, record, held)
         await held.wait()
         spec = await anyio.to_thread.run_sync(self.store.begin, record, spec)
+        if proxy is not None:
+            spec = await self._through_proxy(spec, proxy, service)
         try:
             started = await anyio.to_thread.run_sync(
                 containers.start_container,
@@ -195,6 +206,23 @@ class Services:
         await self._ready(service, started, "did not start")
         self.audit_event("service_started", service, container=service.container_id[:12])
         return service
+
+    async def _through_proxy(self, spec: SandboxSpec, proxy: ProxyEndpoint, service: Service) -> SandboxSpec:
+        """The spec of a service under an allow list: on its workspace's network alone, the list's proxy joined
+        to it there and named in its environment."""
+        if self.proxies is None:
+            raise Refusal("refused: this server runs no egress proxy for services", "network")
+        api, proxies = self.runtime.api, self.proxies
+        try:
+            await anyio.to_thread.run_sync(containers.ensure_network, api, service.network, self.runtime.owner)
+            joined = await anyio.to_thread.run_sync(proxies.join, proxy, service.network)
+        except OSError as exc:
+            await self.stop(service, "its network could not be made")
+            raise Refusal(f"service {service.name!r} did not start: {exc}", "network") from exc
+        names = tuple(s.name for s in self.running(service.workspace_id))
+        proxied = {name for name, _ in joined.environment()}
+        env = tuple((k, v) for k, v in spec.call_env if k not in proxied) + joined.environment(names)
+        return replace(spec, network="none", call_env=env)
 
     async def _ready(self, service: Service, started: containers.Started, failed: str) -> None:
         """Take a started container as the service's once it listens; else stop the service and say why."""
@@ -386,42 +414,3 @@ class Services:
                 **fields,
             }
         )
-
-
-@dataclass(frozen=True, slots=True)
-class ServiceScope:
-    """What a call may do with services: start one in its workspace, for its caller, under its policy."""
-
-    services: Services
-    record: WorkspaceRecord | None
-    """The call's kept workspace (None: the policy keeps none, and so starts no service)."""
-    caller: str
-    settings: ServiceSettings
-    policy_name: str
-
-    @property
-    def network(self) -> str | None:
-        """The workspace's services' network, which the call joins (None: none runs)."""
-        return self.services.network_of(self.record.id) if self.record is not None else None
-
-    async def start(
-        self, spec: SandboxSpec, name: str, port: int, command: str, tool: str, ready_path: str | None = None
-    ) -> Service:
-        self.services.refuse_tool(tool, self.policy_name, self.settings)
-        if self.record is None:
-            raise Refusal(
-                f"refused: policy '{self.policy_name}' keeps no workspace (field workspace.persist), and a service "
-                "lives in its session's workspace",
-                "workspace.persist",
-            )
-        return await self.services.start(
-            spec, self.record, name, port, command, tool, self.policy_name, self.caller, self.settings, ready_path
-        )
-
-    def listed(self) -> list[dict[str, Any]]:
-        return self.services.listed(self.record.id) if self.record is not None else []
-
-    def named(self, name: str) -> Service | None:
-        """The workspace's running service of that name (None when it runs none such)."""
-        mine = self.services.running(self.record.id) if self.record is not None else []
-        return next((s for s in mine if s.name == name), None)

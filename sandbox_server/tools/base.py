@@ -17,7 +17,7 @@ from sandbox_server.sandbox.runtime import ProgressCallback, SandboxRuntime
 from sandbox_server.sandbox.spec import InputFile, OutputFile, SandboxSpec
 
 if TYPE_CHECKING:
-    from sandbox_server.services.manager import ServiceScope
+    from sandbox_server.services.scope import ServiceScope
 
 __all__ = [
     "ERROR_SCHEMA",
@@ -236,6 +236,8 @@ class ToolContext:
     """Starting a service in the call's workspace (None: no kept workspace, so no services)."""
     service_network: str | None = None
     """The network of the workspace's running services, which the sandbox joins to reach them by name."""
+    service_names: tuple[str, ...] = ()
+    """Their names, which the sandbox reaches directly rather than through an egress proxy."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -416,7 +418,9 @@ def sandbox_spec(
         limits = replace(limits, timeout_s=float(args["timeout_s"]))
     elif ctx.task:
         limits = replace(limits, timeout_s=policy.max_task_s)
-    network, network_env = ("none", ()) if ctx.proxy is None else (ctx.proxy.network, ctx.proxy.environment())
+    network, network_env = (
+        ("none", ()) if ctx.proxy is None else (ctx.proxy.network, ctx.proxy.environment(ctx.service_names))
+    )
     return replace(
         policy.container_spec(),
         argv=argv,

@@ -36,7 +36,7 @@ async def start_service(args: Mapping[str, Any], ctx: ToolContext, spec: Sandbox
     )
     service = await ctx.services.start(
         replace(spec, argv=argv, limits=limits), wanted["name"], int(wanted["port"]), str(args.get("command", "")),
-        tool, wanted.get("ready_path"),
+        tool, wanted.get("ready_path"), ctx.proxy,
     )  # fmt: skip
     described = service.describe(ctx.services.services.preview_of(service))
     reach = f"the workspace's next calls reach it at {described['url']}"

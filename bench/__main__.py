@@ -10,6 +10,7 @@ BENCHMARKS = {
     "csv_launcher": "bench.csv_launcher",
     "performance": "bench.performance",
     "queue": "bench.queue",
+    "services": "bench.services",
     "sessions": "bench.sessions",
     "warm": "bench.warm",
     "workspaces": "bench.workspaces",

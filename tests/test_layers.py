@@ -175,3 +175,11 @@ def test_every_document_the_code_names_is_in_the_repository() -> None:
                 named |= set(re.findall(r"[\w./-]+\.md\b", path.read_text(errors="replace")))
     missing = sorted(name for name in named if not (ROOT / name).is_file())
     assert named and not missing, f"the code names documents the repository does not hold: {missing}"
+
+
+def test_the_wheel_carries_every_folder_of_the_package() -> None:
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    folders = {f"sandbox_server.{path.parent.name}" for path in PACKAGE.glob("*/__init__.py")}
+    assert folders <= listed, f"folders the wheel would leave out: {sorted(folders - listed)}"

@@ -89,7 +89,7 @@ def _doctor(args: argparse.Namespace) -> int:
             except SandboxServerError as exc:
                 report.checks.append(Check(f"policy {args.policy}", False, str(exc), "fix the policy file"))
             else:
-                report.checks.extend(anyio.run(run_posture, runtime, policy, names))
+                report.checks.extend(anyio.run(run_posture, runtime, policy, _tool_names(sandboxed=True)))
         runtime.close()
     print(report.to_json() if args.json else report.to_text())
     return 0 if report.healthy else 1
@@ -106,7 +106,7 @@ def _warm_plan(reference: str, runtime: DockerRuntime) -> WarmPlan:
         policy = load_policy(reference, _tool_names(), host_facts(runtime))
     except SandboxServerError:
         return WarmPlan()
-    return WarmPlan.of(policy, _tool_names())
+    return WarmPlan.of(policy, _tool_names(sandboxed=True))
 
 
 def _reap_after(args: argparse.Namespace) -> int:
@@ -169,10 +169,11 @@ def _setup(args: argparse.Namespace) -> int:
     return 0
 
 
-def _tool_names() -> list[str]:
+def _tool_names(sandboxed: bool = False) -> list[str]:
+    """Every tool's name (`sandboxed`: only those that run a sandbox of their own)."""
     from sandbox_server.tools import all_tools
 
-    return [tool.name for tool in all_tools()]
+    return [tool.name for tool in all_tools() if not sandboxed or getattr(tool, "sandbox", True)]
 
 
 def _runtime_facts() -> HostFacts:

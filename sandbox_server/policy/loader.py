@@ -336,11 +336,6 @@ def _build(
         source=str(source),
         digest=digest,
     )
-    if policy.services.tools and not workspace.persist:
-        errors.append(
-            f"{source}: services.tools: services work in their session's kept workspace, and workspace.persist is "
-            "false; keep workspaces or name no tools"
-        )
     return policy, errors
 
 

@@ -65,7 +65,7 @@ class ServicesTool:
         "their state, port, address and uptime; read one's `log` (the end of what it printed); `stop` one (its "
         "container and every process in it removed); or `restart` one (its container made again and its command "
         "run anew, answered once it listens again).\n"
-        'Example: {"action": "log", "name": "web"}'
+        'Example: {"action": "list"}'
     )
     input_schema: dict[str, Any] = {
         "type": "object",

@@ -29,6 +29,7 @@ from websockets.sync.client import connect
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
 from sandbox_server.sandbox.removal import OWNER_LABEL
 from sandbox_server.sandbox.service_containers import SERVICE_LABEL
+from sandbox_server.sandbox.spec import SANDBOX_LABEL
 from tests.conftest import run_cli
 from tests.mcp_harness import CheckedClient, free_port, http_server_process, stdio_parameters, text_of
 from tests.mcp_harness import connect as mcp_connect
@@ -451,3 +452,38 @@ async def test_over_stdio_the_server_opens_previews_on_a_loopback_port_by_link_a
             assert page.status_code == 200 and "Preview works" in page.text
         async with httpx2.AsyncClient(timeout=30) as other:
             assert (await other.get(link)).status_code == 401
+
+
+async def test_calls_beside_a_service_take_warm_containers_waiting_on_its_network(
+    tmp_path: Path, runtime: DockerRuntime
+) -> None:
+    audit = tmp_path / "audit.jsonl"
+    with http_server_process("--policy", str(short_policy(tmp_path)), "--audit-log", str(audit)) as server:
+        server.wait_for_line("warm pool ready")
+        async with as_caller(server.url) as session:
+            started = await call(
+                session, command="exec python3 -m http.server 8000", service={"name": "web", "port": 8000}
+            )
+            assert not started["is_error"], started["text"]
+            [service] = services_of(server.process.pid)
+            [network] = service["NetworkSettings"]["Networks"]
+            api = docker.APIClient()
+
+            def waiting_on_it() -> set[str]:  # the server's warm containers on the services' network
+                found = api.containers(filters={"label": SANDBOX_LABEL, "network": network})
+                return {c["Id"][:12] for c in found if SERVICE_LABEL not in (c.get("Labels") or {})}
+
+            deadline = time.monotonic() + 30
+            while len(waiting_on_it()) < 2:  # execute_command's and the python tools' (no event says "warm")
+                assert time.monotonic() < deadline, waiting_on_it()
+                await anyio.sleep(0.1)
+            warm = waiting_on_it()
+            reached = await call(session, command="curl -s -o /dev/null -w '%{http_code}' http://web:8000/")
+            assert reached["stdout"] == "200", reached
+            used = json.loads(audit.read_text().splitlines()[-1])["container_id"]
+            assert used in warm, (used, warm)  # the call took one of them
+            await session.call_tool("services", {"action": "stop", "name": "web"})
+            deadline = time.monotonic() + 30
+            while waiting_on_it() or api.networks(names=[network]):  # they go with the network
+                assert time.monotonic() < deadline, waiting_on_it()
+                await anyio.sleep(0.1)

@@ -55,6 +55,8 @@ class ToolRegistry:
         """Callers' policies other than the server's, by reference: the warm pools keep containers for them too."""
         self._pooled_networks: set[str] = set()
         """Allow lists whose network the warm pools know of (by key)."""
+        self._service_networks: frozenset[str] = frozenset()
+        """Networks of workspaces whose services run: a warm container waits on each for their calls."""
         self._configure_pool()
 
     @property
@@ -110,6 +112,12 @@ class ToolRegistry:
             self._pooled_networks.add(key)
             self._configure_pool()
 
+    def service_networks(self, networks: set[str]) -> None:
+        """The networks of workspaces with running services now: their calls' warm containers wait on them."""
+        if frozenset(networks) != self._service_networks:
+            self._service_networks = frozenset(networks)
+            self._configure_pool()
+
     def _pool_targets(self, policy: Policy) -> list[PoolTarget]:
         """One warm pool per enabled tool's container settings (tools with equal settings share one)."""
         targets = []
@@ -127,6 +135,10 @@ class ToolRegistry:
                 template = self.workspaces.shape(template)  # calls in kept workspaces get such containers
             most = tool_policy.pool_most(policy.rate.concurrent_calls)
             targets.append(PoolTarget(template, tool_policy.pool_size, tool_policy.pool_idle_s, most))
+            if policy.workspace.persist and tool_policy.pool_size > 0:  # one on each running services' network
+                for network in sorted(self._service_networks):
+                    on_it = replace(template, service_network=network)
+                    targets.append(PoolTarget(on_it, 1, tool_policy.pool_idle_s, 1))
         return targets
 
     def _configure_pool(self) -> None:

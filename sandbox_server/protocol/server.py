@@ -123,6 +123,8 @@ class SandboxServer:
         self.server.middleware.append(RequestStateBoundary(security, default_audience="sandbox-server"))
         if self.task_protocol is not None:
             self.task_protocol.install(self.server)
+        if pool is not None and services is not None:  # calls beside a workspace's services find warm containers
+            services.on_networks = self.registry.service_networks
         if pool is not None:  # running tasks' and services' containers count against warm containers' memory
             held = [source.memory_bytes for source in (tasks, services) if source is not None]
             pool.held_elsewhere = lambda: sum(memory() for memory in held)

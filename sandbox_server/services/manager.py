@@ -109,6 +109,8 @@ class Services:
         self.runtime, self.store, self.audit, self.proxies = runtime, store, audit, proxies
         self._services: dict[str, Service] = {}
         self._group: anyio.abc.TaskGroup | None = None
+        self.on_networks: Callable[[set[str]], None] = lambda _: None
+        """Told the networks of workspaces with running services whenever they change (the warm pools)."""
         self.preview_of: Callable[[Service], str | None] = lambda _: None
         """The preview address of a service (set by the HTTP transport; None over stdio)."""
 
@@ -202,7 +204,8 @@ class Services:
         except BaseException:
             await self.stop(service, "its container could not start")
             raise
-        service.spec = spec
+        service.spec, service.container_id = spec, started.container_id
+        self._networks_changed()  # the warm pool makes its calls' containers while the service gets ready
         await self._ready(service, started, "did not start")
         self.audit_event("service_started", service, container=service.container_id[:12])
         return service
@@ -349,15 +352,21 @@ class Services:
             return
         was_running = service.state == "running"
         service.state, service.stop_reason = "stopped", reason
+        last = not self.running(service.workspace_id)
+        if last:
+            self._networks_changed()  # the warm containers on its network go, beside its own container
         with anyio.CancelScope(shield=True):
             if service.container_id:
                 await anyio.to_thread.run_sync(containers.remove, self.runtime.api, service.container_id, service.slot)
             service.stopped.set()
-            if not self.running(service.workspace_id):
+            if last:
                 await anyio.to_thread.run_sync(containers.remove_network, self.runtime.api, service.network)
         if was_running:
             self.audit_event("service_stopped", service, reason=reason)
         self._services.pop(service.id, None)
+
+    def _networks_changed(self) -> None:
+        self.on_networks({s.network for s in self.running() if s.container_id})
 
     async def stop_session(self, session: str) -> None:
         """A handshake session ended: its workspace's services stop."""

@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-__all__ = ["AuditLog", "call_record"]
+__all__ = ["AuditLog", "call_record", "event_record"]
 
 
 class AuditLog:
@@ -67,3 +67,8 @@ def call_record(
     if include_arguments:
         record["arguments"] = arguments
     return record
+
+
+def event_record(event: str, **fields: Any) -> dict[str, Any]:
+    """An audit line for something other than a call (a task's or a service's life): when, what, and its fields."""
+    return {"time": datetime.now(UTC).isoformat(timespec="milliseconds"), "event": event, **fields}

@@ -90,7 +90,7 @@ class Previews:
     def _cookie_name(self, service_id: str) -> str:
         return "sbx-preview-" + hashlib.sha256(service_id.encode()).hexdigest()[:12]
 
-    def _admit(self, connection: HTTPConnection) -> tuple[Service | None, int, str]:
+    async def _admit(self, connection: HTTPConnection) -> tuple[Service | None, int, str]:
         """The service a request may reach, else the status to answer (401: no credentials; 404: not theirs)."""
         service_id = connection.path_params["service"]
         service = self.services.get(service_id)
@@ -102,19 +102,19 @@ class Previews:
             holder = token_holder(token.subject or token.client_id, token.claims or {})
             if holder.limits_key != service.caller:
                 return None, 404, UNKNOWN
-            return self._seen_by(service, holder.limits_key, "token"), 200, ""
+            return await self._seen_by(service, holder.limits_key, "token"), 200, ""
         browser = self._browsers.get(connection.cookies.get(self._cookie_name(service.id), ""))
         if browser is not None and browser[:2] == (service.id, service.caller) and browser[2] > time.time():
             return service, 200, ""
         return None, 401, "open the preview link this service's answer gave, or send your bearer token\n"
 
-    def _seen_by(self, service: Service, caller: str, how: str) -> Service:
+    async def _seen_by(self, service: Service, caller: str, how: str) -> Service:
         if (service.id, caller) not in self._seen:
             self._seen.add((service.id, caller))
-            self.services.audit_event("service_previewed", service, by=caller, by_means_of=how)
+            await self.services.audit_event("service_previewed", service, by=caller, by_means_of=how)
         return service
 
-    def _redeem(self, request: Request) -> Response | None:
+    async def _redeem(self, request: Request) -> Response | None:
         """A first visit with a link: a cookie for this browser, and the same address without the link."""
         grant = request.query_params.get("grant")
         service = self.services.get(request.path_params["service"])
@@ -131,7 +131,7 @@ class Previews:
         cookie = secrets.token_urlsafe(24)
         self._browsers = {k: v for k, v in self._browsers.items() if v[2] > now}
         self._browsers[cookie] = (service.id, service.caller, now + BROWSER_TTL_S)
-        self._seen_by(service, service.caller, "link")
+        await self._seen_by(service, service.caller, "link")
         kept = [(k, v) for k, v in parse_qsl(request.url.query, keep_blank_values=True) if k != "grant"]
         response = RedirectResponse(request.url.path + (f"?{urlencode(kept)}" if kept else ""), 303)
         response.set_cookie(
@@ -164,18 +164,18 @@ class Previews:
         return RedirectResponse(f"{request.url.path}/{query}", 308)
 
     async def _http(self, request: Request) -> Response:
-        service, status, why = self._admit(request)
+        service, status, why = await self._admit(request)
         if "grant" in request.query_params:
             if service is not None:  # a browser that has its session already: the same address without the link
                 kept = [(k, v) for k, v in parse_qsl(request.url.query, keep_blank_values=True) if k != "grant"]
                 return RedirectResponse(request.url.path + (f"?{urlencode(kept)}" if kept else ""), 303)
-            redeemed = self._redeem(request)
+            redeemed = await self._redeem(request)
             if redeemed is not None:
                 return redeemed
         if service is None:
             return PlainTextResponse(why, status, headers={"WWW-Authenticate": "Bearer"} if status == 401 else None)
         service.last_used = time.monotonic()
-        body = b""
+        body = bytearray()
         async for chunk in request.stream():
             body += chunk
             if len(body) > MAX_BODY_BYTES:
@@ -183,7 +183,7 @@ class Previews:
         target, headers = self._target(request, service), self._headers(request, service)
         try:
             connection, answer = await anyio.to_thread.run_sync(
-                _forward, service, request.method, target, headers, body
+                _forward, service, request.method, target, headers, bytes(body)
             )
         except OSError as exc:
             return PlainTextResponse(f"service {service.name} did not answer on port {service.port}: {exc}\n", 502)
@@ -196,7 +196,7 @@ class Previews:
         return response
 
     async def _websocket(self, websocket: WebSocket) -> None:
-        service, _, _ = self._admit(websocket)
+        service, _, _ = await self._admit(websocket)
         if service is None:
             await websocket.close(code=1008)
             return

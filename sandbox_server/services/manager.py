@@ -15,14 +15,13 @@ import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
 from typing import Any
 
 import anyio
 import anyio.abc
 import anyio.to_thread
 
-from sandbox_server.access.audit import AuditLog
+from sandbox_server.access.audit import AuditLog, event_record
 from sandbox_server.errors import Refusal
 from sandbox_server.network.egress import ProxyEndpoint
 from sandbox_server.network.proxies import EgressProxies
@@ -207,7 +206,7 @@ class Services:
         service.spec, service.container_id = spec, started.container_id
         self._networks_changed()  # the warm pool makes its calls' containers while the service gets ready
         await self._ready(service, started, "did not start")
-        self.audit_event("service_started", service, container=service.container_id[:12])
+        await self.audit_event("service_started", service, container=service.container_id[:12])
         return service
 
     async def _through_proxy(self, spec: SandboxSpec, proxy: ProxyEndpoint, service: Service) -> SandboxSpec:
@@ -256,7 +255,7 @@ class Services:
             raise
         await self._ready(service, started, "did not start again")
         service.restarts += 1
-        self.audit_event("service_restarted", service, container=service.container_id[:12])
+        await self.audit_event("service_restarted", service, container=service.container_id[:12])
         return service
 
     def _refuse_past_caps(
@@ -362,7 +361,7 @@ class Services:
             if last:
                 await anyio.to_thread.run_sync(containers.remove_network, self.runtime.api, service.network)
         if was_running:
-            self.audit_event("service_stopped", service, reason=reason)
+            await self.audit_event("service_stopped", service, reason=reason)
         self._services.pop(service.id, None)
 
     def _networks_changed(self) -> None:
@@ -407,19 +406,12 @@ class Services:
                     why = "out of memory" if state.get("OOMKilled") else f"with code {state.get('ExitCode', '?')}"
                     await self.stop(service, f"its program ended ({why})")
 
-    def audit_event(self, event: str, service: Service, **fields: Any) -> None:
+    async def audit_event(self, event: str, service: Service, **fields: Any) -> None:
+        """One line of the audit trail about a service, written off the event loop as a call's is."""
         if self.audit is None:
             return
-        self.audit.write(
-            {
-                "time": datetime.now(UTC).isoformat(timespec="milliseconds"),
-                "event": event,
-                "service": service.id,
-                "name": service.name,
-                "client": service.caller,
-                "tool": service.tool,
-                "policy": service.policy_name,
-                "port": service.port,
-                **fields,
-            }
-        )
+        record = event_record(
+            event, service=service.id, name=service.name, client=service.caller, tool=service.tool,
+            policy=service.policy_name, port=service.port, **fields,
+        )  # fmt: skip
+        await anyio.to_thread.run_sync(self.audit.write, record)

@@ -13,7 +13,6 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,7 @@ import anyio
 import anyio.abc
 import anyio.to_thread
 
-from sandbox_server.access.audit import AuditLog
+from sandbox_server.access.audit import AuditLog, event_record
 from sandbox_server.calls.pipeline import TaskStart
 from sandbox_server.errors import Refusal
 from sandbox_server.policy import TaskSettings
@@ -334,15 +333,7 @@ class Tasks:
         if self.audit is None:
             return
         self.audit.write(
-            {
-                "time": datetime.now(UTC).isoformat(timespec="milliseconds"),
-                "event": event,
-                "task": record.id,
-                "caller": record.caller,
-                "tool": record.tool,
-                "policy": record.policy,
-                **fields,
-            }
+            event_record(event, task=record.id, caller=record.caller, tool=record.tool, policy=record.policy, **fields)
         )
 
 

@@ -97,6 +97,13 @@ async def call(client: CheckedClient, **arguments: Any) -> dict[str, Any]:
     return {"text": text_of(result), "is_error": result.is_error, **result.structured_content}
 
 
+async def start_web(session: CheckedClient) -> dict[str, Any]:
+    """`python3 -m http.server 8000` started as the service `web`, which must start."""
+    started = await call(session, command="exec python3 -m http.server 8000", service={"name": "web", "port": 8000})
+    assert not started["is_error"], started["text"]
+    return started
+
+
 def services_of(pid: int) -> list[dict[str, Any]]:
     """The service containers the server process `pid` made."""
     api = docker.APIClient()
@@ -260,20 +267,14 @@ async def test_a_service_stops_at_its_maximum_lifetime_and_the_strict_policy_sta
     serve = ("--policy", str(short_policy(tmp_path, lifetime=3)), "--no-pool", "--state-dir", str(tmp_path / "s"))
     with http_server_process(*serve, "--audit-log", str(audit_log)) as server:
         async with as_caller(server.url) as session:
-            started = await call(
-                session, command="exec python3 -m http.server 8000", service={"name": "web", "port": 8000}
-            )
-            assert not started["is_error"], started["text"]
+            await start_web(session)
             await until_gone(server.process.pid, within_s=15)
             after = await call(session, command="curl -sS --max-time 3 http://web:8000/; true")
             assert "services" not in after and "Could not resolve host: web" in after["stderr"], after
     serve = ("--policy", str(short_policy(tmp_path, idle=2)), "--no-pool", "--state-dir", str(tmp_path / "s"))
     with http_server_process(*serve, "--audit-log", str(audit_log)) as server:
         async with as_caller(server.url) as session:
-            started = await call(
-                session, command="exec python3 -m http.server 8000", service={"name": "web", "port": 8000}
-            )
-            assert not started["is_error"], started["text"]
+            await start_web(session)
             await until_gone(server.process.pid, within_s=15)  # nothing called it, nothing ran in its workspace
     stopped = [json.loads(line) for line in audit_log.read_text().splitlines() if "service_stopped" in line]
     assert [r["reason"] for r in stopped] == [
@@ -381,7 +382,7 @@ async def test_the_services_tool_lists_reads_the_log_of_restarts_and_stops_a_wor
                 return {"text": text_of(result), "is_error": result.is_error, **result.structured_content}
 
             assert (await services(action="list"))["services"] == []
-            await call(session, command="exec python3 -m http.server 8000", service={"name": "web", "port": 8000})
+            await start_web(session)
             await call(session, command=API, service={"name": "api", "port": 9000})
             listed = await services(action="list")
             assert [(s["name"], s["state"], s["port"]) for s in listed["services"]] == [
@@ -418,10 +419,7 @@ async def test_a_killed_servers_services_and_their_network_are_removed_by_its_re
     networks_before = service_networks()
     with http_server_process(*serve) as server:
         async with as_caller(server.url) as session:
-            started = await call(
-                session, command="exec python3 -m http.server 8000", service={"name": "web", "port": 8000}
-            )
-            assert not started["is_error"], started["text"]
+            await start_web(session)
             assert len(services_of(server.process.pid)) == 1 and service_networks() - networks_before
             server.process.kill()  # no goodbye: what it started is the reaper's to remove
             server.process.wait(timeout=30)
@@ -443,7 +441,7 @@ async def test_over_stdio_the_server_opens_previews_on_a_loopback_port_by_link_a
     serve = ("--policy", str(short_policy(tmp_path)), "--no-pool", "--state-dir", str(tmp_path / "s"))
     async with mcp_connect(stdio_parameters(*serve, "--preview-port", str(port))) as session:
         await call(session, command="true", files=[{"path": "index.html", "content": PAGE}])
-        started = await call(session, command="exec python3 -m http.server 8000", service={"name": "web", "port": 8000})
+        started = await start_web(session)
         link = started["service"]["preview"]
         assert link.startswith(f"http://127.0.0.1:{port}/preview/svc-"), link
         async with httpx2.AsyncClient(timeout=30, follow_redirects=True) as browser:
@@ -461,10 +459,7 @@ async def test_calls_beside_a_service_take_warm_containers_waiting_on_its_networ
     with http_server_process("--policy", str(short_policy(tmp_path)), "--audit-log", str(audit)) as server:
         server.wait_for_line("warm pool ready")
         async with as_caller(server.url) as session:
-            started = await call(
-                session, command="exec python3 -m http.server 8000", service={"name": "web", "port": 8000}
-            )
-            assert not started["is_error"], started["text"]
+            await start_web(session)
             [service] = services_of(server.process.pid)
             [network] = service["NetworkSettings"]["Networks"]
             api = docker.APIClient()

@@ -316,12 +316,14 @@ def test_the_shell_runs_a_call_as_a_task_and_prints_its_progress_until_it_ends(
 
 
 EXT_TASKS = Path(__file__).parent / "ext_tasks"
+NODE = EXT_TASKS / "node_modules" / ".bin" / "node"
+"""The Node.js the lock file pins (the SDK wants 20 or later, more than Debian's own), not the host's."""
 
 
 @pytest.fixture(scope="module")
 def ext_tasks_client() -> Path:
-    """The official tasks client and the TypeScript SDK, from the npm registry, as the lock file pins them."""
-    if not (EXT_TASKS / "node_modules" / "@modelcontextprotocol" / "ext-tasks").is_dir():
+    """The official tasks client, the TypeScript SDK and Node.js, from the npm registry, as the lock file pins them."""
+    if not (EXT_TASKS / "node_modules" / "@modelcontextprotocol" / "ext-tasks").is_dir() or not NODE.exists():
         done = subprocess.run(
             ["npm", "ci", "--no-audit", "--no-fund"], cwd=EXT_TASKS, capture_output=True, text=True, timeout=300
         )
@@ -337,7 +339,7 @@ def test_the_official_ext_tasks_client_drives_a_task_in_both_eras(
     arguments = {"command": "for i in 1 2 3 4; do echo step $i; sleep 1; done", "timeout_s": 60}
     with http_server(*serve) as url:
         done = subprocess.run(
-            ["node", str(ext_tasks_client), url, era, json.dumps(arguments)],
+            [str(NODE), str(ext_tasks_client), url, era, json.dumps(arguments)],
             capture_output=True,
             text=True,
             timeout=120,
@@ -361,7 +363,7 @@ async def test_the_official_ext_tasks_client_over_stdio_runs_a_task_beside_a_can
     serve = [sys.executable, "-m", "sandbox_server", "serve", "--policy", str(short_policy(tmp_path)), "--no-pool"]
     serve += ["--state-dir", str(tmp_path / "s")]
     arguments = {"command": "for i in $(seq 1 8); do echo step $i; sleep 1; done", "timeout_s": 60}
-    command = ["node", str(ext_tasks_client), json.dumps(serve), "2025-11-25", json.dumps(arguments), "beside"]
+    command = [str(NODE), str(ext_tasks_client), json.dumps(serve), "2025-11-25", json.dumps(arguments), "beside"]
     with anyio.fail_after(120):
         async with await anyio.open_process(command, stderr=subprocess.DEVNULL) as node:
             assert node.stdout is not None and node.stdin is not None

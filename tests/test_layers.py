@@ -9,6 +9,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "sandbox_server"
 LAYERS = [  # lowest first: a module imports from its own layer and those below, never from above
     {"__init__", "errors", "shipped"},
+    {"state"},
     {"sandbox"},
     {"network"},
     {"policy"},

@@ -17,8 +17,12 @@ __all__ = ["AuditLog", "call_record", "event_record"]
 class AuditLog:
     """An append-only JSONL file, rotated by size (path.1 … path.N)."""
 
-    def __init__(self, path: str | os.PathLike[str], max_bytes: int = 10_000_000, keep: int = 5) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], max_bytes: int = 10_000_000, keep: int = 5, replica: str | None = None
+    ) -> None:
         self.path = Path(path)
+        self.replica = replica
+        """Replicas: each writes its own file, every line naming the replica that wrote it."""
         self.max_bytes = max_bytes
         self.keep = keep
         self._lock = threading.Lock()
@@ -26,6 +30,8 @@ class AuditLog:
 
     def write(self, record: Mapping[str, Any]) -> None:
         """Append one record and flush it to the disk."""
+        if self.replica is not None:
+            record = {**record, "replica": self.replica}
         line = json.dumps(record, ensure_ascii=False, separators=(",", ":"), default=str) + "\n"
         with self._lock:
             self._rotate_if_needed(len(line.encode()))

@@ -10,10 +10,11 @@ its files changed) comes back with the outcome.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.to_thread
@@ -34,6 +35,9 @@ from sandbox_server.services.scope import ServiceScope
 from sandbox_server.tools import Tool, ToolContext, ToolOutcome
 from sandbox_server.workspaces.changes import changes_line
 from sandbox_server.workspaces.kept import KeptWorkspace
+
+if TYPE_CHECKING:  # the PostgreSQL driver is imported only by a server given --state
+    from sandbox_server.access.shared import SharedRate
 
 __all__ = ["Ask", "CallEnd", "CallPipeline", "TaskStart", "UnknownTool"]
 
@@ -80,6 +84,8 @@ class CallPipeline:
         self.audit = audit
         self.services: Services | None = None
         """The server's services (None: this server starts none)."""
+        self.shared_rate: SharedRate | None = None
+        """Replicas: a caller's calls counted across every replica too (None: this process alone)."""
 
     def swap(self, policy: Policy) -> None:
         """A new server policy for new calls; running calls keep theirs."""
@@ -173,12 +179,21 @@ class CallPipeline:
             self.admission.check_host()
             ticket = None
         else:
+            if self.shared_rate is not None:
+                await anyio.to_thread.run_sync(self.shared_rate.count, identity.limits_key, policy.rate, policy.name)
             ticket = await self.admission.enter(identity.limits_key, policy.rate, policy.name, deadline, waiting)
+        shared_call = None
         try:
+            if self.shared_rate is not None and ticket is not None:
+                shared_call = await anyio.to_thread.run_sync(
+                    self.shared_rate.enter, identity.limits_key, policy.rate, policy.name
+                )
             runtime, kept = await self._workspace_runtime(arguments, policy, identity, session)
         except BaseException:
             if ticket is not None:
                 ticket.release()
+            if shared_call is not None:
+                await self._leave_shared(shared_call)
             raise
         try:
             proxy = await self._proxy(tool_policy, policy.name)
@@ -215,6 +230,17 @@ class CallPipeline:
         finally:
             if ticket is not None:
                 ticket.release()
+            if shared_call is not None:
+                await self._leave_shared(shared_call)
+
+    async def _leave_shared(self, call_id: str) -> None:
+        rate = self.shared_rate
+        with anyio.CancelScope(shield=True):
+            try:
+                if rate is not None:
+                    await anyio.to_thread.run_sync(rate.leave, call_id)
+            except Refusal as exc:  # the database is down: the row goes with this replica's heartbeat
+                logging.getLogger("sandbox_server").warning("%s", exc)
 
     async def _workspace_runtime(
         self, arguments: Mapping[str, Any], policy: Policy, identity: Identity, session: str | None

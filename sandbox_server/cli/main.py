@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
 from sandbox_server import __version__
+from sandbox_server.cli.serve import add_serve_arguments, tool_prefix
 from sandbox_server.errors import SandboxServerError, UsageError
 from sandbox_server.protocol.http_limits import add_limit_arguments
 
@@ -232,17 +232,18 @@ def _policy_schema(args: argparse.Namespace) -> int:
     return 0
 
 
-def _tool_prefix(value: str) -> str:
-    from sandbox_server.policy.loader import schema
+class _Parser(argparse.ArgumentParser):
+    """Options only by their whole names: a prefix (`--state` of `--state-dir`) is an error, not a guess. Every
+    subcommand's parser is of this class too."""
 
-    if not re.fullmatch(schema()["properties"]["tool_prefix"]["pattern"], value):
-        raise argparse.ArgumentTypeError("a tool prefix is at most 32 letters, digits, '_', '-' or '.'")
-    return value
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser for every subcommand."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="sandbox-server",
         description="An MCP tool server that runs every call in a fresh, hardened Docker container.",
     )
@@ -260,80 +261,7 @@ def build_parser() -> argparse.ArgumentParser:
     listing.set_defaults(handler=_images_list)
 
     serve = commands.add_parser("serve", help="serve MCP over stdio (default) or Streamable HTTP")
-    serve.add_argument(
-        "--transport", choices=["stdio", "http"], default="stdio", help="stdio (one client, default) or http (/mcp)"
-    )
-    serve.add_argument("--host", default="127.0.0.1", help="HTTP: address to bind (default loopback)")
-    serve.add_argument("--port", type=int, default=8000, help="HTTP: port (default 8000)")
-    serve.add_argument("--page-size", type=int, default=50, help="tools per tools/list page")
-    serve.add_argument("--policy", default="default", help="a shipped policy name or a policy file (default: default)")
-    serve.add_argument(
-        "--no-pool", action="store_true", help="no warm containers: every call creates its container (pool size 0)"
-    )
-    serve.add_argument("--audit-log", help="append one JSON line per call to this file (overrides audit.path)")
-    serve.add_argument("--no-watch", action="store_true", help="do not reload the policy when its file changes")
-    serve.add_argument(
-        "--state-dir",
-        help="where kept workspaces live (default: SANDBOX_STATE_DIR, /var/lib/sandbox-server as root, "
-        "else ~/.local/state/sandbox-server)",
-    )
-    serve.add_argument(
-        "--workspaces",
-        choices=["auto", "mounted", "archived"],
-        default="auto",
-        help="how kept workspaces are kept: mounted (a sized filesystem per workspace; root on the engine's "
-        "host), archived (a tar carried in and out of each call; works anywhere), or auto (mounted when it can)",
-    )
-    serve.add_argument(
-        "--tool-prefix",
-        type=_tool_prefix,
-        help="put this before every tool name (e.g. sbx_ gives sbx_execute_command); overrides the policy's tool_prefix",
-    )
-    serve.add_argument(
-        "--tokens",
-        metavar="FILE",
-        help="HTTP: only callers with a token in this file (`sandbox-server token add`), each under its policy; "
-        "read again when it changes",
-    )
-    serve.add_argument(
-        "--issuer",
-        metavar="URL",
-        help="HTTP: accept JWT access tokens of this OAuth authorization server (signature by its JWKS, "
-        "issuer, audience = the resource URL, expiry)",
-    )
-    serve.add_argument("--jwks-url", metavar="URL", help="with --issuer: its key set (default: from its metadata)")
-    serve.add_argument(
-        "--scope-policy",
-        metavar="SCOPE=POLICY",
-        action="append",
-        default=[],
-        help="with --issuer: a token with this scope runs under this policy (repeatable; the first that matches)",
-    )
-    serve.add_argument(
-        "--claim-policy",
-        metavar="CLAIM:VALUE=POLICY",
-        action="append",
-        default=[],
-        help="with --issuer: a token whose claim has this value (or lists it) runs under this policy (repeatable; "
-        "scope rules first, then these; a token matching none runs under --policy)",
-    )
-    serve.add_argument(
-        "--required-scope",
-        metavar="SCOPE",
-        action="append",
-        default=[],
-        help="with --issuer: tokens without this scope get 403 insufficient_scope (repeatable)",
-    )
-    serve.add_argument(
-        "--public-url",
-        metavar="URL",
-        help="HTTP with --tokens or --issuer: the URL clients use for /mcp: the resource URL of the protected-resource "
-        "metadata and the audience tokens must name (default http://HOST:PORT/mcp)",
-    )
-    serve.add_argument(
-        "--preview-port", type=int, metavar="PORT",
-        help="stdio: open services' previews on 127.0.0.1:PORT (over HTTP they are served beside /mcp)",
-    )  # fmt: skip
+    add_serve_arguments(serve)
     add_limit_arguments(serve)
     serve.set_defaults(handler=_serve)
 
@@ -382,7 +310,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="send a local file, at PATH under /workspace (default: its name); repeatable",
     )
     call.add_argument("--save", metavar="DIR", help="write the returned files and images into DIR")
-    call.add_argument("--tool-prefix", type=_tool_prefix, help="serve tools with this name prefix")
+    call.add_argument("--tool-prefix", type=tool_prefix, help="serve tools with this name prefix")
     call.add_argument(
         "--task",
         action="store_true",

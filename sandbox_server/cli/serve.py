@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import re
 import signal
 import sys
 from collections.abc import Awaitable, Callable
@@ -18,16 +19,110 @@ from sandbox_server.ops.bootstrap import host_facts
 
 if TYPE_CHECKING:
     from sandbox_server.access.auth import Authentication
+    from sandbox_server.access.shared import SharedAccess
     from sandbox_server.policy import Policy
     from sandbox_server.sandbox.docker_runtime import DockerRuntime
+    from sandbox_server.state.database import Database
     from sandbox_server.workspaces.contents import Contents
 
-__all__ = ["serve_command"]
+__all__ = ["add_serve_arguments", "serve_command", "tool_prefix"]
 
 WORKSPACE_SWEEP_S = 60.0
 """How often expired workspaces are looked for while serving."""
 RESTART_S = 1.0
 """How long a task beside the transport that failed with an OSError waits before it starts again."""
+
+
+def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
+    """The options of `sandbox-server serve`."""
+    serve.add_argument(
+        "--transport", choices=["stdio", "http"], default="stdio", help="stdio (one client, default) or http (/mcp)"
+    )
+    serve.add_argument("--host", default="127.0.0.1", help="HTTP: address to bind (default loopback)")
+    serve.add_argument("--port", type=int, default=8000, help="HTTP: port (default 8000)")
+    serve.add_argument("--page-size", type=int, default=50, help="tools per tools/list page")
+    serve.add_argument("--policy", default="default", help="a shipped policy name or a policy file (default: default)")
+    serve.add_argument(
+        "--no-pool", action="store_true", help="no warm containers: every call creates its container (pool size 0)"
+    )
+    serve.add_argument("--audit-log", help="append one JSON line per call to this file (overrides audit.path)")
+    serve.add_argument("--no-watch", action="store_true", help="do not reload the policy when its file changes")
+    serve.add_argument(
+        "--state-dir",
+        help="where kept workspaces live (default: SANDBOX_STATE_DIR, /var/lib/sandbox-server as root, "
+        "else ~/.local/state/sandbox-server)",
+    )
+    serve.add_argument(
+        "--workspaces",
+        choices=["auto", "mounted", "archived"],
+        default="auto",
+        help="how kept workspaces are kept: mounted (a sized filesystem per workspace; root on the engine's "
+        "host), archived (a tar carried in and out of each call; works anywhere), or auto (mounted when it can)",
+    )
+    serve.add_argument(
+        "--tool-prefix",
+        type=tool_prefix,
+        help="put this before every tool name (e.g. sbx_ gives sbx_execute_command); overrides the policy's tool_prefix",
+    )
+    serve.add_argument(
+        "--tokens",
+        metavar="FILE",
+        help="HTTP: only callers with a token in this file (`sandbox-server token add`), each under its policy; "
+        "read again when it changes",
+    )
+    serve.add_argument(
+        "--issuer",
+        metavar="URL",
+        help="HTTP: accept JWT access tokens of this OAuth authorization server (signature by its JWKS, "
+        "issuer, audience = the resource URL, expiry)",
+    )
+    serve.add_argument("--jwks-url", metavar="URL", help="with --issuer: its key set (default: from its metadata)")
+    serve.add_argument(
+        "--scope-policy",
+        metavar="SCOPE=POLICY",
+        action="append",
+        default=[],
+        help="with --issuer: a token with this scope runs under this policy (repeatable; the first that matches)",
+    )
+    serve.add_argument(
+        "--claim-policy",
+        metavar="CLAIM:VALUE=POLICY",
+        action="append",
+        default=[],
+        help="with --issuer: a token whose claim has this value (or lists it) runs under this policy (repeatable; "
+        "scope rules first, then these; a token matching none runs under --policy)",
+    )
+    serve.add_argument(
+        "--required-scope",
+        metavar="SCOPE",
+        action="append",
+        default=[],
+        help="with --issuer: tokens without this scope get 403 insufficient_scope (repeatable)",
+    )
+    serve.add_argument(
+        "--public-url",
+        metavar="URL",
+        help="HTTP with --tokens or --issuer: the URL clients use for /mcp: the resource URL of the protected-resource "
+        "metadata and the audience tokens must name (default http://HOST:PORT/mcp)",
+    )
+    serve.add_argument(
+        "--preview-port", type=int, metavar="PORT",
+        help="stdio: open services' previews on 127.0.0.1:PORT (over HTTP they are served beside /mcp)",
+    )  # fmt: skip
+    serve.add_argument(
+        "--state", metavar="URL",
+        help="replicas: keep what every replica needs (workspaces, tasks, approvals, rate counts) in this "
+        "PostgreSQL database (postgresql://user@host/db; SANDBOX_STATE_URL); default: local files, one process",
+    )  # fmt: skip
+
+
+def tool_prefix(value: str) -> str:
+    """A --tool-prefix value, as the policy schema allows it."""
+    from sandbox_server.policy.loader import schema
+
+    if not re.fullmatch(schema()["properties"]["tool_prefix"]["pattern"], value):
+        raise argparse.ArgumentTypeError("a tool prefix is at most 32 letters, digits, '_', '-' or '.'")
+    return value
 
 
 def serve_command(args: argparse.Namespace) -> int:
@@ -36,6 +131,7 @@ def serve_command(args: argparse.Namespace) -> int:
     from sandbox_server.network.proxies import EgressProxies
     from sandbox_server.policy.loader import load_policy
     from sandbox_server.policy.watcher import watch_policy
+    from sandbox_server.protocol.health import health_route
     from sandbox_server.protocol.http_limits import ConnectionLimits, raise_open_files_limit
     from sandbox_server.protocol.preview import Previews, serve_previews
     from sandbox_server.protocol.server import SandboxServer
@@ -68,6 +164,18 @@ def serve_command(args: argparse.Namespace) -> int:
     listener = listen(args.host, args.port) if args.transport == "http" else None  # a taken port is said first
     runtime = DockerRuntime.lazy()
     _start_reaper(runtime.owner)
+    database = _shared_state(args, runtime.owner, log)
+
+    def alive(owner: str) -> bool:
+        """Whether a server process (a replica, with shared state) still runs; a database that does not answer
+        tells nothing, and nothing is taken for dead on its silence."""
+        if not owner_alive(owner):
+            return False
+        try:
+            return database is None or database.alive(owner)
+        except SandboxServerError:
+            return True
+
     tools = all_tools()
     names = [tool.name for tool in tools]
     policy = load_policy(args.policy, names, host_facts(runtime))
@@ -78,20 +186,36 @@ def serve_command(args: argparse.Namespace) -> int:
     except SandboxServerError as exc:
         log.warning("%s", exc)
     audit_path = args.audit_log or policy.audit.path
-    audit = AuditLog(audit_path, policy.audit.max_bytes, policy.audit.keep) if audit_path else None
+    replica = runtime.owner if database is not None else None
+    audit = AuditLog(audit_path, policy.audit.max_bytes, policy.audit.keep, replica) if audit_path else None
     pool = None if args.no_pool else WarmPool(runtime, runtime.activity)
     state_dir = Path(args.state_dir) if args.state_dir else default_state_dir()
+    if database is None:
+        contents, book = _workspace_contents(args.workspaces, runtime, log), None
+    else:
+        from sandbox_server.workspaces.shared import SharedArchives, SharedBook
+
+        if args.workspaces == "mounted":
+            raise UsageError("--workspaces mounted keeps workspaces on one host; with --state they are archives")
+        contents, book = (lambda root: SharedArchives(root, database)), SharedBook(database)
+        log.info("workspaces are kept as archives in the shared state, continued on any replica")
     workspaces = WorkspaceStore(
-        state_dir / "workspaces", policy.workspace, policy.host.workspace_storage_mb * 1024 * 1024,
-        _workspace_contents(args.workspaces, runtime, log),
-    )  # fmt: skip
-    swept = workspaces.sweep(owner_alive)
+        state_dir / "workspaces", policy.workspace, policy.host.workspace_storage_mb * 1024 * 1024, contents, book
+    )
+    if database is not None:
+        workspaces.replica_alive = alive
+    swept = workspaces.sweep(alive)
     if swept:
         log.info("removed %d expired or orphaned workspace(s)", swept)
     proxies = EgressProxies(lambda: runtime.api, runtime.owner, runtime.on_this_host)
     proxies.sweep_firewall()  # the rules of proxies whose server was killed
     caller_policies: dict[str, Policy] = {}
-    tasks = Tasks(state_dir / "tasks", runtime.owner, audit, owner_alive)
+    rows = None
+    if database is not None:
+        from sandbox_server.tasks.shared import TaskRows
+
+        rows = TaskRows(database)
+    tasks = Tasks(state_dir / "tasks", runtime.owner, audit, alive, rows)
     services = Services(runtime, workspaces, audit, proxies)
 
     def caller_policy(reference: str) -> Policy:
@@ -106,7 +230,7 @@ def serve_command(args: argparse.Namespace) -> int:
         tools, policy, runtime, page_size=args.page_size, audit=audit, pool=pool, tool_prefix=args.tool_prefix,
         workspaces=workspaces, instance=runtime.owner, proxies=proxies,
         caller_policy=caller_policy if args.tokens or args.issuer else None, tasks=tasks,
-        services=services,
+        services=services, shared=_shared_access(database),
     )  # fmt: skip
     authentication = _authentication(args, caller_policy, log)
     if authentication is not None:  # warm containers for every policy a caller may have, from the start
@@ -115,9 +239,33 @@ def serve_command(args: argparse.Namespace) -> int:
     async def sweep_workspaces() -> None:
         while True:
             await anyio.sleep(WORKSPACE_SWEEP_S)
-            removed = await anyio.to_thread.run_sync(workspaces.sweep, owner_alive)
+            try:
+                removed = await anyio.to_thread.run_sync(workspaces.sweep, alive)
+            except SandboxServerError as exc:  # the shared state does not answer: swept at the next turn
+                log.warning("workspace sweep: %s", exc)
+                continue
             if removed:
                 log.info("removed %d expired workspace(s)", removed)
+
+    async def beat() -> None:
+        """Replicas: say this one is alive, and forget those that stopped saying so."""
+        assert database is not None
+        while True:
+            await anyio.sleep(database.beat_s)
+            try:
+                await anyio.to_thread.run_sync(database.beat)
+                await anyio.to_thread.run_sync(database.forget_lost)
+            except SandboxServerError as exc:
+                log.warning("shared state: %s", exc)
+
+    def engine_problem() -> str | None:
+        try:
+            runtime.api.ping()
+        except Exception as exc:  # whatever the engine's client raises, the check says it
+            return f"the engine does not answer ({exc})"
+        return None
+
+    checks = {"engine": engine_problem} | ({"state": database.problem} if database is not None else {})
 
     async def surviving(name: str, work: Callable[[], Awaitable[None]]) -> None:
         """Run a task beside the transport; an OSError (a full descriptor table, say) is logged, and the
@@ -165,6 +313,8 @@ def serve_command(args: argparse.Namespace) -> int:
                 await group.start(tasks.serve)  # before the first request: a task may be asked for at once
                 await group.start(services.serve)
                 group.start_soon(surviving, "the workspace sweep", sweep_workspaces)
+                if database is not None:
+                    group.start_soon(surviving, "the replica's heartbeat", beat)
                 if pool is not None:
                     group.start_soon(surviving, "the warm pool", pool.maintain)
                 if not args.no_watch:
@@ -181,7 +331,7 @@ def serve_command(args: argparse.Namespace) -> int:
                     previews = offer_previews((args.public_url or url_of(listener)).removesuffix("/mcp"))
                     await serve_http(
                         app, args.host, listener, authentication, limits, args.max_request_bytes, stopping,
-                        previews.routes(),
+                        [*previews.routes(), health_route(checks)],
                     )  # fmt: skip
                 else:
                     if preview_listener is not None:
@@ -199,6 +349,8 @@ def serve_command(args: argparse.Namespace) -> int:
                 await anyio.to_thread.run_sync(runtime.close)
                 await anyio.to_thread.run_sync(proxies.close)
                 workspaces.close()
+                if database is not None:
+                    await anyio.to_thread.run_sync(database.close)
 
     anyio.run(main)
     return 0
@@ -232,6 +384,35 @@ def _authentication(
         issued = JwtVerifier(args.issuer, resource, jwks, rules)
         log.info("HTTP callers may bring JWT access tokens of %s for %s (keys: %s)", args.issuer, resource, jwks)
     return Authentication.of(resource, static, issued, args.required_scope)
+
+
+def _shared_state(args: argparse.Namespace, owner: str, log: logging.Logger) -> Database | None:
+    """The shared state's database (serve --state, SANDBOX_STATE_URL), connected and migrated; None without."""
+    import os
+
+    url = args.state or os.environ.get("SANDBOX_STATE_URL")
+    if not url:
+        return None
+    if not url.startswith(("postgresql://", "postgres://")):
+        raise UsageError(f"--state {url!r}: give a PostgreSQL URL, postgresql://user[:password]@host[:port]/database")
+    try:
+        from sandbox_server.state.database import Database, shown_url
+    except ImportError as exc:
+        raise UsageError(
+            f"--state needs the PostgreSQL driver ({exc.name} is missing): pip install 'sandbox-server[postgresql]'"
+        ) from exc
+    database = Database(url, owner)
+    database.open()
+    log.info("shared state: %s (replica %s)", shown_url(url), owner)
+    return database
+
+
+def _shared_access(database: Database | None) -> SharedAccess | None:
+    if database is None:
+        return None
+    from sandbox_server.access.shared import SharedAccess
+
+    return SharedAccess.of(database)
 
 
 def _workspace_contents(choice: str, runtime: DockerRuntime, log: logging.Logger) -> Callable[[Path], Contents]:

@@ -8,11 +8,13 @@ and the question's id in its sealed requestState, which is good for one answer.
 from __future__ import annotations
 
 import secrets
+import threading
 import time
 from collections import OrderedDict
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
+import anyio.to_thread
 import mcp_types as types
 from mcp.shared.exceptions import MCPError
 
@@ -21,7 +23,7 @@ from sandbox_server.errors import Refusal
 from sandbox_server.policy import Policy
 from sandbox_server.protocol.requests import Context, handshake_era
 
-__all__ = ["APPROVAL_TTL_S", "Approvals"]
+__all__ = ["APPROVAL_TTL_S", "Approvals", "LocalQuestions", "Questions"]
 
 APPROVAL_TTL_S = 600.0
 """How long a question for approval may wait for its answer."""
@@ -29,12 +31,50 @@ MAX_QUESTIONS = 100
 """Approval questions of one caller awaiting an answer at most (2026-07-28 era); past it its oldest lapse."""
 
 
+class Questions(Protocol):
+    """Where approval questions wait for their answer."""
+
+    def ask(self, caller: str, lapse_s: float, most: int) -> str:
+        """A new question's id (the caller's questions past `most`, oldest first, and lapsed ones go)."""
+
+    def take(self, caller: str, question_id: str) -> bool:
+        """Whether the question was asked of this caller and not yet answered or lapsed (it is used up now)."""
+
+
+class LocalQuestions:
+    """This process's questions, per caller: id -> when it lapses."""
+
+    def __init__(self) -> None:
+        self._asked: dict[str, OrderedDict[str, float]] = {}
+        self._lock = threading.Lock()
+
+    def _live(self, caller: str, most: int) -> OrderedDict[str, float]:
+        now, questions = time.monotonic(), self._asked.setdefault(caller, OrderedDict())
+        while questions and (next(iter(questions.values())) <= now or len(questions) >= most):
+            questions.popitem(last=False)  # lapsed, or this caller's oldest past its cap
+        return questions
+
+    def ask(self, caller: str, lapse_s: float, most: int) -> str:
+        question_id = secrets.token_urlsafe(16)
+        with self._lock:
+            self._live(caller, most)[question_id] = time.monotonic() + lapse_s
+        return question_id
+
+    def take(self, caller: str, question_id: str) -> bool:
+        with self._lock:
+            questions = self._live(caller, MAX_QUESTIONS + 1)
+            asked = questions.pop(question_id, None)
+            if not questions:
+                del self._asked[caller]
+        return asked is not None
+
+
 class Approvals:
     """The questions asked and the calls waiting for an answer, per caller (its limits key)."""
 
-    def __init__(self) -> None:
-        self._questions: dict[str, OrderedDict[str, float]] = {}
-        """Approval questions asked and not yet answered (2026-07-28 era), per caller: id -> when they lapse."""
+    def __init__(self, questions: Questions | None = None) -> None:
+        self.questions: Questions = questions if questions is not None else LocalQuestions()
+        """Approval questions asked and not yet answered (2026-07-28 era): this process's, or the replicas'."""
         self._waiting: dict[str, int] = {}
         """Handshake-era calls waiting for a person's answer, per caller."""
 
@@ -63,17 +103,11 @@ class Approvals:
         if handshake_era(ctx):
             action = await self._ask_while_waiting(ctx, caller, needed, policy, record)
         else:
-            now = time.monotonic()
-            questions = self._questions.setdefault(caller, OrderedDict())
-            while questions and (next(iter(questions.values())) <= now or len(questions) >= MAX_QUESTIONS):
-                questions.popitem(last=False)  # lapsed, or this caller's oldest past its cap
-            asked = questions.pop(params.request_state or "", None)
-            if not questions:
-                del self._questions[caller]
+            state = params.request_state or ""
+            asked = bool(state) and await anyio.to_thread.run_sync(self.questions.take, caller, state)
             response = (params.input_responses or {}).get("approval")
-            if asked is None or response is None:  # a first round, a lapsed question or a used answer: ask
-                question_id = secrets.token_urlsafe(16)
-                self._questions.setdefault(caller, OrderedDict())[question_id] = now + APPROVAL_TTL_S
+            if not asked or response is None:  # a first round, a lapsed question or a used answer: ask
+                question_id = await anyio.to_thread.run_sync(self.questions.ask, caller, APPROVAL_TTL_S, MAX_QUESTIONS)
                 request = types.ElicitRequest(
                     params=types.ElicitRequestFormParams(message=needed.message, requested_schema=APPROVAL_FORM)
                 )

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio.to_thread
@@ -45,7 +45,7 @@ class Resources:
         workspaces: WorkspaceStore | None,
         policy: Callable[[], Policy],
         instance: str,
-        task_output: Callable[[Context, str], types.ReadResourceResult | None] | None = None,
+        task_output: Callable[[Context, str], Awaitable[types.ReadResourceResult | None]] | None = None,
         services: Services | None = None,
     ) -> None:
         self.store = store
@@ -121,7 +121,7 @@ class Resources:
     async def read(self, ctx: Context, params: types.ReadResourceRequestParams) -> types.ReadResourceResult:
         uri = str(params.uri)
         if self._task_output is not None and uri.startswith("sandbox://tasks/"):
-            output = self._task_output(ctx, uri)
+            output = await self._task_output(ctx, uri)
             if output is None:
                 code = RESOURCE_NOT_FOUND_HANDSHAKE if handshake_era(ctx) else INVALID_PARAMS
                 raise MCPError(code, f"resource not found: {uri} (a task's output is its own caller's, kept as long "

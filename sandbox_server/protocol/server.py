@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio.to_thread
 import mcp_types as types
@@ -51,6 +51,9 @@ from sandbox_server.tasks.records import TaskRecord
 from sandbox_server.tools import Tool, ToolOutcome
 from sandbox_server.workspaces.store import WorkspaceStore, session_key
 
+if TYPE_CHECKING:  # the PostgreSQL driver is imported only by a server given --state
+    from sandbox_server.access.shared import SharedAccess
+
 __all__ = ["SandboxServer"]
 
 logger = logging.getLogger("sandbox_server")
@@ -84,6 +87,7 @@ class SandboxServer:
         caller_policy: Callable[[str], Policy] | None = None,
         tasks: Tasks | None = None,
         services: Services | None = None,
+        shared: SharedAccess | None = None,
     ) -> None:
         self.registry = ToolRegistry(tools, policy, pool, proxies, workspaces, caller_policy, tool_prefix)
         self.calls = CallPipeline(self.registry, pool if pool is not None else runtime, audit)
@@ -101,7 +105,8 @@ class SandboxServer:
         )
         task_output = self.task_protocol.output if self.task_protocol is not None else None
         self.resources = Resources(self.store, workspaces, lambda: self.policy, instance, task_output, services)
-        self.approvals = Approvals()
+        self.approvals = Approvals(shared.questions if shared is not None else None)
+        self.calls.shared_rate = shared.rate if shared is not None else None
         self._sessions: OrderedDict[str, ServerSession] = OrderedDict()
         """Handshake-era connections to tell of a tools/list change, by MCP session id (the latest request's)."""
         self._events = InMemorySubscriptionBus()  # 2026-07-28 clients hear of changes via subscriptions/listen
@@ -119,7 +124,12 @@ class SandboxServer:
         )
         # 2026-07-28 approvals carry their question's id in requestState: sealed by the SDK, bound to the
         # call's tool, arguments and caller, so an answer cannot be carried over to another call.
-        security = RequestStateSecurity.ephemeral(ttl=APPROVAL_TTL_S)
+        # Replicas seal with the key they share, so any of them opens what another sealed.
+        security = (
+            RequestStateSecurity(keys=[shared.request_state_key], ttl=APPROVAL_TTL_S)
+            if shared is not None
+            else RequestStateSecurity.ephemeral(ttl=APPROVAL_TTL_S)
+        )
         self.server.middleware.append(RequestStateBoundary(security, default_audience="sandbox-server"))
         if self.task_protocol is not None:
             self.task_protocol.install(self.server)

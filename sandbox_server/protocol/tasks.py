@@ -19,6 +19,7 @@ import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import anyio.to_thread
 import mcp_types as types
 from mcp.server.context import CallNext, HandlerResult
 from mcp.server.lowlevel import Server
@@ -147,20 +148,20 @@ class TaskProtocol:
                 {"requiredCapabilities": {"extensions": {EXTENSION: {}}}},
             )
 
-    def _found(self, ctx: Context, task_id: str) -> TaskRecord:
+    async def _found(self, ctx: Context, task_id: str) -> TaskRecord:
         self._check_extension(ctx)
-        record = self.tasks.status(task_id, task_owner(ctx))
+        record = await anyio.to_thread.run_sync(self.tasks.status, task_id, task_owner(ctx))
         if record is None:
             raise _not_found(task_id)
         return record
 
     async def _get(self, ctx: Context, params: types.GetTaskRequestParams) -> dict[str, Any]:
-        record = self._found(ctx, params.task_id)
+        record = await self._found(ctx, params.task_id)
         return record.wire(era_2026=not handshake_era(ctx))
 
     async def _result(self, ctx: Context, params: types.GetTaskPayloadRequestParams) -> dict[str, Any]:
         """2025-11-25: the task's result once it has ended (the request waits for it)."""
-        self._found(ctx, params.task_id)
+        await self._found(ctx, params.task_id)
         record = await self.tasks.result(params.task_id, task_owner(ctx))
         if record is None:
             raise _not_found(params.task_id)
@@ -172,7 +173,7 @@ class TaskProtocol:
 
     async def _list(self, ctx: Context, params: types.PaginatedRequestParams) -> dict[str, Any]:
         self._check_extension(ctx)
-        owned = {record.id: record for record in self.tasks.owned(task_owner(ctx))}
+        owned = {record.id: record for record in await anyio.to_thread.run_sync(self.tasks.owned, task_owner(ctx))}
         page, next_cursor = page_of(list(owned), params.cursor, TASKS_PAGE)
         era_2026 = not handshake_era(ctx)
         answer: dict[str, Any] = {"tasks": [_listed(owned[task_id], era_2026) for task_id in page]}
@@ -181,7 +182,7 @@ class TaskProtocol:
         return answer
 
     async def _cancel(self, ctx: Context, params: types.CancelTaskRequestParams) -> dict[str, Any]:
-        record = self._found(ctx, params.task_id)
+        record = await self._found(ctx, params.task_id)
         if record.ended:
             if not handshake_era(ctx):
                 return {}
@@ -190,17 +191,17 @@ class TaskProtocol:
         return cancelled.wire(era_2026=False) if handshake_era(ctx) else {}
 
     async def _update(self, ctx: Context, params: UpdateTaskParams) -> dict[str, Any]:
-        self._found(ctx, params.task_id)
+        await self._found(ctx, params.task_id)
         return {}  # this server's tasks never ask for input: every answer is for a request it did not make
 
     # -- the output resource -----------------------------------------------------------------------------------------
 
-    def output(self, ctx: Context, uri: str) -> types.ReadResourceResult | None:
+    async def output(self, ctx: Context, uri: str) -> types.ReadResourceResult | None:
         """`sandbox://tasks/<id>/output`: the task's stdout and stderr so far (None: not such a resource)."""
         matched = _OUTPUT_URI.match(uri)
         if matched is None:
             return None
-        text = self.tasks.output(matched.group(1), task_owner(ctx))
+        text = await anyio.to_thread.run_sync(self.tasks.output, matched.group(1), task_owner(ctx))
         if text is None:
             return None
         return types.ReadResourceResult(

@@ -10,11 +10,12 @@ removes its container, and its workspace keeps what the program left, as after a
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.abc
@@ -27,6 +28,9 @@ from sandbox_server.policy import TaskSettings
 from sandbox_server.sandbox.streams import LIVE_OUTPUT, CappedBuffer
 from sandbox_server.tasks.records import TaskFiles, TaskRecord, new_task_id
 
+if TYPE_CHECKING:  # the PostgreSQL driver is imported only by a server given --state
+    from sandbox_server.tasks.shared import TaskRows
+
 __all__ = ["Started", "Tasks", "Work"]
 
 logger = logging.getLogger("sandbox_server")
@@ -36,6 +40,8 @@ SWEEP_S = 60.0
 CANCEL_WAIT_S = 30.0
 """How long tasks/cancel waits for the task's container to be removed before it answers."""
 SERVER_STOPPED = -32603
+SHARED_WATCH_S = 1.0
+"""Replicas: how often the shared tasks are looked at for a replica that died and for cancels left for this one."""
 
 Work = Callable[[TaskStart], Awaitable[dict[str, Any] | Any]]
 """The call itself: it calls `created` once it becomes a task; it returns the task's result (a tools/call result
@@ -71,9 +77,16 @@ class Tasks:
     """Every task of this server's callers: running ones in memory, all of them on disk."""
 
     def __init__(
-        self, folder: Path, server: str, audit: AuditLog | None, alive: Callable[[str], bool] = lambda _: True
+        self,
+        folder: Path,
+        server: str,
+        audit: AuditLog | None,
+        alive: Callable[[str], bool] = lambda _: True,
+        rows: TaskRows | None = None,
     ) -> None:
-        self.files = TaskFiles(folder)
+        self.files: TaskFiles | TaskRows = rows if rows is not None else TaskFiles(folder)
+        self.rows = rows
+        """The shared state's tasks (replicas): another replica's tasks are read there, cancels left there."""
         self.server = server
         self.audit = audit
         self._alive = alive
@@ -89,9 +102,17 @@ class Tasks:
             self._group = group
             task_status.started()
             try:
+                swept = time.monotonic()
                 while True:
-                    await anyio.sleep(SWEEP_S)
-                    await anyio.to_thread.run_sync(self.sweep)
+                    await anyio.sleep(SHARED_WATCH_S if self.rows is not None else SWEEP_S)
+                    try:
+                        if self.rows is not None:
+                            await anyio.to_thread.run_sync(self._watch_shared)
+                        if time.monotonic() - swept >= SWEEP_S:
+                            swept = time.monotonic()
+                            await anyio.to_thread.run_sync(self.sweep)
+                    except Refusal as exc:  # the shared state does not answer: tried again at the next turn
+                        logger.warning("tasks: %s", exc)
             finally:
                 self._group = None
 
@@ -99,8 +120,8 @@ class Tasks:
         """Tasks a stopped server left working end as failed, saying so (their containers went with it: the
         reaper removes a dead server's containers, so there is nothing to take back); expired ones go."""
         failed = 0
-        for record in self.files.all():
-            if record.ended or record.server == self.server or self._alive(record.server):
+        for record in self.files.working():
+            if record.server == self.server or self._alive(record.server):
                 continue
             message = (
                 "failed: the server running this task stopped before it ended, and its container was removed with "
@@ -129,6 +150,17 @@ class Tasks:
             gone += 1
         return gone
 
+    def _watch_shared(self) -> None:
+        """Replicas: fail the tasks of a replica that died, and cancel this replica's tasks that another was asked
+        to cancel."""
+        assert self.rows is not None
+        self.recover()
+        for task_id in self.rows.cancels_for(self.server):
+            live = self._live.get(task_id)
+            if live is not None and not live.cancel_asked:
+                live.cancel_asked = True
+                live.scope.cancel()
+
     def memory_bytes(self) -> int:
         """What the running tasks' containers may hold together (warm containers leave room for it)."""
         return sum(live.memory_bytes for live in self._live.values())
@@ -151,7 +183,7 @@ class Tasks:
         work says it is created, or the work's own answer when it ended before that (a refusal, a question)."""
         if self._group is None:
             raise Refusal("refused: this server runs no tasks (it was not started to serve them)", "tasks")
-        self._refuse_past_caps(settings, policy_name, owner)
+        await anyio.to_thread.run_sync(self._refuse_past_caps, settings, policy_name, owner)
         now = time.time()
         ttl_s = settings.ttl_s if ttl_ms is None else max(1.0, min(settings.ttl_s, ttl_ms / 1000))
         record = TaskRecord(
@@ -201,7 +233,7 @@ class Tasks:
         live = self._live.get(task_id)
         if live is not None and live.record.owner == owner:
             await live.done.wait()
-        return self.status(task_id, owner)
+        return await self._another_replicas(task_id, owner, math.inf)
 
     async def cancel(self, task_id: str, owner: str) -> TaskRecord | None:
         """Cancel a running task and wait (a while) until its container is gone: the task as it then stands."""
@@ -211,7 +243,22 @@ class Tasks:
             live.scope.cancel()
             with anyio.move_on_after(CANCEL_WAIT_S):
                 await live.done.wait()
-        return self.status(task_id, owner)
+        elif self.rows is not None and live is None:
+            record = await anyio.to_thread.run_sync(self.status, task_id, owner)
+            if record is not None and not record.ended:  # another replica runs it: it acts on the cancel
+                await anyio.to_thread.run_sync(self.rows.ask_cancel, task_id)
+                return await self._another_replicas(task_id, owner, CANCEL_WAIT_S)
+        return await anyio.to_thread.run_sync(self.status, task_id, owner)
+
+    async def _another_replicas(self, task_id: str, owner: str, wait_s: float) -> TaskRecord | None:
+        """The task as it stands once it ended, waiting up to `wait_s` while another replica runs it (its row is
+        read at the task's poll interval)."""
+        record = await anyio.to_thread.run_sync(self.status, task_id, owner)
+        with anyio.move_on_after(wait_s):
+            while self.rows is not None and record is not None and not record.ended and task_id not in self._live:
+                await anyio.sleep(record.poll_interval_ms / 1000)
+                record = await anyio.to_thread.run_sync(self.status, task_id, owner)
+        return record
 
     def output(self, task_id: str, owner: str) -> str | None:
         """Its stdout and stderr so far (the beginning and end when there is more than the policy returns)."""

@@ -124,6 +124,10 @@ class TaskFiles:
                 found.append(record)
         return found
 
+    def working(self) -> list[TaskRecord]:
+        """The tasks that have not ended."""
+        return [record for record in self.all() if not record.ended]
+
     def remove(self, task_id: str) -> None:
         for suffix in (".json", ".out"):
             (self.folder / f"{task_id}{suffix}").unlink(missing_ok=True)

@@ -134,10 +134,17 @@ class ArchivedContents:
         finally:
             result.workspace.close()
         problem = room(workspace_id, size)
-        if problem is None:
-            os.replace(temporary, self._archive(workspace_id))
-        temporary.unlink(missing_ok=True)
+        try:
+            if problem is None:
+                problem = self._keep(workspace_id, temporary)
+        finally:
+            temporary.unlink(missing_ok=True)
         return problem
+
+    def _keep(self, workspace_id: str, saved: Path) -> str | None:
+        """Make a saved archive the workspace's, whole or not at all; the problem, when it could not."""
+        os.replace(saved, self._archive(workspace_id))
+        return None
 
     def _members(self, workspace_id: str) -> Iterator[tuple[str, tarfile.TarInfo, tarfile.TarFile]]:
         try:

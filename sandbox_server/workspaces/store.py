@@ -12,16 +12,14 @@ exist, has expired or belongs to another session or caller gets one and the same
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import secrets
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import anyio
 
@@ -31,6 +29,7 @@ from sandbox_server.sandbox.spec import ExecutionResult, SandboxSpec
 from sandbox_server.workspaces.contents import ArchivedContents, Contents, mime_type
 from sandbox_server.workspaces.files import FileState
 from sandbox_server.workspaces.naming import ID_PATTERN, internal, parse_resource_uri, resource_uri, shown_name
+from sandbox_server.workspaces.records import FileBook, RecordBook, WorkspaceRecord
 
 __all__ = ["WorkspaceRecord", "WorkspaceStore", "default_state_dir", "session_key"]
 
@@ -52,24 +51,6 @@ def default_state_dir() -> Path:
     return Path(base) / "sandbox-server"
 
 
-@dataclass(frozen=True, slots=True)
-class WorkspaceRecord:
-    """One kept workspace."""
-
-    id: str
-    session: str | None
-    """`session:<server>|<session>` in the handshake era: the one session whose workspace it is; None when the id
-    itself is the capability."""
-    client: str
-    created: float
-    last_used: float
-    size_bytes: int = 0
-    tenant: str | None = None
-    """The tenant it was made for, who alone may use it (None: over stdio, where one client is served)."""
-    continued: bool = False
-    """A later call continued it (by its id, or as its session's): removed after those no call continued."""
-
-
 class WorkspaceStore:
     """The kept workspaces of this host, in one folder of the server's."""
 
@@ -79,6 +60,7 @@ class WorkspaceStore:
         settings: WorkspaceSettings,
         storage_bytes: int,
         contents: Callable[[Path], Contents] = ArchivedContents,
+        book: RecordBook | None = None,
     ) -> None:
         self.root = root
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -95,13 +77,10 @@ class WorkspaceStore:
         """When each record was last written to disk."""
         self._evicted: OrderedDict[str, tuple[str | None, str]] = OrderedDict()
         """Workspaces removed to make room, by id: their tenant, and what a call naming one is told."""
-        for path in self.root.glob("ws-*.json"):
-            try:
-                record = _from_disk(json.loads(path.read_text()))
-            except (OSError, ValueError, TypeError):
-                continue  # a record this version cannot read is swept with its archive below
-            if ID_PATTERN.fullmatch(record.id) and path.stem == record.id:
-                self._records[record.id] = record
+        self.book: RecordBook = book if book is not None else FileBook(root)
+        self.replica_alive: Callable[[str], bool] | None = None
+        """Replicas: whether the replica of a handshake session still runs (its workspace is adopted if not)."""
+        self._records = self.book.load()
 
     def reconfigure(self, settings: WorkspaceSettings, storage_bytes: int) -> None:
         """New bounds for what happens from now on."""
@@ -125,10 +104,15 @@ class WorkspaceStore:
         """The workspace a call works in, and notes for its answer; raises Refusal for an id it may not use."""
         now = time.time()
         with self._lock:
+            self._fresh()
             if requested is not None:
                 record = self._records.get(requested) if ID_PATTERN.fullmatch(requested) else None
                 if record is None and requested in self._evicted and self._evicted[requested][0] == tenant:
                     raise Refusal(self._evicted.pop(requested)[1], "workspace.max_per_client")
+                if record is not None and self._adoptable(record, session, tenant):
+                    record = replace(record, session=session)  # its replica died: this session continues it
+                    self._records[record.id] = record
+                    self._write_record(record)
                 if record is None or not self._visible(record, session, tenant, now):
                     raise self.unknown(requested)
                 return self._continued(record), []
@@ -200,6 +184,14 @@ class WorkspaceStore:
                 self._evicted.popitem(last=False)
         return notes
 
+    def _adoptable(self, record: WorkspaceRecord, session: str | None, tenant: str | None) -> bool:
+        """Replicas: a handshake session's workspace whose replica died may be continued by its id, by the same
+        caller, from a session on another replica."""
+        alive = self.replica_alive
+        if alive is None or record.session is None or record.session == session or record.tenant != tenant:
+            return False
+        return not alive(_server_of(record.session))
+
     def _visible(self, record: WorkspaceRecord, session: str | None, tenant: str | None, now: float) -> bool:
         """Live, made for this caller, and its session's, or (2026-07-28 era) anyone's of theirs who holds the id."""
         mine = record.tenant == tenant and (record.session is None or record.session == session)
@@ -219,6 +211,7 @@ class WorkspaceStore:
         workspace; a call that must run `alone` there (a cell with kept variables), and every call in an
         archived one, waits up to `wait_s` for the one before it, then is answered busy."""
         self._users[record.id] = self._users.get(record.id, 0) + 1
+        stack = contextlib.AsyncExitStack()
         try:
             if self.contents.side_by_side and not alone:
                 yield 0.0
@@ -229,6 +222,17 @@ class WorkspaceStore:
             with anyio.move_on_after(wait_s):
                 await busy.acquire()
                 acquired = True
+            if acquired:  # then every other process's calls (replicas sharing the records)
+                left = max(0.0, wait_s - (time.monotonic() - started))
+                try:
+                    held = await stack.enter_async_context(self.book.hold(record.id, left))
+                except BaseException:
+                    busy.release()
+                    raise
+                if not held:
+                    await stack.aclose()
+                    busy.release()
+                    acquired = False
             if not acquired:
                 raise Refusal(
                     f"busy: another call is working in workspace {record.id} and did not finish within "
@@ -240,6 +244,8 @@ class WorkspaceStore:
             try:
                 yield time.monotonic() - started
             finally:
+                with anyio.CancelScope(shield=True):
+                    await stack.aclose()
                 busy.release()
         finally:
             self._users[record.id] -= 1
@@ -249,12 +255,14 @@ class WorkspaceStore:
     def find(self, workspace_id: str, session: str | None, tenant: str | None = None) -> WorkspaceRecord | None:
         """A live workspace this caller may see (the one answer, None, for every other case)."""
         with self._lock:
+            self._fresh()
             record = self._records.get(workspace_id)
         return record if record is not None and self._visible(record, session, tenant, time.time()) else None
 
     def of_session(self, session: str, tenant: str | None = None) -> WorkspaceRecord | None:
         """A handshake session's workspace, if it has one (made for this caller)."""
         with self._lock:
+            self._fresh()
             mine = [r for r in self._records.values() if r.session == session and r.tenant == tenant]
         return max(mine, key=lambda r: r.last_used) if mine else None
 
@@ -334,6 +342,7 @@ class WorkspaceStore:
     def _grow(self, workspace_id: str, size: int) -> str | None:
         """Record a workspace's new size when the host's cap has room for it."""
         with self._lock:
+            self._fresh()
             record = self._records.get(workspace_id)
             if record is None:
                 return "the workspace was removed while the call ran; nothing was saved"
@@ -362,13 +371,17 @@ class WorkspaceStore:
         now = time.time()
         removed = 0
         with self._lock:
+            self._fresh()
             for record in list(self._records.values()):
-                orphaned = record.session is not None and not server_alive(_server_of(record.session))
+                # A dead replica's sessions' workspaces wait to be continued elsewhere by id, until they expire.
+                orphaned = (
+                    record.session is not None and not self.book.shared and not server_alive(_server_of(record.session))
+                )
                 if (self._expired(record, now) or orphaned) and not self._in_use(record.id):
                     self._remove(record.id)
                     removed += 1
-            # Files whose record is gone (another process's workspaces have their records on disk).
-            recorded = [path.stem for path in self.root.glob("ws-*.json")]
+            # Files whose record is gone (another process's workspaces have their records in the book too).
+            recorded = list(self._records) if self.book.shared else list(self.book.load())
             kept = self.contents.kept_files(recorded) | {f"{workspace_id}.json" for workspace_id in recorded}
             for path in [*self.root.glob("ws-*"), *self.root.glob("img-*")]:
                 if path.name not in kept:
@@ -386,6 +399,7 @@ class WorkspaceStore:
 
     def _end(self, ended_session: Callable[[str], bool]) -> int:
         with self._lock:
+            self._fresh()
             ended = [r.id for r in self._records.values() if r.session is not None and ended_session(r.session)]
             for workspace_id in ended:
                 self._remove(workspace_id)
@@ -394,6 +408,7 @@ class WorkspaceStore:
     def total_bytes(self) -> int:
         """What all kept workspaces take on the host's disk."""
         with self._lock:
+            self._fresh()
             return sum(r.size_bytes for r in self._records.values())
 
     def _remove(self, workspace_id: str, later: bool = False) -> None:
@@ -401,31 +416,21 @@ class WorkspaceStore:
         self._written.pop(workspace_id, None)
         self._busy.pop(workspace_id, None)
         self.contents.remove(workspace_id, later)
-        (self.root / f"{workspace_id}.json").unlink(missing_ok=True)
+        self.book.delete(workspace_id)
 
     def _write_record(self, record: WorkspaceRecord) -> None:
         self._written[record.id] = time.time()
-        temporary = self.root / f".{record.id}.json.new"
-        temporary.write_text(json.dumps(_on_disk(record)))
-        os.replace(temporary, self.root / f"{record.id}.json")
+        self.book.write(record)
+
+    def _fresh(self) -> None:
+        """Read the records again where other processes change them too (under the lock)."""
+        if self.book.shared:
+            self._records = self.book.load()
 
 
 def session_key(server: str, session: str) -> str:
     """A handshake session as kept workspaces name it: its server process and its session id."""
     return f"{SESSION_PREFIX}{server}|{session}"
-
-
-_DISK_NAMES = {"session": "owner", "tenant": "caller"}
-"""Fields a record file names as earlier versions did, so that a server of either version reads the other's."""
-
-
-def _on_disk(record: WorkspaceRecord) -> dict[str, Any]:
-    return {_DISK_NAMES.get(name, name): value for name, value in asdict(record).items()}
-
-
-def _from_disk(fields: dict[str, Any]) -> WorkspaceRecord:
-    known = {disk: name for name, disk in _DISK_NAMES.items()}
-    return WorkspaceRecord(**{known.get(name, name): value for name, value in fields.items()})
 
 
 def _server_of(session: str) -> str:

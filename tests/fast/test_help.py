@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from collections.abc import Iterator
 
+import pytest
+
 from sandbox_server.cli.main import build_parser
 
 
@@ -49,3 +51,15 @@ def test_the_readme_is_short_and_every_link_of_the_documents_leads_somewhere() -
             if not target.startswith(("http://", "https://")) and not (page.parent / target).exists():
                 broken.append(f"{page.relative_to(root)} -> {target}")
     assert broken == []
+
+
+def test_no_command_takes_an_option_by_a_prefix_of_its_name() -> None:
+    """`serve --state x` once went to --state-dir without a word: now a prefix is an error in every command."""
+    parser = build_parser()
+    assert all(not sub.allow_abbrev for _, sub in _commands(parser)), "a command still takes prefixes"
+    parsed = parser.parse_args(["serve", "--state", "postgresql://db/state", "--state-dir", "/srv/state"])
+    assert parsed.state == "postgresql://db/state" and parsed.state_dir == "/srv/state"
+    for line in (["serve", "--state-d", "/srv"], ["serve", "--trans", "http"], ["token", "add", "x", "--tok", "f"]):
+        with pytest.raises(SystemExit) as exited:
+            parser.parse_args(line)
+        assert exited.value.code == 2, line

@@ -1,0 +1,119 @@
+"""What replicas count and ask together (`serve --state postgresql://…`): a caller's calls of the last minute
+and calls running now, across every replica, and the approval questions of the 2026-07-28 era, which any replica
+may receive the answer to (each good for one answer, wherever it arrives)."""
+
+from __future__ import annotations
+
+import math
+import secrets
+import uuid
+from dataclasses import dataclass
+
+from sandbox_server.errors import Refusal
+from sandbox_server.policy import RateLimits
+from sandbox_server.state.database import REPLICA_LOST_S, Database, lock_key
+
+__all__ = ["SharedAccess", "SharedQuestions", "SharedRate"]
+
+
+class SharedRate:
+    """Calls per minute and calls running at once, per limits key, counted across replicas."""
+
+    def __init__(self, database: Database) -> None:
+        self.database = database
+
+    def count(self, key: str, rate: RateLimits, policy_name: str) -> None:
+        """Count one call against the key's calls of the last minute; a Refusal when it may make no more."""
+        with self.database.connection() as connection, connection.transaction():
+            connection.execute("SELECT pg_advisory_xact_lock(%s)", (lock_key(f"rate:{key}"),))
+            connection.execute("DELETE FROM rate_calls WHERE key = %s AND at <= now() - interval '60 s'", (key,))
+            row = connection.execute(
+                "SELECT count(*), extract(epoch FROM min(at) + interval '60 s' - clock_timestamp()) "
+                "FROM rate_calls WHERE key = %s",
+                (key,),
+            ).fetchone()
+            made, left_s = (row[0], row[1]) if row is not None else (0, None)
+            if made >= rate.calls_per_minute:
+                retry = max(1, math.ceil(float(left_s or 1)))
+                raise Refusal(
+                    f"rate limited: {rate.calls_per_minute} calls/min (policy '{policy_name}', field "
+                    f"rate.calls_per_minute, counted across every replica); retry in {retry} s",
+                    "rate.calls_per_minute",
+                    kind="rate_limited",
+                    retry_after_s=retry,
+                )
+            connection.execute("INSERT INTO rate_calls (key) VALUES (%s)", (key,))
+
+    def enter(self, key: str, rate: RateLimits, policy_name: str) -> str:
+        """Count one running call of the key on this replica (its id, for `leave`); a Refusal when the key runs
+        as many as its policy allows on the live replicas together."""
+        call_id = str(uuid.uuid4())
+        with self.database.connection() as connection, connection.transaction():
+            connection.execute("SELECT pg_advisory_xact_lock(%s)", (lock_key(f"running:{key}"),))
+            row = connection.execute(
+                "SELECT count(*) FROM running_calls c JOIN replicas r ON r.owner = c.server "
+                "WHERE c.key = %s AND r.beat_at > now() - make_interval(secs => %s)",
+                (key, REPLICA_LOST_S),
+            ).fetchone()
+            running = row[0] if row is not None else 0
+            if running >= rate.concurrent_calls:
+                raise Refusal(
+                    f"busy: {running} calls of this caller already running on the server's replicas together "
+                    f"(policy '{policy_name}', field rate.concurrent_calls); retry in 1 s",
+                    "rate.concurrent_calls",
+                    kind="busy",
+                    retry_after_s=1,
+                )
+            connection.execute(
+                "INSERT INTO running_calls (id, key, server) VALUES (%s, %s, %s)", (call_id, key, self.database.owner)
+            )
+        return call_id
+
+    def leave(self, call_id: str) -> None:
+        """The call ended (a replica that dies stops counting when its heartbeat stops)."""
+        self.database.run("DELETE FROM running_calls WHERE id = %s", (call_id,))
+
+
+class SharedQuestions:
+    """Approval questions awaiting their answer, in the shared state."""
+
+    def __init__(self, database: Database) -> None:
+        self.database = database
+
+    def ask(self, caller: str, lapse_s: float, most: int) -> str:
+        """A new question's id (the caller's questions past `most`, oldest first, and lapsed ones go)."""
+        question_id = secrets.token_urlsafe(16)
+        with self.database.connection() as connection, connection.transaction():
+            connection.execute("DELETE FROM questions WHERE lapses_at <= now()")
+            connection.execute(
+                "DELETE FROM questions WHERE id IN (SELECT id FROM questions WHERE caller = %s "
+                "ORDER BY lapses_at DESC OFFSET %s)",
+                (caller, max(0, most - 1)),
+            )
+            connection.execute(
+                "INSERT INTO questions (id, caller, lapses_at) VALUES (%s, %s, now() + make_interval(secs => %s))",
+                (question_id, caller, lapse_s),
+            )
+        return question_id
+
+    def take(self, caller: str, question_id: str) -> bool:
+        """Whether the question was asked of this caller and not yet answered or lapsed (it is used up now)."""
+        rows = self.database.run(
+            "DELETE FROM questions WHERE id = %s AND caller = %s AND lapses_at > now() RETURNING 1",
+            (question_id, caller),
+        )
+        return bool(rows)
+
+
+@dataclass(frozen=True, slots=True)
+class SharedAccess:
+    """What a replica's protocol and calls share with the other replicas."""
+
+    rate: SharedRate
+    questions: SharedQuestions
+    request_state_key: bytes
+    """Seals the 2026-07-28 era's requestState, so an answer is opened by whichever replica it reaches."""
+
+    @classmethod
+    def of(cls, database: Database) -> SharedAccess:
+        return cls(SharedRate(database), SharedQuestions(database), database.key("request-state"))

@@ -1,0 +1,169 @@
+"""The PostgreSQL database replicas share: a pool of connections, the migrations run at start, each replica's
+heartbeat, and keys made once and read by every replica.
+
+psycopg 3 serves both of the server's sides: the stores run in worker threads (as the file-backed ones do their
+disk work there), so they use its blocking API over one pool; nothing here runs on the event loop.
+
+A database that does not answer is `StateUnavailable`, a Refusal: a call that needs it is answered with an
+`isError` result saying so, and the sweeps that need it log it and try again at their next turn.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import re
+import secrets
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import psycopg_pool
+
+from sandbox_server.errors import Refusal
+from sandbox_server.state.schema import MIGRATIONS
+
+__all__ = ["BEAT_S", "REPLICA_LOST_S", "Database", "StateUnavailable", "lock_key", "shown_url"]
+
+logger = logging.getLogger("sandbox_server")
+
+BEAT_S = 2.0
+"""How often a replica says it is alive."""
+REPLICA_LOST_S = 10.0
+"""A replica that has not said so for this long is taken for dead: its tasks fail, its calls stop counting."""
+CONNECT_TIMEOUT_S = 5
+POOL_WAIT_S = 5.0
+"""How long a request waits for a connection of the pool before it is answered that the state is unavailable."""
+_MIGRATION_LOCK = 0x5A4E_0001
+
+
+class StateUnavailable(Refusal):
+    """The shared state's database does not answer (down, restarting, unreachable)."""
+
+    def __init__(self, where: str, exc: BaseException) -> None:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        super().__init__(
+            f"busy: the server's shared state (PostgreSQL at {where}) does not answer ({reason}); nothing of this "
+            "call was kept; retry in a few seconds",
+            "serve --state",
+            kind="busy",
+            retry_after_s=5,
+        )
+
+
+def shown_url(url: str) -> str:
+    """A database URL without its password, as logs and answers name it."""
+    return re.sub(r"(://[^:/@]*):[^@]*@", r"\1:***@", url)
+
+
+def lock_key(name: str) -> int:
+    """A signed 64-bit advisory lock key for a name (the same on every replica)."""
+    return int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
+
+
+class Database:
+    """One replica's connections to the shared state."""
+
+    def __init__(self, url: str, owner: str, max_connections: int = 20) -> None:
+        self.url, self.owner = url, owner
+        self.beat_s = BEAT_S
+        self.where = re.sub(r"^.*@", "", shown_url(url)).split("?", 1)[0] or "the default socket"
+        self.pool = psycopg_pool.ConnectionPool(
+            url,
+            min_size=1,
+            max_size=max_connections,
+            open=False,
+            timeout=POOL_WAIT_S,
+            kwargs={"autocommit": True, "connect_timeout": CONNECT_TIMEOUT_S},
+            check=psycopg_pool.ConnectionPool.check_connection,  # a restarted database's dead connections go
+            name="sandbox-state",
+        )
+
+    def open(self) -> None:
+        """Connect, migrate the schema to this version's, and say this replica is alive."""
+        try:
+            self.pool.open(wait=True, timeout=POOL_WAIT_S)
+        except psycopg_pool.PoolTimeout as exc:
+            raise StateUnavailable(self.where, exc) from exc
+        applied = self.migrate()
+        if applied:
+            logger.info("shared state at %s: %d migration(s) applied", self.where, applied)
+        self.beat()
+
+    def close(self) -> None:
+        """Say this replica stopped (its calls stop counting at once), and close the pool."""
+        with contextlib.suppress(Refusal):
+            self.run("DELETE FROM replicas WHERE owner = %s", (self.owner,))
+        self.pool.close()
+
+    @contextlib.contextmanager
+    def connection(self) -> Iterator[psycopg.Connection[Any]]:
+        """A connection of the pool (autocommit: wrap statements in `connection.transaction()` to group them)."""
+        try:
+            with self.pool.connection() as connection:
+                yield connection
+        except (psycopg.OperationalError, psycopg_pool.PoolTimeout) as exc:
+            raise StateUnavailable(self.where, exc) from exc
+
+    def run(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        """One statement; the rows it returns (none for a statement that returns none)."""
+        with self.connection() as connection:
+            cursor = connection.execute(sql, params)
+            return cursor.fetchall() if cursor.description is not None else []
+
+    def migrate(self) -> int:
+        """Apply the migrations this database has not had, in order; how many were applied."""
+        with self.connection() as connection, connection.transaction():
+            connection.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
+            connection.execute("CREATE TABLE IF NOT EXISTS schema_version (version integer NOT NULL)")
+            row = connection.execute("SELECT max(version) FROM schema_version").fetchone()
+            current = row[0] if row is not None and row[0] is not None else 0
+            if current > len(MIGRATIONS):
+                raise Refusal(
+                    f"refused: the shared state at {self.where} is at schema version {current}, newer than this "
+                    f"server's {len(MIGRATIONS)}; upgrade this replica",
+                    "serve --state",
+                )
+            for version in range(current + 1, len(MIGRATIONS) + 1):
+                connection.execute(MIGRATIONS[version - 1])
+                connection.execute("INSERT INTO schema_version (version) VALUES (%s)", (version,))
+        return len(MIGRATIONS) - current
+
+    def beat(self) -> None:
+        """Say this replica is alive."""
+        self.run(
+            "INSERT INTO replicas (owner) VALUES (%s) ON CONFLICT (owner) DO UPDATE SET beat_at = now()",
+            (self.owner,),
+        )
+
+    def alive(self, owner: str) -> bool:
+        """Whether a replica said it was alive within REPLICA_LOST_S (a replica of another version included)."""
+        rows = self.run(
+            "SELECT 1 FROM replicas WHERE owner = %s AND beat_at > now() - make_interval(secs => %s)",
+            (owner, REPLICA_LOST_S),
+        )
+        return bool(rows)
+
+    def forget_lost(self) -> int:
+        """Forget the replicas that stopped saying they are alive (their running calls with them)."""
+        rows = self.run(
+            "DELETE FROM replicas WHERE beat_at < now() - make_interval(secs => %s) RETURNING owner",
+            (REPLICA_LOST_S * 3,),
+        )
+        return len(rows)
+
+    def key(self, name: str, size: int = 32) -> bytes:
+        """A secret every replica shares, made by the first that asks for it."""
+        self.run(
+            "INSERT INTO keys (name, secret) VALUES (%s, %s) ON CONFLICT DO NOTHING", (name, secrets.token_bytes(size))
+        )
+        return bytes(self.run("SELECT secret FROM keys WHERE name = %s", (name,))[0][0])
+
+    def problem(self) -> str | None:
+        """Why the database cannot serve now (None: it answers)."""
+        try:
+            self.run("SELECT 1")
+        except Refusal as exc:
+            return str(exc)
+        return None

@@ -1,0 +1,63 @@
+"""Tasks replicas share (`serve --state postgresql://…`): each task is a row, written whole as the file-backed
+records are, so any replica answers tasks/get, tasks/list and tasks/result for any task, and a cancel that
+reaches another replica than the one running the task is left in the row for that replica to act on."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+
+from sandbox_server.state.database import Database
+from sandbox_server.tasks.records import TaskFiles, TaskRecord
+
+__all__ = ["TaskRows"]
+
+
+class TaskRows:
+    """The task records of the shared state (the same operations as TaskFiles)."""
+
+    shared = True
+
+    def __init__(self, database: Database) -> None:
+        self.database = database
+
+    valid = staticmethod(TaskFiles.valid)
+
+    def save(self, record: TaskRecord) -> None:
+        self.database.run(
+            "INSERT INTO tasks (id, owner, server, record) VALUES (%s, %s, %s, %s) "
+            "ON CONFLICT (id) DO UPDATE SET record = EXCLUDED.record, server = EXCLUDED.server",
+            (record.id, record.owner, record.server, json.dumps(asdict(record), ensure_ascii=False)),
+        )
+
+    def save_output(self, task_id: str, text: str) -> None:
+        self.database.run("UPDATE tasks SET output = %s WHERE id = %s", (text, task_id))
+
+    def output(self, task_id: str) -> str | None:
+        rows = self.database.run("SELECT output FROM tasks WHERE id = %s", (task_id,))
+        return rows[0][0] if rows else None
+
+    def load(self, task_id: str) -> TaskRecord | None:
+        if not self.valid(task_id):
+            return None
+        rows = self.database.run("SELECT record FROM tasks WHERE id = %s", (task_id,))
+        return TaskRecord(**rows[0][0]) if rows else None
+
+    def all(self) -> list[TaskRecord]:
+        return [TaskRecord(**row[0]) for row in self.database.run("SELECT record FROM tasks ORDER BY id")]
+
+    def working(self) -> list[TaskRecord]:
+        rows = self.database.run("SELECT record FROM tasks WHERE record->>'status' = 'working' ORDER BY id")
+        return [TaskRecord(**row[0]) for row in rows]
+
+    def remove(self, task_id: str) -> None:
+        self.database.run("DELETE FROM tasks WHERE id = %s", (task_id,))
+
+    def ask_cancel(self, task_id: str) -> None:
+        """Leave a cancel for the replica that runs the task."""
+        self.database.run("UPDATE tasks SET cancel_asked = true WHERE id = %s", (task_id,))
+
+    def cancels_for(self, server: str) -> list[str]:
+        """The tasks of this replica someone asked another replica to cancel."""
+        rows = self.database.run("SELECT id FROM tasks WHERE server = %s AND cancel_asked", (server,))
+        return [row[0] for row in rows]

@@ -1,0 +1,101 @@
+"""Where workspace records are kept: a small JSON file per workspace in the store's folder (one server process),
+or rows of the shared state (replicas, workspaces.shared). The store keeps the logic; a book keeps the records."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import AsyncIterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from sandbox_server.workspaces.naming import ID_PATTERN
+
+__all__ = ["FileBook", "RecordBook", "WorkspaceRecord", "from_fields", "to_fields"]
+
+
+@dataclass(frozen=True, slots=True)
+class WorkspaceRecord:
+    """One kept workspace."""
+
+    id: str
+    session: str | None
+    """`session:<server>|<session>` in the handshake era: the one session whose workspace it is; None when the id
+    itself is the capability."""
+    client: str
+    created: float
+    last_used: float
+    size_bytes: int = 0
+    tenant: str | None = None
+    """The tenant it was made for, who alone may use it (None: over stdio, where one client is served)."""
+    continued: bool = False
+    """A later call continued it (by its id, or as its session's): removed after those no call continued."""
+
+
+class RecordBook(Protocol):
+    """Where a store's records live."""
+
+    shared: bool
+    """Other server processes change these records too (the store reads them again before each decision)."""
+
+    def load(self) -> dict[str, WorkspaceRecord]:
+        """Every record, by id."""
+
+    def write(self, record: WorkspaceRecord) -> None:
+        """Keep a record (a new one, or a new version of one)."""
+
+    def delete(self, workspace_id: str) -> None:
+        """Forget a record."""
+
+    def hold(self, workspace_id: str, wait_s: float) -> contextlib.AbstractAsyncContextManager[bool]:
+        """Hold the workspace against every other process for one call; yields False when it could not within
+        `wait_s`."""
+
+
+class FileBook:
+    """Records as `<id>.json` files in one folder, each written whole and replaced."""
+
+    shared = False
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def load(self) -> dict[str, WorkspaceRecord]:
+        records = {}
+        for path in self.root.glob("ws-*.json"):
+            try:
+                record = from_fields(json.loads(path.read_text()))
+            except (OSError, ValueError, TypeError):
+                continue  # a record this version cannot read is swept with its files
+            if ID_PATTERN.fullmatch(record.id) and path.stem == record.id:
+                records[record.id] = record
+        return records
+
+    def write(self, record: WorkspaceRecord) -> None:
+        temporary = self.root / f".{record.id}.json.new"
+        temporary.write_text(json.dumps(to_fields(record)))
+        os.replace(temporary, self.root / f"{record.id}.json")
+
+    def delete(self, workspace_id: str) -> None:
+        (self.root / f"{workspace_id}.json").unlink(missing_ok=True)
+
+    @contextlib.asynccontextmanager
+    async def hold(self, workspace_id: str, wait_s: float) -> AsyncIterator[bool]:
+        yield True  # one process: its own lock is enough
+
+
+_DISK_NAMES = {"session": "owner", "tenant": "caller"}
+"""Fields a record file names as earlier versions did, so that a server of either version reads the other's."""
+
+
+def to_fields(record: WorkspaceRecord) -> dict[str, Any]:
+    """A record as kept (JSON)."""
+    return {_DISK_NAMES.get(name, name): value for name, value in asdict(record).items()}
+
+
+def from_fields(fields: dict[str, Any]) -> WorkspaceRecord:
+    """A record as kept, read back."""
+    known = {disk: name for name, disk in _DISK_NAMES.items()}
+    return WorkspaceRecord(**{known.get(name, name): value for name, value in fields.items()})

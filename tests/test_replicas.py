@@ -1,0 +1,283 @@
+"""Replicas on shared state: two (and a third, to kill) `serve --state postgresql://…` processes on this machine's
+engine, each its own owner, sharing a real PostgreSQL; HAProxy in front with the project's own configuration.
+
+Requests are sent to one replica and then the other on purpose (each replica's own URL), so that what is proven
+does not depend on how a balancer happens to alternate; HAProxy is then shown to spread 2026-07-28 requests over
+both replicas and to keep a handshake-era session on one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx2
+import mcp_types as types
+import pytest
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+
+from sandbox_server.protocol.tasks_client import TasksExtension
+from sandbox_server.sandbox.docker_runtime import DockerRuntime
+from sandbox_server.sandbox.removal import OWNER_LABEL
+from sandbox_server.workspaces.naming import resource_uri
+from tests.conftest import run_cli
+from tests.mcp_harness import CheckedClient, text_of
+from tests.replicas import Postgres, Replica, haproxy, postgres, start_replica
+from tests.test_approval import Person
+from tests.test_tasks import request, start, until
+
+pytestmark = pytest.mark.anyio
+
+POLICY = """\
+extends: default
+defaults:
+  limits: {timeout_s: 20, max_timeout_s: 20, max_task_s: 120}
+approval:
+  commands: ["rm"]
+tasks: {running: 4, running_per_caller: 3, per_caller: 20, ttl_s: 600, poll_interval_ms: 200}
+audit: {include_arguments: true}
+"""
+METERED = """\
+extends: default
+rate: {calls_per_minute: 4, concurrent_calls: 2}
+"""
+
+
+@pytest.fixture(scope="module")
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@dataclass
+class Deployment:
+    database: Postgres
+    one: Replica
+    two: Replica
+    tokens: dict[str, str]
+    policy: Path
+    tokens_file: Path
+    folder: Path
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory: pytest.TempPathFactory, runtime: DockerRuntime) -> Iterator[Deployment]:
+    folder = tmp_path_factory.mktemp("replicas")
+    policy, metered = folder / "replicas.yaml", folder / "metered.yaml"
+    policy.write_text(POLICY)
+    metered.write_text(METERED)
+    tokens_file = folder / "tokens.json"
+    tokens = {}
+    for name, its_policy in (("alice", policy), ("metered", metered)):
+        added = run_cli("token", "add", name, "--policy", str(its_policy), "--tokens", str(tokens_file))
+        assert added.returncode == 0, added.stderr
+        tokens[name] = added.stdout.splitlines()[-1]
+    args = ("--policy", str(policy), "--tokens", str(tokens_file), "--no-pool")
+    with postgres() as database:
+        one = start_replica(folder / "one", database.url, *args)
+        try:
+            two = start_replica(folder / "two", database.url, *args)
+            try:
+                yield Deployment(database, one, two, tokens, policy, tokens_file, folder)
+            finally:
+                two.stop()
+        finally:
+            one.stop()
+
+
+@asynccontextmanager
+async def client_of(url: str, token: str, mode: str = "2026-07-28", **options: Any) -> AsyncIterator[Client]:
+    headers = {"Authorization": f"Bearer {token}"}
+    if mode != "legacy":
+        options.setdefault("extensions", [TasksExtension()])
+    async with httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30, read=120)) as http:
+        async with CheckedClient(streamable_http_client(url, http_client=http), mode=mode, **options) as client:
+            yield client
+
+
+async def shell(client: Client, command: str, **arguments: Any) -> tuple[types.CallToolResult, dict[str, Any]]:
+    result = await client.call_tool("execute_command", {"command": command, **arguments})
+    return result, result.structured_content or {}
+
+
+def calls_in(replica: Replica, marker: str) -> int:
+    return sum(1 for line in replica.audit() if marker in json.dumps(line.get("arguments", line)))
+
+
+async def test_2026_one_workspace_one_task_and_one_approval_wherever_each_request_lands(
+    deployment: Deployment,
+) -> None:
+    alice = deployment.tokens["alice"]
+    one, two = deployment.one, deployment.two
+    person = Person()
+    async with (
+        client_of(one.url, alice, elicitation_callback=person) as first,
+        client_of(two.url, alice, elicitation_callback=person) as second,
+    ):
+        # a workspace made on one replica, continued on each in turn: every call sees the one before
+        result, made = await shell(first, "echo 1 >> /workspace/log.txt")
+        assert not result.is_error, text_of(result)
+        workspace = made["workspace"]
+        for turn in range(2, 6):
+            on = second if turn % 2 == 0 else first
+            result, _ = await shell(on, f"echo {turn} >> /workspace/log.txt", workspace=workspace)
+            assert not result.is_error, text_of(result)
+        result, seen = await shell(second, "cat /workspace/log.txt", workspace=workspace)
+        assert seen["stdout"].split() == ["1", "2", "3", "4", "5"], seen
+        read = await first.read_resource(resource_uri(workspace, "log.txt"))  # the last save, read on the other
+        assert isinstance(read.contents[0], types.TextResourceContents), read
+        assert read.contents[0].text.split() == ["1", "2", "3", "4", "5"], read
+
+        # a task started on one replica is read and its result fetched on the other
+        async with client_of(one.url, alice) as starter:
+            created = await start(starter, "sleep 1; echo finished > /workspace/task.txt; echo done")
+        task_id = created["taskId"]
+        ended = await until(second, task_id, lambda task: task["status"] != "working")
+        assert ended["status"] == "completed", ended
+        assert ended["result"]["structuredContent"]["stdout"] == "done\n", ended
+        fetched = await request(first, "tasks/get", taskId=task_id)
+        assert fetched["status"] == "completed"
+
+        # an approval asked by one replica is answered to the other
+        arguments = {"command": "rm -f /workspace/none && echo removed", "workspace": workspace}
+        question = await first.session.call_tool("execute_command", arguments, allow_input_required=True)
+        assert isinstance(question, types.InputRequiredResult) and question.request_state, question
+        answer: types.InputResponses = {"approval": types.ElicitResult(action="accept", content={})}
+        answered = await second.session.call_tool(
+            "execute_command", arguments, input_responses=answer, request_state=question.request_state
+        )
+        assert isinstance(answered, types.CallToolResult) and not answered.is_error, answered
+        assert answered.structured_content is not None and answered.structured_content["stdout"] == "removed\n"
+        again = await first.session.call_tool(  # the answer was used up on the other replica
+            "execute_command", arguments, input_responses=answer, request_state=question.request_state,
+            allow_input_required=True,
+        )  # fmt: skip
+        assert isinstance(again, types.InputRequiredResult), again
+    asked = [line for line in one.audit() if line.get("approval", {}).get("decision") == "asked"]
+    accepted = [line for line in two.audit() if line.get("approval", {}).get("decision") == "accept"]
+    assert asked and accepted and {line["replica"] for line in accepted} == {two.owner()}, (asked, accepted)
+    assert one.owner() != two.owner()
+
+
+async def test_rate_limits_count_the_calls_of_both_replicas(deployment: Deployment) -> None:
+    metered = deployment.tokens["metered"]
+    one, two = deployment.one, deployment.two
+    async with client_of(one.url, metered) as first, client_of(two.url, metered) as second:
+        for turn in range(4):  # 4 calls a minute, two on each replica: each alone would allow 4
+            result, _ = await shell(second if turn % 2 else first, "true")
+            assert not result.is_error, text_of(result)
+        result, refused = await shell(first, "true")
+    assert result.is_error and refused["error"]["kind"] == "rate_limited", refused
+    assert "4 calls/min" in text_of(result) and "counted across every replica" in text_of(result), text_of(result)
+
+
+async def test_haproxy_spreads_2026_requests_and_keeps_a_handshake_session_on_one_replica(
+    deployment: Deployment,
+) -> None:
+    alice = deployment.tokens["alice"]
+    one, two = deployment.one, deployment.two
+    with haproxy(deployment.folder, one, two) as url:
+        async with client_of(url, alice) as modern:
+            result, made = await shell(modern, "echo spread-0 > /workspace/spread.txt")
+            for turn in range(1, 6):
+                result, _ = await shell(
+                    modern, f"echo spread-{turn} >> /workspace/spread.txt", workspace=made["workspace"]
+                )
+                assert not result.is_error, text_of(result)
+            result, seen = await shell(modern, "cat /workspace/spread.txt", workspace=made["workspace"])
+        assert seen["stdout"].split() == [f"spread-{turn}" for turn in range(6)], seen
+        assert calls_in(one, "spread-") > 0 and calls_in(two, "spread-") > 0, "2026 calls were not spread"
+
+        async with client_of(url, alice, mode="legacy") as session:
+            for turn in range(6):
+                result, _ = await shell(session, f"echo sticky-{turn} >> /workspace/sticky.txt")
+                assert not result.is_error, text_of(result)
+            result, seen = await shell(session, "cat /workspace/sticky.txt")
+        assert seen["stdout"].split() == [f"sticky-{turn}" for turn in range(6)], seen
+        assert sorted([calls_in(one, "sticky-"), calls_in(two, "sticky-")]) == [0, 6], "a session left its replica"
+
+
+async def test_a_killed_replica_loses_nothing_finished_and_its_task_fails_on_the_survivor(
+    deployment: Deployment, runtime: DockerRuntime
+) -> None:
+    alice = deployment.tokens["alice"]
+    args = ("--policy", str(deployment.policy), "--tokens", str(deployment.tokens_file), "--no-pool")
+    doomed = start_replica(deployment.folder / "doomed", deployment.database.url, *args)
+    owner = doomed.owner()
+    try:
+        async with client_of(doomed.url, alice) as there:
+            result, made = await shell(there, "echo kept > /workspace/kept.txt")
+            assert not result.is_error, text_of(result)
+            created = await start(there, "echo started; sleep 60")
+            await until(there, created["taskId"], lambda task: "last line: started" in task.get("statusMessage", ""))
+        # a handshake session of the doomed replica, whose workspace another session continues by its id
+        failures: list[BaseException] = []
+        try:
+            async with client_of(doomed.url, alice, mode="legacy") as session:
+                _, legacy = await shell(session, "echo legacy > /workspace/legacy.txt")
+                os.kill(doomed.process.pid, signal.SIGKILL)
+                doomed.process.wait(timeout=10)
+                await shell(session, "true")
+        except Exception as exc:  # the client's transport error, whichever it raises
+            failures.append(exc)
+        assert failures, "a call to a killed replica did not fail on the client side"
+    finally:
+        doomed.stop()
+    async with client_of(deployment.two.url, alice) as survivor:
+        failed = await until(survivor, created["taskId"], lambda task: task["status"] != "working")
+        assert failed["status"] == "failed" and "server running this task stopped" in failed["statusMessage"], failed
+        result, seen = await shell(survivor, "cat /workspace/kept.txt", workspace=made["workspace"])
+        assert not result.is_error and seen["stdout"] == "kept\n", text_of(result)
+        result, seen = await shell(survivor, "cat /workspace/legacy.txt", workspace=legacy["workspace"])
+        assert not result.is_error and seen["stdout"] == "legacy\n", text_of(result)
+    # its own reaper removes its containers
+    with anyio.fail_after(60):
+        while runtime.api.containers(all=True, filters={"label": f"{OWNER_LABEL}={owner}"}):
+            await anyio.sleep(0.5)
+
+
+async def test_a_database_restart_fails_calls_clearly_and_leaves_nothing_half_written(
+    deployment: Deployment, runtime: DockerRuntime
+) -> None:
+    alice = deployment.tokens["alice"]
+    async with client_of(deployment.one.url, alice) as client:
+        result, made = await shell(client, "echo before > /workspace/state.txt")
+        workspace = made["workspace"]
+        assert not result.is_error, text_of(result)
+        async with anyio.create_task_group() as group:
+            ended: dict[str, Any] = {}
+
+            async def in_flight() -> None:  # a call that runs while the database goes away, and saves after
+                answer, structured = await shell(
+                    client, "echo during >> /workspace/state.txt; sleep 2", workspace=workspace
+                )
+                ended.update(structured, text=text_of(answer))
+
+            group.start_soon(in_flight)
+            with anyio.fail_after(30):  # the call is inside its sandbox (it began from the database's archive)
+                label = f"{OWNER_LABEL}={deployment.one.owner()}"
+                while not runtime.api.containers(filters={"label": label}):
+                    await anyio.sleep(0.05)
+            deployment.database.stop()
+        try:
+            refused, structured = await shell(client, "true", workspace=workspace)
+            assert refused.is_error and structured["error"]["kind"] == "busy", structured
+            assert "shared state (PostgreSQL at 127.0.0.1" in text_of(refused), text_of(refused)
+        finally:
+            deployment.database.start()
+        assert "shared state (PostgreSQL at 127.0.0.1" in ended["text"], ended  # said, not lost in silence
+        with anyio.fail_after(30):  # the pool makes new connections to the database that came back
+            while True:
+                result, seen = await shell(client, "cat /workspace/state.txt", workspace=workspace)
+                if not result.is_error:
+                    break
+                await anyio.sleep(0.5)
+    assert seen["stdout"] == "before\n", seen  # the save the database missed is not half there
+    assert deployment.database.query("SELECT count(*) FROM workspaces")[0][0] >= 1

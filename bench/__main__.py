@@ -10,6 +10,7 @@ BENCHMARKS = {
     "csv_launcher": "bench.csv_launcher",
     "performance": "bench.performance",
     "queue": "bench.queue",
+    "replicas": "bench.replicas",
     "services": "bench.services",
     "sessions": "bench.sessions",
     "warm": "bench.warm",

@@ -123,15 +123,15 @@ class Replica(ServerProcess):
             self.process.stderr.close()
 
 
-def start_replica(folder: Path, state_url: str, *serve_args: str) -> Replica:
-    """A replica, once its /healthz answers 200."""
+def start_replica(folder: Path, state_url: str | None, *serve_args: str) -> Replica:
+    """A replica (a server of its own without `state_url`), once its /healthz answers 200."""
     import httpx2 as httpx
 
     folder.mkdir(parents=True, exist_ok=True)
     port = free_port()
     command = [
         sys.executable, "-m", "sandbox_server", "serve", "--transport", "http", "--port", str(port),
-        "--state", state_url, "--state-dir", str(folder / "state"), "--audit-log", str(folder / "audit.jsonl"),
+        *(("--state", state_url) if state_url else ()), "--state-dir", str(folder / "state"), "--audit-log", str(folder / "audit.jsonl"),
         "--no-watch", *serve_args,
     ]  # fmt: skip
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

@@ -281,3 +281,34 @@ async def test_a_database_restart_fails_calls_clearly_and_leaves_nothing_half_wr
                 await anyio.sleep(0.5)
     assert seen["stdout"] == "before\n", seen  # the save the database missed is not half there
     assert deployment.database.query("SELECT count(*) FROM workspaces")[0][0] >= 1
+
+
+async def test_callers_are_the_shared_states_seeded_from_the_file_and_revoked_everywhere(
+    deployment: Deployment,
+) -> None:
+    url = deployment.database.url
+    added = run_cli("token", "add", "bob", "--state", url)
+    assert added.returncode == 0 and "to the shared state" in added.stderr, added.stderr
+    bob = added.stdout.splitlines()[-1]
+    listed = run_cli("token", "list", "--state", url)
+    names = [line.split("\t")[0] for line in listed.stdout.splitlines()]
+    assert names == ["alice", "bob", "metered"], listed  # the file's two, seeded once, and the new one
+
+    async def status(replica: Replica) -> int:
+        async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {bob}"}) as http:
+            answer = await http.get(replica.url, headers={"Accept": "text/event-stream"})
+        return answer.status_code
+
+    for replica in (deployment.one, deployment.two):  # bob is in no file: both replicas know him from the state
+        with anyio.fail_after(10):
+            while await status(replica) == 401:
+                await anyio.sleep(0.2)
+        async with client_of(replica.url, bob) as client:
+            result, _ = await shell(client, "true")
+            assert not result.is_error, text_of(result)
+    revoked = run_cli("token", "revoke", "bob", "--state", url)
+    assert revoked.returncode == 0, revoked.stderr
+    for replica in (deployment.one, deployment.two):
+        with anyio.fail_after(10):  # each replica reads the callers again within a second
+            while await status(replica) != 401:
+                await anyio.sleep(0.2)

@@ -20,7 +20,7 @@ import urllib.request
 from collections.abc import Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio.to_thread
 import jwt
@@ -30,6 +30,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sandbox_server.access.tokens import TOKEN_PREFIX, TokensFile
 from sandbox_server.errors import UsageError
+
+if TYPE_CHECKING:  # the PostgreSQL driver is imported only by a server given --state
+    from sandbox_server.access.shared import SharedTokens
 
 __all__ = [
     "JWT_ALGORITHMS",
@@ -62,11 +65,11 @@ def refuse(reason: str) -> None:
 class StaticTokenVerifier:
     """The SDK's TokenVerifier over a tokens file: a known token is its caller, with its policy."""
 
-    def __init__(self, tokens: TokensFile) -> None:
+    def __init__(self, tokens: TokensFile | SharedTokens) -> None:
         self.tokens = tokens
 
     async def verify_token(self, token: str) -> AccessToken | None:
-        caller = self.tokens.find(token)
+        caller = await anyio.to_thread.run_sync(self.tokens.find, token)  # the shared callers are rows
         if caller is None:
             refuse("the token is not known here: revoked, or never issued by `sandbox-server token add`")
             return None

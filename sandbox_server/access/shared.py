@@ -1,19 +1,26 @@
-"""What replicas count and ask together (`serve --state postgresql://…`): a caller's calls of the last minute
+"""What replicas know, count and ask together: the callers and their tokens' hashes, (`serve --state postgresql://…`); a caller's calls of the last minute
 and calls running now, across every replica, and the approval questions of the 2026-07-28 era, which any replica
 may receive the answer to (each good for one answer, wherever it arrives)."""
 
 from __future__ import annotations
 
+import datetime
+import hmac
+import logging
 import math
 import secrets
+import threading
+import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from sandbox_server.errors import Refusal
+from sandbox_server.access.tokens import NAME, TOKEN_PREFIX, Caller, TokensFile, token_digest
+from sandbox_server.errors import ConfigError, Refusal
 from sandbox_server.policy import RateLimits
-from sandbox_server.state.database import REPLICA_LOST_S, Database, lock_key
+from sandbox_server.state.database import REPLICA_LOST_S, Database, StateUnavailable, lock_key
 
-__all__ = ["SharedAccess", "SharedQuestions", "SharedRate"]
+__all__ = ["SharedAccess", "SharedQuestions", "SharedRate", "SharedTokens"]
 
 
 class SharedRate:
@@ -117,3 +124,78 @@ class SharedAccess:
     @classmethod
     def of(cls, database: Database) -> SharedAccess:
         return cls(SharedRate(database), SharedQuestions(database), database.key("request-state"))
+
+
+logger = logging.getLogger("sandbox_server")
+
+CALLERS_FRESH_S = 1.0
+"""How long a replica trusts the callers it read: a revoked token is refused everywhere within this."""
+
+
+class SharedTokens:
+    """The callers every replica knows (the same operations as TokensFile). A tokens file seeds them once, when
+    the database has none; from then on `sandbox-server token add|list|revoke --state URL` changes them."""
+
+    def __init__(self, database: Database, seed: TokensFile | None = None) -> None:
+        self.database = database
+        self._lock = threading.Lock()
+        self._read_at = -math.inf
+        self._callers: list[Caller] = []
+        if seed is not None:
+            with database.connection() as connection, connection.transaction():
+                connection.execute("LOCK TABLE callers IN EXCLUSIVE MODE")
+                row = connection.execute("SELECT count(*) FROM callers").fetchone()
+                if row is not None and row[0] == 0:
+                    for caller in seed.callers():
+                        connection.execute(
+                            "INSERT INTO callers (name, policy, sha256, created) VALUES (%s, %s, %s, %s)",
+                            (caller.name, caller.policy, caller.sha256, caller.created),
+                        )
+
+    def callers(self) -> list[Caller]:
+        """The callers in force: read again when older than CALLERS_FRESH_S; while the database does not answer,
+        the last read stay in force (as a tokens file with an error keeps the previous one), so requests that
+        need no database go on."""
+        with self._lock:
+            if time.monotonic() - self._read_at > CALLERS_FRESH_S:
+                try:
+                    rows = self.database.run("SELECT name, policy, sha256, created FROM callers ORDER BY name")
+                except StateUnavailable as exc:
+                    if self._read_at == -math.inf:
+                        raise
+                    logger.warning("%s; the callers read last stay in force", exc)
+                    self._read_at = time.monotonic()  # asked again after CALLERS_FRESH_S, not at every request
+                else:
+                    self._callers, self._read_at = [Caller(*row) for row in rows], time.monotonic()
+            return list(self._callers)
+
+    def find(self, token: str) -> Caller | None:
+        digest = token_digest(token)
+        found = None
+        for caller in self.callers():  # every hash compared, in constant time each
+            if hmac.compare_digest(caller.sha256, digest):
+                found = caller
+        return found
+
+    def add(self, name: str, policy: str, check_policy: Callable[[str], str | None]) -> str:
+        """A new caller's token (shown once; only its hash is kept)."""
+        if not NAME.fullmatch(name):
+            raise ConfigError(f"NAME: {name!r} is not a caller name (letters, digits, . _ @ -, at most 64)")
+        problem = check_policy(policy)
+        if problem is not None:
+            raise ConfigError(f"--policy: {problem}")
+        token = TOKEN_PREFIX + secrets.token_urlsafe(32)
+        created = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+        added = self.database.run(
+            "INSERT INTO callers (name, policy, sha256, created) VALUES (%s, %s, %s, %s) "
+            "ON CONFLICT (name) DO NOTHING RETURNING 1",
+            (name, policy, token_digest(token), created),
+        )
+        if not added:
+            raise ConfigError(f"a caller named {name!r} exists; `token revoke {name}` first to replace its token")
+        return token
+
+    def revoke(self, name: str) -> None:
+        """Remove a caller: every replica refuses its token within CALLERS_FRESH_S."""
+        if not self.database.run("DELETE FROM callers WHERE name = %s RETURNING 1", (name,)):
+            raise ConfigError(f"no caller named {name!r} in the shared state (`token list` names them)")

@@ -18,6 +18,7 @@ from sandbox_server.errors import SandboxServerError, UsageError
 from sandbox_server.protocol.http_limits import add_limit_arguments
 
 if TYPE_CHECKING:
+    from sandbox_server.access.shared import SharedTokens
     from sandbox_server.ops.doctor import WarmPlan
     from sandbox_server.policy.loader import HostFacts
     from sandbox_server.sandbox.docker_runtime import DockerRuntime
@@ -127,8 +128,13 @@ def _token_add(args: argparse.Namespace) -> int:
 
     names = _tool_names()
     problem = policy_problem(lambda reference: load_policy(reference, names))
-    token = add_caller(Path(args.tokens), args.name, args.policy, problem)
-    _say(f"added caller {args.name!r} (policy {args.policy}) to {args.tokens}; its token, shown this once:")
+    shared = _shared_tokens(args)
+    if shared is not None:
+        token = shared.add(args.name, args.policy, problem)
+    else:
+        token = add_caller(Path(args.tokens), args.name, args.policy, problem)
+    where = "the shared state" if shared is not None else args.tokens
+    _say(f"added caller {args.name!r} (policy {args.policy}) to {where}; its token, shown this once:")
     print(token)
     return 0
 
@@ -136,7 +142,8 @@ def _token_add(args: argparse.Namespace) -> int:
 def _token_list(args: argparse.Namespace) -> int:
     from sandbox_server.access.tokens import read_callers
 
-    for caller in read_callers(Path(args.tokens)):
+    shared = _shared_tokens(args)
+    for caller in shared.callers() if shared is not None else read_callers(Path(args.tokens)):
         print(f"{caller.name}\tpolicy {caller.policy}\tadded {caller.created}")
     return 0
 
@@ -144,9 +151,26 @@ def _token_list(args: argparse.Namespace) -> int:
 def _token_revoke(args: argparse.Namespace) -> int:
     from sandbox_server.access.tokens import revoke_caller
 
+    shared = _shared_tokens(args)
+    if shared is not None:
+        shared.revoke(args.name)
+        _say(f"revoked {args.name!r}: every replica refuses its token within a second")
+        return 0
     revoke_caller(Path(args.tokens), args.name)
     _say(f"revoked {args.name!r}: servers reading {args.tokens} refuse its token from their next request")
     return 0
+
+
+def _shared_tokens(args: argparse.Namespace) -> SharedTokens | None:
+    """The replicas' callers (token … --state URL), or None for a tokens file."""
+    if not args.state:
+        return None
+    from sandbox_server.access.shared import SharedTokens
+    from sandbox_server.state.database import Database
+
+    database = Database(args.state, "token-command", max_connections=1)
+    database.open(replica=False)
+    return SharedTokens(database)
 
 
 def _call(args: argparse.Namespace) -> int:
@@ -241,6 +265,12 @@ class _Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
 
+def _where_callers(parser: argparse.ArgumentParser, file_help: str) -> None:
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--tokens", metavar="FILE", help=file_help)
+    where.add_argument("--state", metavar="URL", help="the replicas' shared state (postgresql://…) instead of a file")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser for every subcommand."""
     parser = _Parser(
@@ -270,14 +300,14 @@ def build_parser() -> argparse.ArgumentParser:
     add = token_commands.add_parser("add", help="a new caller: prints its token once (the last line of stdout)")
     add.add_argument("name", help="the caller's name, as the audit log shows it")
     add.add_argument("--policy", default="default", help="the policy its calls run under (default: default)")
-    add.add_argument("--tokens", metavar="FILE", required=True, help="the tokens file (made when missing)")
+    _where_callers(add, "the tokens file (made when missing)")
     add.set_defaults(handler=_token_add)
     listed = token_commands.add_parser("list", help="the callers of a tokens file and their policies")
-    listed.add_argument("--tokens", metavar="FILE", required=True, help="the tokens file")
+    _where_callers(listed, "the tokens file")
     listed.set_defaults(handler=_token_list)
     revoke = token_commands.add_parser("revoke", help="remove a caller; a server reading the file refuses it at once")
     revoke.add_argument("name", help="the caller's name, as `token list` shows it")
-    revoke.add_argument("--tokens", metavar="FILE", required=True, help="the tokens file")
+    _where_callers(revoke, "the tokens file")
     revoke.set_defaults(handler=_token_revoke)
 
     # Started by `serve` itself, never by people: outlives a server killed with SIGKILL and removes its containers.

@@ -232,7 +232,7 @@ def serve_command(args: argparse.Namespace) -> int:
         caller_policy=caller_policy if args.tokens or args.issuer else None, tasks=tasks,
         services=services, shared=_shared_access(database),
     )  # fmt: skip
-    authentication = _authentication(args, caller_policy, log)
+    authentication = _authentication(args, caller_policy, log, database)
     if authentication is not None:  # warm containers for every policy a caller may have, from the start
         app.know_policies(authentication.verifier.policies())
 
@@ -357,7 +357,7 @@ def serve_command(args: argparse.Namespace) -> int:
 
 
 def _authentication(
-    args: argparse.Namespace, caller_policy: Callable[[str], Policy], log: logging.Logger
+    args: argparse.Namespace, caller_policy: Callable[[str], Policy], log: logging.Logger, database: Database | None
 ) -> Authentication | None:
     """Who may call over HTTP: the tokens file's callers and the issuer's (None: no authentication)."""
     from sandbox_server.access.auth import Authentication, JwtVerifier, PolicyRule, StaticTokenVerifier, jwks_url_of
@@ -370,9 +370,15 @@ def _authentication(
     static, issued = None, None
     problem_of = policy_problem(caller_policy)  # a policy is checked by loading it as its caller's calls will
     if args.tokens:
-        tokens = TokensFile(Path(args.tokens), problem_of)
+        tokens_file = TokensFile(Path(args.tokens), problem_of)
+        tokens: TokensFile | SharedTokens = tokens_file
+        if database is not None:  # replicas: the callers are the shared state's (the file seeds them once)
+            from sandbox_server.access.shared import SharedTokens
+
+            tokens = SharedTokens(database, seed=tokens_file)
         static = StaticTokenVerifier(tokens)
-        log.info("HTTP callers need a token of %s (%d caller(s))", args.tokens, len(tokens.callers()))
+        where = "the shared state" if database is not None else args.tokens
+        log.info("HTTP callers need a token of %s (%d caller(s))", where, len(tokens.callers()))
     if args.issuer:
         rules = [PolicyRule.parse(rule, by_scope=True) for rule in args.scope_policy]
         rules += [PolicyRule.parse(rule, by_scope=False) for rule in args.claim_policy]

@@ -80,8 +80,8 @@ class Database:
             name="sandbox-state",
         )
 
-    def open(self) -> None:
-        """Connect, migrate the schema to this version's, and say this replica is alive."""
+    def open(self, replica: bool = True) -> None:
+        """Connect, migrate the schema to this version's, and (a replica) say it is alive."""
         try:
             self.pool.open(wait=True, timeout=POOL_WAIT_S)
         except psycopg_pool.PoolTimeout as exc:
@@ -89,7 +89,8 @@ class Database:
         applied = self.migrate()
         if applied:
             logger.info("shared state at %s: %d migration(s) applied", self.where, applied)
-        self.beat()
+        if replica:
+            self.beat()
 
     def close(self) -> None:
         """Say this replica stopped (its calls stop counting at once), and close the pool."""

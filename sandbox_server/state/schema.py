@@ -59,4 +59,13 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX running_calls_key ON running_calls (key);
     """,
+    # 2: callers and their tokens' hashes (seeded from a tokens file by the first replica that finds none)
+    """
+    CREATE TABLE callers (
+        name text PRIMARY KEY,
+        policy text NOT NULL,
+        sha256 text NOT NULL UNIQUE,
+        created text NOT NULL
+    );
+    """,
 )

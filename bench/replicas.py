@@ -4,7 +4,8 @@ workspace, and the throughput of one replica against two behind HAProxy on this 
 Latency: a 2026-07-28 client over Streamable HTTP continues one workspace (`echo n >> /workspace/log`), spaced
 `--gap-s`, against one server keeping archived workspaces in local files and against one replica keeping them
 in PostgreSQL (the same archives, carried the same way: the difference is the database), and beside both the
-default mounted workspaces. Throughput: `--callers` clients each making `--calls` stateless `true` calls at once
+default mounted workspaces. Throughput: `--callers` clients each making `--calls` `true` calls at once (a policy
+that keeps no workspace)
 through HAProxy (deploy/haproxy.cfg) to one replica (both of its servers the same replica) and to two. The two
 replicas share this machine's engine and its two cores, so no gain is expected here: the row shows what the
 balancer and the second process cost. Writes bench/results/replicas.json.
@@ -30,6 +31,11 @@ from tests.replicas import Replica, haproxy, postgres, start_replica
 POLICY = """\
 extends: default
 rate: {calls_per_minute: 100000, concurrent_calls: 8}
+"""
+STATELESS = """\
+extends: default
+rate: {calls_per_minute: 100000, concurrent_calls: 8}
+workspace: {persist: false}
 """
 
 
@@ -91,6 +97,8 @@ def main(argv: list[str]) -> int:
         folder = Path(name)
         policy = folder / "bench.yaml"
         policy.write_text(POLICY)
+        stateless = folder / "stateless.yaml"
+        stateless.write_text(STATELESS)
         args = ("--policy", str(policy))
         database = stack.enter_context(postgres())
         for number, (label, state, extra) in enumerate(
@@ -102,6 +110,7 @@ def main(argv: list[str]) -> int:
         ):
             with replica(folder / f"latency-{number}", state, *args, *extra) as one:
                 latency[label] = anyio.run(continued, one.url, options.rounds, options.gap_s)
+        args = ("--policy", str(stateless))
         with replica(folder / "one", database.url, *args) as one:
             with haproxy(folder, one, one) as url:
                 throughput["1 replica behind HAProxy"] = anyio.run(flood, url, options.callers, options.calls)

@@ -253,6 +253,7 @@ def serve_command(args: argparse.Namespace) -> int:
         while True:
             await anyio.sleep(database.beat_s)
             try:
+                await anyio.to_thread.run_sync(database.check)
                 await anyio.to_thread.run_sync(database.beat)
                 await anyio.to_thread.run_sync(database.forget_lost)
             except SandboxServerError as exc:

@@ -76,7 +76,6 @@ class Database:
             open=False,
             timeout=POOL_WAIT_S,
             kwargs={"autocommit": True, "connect_timeout": CONNECT_TIMEOUT_S},
-            check=psycopg_pool.ConnectionPool.check_connection,  # a restarted database's dead connections go
             name="sandbox-state",
         )
 
@@ -130,6 +129,11 @@ class Database:
                 connection.execute(MIGRATIONS[version - 1])
                 connection.execute("INSERT INTO schema_version (version) VALUES (%s)", (version,))
         return len(MIGRATIONS) - current
+
+    def check(self) -> None:
+        """Replace the pool's idle connections a restarted database dropped (at each heartbeat, rather than a
+        round trip before every use)."""
+        self.pool.check()
 
     def beat(self) -> None:
         """Say this replica is alive."""

@@ -62,24 +62,40 @@ class SharedBook:
 
     @contextlib.asynccontextmanager
     async def hold(self, workspace_id: str, wait_s: float) -> AsyncIterator[bool]:
-        """An advisory lock on a connection of its own, held while the call runs."""
+        """An advisory lock on a connection of its own, held while the call runs (taken and let go of in one trip
+        to a worker thread each)."""
         key = lock_key(f"workspace:{workspace_id}")
         stack = contextlib.ExitStack()
-        connection = await anyio.to_thread.run_sync(stack.enter_context, self.database.connection())
-        try:
-            held = await anyio.to_thread.run_sync(_lock, connection, key, wait_s)
+
+        holding: list[psycopg.Connection[Any]] = []
+
+        def take() -> bool:
+            holding.append(stack.enter_context(self.database.connection()))
+            return _lock(holding[0], key, wait_s)
+
+        def let_go(held: bool) -> None:
             try:
-                yield held
-            finally:
                 if held:
-                    with anyio.CancelScope(shield=True), contextlib.suppress(psycopg.Error):
-                        await anyio.to_thread.run_sync(connection.execute, "SELECT pg_advisory_unlock(%s)", (key,))
+                    with contextlib.suppress(psycopg.Error):
+                        holding[0].execute("SELECT pg_advisory_unlock(%s)", (key,))
+            finally:
+                with contextlib.suppress(Refusal):
+                    stack.close()
+
+        held = False
+        try:
+            held = await anyio.to_thread.run_sync(take)
+            yield held
         finally:
-            with anyio.CancelScope(shield=True), contextlib.suppress(Refusal):
-                await anyio.to_thread.run_sync(stack.close)
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(let_go, held)
 
 
 def _lock(connection: psycopg.Connection[Any], key: int, wait_s: float) -> bool:
+    """Take the lock: at once when nobody holds it (one round trip), else waiting up to `wait_s`."""
+    row = connection.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()
+    if row is not None and row[0]:
+        return True
     try:
         connection.execute(f"SET lock_timeout = {max(1, int(wait_s * 1000))}")
         connection.execute("SELECT pg_advisory_lock(%s)", (key,))

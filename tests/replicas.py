@@ -139,7 +139,7 @@ def start_replica(folder: Path, state_url: str | None, *serve_args: str) -> Repl
     deadline = time.monotonic() + 60
     while True:
         if process.poll() is not None:
-            replica.reader.join(timeout=5)
+            replica.stop()  # its log read to the end, its pipe closed
             raise AssertionError(f"replica exited: {''.join(replica.lines)}")
         try:
             if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200:

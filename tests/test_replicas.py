@@ -166,6 +166,22 @@ async def test_2026_one_workspace_one_task_and_one_approval_wherever_each_reques
     assert one.owner() != two.owner()
 
 
+async def test_a_task_running_on_one_replica_is_cancelled_through_the_other(
+    deployment: Deployment, runtime: DockerRuntime
+) -> None:
+    alice = deployment.tokens["alice"]
+    owner = deployment.one.owner()
+    async with client_of(deployment.one.url, alice) as first, client_of(deployment.two.url, alice) as second:
+        created = await start(first, "echo started; sleep 60")
+        task_id = created["taskId"]
+        await until(first, task_id, lambda task: "last line: started" in task.get("statusMessage", ""))
+        await request(second, "tasks/cancel", taskId=task_id)  # answered once the running replica acted on it
+        seen = await request(first, "tasks/get", taskId=task_id)
+        assert seen["status"] == "cancelled" and "container was removed" in seen["statusMessage"], seen
+    label = f"{OWNER_LABEL}={owner}"
+    assert not runtime.api.containers(filters={"label": label}), "the cancelled task's container still runs"
+
+
 async def test_rate_limits_count_the_calls_of_both_replicas(deployment: Deployment) -> None:
     metered = deployment.tokens["metered"]
     one, two = deployment.one, deployment.two
@@ -235,12 +251,29 @@ async def test_a_killed_replica_loses_nothing_finished_and_its_task_fails_on_the
         assert failed["status"] == "failed" and "server running this task stopped" in failed["statusMessage"], failed
         result, seen = await shell(survivor, "cat /workspace/kept.txt", workspace=made["workspace"])
         assert not result.is_error and seen["stdout"] == "kept\n", text_of(result)
-        result, seen = await shell(survivor, "cat /workspace/legacy.txt", workspace=legacy["workspace"])
+    async with client_of(deployment.two.url, alice, mode="legacy") as next_session:  # the client's next session
+        result, seen = await shell(next_session, "cat /workspace/legacy.txt", workspace=legacy["workspace"])
         assert not result.is_error and seen["stdout"] == "legacy\n", text_of(result)
     # its own reaper removes its containers
     with anyio.fail_after(60):
         while runtime.api.containers(all=True, filters={"label": f"{OWNER_LABEL}={owner}"}):
             await anyio.sleep(0.5)
+
+
+async def test_migrations_run_once_and_a_newer_schema_is_refused(deployment: Deployment) -> None:
+    from sandbox_server.state.schema import MIGRATIONS
+
+    versions = [row[0] for row in deployment.database.query("SELECT version FROM schema_version ORDER BY version")]
+    assert versions == list(range(1, len(MIGRATIONS) + 1)), versions  # each once, however many replicas started
+    newer = len(MIGRATIONS) + 1
+    deployment.database.query(f"INSERT INTO schema_version (version) VALUES ({newer})")
+    try:
+        with pytest.raises(AssertionError) as refused:
+            start_replica(deployment.folder / "older", deployment.database.url, "--no-pool")
+    finally:
+        deployment.database.query(f"DELETE FROM schema_version WHERE version = {newer}")
+    said = str(refused.value)
+    assert f"schema version {newer}, newer than this server's {len(MIGRATIONS)}" in said, said
 
 
 async def test_a_database_restart_fails_calls_clearly_and_leaves_nothing_half_written(

@@ -370,8 +370,12 @@ async def test_the_official_ext_tasks_client_over_stdio_runs_a_task_beside_a_can
             lines = BufferedByteReceiveStream(node.stdout)
             midway = json.loads(await lines.receive_until(b"\n", 1 << 20))
             assert midway["cancelled"] == {"kind": "task", "status": "cancelled"}, midway
-            # The cancelled task's container is gone; the first task's still runs.
-            assert len(containers_of(midway["pid"])) == 1
+            # The cancelled task's container is gone; the first task's still runs (made once it was answered, so
+            # on a busy machine it may be made a moment later).
+            assert len(containers_of(midway["pid"])) <= 1
+            with anyio.fail_after(30):
+                while len(containers_of(midway["pid"])) != 1:
+                    await anyio.sleep(0.1)
             await node.stdin.send(b"go\n")
             await node.stdin.aclose()
             story = json.loads(await lines.receive_until(b"\n", 1 << 22))

@@ -23,6 +23,11 @@ from sandbox_server.state.database import REPLICA_LOST_S, Database, StateUnavail
 __all__ = ["SharedAccess", "SharedQuestions", "SharedRate", "SharedTokens"]
 
 
+RELAXED = "SET LOCAL synchronous_commit = off"
+"""Counts need not survive the database's crash (a lost one is a call not counted, or counted a minute too long):
+their commits do not wait for the disk."""
+
+
 class SharedRate:
     """Calls per minute and calls running at once, per limits key, counted across replicas."""
 
@@ -30,55 +35,60 @@ class SharedRate:
         self.database = database
 
     def count(self, key: str, rate: RateLimits, policy_name: str) -> None:
-        """Count one call against the key's calls of the last minute; a Refusal when it may make no more."""
-        with self.database.connection() as connection, connection.transaction():
+        """Count one call against the key's calls of the last minute; a Refusal when it may make no more (one
+        round trip: the statements go as one pipeline; rows older than a minute are swept at each heartbeat)."""
+        with self.database.connection() as connection, connection.pipeline(), connection.transaction():
+            connection.execute(RELAXED)
             connection.execute("SELECT pg_advisory_xact_lock(%s)", (lock_key(f"rate:{key}"),))
-            connection.execute("DELETE FROM rate_calls WHERE key = %s AND at <= now() - interval '60 s'", (key,))
             row = connection.execute(
-                "SELECT count(*), extract(epoch FROM min(at) + interval '60 s' - clock_timestamp()) "
-                "FROM rate_calls WHERE key = %s",
-                (key,),
+                "WITH made AS (SELECT count(*) AS n, min(at) AS first FROM rate_calls "
+                "WHERE key = %s AND at > now() - interval '60 s'), "
+                "added AS (INSERT INTO rate_calls (key) SELECT %s FROM made WHERE made.n < %s RETURNING 1) "
+                "SELECT n, extract(epoch FROM first + interval '60 s' - clock_timestamp()) FROM made",
+                (key, key, rate.calls_per_minute),
             ).fetchone()
-            made, left_s = (row[0], row[1]) if row is not None else (0, None)
-            if made >= rate.calls_per_minute:
-                retry = max(1, math.ceil(float(left_s or 1)))
-                raise Refusal(
-                    f"rate limited: {rate.calls_per_minute} calls/min (policy '{policy_name}', field "
-                    f"rate.calls_per_minute, counted across every replica); retry in {retry} s",
-                    "rate.calls_per_minute",
-                    kind="rate_limited",
-                    retry_after_s=retry,
-                )
-            connection.execute("INSERT INTO rate_calls (key) VALUES (%s)", (key,))
+        made, left_s = (row[0], row[1]) if row is not None else (0, None)
+        if made >= rate.calls_per_minute:
+            retry = max(1, math.ceil(float(left_s or 1)))
+            raise Refusal(
+                f"rate limited: {rate.calls_per_minute} calls/min (policy '{policy_name}', field "
+                f"rate.calls_per_minute, counted across every replica); retry in {retry} s",
+                "rate.calls_per_minute",
+                kind="rate_limited",
+                retry_after_s=retry,
+            )
 
     def enter(self, key: str, rate: RateLimits, policy_name: str) -> str:
         """Count one running call of the key on this replica (its id, for `leave`); a Refusal when the key runs
-        as many as its policy allows on the live replicas together."""
+        as many as its policy allows on the live replicas together (one round trip, as `count`)."""
         call_id = str(uuid.uuid4())
-        with self.database.connection() as connection, connection.transaction():
+        with self.database.connection() as connection, connection.pipeline(), connection.transaction():
+            connection.execute(RELAXED)
             connection.execute("SELECT pg_advisory_xact_lock(%s)", (lock_key(f"running:{key}"),))
             row = connection.execute(
-                "SELECT count(*) FROM running_calls c JOIN replicas r ON r.owner = c.server "
-                "WHERE c.key = %s AND r.beat_at > now() - make_interval(secs => %s)",
-                (key, REPLICA_LOST_S),
+                "WITH running AS (SELECT count(*) AS n FROM running_calls c JOIN replicas r ON r.owner = c.server "
+                "WHERE c.key = %s AND r.beat_at > now() - make_interval(secs => %s)), "
+                "added AS (INSERT INTO running_calls (id, key, server) SELECT %s, %s, %s FROM running "
+                "WHERE running.n < %s RETURNING 1) "
+                "SELECT n FROM running",
+                (key, REPLICA_LOST_S, call_id, key, self.database.owner, rate.concurrent_calls),
             ).fetchone()
-            running = row[0] if row is not None else 0
-            if running >= rate.concurrent_calls:
-                raise Refusal(
-                    f"busy: {running} calls of this caller already running on the server's replicas together "
-                    f"(policy '{policy_name}', field rate.concurrent_calls); retry in 1 s",
-                    "rate.concurrent_calls",
-                    kind="busy",
-                    retry_after_s=1,
-                )
-            connection.execute(
-                "INSERT INTO running_calls (id, key, server) VALUES (%s, %s, %s)", (call_id, key, self.database.owner)
+        running = row[0] if row is not None else 0
+        if running >= rate.concurrent_calls:
+            raise Refusal(
+                f"busy: {running} calls of this caller already running on the server's replicas together "
+                f"(policy '{policy_name}', field rate.concurrent_calls); retry in 1 s",
+                "rate.concurrent_calls",
+                kind="busy",
+                retry_after_s=1,
             )
         return call_id
 
     def leave(self, call_id: str) -> None:
         """The call ended (a replica that dies stops counting when its heartbeat stops)."""
-        self.database.run("DELETE FROM running_calls WHERE id = %s", (call_id,))
+        with self.database.connection() as connection, connection.pipeline(), connection.transaction():
+            connection.execute(RELAXED)
+            connection.execute("DELETE FROM running_calls WHERE id = %s", (call_id,))
 
 
 class SharedQuestions:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from sandbox_server import __version__
-from sandbox_server.cli.serve import add_serve_arguments, tool_prefix
+from sandbox_server.cli.options import add_serve_arguments, tool_prefix
 from sandbox_server.errors import SandboxServerError, UsageError
 from sandbox_server.protocol.http_limits import add_limit_arguments
 

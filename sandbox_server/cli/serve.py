@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import re
 import signal
 import sys
 from collections.abc import Awaitable, Callable
@@ -25,104 +24,12 @@ if TYPE_CHECKING:
     from sandbox_server.state.database import Database
     from sandbox_server.workspaces.contents import Contents
 
-__all__ = ["add_serve_arguments", "serve_command", "tool_prefix"]
+__all__ = ["serve_command"]
 
 WORKSPACE_SWEEP_S = 60.0
 """How often expired workspaces are looked for while serving."""
 RESTART_S = 1.0
 """How long a task beside the transport that failed with an OSError waits before it starts again."""
-
-
-def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
-    """The options of `sandbox-server serve`."""
-    serve.add_argument(
-        "--transport", choices=["stdio", "http"], default="stdio", help="stdio (one client, default) or http (/mcp)"
-    )
-    serve.add_argument("--host", default="127.0.0.1", help="HTTP: address to bind (default loopback)")
-    serve.add_argument("--port", type=int, default=8000, help="HTTP: port (default 8000)")
-    serve.add_argument("--page-size", type=int, default=50, help="tools per tools/list page")
-    serve.add_argument("--policy", default="default", help="a shipped policy name or a policy file (default: default)")
-    serve.add_argument(
-        "--no-pool", action="store_true", help="no warm containers: every call creates its container (pool size 0)"
-    )
-    serve.add_argument("--audit-log", help="append one JSON line per call to this file (overrides audit.path)")
-    serve.add_argument("--no-watch", action="store_true", help="do not reload the policy when its file changes")
-    serve.add_argument(
-        "--state-dir",
-        help="where kept workspaces live (default: SANDBOX_STATE_DIR, /var/lib/sandbox-server as root, "
-        "else ~/.local/state/sandbox-server)",
-    )
-    serve.add_argument(
-        "--workspaces",
-        choices=["auto", "mounted", "archived"],
-        default="auto",
-        help="how kept workspaces are kept: mounted (a sized filesystem per workspace; root on the engine's "
-        "host), archived (a tar carried in and out of each call; works anywhere), or auto (mounted when it can)",
-    )
-    serve.add_argument(
-        "--tool-prefix",
-        type=tool_prefix,
-        help="put this before every tool name (e.g. sbx_ gives sbx_execute_command); overrides the policy's tool_prefix",
-    )
-    serve.add_argument(
-        "--tokens",
-        metavar="FILE",
-        help="HTTP: only callers with a token in this file (`sandbox-server token add`), each under its policy; "
-        "read again when it changes",
-    )
-    serve.add_argument(
-        "--issuer",
-        metavar="URL",
-        help="HTTP: accept JWT access tokens of this OAuth authorization server (signature by its JWKS, "
-        "issuer, audience = the resource URL, expiry)",
-    )
-    serve.add_argument("--jwks-url", metavar="URL", help="with --issuer: its key set (default: from its metadata)")
-    serve.add_argument(
-        "--scope-policy",
-        metavar="SCOPE=POLICY",
-        action="append",
-        default=[],
-        help="with --issuer: a token with this scope runs under this policy (repeatable; the first that matches)",
-    )
-    serve.add_argument(
-        "--claim-policy",
-        metavar="CLAIM:VALUE=POLICY",
-        action="append",
-        default=[],
-        help="with --issuer: a token whose claim has this value (or lists it) runs under this policy (repeatable; "
-        "scope rules first, then these; a token matching none runs under --policy)",
-    )
-    serve.add_argument(
-        "--required-scope",
-        metavar="SCOPE",
-        action="append",
-        default=[],
-        help="with --issuer: tokens without this scope get 403 insufficient_scope (repeatable)",
-    )
-    serve.add_argument(
-        "--public-url",
-        metavar="URL",
-        help="HTTP with --tokens or --issuer: the URL clients use for /mcp: the resource URL of the protected-resource "
-        "metadata and the audience tokens must name (default http://HOST:PORT/mcp)",
-    )
-    serve.add_argument(
-        "--preview-port", type=int, metavar="PORT",
-        help="stdio: open services' previews on 127.0.0.1:PORT (over HTTP they are served beside /mcp)",
-    )  # fmt: skip
-    serve.add_argument(
-        "--state", metavar="URL",
-        help="replicas: keep what every replica needs (workspaces, tasks, approvals, rate counts) in this "
-        "PostgreSQL database (postgresql://user@host/db; SANDBOX_STATE_URL); default: local files, one process",
-    )  # fmt: skip
-
-
-def tool_prefix(value: str) -> str:
-    """A --tool-prefix value, as the policy schema allows it."""
-    from sandbox_server.policy.loader import schema
-
-    if not re.fullmatch(schema()["properties"]["tool_prefix"]["pattern"], value):
-        raise argparse.ArgumentTypeError("a tool prefix is at most 32 letters, digits, '_', '-' or '.'")
-    return value
 
 
 def serve_command(args: argparse.Namespace) -> int:
@@ -197,7 +104,8 @@ def serve_command(args: argparse.Namespace) -> int:
 
         if args.workspaces == "mounted":
             raise UsageError("--workspaces mounted keeps workspaces on one host; with --state they are archives")
-        contents, book = (lambda root: SharedArchives(root, database)), SharedBook(database)
+        book = SharedBook(database)
+        contents = lambda root: SharedArchives(root, database, book.held)  # noqa: E731
         log.info("workspaces are kept as archives in the shared state, continued on any replica")
     workspaces = WorkspaceStore(
         state_dir / "workspaces", policy.workspace, policy.host.workspace_storage_mb * 1024 * 1024, contents, book

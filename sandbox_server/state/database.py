@@ -151,11 +151,14 @@ class Database:
         return bool(rows)
 
     def forget_lost(self) -> int:
-        """Forget the replicas that stopped saying they are alive (their running calls with them)."""
+        """Forget the replicas that stopped saying they are alive (their running calls with them), the calls
+        older than a minute, and questions that lapsed."""
         rows = self.run(
             "DELETE FROM replicas WHERE beat_at < now() - make_interval(secs => %s) RETURNING owner",
             (REPLICA_LOST_S * 3,),
         )
+        self.run("DELETE FROM rate_calls WHERE at <= now() - interval '60 s'")
+        self.run("DELETE FROM questions WHERE lapses_at <= now()")
         return len(rows)
 
     def key(self, name: str, size: int = 32) -> bytes:

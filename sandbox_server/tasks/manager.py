@@ -107,7 +107,11 @@ class Tasks:
                     await anyio.sleep(SHARED_WATCH_S if self.rows is not None else SWEEP_S)
                     try:
                         if self.rows is not None:
-                            await anyio.to_thread.run_sync(self._watch_shared)
+                            for task_id in await anyio.to_thread.run_sync(self._watch_shared):
+                                live = self._live.get(task_id)  # cancelled here, on the loop its scope belongs to
+                                if live is not None and not live.cancel_asked:
+                                    live.cancel_asked = True
+                                    live.scope.cancel()
                         if time.monotonic() - swept >= SWEEP_S:
                             swept = time.monotonic()
                             await anyio.to_thread.run_sync(self.sweep)
@@ -150,16 +154,12 @@ class Tasks:
             gone += 1
         return gone
 
-    def _watch_shared(self) -> None:
-        """Replicas: fail the tasks of a replica that died, and cancel this replica's tasks that another was asked
-        to cancel."""
+    def _watch_shared(self) -> list[str]:
+        """Replicas: fail the tasks of a replica that died; the tasks of this replica another was asked to
+        cancel."""
         assert self.rows is not None
         self.recover()
-        for task_id in self.rows.cancels_for(self.server):
-            live = self._live.get(task_id)
-            if live is not None and not live.cancel_asked:
-                live.cancel_asked = True
-                live.scope.cancel()
+        return self.rows.cancels_for(self.server)
 
     def memory_bytes(self) -> int:
         """What the running tasks' containers may hold together (warm containers leave room for it)."""
@@ -183,7 +183,8 @@ class Tasks:
         work says it is created, or the work's own answer when it ended before that (a refusal, a question)."""
         if self._group is None:
             raise Refusal("refused: this server runs no tasks (it was not started to serve them)", "tasks")
-        await anyio.to_thread.run_sync(self._refuse_past_caps, settings, policy_name, owner)
+        self._refuse_past_caps(settings, policy_name, owner)  # on the loop: it reads the running tasks
+        await anyio.to_thread.run_sync(self._refuse_past_held, settings, policy_name, owner)  # the records
         now = time.time()
         ttl_s = settings.ttl_s if ttl_ms is None else max(1.0, min(settings.ttl_s, ttl_ms / 1000))
         record = TaskRecord(
@@ -292,6 +293,8 @@ class Tasks:
                 kind="busy",
                 retry_after_s=settings.poll_interval_ms / 1000,
             )
+
+    def _refuse_past_held(self, settings: TaskSettings, policy_name: str, owner: str) -> None:
         held = sum(1 for record in self.files.all() if record.owner == owner and not record.expired(time.time()))
         if held >= settings.per_caller:
             raise Refusal(

@@ -35,6 +35,7 @@ from sandbox_server.workspaces.records import WorkspaceRecord, from_fields, to_f
 __all__ = ["SharedArchives", "SharedBook"]
 
 CHUNK_BYTES = 1024 * 1024
+CHUNKS_IN_FLIGHT = 8
 
 
 class SharedBook:
@@ -44,6 +45,8 @@ class SharedBook:
 
     def __init__(self, database: Database) -> None:
         self.database = database
+        self.held: set[str] = set()
+        """The workspaces a call of this replica holds now (SharedArchives reads none of them again)."""
 
     def load(self) -> dict[str, WorkspaceRecord]:
         rows = self.database.run("SELECT record FROM workspaces")
@@ -85,8 +88,11 @@ class SharedBook:
         held = False
         try:
             held = await anyio.to_thread.run_sync(take)
+            if held:
+                self.held.add(workspace_id)
             yield held
         finally:
+            self.held.discard(workspace_id)
             with anyio.CancelScope(shield=True):
                 await anyio.to_thread.run_sync(let_go, held)
 
@@ -110,15 +116,20 @@ def _lock(connection: psycopg.Connection[Any], key: int, wait_s: float) -> bool:
 class SharedArchives(ArchivedContents):
     """Archives kept in the database; this replica's folder caches the generation it last read of each."""
 
-    def __init__(self, root: Path, database: Database) -> None:
+    def __init__(self, root: Path, database: Database, held: set[str] | None = None) -> None:
         super().__init__(root)
         self.database = database
+        self.held = held if held is not None else set()
+        """The workspaces a call of this replica holds now (SharedBook.held): no other replica writes them."""
         self._have: dict[str, int] = {}
         """The generation of each workspace whose archive this replica's folder holds."""
         self._lock = threading.Lock()
 
-    def _fresh(self, workspace_id: str) -> None:
-        """Bring this replica's copy of the archive to the database's generation."""
+    def _fresh(self, workspace_id: str, always: bool = False) -> None:
+        """Bring this replica's copy of the archive to the database's generation (asked unless a call of this
+        replica holds the workspace and its copy is the one that call began from or saved)."""
+        if not always and workspace_id in self.held and workspace_id in self._have:
+            return
         rows = self.database.run("SELECT generation FROM workspaces WHERE id = %s", (workspace_id,))
         generation = rows[0][0] if rows else 0
         with self._lock:
@@ -145,7 +156,7 @@ class SharedArchives(ArchivedContents):
             self._have[workspace_id] = generation
 
     def begin(self, workspace_id: str, spec: SandboxSpec) -> SandboxSpec:
-        self._fresh(workspace_id)
+        self._fresh(workspace_id, always=True)
         return super().begin(workspace_id, spec)
 
     def _members(self, workspace_id: str) -> Iterator[Any]:
@@ -156,12 +167,15 @@ class SharedArchives(ArchivedContents):
         try:
             with self.database.connection() as connection, connection.transaction():
                 row = connection.execute(
-                    "SELECT generation FROM workspaces WHERE id = %s FOR UPDATE", (workspace_id,)
+                    "UPDATE workspaces SET generation = generation + 1 WHERE id = %s RETURNING generation",
+                    (workspace_id,),
                 ).fetchone()
                 if row is None:
                     return "the workspace was removed while the call ran; nothing was saved"
-                generation = row[0] + 1
-                with open(saved, "rb") as archive, connection.cursor() as cursor:
+                generation = row[0]
+                # The chunks go as a pipeline (no round trip each), synced every few so that no more than those
+                # wait in memory; the older generation goes in the same transaction.
+                with open(saved, "rb") as archive, connection.pipeline() as pipeline, connection.cursor() as cursor:
                     seq = 0
                     while chunk := archive.read(CHUNK_BYTES):
                         cursor.execute(
@@ -169,11 +183,12 @@ class SharedArchives(ArchivedContents):
                             (workspace_id, generation, seq, chunk),
                         )
                         seq += 1
-                connection.execute(
-                    "DELETE FROM workspace_chunks WHERE workspace_id = %s AND generation < %s",
-                    (workspace_id, generation),
-                )
-                connection.execute("UPDATE workspaces SET generation = %s WHERE id = %s", (generation, workspace_id))
+                        if seq % CHUNKS_IN_FLIGHT == 0:
+                            pipeline.sync()
+                    cursor.execute(
+                        "DELETE FROM workspace_chunks WHERE workspace_id = %s AND generation < %s",
+                        (workspace_id, generation),
+                    )
         except StateUnavailable as exc:
             return f"the workspace was not saved ({exc}); it is as the previous call left it"
         with self._lock:

@@ -18,14 +18,9 @@ from dataclasses import dataclass
 from sandbox_server.access.tokens import NAME, TOKEN_PREFIX, Caller, TokensFile, token_digest
 from sandbox_server.errors import ConfigError, Refusal
 from sandbox_server.policy import RateLimits
-from sandbox_server.state.database import REPLICA_LOST_S, Database, StateUnavailable, lock_key
+from sandbox_server.state.database import REPLICA_LOST_S, Database, StateUnavailable
 
 __all__ = ["SharedAccess", "SharedQuestions", "SharedRate", "SharedTokens"]
-
-
-RELAXED = "SET LOCAL synchronous_commit = off"
-"""Counts need not survive the database's crash (a lost one is a call not counted, or counted a minute too long):
-their commits do not wait for the disk."""
 
 
 class SharedRate:
@@ -36,18 +31,9 @@ class SharedRate:
 
     def count(self, key: str, rate: RateLimits, policy_name: str) -> None:
         """Count one call against the key's calls of the last minute; a Refusal when it may make no more (one
-        round trip: the statements go as one pipeline; rows older than a minute are swept at each heartbeat)."""
-        with self.database.connection() as connection, connection.pipeline(), connection.transaction():
-            connection.execute(RELAXED)
-            connection.execute("SELECT pg_advisory_xact_lock(%s)", (lock_key(f"rate:{key}"),))
-            row = connection.execute(
-                "WITH made AS (SELECT count(*) AS n, min(at) AS first FROM rate_calls "
-                "WHERE key = %s AND at > now() - interval '60 s'), "
-                "added AS (INSERT INTO rate_calls (key) SELECT %s FROM made WHERE made.n < %s RETURNING 1) "
-                "SELECT n, extract(epoch FROM first + interval '60 s' - clock_timestamp()) FROM made",
-                (key, key, rate.calls_per_minute),
-            ).fetchone()
-        made, left_s = (row[0], row[1]) if row is not None else (0, None)
+        statement: the schema's sandbox_count_call; rows older than a minute are swept at each heartbeat)."""
+        rows = self.database.run("SELECT * FROM sandbox_count_call(%s, %s)", (key, rate.calls_per_minute))
+        made, left_s = rows[0] if rows else (0, None)
         if made >= rate.calls_per_minute:
             retry = max(1, math.ceil(float(left_s or 1)))
             raise Refusal(
@@ -60,20 +46,13 @@ class SharedRate:
 
     def enter(self, key: str, rate: RateLimits, policy_name: str) -> str:
         """Count one running call of the key on this replica (its id, for `leave`); a Refusal when the key runs
-        as many as its policy allows on the live replicas together (one round trip, as `count`)."""
+        as many as its policy allows on the live replicas together (one statement, as `count`)."""
         call_id = str(uuid.uuid4())
-        with self.database.connection() as connection, connection.pipeline(), connection.transaction():
-            connection.execute(RELAXED)
-            connection.execute("SELECT pg_advisory_xact_lock(%s)", (lock_key(f"running:{key}"),))
-            row = connection.execute(
-                "WITH running AS (SELECT count(*) AS n FROM running_calls c JOIN replicas r ON r.owner = c.server "
-                "WHERE c.key = %s AND r.beat_at > now() - make_interval(secs => %s)), "
-                "added AS (INSERT INTO running_calls (id, key, server) SELECT %s, %s, %s FROM running "
-                "WHERE running.n < %s RETURNING 1) "
-                "SELECT n FROM running",
-                (key, REPLICA_LOST_S, call_id, key, self.database.owner, rate.concurrent_calls),
-            ).fetchone()
-        running = row[0] if row is not None else 0
+        rows = self.database.run(
+            "SELECT sandbox_enter_call(%s, %s, %s, %s, %s)",
+            (call_id, key, self.database.owner, rate.concurrent_calls, REPLICA_LOST_S),
+        )
+        running = rows[0][0] if rows else 0
         if running >= rate.concurrent_calls:
             raise Refusal(
                 f"busy: {running} calls of this caller already running on the server's replicas together "
@@ -86,9 +65,7 @@ class SharedRate:
 
     def leave(self, call_id: str) -> None:
         """The call ended (a replica that dies stops counting when its heartbeat stops)."""
-        with self.database.connection() as connection, connection.pipeline(), connection.transaction():
-            connection.execute(RELAXED)
-            connection.execute("DELETE FROM running_calls WHERE id = %s", (call_id,))
+        self.database.run("SELECT sandbox_leave_call(%s)", (call_id,))
 
 
 class SharedQuestions:

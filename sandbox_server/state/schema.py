@@ -68,4 +68,38 @@ MIGRATIONS: tuple[str, ...] = (
         created text NOT NULL
     );
     """,
+    # 3: a caller's calls counted in one statement each (one round trip; their commits do not wait for the disk:
+    # a count lost with a crashed database is a call not counted, or counted a minute too long)
+    """
+    CREATE FUNCTION sandbox_count_call(call_key text, most integer)
+    RETURNS TABLE (made bigint, left_s double precision) LANGUAGE plpgsql AS $$
+    BEGIN
+        PERFORM set_config('synchronous_commit', 'off', true);
+        PERFORM pg_advisory_xact_lock(hashtextextended('rate:' || call_key, 0));
+        SELECT count(*), extract(epoch FROM min(r.at) + interval '60 s' - clock_timestamp())
+          INTO made, left_s FROM rate_calls r WHERE r.key = call_key AND r.at > now() - interval '60 s';
+        IF made < most THEN
+            INSERT INTO rate_calls (key) VALUES (call_key);
+        END IF;
+        RETURN NEXT;
+    END $$;
+    CREATE FUNCTION sandbox_enter_call(call_id text, call_key text, replica text, most integer, lost_s double precision)
+    RETURNS bigint LANGUAGE plpgsql AS $$
+    DECLARE running bigint;
+    BEGIN
+        PERFORM set_config('synchronous_commit', 'off', true);
+        PERFORM pg_advisory_xact_lock(hashtextextended('running:' || call_key, 0));
+        SELECT count(*) INTO running FROM running_calls c JOIN replicas r ON r.owner = c.server
+          WHERE c.key = call_key AND r.beat_at > now() - make_interval(secs => lost_s);
+        IF running < most THEN
+            INSERT INTO running_calls (id, key, server) VALUES (call_id, call_key, replica);
+        END IF;
+        RETURN running;
+    END $$;
+    CREATE FUNCTION sandbox_leave_call(call_id text) RETURNS void LANGUAGE plpgsql AS $$
+    BEGIN
+        PERFORM set_config('synchronous_commit', 'off', true);
+        DELETE FROM running_calls WHERE id = call_id;
+    END $$;
+    """,
 )

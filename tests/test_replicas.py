@@ -23,6 +23,7 @@ import mcp_types as types
 import pytest
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
 
 from sandbox_server.protocol.tasks_client import TasksExtension
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
@@ -180,6 +181,24 @@ async def test_a_task_running_on_one_replica_is_cancelled_through_the_other(
         assert seen["status"] == "cancelled" and "container was removed" in seen["statusMessage"], seen
     label = f"{OWNER_LABEL}={owner}"
     assert not runtime.api.containers(filters={"label": label}), "the cancelled task's container still runs"
+
+
+async def test_a_returned_file_too_large_to_embed_is_read_through_the_other_replica_by_its_caller_alone(
+    deployment: Deployment,
+) -> None:
+    alice, metered = deployment.tokens["alice"], deployment.tokens["metered"]
+    async with client_of(deployment.one.url, alice) as first, client_of(deployment.two.url, alice) as second:
+        result, _ = await shell(
+            first, "mkdir -p /workspace/out; head -c 100000 /dev/zero | tr '\\0' a > /workspace/out/big.txt"
+        )
+        links = [block for block in result.content if isinstance(block, types.ResourceLink)]
+        assert len(links) == 1 and links[0].size == 100_000, result.content  # too large to embed: a link
+        read = await second.read_resource(str(links[0].uri))
+        assert isinstance(read.contents[0], types.TextResourceContents), read
+        assert read.contents[0].text == "a" * 100_000
+    async with client_of(deployment.two.url, metered) as stranger:
+        with pytest.raises(MCPError):  # another caller's: not found, on either replica
+            await stranger.read_resource(str(links[0].uri))
 
 
 async def test_rate_limits_count_the_calls_of_both_replicas(deployment: Deployment) -> None:

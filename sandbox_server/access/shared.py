@@ -19,6 +19,7 @@ from sandbox_server.access.tokens import NAME, TOKEN_PREFIX, Caller, TokensFile,
 from sandbox_server.errors import ConfigError, Refusal
 from sandbox_server.policy import RateLimits
 from sandbox_server.state.database import REPLICA_LOST_S, Database, StateUnavailable
+from sandbox_server.state.files import SharedFiles
 
 __all__ = ["SharedAccess", "SharedQuestions", "SharedRate", "SharedTokens"]
 
@@ -107,10 +108,14 @@ class SharedAccess:
     questions: SharedQuestions
     request_state_key: bytes
     """Seals the 2026-07-28 era's requestState, so an answer is opened by whichever replica it reaches."""
+    files: SharedFiles
+    """The files calls returned, readable through any replica."""
 
     @classmethod
     def of(cls, database: Database) -> SharedAccess:
-        return cls(SharedRate(database), SharedQuestions(database), database.key("request-state"))
+        return cls(
+            SharedRate(database), SharedQuestions(database), database.key("request-state"), SharedFiles(database)
+        )
 
 
 logger = logging.getLogger("sandbox_server")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio.to_thread
 import mcp_types as types
@@ -24,6 +24,9 @@ from sandbox_server.protocol.tasks import OUTPUT_TEMPLATE
 from sandbox_server.services.manager import Services
 from sandbox_server.workspaces.naming import LISTING_TEMPLATE, RESOURCE_TEMPLATE, listing_id
 from sandbox_server.workspaces.store import WorkspaceStore
+
+if TYPE_CHECKING:  # the PostgreSQL driver is imported only by a server given --state
+    from sandbox_server.state.files import SharedFiles
 
 __all__ = ["READ_PART_BYTES", "SERVICE_PREFIX", "Resources"]
 
@@ -51,6 +54,8 @@ class Resources:
         self.store = store
         self.services = services
         """The running services, each listed and read by its own caller (sandbox://services/<id>)."""
+        self.shared_files: SharedFiles | None = None
+        """Replicas: files other replicas' calls returned (None: this process's own alone)."""
         self._task_output = task_output
         """A task's output so far, by its URI (sandbox://tasks/<id>/output), when its caller asks."""
         self.workspaces = workspaces
@@ -201,6 +206,8 @@ class Resources:
     ) -> tuple[str, int, bytes] | None:
         """A kept output or workspace file the tenant may read: (MIME type, its size, `length` bytes from `offset`)."""
         kept = self.store.get(uri, tenant)
+        if kept is None and self.shared_files is not None and uri.startswith("sandbox://calls/"):
+            kept = self.shared_files.get(uri, tenant)  # another replica's call (this runs in a worker thread)
         if kept is not None:
             return kept[0], len(kept[1]), kept[1][offset : offset + length]
         if self.workspaces is None:

@@ -124,10 +124,14 @@ def _mime_type(file: OutputFile) -> str:
     return guessed
 
 
-def _file_block(file: OutputFile, uri: str, store: ResourceStore, tenant: str | None) -> dict[str, Any]:
+def _file_block(
+    file: OutputFile, uri: str, store: ResourceStore, tenant: str | None, kept: list[Any] | None = None
+) -> dict[str, Any]:
     """A returned file as a content block; every one is also kept for resources/read under its URI (bounded)."""
     mime = _mime_type(file)
     store.put(uri, mime, file.content, tenant)
+    if kept is not None:
+        kept.append((uri, mime, file.content, tenant))
     if mime in IMAGE_TYPES.values() and len(file.content) <= EMBED_BLOB_BYTES * 8:
         data = base64.b64encode(file.content).decode()
         return {"type": "image", "data": data, "mimeType": mime, "_meta": {PATH_META: sanitize(file.path)}}
@@ -158,8 +162,10 @@ def render(
     max_images: int = 8,
     max_image_bytes: int = 4_000_000,
     tenant: str | None = None,
+    kept: list[Any] | None = None,
 ) -> RenderedResult:
-    """The blocks a client receives: text first, then structured JSON, images and files (large ones kept for `tenant`)."""
+    """The blocks a client receives: text first, then structured JSON, images and files (large ones kept for `tenant`);
+    `kept` hears of every file kept (uri, MIME type, bytes, tenant), for replicas to keep them too."""
     lines = [sanitize(outcome.headline)]
     for title, body in outcome.sections:
         if body or title == "stdout":
@@ -191,7 +197,7 @@ def render(
             images += 1
             image_bytes += file.size
         uris[file.path] = f"sandbox://calls/{call_id}/out/{quote(file.path, safe='/')}"
-        content.append(_file_block(file, uris[file.path], store, tenant))
+        content.append(_file_block(file, uris[file.path], store, tenant, kept))
     if skipped:
         content[0]["text"] += "\n" + "\n".join(skipped)
     started = (outcome.structured or {}).get("service")

@@ -106,6 +106,7 @@ class SandboxServer:
         task_output = self.task_protocol.output if self.task_protocol is not None else None
         self.resources = Resources(self.store, workspaces, lambda: self.policy, instance, task_output, services)
         self.approvals = Approvals(shared.questions if shared is not None else None)
+        self.shared_files = self.resources.shared_files = shared.files if shared is not None else None
         self.calls.shared_rate = shared.rate if shared is not None else None
         self._sessions: OrderedDict[str, ServerSession] = OrderedDict()
         """Handshake-era connections to tell of a tools/list change, by MCP session id (the latest request's)."""
@@ -248,9 +249,12 @@ class SandboxServer:
                 await self._resources_changed(ctx, tell_session=task is None)
             assert end.outcome is not None and end.limits is not None
             limits = end.limits
+            kept: list[Any] | None = [] if self.shared_files is not None else None
             rendered = render(
-                end.outcome, self.store, limits.returned_images, limits.returned_image_bytes, identity.tenant
+                end.outcome, self.store, limits.returned_images, limits.returned_image_bytes, identity.tenant, kept
             )
+            if self.shared_files is not None and kept:  # readable on every replica before the answer leaves
+                await anyio.to_thread.run_sync(self.shared_files.keep, kept)
             result = _result_model(rendered)
             return result if task is None else result.model_dump(by_alias=True, mode="json", exclude_none=True)
 

@@ -102,4 +102,16 @@ MIGRATIONS: tuple[str, ...] = (
         DELETE FROM running_calls WHERE id = call_id;
     END $$;
     """,
+    # 4: the files a call returned, so that a resources/read reaching another replica finds them
+    """
+    CREATE TABLE result_files (
+        uri text PRIMARY KEY,
+        tenant text,
+        mime text NOT NULL,
+        content bytea NOT NULL,
+        size integer NOT NULL,
+        kept_at timestamptz NOT NULL DEFAULT now()
+    );
+    CREATE INDEX result_files_tenant ON result_files (tenant, kept_at);
+    """,
 )

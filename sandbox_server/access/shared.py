@@ -4,8 +4,6 @@ may receive the answer to (each good for one answer, wherever it arrives)."""
 
 from __future__ import annotations
 
-import datetime
-import hmac
 import logging
 import math
 import secrets
@@ -15,7 +13,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sandbox_server.access.tokens import NAME, TOKEN_PREFIX, Caller, TokensFile, token_digest
+from sandbox_server.access.tokens import Caller, TokensFile, caller_of, new_caller
 from sandbox_server.errors import ConfigError, Refusal
 from sandbox_server.policy import RateLimits
 from sandbox_server.state.database import REPLICA_LOST_S, Database, StateUnavailable
@@ -162,26 +160,15 @@ class SharedTokens:
             return list(self._callers)
 
     def find(self, token: str) -> Caller | None:
-        digest = token_digest(token)
-        found = None
-        for caller in self.callers():  # every hash compared, in constant time each
-            if hmac.compare_digest(caller.sha256, digest):
-                found = caller
-        return found
+        return caller_of(self.callers(), token)
 
     def add(self, name: str, policy: str, check_policy: Callable[[str], str | None]) -> str:
         """A new caller's token (shown once; only its hash is kept)."""
-        if not NAME.fullmatch(name):
-            raise ConfigError(f"NAME: {name!r} is not a caller name (letters, digits, . _ @ -, at most 64)")
-        problem = check_policy(policy)
-        if problem is not None:
-            raise ConfigError(f"--policy: {problem}")
-        token = TOKEN_PREFIX + secrets.token_urlsafe(32)
-        created = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+        caller, token = new_caller(name, policy, check_policy)
         added = self.database.run(
             "INSERT INTO callers (name, policy, sha256, created) VALUES (%s, %s, %s, %s) "
             "ON CONFLICT (name) DO NOTHING RETURNING 1",
-            (name, policy, token_digest(token), created),
+            (caller.name, caller.policy, caller.sha256, caller.created),
         )
         if not added:
             raise ConfigError(f"a caller named {name!r} exists; `token revoke {name}` first to replace its token")

@@ -27,7 +27,10 @@ from pathlib import Path
 
 from sandbox_server.errors import ConfigError
 
-__all__ = ["TOKEN_PREFIX", "Caller", "TokensFile", "add_caller", "read_callers", "revoke_caller", "token_digest"]
+__all__ = [
+    "TOKEN_PREFIX", "Caller", "TokensFile", "add_caller", "caller_of", "new_caller", "read_callers", "revoke_caller",
+    "token_digest",
+]  # fmt: skip
 
 log = logging.getLogger("sandbox_server")
 
@@ -121,19 +124,35 @@ def _write(path: Path, callers: Iterable[Caller]) -> None:
         raise
 
 
-def add_caller(path: Path, name: str, policy: str, check_policy: Callable[[str], str | None]) -> str:
-    """Add a caller and return its new token (shown once; only its hash is kept)."""
-    callers = read_callers(path, check_policy) if path.exists() else []
+def new_caller(name: str, policy: str, check_policy: Callable[[str], str | None]) -> tuple[Caller, str]:
+    """A new caller, its name and policy checked, and its token (shown once; the caller keeps only its hash)."""
     if not NAME.fullmatch(name):
         raise ConfigError(f"NAME: {name!r} is not a caller name (letters, digits, . _ @ -, at most 64)")
-    if any(caller.name == name for caller in callers):
-        raise ConfigError(f"{path}: a caller named {name!r} exists; `token revoke {name}` first to replace its token")
     problem = check_policy(policy)
     if problem is not None:
         raise ConfigError(f"--policy: {problem}")
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
     created = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-    _write(path, [*callers, Caller(name, policy, token_digest(token), created)])
+    return Caller(name, policy, token_digest(token), created), token
+
+
+def caller_of(callers: Iterable[Caller], token: str) -> Caller | None:
+    """The caller whose token this is: every stored hash is compared, in constant time each."""
+    digest = token_digest(token)
+    found = None
+    for caller in callers:
+        if hmac.compare_digest(caller.sha256, digest):
+            found = caller
+    return found
+
+
+def add_caller(path: Path, name: str, policy: str, check_policy: Callable[[str], str | None]) -> str:
+    """Add a caller and return its new token (shown once; only its hash is kept)."""
+    callers = read_callers(path, check_policy) if path.exists() else []
+    if any(caller.name == name for caller in callers):  # a name in the file is a valid one
+        raise ConfigError(f"{path}: a caller named {name!r} exists; `token revoke {name}` first to replace its token")
+    caller, token = new_caller(name, policy, check_policy)
+    _write(path, [*callers, caller])
     return token
 
 
@@ -178,10 +197,5 @@ class TokensFile:
             return list(self._callers)
 
     def find(self, token: str) -> Caller | None:
-        """The caller whose token this is: every stored hash is compared, in constant time each."""
-        digest = token_digest(token)
-        found = None
-        for caller in self.callers():
-            if hmac.compare_digest(caller.sha256, digest):
-                found = caller
-        return found
+        """The caller whose token this is (every stored hash compared, in constant time each)."""
+        return caller_of(self.callers(), token)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import signal
 import sys
@@ -105,7 +106,7 @@ def serve_command(args: argparse.Namespace) -> int:
         if args.workspaces == "mounted":
             raise UsageError("--workspaces mounted keeps workspaces on one host; with --state they are archives")
         book = SharedBook(database)
-        contents = lambda root: SharedArchives(root, database, book.held)  # noqa: E731
+        contents = functools.partial(SharedArchives, database=database, held=book.held)
         log.info("workspaces are kept as archives in the shared state, continued on any replica")
     workspaces = WorkspaceStore(
         state_dir / "workspaces", policy.workspace, policy.host.workspace_storage_mb * 1024 * 1024, contents, book

@@ -48,21 +48,24 @@ class LocalQuestions:
         self._asked: dict[str, OrderedDict[str, float]] = {}
         self._lock = threading.Lock()
 
-    def _live(self, caller: str, most: int) -> OrderedDict[str, float]:
+    def _live(self, caller: str) -> OrderedDict[str, float]:
         now, questions = time.monotonic(), self._asked.setdefault(caller, OrderedDict())
-        while questions and (next(iter(questions.values())) <= now or len(questions) >= most):
-            questions.popitem(last=False)  # lapsed, or this caller's oldest past its cap
+        while questions and next(iter(questions.values())) <= now:
+            questions.popitem(last=False)  # lapsed (asked in order, so the oldest lapse first)
         return questions
 
     def ask(self, caller: str, lapse_s: float, most: int) -> str:
         question_id = secrets.token_urlsafe(16)
         with self._lock:
-            self._live(caller, most)[question_id] = time.monotonic() + lapse_s
+            questions = self._live(caller)
+            while len(questions) >= most:
+                questions.popitem(last=False)  # this caller's oldest, past its cap
+            questions[question_id] = time.monotonic() + lapse_s
         return question_id
 
     def take(self, caller: str, question_id: str) -> bool:
         with self._lock:
-            questions = self._live(caller, MAX_QUESTIONS + 1)
+            questions = self._live(caller)
             asked = questions.pop(question_id, None)
             if not questions:
                 del self._asked[caller]

@@ -69,7 +69,6 @@ class SharedBook:
         to a worker thread each)."""
         key = lock_key(f"workspace:{workspace_id}")
         stack = contextlib.ExitStack()
-
         holding: list[psycopg.Connection[Any]] = []
 
         def take() -> bool:

@@ -14,6 +14,9 @@ balancer and the second process cost. Writes bench/results/replicas.json.
 from __future__ import annotations
 
 import argparse
+import functools
+import io
+import tarfile
 import tempfile
 import time
 from collections.abc import Iterator
@@ -27,10 +30,12 @@ from mcp import Client
 from bench.common import print_table, write_results
 from bench.measure import percentiles
 from sandbox_server.access.shared import SharedRate
-from sandbox_server.policy import RateLimits
+from sandbox_server.policy import RateLimits, WorkspaceSettings
+from sandbox_server.sandbox.spec import ExecutionResult, SandboxSpec
 from sandbox_server.state.database import Database
-from sandbox_server.workspaces.records import WorkspaceRecord
+from sandbox_server.workspaces.kept import KeptWorkspace
 from sandbox_server.workspaces.shared import SharedArchives, SharedBook
+from sandbox_server.workspaces.store import WorkspaceStore
 from tests.replicas import Replica, haproxy, postgres, start_replica
 
 POLICY = """\
@@ -61,44 +66,67 @@ async def continued(url: str, rounds: int, gap_s: float) -> dict[str, float]:
     return percentiles(samples)
 
 
-async def database_path(url: str, folder: Path, rounds: int) -> dict[str, float]:
-    """What a replica asks of the database for one call continuing a workspace, in the order it asks, through
-    the same stores and trips to worker threads as a call: the calls per minute and the calls running (counted, and let
-    go), the workspace records (read at open, and again with the new size at save, which writes the record), the
-    workspace's lock (taken and let go), its generation, and the save of a small archive (one chunk)."""
-    database = Database(url, "bench-database-path")
+class Saving:
+    """A runtime whose program appends a line to the workspace's one file: the workspace archive a sandbox would
+    hand back, made without an engine, so that only the stores are measured."""
+
+    def __init__(self) -> None:
+        self.log = b""
+
+    async def run(self, spec: SandboxSpec, on_progress: object = None) -> ExecutionResult:
+        self.log += b"workspace archive line\n" * 16
+        archive = tempfile.TemporaryFile()
+        with tarfile.open(fileobj=archive, mode="w") as tar:
+            member = tarfile.TarInfo("log")
+            member.size = len(self.log)
+            tar.addfile(member, io.BytesIO(self.log))
+        archive.seek(0)
+        return ExecutionResult(exit_code=0, stdout=b"", stderr=b"", duration_ms=0, workspace=archive)
+
+
+async def database_part(url: str, folder: Path, rounds: int) -> dict[str, Any]:
+    """What the database adds to a call continuing an archived workspace: the same call through the server's own
+    stores, in the same order and trips to worker threads as a call (the call counted and entered, the
+    workspace opened by its id, held, begun, saved and let go, the call let go), once with local files and once
+    with PostgreSQL, alternately; the median of the pairs' differences."""
+    database = Database(url, "bench-database-part")
     await anyio.to_thread.run_sync(database.open)
-    rate, book = SharedRate(database), SharedBook(database)
-    archives = SharedArchives(folder, database, book.held)
-    limits = RateLimits(calls_per_minute=100_000, concurrent_calls=8)
-    now = time.time()
-    record = WorkspaceRecord(id="ws-bench-database-path", session=None, client="bench", created=now, last_used=now)
-    await anyio.to_thread.run_sync(book.write, record)
-    saved = folder / "saved.tar"
-    samples = []
+    settings = WorkspaceSettings(persist=True)
+    local = WorkspaceStore(folder / "local", settings, 1 << 30)
+    book = SharedBook(database)
+    shared = WorkspaceStore(folder / "shared", settings, 1 << 30, functools.partial(SharedArchives, book=book), book)
+    rate, limits = SharedRate(database), RateLimits(calls_per_minute=100_000, concurrent_calls=8)
+    spec = SandboxSpec(image="bench", argv=("true",))
+
+    async def call(store: WorkspaceStore, runtime: Saving, workspace: str | None) -> tuple[float, str]:
+        started = time.perf_counter()
+        entered = None
+        if store is shared:
+            entered = await rate.admit("bench", limits, "bench")
+        kept = await anyio.to_thread.run_sync(KeptWorkspace.open, runtime, store, workspace, None, "bench")
+        assert kept is not None
+        result = await kept.run(spec)
+        assert kept.saved, result
+        if entered is not None:
+            await rate.leave(entered)
+        return time.perf_counter() - started, kept.record.id
+
     try:
+        runtimes = {local: Saving(), shared: Saving()}
+        workspaces = {store: (await call(store, runtimes[store], None))[1] for store in (local, shared)}
+        samples: dict[str, list[float]] = {"local": [], "shared": [], "added": []}
         for turn in range(rounds + 2):
-            saved.write_bytes(b"workspace archive " * 512)  # a small workspace: one chunk
-            started = time.perf_counter()
-            await anyio.to_thread.run_sync(rate.count, "bench", limits, "bench")
-            call = await anyio.to_thread.run_sync(rate.enter, "bench", limits, "bench")
-            await anyio.to_thread.run_sync(book.load)
-            async with book.hold(record.id, 5.0):
-                await anyio.to_thread.run_sync(archives._fresh, record.id, True)  # as begin() asks, in its thread
-
-                def finish() -> None:  # as the store's finish does, in one thread: room check, save, record
-                    book.load()
-                    archives._keep(record.id, saved)
-                    book.write(record)
-
-                await anyio.to_thread.run_sync(finish)
-            await anyio.to_thread.run_sync(rate.leave, call)
-            if turn >= 2:
-                samples.append(time.perf_counter() - started)
+            took = {store: (await call(store, runtimes[store], workspaces[store]))[0] for store in (local, shared)}
+            if turn >= 2:  # the first two warm the path
+                samples["local"].append(took[local])
+                samples["shared"].append(took[shared])
+                samples["added"].append(took[shared] - took[local])
     finally:
-        await anyio.to_thread.run_sync(book.delete, record.id)
+        shared.close()
+        await anyio.to_thread.run_sync(book.delete, workspaces[shared])
+        await database.aclose()
         await anyio.to_thread.run_sync(database.close)
-    return percentiles(samples)
+    return {name: percentiles(values) for name, values in samples.items()}
 
 
 async def flood(url: str, callers: int, calls: int) -> dict[str, Any]:
@@ -146,8 +174,7 @@ def main(argv: list[str]) -> int:
         stateless.write_text(STATELESS)
         args = ("--policy", str(policy))
         database = stack.enter_context(postgres())
-        (folder / "path").mkdir()
-        database_row = anyio.run(database_path, database.url, folder / "path", options.rounds * 5)
+        database_row = anyio.run(database_part, database.url, folder / "part", options.rounds * 5)
         for number, (label, state, extra) in enumerate(
             (
                 ("mounted workspace, one server (the default)", None, ()),
@@ -170,15 +197,23 @@ def main(argv: list[str]) -> int:
     )
     print()
     print_table(
-        ("the database's part of one such call", "p50 ms", "p95 ms"),
-        [("count, hold, read, save, let go (target: p50 under 5 ms)", database_row["p50"], database_row["p95"])],
+        ("the stores' part of one such call", "p50 ms", "p95 ms"),
+        [
+            ("local files", database_row["local"]["p50"], database_row["local"]["p95"]),
+            ("PostgreSQL", database_row["shared"]["p50"], database_row["shared"]["p95"]),
+            (
+                "added by PostgreSQL, pair by pair (target: p50 under 5 ms)",
+                database_row["added"]["p50"],
+                database_row["added"]["p95"],
+            ),
+        ],  # fmt: skip
     )
     print()
     print_table(
         ("stateless calls at once", "calls/s", "seconds", "failed"),
         [(name, row["calls_per_s"], row["seconds"], row["failed"]) for name, row in throughput.items()],
     )
-    results = {"options": vars(options), "latency": latency, "database_path": database_row, "throughput": throughput}
+    results = {"options": vars(options), "latency": latency, "database_part": database_row, "throughput": throughput}
     path = write_results("replicas", results)
     print(f"wrote {path}")
     return 0

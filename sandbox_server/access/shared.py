@@ -23,17 +23,24 @@ __all__ = ["SharedAccess", "SharedQuestions", "SharedRate", "SharedTokens"]
 
 
 class SharedRate:
-    """Calls per minute and calls running at once, per limits key, counted across replicas."""
+    """Calls per minute and calls running at once, per limits key, counted across replicas (on the event loop:
+    one statement each)."""
 
     def __init__(self, database: Database) -> None:
         self.database = database
 
-    def count(self, key: str, rate: RateLimits, policy_name: str) -> None:
-        """Count one call against the key's calls of the last minute; a Refusal when it may make no more (one
-        statement: the schema's sandbox_count_call; rows older than a minute are swept at each heartbeat)."""
-        rows = self.database.run("SELECT * FROM sandbox_count_call(%s, %s)", (key, rate.calls_per_minute))
-        made, left_s = rows[0] if rows else (0, None)
-        if made >= rate.calls_per_minute:
+    async def admit(self, key: str, rate: RateLimits, policy_name: str) -> str:
+        """Count one call against the key's calls of the last minute and as running on this replica (its id, for
+        `leave`), once its turn comes here; a Refusal when the key may make no more calls this minute, or runs as
+        many as its policy allows on the live replicas together. One statement: the schema's sandbox_admit_call
+        (its rows older than a minute are swept at each heartbeat)."""
+        call_id = str(uuid.uuid4())
+        rows = await self.database.arun(
+            "SELECT * FROM sandbox_admit_call(%s, %s, %s, %s, %s, %s)",
+            (call_id, key, self.database.owner, rate.calls_per_minute, rate.concurrent_calls, REPLICA_LOST_S),
+        )
+        refused, amount, left_s = rows[0] if rows else (None, 0, None)
+        if refused == "rate.calls_per_minute":
             retry = max(1, math.ceil(float(left_s or 1)))
             raise Refusal(
                 f"rate limited: {rate.calls_per_minute} calls/min (policy '{policy_name}', field "
@@ -42,19 +49,9 @@ class SharedRate:
                 kind="rate_limited",
                 retry_after_s=retry,
             )
-
-    def enter(self, key: str, rate: RateLimits, policy_name: str) -> str:
-        """Count one running call of the key on this replica (its id, for `leave`); a Refusal when the key runs
-        as many as its policy allows on the live replicas together (one statement, as `count`)."""
-        call_id = str(uuid.uuid4())
-        rows = self.database.run(
-            "SELECT sandbox_enter_call(%s, %s, %s, %s, %s)",
-            (call_id, key, self.database.owner, rate.concurrent_calls, REPLICA_LOST_S),
-        )
-        running = rows[0][0] if rows else 0
-        if running >= rate.concurrent_calls:
+        if refused is not None:
             raise Refusal(
-                f"busy: {running} calls of this caller already running on the server's replicas together "
+                f"busy: {amount} calls of this caller already running on the server's replicas together "
                 f"(policy '{policy_name}', field rate.concurrent_calls); retry in 1 s",
                 "rate.concurrent_calls",
                 kind="busy",
@@ -62,9 +59,9 @@ class SharedRate:
             )
         return call_id
 
-    def leave(self, call_id: str) -> None:
+    async def leave(self, call_id: str) -> None:
         """The call ended (a replica that dies stops counting when its heartbeat stops)."""
-        self.database.run("SELECT sandbox_leave_call(%s)", (call_id,))
+        await self.database.arun("SELECT sandbox_leave_call(%s)", (call_id,))
 
 
 class SharedQuestions:

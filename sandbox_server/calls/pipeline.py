@@ -179,15 +179,11 @@ class CallPipeline:
             self.admission.check_host()
             ticket = None
         else:
-            if self.shared_rate is not None:
-                await anyio.to_thread.run_sync(self.shared_rate.count, identity.limits_key, policy.rate, policy.name)
             ticket = await self.admission.enter(identity.limits_key, policy.rate, policy.name, deadline, waiting)
         shared_call = None
         try:
             if self.shared_rate is not None and ticket is not None:
-                shared_call = await anyio.to_thread.run_sync(
-                    self.shared_rate.enter, identity.limits_key, policy.rate, policy.name
-                )
+                shared_call = await self.shared_rate.admit(identity.limits_key, policy.rate, policy.name)
             runtime, kept = await self._workspace_runtime(arguments, policy, identity, session)
         except BaseException:
             if ticket is not None:
@@ -238,7 +234,7 @@ class CallPipeline:
         with anyio.CancelScope(shield=True):
             try:
                 if rate is not None:
-                    await anyio.to_thread.run_sync(rate.leave, call_id)
+                    await rate.leave(call_id)
             except Refusal as exc:  # the database is down: the row goes with this replica's heartbeat
                 logging.getLogger("sandbox_server").warning("%s", exc)
 

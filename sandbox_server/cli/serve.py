@@ -106,7 +106,7 @@ def serve_command(args: argparse.Namespace) -> int:
         if args.workspaces == "mounted":
             raise UsageError("--workspaces mounted keeps workspaces on one host; with --state they are archives")
         book = SharedBook(database)
-        contents = functools.partial(SharedArchives, database=database, held=book.held)
+        contents = functools.partial(SharedArchives, book=book)
         log.info("workspaces are kept as archives in the shared state, continued on any replica")
     workspaces = WorkspaceStore(
         state_dir / "workspaces", policy.workspace, policy.host.workspace_storage_mb * 1024 * 1024, contents, book
@@ -163,6 +163,7 @@ def serve_command(args: argparse.Namespace) -> int:
             await anyio.sleep(database.beat_s)
             try:
                 await anyio.to_thread.run_sync(database.check)
+                await database.acheck()
                 await anyio.to_thread.run_sync(database.beat)
                 await anyio.to_thread.run_sync(database.forget_lost)
             except SandboxServerError as exc:
@@ -260,6 +261,7 @@ def serve_command(args: argparse.Namespace) -> int:
                 await anyio.to_thread.run_sync(proxies.close)
                 workspaces.close()
                 if database is not None:
+                    await database.aclose()
                     await anyio.to_thread.run_sync(database.close)
 
     anyio.run(main)

@@ -1,8 +1,10 @@
 """The PostgreSQL database replicas share: a pool of connections, the migrations run at start, each replica's
 heartbeat, and keys made once and read by every replica.
 
-psycopg 3 serves both of the server's sides: the stores run in worker threads (as the file-backed ones do their
-disk work there), so they use its blocking API over one pool; nothing here runs on the event loop.
+psycopg 3 serves both of the server's sides. The stores run in worker threads (as the file-backed ones do their
+disk work there), so they use its blocking API over one pool. The statements on every call's path (counting the
+call, holding its workspace, letting both go) use its asyncio API over a second pool, on the event loop itself:
+a trip to a worker thread costs more than the statement.
 
 A database that does not answer is `StateUnavailable`, a Refusal: a call that needs it is answered with an
 `isError` result saying so, and the sweeps that need it log it and try again at their next turn.
@@ -15,7 +17,7 @@ import hashlib
 import logging
 import re
 import secrets
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import psycopg
@@ -65,19 +67,21 @@ def lock_key(name: str) -> int:
 class Database:
     """One replica's connections to the shared state."""
 
-    def __init__(self, url: str, owner: str, max_connections: int = 20) -> None:
+    def __init__(self, url: str, owner: str, max_connections: int = 10, max_calls: int = 20) -> None:
         self.url, self.owner = url, owner
         self.beat_s = BEAT_S
         self.where = re.sub(r"^.*@", "", shown_url(url)).split("?", 1)[0] or "the default socket"
-        self.pool = psycopg_pool.ConnectionPool(
-            url,
-            min_size=1,
-            max_size=max_connections,
-            open=False,
-            timeout=POOL_WAIT_S,
-            kwargs={"autocommit": True, "connect_timeout": CONNECT_TIMEOUT_S},
-            name="sandbox-state",
-        )
+        settings: dict[str, Any] = {
+            "min_size": 1,
+            "open": False,
+            "timeout": POOL_WAIT_S,
+            "kwargs": {"autocommit": True, "connect_timeout": CONNECT_TIMEOUT_S},
+        }
+        self.pool = psycopg_pool.ConnectionPool(url, max_size=max_connections, name="sandbox-state", **settings)
+        self.calls = psycopg_pool.AsyncConnectionPool(url, max_size=max_calls, name="sandbox-calls", **settings)
+        """The event loop's pool: a call holding an archived workspace keeps one of its connections while it runs,
+        so `max_calls` bounds those calls on this replica."""
+        self._calls_open = False
 
     def open(self, replica: bool = True) -> None:
         """Connect, migrate the schema to this version's, and (a replica) say it is alive."""
@@ -106,7 +110,30 @@ class Database:
         except (psycopg.OperationalError, psycopg_pool.PoolTimeout) as exc:
             raise StateUnavailable(self.where, exc) from exc
 
-    def run(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    @contextlib.asynccontextmanager
+    async def aconnection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        """A connection of the event loop's pool (opened at its first use, on the loop it then serves)."""
+        try:
+            if not self._calls_open:
+                await self.calls.open()
+                self._calls_open = True
+            async with self.calls.connection() as connection:
+                yield connection
+        except (psycopg.OperationalError, psycopg_pool.PoolTimeout) as exc:
+            raise StateUnavailable(self.where, exc) from exc
+
+    async def arun(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        """One statement on the event loop; the rows it returns."""
+        async with self.aconnection() as connection:
+            cursor = await connection.execute(sql, params)
+            return await cursor.fetchall() if cursor.description is not None else []
+
+    async def aclose(self) -> None:
+        """Close the event loop's pool (on that loop, before `close`)."""
+        if self._calls_open:
+            await self.calls.close()
+
+    def run(self, sql: str, params: tuple[Any, ...] | dict[str, Any] = ()) -> list[tuple[Any, ...]]:
         """One statement; the rows it returns (none for a statement that returns none)."""
         with self.connection() as connection:
             cursor = connection.execute(sql, params)
@@ -134,6 +161,11 @@ class Database:
         """Replace the pool's idle connections a restarted database dropped (at each heartbeat, rather than a
         round trip before every use)."""
         self.pool.check()
+
+    async def acheck(self) -> None:
+        """The same for the event loop's pool."""
+        if self._calls_open:
+            await self.calls.check()
 
     def beat(self) -> None:
         """Say this replica is alive."""

@@ -114,4 +114,45 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX result_files_tenant ON result_files (tenant, kept_at);
     """,
+    # 5: one statement for each of a call's two writes. A call is counted and entered together once its turn
+    # comes on its replica (NULL: it may run; else the field it is past and what that refusal says). A workspace is
+    # saved by one statement: its record with its new size when the host's cap has room for it (taken: what all
+    # workspaces would take, then), its new generation, its first chunk, and the older generations gone (a larger
+    # archive's other chunks follow in the same transaction); saved and taken both NULL: the workspace is gone.
+    """
+    CREATE FUNCTION sandbox_admit_call(call_id text, call_key text, replica text, per_minute integer,
+                                       most integer, lost_s double precision)
+    RETURNS TABLE (refused text, amount bigint, left_s double precision) LANGUAGE plpgsql AS $$
+    BEGIN
+        SELECT CASE WHEN c.made >= per_minute THEN 'rate.calls_per_minute' END, c.made, c.left_s
+          INTO refused, amount, left_s FROM sandbox_count_call(call_key, per_minute) c;
+        IF refused IS NULL THEN
+            amount := sandbox_enter_call(call_id, call_key, replica, most, lost_s);
+            refused := CASE WHEN amount >= most THEN 'rate.concurrent_calls' END;
+        END IF;
+        RETURN NEXT;
+    END $$;
+    CREATE FUNCTION sandbox_save_workspace(workspace text, first_chunk bytea, sized jsonb, cap bigint)
+    RETURNS TABLE (saved bigint, taken bigint) LANGUAGE plpgsql AS $$
+    BEGIN
+        PERFORM 1 FROM workspaces WHERE id = workspace FOR UPDATE;
+        IF NOT FOUND THEN
+            RETURN NEXT;
+            RETURN;
+        END IF;
+        IF sized IS NOT NULL THEN
+            SELECT coalesce(sum((w.record->>'size_bytes')::bigint), 0) + (sized->>'size_bytes')::bigint
+              INTO taken FROM workspaces w WHERE w.id <> workspace;
+            IF taken > cap THEN
+                RETURN NEXT;
+                RETURN;
+            END IF;
+        END IF;
+        UPDATE workspaces SET generation = generation + 1, record = coalesce(sized, record) WHERE id = workspace
+          RETURNING generation INTO saved;
+        INSERT INTO workspace_chunks (workspace_id, generation, seq, data) VALUES (workspace, saved, 0, first_chunk);
+        DELETE FROM workspace_chunks WHERE workspace_id = workspace AND generation < saved;
+        RETURN NEXT;
+    END $$;
+    """,
 )

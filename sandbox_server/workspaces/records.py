@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 from sandbox_server.workspaces.naming import ID_PATTERN
 
-__all__ = ["FileBook", "RecordBook", "WorkspaceRecord", "from_fields", "to_fields"]
+__all__ = ["FileBook", "RecordBook", "WorkspaceRecord", "from_fields", "over_cap", "to_fields"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +34,14 @@ class WorkspaceRecord:
     """A later call continued it (by its id, or as its session's): removed after those no call continued."""
 
 
+def over_cap(total: int, storage_bytes: int) -> str:
+    """Why a workspace of this size was not kept: the host's cap."""
+    return (
+        f"the workspace was not saved: all workspaces together would take {total} bytes, above the host's cap of "
+        f"{storage_bytes} (policy field host.workspace_storage_mb); it is as the previous call left it"
+    )
+
+
 class RecordBook(Protocol):
     """Where a store's records live."""
 
@@ -45,6 +53,15 @@ class RecordBook(Protocol):
 
     def write(self, record: WorkspaceRecord) -> None:
         """Keep a record (a new one, or a new version of one)."""
+
+    def get(self, workspace_id: str) -> WorkspaceRecord | None:
+        """One record (None when there is none)."""
+
+    def resize(self, record: WorkspaceRecord, storage_bytes: int, others_bytes: int) -> bool:
+        """Write a record with its workspace's new size when all workspaces fit in `storage_bytes` with it (False
+        when they do not); `others_bytes` is what the others take as this process knows it. A shared book writes
+        it with the workspace's save instead, which counts the others in the same statement, and refuses it
+        there."""
 
     def delete(self, workspace_id: str) -> None:
         """Forget a record."""
@@ -63,20 +80,29 @@ class FileBook:
         self.root = root
 
     def load(self) -> dict[str, WorkspaceRecord]:
-        records = {}
-        for path in self.root.glob("ws-*.json"):
-            try:
-                record = from_fields(json.loads(path.read_text()))
-            except (OSError, ValueError, TypeError):
-                continue  # a record this version cannot read is swept with its files
-            if ID_PATTERN.fullmatch(record.id) and path.stem == record.id:
-                records[record.id] = record
-        return records
+        records = (self._read(path) for path in self.root.glob("ws-*.json"))
+        return {record.id: record for record in records if record is not None}
+
+    def _read(self, path: Path) -> WorkspaceRecord | None:
+        try:
+            record = from_fields(json.loads(path.read_text()))
+        except (OSError, ValueError, TypeError):
+            return None  # a record this version cannot read is swept with its files
+        return record if ID_PATTERN.fullmatch(record.id) and path.stem == record.id else None
 
     def write(self, record: WorkspaceRecord) -> None:
         temporary = self.root / f".{record.id}.json.new"
         temporary.write_text(json.dumps(to_fields(record)))
         os.replace(temporary, self.root / f"{record.id}.json")
+
+    def get(self, workspace_id: str) -> WorkspaceRecord | None:
+        return self._read(self.root / f"{workspace_id}.json") if ID_PATTERN.fullmatch(workspace_id) else None
+
+    def resize(self, record: WorkspaceRecord, storage_bytes: int, others_bytes: int) -> bool:
+        if others_bytes + record.size_bytes > storage_bytes:
+            return False
+        self.write(record)
+        return True
 
     def delete(self, workspace_id: str) -> None:
         (self.root / f"{workspace_id}.json").unlink(missing_ok=True)

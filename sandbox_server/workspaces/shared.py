@@ -21,7 +21,7 @@ import os
 import threading
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import anyio.to_thread
 import psycopg
@@ -30,7 +30,7 @@ from sandbox_server.errors import Refusal
 from sandbox_server.sandbox.spec import SandboxSpec
 from sandbox_server.state.database import Database, StateUnavailable, lock_key
 from sandbox_server.workspaces.contents import ArchivedContents
-from sandbox_server.workspaces.records import WorkspaceRecord, from_fields, to_fields
+from sandbox_server.workspaces.records import WorkspaceRecord, from_fields, over_cap, to_fields
 
 __all__ = ["SharedArchives", "SharedBook"]
 
@@ -45,13 +45,20 @@ class SharedBook:
 
     def __init__(self, database: Database) -> None:
         self.database = database
-        self.held: set[str] = set()
-        """The workspaces a call of this replica holds now (SharedArchives reads none of them again)."""
+        self.held: dict[str, int] = {}
+        """The workspaces a call of this replica holds now, and the generation of each as the hold found it or
+        its call saved it (SharedArchives asks the database for none of them)."""
+        self.sizing: dict[str, tuple[str, int]] = {}
+        """Records with their workspace's new size, each written by that workspace's save, and the host's cap."""
 
     def load(self) -> dict[str, WorkspaceRecord]:
         rows = self.database.run("SELECT record FROM workspaces")
         records = (from_fields(row[0]) for row in rows)
         return {record.id: record for record in records}
+
+    def get(self, workspace_id: str) -> WorkspaceRecord | None:
+        rows = self.database.run("SELECT record FROM workspaces WHERE id = %s", (workspace_id,))
+        return from_fields(rows[0][0]) if rows else None
 
     def write(self, record: WorkspaceRecord) -> None:
         self.database.run(
@@ -60,77 +67,80 @@ class SharedBook:
             (record.id, record.client, record.session, json.dumps(to_fields(record))),
         )
 
+    def resize(self, record: WorkspaceRecord, storage_bytes: int, others_bytes: int) -> bool:
+        """Kept for the workspace's save (SharedArchives), which writes the record, counting the other
+        workspaces against the cap in the same statement."""
+        self.sizing[record.id] = (json.dumps(to_fields(record)), storage_bytes)
+        return True
+
     def delete(self, workspace_id: str) -> None:
         self.database.run("DELETE FROM workspaces WHERE id = %s", (workspace_id,))
 
     @contextlib.asynccontextmanager
     async def hold(self, workspace_id: str, wait_s: float) -> AsyncIterator[bool]:
-        """An advisory lock on a connection of its own, held while the call runs (taken and let go of in one trip
-        to a worker thread each)."""
+        """An advisory lock on a connection of its own, held while the call runs: taken, with the workspace's
+        generation, in one statement on the event loop, and let go of in another."""
         key = lock_key(f"workspace:{workspace_id}")
-        stack = contextlib.ExitStack()
-        holding: list[psycopg.Connection[Any]] = []
-
-        def take() -> bool:
-            holding.append(stack.enter_context(self.database.connection()))
-            return _lock(holding[0], key, wait_s)
-
-        def let_go(held: bool) -> None:
-            try:
-                if held:
-                    with contextlib.suppress(psycopg.Error):
-                        holding[0].execute("SELECT pg_advisory_unlock(%s)", (key,))
-            finally:
-                with contextlib.suppress(Refusal):
-                    stack.close()
-
-        held = False
+        stack = contextlib.AsyncExitStack()
         try:
-            held = await anyio.to_thread.run_sync(take)
-            if held:
-                self.held.add(workspace_id)
-            yield held
+            with anyio.CancelScope(shield=True):  # a lock taken is always let go of
+                connection = await stack.enter_async_context(self.database.aconnection())
+                generation = await _lock(connection, key, workspace_id, wait_s)
+            if generation is None:
+                yield False
+                return
+            self.held[workspace_id] = generation
+            try:
+                yield True
+            finally:
+                self.held.pop(workspace_id, None)
+                with anyio.CancelScope(shield=True), contextlib.suppress(psycopg.Error):
+                    await connection.execute("SELECT pg_advisory_unlock(%s)", (key,))
         finally:
-            self.held.discard(workspace_id)
-            with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(let_go, held)
+            with anyio.CancelScope(shield=True), contextlib.suppress(Refusal):
+                await stack.aclose()
 
 
-def _lock(connection: psycopg.Connection[Any], key: int, wait_s: float) -> bool:
-    """Take the lock: at once when nobody holds it (one round trip), else waiting up to `wait_s`."""
-    row = connection.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()
+async def _lock(connection: psycopg.AsyncConnection[Any], key: int, workspace_id: str, wait_s: float) -> int | None:
+    """Take the lock: at once when nobody holds it (one round trip, which also reads the workspace's generation),
+    else waiting up to `wait_s`. The generation then (0: none saved), or None when the lock was not had."""
+    generation_of = "(SELECT generation FROM workspaces WHERE id = %s)"
+    cursor = await connection.execute(f"SELECT pg_try_advisory_lock(%s), {generation_of}", (key, workspace_id))
+    row = await cursor.fetchone()
     if row is not None and row[0]:
-        return True
+        return int(row[1] or 0)
     try:
-        connection.execute(f"SET lock_timeout = {max(1, int(wait_s * 1000))}")
-        connection.execute("SELECT pg_advisory_lock(%s)", (key,))
-        return True
+        await connection.execute(f"SET lock_timeout = {max(1, int(wait_s * 1000))}")
+        cursor = await connection.execute(f"SELECT pg_advisory_lock(%s), {generation_of}", (key, workspace_id))
+        row = await cursor.fetchone()
+        return int(row[1] or 0) if row is not None else 0
     except psycopg.errors.LockNotAvailable:
-        return False
+        return None
     finally:
         with contextlib.suppress(psycopg.Error):
-            connection.execute("SET lock_timeout = 0")
+            await connection.execute("SET lock_timeout = 0")
 
 
 class SharedArchives(ArchivedContents):
     """Archives kept in the database; this replica's folder caches the generation it last read of each."""
 
-    def __init__(self, root: Path, database: Database, held: set[str] | None = None) -> None:
+    def __init__(self, root: Path, book: SharedBook) -> None:
         super().__init__(root)
-        self.database = database
-        self.held = held if held is not None else set()
-        """The workspaces a call of this replica holds now (SharedBook.held): no other replica writes them."""
+        self.book, self.database = book, book.database
+        self.held = book.held
+        """The workspaces a call of this replica holds now, with their generation: no other replica writes them,
+        so their generation is known without asking."""
         self._have: dict[str, int] = {}
         """The generation of each workspace whose archive this replica's folder holds."""
         self._lock = threading.Lock()
 
-    def _fresh(self, workspace_id: str, always: bool = False) -> None:
-        """Bring this replica's copy of the archive to the database's generation (asked unless a call of this
-        replica holds the workspace and its copy is the one that call began from or saved)."""
-        if not always and workspace_id in self.held and workspace_id in self._have:
-            return
-        rows = self.database.run("SELECT generation FROM workspaces WHERE id = %s", (workspace_id,))
-        generation = rows[0][0] if rows else 0
+    def _fresh(self, workspace_id: str) -> None:
+        """Bring this replica's copy of the archive to the database's generation (known without asking while a
+        call of this replica holds the workspace)."""
+        generation = self.held.get(workspace_id)
+        if generation is None:
+            rows = self.database.run("SELECT generation FROM workspaces WHERE id = %s", (workspace_id,))
+            generation = rows[0][0] if rows else 0
         with self._lock:
             if self._have.get(workspace_id) == generation:
                 return
@@ -141,21 +151,22 @@ class SharedArchives(ArchivedContents):
                 partial = self.root / f".{workspace_id}.tar.read"
                 try:
                     with self.database.connection() as connection, connection.transaction(), open(partial, "wb") as out:
-                        cursor = connection.cursor(name=f"read-{workspace_id}")
-                        cursor.itersize = 4
-                        cursor.execute(
-                            "SELECT data FROM workspace_chunks WHERE workspace_id = %s AND generation = %s ORDER BY seq",
-                            (workspace_id, generation),
-                        )
-                        for (data,) in cursor:
-                            out.write(data)
+                        with connection.cursor(name=f"read-{workspace_id}") as cursor:
+                            cursor.itersize = 4
+                            cursor.execute(
+                                "SELECT data FROM workspace_chunks WHERE workspace_id = %s AND generation = %s "
+                                "ORDER BY seq",
+                                (workspace_id, generation),
+                            )
+                            for (data,) in cursor:
+                                out.write(data)
                     os.replace(partial, path)
                 finally:
                     partial.unlink(missing_ok=True)
             self._have[workspace_id] = generation
 
     def begin(self, workspace_id: str, spec: SandboxSpec) -> SandboxSpec:
-        self._fresh(workspace_id, always=True)
+        self._fresh(workspace_id)
         return super().begin(workspace_id, spec)
 
     def _members(self, workspace_id: str) -> Iterator[Any]:
@@ -163,39 +174,50 @@ class SharedArchives(ArchivedContents):
         yield from super()._members(workspace_id)
 
     def _keep(self, workspace_id: str, saved: Path) -> str | None:
+        """One statement saves a small workspace whole: its record with its new size, when the host's cap has
+        room for it, its new generation and its archive (a larger archive's other chunks follow in the same
+        transaction)."""
+        record, cap = self.book.sizing.pop(workspace_id, (None, None))
         try:
-            with self.database.connection() as connection, connection.transaction():
-                row = connection.execute(
-                    "UPDATE workspaces SET generation = generation + 1 WHERE id = %s RETURNING generation",
-                    (workspace_id,),
-                ).fetchone()
-                if row is None:
-                    return "the workspace was removed while the call ran; nothing was saved"
-                generation = row[0]
-                # The chunks go as a pipeline (no round trip each), synced every few so that no more than those
-                # wait in memory; the older generation goes in the same transaction.
-                with open(saved, "rb") as archive, connection.pipeline() as pipeline, connection.cursor() as cursor:
-                    seq = 0
-                    while chunk := archive.read(CHUNK_BYTES):
-                        cursor.execute(
-                            "INSERT INTO workspace_chunks (workspace_id, generation, seq, data) VALUES (%s, %s, %s, %s)",
-                            (workspace_id, generation, seq, chunk),
-                        )
-                        seq += 1
-                        if seq % CHUNKS_IN_FLIGHT == 0:
-                            pipeline.sync()
-                    cursor.execute(
-                        "DELETE FROM workspace_chunks WHERE workspace_id = %s AND generation < %s",
-                        (workspace_id, generation),
-                    )
+            with self.database.connection() as connection, open(saved, "rb") as archive:
+                whole = os.fstat(archive.fileno()).st_size <= CHUNK_BYTES
+                with contextlib.nullcontext() if whole else connection.transaction():
+                    first = archive.read(CHUNK_BYTES)
+                    row = connection.execute(
+                        "SELECT * FROM sandbox_save_workspace(%s, %s, %s, %s)", (workspace_id, first, record, cap)
+                    ).fetchone()
+                    generation, taken = row if row is not None else (None, None)
+                    if generation is None and taken is not None and cap is not None:
+                        return over_cap(taken, cap)
+                    if generation is None:
+                        return "the workspace was removed while the call ran; nothing was saved"
+                    if not whole:
+                        _add_chunks(connection, archive, workspace_id, generation)
         except StateUnavailable as exc:
             return f"the workspace was not saved ({exc}); it is as the previous call left it"
         with self._lock:
             os.replace(saved, self._archive(workspace_id))
             self._have[workspace_id] = generation
+            if workspace_id in self.held:
+                self.held[workspace_id] = generation
         return None
 
     def remove(self, workspace_id: str, later: bool = False) -> None:
         with self._lock:
             self._have.pop(workspace_id, None)
             super().remove(workspace_id, later)
+
+
+def _add_chunks(connection: psycopg.Connection[Any], archive: BinaryIO, workspace_id: str, generation: int) -> None:
+    """The chunks after the first, as a pipeline (no round trip each), synced every few so that no more than those
+    wait in memory."""
+    with connection.pipeline() as pipeline, connection.cursor() as cursor:
+        seq = 1
+        while chunk := archive.read(CHUNK_BYTES):
+            cursor.execute(
+                "INSERT INTO workspace_chunks (workspace_id, generation, seq, data) VALUES (%s, %s, %s, %s)",
+                (workspace_id, generation, seq, chunk),
+            )
+            seq += 1
+            if seq % CHUNKS_IN_FLIGHT == 0:
+                pipeline.sync()

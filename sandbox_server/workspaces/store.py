@@ -29,7 +29,7 @@ from sandbox_server.sandbox.spec import ExecutionResult, SandboxSpec
 from sandbox_server.workspaces.contents import ArchivedContents, Contents, mime_type
 from sandbox_server.workspaces.files import FileState
 from sandbox_server.workspaces.naming import ID_PATTERN, internal, parse_resource_uri, resource_uri, shown_name
-from sandbox_server.workspaces.records import FileBook, RecordBook, WorkspaceRecord
+from sandbox_server.workspaces.records import FileBook, RecordBook, WorkspaceRecord, over_cap
 
 __all__ = ["WorkspaceRecord", "WorkspaceStore", "default_state_dir", "session_key"]
 
@@ -104,9 +104,11 @@ class WorkspaceStore:
         """The workspace a call works in, and notes for its answer; raises Refusal for an id it may not use."""
         now = time.time()
         with self._lock:
-            self._fresh()
             if requested is not None:
-                record = self._records.get(requested) if ID_PATTERN.fullmatch(requested) else None
+                valid = ID_PATTERN.fullmatch(requested) is not None
+                if valid:
+                    self._fresh(requested)
+                record = self._records.get(requested) if valid else None
                 if record is None and requested in self._evicted and self._evicted[requested][0] == tenant:
                     raise Refusal(self._evicted.pop(requested)[1], "workspace.max_per_client")
                 if record is not None and self._adoptable(record, session, tenant):
@@ -116,6 +118,7 @@ class WorkspaceStore:
                 if record is None or not self._visible(record, session, tenant, now):
                     raise self.unknown(requested)
                 return self._continued(record), []
+            self._fresh()
             if session is not None:
                 mine = [
                     r for r in self._records.values() if r.session == session and self._visible(r, session, tenant, now)
@@ -124,10 +127,12 @@ class WorkspaceStore:
                     return self._continued(max(mine, key=lambda r: r.last_used)), []
             notes = self._make_room(client, now)
             reserved = self.contents.reserve(self.settings)
-            problem = self._room(None, reserved)
-            if problem is not None:
+            taken = sum(r.size_bytes for r in self._records.values()) + reserved
+            if taken > self.storage_bytes:
                 raise Refusal(
-                    f"refused: no new workspace: {problem}; retry when older workspaces have expired",
+                    f"refused: no new workspace: all workspaces together would take {taken} bytes, above the "
+                    f"host's cap of {self.storage_bytes} (policy field host.workspace_storage_mb); retry when older "
+                    "workspaces have expired",
                     "host.workspace_storage_mb",
                     kind="busy",
                     retry_after_s=60,
@@ -255,7 +260,8 @@ class WorkspaceStore:
     def find(self, workspace_id: str, session: str | None, tenant: str | None = None) -> WorkspaceRecord | None:
         """A live workspace this caller may see (the one answer, None, for every other case)."""
         with self._lock:
-            self._fresh()
+            if ID_PATTERN.fullmatch(workspace_id):
+                self._fresh(workspace_id)
             record = self._records.get(workspace_id)
         return record if record is not None and self._visible(record, session, tenant, time.time()) else None
 
@@ -323,35 +329,24 @@ class WorkspaceStore:
 
     def close(self) -> None:
         """The server is stopping: let go of what it holds (kept workspaces stay for a later process)."""
-        with self._lock:
-            for record in self._records.values():
+        with self._lock:  # (shared records are written as they change: this process's copies may be stale)
+            for record in self._records.values() if not self.book.shared else ():
                 if record.last_used > self._written.get(record.id, 0.0):
                     self._write_record(record)
         self.contents.close()
 
-    def _room(self, workspace_id: str | None, size: int) -> str | None:
-        """Why the host's cap has no room for a workspace of `size` bytes (None when it has); under the lock."""
-        others = sum(r.size_bytes for r in self._records.values() if r.id != workspace_id)
-        if others + size <= self.storage_bytes:
-            return None
-        return (
-            f"all workspaces together would take {others + size} bytes, above the host's cap of "
-            f"{self.storage_bytes} (policy field host.workspace_storage_mb)"
-        )
-
     def _grow(self, workspace_id: str, size: int) -> str | None:
         """Record a workspace's new size when the host's cap has room for it."""
         with self._lock:
-            self._fresh()
-            record = self._records.get(workspace_id)
-            if record is None:
+            current = self._records.get(workspace_id)
+            if current is None:
                 return "the workspace was removed while the call ran; nothing was saved"
-            problem = self._room(workspace_id, size)
-            if problem is not None:
-                return f"the workspace was not saved: {problem}; it is as the previous call left it"
-            updated = replace(record, last_used=time.time(), size_bytes=size)
-            self._records[workspace_id] = updated
-            self._write_record(updated)
+            record = replace(current, last_used=time.time(), size_bytes=size)
+            others = sum(r.size_bytes for r in self._records.values() if r.id != workspace_id)
+            if not self.book.resize(record, self.storage_bytes, others):
+                return over_cap(others + size, self.storage_bytes)
+            self._records[workspace_id] = record
+            self._written[workspace_id] = time.time()
         return None
 
     def touch(self, record: WorkspaceRecord) -> None:
@@ -422,10 +417,17 @@ class WorkspaceStore:
         self._written[record.id] = time.time()
         self.book.write(record)
 
-    def _fresh(self) -> None:
-        """Read the records again where other processes change them too (under the lock)."""
-        if self.book.shared:
+    def _fresh(self, workspace_id: str | None = None) -> None:
+        """Read the records again where other processes change them too (under the lock): all of them, or the
+        one a decision needs."""
+        if not self.book.shared:
+            return
+        if workspace_id is None:
             self._records = self.book.load()
+        elif (record := self.book.get(workspace_id)) is not None:
+            self._records[workspace_id] = record
+        else:
+            self._records.pop(workspace_id, None)
 
 
 def session_key(server: str, session: str) -> str:

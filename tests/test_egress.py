@@ -228,8 +228,11 @@ async def test_an_allowed_host_answers_over_http_and_every_request_is_in_the_ans
     ], requests  # fmt: skip
     assert all(r["bytes_in"] > 0 and r["bytes_out"] > 0 for r in requests)
     assert answer["network"]["denied"] == []
+    # What went through the proxy is metered: received and sent, as the proxy's log counts them.
+    assert answer["usage"]["network_in_bytes"] == sum(r["bytes_in"] for r in requests) > 0
+    assert answer["usage"]["network_out_bytes"] == sum(r["bytes_out"] for r in requests) > 0
     record = _audit_records(audit_path)[-1]
-    assert record["network"]["requests"] == requests
+    assert record["network"]["requests"] == requests and record["usage"] == answer["usage"]
 
 
 async def test_https_goes_through_connect_to_an_allowed_host_without_interception(

@@ -24,6 +24,7 @@ from sandbox_server.access.approval import Approval, approval_needed
 from sandbox_server.access.audit import AuditLog, call_record
 from sandbox_server.access.identity import Identity
 from sandbox_server.calls.arguments import check_arguments
+from sandbox_server.calls.metering import metered
 from sandbox_server.calls.registry import ToolRegistry
 from sandbox_server.errors import EngineError, EngineUnavailable, Refusal
 from sandbox_server.network.egress import ProxyEndpoint
@@ -36,8 +37,9 @@ from sandbox_server.tools import Tool, ToolContext, ToolOutcome
 from sandbox_server.workspaces.changes import changes_line
 from sandbox_server.workspaces.kept import KeptWorkspace
 
-if TYPE_CHECKING:  # the PostgreSQL driver is imported only by a server given --state
+if TYPE_CHECKING:  # the PostgreSQL driver is imported only by a server given --state, Prometheus' by one metering
     from sandbox_server.access.shared import SharedRate
+    from sandbox_server.calls.meters import Meters
 
 __all__ = ["Ask", "CallEnd", "CallPipeline", "TaskStart", "UnknownTool"]
 
@@ -86,6 +88,8 @@ class CallPipeline:
         """The server's services (None: this server starts none)."""
         self.shared_rate: SharedRate | None = None
         """Replicas: a caller's calls counted across every replica too (None: this process alone)."""
+        self.meters: Meters | None = None
+        """Every call counted for Prometheus (None: no /metrics)."""
 
     def swap(self, policy: Policy) -> None:
         """A new server policy for new calls; running calls keep theirs."""
@@ -143,19 +147,25 @@ class CallPipeline:
                 )
             except Refusal as refusal:  # the one place a refusal becomes an outcome
                 outcome = ToolOutcome.refused(refusal, policy.name)
+            outcome = metered(outcome, time.monotonic() - started, task is not None)
             return CallEnd(outcome, policy.for_tool(tool.name).limits, workspace_saved=saved)
         finally:
             with anyio.CancelScope(shield=True):
                 await self._audit_finish(record, outcome, started)
 
     async def _audit_finish(self, record: dict[str, Any], outcome: ToolOutcome | None, started: float) -> None:
-        if self.audit is None:
+        if self.audit is None and self.meters is None:
             return
         record["duration_ms"] = int((time.monotonic() - started) * 1000)
         if outcome is not None:
             record.update(outcome.audit_fields())
+            if outcome.structured is not None and "usage" in outcome.structured:
+                record["usage"] = outcome.structured["usage"]
         record.setdefault("outcome", "cancelled")
-        await anyio.to_thread.run_sync(self.audit.write, record)
+        if self.meters is not None:
+            self.meters.observe(record)
+        if self.audit is not None:
+            await anyio.to_thread.run_sync(self.audit.write, record)
 
     async def _run_checked(
         self,
@@ -209,6 +219,8 @@ class CallPipeline:
             if kept is None:
                 return outcome, False
             structured = {**(outcome.structured or {}), "workspace": kept.record.id}
+            if outcome.audit is not None:
+                outcome = replace(outcome, audit={**outcome.audit, "workspace_bytes": kept.size_bytes})
             if scope is not None and (running := scope.listed()):
                 structured["services"] = running
             notes = outcome.notes

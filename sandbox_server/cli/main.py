@@ -193,6 +193,30 @@ def _setup(args: argparse.Namespace) -> int:
     return 0
 
 
+def _usage(args: argparse.Namespace) -> int:
+    from sandbox_server.ops.usage import parse_since, read_records, summarize
+    from sandbox_server.policy.loader import load_policy
+
+    path = args.audit_log or load_policy(args.policy, _tool_names()).audit.path
+    if not path:
+        raise UsageError(f"policy {args.policy!r} keeps no audit trail (audit.path): name one with --audit-log")
+    records, unreadable = read_records(Path(path))
+    since = parse_since(args.since) if args.since else None
+    totals = {name: row.shown() for name, row in summarize(records, args.by, since).items()}
+    if args.json:
+        print(json.dumps({"by": args.by, "since": since.isoformat() if since else None, "totals": totals}, indent=2))
+    else:
+        columns = ["calls", "ok", "errors", "refused", "wall_s", "cpu_s", "peak_memory_bytes",
+                   "network_in_bytes", "network_out_bytes", "task_s"]  # fmt: skip
+        rows = [[args.by, *columns]] + [[name, *(str(row[c]) for c in columns)] for name, row in totals.items()]
+        widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]))]
+        for row in rows:
+            print("  ".join(str(cell).ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+    if unreadable:
+        print(f"sandbox-server: {unreadable} line(s) of the audit trail could not be read", file=sys.stderr)
+    return 0
+
+
 def _tool_names(sandboxed: bool = False) -> list[str]:
     """Every tool's name (`sandboxed`: only those that run a sandbox of their own)."""
     from sandbox_server.tools import all_tools
@@ -348,6 +372,16 @@ def build_parser() -> argparse.ArgumentParser:
         "printing its progress on stderr until it ends; Ctrl-C cancels it",
     )
     call.set_defaults(handler=_call)
+
+    usage = commands.add_parser("usage", help="what each caller or tool used, summed from the audit trail")
+    usage.add_argument(
+        "--by", choices=("caller", "tool"), default="caller", help="one row per caller (default) or tool"
+    )
+    usage.add_argument("--since", metavar="WHEN", help="only calls since then: 90s, 15m, 2h, 7d, or an ISO 8601 time")
+    usage.add_argument("--audit-log", metavar="PATH", help="the audit trail (default: the policy's audit.path)")
+    usage.add_argument("--policy", default="default", help="the policy whose audit.path to read (name or file)")
+    usage.add_argument("--json", action="store_true", help="machine-readable output")
+    usage.set_defaults(handler=_usage)
 
     setup = commands.add_parser(
         "setup", help="make this host ready: start an engine if none answers (Debian, as root), build the images"

@@ -85,6 +85,11 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
         help="stdio: open services' previews on 127.0.0.1:PORT (over HTTP they are served beside /mcp)",
     )  # fmt: skip
     serve.add_argument(
+        "--metrics-token-file", metavar="PATH",
+        help="HTTP: serve /metrics (Prometheus) to a bearer of the token in this file, a token of its own (at least "
+        "16 characters); without it there is no /metrics",
+    )  # fmt: skip
+    serve.add_argument(
         "--state", metavar="URL",
         help="replicas: keep what every replica needs (workspaces, tasks, approvals, rate counts) in this "
         "PostgreSQL database (postgresql://user@host/db; SANDBOX_STATE_URL); default: local files, one process",

@@ -18,9 +18,12 @@ from sandbox_server.errors import SandboxServerError, UsageError
 from sandbox_server.ops.bootstrap import host_facts
 
 if TYPE_CHECKING:
+    from starlette.routing import Route
+
     from sandbox_server.access.auth import Authentication
     from sandbox_server.access.shared import SharedAccess
     from sandbox_server.policy import Policy
+    from sandbox_server.protocol.server import SandboxServer
     from sandbox_server.sandbox.docker_runtime import DockerRuntime
     from sandbox_server.state.database import Database
     from sandbox_server.workspaces.contents import Contents
@@ -142,6 +145,7 @@ def serve_command(args: argparse.Namespace) -> int:
         services=services, shared=_shared_access(database),
     )  # fmt: skip
     authentication = _authentication(args, caller_policy, log, database)
+    metrics = _metrics(args, app, log)
     if authentication is not None:  # warm containers for every policy a caller may have, from the start
         app.know_policies(authentication.verifier.policies())
 
@@ -242,7 +246,7 @@ def serve_command(args: argparse.Namespace) -> int:
                     previews = offer_previews((args.public_url or url_of(listener)).removesuffix("/mcp"))
                     await serve_http(
                         app, args.host, listener, authentication, limits, args.max_request_bytes, stopping,
-                        [*previews.routes(), health_route(checks)],
+                        [*previews.routes(), health_route(checks), *metrics],
                     )  # fmt: skip
                 else:
                     if preview_listener is not None:
@@ -323,6 +327,26 @@ def _shared_state(args: argparse.Namespace, owner: str, log: logging.Logger) -> 
     database.open()
     log.info("shared state: %s (replica %s)", shown_url(url), owner)
     return database
+
+
+def _metrics(args: argparse.Namespace, app: SandboxServer, log: logging.Logger) -> list[Route]:
+    """The /metrics route (serve --metrics-token-file), and every call counted for it; none without."""
+    if not args.metrics_token_file:
+        return []
+    if args.transport != "http":
+        raise UsageError("--metrics-token-file serves /metrics over HTTP (--transport http)")
+    try:
+        token = Path(args.metrics_token_file).read_text().strip()
+    except OSError as exc:
+        raise UsageError(f"--metrics-token-file {args.metrics_token_file}: {exc.strerror}") from None
+    if len(token) < 16 or not token.isprintable() or " " in token:
+        raise UsageError(f"--metrics-token-file {args.metrics_token_file}: the token must be one word of 16 or more")
+    from sandbox_server.calls.meters import Meters
+    from sandbox_server.protocol.metrics import metrics_route
+
+    app.calls.meters = Meters()
+    log.info("meters for Prometheus at /metrics, for a bearer of the metrics token")
+    return [metrics_route(app.calls.meters, token)]
 
 
 def _shared_access(database: Database | None) -> SharedAccess | None:

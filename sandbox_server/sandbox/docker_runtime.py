@@ -38,6 +38,7 @@ from sandbox_server.sandbox.attach import (
 )
 from sandbox_server.sandbox.engine import Engine, engine_errors
 from sandbox_server.sandbox.host_config import host_config_kwargs, masked_paths
+from sandbox_server.sandbox.meter import Meter, Usage
 from sandbox_server.sandbox.removal import OWNER_LABEL, Remover, current_owner
 from sandbox_server.sandbox.runtime import ProgressCallback
 from sandbox_server.sandbox.spec import SANDBOX_LABEL, ExecutionResult, SandboxSpec
@@ -320,6 +321,8 @@ class DockerRuntime(Engine):
             except OSError as exc:
                 self.discard_later(warm)
                 raise EngineError(f"could not mount the workspace into the sandbox: {exc}") from exc
+        meter = Meter.start(warm.pid)
+        usage = Usage()
         sink = tempfile.SpooledTemporaryFile(SPOOL_BYTES) if persist else None
         drain = Drain(spec, boundary.encode(), sink)  # type: ignore[arg-type]
         timed_out = cancelled = removed = unsettled = False
@@ -333,6 +336,7 @@ class DockerRuntime(Engine):
                     group.cancel_scope.cancel()
             timed_out = deadline.cancelled_caught
             if timed_out or drain.flooded:
+                usage = meter.read()
                 # Close our end first: the engine does not finish a kill while an attach stream backs up.
                 warm.close()
                 await anyio.to_thread.run_sync(self.removal.remove, container_id)
@@ -348,7 +352,9 @@ class DockerRuntime(Engine):
                     exit_code, oom_killed = known
                 # The trailer is the launcher's word, which the program can forge: the call ends when the
                 # host sees the sandbox's processes stopped; one that does not settle is removed first.
-                if not await anyio.to_thread.run_sync(self._settled, warm, spec):
+                settled = await anyio.to_thread.run_sync(self._settled, warm, spec)
+                usage = meter.read()  # before any removal: the launcher waits, stopped, until then
+                if not settled:
                     warm.close()
                     await anyio.to_thread.run_sync(self.removal.remove, container_id)
                     removed = unsettled = True
@@ -401,6 +407,8 @@ class DockerRuntime(Engine):
             skipped_files=notes,
             container_id=container_id,
             address=warm.address,
+            cpu_s=usage.cpu_s,
+            peak_memory_bytes=usage.peak_memory_bytes,
             workspace=archive if written else None,
         )
 

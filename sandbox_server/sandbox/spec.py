@@ -150,6 +150,10 @@ class ExecutionResult:
     container_id: str = ""
     address: str = ""
     """The sandbox's IP address on its network ("" with none)."""
+    cpu_s: float | None = None
+    """CPU time the sandbox's processes used during the call, read by the host (None: it cannot read it)."""
+    peak_memory_bytes: int | None = None
+    """The sandbox's peak memory, read by the host (None: it cannot read it)."""
     workspace: BinaryIO | None = None
     """A kept workspace as the program left it (a tar in a temporary file, which the keeper closes), when
     the launcher could write it whole."""

@@ -15,6 +15,7 @@ from sandbox_server.sandbox import wire
 from sandbox_server.sandbox.archive import safe_relative_path
 from sandbox_server.sandbox.runtime import ProgressCallback, SandboxRuntime
 from sandbox_server.sandbox.spec import InputFile, OutputFile, SandboxSpec
+from sandbox_server.tools.schemas import SERVICE_SCHEMA, USAGE_SCHEMA
 
 if TYPE_CHECKING:
     from sandbox_server.services.scope import ServiceScope
@@ -149,44 +150,6 @@ CHANGES_SCHEMA: dict[str, Any] = {
 }
 
 
-SERVICE_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "description": "A service: a program that outlives its call, reachable by the workspace's calls at `url`",
-    "properties": {
-        "name": {"type": "string"},
-        "id": {"type": "string"},
-        "state": {"type": "string", "enum": ["starting", "running", "stopped"]},
-        "port": {"type": "integer"},
-        "url": {"type": "string", "description": "How the workspace's next calls reach it"},
-        "uptime_s": {"type": "number"},
-        "preview": {"type": "string", "description": "Where its caller's browser opens it (HTTP transport)"},
-        "stopped_because": {"type": "string"},
-        "restarts": {"type": "integer", "description": "How many times it was restarted"},
-    },
-    "required": ["name", "id", "state", "port", "url"],
-}
-
-SERVICE_ARGUMENT: dict[str, Any] = {
-    "type": "object",
-    "description": "Start the command as a service instead of waiting for it to end: a program that keeps running "
-    "after this call (a web server, an API), in a container of its own that sees the workspace. The call returns "
-    "once it listens on `port`; the workspace's next calls reach it as http://<name>:<port>/ (curl works), and "
-    "nothing else can. It stops when the session ends, when idle, or at the policy's maximum lifetime.",
-    "properties": {
-        "name": {"type": "string", "pattern": "^[a-z]([a-z0-9-]{0,30}[a-z0-9])?$", "description": "Its host name"},
-        "port": {"type": "integer", "minimum": 1, "maximum": 65535, "description": "The TCP port it listens on"},
-        "ready_path": {
-            "type": "string",
-            "pattern": "^/[!-~]*$",
-            "maxLength": 2048,
-            "description": "Wait until a GET of this path answers (below 500), not only until the port listens",
-        },
-    },
-    "required": ["name", "port"],
-    "additionalProperties": False,
-}
-
-
 def result_schema(title: str, properties: Mapping[str, Any], required: list[str]) -> dict[str, Any]:
     """A tool's outputSchema: its own answer, or an `error` object when it was refused or failed."""
     return {
@@ -198,6 +161,7 @@ def result_schema(title: str, properties: Mapping[str, Any], required: list[str]
             "workspace": {"type": "string", "description": "The kept workspace this call worked in (pass it back)."},
             "changes": CHANGES_SCHEMA,
             "network": NETWORK_SCHEMA,
+            "usage": USAGE_SCHEMA,
             "service": SERVICE_SCHEMA,
             "services": {
                 "type": "array",

@@ -10,7 +10,6 @@ from sandbox_server.policy import ToolPolicy
 from sandbox_server.tools.base import (
     FILES_SCHEMA,
     SANDBOX_ANNOTATIONS,
-    SERVICE_ARGUMENT,
     TIMEOUT_SCHEMA,
     WORKSPACE_ARGUMENT,
     ToolContext,
@@ -19,6 +18,7 @@ from sandbox_server.tools.base import (
     sandbox_spec,
 )
 from sandbox_server.tools.outcome import outcome_from_execution
+from sandbox_server.tools.schemas import SERVICE_ARGUMENT
 from sandbox_server.tools.services import start_service
 
 __all__ = ["EXECUTION_PROPERTIES", "EXECUTION_REQUIRED", "OUTPUT_SCHEMA", "ExecuteCommand"]

@@ -81,6 +81,8 @@ def outcome_from_execution(result: ExecutionResult, spec: SandboxSpec) -> ToolOu
         "stdout_bytes": len(result.stdout) + result.stdout_truncated_bytes,
         "stderr_bytes": len(result.stderr) + result.stderr_truncated_bytes,
         "files_bytes": sum(f.size for f in result.files),
+        "cpu_s": result.cpu_s,
+        "peak_memory_bytes": result.peak_memory_bytes,
     }
     text, is_error = headline.text, headline.is_error
     if result.truncated and not result.flooded:  # said first, not only where the marker sits mid-output

@@ -11,7 +11,6 @@ from sandbox_server.sandbox import wire
 from sandbox_server.tools.base import (
     FILES_SCHEMA,
     SANDBOX_ANNOTATIONS,
-    SERVICE_ARGUMENT,
     TIMEOUT_SCHEMA,
     WORKSPACE_ARGUMENT,
     ToolContext,
@@ -21,6 +20,7 @@ from sandbox_server.tools.base import (
 )
 from sandbox_server.tools.execute_command import EXECUTION_PROPERTIES, EXECUTION_REQUIRED
 from sandbox_server.tools.outcome import outcome_from_execution
+from sandbox_server.tools.schemas import SERVICE_ARGUMENT
 from sandbox_server.tools.services import start_service
 
 __all__ = ["RunPython"]

@@ -32,6 +32,8 @@ class KeptWorkspace:
         """Whether a call saved the workspace (its files, and so the caller's resources, may have changed)."""
         self.changes: dict[str, Any] | None = None
         """What the call changed in the workspace (workspaces.changes), once it ran."""
+        self.size_bytes: int | None = None
+        """What the workspace's files take as the call left them, once it ran."""
 
     @classmethod
     def open(
@@ -75,6 +77,7 @@ class KeptWorkspace:
             problem, after = await anyio.to_thread.run_sync(self._finish, result)
             self.saved = problem is None
             self.changes = changes_between(before, after)
+            self.size_bytes = sum(size for size, _, _ in after.values())
         notes = [*result.skipped_files, *self.notes]
         if problem is None and (result.timed_out or result.killed or result.oom_killed or result.flooded):
             notes.append("the workspace is kept as the program left it when it was stopped")

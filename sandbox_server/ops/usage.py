@@ -1,0 +1,124 @@
+"""`sandbox-server usage`: what callers and tools used, summed from the audit trail (each call's `usage`).
+
+The audit trail is the record: this reads its file and the rotated ones beside it (path.1 … path.N), so what it
+prints is what the records say, and nothing is counted twice. Lines it cannot read are counted and said, never
+guessed at.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from sandbox_server.errors import UsageError
+
+__all__ = ["Totals", "parse_since", "read_records", "summarize"]
+
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+@dataclass
+class Totals:
+    """One caller's or tool's calls and what they used."""
+
+    calls: int = 0
+    ok: int = 0
+    errors: int = 0
+    refused: int = 0
+    wall_s: float = 0.0
+    cpu_s: float = 0.0
+    peak_memory_bytes: int = 0
+    """The largest of its calls' peaks."""
+    network_in_bytes: int = 0
+    network_out_bytes: int = 0
+    task_s: float = 0.0
+    """Wall time of its calls that ran as tasks."""
+
+    def add(self, record: dict[str, Any]) -> None:
+        usage = record.get("usage") or {}
+        outcome = record.get("outcome")
+        self.calls += 1
+        self.ok += outcome == "ok"
+        self.errors += outcome == "error"
+        self.refused += outcome not in ("ok", "error")
+        wall = float(usage.get("wall_s") or 0)
+        self.wall_s += wall
+        self.cpu_s += float(usage.get("cpu_s") or 0)
+        self.peak_memory_bytes = max(self.peak_memory_bytes, int(usage.get("peak_memory_bytes") or 0))
+        self.network_in_bytes += int(usage.get("network_in_bytes") or 0)
+        self.network_out_bytes += int(usage.get("network_out_bytes") or 0)
+        self.task_s += wall if usage.get("task") else 0.0
+
+    def shown(self) -> dict[str, Any]:
+        fields = asdict(self)
+        for name in ("wall_s", "cpu_s", "task_s"):
+            fields[name] = round(fields[name], 3)
+        return fields
+
+
+def parse_since(text: str, now: datetime | None = None) -> datetime:
+    """`--since`: a duration back from now (90s, 15m, 2h, 7d) or an ISO 8601 time (UTC when it names no zone)."""
+    now = now or datetime.now(UTC)
+    matched = _DURATION.match(text.strip())
+    if matched:
+        return now - timedelta(seconds=float(matched[1]) * _UNITS[matched[2]])
+    try:
+        when = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise UsageError(f"--since {text!r}: give a duration (90s, 15m, 2h, 7d) or a time (2026-11-24T08:00)") from None
+    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
+
+
+def _files(path: Path) -> list[Path]:
+    """The audit file and its rotated predecessors, oldest first."""
+    rotated = sorted(
+        path.parent.glob(f"{path.name}.*"), key=lambda p: -int(p.suffix[1:]) if p.suffix[1:].isdigit() else 0
+    )
+    return [p for p in rotated if p.suffix[1:].isdigit()] + ([path] if path.exists() else [])
+
+
+def read_records(path: Path) -> tuple[list[dict[str, Any]], int]:
+    """The call records of an audit trail (events of tasks' and services' lives left out), and how many lines
+    could not be read."""
+    if not path.exists() and not _files(path):
+        raise UsageError(f"{path}: no audit trail there (serve writes one with --audit-log or the policy's audit.path)")
+    records, unreadable = [], 0
+    for file in _files(path):
+        for line in _lines(file):
+            try:
+                record = json.loads(line)
+            except ValueError:
+                unreadable += 1
+                continue
+            if isinstance(record, dict) and "tool" in record and "event" not in record:
+                records.append(record)
+            elif not isinstance(record, dict):
+                unreadable += 1
+    return records, unreadable
+
+
+def _lines(file: Path) -> Iterator[str]:
+    with open(file, encoding="utf-8", errors="replace") as handle:
+        yield from (line for line in handle if line.strip())
+
+
+def summarize(records: Iterable[dict[str, Any]], by: str, since: datetime | None = None) -> dict[str, Totals]:
+    """Totals per caller (`caller`, anonymous calls as "-") or per tool, of the calls since `since`."""
+    totals: dict[str, Totals] = {}
+    for record in records:
+        if since is not None:
+            try:
+                when = datetime.fromisoformat(str(record.get("time")))
+            except ValueError:
+                continue
+            if when < since:
+                continue
+        key = str(record.get(by) or "-")
+        totals.setdefault(key, Totals()).add(record)
+    return dict(sorted(totals.items()))

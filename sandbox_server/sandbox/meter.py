@@ -1,0 +1,96 @@
+"""What a call's sandbox used, read by the host from the container's own cgroup: CPU time and peak memory.
+
+Read from the host, never from the sandbox: the launcher's trailer is the program's to forge, the kernel's
+counters are not. A warm container was made before its call (a warm interpreter imports its libraries then), so
+the CPU time is counted from the call's start, and the peak memory (cgroup v1, which may reset it) too; under
+cgroup v2 the peak is the container's whole life's. Read before the container is removed, while its launcher
+waits stopped. None where the host cannot read them: gVisor's processes, an engine on another host.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["Meter", "Usage"]
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    cpu_s: float | None = None
+    peak_memory_bytes: int | None = None
+
+
+class Meter:
+    """One call's counters of one container, from its start."""
+
+    def __init__(self, cpu: Path | None, peak: Path | None) -> None:
+        self.cpu, self.peak = cpu, peak
+        self.cpu_start = _cpu_ns(cpu) if cpu is not None else None
+        if peak is not None and peak.name == "memory.max_usage_in_bytes":
+            with contextlib.suppress(OSError):
+                peak.write_text("0")  # v1: the peak from now on (the warm-up's is not the call's)
+
+    @classmethod
+    def start(cls, pid: int) -> Meter:
+        """Count from now for the container whose init has this host pid (0: a meter that reads nothing)."""
+        paths = _cgroups(pid) if pid > 0 else {}
+        cpu = peak = None
+        if "cpuacct" in paths:  # v1 (a hybrid host's controllers are v1 too)
+            cpu = _first(CGROUP_ROOT / name / paths["cpuacct"].lstrip("/") / "cpuacct.usage"
+                         for name in ("cpuacct", "cpu,cpuacct"))  # fmt: skip
+        elif "" in paths:
+            cpu = _first([CGROUP_ROOT / paths[""].lstrip("/") / "cpu.stat"])
+        if "memory" in paths:
+            peak = _first([CGROUP_ROOT / "memory" / paths["memory"].lstrip("/") / "memory.max_usage_in_bytes"])
+        elif "" in paths:
+            peak = _first([CGROUP_ROOT / paths[""].lstrip("/") / "memory.peak"])
+        return cls(cpu, peak)
+
+    def read(self) -> Usage:
+        """The CPU time since the start and the peak memory (None for what cannot be read)."""
+        cpu_s = None
+        if self.cpu is not None and self.cpu_start is not None:
+            now = _cpu_ns(self.cpu)
+            cpu_s = round((now - self.cpu_start) / 1e9, 6) if now is not None else None
+        peak = None
+        if self.peak is not None:
+            with contextlib.suppress(OSError, ValueError):
+                peak = int(self.peak.read_text().split()[0])
+        return Usage(cpu_s, peak)
+
+
+def _cgroups(pid: int) -> dict[str, str]:
+    """The process's cgroup path per controller ("" for the v2 hierarchy)."""
+    found: dict[str, str] = {}
+    try:
+        lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+    except OSError:
+        return found
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        for controller in controllers.split(",") if controllers else [""]:
+            found[controller] = path
+    return found
+
+
+def _first(candidates: Iterable[Path]) -> Path | None:
+    return next((path for path in candidates if path.exists()), None)
+
+
+def _cpu_ns(path: Path) -> int | None:
+    try:
+        text = path.read_text()
+    except OSError:
+        return None
+    if path.name == "cpu.stat":  # v2: usage_usec
+        for line in text.splitlines():
+            name, _, value = line.partition(" ")
+            if name == "usage_usec":
+                return int(value) * 1000
+        return None
+    return int(text.strip())

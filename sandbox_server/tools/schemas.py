@@ -1,0 +1,66 @@
+"""Parts of the tools' schemas several tools share: what a call used (`structuredContent.usage`, which the audit
+records too), a service started by a call and the argument that starts one."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["SERVICE_ARGUMENT", "SERVICE_SCHEMA", "USAGE_SCHEMA"]
+
+_NULLABLE_NUMBER: dict[str, Any] = {"type": ["number", "null"], "minimum": 0}
+_NULLABLE_INTEGER: dict[str, Any] = {"type": ["integer", "null"], "minimum": 0}
+
+USAGE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "What the call used. CPU time and peak memory are read by the host from the sandbox's cgroup "
+    "(null where it cannot read them: gVisor, an engine on another host); network bytes are the egress proxy's.",
+    "properties": {
+        "wall_s": {"type": "number", "minimum": 0, "description": "From the call's arrival to its answer"},
+        "cpu_s": {**_NULLABLE_NUMBER, "description": "CPU time of the sandbox's processes during the call"},
+        "peak_memory_bytes": {**_NULLABLE_INTEGER, "description": "The sandbox's peak memory"},
+        "network_in_bytes": {"type": "integer", "minimum": 0, "description": "Received through the proxy"},
+        "network_out_bytes": {"type": "integer", "minimum": 0, "description": "Sent through the proxy"},
+        "workspace_bytes": {**_NULLABLE_INTEGER, "description": "What the kept workspace's files take after it"},
+        "task": {"type": "boolean", "description": "The call ran as a task (its wall time is the task's)"},
+    },
+    "required": ["wall_s", "cpu_s", "peak_memory_bytes", "network_in_bytes", "network_out_bytes"],
+    "additionalProperties": False,
+}
+
+
+SERVICE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "A service: a program that outlives its call, reachable by the workspace's calls at `url`",
+    "properties": {
+        "name": {"type": "string"},
+        "id": {"type": "string"},
+        "state": {"type": "string", "enum": ["starting", "running", "stopped"]},
+        "port": {"type": "integer"},
+        "url": {"type": "string", "description": "How the workspace's next calls reach it"},
+        "uptime_s": {"type": "number"},
+        "preview": {"type": "string", "description": "Where its caller's browser opens it (HTTP transport)"},
+        "stopped_because": {"type": "string"},
+        "restarts": {"type": "integer", "description": "How many times it was restarted"},
+    },
+    "required": ["name", "id", "state", "port", "url"],
+}
+
+SERVICE_ARGUMENT: dict[str, Any] = {
+    "type": "object",
+    "description": "Start the command as a service instead of waiting for it to end: a program that keeps running "
+    "after this call (a web server, an API), in a container of its own that sees the workspace. The call returns "
+    "once it listens on `port`; the workspace's next calls reach it as http://<name>:<port>/ (curl works), and "
+    "nothing else can. It stops when the session ends, when idle, or at the policy's maximum lifetime.",
+    "properties": {
+        "name": {"type": "string", "pattern": "^[a-z]([a-z0-9-]{0,30}[a-z0-9])?$", "description": "Its host name"},
+        "port": {"type": "integer", "minimum": 1, "maximum": 65535, "description": "The TCP port it listens on"},
+        "ready_path": {
+            "type": "string",
+            "pattern": "^/[!-~]*$",
+            "maxLength": 2048,
+            "description": "Wait until a GET of this path answers (below 500), not only until the port listens",
+        },
+    },
+    "required": ["name", "port"],
+    "additionalProperties": False,
+}

@@ -107,6 +107,8 @@ async def test_invalid_arguments_are_an_error_result_naming_the_field(mode: str)
     async with serving(runtime, mode) as (_, client):
         result = await client.call_tool("execute_command", {"command": "ls", "timeout_s": -1})
     assert result.is_error and text_of(result).startswith("invalid arguments for execute_command: `timeout_s`")
+    assert result.structured_content is not None
+    usage = result.structured_content.pop("usage")
     assert result.structured_content == {
         "error": {
             "kind": "invalid_arguments",
@@ -116,6 +118,8 @@ async def test_invalid_arguments_are_an_error_result_naming_the_field(mode: str)
             "retry_after_s": None,
         }
     }
+    # It ran nothing: its usage is its wall time alone.
+    assert usage["cpu_s"] is None and usage["peak_memory_bytes"] is None and usage["network_in_bytes"] == 0
     assert runtime.specs == []
 
 

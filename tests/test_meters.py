@@ -138,6 +138,24 @@ async def test_a_refused_call_is_metered_too_and_usage_sums_the_audit_trail_by_c
     assert wrong.returncode == 2 and "--since 'yesterday-ish'" in wrong.stderr
 
 
+async def test_a_stopped_service_says_how_long_it_ran_and_what_it_used(metered: Metered) -> None:
+    burn = "python3 -c 'import time; t = time.process_time()\nwhile time.process_time() - t < 0.5: pass'; "
+    async with as_caller(metered, "alice") as alice:
+        started = await call(alice, "execute_command", command=burn + "exec python3 -m http.server 8000",
+                             service={"name": "web", "port": 8000})  # fmt: skip
+        assert not started["is_error"] and started["service"]["state"] == "running", started["text"]
+    # The session ended, and its service with it.
+    with anyio.fail_after(30):
+        while not (stopped := [r for r in audit_of(metered) if r.get("event") == "service_stopped"]):
+            await anyio.sleep(0.1)
+    usage = stopped[0]["usage"]
+    assert stopped[0]["caller"] == "alice" and usage["wall_s"] > 0, stopped[0]
+    assert 0.45 <= usage["cpu_s"] <= usage["wall_s"] and usage["peak_memory_bytes"] > 0, usage
+    totals = json.loads(run_cli("usage", "--audit-log", str(metered.audit), "--json").stdout)["totals"]
+    assert totals["alice"]["service_s"] == round(usage["wall_s"], 3)
+    assert totals["alice"]["service_cpu_s"] == round(usage["cpu_s"], 3)
+
+
 async def test_metrics_need_their_own_token(metered: Metered) -> None:
     url = metered.server.url.removesuffix("/mcp") + "/metrics"
     async with httpx2.AsyncClient(timeout=10) as http:
@@ -215,6 +233,10 @@ async def test_prometheus_scrapes_each_callers_calls_and_cpu_seconds(metered: Me
                 await anyio.sleep(0.2)
         cpu = await query(url, 'sum(sandbox_call_cpu_seconds_total{caller="alice"})')
         ok = await query(url, 'sum(sandbox_calls_total{caller="alice", outcome="ok"})')
+        service = await query(url, 'sum(sandbox_service_cpu_seconds_total{caller="alice"})')
     assert cpu == pytest.approx(sum(r["usage"]["cpu_s"] or 0 for r in theirs), abs=1e-6)
     assert cpu is not None and cpu >= 0.75  # the burn of the first test is in it
     assert ok == sum(r["outcome"] == "ok" for r in theirs)
+    stopped = [r for r in audit_of(metered) if r.get("event") == "service_stopped" and r["caller"] == "alice"]
+    assert service is not None and service > 0
+    assert service == pytest.approx(sum(r["usage"]["cpu_s"] for r in stopped), abs=1e-6)

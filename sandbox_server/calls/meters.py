@@ -28,15 +28,27 @@ class Meters:
             "sandbox_network_bytes", "Bytes through the egress proxy", (*by, "direction"), registry=self.registry
         )
         self.tasks = Counter("sandbox_task_seconds", "Wall time of calls run as tasks", by, registry=self.registry)
+        self.services = Counter(
+            "sandbox_service_seconds", "Running time of stopped services", ("caller", "tool"), registry=self.registry
+        )
+        self.service_cpu = Counter(
+            "sandbox_service_cpu_seconds", "CPU time of stopped services", ("caller", "tool"), registry=self.registry
+        )
         self.memory = Histogram(
             "sandbox_call_peak_memory_bytes", "Sandboxes' peak memory", ("tool",), buckets=MEMORY_BUCKETS,
             registry=self.registry,
         )  # fmt: skip
 
     def observe(self, record: Mapping[str, Any]) -> None:
-        """Count one call from its audit record (its caller, tool, outcome and usage)."""
+        """Count one call from its audit record (its caller, tool, outcome and usage), or a stopped service from
+        its audit event (other events count nothing)."""
         caller, tool = str(record.get("caller") or "-"), str(record.get("tool") or "-")
         usage = record.get("usage") or {}
+        if "event" in record:
+            if record["event"] == "service_stopped":
+                self.services.labels(caller, tool).inc(float(usage.get("wall_s") or 0))
+                self.service_cpu.labels(caller, tool).inc(float(usage.get("cpu_s") or 0))
+            return
         self.calls.labels(caller, tool, str(record.get("outcome") or "cancelled")).inc()
         wall = float(usage.get("wall_s") or 0)
         self.wall.labels(caller, tool).inc(wall)

@@ -26,6 +26,7 @@ from sandbox_server.access.identity import Identity
 from sandbox_server.calls.arguments import check_arguments
 from sandbox_server.calls.metering import metered
 from sandbox_server.calls.registry import ToolRegistry
+from sandbox_server.calls.tracing import Tracing
 from sandbox_server.errors import EngineError, EngineUnavailable, Refusal
 from sandbox_server.network.egress import ProxyEndpoint
 from sandbox_server.policy import Policy, ToolPolicy
@@ -90,6 +91,8 @@ class CallPipeline:
         """Replicas: a caller's calls counted across every replica too (None: this process alone)."""
         self.meters: Meters | None = None
         """Every call counted for Prometheus (None: no /metrics)."""
+        self.tracing = Tracing()
+        """Spans of every call (none unless an OTLP endpoint is given)."""
 
     def swap(self, policy: Policy) -> None:
         """A new server policy for new calls; running calls keep theirs."""
@@ -114,47 +117,52 @@ class CallPipeline:
         whose workspace the call works in (None: the 2026-07-28 era, where a result's `workspace` id is passed);
         `waiting` hears how many calls are ahead while the call waits for a slot.
         """
-        # One policy for the whole call, even if a new one is swapped in meanwhile: the caller's, else the server's.
-        policy = self.registry.policy_for(identity.policy)
-        started = time.monotonic()
-        tool = self.registry.tools_of(policy).get(exposed)
-        own_name = tool.name if tool is not None else exposed
-        record = call_record(
-            client, own_name, exposed, arguments, policy.name, policy.digest, policy.audit.include_arguments
-        )
-        record["caller"] = identity.caller
-        if task is not None:
-            record["task"] = task.id
-        if tool is None:
-            message = f"unknown tool {exposed!r}; tools/list names the tools"
-            await self._audit_finish(record, ToolOutcome.refused(Refusal(message, "name"), policy.name), started)
-            raise UnknownTool(message)
-        outcome: ToolOutcome | None = None
-        saved = False
-        try:
+        with self.tracing.span("tools/call"):  # named after the call once its audit record is whole
+            # One policy for the whole call, even if a new one is swapped in meanwhile: the caller's, else the server's.
+            policy = self.registry.policy_for(identity.policy)
+            started = time.monotonic()
+            tool = self.registry.tools_of(policy).get(exposed)
+            own_name = tool.name if tool is not None else exposed
+            record = call_record(
+                client, own_name, exposed, arguments, policy.name, policy.digest, policy.audit.include_arguments
+            )
+            record["caller"] = identity.caller
+            if task is not None:
+                record["task"] = task.id
+            if tool is None:
+                message = f"unknown tool {exposed!r}; tools/list names the tools"
+                await self._audit_finish(record, ToolOutcome.refused(Refusal(message, "name"), policy.name), started)
+                raise UnknownTool(message)
+            outcome: ToolOutcome | None = None
+            saved = False
             try:
-                check_arguments(tool.name, self.registry.validators[tool.name], arguments, policy)
-                needed = approval_needed(policy.approval, policy.name, tool.name, policy.for_tool(tool.name), arguments)
-                if needed is not None:
-                    question = await ask(needed, policy, record)
-                    if question is not None:  # 2026-07-28: asked through the client, answered in the call's next round
-                        record["outcome"] = "awaiting_approval"
-                        return CallEnd(question=question)
-                if task is not None:
-                    await task.created()
-                outcome, saved = await self._run_checked(
-                    tool, arguments, policy, identity, session, progress, waiting, task is not None
-                )
-            except Refusal as refusal:  # the one place a refusal becomes an outcome
-                outcome = ToolOutcome.refused(refusal, policy.name)
-            outcome = metered(outcome, time.monotonic() - started, task is not None)
-            return CallEnd(outcome, policy.for_tool(tool.name).limits, workspace_saved=saved)
-        finally:
-            with anyio.CancelScope(shield=True):
-                await self._audit_finish(record, outcome, started)
+                try:
+                    check_arguments(tool.name, self.registry.validators[tool.name], arguments, policy)
+                    needed = approval_needed(
+                        policy.approval, policy.name, tool.name, policy.for_tool(tool.name), arguments
+                    )
+                    if needed is not None:
+                        question = await ask(needed, policy, record)
+                        if (
+                            question is not None
+                        ):  # 2026-07-28: asked through the client, answered in the call's next round
+                            record["outcome"] = "awaiting_approval"
+                            return CallEnd(question=question)
+                    if task is not None:
+                        await task.created()
+                    outcome, saved = await self._run_checked(
+                        tool, arguments, policy, identity, session, progress, waiting, task is not None
+                    )
+                except Refusal as refusal:  # the one place a refusal becomes an outcome
+                    outcome = ToolOutcome.refused(refusal, policy.name)
+                outcome = metered(outcome, time.monotonic() - started, task is not None)
+                return CallEnd(outcome, policy.for_tool(tool.name).limits, workspace_saved=saved)
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await self._audit_finish(record, outcome, started)
 
     async def _audit_finish(self, record: dict[str, Any], outcome: ToolOutcome | None, started: float) -> None:
-        if self.audit is None and self.meters is None:
+        if self.audit is None and self.meters is None and self.tracing.tracer is None:
             return
         record["duration_ms"] = int((time.monotonic() - started) * 1000)
         if outcome is not None:
@@ -162,6 +170,7 @@ class CallPipeline:
             if outcome.structured is not None and "usage" in outcome.structured:
                 record["usage"] = outcome.structured["usage"]
         record.setdefault("outcome", "cancelled")
+        self.tracing.describe(record)
         if self.meters is not None:
             self.meters.observe(record)
         if self.audit is not None:
@@ -189,12 +198,15 @@ class CallPipeline:
             self.admission.check_host()
             ticket = None
         else:
-            ticket = await self.admission.enter(identity.limits_key, policy.rate, policy.name, deadline, waiting)
+            with self.tracing.span("admission"):
+                ticket = await self.admission.enter(identity.limits_key, policy.rate, policy.name, deadline, waiting)
         shared_call = None
         try:
             if self.shared_rate is not None and ticket is not None:
-                shared_call = await self.shared_rate.admit(identity.limits_key, policy.rate, policy.name)
-            runtime, kept = await self._workspace_runtime(arguments, policy, identity, session)
+                with self.tracing.span("admission (replicas)"):
+                    shared_call = await self.shared_rate.admit(identity.limits_key, policy.rate, policy.name)
+            with self.tracing.span("workspace"):
+                runtime, kept = await self._workspace_runtime(arguments, policy, identity, session)
         except BaseException:
             if ticket is not None:
                 ticket.release()
@@ -213,9 +225,11 @@ class CallPipeline:
                 runtime, tool_policy, policy.name, progress, kept is not None, proxy, as_task, scope,
                 scope.network if scope is not None else None, scope.names if scope is not None else (),
             )  # fmt: skip
-            outcome = await tool.run(arguments, tool_ctx)
+            with self.tracing.span("container"):
+                outcome = await tool.run(arguments, tool_ctx)
             if proxy is not None:
-                outcome = await self._with_requests(outcome, proxy)
+                with self.tracing.span("proxy"):
+                    outcome = await self._with_requests(outcome, proxy)
             if kept is None:
                 return outcome, False
             structured = {**(outcome.structured or {}), "workspace": kept.record.id}

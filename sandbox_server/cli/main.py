@@ -207,7 +207,7 @@ def _usage(args: argparse.Namespace) -> int:
         print(json.dumps({"by": args.by, "since": since.isoformat() if since else None, "totals": totals}, indent=2))
     else:
         columns = ["calls", "ok", "errors", "refused", "wall_s", "cpu_s", "peak_memory_bytes",
-                   "network_in_bytes", "network_out_bytes", "task_s"]  # fmt: skip
+                   "network_in_bytes", "network_out_bytes", "task_s", "service_s", "service_cpu_s"]  # fmt: skip
         rows = [[args.by, *columns]] + [[name, *(str(row[c]) for c in columns)] for name, row in totals.items()]
         widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]))]
         for row in rows:

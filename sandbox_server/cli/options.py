@@ -90,6 +90,11 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
         "16 characters); without it there is no /metrics",
     )  # fmt: skip
     serve.add_argument(
+        "--otlp-endpoint", metavar="URL",
+        help="export OpenTelemetry spans of each call over OTLP/HTTP to this collector (http://host:4318; default: "
+        "OTEL_EXPORTER_OTLP_ENDPOINT when set, else none); needs sandbox-server[telemetry]",
+    )  # fmt: skip
+    serve.add_argument(
         "--state", metavar="URL",
         help="replicas: keep what every replica needs (workspaces, tasks, approvals, rate counts) in this "
         "PostgreSQL database (postgresql://user@host/db; SANDBOX_STATE_URL); default: local files, one process",

@@ -146,6 +146,7 @@ def serve_command(args: argparse.Namespace) -> int:
     )  # fmt: skip
     authentication = _authentication(args, caller_policy, log, database)
     metrics = _metrics(args, app, log)
+    stop_tracing = _tracing(args, app, runtime.owner, log)
     if authentication is not None:  # warm containers for every policy a caller may have, from the start
         app.know_policies(authentication.verifier.policies())
 
@@ -264,6 +265,8 @@ def serve_command(args: argparse.Namespace) -> int:
                 await anyio.to_thread.run_sync(runtime.close)
                 await anyio.to_thread.run_sync(proxies.close)
                 workspaces.close()
+                if stop_tracing is not None:
+                    await anyio.to_thread.run_sync(stop_tracing)  # the last spans go out
                 if database is not None:
                     await database.aclose()
                     await anyio.to_thread.run_sync(database.close)
@@ -345,8 +348,30 @@ def _metrics(args: argparse.Namespace, app: SandboxServer, log: logging.Logger) 
     from sandbox_server.protocol.metrics import metrics_route
 
     app.calls.meters = Meters()
+    if app.calls.services is not None:
+        app.calls.services.observe = app.calls.meters.observe
     log.info("meters for Prometheus at /metrics, for a bearer of the metrics token")
     return [metrics_route(app.calls.meters, token)]
+
+
+def _tracing(
+    args: argparse.Namespace, app: SandboxServer, owner: str, log: logging.Logger
+) -> Callable[[], None] | None:
+    """Spans of each call over OTLP (serve --otlp-endpoint, OTEL_EXPORTER_OTLP_ENDPOINT); how to flush them at
+    the end, or None without."""
+    from sandbox_server.calls.tracing import otlp_tracing
+
+    try:
+        made = otlp_tracing(args.otlp_endpoint, owner)
+    except ImportError as exc:
+        raise UsageError(
+            f"--otlp-endpoint needs OpenTelemetry ({exc.name} is missing): pip install 'sandbox-server[telemetry]'"
+        ) from exc
+    if made is None:
+        return None
+    app.calls.tracing, stop = made
+    log.info("spans of each call over OTLP to %s", args.otlp_endpoint or "the collector OTEL_EXPORTER_OTLP_* names")
+    return stop
 
 
 def _shared_access(database: Database | None) -> SharedAccess | None:

@@ -39,9 +39,17 @@ class Totals:
     network_out_bytes: int = 0
     task_s: float = 0.0
     """Wall time of its calls that ran as tasks."""
+    service_s: float = 0.0
+    """Running time of its services that stopped."""
+    service_cpu_s: float = 0.0
 
     def add(self, record: dict[str, Any]) -> None:
         usage = record.get("usage") or {}
+        if record.get("event") == "service_stopped":
+            self.service_s += float(usage.get("wall_s") or 0)
+            self.service_cpu_s += float(usage.get("cpu_s") or 0)
+            self.peak_memory_bytes = max(self.peak_memory_bytes, int(usage.get("peak_memory_bytes") or 0))
+            return
         outcome = record.get("outcome")
         self.calls += 1
         self.ok += outcome == "ok"
@@ -57,7 +65,7 @@ class Totals:
 
     def shown(self) -> dict[str, Any]:
         fields = asdict(self)
-        for name in ("wall_s", "cpu_s", "task_s"):
+        for name in ("wall_s", "cpu_s", "task_s", "service_s", "service_cpu_s"):
             fields[name] = round(fields[name], 3)
         return fields
 
@@ -84,8 +92,8 @@ def _files(path: Path) -> list[Path]:
 
 
 def read_records(path: Path) -> tuple[list[dict[str, Any]], int]:
-    """The call records of an audit trail (events of tasks' and services' lives left out), and how many lines
-    could not be read."""
+    """The records of an audit trail that say what was used: calls and stopped services (the other events of
+    tasks' and services' lives left out); and how many lines could not be read."""
     if not path.exists() and not _files(path):
         raise UsageError(f"{path}: no audit trail there (serve writes one with --audit-log or the policy's audit.path)")
     records, unreadable = [], 0
@@ -96,7 +104,11 @@ def read_records(path: Path) -> tuple[list[dict[str, Any]], int]:
             except ValueError:
                 unreadable += 1
                 continue
-            if isinstance(record, dict) and "tool" in record and "event" not in record:
+            if (
+                isinstance(record, dict)
+                and "tool" in record
+                and record.get("event", "service_stopped") == "service_stopped"
+            ):
                 records.append(record)
             elif not isinstance(record, dict):
                 unreadable += 1

@@ -13,7 +13,7 @@ import logging
 import re
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -29,6 +29,7 @@ from sandbox_server.policy import ServiceSettings
 from sandbox_server.sandbox import netns
 from sandbox_server.sandbox import service_containers as containers
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
+from sandbox_server.sandbox.meter import Meter, Usage
 from sandbox_server.sandbox.spec import SandboxSpec
 from sandbox_server.workspaces.store import WorkspaceRecord, WorkspaceStore
 
@@ -75,6 +76,19 @@ class Service:
     """starting, running or stopped."""
     stop_reason: str = ""
     stopped: anyio.Event = field(default_factory=anyio.Event)
+    meter: Meter | None = None
+    """Its container's CPU time and peak memory, read from the host."""
+    used: Usage = field(default_factory=Usage)
+    """What its containers before the current one used (a restart makes a new one)."""
+
+    def spend(self) -> Usage:
+        """Count what its current container used into `used` (before the container goes)."""
+        now = self.meter.read() if self.meter is not None else Usage()
+        self.meter = None
+        cpu = None if now.cpu_s is None and self.used.cpu_s is None else (now.cpu_s or 0) + (self.used.cpu_s or 0)
+        peak = max(now.peak_memory_bytes or 0, self.used.peak_memory_bytes or 0) or None
+        self.used = Usage(cpu, peak)
+        return self.used
 
     def describe(self, preview: str | None = None) -> dict[str, Any]:
         """The service as a result's `services` entry."""
@@ -112,6 +126,8 @@ class Services:
         """Told the networks of workspaces with running services whenever they change (the warm pools)."""
         self.preview_of: Callable[[Service], str | None] = lambda _: None
         """The preview address of a service (set by the HTTP transport; None over stdio)."""
+        self.observe: Callable[[Mapping[str, Any]], None] | None = None
+        """Hears each audit event of a service (the meters count what a stopped one used)."""
 
     # -- what calls and resources see ------------------------------------------------------
 
@@ -229,6 +245,7 @@ class Services:
     async def _ready(self, service: Service, started: containers.Started, failed: str) -> None:
         """Take a started container as the service's once it listens; else stop the service and say why."""
         service.container_id, service.pid, service.slot = started.container_id, started.pid, started.slot
+        service.meter = Meter.start(started.pid)
         problem, field_name = await self._until_ready(service)
         if problem is not None:
             last = self.log_of(service)
@@ -243,6 +260,7 @@ class Services:
         if service.spec is None:
             raise Refusal(f"refused: service {service.name!r} cannot be restarted", "service")
         service.state = "starting"
+        service.spend()
         await anyio.to_thread.run_sync(containers.remove, self.runtime.api, service.container_id, service.slot)
         service.container_id, service.slot = "", None
         try:
@@ -354,6 +372,7 @@ class Services:
         last = not self.running(service.workspace_id)
         if last:
             self._networks_changed()  # the warm containers on its network go, beside its own container
+        used = service.spend()  # before its container goes
         with anyio.CancelScope(shield=True):
             if service.container_id:
                 await anyio.to_thread.run_sync(containers.remove, self.runtime.api, service.container_id, service.slot)
@@ -361,7 +380,9 @@ class Services:
             if last:
                 await anyio.to_thread.run_sync(containers.remove_network, self.runtime.api, service.network)
         if was_running:
-            await self.audit_event("service_stopped", service, reason=reason)
+            wall = round(time.time() - service.started_at, 3)
+            usage = {"wall_s": wall, "cpu_s": used.cpu_s, "peak_memory_bytes": used.peak_memory_bytes}
+            await self.audit_event("service_stopped", service, reason=reason, caller=service.caller, usage=usage)
         self._services.pop(service.id, None)
 
     def _networks_changed(self) -> None:
@@ -407,11 +428,13 @@ class Services:
                     await self.stop(service, f"its program ended ({why})")
 
     async def audit_event(self, event: str, service: Service, **fields: Any) -> None:
-        """One line of the audit trail about a service, written off the event loop as a call's is."""
-        if self.audit is None:
-            return
+        """One line of the audit trail about a service, written off the event loop as a call's is (and counted by
+        the meters)."""
         record = event_record(
             event, service=service.id, name=service.name, client=service.caller, tool=service.tool,
             policy=service.policy_name, port=service.port, **fields,
         )  # fmt: skip
-        await anyio.to_thread.run_sync(self.audit.write, record)
+        if self.observe is not None:
+            self.observe(record)
+        if self.audit is not None:
+            await anyio.to_thread.run_sync(self.audit.write, record)

@@ -36,7 +36,7 @@ pytestmark = pytest.mark.anyio
 
 SHELL = "sandbox-server/shell:latest"
 WEB = """
-import http.server, socket, ssl, sys, threading
+import http.server, json, socket, ssl, sys, threading
 class Echo(threading.Thread):
     def run(self):
         udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -47,6 +47,7 @@ class Echo(threading.Thread):
 Echo(daemon=True).start()
 class Page(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
+        print("headers", json.dumps([self.path, self.headers.items()]), flush=True)  # what the upstream saw
         body = ("hello from " + sys.argv[1] + " " + self.path + "\\n").encode()
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
@@ -93,6 +94,26 @@ class Upstreams:
     """The HTTPS upstream's certificate (PEM), which the sandbox trusts per call."""
     index: str
     """The package index's address: a simple index (PEP 503) of one project."""
+    containers: dict[str, str]
+    """The web and secure upstreams' containers, whose logs say what each request carried."""
+    certificate_path: Path
+
+    def seen(self, name: str) -> list[tuple[str, dict[str, list[str]]]]:
+        """What the `name` upstream was sent: each request's path, and its headers (name -> values)."""
+        api = docker.APIClient()
+        try:
+            lines = api.logs(self.containers[name], stdout=True, stderr=False).decode().splitlines()
+        finally:
+            api.close()
+        seen = []
+        for line in lines:
+            if line.startswith("headers "):
+                path, items = json.loads(line.removeprefix("headers "))
+                headers: dict[str, list[str]] = {}
+                for header, value in items:
+                    headers.setdefault(header.lower(), []).append(value)
+                seen.append((path, headers))
+        return seen
 
 
 def _wait_listening(api: docker.APIClient, container: str) -> None:
@@ -160,7 +181,9 @@ def upstreams(runtime: DockerRuntime, tmp_path_factory: pytest.TempPathFactory) 
             api.start(created["Id"])
             _wait_listening(api, created["Id"])
         addresses = [api.inspect_container(c)["NetworkSettings"]["Networks"][name]["IPAddress"] for c in containers]
-        yield Upstreams(name, addresses[0], addresses[1], (folder / "cert.pem").read_text(), addresses[2])
+        certificate = folder / "cert.pem"
+        by_name = {"web": containers[0], "secure": containers[1]}
+        yield Upstreams(name, addresses[0], addresses[1], certificate.read_text(), addresses[2], by_name, certificate)
     finally:
         for container in containers:
             api.remove_container(container, force=True)

@@ -128,9 +128,10 @@ class ToolRegistry:
             template = tool_policy.container_spec()
             if tool_policy.egress is not None:  # on its internal network, which the first call's proxy made
                 network = None if self.proxies is None else self.proxies.network_of(tool_policy.egress)
-                if network is None:
+                if network is None or self.proxies is None:
                     continue
-                template = replace(template, network=network)
+                trusted = self.proxies.mounts_of(tool_policy.egress)  # the CAs, when the proxy opens HTTPS
+                template = replace(template, network=network, mounts=template.mounts + trusted)
             if policy.workspace.persist and self.workspaces is not None:
                 template = self.workspaces.shape(template)  # calls in kept workspaces get such containers
             most = tool_policy.pool_most(policy.rate.concurrent_calls)

@@ -3,7 +3,8 @@ proxy's configuration made from them.
 
 A sandbox with an allow list joins an `internal` Docker network whose only way out is a
 Squid proxy: plain HTTP to an allowed host and port, HTTPS through CONNECT to an allowed
-host and port (never intercepted), nothing else. The proxy refuses loopback, link-local,
+host and port (never intercepted, but for the hosts a policy adds secrets for: network.secrets),
+nothing else. The proxy refuses loopback, link-local,
 private and other special addresses even when an allowed name resolves to them, unless the
 policy's `hosts` names them itself.
 """
@@ -17,6 +18,9 @@ from collections import OrderedDict, deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from sandbox_server.network.secrets import CA_PATH, Secret, parse_secrets, secret_lines
+from sandbox_server.sandbox.spec import Mount
 
 __all__ = [
     "CONNECTIONS_PER_SANDBOX",
@@ -71,10 +75,14 @@ class Egress:
     egress_network: str = "bridge"
     hosts: tuple[tuple[str, str], ...] = ()
     """Static name -> address entries the proxy resolves before DNS (private mirrors, tests)."""
+    secrets: tuple[Secret, ...] = ()
+    """Headers the proxy adds for one host each (network.secrets; their values are read at the proxy's start)."""
+    upstream_ca: str | None = None
+    """CA certificates (PEM, a path on the server's host) the proxy trusts for the HTTPS hosts it opens."""
 
     def key(self) -> str:
-        """What proxies are shared by: equal allow lists, egress networks and hosts share one."""
-        text = repr((self.allow, self.egress_network, self.hosts))
+        """What proxies are shared by: equal allow lists, egress networks, hosts and secrets share one."""
+        text = repr((self.allow, self.egress_network, self.hosts, self.secrets, self.upstream_ca))
         return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
@@ -154,12 +162,16 @@ def parse_egress(network: object, field: str, errors: list[str]) -> Egress | Non
     egress_network = str(network.get("egress_network", "bridge"))
     if not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$", egress_network):
         errors.append(f"{field}.egress_network: {egress_network!r} is not a Docker network name")
+    secrets = parse_secrets(network.get("secrets"), f"{field}.secrets", [(d.host, d.subdomains) for d in allow], errors)
+    upstream_ca = network.get("upstream_ca")
+    if upstream_ca is not None and not (isinstance(upstream_ca, str) and upstream_ca.startswith("/")):
+        errors.append(f"{field}.upstream_ca: {upstream_ca!r}: an absolute path to CA certificates (PEM)")
     if len(allow) != len(entries):
         return None
-    return Egress(tuple(allow), egress_network, tuple(sorted(hosts)))
+    return Egress(tuple(allow), egress_network, tuple(sorted(hosts)), secrets, upstream_ca)
 
 
-def squid_config(egress: Egress, policy_name: str) -> dict[str, str]:
+def squid_config(egress: Egress, policy_name: str, secret_values: Sequence[str] = ()) -> dict[str, str]:
     """The proxy's files: squid.conf, its hosts file and the two refusal pages (name -> text).
 
     Rules, first match wins: a host the allow list does not name is denied by its name alone
@@ -168,12 +180,15 @@ def squid_config(egress: Egress, policy_name: str) -> dict[str, str]:
     of its ports is let through (CONNECT for HTTPS, never decrypted); everything else is
     denied. Each refusal is an HTTP 403 whose text names the policy and the field to change.
     Every request is logged on stdout, one line each, for the calls' audit records. When
-    every allowed name is pinned in `hosts`, the proxy asks no DNS server at all.
+    every allowed name is pinned in `hosts`, the proxy asks no DNS server at all. With
+    secrets, their headers are added for their hosts, whose HTTPS the proxy then opens
+    (network.secrets; `secret_values` in their order).
     """
+    opens = bool(egress.secrets)
     pinned = {name for name, _ in egress.hosts}
     lines = [
         f"# sandbox-server egress proxy for policy {policy_name!r}; generated, do not edit",
-        f"http_port {PROXY_PORT}",
+        f"http_port {PROXY_PORT}" + (OPENING if opens else ""),
         "visible_hostname sandbox-proxy",
         "pid_filename none",
         "cache deny all",
@@ -214,6 +229,7 @@ def squid_config(egress: Egress, policy_name: str) -> dict[str, str]:
         lines.append(f"acl allow{index} dstdomain -n {destination.squid_domain()}")
         lines.append(f"acl allow{index}_ports port {' '.join(map(str, destination.ports))}")
         lines.append(f"http_access allow allow{index} allow{index}_ports")
+    lines += secret_lines(egress.secrets, secret_values, opens, egress.upstream_ca is not None)
     lines += [
         "http_access deny all",
         "deny_info ERR_SANDBOX_DENIED allowed",
@@ -237,6 +253,12 @@ def squid_config(egress: Egress, policy_name: str) -> dict[str, str]:
     }
 
 
+OPENING = (
+    " ssl-bump tls-cert=/etc/squid/sandbox/ca.pem tls-key=/etc/squid/sandbox/ca.key generate-host-certificates=on"
+    " dynamic_cert_mem_cache_size=4MB"
+)
+"""The proxy's port, when it opens the HTTPS of the hosts it adds secrets for: with the CA it signs their
+certificates with."""
 CONNECTIONS_PER_SANDBOX = 64
 """Connections one sandbox may hold to its proxy at once; Squid drops more as they come."""
 PROXY_FILES = 16384
@@ -295,18 +317,38 @@ class ProxyEndpoint:
     key: str
     network: str
     address: str
+    ca_bundle: str | None = None
+    """A proxy that opens HTTPS (network.secrets): the host's file of the CAs its sandboxes trust."""
 
     def environment(self, direct: tuple[str, ...] = ()) -> tuple[tuple[str, str], ...]:
         """The sandbox's proxy settings: every HTTP client that reads them goes through the proxy, but to the
-        `direct` names (its workspace's services, on a network of their own)."""
+        `direct` names (its workspace's services, on a network of their own); and the CAs to trust, when the
+        proxy opens HTTPS."""
         url = f"http://{self.address}:{PROXY_PORT}"
         names = ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")
         bypass = ",".join(("localhost", "127.0.0.1", *direct))
+        trust = CA_VARIABLES if self.ca_bundle is not None else ()
         return (
             *((name, url) for name in names),
             ("NO_PROXY", bypass),
             ("no_proxy", bypass),
+            *((name, CA_PATH) for name in trust),
         )
+
+    def mounts(self) -> tuple[Mount, ...]:
+        """What a sandbox behind this proxy has mounted: the CAs it trusts, when the proxy opens HTTPS."""
+        return () if self.ca_bundle is None else (Mount(self.ca_bundle, CA_PATH),)
+
+
+CA_VARIABLES = (
+    "SSL_CERT_FILE",
+    "REQUESTS_CA_BUNDLE",
+    "CURL_CA_BUNDLE",
+    "PIP_CERT",
+    "NODE_EXTRA_CA_CERTS",
+    "GIT_SSL_CAINFO",
+)
+"""What OpenSSL, Python's requests, curl, pip, Node.js and git read the CAs to trust from."""
 
 
 SANDBOX_RECORD = 10_000

@@ -26,6 +26,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 import docker
 
@@ -39,10 +40,10 @@ from sandbox_server.network.egress import (
     ProxyRequest,
     RequestRecords,
     parse_log_line,
-    squid_config,
 )
+from sandbox_server.network.proxy_files import Trust, write_proxy_files
 from sandbox_server.sandbox.removal import OWNER_LABEL
-from sandbox_server.sandbox.spec import SANDBOX_LABEL
+from sandbox_server.sandbox.spec import SANDBOX_LABEL, Mount
 
 __all__ = ["PROXY_IMAGE", "PROXY_LABEL", "EgressProxies"]
 
@@ -52,6 +53,12 @@ PROXY_IMAGE = "sandbox-server/proxy:latest"
 PROXY_LABEL = "org.sandbox-server.egress"
 """On the proxies and internal networks: the allow list's key."""
 CONFIG_DIR = "/etc/squid/sandbox"
+OPENING_COMMAND = [
+    "sh", "-c",
+    "/usr/lib/squid/security_file_certgen -c -s /tmp/ssl_db -M 4MB >/dev/null && exec /usr/sbin/squid -N -f "
+    f"{CONFIG_DIR}/squid.conf",
+]  # fmt: skip
+"""A proxy that opens HTTPS first makes the store of the host certificates it signs, on its tmpfs."""
 START_S = 20.0
 """The longest a proxy may take to answer after it starts."""
 BARRIER_S = 5.0
@@ -84,11 +91,13 @@ class _Proxy:
         self.restarting = False
         self.failure: str | None = None
         self.started_once = False
+        self.trust: Trust | None = None
+        """Its CA, when it opens HTTPS to add secrets (kept across its restarts)."""
         self.opened: tuple[str, str] | None = None
         """(bridge, address) the host's firewall lets reach the proxy (sandboxes reach nothing else there)."""
 
     def endpoint(self) -> ProxyEndpoint:
-        return ProxyEndpoint(self.key, self.network, self.address)
+        return ProxyEndpoint(self.key, self.network, self.address, self.trust.bundle if self.trust else None)
 
     def file(self, request: ProxyRequest) -> None:
         """One request of the log: a marker among the markers, any other into its sandbox's record; under
@@ -181,7 +190,13 @@ class EgressProxies:
                 networks = api.inspect_container(proxy.container_id)["NetworkSettings"]["Networks"]
         except docker.errors.APIError as exc:
             raise OSError(f"the proxy could not join the services' network: {exc}") from exc
-        return ProxyEndpoint(proxy.key, network, networks[network]["IPAddress"])
+        return replace(proxy.endpoint(), network=network, address=networks[network]["IPAddress"])
+
+    def mounts_of(self, egress: Egress) -> tuple[Mount, ...]:
+        """What the sandboxes behind an allow list's proxy have mounted (the CAs they trust, when it opens HTTPS),
+        once it has started."""
+        proxy = self._proxies.get(egress.key())
+        return proxy.endpoint().mounts() if proxy is not None and proxy.started_once else ()
 
     def network_of(self, egress: Egress) -> str | None:
         """The internal network of an allow list once its proxy has started (it stays while the server runs,
@@ -214,6 +229,8 @@ class EgressProxies:
         for proxy in proxies:
             with proxy.lifecycle:
                 self._remove(proxy)
+                if proxy.trust is not None:
+                    proxy.trust.remove()
             with contextlib.suppress(docker.errors.APIError, docker.errors.NotFound):
                 self._api().remove_network(proxy.network)
 
@@ -279,12 +296,9 @@ class EgressProxies:
                 )
             proxy.config_dir = tempfile.mkdtemp(prefix="sandbox-proxy-")
             os.chmod(proxy.config_dir, 0o755)
-            for name, text in squid_config(egress, proxy.policy_name).items():
-                path = os.path.join(proxy.config_dir, name)
-                os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
-                with open(path, "w", encoding="utf-8") as handle:
-                    handle.write(text)
-                os.chmod(path, 0o644)
+            if egress.secrets and proxy.trust is None:
+                proxy.trust = Trust(proxy.policy_name)
+            write_proxy_files(proxy.config_dir, egress, proxy.policy_name, proxy.trust)
             host_config = api.create_host_config(
                 read_only=True,
                 cap_drop=["ALL"],
@@ -305,8 +319,9 @@ class EgressProxies:
                 privileged=False,
             )
             created = api.create_container(
-                PROXY_IMAGE, labels=self._labels(proxy), hostname="sandbox-proxy", host_config=host_config
-            )
+                PROXY_IMAGE, labels=self._labels(proxy), hostname="sandbox-proxy", host_config=host_config,
+                command=OPENING_COMMAND if proxy.trust is not None else None,
+            )  # fmt: skip
             proxy.container_id = str(created["Id"])
             api.connect_container_to_network(proxy.container_id, proxy.network)
             api.start(proxy.container_id)
@@ -317,6 +332,9 @@ class EgressProxies:
                 self._open_firewall(proxy)
         except docker.errors.ImageNotFound:
             proxy.failure = f"its image {PROXY_IMAGE} is not built (`sandbox-server images build`)"
+            return
+        except Refusal as refusal:  # a secret or the upstream CAs could not be read: the field is named
+            proxy.failure = refusal.message.removeprefix("refused: ")
             return
         except (docker.errors.APIError, KeyError, OSError) as exc:
             proxy.failure = f"it could not be started ({getattr(exc, 'explanation', None) or exc})"

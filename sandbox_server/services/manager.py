@@ -240,7 +240,7 @@ class Services:
         names = tuple(s.name for s in self.running(service.workspace_id))
         proxied = {name for name, _ in joined.environment()}
         env = tuple((k, v) for k, v in spec.call_env if k not in proxied) + joined.environment(names)
-        return replace(spec, network="none", call_env=env)
+        return replace(spec, network="none", call_env=env, mounts=spec.mounts + joined.mounts())
 
     async def _ready(self, service: Service, started: containers.Started, failed: str) -> None:
         """Take a started container as the service's once it listens; else stop the service and say why."""

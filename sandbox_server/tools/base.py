@@ -385,8 +385,10 @@ def sandbox_spec(
     network, network_env = (
         ("none", ()) if ctx.proxy is None else (ctx.proxy.network, ctx.proxy.environment(ctx.service_names))
     )
+    template = policy.container_spec()
     return replace(
-        policy.container_spec(),
+        template,
+        mounts=template.mounts + (ctx.proxy.mounts() if ctx.proxy is not None else ()),
         argv=argv,
         limits=limits,
         network=network,

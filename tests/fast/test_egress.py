@@ -187,3 +187,47 @@ def test_each_sandboxs_requests_are_kept_apart_so_a_flood_pushes_out_none_of_ano
     for address in ("10.0.0.4", "10.0.0.5", "10.0.0.6", "10.0.0.7"):  # never taken: the longest unfiled go
         records.file(ProxyRequest(address, "GET", "web.test", 80, "TCP_MISS", 200, 1, 1))
     assert records.take("10.0.0.4") == ([], 0) and len(records.take("10.0.0.7")[0]) == 1
+
+
+def test_secrets_name_an_allowed_host_a_header_and_where_the_value_comes_from() -> None:
+    egress, errors = _parse({
+        "allow": ["api.test", "*.corp.test:8443"],
+        "secrets": [
+            {"host": "api.test", "header": "Authorization", "from": "env:API_TOKEN"},
+            {"host": "db.corp.test", "header": "X-Key", "from": "file:/run/secrets/key"},
+            {"host": "other.test", "header": "X-Key", "from": "env:A"},
+            {"host": "api.test", "header": "Host", "from": "env:A"},
+            {"host": "api.test", "header": "X-Key", "from": "A_VALUE_INLINE"},
+            {"host": "api.test", "header": "X-Key"},
+        ],
+    })  # fmt: skip
+    assert errors == [
+        "defaults.network.secrets[2].host: 'other.test' is not a host network.allow opens",
+        "defaults.network.secrets[3].header: 'Host' is not a header the proxy may set",
+        "defaults.network.secrets[4].from: 'A_VALUE_INLINE': give env:NAME (the server's environment) or "
+        "file:/absolute/path",
+        "defaults.network.secrets[5]: an object with host, header and from (env:NAME or file:/path), nothing else",
+    ]
+    assert egress is not None and [s.host for s in egress.secrets] == ["api.test", "db.corp.test"]
+    assert egress.key() != _parse({"allow": ["api.test", "*.corp.test:8443"]})[0].key()  # type: ignore[union-attr]
+
+
+def test_a_proxy_with_secrets_adds_each_for_its_host_alone_and_opens_only_those_hosts_https() -> None:
+    egress, _ = _parse({
+        "allow": ["api.test", "plain.test"], "upstream_ca": "/etc/corp-ca.pem",
+        "secrets": [{"host": "api.test", "header": "X-Key", "from": "env:K"}],
+    })  # fmt: skip
+    assert egress is not None
+    conf = squid_config(egress, "team", ["s3cr%t"])["squid.conf"].splitlines()
+    assert conf[1].startswith("http_port 3128 ssl-bump tls-cert=/etc/squid/sandbox/ca.pem")
+    assert "request_header_access X-Key deny secret0" in conf
+    assert 'request_header_add X-Key "s3cr%%t" secret0' in conf  # a % is not a format code
+    assert "acl secret0 dstdomain -n api.test" in conf
+    assert conf.index("ssl_bump peek step1") < conf.index("ssl_bump bump opened") < conf.index("ssl_bump splice all")
+    assert "acl opened ssl::server_name api.test" in conf
+    assert "tls_outgoing_options cafile=/etc/squid/sandbox/upstream-ca.pem" in conf
+    plain = squid_config(_parse({"allow": ["plain.test"]})[0], "team")["squid.conf"]  # type: ignore[arg-type]
+    assert "ssl_bump" not in plain and "request_header_add" not in plain and "http_port 3128\n" in plain
+    endpoint = ProxyEndpoint("k", "net", "10.0.0.2", "/tmp/bundle.pem")
+    assert ("SSL_CERT_FILE", "/etc/sandbox-proxy/ca.pem") in endpoint.environment()
+    assert [m.sandbox_path for m in endpoint.mounts()] == ["/etc/sandbox-proxy/ca.pem"]

@@ -197,10 +197,12 @@ def _usage(args: argparse.Namespace) -> int:
     from sandbox_server.ops.usage import parse_since, read_records, summarize
     from sandbox_server.policy.loader import load_policy
 
-    path = args.audit_log or load_policy(args.policy, _tool_names()).audit.path
-    if not path:
+    paths = args.audit_log or [load_policy(args.policy, _tool_names()).audit.path]
+    if not all(paths):
         raise UsageError(f"policy {args.policy!r} keeps no audit trail (audit.path): name one with --audit-log")
-    records, unreadable = read_records(Path(path))
+    read = [read_records(Path(path)) for path in paths]  # replicas: each one's trail
+    records = [record for theirs, _ in read for record in theirs]
+    unreadable = sum(bad for _, bad in read)
     since = parse_since(args.since) if args.since else None
     totals = {name: row.shown() for name, row in summarize(records, args.by, since).items()}
     if args.json:
@@ -378,7 +380,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--by", choices=("caller", "tool"), default="caller", help="one row per caller (default) or tool"
     )
     usage.add_argument("--since", metavar="WHEN", help="only calls since then: 90s, 15m, 2h, 7d, or an ISO 8601 time")
-    usage.add_argument("--audit-log", metavar="PATH", help="the audit trail (default: the policy's audit.path)")
+    usage.add_argument(
+        "--audit-log", metavar="PATH", action="append",
+        help="an audit trail (default: the policy's audit.path); repeat it for every replica's",
+    )  # fmt: skip
     usage.add_argument("--policy", default="default", help="the policy whose audit.path to read (name or file)")
     usage.add_argument("--json", action="store_true", help="machine-readable output")
     usage.set_defaults(handler=_usage)

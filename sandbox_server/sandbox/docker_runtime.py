@@ -36,7 +36,7 @@ from sandbox_server.sandbox.attach import (
     persist_grace_s,
     pids_limited,
 )
-from sandbox_server.sandbox.engine import Engine, engine_errors
+from sandbox_server.sandbox.engine import Engine, engine_errors, oom_reported
 from sandbox_server.sandbox.host_config import host_config_kwargs, masked_paths
 from sandbox_server.sandbox.meter import Meter, Usage
 from sandbox_server.sandbox.removal import OWNER_LABEL, Remover, current_owner
@@ -280,7 +280,10 @@ class DockerRuntime(Engine):
                         self.api.kill(container_id)
                 self.api.wait(container_id, timeout=30)
                 state = self.api.inspect_container(container_id)["State"]
-        return int(state.get("ExitCode", -1)), bool(state.get("OOMKilled"))
+            oom = bool(state.get("OOMKilled"))
+            if not oom and not lingering and state.get("ExitCode") == 137:  # killed with no word: memory?
+                oom = oom_reported(self.api, container_id)
+        return int(state.get("ExitCode", -1)), oom
 
     async def run(
         self, spec: SandboxSpec, on_progress: ProgressCallback | None = None, warm: WarmContainer | None = None

@@ -13,6 +13,7 @@ import socket
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 
 import docker
 import docker.errors
@@ -20,7 +21,7 @@ import requests.exceptions
 
 from sandbox_server.errors import EngineError, EngineUnavailable, ImageError
 
-__all__ = ["ENGINE_HINT", "Engine", "EngineInfo", "ImageRecord", "engine_address", "engine_errors"]
+__all__ = ["ENGINE_HINT", "Engine", "EngineInfo", "ImageRecord", "engine_address", "engine_errors", "oom_reported"]
 
 ENGINE_CONNECTIONS = 64
 """HTTP connections kept to the engine: concurrent calls, pool refills and removals each hold one."""
@@ -197,3 +198,24 @@ class Engine:
                 text = event.get("stream") or event.get("status")
                 if text and text.strip():
                     yield text.rstrip("\n")
+
+
+OOM_LATE_S = 2
+"""How long a container's out-of-memory event may come after its end is recorded."""
+
+
+def oom_reported(api: docker.APIClient, container_id: str, within_s: float = OOM_LATE_S) -> bool:
+    """Whether the engine reported the container out of memory (its `oom` event), waiting up to `within_s` for a
+    late one: a busy engine may record a container's end before its out-of-memory event, and its state's
+    OOMKilled flag with it. Asked only of a sandbox that was killed without a word from its launcher."""
+    since = api.inspect_container(container_id)["Created"]
+    events = api.events(
+        since=datetime.fromisoformat(since[:26].rstrip("Z")).replace(tzinfo=UTC) if since else None,
+        until=datetime.now(UTC) + timedelta(seconds=within_s),
+        filters={"container": container_id, "event": "oom"},
+        decode=True,
+    )
+    try:
+        return any(True for _ in events)
+    finally:
+        events.close()

@@ -7,11 +7,12 @@ import json
 import os
 import threading
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-__all__ = ["AuditLog", "call_record", "event_record"]
+__all__ = ["AuditLog", "Spent", "call_record", "event_record"]
 
 
 class AuditLog:
@@ -78,3 +79,35 @@ def call_record(
 def event_record(event: str, **fields: Any) -> dict[str, Any]:
     """An audit line for something other than a call (a task's or a service's life): when, what, and its fields."""
     return {"time": datetime.now(UTC).isoformat(timespec="milliseconds"), "event": event, **fields}
+
+
+@dataclass(frozen=True, slots=True)
+class Spent:
+    """What one audit record says was used: a call's `usage`, or a stopped service's (the meters and
+    `sandbox-server usage` read records through this alone)."""
+
+    service: bool
+    wall_s: float
+    cpu_s: float
+    peak_memory_bytes: int | None
+    network_in_bytes: int
+    network_out_bytes: int
+    task: bool
+
+    @classmethod
+    def of(cls, record: Mapping[str, Any]) -> Spent | None:
+        """None for a record that spends nothing (the other events of tasks' and services' lives)."""
+        event = record.get("event")
+        if event not in (None, "service_stopped"):
+            return None
+        usage = record.get("usage") or {}
+        peak = usage.get("peak_memory_bytes")
+        return cls(
+            service=event is not None,
+            wall_s=float(usage.get("wall_s") or 0),
+            cpu_s=float(usage.get("cpu_s") or 0),
+            peak_memory_bytes=int(peak) if peak is not None else None,
+            network_in_bytes=int(usage.get("network_in_bytes") or 0),
+            network_out_bytes=int(usage.get("network_out_bytes") or 0),
+            task=bool(usage.get("task")),
+        )

@@ -8,6 +8,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
+from sandbox_server.access.audit import Spent
+
 __all__ = ["Meters"]
 
 MEMORY_BUCKETS = tuple(float(2**power) for power in range(24, 36, 2))
@@ -42,20 +44,20 @@ class Meters:
     def observe(self, record: Mapping[str, Any]) -> None:
         """Count one call from its audit record (its caller, tool, outcome and usage), or a stopped service from
         its audit event (other events count nothing)."""
+        spent = Spent.of(record)
+        if spent is None:
+            return
         caller, tool = str(record.get("caller") or "-"), str(record.get("tool") or "-")
-        usage = record.get("usage") or {}
-        if "event" in record:
-            if record["event"] == "service_stopped":
-                self.services.labels(caller, tool).inc(float(usage.get("wall_s") or 0))
-                self.service_cpu.labels(caller, tool).inc(float(usage.get("cpu_s") or 0))
+        if spent.service:
+            self.services.labels(caller, tool).inc(spent.wall_s)
+            self.service_cpu.labels(caller, tool).inc(spent.cpu_s)
             return
         self.calls.labels(caller, tool, str(record.get("outcome") or "cancelled")).inc()
-        wall = float(usage.get("wall_s") or 0)
-        self.wall.labels(caller, tool).inc(wall)
-        self.cpu.labels(caller, tool).inc(float(usage.get("cpu_s") or 0))
-        self.network.labels(caller, tool, "in").inc(int(usage.get("network_in_bytes") or 0))
-        self.network.labels(caller, tool, "out").inc(int(usage.get("network_out_bytes") or 0))
-        if usage.get("task"):
-            self.tasks.labels(caller, tool).inc(wall)
-        if usage.get("peak_memory_bytes") is not None:
-            self.memory.labels(tool).observe(float(usage["peak_memory_bytes"]))
+        self.wall.labels(caller, tool).inc(spent.wall_s)
+        self.cpu.labels(caller, tool).inc(spent.cpu_s)
+        self.network.labels(caller, tool, "in").inc(spent.network_in_bytes)
+        self.network.labels(caller, tool, "out").inc(spent.network_out_bytes)
+        if spent.task:
+            self.tasks.labels(caller, tool).inc(spent.wall_s)
+        if spent.peak_memory_bytes is not None:
+            self.memory.labels(tool).observe(float(spent.peak_memory_bytes))

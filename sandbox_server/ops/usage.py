@@ -15,6 +15,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from sandbox_server.access.audit import Spent
 from sandbox_server.errors import UsageError
 
 __all__ = ["Totals", "parse_since", "read_records", "summarize"]
@@ -43,25 +44,22 @@ class Totals:
     """Running time of its services that stopped."""
     service_cpu_s: float = 0.0
 
-    def add(self, record: dict[str, Any]) -> None:
-        usage = record.get("usage") or {}
-        if record.get("event") == "service_stopped":
-            self.service_s += float(usage.get("wall_s") or 0)
-            self.service_cpu_s += float(usage.get("cpu_s") or 0)
-            self.peak_memory_bytes = max(self.peak_memory_bytes, int(usage.get("peak_memory_bytes") or 0))
+    def add(self, record: dict[str, Any], spent: Spent) -> None:
+        self.peak_memory_bytes = max(self.peak_memory_bytes, spent.peak_memory_bytes or 0)
+        if spent.service:
+            self.service_s += spent.wall_s
+            self.service_cpu_s += spent.cpu_s
             return
         outcome = record.get("outcome")
         self.calls += 1
         self.ok += outcome == "ok"
         self.errors += outcome == "error"
         self.refused += outcome not in ("ok", "error")
-        wall = float(usage.get("wall_s") or 0)
-        self.wall_s += wall
-        self.cpu_s += float(usage.get("cpu_s") or 0)
-        self.peak_memory_bytes = max(self.peak_memory_bytes, int(usage.get("peak_memory_bytes") or 0))
-        self.network_in_bytes += int(usage.get("network_in_bytes") or 0)
-        self.network_out_bytes += int(usage.get("network_out_bytes") or 0)
-        self.task_s += wall if usage.get("task") else 0.0
+        self.wall_s += spent.wall_s
+        self.cpu_s += spent.cpu_s
+        self.network_in_bytes += spent.network_in_bytes
+        self.network_out_bytes += spent.network_out_bytes
+        self.task_s += spent.wall_s if spent.task else 0.0
 
     def shown(self) -> dict[str, Any]:
         fields = asdict(self)
@@ -85,33 +83,28 @@ def parse_since(text: str, now: datetime | None = None) -> datetime:
 
 def _files(path: Path) -> list[Path]:
     """The audit file and its rotated predecessors, oldest first."""
-    rotated = sorted(
-        path.parent.glob(f"{path.name}.*"), key=lambda p: -int(p.suffix[1:]) if p.suffix[1:].isdigit() else 0
-    )
-    return [p for p in rotated if p.suffix[1:].isdigit()] + ([path] if path.exists() else [])
+    rotated = [p for p in path.parent.glob(f"{path.name}.*") if p.suffix[1:].isdigit()]
+    return sorted(rotated, key=lambda p: -int(p.suffix[1:])) + ([path] if path.exists() else [])
 
 
 def read_records(path: Path) -> tuple[list[dict[str, Any]], int]:
     """The records of an audit trail that say what was used: calls and stopped services (the other events of
     tasks' and services' lives left out); and how many lines could not be read."""
-    if not path.exists() and not _files(path):
+    files = _files(path)
+    if not files:
         raise UsageError(f"{path}: no audit trail there (serve writes one with --audit-log or the policy's audit.path)")
     records, unreadable = [], 0
-    for file in _files(path):
+    for file in files:
         for line in _lines(file):
             try:
                 record = json.loads(line)
             except ValueError:
                 unreadable += 1
                 continue
-            if (
-                isinstance(record, dict)
-                and "tool" in record
-                and record.get("event", "service_stopped") == "service_stopped"
-            ):
-                records.append(record)
-            elif not isinstance(record, dict):
+            if not isinstance(record, dict):
                 unreadable += 1
+            elif "tool" in record and Spent.of(record) is not None:
+                records.append(record)
     return records, unreadable
 
 
@@ -131,6 +124,7 @@ def summarize(records: Iterable[dict[str, Any]], by: str, since: datetime | None
                 continue
             if when < since:
                 continue
-        key = str(record.get(by) or "-")
-        totals.setdefault(key, Totals()).add(record)
+        spent = Spent.of(record)
+        if spent is not None:
+            totals.setdefault(str(record.get(by) or "-"), Totals()).add(record, spent)
     return dict(sorted(totals.items()))

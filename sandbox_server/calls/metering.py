@@ -1,4 +1,4 @@
-"""What each call used, in its answer and its audit record (`usage`), and counted for Prometheus (`/metrics`).
+"""What each call used, in its answer and its audit record (`usage`; the meters count it from there).
 
 The sandbox's CPU time and peak memory come from its cgroup (sandbox.meter), network bytes from its proxy's
 log, the workspace's size from its files after the call; the wall time is the call's, from its arrival to its

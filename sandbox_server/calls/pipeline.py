@@ -143,9 +143,8 @@ class CallPipeline:
                     )
                     if needed is not None:
                         question = await ask(needed, policy, record)
-                        if (
-                            question is not None
-                        ):  # 2026-07-28: asked through the client, answered in the call's next round
+                        # 2026-07-28: asked through the client, answered in the call's next round
+                        if question is not None:
                             record["outcome"] = "awaiting_approval"
                             return CallEnd(question=question)
                     if task is not None:

@@ -127,8 +127,7 @@ class ToolRegistry:
                 continue
             template = tool_policy.container_spec()
             if tool_policy.egress is not None:  # on its internal network, which the first call's proxy made
-                network = None if self.proxies is None else self.proxies.network_of(tool_policy.egress)
-                if network is None or self.proxies is None:
+                if self.proxies is None or (network := self.proxies.network_of(tool_policy.egress)) is None:
                     continue
                 trusted = self.proxies.mounts_of(tool_policy.egress)  # the CAs, when the proxy opens HTTPS
                 template = replace(template, network=network, mounts=template.mounts + trusted)

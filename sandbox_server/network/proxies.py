@@ -42,6 +42,7 @@ from sandbox_server.network.egress import (
     parse_log_line,
 )
 from sandbox_server.network.proxy_files import Trust, write_proxy_files
+from sandbox_server.network.secrets import CERTIFICATES
 from sandbox_server.sandbox.removal import OWNER_LABEL
 from sandbox_server.sandbox.spec import SANDBOX_LABEL, Mount
 
@@ -53,11 +54,7 @@ PROXY_IMAGE = "sandbox-server/proxy:latest"
 PROXY_LABEL = "org.sandbox-server.egress"
 """On the proxies and internal networks: the allow list's key."""
 CONFIG_DIR = "/etc/squid/sandbox"
-OPENING_COMMAND = [
-    "sh", "-c",
-    "/usr/lib/squid/security_file_certgen -c -s /tmp/ssl_db -M 4MB >/dev/null && exec /usr/sbin/squid -N -f "
-    f"{CONFIG_DIR}/squid.conf",
-]  # fmt: skip
+OPENING_COMMAND = ["sh", "-c", f"{CERTIFICATES} -c >/dev/null && exec /usr/sbin/squid -N -f {CONFIG_DIR}/squid.conf"]
 """A proxy that opens HTTPS first makes the store of the host certificates it signs, on its tmpfs."""
 START_S = 20.0
 """The longest a proxy may take to answer after it starts."""

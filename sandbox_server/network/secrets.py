@@ -24,7 +24,7 @@ from pathlib import Path
 
 from sandbox_server.errors import Refusal
 
-__all__ = ["CA_PATH", "Secret", "make_ca", "parse_secrets", "secret_lines"]
+__all__ = ["CA_PATH", "CERTIFICATES", "Secret", "make_ca", "parse_secrets", "secret_lines"]
 
 HEADER = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,63}$")
 SOURCE = re.compile(r"^(env:[A-Za-z_][A-Za-z0-9_]{0,127}|file:/.+)$")
@@ -32,6 +32,8 @@ RESERVED = {"host", "content-length", "transfer-encoding", "connection", "proxy-
 CA_PATH = "/etc/sandbox-proxy/ca.pem"
 """Where a sandbox behind a proxy that opens HTTPS finds its CA (with the system's, in one bundle)."""
 MAX_VALUE = 8192
+CERTIFICATES = "/usr/lib/squid/security_file_certgen -s /tmp/ssl_db -M 4MB"
+"""Squid's helper that makes and keeps the host certificates a proxy signs, with its store on the proxy's tmpfs."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +107,7 @@ def secret_lines(secrets: Sequence[Secret], values: Sequence[str], bump: bool, u
     if bump:
         hosts = " ".join(sorted({secret.host for secret in secrets}))
         lines += [
-            "sslcrtd_program /usr/lib/squid/security_file_certgen -s /tmp/ssl_db -M 4MB",
+            f"sslcrtd_program {CERTIFICATES}",
             "sslcrtd_children 3 startup=1 idle=1",
             f"acl opened ssl::server_name {hosts}",
             "acl step1 at_step SslBump1",

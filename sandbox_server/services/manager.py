@@ -379,10 +379,10 @@ class Services:
             service.stopped.set()
             if last:
                 await anyio.to_thread.run_sync(containers.remove_network, self.runtime.api, service.network)
-        if was_running:
-            wall = round(time.time() - service.started_at, 3)
-            usage = {"wall_s": wall, "cpu_s": used.cpu_s, "peak_memory_bytes": used.peak_memory_bytes}
-            await self.audit_event("service_stopped", service, reason=reason, caller=service.caller, usage=usage)
+            if was_running:  # recorded even when the server is stopping around it
+                wall = round(time.time() - service.started_at, 3)
+                usage = {"wall_s": wall, "cpu_s": used.cpu_s, "peak_memory_bytes": used.peak_memory_bytes}
+                await self.audit_event("service_stopped", service, reason=reason, caller=service.caller, usage=usage)
         self._services.pop(service.id, None)
 
     def _networks_changed(self) -> None:

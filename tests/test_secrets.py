@@ -1,6 +1,6 @@
 """Secrets the sandbox never sees (network.secrets): the proxy adds a header to one host's requests, over plain
 HTTP and over HTTPS it opens with its own CA, and to no other host's; the sandbox finds the value nowhere, and
-neither do its results nor the audit trail. The upstreams are the test's own containers (tests/test_egress's),
+neither do its results nor the audit trail. The upstreams are the test's own containers (tests/upstreams),
 which log the headers each request reached them with."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 from mcp import Client
 
 from tests.mcp_harness import connect, stdio_parameters, text_of
-from tests.test_egress import Upstreams, upstreams  # noqa: F401 (the upstreams fixture)
+from tests.upstreams import Upstreams, upstreams_fixture  # noqa: F401 (the upstreams fixture)
 
 pytestmark = pytest.mark.anyio
 
@@ -30,7 +30,7 @@ def anyio_backend() -> str:
 
 @pytest.fixture(scope="module")
 async def secretive(
-    upstreams: Upstreams,  # noqa: F811 (the fixture imported above)
+    upstreams: Upstreams,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> AsyncIterator[tuple[Client, Path]]:
     folder = tmp_path_factory.mktemp("secrets")
@@ -66,7 +66,7 @@ def _requests(their: Upstreams, name: str, path: str) -> list[dict[str, list[str
 
 async def test_the_proxy_adds_a_hosts_secret_over_http_and_https_and_to_no_other_host(
     secretive: tuple[Client, Path],
-    upstreams: Upstreams,  # noqa: F811
+    upstreams: Upstreams,
 ) -> None:
     client, _ = secretive
     tag = secrets.token_hex(4)
@@ -111,7 +111,7 @@ async def test_the_sandbox_finds_the_secret_nowhere_and_neither_do_results_or_th
 
 
 async def test_a_secret_the_server_cannot_read_refuses_the_call_naming_the_field(
-    upstreams: Upstreams,  # noqa: F811
+    upstreams: Upstreams,
     tmp_path: Path,
 ) -> None:
     policy = tmp_path / "missing.yaml"

@@ -1,6 +1,6 @@
 """Spans over OTLP: a server given `--otlp-endpoint` sends each call's spans (the call, its admission, workspace,
 container and proxy) to the test's own OTLP/HTTP receiver on loopback, which decodes them with the protocol's own
-messages. The call reaches the test's own upstream through the proxy (tests/test_egress's containers)."""
+messages. The call reaches the test's own upstream through the proxy (tests/upstreams)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 
 from tests.mcp_harness import connect, stdio_parameters, text_of
-from tests.test_egress import Upstreams, shell_network, upstreams  # noqa: F401 (the upstreams fixture)
+from tests.upstreams import Upstreams, shell_network, upstreams_fixture  # noqa: F401 (the upstreams fixture)
 
 pytestmark = pytest.mark.anyio
 
@@ -94,7 +94,7 @@ def receiver() -> Iterator[tuple[Receiver, str]]:
 
 async def test_each_call_sends_its_span_and_its_steps_spans_and_never_its_arguments(
     receiver: tuple[Receiver, str],
-    upstreams: Upstreams,  # noqa: F811 (the fixture imported above)
+    upstreams: Upstreams,
     tmp_path: Path,
 ) -> None:
     received, endpoint = receiver

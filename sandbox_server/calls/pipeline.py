@@ -11,6 +11,7 @@ its files changed) comes back with the outcome.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
@@ -24,13 +25,14 @@ from sandbox_server.access.approval import Approval, approval_needed
 from sandbox_server.access.audit import AuditLog, call_record
 from sandbox_server.access.identity import Identity
 from sandbox_server.calls.arguments import check_arguments
+from sandbox_server.calls.hosts import CallAsker, Grants, Question
 from sandbox_server.calls.metering import metered
 from sandbox_server.calls.registry import ToolRegistry
 from sandbox_server.calls.tracing import Tracing
 from sandbox_server.errors import EngineError, EngineUnavailable, Refusal
 from sandbox_server.network.egress import ProxyEndpoint
 from sandbox_server.policy import Policy, ToolPolicy
-from sandbox_server.sandbox.runtime import ProgressCallback, SandboxRuntime
+from sandbox_server.sandbox.runtime import ADDRESS_WATCH, ProgressCallback, SandboxRuntime
 from sandbox_server.sandbox.spec import ResourceLimits
 from sandbox_server.services.manager import Services
 from sandbox_server.services.scope import ServiceScope
@@ -93,6 +95,8 @@ class CallPipeline:
         """Every call counted for Prometheus (None: no /metrics)."""
         self.tracing = Tracing()
         """Spans of every call (none unless an OTLP endpoint is given)."""
+        self.grants = Grants()
+        """The hosts people approved or declined live, per session or caller (network.ask)."""
 
     def swap(self, policy: Policy) -> None:
         """A new server policy for new calls; running calls keep theirs."""
@@ -110,12 +114,15 @@ class CallPipeline:
         ask: Ask,
         waiting: Waiting | None = None,
         task: TaskStart | None = None,
+        question: Question | None = None,
+        unable: str = "",
     ) -> CallEnd:
         """Run one call of the tool clients see as `exposed`; UnknownTool when its policy offers none such.
 
         `client` is how the client names itself (for the audit record only); `session` is the handshake session
         whose workspace the call works in (None: the 2026-07-28 era, where a result's `workspace` id is passed);
-        `waiting` hears how many calls are ahead while the call waits for a slot.
+        `waiting` hears how many calls are ahead while the call waits for a slot; `question` asks the person about
+        a host the allow list does not name (None: nobody can be asked, `unable` says why).
         """
         with self.tracing.span("tools/call"):  # named after the call once its audit record is whole
             # One policy for the whole call, even if a new one is swapped in meanwhile: the caller's, else the server's.
@@ -149,8 +156,9 @@ class CallPipeline:
                             return CallEnd(question=question)
                     if task is not None:
                         await task.created()
+                    asking = (question, unable)
                     outcome, saved = await self._run_checked(
-                        tool, arguments, policy, identity, session, progress, waiting, task is not None
+                        tool, arguments, policy, identity, session, progress, waiting, task is not None, asking
                     )
                 except Refusal as refusal:  # the one place a refusal becomes an outcome
                     outcome = ToolOutcome.refused(refusal, policy.name)
@@ -185,6 +193,7 @@ class CallPipeline:
         progress: ProgressCallback,
         waiting: Waiting | None,
         as_task: bool = False,
+        asking: tuple[Question | None, str] = (None, ""),
     ) -> tuple[ToolOutcome, bool]:
         """Admit (a call past the concurrency cap waits its turn, within its own timeout), then run the tool: its
         outcome and whether it saved a kept workspace; refusals are raised."""
@@ -224,11 +233,16 @@ class CallPipeline:
                 runtime, tool_policy, policy.name, progress, kept is not None, proxy, as_task, scope,
                 scope.network if scope is not None else None, scope.names if scope is not None else (),
             )  # fmt: skip
-            with self.tracing.span("container"):
-                outcome = await tool.run(arguments, tool_ctx)
+            asker = self._asker(tool_policy, policy.name, proxy, asking, identity, session, kept)
+            watching = ADDRESS_WATCH.set(asker.watch if asker is not None else None)
+            try:
+                with self.tracing.span("container"):
+                    outcome = await tool.run(arguments, tool_ctx)
+            finally:
+                ADDRESS_WATCH.reset(watching)
             if proxy is not None:
                 with self.tracing.span("proxy"):
-                    outcome = await self._with_requests(outcome, proxy)
+                    outcome = await self._with_requests(outcome, proxy, asker)
             if kept is None:
                 return outcome, False
             structured = {**(outcome.structured or {}), "workspace": kept.record.id}
@@ -296,7 +310,30 @@ class CallPipeline:
         self.registry.network_ready(endpoint.key)  # its network exists now: the tool's warm pool can fill
         return endpoint
 
-    async def _with_requests(self, outcome: ToolOutcome, proxy: ProxyEndpoint) -> ToolOutcome:
+    def _asker(
+        self,
+        tool_policy: ToolPolicy,
+        policy_name: str,
+        proxy: ProxyEndpoint | None,
+        asking: tuple[Question | None, str],
+        identity: Identity,
+        session: str | None,
+        kept: KeptWorkspace | None,
+    ) -> CallAsker | None:
+        """A call whose policy asks about hosts not on its list: its asker, watching for its sandbox's address."""
+        settings = tool_policy.egress.ask if tool_policy.egress is not None else None
+        proxies = self.registry.proxies
+        if settings is None or proxy is None or proxies is None:
+            return None
+        if settings.remember == "caller":
+            key = f"caller:{identity.limits_key}"
+        else:  # a handshake session, else the kept workspace the call continues, else the call alone
+            key = f"session:{session or (kept.record.id if kept is not None else os.urandom(8).hex())}"
+        return CallAsker(settings, self.grants.scope(key), *asking, policy_name, proxies.gatekeeper, proxy.key)
+
+    async def _with_requests(
+        self, outcome: ToolOutcome, proxy: ProxyEndpoint, asker: CallAsker | None = None
+    ) -> ToolOutcome:
         """The outcome with the requests its sandbox made through the proxy (answer, notes and audit)."""
         proxies = self.registry.proxies
         assert proxies is not None
@@ -305,6 +342,8 @@ class CallPipeline:
         records = [request.record() for request in requests]
         denied = sorted({f"{r.host}:{r.port}" for r in requests if not r.allowed})
         network: dict[str, Any] = {"requests": records, "denied": denied}
+        if asker is not None and asker.asked:
+            network["asked"] = asker.asked
         notes = outcome.notes
         if dropped:
             network["requests_not_kept"] = dropped

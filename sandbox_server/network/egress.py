@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from sandbox_server.network.asking import AskSettings, ask_lines, parse_ask
 from sandbox_server.network.secrets import CA_PATH, Secret, parse_secrets, secret_lines
 from sandbox_server.sandbox.spec import Mount
 
@@ -51,6 +52,8 @@ SPECIAL_NETWORKS = (
 metadata (link-local), private networks and the other addresses that are not the internet."""
 LABEL = re.compile(r"^(?!-)[a-z0-9-]{1,63}(?<!-)$")
 PROXY_PORT = 3128
+CONFIG_DIR = "/etc/squid/sandbox"
+"""Where the proxy's container has the folder of its configuration, bound read-only."""
 MARKER_DOMAIN = "marker.sandbox-server.invalid"
 """Requests the server itself sends the proxy, to know its log has caught up; never a sandbox's."""
 
@@ -79,10 +82,12 @@ class Egress:
     """Headers the proxy adds for one host each (network.secrets; their values are read at the proxy's start)."""
     upstream_ca: str | None = None
     """CA certificates (PEM, a path on the server's host) the proxy trusts for the HTTPS hosts it opens."""
+    ask: AskSettings | None = None
+    """A host the allow list does not name is put to a person (network.ask); None: refused at once."""
 
     def key(self) -> str:
-        """What proxies are shared by: equal allow lists, egress networks, hosts and secrets share one."""
-        text = repr((self.allow, self.egress_network, self.hosts, self.secrets, self.upstream_ca))
+        """What proxies are shared by: equal allow lists, egress networks, hosts, secrets and asking share one."""
+        text = repr((self.allow, self.egress_network, self.hosts, self.secrets, self.upstream_ca, self.ask))
         return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
@@ -166,9 +171,10 @@ def parse_egress(network: object, field: str, errors: list[str]) -> Egress | Non
     upstream_ca = network.get("upstream_ca")
     if upstream_ca is not None and not (isinstance(upstream_ca, str) and upstream_ca.startswith("/")):
         errors.append(f"{field}.upstream_ca: {upstream_ca!r}: an absolute path to CA certificates (PEM)")
+    ask = parse_ask(network.get("ask"), f"{field}.ask", errors)
     if len(allow) != len(entries):
         return None
-    return Egress(tuple(allow), egress_network, tuple(sorted(hosts)), secrets, upstream_ca)
+    return Egress(tuple(allow), egress_network, tuple(sorted(hosts)), secrets, upstream_ca, ask)
 
 
 def squid_config(egress: Egress, policy_name: str, secret_values: Sequence[str] = ()) -> dict[str, str]:
@@ -180,9 +186,11 @@ def squid_config(egress: Egress, policy_name: str, secret_values: Sequence[str] 
     of its ports is let through (CONNECT for HTTPS, never decrypted); everything else is
     denied. Each refusal is an HTTP 403 whose text names the policy and the field to change.
     Every request is logged on stdout, one line each, for the calls' audit records. When
-    every allowed name is pinned in `hosts`, the proxy asks no DNS server at all. With
-    secrets, their headers are added for their hosts, whose HTTPS the proxy then opens
-    (network.secrets; `secret_values` in their order).
+    every allowed name is pinned in `hosts`, the proxy asks no DNS server at all (a host
+    approved live is then reached only if `hosts` names it too). With secrets, their headers
+    are added for their hosts, whose HTTPS the proxy then opens (network.secrets;
+    `secret_values` in their order). With `ask`, a host the list does not name is put to the
+    server's helper before it is refused (network.ask).
     """
     opens = bool(egress.secrets)
     pinned = {name for name, _ in egress.hosts}
@@ -206,18 +214,20 @@ def squid_config(egress: Egress, policy_name: str, secret_values: Sequence[str] 
         "forwarded_for delete",
         "via off",
         "httpd_suppress_version_string on",
-        "hosts_file /etc/squid/sandbox/hosts",
-        "error_directory /etc/squid/sandbox/errors",
+        f"hosts_file {CONFIG_DIR}/hosts",
+        f"error_directory {CONFIG_DIR}/errors",
         "logformat sandbox %ts.%03tu %>a %rm %>rd %>rP %Ss %>Hs %<st %>st",
         "access_log stdio:/dev/stdout logformat=sandbox",
         "cache_log stdio:/dev/stderr",
     ]
     if all(not destination.subdomains and destination.host in pinned for destination in egress.allow):
         lines.append("dns_nameservers 127.0.0.1")
+    asking, put = ask_lines(CONFIG_DIR) if egress.ask is not None else ([], ["http_access deny !allowed"])
     domains = sorted({destination.squid_domain() for destination in egress.allow})
     lines += [
+        *asking,
         "acl allowed dstdomain -n " + " ".join(domains),
-        "http_access deny !allowed",
+        *put,
         "acl special dst " + " ".join(SPECIAL_NETWORKS),
     ]
     if pinned:
@@ -229,12 +239,15 @@ def squid_config(egress: Egress, policy_name: str, secret_values: Sequence[str] 
         lines.append(f"acl allow{index} dstdomain -n {destination.squid_domain()}")
         lines.append(f"acl allow{index}_ports port {' '.join(map(str, destination.ports))}")
         lines.append(f"http_access allow allow{index} allow{index}_ports")
+    if egress.ask is not None:  # past `deny !allowed !asked`, a host not on the list was approved when asked
+        lines.append("http_access allow !allowed")
     lines += secret_lines(egress.secrets, secret_values, opens, egress.upstream_ca is not None)
     lines += [
         "http_access deny all",
         "deny_info ERR_SANDBOX_DENIED allowed",
         "deny_info ERR_SANDBOX_SPECIAL special",
         "deny_info ERR_SANDBOX_DENIED all",
+        *(["deny_info ERR_SANDBOX_ASKED asked"] if egress.ask is not None else []),
     ]
     denied = (
         f"sandbox-server: %H:%p is not allowed by policy '{policy_name}' (field network.allow); "
@@ -244,12 +257,17 @@ def squid_config(egress: Egress, policy_name: str, secret_values: Sequence[str] 
         f"sandbox-server: %H resolves to a private, loopback or link-local address, which policy "
         f"'{policy_name}' does not allow (field network.hosts names the ones it may reach)\n"
     )
+    asked = (
+        f"sandbox-server: %H:%p is not allowed by policy '{policy_name}' (field network.allow), and was not approved "
+        "when asked (field network.ask): %o\n"
+    )
     hosts = "".join(f"{address} {name}\n" for name, address in egress.hosts)
     return {
         "squid.conf": "\n".join(lines) + "\n",
         "hosts": hosts,
         "errors/ERR_SANDBOX_DENIED": denied,
         "errors/ERR_SANDBOX_SPECIAL": special,
+        "errors/ERR_SANDBOX_ASKED": asked,
     }
 
 

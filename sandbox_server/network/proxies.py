@@ -31,7 +31,9 @@ from dataclasses import replace
 import docker
 
 from sandbox_server.errors import Refusal
+from sandbox_server.network.asking import AskChannel, Gatekeeper
 from sandbox_server.network.egress import (
+    CONFIG_DIR,
     MARKER_DOMAIN,
     PROXY_FILES,
     PROXY_PORT,
@@ -53,7 +55,6 @@ log = logging.getLogger(__name__)
 PROXY_IMAGE = "sandbox-server/proxy:latest"
 PROXY_LABEL = "org.sandbox-server.egress"
 """On the proxies and internal networks: the allow list's key."""
-CONFIG_DIR = "/etc/squid/sandbox"
 OPENING_COMMAND = ["sh", "-c", f"{CERTIFICATES} -c >/dev/null && exec /usr/sbin/squid -N -f {CONFIG_DIR}/squid.conf"]
 """A proxy that opens HTTPS first makes the store of the host certificates it signs, on its tmpfs."""
 START_S = 20.0
@@ -92,6 +93,8 @@ class _Proxy:
         """Its CA, when it opens HTTPS to add secrets (kept across its restarts)."""
         self.opened: tuple[str, str] | None = None
         """(bridge, address) the host's firewall lets reach the proxy (sandboxes reach nothing else there)."""
+        self.channel: AskChannel | None = None
+        """Where its helpers put the requests to hosts not on its list to the server (network.ask)."""
 
     def endpoint(self) -> ProxyEndpoint:
         return ProxyEndpoint(self.key, self.network, self.address, self.trust.bundle if self.trust else None)
@@ -119,6 +122,8 @@ class EgressProxies:
         self._on_this_host = on_this_host
         self._apart: bool | None = None
         """Whether sandboxes on one allow list are kept from reaching each other (decided at the first start)."""
+        self.gatekeeper = Gatekeeper()
+        """The calls its proxies may ask a person for (network.ask)."""
 
     def network_name(self, key: str) -> str:
         return f"sandbox-egress-{key}-{self._suffix}"
@@ -296,6 +301,8 @@ class EgressProxies:
             if egress.secrets and proxy.trust is None:
                 proxy.trust = Trust(proxy.policy_name)
             write_proxy_files(proxy.config_dir, egress, proxy.policy_name, proxy.trust)
+            if egress.ask is not None:
+                proxy.channel = AskChannel(proxy.config_dir, proxy.key, self.gatekeeper)
             host_config = api.create_host_config(
                 read_only=True,
                 cap_drop=["ALL"],
@@ -406,9 +413,14 @@ class EgressProxies:
 
     def _remove(self, proxy: _Proxy) -> None:
         self._close_firewall(proxy)
+        if proxy.channel is not None:
+            proxy.channel.close()
+            proxy.channel = None
         if proxy.container_id is not None:
             with contextlib.suppress(docker.errors.APIError, docker.errors.NotFound):
+                _s = time.time()
                 self._api().remove_container(proxy.container_id, force=True)
+                log.warning("rm %.2f", time.time() - _s)
             proxy.container_id = None
         if proxy.config_dir is not None:
             shutil.rmtree(proxy.config_dir, ignore_errors=True)

@@ -19,11 +19,12 @@ import mcp_types as types
 from mcp.shared.exceptions import MCPError
 
 from sandbox_server.access.approval import APPROVAL_FORM, Approval
+from sandbox_server.calls.hosts import Question
 from sandbox_server.errors import Refusal
 from sandbox_server.policy import Policy
 from sandbox_server.protocol.requests import Context, handshake_era
 
-__all__ = ["APPROVAL_TTL_S", "Approvals", "LocalQuestions", "Questions"]
+__all__ = ["APPROVAL_TTL_S", "Approvals", "LocalQuestions", "Questions", "host_question"]
 
 APPROVAL_TTL_S = 600.0
 """How long a question for approval may wait for its answer."""
@@ -168,3 +169,26 @@ async def _elicit(ctx: Context, needed: Approval, record: dict[str, Any]) -> str
             kind="declined",
         )
     return action
+
+
+def host_question(ctx: Context, as_task: bool) -> tuple[Question | None, str]:
+    """How a call asks the person about a host its allow list does not name (network.ask), or why it cannot."""
+    capabilities = ctx.session.client_capabilities
+    elicitation = capabilities.elicitation if capabilities is not None else None
+    if elicitation is None or (elicitation.form is None and elicitation.url is not None):
+        return None, "this client cannot ask a person (it declares no form elicitation)"
+    if as_task:
+        return None, "a call running as a task is not asked about hosts (run it as a plain call)"
+    if not handshake_era(ctx):
+        return None, "a 2026-07-28 client is asked about hosts only through a call's input_required round"
+
+    async def question(message: str, wait_s: float) -> str:
+        with anyio.move_on_after(wait_s):
+            try:
+                answer = await ctx.session.elicit_form(message, APPROVAL_FORM, related_request_id=ctx.request_id)
+            except MCPError:
+                return "client error"
+            return answer.action
+        return "no answer"
+
+    return question, ""

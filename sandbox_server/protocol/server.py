@@ -29,7 +29,7 @@ from sandbox_server.calls.registry import ToolRegistry
 from sandbox_server.errors import Refusal
 from sandbox_server.network.proxies import EgressProxies
 from sandbox_server.policy import Policy
-from sandbox_server.protocol.asking import APPROVAL_TTL_S, Approvals
+from sandbox_server.protocol.asking import APPROVAL_TTL_S, Approvals, host_question
 from sandbox_server.protocol.listing import page_of, tool_model
 from sandbox_server.protocol.requests import (
     Context,
@@ -238,8 +238,9 @@ class SandboxServer:
         async def run(task: TaskStart | None = None) -> Any:
             try:
                 end = await self.calls.call(
-                    params.name, arguments, identity, client_name(ctx), session, progress, ask, waiting, task
-                )
+                    params.name, arguments, identity, client_name(ctx), session, progress, ask, waiting, task,
+                    *host_question(ctx, task is not None),
+                )  # fmt: skip
             except UnknownTool as exc:
                 raise MCPError(INVALID_PARAMS, str(exc)) from None
             if end.question is not None:

@@ -40,7 +40,7 @@ from sandbox_server.sandbox.engine import Engine, engine_errors, oom_reported
 from sandbox_server.sandbox.host_config import host_config_kwargs, masked_paths
 from sandbox_server.sandbox.meter import Meter, Usage
 from sandbox_server.sandbox.removal import OWNER_LABEL, Remover, current_owner
-from sandbox_server.sandbox.runtime import ProgressCallback
+from sandbox_server.sandbox.runtime import ProgressCallback, watch_address
 from sandbox_server.sandbox.spec import SANDBOX_LABEL, ExecutionResult, SandboxSpec
 
 __all__ = ["DockerRuntime", "WarmContainer"]
@@ -324,7 +324,7 @@ class DockerRuntime(Engine):
             except OSError as exc:
                 self.discard_later(warm)
                 raise EngineError(f"could not mount the workspace into the sandbox: {exc}") from exc
-        meter = Meter.start(warm.pid)
+        meter, unwatch = Meter.start(warm.pid), watch_address(warm.address)
         usage = Usage()
         sink = tempfile.SpooledTemporaryFile(SPOOL_BYTES) if persist else None
         drain = Drain(spec, boundary.encode(), sink)  # type: ignore[arg-type]
@@ -366,6 +366,7 @@ class DockerRuntime(Engine):
             raise
         finally:
             warm.close()
+            unwatch()
             # The program's processes are gone (the launcher killed what it left before its trailer, or the
             # container is removed before the answer), so nothing of this call writes to its workspace after
             # the answer. The slot is let go of after the removal, off the answer's path: unmounting from a

@@ -125,6 +125,17 @@ NETWORK_SCHEMA: dict[str, Any] = {
             "type": "integer",
             "description": "Requests made before those listed, counted but not kept (a sandbox's record is bounded).",
         },
+        "asked": {
+            "type": "array",
+            "description": "Hosts not on the allow list decided during the call (network.ask): the person's answer "
+            "(accept, decline, cancel, no answer), an earlier one, or why nobody was asked.",
+            "items": {
+                "type": "object",
+                "properties": {"host": {"type": "string"}, "port": {"type": "integer"}, "answer": {"type": "string"},
+                               "why": {"type": "string"}},
+                "required": ["host", "port", "answer"],
+            },
+        },
     },
     "required": ["requests", "denied"],
 }  # fmt: skip

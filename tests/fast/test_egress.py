@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from sandbox_server.errors import ConfigError
+from sandbox_server.network.asking import AskSettings
 from sandbox_server.network.egress import (
     DEFAULT_PORTS,
     SPECIAL_NETWORKS,
@@ -231,3 +232,34 @@ def test_a_proxy_with_secrets_adds_each_for_its_host_alone_and_opens_only_those_
     endpoint = ProxyEndpoint("k", "net", "10.0.0.2", "/tmp/bundle.pem")
     assert ("SSL_CERT_FILE", "/etc/sandbox-proxy/ca.pem") in endpoint.environment()
     assert [m.sandbox_path for m in endpoint.mounts()] == ["/etc/sandbox-proxy/ca.pem"]
+
+
+def test_a_proxy_that_asks_puts_unlisted_hosts_to_its_helper_before_the_special_check_and_keeps_no_answer() -> None:
+    egress, errors = _parse({"allow": ["pypi.org"], "ask": {"remember": "caller", "questions": 2, "wait_s": 30}})
+    assert egress is not None and not errors and egress.ask == AskSettings("caller", 2, 30.0)
+    conf = squid_config(egress, "team")["squid.conf"].splitlines()
+    helper = next(line for line in conf if line.startswith("external_acl_type sandbox_ask "))
+    assert " cache=0 " in helper and " ttl=0 " in helper and "%>a %>rd %>rP" in helper  # addresses are reused
+    assert [line for line in conf if line.startswith("http_access")] == [
+        "http_access deny !allowed !asked",
+        "http_access deny special",
+        "http_access allow allow0 allow0_ports",
+        "http_access allow !allowed",
+        "http_access deny all",
+    ]
+    assert "deny_info ERR_SANDBOX_ASKED asked" in conf
+    assert "network.ask" in squid_config(egress, "team")["errors/ERR_SANDBOX_ASKED"]
+    assert _parse({"allow": ["pypi.org"], "ask": True})[0].ask == AskSettings()  # type: ignore[union-attr]
+    assert _parse({"allow": ["pypi.org"]})[0].ask is None  # type: ignore[union-attr]
+    assert egress.key() != _parse({"allow": ["pypi.org"]})[0].key()  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("ask", "field"),
+    [("yes", "defaults.network.ask"), ({"remember": "host"}, "defaults.network.ask.remember"),
+     ({"questions": 0}, "defaults.network.ask.questions"), ({"wait_s": 9999}, "defaults.network.ask.wait_s"),
+     ({"often": 1}, "defaults.network.ask")],
+)  # fmt: skip
+def test_a_bad_ask_is_an_error_naming_its_field(ask: object, field: str) -> None:
+    _, errors = _parse({"allow": ["pypi.org"], "ask": ask})
+    assert len(errors) == 1 and errors[0].startswith(f"{field}:"), errors

@@ -16,7 +16,7 @@ from typing import Any
 import mcp_types as types
 import pytest
 
-from tests.mcp_harness import CheckedClient, connect, stdio_parameters, text_of
+from tests.mcp_harness import CheckedClient, connect, http_server, stdio_parameters, text_of
 from tests.upstreams import Upstreams, upstreams_fixture  # noqa: F401 (the upstreams fixture)
 
 pytestmark = pytest.mark.anyio
@@ -131,3 +131,21 @@ async def test_a_client_without_elicitation_is_never_asked_and_the_403_says_why(
         refused = await run(client, fetch("other.test"))
         assert " 403" in refused["stdout"] and "declares no form elicitation" in refused["stdout"], refused
         assert refused["network"]["asked"][0]["answer"] == "not asked"
+
+
+async def test_2026_era_the_call_runs_on_while_the_client_asks_between_rounds(asking: Asking) -> None:
+    person = Person()
+    with http_server("--policy", str(asking.policy), "--no-pool") as url:
+        async with connect(url, mode="2026-07-28", elicitation_callback=person) as client:
+            opened = await run(client, "echo before; " + fetch("other.test", "other.test"))
+            assert opened["stdout"].startswith("before\n") and opened["stdout"].count(PAGE) == 2, opened
+            assert len(person.shown) == 1 and "other.test:80" in person.shown[0]
+            workspace = opened["workspace"]  # the session of the 2026-07-28 era: the workspace passed back
+            result = await client.call_tool("execute_command", {"command": fetch("other.test"), "workspace": workspace})
+            assert result.structured_content is not None and PAGE in result.structured_content["stdout"]
+            assert len(person.shown) == 1, person.shown
+            person.answer = "decline"
+            declined = await run(client, fetch("third.test"))
+            assert " 403" in declined["stdout"] and "the person declined" in declined["stdout"], declined
+            assert declined["network"]["asked"] == [{"host": "third.test", "port": 80, "answer": "decline"}]
+    assert len(person.shown) == 2

@@ -228,6 +228,7 @@ def serve_command(args: argparse.Namespace) -> int:
                 group.start_soon(stop_on_signal, group.cancel_scope)
                 await group.start(tasks.serve)  # before the first request: a task may be asked for at once
                 await group.start(services.serve)
+                await group.start(app.parked.serve)  # 2026-07-28 calls asking about hosts run beside their requests
                 group.start_soon(surviving, "the workspace sweep", sweep_workspaces)
                 if database is not None:
                     group.start_soon(surviving, "the replica's heartbeat", beat)

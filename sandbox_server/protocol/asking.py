@@ -11,9 +11,11 @@ import secrets
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 import anyio
+import anyio.abc
 import anyio.to_thread
 import mcp_types as types
 from mcp.shared.exceptions import MCPError
@@ -24,7 +26,7 @@ from sandbox_server.errors import Refusal
 from sandbox_server.policy import Policy
 from sandbox_server.protocol.requests import Context, handshake_era
 
-__all__ = ["APPROVAL_TTL_S", "Approvals", "LocalQuestions", "Questions", "host_question"]
+__all__ = ["APPROVAL_TTL_S", "Approvals", "LocalQuestions", "ParkedCalls", "Questions", "elicits", "host_question"]
 
 APPROVAL_TTL_S = 600.0
 """How long a question for approval may wait for its answer."""
@@ -171,16 +173,21 @@ async def _elicit(ctx: Context, needed: Approval, record: dict[str, Any]) -> str
     return action
 
 
-def host_question(ctx: Context, as_task: bool) -> tuple[Question | None, str]:
-    """How a call asks the person about a host its allow list does not name (network.ask), or why it cannot."""
+def elicits(ctx: Context) -> bool:
+    """Whether the client can put a form question to the person."""
     capabilities = ctx.session.client_capabilities
     elicitation = capabilities.elicitation if capabilities is not None else None
-    if elicitation is None or (elicitation.form is None and elicitation.url is not None):
+    return elicitation is not None and not (elicitation.form is None and elicitation.url is not None)
+
+
+def host_question(ctx: Context, as_task: bool) -> tuple[Question | None, str]:
+    """How a call asks the person about a host its allow list does not name (network.ask), or why it cannot."""
+    if not elicits(ctx):
         return None, "this client cannot ask a person (it declares no form elicitation)"
     if as_task:
         return None, "a call running as a task is not asked about hosts (run it as a plain call)"
     if not handshake_era(ctx):
-        return None, "a 2026-07-28 client is asked about hosts only through a call's input_required round"
+        return None, "this server cannot ask the person beside a 2026-07-28 call"
 
     async def question(message: str, wait_s: float) -> str:
         with anyio.move_on_after(wait_s):
@@ -192,3 +199,89 @@ def host_question(ctx: Context, as_task: bool) -> tuple[Question | None, str]:
         return "no answer"
 
     return question, ""
+
+
+class _Parked:
+    """A 2026-07-28 call running beside its requests while the person is asked about a host: each request
+    answers with its next question or its result."""
+
+    def __init__(self, caller: str) -> None:
+        self.caller = caller
+        self.sending, self.events = anyio.create_memory_object_stream[tuple[str, Any]](8)
+        self._answer: tuple[anyio.Event, list[str]] | None = None
+
+    async def question(self, message: str, wait_s: float) -> str:
+        answered, answer = anyio.Event(), ["no answer"]
+        self._answer = (answered, answer)
+        await self.sending.send(("question", message))
+        with anyio.move_on_after(wait_s):
+            await answered.wait()
+        self._answer = None
+        return answer[0]
+
+    def answer(self, action: str) -> None:
+        if self._answer is not None:
+            answered, answer = self._answer
+            answer[0] = action
+            answered.set()
+
+
+class ParkedCalls:
+    """2026-07-28 calls that may ask the person about a host mid-run (network.ask): a request's answer is the
+    call's result, or its question (input_required) with the parked call's id as requestState; the client's
+    next round carries the answer, and is answered in turn. The call runs in this process's task group."""
+
+    def __init__(self) -> None:
+        self._group: anyio.abc.TaskGroup | None = None
+        self._parked: OrderedDict[str, _Parked] = OrderedDict()
+
+    async def serve(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        async with anyio.create_task_group() as group:
+            self._group = group
+            task_status.started()
+            try:
+                await anyio.sleep_forever()
+            finally:
+                self._group = None
+
+    @property
+    def running(self) -> bool:
+        return self._group is not None
+
+    async def start(self, caller: str, run: Callable[[Question], Awaitable[Any]]) -> Any:
+        """Run a call beside its request: its result, or its first question."""
+        assert self._group is not None
+        parked, call_id = _Parked(caller), secrets.token_urlsafe(16)
+        self._parked[call_id] = parked
+        while len(self._parked) > MAX_QUESTIONS * 10:
+            self._parked.popitem(last=False)  # the oldest, whose client never came back
+
+        async def work() -> None:
+            with parked.sending:
+                try:
+                    await parked.sending.send(("done", await run(parked.question)))
+                except Exception as exc:  # the request waiting for it raises it
+                    await parked.sending.send(("error", exc))
+
+        self._group.start_soon(work)
+        return await self._next(call_id, parked)
+
+    async def resume(self, caller: str, call_id: str, action: str) -> Any | None:
+        """A round answering a parked call's question: its next answer (None: no such call of this caller)."""
+        parked = self._parked.get(call_id)
+        if parked is None or parked.caller != caller:
+            return None
+        parked.answer(action)
+        return await self._next(call_id, parked)
+
+    async def _next(self, call_id: str, parked: _Parked) -> Any:
+        kind, value = await parked.events.receive()
+        if kind == "question":
+            request = types.ElicitRequest(
+                params=types.ElicitRequestFormParams(message=value, requested_schema=APPROVAL_FORM)
+            )
+            return types.InputRequiredResult(input_requests={"network": request}, request_state=call_id)
+        self._parked.pop(call_id, None)
+        if kind == "error":
+            raise value
+        return value

@@ -24,12 +24,14 @@ from mcp_types.jsonrpc import INVALID_PARAMS
 from sandbox_server import __version__
 from sandbox_server.access.approval import Approval
 from sandbox_server.access.audit import AuditLog
+from sandbox_server.access.identity import Identity
+from sandbox_server.calls.hosts import Question
 from sandbox_server.calls.pipeline import CallPipeline, TaskStart, UnknownTool
 from sandbox_server.calls.registry import ToolRegistry
 from sandbox_server.errors import Refusal
 from sandbox_server.network.proxies import EgressProxies
 from sandbox_server.policy import Policy
-from sandbox_server.protocol.asking import APPROVAL_TTL_S, Approvals, host_question
+from sandbox_server.protocol.asking import APPROVAL_TTL_S, Approvals, ParkedCalls, elicits, host_question
 from sandbox_server.protocol.listing import page_of, tool_model
 from sandbox_server.protocol.requests import (
     Context,
@@ -106,6 +108,8 @@ class SandboxServer:
         task_output = self.task_protocol.output if self.task_protocol is not None else None
         self.resources = Resources(self.store, workspaces, lambda: self.policy, instance, task_output, services)
         self.approvals = Approvals(shared.questions if shared is not None else None)
+        self.parked = ParkedCalls()
+        """2026-07-28 calls asking the person about a host, running beside their requests (served by `serve`)."""
         self.shared_files = self.resources.shared_files = shared.files if shared is not None else None
         self.calls.shared_rate = shared.rate if shared is not None else None
         self._sessions: OrderedDict[str, ServerSession] = OrderedDict()
@@ -235,17 +239,17 @@ class SandboxServer:
 
         arguments, session = params.arguments or {}, session_of(ctx, self.instance)
 
-        async def run(task: TaskStart | None = None) -> Any:
+        async def run(task: TaskStart | None = None, question: Question | None = None) -> Any:
+            asking = (question, "") if question is not None else host_question(ctx, task is not None)
             try:
                 end = await self.calls.call(
-                    params.name, arguments, identity, client_name(ctx), session, progress, ask, waiting, task,
-                    *host_question(ctx, task is not None),
-                )  # fmt: skip
+                    params.name, arguments, identity, client_name(ctx), session, progress, ask, waiting, task, *asking
+                )
             except UnknownTool as exc:
                 raise MCPError(INVALID_PARAMS, str(exc)) from None
             if end.question is not None:
-                question: types.InputRequiredResult = end.question
-                return question
+                asked: types.InputRequiredResult = end.question
+                return asked
             if end.workspace_saved:
                 await self._resources_changed(ctx, tell_session=task is None)
             assert end.outcome is not None and end.limits is not None
@@ -259,6 +263,14 @@ class SandboxServer:
             result = _result_model(rendered)
             return result if task is None else result.model_dump(by_alias=True, mode="json", exclude_none=True)
 
+        async def run_asking(question: Question) -> Any:
+            return await run(None, question)
+
+        if not as_task and self._parks(ctx, params, identity):  # 2026-07-28: asked about hosts between rounds
+            state, response = params.request_state, (params.input_responses or {}).get("network")
+            action = getattr(response, "action", None) or "no answer"
+            resumed = await self.parked.resume(identity.limits_key, state, action) if state else None
+            return resumed if resumed is not None else await self.parked.start(identity.limits_key, run_asking)
         if not as_task or self.tasks is None or self.task_protocol is None:
             return await run()
         policy = self.registry.policy_for(identity.policy)
@@ -280,6 +292,16 @@ class SandboxServer:
             outcome = ToolOutcome.refused(refusal, policy.name)
             return _result_model(render(outcome, self.store, tenant=identity.tenant))
         return started.record if started.record is not None else started.answer
+
+    def _parks(self, ctx: Context, params: types.CallToolRequestParams, identity: Identity) -> bool:
+        """Whether a call runs beside its requests, to ask the person about hosts between rounds: a 2026-07-28
+        call of a tool whose policy asks (network.ask), from a client that can ask."""
+        if handshake_era(ctx) or not self.parked.running or not elicits(ctx):
+            return False
+        policy = self.registry.policy_for(identity.policy)
+        tool = self.registry.tools_of(policy).get(params.name)
+        egress = policy.for_tool(tool.name).egress if tool is not None else None
+        return egress is not None and egress.ask is not None
 
     async def _resources_changed(self, ctx: Context, tell_session: bool = True) -> None:
         """Tell the caller its workspace files changed (handshake: on its session; 2026: to listeners)."""

@@ -144,8 +144,10 @@ async def test_2026_era_the_call_runs_on_while_the_client_asks_between_rounds(as
             result = await client.call_tool("execute_command", {"command": fetch("other.test"), "workspace": workspace})
             assert result.structured_content is not None and PAGE in result.structured_content["stdout"]
             assert len(person.shown) == 1, person.shown
+            fresh = await run(client, fetch("other.test"))  # no workspace passed: another session, asked afresh
+            assert PAGE in fresh["stdout"] and len(person.shown) == 2, fresh
             person.answer = "decline"
             declined = await run(client, fetch("third.test"))
             assert " 403" in declined["stdout"] and "the person declined" in declined["stdout"], declined
             assert declined["network"]["asked"] == [{"host": "third.test", "port": 80, "answer": "decline"}]
-    assert len(person.shown) == 2
+    assert len(person.shown) == 3

@@ -7,6 +7,7 @@ and the question's id in its sealed requestState, which is good for one answer.
 
 from __future__ import annotations
 
+import math
 import secrets
 import threading
 import time
@@ -207,7 +208,8 @@ class _Parked:
 
     def __init__(self, caller: str) -> None:
         self.caller = caller
-        self.sending, self.events = anyio.create_memory_object_stream[tuple[str, Any]](8)
+        # unbounded, but at most network.ask.questions and one result: a client that never comes back holds nothing up
+        self.sending, self.events = anyio.create_memory_object_stream[tuple[str, Any]](math.inf)
         self._answer: tuple[anyio.Event, list[str]] | None = None
 
     async def question(self, message: str, wait_s: float) -> str:

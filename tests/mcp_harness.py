@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass, field
 from typing import Any
 
 import docker
@@ -192,3 +193,17 @@ def first_sandboxes(api: docker.APIClient, waiting: Callable[[], set[str]], with
     finally:
         close_stream(events)
     raise AssertionError(f"no such sandbox started within {within_s:g} s (the engine's event stream ended)")
+
+
+@dataclass
+class Person:
+    """Stands for the person a client asks (its elicitation callback): answers every question with `answer`, and
+    remembers what it was shown."""
+
+    answer: str = "accept"
+    shown: list[str] = field(default_factory=list)
+
+    async def __call__(self, context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+        assert isinstance(params, types.ElicitRequestFormParams)
+        self.shown.append(params.message)
+        return types.ElicitResult(action=self.answer, content={} if self.answer == "accept" else None)  # type: ignore[arg-type]

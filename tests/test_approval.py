@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +16,7 @@ import pytest
 from mcp.shared.exceptions import MCPError
 
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
-from tests.mcp_harness import CheckedClient, connect, http_server, stdio_parameters, text_of
+from tests.mcp_harness import CheckedClient, Person, connect, http_server, stdio_parameters, text_of
 
 pytestmark = pytest.mark.anyio
 
@@ -32,19 +32,6 @@ SAFE_RM = "rm -f /workspace/nothing-here"
 @pytest.fixture(scope="module")
 def anyio_backend() -> str:
     return "asyncio"
-
-
-@dataclass
-class Person:
-    """Answers every question with `answer`, and remembers what it was shown."""
-
-    answer: str = "accept"
-    shown: list[str] = field(default_factory=list)
-
-    async def __call__(self, context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
-        assert isinstance(params, types.ElicitRequestFormParams)
-        self.shown.append(params.message)
-        return types.ElicitResult(action=self.answer, content={} if self.answer == "accept" else None)  # type: ignore[arg-type]
 
 
 @dataclass

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import mcp_types as types
 import pytest
 
-from tests.mcp_harness import CheckedClient, connect, http_server, stdio_parameters, text_of
+from tests.mcp_harness import CheckedClient, Person, connect, http_server, stdio_parameters, text_of
 from tests.upstreams import Upstreams, upstreams_fixture  # noqa: F401 (the upstreams fixture)
 
 pytestmark = pytest.mark.anyio
@@ -29,19 +28,6 @@ PAGE = "hello from web /page\n 200"
 @pytest.fixture(scope="module")
 def anyio_backend() -> str:
     return "asyncio"
-
-
-@dataclass
-class Person:
-    """Answers every question with `answer`, and remembers what it was asked."""
-
-    answer: str = "accept"
-    shown: list[str] = field(default_factory=list)
-
-    async def __call__(self, context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
-        assert isinstance(params, types.ElicitRequestFormParams)
-        self.shown.append(params.message)
-        return types.ElicitResult(action=self.answer, content={} if self.answer == "accept" else None)  # type: ignore[arg-type]
 
 
 @dataclass

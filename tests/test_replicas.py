@@ -30,9 +30,8 @@ from sandbox_server.sandbox.docker_runtime import DockerRuntime
 from sandbox_server.sandbox.removal import OWNER_LABEL
 from sandbox_server.workspaces.naming import resource_uri
 from tests.conftest import run_cli
-from tests.mcp_harness import CheckedClient, text_of
+from tests.mcp_harness import CheckedClient, Person, text_of
 from tests.replicas import Postgres, Replica, haproxy, postgres, start_replica
-from tests.test_approval import Person
 from tests.test_tasks import request, start, until
 
 pytestmark = pytest.mark.anyio

@@ -418,9 +418,7 @@ class EgressProxies:
             proxy.channel = None
         if proxy.container_id is not None:
             with contextlib.suppress(docker.errors.APIError, docker.errors.NotFound):
-                _s = time.time()
                 self._api().remove_container(proxy.container_id, force=True)
-                log.warning("rm %.2f", time.time() - _s)
             proxy.container_id = None
         if proxy.config_dir is not None:
             shutil.rmtree(proxy.config_dir, ignore_errors=True)

@@ -26,6 +26,7 @@ from typing import Protocol
 
 __all__ = [
     "HELPER",
+    "HELPER_NAME",
     "AskChannel",
     "AskSettings",
     "Gatekeeper",
@@ -96,7 +97,8 @@ def parse_ask(value: object, field: str, errors: list[str]) -> AskSettings | Non
 def ask_lines(config_dir: str) -> tuple[list[str], list[str]]:
     """Squid's lines for a proxy that asks: (what defines the helper and its ACL, the access rules that put the
     question to a host the allow list does not name). The rules go around the special-address check: a host
-    approved live is still refused when it resolves to this host, a private or a link-local address."""
+    approved live is still refused when it resolves to this host, a private or a link-local address. The helper
+    (HELPER) is one of the proxy's files, as HELPER_NAME."""
     helper = (
         f"external_acl_type sandbox_ask ttl=0 negative_ttl=0 cache=0 children-max=2 children-startup=1 "
         f"concurrency=1000 %>a %>rd %>rP /usr/bin/perl {config_dir}/{HELPER_NAME} {config_dir}/{SOCKET_NAME}"
@@ -146,9 +148,6 @@ class AskChannel:
     def __init__(self, folder: str, key: str, gatekeeper: Gatekeeper) -> None:
         self.key, self.gatekeeper = key, gatekeeper
         self.path = os.path.join(folder, SOCKET_NAME)
-        with open(os.path.join(folder, HELPER_NAME), "w") as helper:
-            helper.write(HELPER)
-        os.chmod(helper.name, 0o644)
         self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._server.bind(self.path)
         os.chmod(self.path, 0o666)  # the proxy's user connects; only the proxy's container sees the folder

@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sandbox_server.network.asking import AskSettings, ask_lines, parse_ask
+from sandbox_server.network.asking import HELPER, HELPER_NAME, AskSettings, ask_lines, parse_ask
 from sandbox_server.network.secrets import CA_PATH, Secret, parse_secrets, secret_lines
 from sandbox_server.sandbox.spec import Mount
 
@@ -178,7 +178,7 @@ def parse_egress(network: object, field: str, errors: list[str]) -> Egress | Non
 
 
 def squid_config(egress: Egress, policy_name: str, secret_values: Sequence[str] = ()) -> dict[str, str]:
-    """The proxy's files: squid.conf, its hosts file and the two refusal pages (name -> text).
+    """The proxy's files: squid.conf, its hosts file, the refusal pages and (asking) its helper (name -> text).
 
     Rules, first match wins: a host the allow list does not name is denied by its name alone
     (nothing is resolved for it); a special destination (by the addresses an allowed name
@@ -268,6 +268,7 @@ def squid_config(egress: Egress, policy_name: str, secret_values: Sequence[str] 
         "errors/ERR_SANDBOX_DENIED": denied,
         "errors/ERR_SANDBOX_SPECIAL": special,
         "errors/ERR_SANDBOX_ASKED": asked,
+        **({HELPER_NAME: HELPER} if egress.ask is not None else {}),
     }
 
 

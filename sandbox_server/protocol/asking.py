@@ -96,9 +96,7 @@ class Approvals:
     ) -> types.InputRequiredResult | None:
         """None when a person approved the call; the question to answer it with (2026-07-28 era); else a Refusal."""
         record["approval"] = {"field": needed.field, "reason": needed.reason}
-        capabilities = ctx.session.client_capabilities
-        elicitation = capabilities.elicitation if capabilities is not None else None
-        if elicitation is None or (elicitation.form is None and elicitation.url is not None):
+        if not elicits(ctx):
             record["approval"]["decision"] = "unavailable"
             raise Refusal(
                 f"refused: policy '{needed.policy}' needs a person to approve this call ({needed.field}: "

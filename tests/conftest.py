@@ -15,7 +15,7 @@ import pytest
 from mcp import Client
 
 from sandbox_server.sandbox import wire
-from sandbox_server.sandbox.docker_runtime import DockerRuntime
+from sandbox_server.sandbox.docker_runtime import DockerRuntime, process_tree
 from sandbox_server.sandbox.images import catalog, image_status
 from sandbox_server.sandbox.removal import OWNER_LABEL, owner_alive
 from sandbox_server.sandbox.spec import SANDBOX_LABEL
@@ -26,23 +26,31 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def containers_running(command: str) -> list[str]:
-    """Our containers with a process whose command line contains `command` (warm ones run only the launcher)."""
-    api = docker.APIClient()
+    """Our containers with a process whose command line contains `command` (warm ones run only the launcher),
+    read from the host's /proc (Podman's `top` streams without end)."""
+    api = docker.from_env().api
     found = []
     for item in api.containers(filters={"label": SANDBOX_LABEL}):
         try:
-            processes = api.top(item["Id"])["Processes"] or []
+            first = int(api.inspect_container(item["Id"])["State"].get("Pid") or 0)
         except docker.errors.APIError:
             continue  # gone meanwhile
-        if any(command in " ".join(process) for process in processes):
-            found.append(item["Id"])
+        for pid in process_tree(first) if first > 0 else ():
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+                    said = cmdline.read().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue  # ended meanwhile
+            if command in said:
+                found.append(item["Id"])
+                break
     api.close()
     return found
 
 
 def containers_of(pid: int) -> list[str]:
     """Our containers made by the server process `pid` (its owner label)."""
-    api = docker.APIClient()
+    api = docker.from_env().api
     items = api.containers(all=True, filters={"label": SANDBOX_LABEL})
     api.close()
     return [item["Id"] for item in items if f":{pid}:" in (item.get("Labels") or {}).get(OWNER_LABEL, "")]
@@ -50,7 +58,7 @@ def containers_of(pid: int) -> list[str]:
 
 def left_by_exited_servers() -> list[str]:
     """Our containers whose server process has exited (warm ones of servers still running are theirs)."""
-    api = docker.APIClient()
+    api = docker.from_env().api
     items = api.containers(all=True, filters={"label": SANDBOX_LABEL})
     api.close()
     return [item["Id"] for item in items if not owner_alive((item.get("Labels") or {}).get(OWNER_LABEL, ""))]
@@ -116,7 +124,7 @@ async def module_session(runtime: DockerRuntime) -> AsyncIterator[Client]:
 
 async def interpreters_warm(pid: int) -> None:
     """Wait until every warm interpreter in the server `pid`'s containers has finished importing (CPU-heavy)."""
-    api = docker.APIClient()
+    api = docker.from_env().api
     try:
         with anyio.fail_after(60):
             while True:

@@ -354,7 +354,7 @@ async def test_callers_of_another_policy_are_served_by_warm_containers_of_theirs
     tokens, audit = tmp_path / "tokens.json", tmp_path / "audit.jsonl"
     bob = add_token(tokens, "bob", "strict")  # the server's own policy is default; bob's is gVisor's
     with http_server_process("--tokens", str(tokens), "--audit-log", str(audit)) as server:
-        api = docker.APIClient()
+        api = docker.from_env().api
         try:
             with anyio.fail_after(60):
                 waiting = await anyio.to_thread.run_sync(_warm_gvisor_containers, api, abandon_on_cancel=True)

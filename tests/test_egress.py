@@ -206,7 +206,7 @@ async def test_no_way_around_the_proxy_direct_connections_udp_and_name_lookups_f
     assert lines[3].startswith("raw failed"), answer["text"]
     assert lines[4] == "1", answer["text"]  # no IPv6, so no link-local path to the host's bridge
     # The same echo answers a container on the upstreams' own network: the probe could have succeeded.
-    api = docker.APIClient()
+    api = docker.from_env().api
     container = api.create_container(
         SHELL, ["python3", "-c", probe.replace("('web.test', 80)", "('localhost', 80)")],
         host_config=api.create_host_config(network_mode=upstreams.network, read_only=True, cap_drop=["ALL"]),
@@ -234,7 +234,7 @@ async def test_the_running_proxy_denies_special_destinations_before_any_allow_ru
     session: Client, upstreams: Upstreams
 ) -> None:
     await run(session, "true")  # the proxy is up
-    api = docker.APIClient()
+    api = docker.from_env().api
     try:
         proxy = _proxy_container(api, upstreams)
         exec_id = api.exec_create(proxy["Id"], ["cat", "/etc/squid/sandbox/squid.conf"])
@@ -257,7 +257,7 @@ async def test_once_its_proxy_runs_a_tool_with_an_allow_list_is_served_by_warm_c
     session: Client, upstreams: Upstreams, audit_path: Path
 ) -> None:
     await run(session, "true")  # the proxy is up, so its network is, and the pool fills on it
-    api = docker.APIClient()
+    api = docker.from_env().api
     try:
         proxy = _proxy_container(api, upstreams)
         network = next(name for name in proxy["NetworkSettings"]["Networks"] if name.startswith("sandbox-egress-"))
@@ -280,7 +280,7 @@ async def test_a_killed_proxy_refuses_calls_with_the_reason_until_it_is_back(
     session: Client, upstreams: Upstreams
 ) -> None:
     await run(session, "true")
-    api = docker.APIClient()
+    api = docker.from_env().api
     try:
         killed = _proxy_container(api, upstreams)
         owner = killed["Labels"][OWNER_LABEL]
@@ -340,7 +340,7 @@ async def test_a_service_goes_out_through_the_proxy_and_the_sessions_calls_reach
     )
     assert not started.is_error and started.structured_content is not None, text_of(started)
     # It is on its workspace's network alone, never on the allow list's (which other callers' sandboxes share).
-    api = docker.APIClient()
+    api = docker.from_env().api
     label = f"{SERVICE_LABEL}={started.structured_content['service']['id']}"
     [container] = api.containers(filters={"label": label})
     [network] = container["NetworkSettings"]["Networks"]

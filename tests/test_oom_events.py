@@ -14,7 +14,7 @@ SHELL = "sandbox-server/shell:latest"
 
 @pytest.mark.parametrize("how", ["outgrows its memory", "is killed from outside"])
 def test_the_engines_out_of_memory_event_tells_the_two_apart(runtime: DockerRuntime, how: str) -> None:
-    api = docker.APIClient()
+    api = docker.from_env().api
     program = (
         ["python3", "-c", "chunks = []\nwhile True:\n    chunks.append(bytearray(2**22))"]
         if how == "outgrows its memory"

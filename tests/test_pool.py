@@ -256,7 +256,7 @@ def test_the_reaper_removes_what_a_server_left_even_when_it_watches_too_late(run
         owner = f"{socket.gethostname()}:{stand_in.pid}:{started}"
     else:  # the number is alive, but not the process the label names: waiting on it would wait forever
         owner = f"{socket.gethostname()}:{stand_in.pid}:{started - 1000}"
-    api = docker.APIClient()
+    api = docker.from_env().api
     image = next(iter(catalog().values())).reference
     left = api.create_container(image, "true", labels={SANDBOX_LABEL: "", OWNER_LABEL: owner})["Id"]
     try:

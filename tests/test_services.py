@@ -106,7 +106,7 @@ async def start_web(session: CheckedClient) -> dict[str, Any]:
 
 def services_of(pid: int) -> list[dict[str, Any]]:
     """The service containers the server process `pid` made."""
-    api = docker.APIClient()
+    api = docker.from_env().api
     try:
         found = api.containers(all=True, filters={"label": SERVICE_LABEL})
     finally:
@@ -115,7 +115,7 @@ def services_of(pid: int) -> list[dict[str, Any]]:
 
 
 def service_networks() -> set[str]:
-    api = docker.APIClient()
+    api = docker.from_env().api
     try:
         return {n["Name"] for n in api.networks(filters={"label": SERVICE_LABEL})}
     finally:
@@ -161,7 +161,7 @@ async def test_a_sessions_services_are_reached_by_name_from_it_and_from_nowhere_
             assert {s["name"] for s in seen["services"]} == {"web", "api", "node"}
             assert len(services_of(server.process.pid)) == 3
             for container in services_of(server.process.pid):  # hardened as every call, and nothing published
-                host = docker.APIClient().inspect_container(container["Id"])["HostConfig"]
+                host = docker.from_env().api.inspect_container(container["Id"])["HostConfig"]
                 assert host["ReadonlyRootfs"] and host["CapDrop"] == ["ALL"] and not host["PortBindings"], host
                 assert host["Sysctls"] == {"net.ipv6.conf.all.disable_ipv6": "1"} and host["Dns"] == ["127.0.0.1"]
                 assert host["Memory"] == 96 * 2**20 and host["PidsLimit"] == 128
@@ -242,7 +242,7 @@ async def test_services_that_never_listen_listen_elsewhere_exit_or_hog_memory_ar
             started = await call(session, command=flood, service={"name": "web", "port": 8000})
             assert not started["is_error"], started["text"]
             (container,) = services_of(server.process.pid)
-            log_path = Path(docker.APIClient().inspect_container(container["Id"])["LogPath"])
+            log_path = Path(docker.from_env().api.inspect_container(container["Id"])["LogPath"])
 
             def log_size() -> int:  # the engine replaces the file when it reaches its cap: absent for a moment
                 try:
@@ -462,7 +462,7 @@ async def test_calls_beside_a_service_take_warm_containers_waiting_on_its_networ
             await start_web(session)
             [service] = services_of(server.process.pid)
             [network] = service["NetworkSettings"]["Networks"]
-            api = docker.APIClient()
+            api = docker.from_env().api
 
             def waiting_on_it() -> set[str]:  # the server's warm containers on the services' network
                 found = api.containers(filters={"label": SANDBOX_LABEL, "network": network})

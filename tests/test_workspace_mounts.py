@@ -101,7 +101,7 @@ def test_an_empty_slot_is_not_the_sandboxs_to_write(tmp_path: Path, runtime: Doc
         spec = SandboxSpec(image="sandbox-server/base:latest", argv=("true",), workspace_slots=str(slots))
         warm = runtime.prepare(spec)
         assert warm.slot is not None and Path(warm.slot).parent == slots
-        api = docker.APIClient()
+        api = docker.from_env().api
         execution = api.exec_create(warm.container_id, ["sh", "-c", "touch /workspace/x 2>&1; id -u"], user="1000")
         said = api.exec_start(execution).decode()
         assert "Permission denied" in said and said.rstrip().endswith("1000")

@@ -85,7 +85,7 @@ class Upstreams:
 
     def seen(self, name: str) -> list[tuple[str, dict[str, list[str]]]]:
         """What the `name` upstream was sent: each request's path, and its headers (name -> values)."""
-        api = docker.APIClient()
+        api = docker.from_env().api
         try:
             lines = api.logs(self.containers[name], stdout=True, stderr=False).decode().splitlines()
         finally:
@@ -128,7 +128,7 @@ def _package_index(folder: Path) -> Path:
 
 @pytest.fixture(scope="module", name="upstreams")
 def upstreams_fixture(runtime: DockerRuntime, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Upstreams]:
-    api = docker.APIClient()
+    api = docker.from_env().api
     name = f"sandbox-test-upstream-{secrets.token_hex(4)}"
     folder = tmp_path_factory.mktemp("tls")
     # The certificate is made by the shell image's openssl: the host needs none of its own.

@@ -119,6 +119,17 @@ def _probe_checks(facts: dict[str, str], oom_killed: bool) -> list[Check]:
     ]
 
 
+def _probe_fix(error: str) -> str:
+    """What to do when the probe container could not run, from what the engine said."""
+    if "catatonit" in error:
+        return (
+            "install catatonit (Debian: apt-get install catatonit): Podman runs it as the init every sandbox asks for"
+        )
+    if "setting rlimit" in error:
+        return "the engine gives containers resource limits this host cannot grant; see docs/engines.md"
+    return "see the engine's log"
+
+
 @dataclass(frozen=True, slots=True)
 class WarmPlan:
     """What a policy's python-data pools preload, how many containers they keep, and their memory budget."""
@@ -202,9 +213,20 @@ async def run_doctor(runtime: DockerRuntime, plan: WarmPlan | None = None) -> Do
             )
         )
         return report
+    dialect = info.dialect
     report.checks.append(
-        Check("engine", True, f"Docker {info.server_version} (API {info.api_version}), {info.operating_system}")
+        Check("engine", True, f"{dialect.name} {info.server_version} (API {info.api_version}), {info.operating_system}")
     )
+    if dialect.podman:
+        report.checks.append(
+            Check(
+                "engine differences",
+                False,
+                "; ".join(dialect.differences()),
+                "use Docker where these caps matter (docs/engines.md says what else differs)",
+                required=False,
+            )
+        )
     report.checks.append(
         Check("runtime runc", "runc" in info.runtimes, f"runtimes: {', '.join(info.runtimes)}", "install runc")
     )
@@ -236,7 +258,7 @@ async def run_doctor(runtime: DockerRuntime, plan: WarmPlan | None = None) -> Do
     try:
         result = await runtime.run(spec)
     except SandboxServerError as exc:
-        report.checks.append(Check("probe container", False, str(exc), "see the engine's log"))
+        report.checks.append(Check("probe container", False, str(exc), _probe_fix(str(exc))))
         return report
     report.checks.append(
         Check(

@@ -171,7 +171,7 @@ class DockerRuntime(Engine):
 
     def _start(self, spec: SandboxSpec, labels: dict[str, str], slot: str | None) -> WarmContainer:
         with engine_errors("create a sandbox container"):
-            host_config = self.api.create_host_config(**host_config_kwargs(spec, slot))
+            host_config = self.api.create_host_config(**host_config_kwargs(spec, slot, self.dialect))
             masked = masked_paths(spec)
             if masked is not None:
                 host_config["MaskedPaths"] = masked  # the engine client has no keyword for it

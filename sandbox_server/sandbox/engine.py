@@ -8,8 +8,10 @@ other refusal EngineError.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import socket
+import struct
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -20,6 +22,7 @@ import docker.errors
 import requests.exceptions
 
 from sandbox_server.errors import EngineError, EngineUnavailable, ImageError
+from sandbox_server.sandbox.dialect import EngineDialect, dialect_of
 
 __all__ = ["ENGINE_HINT", "Engine", "EngineInfo", "ImageRecord", "engine_address", "engine_errors", "oom_reported"]
 
@@ -35,6 +38,21 @@ _UNREACHABLE = (requests.exceptions.ConnectionError, ConnectionError, FileNotFou
 def engine_address() -> str:
     """Where the client looks for the engine, for messages."""
     return os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+
+
+def engine_pid() -> int | None:
+    """The process of the engine, when it answers on a Unix socket of this host (the socket's peer); else None."""
+    address = engine_address()
+    if not address.startswith("unix://"):
+        return None
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+            probe.settimeout(2)
+            probe.connect(address.removeprefix("unix://"))
+            credentials = probe.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    except OSError:
+        return None
+    return struct.unpack("3i", credentials)[0] or None
 
 
 def _unreachable(exc: BaseException) -> bool:
@@ -74,6 +92,7 @@ class EngineInfo:
     cgroup_version: str
     security_options: tuple[str, ...]
     operating_system: str
+    dialect: EngineDialect
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +112,7 @@ class Engine:
     def __init__(self, client: docker.DockerClient | None = None) -> None:
         self._connected = client
         self._connect_lock = threading.Lock()
+        self._dialect: EngineDialect | None = None
 
     @property
     def api(self) -> docker.APIClient:
@@ -126,6 +146,14 @@ class Engine:
         except EngineError:
             return True  # a local socket whose engine does not answer yet
 
+    @property
+    def dialect(self) -> EngineDialect:
+        """How this engine is spoken to (Docker, or Podman's Docker-compatible service); asked once."""
+        if self._dialect is None:
+            with engine_errors("describe itself"):
+                self._dialect = dialect_of(self.api.version(), engine_pid())
+        return self._dialect
+
     def info(self) -> EngineInfo:
         """Version, runtimes and security options of the engine."""
         with engine_errors("describe itself"):
@@ -139,6 +167,7 @@ class Engine:
             cgroup_version=str(info.get("CgroupVersion", "1")),
             security_options=tuple(info.get("SecurityOptions") or ()),
             operating_system=str(info.get("OperatingSystem", "?")),
+            dialect=self.dialect,
         )
 
     def image(self, reference: str) -> ImageRecord | None:
@@ -157,7 +186,8 @@ class Engine:
         )
 
     def try_pull(self, reference: str) -> bool:
-        """Pull an image; False when no registry can serve it."""
+        """Pull an image; False when no registry can serve it (Podman says so inside a successful answer: the
+        image's presence afterwards is what counts)."""
         try:
             with engine_errors(f"pull {reference}"):
                 self.api.pull(reference)
@@ -165,13 +195,19 @@ class Engine:
             raise
         except EngineError:
             return False
-        return True
+        return self.image(reference) is not None
 
     def import_rootfs(self, tar_path: str, reference: str, changes: list[str]) -> str:
         """Import a root filesystem tarball as an image; returns the image id."""
         repository, _, tag = reference.rpartition(":")
         with engine_errors(f"import {reference}"):
-            self.api.import_image_from_file(tar_path, repository=repository, tag=tag, changes=changes)
+            said = self.api.import_image_from_file(tar_path, repository=repository, tag=tag, changes=changes)
+            if self.image(reference) is None:  # Podman names an import `<repository>:latest`, whatever its tag
+                made = json.loads(str(said).strip().splitlines()[-1] or "{}").get("status", "")
+                if made and self.api.tag(made, repository, tag):
+                    stray = self.image(f"{repository}:latest")
+                    if tag != "latest" and stray is not None and stray.image_id == made:
+                        self.api.remove_image(f"{repository}:latest")
         record = self.image(reference)
         if record is None:
             raise ImageError(f"importing {tar_path} as {reference} produced no image")

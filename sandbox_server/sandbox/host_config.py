@@ -6,6 +6,7 @@ from typing import Any
 
 from docker.types import Mount
 
+from sandbox_server.sandbox.dialect import DOCKER, EngineDialect
 from sandbox_server.sandbox.spec import SandboxSpec
 
 __all__ = ["MASKED_PATHS", "RUNSC_PIDS_BASE", "RUNSC_PIDS_FACTOR", "host_config_kwargs", "masked_paths"]
@@ -33,11 +34,12 @@ def masked_paths(spec: SandboxSpec) -> list[str] | None:
     return None if spec.runtime == "runsc" else list(MASKED_PATHS)
 
 
-def host_config_kwargs(spec: SandboxSpec, slot: str | None = None) -> dict[str, Any]:
+def host_config_kwargs(spec: SandboxSpec, slot: str | None = None, dialect: EngineDialect = DOCKER) -> dict[str, Any]:
     """The engine's HostConfig for a spec (keyword arguments of the engine client's create_host_config).
 
     `slot`: the host folder bound at the workspace (a kept workspace is mounted onto it per
-    call, and the mount propagates in); without one the workspace is a sized tmpfs.
+    call, and the mount propagates in); without one the workspace is a sized tmpfs. `dialect`: the
+    engine's way of saying it.
     """
     limits = spec.limits
     uid, _, gid = spec.user.partition(":")
@@ -56,32 +58,34 @@ def host_config_kwargs(spec: SandboxSpec, slot: str | None = None) -> dict[str, 
         # An internal network with a proxy: no name server but loopback (names are the proxy's
         # business) and no IPv6 (its link-local addresses would reach the host's bridge).
         network = {"dns": ["127.0.0.1"], "sysctls": {"net.ipv6.conf.all.disable_ipv6": "1"}}
-    return {
-        **network,
-        "read_only": True,
-        "cap_drop": ["ALL"],
-        "security_opt": security_opt,
-        "tmpfs": tmpfs,
-        "mounts": [] if slot is None else [Mount(spec.workdir, slot, type="bind", propagation="rslave")],
-        "pids_limit": limits.pids if spec.runtime != "runsc" else limits.pids * RUNSC_PIDS_FACTOR + RUNSC_PIDS_BASE,
-        "mem_limit": limits.memory_mb * 1024 * 1024,
-        "memswap_limit": limits.memory_mb * 1024 * 1024,
-        "nano_cpus": int(limits.cpus * 1e9),
-        "ulimits": [
-            {"name": "nofile", "soft": limits.nofile, "hard": limits.nofile},
-            {"name": "fsize", "soft": limits.file_size_mb * 1024 * 1024, "hard": limits.file_size_mb * 1024 * 1024},
-            {"name": "core", "soft": 0, "hard": 0},
-        ],
-        # Its services' network when that is its only one; an egress network is joined first, theirs besides.
-        "network_mode": spec.network if spec.network != "none" else (spec.service_network or "none"),
-        "ipc_mode": "private",
-        "shm_size": limits.shm_mb * 1024 * 1024,
-        "init": True,
-        "log_config": {"type": "none", "config": {}},
-        "runtime": spec.runtime,
-        "binds": {
-            mount.host_path: {"bind": mount.sandbox_path, "mode": "ro" if mount.read_only else "rw"}
-            for mount in spec.mounts
-        },
-        "privileged": False,
-    }
+    return dialect.adapt(
+        {
+            **network,
+            "read_only": True,
+            "cap_drop": ["ALL"],
+            "security_opt": security_opt,
+            "tmpfs": tmpfs,
+            "mounts": [] if slot is None else [Mount(spec.workdir, slot, type="bind", propagation="rslave")],
+            "pids_limit": limits.pids if spec.runtime != "runsc" else limits.pids * RUNSC_PIDS_FACTOR + RUNSC_PIDS_BASE,
+            "mem_limit": limits.memory_mb * 1024 * 1024,
+            "memswap_limit": limits.memory_mb * 1024 * 1024,
+            "nano_cpus": int(limits.cpus * 1e9),
+            "ulimits": [
+                {"name": "nofile", "soft": limits.nofile, "hard": limits.nofile},
+                {"name": "fsize", "soft": limits.file_size_mb * 1024 * 1024, "hard": limits.file_size_mb * 1024 * 1024},
+                {"name": "core", "soft": 0, "hard": 0},
+            ],
+            # Its services' network when that is its only one; an egress network is joined first, theirs besides.
+            "network_mode": spec.network if spec.network != "none" else (spec.service_network or "none"),
+            "ipc_mode": "private",
+            "shm_size": limits.shm_mb * 1024 * 1024,
+            "init": True,
+            "log_config": {"type": "none", "config": {}},
+            "runtime": spec.runtime,
+            "binds": {
+                mount.host_path: {"bind": mount.sandbox_path, "mode": "ro" if mount.read_only else "rw"}
+                for mount in spec.mounts
+            },
+            "privileged": False,
+        }
+    )

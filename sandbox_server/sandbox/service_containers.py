@@ -20,7 +20,7 @@ from typing import Any
 import docker
 
 from sandbox_server.sandbox import mounts
-from sandbox_server.sandbox.engine import engine_errors
+from sandbox_server.sandbox.engine import Engine, engine_errors
 from sandbox_server.sandbox.host_config import host_config_kwargs, masked_paths
 from sandbox_server.sandbox.removal import OWNER_LABEL
 from sandbox_server.sandbox.spec import SANDBOX_LABEL, SandboxSpec
@@ -71,9 +71,10 @@ class Started:
 
 
 def start_container(
-    api: docker.APIClient, spec: SandboxSpec, service_id: str, name: str, network: str, owner: str, log_kb: int
+    engine: Engine, spec: SandboxSpec, service_id: str, name: str, network: str, owner: str, log_kb: int
 ) -> Started:
     """Create and start a service's container on its workspace's network, reachable there as `name`."""
+    api = engine.api
     ensure_network(api, network, owner)
     slot = tempfile.mkdtemp(prefix="slot-", dir=spec.workspace_slots) if spec.mounted_workspace else None
     try:
@@ -81,7 +82,7 @@ def start_container(
             mounts.bind(spec.mounted_workspace, slot)
         # As a call on its services' network: no IPv6 (its link-local addresses would reach the host's bridge),
         # and no name server but the engine's own for the network's names.
-        options: dict[str, Any] = host_config_kwargs(replace(spec, service_network=network), slot)
+        options: dict[str, Any] = host_config_kwargs(replace(spec, service_network=network), slot, engine.dialect)
         options["network_mode"] = network
         options["log_config"] = {"type": "json-file", "config": {"max-size": f"{log_kb}k", "max-file": "1"}}
         with engine_errors("create the service's container"):

@@ -214,7 +214,7 @@ class Services:
         try:
             started = await anyio.to_thread.run_sync(
                 containers.start_container,
-                self.runtime.api, spec, service.id, name, network, self.runtime.owner, settings.log_kb,
+                self.runtime, spec, service.id, name, network, self.runtime.owner, settings.log_kb,
             )  # fmt: skip
         except BaseException:
             await self.stop(service, "its container could not start")
@@ -265,7 +265,7 @@ class Services:
         service.container_id, service.slot = "", None
         try:
             started = await anyio.to_thread.run_sync(
-                containers.start_container, self.runtime.api, service.spec, service.id, service.name,
+                containers.start_container, self.runtime, service.spec, service.id, service.name,
                 service.network, self.runtime.owner, service.settings.log_kb,
             )  # fmt: skip
         except BaseException:

@@ -60,7 +60,7 @@ def _host_processes() -> int:
 
 def busy_containers() -> list[str]:
     """Our containers running anything beyond an idle warm launcher."""
-    api = docker.APIClient()
+    api = docker.from_env().api
     busy = []
     for item in api.containers(all=True, filters={"label": SANDBOX_LABEL}):
         if item.get("State") != "running":
@@ -78,7 +78,7 @@ def busy_containers() -> list[str]:
 
 async def warm_pools_ready(count: int) -> None:
     """Wait until `count` of our containers run (a new server's warm pools are full)."""
-    api = docker.APIClient()
+    api = docker.from_env().api
     try:
         with anyio.fail_after(60):
             while len(api.containers(filters={"label": SANDBOX_LABEL, "status": "running"})) < count:

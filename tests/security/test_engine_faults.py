@@ -71,7 +71,7 @@ async def test_39_an_engine_restarted_mid_call_is_an_error_then_the_server_serve
 async def test_40_a_sandbox_killed_from_outside_says_so(server: Client) -> None:
     async def kill_mid_call() -> None:
         victim = await _running("sleep 300")
-        api = docker.APIClient()
+        api = docker.from_env().api
         await anyio.to_thread.run_sync(api.kill, victim)
         api.close()
 

@@ -35,7 +35,7 @@ class LiveContainers:
     """The most containers of one server alive at once, from the engine's event stream."""
 
     def __init__(self, pid: int) -> None:
-        self._api = docker.APIClient()
+        self._api = docker.from_env().api
         self._owner = f":{pid}:"
         self.live = len(containers_of(pid))
         self.most = self.live

@@ -533,7 +533,7 @@ def egress_network(runtime: DockerRuntime) -> Iterator[tuple[str, str]]:
     """An internal network of the test's own (the allow list's egress network) and an unused address on it."""
     import docker
 
-    api = docker.APIClient()
+    api = docker.from_env().api
     name = f"sandbox-test-holes-{os.getpid()}"
     network = api.create_network(name, internal=True)["Id"]
     subnet = api.inspect_network(network)["IPAM"]["Config"][0]["Subnet"]
@@ -562,7 +562,7 @@ async def test_callers_on_one_allow_list_cannot_reach_each_other_nor_take_the_pr
         subprocess_run("token", "add", name, "--policy", str(policy), "--tokens", str(tokens)).stdout.splitlines()[-1]
         for name in ("alice", "dave")
     )
-    api = docker.APIClient()
+    api = docker.from_env().api
     with http_server_process("--tokens", str(tokens), "--policy", str(policy), "--no-pool") as server:
         async with as_caller(server.url, alice) as hers, as_caller(server.url, dave) as his:
             await _call(hers, command="true")  # the proxy is up

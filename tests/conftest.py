@@ -23,6 +23,9 @@ from tests.mcp_harness import connect, stdio_parameters
 
 ROOT = Path(__file__).resolve().parent.parent
 """The checkout the tests run from."""
+ENGINE = os.environ.get("SANDBOX_TEST_ENGINE", "docker")
+"""The engine this pass of the suite runs on: docker, or podman (the second pass, with DOCKER_HOST at its socket)."""
+collect_ignore = [] if ENGINE == "podman" else ["podman"]
 
 
 def containers_running(command: str) -> list[str]:
@@ -91,6 +94,8 @@ def runtime() -> Iterator[DockerRuntime]:
         connected = DockerRuntime.connect()
     except Exception as exc:  # the suite must fail loudly, not skip, without an engine
         pytest.fail(f"the Docker engine is required for this test: {exc}", pytrace=False)
+    if connected.dialect.name.lower() != ENGINE:
+        pytest.fail(f"SANDBOX_TEST_ENGINE is {ENGINE}, but {connected.dialect.name} answers", pytrace=False)
     stale = [s.reference for s in (image_status(connected, d) for d in catalog().values()) if not s.current]
     if stale:
         pytest.fail(f"images not built or stale: {stale}; run `sandbox-server images build`", pytrace=False)

@@ -59,7 +59,7 @@ def setup_host(say: Say, force_images: bool = False) -> None:
     runtime = _engine(say)
     try:
         info = runtime.info()
-        say(f"engine: Docker {info.server_version}, runtimes {', '.join(info.runtimes)}")
+        say(f"engine: {info.dialect.name} {info.server_version}, runtimes {', '.join(info.runtimes)}")
         outcomes = build_images(runtime, None, say=say, force=force_images)
         rebuilt = [outcome.name for outcome in outcomes if outcome.rebuilt]
         say(f"images built: {', '.join(rebuilt)}" if rebuilt else "images: all current, nothing rebuilt")
@@ -76,6 +76,10 @@ def setup_host(say: Say, force_images: bool = False) -> None:
 def host_facts(runtime: DockerRuntime) -> HostFacts:
     """What the engine can honour, for checking policies; unknown while no engine answers."""
     try:
-        return HostFacts(frozenset(runtime.info().runtimes))
+        info = runtime.info()
+        if not info.dialect.chooses_runtime:
+            advice = f"{info.dialect.name}'s Docker-compatible API ignores a container's runtime: use Docker for it"
+            return HostFacts(frozenset(info.runtimes), advice + ", or choose runc")
+        return HostFacts(frozenset(info.runtimes))
     except SandboxServerError:
         return HostFacts()  # engine down: runtimes cannot be checked now; each call will say so

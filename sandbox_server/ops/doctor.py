@@ -234,8 +234,12 @@ async def run_doctor(runtime: DockerRuntime, plan: WarmPlan | None = None) -> Do
         Check(
             "runtime runsc (gVisor)",
             "runsc" in info.runtimes,
-            "available" if "runsc" in info.runtimes else "not registered",
-            "install runsc and register it in /etc/docker/daemon.json (`sandbox-server setup` does both when it starts the engine)",
+            "available"
+            if "runsc" in info.runtimes
+            else ("cannot be chosen through this engine" if not dialect.chooses_runtime else "not registered"),
+            "install runsc and register it in /etc/docker/daemon.json (`sandbox-server setup` does both when it starts the engine)"
+            if dialect.chooses_runtime
+            else "run policies that need gVisor on Docker",
             required=False,
         )
     )

@@ -70,6 +70,10 @@ class HostFacts:
     """What the host can honour; None where it is not known (engine down)."""
 
     runtimes: frozenset[str] | None = None
+    runtime_advice: str = (
+        "install it (`sandbox-server setup` registers runsc when it installs the engine) or choose runc"
+    )
+    """What to do about a runtime the engine does not have."""
 
 
 @cache
@@ -203,7 +207,7 @@ def _tool_policy(
         error(
             "runtime",
             f"{runtime!r} is not available on this host's engine (it has: {', '.join(sorted(host.runtimes))}); "
-            "install it (`sandbox-server setup` registers runsc when it installs the engine) or choose runc",
+            + host.runtime_advice,
         )
     mounts = []
     for index, item in enumerate(settings.get("mounts", [])):

@@ -1,8 +1,11 @@
 """Which engine answers on the Docker API, and how a hardened container is said to it.
 
 Docker is the engine the project is built on. Podman's Docker-compatible service (Debian's
-podman 4.3, `podman system service`) runs the same sandboxes once three things are said its
+podman 4.3, `podman system service`) runs the same sandboxes once a few things are said its
 way; each difference is named here, so `doctor` and the docs can say what it costs:
+
+- it ignores a container's runtime (HostConfig.Runtime): every container runs on its default
+  runtime, so it is the only one a policy may name (`strict`, on runsc, is refused at load);
 
 - its tmpfs takes neither `uid=`/`gid=` nor `nr_inodes=`: the owner is given with its own `U`
   option, and a tmpfs's inode cap is not applied (its size cap is);
@@ -35,6 +38,8 @@ class EngineDialect:
 
     name: str = "Docker"
     version: str = ""
+    chooses_runtime: bool = True
+    """A container's runtime (HostConfig.Runtime) is honoured; if not, only the engine's default may be named."""
     tmpfs_owner_option: bool = False
     """The tmpfs owner is set with `U` (the container's user) rather than `uid=`/`gid=`."""
     tmpfs_inode_cap: bool = True
@@ -53,6 +58,11 @@ class EngineDialect:
     def differences(self) -> tuple[str, ...]:
         """What a sandbox on this engine lacks or does differently from one on Docker, each in a sentence."""
         found = []
+        if not self.chooses_runtime:
+            found.append(
+                f"{self.name}'s Docker-compatible API ignores a container's runtime, so every sandbox runs on its "
+                "default one and a policy naming another (runsc, as `strict` does) is refused"
+            )
         if not self.tmpfs_inode_cap:
             found.append(
                 f"{self.name}'s tmpfs takes no nr_inodes=, so the inode caps of /tmp and of an unkept workspace "
@@ -97,6 +107,7 @@ def dialect_of(version: dict[str, Any], engine_pid: int | None = None) -> Engine
         return EngineDialect(
             "Podman",
             components["Podman Engine"],
+            chooses_runtime=False,
             tmpfs_owner_option=True,
             tmpfs_inode_cap=False,
             seccomp_by_path=True,

@@ -159,11 +159,13 @@ class Engine:
         with engine_errors("describe itself"):
             version = self.api.version()
             info = self.api.info()
+        default = str(info.get("DefaultRuntime", "runc"))
         return EngineInfo(
             server_version=str(version.get("Version", "?")),
             api_version=str(version.get("ApiVersion", "?")),
-            runtimes=tuple(sorted(info.get("Runtimes") or {})),
-            default_runtime=str(info.get("DefaultRuntime", "runc")),
+            # An engine that ignores the runtime asked for runs its default, the ordinary runc-like one, whatever it is
+            runtimes=tuple(sorted(info.get("Runtimes") or {} if self.dialect.chooses_runtime else {"runc", default})),
+            default_runtime=default,
             cgroup_version=str(info.get("CgroupVersion", "1")),
             security_options=tuple(info.get("SecurityOptions") or ()),
             operating_system=str(info.get("OperatingSystem", "?")),

@@ -79,7 +79,8 @@ def host_facts(runtime: DockerRuntime) -> HostFacts:
         info = runtime.info()
         if not info.dialect.chooses_runtime:
             advice = f"{info.dialect.name}'s Docker-compatible API ignores a container's runtime: use Docker for it"
-            return HostFacts(frozenset(info.runtimes), advice + ", or choose runc")
+            missing = "" if info.dialect.bridge_networks else info.dialect.networks_missing()
+            return HostFacts(frozenset(info.runtimes), advice + ", or choose runc", missing)
         return HostFacts(frozenset(info.runtimes))
     except SandboxServerError:
         return HostFacts()  # engine down: runtimes cannot be checked now; each call will say so

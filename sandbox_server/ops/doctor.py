@@ -126,7 +126,7 @@ def _probe_fix(error: str) -> str:
             "install catatonit (Debian: apt-get install catatonit): Podman runs it as the init every sandbox asks for"
         )
     if "setting rlimit" in error:
-        return "the engine gives containers resource limits this host cannot grant; see docs/engines.md"
+        return "the engine gives containers resource limits this host cannot grant; see docs/sandbox.md, On Podman"
     return "see the engine's log"
 
 
@@ -223,7 +223,7 @@ async def run_doctor(runtime: DockerRuntime, plan: WarmPlan | None = None) -> Do
                 "engine differences",
                 False,
                 "; ".join(dialect.differences()),
-                "use Docker where these caps matter (docs/engines.md says what else differs)",
+                "use Docker where these caps matter (docs/sandbox.md, On Podman, says what else differs)",
                 required=False,
             )
         )

@@ -74,6 +74,8 @@ class HostFacts:
         "install it (`sandbox-server setup` registers runsc when it installs the engine) or choose runc"
     )
     """What to do about a runtime the engine does not have."""
+    networks_missing: str = ""
+    """Why the engine cannot open a network through the proxy ("" when it can)."""
 
 
 @cache
@@ -229,7 +231,9 @@ def _tool_policy(
                 "kernel, and io_uring there is gVisor's, not the host's); set seccomp_profile: null",
             )
     egress = None
-    if settings.get("network", "none") != "none":
+    if settings.get("network", "none") != "none" and host.networks_missing:
+        error("network", f"{host.networks_missing}; use Docker for this policy, or set network: none")
+    elif settings.get("network", "none") != "none":
         network_errors: list[str] = []
         egress = parse_egress(settings["network"], "network", network_errors)
         for problem in network_errors:

@@ -7,6 +7,9 @@ way; each difference is named here, so `doctor` and the docs can say what it cos
 - it ignores a container's runtime (HostConfig.Runtime): every container runs on its default
   runtime, so it is the only one a policy may name (`strict`, on runsc, is refused at load);
 
+- its networks (CNI in 4.3) take none of the Docker bridge options a network of sandboxes is made
+  safe with (no IPv4 gateway, no traffic between its members) and name no container without the
+  dnsname plugin: allow lists through the proxy and services are refused with the reason;
 - its tmpfs takes neither `uid=`/`gid=` nor `nr_inodes=`: the owner is given with its own `U`
   option, and a tmpfs's inode cap is not applied (its size cap is);
 - its security option `seccomp=` names a file the engine reads, where Docker's carries the profile
@@ -40,6 +43,8 @@ class EngineDialect:
     version: str = ""
     chooses_runtime: bool = True
     """A container's runtime (HostConfig.Runtime) is honoured; if not, only the engine's default may be named."""
+    bridge_networks: bool = True
+    """The engine's networks take Docker's bridge options and resolve their containers' names."""
     tmpfs_owner_option: bool = False
     """The tmpfs owner is set with `U` (the container's user) rather than `uid=`/`gid=`."""
     tmpfs_inode_cap: bool = True
@@ -63,12 +68,22 @@ class EngineDialect:
                 f"{self.name}'s Docker-compatible API ignores a container's runtime, so every sandbox runs on its "
                 "default one and a policy naming another (runsc, as `strict` does) is refused"
             )
+        if not self.bridge_networks:
+            found.append(self.networks_missing())
         if not self.tmpfs_inode_cap:
             found.append(
                 f"{self.name}'s tmpfs takes no nr_inodes=, so the inode caps of /tmp and of an unkept workspace "
                 "(limits.workspace_inodes) are not applied; their size caps are"
             )
         return tuple(found)
+
+    def networks_missing(self) -> str:
+        """Why a network through the proxy, or a service, is refused on this engine."""
+        return (
+            f"{self.name}'s networks take none of the Docker bridge options a network of sandboxes is made safe with "
+            "(no IPv4 gateway, no traffic between sandboxes) and do not resolve services' names, so allow lists "
+            "(network) and services are refused"
+        )
 
     def adapt(self, options: dict[str, Any]) -> dict[str, Any]:
         """A HostConfig's keyword arguments (host_config.host_config_kwargs) said this engine's way."""
@@ -108,6 +123,7 @@ def dialect_of(version: dict[str, Any], engine_pid: int | None = None) -> Engine
             "Podman",
             components["Podman Engine"],
             chooses_runtime=False,
+            bridge_networks=False,
             tmpfs_owner_option=True,
             tmpfs_inode_cap=False,
             seccomp_by_path=True,

@@ -196,6 +196,8 @@ class Services:
                 "(serve --workspaces)",
                 "services",
             )
+        if not self.runtime.dialect.bridge_networks:
+            raise Refusal(f"refused: {self.runtime.dialect.networks_missing()}", "services")
         if self._group is None:
             raise Refusal("refused: this server is not running services (it is stopping)", "services")
         network = containers.network_name(record.id, self.runtime.owner)

@@ -5,8 +5,10 @@ from __future__ import annotations
 import os
 import resource
 import socket
+import stat
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -32,6 +34,7 @@ def test_docker_is_told_the_hardened_container_unchanged() -> None:
     dialect = dialect_of(DOCKER_VERSION)
     assert (dialect.name, dialect.version, dialect.podman) == ("Docker", "20.10.24", False)
     assert dialect.differences() == ()
+    assert (dialect.chooses_runtime, dialect.bridge_networks, dialect.seccomp_by_path) == (True, True, False)
     assert host_config_kwargs(SPEC, dialect=dialect) == host_config_kwargs(SPEC, dialect=DOCKER)
     tmpfs = host_config_kwargs(SPEC)["tmpfs"]
     assert "nr_inodes=" in tmpfs["/tmp"] and "uid=1000,gid=1000" in tmpfs["/workspace"]
@@ -46,8 +49,11 @@ def test_podman_is_told_the_owner_its_way_and_the_inode_cap_is_named_as_missing(
     assert workspace == [option for option in docker if not option.startswith(("uid=", "gid=", "nr_inodes="))] + ["U"]
     assert "size=64m" in workspace
     assert "nr_inodes" not in settings["tmpfs"]["/tmp"] and "size=16m" in settings["tmpfs"]["/tmp"]
-    [difference] = dialect.differences()
-    assert "nr_inodes" in difference and "limits.workspace_inodes" in difference and "size caps are" in difference
+    runtime, networks, inodes = dialect.differences()
+    assert "ignores a container's runtime" in runtime and "runsc" in runtime and "refused" in runtime
+    assert networks == dialect.networks_missing() and "services are refused" in networks
+    assert "nr_inodes" in inodes and "limits.workspace_inodes" in inodes and "size caps are" in inodes
+    assert (dialect.chooses_runtime, dialect.bridge_networks, dialect.seccomp_by_path) == (False, False, True)
 
 
 def test_podman_is_told_a_process_limit_it_can_grant() -> None:
@@ -56,6 +62,17 @@ def test_podman_is_told_a_process_limit_it_can_grant() -> None:
     hard = resource.getrlimit(resource.RLIMIT_NPROC)[1]
     assert nproc["soft"] == nproc["hard"] == (-1 if hard == resource.RLIM_INFINITY else hard)
     assert "nproc" not in [limit["name"] for limit in host_config_kwargs(SPEC)["ulimits"]]
+
+
+def test_podman_reads_the_seccomp_profile_from_a_private_file() -> None:
+    profile = '{"defaultAction": "SCMP_ACT_ERRNO"}'
+    spec = replace(SPEC, seccomp_profile=profile)
+    [option] = [
+        o for o in host_config_kwargs(spec, dialect=dialect_of(PODMAN_VERSION))["security_opt"] if "seccomp" in o
+    ]
+    path = Path(option.removeprefix("seccomp="))
+    assert path.read_text() == profile and stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+    assert f"seccomp={profile}" in host_config_kwargs(spec)["security_opt"]
 
 
 def test_a_lower_limit_of_the_engine_process_is_the_one_given() -> None:

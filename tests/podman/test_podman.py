@@ -7,11 +7,15 @@ exactly what the list says, and the limits beside it to hold."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
+import docker
+import mcp_types as types
 import pytest
 from mcp import Client
 
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
+from sandbox_server.sandbox.service_containers import SERVICE_LABEL
 from tests.conftest import run_cli
 
 pytestmark = pytest.mark.anyio
@@ -70,3 +74,22 @@ def test_a_policy_naming_gvisor_is_refused_not_run_on_runc(runtime: DockerRuntim
     assert result.returncode != 0, result.stdout
     assert "defaults.runtime: 'runsc' is not available on this host's engine (it has: runc)" in result.stderr
     assert "Podman's Docker-compatible API ignores a container's runtime: use Docker for it" in result.stderr
+
+
+async def test_services_and_allow_lists_are_refused_saying_why(module_session: Client, tmp_path: Path) -> None:
+    # Podman's networks take none of Docker's bridge options (no gateway, no traffic between sandboxes) and resolve
+    # no service names: rather than a weaker network, none.
+    started = await module_session.call_tool(
+        "execute_command", {"command": "exec python3 -m http.server 8000", "service": {"name": "web", "port": 8000}}
+    )
+    assert started.is_error, started
+    text = started.content[0].text if isinstance(started.content[0], types.TextContent) else ""
+    assert text.startswith("refused: Podman's networks take none of the Docker bridge options"), text
+    assert "services are refused" in text
+    assert not [c for c in docker.from_env().api.containers(all=True, filters={"label": SERVICE_LABEL})]
+    policy = tmp_path / "open.yaml"
+    policy.write_text("extends: default\nname: open\ndefaults:\n  network: {allow: [pypi.org]}\n")
+    result = run_cli("policy", "check", str(policy))
+    assert result.returncode != 0, result.stdout
+    assert "defaults.network: Podman's networks take none of the Docker bridge options" in result.stdout + result.stderr
+    assert "use Docker for this policy, or set network: none" in result.stdout + result.stderr

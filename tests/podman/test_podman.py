@@ -85,7 +85,7 @@ async def test_services_and_allow_lists_are_refused_saying_why(module_session: C
     assert started.is_error, started
     text = started.content[0].text if isinstance(started.content[0], types.TextContent) else ""
     assert text.startswith("refused: Podman's networks take none of the Docker bridge options"), text
-    assert "services are refused" in text
+    assert "services are refused" in text and started.structured_content["error"]["field"] == "services", started
     assert not [c for c in docker.from_env().api.containers(all=True, filters={"label": SERVICE_LABEL})]
     policy = tmp_path / "open.yaml"
     policy.write_text("extends: default\nname: open\ndefaults:\n  network: {allow: [pypi.org]}\n")

@@ -82,6 +82,22 @@ def test_the_trailer_ends_the_archive_whatever_the_chunking(chunk: int) -> None:
     assert program.head() == b"program says hi"
 
 
+@pytest.mark.parametrize("chunk", [1, 5, 7, 64, 4096])
+@pytest.mark.parametrize("cap", [0, 10, 799, 800, 810])
+def test_the_trailer_ends_an_archive_up_to_and_past_its_cap_whatever_the_chunking(chunk: int, cap: int) -> None:
+    # The launcher writes its trailer after the whole archive, and then waits for the host: were the trailer not
+    # looked for past the cap, the call would wait for its timeout (a full output folder once did).
+    boundary = b"0123456789abcdef"
+    stream = b"out" + boundary + b"TARBYTES" * 100 + boundary + b" exit=1 oom_kill=0\n"
+    splitter = StdoutSplitter(boundary, CappedBuffer(1000), cap)
+    for start in range(0, len(stream), chunk):
+        assert splitter.trailer is None
+        splitter.feed(stream[start : start + chunk])
+    assert splitter.trailer == {"exit": "1", "oom_kill": "0"}
+    assert splitter.archive_overflow is (cap < 800)  # the trailer is never counted against the cap
+    assert bytes(splitter.archive) == (b"TARBYTES" * 100)[:cap]
+
+
 def test_without_a_whole_trailer_line_the_engine_is_asked() -> None:
     splitter = StdoutSplitter(b"B" * 16, CappedBuffer(100), 10_000)
     splitter.feed(b"B" * 16 + b"tar" + b"B" * 16 + b" exit=0 oom")

@@ -159,7 +159,7 @@ class StdoutSplitter:
             self.program.feed(self._held)
             self._held = b""
         if self.trailer is None and self._archive_held:
-            self._write(bytes(self._archive_held))
+            self._keep(bytes(self._archive_held))
             self._archive_held.clear()
 
     def _partial_suffix(self, data: bytes) -> int:
@@ -173,31 +173,29 @@ class StdoutSplitter:
         self.archive_size += len(data)
 
     def _to_archive(self, data: bytes) -> None:
+        """Archive bytes go to the sink up to the cap, past it nowhere; either way the trailer is looked for, as the
+        launcher, having written it, waits for the host (were it not found, the call would wait for its timeout)."""
         if self.trailer is not None:
             return
-        room = self.archive_limit - self.archive_size - len(self._archive_held)
-        if len(data) > room:
-            self.archive_overflow = True
-            data = data[: max(room, 0)]
         held = self._archive_held
         held += data
-        if self.archive_overflow:
-            self._write(bytes(held))
-            held.clear()
-            return
         start = held.find(self.boundary)
+        size = start if start >= 0 else max(len(held) - len(self.boundary) + 1, 0)  # what cannot be the boundary
+        self._keep(bytes(held[:size]))
+        del held[:size]
         if start < 0:
-            keep = len(self.boundary) - 1
-            if len(held) > keep:
-                self._write(bytes(held[: len(held) - keep]))
-                del held[: len(held) - keep]
             return
-        if start:
-            self._write(bytes(held[:start]))
-            del held[:start]
         end = held.find(b"\n")
         if end < 0:
             return
         line = bytes(held[len(self.boundary) : end]).decode("ascii", "replace")
         self.trailer = dict(field.partition("=")[::2] for field in line.split())
         held.clear()
+
+    def _keep(self, data: bytes) -> None:
+        room = max(self.archive_limit - self.archive_size, 0)
+        if len(data) > room:
+            self.archive_overflow = True
+            data = data[:room]
+        if data:
+            self._write(data)

@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from sandbox_server.errors import EngineUnavailable, SandboxServerError
@@ -77,10 +78,11 @@ def host_facts(runtime: DockerRuntime) -> HostFacts:
     """What the engine can honour, for checking policies; unknown while no engine answers."""
     try:
         info = runtime.info()
-        if not info.dialect.chooses_runtime:
-            advice = f"{info.dialect.name}'s Docker-compatible API ignores a container's runtime: use Docker for it"
-            missing = "" if info.dialect.bridge_networks else info.dialect.networks_missing()
-            return HostFacts(frozenset(info.runtimes), advice + ", or choose runc", missing)
-        return HostFacts(frozenset(info.runtimes))
+        dialect, facts = info.dialect, HostFacts(frozenset(info.runtimes))
+        if not dialect.chooses_runtime:
+            facts = replace(facts, runtime_advice=f"{dialect.runtime_ignored()}: use Docker for it, or choose runc")
+        if not dialect.bridge_networks:
+            facts = replace(facts, networks_missing=dialect.networks_missing())
+        return facts
     except SandboxServerError:
         return HostFacts()  # engine down: runtimes cannot be checked now; each call will say so

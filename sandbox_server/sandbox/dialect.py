@@ -6,7 +6,6 @@ way; each difference is named here, so `doctor` and the docs can say what it cos
 
 - it ignores a container's runtime (HostConfig.Runtime): every container runs on its default
   runtime, so it is the only one a policy may name (`strict`, on runsc, is refused at load);
-
 - its networks (CNI in 4.3) take none of the Docker bridge options a network of sandboxes is made
   safe with (no IPv4 gateway, no traffic between its members) and name no container without the
   dnsname plugin: allow lists through the proxy and services are refused with the reason;
@@ -65,8 +64,8 @@ class EngineDialect:
         found = []
         if not self.chooses_runtime:
             found.append(
-                f"{self.name}'s Docker-compatible API ignores a container's runtime, so every sandbox runs on its "
-                "default one and a policy naming another (runsc, as `strict` does) is refused"
+                f"{self.runtime_ignored()}, so every sandbox runs on its default one and a policy naming another "
+                "(runsc, as `strict` does) is refused"
             )
         if not self.bridge_networks:
             found.append(self.networks_missing())
@@ -76,6 +75,10 @@ class EngineDialect:
                 "(limits.workspace_inodes) are not applied; their size caps are"
             )
         return tuple(found)
+
+    def runtime_ignored(self) -> str:
+        """Why a runtime other than the engine's default is refused on this engine."""
+        return f"{self.name}'s Docker-compatible API ignores a container's runtime"
 
     def networks_missing(self) -> str:
         """Why a network through the proxy, or a service, is refused on this engine."""

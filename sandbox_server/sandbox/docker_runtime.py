@@ -171,8 +171,7 @@ class DockerRuntime(Engine):
 
     def _start(self, spec: SandboxSpec, labels: dict[str, str], slot: str | None) -> WarmContainer:
         if spec.runtime != "runc" and not self.dialect.chooses_runtime:
-            raise EngineError(f"{self.dialect.name} ignores a container's runtime: no sandbox is run on runc in place "
-                              f"of {spec.runtime}")  # fmt: skip
+            raise EngineError(f"{self.dialect.runtime_ignored()}: no sandbox is run on runc in place of {spec.runtime}")
         with engine_errors("create a sandbox container"):
             host_config = self.api.create_host_config(**host_config_kwargs(spec, slot, self.dialect))
             masked = masked_paths(spec)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import json
 import os
 import socket
 import subprocess
@@ -12,6 +13,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import docker
@@ -158,6 +160,18 @@ async def connect(target: Any, mode: str = "legacy", **options: Any) -> AsyncIte
     client = CheckedClient(target, mode=mode, **options)
     async with client:
         yield client
+
+
+async def answer(client: Client, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    """A tool call's answer as one dict: its text, whether it is an error, and its structured content."""
+    result = await client.call_tool(tool, arguments)
+    assert result.structured_content is not None, text_of(result)
+    return {"text": text_of(result), "is_error": result.is_error, **result.structured_content}
+
+
+def audit_records(path: Path) -> list[dict[str, Any]]:
+    """The records of an audit log, oldest first."""
+    return [json.loads(line) for line in path.read_text().splitlines()]
 
 
 def text_of(result: types.CallToolResult) -> str:

@@ -5,7 +5,6 @@ The real server and engine; the client's elicitation callback stands for the per
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +15,15 @@ import pytest
 from mcp.shared.exceptions import MCPError
 
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
-from tests.mcp_harness import CheckedClient, Person, connect, http_server, stdio_parameters, text_of
+from tests.mcp_harness import (
+    CheckedClient,
+    Person,
+    answer,
+    audit_records,
+    connect,
+    http_server,
+    stdio_parameters,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -43,7 +50,7 @@ class Setup:
         return ["--policy", str(self.policy), "--audit-log", str(self.audit), "--no-pool"]
 
     def records(self) -> list[dict[str, Any]]:
-        return [json.loads(line) for line in self.audit.read_text().splitlines()]
+        return audit_records(self.audit)
 
 
 @pytest.fixture
@@ -54,9 +61,7 @@ def setup(tmp_path: Path) -> Setup:
 
 
 async def run(client: CheckedClient, tool: str, **arguments: Any) -> dict[str, Any]:
-    result = await client.call_tool(tool, arguments)
-    assert result.structured_content is not None, text_of(result)
-    return {"text": text_of(result), "is_error": result.is_error, **result.structured_content}
+    return await answer(client, tool, arguments)
 
 
 async def test_handshake_era_accept_runs_decline_refuses_and_the_audit_keeps_the_decision(

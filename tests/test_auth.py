@@ -35,11 +35,11 @@ from sandbox_server.sandbox.spec import SANDBOX_LABEL
 from tests.mcp_harness import (
     CheckedClient,
     ServerProcess,
+    answer,
     connect,
     first_sandboxes,
     free_port,
     http_server_process,
-    text_of,
 )
 
 pytestmark = pytest.mark.anyio
@@ -118,9 +118,7 @@ async def as_caller(team: Team, token: str, mode: str = "legacy") -> AsyncIterat
 
 
 async def call(client: CheckedClient, tool: str, **arguments: Any) -> dict[str, Any]:
-    result = await client.call_tool(tool, arguments)
-    assert result.structured_content is not None, text_of(result)
-    return {"text": text_of(result), "is_error": result.is_error, **result.structured_content}
+    return await answer(client, tool, arguments)
 
 
 async def test_a_request_without_a_valid_token_gets_a_401_saying_why_and_where_the_metadata_is(team: Team) -> None:

@@ -25,7 +25,7 @@ from sandbox_server.network.proxies import PROXY_LABEL
 from sandbox_server.sandbox.removal import OWNER_LABEL
 from sandbox_server.sandbox.service_containers import SERVICE_LABEL
 from sandbox_server.sandbox.spec import SANDBOX_LABEL
-from tests.mcp_harness import close_stream, connect, first_sandboxes, stdio_parameters, text_of
+from tests.mcp_harness import answer, audit_records, close_stream, connect, first_sandboxes, stdio_parameters, text_of
 from tests.upstreams import SHELL, Upstreams, shell_network, upstreams_fixture  # noqa: F401 (the upstreams fixture)
 
 pytestmark = pytest.mark.anyio
@@ -67,13 +67,7 @@ async def session(
 
 
 async def run(session: Client, command: str, **arguments: Any) -> dict[str, Any]:
-    result = await session.call_tool("execute_command", {"command": command, **arguments})
-    assert result.structured_content is not None, text_of(result)
-    return {"text": text_of(result), "is_error": result.is_error, **result.structured_content}
-
-
-def _audit_records(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
+    return await answer(session, "execute_command", {"command": command, **arguments})
 
 
 async def test_an_allowed_host_answers_over_http_and_every_request_is_in_the_answer_and_the_audit(
@@ -90,7 +84,7 @@ async def test_an_allowed_host_answers_over_http_and_every_request_is_in_the_ans
     # What went through the proxy is metered: received and sent, as the proxy's log counts them.
     assert answer["usage"]["network_in_bytes"] == sum(r["bytes_in"] for r in requests) > 0
     assert answer["usage"]["network_out_bytes"] == sum(r["bytes_out"] for r in requests) > 0
-    record = _audit_records(audit_path)[-1]
+    record = audit_records(audit_path)[-1]
     assert record["network"]["requests"] == requests and record["usage"] == answer["usage"]
 
 
@@ -129,7 +123,7 @@ async def test_pip_installs_from_the_allowed_index_into_the_workspace_and_the_se
     assert [(r["method"], r["host"], r["port"], r["allowed"], r["status"]) for r in requests] == [
         ("GET", "index.test", 80, True, 200), ("GET", "index.test", 80, True, 200),
     ], requests  # fmt: skip
-    assert _audit_records(audit_path)[-1]["network"]["requests"] == requests
+    assert audit_records(audit_path)[-1]["network"]["requests"] == requests
     # The session's next call is a fresh container: the package is in the workspace's user site.
     imported = await session.call_tool(
         "run_python", {"code": "import tabulate\n(tabulate.__version__, tabulate.__file__)"}
@@ -273,7 +267,7 @@ async def test_once_its_proxy_runs_a_tool_with_an_allow_list_is_served_by_warm_c
     answer = await run(session, "curl -sS -m 10 http://web.test/warm")
     assert answer["stdout"] == "hello from web /warm\n", answer["text"]
     assert [r["host"] for r in answer["network"]["requests"]] == ["web.test"]  # filed by the warm one's address
-    assert _audit_records(audit_path)[-1]["container_id"] in before
+    assert audit_records(audit_path)[-1]["container_id"] in before
 
 
 async def test_a_killed_proxy_refuses_calls_with_the_reason_until_it_is_back(

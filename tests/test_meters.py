@@ -25,7 +25,15 @@ from mcp.client.streamable_http import streamable_http_client
 
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
 from tests.conftest import run_cli
-from tests.mcp_harness import CheckedClient, ServerProcess, connect, free_port, http_server_process, text_of
+from tests.mcp_harness import (
+    CheckedClient,
+    ServerProcess,
+    answer,
+    audit_records,
+    connect,
+    free_port,
+    http_server_process,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -78,13 +86,11 @@ async def as_caller(metered: Metered, name: str) -> AsyncIterator[CheckedClient]
 
 
 async def call(client: CheckedClient, tool: str, **arguments: Any) -> dict[str, Any]:
-    result = await client.call_tool(tool, arguments)  # checked against the tool's outputSchema
-    assert result.structured_content is not None, text_of(result)
-    return {"text": text_of(result), "is_error": result.is_error, **result.structured_content}
+    return await answer(client, tool, arguments)  # checked against the tool's outputSchema
 
 
 def audit_of(metered: Metered) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in metered.audit.read_text().splitlines()]
+    return audit_records(metered.audit)
 
 
 async def test_a_call_says_the_cpu_memory_and_workspace_its_sandbox_used_and_the_audit_records_the_same(

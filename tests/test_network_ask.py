@@ -15,7 +15,15 @@ from typing import Any
 
 import pytest
 
-from tests.mcp_harness import CheckedClient, Person, connect, http_server, stdio_parameters, text_of
+from tests.mcp_harness import (
+    CheckedClient,
+    Person,
+    answer,
+    audit_records,
+    connect,
+    http_server,
+    stdio_parameters,
+)
 from tests.upstreams import Upstreams, upstreams_fixture  # noqa: F401 (the upstreams fixture)
 
 pytestmark = pytest.mark.anyio
@@ -36,7 +44,7 @@ class Asking:
     audit: Path
 
     def records(self) -> list[dict[str, Any]]:
-        return [json.loads(line) for line in self.audit.read_text().splitlines()]
+        return audit_records(self.audit)
 
 
 @pytest.fixture
@@ -55,9 +63,7 @@ def asking(upstreams: Upstreams, tmp_path: Path) -> Iterator[Asking]:
 
 
 async def run(client: CheckedClient, command: str) -> dict[str, Any]:
-    result = await client.call_tool("execute_command", {"command": command})
-    assert result.structured_content is not None, text_of(result)
-    return {"text": text_of(result), "is_error": result.is_error, **result.structured_content}
+    return await answer(client, "execute_command", {"command": command})
 
 
 def fetch(*hosts: str) -> str:

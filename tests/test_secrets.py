@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from mcp import Client
 
-from tests.mcp_harness import connect, stdio_parameters, text_of
+from tests.mcp_harness import answer, connect, stdio_parameters
 from tests.upstreams import Upstreams, upstreams_fixture  # noqa: F401 (the upstreams fixture)
 
 pytestmark = pytest.mark.anyio
@@ -55,9 +55,7 @@ async def secretive(
 
 
 async def run(client: Client, command: str) -> dict[str, Any]:
-    result = await client.call_tool("execute_command", {"command": command})
-    assert result.structured_content is not None, text_of(result)
-    return {"text": text_of(result), "is_error": result.is_error, **result.structured_content}
+    return await answer(client, "execute_command", {"command": command})
 
 
 def _requests(their: Upstreams, name: str, path: str) -> list[dict[str, list[str]]]:

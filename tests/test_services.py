@@ -31,7 +31,14 @@ from sandbox_server.sandbox.removal import OWNER_LABEL
 from sandbox_server.sandbox.service_containers import SERVICE_LABEL
 from sandbox_server.sandbox.spec import SANDBOX_LABEL
 from tests.conftest import run_cli
-from tests.mcp_harness import CheckedClient, free_port, http_server_process, stdio_parameters, text_of
+from tests.mcp_harness import (
+    CheckedClient,
+    answer,
+    free_port,
+    http_server_process,
+    stdio_parameters,
+    text_of,
+)
 from tests.mcp_harness import connect as mcp_connect
 
 pytestmark = pytest.mark.anyio
@@ -92,9 +99,7 @@ async def as_caller(url: str, token: str | None = None, end: bool = True) -> Asy
 
 
 async def call(client: CheckedClient, **arguments: Any) -> dict[str, Any]:
-    result = await client.call_tool("execute_command", arguments)
-    assert result.structured_content is not None, text_of(result)
-    return {"text": text_of(result), "is_error": result.is_error, **result.structured_content}
+    return await answer(client, "execute_command", arguments)
 
 
 async def start_web(session: CheckedClient) -> dict[str, Any]:
@@ -377,9 +382,7 @@ async def test_the_services_tool_lists_reads_the_log_of_restarts_and_stops_a_wor
         async with as_caller(server.url) as session:
 
             async def services(**arguments: Any) -> dict[str, Any]:
-                result = await session.call_tool("services", arguments)
-                assert result.structured_content is not None, text_of(result)
-                return {"text": text_of(result), "is_error": result.is_error, **result.structured_content}
+                return await answer(session, "services", arguments)
 
             assert (await services(action="list"))["services"] == []
             await start_web(session)

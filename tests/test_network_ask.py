@@ -1,5 +1,6 @@
 """Hosts approved live (network.ask): a request to a host the allow list does not name pauses at the real proxy
-while the person is asked through the official client's elicitation callback.
+while the person is asked through the official client's elicitation callback (through one server, and through
+two replicas sharing a real PostgreSQL).
 
 The hosts asked for are the test's own upstream under other names, every one pinned in the policy's `hosts`, so
 the proxy resolves nothing through DNS whatever the answer; refusals are the proxy's 403 pages.
@@ -24,6 +25,7 @@ from tests.mcp_harness import (
     http_server,
     stdio_parameters,
 )
+from tests.replicas import postgres, start_replica
 from tests.upstreams import Upstreams, upstreams_fixture  # noqa: F401 (the upstreams fixture)
 
 pytestmark = pytest.mark.anyio
@@ -143,3 +145,45 @@ async def test_2026_era_the_call_runs_on_while_the_client_asks_between_rounds(as
             assert " 403" in declined["stdout"] and "the person declined" in declined["stdout"], declined
             assert declined["network"]["asked"] == [{"host": "third.test", "port": 80, "answer": "decline"}]
     assert len(person.shown) == 3
+
+
+async def test_replicas_decide_alike_and_count_their_questions_together(asking: Asking, tmp_path: Path) -> None:
+    """Two replicas on one shared state: a host approved or declined through one is decided alike through the
+    other, without a question, and the policy's 3 questions count those asked through both."""
+    person = Person()
+    with postgres() as database:
+        replicas = [
+            start_replica(tmp_path / name, database.url, "--policy", str(asking.policy), "--no-pool")
+            for name in ("one", "two")
+        ]
+        try:
+            async with (
+                connect(replicas[0].url, mode="2026-07-28", elicitation_callback=person) as one,
+                connect(replicas[1].url, mode="2026-07-28", elicitation_callback=person) as two,
+            ):
+                opened = await run(one, fetch("other.test"))
+                assert PAGE in opened["stdout"] and len(person.shown) == 1, opened
+                workspace = opened["workspace"]  # the session the answers hold for, continued on either replica
+
+                async def on(client: CheckedClient, command: str) -> dict[str, Any]:
+                    return await answer(client, "execute_command", {"command": command, "workspace": workspace})
+
+                again = await on(two, fetch("other.test"))
+                assert PAGE in again["stdout"] and len(person.shown) == 1, again
+                assert again["network"]["asked"] == [{"host": "other.test", "port": 80, "answer": "approved earlier"}]
+
+                person.answer = "decline"
+                declined = await on(two, fetch("third.test"))
+                assert " 403" in declined["stdout"] and len(person.shown) == 2, declined
+                still = await on(one, fetch("third.test"))
+                assert " 403" in still["stdout"] and len(person.shown) == 2, still
+                assert still["network"]["asked"][0]["answer"] == "declined earlier"
+
+                third = await on(one, fetch("h0.test"))  # the session's third question, asked through one
+                assert len(person.shown) == 3 and third["network"]["asked"][0]["answer"] == "decline", third
+                past = await on(two, fetch("h1.test"))  # none left through the other either
+                assert " 403" in past["stdout"] and len(person.shown) == 3, past
+                assert "the 3 questions of this session are used" in past["network"]["asked"][0]["why"], past
+        finally:
+            for replica in replicas:
+                replica.stop()

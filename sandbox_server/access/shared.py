@@ -1,25 +1,28 @@
 """What replicas know, count and ask together: the callers and their tokens' hashes, (`serve --state postgresql://…`); a caller's calls of the last minute
 and calls running now, across every replica, and the approval questions of the 2026-07-28 era, which any replica
-may receive the answer to (each good for one answer, wherever it arrives)."""
+may receive the answer to (each good for one answer, wherever it arrives), and the hosts people approved or
+declined live (network.ask)."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 import math
 import secrets
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from sandbox_server.access.tokens import Caller, TokensFile, caller_of, new_caller
 from sandbox_server.errors import ConfigError, Refusal
 from sandbox_server.policy import RateLimits
-from sandbox_server.state.database import REPLICA_LOST_S, Database, StateUnavailable
+from sandbox_server.state.database import REPLICA_LOST_S, Database, StateUnavailable, lock_key
 from sandbox_server.state.files import SharedFiles
 
-__all__ = ["SharedAccess", "SharedQuestions", "SharedRate", "SharedTokens"]
+__all__ = ["SharedAccess", "SharedAnswers", "SharedQuestions", "SharedRate", "SharedTokens"]
 
 
 class SharedRate:
@@ -95,6 +98,44 @@ class SharedQuestions:
         return bool(rows)
 
 
+class SharedAnswers:
+    """One session's or caller's answers to network.ask questions (calls.hosts.AnswerScope), in the shared state:
+    a host approved or declined through one replica is decided alike by every other, and the policy's number of
+    questions counts those of every replica."""
+
+    def __init__(self, database: Database, key: str, turn: threading.Lock) -> None:
+        self.database, self.key, self.turn = database, key, turn
+
+    def known(self, target: str) -> bool | None:
+        rows = self.database.run(
+            "SELECT allowed FROM host_answers WHERE scope = %s AND target = %s", (self.key, target)
+        )
+        return bool(rows[0][0]) if rows else None
+
+    @contextlib.contextmanager
+    def asking(self) -> Iterator[None]:
+        """An advisory lock on a connection of its own while the person is asked: a replica dying meanwhile lets
+        go of it with its connection."""
+        with self.database.dedicated() as connection:
+            connection.execute("SELECT pg_advisory_lock(%s)", (lock_key(f"ask:{self.key}"),))
+            yield
+
+    def take_question(self, most: int) -> bool:
+        rows = self.database.run(
+            "INSERT INTO host_questions AS q (scope, asked) VALUES (%s, 1) ON CONFLICT (scope) DO UPDATE "
+            "SET asked = q.asked + 1, at = now() WHERE q.asked < %s RETURNING q.asked",
+            (self.key, most),
+        )
+        return bool(rows)
+
+    def keep(self, target: str, allowed: bool) -> None:
+        self.database.run(
+            "INSERT INTO host_answers (scope, target, allowed) VALUES (%s, %s, %s) "
+            "ON CONFLICT (scope, target) DO UPDATE SET allowed = EXCLUDED.allowed, at = now()",
+            (self.key, target, allowed),
+        )
+
+
 @dataclass(frozen=True, slots=True)
 class SharedAccess:
     """What a replica's protocol and calls share with the other replicas."""
@@ -105,11 +146,17 @@ class SharedAccess:
     """Seals the 2026-07-28 era's requestState, so an answer is opened by whichever replica it reaches."""
     files: SharedFiles
     """The files calls returned, readable through any replica."""
+    answers: Callable[[str, threading.Lock], SharedAnswers]
+    """Each session's or caller's answers to network.ask questions, by its key."""
 
     @classmethod
     def of(cls, database: Database) -> SharedAccess:
         return cls(
-            SharedRate(database), SharedQuestions(database), database.key("request-state"), SharedFiles(database)
+            SharedRate(database),
+            SharedQuestions(database),
+            database.key("request-state"),
+            SharedFiles(database),
+            functools.partial(SharedAnswers, database),
         )
 
 

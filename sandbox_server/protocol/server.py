@@ -25,7 +25,7 @@ from sandbox_server import __version__
 from sandbox_server.access.approval import Approval
 from sandbox_server.access.audit import AuditLog
 from sandbox_server.access.identity import Identity
-from sandbox_server.calls.hosts import Question
+from sandbox_server.calls.hosts import Grants, Question
 from sandbox_server.calls.pipeline import CallPipeline, TaskStart, UnknownTool
 from sandbox_server.calls.registry import ToolRegistry
 from sandbox_server.errors import Refusal
@@ -112,6 +112,8 @@ class SandboxServer:
         """2026-07-28 calls asking the person about a host, running beside their requests (served by `serve`)."""
         self.shared_files = self.resources.shared_files = shared.files if shared is not None else None
         self.calls.shared_rate = shared.rate if shared is not None else None
+        if shared is not None:
+            self.calls.grants = Grants(shared.answers)
         self._sessions: OrderedDict[str, ServerSession] = OrderedDict()
         """Handshake-era connections to tell of a tools/list change, by MCP session id (the latest request's)."""
         self._events = InMemorySubscriptionBus()  # 2026-07-28 clients hear of changes via subscriptions/listen

@@ -122,6 +122,16 @@ class Database:
         except (psycopg.OperationalError, psycopg_pool.PoolTimeout) as exc:
             raise StateUnavailable(self.where, exc) from exc
 
+    @contextlib.contextmanager
+    def dedicated(self) -> Iterator[psycopg.Connection[Any]]:
+        """A connection of its own, outside the pools, for something that waits long (a person's answer) holding
+        a session's advisory lock: closing it lets go of the lock, and the pools' connections never wait for it."""
+        try:
+            with psycopg.connect(self.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S) as connection:
+                yield connection
+        except psycopg.OperationalError as exc:
+            raise StateUnavailable(self.where, exc) from exc
+
     async def arun(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
         """One statement on the event loop; the rows it returns."""
         async with self.aconnection() as connection:
@@ -184,13 +194,15 @@ class Database:
 
     def forget_lost(self) -> int:
         """Forget the replicas that stopped saying they are alive (their running calls with them), the calls
-        older than a minute, and questions that lapsed."""
+        older than a minute, questions that lapsed, and hosts answered live (network.ask) not used for a day."""
         rows = self.run(
             "DELETE FROM replicas WHERE beat_at < now() - make_interval(secs => %s) RETURNING owner",
             (REPLICA_LOST_S * 3,),
         )
         self.run("DELETE FROM rate_calls WHERE at <= now() - interval '60 s'")
         self.run("DELETE FROM questions WHERE lapses_at <= now()")
+        self.run("DELETE FROM host_answers WHERE at < now() - interval '1 day'")
+        self.run("DELETE FROM host_questions WHERE at < now() - interval '1 day'")
         return len(rows)
 
     def key(self, name: str, size: int = 32) -> bytes:

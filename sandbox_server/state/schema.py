@@ -155,4 +155,20 @@ MIGRATIONS: tuple[str, ...] = (
         RETURN NEXT;
     END $$;
     """,
+    # 6: hosts a person approved or declined live (network.ask) per session or caller, and the questions each was
+    # asked, so that every replica decides alike (swept a day after their last use)
+    """
+    CREATE TABLE host_answers (
+        scope text NOT NULL,
+        target text NOT NULL,
+        allowed boolean NOT NULL,
+        at timestamptz NOT NULL DEFAULT now(),
+        PRIMARY KEY (scope, target)
+    );
+    CREATE TABLE host_questions (
+        scope text PRIMARY KEY,
+        asked integer NOT NULL,
+        at timestamptz NOT NULL DEFAULT now()
+    );
+    """,
 )

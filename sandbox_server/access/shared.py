@@ -103,8 +103,9 @@ class SharedAnswers:
     a host approved or declined through one replica is decided alike by every other, and the policy's number of
     questions counts those of every replica."""
 
-    def __init__(self, database: Database, key: str, turn: threading.Lock) -> None:
-        self.database, self.key, self.turn = database, key, turn
+    def __init__(self, database: Database, key: str) -> None:
+        self.database, self.key = database, key
+        self.turn = threading.Lock()
 
     def known(self, target: str) -> bool | None:
         rows = self.database.run(
@@ -146,7 +147,7 @@ class SharedAccess:
     """Seals the 2026-07-28 era's requestState, so an answer is opened by whichever replica it reaches."""
     files: SharedFiles
     """The files calls returned, readable through any replica."""
-    answers: Callable[[str, threading.Lock], SharedAnswers]
+    answers: Callable[[str], SharedAnswers]
     """Each session's or caller's answers to network.ask questions, by its key."""
 
     @classmethod

@@ -82,9 +82,9 @@ class LocalScope:
 
 class Grants:
     """The scopes of every session and caller this process has seen: their own answers (LocalScope), or the
-    shared state's seen through `shared` (replicas), each with this process's turn."""
+    shared state's made by `shared` (replicas)."""
 
-    def __init__(self, shared: Callable[[str, threading.Lock], AnswerScope] | None = None) -> None:
+    def __init__(self, shared: Callable[[str], AnswerScope] | None = None) -> None:
         self._scopes: OrderedDict[str, AnswerScope] = OrderedDict()
         self._lock = threading.Lock()
         self._shared = shared
@@ -93,9 +93,7 @@ class Grants:
         with self._lock:
             scope = self._scopes.get(key)
             if scope is None:
-                scope = self._scopes[key] = (
-                    LocalScope() if self._shared is None else self._shared(key, threading.Lock())
-                )
+                scope = self._scopes[key] = LocalScope() if self._shared is None else self._shared(key)
                 while len(self._scopes) > SCOPES_KEPT:
                     self._scopes.popitem(last=False)
             self._scopes.move_to_end(key)
@@ -129,22 +127,22 @@ class CallAsker:
 
     def decide(self, host: str, port: int) -> tuple[bool, str]:
         target = f"{host}:{port}"
-        scope, remember = self._scope, self.settings.remember
+        scope, remember, question = self._scope, self.settings.remember, self._question
         with scope.turn:  # one question at a time: a second host waits for the first answer
             known = scope.known(target)
-            if known is None and self._question is not None:
+            if known is None and question is not None:
                 with scope.asking():  # replicas: one question at a time across them too
                     known = scope.known(target)  # answered on another replica while this one waited
                     if known is None:
-                        return self._ask(scope, host, port)
+                        return self._ask(question, host, port)
             if known is not None:
                 self._note(host, port, "approved earlier" if known else "declined earlier")
                 return known, f"it was declined earlier in this {remember}"
             self._note(host, port, "not asked", self._unable)
             return False, self._unable
 
-    def _ask(self, scope: AnswerScope, host: str, port: int) -> tuple[bool, str]:
-        target, remember = f"{host}:{port}", self.settings.remember
+    def _ask(self, question: Question, host: str, port: int) -> tuple[bool, str]:
+        scope, target, remember = self._scope, f"{host}:{port}", self.settings.remember
         if not scope.take_question(self.settings.questions):
             why = f"the {self.settings.questions} questions of this {remember} are used (network.ask.questions)"
             self._note(host, port, "not asked", why)
@@ -153,8 +151,7 @@ class CallAsker:
             f"The program in the sandbox wants {target}, which policy '{self.policy_name}' does not allow "
             f"(network.allow). Allow it for this {remember}?"
         )
-        assert self._question is not None
-        action: str = anyio.from_thread.run(self._question, message, self.settings.wait_s, token=self._token)
+        action: str = anyio.from_thread.run(question, message, self.settings.wait_s, token=self._token)
         allowed = action == "accept"
         scope.keep(target, allowed)
         self._note(host, port, action)

@@ -52,6 +52,24 @@ async def wait_for_pool(pid: int, expected: int) -> None:
     api.close()
 
 
+async def settled_containers(pid: int, still_s: float = 1.5) -> int:
+    """Once the server's container count has not changed for `still_s` (its pools refilled, its used containers
+    removed; bounded at 60 s): that count."""
+    api = docker.APIClient()
+    last, since = -1, time.monotonic()
+    with anyio.move_on_after(60):
+        while True:
+            found = api.containers(filters={"label": SANDBOX_LABEL})
+            count = sum(f":{pid}:" in (item.get("Labels") or {}).get(OWNER_LABEL, "") for item in found)
+            if count != last:
+                last, since = count, time.monotonic()
+            elif time.monotonic() - since >= still_s:
+                break
+            await anyio.sleep(0.1)
+    api.close()
+    return last
+
+
 async def timed_calls(
     client: Client, tool: str, arguments: dict[str, Any], calls: int, gap_s: float
 ) -> tuple[list[float], int]:

@@ -3,7 +3,8 @@ same run (medians; these machines are noisy, so the ratios are what to compare):
 
 - a 2026-07-28 client over Streamable HTTP that never passes a `workspace` id, `true` spaced 0.4 s
   apart, against the same calls on a policy that keeps nothing (`workspace.persist: false`);
-- 40 calls back to back in one handshake session, against the same session's calls spaced 0.4 s;
+- 40 calls back to back in one handshake session, against the same session's calls spaced 0.4 s, and a
+  later burst of 40 on a server whose pool an earlier burst grew;
 - 4 parallel `sleep 1` calls in one session, each leaving a file, against 1 s;
 - `strict` (gVisor) `execute_command id` against `default`, and strict run_python `print(1)`.
 
@@ -24,7 +25,7 @@ import anyio
 from mcp import Client
 
 from bench.common import print_table, write_results
-from bench.measure import percentiles, server_process, timed_calls, wait_for_pool
+from bench.measure import percentiles, server_process, settled_containers, timed_calls, wait_for_pool
 from sandbox_server.cli.client import server_parameters
 from tests.mcp_harness import http_server_process
 
@@ -92,6 +93,18 @@ async def in_session(work: Path, calls: int) -> dict[str, Any]:
     return {"spaced 0.4 s (reference)": spaced_row, "40 back to back": back_row, "4 parallel sleep 1": parallel}
 
 
+async def later_burst(work: Path, calls: int) -> dict[str, Any]:
+    """Back to back again, once an earlier burst grew the pool and the pool refilled in the pause after it."""
+    async with Client(server_parameters(["--state-dir", str(work / "later")]), mode="legacy") as client:
+        pid = server_process().pid
+        await wait_for_pool(pid, 2)
+        await client.call_tool("execute_command", {"command": "true"})
+        await timed_calls(client, "execute_command", {"command": "true"}, calls, 0)  # grows the pool
+        held = await settled_containers(pid)
+        back, failures = await timed_calls(client, "execute_command", {"command": "true"}, calls, 0)
+    return {**percentiles(back), "failures": failures, "containers_before": held}
+
+
 async def back_to_back_nothing_kept(work: Path, calls: int) -> dict[str, Any]:
     """The same back-to-back calls on a policy that keeps nothing: what the engine's pace alone costs."""
     policy = work / "nothing-kept.yaml"
@@ -144,9 +157,11 @@ def main(argv: list[str]) -> int:
             report["idless"] = idless_rows(work, options.calls)
         if {"back-to-back", "parallel"} & set(options.rows):
             report["session"] = anyio.run(in_session, work, options.calls)
-            report["session"]["40 back to back, nothing kept"] = anyio.run(
-                back_to_back_nothing_kept, work, options.calls
-            )
+            session = report["session"]
+            session["40 back to back, nothing kept"] = anyio.run(back_to_back_nothing_kept, work, options.calls)
+            later = session["40 back to back, a later burst"] = anyio.run(later_burst, work, options.calls)
+            reference = session["spaced 0.4 s (reference)"]
+            later["p50_ratio"], later["p95_ratio"] = ratio(later, reference), ratio(later, reference, "p95")
         if "strict" in options.rows:
             report["strict"] = strict_rows(work, options.calls)
     table = []

@@ -130,6 +130,22 @@ def test_extends_merges_mappings_and_replaces_lists(tmp_path: Path) -> None:
     assert tool.limits.timeout_s == 5 and tool.limits.memory_mb == 128
 
 
+def test_a_pool_grows_past_the_concurrency_cap_and_a_files_defaults_pool_is_every_tools(tmp_path: Path) -> None:
+    default = load_policy("default", TOOLS, BOTH)
+    shell, python = default.for_tool("execute_command"), default.for_tool("run_python")
+    # Calls one after another use one container each: the shell pool may hold more than run at once.
+    assert (shell.pool_size, shell.pool_most) == (2, 40) and shell.pool_most > default.rate.concurrent_calls
+    assert (python.pool_size, python.pool_most) == (2, 8)
+    # A file's defaults.pool replaces the pools of the policy it extends, for every tool it does not name.
+    child = _write(tmp_path, "child.yaml", "extends: default\ndefaults:\n  pool: {min: 1, max: 4, idle_s: 2}\n")
+    policy = load_policy(str(child), TOOLS, BOTH)
+    assert {(t.pool_size, t.pool_most, t.pool_idle_s) for t in map(policy.for_tool, TOOLS)} == {(1, 4, 2)}
+    named = _write(tmp_path, "named.yaml", "extends: child.yaml\ntools:\n  execute_command:\n    pool: {max: 30}\n")
+    policy = load_policy(str(named), TOOLS, BOTH)
+    assert policy.for_tool("execute_command").pool_most == 30 and policy.for_tool("run_python").pool_most == 4
+    assert load_policy("strict", TOOLS, BOTH).for_tool("execute_command").pool_most == 2
+
+
 def test_an_extends_cycle_is_refused(tmp_path: Path) -> None:
     _write(tmp_path, "a.yaml", "extends: b.yaml\n")
     _write(tmp_path, "b.yaml", "extends: a.yaml\n")

@@ -208,19 +208,29 @@ def test_a_pool_makes_no_container_past_its_memory_budget_or_the_hosts_floor() -
     assert not pool._affordable(key)  # the host is short of memory: nothing more is made
 
 
-async def test_a_burst_grows_the_pool_and_idle_time_shrinks_it_back(tmp_path: Path, runtime: DockerRuntime) -> None:
+async def test_a_burst_grows_the_pool_past_the_concurrency_cap_and_idle_time_shrinks_it_back(
+    tmp_path: Path, runtime: DockerRuntime
+) -> None:
     policy = tmp_path / "demand.yaml"
-    policy.write_text(POOLED.replace("pool: {size: %(size)d, idle_s: %(idle)s}", "pool: {min: 1, max: 4, idle_s: 2}"))
-    with http_server_process("--policy", str(policy)) as server:
+    # One call at a time: calls one after another still use one container each, so the pool grows past it.
+    pooled = POOLED.replace("pool: {size: %(size)d, idle_s: %(idle)s}", "pool: {min: 1, max: 4, idle_s: 2}")
+    policy.write_text(pooled + "rate: {concurrent_calls: 1}\n")
+    audit = tmp_path / "audit.jsonl"
+    with http_server_process("--policy", str(policy), "--audit-log", str(audit)) as server:
         server.wait_for_line("warm pool ready: 1 container(s)")
         async with connect(server.url) as session:
             for _ in range(3):  # back to back: the first takes the one, the next find it empty
                 await session.call_tool("execute_command", {"command": "true"})
+        used = {cid[:12] for cid in _audited_containers(audit)}
+
+        def waiting() -> int:  # containers no call has used (a used one may linger until its removal)
+            return len({cid[:12] for cid in containers_of(server.process.pid)} - used)
+
         with anyio.fail_after(20):
-            while len(containers_of(server.process.pid)) < 4:
+            while waiting() < 4:
                 await anyio.sleep(0.05)
         with anyio.fail_after(30):  # each container that waits 2 s unused takes one back
-            while len(containers_of(server.process.pid)) > 1:
+            while waiting() > 1:
                 await anyio.sleep(0.1)
 
 

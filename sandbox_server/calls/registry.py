@@ -133,7 +133,7 @@ class ToolRegistry:
                 template = replace(template, network=network, mounts=template.mounts + trusted)
             if policy.workspace.persist and self.workspaces is not None:
                 template = self.workspaces.shape(template)  # calls in kept workspaces get such containers
-            most = tool_policy.pool_most(policy.rate.concurrent_calls)
+            most = tool_policy.pool_most
             targets.append(PoolTarget(template, tool_policy.pool_size, tool_policy.pool_idle_s, most))
             if policy.workspace.persist and tool_policy.pool_size > 0:  # one on each running services' network
                 for network in sorted(self._service_networks):

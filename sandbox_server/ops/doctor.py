@@ -148,7 +148,7 @@ class WarmPlan:
         for name in tool_names:
             tool = policy.for_tool(name)
             if tool.enabled and tool.preload:
-                most = tool.pool_most(policy.rate.concurrent_calls)
+                most = tool.pool_most
                 pools[tool.container_spec().container_key()] = (tool.pool_size, most)
         return cls(
             policy.for_tool("run_python").preload,

@@ -162,9 +162,22 @@ def resolved_document(path: Path, trail: tuple[Path, ...] = ()) -> tuple[dict[st
             parent, parent_errors = resolved_document(parent_path, (*trail, path))
             errors.extend(parent_errors)
             resolved = {key: value for key, value in parent.items() if key not in ("name", "description")}
+            if isinstance(document.get("defaults"), Mapping) and "pool" in document["defaults"]:
+                resolved = _without_tool_pools(resolved)
     merged = _merge(resolved, _pool_size_as_min({key: value for key, value in document.items() if key != "extends"}))
     merged.setdefault("name", path.stem)
     return merged, errors
+
+
+def _without_tool_pools(document: dict[str, Any]) -> dict[str, Any]:
+    """The policy a file extends, less its tools' own pools: a file's `defaults.pool` sets the pool of every tool
+    it does not name itself (`default` gives execute_command a deeper pool than its other tools)."""
+    tools = document.get("tools")
+    if not isinstance(tools, Mapping):
+        return document
+    kept = {name: {k: v for k, v in section.items() if k != "pool"} if isinstance(section, Mapping) else section
+            for name, section in tools.items()}  # fmt: skip
+    return {**document, "tools": kept}
 
 
 def _pool_size_as_min(document: dict[str, Any]) -> dict[str, Any]:

@@ -67,9 +67,13 @@ class ToolPolicy:
         """The host folders its sandboxes may write to."""
         return tuple(mount for mount in self.mounts if not mount.read_only)
 
-    def pool_most(self, concurrent_calls: int) -> int:
-        """The most containers its pool holds: pool_max, never past the policy's concurrency nor below pool_size."""
-        return max(self.pool_size, min(self.pool_max, concurrent_calls))
+    @property
+    def pool_most(self) -> int:
+        """The most containers its pool holds: pool_max, never below pool_size.
+
+        Not bounded by the policy's concurrency: each call uses up one container, so calls one after another
+        empty a pool as surely as calls side by side (the memory budget bounds it instead)."""
+        return max(self.pool_size, self.pool_max)
 
     def container_spec(self) -> SandboxSpec:
         """The container this tool's calls run in, before any call (warm containers are made from it)."""

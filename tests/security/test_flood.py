@@ -64,7 +64,7 @@ async def test_33_a_flood_of_calls_is_bounded_answered_busy_and_leaves_nothing(
     tools = [policy.for_tool(name) for name in TOOL_NAMES]
     # Each pool may have grown under the flood, to its ceiling.
     ceiling = {
-        tool.container_spec().container_key(): tool.pool_most(policy.rate.concurrent_calls)
+        tool.container_spec().container_key(): tool.pool_most
         for tool in tools
         if tool.enabled
     }

@@ -63,11 +63,7 @@ async def test_33_a_flood_of_calls_is_bounded_answered_busy_and_leaves_nothing(
     policy = load_policy("default", TOOL_NAMES)
     tools = [policy.for_tool(name) for name in TOOL_NAMES]
     # Each pool may have grown under the flood, to its ceiling.
-    ceiling = {
-        tool.container_spec().container_key(): tool.pool_most
-        for tool in tools
-        if tool.enabled
-    }
+    ceiling = {tool.container_spec().container_key(): tool.pool_most for tool in tools if tool.enabled}
     allowed = policy.rate.concurrent_calls + sum(ceiling.values())
     no_queue = tmp_path / "no-queue.yaml"  # the calls past the cap are refused at once (queued ones: test_guards)
     no_queue.write_text("extends: default\nname: default\nrate: {queue_wait_s: 0}\n")

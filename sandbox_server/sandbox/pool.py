@@ -15,7 +15,7 @@ call that finds it empty doubles what it keeps, a container that waited its whol
 time unused takes one back. It never holds more memory than its budget (the warm
 containers' resident memory, read from the host), and makes none while the host has
 less memory available than its floor. It makes containers in the pauses between calls
-(engine work beside back-to-back calls would slow each of them), unless it runs low.
+(engine work beside back-to-back calls would slow each of them), unless none is left waiting.
 """
 
 from __future__ import annotations

@@ -43,13 +43,15 @@ async def wait_for_pool(pid: int, expected: int) -> None:
     """Until the server has `expected` warm containers (bounded)."""
     api = docker.APIClient()
     with anyio.fail_after(60):
-        while True:
-            found = api.containers(filters={"label": SANDBOX_LABEL})
-            owners = [(item.get("Labels") or {}).get(OWNER_LABEL, "") for item in found]
-            if sum(f":{pid}:" in owner for owner in owners) >= expected:
-                break
+        while _containers_of(api, pid) < expected:
             await anyio.sleep(0.1)
     api.close()
+
+
+def _containers_of(api: docker.APIClient, pid: int) -> int:
+    """How many of our containers the server process `pid` has (its owner label), warm or used."""
+    found = api.containers(filters={"label": SANDBOX_LABEL})
+    return sum(f":{pid}:" in (item.get("Labels") or {}).get(OWNER_LABEL, "") for item in found)
 
 
 async def settled_containers(pid: int, still_s: float = 1.5) -> int:
@@ -59,8 +61,7 @@ async def settled_containers(pid: int, still_s: float = 1.5) -> int:
     last, since = -1, time.monotonic()
     with anyio.move_on_after(60):
         while True:
-            found = api.containers(filters={"label": SANDBOX_LABEL})
-            count = sum(f":{pid}:" in (item.get("Labels") or {}).get(OWNER_LABEL, "") for item in found)
+            count = _containers_of(api, pid)
             if count != last:
                 last, since = count, time.monotonic()
             elif time.monotonic() - since >= still_s:

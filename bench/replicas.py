@@ -34,6 +34,7 @@ from bench.measure import percentiles
 from sandbox_server.access.shared import SharedRate
 from sandbox_server.policy import RateLimits, WorkspaceSettings
 from sandbox_server.sandbox.spec import ExecutionResult, SandboxSpec
+from sandbox_server.state.calls import CURRENT
 from sandbox_server.state.database import Database
 from sandbox_server.workspaces.kept import KeptWorkspace
 from sandbox_server.workspaces.shared import SharedArchives, SharedBook
@@ -99,9 +100,9 @@ class Saving:
 
 async def database_part(url: str, folder: Path, rounds: int) -> dict[str, Any]:
     """What the database adds to a call continuing an archived workspace: the same call through the server's own
-    stores, in the same order and trips to worker threads as a call (the call counted and entered, the
-    workspace opened by its id, held, begun, saved and let go, the call let go), once with local files and once
-    with PostgreSQL, alternately; the median of the pairs' differences."""
+    stores, in the same order and trips to worker threads as a call (the call counted and entered with its
+    workspace read and locked, the workspace opened by its id, begun and saved, lock and call let go), once with
+    local files and once with PostgreSQL, alternately; the median of the pairs' differences."""
     database = Database(url, "bench-database-part")
     await anyio.to_thread.run_sync(database.open)
     settings = WorkspaceSettings(persist=True)
@@ -115,13 +116,17 @@ async def database_part(url: str, folder: Path, rounds: int) -> dict[str, Any]:
         started = time.perf_counter()
         entered = None
         if store is shared:
-            entered = await rate.admit("bench", limits, "bench")
-        kept = await anyio.to_thread.run_sync(KeptWorkspace.open, runtime, store, workspace, None, "bench")
-        assert kept is not None
-        result = await kept.run(spec)
-        assert kept.saved, result
-        if entered is not None:
-            await rate.leave(entered)
+            entered = await rate.admit("bench", limits, "bench", workspace)
+        current = CURRENT.set(entered)
+        try:
+            kept = await anyio.to_thread.run_sync(KeptWorkspace.open, runtime, store, workspace, None, "bench")
+            assert kept is not None
+            result = await kept.run(spec)
+            assert kept.saved, result
+        finally:
+            if entered is not None:
+                await rate.leave(entered)
+            CURRENT.reset(current)
         return time.perf_counter() - started, kept.record.id
 
     try:

@@ -1,6 +1,7 @@
 """The shared state's stores against a real PostgreSQL, two replicas' worth in one process: the host's cap over
-every replica's workspaces, a save that finds its workspace gone, and a call counted against both of its limits
-in one statement. The programs are a stand-in that hands back a workspace archive (the engine's part is proven
+every replica's workspaces, a save that finds its workspace gone, a call counted against both of its limits
+in one statement, and a call continuing a workspace that is counted, reads its record and takes its lock in that
+same statement and lets go of lock and count together. The programs are a stand-in that hands back a workspace archive (the engine's part is proven
 by test_replicas); everything the database does is real."""
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import tarfile
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -19,6 +21,7 @@ from sandbox_server.access.shared import SharedRate
 from sandbox_server.errors import Refusal
 from sandbox_server.policy import RateLimits, WorkspaceSettings
 from sandbox_server.sandbox.spec import ExecutionResult, SandboxSpec
+from sandbox_server.state.calls import CURRENT, workspace_lock
 from sandbox_server.state.database import Database
 from sandbox_server.workspaces.kept import KeptWorkspace
 from sandbox_server.workspaces.shared import SharedArchives, SharedBook
@@ -28,6 +31,7 @@ from tests.replicas import Postgres, postgres
 pytestmark = pytest.mark.anyio
 
 CAP = 64 * 1024
+LIMITS = RateLimits(calls_per_minute=1000, concurrent_calls=8)
 SPEC = SandboxSpec(image="unused", argv=("true",))
 
 
@@ -62,6 +66,7 @@ class Writes:
 
 class Replica:
     def __init__(self, url: str, owner: str, root: Path) -> None:
+        self.ended_with_its_run = False
         self.database = Database(url, owner)
         self.database.open()
         self.book = SharedBook(self.database)
@@ -75,6 +80,28 @@ class Replica:
         result = await kept.run(SPEC)
         assert kept.saved == (result.workspace_problem is None)
         return kept, result.workspace_problem or ""
+
+    async def admitted(
+        self, program: Writes, workspace: str, tenant: str | None = None
+    ) -> tuple[KeptWorkspace | None, str]:
+        """A call as the server makes it with replicas: admitted naming its workspace, then run in it, then let go;
+        its workspace (None when it was refused) and why it was not saved or was refused ("" when it was saved)."""
+        rate = SharedRate(self.database)
+        call = await rate.admit("client", LIMITS, "team", workspace)
+        current = CURRENT.set(call)
+        try:
+            kept = await anyio.to_thread.run_sync(
+                KeptWorkspace.open, program, self.store, workspace, None, "client", tenant
+            )
+            assert kept is not None
+            result = await kept.run(SPEC)
+            self.ended_with_its_run = call.ended
+            return kept, result.workspace_problem or ""
+        except Refusal as refused:
+            return None, str(refused)
+        finally:
+            await rate.leave(call)
+            CURRENT.reset(current)
 
     def generation(self, workspace: str) -> int:
         return int(self.database.run("SELECT generation FROM workspaces WHERE id = %s", (workspace,))[0][0])
@@ -152,3 +179,125 @@ async def test_a_call_is_counted_and_entered_in_one_statement_and_each_limit_nam
     assert limited.value.field == "rate.calls_per_minute" and "counted across every replica" in str(limited.value)
     # A call refused for its calls per minute is not entered as running.
     assert not one.database.run("SELECT 1 FROM running_calls WHERE key = 'minute-key'")
+
+
+def held_elsewhere(database: Postgres, workspace: str) -> bool:
+    """Whether some connection holds the workspace's lock (asked from a connection of the test's own)."""
+    key = workspace_lock(workspace)
+    taken = database.query(f"SELECT pg_try_advisory_lock({key})")[0][0]
+    if taken:
+        database.query(f"SELECT pg_advisory_unlock({key})")  # the test's own connection closes with it anyway
+    return not taken
+
+
+def waits_for_a_lock(database: Postgres) -> bool:
+    """Whether a connection waits for an advisory lock (a call past its replica's turn in the workspace)."""
+    return bool(database.query("SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"))
+
+
+def running(database: Postgres) -> int:
+    return int(database.query("SELECT count(*) FROM running_calls")[0][0])
+
+
+async def test_a_call_continuing_a_workspace_is_admitted_read_and_locked_in_one_statement_and_let_go_in_one(
+    database: Postgres, replicas: tuple[Replica, Replica]
+) -> None:
+    one, _ = replicas
+    first, problem = await one.call(Writes(1024), None)
+    workspace = first.record.id
+    seen: dict[str, object] = {}
+
+    class Watched(Writes):
+        async def run(self, spec: SandboxSpec, on_progress: object = None) -> ExecutionResult:
+            call = CURRENT.get()
+            assert call is not None and call.connection is not None  # the admission's statement took the lock
+            seen["held"] = await anyio.to_thread.run_sync(held_elsewhere, database, workspace)
+            seen["running"] = await anyio.to_thread.run_sync(running, database)
+            return await super().run(spec, on_progress)
+
+    asked: list[str] = []
+    run = one.database.run
+
+    def noted(sql: str, params: Any = ()) -> list[tuple[Any, ...]]:
+        asked.append(sql)
+        return run(sql, params)
+
+    one.database.run = noted  # type: ignore[method-assign]
+    try:
+        kept, problem = await one.admitted(Watched(2048), workspace)
+    finally:
+        del one.database.run
+    assert kept is not None and kept.saved, problem
+    assert seen == {"held": True, "running": 1}, seen
+    assert one.ended_with_its_run  # lock and count let go of together, once its workspace was saved
+    assert one.generation(workspace) == 2
+    # The store took the record and generation the admission read: it asked the database for neither again.
+    assert not [sql for sql in asked if "FROM workspaces" in sql], asked
+    assert not held_elsewhere(database, workspace) and running(database) == 0
+
+
+async def test_a_call_refused_its_workspace_after_its_admission_lets_go_of_the_lock_it_took(
+    database: Postgres, replicas: tuple[Replica, Replica]
+) -> None:
+    one, two = replicas
+    theirs, _ = await one.call(Writes(1024), None)  # made for no caller: another caller may not name it
+    refused, said = await two.admitted(Writes(1024), theirs.record.id, tenant="mallory")
+    assert refused is None and f"unknown workspace {theirs.record.id!r}" in said, said
+    assert not held_elsewhere(database, theirs.record.id) and running(database) == 0
+    with anyio.fail_after(10):  # its owner's next call finds it free at once
+        again, problem = await one.admitted(Writes(1024), theirs.record.id)
+    assert again is not None and again.saved, problem
+
+
+async def test_a_call_that_locked_its_workspace_at_admission_never_waits_behind_one_of_its_own_replica(
+    database: Postgres, replicas: tuple[Replica, Replica]
+) -> None:
+    """Call B took the workspace's lock with its admission; call A of the same replica, admitted after it and so
+    without the lock, reached the workspace first and waits for the lock there. B must not then wait for A on the
+    replica's own turn in the workspace: each would wait for the other until their time ran out."""
+    one, _ = replicas
+    first, _ = await one.call(Writes(1024), None)
+    workspace = first.record.id
+    rate = SharedRate(one.database)
+    b_call = await rate.admit("client", LIMITS, "team", workspace)
+    assert b_call.connection is not None
+    a_waits = anyio.Event()
+
+    class Noted(Writes):
+        def __init__(self, size: int, name: str) -> None:
+            super().__init__(size)
+            self.name = name
+
+        async def run(self, spec: SandboxSpec, on_progress: object = None) -> ExecutionResult:
+            order.append(self.name)
+            return await super().run(spec, on_progress)
+
+    order: list[str] = []
+
+    async def call_a() -> None:
+        kept, problem = await one.admitted(Noted(1024, "A"), workspace)
+        assert kept is not None and kept.saved, problem
+
+    async def call_b() -> None:
+        await a_waits.wait()
+        current = CURRENT.set(b_call)
+        try:
+            kept = await anyio.to_thread.run_sync(
+                KeptWorkspace.open, Noted(2048, "B"), one.store, workspace, None, "client"
+            )
+            assert kept is not None
+            await kept.run(SPEC)
+            assert kept.saved
+        finally:
+            await rate.leave(b_call)
+            CURRENT.reset(current)
+
+    with anyio.fail_after(15):
+        async with anyio.create_task_group() as group:
+            group.start_soon(call_a)
+            while not await anyio.to_thread.run_sync(waits_for_a_lock, database):  # A took the replica's turn
+                await anyio.sleep(0.01)
+            a_waits.set()
+            group.start_soon(call_b)
+    assert order == ["B", "A"] and one.generation(workspace) == 3
+    assert not held_elsewhere(database, workspace) and running(database) == 0

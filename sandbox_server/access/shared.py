@@ -16,9 +16,12 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+import anyio
+
 from sandbox_server.access.tokens import Caller, TokensFile, caller_of, new_caller
 from sandbox_server.errors import ConfigError, Refusal
 from sandbox_server.policy import RateLimits
+from sandbox_server.state.calls import SharedCall, workspace_lock
 from sandbox_server.state.database import REPLICA_LOST_S, Database, StateUnavailable, lock_key
 from sandbox_server.state.files import SharedFiles
 
@@ -32,17 +35,27 @@ class SharedRate:
     def __init__(self, database: Database) -> None:
         self.database = database
 
-    async def admit(self, key: str, rate: RateLimits, policy_name: str) -> str:
-        """Count one call against the key's calls of the last minute and as running on this replica (its id, for
-        `leave`), once its turn comes here; a Refusal when the key may make no more calls this minute, or runs as
-        many as its policy allows on the live replicas together. One statement: the schema's sandbox_admit_call
-        (its rows older than a minute are swept at each heartbeat)."""
-        call_id = str(uuid.uuid4())
-        rows = await self.database.arun(
-            "SELECT * FROM sandbox_admit_call(%s, %s, %s, %s, %s, %s)",
-            (call_id, key, self.database.owner, rate.calls_per_minute, rate.concurrent_calls, REPLICA_LOST_S),
-        )
-        refused, amount, left_s = rows[0] if rows else (None, 0, None)
+    async def admit(self, key: str, rate: RateLimits, policy_name: str, workspace: str | None = None) -> SharedCall:
+        """Count one call against the key's calls of the last minute and as running on this replica, once its turn
+        comes here; a Refusal when the key may make no more calls this minute, or runs as many as its policy allows
+        on the live replicas together. One statement: the schema's sandbox_admit_call (its rows older than a
+        minute are swept at each heartbeat), which for a call naming a `workspace` also reads its record and
+        generation and takes its lock, on a connection the call then keeps until `leave` (state.calls)."""
+        call = SharedCall(str(uuid.uuid4()), self.database, workspace)
+        params = (call.id, key, self.database.owner, rate.calls_per_minute, rate.concurrent_calls, REPLICA_LOST_S)
+        with anyio.CancelScope(shield=True):  # a lock taken is kept by the call, which lets go of it
+            async with contextlib.AsyncExitStack() as stack:
+                connection = await stack.enter_async_context(self.database.aconnection())
+                if workspace is None:
+                    cursor = await connection.execute(_ADMIT, params)
+                else:
+                    cursor = await connection.execute(_ADMIT_IN, (workspace_lock(workspace), *params, workspace))
+                row = await cursor.fetchone()
+                refused, amount, left_s = row[:3] if row is not None else (None, 0, None)
+                if row is not None and workspace is not None:
+                    call.record, call.generation = row[3], int(row[4] or 0)
+                    if row[5]:
+                        call.keep(connection, stack.pop_all())
         if refused == "rate.calls_per_minute":
             retry = max(1, math.ceil(float(left_s or 1)))
             raise Refusal(
@@ -60,11 +73,22 @@ class SharedRate:
                 kind="busy",
                 retry_after_s=1,
             )
-        return call_id
+        return call
 
-    async def leave(self, call_id: str) -> None:
-        """The call ended (a replica that dies stops counting when its heartbeat stops)."""
-        await self.database.arun("SELECT sandbox_leave_call(%s)", (call_id,))
+    async def leave(self, call: SharedCall) -> None:
+        """The call ended (a replica that dies stops counting when its heartbeat stops): let go of it and of the
+        workspace lock it may still hold, in one statement."""
+        await call.end()
+
+
+_ADMIT = "SELECT * FROM sandbox_admit_call(%s, %s, %s, %s, %s, %s)"
+_ADMIT_IN = (
+    "SELECT a.refused, a.amount, a.left_s, w.record, w.generation, "
+    "CASE WHEN a.refused IS NULL AND w.id IS NOT NULL THEN pg_try_advisory_lock(%s) END "
+    "FROM sandbox_admit_call(%s, %s, %s, %s, %s, %s) a LEFT JOIN workspaces w ON w.id = %s"
+)
+"""The same for a call naming a workspace: also its record and generation, and its lock when nobody holds it
+(taken only for an admitted call; a call that finds it held waits for it as any other, later)."""
 
 
 class SharedQuestions:

@@ -36,9 +36,11 @@ from sandbox_server.sandbox.runtime import ADDRESS_WATCH, ProgressCallback, Sand
 from sandbox_server.sandbox.spec import ResourceLimits
 from sandbox_server.services.manager import Services
 from sandbox_server.services.scope import ServiceScope
+from sandbox_server.state.calls import CURRENT, SharedCall
 from sandbox_server.tools import Tool, ToolContext, ToolOutcome
 from sandbox_server.workspaces.changes import changes_line
 from sandbox_server.workspaces.kept import KeptWorkspace
+from sandbox_server.workspaces.naming import ID_PATTERN
 
 if TYPE_CHECKING:  # the PostgreSQL driver is imported only by a server given --state, Prometheus' by one metering
     from sandbox_server.access.shared import SharedRate
@@ -209,10 +211,14 @@ class CallPipeline:
             with self.tracing.span("admission"):
                 ticket = await self.admission.enter(identity.limits_key, policy.rate, policy.name, deadline, waiting)
         shared_call = None
+        current = CURRENT.set(None)
         try:
             if self.shared_rate is not None and ticket is not None:
+                named = arguments.get("workspace") if policy.workspace.persist else None
+                named = named if isinstance(named, str) and ID_PATTERN.fullmatch(named) else None
                 with self.tracing.span("admission (replicas)"):
-                    shared_call = await self.shared_rate.admit(identity.limits_key, policy.rate, policy.name)
+                    shared_call = await self.shared_rate.admit(identity.limits_key, policy.rate, policy.name, named)
+                CURRENT.set(shared_call)
             with self.tracing.span("workspace"):
                 runtime, kept = await self._workspace_runtime(arguments, policy, identity, session)
         except BaseException:
@@ -220,6 +226,7 @@ class CallPipeline:
                 ticket.release()
             if shared_call is not None:
                 await self._leave_shared(shared_call)
+            CURRENT.reset(current)
             raise
         try:
             proxy = await self._proxy(tool_policy, policy.name)
@@ -267,13 +274,14 @@ class CallPipeline:
                 ticket.release()
             if shared_call is not None:
                 await self._leave_shared(shared_call)
+            CURRENT.reset(current)
 
-    async def _leave_shared(self, call_id: str) -> None:
+    async def _leave_shared(self, call: SharedCall) -> None:
         rate = self.shared_rate
         with anyio.CancelScope(shield=True):
             try:
                 if rate is not None:
-                    await rate.leave(call_id)
+                    await rate.leave(call)
             except Refusal as exc:  # the database is down: the row goes with this replica's heartbeat
                 logging.getLogger("sandbox_server").warning("%s", exc)
 

@@ -70,6 +70,10 @@ class RecordBook(Protocol):
         """Hold the workspace against every other process for one call; yields False when it could not within
         `wait_s`."""
 
+    def prelocked(self, workspace_id: str) -> bool:
+        """Whether the call being served already holds the workspace against every other call, this process's
+        included (it then waits for none of them)."""
+
 
 class FileBook:
     """Records as `<id>.json` files in one folder, each written whole and replaced."""
@@ -110,6 +114,9 @@ class FileBook:
     @contextlib.asynccontextmanager
     async def hold(self, workspace_id: str, wait_s: float) -> AsyncIterator[bool]:
         yield True  # one process: its own lock is enough
+
+    def prelocked(self, workspace_id: str) -> bool:
+        return False
 
 
 _DISK_NAMES = {"session": "owner", "tenant": "caller"}

@@ -28,7 +28,8 @@ import psycopg
 
 from sandbox_server.errors import Refusal
 from sandbox_server.sandbox.spec import SandboxSpec
-from sandbox_server.state.database import Database, StateUnavailable, lock_key
+from sandbox_server.state.calls import CURRENT, workspace_lock
+from sandbox_server.state.database import Database, StateUnavailable
 from sandbox_server.workspaces.contents import ArchivedContents
 from sandbox_server.workspaces.records import WorkspaceRecord, from_fields, over_cap, to_fields
 
@@ -57,6 +58,11 @@ class SharedBook:
         return {record.id: record for record in records}
 
     def get(self, workspace_id: str) -> WorkspaceRecord | None:
+        call = CURRENT.get()
+        if call is not None:  # the record the call's first statement read with its admission
+            known, fields = call.take_record(workspace_id)
+            if known:
+                return from_fields(fields) if fields is not None else None
         rows = self.database.run("SELECT record FROM workspaces WHERE id = %s", (workspace_id,))
         return from_fields(rows[0][0]) if rows else None
 
@@ -76,11 +82,27 @@ class SharedBook:
     def delete(self, workspace_id: str) -> None:
         self.database.run("DELETE FROM workspaces WHERE id = %s", (workspace_id,))
 
+    def prelocked(self, workspace_id: str) -> bool:
+        """Whether the call in this context took the workspace's lock with its admission (state.calls)."""
+        call = CURRENT.get()
+        return call is not None and call.locked(workspace_id)
+
     @contextlib.asynccontextmanager
     async def hold(self, workspace_id: str, wait_s: float) -> AsyncIterator[bool]:
-        """An advisory lock on a connection of its own, held while the call runs: taken, with the workspace's
-        generation, in one statement on the event loop, and let go of in another."""
-        key = lock_key(f"workspace:{workspace_id}")
+        """An advisory lock on a connection of its own, held while the call runs: taken with the call's admission
+        when nobody held it then (and let go of with the call's count, in one statement), else taken here, with
+        the workspace's generation, in one statement on the event loop, and let go of in another."""
+        call = CURRENT.get()
+        generation = call.take_lock(workspace_id) if call is not None else None
+        if call is not None and generation is not None:
+            self.held[workspace_id] = generation
+            try:
+                yield True
+            finally:
+                self.held.pop(workspace_id, None)
+                await call.end()
+            return
+        key = workspace_lock(workspace_id)
         stack = contextlib.AsyncExitStack()
         try:
             with anyio.CancelScope(shield=True):  # a lock taken is always let go of

@@ -221,6 +221,10 @@ class WorkspaceStore:
             if self.contents.side_by_side and not alone:
                 yield 0.0
                 return
+            if self.book.prelocked(record.id):  # held against every call already, this process's included
+                async with self.book.hold(record.id, wait_s):
+                    yield 0.0
+                return
             busy = self._busy.setdefault(record.id, anyio.Lock())
             started = time.monotonic()
             acquired = False

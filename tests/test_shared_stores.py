@@ -65,13 +65,13 @@ class Writes:
 
 
 class Replica:
-    def __init__(self, url: str, owner: str, root: Path) -> None:
+    def __init__(self, url: str, owner: str, root: Path, cap: int = CAP) -> None:
         self.ended_with_its_run = False
         self.database = Database(url, owner)
         self.database.open()
         self.book = SharedBook(self.database)
         contents = functools.partial(SharedArchives, book=self.book)
-        self.store = WorkspaceStore(root, WorkspaceSettings(persist=True), CAP, contents, self.book)
+        self.store = WorkspaceStore(root, WorkspaceSettings(persist=True), cap, contents, self.book)
 
     async def call(self, program: Writes, workspace: str | None) -> tuple[KeptWorkspace, str]:
         """The call's workspace, and why it was not saved ("" when it was)."""
@@ -82,7 +82,7 @@ class Replica:
         return kept, result.workspace_problem or ""
 
     async def admitted(
-        self, program: Writes, workspace: str, tenant: str | None = None
+        self, program: Writes, workspace: str | None, tenant: str | None = None
     ) -> tuple[KeptWorkspace | None, str]:
         """A call as the server makes it with replicas: admitted naming its workspace, then run in it, then let go;
         its workspace (None when it was refused) and why it was not saved or was refused ("" when it was saved)."""
@@ -301,3 +301,50 @@ async def test_a_call_that_locked_its_workspace_at_admission_never_waits_behind_
             group.start_soon(call_b)
     assert order == ["B", "A"] and one.generation(workspace) == 3
     assert not held_elsewhere(database, workspace) and running(database) == 0
+
+
+def archived_sizes(program: Writes) -> dict[str, int]:
+    assert program.found is not None
+    with tarfile.open(fileobj=io.BytesIO(program.found)) as kept:
+        return {member.name: member.size for member in kept}
+
+
+async def test_a_save_refused_in_the_trip_that_lets_go_leaves_the_workspace_as_it_was_on_every_replica(
+    database: Postgres, replicas: tuple[Replica, Replica]
+) -> None:
+    """The save of a call that locked its workspace at admission goes with its letting go, so its replica's copy
+    of the archive is written before the database answers: a refused save must not leave that copy in use."""
+    one, two = replicas
+    first, problem = await one.admitted(Writes(4 * 1024), None)
+    assert first is not None and first.saved, problem
+    workspace = first.record.id
+    grown, said = await one.admitted(Writes(70 * 1024), workspace)  # past the host's cap of 64 KiB
+    assert grown is not None and not grown.saved and "above the host's cap of 65536" in said, said
+    assert one.ended_with_its_run and not held_elsewhere(database, workspace) and running(database) == 0
+    assert one.generation(workspace) == 1
+    for replica in (one, two):  # each finds the archive of the save that was kept
+        program = Writes(1024)
+        again, problem = await replica.admitted(program, workspace)
+        assert again is not None and again.saved, problem
+        assert archived_sizes(program) == {"workspace/data": 4 * 1024 if replica is one else 1024}
+
+
+async def test_a_workspace_too_large_to_save_in_one_statement_is_saved_then_let_go(
+    database: Postgres, tmp_path: Path
+) -> None:
+    big = Replica(database.url, "big", tmp_path / "big", cap=16 * 1024 * 1024)
+    try:
+        first, problem = await big.admitted(Writes(1024), None)
+        assert first is not None and first.saved, problem
+        large, problem = await big.admitted(Writes(3 * 1024 * 1024), first.record.id)
+        assert large is not None and large.saved and big.ended_with_its_run, problem
+        chunks = database.query(f"SELECT count(*) FROM workspace_chunks WHERE workspace_id = '{first.record.id}'")
+        assert chunks[0][0] > 1 and big.generation(first.record.id) == 2  # saved in several statements
+        assert not held_elsewhere(database, first.record.id) and running(database) == 0
+        program = Writes(1024)
+        again, problem = await big.admitted(program, first.record.id)
+        assert again is not None and again.saved and archived_sizes(program) == {"workspace/data": 3 * 1024 * 1024}
+    finally:
+        database.query("DELETE FROM workspaces")
+        await big.database.aclose()
+        await anyio.to_thread.run_sync(big.database.close)

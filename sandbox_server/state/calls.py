@@ -5,8 +5,9 @@ caller's limits, its workspace's record, the workspace's lock, and the generatio
 the lock let go of and the call no longer counted. Each trip costs this machine's two cores more than the
 statement (0.6 to 1.5 ms with the database's process woken from idle, against 0.2 ms back to back), so they are
 made as two: the call is counted, its workspace read and locked in one statement, on a connection it keeps while
-it holds the lock, and the lock is let go of with the call's count in another, once its workspace is saved. The
-stores take what that first statement read (`take_record`, `take_lock`) instead of asking again, in the call's
+it holds the lock; and its workspace's save, the lock let go of and the call's count in another, sent together on
+that connection (a workspace too large to save in one statement lets go in a trip of its own once saved). The
+stores take what the first statement read (`take_record`, `take_lock`) instead of asking again, in the call's
 own context (`CURRENT`, which worker threads inherit).
 """
 
@@ -21,7 +22,7 @@ import anyio
 import psycopg
 
 from sandbox_server.errors import Refusal
-from sandbox_server.state.database import Database, lock_key
+from sandbox_server.state.database import Database, StateUnavailable, lock_key
 
 __all__ = ["CURRENT", "SharedCall", "workspace_lock"]
 
@@ -68,9 +69,34 @@ class SharedCall:
         self._lock_taken = True
         return self.generation
 
+    def holds(self, workspace_id: str) -> bool:
+        """Whether the store holds the workspace for this call by the lock its admission took (so that `save_and_end`
+        may let go of it)."""
+        return self.workspace_id == workspace_id and self.connection is not None and self._lock_taken
+
     def locked(self, workspace_id: str) -> bool:
         """Whether this call holds the workspace's lock from its first statement, not yet taken by its store."""
         return self.workspace_id == workspace_id and self.connection is not None and not self._lock_taken
+
+    async def save_and_end(self, sql: str, params: tuple[Any, ...]) -> tuple[Any, ...] | None:
+        """A statement saving the workspace this call holds, and the one `end` makes, sent together as one trip
+        (a pipeline: the save commits before the lock is let go of); the save's row. StateUnavailable when the
+        database does not answer (the lock then went with the connection; `end` still lets go of the count)."""
+        connection, workspace_id = self.connection, self.workspace_id
+        assert connection is not None and workspace_id is not None
+        with anyio.CancelScope(shield=True):
+            try:
+                async with connection.pipeline() as pipeline:
+                    saving = await connection.execute(sql, params)
+                    await connection.execute(_END, (workspace_lock(workspace_id), self.id))
+                    await pipeline.sync()
+                    row = await saving.fetchone()
+            except psycopg.Error as exc:
+                raise StateUnavailable(self.database.where, exc) from exc
+            self.ended, self.connection = True, None
+            with contextlib.suppress(Refusal):
+                await self._release.aclose()
+        return row
 
     async def end(self) -> None:
         """Let go of what the call still holds, in one statement: the workspace's lock (its files were saved before)
@@ -81,8 +107,7 @@ class SharedCall:
         with anyio.CancelScope(shield=True):
             try:
                 if self.connection is not None and self.workspace_id is not None:
-                    sql = "SELECT pg_advisory_unlock(%s), sandbox_leave_call(%s)"
-                    await self.connection.execute(sql, (workspace_lock(self.workspace_id), self.id))
+                    await self.connection.execute(_END, (workspace_lock(self.workspace_id), self.id))
                 else:
                     await self.database.arun("SELECT sandbox_leave_call(%s)", (self.id,))
             except psycopg.Error:  # the connection broke, and the database let go of its lock with it
@@ -93,6 +118,8 @@ class SharedCall:
                 with contextlib.suppress(Refusal):
                     await self._release.aclose()
 
+
+_END = "SELECT pg_advisory_unlock(%s), sandbox_leave_call(%s)"
 
 CURRENT: contextvars.ContextVar[SharedCall | None] = contextvars.ContextVar("shared_call", default=None)
 """The call being served in this context, when replicas share their state."""

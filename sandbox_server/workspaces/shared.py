@@ -23,12 +23,13 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
+import anyio.from_thread
 import anyio.to_thread
 import psycopg
 
 from sandbox_server.errors import Refusal
 from sandbox_server.sandbox.spec import SandboxSpec
-from sandbox_server.state.calls import CURRENT, workspace_lock
+from sandbox_server.state.calls import CURRENT, SharedCall, workspace_lock
 from sandbox_server.state.database import Database, StateUnavailable
 from sandbox_server.workspaces.contents import ArchivedContents
 from sandbox_server.workspaces.records import WorkspaceRecord, from_fields, over_cap, to_fields
@@ -200,19 +201,18 @@ class SharedArchives(ArchivedContents):
         room for it, its new generation and its archive (a larger archive's other chunks follow in the same
         transaction)."""
         record, cap = self.book.sizing.pop(workspace_id, (None, None))
+        call = CURRENT.get()
+        if call is not None and call.holds(workspace_id) and saved.stat().st_size <= CHUNK_BYTES:
+            return self._keep_and_end(call, workspace_id, saved, record, cap)
         try:
             with self.database.connection() as connection, open(saved, "rb") as archive:
                 whole = os.fstat(archive.fileno()).st_size <= CHUNK_BYTES
                 with contextlib.nullcontext() if whole else connection.transaction():
                     first = archive.read(CHUNK_BYTES)
-                    row = connection.execute(
-                        "SELECT * FROM sandbox_save_workspace(%s, %s, %s, %s)", (workspace_id, first, record, cap)
-                    ).fetchone()
-                    generation, taken = row if row is not None else (None, None)
-                    if generation is None and taken is not None and cap is not None:
-                        return over_cap(taken, cap)
+                    row = connection.execute(_SAVE, (workspace_id, first, record, cap)).fetchone()
+                    generation, problem = _saved(row, cap)
                     if generation is None:
-                        return "the workspace was removed while the call ran; nothing was saved"
+                        return problem
                     if not whole:
                         _add_chunks(connection, archive, workspace_id, generation)
         except StateUnavailable as exc:
@@ -224,10 +224,46 @@ class SharedArchives(ArchivedContents):
                 self.held[workspace_id] = generation
         return None
 
+    def _keep_and_end(
+        self, call: SharedCall, workspace_id: str, saved: Path, record: str | None, cap: int | None
+    ) -> str | None:
+        """A small workspace saved by the call that holds it since its admission, in the same trip as the call lets
+        go of it (state.calls). The lock is let go of as soon as the save commits, so this replica's copy is made
+        first, and marked unsure until then: whoever finds it so reads the database's."""
+        first = saved.read_bytes()
+        with self._lock:
+            os.replace(saved, self._archive(workspace_id))
+            self._have.pop(workspace_id, None)
+        try:
+            row = anyio.from_thread.run(call.save_and_end, _SAVE, (workspace_id, first, record, cap))
+        except StateUnavailable as exc:
+            return f"the workspace was not saved ({exc}); it is as the previous call left it"
+        generation, problem = _saved(row, cap)
+        if generation is None:
+            return problem
+        with self._lock:
+            self._have[workspace_id] = generation
+            if workspace_id in self.held:
+                self.held[workspace_id] = generation
+        return None
+
     def remove(self, workspace_id: str, later: bool = False) -> None:
         with self._lock:
             self._have.pop(workspace_id, None)
             super().remove(workspace_id, later)
+
+
+_SAVE = "SELECT * FROM sandbox_save_workspace(%s, %s, %s, %s)"
+
+
+def _saved(row: tuple[Any, ...] | None, cap: int | None) -> tuple[int | None, str | None]:
+    """The generation a save made; else why it made none."""
+    generation, taken = row if row is not None else (None, None)
+    if generation is not None:
+        return int(generation), None
+    if taken is not None and cap is not None:
+        return None, over_cap(taken, cap)
+    return None, "the workspace was removed while the call ran; nothing was saved"
 
 
 def _add_chunks(connection: psycopg.Connection[Any], archive: BinaryIO, workspace_id: str, generation: int) -> None:

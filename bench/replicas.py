@@ -177,7 +177,7 @@ def replica(folder: Path, state_url: str | None, *args: str) -> Iterator[Replica
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench replicas", description=__doc__)
-    parser.add_argument("--rounds", type=int, default=40, help="calls continuing one workspace (default 40)")
+    parser.add_argument("--rounds", type=int, default=100, help="calls continuing one workspace (default 100)")
     parser.add_argument("--gap-s", type=float, default=0.2, help="pause between those calls (default 0.2 s)")
     parser.add_argument("--callers", type=int, default=8, help="clients at once for throughput (default 8)")
     parser.add_argument("--calls", type=int, default=10, help="calls each of them makes (default 10)")

@@ -81,7 +81,8 @@ class SharedCall:
     async def save_and_end(self, sql: str, params: tuple[Any, ...]) -> tuple[Any, ...] | None:
         """A statement saving the workspace this call holds, and the one `end` makes, sent together as one trip
         (a pipeline: the save commits before the lock is let go of); the save's row. StateUnavailable when the
-        database does not answer (the lock then went with the connection; `end` still lets go of the count)."""
+        database does not answer or the pipeline failed: nothing of it is taken as done, and `end` lets go of
+        what is left."""
         connection, workspace_id = self.connection, self.workspace_id
         assert connection is not None and workspace_id is not None
         with anyio.CancelScope(shield=True):

@@ -36,7 +36,7 @@ from sandbox_server.sandbox.runtime import ADDRESS_WATCH, ProgressCallback, Sand
 from sandbox_server.sandbox.spec import ResourceLimits
 from sandbox_server.services.manager import Services
 from sandbox_server.services.scope import ServiceScope
-from sandbox_server.state.calls import CURRENT, SharedCall
+from sandbox_server.state.calls import CURRENT
 from sandbox_server.tools import Tool, ToolContext, ToolOutcome
 from sandbox_server.workspaces.changes import changes_line
 from sandbox_server.workspaces.kept import KeptWorkspace
@@ -45,6 +45,7 @@ from sandbox_server.workspaces.naming import ID_PATTERN
 if TYPE_CHECKING:  # the PostgreSQL driver is imported only by a server given --state, Prometheus' by one metering
     from sandbox_server.access.shared import SharedRate
     from sandbox_server.calls.meters import Meters
+    from sandbox_server.state.calls import SharedCall
 
 __all__ = ["Ask", "CallEnd", "CallPipeline", "TaskStart", "UnknownTool"]
 

@@ -16,19 +16,24 @@ from __future__ import annotations
 import contextlib
 import contextvars
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
-import psycopg
 
 from sandbox_server.errors import Refusal
-from sandbox_server.state.database import Database, StateUnavailable, lock_key
+
+if TYPE_CHECKING:  # the driver is imported by a server given --state alone; this module by every call's path
+    import psycopg
+
+    from sandbox_server.state.database import Database
 
 __all__ = ["CURRENT", "SharedCall", "workspace_lock"]
 
 
 def workspace_lock(workspace_id: str) -> int:
     """The advisory lock key that holds a workspace for one call, on every replica."""
+    from sandbox_server.state.database import lock_key
+
     return lock_key(f"workspace:{workspace_id}")
 
 
@@ -83,6 +88,10 @@ class SharedCall:
         (a pipeline: the save commits before the lock is let go of); the save's row. StateUnavailable when the
         database does not answer or the pipeline failed: nothing of it is taken as done, and `end` lets go of
         what is left."""
+        import psycopg
+
+        from sandbox_server.state.database import StateUnavailable
+
         connection, workspace_id = self.connection, self.workspace_id
         assert connection is not None and workspace_id is not None
         with anyio.CancelScope(shield=True):
@@ -102,6 +111,8 @@ class SharedCall:
     async def end(self) -> None:
         """Let go of what the call still holds, in one statement: the workspace's lock (its files were saved before)
         and its count as running. Safe to call again."""
+        import psycopg
+
         if self.ended:
             return
         self.ended = True

@@ -69,7 +69,7 @@ class SharedCall:
 
     def take_lock(self, workspace_id: str) -> int | None:
         """The workspace's generation when this call's first statement locked it (once); None when it did not."""
-        if self.workspace_id != workspace_id or self.connection is None or self._lock_taken:
+        if not self.locked(workspace_id):
             return None
         self._lock_taken = True
         return self.generation
@@ -121,16 +121,17 @@ class SharedCall:
                 if self.connection is not None and self.workspace_id is not None:
                     await self.connection.execute(_END, (workspace_lock(self.workspace_id), self.id))
                 else:
-                    await self.database.arun("SELECT sandbox_leave_call(%s)", (self.id,))
+                    await self.database.arun(_LEAVE, (self.id,))
             except psycopg.Error:  # the connection broke, and the database let go of its lock with it
                 with contextlib.suppress(Refusal):
-                    await self.database.arun("SELECT sandbox_leave_call(%s)", (self.id,))
+                    await self.database.arun(_LEAVE, (self.id,))
             finally:
                 self.connection = None
                 with contextlib.suppress(Refusal):
                     await self._release.aclose()
 
 
+_LEAVE = "SELECT sandbox_leave_call(%s)"
 _END = "SELECT pg_advisory_unlock(%s), sandbox_leave_call(%s)"
 
 CURRENT: contextvars.ContextVar[SharedCall | None] = contextvars.ContextVar("shared_call", default=None)

@@ -219,9 +219,7 @@ class SharedArchives(ArchivedContents):
             return f"the workspace was not saved ({exc}); it is as the previous call left it"
         with self._lock:
             os.replace(saved, self._archive(workspace_id))
-            self._have[workspace_id] = generation
-            if workspace_id in self.held:
-                self.held[workspace_id] = generation
+            self._holding(workspace_id, generation)
         return None
 
     def _keep_and_end(
@@ -242,10 +240,14 @@ class SharedArchives(ArchivedContents):
         if generation is None:
             return problem
         with self._lock:
-            self._have[workspace_id] = generation
-            if workspace_id in self.held:
-                self.held[workspace_id] = generation
+            self._holding(workspace_id, generation)
         return None
+
+    def _holding(self, workspace_id: str, generation: int) -> None:
+        """This replica's copy is the workspace's saved generation now (under `_lock`)."""
+        self._have[workspace_id] = generation
+        if workspace_id in self.held:
+            self.held[workspace_id] = generation
 
     def remove(self, workspace_id: str, later: bool = False) -> None:
         with self._lock:

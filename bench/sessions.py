@@ -3,7 +3,8 @@ same run (medians; these machines are noisy, so the ratios are what to compare):
 
 - a 2026-07-28 client over Streamable HTTP that never passes a `workspace` id, `true` spaced 0.4 s
   apart, against the same calls on a policy that keeps nothing (`workspace.persist: false`);
-- 40 calls back to back in one handshake session, against the same session's calls spaced 0.4 s, and a
+- 40 calls back to back in one handshake session, the server's first burst, against the same session's calls
+  spaced 0.4 s before it; the same on a pool without `ahead` (what demand alone gives a first burst), and a
   later burst of 40 on a server whose pool an earlier burst grew;
 - 4 parallel `sleep 1` calls in one session, each leaving a file, against 1 s;
 - `strict` (gVisor) `execute_command id` against `default`, and strict run_python `print(1)`.
@@ -31,6 +32,7 @@ from tests.mcp_harness import http_server_process
 
 GAP_S = 0.4
 NOTHING_KEPT = "extends: default\nworkspace: {persist: false}\n"
+DEMAND_ALONE = "extends: default\ntools: {execute_command: {pool: {ahead: 0}}}\n"
 ROWS = ("idless", "back-to-back", "parallel", "strict")
 
 
@@ -62,9 +64,10 @@ def idless_rows(work: Path, calls: int) -> dict[str, Any]:
     return rows
 
 
-async def in_session(work: Path, calls: int) -> dict[str, Any]:
-    """One handshake session on default over stdio: spaced calls, then back to back, then 4 parallel ones."""
-    async with Client(server_parameters(["--state-dir", str(work / "state")]), mode="legacy") as client:
+async def in_session(work: Path, calls: int, policy: str = "default") -> dict[str, Any]:
+    """One handshake session over stdio: spaced calls, then back to back, then 4 parallel ones."""
+    serve = ["--policy", policy, "--state-dir", str(work / f"state-{Path(policy).stem}")]
+    async with Client(server_parameters(serve), mode="legacy") as client:
         await wait_for_pool(server_process().pid, 2)
         await client.call_tool("execute_command", {"command": "true"})
         spaced, failed_spaced = await timed_calls(client, "execute_command", {"command": "true"}, calls, GAP_S)
@@ -158,6 +161,11 @@ def main(argv: list[str]) -> int:
         if {"back-to-back", "parallel"} & set(options.rows):
             report["session"] = anyio.run(in_session, work, options.calls)
             session = report["session"]
+            demand = work / "demand-alone.yaml"
+            demand.write_text(DEMAND_ALONE)
+            alone = anyio.run(in_session, work, options.calls, str(demand))
+            session["spaced 0.4 s, pool.ahead 0"] = alone["spaced 0.4 s (reference)"]
+            session["40 back to back, pool.ahead 0 (demand alone)"] = alone["40 back to back"]
             session["40 back to back, nothing kept"] = anyio.run(back_to_back_nothing_kept, work, options.calls)
             later = session["40 back to back, a later burst"] = anyio.run(later_burst, work, options.calls)
             reference = session["spaced 0.4 s (reference)"]

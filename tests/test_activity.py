@@ -62,6 +62,27 @@ def test_a_waiter_stops_waiting_when_told_or_when_its_time_is_up() -> None:
         assert 0.18 <= time.monotonic() - started < 5
 
 
+def test_lasting_work_starts_in_a_pause_only_when_it_ends_before_the_next_call_is_due() -> None:
+    activity = Activity()
+    pace_s = 0.6
+    for _ in range(3):  # a client calling every 0.6 s
+        began = time.monotonic()
+        with activity.call():
+            pass
+        time.sleep(pace_s - (time.monotonic() - began))
+    with activity.call():
+        pass
+    due = time.monotonic() + pace_s
+    thread, short = _waiter(activity, 30)  # no length given: any pause will do
+    thread.join(10)
+    started = time.monotonic()
+    activity.wait_for_pause(30, lasting_s=0.1)  # fits before the next call: at the pause's start
+    assert short and time.monotonic() - started < pace_s / 2
+    activity.wait_for_pause(30, lasting_s=pace_s)  # cannot fit: only once the next call is late
+    assert time.monotonic() >= due + PAUSE_S * 0.9
+    assert activity.quiet()
+
+
 class _RecordingEngine(_FakeEngine):
     """Records, for each container made, whether a call was running at the time."""
 

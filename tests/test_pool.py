@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ import pytest
 
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
 from sandbox_server.sandbox.pool import PoolTarget, WarmPool
-from sandbox_server.sandbox.spec import ExecutionResult, SandboxSpec
+from sandbox_server.sandbox.spec import SANDBOX_LABEL, ExecutionResult, SandboxSpec
 from tests.conftest import containers_of
 from tests.mcp_harness import connect, http_server_process
 
@@ -139,7 +140,6 @@ class _FakeEngine:
 
 
 def test_the_pool_hands_out_only_healthy_fresh_containers_of_the_right_key() -> None:
-    import time
 
     engine = _FakeEngine()
     pool = WarmPool(engine)
@@ -164,7 +164,6 @@ def test_the_pool_hands_out_only_healthy_fresh_containers_of_the_right_key() -> 
 
 
 def test_a_pool_grows_when_calls_find_it_empty_and_shrinks_after_idle_time() -> None:
-    import time
 
     engine = _FakeEngine()
     pool = WarmPool(engine)
@@ -188,8 +187,26 @@ def test_a_pool_grows_when_calls_find_it_empty_and_shrinks_after_idle_time() -> 
     assert pool.wanted(key) == 1  # never below its size
 
 
+def test_a_pool_with_an_ahead_count_fills_to_it_from_its_first_call_until_idle_time_takes_it_back() -> None:
+
+    pool = WarmPool(_FakeEngine())
+    spec = SandboxSpec(image="img", argv=("true",))
+    key = spec.container_key()
+    target = PoolTarget(spec, 1, idle_s=60, ahead=5)
+    pool.configure([target])
+    assert pool.wanted(key) == 1  # a server nobody called keeps its min
+    now = time.monotonic()
+    pool.add(target, _FakeWarm(key, now))
+    assert pool.take(key) is not None and pool.wanted(key) == 5  # served warm, and filled for the calls to come
+    for _ in range(5):
+        pool.add(target, _FakeWarm(key, now - 120))
+    pool._expire(now)  # nobody called for its idle time: back to its min
+    assert pool.wanted(key) == 1
+    assert pool.take(key) is None and pool.wanted(key) == 5  # in use again
+    assert target.most == 5
+
+
 def test_a_pool_makes_no_container_past_its_memory_budget_or_the_hosts_floor() -> None:
-    import time
 
     engine = _FakeEngine()  # every container holds 100 bytes
     pool = WarmPool(engine)
@@ -231,6 +248,41 @@ async def test_a_burst_grows_the_pool_past_the_concurrency_cap_and_idle_time_shr
                 await anyio.sleep(0.05)
         with anyio.fail_after(30):  # each container that waits 2 s unused takes one back
             while waiting() > 1:
+                await anyio.sleep(0.1)
+
+
+async def test_a_pool_with_an_ahead_count_serves_a_later_burst_warm_from_the_first(
+    tmp_path: Path, runtime: DockerRuntime
+) -> None:
+    policy = tmp_path / "ahead.yaml"
+    ahead = POOLED.replace("pool: {size: %(size)d, idle_s: %(idle)s}", "pool: {min: 1, ahead: 5, idle_s: 3}")
+    policy.write_text(ahead)
+    audit = tmp_path / "audit.jsonl"
+    with http_server_process("--policy", str(policy), "--audit-log", str(audit)) as server:
+        server.wait_for_line("warm pool ready: 1 container(s)")
+        async with connect(server.url) as session:
+            await session.call_tool("execute_command", {"command": "true"})  # served warm: no call found it empty
+            used = {cid[:12] for cid in _audited_containers(audit)}
+
+            def waiting() -> set[str]:  # containers no call has used (a used one may linger until its removal)
+                return {cid[:12] for cid in containers_of(server.process.pid)} - used
+
+            with anyio.fail_after(30):  # filled to 5 in the pause after it
+                while len(waiting()) < 5:
+                    await anyio.sleep(0.05)
+            began = time.time()
+            for _ in range(5):  # a burst, one after another: each finds a container made before it
+                await session.call_tool("execute_command", {"command": "true"})
+        made = runtime.api.events(
+            since=began, until=time.time(), decode=True,
+            filters={"type": "container", "event": "create", "label": SANDBOX_LABEL},
+        )  # fmt: skip
+        made_in_burst = {event["id"][:12] for event in made}
+        burst = [cid[:12] for cid in _audited_containers(audit)][1:]
+        assert len(burst) == 5 and not set(burst) & made_in_burst, (burst, made_in_burst)
+        used |= set(burst)
+        with anyio.fail_after(30):  # refilled after the burst, then 3 s unused: back to its min
+            while len(waiting()) > 1:
                 await anyio.sleep(0.1)
 
 

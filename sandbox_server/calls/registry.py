@@ -134,7 +134,8 @@ class ToolRegistry:
             if policy.workspace.persist and self.workspaces is not None:
                 template = self.workspaces.shape(template)  # calls in kept workspaces get such containers
             most = tool_policy.pool_most
-            targets.append(PoolTarget(template, tool_policy.pool_size, tool_policy.pool_idle_s, most))
+            ahead = tool_policy.pool_ahead
+            targets.append(PoolTarget(template, tool_policy.pool_size, tool_policy.pool_idle_s, most, ahead))
             if policy.workspace.persist and tool_policy.pool_size > 0:  # one on each running services' network
                 for network in sorted(self._service_networks):
                     on_it = replace(template, service_network=network)

@@ -284,6 +284,7 @@ def _tool_policy(
         enabled=bool(settings.get("enabled", True)),
         pool_size=int(settings.get("pool", {}).get("min", settings.get("pool", {}).get("size", defaults.pool_size))),
         pool_max=int(settings.get("pool", {}).get("max", defaults.pool_max)),
+        pool_ahead=int(settings.get("pool", {}).get("ahead", defaults.pool_ahead)),
         pool_idle_s=float(settings.get("pool", {}).get("idle_s", defaults.pool_idle_s)),
         preload=tuple(settings.get("preload", defaults.preload)),
     )

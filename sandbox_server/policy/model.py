@@ -57,6 +57,8 @@ class ToolPolicy:
     """Warm containers kept ready for this tool's container settings at the least (0: every call starts cold)."""
     pool_max: int = 0
     """The most its pool grows to under demand (0: no growth, it stays at pool_size)."""
+    pool_ahead: int = 0
+    """How many its pool keeps ready once in use, made in the pauses between calls (0: only demand grows it)."""
     pool_idle_s: float = 300.0
     """How long a warm container may wait before it is replaced."""
     preload: tuple[str, ...] = ()
@@ -69,11 +71,11 @@ class ToolPolicy:
 
     @property
     def pool_most(self) -> int:
-        """The most containers its pool holds: pool_max, never below pool_size.
+        """The most containers its pool holds: pool_max, never below pool_size or pool_ahead.
 
         Not bounded by the policy's concurrency: each call uses up one container, so calls one after another
         empty a pool as surely as calls side by side (the memory budget bounds it instead)."""
-        return max(self.pool_size, self.pool_max)
+        return max(self.pool_size, self.pool_max, self.pool_ahead)
 
     def container_spec(self) -> SandboxSpec:
         """The container this tool's calls run in, before any call (warm containers are made from it)."""

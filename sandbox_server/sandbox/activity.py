@@ -5,12 +5,19 @@ CPU) far more than a warm call does. Done while calls arrive back to back, that 
 would slow each of them several times over; done in the pauses between a model's calls,
 it costs the calls nothing. Such work waits for a pause, but only so long: a pool that is
 running out, or a removal backlog that grows, does not wait.
+
+Work that takes a while (making a container: 0.1 to 0.3 s of engine time) can still
+run into the next call when calls come at a steady pace. Calls' starts are remembered,
+and such work starts in a pause only when it fits before the next call is due at that
+pace, or once that call is late (the pace broke: a model thinking, a user reading).
 """
 
 from __future__ import annotations
 
+import statistics
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -18,6 +25,8 @@ __all__ = ["PAUSE_S", "Activity"]
 
 PAUSE_S = 0.1
 """No call for this long is a pause: longer than a client takes between back-to-back calls."""
+PACE_CALLS = 8
+"""The gaps between this many latest calls' starts give the pace calls come at (their median)."""
 
 
 class Activity:
@@ -27,11 +36,17 @@ class Activity:
         self._changed = threading.Condition()
         self._running = 0
         self._last_end = 0.0
+        self._last_start = 0.0
+        self._gaps: deque[float] = deque(maxlen=PACE_CALLS)
 
     @contextmanager
     def call(self) -> Iterator[None]:
         """Mark one call running for the duration of the block."""
         with self._changed:
+            now = time.monotonic()
+            if self._last_start:
+                self._gaps.append(now - self._last_start)
+            self._last_start = now
             self._running += 1
         try:
             yield
@@ -51,8 +66,16 @@ class Activity:
         with self._changed:
             self._changed.notify_all()
 
-    def wait_for_pause(self, at_most_s: float, unless: Callable[[], bool] = lambda: False) -> None:
-        """Return once no call has run for PAUSE_S, once `unless()` is true, or after at_most_s."""
+    def quiet(self) -> bool:
+        """No call runs now, nor has one for PAUSE_S."""
+        with self._changed:
+            return self._running == 0 and time.monotonic() >= self._last_end + PAUSE_S
+
+    def wait_for_pause(
+        self, at_most_s: float, unless: Callable[[], bool] = lambda: False, lasting_s: float = 0.0
+    ) -> None:
+        """Return once no call has run for PAUSE_S (and, for work `lasting_s` long, once it fits before the next
+        call is due at the calls' pace), once `unless()` is true, or after at_most_s."""
         give_up = time.monotonic() + at_most_s
         with self._changed:
             while True:
@@ -60,9 +83,17 @@ class Activity:
                 if now >= give_up or unless():
                     return
                 if self._running == 0:
-                    quiet_at = self._last_end + PAUSE_S
+                    quiet_at = max(self._last_end + PAUSE_S, self._room_at(now, lasting_s))
                     if now >= quiet_at:
                         return
                     self._changed.wait(min(quiet_at, give_up) - now)
                 else:
                     self._changed.wait(give_up - now)
+
+    def _room_at(self, now: float, lasting_s: float) -> float:
+        """When work lasting this long may start in this pause: now if it ends before the next call is due at the
+        calls' pace (or there is no pace yet), else once that call is late by a pause."""
+        if not lasting_s or len(self._gaps) < 2:
+            return now
+        due = self._last_start + statistics.median(self._gaps)
+        return now if now + lasting_s <= due else due + PAUSE_S

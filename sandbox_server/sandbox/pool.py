@@ -12,7 +12,9 @@ libraries), blocked on reading its request.
 
 Each pool follows demand between its target's `size` (its minimum) and `maximum`: a
 call that finds it empty doubles what it keeps, a container that waited its whole idle
-time unused takes one back. It never holds more memory than its budget (the warm
+time unused takes one back. A pool with an `ahead` count is filled to it from its first
+call on: the engine makes a few containers a second while calls one after another use
+dozens, so only containers made before a burst serve it. It never holds more memory than its budget (the warm
 containers' resident memory, read from the host), and makes none while the host has
 less memory available than its floor. It makes containers in the pauses between calls
 (engine work beside back-to-back calls would slow each of them), unless none is left waiting.
@@ -91,11 +93,13 @@ class PoolTarget:
     idle_s: float
     maximum: int = 0
     """The most this pool grows to under demand (never below `size`)."""
+    ahead: int = 0
+    """What the pool keeps once a call used it, until its containers wait idle_s unused (0: only `size`)."""
 
     @property
     def most(self) -> int:
         """The pool's ceiling."""
-        return max(self.size, self.maximum)
+        return max(self.size, self.maximum, self.ahead)
 
     @property
     def key(self) -> Key:
@@ -136,6 +140,9 @@ class WarmPool(Generic[WarmT]):
         """Resident bytes of the waiting containers (by id()), as the last sweep read them."""
         self._per_container: dict[Key, int] = {}
         """The most one container of each key was seen to hold: what making another will cost."""
+        self._swept_at = -math.inf
+        self._making_s: dict[Key, float] = {}
+        """How long making a container of each key took the last time: the room in a pause a fill needs."""
         self.memory_budget = math.inf
         self.held_elsewhere: Callable[[], int] = lambda: 0
         """Memory the budget also covers that the pool does not hold (running tasks' containers)."""
@@ -205,6 +212,8 @@ class WarmPool(Generic[WarmT]):
         queue = self._ready.get(key)
         target = self._targets.get(key)
         now = time.monotonic()
+        if target is not None and self.wanted(key) < target.ahead:  # in use: fill it for the calls to come
+            self._want[key] = target.ahead
         while queue:
             warm = queue.popleft()
             if target is None or now - warm.ready_at > target.idle_s:
@@ -233,7 +242,11 @@ class WarmPool(Generic[WarmT]):
                 self._wakeup = anyio.Event()
                 now = time.monotonic()
                 self._expire(now)
-                self._sweep()
+                if now >= self._swept_at + SWEEP_S:
+                    self._swept_at = now
+                    self._discard_broken()
+                    if self._activity.quiet():  # a few ms for dozens of containers: never beside a call
+                        self._take_reading(await anyio.to_thread.run_sync(self._read_memory, self._waiting()))
                 if now >= self._retry_at:
                     for key, target in self._targets.items():
                         missing = self.wanted(key) - len(self._ready.get(key, ())) - self._filling.get(key, 0)
@@ -262,19 +275,30 @@ class WarmPool(Generic[WarmT]):
                 self._shrink(key)  # it waited its whole idle time unused: one fewer is enough
 
     def _sweep(self) -> None:
-        """Discard waiting containers that broke (their stream ended or spoke), so they are replaced now;
-        read what the others hold."""
-        read: dict[int, int] = {}
-        for key, queue in self._ready.items():
+        """Discard waiting containers that broke, and read what the others hold."""
+        self._discard_broken()
+        self._take_reading(self._read_memory(self._waiting()))
+
+    def _discard_broken(self) -> None:
+        """Discard waiting containers that broke (their stream ended or spoke), so they are replaced now."""
+        for queue in self._ready.values():
             for warm in list(queue):
                 if not self._engine.healthy(warm):
                     queue.remove(warm)
                     self.stats.discarded_broken += 1
                     self._engine.discard_later(warm)
-                    continue
-                read[id(warm)] = held = self._engine.memory(warm)
-                self._per_container[key] = max(self._per_container.get(key, 0), held)
-        self._memory = read
+
+    def _waiting(self) -> list[tuple[Key, WarmT]]:
+        return [(key, warm) for key, queue in self._ready.items() for warm in queue]
+
+    def _read_memory(self, waiting: list[tuple[Key, WarmT]]) -> list[tuple[Key, WarmT, int]]:
+        """What each of these containers holds, read from the host (safe in a worker thread)."""
+        return [(key, warm, self._engine.memory(warm)) for key, warm in waiting]
+
+    def _take_reading(self, reading: list[tuple[Key, WarmT, int]]) -> None:
+        self._memory = {id(warm): held for _, warm, held in reading}
+        for key, _, held in reading:
+            self._per_container[key] = max(self._per_container.get(key, 0), held)
 
     def _next_deadline(self, now: float) -> float:
         deadlines = [queue[0].ready_at + self._targets[key].idle_s - now for key, queue in self._ready.items() if queue]
@@ -289,12 +313,15 @@ class WarmPool(Generic[WarmT]):
         low = functools.partial(self._running_low, key)
         try:
             async with limiter:
-                pause = functools.partial(self._activity.wait_for_pause, DEFER_S, unless=low)
+                lasting = self._making_s.get(key, 0.0)
+                pause = functools.partial(self._activity.wait_for_pause, DEFER_S, unless=low, lasting_s=lasting)
                 await anyio.to_thread.run_sync(pause, abandon_on_cancel=True)
                 if self._targets.get(key) != target or time.monotonic() < self._retry_at:
                     return
                 with anyio.CancelScope(shield=True):  # a container being made is always received, never lost
+                    started = time.monotonic()
                     warm = await anyio.to_thread.run_sync(self._engine.prepare, target.spec)
+                    self._making_s[key] = time.monotonic() - started
         except Exception as exc:  # the pool is an optimisation: calls still run cold, the server goes on
             self.stats.failures += 1
             backoff = min(MAX_BACKOFF_S, 2.0 ** min(self.stats.failures, 5))

@@ -29,8 +29,10 @@ __all__ = ["OWNER_LABEL", "Remover", "current_owner", "owner_alive"]
 OWNER_LABEL = "org.sandbox-server.owner"
 DEFER_S = 2.0
 """The longest a used container's removal waits for a pause between calls."""
-BACKLOG = 16
-"""With more removals than this waiting, none waits for a pause."""
+BACKLOG = 48
+"""With more removals than this waiting, none waits for a pause. A burst of calls one after another can use up a
+whole warm pool (40 on `default`) before its first pause: each used container waits stopped, holding a few MiB,
+and removing them beside the burst's calls would slow each call several times over."""
 
 
 def current_owner() -> str:

@@ -51,10 +51,11 @@ def containers_running(command: str) -> list[str]:
     return found
 
 
-def containers_of(pid: int) -> list[str]:
-    """Our containers made by the server process `pid` (its owner label)."""
+def containers_of(pid: int, running: bool = False) -> list[str]:
+    """Our containers made by the server process `pid` (its owner label); only the started ones if `running`
+    (a warm container is created, then started, then waits in its pool)."""
     api = docker.from_env().api
-    items = api.containers(all=True, filters={"label": SANDBOX_LABEL})
+    items = api.containers(all=not running, filters={"label": SANDBOX_LABEL})
     api.close()
     return [item["Id"] for item in items if f":{pid}:" in (item.get("Labels") or {}).get(OWNER_LABEL, "")]
 

@@ -65,22 +65,34 @@ def test_a_waiter_stops_waiting_when_told_or_when_its_time_is_up() -> None:
 def test_lasting_work_starts_in_a_pause_only_when_it_ends_before_the_next_call_is_due() -> None:
     activity = Activity()
     pace_s = 0.6
-    for _ in range(3):  # a client calling every 0.6 s
+    for _ in range(4):  # a client calling every 0.6 s
         began = time.monotonic()
         with activity.call():
             pass
         time.sleep(pace_s - (time.monotonic() - began))
+    began = time.monotonic()
     with activity.call():
         pass
-    due = time.monotonic() + pace_s
-    thread, short = _waiter(activity, 30)  # no length given: any pause will do
-    thread.join(10)
-    started = time.monotonic()
-    activity.wait_for_pause(30, lasting_s=0.1)  # fits before the next call: at the pause's start
-    assert short and time.monotonic() - started < pace_s / 2
-    activity.wait_for_pause(30, lasting_s=pace_s)  # cannot fit: only once the next call is late
+    due = began + pace_s
+    activity.wait_for_pause(30, lasting_s=0.2)  # fits before the next call: at the pause's start
+    assert time.monotonic() - began < 0.3
+    time.sleep(0.4)
+    activity.wait_for_pause(30, lasting_s=0.2)  # no longer fits this pause: only once the next call is late
     assert time.monotonic() >= due + PAUSE_S * 0.9
     assert activity.quiet()
+
+
+def test_lasting_work_that_fits_no_pause_at_the_calls_pace_starts_as_the_pause_begins() -> None:
+    activity = Activity()
+    for _ in range(4):  # a client calling every 0.3 s, and work of 0.5 s: waiting for room would be for ever
+        began = time.monotonic()
+        with activity.call():
+            pass
+        time.sleep(0.3 - (time.monotonic() - began))
+    with activity.call():
+        ended = time.monotonic()
+    activity.wait_for_pause(30, lasting_s=0.5)
+    assert ended + PAUSE_S * 0.9 <= time.monotonic() < ended + 0.25
 
 
 class _RecordingEngine(_FakeEngine):

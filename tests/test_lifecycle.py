@@ -1,5 +1,8 @@
 """Containers are always destroyed: also when the server itself dies mid-call."""
 
+import signal
+from pathlib import Path
+
 import anyio
 import pytest
 
@@ -34,3 +37,17 @@ async def test_a_server_killed_mid_call_leaves_a_stray_that_the_next_server_reap
         assert busy in strays, "a SIGKILLed server cannot clean up: its container must still be there"
     with http_server():  # listening means the start-up reaper has run
         assert not set(strays) & set(runtime.sandbox_containers())
+
+
+async def test_a_second_sigterm_while_stopping_leaves_no_container_and_no_mount(tmp_path: Path) -> None:
+    with http_server_process("--state-dir", str(tmp_path)) as server:
+        async with connect(server.url) as session:  # a kept workspace, mounted on the host
+            result = await session.call_tool("execute_command", {"command": "echo kept > note"})
+            assert not result.is_error
+        assert str(tmp_path) in Path("/proc/mounts").read_text()
+        server.process.send_signal(signal.SIGTERM)
+        server.wait_for_line("SIGTERM: shutting down")
+        server.process.send_signal(signal.SIGTERM)  # a supervisor that does not wait
+        assert server.process.wait(timeout=30) == 0
+    assert not containers_of(server.process.pid)
+    assert str(tmp_path) not in Path("/proc/mounts").read_text(), "workspaces left mounted on the host"

@@ -264,8 +264,8 @@ async def test_a_pool_with_an_ahead_count_serves_a_later_burst_warm_from_the_fir
             await session.call_tool("execute_command", {"command": "true"})  # served warm: no call found it empty
             used = {cid[:12] for cid in _audited_containers(audit)}
 
-            def waiting() -> set[str]:  # containers no call has used (a used one may linger until its removal)
-                return {cid[:12] for cid in containers_of(server.process.pid)} - used
+            def waiting() -> set[str]:  # started containers no call has used (a used one may linger until removed)
+                return {cid[:12] for cid in containers_of(server.process.pid, running=True)} - used
 
             with anyio.fail_after(30):  # filled to 5 in the pause after it
                 while len(waiting()) < 5:

@@ -214,13 +214,15 @@ def serve_command(args: argparse.Namespace) -> int:
 
     async def stop_on_signal(scope: anyio.CancelScope) -> None:
         with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-            async for received in signals:
-                log.info("%s: shutting down", signal.Signals(received).name)
-                if listener is None:
-                    scope.cancel()
-                else:  # HTTP stops as uvicorn stops (its lifespan ended in order), then the rest is cancelled
-                    stopping.set()
-                return
+            received = await signals.__anext__()
+        # Stopping from now on: a second SIGTERM (a supervisor's, a client's grace period running out) would end
+        # the process before it removed its containers and unmounted its workspaces. SIGKILL still ends it.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        log.info("%s: shutting down", signal.Signals(received).name)
+        if listener is None:
+            scope.cancel()
+        else:  # HTTP stops as uvicorn stops (its lifespan ended in order), then the rest is cancelled
+            stopping.set()
 
     async def main() -> None:
         try:
@@ -257,12 +259,15 @@ def serve_command(args: argparse.Namespace) -> int:
                     await serve_stdio(app)
                 group.cancel_scope.cancel()
         finally:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # stopping (stdin closed, say): as in stop_on_signal
             with anyio.CancelScope(shield=True):
                 ended = workspaces.end_sessions(runtime.owner)
                 if ended:
                     log.info("removed the workspace(s) of %d handshake session(s) that ended with the server", ended)
-                if pool is not None:
-                    await pool.close()
+                async with anyio.create_task_group() as closing:  # the waiting and the used containers side by side
+                    if pool is not None:
+                        closing.start_soon(pool.close)
+                    closing.start_soon(anyio.to_thread.run_sync, runtime.removal.close)
                 await anyio.to_thread.run_sync(runtime.close)
                 await anyio.to_thread.run_sync(proxies.close)
                 workspaces.close()

@@ -29,6 +29,9 @@ __all__ = ["OWNER_LABEL", "Remover", "current_owner", "owner_alive"]
 OWNER_LABEL = "org.sandbox-server.owner"
 DEFER_S = 2.0
 """The longest a used container's removal waits for a pause between calls."""
+CLOSING_WORKERS = 8
+"""Removals side by side once the server stops: its exit has a client's grace period (2 s for the SDK's stdio
+client before SIGTERM, 2 more before SIGKILL), and 2 workers took 2 s for a burst's used containers."""
 BACKLOG = 48
 """With more removals than this waiting, none waits for a pause. A burst of calls one after another can use up a
 whole warm pool (40 on `default`) before its first pause: each used container waits stopped, holding a few MiB,
@@ -91,6 +94,9 @@ class Remover:
         self._activity = activity or Activity()
         self._waiting = 0
         """Removals submitted and not yet begun."""
+        self._pending: dict[int, Callable[[], None]] = {}
+        """Those removals by their number: close() takes them all at once."""
+        self._numbered = 0
         self._closing = False
         self._workers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="sandbox-remove")
         self._unremoved: set[str] = set()
@@ -117,15 +123,23 @@ class Remover:
         """Remove off the caller's path, in a pause between calls (unless the backlog grows), then call
         `then` (which must not raise); close() waits for both."""
 
-        def remove() -> None:
-            self._activity.wait_for_pause(DEFER_S, unless=lambda: self._closing or self._waiting > BACKLOG)
-            with self._lock:
-                self._waiting -= 1
+        def finish() -> None:
             self.remove(container_id)
             if then is not None:
                 then()
 
+        def remove() -> None:
+            self._activity.wait_for_pause(DEFER_S, unless=lambda: self._closing or self._waiting > BACKLOG)
+            with self._lock:
+                if self._pending.pop(number, None) is None:
+                    return  # close() took it
+                self._waiting -= 1
+            finish()
+
         with self._lock:
+            self._numbered += 1
+            number = self._numbered
+            self._pending[number] = finish
             self._waiting += 1
         self._activity.changed()  # the backlog may have grown past what waits for a pause
         try:
@@ -176,6 +190,12 @@ class Remover:
         """Finish the removals under way (none waits for a pause any more), and retry the failed ones once."""
         self._closing = True
         self._activity.changed()
+        with self._lock:
+            taken, self._pending = list(self._pending.values()), {}
+            self._waiting -= len(taken)
+        with ThreadPoolExecutor(max_workers=CLOSING_WORKERS, thread_name_prefix="sandbox-remove") as wide:
+            for finish in taken:
+                wide.submit(finish)
         self._workers.shutdown(wait=True)
         self._retry()
 

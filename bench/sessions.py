@@ -109,9 +109,10 @@ async def later_burst(work: Path, calls: int) -> dict[str, Any]:
 
 
 async def back_to_back_nothing_kept(work: Path, calls: int) -> dict[str, Any]:
-    """The same back-to-back calls on a policy that keeps nothing: what the engine's pace alone costs."""
-    policy = work / "nothing-kept.yaml"
-    policy.write_text(NOTHING_KEPT)
+    """The same back-to-back calls on a policy that keeps nothing and fills no pool ahead: what the engine's pace
+    alone costs."""
+    policy = work / "nothing-kept-demand-alone.yaml"
+    policy.write_text(NOTHING_KEPT + "tools: {execute_command: {pool: {ahead: 0}}}\n")
     async with Client(server_parameters(["--policy", str(policy)]), mode="legacy") as client:
         await wait_for_pool(server_process().pid, 2)
         await client.call_tool("execute_command", {"command": "true"})
@@ -166,7 +167,7 @@ def main(argv: list[str]) -> int:
             alone = anyio.run(in_session, work, options.calls, str(demand))
             session["spaced 0.4 s, pool.ahead 0"] = alone["spaced 0.4 s (reference)"]
             session["40 back to back, pool.ahead 0 (demand alone)"] = alone["40 back to back"]
-            session["40 back to back, nothing kept"] = anyio.run(back_to_back_nothing_kept, work, options.calls)
+            session["40 back to back, nothing kept, pool.ahead 0"] = anyio.run(back_to_back_nothing_kept, work, options.calls)
             later = session["40 back to back, a later burst"] = anyio.run(later_burst, work, options.calls)
             reference = session["spaced 0.4 s (reference)"]
             later["p50_ratio"], later["p95_ratio"] = ratio(later, reference), ratio(later, reference, "p95")

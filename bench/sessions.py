@@ -167,7 +167,9 @@ def main(argv: list[str]) -> int:
             alone = anyio.run(in_session, work, options.calls, str(demand))
             session["spaced 0.4 s, pool.ahead 0"] = alone["spaced 0.4 s (reference)"]
             session["40 back to back, pool.ahead 0 (demand alone)"] = alone["40 back to back"]
-            session["40 back to back, nothing kept, pool.ahead 0"] = anyio.run(back_to_back_nothing_kept, work, options.calls)
+            session["40 back to back, nothing kept, pool.ahead 0"] = anyio.run(
+                back_to_back_nothing_kept, work, options.calls
+            )
             later = session["40 back to back, a later burst"] = anyio.run(later_burst, work, options.calls)
             reference = session["spaced 0.4 s (reference)"]
             later["p50_ratio"], later["p95_ratio"] = ratio(later, reference), ratio(later, reference, "p95")

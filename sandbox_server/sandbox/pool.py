@@ -14,10 +14,11 @@ Each pool follows demand between its target's `size` (its minimum) and `maximum`
 call that finds it empty doubles what it keeps, a container that waited its whole idle
 time unused takes one back. A pool with an `ahead` count is filled to it from its first
 call on: the engine makes a few containers a second while calls one after another use
-dozens, so only containers made before a burst serve it. It never holds more memory than its budget (the warm
-containers' resident memory, read from the host), and makes none while the host has
-less memory available than its floor. It makes containers in the pauses between calls
-(engine work beside back-to-back calls would slow each of them), unless none is left waiting.
+dozens, so only containers made before a burst serve it. It never holds more memory than
+its budget (the warm containers' resident memory, read from the host), and makes none
+while the host has less memory available than its floor. It makes containers in the
+pauses between calls (engine work beside back-to-back calls would slow each of them),
+unless none is left waiting.
 """
 
 from __future__ import annotations

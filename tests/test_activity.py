@@ -5,6 +5,7 @@ What it buys (back-to-back calls as fast as spaced ones) is measured in `bench w
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from typing import Any
@@ -187,7 +188,7 @@ def test_a_stopping_server_removes_its_backlog_side_by_side() -> None:
     freed: list[str] = []
     with activity.call():  # a burst: every removal waits for the pause that never comes before the stop
         for index in range(16):
-            remover.remove_later(f"used-{index}", then=lambda index=index: freed.append(f"used-{index}"))
+            remover.remove_later(f"used-{index}", then=functools.partial(freed.append, f"used-{index}"))
         started = time.monotonic()
         remover.close()
     took = time.monotonic() - started

@@ -268,7 +268,7 @@ def serve_command(args: argparse.Namespace) -> int:
                     if pool is not None:
                         closing.start_soon(pool.close)
                     closing.start_soon(anyio.to_thread.run_sync, runtime.removal.close)
-                await anyio.to_thread.run_sync(runtime.close)
+                await anyio.to_thread.run_sync(runtime.close_connection)
                 await anyio.to_thread.run_sync(proxies.close)
                 workspaces.close()
                 if stop_tracing is not None:

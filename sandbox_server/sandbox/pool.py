@@ -245,9 +245,7 @@ class WarmPool(Generic[WarmT]):
                 self._expire(now)
                 if now >= self._swept_at + SWEEP_S:
                     self._swept_at = now
-                    self._discard_broken()
-                    if self._activity.quiet():  # a few ms for dozens of containers: never beside a call
-                        self._take_reading(await anyio.to_thread.run_sync(self._read_memory, self._waiting()))
+                    await self._sweep()
                 if now >= self._retry_at:
                     for key, target in self._targets.items():
                         missing = self.wanted(key) - len(self._ready.get(key, ())) - self._filling.get(key, 0)
@@ -275,10 +273,12 @@ class WarmPool(Generic[WarmT]):
                 self._engine.discard_later(queue.popleft())
                 self._shrink(key)  # it waited its whole idle time unused: one fewer is enough
 
-    def _sweep(self) -> None:
-        """Discard waiting containers that broke, and read what the others hold."""
+    async def _sweep(self) -> None:
+        """Discard waiting containers that broke, and read what the others hold: in a worker thread, and only in a
+        pause between calls (a few ms for dozens of containers)."""
         self._discard_broken()
-        self._take_reading(self._read_memory(self._waiting()))
+        if self._activity.quiet():
+            self._take_reading(await anyio.to_thread.run_sync(self._read_memory, self._waiting()))
 
     def _discard_broken(self) -> None:
         """Discard waiting containers that broke (their stream ended or spoke), so they are replaced now."""

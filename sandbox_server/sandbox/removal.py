@@ -92,10 +92,8 @@ class Remover:
     def __init__(self, api: Callable[[], docker.APIClient], activity: Activity | None = None) -> None:
         self._api = api
         self._activity = activity or Activity()
-        self._waiting = 0
-        """Removals submitted and not yet begun."""
         self._pending: dict[int, Callable[[], None]] = {}
-        """Those removals by their number: close() takes them all at once."""
+        """Removals submitted and not yet begun, by their number: close() takes them all at once."""
         self._numbered = 0
         self._closing = False
         self._workers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="sandbox-remove")
@@ -129,18 +127,16 @@ class Remover:
                 then()
 
         def remove() -> None:
-            self._activity.wait_for_pause(DEFER_S, unless=lambda: self._closing or self._waiting > BACKLOG)
+            self._activity.wait_for_pause(DEFER_S, unless=lambda: self._closing or len(self._pending) > BACKLOG)
             with self._lock:
                 if self._pending.pop(number, None) is None:
                     return  # close() took it
-                self._waiting -= 1
             finish()
 
         with self._lock:
             self._numbered += 1
             number = self._numbered
             self._pending[number] = finish
-            self._waiting += 1
         self._activity.changed()  # the backlog may have grown past what waits for a pause
         try:
             self._workers.submit(remove)
@@ -192,7 +188,6 @@ class Remover:
         self._activity.changed()
         with self._lock:
             taken, self._pending = list(self._pending.values()), {}
-            self._waiting -= len(taken)
         with ThreadPoolExecutor(max_workers=CLOSING_WORKERS, thread_name_prefix="sandbox-remove") as wide:
             for finish in taken:
                 wide.submit(finish)

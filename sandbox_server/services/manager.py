@@ -47,6 +47,19 @@ LOG_SHOWN = 2000
 
 
 @dataclass(slots=True)
+class _Answer:
+    """What one waiting side (a start, a restart) is told by a service's task: done, with an error or none."""
+
+    done: anyio.Event = field(default_factory=anyio.Event)
+    error: BaseException | None = None
+
+    def answer(self, error: BaseException | None) -> None:
+        if not self.done.is_set():
+            self.error = error
+            self.done.set()
+
+
+@dataclass(slots=True)
 class Service:
     """One running (or just stopped) service."""
 
@@ -73,13 +86,38 @@ class Service:
     started_at: float = field(default_factory=time.time)
     last_used: float = field(default_factory=time.monotonic)
     state: str = "starting"
-    """starting, running or stopped."""
+    """starting, running, stopping or stopped."""
     stop_reason: str = ""
+    stop_asked: bool = False
+    ran: bool = False
+    """It became ready once (its end is then recorded)."""
+    asks: list[_Answer] = field(default_factory=list)
+    """Restarts asked of its task, in turn."""
+    wake: anyio.Event = field(default_factory=anyio.Event)
     stopped: anyio.Event = field(default_factory=anyio.Event)
     meter: Meter | None = None
     """Its container's CPU time and peak memory, read from the host."""
     used: Usage = field(default_factory=Usage)
     """What its containers before the current one used (a restart makes a new one)."""
+
+    def ask_stop(self, reason: str) -> None:
+        """Ask its task to end it (the first reason given is the one kept); the task may be starting it."""
+        if not self.stop_asked:
+            self.stop_asked, self.stop_reason = True, reason
+            if self.state != "stopped":
+                self.state = "stopping"
+        self.wake.set()
+
+    async def wait_for_ask(self) -> _Answer | None:
+        """The next restart asked of its task, or None once a stop is (restarts still waiting are refused)."""
+        while not self.stop_asked:
+            if self.asks:
+                return self.asks.pop(0)
+            await self.wake.wait()
+            self.wake = anyio.Event()
+        for asked in self.asks:
+            asked.answer(Refusal(f"refused: service {self.name!r} stopped ({self.stop_reason})", "service"))
+        return None
 
     def spend(self) -> Usage:
         """Count what its current container used into `used` (before the container goes)."""
@@ -188,7 +226,10 @@ class Services:
         ready_path: str | None = None,
         proxy: ProxyEndpoint | None = None,
     ) -> Service:
-        """Start a service and wait until it listens on its port; a Refusal says why it did not."""
+        """Start a service and wait until it listens on its port; a Refusal says why it did not.
+
+        The service is counted against its caps from here on, and its own task (in the services' group) owns it
+        from its first step to its last: whatever the start makes, that task removes, whenever the stop comes."""
         self._refuse_past_caps(record, name, caller, tool, policy_name, settings)
         if not self.store.contents.side_by_side:
             raise Refusal(
@@ -206,26 +247,91 @@ class Services:
             policy_name=policy_name, caller=caller, workspace_id=record.id, session=record.session,
             settings=settings, network=network,
         )  # fmt: skip
-        self._services[service.id] = service
-        held = anyio.Event()
-        self._group.start_soon(self._hold, service, record, held)
-        await held.wait()
-        spec = await anyio.to_thread.run_sync(self.store.begin, record, spec)
-        if proxy is not None:
-            spec = await self._through_proxy(spec, proxy, service)
+        self._services[service.id] = service  # counted from now on: no await between the caps and this
+        answer = _Answer()
+        self._group.start_soon(self._life, service, record, spec, proxy, answer)
         try:
-            started = await anyio.to_thread.run_sync(
-                containers.start_container,
-                self.runtime, spec, service.id, name, network, self.runtime.owner, settings.log_kb,
-            )  # fmt: skip
+            await answer.done.wait()
         except BaseException:
-            await self.stop(service, "its container could not start")
+            service.ask_stop("its call was cancelled while it started")
             raise
-        service.spec, service.container_id = spec, started.container_id
-        self._networks_changed()  # the warm pool makes its calls' containers while the service gets ready
-        await self._ready(service, started, "did not start")
-        await self.audit_event("service_started", service, container=service.container_id[:12])
+        if answer.error is not None:
+            raise answer.error
         return service
+
+    async def _life(
+        self, service: Service, record: WorkspaceRecord, spec: SandboxSpec, proxy: ProxyEndpoint | None, up: _Answer
+    ) -> None:
+        """A service from its start to its end: the one task that makes, remakes and removes its container."""
+        failure: Exception | None = None
+        failed_restart: _Answer | None = None
+        try:
+            async with self.store.using(record, 0):  # held as a running call holds it, until what it made is gone
+                try:
+                    try:
+                        spec = await anyio.to_thread.run_sync(self.store.begin, record, spec)
+                        if proxy is not None:
+                            spec = await self._through_proxy(spec, proxy, service)
+                        service.spec = spec
+                        await self._bring_up(service, "did not start")
+                    except Exception as exc:  # answered once what it made is gone
+                        failure = exc
+                        return
+                    up.answer(None)
+                    await self.audit_event("service_started", service, container=service.container_id[:12])
+                    while True:
+                        restart = await service.wait_for_ask()
+                        if restart is None:
+                            return
+                        try:
+                            service.spend()
+                            await self._remove_container(service)
+                            await self._bring_up(service, "did not start again")
+                        except Exception as exc:
+                            service.ask_stop("it did not start again")  # the first reason given is kept
+                            failed_restart, failure = restart, exc
+                            return
+                        service.restarts += 1
+                        restart.answer(None)
+                        await self.audit_event("service_restarted", service, container=service.container_id[:12])
+                finally:
+                    with anyio.CancelScope(shield=True):
+                        await self._end(service)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._end(service)  # a no-op once done above (here when the workspace could not be held)
+            stopped = Refusal(f"service {service.name!r} stopped while it started: {service.stop_reason}", "service")
+            up.answer(failure if failure is not None else stopped)
+            if failed_restart is not None:
+                failed_restart.answer(failure)
+
+    async def _bring_up(self, service: Service, failed: str) -> None:
+        """Make the service's container and wait until it listens; a Refusal says why it did not (what was made is
+        the service's, removed at its end)."""
+        if service.stop_asked or service.spec is None:
+            raise Refusal(f"service {service.name!r} {failed}: it was stopped ({service.stop_reason})", "service")
+        service.state = "starting"
+        with anyio.CancelScope(shield=True):  # what the engine makes is known, even when a stop comes meanwhile
+            try:
+                started = await anyio.to_thread.run_sync(
+                    containers.start_container, self.runtime, service.spec, service.id, service.name,
+                    service.network, self.runtime.owner, service.settings.log_kb,
+                )  # fmt: skip
+            except Exception:
+                service.ask_stop("its container could not start")
+                raise
+        service.container_id, service.pid, service.slot = started.container_id, started.pid, started.slot
+        service.meter = Meter.start(started.pid)
+        self._networks_changed()  # the warm pool makes its calls' containers while the service gets ready
+        problem, field_name = await self._until_ready(service)
+        if problem is not None:
+            last = self.log_of(service)
+            service.ask_stop("it never became ready")
+            shown = f"; its last output:\n{last}" if last else "; it printed nothing"
+            raise Refusal(f"service {service.name!r} {failed}: {problem}{shown}", field_name)
+        service.state = "running"
+        service.ran = True
+        service.last_used = time.monotonic()
 
     async def _through_proxy(self, spec: SandboxSpec, proxy: ProxyEndpoint, service: Service) -> SandboxSpec:
         """The spec of a service under an allow list: on its workspace's network alone, the list's proxy joined
@@ -237,45 +343,23 @@ class Services:
             await anyio.to_thread.run_sync(containers.ensure_network, api, service.network, self.runtime.owner)
             joined = await anyio.to_thread.run_sync(proxies.join, proxy, service.network)
         except OSError as exc:
-            await self.stop(service, "its network could not be made")
+            service.ask_stop("its network could not be made")
             raise Refusal(f"service {service.name!r} did not start: {exc}", "network") from exc
         names = tuple(s.name for s in self.running(service.workspace_id))
         proxied = {name for name, _ in joined.environment()}
         env = tuple((k, v) for k, v in spec.call_env if k not in proxied) + joined.environment(names)
         return replace(spec, network="none", call_env=env, mounts=spec.mounts + joined.mounts())
 
-    async def _ready(self, service: Service, started: containers.Started, failed: str) -> None:
-        """Take a started container as the service's once it listens; else stop the service and say why."""
-        service.container_id, service.pid, service.slot = started.container_id, started.pid, started.slot
-        service.meter = Meter.start(started.pid)
-        problem, field_name = await self._until_ready(service)
-        if problem is not None:
-            last = self.log_of(service)
-            await self.stop(service, "it never became ready")
-            shown = f"; its last output:\n{last}" if last else "; it printed nothing"
-            raise Refusal(f"service {service.name!r} {failed}: {problem}{shown}", field_name)
-        service.state = "running"
-        service.last_used = time.monotonic()
-
     async def restart(self, service: Service) -> Service:
         """Its container removed and made again from the same spec, its command run anew; ready as at its start."""
-        if service.spec is None:
-            raise Refusal(f"refused: service {service.name!r} cannot be restarted", "service")
-        service.state = "starting"
-        service.spend()
-        await anyio.to_thread.run_sync(containers.remove, self.runtime.api, service.container_id, service.slot)
-        service.container_id, service.slot = "", None
-        try:
-            started = await anyio.to_thread.run_sync(
-                containers.start_container, self.runtime, service.spec, service.id, service.name,
-                service.network, self.runtime.owner, service.settings.log_kb,
-            )  # fmt: skip
-        except BaseException:
-            await self.stop(service, "its container could not start again")
-            raise
-        await self._ready(service, started, "did not start again")
-        service.restarts += 1
-        await self.audit_event("service_restarted", service, container=service.container_id[:12])
+        if service.spec is None or service.state != "running":
+            raise Refusal(f"refused: service {service.name!r} cannot be restarted now ({service.state})", "service")
+        asked = _Answer()
+        service.asks.append(asked)
+        service.wake.set()
+        await asked.done.wait()
+        if asked.error is not None:
+            raise asked.error
         return service
 
     def _refuse_past_caps(
@@ -322,6 +406,8 @@ class Services:
         deadline = time.monotonic() + service.settings.start_timeout_s
         api = self.runtime.api
         while True:
+            if service.stop_asked:
+                return f"it was stopped while it started ({service.stop_reason})", "service"
             state = await anyio.to_thread.run_sync(containers.container_state, api, service.container_id)
             if not state.get("Running"):
                 if state.get("OOMKilled"):
@@ -357,35 +443,44 @@ class Services:
                 )
             await anyio.sleep(READY_POLL_S)
 
-    async def _hold(self, service: Service, record: WorkspaceRecord, held: anyio.Event) -> None:
-        """Hold the workspace while the service runs, as a running call does."""
-        async with self.store.using(record, 0):
-            held.set()
-            await service.stopped.wait()
-
     # -- stopping ----------------------------------------------------------------------------
 
     async def stop(self, service: Service, reason: str) -> None:
-        """Stop a service: its container (every process in it) removed, its workspace let go of."""
-        if service.state == "stopped":
+        """Stop a service, starting or running: its task removes its container (every process in it) and lets go of
+        its workspace; answered once that is done."""
+        service.ask_stop(reason)
+        await service.stopped.wait()
+
+    async def _remove_container(self, service: Service) -> None:
+        if service.container_id:
+            await anyio.to_thread.run_sync(containers.remove, self.runtime.api, service.container_id, service.slot)
+        service.container_id, service.slot = "", None
+
+    async def _end(self, service: Service) -> None:
+        """The service's last step (in its own task, shielded): what it made removed, its end recorded."""
+        if service.stopped.is_set():
             return
-        was_running = service.state == "running"
-        service.state, service.stop_reason = "stopped", reason
+        service.ask_stop(service.stop_reason or "the server stopped")
+        service.state = "stopped"
         last = not self.running(service.workspace_id)
         if last:
             self._networks_changed()  # the warm containers on its network go, beside its own container
         used = service.spend()  # before its container goes
-        with anyio.CancelScope(shield=True):
-            if service.container_id:
-                await anyio.to_thread.run_sync(containers.remove, self.runtime.api, service.container_id, service.slot)
-            service.stopped.set()
+        try:
+            await self._remove_container(service)
             if last:
                 await anyio.to_thread.run_sync(containers.remove_network, self.runtime.api, service.network)
-            if was_running:  # recorded even when the server is stopping around it
+            if service.ran:  # recorded even when the server is stopping around it
                 wall = round(time.time() - service.started_at, 3)
                 usage = {"wall_s": wall, "cpu_s": used.cpu_s, "peak_memory_bytes": used.peak_memory_bytes}
-                await self.audit_event("service_stopped", service, reason=reason, caller=service.caller, usage=usage)
-        self._services.pop(service.id, None)
+                await self.audit_event(
+                    "service_stopped", service, reason=service.stop_reason, caller=service.caller, usage=usage
+                )
+        finally:
+            self._services.pop(service.id, None)
+            for asked in service.asks:
+                asked.answer(Refusal(f"refused: service {service.name!r} stopped ({service.stop_reason})", "service"))
+            service.stopped.set()
 
     def _networks_changed(self) -> None:
         self.on_networks({s.network for s in self.running() if s.container_id})
@@ -405,10 +500,7 @@ class Services:
                     await anyio.sleep(CHECK_S)
                     await self._look()
         finally:
-            self._group = None
-            with anyio.CancelScope(shield=True):
-                for service in list(self._services.values()):
-                    await self.stop(service, "the server stopped")
+            self._group = None  # each service's task ended with the group, removing what it made
 
     async def _look(self) -> None:
         now, clock = time.time(), time.monotonic()

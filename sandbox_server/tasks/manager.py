@@ -183,15 +183,20 @@ class Tasks:
         work says it is created, or the work's own answer when it ended before that (a refusal, a question)."""
         if self._group is None:
             raise Refusal("refused: this server runs no tasks (it was not started to serve them)", "tasks")
-        self._refuse_past_caps(settings, policy_name, owner)  # on the loop: it reads the running tasks
-        await anyio.to_thread.run_sync(self._refuse_past_held, settings, policy_name, owner)  # the records
         now = time.time()
         ttl_s = settings.ttl_s if ttl_ms is None else max(1.0, min(settings.ttl_s, ttl_ms / 1000))
         record = TaskRecord(
             new_task_id(), owner, caller, tool, policy_name, self.server, now, now, ttl_s, settings.poll_interval_ms
         )
         live = _Live(record, memory_bytes, on_end=on_end)
+        # Checked and counted in one step (no await between): a burst of N gets exactly the caps, the rest refused.
+        self._refuse_past_caps(settings, policy_name, owner)
         self._live[record.id] = live
+        try:
+            await anyio.to_thread.run_sync(self._refuse_past_held, settings, policy_name, owner, record.id)
+        except BaseException:
+            self._live.pop(record.id, None)
+            raise
         self._group.start_soon(self._run, live, work)
         async with anyio.create_task_group() as waiting:
 
@@ -294,8 +299,10 @@ class Tasks:
                 retry_after_s=settings.poll_interval_ms / 1000,
             )
 
-    def _refuse_past_held(self, settings: TaskSettings, policy_name: str, owner: str) -> None:
-        held = sum(1 for record in self.files.all() if record.owner == owner and not record.expired(time.time()))
+    def _refuse_past_held(self, settings: TaskSettings, policy_name: str, owner: str, task_id: str) -> None:
+        kept = {r.id for r in self.files.all() if r.owner == owner and not r.expired(time.time())}
+        starting = {i for i, live in list(self._live.items()) if live.record.owner == owner and i != task_id}
+        held = len(kept | starting)  # the tasks kept, and those starting beside this one that are not yet
         if held >= settings.per_caller:
             raise Refusal(
                 f"refused: you hold {held} tasks, the most policy '{policy_name}' keeps for a caller "

@@ -14,7 +14,7 @@ import re
 import secrets
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 import anyio
@@ -26,11 +26,12 @@ from sandbox_server.errors import Refusal
 from sandbox_server.network.egress import ProxyEndpoint
 from sandbox_server.network.proxies import EgressProxies
 from sandbox_server.policy import ServiceSettings
-from sandbox_server.sandbox import netns
 from sandbox_server.sandbox import service_containers as containers
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
-from sandbox_server.sandbox.meter import Meter, Usage
+from sandbox_server.sandbox.meter import Meter
 from sandbox_server.sandbox.spec import SandboxSpec
+from sandbox_server.services.readiness import until_ready
+from sandbox_server.services.service import Answer, Service
 from sandbox_server.workspaces.store import WorkspaceRecord, WorkspaceStore
 
 __all__ = ["NAME", "Service", "Services"]
@@ -41,110 +42,8 @@ NAME = re.compile(r"^[a-z][a-z0-9-]{0,30}[a-z0-9]$|^[a-z]$")
 """A service's name: how the workspace's calls reach it (a host name), so a DNS label, lower case."""
 CHECK_S = 1.0
 """How often running services are looked at (ended by themselves, idle, past their lifetime)."""
-READY_POLL_S = 0.1
 LOG_SHOWN = 2000
 """The end of a service's log shown in an answer about it."""
-
-
-@dataclass(slots=True)
-class _Answer:
-    """What one waiting side (a start, a restart) is told by a service's task: done, with an error or none."""
-
-    done: anyio.Event = field(default_factory=anyio.Event)
-    error: BaseException | None = None
-
-    def answer(self, error: BaseException | None) -> None:
-        if not self.done.is_set():
-            self.error = error
-            self.done.set()
-
-
-@dataclass(slots=True)
-class Service:
-    """One running (or just stopped) service."""
-
-    id: str
-    name: str
-    port: int
-    ready_path: str | None
-    """A path that answers below 500 once the service is ready (None: listening on its port is enough)."""
-    command: str
-    tool: str
-    policy_name: str
-    caller: str
-    """Whose it is (the limits key of the caller who started it)."""
-    workspace_id: str
-    session: str | None
-    settings: ServiceSettings
-    network: str
-    container_id: str = ""
-    pid: int = 0
-    slot: str | None = None
-    spec: SandboxSpec | None = None
-    """What its container is made from (a restart makes it again)."""
-    restarts: int = 0
-    started_at: float = field(default_factory=time.time)
-    last_used: float = field(default_factory=time.monotonic)
-    state: str = "starting"
-    """starting, running, stopping or stopped."""
-    stop_reason: str = ""
-    stop_asked: bool = False
-    ran: bool = False
-    """It became ready once (its end is then recorded)."""
-    asks: list[_Answer] = field(default_factory=list)
-    """Restarts asked of its task, in turn."""
-    wake: anyio.Event = field(default_factory=anyio.Event)
-    stopped: anyio.Event = field(default_factory=anyio.Event)
-    meter: Meter | None = None
-    """Its container's CPU time and peak memory, read from the host."""
-    used: Usage = field(default_factory=Usage)
-    """What its containers before the current one used (a restart makes a new one)."""
-
-    def ask_stop(self, reason: str) -> None:
-        """Ask its task to end it (the first reason given is the one kept); the task may be starting it."""
-        if not self.stop_asked:
-            self.stop_asked, self.stop_reason = True, reason
-            if self.state != "stopped":
-                self.state = "stopping"
-        self.wake.set()
-
-    async def wait_for_ask(self) -> _Answer | None:
-        """The next restart asked of its task, or None once a stop is (restarts still waiting are refused)."""
-        while not self.stop_asked:
-            if self.asks:
-                return self.asks.pop(0)
-            await self.wake.wait()
-            self.wake = anyio.Event()
-        for asked in self.asks:
-            asked.answer(Refusal(f"refused: service {self.name!r} stopped ({self.stop_reason})", "service"))
-        return None
-
-    def spend(self) -> Usage:
-        """Count what its current container used into `used` (before the container goes)."""
-        now = self.meter.read() if self.meter is not None else Usage()
-        self.meter = None
-        cpu = None if now.cpu_s is None and self.used.cpu_s is None else (now.cpu_s or 0) + (self.used.cpu_s or 0)
-        peak = max(now.peak_memory_bytes or 0, self.used.peak_memory_bytes or 0) or None
-        self.used = Usage(cpu, peak)
-        return self.used
-
-    def describe(self, preview: str | None = None) -> dict[str, Any]:
-        """The service as a result's `services` entry."""
-        described: dict[str, Any] = {
-            "name": self.name,
-            "id": self.id,
-            "state": self.state,
-            "port": self.port,
-            "url": f"http://{self.name}:{self.port}/",
-            "uptime_s": round(time.time() - self.started_at, 1),
-        }
-        if self.stop_reason:
-            described["stopped_because"] = self.stop_reason
-        if self.restarts:
-            described["restarts"] = self.restarts
-        if preview is not None:
-            described["preview"] = preview
-        return described
 
 
 class Services:
@@ -248,7 +147,7 @@ class Services:
             settings=settings, network=network,
         )  # fmt: skip
         self._services[service.id] = service  # counted from now on: no await between the caps and this
-        answer = _Answer()
+        answer = Answer()
         self._group.start_soon(self._life, service, record, spec, proxy, answer)
         try:
             await answer.done.wait()
@@ -260,11 +159,11 @@ class Services:
         return service
 
     async def _life(
-        self, service: Service, record: WorkspaceRecord, spec: SandboxSpec, proxy: ProxyEndpoint | None, up: _Answer
+        self, service: Service, record: WorkspaceRecord, spec: SandboxSpec, proxy: ProxyEndpoint | None, up: Answer
     ) -> None:
         """A service from its start to its end: the one task that makes, remakes and removes its container."""
         failure: Exception | None = None
-        failed_restart: _Answer | None = None
+        failed_restart: Answer | None = None
         try:
             async with self.store.using(record, 0):  # held as a running call holds it, until what it made is gone
                 try:
@@ -323,7 +222,7 @@ class Services:
         service.container_id, service.pid, service.slot = started.container_id, started.pid, started.slot
         service.meter = Meter.start(started.pid)
         self._networks_changed()  # the warm pool makes its calls' containers while the service gets ready
-        problem, field_name = await self._until_ready(service)
+        problem, field_name = await until_ready(self.runtime.api, service)
         if problem is not None:
             last = self.log_of(service)
             service.ask_stop("it never became ready")
@@ -354,7 +253,7 @@ class Services:
         """Its container removed and made again from the same spec, its command run anew; ready as at its start."""
         if service.spec is None or service.state != "running":
             raise Refusal(f"refused: service {service.name!r} cannot be restarted now ({service.state})", "service")
-        asked = _Answer()
+        asked = Answer()
         service.asks.append(asked)
         service.wake.set()
         await asked.done.wait()
@@ -400,48 +299,6 @@ class Services:
                 f"{allowed})",
                 "services.tools",
             )
-
-    async def _until_ready(self, service: Service) -> tuple[str | None, str]:
-        """Wait until the service listens on its port: (None, ""), or why it will not and the field that says."""
-        deadline = time.monotonic() + service.settings.start_timeout_s
-        api = self.runtime.api
-        while True:
-            if service.stop_asked:
-                return f"it was stopped while it started ({service.stop_reason})", "service"
-            state = await anyio.to_thread.run_sync(containers.container_state, api, service.container_id)
-            if not state.get("Running"):
-                if state.get("OOMKilled"):
-                    memory = service.settings.memory_mb
-                    return f"it ran out of memory (field services.memory_mb: {memory})", "services.memory_mb"
-                code = state.get("ExitCode", "?")
-                return f"it exited with code {code} before listening on port {service.port}", "services.start_timeout_s"
-            ports = await anyio.to_thread.run_sync(containers.listening_ports, service.pid)
-            answered = None
-            if service.port in ports:
-                if service.ready_path is None or netns.unavailable() is not None:
-                    return None, ""
-                answered = await anyio.to_thread.run_sync(
-                    netns.status_inside, service.pid, service.port, service.name, service.ready_path
-                )
-                if answered is not None and answered < 500:
-                    return None, ""
-            if time.monotonic() > deadline:
-                if service.port in ports:
-                    said = f"answered {answered}" if answered is not None else "did not answer"
-                    return (
-                        f"it listens on port {service.port}, but GET {service.ready_path} {said} within "
-                        f"{service.settings.start_timeout_s:g} s (field services.start_timeout_s)",
-                        "services.start_timeout_s",
-                    )
-                others = ", ".join(str(p) for p in sorted(ports))
-                elsewhere = f" (it listens on {others})" if others else ""
-                waited = service.settings.start_timeout_s
-                return (
-                    f"it did not listen on port {service.port} within {waited:g} s (field services.start_timeout_s)"
-                    f"{elsewhere}",
-                    "services.start_timeout_s",
-                )
-            await anyio.sleep(READY_POLL_S)
 
     # -- stopping ----------------------------------------------------------------------------
 

@@ -10,6 +10,7 @@ import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 import anyio
 import anyio.to_thread
@@ -40,13 +41,22 @@ def serve_command(args: argparse.Namespace) -> int:
     """`sandbox-server serve`: run the server until the client leaves or a signal comes."""
     from sandbox_server.access.audit import AuditLog
     from sandbox_server.network.proxies import EgressProxies
+    from sandbox_server.ops.memory import return_freed_memory
     from sandbox_server.policy.loader import load_policy
     from sandbox_server.policy.watcher import watch_policy
     from sandbox_server.protocol.health import health_route
     from sandbox_server.protocol.http_limits import ConnectionLimits, raise_open_files_limit
     from sandbox_server.protocol.preview import Previews, serve_previews
     from sandbox_server.protocol.server import SandboxServer
-    from sandbox_server.protocol.transports import LOOPBACK_HOSTS, listen, serve_http, serve_stdio, url_of
+    from sandbox_server.protocol.transports import (
+        LOOPBACK_HOSTS,
+        allowed_hosts,
+        host_names,
+        listen,
+        serve_http,
+        serve_stdio,
+        url_of,
+    )
     from sandbox_server.sandbox import netns
     from sandbox_server.sandbox.docker_runtime import DockerRuntime
     from sandbox_server.sandbox.pool import WarmPool
@@ -72,6 +82,7 @@ def serve_command(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="sandbox-server: %(message)s")
     log = logging.getLogger("sandbox_server")
     raise_open_files_limit()  # bounded by the caps on connections, walks and sessions, never by hope
+    return_freed_memory()  # what a burst of large calls held goes back to the host once they are answered
     listener = listen(args.host, args.port) if args.transport == "http" else None  # a taken port is said first
     runtime = DockerRuntime.lazy()
     _start_reaper(runtime.owner)
@@ -201,9 +212,10 @@ def serve_command(args: argparse.Namespace) -> int:
             raise UsageError("--preview-port is for stdio; over HTTP previews are served beside /mcp")
         preview_listener = listen("127.0.0.1", args.preview_port)
 
-    def offer_previews(base_url: str) -> Previews:
+    def offer_previews(base_url: str, host: str) -> Previews:
         """The preview routes; their links go into answers when this host lets the server reach services."""
-        previews = Previews(services, base_url)
+        public = urlsplit(args.public_url).hostname if args.public_url else None
+        previews = Previews(services, base_url, allowed_hosts(host_names(host, public)))
         why_not = netns.unavailable() or (None if runtime.on_this_host() else "the engine is elsewhere")
         if why_not is None:
             services.preview_of = previews.link
@@ -247,14 +259,14 @@ def serve_command(args: argparse.Namespace) -> int:
                 if listener is not None:
                     limits = ConnectionLimits.of(args)
                     log.info("serving MCP over Streamable HTTP at %s", url_of(listener))
-                    previews = offer_previews((args.public_url or url_of(listener)).removesuffix("/mcp"))
+                    previews = offer_previews((args.public_url or url_of(listener)).removesuffix("/mcp"), args.host)
                     await serve_http(
                         app, args.host, listener, authentication, limits, args.max_request_bytes, stopping,
                         [*previews.routes(), health_route(checks), *metrics],
                     )  # fmt: skip
                 else:
                     if preview_listener is not None:
-                        previews = offer_previews(url_of(preview_listener).removesuffix("/mcp"))
+                        previews = offer_previews(url_of(preview_listener).removesuffix("/mcp"), "127.0.0.1")
                         group.start_soon(serve_previews, previews, preview_listener)
                     await serve_stdio(app)
                 group.cancel_scope.cancel()

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import hashlib
 import logging
 import resource
 import time
@@ -25,6 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from sandbox_server.protocol.http_budget import caller_key
 
 __all__ = [
     "ConnectionLimits",
@@ -41,20 +42,22 @@ log = logging.getLogger("sandbox_server")
 @dataclass(frozen=True, slots=True)
 class ConnectionLimits:
     """What HTTP clients may hold open (serve's --max-connections, --max-connections-per-address,
-    --header-timeout-s, --body-timeout-s, --max-sessions-per-caller)."""
+    --header-timeout-s, --body-timeout-s, --max-sessions-per-caller, --max-held-bytes[-per-caller])."""
 
     max_connections: int = 1000
     max_per_address: int = 200
     header_timeout_s: float = 10.0
     body_timeout_s: float = 60.0
     max_sessions_per_caller: int = 100
+    max_held_bytes: int = 256 * 2**20
+    max_held_bytes_per_caller: int = 64 * 2**20
 
     @classmethod
     def of(cls, args: argparse.Namespace) -> ConnectionLimits:
         """The limits `serve`'s options give (add_limit_arguments)."""
         return cls(
             args.max_connections, args.max_connections_per_address, args.header_timeout_s, args.body_timeout_s,
-            args.max_sessions_per_caller,
+            args.max_sessions_per_caller, args.max_held_bytes, args.max_held_bytes_per_caller,
         )  # fmt: skip
 
 
@@ -93,6 +96,19 @@ def add_limit_arguments(serve: argparse.ArgumentParser) -> None:
         default=bounds.max_sessions_per_caller,
         help=f"HTTP: handshake-era sessions one caller may keep open (default {bounds.max_sessions_per_caller}; "
         "anonymous callers on loopback are one caller)",
+    )
+    serve.add_argument(
+        "--max-held-bytes",
+        type=_positive_int,
+        default=bounds.max_held_bytes,
+        help=f"HTTP: bytes of request bodies (call arguments) held by requests in flight, in all (default "
+        f"{bounds.max_held_bytes}); past it a request is answered 503 before its body is read",
+    )
+    serve.add_argument(
+        "--max-held-bytes-per-caller",
+        type=_positive_int,
+        default=bounds.max_held_bytes_per_caller,
+        help=f"HTTP: as --max-held-bytes, for one caller's requests (default {bounds.max_held_bytes_per_caller})",
     )
     serve.add_argument(
         "--max-request-bytes",
@@ -291,12 +307,6 @@ class SessionCap:
         self._opening: dict[str, int] = {}
         """Requests that may open a session, being answered now, per caller key."""
 
-    @staticmethod
-    def _caller(scope: Scope) -> str:
-        headers = dict(scope.get("headers") or [])
-        credential = headers.get(b"authorization")
-        return "anonymous" if not credential else hashlib.sha256(credential).hexdigest()
-
     def _open(self, caller: str) -> dict[str, float]:
         sessions = self._sessions.get(caller, {})
         now = self._clock()
@@ -311,7 +321,7 @@ class SessionCap:
         if scope.get("type") != "http":
             await self.app(scope, receive, send)
             return
-        caller = self._caller(scope)
+        caller = caller_key(scope)
         headers = dict(scope.get("headers") or [])
         requested = headers.get(self._session_header)
         version = headers.get(self._version_header)

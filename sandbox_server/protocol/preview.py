@@ -6,6 +6,13 @@ same bearer token as their MCP requests, or the signed link a service's answer g
 while and once: its first use gives that browser a session cookie for the one service and sends it on without
 the link. Everyone else is answered 401 (no credentials) or 404 (another caller's, or no such service), the
 same 404 as for an id that never existed.
+
+Previews share the server's origin, so a page of another origin must not ride on a browser's cookie: a request
+whose `Host` is not one the server answers to is refused (as /mcp refuses it, against DNS rebinding), and one
+from another origin (its `Origin`, or a browser's `Sec-Fetch-Site` for anything but opening the page) is
+refused for every method and for WebSocket upgrades. A service's cookies are kept to its own prefix: their
+`Domain` is dropped and their `Path` put below `/preview/<id>/`, and none may take a preview cookie's name. A
+service that fails to answer, or answers what is not HTTP, gets a 502 that says so.
 """
 
 from __future__ import annotations
@@ -17,9 +24,10 @@ import logging
 import secrets
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from http.cookies import SimpleCookie
 from typing import Any
-from urllib.parse import parse_qsl, urlencode
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
 import anyio
 import anyio.to_thread
@@ -49,14 +57,18 @@ HOP_BY_HOP = frozenset(
 )  # fmt: skip
 METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 UNKNOWN = "no such service\n"
+COOKIE_PREFIX = "sbx-preview-"
+"""The names of the browsers' preview cookies (a service may set none of these)."""
 
 
 class Previews:
     """The preview routes of one HTTP server, its links and its browsers' sessions."""
 
-    def __init__(self, services: Services, base_url: str) -> None:
+    def __init__(self, services: Services, base_url: str, hosts: Sequence[str]) -> None:
         self.services = services
         self.base_url = base_url.rstrip("/")
+        self.hosts = tuple(hosts)
+        """The Host headers the server answers to: a name, or `name:*` for that name on any port."""
         self._key = secrets.token_bytes(32)
         self._browsers: dict[str, tuple[str, str, float]] = {}
         """A browser's cookie -> (service id, caller, expiry)."""
@@ -88,10 +100,15 @@ class Previews:
     # -- who may ---------------------------------------------------------------------------------
 
     def _cookie_name(self, service_id: str) -> str:
-        return "sbx-preview-" + hashlib.sha256(service_id.encode()).hexdigest()[:12]
+        return COOKIE_PREFIX + hashlib.sha256(service_id.encode()).hexdigest()[:12]
 
     async def _admit(self, connection: HTTPConnection) -> tuple[Service | None, int, str]:
-        """The service a request may reach, else the status to answer (401: no credentials; 404: not theirs)."""
+        """The service a request may reach, else the status to answer (401: no credentials; 404: not theirs; 403:
+        another origin or an unknown host)."""
+        refused = self._foreign(connection)
+        if refused:
+            log.warning("refused a preview request: %s", refused)
+            return None, 403, refused + "\n"
         service_id = connection.path_params["service"]
         service = self.services.get(service_id)
         if service is None or not service.settings.preview:
@@ -107,6 +124,20 @@ class Previews:
         if browser is not None and browser[:2] == (service.id, service.caller) and browser[2] > time.time():
             return service, 200, ""
         return None, 401, "open the preview link this service's answer gave, or send your bearer token\n"
+
+    def _foreign(self, connection: HTTPConnection) -> str:
+        """Why a request comes from where it may not (an empty string when it does not)."""
+        host = connection.headers.get("host", "")
+        if not _host_allowed(host, self.hosts):
+            return f"the Host header {host[:100]!r} is not one this server answers to"
+        origin = connection.headers.get("origin")
+        if origin is not None and (origin == "null" or urlsplit(origin).netloc.lower() != host.lower()):
+            return f"a page of another origin ({origin[:100]}) may not use a preview"
+        site = connection.headers.get("sec-fetch-site")
+        navigating = connection.headers.get("sec-fetch-mode") == "navigate" and connection.scope["type"] == "http"
+        if site in ("same-site", "cross-site") and not (navigating and connection.scope.get("method") == "GET"):
+            return f"a {site} request may only open a preview, not use it (Sec-Fetch-Site: {site})"
+        return ""
 
     async def _seen_by(self, service: Service, caller: str, how: str) -> Service:
         if (service.id, caller) not in self._seen:
@@ -185,14 +216,19 @@ class Previews:
             connection, answer = await anyio.to_thread.run_sync(
                 _forward, service, request.method, target, headers, bytes(body)
             )
-        except OSError as exc:
-            return PlainTextResponse(f"service {service.name} did not answer on port {service.port}: {exc}\n", 502)
+        except (OSError, http.client.HTTPException) as exc:
+            said = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            return PlainTextResponse(f"service {service.name} did not answer on port {service.port}: {said}\n", 502)
         response = StreamingResponse(_body(connection, answer), status_code=answer.status)
+        prefix = f"{PREVIEW_PREFIX}/{service.id}/"
         response.raw_headers = [
             (k.lower().encode("latin-1"), v.encode("latin-1"))
             for k, v in answer.getheaders()
-            if k.lower() not in HOP_BY_HOP
+            if k.lower() not in HOP_BY_HOP and k.lower() != "set-cookie"
         ]
+        for name, value in answer.getheaders():
+            if name.lower() == "set-cookie" and (cookie := _own_cookie(value, prefix)) is not None:
+                response.raw_headers.append((b"set-cookie", cookie.encode("latin-1")))
         return response
 
     async def _websocket(self, websocket: WebSocket) -> None:
@@ -200,7 +236,7 @@ class Previews:
         if service is None:
             await websocket.close(code=1008)
             return
-        from websockets.exceptions import ConnectionClosed
+        from websockets.exceptions import ConnectionClosed, WebSocketException
         from websockets.sync.client import connect
 
         target = self._target(websocket, service)
@@ -215,7 +251,7 @@ class Previews:
 
         try:
             upstream = await anyio.to_thread.run_sync(open_upstream)
-        except (OSError, ConnectionClosed, TimeoutError) as exc:
+        except (OSError, WebSocketException, TimeoutError) as exc:  # not listening, or it answers no upgrade
             log.info("preview of %s: its WebSocket did not open (%s)", service.id, exc)
             await websocket.close(code=1011)
             return
@@ -288,5 +324,32 @@ def _body(connection: http.client.HTTPConnection, answer: http.client.HTTPRespon
     try:
         while chunk := answer.read1(64 * 1024):
             yield chunk
+    except (OSError, http.client.HTTPException) as exc:  # the service broke off: the browser gets what came
+        log.info("a preview's answer ended early: %r", exc)
     finally:
         connection.close()
+
+
+def _host_allowed(host: str, allowed: Sequence[str]) -> bool:
+    """Whether a Host header is one of `allowed` (`name:*` allowing that name on any port)."""
+    host = host.lower()
+    name = host[: host.index("]") + 1] if host.startswith("[") and "]" in host else host.split(":", 1)[0]
+    return any(host == pattern or (pattern.endswith(":*") and name == pattern[:-2]) for pattern in allowed)
+
+
+def _own_cookie(header: str, prefix: str) -> str | None:
+    """A service's Set-Cookie kept to its preview's prefix (its Path below it, no Domain); None to drop it (a
+    preview cookie's name, or what does not parse)."""
+    jar: SimpleCookie = SimpleCookie()
+    try:
+        jar.load(header)
+    except Exception:  # http.cookies raises CookieError and others on what it cannot read
+        return None
+    if len(jar) != 1:
+        return None
+    ((name, morsel),) = jar.items()
+    if name.startswith(COOKIE_PREFIX) or name.startswith(("__Host-", "__Secure-")):
+        return None
+    morsel["domain"] = ""
+    morsel["path"] = prefix + str(morsel["path"] or "/").lstrip("/")
+    return morsel.OutputString()

@@ -13,15 +13,17 @@ from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
 from sandbox_server.access.auth import Authentication, ExplainedRefusals
 from sandbox_server.errors import SandboxServerError
+from sandbox_server.protocol.http_budget import HeldBytes
 from sandbox_server.protocol.http_limits import ConnectionLimits, ExplainedBodyCap, SessionCap, bounded_protocol
 from sandbox_server.protocol.http_sessions import SessionEndWatcher
+from sandbox_server.protocol.stdio_errors import AnsweringMalformed
 
 if TYPE_CHECKING:
     from starlette.routing import BaseRoute, Route
 
     from sandbox_server.protocol.server import SandboxServer
 
-__all__ = ["LOOPBACK_HOSTS", "listen", "serve_http", "serve_stdio", "url_of"]
+__all__ = ["LOOPBACK_HOSTS", "allowed_hosts", "host_names", "listen", "serve_http", "serve_stdio", "url_of"]
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 """Addresses to bind `serve --transport http` to that only this machine reaches."""
@@ -37,7 +39,8 @@ REQUEST_ENVELOPE_BYTES = 64 * 1024
 async def serve_stdio(app: SandboxServer) -> None:
     """Serve MCP over stdin/stdout until the client closes the stream."""
     async with stdio_server() as (read_stream, write_stream):
-        await app.server.run(read_stream, write_stream, app.initialization_options())
+        answering = AnsweringMalformed(read_stream, write_stream)  # a line it cannot read is answered, not dropped
+        await app.server.run(answering, write_stream, app.initialization_options())
 
 
 def listen(host: str, port: int) -> socket.socket:
@@ -57,6 +60,21 @@ def listen(host: str, port: int) -> socket.socket:
         taken = " (another process listens there; choose another with --port)" if exc.errno == errno.EADDRINUSE else ""
         raise SandboxServerError(f"cannot listen on {host}:{port}: {exc.strerror or exc}{taken}") from None
     return listener
+
+
+def host_names(host: str, public_host: str | None = None) -> list[str]:
+    """The names a server bound to `host` is reached by: loopback's, the host's, and the public URL's (serve
+    --public-url, behind a proxy or not)."""
+    loopback = ["127.0.0.1", "localhost", "[::1]"]
+    names = loopback if host in LOOPBACK_HOSTS else [host, *loopback]
+    if public_host is not None and public_host not in names:
+        names.append(public_host)
+    return names
+
+
+def allowed_hosts(names: list[str]) -> list[str]:
+    """The Host headers a server reached by `names` answers to (each name, on any port): for /mcp and previews."""
+    return [*names, *(f"{name}:*" for name in names)]
 
 
 def url_of(listener: socket.socket) -> str:
@@ -87,15 +105,12 @@ async def serve_http(
     """
     import uvicorn
 
-    loopback = ["127.0.0.1", "localhost", "[::1]"]
-    names = loopback if host in LOOPBACK_HOSTS else [host, *loopback]
     auth = authentication.settings if authentication is not None else None
     public = auth.resource_server_url if auth is not None else None
-    if public is not None and public.host is not None and public.host not in names:
-        names.append(public.host)  # the name clients reach it by (serve --public-url), behind a proxy or not
+    names = host_names(host, public.host if public is not None else None)
     security = TransportSecuritySettings(
         enable_dns_rebinding_protection=True,
-        allowed_hosts=[*names, *(f"{name}:*" for name in names)],
+        allowed_hosts=allowed_hosts(names),
         allowed_origins=[
             f"{scheme}://{name}{port}" for scheme in ("http", "https") for name in names for port in ("", ":*")
         ],
@@ -114,17 +129,22 @@ async def serve_http(
         max_sessions=None,  # bounded per caller instead (SessionCap), so one caller cannot lock the others out
         custom_starlette_routes=cast("list[Route]", routes or []),
     )
-    watched = ExplainedRefusals(
-        ExplainedBodyCap(
-            SessionCap(
-                SessionEndWatcher(starlette_app, app.session_ended),
-                limits.max_sessions_per_caller,
-                SESSION_IDLE_S,
-                frozenset(HANDSHAKE_PROTOCOL_VERSIONS),
-            ),
-            body_bytes,
-            policy_bytes,
-        )
+    watched = HeldBytes(
+        ExplainedRefusals(
+            ExplainedBodyCap(
+                SessionCap(
+                    SessionEndWatcher(starlette_app, app.session_ended),
+                    limits.max_sessions_per_caller,
+                    SESSION_IDLE_S,
+                    frozenset(HANDSHAKE_PROTOCOL_VERSIONS),
+                ),
+                body_bytes,
+                policy_bytes,
+            )
+        ),
+        limits.max_held_bytes,
+        limits.max_held_bytes_per_caller,
+        body_bytes,
     )
     config = uvicorn.Config(
         watched,

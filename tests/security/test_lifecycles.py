@@ -12,6 +12,7 @@ from typing import Any
 import anyio
 import httpx2
 import mcp_types as types
+import psutil
 import pytest
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
@@ -141,3 +142,117 @@ async def test_a_burst_of_task_calls_gets_exactly_the_caps_and_clear_refusals_fo
                 "execute_command", {"command": "true", "timeout_s": 200}, allow_claimed=True
             )
             assert not isinstance(again, types.CallToolResult), again
+
+
+# -- 3. calls waiting for a person, sent all at once with large arguments ----------------------------------------
+
+ASKING = """\
+extends: default
+rate: {calls_per_minute: 100000, concurrent_calls: 4}
+approval: {commands: ["rm *"]}
+"""
+MiB = 2**20
+
+
+async def test_a_burst_of_large_calls_waiting_for_a_person_holds_a_bounded_share_and_gives_it_back(
+    tmp_path: Path, runtime: DockerRuntime
+) -> None:
+    """The attack: one session sends 150 calls at once, each with 3 MB of stdin, under a policy that asks about
+    `rm *`, and its client never answers; then it leaves. The server's RSS is read all along."""
+    policy = tmp_path / "asking.yaml"
+    policy.write_text(ASKING)
+    never = anyio.Event()
+    outcomes: list[str] = []
+
+    async def silent_person(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+        await never.wait()
+        raise AssertionError("never answered")
+
+    with http_server_process("--policy", str(policy), "--no-pool") as server:
+        memory = psutil.Process(server.process.pid)
+        async with connect(server.url) as warm:  # the server's own level, once it has served a call
+            await _still_serving(warm)
+        level = memory.memory_info().rss
+        peak = level
+        async with connect(server.url, elicitation_callback=silent_person) as session:
+
+            async def one() -> None:
+                try:
+                    result = await session.call_tool(
+                        "execute_command", {"command": "rm -f x", "stdin": "x" * 3_000_000}
+                    )
+                    outcomes.append(result.structured_content["error"]["field"] if result.structured_content else "?")
+                except Exception as exc:  # refused at the door: a 503 that names the option
+                    outcomes.append(type(exc).__name__)
+
+            async with anyio.create_task_group() as group:
+                for _ in range(150):
+                    group.start_soon(one)
+                with anyio.fail_after(120):  # every call is answered but those waiting for the person
+                    while len(outcomes) < 146:
+                        peak = max(peak, memory.memory_info().rss)
+                        await anyio.sleep(0.05)
+                peak = max(peak, memory.memory_info().rss)
+                group.cancel_scope.cancel()  # the client leaves with four calls still waiting
+        assert peak - level < 320 * MiB, (level // MiB, peak // MiB)  # not 150 calls' arguments held many times over
+        with anyio.fail_after(30):  # and what it held goes back to the host once its calls are gone
+            while memory.memory_info().rss - level > 48 * MiB:
+                await anyio.sleep(0.1)
+        assert outcomes.count("rate.concurrent_calls") >= 10, outcomes  # refused while four wait for the person
+        log = "".join(server.lines)
+        assert "serve --max-held-bytes-per-caller" in log, log[-2000:]  # the rest were refused at the door
+        async with connect(server.url) as after:
+            await _still_serving(after)
+
+
+# -- 9. a flood of approval questions beside another client's pending one ---------------------------------------
+
+
+async def test_a_flood_of_approval_questions_pushes_out_no_other_clients_pending_question(
+    tmp_path: Path, runtime: DockerRuntime
+) -> None:
+    """The attack: while one client's question waits for its person, another client of the same (anonymous) caller
+    has 150 questions asked and never answered; then the first person says yes, and that yes must count."""
+    policy = tmp_path / "asking.yaml"
+    policy.write_text(ASKING)
+    flood_done, never = anyio.Event(), anyio.Event()
+    asked: list[str] = []
+
+    async def patient_person(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+        asked.append(params.message)
+        await flood_done.wait()
+        return types.ElicitResult(action="accept", content={})
+
+    async def silent_person(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+        asked.append(params.message)
+        await never.wait()
+        raise AssertionError("never answered")
+
+    with http_server_process("--policy", str(policy), "--no-pool") as server:
+        async with (
+            connect(server.url, mode="2026-07-28", elicitation_callback=patient_person) as first,
+            connect(server.url, mode="2026-07-28", elicitation_callback=silent_person) as flooder,
+            anyio.create_task_group() as group,
+        ):
+            results: list[dict[str, Any]] = []
+
+            async def approved_call() -> None:
+                results.append(await answer(first, "execute_command", {"command": "rm -f nothing && echo removed"}))
+
+            group.start_soon(approved_call)
+            with anyio.fail_after(30):
+                while not asked:
+                    await anyio.sleep(0.01)
+            for number in range(150):
+                group.start_soon(flooder.call_tool, "execute_command", {"command": f"rm -f file{number}"})
+            with anyio.fail_after(60):
+                while len(asked) < 151:
+                    await anyio.sleep(0.02)
+            flood_done.set()
+            with anyio.fail_after(30):
+                while not results:
+                    await anyio.sleep(0.02)
+            group.cancel_scope.cancel()
+        (approved,) = results
+        assert not approved["is_error"] and approved["stdout"] == "removed\n", approved["text"]
+        assert len(asked) == 151  # the yes was taken at once: its person was not asked again

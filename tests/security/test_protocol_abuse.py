@@ -58,3 +58,52 @@ def test_32_deeply_nested_json_is_refused_and_the_server_lives(runtime: object) 
         "run_python",
         "services",
     ]
+
+
+def test_every_unreadable_message_over_stdio_is_answered_with_the_json_rpc_error_and_the_server_stays_up(
+    runtime: object,
+) -> None:
+    """Malformed JSON, 20,000-deep JSON, a lone surrogate, a batch of 500 requests and a bare string: each answered
+    (-32700 for what does not parse, -32600 for what is not a message), in order, and the next request too."""
+    batch = json.dumps([{"jsonrpc": "2.0", "id": 100 + n, "method": "ping"} for n in range(500)])
+    unreadable = [
+        ('{"jsonrpc": "2.0", "id": 2, "method": ', -32700),
+        ("[" * 20_000 + "]" * 20_000, -32700),
+        ('{"jsonrpc":"2.0","id":3,"method":"tools/list","params":{"cursor":"\\ud800"}}', -32700),
+        (batch, -32600),
+        ('"just a string"', -32600),
+        ('{"jsonrpc": "2.0", "id": 4, "method": 5}', -32600),
+    ]
+    lines = [
+        json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "battery", "version": "1"}}}),
+        json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+        *(line for line, _ in unreadable),
+        json.dumps({"jsonrpc": "2.0", "id": 9, "method": "tools/list"}),
+    ]  # fmt: skip
+    parameters = stdio_parameters("--no-pool")
+    server = subprocess.Popen(
+        [parameters.command, *parameters.args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    answers: list[dict[str, Any]] = []
+    watchdog = threading.Timer(60, server.kill)  # a server that neither answers nor exits fails the test
+    watchdog.start()
+    try:
+        assert server.stdin is not None and server.stdout is not None
+        server.stdin.write("\n".join(lines) + "\n")
+        server.stdin.flush()
+        for line in server.stdout:
+            answers.append(json.loads(line))
+            if answers[-1].get("id") == 9:
+                break
+    finally:
+        watchdog.cancel()
+        server.stdin.close()  # type: ignore[union-attr]
+        server.wait(timeout=30)
+        server.stdout.close()  # type: ignore[union-attr]
+    errors = [a for a in answers if a.get("id") is None and "error" in a]
+    assert [e["error"]["code"] for e in errors] == [code for _, code in unreadable], errors
+    assert "batch" in errors[3]["error"]["message"], errors[3]
+    assert not [a for a in answers if isinstance(a.get("id"), int) and 100 <= a["id"] < 600]  # no batch member ran
+    assert len(answers[-1]["result"]["tools"]) == 4, answers[-1]

@@ -9,15 +9,20 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import math
 import re
+import secrets
 import shlex
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from sandbox_server.policy import ApprovalSettings, ToolPolicy
 
-__all__ = ["APPROVAL_FORM", "Approval", "approval_needed", "approval_notice", "shell_commands"]
+__all__ = [
+    "APPROVAL_FORM", "Approval", "approval_needed", "approval_notice", "lapses_at", "new_question", "shell_commands",
+]  # fmt: skip
 
 APPROVAL_FORM: dict[str, Any] = {"type": "object", "properties": {}}
 """The form shown with the question: nothing to fill in, the answer is accept, decline or cancel."""
@@ -197,3 +202,14 @@ def approval_notice(settings: ApprovalSettings, tool: str, tool_policy: ToolPoli
     if not asks:
         return None
     return "A person is asked to approve, through the client, before it runs: " + "; ".join(asks) + "."
+
+
+def new_question(lapse_s: float) -> str:
+    """A question's id: when it lapses (wall-clock seconds, as replicas share it) and 128 random bits."""
+    return f"{math.ceil(time.time() + lapse_s)}.{secrets.token_urlsafe(16)}"
+
+
+def lapses_at(question_id: str) -> float | None:
+    """When a question lapses (None for an id this server did not make)."""
+    stamp, dot, rest = question_id.partition(".")
+    return float(stamp) if dot and stamp.isdigit() and len(stamp) <= 12 and len(rest) >= 16 else None

@@ -9,7 +9,6 @@ import contextlib
 import functools
 import logging
 import math
-import secrets
 import threading
 import time
 import uuid
@@ -18,6 +17,7 @@ from dataclasses import dataclass
 
 import anyio
 
+from sandbox_server.access.approval import lapses_at, new_question
 from sandbox_server.access.tokens import Caller, TokensFile, caller_of, new_caller
 from sandbox_server.errors import ConfigError, Refusal
 from sandbox_server.policy import RateLimits
@@ -92,34 +92,29 @@ _ADMIT_IN = (
 
 
 class SharedQuestions:
-    """Approval questions awaiting their answer, in the shared state."""
+    """Approval answers already used, in the shared state, until they lapse (the questions travel sealed in their
+    requestState: see protocol.asking.Questions), so an answer is used once whichever replica it reaches."""
 
     def __init__(self, database: Database) -> None:
         self.database = database
 
-    def ask(self, caller: str, lapse_s: float, most: int) -> str:
-        """A new question's id (the caller's questions past `most`, oldest first, and lapsed ones go)."""
-        question_id = secrets.token_urlsafe(16)
-        with self.database.connection() as connection, connection.transaction():
-            connection.execute("DELETE FROM questions WHERE lapses_at <= now()")
-            connection.execute(
-                "DELETE FROM questions WHERE id IN (SELECT id FROM questions WHERE caller = %s "
-                "ORDER BY lapses_at DESC OFFSET %s)",
-                (caller, max(0, most - 1)),
-            )
-            connection.execute(
-                "INSERT INTO questions (id, caller, lapses_at) VALUES (%s, %s, now() + make_interval(secs => %s))",
-                (question_id, caller, lapse_s),
-            )
-        return question_id
+    def ask(self, caller: str, lapse_s: float) -> str:
+        """A new question's id: nothing is stored until it is answered."""
+        return new_question(lapse_s)
 
     def take(self, caller: str, question_id: str) -> bool:
-        """Whether the question was asked of this caller and not yet answered or lapsed (it is used up now)."""
-        rows = self.database.run(
-            "DELETE FROM questions WHERE id = %s AND caller = %s AND lapses_at > now() RETURNING 1",
-            (question_id, caller),
-        )
-        return bool(rows)
+        """Whether the question may be answered now (not lapsed, not answered on any replica): used up now."""
+        lapses = lapses_at(question_id)
+        if lapses is None or lapses <= time.time():
+            return False
+        with self.database.connection() as connection, connection.transaction():
+            connection.execute("DELETE FROM questions WHERE lapses_at <= now()")
+            taken = connection.execute(
+                "INSERT INTO questions (id, caller, lapses_at) VALUES (%s, %s, to_timestamp(%s)) "
+                "ON CONFLICT (id) DO NOTHING RETURNING 1",
+                (question_id, caller, lapses),
+            ).fetchall()
+        return bool(taken)
 
 
 class SharedAnswers:

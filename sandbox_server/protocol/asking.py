@@ -21,7 +21,7 @@ import anyio.to_thread
 import mcp_types as types
 from mcp.shared.exceptions import MCPError
 
-from sandbox_server.access.approval import APPROVAL_FORM, Approval
+from sandbox_server.access.approval import APPROVAL_FORM, Approval, lapses_at, new_question
 from sandbox_server.calls.hosts import Question
 from sandbox_server.errors import Refusal
 from sandbox_server.policy import Policy
@@ -32,48 +32,50 @@ __all__ = ["APPROVAL_TTL_S", "Approvals", "LocalQuestions", "ParkedCalls", "Ques
 APPROVAL_TTL_S = 600.0
 """How long a question for approval may wait for its answer."""
 MAX_QUESTIONS = 100
-"""Approval questions of one caller awaiting an answer at most (2026-07-28 era); past it its oldest lapse."""
+"""Calls of one caller parked while the person is asked about a host (2026-07-28 era); past it its oldest go."""
+MAX_USED_ANSWERS = 100_000
+"""Used approval answers one caller's table keeps until they lapse (each came from a genuine question)."""
 
 
 class Questions(Protocol):
-    """Where approval questions wait for their answer."""
+    """Approval questions (2026-07-28 era): each answered once, until it lapses.
 
-    def ask(self, caller: str, lapse_s: float, most: int) -> str:
-        """A new question's id (the caller's questions past `most`, oldest first, and lapsed ones go)."""
+    A question is kept by its client, not here: its id, with the time it lapses, travels in the requestState the
+    SDK seals (bound to the call, its arguments and its caller). What is kept is the answers already used, until
+    they lapse, so a flood of questions, however large, pushes no question of anyone out: there is no table of
+    pending questions to fill."""
+
+    def ask(self, caller: str, lapse_s: float) -> str:
+        """A new question's id, which carries when it lapses."""
 
     def take(self, caller: str, question_id: str) -> bool:
-        """Whether the question was asked of this caller and not yet answered or lapsed (it is used up now)."""
+        """Whether the question may be answered now (not lapsed, not answered before): it is used up now."""
 
 
 class LocalQuestions:
-    """This process's questions, per caller: id -> when it lapses."""
+    """This process's used answers, per caller: question id -> when it lapses (then forgotten)."""
 
     def __init__(self) -> None:
-        self._asked: dict[str, OrderedDict[str, float]] = {}
+        self._used: dict[str, OrderedDict[str, float]] = {}
         self._lock = threading.Lock()
 
-    def _live(self, caller: str) -> OrderedDict[str, float]:
-        now, questions = time.monotonic(), self._asked.setdefault(caller, OrderedDict())
-        while questions and next(iter(questions.values())) <= now:
-            questions.popitem(last=False)  # lapsed (asked in order, so the oldest lapse first)
-        return questions
-
-    def ask(self, caller: str, lapse_s: float, most: int) -> str:
-        question_id = secrets.token_urlsafe(16)
-        with self._lock:
-            questions = self._live(caller)
-            while len(questions) >= most:
-                questions.popitem(last=False)  # this caller's oldest, past its cap
-            questions[question_id] = time.monotonic() + lapse_s
-        return question_id
+    def ask(self, caller: str, lapse_s: float) -> str:
+        return new_question(lapse_s)
 
     def take(self, caller: str, question_id: str) -> bool:
+        lapses, now = lapses_at(question_id), time.time()
+        if lapses is None or lapses <= now:
+            return False
         with self._lock:
-            questions = self._live(caller)
-            asked = questions.pop(question_id, None)
-            if not questions:
-                del self._asked[caller]
-        return asked is not None
+            used = self._used.setdefault(caller, OrderedDict())
+            for old in [q for q, until in used.items() if until <= now]:
+                del used[old]
+            if question_id in used:
+                return False
+            used[question_id] = lapses
+            while len(used) > MAX_USED_ANSWERS:
+                used.popitem(last=False)  # the caller's oldest answer: replaying it replays its own approval
+        return True
 
 
 class Approvals:
@@ -112,7 +114,7 @@ class Approvals:
             asked = bool(state) and await anyio.to_thread.run_sync(self.questions.take, caller, state)
             response = (params.input_responses or {}).get("approval")
             if not asked or response is None:  # a first round, a lapsed question or a used answer: ask
-                question_id = await anyio.to_thread.run_sync(self.questions.ask, caller, APPROVAL_TTL_S, MAX_QUESTIONS)
+                question_id = self.questions.ask(caller, APPROVAL_TTL_S)
                 request = types.ElicitRequest(
                     params=types.ElicitRequestFormParams(message=needed.message, requested_schema=APPROVAL_FORM)
                 )
@@ -233,7 +235,8 @@ class ParkedCalls:
 
     def __init__(self) -> None:
         self._group: anyio.abc.TaskGroup | None = None
-        self._parked: OrderedDict[str, _Parked] = OrderedDict()
+        self._parked: dict[str, OrderedDict[str, _Parked]] = {}
+        """Per caller, its parked calls by id, oldest first: one caller's flood pushes out only its own."""
 
     async def serve(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         async with anyio.create_task_group() as group:
@@ -252,9 +255,10 @@ class ParkedCalls:
         """Run a call beside its request: its result, or its first question."""
         assert self._group is not None
         parked, call_id = _Parked(caller), secrets.token_urlsafe(16)
-        self._parked[call_id] = parked
-        while len(self._parked) > MAX_QUESTIONS * 10:
-            self._parked.popitem(last=False)  # the oldest, whose client never came back
+        theirs = self._parked.setdefault(caller, OrderedDict())
+        theirs[call_id] = parked
+        while len(theirs) > MAX_QUESTIONS:
+            theirs.popitem(last=False)  # this caller's oldest, whose client never came back
 
         async def work() -> None:
             with parked.sending:
@@ -268,8 +272,9 @@ class ParkedCalls:
 
     async def resume(self, caller: str, call_id: str, action: str) -> Any | None:
         """A round answering a parked call's question: its next answer (None: no such call of this caller)."""
-        parked = self._parked.get(call_id)
-        if parked is None or parked.caller != caller:
+        theirs = self._parked.get(caller)
+        parked = theirs.get(call_id) if theirs is not None else None
+        if parked is None:
             return None
         parked.answer(action)
         return await self._next(call_id, parked)
@@ -281,7 +286,11 @@ class ParkedCalls:
                 params=types.ElicitRequestFormParams(message=value, requested_schema=APPROVAL_FORM)
             )
             return types.InputRequiredResult(input_requests={"network": request}, request_state=call_id)
-        self._parked.pop(call_id, None)
+        theirs = self._parked.get(parked.caller)
+        if theirs is not None:
+            theirs.pop(call_id, None)
+            if not theirs:
+                del self._parked[parked.caller]
         if kind == "error":
             raise value
         return value

@@ -345,3 +345,38 @@ async def test_a_service_goes_out_through_the_proxy_and_the_sessions_calls_reach
     stopped = await session.call_tool("services", {"action": "stop", "name": "svc"})
     assert not stopped.is_error, text_of(stopped)
     assert api.networks(names=[network]) == []  # the proxy let go of it, and it is gone
+
+
+FLOOD = """\
+import http.client, os
+host, port = os.environ["HTTP_PROXY"].split("//")[1].rstrip("/").split(":")
+def ask(connection, name):
+    connection.request("GET", f"http://{name}/", headers={"Host": name})
+    answer = connection.getresponse()
+    answer.read()
+    return answer.status, answer.will_close
+connection = http.client.HTTPConnection(host, int(port), timeout=10)
+print(ask(connection, "web.test")[0])
+refused = 0
+for number in range(10_050):
+    status, closing = ask(connection, f"flood{number}.test")
+    refused += status == 403
+    if closing:
+        connection.close()
+        connection = http.client.HTTPConnection(host, int(port), timeout=10)
+print(refused)
+"""
+
+
+async def test_a_sandboxs_own_flood_of_denied_requests_does_not_push_its_allowed_request_out_of_its_answer(
+    session: Client,
+) -> None:
+    """The attack: one allowed request, then more denied ones than a sandbox's record keeps (10,000)."""
+    answer = await run(session, "python3 flood.py", files=[{"path": "flood.py", "content": FLOOD}], timeout_s=110)
+    assert answer["stdout"].split() == ["200", "10050"], answer["text"]
+    requests = answer["network"]["requests"]
+    allowed = [(r["host"], r["status"]) for r in requests if r["allowed"]]
+    assert allowed == [("web.test", 200)], allowed[:5]
+    assert requests[0]["host"] == "web.test"  # first, as it came
+    assert answer["network"]["requests_not_kept"] == 50 and len(requests) == 10_001
+    assert "and 9980 more (policy field network.allow)" in answer["text"]  # the note names 20 of them

@@ -49,6 +49,9 @@ if TYPE_CHECKING:  # the PostgreSQL driver is imported only by a server given --
 
 __all__ = ["Ask", "CallEnd", "CallPipeline", "TaskStart", "UnknownTool"]
 
+DENIED_NAMED = 20
+"""Hosts the proxy refused that an answer's note names (the answer's `network.denied` lists them all)."""
+
 Ask = Callable[[Approval, Policy, dict[str, Any]], Awaitable[Any]]
 """Asks a person to approve a call (given what needs approval, the call's policy and its audit record): None
 when they approved, a Refusal raised when not, or a question the call is answered with instead (the client asks
@@ -358,7 +361,10 @@ class CallPipeline:
             network["requests_not_kept"] = dropped
             notes = (*notes, f"{dropped} earlier requests through the proxy are counted but not listed")
         if denied:
-            notes = (*notes, f"the proxy refused {', '.join(denied)} (policy field network.allow)")
+            named = ", ".join(denied[:DENIED_NAMED]) + (
+                f" and {len(denied) - DENIED_NAMED} more" if len(denied) > DENIED_NAMED else ""
+            )
+            notes = (*notes, f"the proxy refused {named} (policy field network.allow)")
         audit = {**(outcome.audit or {}), "network": network} if outcome.audit is not None else None
         structured = {**outcome.structured, "network": network} if outcome.structured is not None else None
         return replace(outcome, structured=structured, notes=notes, audit=audit)

@@ -371,32 +371,48 @@ CA_VARIABLES = (
 
 
 SANDBOX_RECORD = 10_000
-"""Requests kept per sandbox until its call files them (the latest; the answer counts the rest)."""
+"""Requests kept per sandbox until its call files them, allowed and denied ones each (the latest; the answer counts
+the rest): a flood of cheap denied requests pushes out none of the sandbox's allowed ones."""
 SANDBOXES_RECORDED = 4096
 """Sandboxes whose requests are kept until filed; the longest unfiled go first."""
 
 
+@dataclass(slots=True)
+class _Record:
+    """One sandbox's requests not yet filed: allowed and denied ones in bounds of their own, in order of arrival."""
+
+    allowed: deque[tuple[int, ProxyRequest]]
+    denied: deque[tuple[int, ProxyRequest]]
+    dropped: int = 0
+    arrived: int = 0
+
+
 class RequestRecords:
     """The proxy's requests not yet filed, each sandbox's (by its address) in a bounded record of its own, so
-    that no sandbox's requests push out another's."""
+    that no sandbox's requests push out another's, nor its denied requests its allowed ones."""
 
     def __init__(self, per_sandbox: int = SANDBOX_RECORD, sandboxes: int = SANDBOXES_RECORDED) -> None:
         self.per_sandbox, self.sandboxes = per_sandbox, sandboxes
-        self._records: OrderedDict[str, deque[ProxyRequest]] = OrderedDict()
-        self._dropped: dict[str, int] = {}
+        self._records: OrderedDict[str, _Record] = OrderedDict()
 
     def file(self, request: ProxyRequest) -> None:
-        """Keep one request in its sandbox's record (its oldest goes past the bound, counted)."""
+        """Keep one request in its sandbox's record (the oldest of its kind goes past the bound, counted)."""
         record = self._records.get(request.client)
         if record is None:
-            record = self._records[request.client] = deque(maxlen=self.per_sandbox)
+            bound = self.per_sandbox
+            record = self._records[request.client] = _Record(deque(maxlen=bound), deque(maxlen=bound))
             while len(self._records) > self.sandboxes:  # never taken: a sandbox long gone
-                gone, _ = self._records.popitem(last=False)
-                self._dropped.pop(gone, None)
-        if len(record) == self.per_sandbox:
-            self._dropped[request.client] = self._dropped.get(request.client, 0) + 1
-        record.append(request)
+                self._records.popitem(last=False)
+        kind = record.allowed if request.allowed else record.denied
+        if len(kind) == self.per_sandbox:
+            record.dropped += 1
+        kind.append((record.arrived, request))
+        record.arrived += 1
 
     def take(self, client: str) -> tuple[list[ProxyRequest], int]:
         """A sandbox's requests, oldest first, and how many earlier ones its record could not keep; forgets them."""
-        return list(self._records.pop(client, ())), self._dropped.pop(client, 0)
+        record = self._records.pop(client, None)
+        if record is None:
+            return [], 0
+        kept = sorted([*record.allowed, *record.denied], key=lambda arrived: arrived[0])
+        return [request for _, request in kept], record.dropped

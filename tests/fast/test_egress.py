@@ -184,6 +184,14 @@ def test_each_sandboxs_requests_are_kept_apart_so_a_flood_pushes_out_none_of_ano
     assert records.take("10.0.0.2") == ([honest], 0)
     flood, dropped = records.take("10.0.0.3")
     assert len(flood) == 100 and dropped == 10_000 and flood[-1].host == "x10099.test"
+    # A sandbox's own flood of denied requests pushes out none of its allowed ones, which keep their place.
+    records.file(ProxyRequest("10.0.0.3", "GET", "first.test", 80, "TCP_DENIED", 403, 0, 0))
+    records.file(ProxyRequest("10.0.0.3", "GET", "web.test", 80, "TCP_MISS", 200, 10, 5))
+    for number in range(500):
+        records.file(ProxyRequest("10.0.0.3", "GET", f"y{number}.test", 80, "TCP_DENIED", 403, 0, 0))
+    kept, dropped = records.take("10.0.0.3")
+    assert [r.host for r in kept if r.allowed] == ["web.test"] and dropped == 401, dropped
+    assert kept[0].host == "web.test" and kept[1].host == "y400.test" and len(kept) == 101
     assert records.take("10.0.0.3") == ([], 0)
     for address in ("10.0.0.4", "10.0.0.5", "10.0.0.6", "10.0.0.7"):  # never taken: the longest unfiled go
         records.file(ProxyRequest(address, "GET", "web.test", 80, "TCP_MISS", 200, 1, 1))

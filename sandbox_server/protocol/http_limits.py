@@ -8,8 +8,7 @@ closed at once), `header_timeout_s` to send a request's headers (from the connec
 start, or the end of its previous answer) and `body_timeout_s` to send its body. Every
 refusal says which `serve` option bounds it.
 
-Around the app, `SessionCap` bounds the handshake-era sessions one caller keeps open,
-so that one caller cannot fill the SDK's table of sessions and lock the others out.
+Around the app, `http_sessions.SessionCap` bounds the handshake-era sessions one caller keeps open.
 """
 
 from __future__ import annotations
@@ -18,21 +17,17 @@ import argparse
 import asyncio
 import logging
 import resource
-import time
 from collections import defaultdict
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from sandbox_server.protocol.http_budget import caller_key
-
 __all__ = [
     "ConnectionLimits",
     "ExplainedBodyCap",
-    "SessionCap",
     "add_limit_arguments",
     "bounded_protocol",
+    "plain_answer",
     "raise_open_files_limit",
 ]
 
@@ -274,108 +269,6 @@ def bounded_protocol(limits: ConnectionLimits) -> type[asyncio.Protocol]:
     return BoundedH11Protocol
 
 
-class SessionCap:
-    """At most `limit` open handshake-era sessions per caller (per credential; anonymous callers are one).
-
-    A session is counted from the answer that opens it (its `mcp-session-id`) until its client ends it
-    (DELETE), the SDK no longer knows it (404), or it has been idle as long as the SDK lets sessions
-    idle. A request that would open one more is answered 503 naming the limit.
-    """
-
-    def __init__(
-        self,
-        app: ASGIApp,
-        limit: int,
-        idle_s: float,
-        handshake_versions: frozenset[str],
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        # The SDK's header names, imported only by a server that serves HTTP (the command line starts without it).
-        from mcp.server.streamable_http import MCP_SESSION_ID_HEADER
-        from mcp.shared.inbound import MCP_PROTOCOL_VERSION_HEADER
-
-        self._session_header = MCP_SESSION_ID_HEADER.encode()
-        self._version_header = MCP_PROTOCOL_VERSION_HEADER.encode()
-        self.app = app
-        self.limit = limit
-        self.handshake_versions = handshake_versions
-        """Protocol versions whose requests may open a session (a later era's requests carry theirs and open none)."""
-        self.idle_s = idle_s
-        self._clock = clock
-        self._sessions: dict[str, dict[str, float]] = {}
-        """caller key -> session id -> when it was last used."""
-        self._opening: dict[str, int] = {}
-        """Requests that may open a session, being answered now, per caller key."""
-
-    def _open(self, caller: str) -> dict[str, float]:
-        sessions = self._sessions.get(caller, {})
-        now = self._clock()
-        for session, used in list(sessions.items()):
-            if now - used > self.idle_s:
-                del sessions[session]
-        if not sessions:
-            self._sessions.pop(caller, None)
-        return sessions
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope.get("type") != "http":
-            await self.app(scope, receive, send)
-            return
-        caller = caller_key(scope)
-        headers = dict(scope.get("headers") or [])
-        requested = headers.get(self._session_header)
-        version = headers.get(self._version_header)
-        opening = (
-            requested is None
-            and scope.get("method") == "POST"
-            and (version is None or version.decode("latin-1") in self.handshake_versions)
-        )
-        sessions = self._open(caller)
-        if opening and len(sessions) + self._opening.get(caller, 0) >= self.limit:
-            text = (
-                f"too many open sessions for this caller: {len(sessions)}, the most one caller may keep "
-                f"(serve --max-sessions-per-caller {self.limit}); end one (DELETE) or let it expire"
-            )
-            log.warning("refused a new MCP session: %s", text)
-            await _plain_answer(503, text, scope, receive, send)
-            return
-        status: list[int] = []
-        pending = [opening]
-        """Whether this request still holds a place among the caller's sessions being opened."""
-
-        def settle() -> None:
-            if pending[0]:
-                pending[0] = False
-                self._opening[caller] -= 1
-                if not self._opening[caller]:
-                    del self._opening[caller]
-
-        async def watched(message: Message) -> None:
-            if message.get("type") == "http.response.start":
-                status.append(int(message.get("status", 500)))
-                if opening:  # counted from the answer that names it, before the client can ask for another
-                    for name, value in message.get("headers") or []:
-                        if name.lower() == self._session_header:
-                            self._sessions.setdefault(caller, {})[value.decode("latin-1")] = self._clock()
-                    settle()
-                code = status[0]
-                if session is not None and (code == 404 or (scope.get("method") == "DELETE" and 200 <= code < 300)):
-                    known = self._sessions.get(caller)  # ended (or unknown to the SDK): room for another at once
-                    if known is not None:
-                        known.pop(session, None)
-            await send(message)
-
-        session = requested.decode("latin-1") if requested is not None else None
-        if session is not None and session in sessions:
-            sessions[session] = self._clock()
-        if opening:
-            self._opening[caller] = self._opening.get(caller, 0) + 1
-        try:
-            await self.app(scope, receive, watched)
-        finally:
-            settle()
-
-
 class ExplainedBodyCap:
     """A request body above the HTTP cap gets a 413 that names the cap and the policy field it bounds."""
 
@@ -402,7 +295,7 @@ class ExplainedBodyCap:
             if message.get("type") == "http.response.start" and message.get("status") == 413:
                 replacing = True
                 log.warning("refused an HTTP request body above %d bytes", self.max_bytes)
-                await _plain_answer(413, self._text(), scope, receive, send)
+                await plain_answer(413, self._text(), scope, receive, send)
                 return
             if replacing:
                 return  # the SDK's own words for it
@@ -411,7 +304,7 @@ class ExplainedBodyCap:
         await self.app(scope, receive, explained)
 
 
-async def _plain_answer(status: int, text: str, scope: Scope, receive: Receive, send: Send) -> None:
+async def plain_answer(status: int, text: str, scope: Scope, receive: Receive, send: Send) -> None:
     """A refusal in plain text that closes the connection (the request's body is not read, so the connection
     cannot carry another request)."""
     from starlette.responses import PlainTextResponse  # here: the command line imports this module's options

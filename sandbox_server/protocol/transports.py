@@ -14,8 +14,8 @@ from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from sandbox_server.access.auth import Authentication, ExplainedRefusals
 from sandbox_server.errors import SandboxServerError
 from sandbox_server.protocol.http_budget import HeldBytes
-from sandbox_server.protocol.http_limits import ConnectionLimits, ExplainedBodyCap, SessionCap, bounded_protocol
-from sandbox_server.protocol.http_sessions import SessionEndWatcher
+from sandbox_server.protocol.http_limits import ConnectionLimits, ExplainedBodyCap, bounded_protocol
+from sandbox_server.protocol.http_sessions import SessionCap, SessionEndWatcher
 from sandbox_server.protocol.stdio_errors import AnsweringMalformed
 
 if TYPE_CHECKING:

@@ -4,6 +4,7 @@ sizes), through the real server, the official client and the real engine; memory
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
@@ -18,10 +19,11 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
+from sandbox_server.protocol.http_sessions import ROOM_AFTER_S
 from sandbox_server.protocol.tasks_client import TasksExtension, task_request
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
 from tests.mcp_harness import CheckedClient, answer, connect, http_server_process, text_of
-from tests.test_services import add_token, services_of, short_policy, until_gone
+from tests.test_services import add_token, as_caller, services_of, short_policy, until_gone
 
 pytestmark = pytest.mark.anyio
 
@@ -256,3 +258,44 @@ async def test_a_flood_of_approval_questions_pushes_out_no_other_clients_pending
         (approved,) = results
         assert not approved["is_error"] and approved["stdout"] == "removed\n", approved["text"]
         assert len(asked) == 151  # the yes was taken at once: its person was not asked again
+
+
+# -- 10. one client of a caller opening every session that caller may keep --------------------------------------
+
+
+async def test_one_client_holding_every_session_of_its_caller_locks_the_callers_other_clients_out_only_briefly(
+    tmp_path: Path, runtime: DockerRuntime
+) -> None:
+    """The attack: one client opens the 100 sessions its caller may keep (--max-sessions-per-caller) and leaves them
+    open; the same caller's honest client then gets in once the longest idle one may be ended for it."""
+    tokens = tmp_path / "tokens.json"
+    token = add_token(tokens, "alice", short_policy(tmp_path))
+    initialize = {
+        "jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "x", "version": "1"}},
+    }  # fmt: skip
+    headers = {
+        "Accept": "application/json, text/event-stream",
+        "Content-Type": "application/json",
+        "Authorization": f"Bearer {token}",
+    }
+    with http_server_process("--tokens", str(tokens), "--no-pool", "--state-dir", str(tmp_path / "s")) as server:
+        async with httpx2.AsyncClient(headers=headers, timeout=30) as flooder:
+            opened = [(await flooder.post(server.url, json=initialize)).headers["mcp-session-id"] for _ in range(100)]
+            refused = await flooder.post(server.url, json=initialize)  # all of them just used: none is ended yet
+            assert refused.status_code == 503 and "serve --max-sessions-per-caller 100" in refused.text, refused.text
+            started = time.monotonic()
+            with anyio.fail_after(ROOM_AFTER_S + 20):
+                while True:
+                    try:
+                        async with as_caller(server.url, token) as honest:
+                            await _still_serving(honest)
+                        break
+                    except Exception:  # 503 until the flooder's oldest session has idled long enough
+                        await anyio.sleep(0.5)
+            assert time.monotonic() - started >= ROOM_AFTER_S - 1
+            ping = {"jsonrpc": "2.0", "id": 2, "method": "ping"}
+            first = await flooder.post(server.url, json=ping, headers={"mcp-session-id": opened[0]})
+            last = await flooder.post(server.url, json=ping, headers={"mcp-session-id": opened[-1]})
+            assert first.status_code == 404 and last.status_code == 200  # the one idle longest was ended
+        assert "ended a session idle for" in "".join(server.lines)

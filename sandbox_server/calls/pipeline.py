@@ -302,7 +302,7 @@ class CallPipeline:
             store,
             arguments.get("workspace"),
             session,
-            identity.limits_key,
+            identity.tenant or identity.limits_key,  # counted per tenant: anonymous sessions keep apart
             identity.tenant,
         )
         return (kept or self.runtime), kept

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import functools
 import logging
+import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable
@@ -62,6 +63,7 @@ def serve_command(args: argparse.Namespace) -> int:
     from sandbox_server.sandbox.pool import WarmPool
     from sandbox_server.sandbox.removal import owner_alive
     from sandbox_server.services.manager import Services
+    from sandbox_server.state.folder import claim_state_folder
     from sandbox_server.tasks.manager import Tasks
     from sandbox_server.tools import all_tools
     from sandbox_server.workspaces.store import WorkspaceStore, default_state_dir
@@ -111,7 +113,14 @@ def serve_command(args: argparse.Namespace) -> int:
     replica = runtime.owner if database is not None else None
     audit = AuditLog(audit_path, policy.audit.max_bytes, policy.audit.keep, replica) if audit_path else None
     pool = None if args.no_pool else WarmPool(runtime, runtime.activity)
-    state_dir = Path(args.state_dir) if args.state_dir else default_state_dir()
+    chosen = bool(args.state_dir) or bool(os.environ.get("SANDBOX_STATE_DIR"))
+    held = claim_state_folder(Path(args.state_dir) if args.state_dir else default_state_dir(), chosen)
+    state_dir = held.path  # this server's alone while it runs: the lock goes with the process
+    if held.shared_with is not None:
+        log.info(
+            "the state folder %s is another server's (process %s): this one keeps its state in %s",
+            state_dir.parent.parent, held.shared_with or "unknown", state_dir,
+        )  # fmt: skip
     if database is None:
         contents, book = _workspace_contents(args.workspaces, runtime, log), None
     else:

@@ -4,6 +4,8 @@ sizes), through the real server, the official client and the real engine; memory
 from __future__ import annotations
 
 import contextlib
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -299,3 +301,58 @@ async def test_one_client_holding_every_session_of_its_caller_locks_the_callers_
             last = await flooder.post(server.url, json=ping, headers={"mcp-session-id": opened[-1]})
             assert first.status_code == 404 and last.status_code == 200  # the one idle longest was ended
         assert "ended a session idle for" in "".join(server.lines)
+
+
+# -- 11. servers sharing a state folder, and anonymous clients sharing one caller --------------------------------
+
+KEEPING = """\
+extends: default
+workspace: {persist: true, size_mb: 64, files: 20000, idle_ttl_s: 600, max_per_client: 2, protect_recent_s: 0}
+"""
+
+
+async def _new_workspace(url: str) -> dict[str, Any]:
+    """A 2026-07-28 anonymous call that makes a new workspace: its answer."""
+    async with connect(url, mode="2026-07-28") as client:
+        made = await answer(client, "execute_command", {"command": "echo mine > mine.txt"})
+    assert not made["is_error"], made["text"]
+    return made
+
+
+async def test_two_servers_never_manage_each_others_workspaces_and_anonymous_sessions_keep_apart(
+    tmp_path: Path, runtime: DockerRuntime
+) -> None:
+    policy = tmp_path / "keeping.yaml"
+    policy.write_text(KEEPING)
+    folder = tmp_path / "state"
+    with http_server_process("--policy", str(policy), "--state-dir", str(folder), "--no-pool") as first:
+        # A folder named on purpose that another server holds: refused at start, naming that server.
+        refused = subprocess.run(
+            [sys.executable, "-m", "sandbox_server", "serve", "--policy", str(policy), "--state-dir", str(folder)],
+            capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+        assert refused.returncode != 0, refused.stderr
+        said = f"the state folder {folder} is in use by another sandbox-server (process {first.process.pid})"
+        assert said in refused.stderr and "serve --state-dir" in refused.stderr, refused.stderr
+        # Anonymous handshake sessions are one caller for the limits, but each counts its own workspaces.
+        async with as_caller(first.url) as one, as_caller(first.url) as two, as_caller(first.url) as three:
+            for number, session in enumerate((one, two, three)):
+                wrote = await answer(session, "execute_command", {"command": f"echo {number} > mine.txt"})
+                assert "removed to make room" not in wrote["text"], wrote["text"]
+            kept = await answer(one, "execute_command", {"command": "cat mine.txt"})
+            assert kept["stdout"] == "0\n", kept["text"]
+    # The default folder, which every server on a host shares unless told otherwise: the second takes its own.
+    with (
+        http_server_process("--policy", str(policy), "--no-pool") as first,
+        http_server_process("--policy", str(policy), "--no-pool") as second,
+    ):
+        first_made = [await _new_workspace(first.url) for _ in range(2)]
+        assert second.wait_for_line("this one keeps its state in", timeout_s=30)
+        for _ in range(2):
+            made = await _new_workspace(second.url)
+            assert "removed to make room" not in made["text"], made["text"]  # not the first server's workspaces
+        async with connect(first.url, mode="2026-07-28") as client:
+            again = await answer(
+                client, "execute_command", {"command": "cat mine.txt", "workspace": first_made[0]["workspace"]}
+            )
+        assert again["stdout"] == "mine\n", again["text"]

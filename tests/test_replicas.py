@@ -49,6 +49,12 @@ METERED = """\
 extends: default
 rate: {calls_per_minute: 4, concurrent_calls: 2}
 """
+HELD = """\
+extends: default
+rate: {calls_per_minute: 1000, concurrent_calls: 16}
+tasks: {running: 8, running_per_caller: 8, per_caller: 3, ttl_s: 600, poll_interval_ms: 200}
+"""
+RUNNING = HELD.replace("running_per_caller: 8, per_caller: 3", "running_per_caller: 2, per_caller: 20")
 
 
 @pytest.fixture(scope="module")
@@ -70,12 +76,15 @@ class Deployment:
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory: pytest.TempPathFactory, runtime: DockerRuntime) -> Iterator[Deployment]:
     folder = tmp_path_factory.mktemp("replicas")
-    policy, metered = folder / "replicas.yaml", folder / "metered.yaml"
+    policy, metered, held = folder / "replicas.yaml", folder / "metered.yaml", folder / "held.yaml"
+    running = folder / "running.yaml"
     policy.write_text(POLICY)
     metered.write_text(METERED)
+    held.write_text(HELD)
+    running.write_text(RUNNING)
     tokens_file = folder / "tokens.json"
     tokens = {}
-    for name, its_policy in (("alice", policy), ("metered", metered)):
+    for name, its_policy in (("alice", policy), ("metered", metered), ("held", held), ("running", running)):
         added = run_cli("token", "add", name, "--policy", str(its_policy), "--tokens", str(tokens_file))
         assert added.returncode == 0, added.stderr
         tokens[name] = added.stdout.splitlines()[-1]
@@ -210,6 +219,37 @@ async def test_rate_limits_count_the_calls_of_both_replicas(deployment: Deployme
         result, refused = await shell(first, "true")
     assert result.is_error and refused["error"]["kind"] == "rate_limited", refused
     assert "4 calls/min" in text_of(result) and "counted across every replica" in text_of(result), text_of(result)
+
+
+@pytest.mark.parametrize(
+    ("caller", "cap", "field"), [("held", 3, "tasks.per_caller"), ("running", 2, "tasks.running_per_caller")]
+)
+async def test_a_burst_of_tasks_through_both_replicas_gets_exactly_the_callers_share(
+    deployment: Deployment, runtime: DockerRuntime, caller: str, cap: int, field: str
+) -> None:
+    """Ten long calls at once, five through each replica, of a caller who may hold three tasks (tasks.per_caller),
+    or run two (tasks.running_per_caller): each replica alone would let it have that many, and counting then
+    writing would let both."""
+    held = deployment.tokens[caller]
+    created: list[tuple[Client, str]] = []
+    refused: list[str] = []
+    async with client_of(deployment.one.url, held) as first, client_of(deployment.two.url, held) as second:
+
+        async def one(client: Client) -> None:
+            arguments = {"command": "sleep 60", "timeout_s": 200}
+            sent = await client.session.call_tool("execute_command", arguments, allow_claimed=True)
+            if isinstance(sent, types.CallToolResult):
+                assert sent.is_error and sent.structured_content is not None, sent
+                refused.append(sent.structured_content["error"]["field"])
+            else:
+                created.append((client, sent.model_dump(by_alias=True)["taskId"]))
+
+        async with anyio.create_task_group() as group:
+            for number in range(10):
+                group.start_soon(one, first if number % 2 else second)
+        assert len(created) == cap and refused == [field] * (10 - cap), (created, refused)
+        for client, task_id in created:
+            await request(client, "tasks/cancel", taskId=task_id)
 
 
 async def test_haproxy_spreads_2026_requests_and_keeps_a_handshake_session_on_one_replica(

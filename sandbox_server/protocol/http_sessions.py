@@ -114,6 +114,7 @@ class SessionCap:
             and (version is None or version.decode("latin-1") in self.handshake_versions)
         )
         sessions = self._open(caller)
+        ending: str | None = None
         if opening and len(sessions) + self._opening.get(caller, 0) >= self.limit:
             idle = self._idle_longest(sessions)
             if idle is None:
@@ -125,11 +126,10 @@ class SessionCap:
                 log.warning("refused a new MCP session: %s", text)
                 await plain_answer(503, text, scope, receive, send)
                 return
-            idle_for = self._clock() - sessions[idle]
-            await self._end(scope, idle)
-            sessions.pop(idle, None)
+            # Its place is taken now, in the same step as the count (the end itself is awaited below).
+            ending, idle_for = idle, self._clock() - sessions.pop(idle)
             log.warning(
-                "ended a session idle for %.0f s to open another of the same caller (serve --max-sessions-per-caller "
+                "ending a session idle for %.0f s to open another of the same caller (serve --max-sessions-per-caller "
                 "%d)",
                 idle_for,
                 self.limit,
@@ -167,6 +167,8 @@ class SessionCap:
         if opening:
             self._opening[caller] = self._opening.get(caller, 0) + 1
         try:
+            if ending is not None:
+                await self._end(scope, ending)
             await self.app(scope, receive, watched)
         finally:
             settle()

@@ -193,7 +193,7 @@ class Tasks:
         self._refuse_past_caps(settings, policy_name, owner)
         self._live[record.id] = live
         try:
-            await anyio.to_thread.run_sync(self._refuse_past_held, settings, policy_name, owner, record.id)
+            await anyio.to_thread.run_sync(self._refuse_past_held, settings, policy_name, owner, record)
         except BaseException:
             self._live.pop(record.id, None)
             raise
@@ -299,16 +299,32 @@ class Tasks:
                 retry_after_s=settings.poll_interval_ms / 1000,
             )
 
-    def _refuse_past_held(self, settings: TaskSettings, policy_name: str, owner: str, task_id: str) -> None:
-        kept = {r.id for r in self.files.all() if r.owner == owner and not r.expired(time.time())}
-        starting = {i for i, live in list(self._live.items()) if live.record.owner == owner and i != task_id}
-        held = len(kept | starting)  # the tasks kept, and those starting beside this one that are not yet
-        if held >= settings.per_caller:
+    def _refuse_past_held(self, settings: TaskSettings, policy_name: str, owner: str, record: TaskRecord) -> None:
+        """Refuse a task past the owner's held tasks; with replicas, its place is held in the shared rows here, and
+        the owner's running tasks are counted on every replica."""
+        if self.rows is not None:
+            passed = self.rows.reserve(record, settings.per_caller, settings.running_per_caller)
+        else:
+            kept = {r.id for r in self.files.all() if r.owner == owner and not r.expired(time.time())}
+            starting = {i for i, live in list(self._live.items()) if live.record.owner == owner and i != record.id}
+            held = len(kept | starting)  # the tasks kept, and those starting beside this one that are not yet
+            passed = ("per_caller", held) if held >= settings.per_caller else None
+        if passed is None:
+            return
+        cap, count = passed
+        if cap == "per_caller":
             raise Refusal(
-                f"refused: you hold {held} tasks, the most policy '{policy_name}' keeps for a caller "
+                f"refused: you hold {count} tasks, the most policy '{policy_name}' keeps for a caller "
                 f"(field tasks.per_caller); they are forgotten {settings.ttl_s:g} s after they start (tasks.ttl_s)",
                 "tasks.per_caller",
             )
+        raise Refusal(
+            f"busy: you have {count} tasks running on the replicas together, the most policy '{policy_name}' allows "
+            "a caller (field tasks.running_per_caller); wait for one to end or cancel one",
+            "tasks.running_per_caller",
+            kind="busy",
+            retry_after_s=settings.poll_interval_ms / 1000,
+        )
 
     async def _run(self, live: _Live, work: Work) -> None:
         record = live.record
@@ -339,9 +355,12 @@ class Tasks:
                 await self._end(live, answer, error)
 
     async def _end(self, live: _Live, answer: Any, error: dict[str, Any] | None) -> None:
+        record_id = live.record.id
         try:
             if not live.created.is_set():  # it never became a task: its answer goes back on the request
                 live.answer = answer
+                if self.rows is not None:  # the place it held among the caller's tasks is free again
+                    await anyio.to_thread.run_sync(self.rows.remove, record_id)
                 return
             elapsed = time.monotonic() - live.started
             record = live.record

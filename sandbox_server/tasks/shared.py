@@ -5,9 +5,10 @@ reaches another replica than the one running the task is left in the row for tha
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import asdict
 
-from sandbox_server.state.database import Database
+from sandbox_server.state.database import Database, lock_key
 from sandbox_server.tasks.records import TaskFiles, TaskRecord
 
 __all__ = ["TaskRows"]
@@ -52,6 +53,30 @@ class TaskRows:
 
     def remove(self, task_id: str) -> None:
         self.database.run("DELETE FROM tasks WHERE id = %s", (task_id,))
+
+    def reserve(self, record: TaskRecord, most_held: int, most_running: int) -> tuple[str, int] | None:
+        """Hold a place for a task of `record.owner` among its tasks on every replica, in one step (the owner's
+        advisory lock taken, the counts and the row written together): None when held, else the cap it would pass
+        (`per_caller` for those kept, `running_per_caller` for those working) and the owner's count of them. The
+        row is the task's record from then on."""
+        now = time.time()
+        with self.database.connection() as connection, connection.transaction():
+            connection.execute("SELECT pg_advisory_xact_lock(%s)", (lock_key(f"tasks of {record.owner}"),))
+            row = connection.execute(
+                "SELECT count(*), count(*) FILTER (WHERE record->>'status' = 'working') FROM tasks WHERE owner = %s "
+                "AND (record->>'created_at')::float8 + (record->>'ttl_s')::float8 > %s",
+                (record.owner, now),
+            ).fetchone()
+            held, running = (int(row[0]), int(row[1])) if row is not None else (0, 0)
+            if held >= most_held:
+                return "per_caller", held
+            if running >= most_running:
+                return "running_per_caller", running
+            connection.execute(
+                "INSERT INTO tasks (id, owner, server, record) VALUES (%s, %s, %s, %s)",
+                (record.id, record.owner, record.server, json.dumps(asdict(record), ensure_ascii=False)),
+            )
+        return None
 
     def ask_cancel(self, task_id: str) -> None:
         """Leave a cancel for the replica that runs the task."""

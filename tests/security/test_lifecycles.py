@@ -300,7 +300,7 @@ async def test_one_client_holding_every_session_of_its_caller_locks_the_callers_
             first = await flooder.post(server.url, json=ping, headers={"mcp-session-id": opened[0]})
             last = await flooder.post(server.url, json=ping, headers={"mcp-session-id": opened[-1]})
             assert first.status_code == 404 and last.status_code == 200  # the one idle longest was ended
-        assert "ended a session idle for" in "".join(server.lines)
+        assert "ending a session idle for" in "".join(server.lines)
 
 
 # -- 11. servers sharing a state folder, and anonymous clients sharing one caller --------------------------------

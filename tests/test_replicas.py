@@ -383,7 +383,7 @@ async def test_callers_are_the_shared_states_seeded_from_the_file_and_revoked_ev
     bob = added.stdout.splitlines()[-1]
     listed = run_cli("token", "list", "--state", url)
     names = [line.split("\t")[0] for line in listed.stdout.splitlines()]
-    assert names == ["alice", "bob", "metered"], listed  # the file's two, seeded once, and the new one
+    assert names == ["alice", "bob", "held", "metered", "running"], listed  # the file's four, seeded once, and bob
 
     async def status(replica: Replica) -> int:
         async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {bob}"}) as http:

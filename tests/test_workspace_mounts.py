@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -83,14 +85,18 @@ async def test_a_killed_servers_mounts_are_swept_and_its_workspace_continues_in_
 async def test_two_server_processes_never_mount_one_workspace_at_once(
     served: tuple[str, ...], runtime: DockerRuntime
 ) -> None:
+    """A second server on the same state folder never starts, so it never mounts the first's workspace."""
     with http_server_process(*served) as first:
         async with connect(first.url, mode="2026-07-28") as session:
             made = await _call(session, "echo one > f.txt")
-        with http_server_process(*served) as second:
-            async with connect(second.url, mode="2026-07-28") as session:
-                refused = await _call(session, "cat f.txt", workspace=made["workspace"])
-    assert refused["is_error"] and refused["error"]["kind"] == "busy" and refused["error"]["field"] == "workspace"
-    assert "another sandbox-server process" in refused["text"]
+        second = subprocess.run(
+            [sys.executable, "-m", "sandbox_server", "serve", *served],
+            capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+        assert second.returncode != 0 and "is in use by another sandbox-server" in second.stderr, second.stderr
+        async with connect(first.url, mode="2026-07-28") as session:
+            kept = await _call(session, "cat f.txt", workspace=made["workspace"])
+    assert kept["stdout"] == "one\n", kept["text"]
 
 
 def test_an_empty_slot_is_not_the_sandboxs_to_write(tmp_path: Path, runtime: DockerRuntime) -> None:

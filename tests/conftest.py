@@ -115,15 +115,16 @@ def no_container_left_behind() -> Iterator[None]:
     assert not leftover, f"sandbox containers left behind: {leftover}"
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def anyio_backend() -> str:
-    """Async tests run on asyncio."""
+    """Async tests and fixtures run on asyncio (session-wide, so module-scoped async fixtures may use it; the event
+    loop itself lives only while a test or an async fixture holds it, as anyio's plugin leases it)."""
     return "asyncio"
 
 
 @pytest.fixture(scope="module")
 async def module_session(runtime: DockerRuntime) -> AsyncIterator[Client]:
-    """One stdio session on the default policy for a whole module (which sets a module-scoped anyio_backend)."""
+    """One stdio session on the default policy for a whole module."""
     async with connect(stdio_parameters()) as session:
         yield session
 

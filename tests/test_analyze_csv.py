@@ -37,11 +37,6 @@ PANDAS = {
 }
 
 
-@pytest.fixture(scope="module")
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 def _generated_csv(rows: int, seed: int) -> str:
     """Numbers with gaps and negatives, quoted commas, unicode, a column mixing numbers and words."""
     rng = random.Random(seed)

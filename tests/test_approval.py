@@ -36,11 +36,6 @@ approval:
 SAFE_RM = "rm -f /workspace/nothing-here"
 
 
-@pytest.fixture(scope="module")
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 @dataclass
 class Setup:
     policy: Path

@@ -45,11 +45,6 @@ from tests.mcp_harness import (
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture(scope="module")
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "sandbox_server", *args], capture_output=True, text=True, timeout=60)
 

@@ -89,11 +89,6 @@ CASES = {
 }  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 def _table(codec: str, rows: int = 300, seed: int = 3) -> str:
     """A small table in the case's own script: a group, an amount and a free-text remark per row."""
     headers, groups, remarks, _ = CASES[codec]

@@ -20,11 +20,6 @@ EXAMPLES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 def test_every_tool_shows_examples() -> None:
     assert {name for name, _ in EXAMPLES} == {tool.name for tool in all_tools()}
 

@@ -50,11 +50,6 @@ print("spent")
 """
 
 
-@pytest.fixture(scope="module")
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 @dataclass
 class Metered:
     server: ServerProcess

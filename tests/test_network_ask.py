@@ -35,11 +35,6 @@ PAGE = "hello from web /page\n 200"
 """What the upstream answers through the proxy, with the status `fetch` prints after it."""
 
 
-@pytest.fixture(scope="module")
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 @dataclass
 class Asking:
     policy: Path

@@ -23,11 +23,6 @@ MARKER = (255, 127, 14)
 """Its second (C1): the points of a line through groups."""
 
 
-@pytest.fixture(scope="module")
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 def _pixels(result: types.CallToolResult) -> np.ndarray:
     [image] = [block for block in result.content if isinstance(block, types.ImageContent)]
     return np.asarray(Image.open(io.BytesIO(base64.b64decode(image.data))).convert("RGB")).astype(int)

@@ -21,11 +21,6 @@ def _public(package: str, *parts: str) -> Path:
     return Path(str(importlib.resources.files(package).joinpath(*parts)))
 
 
-@pytest.fixture(scope="module")
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 async def _grouped(
     module_session: Client, path: Path, group: str, column: str, operations: list[str], **more: Any
 ) -> dict[str, Any]:

@@ -57,11 +57,6 @@ tasks: {running: 8, running_per_caller: 8, per_caller: 3, ttl_s: 600, poll_inter
 RUNNING = HELD.replace("running_per_caller: 8, per_caller: 3", "running_per_caller: 2, per_caller: 20")
 
 
-@pytest.fixture(scope="module")
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 @dataclass
 class Deployment:
     database: Postgres

@@ -24,11 +24,6 @@ BEARER = "Bearer tok-" + secrets.token_hex(12)
 
 
 @pytest.fixture(scope="module")
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture(scope="module")
 async def secretive(
     upstreams: Upstreams,
     tmp_path_factory: pytest.TempPathFactory,

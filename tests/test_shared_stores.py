@@ -36,11 +36,6 @@ SPEC = SandboxSpec(image="unused", argv=("true",))
 
 
 @pytest.fixture(scope="module")
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture(scope="module")
 def database() -> Iterator[Postgres]:
     with postgres() as started:
         yield started

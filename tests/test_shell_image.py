@@ -16,11 +16,6 @@ TOOLS = (
 )
 
 
-@pytest.fixture(scope="module")
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 async def test_the_everyday_tools_are_found_and_work(module_session: Client) -> None:
     script = (
         f"for tool in {TOOLS}; do command -v $tool >/dev/null || echo missing $tool; done\n"

@@ -25,11 +25,6 @@ from tests.upstreams import Upstreams, shell_network, upstreams_fixture  # noqa:
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture(scope="module")
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 class Receiver:
     """An OTLP/HTTP trace receiver: every span it was sent, as (name, span id, parent id, trace id, attributes)."""
 

@@ -24,11 +24,6 @@ TMP_INODES = 64 * 256
 """The inode cap Docker gives the default policy's /tmp (tmp_mb 64): max(1024, tmp_mb * 256)."""
 
 
-@pytest.fixture(scope="module")
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 def test_doctor_names_podman_and_what_differs(runtime: DockerRuntime) -> None:
     assert runtime.dialect.podman, "this pass must run on Podman (DOCKER_HOST at its socket)"
     result = run_cli("doctor", "--json")

@@ -88,11 +88,6 @@ async def warm_pools_ready(count: int) -> None:
 
 
 @pytest.fixture(scope="module")
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture(scope="module")
 async def server(runtime: DockerRuntime) -> AsyncIterator[Client]:
     """One stdio session for a battery module, on the default policy or SANDBOX_BATTERY_POLICY."""
     async with connect(stdio_parameters("--policy", BATTERY_POLICY)) as session:

@@ -65,7 +65,9 @@ async def test_33_a_flood_of_calls_is_bounded_answered_busy_and_leaves_nothing(
     # Each pool may have grown under the flood, to its ceiling.
     ceiling = {tool.container_spec().container_key(): tool.pool_most for tool in tools if tool.enabled}
     allowed = policy.rate.concurrent_calls + sum(ceiling.values())
-    no_queue = tmp_path / "no-queue.yaml"  # the calls past the cap are refused at once (queued ones: test_guards)
+    no_queue = (
+        tmp_path / "no-queue.yaml"
+    )  # the calls past the cap are refused at once (queued ones: tests/fast/test_guards.py)
     no_queue.write_text("extends: default\nname: default\nrate: {queue_wait_s: 0}\n")
     with http_server_process("--policy", str(no_queue)) as server:
         server.wait_for_line("warm pool ready: 2 container(s) of sandbox-server/python-data")

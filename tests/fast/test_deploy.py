@@ -16,7 +16,7 @@ import yaml
 
 from sandbox_server.cli.main import build_parser
 
-DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 KUBERNETES_VERSION = "1.31.0"
 
 

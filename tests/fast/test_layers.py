@@ -5,7 +5,7 @@ import ast
 import re
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "sandbox_server"
 LAYERS = [  # lowest first: a module imports from its own layer and those below, never from above
     {"__init__", "errors", "shipped"},

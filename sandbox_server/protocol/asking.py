@@ -68,8 +68,9 @@ class LocalQuestions:
             return False
         with self._lock:
             used = self._used.setdefault(caller, OrderedDict())
-            for old in [q for q, until in used.items() if until <= now]:
-                del used[old]
+            while used and next(iter(used.values())) <= now:
+                used.popitem(last=False)  # lapsed; one behind a later-lapsing answer waits its turn (it is refused
+                # as lapsed before it is looked up, and the table's size is bounded)
             if question_id in used:
                 return False
             used[question_id] = lapses

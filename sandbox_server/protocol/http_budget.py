@@ -15,6 +15,8 @@ from collections import defaultdict
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from sandbox_server.protocol.http_limits import plain_answer
+
 __all__ = ["HeldBytes", "caller_key"]
 
 log = logging.getLogger("sandbox_server")
@@ -47,10 +49,7 @@ class HeldBytes:
         refusal = self._refusal(caller, size)
         if refusal is not None:
             log.warning("refused an HTTP request: %s", refusal)
-            from starlette.responses import PlainTextResponse  # here: the command line imports this module early
-
-            headers = {"connection": "close", "retry-after": "1"}
-            await PlainTextResponse(refusal + "\n", status_code=503, headers=headers)(scope, receive, send)
+            await plain_answer(503, refusal, scope, receive, send)
             return
         self.held += size
         self.by_caller[caller] += size

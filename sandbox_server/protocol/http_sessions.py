@@ -192,12 +192,11 @@ class SessionCap:
         kept = {b"authorization", b"host", b"origin", self._version_header}
         headers = [(k, v) for k, v in scope.get("headers") or [] if k.lower() in kept]
         ending = {**scope, "method": "DELETE", "headers": [*headers, (self._session_header, session.encode("latin-1"))]}
-        sent: list[Message] = []
 
         async def nothing() -> Message:
             return {"type": "http.request", "body": b"", "more_body": False}
 
-        async def collect(message: Message) -> None:
-            sent.append(message)
+        async def discard(message: Message) -> None:
+            """The answer goes to no client: the SessionEndWatcher inside has heard the end."""
 
-        await self.app(ending, nothing, collect)
+        await self.app(ending, nothing, discard)

@@ -167,32 +167,7 @@ class Services:
         try:
             async with self.store.using(record, 0):  # held as a running call holds it, until what it made is gone
                 try:
-                    try:
-                        spec = await anyio.to_thread.run_sync(self.store.begin, record, spec)
-                        if proxy is not None:
-                            spec = await self._through_proxy(spec, proxy, service)
-                        service.spec = spec
-                        await self._bring_up(service, "did not start")
-                    except Exception as exc:  # answered once what it made is gone
-                        failure = exc
-                        return
-                    up.answer(None)
-                    await self.audit_event("service_started", service, container=service.container_id[:12])
-                    while True:
-                        restart = await service.wait_for_ask()
-                        if restart is None:
-                            return
-                        try:
-                            service.spend()
-                            await self._remove_container(service)
-                            await self._bring_up(service, "did not start again")
-                        except Exception as exc:
-                            service.ask_stop("it did not start again")  # the first reason given is kept
-                            failed_restart, failure = restart, exc
-                            return
-                        service.restarts += 1
-                        restart.answer(None)
-                        await self.audit_event("service_restarted", service, container=service.container_id[:12])
+                    failure, failed_restart = await self._live(service, record, spec, proxy, up)
                 finally:
                     with anyio.CancelScope(shield=True):
                         await self._end(service)
@@ -200,9 +175,37 @@ class Services:
             with anyio.CancelScope(shield=True):
                 await self._end(service)  # a no-op once done above (here when the workspace could not be held)
             stopped = Refusal(f"service {service.name!r} stopped while it started: {service.stop_reason}", "service")
-            up.answer(failure if failure is not None else stopped)
+            up.answer(failure if failure is not None else stopped)  # once what it made is gone
             if failed_restart is not None:
                 failed_restart.answer(failure)
+
+    async def _live(
+        self, service: Service, record: WorkspaceRecord, spec: SandboxSpec, proxy: ProxyEndpoint | None, up: Answer
+    ) -> tuple[Exception | None, Answer | None]:
+        """Start the service, then make it again for each restart asked until a stop is: what ended it (a failed
+        start or restart, and the restart that failed), or nothing when a stop did."""
+        try:
+            spec = await anyio.to_thread.run_sync(self.store.begin, record, spec)
+            if proxy is not None:
+                spec = await self._through_proxy(spec, proxy, service)
+            service.spec = spec
+            await self._bring_up(service, "did not start")
+        except Exception as exc:
+            return exc, None
+        up.answer(None)
+        await self.audit_event("service_started", service, container=service.container_id[:12])
+        while (restart := await service.wait_for_ask()) is not None:
+            try:
+                service.spend()
+                await self._remove_container(service)
+                await self._bring_up(service, "did not start again")
+            except Exception as exc:
+                service.ask_stop("it did not start again")  # the first reason given is kept
+                return exc, restart
+            service.restarts += 1
+            restart.answer(None)
+            await self.audit_event("service_restarted", service, container=service.container_id[:12])
+        return None, None
 
     async def _bring_up(self, service: Service, failed: str) -> None:
         """Make the service's container and wait until it listens; a Refusal says why it did not (what was made is

@@ -32,11 +32,8 @@ class StateFolder:
     path: Path
     descriptor: int
     shared_with: int | None = None
-    """The process id of the server holding the folder asked for, when this one took a subfolder of it instead."""
-
-    def release(self) -> None:
-        """Let go of the folder (the process's end does too)."""
-        os.close(self.descriptor)
+    """The process id of the server holding the folder asked for (0: not recorded), when this one took a subfolder
+    of it instead."""
 
 
 def _try_lock(folder: Path) -> tuple[int | None, int | None]:

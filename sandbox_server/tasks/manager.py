@@ -355,12 +355,11 @@ class Tasks:
                 await self._end(live, answer, error)
 
     async def _end(self, live: _Live, answer: Any, error: dict[str, Any] | None) -> None:
-        record_id = live.record.id
         try:
             if not live.created.is_set():  # it never became a task: its answer goes back on the request
                 live.answer = answer
                 if self.rows is not None:  # the place it held among the caller's tasks is free again
-                    await anyio.to_thread.run_sync(self.rows.remove, record_id)
+                    await anyio.to_thread.run_sync(self.rows.remove, live.record.id)
                 return
             elapsed = time.monotonic() - live.started
             record = live.record

@@ -13,6 +13,13 @@ from sandbox_server.tasks.records import TaskFiles, TaskRecord
 
 __all__ = ["TaskRows"]
 
+INSERT = "INSERT INTO tasks (id, owner, server, record) VALUES (%s, %s, %s, %s)"
+
+
+def _row(record: TaskRecord) -> tuple[str, str, str, str]:
+    """A task's row as INSERT writes it."""
+    return record.id, record.owner, record.server, json.dumps(asdict(record), ensure_ascii=False)
+
 
 class TaskRows:
     """The task records of the shared state (the same operations as TaskFiles)."""
@@ -26,9 +33,7 @@ class TaskRows:
 
     def save(self, record: TaskRecord) -> None:
         self.database.run(
-            "INSERT INTO tasks (id, owner, server, record) VALUES (%s, %s, %s, %s) "
-            "ON CONFLICT (id) DO UPDATE SET record = EXCLUDED.record, server = EXCLUDED.server",
-            (record.id, record.owner, record.server, json.dumps(asdict(record), ensure_ascii=False)),
+            f"{INSERT} ON CONFLICT (id) DO UPDATE SET record = EXCLUDED.record, server = EXCLUDED.server", _row(record)
         )
 
     def save_output(self, task_id: str, text: str) -> None:
@@ -72,10 +77,7 @@ class TaskRows:
                 return "per_caller", held
             if running >= most_running:
                 return "running_per_caller", running
-            connection.execute(
-                "INSERT INTO tasks (id, owner, server, record) VALUES (%s, %s, %s, %s)",
-                (record.id, record.owner, record.server, json.dumps(asdict(record), ensure_ascii=False)),
-            )
+            connection.execute(INSERT, _row(record))
         return None
 
     def ask_cancel(self, task_id: str) -> None:

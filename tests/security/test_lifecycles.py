@@ -7,8 +7,7 @@ import contextlib
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
@@ -17,14 +16,14 @@ import httpx2
 import mcp_types as types
 import psutil
 import pytest
-from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
 from sandbox_server.protocol.http_sessions import ROOM_AFTER_S
-from sandbox_server.protocol.tasks_client import TasksExtension, task_request
+from sandbox_server.protocol.tasks_client import task_request
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
 from tests.mcp_harness import CheckedClient, answer, connect, http_server_process, text_of
+from tests.test_replicas import client_of
 from tests.test_services import add_token, as_caller, services_of, short_policy, until_gone
 
 pytestmark = pytest.mark.anyio
@@ -95,15 +94,6 @@ rate: {calls_per_minute: 1000, concurrent_calls: 16}
 """
 
 
-@asynccontextmanager
-async def tasks_caller(url: str, token: str) -> AsyncIterator[Client]:
-    """A 2026-07-28 client of the caller holding `token`, naming the tasks extension."""
-    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=60) as http:
-        transport = streamable_http_client(url, http_client=http)
-        async with Client(transport, mode="2026-07-28", extensions=[TasksExtension()]) as client:
-            yield client
-
-
 async def test_a_burst_of_task_calls_gets_exactly_the_caps_and_clear_refusals_for_the_rest(
     tmp_path: Path, runtime: DockerRuntime
 ) -> None:
@@ -117,9 +107,7 @@ async def test_a_burst_of_task_calls_gets_exactly_the_caps_and_clear_refusals_fo
         created: dict[str, list[str]] = {name: [] for name in callers}
         refused: list[str] = []
         async with AsyncExitStack() as stack:
-            clients = {
-                name: await stack.enter_async_context(tasks_caller(server.url, t)) for name, t in callers.items()
-            }
+            clients = {name: await stack.enter_async_context(client_of(server.url, t)) for name, t in callers.items()}
 
             async def one(name: str) -> None:
                 arguments = {"command": "sleep 100", "timeout_s": 200}

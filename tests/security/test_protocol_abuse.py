@@ -9,50 +9,56 @@ from typing import Any
 
 from tests.mcp_harness import stdio_parameters
 
+HANDSHAKE = [
+    json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "battery", "version": "1"}}}),
+    json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+]  # fmt: skip
 
-def test_32_deeply_nested_json_is_refused_and_the_server_lives(runtime: object) -> None:
-    """Sent raw (the SDK's own client refuses to serialise it): never run, and the server answers the next request.
 
-    The SDK's stdio transport drops a line it cannot parse without a -32700 answer; if it
-    answers, the answer must be an error.
-    """
-    depth = 100_000
-    deep = '{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"execute_command","arguments":' \
-        '{"command":"true","args":' + "[" * depth + "]" * depth + "}}}"  # fmt: skip
-    lines = [
-        json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-            "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "battery", "version": "1"}}}),
-        json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"}),
-        deep,
-        json.dumps({"jsonrpc": "2.0", "id": 3, "method": "tools/list"}),
-    ]  # fmt: skip
+def _exchange(lines: list[str], last_id: int) -> list[dict[str, Any]]:
+    """Send a stdio server the handshake and `lines` raw; its answers, in order, until the one to `last_id`.
+
+    Stdin stays open meanwhile, since closing it ends the session and may cut a request short; a server that
+    neither answers nor exits is killed after 60 s, failing the test."""
     parameters = stdio_parameters("--no-pool")
     server = subprocess.Popen(
         [parameters.command, *parameters.args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL, text=True,
     )  # fmt: skip
-    answers: dict[object, dict[str, Any]] = {}
-    watchdog = threading.Timer(60, server.kill)  # a server that neither answers nor exits fails the test
+    answers: list[dict[str, Any]] = []
+    watchdog = threading.Timer(60, server.kill)
     watchdog.start()
     try:
         assert server.stdin is not None and server.stdout is not None
-        server.stdin.write("\n".join(lines) + "\n")
+        server.stdin.write("\n".join([*HANDSHAKE, *lines]) + "\n")
         server.stdin.flush()
-        # Read until the request after the deep one is answered; stdin stays open meanwhile,
-        # since closing it ends the session and may cut a request short.
         for line in server.stdout:
-            message = json.loads(line)
-            answers[message.get("id")] = message
-            if 3 in answers:
+            answers.append(json.loads(line))
+            if answers[-1].get("id") == last_id:
                 break
     finally:
         watchdog.cancel()
         server.stdin.close()  # type: ignore[union-attr]
         server.wait(timeout=30)
         server.stdout.close()  # type: ignore[union-attr]
-    refused: Any = answers.get(2) or answers.get(None)  # a parse error carries no id
+    return answers
+
+
+def test_32_deeply_nested_json_is_refused_and_the_server_lives(runtime: object) -> None:
+    """Sent raw (the SDK's own client refuses to serialise it): never run, and the server answers the next request.
+
+    If it answers the deep line, the answer must be an error (the next test says which)."""
+    depth = 100_000
+    deep = '{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"execute_command","arguments":' \
+        '{"command":"true","args":' + "[" * depth + "]" * depth + "}}}"  # fmt: skip
+    by_id = {
+        answer.get("id"): answer
+        for answer in _exchange([deep, json.dumps({"jsonrpc": "2.0", "id": 3, "method": "tools/list"})], 3)
+    }
+    refused: Any = by_id.get(2) or by_id.get(None)  # a parse error carries no id
     assert refused is None or "error" in refused or refused["result"]["isError"], refused
-    assert [tool["name"] for tool in answers[3]["result"]["tools"]] == [
+    assert [tool["name"] for tool in by_id[3]["result"]["tools"]] == [
         "analyze_csv",
         "execute_command",
         "run_python",
@@ -74,34 +80,8 @@ def test_every_unreadable_message_over_stdio_is_answered_with_the_json_rpc_error
         ('"just a string"', -32600),
         ('{"jsonrpc": "2.0", "id": 4, "method": 5}', -32600),
     ]
-    lines = [
-        json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-            "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "battery", "version": "1"}}}),
-        json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"}),
-        *(line for line, _ in unreadable),
-        json.dumps({"jsonrpc": "2.0", "id": 9, "method": "tools/list"}),
-    ]  # fmt: skip
-    parameters = stdio_parameters("--no-pool")
-    server = subprocess.Popen(
-        [parameters.command, *parameters.args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL, text=True,
-    )  # fmt: skip
-    answers: list[dict[str, Any]] = []
-    watchdog = threading.Timer(60, server.kill)  # a server that neither answers nor exits fails the test
-    watchdog.start()
-    try:
-        assert server.stdin is not None and server.stdout is not None
-        server.stdin.write("\n".join(lines) + "\n")
-        server.stdin.flush()
-        for line in server.stdout:
-            answers.append(json.loads(line))
-            if answers[-1].get("id") == 9:
-                break
-    finally:
-        watchdog.cancel()
-        server.stdin.close()  # type: ignore[union-attr]
-        server.wait(timeout=30)
-        server.stdout.close()  # type: ignore[union-attr]
+    tools = json.dumps({"jsonrpc": "2.0", "id": 9, "method": "tools/list"})
+    answers = _exchange([*(line for line, _ in unreadable), tools], 9)
     errors = [a for a in answers if a.get("id") is None and "error" in a]
     assert [e["error"]["code"] for e in errors] == [code for _, code in unreadable], errors
     assert "batch" in errors[3]["error"]["message"], errors[3]

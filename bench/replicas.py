@@ -34,7 +34,6 @@ from bench.measure import percentiles
 from sandbox_server.access.shared import SharedRate
 from sandbox_server.policy import RateLimits, WorkspaceSettings
 from sandbox_server.sandbox.spec import ExecutionResult, SandboxSpec
-from sandbox_server.state.calls import CURRENT
 from sandbox_server.state.database import Database
 from sandbox_server.workspaces.kept import KeptWorkspace
 from sandbox_server.workspaces.shared import SharedArchives, SharedBook
@@ -87,7 +86,7 @@ class Saving:
     def __init__(self) -> None:
         self.log = b""
 
-    async def run(self, spec: SandboxSpec, on_progress: object = None) -> ExecutionResult:
+    async def run(self, spec: SandboxSpec, hooks: object = None) -> ExecutionResult:
         self.log += b"workspace archive line\n" * 16
         archive = tempfile.TemporaryFile()
         with tarfile.open(fileobj=archive, mode="w") as tar:
@@ -117,16 +116,16 @@ async def database_part(url: str, folder: Path, rounds: int) -> dict[str, Any]:
         entered = None
         if store is shared:
             entered = await rate.admit("bench", limits, "bench", workspace)
-        current = CURRENT.set(entered)
         try:
-            kept = await anyio.to_thread.run_sync(KeptWorkspace.open, runtime, store, workspace, None, "bench")
+            kept = await anyio.to_thread.run_sync(
+                KeptWorkspace.open, runtime, store, workspace, None, "bench", None, entered
+            )
             assert kept is not None
             result = await kept.run(spec)
             assert kept.saved, result
         finally:
             if entered is not None:
                 await rate.leave(entered)
-            CURRENT.reset(current)
         return time.perf_counter() - started, kept.record.id
 
     try:

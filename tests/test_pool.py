@@ -134,7 +134,7 @@ class _FakeEngine:
 
     discard_later = discard
 
-    async def run(self, spec: SandboxSpec, on_progress: Any = None, warm: Any = None) -> ExecutionResult:
+    async def run(self, spec: SandboxSpec, hooks: Any = None, warm: Any = None) -> ExecutionResult:
         self.handed.append(warm)
         return ExecutionResult(exit_code=0, stdout=b"", stderr=b"", duration_ms=0)
 

@@ -20,8 +20,9 @@ import pytest
 from sandbox_server.access.shared import SharedRate
 from sandbox_server.errors import Refusal
 from sandbox_server.policy import RateLimits, WorkspaceSettings
+from sandbox_server.sandbox.runtime import NO_HOOKS, RunHooks
 from sandbox_server.sandbox.spec import ExecutionResult, SandboxSpec
-from sandbox_server.state.calls import CURRENT, workspace_lock
+from sandbox_server.state.calls import workspace_lock
 from sandbox_server.state.database import Database
 from sandbox_server.workspaces.kept import KeptWorkspace
 from sandbox_server.workspaces.shared import SharedArchives, SharedBook
@@ -48,7 +49,7 @@ class Writes:
         self.size = size
         self.found: bytes | None = None
 
-    async def run(self, spec: SandboxSpec, on_progress: object = None) -> ExecutionResult:
+    async def run(self, spec: SandboxSpec, hooks: RunHooks = NO_HOOKS) -> ExecutionResult:
         if spec.saved_workspace:  # what the call found: the archive its workspace was restored from
             self.found = Path(spec.saved_workspace).read_bytes()
         archive = tempfile.TemporaryFile()
@@ -83,10 +84,9 @@ class Replica:
         its workspace (None when it was refused) and why it was not saved or was refused ("" when it was saved)."""
         rate = SharedRate(self.database)
         call = await rate.admit("client", LIMITS, "team", workspace)
-        current = CURRENT.set(call)
         try:
             kept = await anyio.to_thread.run_sync(
-                KeptWorkspace.open, program, self.store, workspace, None, "client", tenant
+                KeptWorkspace.open, program, self.store, workspace, None, "client", tenant, call
             )
             assert kept is not None
             result = await kept.run(SPEC)
@@ -96,7 +96,6 @@ class Replica:
             return None, str(refused)
         finally:
             await rate.leave(call)
-            CURRENT.reset(current)
 
     def generation(self, workspace: str) -> int:
         return int(self.database.run("SELECT generation FROM workspaces WHERE id = %s", (workspace,))[0][0])
@@ -143,9 +142,9 @@ async def test_a_workspace_removed_on_another_replica_while_its_call_ran_is_not_
     first, _ = await one.call(Writes(1024), None)
 
     class RemovedMeanwhile(Writes):
-        async def run(self, spec: SandboxSpec, on_progress: object = None) -> ExecutionResult:
+        async def run(self, spec: SandboxSpec, hooks: RunHooks = NO_HOOKS) -> ExecutionResult:
             await anyio.to_thread.run_sync(two.book.delete, first.record.id)
-            return await super().run(spec, on_progress)
+            return await super().run(spec, hooks)
 
     during, problem = await one.call(RemovedMeanwhile(1024), first.record.id)
     assert not during.saved and "removed while the call ran" in problem, problem
@@ -203,12 +202,12 @@ async def test_a_call_continuing_a_workspace_is_admitted_read_and_locked_in_one_
     seen: dict[str, object] = {}
 
     class Watched(Writes):
-        async def run(self, spec: SandboxSpec, on_progress: object = None) -> ExecutionResult:
-            call = CURRENT.get()
-            assert call is not None and call.connection is not None  # the admission's statement took the lock
+        async def run(self, spec: SandboxSpec, hooks: RunHooks = NO_HOOKS) -> ExecutionResult:
+            call = one.book.holders.get(workspace)  # the call holds its workspace with the lock its admission took
+            assert call is not None and call.connection is not None
             seen["held"] = await anyio.to_thread.run_sync(held_elsewhere, database, workspace)
             seen["running"] = await anyio.to_thread.run_sync(running, database)
-            return await super().run(spec, on_progress)
+            return await super().run(spec, hooks)
 
     asked: list[str] = []
     run = one.database.run
@@ -263,9 +262,9 @@ async def test_a_call_that_locked_its_workspace_at_admission_never_waits_behind_
             super().__init__(size)
             self.name = name
 
-        async def run(self, spec: SandboxSpec, on_progress: object = None) -> ExecutionResult:
+        async def run(self, spec: SandboxSpec, hooks: RunHooks = NO_HOOKS) -> ExecutionResult:
             order.append(self.name)
-            return await super().run(spec, on_progress)
+            return await super().run(spec, hooks)
 
     order: list[str] = []
 
@@ -275,17 +274,15 @@ async def test_a_call_that_locked_its_workspace_at_admission_never_waits_behind_
 
     async def call_b() -> None:
         await a_waits.wait()
-        current = CURRENT.set(b_call)
         try:
             kept = await anyio.to_thread.run_sync(
-                KeptWorkspace.open, Noted(2048, "B"), one.store, workspace, None, "client"
+                KeptWorkspace.open, Noted(2048, "B"), one.store, workspace, None, "client", None, b_call
             )
             assert kept is not None
             await kept.run(SPEC)
             assert kept.saved
         finally:
             await rate.leave(b_call)
-            CURRENT.reset(current)
 
     with anyio.fail_after(15):
         async with anyio.create_task_group() as group:

@@ -1,7 +1,8 @@
 """One tool call from its arguments to its outcome, with no MCP in it.
 
-The route runs downward: check the arguments, ask a person when the policy says so (the
-asking is handed in), admit the call against its caller's limits, open its kept workspace,
+The route runs downward: check everything that needs no engine (the arguments, the time asked
+for, the files, the tool's own rules), ask a person when the policy says so (the asking is
+handed in with the call), admit the call against its caller's limits, open its kept workspace,
 find its egress proxy, run the tool, add what its sandbox asked of the network, and turn
 every refusal and engine fault on the way into an outcome. Every call, refused or not,
 leaves one audit record. What the protocol layer must announce (a workspace saved, so
@@ -10,66 +11,52 @@ its files changed) comes back with the outcome.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.to_thread
 
-from sandbox_server.access.admission import Admission, Waiting
-from sandbox_server.access.approval import Approval, approval_needed
+from sandbox_server.access.admission import Admission
+from sandbox_server.access.approval import approval_needed
 from sandbox_server.access.audit import AuditLog, call_record
 from sandbox_server.access.identity import Identity
 from sandbox_server.calls.arguments import check_arguments
-from sandbox_server.calls.hosts import CallAsker, Grants, Question
+from sandbox_server.calls.call import Ask, Call, TaskStart
+from sandbox_server.calls.hosts import CallAsker, Grants
 from sandbox_server.calls.metering import metered
 from sandbox_server.calls.registry import ToolRegistry
 from sandbox_server.calls.tracing import Tracing
 from sandbox_server.errors import EngineError, EngineUnavailable, Refusal
 from sandbox_server.network.egress import ProxyEndpoint
 from sandbox_server.policy import Policy, ToolPolicy
-from sandbox_server.sandbox.runtime import ADDRESS_WATCH, ProgressCallback, SandboxRuntime
-from sandbox_server.sandbox.spec import ResourceLimits
+from sandbox_server.sandbox.runtime import RunHooks, SandboxRuntime
+from sandbox_server.sandbox.spec import InputFile, ResourceLimits
 from sandbox_server.services.manager import Services
 from sandbox_server.services.scope import ServiceScope
-from sandbox_server.state.calls import CURRENT
-from sandbox_server.tools import Tool, ToolContext, ToolOutcome
+from sandbox_server.tools import ToolContext, ToolOutcome
+from sandbox_server.tools.base import check_call
 from sandbox_server.workspaces.changes import changes_line
 from sandbox_server.workspaces.kept import KeptWorkspace
 from sandbox_server.workspaces.naming import ID_PATTERN
 
-if TYPE_CHECKING:  # the PostgreSQL driver is imported only by a server given --state, Prometheus' by one metering
+if TYPE_CHECKING:  # the PostgreSQL driver is imported only by a server given --state
     from sandbox_server.access.shared import SharedRate
-    from sandbox_server.calls.meters import Meters
     from sandbox_server.state.calls import SharedCall
 
-__all__ = ["Ask", "CallEnd", "CallPipeline", "TaskStart", "UnknownTool"]
+__all__ = ["Ask", "Call", "CallEnd", "CallPipeline", "TaskStart", "UnknownTool"]
 
 DENIED_NAMED = 20
 """Hosts the proxy refused that an answer's note names (the answer's `network.denied` lists them all)."""
 
-Ask = Callable[[Approval, Policy, dict[str, Any]], Awaitable[Any]]
-"""Asks a person to approve a call (given what needs approval, the call's policy and its audit record): None
-when they approved, a Refusal raised when not, or a question the call is answered with instead (the client asks
-it and calls again with the answer)."""
-
 
 class UnknownTool(Exception):
     """The call names no tool its policy offers (a protocol fault, not a result)."""
-
-
-@dataclass(frozen=True, slots=True)
-class TaskStart:
-    """A call that runs as a task: its id, and what to do once it is past its checks and approval (from then on
-    it is a task; a refusal before that answers the request itself). It takes no slot of rate.concurrent_calls
-    (the tasks' own caps counted it) and may run for up to limits.max_task_s."""
-
-    id: str
-    created: Callable[[], Awaitable[None]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,23 +72,35 @@ class CallEnd:
 
 
 class CallPipeline:
-    """Runs calls: registry for tools and policies, admission for limits, a runtime for sandboxes, an audit trail."""
+    """Runs calls: registry for tools and policies, admission for limits, a runtime for sandboxes, and the
+    observers every finished call is told of (its audit record)."""
 
-    def __init__(self, registry: ToolRegistry, runtime: SandboxRuntime, audit: AuditLog | None = None) -> None:
+    def __init__(
+        self,
+        registry: ToolRegistry,
+        runtime: SandboxRuntime,
+        observers: Sequence[Callable[[dict[str, Any]], None]] = (),
+        *,
+        services: Services | None = None,
+        shared_rate: SharedRate | None = None,
+        grants: Grants | None = None,
+        tracing: Tracing | None = None,
+        audit: AuditLog | None = None,
+    ) -> None:
         self.registry = registry
         policy = registry.policy
         self.admission = Admission(policy.rate, policy.host, policy.name)
         self.runtime = runtime
+        self.observers = tuple(observers)
+        """Told every call's audit record as it ends (meters), before the audit log writes it."""
         self.audit = audit
-        self.services: Services | None = None
+        self.services = services
         """The server's services (None: this server starts none)."""
-        self.shared_rate: SharedRate | None = None
+        self.shared_rate = shared_rate
         """Replicas: a caller's calls counted across every replica too (None: this process alone)."""
-        self.meters: Meters | None = None
-        """Every call counted for Prometheus (None: no /metrics)."""
-        self.tracing = Tracing()
+        self.tracing = tracing or Tracing()
         """Spans of every call (none unless an OTLP endpoint is given)."""
-        self.grants = Grants()
+        self.grants = grants or Grants()
         """The hosts people approved or declined live, per session or caller (network.ask)."""
 
     def swap(self, policy: Policy) -> None:
@@ -109,73 +108,78 @@ class CallPipeline:
         self.registry.swap(policy)
         self.admission.reconfigure(policy.rate, policy.host, policy.name)
 
-    async def call(
-        self,
-        exposed: str,
-        arguments: Mapping[str, Any],
-        identity: Identity,
-        client: str,
-        session: str | None,
-        progress: ProgressCallback,
-        ask: Ask,
-        waiting: Waiting | None = None,
-        task: TaskStart | None = None,
-        question: Question | None = None,
-        unable: str = "",
-    ) -> CallEnd:
-        """Run one call of the tool clients see as `exposed`; UnknownTool when its policy offers none such.
+    def new_call(
+        self, exposed: str, arguments: Mapping[str, Any], identity: Identity, client: str, session: str | None
+    ) -> Call:
+        """A call as it arrives: its policy (the caller's, else the server's) and its tool, looked up once."""
+        policy = self.registry.policy_for(identity.policy)
+        tool = self.registry.tools_of(policy).get(exposed)
+        return Call(exposed, arguments, identity, client, session, policy, tool)
 
-        `client` is how the client names itself (for the audit record only); `session` is the handshake session
-        whose workspace the call works in (None: the 2026-07-28 era, where a result's `workspace` id is passed);
-        `waiting` hears how many calls are ahead while the call waits for a slot; `question` asks the person about
-        a host the allow list does not name (None: nobody can be asked, `unable` says why).
-        """
+    async def call(self, call: Call) -> CallEnd:
+        """Run one call; UnknownTool when its policy offers no tool of its name. Its stages, in order: the
+        checks that need no engine, a person's approval, admission, its kept workspace, its network, the run,
+        and what its sandbox asked of the network; release is written once, on one exit stack."""
         with self.tracing.span("tools/call"):  # named after the call once its audit record is whole
-            # One policy for the whole call, even if a new one is swapped in meanwhile: the caller's, else the server's.
-            policy = self.registry.policy_for(identity.policy)
             started = time.monotonic()
-            tool = self.registry.tools_of(policy).get(exposed)
-            own_name = tool.name if tool is not None else exposed
+            policy, tool = call.policy, call.tool
             record = call_record(
-                client, own_name, exposed, arguments, policy.name, policy.digest, policy.audit.include_arguments
-            )
-            record["caller"] = identity.caller
-            if task is not None:
-                record["task"] = task.id
+                call.client, tool.name if tool is not None else call.exposed, call.exposed, call.arguments,
+                policy.name, policy.digest, policy.audit.include_arguments,
+            )  # fmt: skip
+            record["caller"] = call.identity.caller
+            if call.task is not None:
+                record["task"] = call.task.id
             if tool is None:
-                message = f"unknown tool {exposed!r}; tools/list names the tools"
-                await self._audit_finish(record, ToolOutcome.refused(Refusal(message, "name"), policy.name), started)
+                message = f"unknown tool {call.exposed!r}; tools/list names the tools"
+                await self._finished(record, ToolOutcome.refused(Refusal(message, "name"), policy.name), started)
                 raise UnknownTool(message)
             outcome: ToolOutcome | None = None
             saved = False
             try:
                 try:
-                    check_arguments(tool.name, self.registry.validators[tool.name], arguments, policy)
-                    needed = approval_needed(
-                        policy.approval, policy.name, tool.name, policy.for_tool(tool.name), arguments
-                    )
-                    if needed is not None:
-                        question = await ask(needed, policy, record)
-                        # 2026-07-28: asked through the client, answered in the call's next round
-                        if question is not None:
-                            record["outcome"] = "awaiting_approval"
-                            return CallEnd(question=question)
-                    if task is not None:
-                        await task.created()
-                    asking = (question, unable)
-                    outcome, saved = await self._run_checked(
-                        tool, arguments, policy, identity, session, progress, waiting, task is not None, asking
-                    )
+                    files = self._check(call)
+                    question = await self._approval(call, record)
+                    if question is not None:  # 2026-07-28: asked through the client, answered in the next round
+                        record["outcome"] = "awaiting_approval"
+                        return CallEnd(question=question)
+                    if call.task is not None:
+                        await call.task.created()
+                    outcome, saved = await self._run(call, files)
                 except Refusal as refusal:  # the one place a refusal becomes an outcome
                     outcome = ToolOutcome.refused(refusal, policy.name)
-                outcome = metered(outcome, time.monotonic() - started, task is not None)
-                return CallEnd(outcome, policy.for_tool(tool.name).limits, workspace_saved=saved)
+                outcome = metered(outcome, time.monotonic() - started, call.task is not None)
+                return CallEnd(outcome, call.tool_policy.limits, workspace_saved=saved)
             finally:
                 with anyio.CancelScope(shield=True):
-                    await self._audit_finish(record, outcome, started)
+                    await self._finished(record, outcome, started)
 
-    async def _audit_finish(self, record: dict[str, Any], outcome: ToolOutcome | None, started: float) -> None:
-        if self.audit is None and self.meters is None and self.tracing.tracer is None:
+    def _check(self, call: Call) -> tuple[InputFile, ...]:
+        """Every refusal that needs no engine, before the call waits for anything: its arguments against the
+        tool's schema and the policy, the time it asks for, its files and the tool's own rules."""
+        assert call.tool is not None
+        check_arguments(call.tool.name, self.registry.validators[call.tool.name], call.arguments, call.policy)
+        return check_call(call.tool, call.arguments, call.tool_policy, call.policy.name, call.task is not None)
+
+    async def _approval(self, call: Call, record: dict[str, Any]) -> Any:
+        """Ask a person when the policy says so: None when approved (a Refusal when not), or the question the
+        call is answered with."""
+        assert call.tool is not None
+        policy = call.policy
+        needed = approval_needed(policy.approval, policy.name, call.tool.name, call.tool_policy, call.arguments)
+        if needed is None:
+            return None
+        if call.ask is None:
+            raise Refusal(
+                f"refused: policy '{policy.name}' needs a person's approval for this call (field approval), and "
+                "nobody can be asked",
+                "approval",
+            )
+        return await call.ask(needed, policy, record)
+
+    async def _finished(self, record: dict[str, Any], outcome: ToolOutcome | None, started: float) -> None:
+        """The call's audit record, whole, to its span, its observers and the audit log."""
+        if self.audit is None and not self.observers and self.tracing.tracer is None:
             return
         record["duration_ms"] = int((time.monotonic() - started) * 1000)
         if outcome is not None:
@@ -184,101 +188,69 @@ class CallPipeline:
                 record["usage"] = outcome.structured["usage"]
         record.setdefault("outcome", "cancelled")
         self.tracing.describe(record)
-        if self.meters is not None:
-            self.meters.observe(record)
+        for observe in self.observers:
+            observe(record)
         if self.audit is not None:
             await anyio.to_thread.run_sync(self.audit.write, record)
 
-    async def _run_checked(
-        self,
-        tool: Tool,
-        arguments: Mapping[str, Any],
-        policy: Policy,
-        identity: Identity,
-        session: str | None,
-        progress: ProgressCallback,
-        waiting: Waiting | None,
-        as_task: bool = False,
-        asking: tuple[Question | None, str] = (None, ""),
-    ) -> tuple[ToolOutcome, bool]:
-        """Admit (a call past the concurrency cap waits its turn, within its own timeout), then run the tool: its
-        outcome and whether it saved a kept workspace; refusals are raised."""
-        tool_policy = policy.for_tool(tool.name)
-        timeout = arguments.get("timeout_s")
-        deadline = float(timeout) if isinstance(timeout, int | float) else tool_policy.limits.timeout_s
-        # An authenticated caller's limits are its own policy's and count its calls alone; a task was counted by
-        # the tasks' own caps, and only the host's saturation may still refuse it.
-        if as_task:
-            self.admission.check_host()
-            ticket = None
-        else:
-            with self.tracing.span("admission"):
-                ticket = await self.admission.enter(identity.limits_key, policy.rate, policy.name, deadline, waiting)
-        shared_call = None
-        current = CURRENT.set(None)
+    async def _run(self, call: Call, files: tuple[InputFile, ...]) -> tuple[ToolOutcome, bool]:
+        """Admit the call, open its workspace, find its network, run the tool: its outcome and whether it saved
+        a kept workspace; refusals are raised, engine faults become refusals."""
+        assert call.tool is not None
         try:
-            if self.shared_rate is not None and ticket is not None:
-                named = arguments.get("workspace") if policy.workspace.persist else None
-                named = named if isinstance(named, str) and ID_PATTERN.fullmatch(named) else None
-                with self.tracing.span("admission (replicas)"):
-                    shared_call = await self.shared_rate.admit(identity.limits_key, policy.rate, policy.name, named)
-                CURRENT.set(shared_call)
-            with self.tracing.span("workspace"):
-                runtime, kept = await self._workspace_runtime(arguments, policy, identity, session)
-        except BaseException:
-            if ticket is not None:
-                ticket.release()
-            if shared_call is not None:
-                await self._leave_shared(shared_call)
-            CURRENT.reset(current)
-            raise
-        try:
-            proxy = await self._proxy(tool_policy, policy.name)
-            scope = None
-            if self.services is not None:
-                record = kept.record if kept is not None else None
-                if record is not None:
-                    self.services.touch(record.id)
-                scope = ServiceScope(self.services, record, identity.limits_key, policy.services, policy.name)
-            tool_ctx = ToolContext(
-                runtime, tool_policy, policy.name, progress, kept is not None, proxy, as_task, scope,
-                scope.network if scope is not None else None, scope.names if scope is not None else (),
-            )  # fmt: skip
-            asker = self._asker(tool_policy, policy.name, proxy, asking, identity, session, kept)
-            watching = ADDRESS_WATCH.set(asker.watch if asker is not None else None)
-            try:
+            async with contextlib.AsyncExitStack() as stack:
+                shared = await stack.enter_async_context(self._admitted(call))
+                with self.tracing.span("workspace"):
+                    kept = await self._workspace(call, shared)
+                proxy = await self._proxy(call.tool_policy, call.policy.name)
+                scope = self._scope(call, kept)
+                asker = self._asker(call, proxy, kept)
+                hooks = RunHooks(
+                    call.progress,
+                    call.task.output if call.task is not None else None,
+                    asker.watch if asker is not None else None,
+                )
+                tool_ctx = ToolContext(
+                    kept or self.runtime, call.tool_policy, call.policy.name, hooks, files, kept is not None, proxy,
+                    call.task is not None, scope, scope.network if scope is not None else None,
+                    scope.names if scope is not None else (),
+                )  # fmt: skip
                 with self.tracing.span("container"):
-                    outcome = await tool.run(arguments, tool_ctx)
-            finally:
-                ADDRESS_WATCH.reset(watching)
-            if proxy is not None:
-                with self.tracing.span("proxy"):
-                    outcome = await self._with_requests(outcome, proxy, asker)
-            if kept is None:
-                return outcome, False
-            structured = {**(outcome.structured or {}), "workspace": kept.record.id}
-            if outcome.audit is not None:
-                outcome = replace(outcome, audit={**outcome.audit, "workspace_bytes": kept.size_bytes})
-            if scope is not None and (running := scope.listed()):
-                structured["services"] = running
-            notes = outcome.notes
-            if kept.changes is not None:
-                structured["changes"] = kept.changes
-                said = changes_line(kept.changes)
-                notes = (*notes, said) if said else notes
-            if kept.record.session is None:  # the 2026-07-28 era: the id is how the next call continues it
-                notes = (*notes, f"workspace {kept.record.id}: pass it as `workspace` to continue in it")
-            return replace(outcome, structured=structured, notes=notes), kept.saved
+                    outcome = await call.tool.run(call.arguments, tool_ctx)
+                if proxy is not None:
+                    with self.tracing.span("proxy"):
+                        outcome = await self._with_requests(outcome, proxy, asker)
+                return _in_workspace(outcome, kept, scope)
         except EngineUnavailable as exc:
             raise Refusal(str(exc), kind="engine_unavailable") from exc
         except EngineError as exc:
             raise Refusal(f"sandbox engine error: {exc}", kind="engine_error") from exc
+
+    @contextlib.asynccontextmanager
+    async def _admitted(self, call: Call) -> AsyncIterator[SharedCall | None]:
+        """The call admitted against its caller's limits (one past the concurrency cap waits its turn, within its
+        own deadline), across the replicas too: their side of the call, if any. An authenticated caller's limits
+        are its own policy's and count its calls alone; a task was counted by the tasks' own caps, and only the
+        host's saturation may still refuse it."""
+        if call.task is not None:
+            self.admission.check_host()
+            yield None
+            return
+        policy, key = call.policy, call.identity.limits_key
+        with self.tracing.span("admission"):
+            ticket = await self.admission.enter(key, policy.rate, policy.name, call.deadline_s, call.waiting)
+        shared = None
+        try:
+            if self.shared_rate is not None:
+                named = call.arguments.get("workspace") if policy.workspace.persist else None
+                named = named if isinstance(named, str) and ID_PATTERN.fullmatch(named) else None
+                with self.tracing.span("admission (replicas)"):
+                    shared = await self.shared_rate.admit(key, policy.rate, policy.name, named)
+            yield shared
         finally:
-            if ticket is not None:
-                ticket.release()
-            if shared_call is not None:
-                await self._leave_shared(shared_call)
-            CURRENT.reset(current)
+            ticket.release()
+            if shared is not None:
+                await self._leave_shared(shared)
 
     async def _leave_shared(self, call: SharedCall) -> None:
         rate = self.shared_rate
@@ -289,23 +261,31 @@ class CallPipeline:
             except Refusal as exc:  # the database is down: the row goes with this replica's heartbeat
                 logging.getLogger("sandbox_server").warning("%s", exc)
 
-    async def _workspace_runtime(
-        self, arguments: Mapping[str, Any], policy: Policy, identity: Identity, session: str | None
-    ) -> tuple[SandboxRuntime, KeptWorkspace | None]:
-        """The runtime of this call: in its kept workspace when the policy keeps them, else the plain one.
+    async def _workspace(self, call: Call, shared: SharedCall | None) -> KeptWorkspace | None:
+        """The call's kept workspace when its policy keeps them (None: it runs in the plain runtime).
 
         Opening one may remove another to make room (unmounting it), so it happens off the event loop."""
-        store = self.registry.workspaces if policy.workspace.persist else None
-        kept = await anyio.to_thread.run_sync(
+        store = self.registry.workspaces if call.policy.workspace.persist else None
+        identity = call.identity
+        return await anyio.to_thread.run_sync(
             KeptWorkspace.open,
             self.runtime,
             store,
-            arguments.get("workspace"),
-            session,
+            call.arguments.get("workspace"),
+            call.session,
             identity.tenant or identity.limits_key,  # counted per tenant: anonymous sessions keep apart
             identity.tenant,
+            shared,
         )
-        return (kept or self.runtime), kept
+
+    def _scope(self, call: Call, kept: KeptWorkspace | None) -> ServiceScope | None:
+        """Services in the call's workspace (None: this server starts none)."""
+        if self.services is None:
+            return None
+        record = kept.record if kept is not None else None
+        if record is not None:
+            self.services.touch(record.id)
+        return ServiceScope(self.services, record, call.identity.limits_key, call.policy.services, call.policy.name)
 
     async def _proxy(self, tool_policy: ToolPolicy, policy_name: str) -> ProxyEndpoint | None:
         """The running proxy of a tool with an allow list (a Refusal saying why when there is none)."""
@@ -322,26 +302,21 @@ class CallPipeline:
         self.registry.network_ready(endpoint.key)  # its network exists now: the tool's warm pool can fill
         return endpoint
 
-    def _asker(
-        self,
-        tool_policy: ToolPolicy,
-        policy_name: str,
-        proxy: ProxyEndpoint | None,
-        asking: tuple[Question | None, str],
-        identity: Identity,
-        session: str | None,
-        kept: KeptWorkspace | None,
-    ) -> CallAsker | None:
+    def _asker(self, call: Call, proxy: ProxyEndpoint | None, kept: KeptWorkspace | None) -> CallAsker | None:
         """A call whose policy asks about hosts not on its list: its asker, watching for its sandbox's address."""
-        settings = tool_policy.egress.ask if tool_policy.egress is not None else None
+        egress = call.tool_policy.egress
+        settings = egress.ask if egress is not None else None
         proxies = self.registry.proxies
         if settings is None or proxy is None or proxies is None:
             return None
         if settings.remember == "caller":
-            key = f"caller:{identity.limits_key}"
+            key = f"caller:{call.identity.limits_key}"
         else:  # a handshake session, else the kept workspace the call continues, else the call alone
-            key = f"session:{session or (kept.record.id if kept is not None else os.urandom(8).hex())}"
-        return CallAsker(settings, self.grants.scope(key), *asking, policy_name, proxies.gatekeeper, proxy.key)
+            key = f"session:{call.session or (kept.record.id if kept is not None else os.urandom(8).hex())}"
+        return CallAsker(
+            settings, self.grants.scope(key), call.question, call.unable, call.policy.name, proxies.gatekeeper,
+            proxy.key,
+        )  # fmt: skip
 
     async def _with_requests(
         self, outcome: ToolOutcome, proxy: ProxyEndpoint, asker: CallAsker | None = None
@@ -368,3 +343,25 @@ class CallPipeline:
         audit = {**(outcome.audit or {}), "network": network} if outcome.audit is not None else None
         structured = {**outcome.structured, "network": network} if outcome.structured is not None else None
         return replace(outcome, structured=structured, notes=notes, audit=audit)
+
+
+def _in_workspace(
+    outcome: ToolOutcome, kept: KeptWorkspace | None, scope: ServiceScope | None
+) -> tuple[ToolOutcome, bool]:
+    """The outcome with what its kept workspace adds (its id, what changed, the services running in it), and
+    whether the call saved the workspace."""
+    if kept is None:
+        return outcome, False
+    structured = {**(outcome.structured or {}), "workspace": kept.record.id}
+    if outcome.audit is not None:
+        outcome = replace(outcome, audit={**outcome.audit, "workspace_bytes": kept.size_bytes})
+    if scope is not None and (running := scope.listed()):
+        structured["services"] = running
+    notes = outcome.notes
+    if kept.changes is not None:
+        structured["changes"] = kept.changes
+        said = changes_line(kept.changes)
+        notes = (*notes, said) if said else notes
+    if kept.record.session is None:  # the 2026-07-28 era: the id is how the next call continues it
+        notes = (*notes, f"workspace {kept.record.id}: pass it as `workspace` to continue in it")
+    return replace(outcome, structured=structured, notes=notes), kept.saved

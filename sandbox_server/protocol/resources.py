@@ -23,6 +23,7 @@ from sandbox_server.protocol.results import ResourceStore
 from sandbox_server.protocol.tasks import OUTPUT_TEMPLATE
 from sandbox_server.services.manager import Services
 from sandbox_server.workspaces.naming import LISTING_TEMPLATE, RESOURCE_TEMPLATE, listing_id
+from sandbox_server.workspaces.resources import read_workspace_file, session_entries, workspace_entries
 from sandbox_server.workspaces.store import WorkspaceStore
 
 if TYPE_CHECKING:  # the PostgreSQL driver is imported only by a server given --state
@@ -50,11 +51,12 @@ class Resources:
         instance: str,
         task_output: Callable[[Context, str], Awaitable[types.ReadResourceResult | None]] | None = None,
         services: Services | None = None,
+        shared_files: SharedFiles | None = None,
     ) -> None:
         self.store = store
         self.services = services
         """The running services, each listed and read by its own caller (sandbox://services/<id>)."""
-        self.shared_files: SharedFiles | None = None
+        self.shared_files = shared_files
         """Replicas: files other replicas' calls returned (None: this process's own alone)."""
         self._task_output = task_output
         """A task's output so far, by its URI (sandbox://tasks/<id>/output), when its caller asks."""
@@ -73,7 +75,7 @@ class Resources:
                 found[uri] = types.Resource(uri=uri, name=name, mime_type=kept[0], size=len(kept[1]))
         session = session_of(ctx, self.instance)
         if self.workspaces is not None and session is not None:
-            listing = await anyio.to_thread.run_sync(self.workspaces.listing, session, tenant)
+            listing = await anyio.to_thread.run_sync(session_entries, self.workspaces, session, tenant)
             found |= {u: types.Resource(uri=u, name=n, mime_type=m, size=size) for u, n, m, size in listing}
         for service in self.services.of_caller(identity_of(ctx).limits_key) if self.services is not None else []:
             uri = f"{SERVICE_PREFIX}{service.id}"
@@ -194,7 +196,7 @@ class Resources:
         record = None if self.workspaces is None else self.workspaces.find(workspace_id, session, tenant)
         if self.workspaces is None or record is None:
             return None
-        files = self.workspaces.entries(record)
+        files = workspace_entries(self.workspaces, record)
         entries = [{"path": name, "size": size, "mimeType": mime, "uri": u} for u, name, mime, size in files]
         text = json.dumps({"workspace": workspace_id, "files": entries}, ensure_ascii=False)
         return types.ReadResourceResult(
@@ -214,6 +216,6 @@ class Resources:
             return None
         try:
             limit = self._policy().default.limits.returned_file_bytes
-            return self.workspaces.read_resource(uri, session, limit, tenant, offset, length)
+            return read_workspace_file(self.workspaces, uri, session, limit, tenant, (offset, length))
         except Refusal as refusal:
             raise MCPError(INVALID_PARAMS, refusal.message) from None

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import anyio.to_thread
@@ -24,12 +25,11 @@ from mcp_types.jsonrpc import INVALID_PARAMS
 from sandbox_server import __version__
 from sandbox_server.access.approval import Approval
 from sandbox_server.access.audit import AuditLog
-from sandbox_server.access.identity import Identity
 from sandbox_server.calls.hosts import Grants, Question
-from sandbox_server.calls.pipeline import CallPipeline, TaskStart, UnknownTool
+from sandbox_server.calls.pipeline import Call, CallPipeline, TaskStart, UnknownTool
 from sandbox_server.calls.registry import ToolRegistry
+from sandbox_server.calls.tracing import Tracing
 from sandbox_server.errors import Refusal
-from sandbox_server.network.proxies import EgressProxies
 from sandbox_server.policy import Policy
 from sandbox_server.protocol.asking import APPROVAL_TTL_S, Approvals, ParkedCalls, elicits, host_question
 from sandbox_server.protocol.listing import page_of, tool_model
@@ -45,13 +45,12 @@ from sandbox_server.protocol.requests import (
 from sandbox_server.protocol.resources import Resources
 from sandbox_server.protocol.results import RenderedResult, ResourceStore, render
 from sandbox_server.protocol.tasks import TaskProtocol, task_capabilities
-from sandbox_server.sandbox.pool import WarmPool
 from sandbox_server.sandbox.runtime import SandboxRuntime
 from sandbox_server.services.manager import Services
 from sandbox_server.tasks.manager import Tasks
 from sandbox_server.tasks.records import TaskRecord
-from sandbox_server.tools import Tool, ToolOutcome
-from sandbox_server.workspaces.store import WorkspaceStore, session_key
+from sandbox_server.tools import ToolOutcome
+from sandbox_server.workspaces.store import session_key
 
 if TYPE_CHECKING:  # the PostgreSQL driver is imported only by a server given --state
     from sandbox_server.access.shared import SharedAccess
@@ -70,34 +69,44 @@ INSTRUCTIONS = (
 )
 
 
+@dataclass(frozen=True, slots=True)
+class Parts:
+    """What a server is made of, each part built once with its collaborators (the wiring, cli/wiring.py, builds
+    them for `serve`; a test builds the few it needs)."""
+
+    registry: ToolRegistry
+    runtime: SandboxRuntime
+    """What calls run on: the warm pool when there is one, else the engine."""
+    audit: AuditLog | None = None
+    observers: tuple[Callable[[dict[str, Any]], None], ...] = ()
+    """Told every call's audit record as it ends (the meters)."""
+    tracing: Tracing | None = None
+    tasks: Tasks | None = None
+    services: Services | None = None
+    shared: SharedAccess | None = None
+    """Replicas: what they share (None: this process alone)."""
+    instance: str = "local"
+    """This server process, in the key of its handshake sessions' workspaces."""
+    page_size: int = 50
+    store: ResourceStore | None = None
+
+
 class SandboxServer:
     """Tools, policy and runtime wired to an MCP low-level Server."""
 
-    def __init__(
-        self,
-        tools: list[Tool],
-        policy: Policy,
-        runtime: SandboxRuntime,
-        page_size: int = 50,
-        store: ResourceStore | None = None,
-        audit: AuditLog | None = None,
-        pool: WarmPool[Any] | None = None,
-        tool_prefix: str | None = None,
-        workspaces: WorkspaceStore | None = None,
-        instance: str = "local",
-        proxies: EgressProxies | None = None,
-        caller_policy: Callable[[str], Policy] | None = None,
-        tasks: Tasks | None = None,
-        services: Services | None = None,
-        shared: SharedAccess | None = None,
-    ) -> None:
-        self.registry = ToolRegistry(tools, policy, pool, proxies, workspaces, caller_policy, tool_prefix)
-        self.calls = CallPipeline(self.registry, pool if pool is not None else runtime, audit)
-        self.calls.services = self.services = services
-        self.page_size = max(1, page_size)
-        self.store = store or ResourceStore()
-        self.workspaces = workspaces
-        self.instance = instance
+    def __init__(self, parts: Parts) -> None:
+        self.registry = registry = parts.registry
+        shared, services, tasks = parts.shared, parts.services, parts.tasks
+        self.calls = CallPipeline(
+            registry, parts.runtime, parts.observers, services=services,
+            shared_rate=shared.rate if shared is not None else None,
+            grants=Grants(shared.answers) if shared is not None else None, tracing=parts.tracing, audit=parts.audit,
+        )  # fmt: skip
+        self.services = services
+        self.page_size = max(1, parts.page_size)
+        self.store = parts.store or ResourceStore()
+        self.workspaces = workspaces = registry.workspaces
+        self.instance = parts.instance
         """This server process, in the key of its handshake sessions' workspaces."""
         self.tasks = tasks
         self.task_protocol = (
@@ -106,14 +115,13 @@ class SandboxServer:
             else None
         )
         task_output = self.task_protocol.output if self.task_protocol is not None else None
-        self.resources = Resources(self.store, workspaces, lambda: self.policy, instance, task_output, services)
+        self.shared_files = shared.files if shared is not None else None
+        self.resources = Resources(
+            self.store, workspaces, lambda: self.policy, self.instance, task_output, services, self.shared_files
+        )
         self.approvals = Approvals(shared.questions if shared is not None else None)
         self.parked = ParkedCalls()
         """2026-07-28 calls asking the person about a host, running beside their requests (served by `serve`)."""
-        self.shared_files = self.resources.shared_files = shared.files if shared is not None else None
-        self.calls.shared_rate = shared.rate if shared is not None else None
-        if shared is not None:
-            self.calls.grants = Grants(shared.answers)
         self._sessions: OrderedDict[str, ServerSession] = OrderedDict()
         """Handshake-era connections to tell of a tools/list change, by MCP session id (the latest request's)."""
         self._events = InMemorySubscriptionBus()  # 2026-07-28 clients hear of changes via subscriptions/listen
@@ -140,11 +148,6 @@ class SandboxServer:
         self.server.middleware.append(RequestStateBoundary(security, default_audience="sandbox-server"))
         if self.task_protocol is not None:
             self.task_protocol.install(self.server)
-        if pool is not None and services is not None:  # calls beside a workspace's services find warm containers
-            services.on_networks = self.registry.service_networks
-        if pool is not None:  # running tasks' and services' containers count against warm containers' memory
-            held = [source.memory_bytes for source in (tasks, services) if source is not None]
-            pool.held_elsewhere = lambda: sum(memory() for memory in held)
 
     @property
     def policy(self) -> Policy:
@@ -218,10 +221,12 @@ class SandboxServer:
             return self.task_protocol.created_answer(ctx, answer)
         return answer
 
-    async def _call(self, ctx: Context, params: types.CallToolRequestParams, as_task: bool) -> Any:
-        """Run a call: its result, a question to answer it with, or (as a task) the task's record once created."""
+    def _new_call(self, ctx: Context, params: types.CallToolRequestParams, as_task: bool) -> Call:
+        """The call as it arrives, with how to reach its client while it runs."""
         identity = identity_of(ctx)
-
+        call = self.calls.new_call(
+            params.name, params.arguments or {}, identity, client_name(ctx), session_of(ctx, self.instance)
+        )
         waited = [0.0]  # progress only ever grows: a run's seconds count on from the time spent waiting
 
         async def progress(elapsed_s: float, stdout_bytes: int, stderr_bytes: int, last_line: str) -> None:
@@ -239,14 +244,18 @@ class SandboxServer:
         async def ask(needed: Approval, policy: Policy, record: dict[str, Any]) -> types.InputRequiredResult | None:
             return await self.approvals.ask(ctx, params, identity.limits_key, needed, policy, record)
 
-        arguments, session = params.arguments or {}, session_of(ctx, self.instance)
+        question, unable = host_question(ctx, as_task)
+        return replace(call, progress=progress, waiting=waiting, ask=ask, question=question, unable=unable)
+
+    async def _call(self, ctx: Context, params: types.CallToolRequestParams, as_task: bool) -> Any:
+        """Run a call: its result, a question to answer it with, or (as a task) the task's record once created."""
+        call = self._new_call(ctx, params, as_task)
+        identity = call.identity
 
         async def run(task: TaskStart | None = None, question: Question | None = None) -> Any:
-            asking = (question, "") if question is not None else host_question(ctx, task is not None)
+            asking = replace(call, question=question, unable="") if question is not None else call
             try:
-                end = await self.calls.call(
-                    params.name, arguments, identity, client_name(ctx), session, progress, ask, waiting, task, *asking
-                )
+                end = await self.calls.call(replace(asking, task=task))
             except UnknownTool as exc:
                 raise MCPError(INVALID_PARAMS, str(exc)) from None
             if end.question is not None:
@@ -268,18 +277,14 @@ class SandboxServer:
         async def run_asking(question: Question) -> Any:
             return await run(None, question)
 
-        if not as_task and self._parks(ctx, params, identity):  # 2026-07-28: asked about hosts between rounds
+        if not as_task and self._parks(ctx, call):  # 2026-07-28: asked about hosts between rounds
             state, response = params.request_state, (params.input_responses or {}).get("network")
             action = getattr(response, "action", None) or "no answer"
             resumed = await self.parked.resume(identity.limits_key, state, action) if state else None
             return resumed if resumed is not None else await self.parked.start(identity.limits_key, run_asking)
-        if not as_task or self.tasks is None or self.task_protocol is None:
-            return await run()
-        policy = self.registry.policy_for(identity.policy)
-        tool = self.registry.tools_of(policy).get(params.name)
-        if tool is None:
-            return await run()  # answered as an unknown tool
-        protocol = self.task_protocol
+        if not as_task or self.tasks is None or self.task_protocol is None or call.tool is None:
+            return await run()  # (a call of an unknown tool is answered as such)
+        protocol, policy = self.task_protocol, call.policy
         ttl = params.task.ttl if params.task is not None else None
 
         async def tell_end(record: TaskRecord) -> None:
@@ -288,21 +293,19 @@ class SandboxServer:
         try:
             started = await self.tasks.start(
                 policy.tasks, policy.name, task_owner(ctx), identity.caller, params.name,
-                policy.for_tool(tool.name).limits.memory_mb * 1024 * 1024, ttl, run, tell_end,
+                call.tool_policy.limits.memory_mb * 1024 * 1024, ttl, run, tell_end,
             )  # fmt: skip
         except Refusal as refusal:
             outcome = ToolOutcome.refused(refusal, policy.name)
             return _result_model(render(outcome, self.store, tenant=identity.tenant))
         return started.record if started.record is not None else started.answer
 
-    def _parks(self, ctx: Context, params: types.CallToolRequestParams, identity: Identity) -> bool:
+    def _parks(self, ctx: Context, call: Call) -> bool:
         """Whether a call runs beside its requests, to ask the person about hosts between rounds: a 2026-07-28
         call of a tool whose policy asks (network.ask), from a client that can ask."""
-        if handshake_era(ctx) or not self.parked.running or not elicits(ctx):
+        if handshake_era(ctx) or not self.parked.running or not elicits(ctx) or call.tool is None:
             return False
-        policy = self.registry.policy_for(identity.policy)
-        tool = self.registry.tools_of(policy).get(params.name)
-        egress = policy.for_tool(tool.name).egress if tool is not None else None
+        egress = call.tool_policy.egress
         return egress is not None and egress.ask is not None
 
     async def _resources_changed(self, ctx: Context, tell_session: bool = True) -> None:

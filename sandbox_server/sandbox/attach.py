@@ -11,10 +11,11 @@ from __future__ import annotations
 import contextlib
 import re
 import socket
+from collections.abc import Callable
 from typing import BinaryIO
 
 from sandbox_server.sandbox.spec import SandboxSpec
-from sandbox_server.sandbox.streams import LIVE_OUTPUT, STDERR, CappedBuffer, FrameDemuxer, StdoutSplitter
+from sandbox_server.sandbox.streams import STDERR, CappedBuffer, FrameDemuxer, StdoutSplitter
 
 __all__ = [
     "FLOOD_FACTOR",
@@ -59,7 +60,13 @@ def launcher_timed_out(trailer: dict[str, str] | None) -> bool:
 class Drain:
     """Reads one attach stream in a worker thread; the async side reads its state."""
 
-    def __init__(self, spec: SandboxSpec, boundary: bytes, sink: BinaryIO | None = None) -> None:
+    def __init__(
+        self,
+        spec: SandboxSpec,
+        boundary: bytes,
+        sink: BinaryIO | None = None,
+        watch: Callable[[CappedBuffer, CappedBuffer], None] | None = None,
+    ) -> None:
         cap = spec.limits.output_bytes
         self.stdout = CappedBuffer(cap)
         self.stderr = CappedBuffer(cap)
@@ -69,8 +76,7 @@ class Drain:
         self.flood_limit = max(cap * FLOOD_FACTOR, FLOOD_MIN_BYTES)
         self.flooded = False
         self.finished = False
-        watch = LIVE_OUTPUT.get()
-        if watch is not None:
+        if watch is not None:  # the call reads its output while it runs
             watch(self.stdout, self.stderr)
 
     def run(self, raw: socket.socket) -> None:

@@ -40,7 +40,7 @@ from sandbox_server.sandbox.engine import Engine, engine_errors, oom_reported
 from sandbox_server.sandbox.host_config import host_config_kwargs, masked_paths
 from sandbox_server.sandbox.meter import Meter, Usage
 from sandbox_server.sandbox.removal import OWNER_LABEL, Remover, current_owner
-from sandbox_server.sandbox.runtime import ProgressCallback, watch_address
+from sandbox_server.sandbox.runtime import NO_HOOKS, ProgressCallback, RunHooks
 from sandbox_server.sandbox.spec import SANDBOX_LABEL, ExecutionResult, SandboxSpec
 
 __all__ = ["DockerRuntime", "WarmContainer"]
@@ -288,15 +288,13 @@ class DockerRuntime(Engine):
         return int(state.get("ExitCode", -1)), oom
 
     async def run(
-        self, spec: SandboxSpec, on_progress: ProgressCallback | None = None, warm: WarmContainer | None = None
+        self, spec: SandboxSpec, hooks: RunHooks = NO_HOOKS, warm: WarmContainer | None = None
     ) -> ExecutionResult:
         """Run a spec in a fresh container (or a warm one made for its key), never reused, always removed."""
         with self.activity.call():
-            return await self._run(spec, on_progress, warm)
+            return await self._run(spec, hooks, warm)
 
-    async def _run(
-        self, spec: SandboxSpec, on_progress: ProgressCallback | None, warm: WarmContainer | None
-    ) -> ExecutionResult:
+    async def _run(self, spec: SandboxSpec, hooks: RunHooks, warm: WarmContainer | None) -> ExecutionResult:
         boundary = secrets.token_hex(16)
         persist = spec.saved_workspace is not None
         # A kept workspace goes in and comes out through temporary files, never whole in memory
@@ -326,17 +324,17 @@ class DockerRuntime(Engine):
             except OSError as exc:
                 self.discard_later(warm)
                 raise EngineError(f"could not mount the workspace into the sandbox: {exc}") from exc
-        meter, unwatch = Meter.start(warm.pid), watch_address(warm.address)
+        meter, unwatch = Meter.start(warm.pid), hooks.watch_address(warm.address)
         usage = Usage()
         sink = tempfile.SpooledTemporaryFile(SPOOL_BYTES) if persist else None
-        drain = Drain(spec, boundary.encode(), sink)  # type: ignore[arg-type]
+        drain = Drain(spec, boundary.encode(), sink, hooks.output)  # type: ignore[arg-type]
         timed_out = cancelled = removed = unsettled = False
         try:
             await anyio.to_thread.run_sync(self._send, raw, request)
             with anyio.move_on_after(hard_timeout_s) as deadline:
                 async with anyio.create_task_group() as group:
-                    if on_progress is not None:
-                        group.start_soon(self._report, drain, started, on_progress)
+                    if hooks.progress is not None:
+                        group.start_soon(self._report, drain, started, hooks.progress)
                     await anyio.to_thread.run_sync(drain.run, raw, abandon_on_cancel=True)
                     group.cancel_scope.cancel()
             timed_out = deadline.cancelled_caught

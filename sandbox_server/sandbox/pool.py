@@ -37,7 +37,7 @@ import anyio.to_thread
 
 from sandbox_server.errors import SandboxServerError
 from sandbox_server.sandbox.activity import Activity
-from sandbox_server.sandbox.runtime import ProgressCallback
+from sandbox_server.sandbox.runtime import NO_HOOKS, RunHooks
 from sandbox_server.sandbox.spec import ExecutionResult, SandboxSpec
 
 __all__ = ["PoolStats", "PoolTarget", "WarmPool"]
@@ -81,7 +81,7 @@ class WarmEngine(Protocol[WarmT]):
     def discard(self, warm: WarmT) -> None: ...
     def discard_later(self, warm: WarmT) -> None: ...
     async def run(
-        self, spec: SandboxSpec, on_progress: ProgressCallback | None = None, warm: WarmT | None = None
+        self, spec: SandboxSpec, hooks: RunHooks = NO_HOOKS, warm: WarmT | None = None
     ) -> ExecutionResult: ...
 
 
@@ -125,7 +125,12 @@ class PoolStats:
 class WarmPool(Generic[WarmT]):
     """A SandboxRuntime that runs each call in a warm container when one is ready, cold otherwise."""
 
-    def __init__(self, engine: WarmEngine[WarmT], activity: Activity | None = None) -> None:
+    def __init__(
+        self,
+        engine: WarmEngine[WarmT],
+        activity: Activity | None = None,
+        held_elsewhere: Callable[[], int] = lambda: 0,
+    ) -> None:
         self._engine = engine
         self._activity = activity or Activity()
         self._targets: dict[Key, PoolTarget] = {}
@@ -145,8 +150,8 @@ class WarmPool(Generic[WarmT]):
         self._making_s: dict[Key, float] = {}
         """How long making a container of each key took the last time: the room in a pause a fill needs."""
         self.memory_budget = math.inf
-        self.held_elsewhere: Callable[[], int] = lambda: 0
-        """Memory the budget also covers that the pool does not hold (running tasks' containers)."""
+        self.held_elsewhere = held_elsewhere
+        """Memory the budget also covers that the pool does not hold (running tasks' and services' containers)."""
         """Bytes all waiting containers together may hold."""
         self.host_room: Callable[[], bool] = lambda: True
         """Whether the host has memory to spare for another warm container."""
@@ -203,9 +208,9 @@ class WarmPool(Generic[WarmT]):
         if key in self._targets:
             self._want[key] = max(self._targets[key].size, self.wanted(key) - 1)
 
-    async def run(self, spec: SandboxSpec, on_progress: ProgressCallback | None = None) -> ExecutionResult:
+    async def run(self, spec: SandboxSpec, hooks: RunHooks = NO_HOOKS) -> ExecutionResult:
         """Run one call in a warm container of its key if one is ready, else in a cold one at once."""
-        return await self._engine.run(spec, on_progress, warm=self.take(spec.container_key()))
+        return await self._engine.run(spec, hooks, warm=self.take(spec.container_key()))
 
     def take(self, key: Key) -> WarmT | None:
         """A healthy warm container of this key not older than its idle time, or None; stale and broken

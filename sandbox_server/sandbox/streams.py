@@ -6,11 +6,9 @@ from __future__ import annotations
 import io
 import itertools
 import struct
-from collections.abc import Callable
-from contextvars import ContextVar
 from typing import BinaryIO
 
-__all__ = ["LIVE_OUTPUT", "CappedBuffer", "FrameDemuxer", "StdoutSplitter"]
+__all__ = ["CappedBuffer", "FrameDemuxer", "StdoutSplitter"]
 
 _HEADER = struct.Struct(">BxxxL")
 STDOUT, STDERR = 1, 2
@@ -19,11 +17,6 @@ LAST_BYTES = 512
 LINE_CHARS = 160
 """A last line longer than this is shown cut, its end kept."""
 _feeds = itertools.count(1)
-
-
-LIVE_OUTPUT: ContextVar[Callable[[CappedBuffer, CappedBuffer], None] | None] = ContextVar("live_output", default=None)
-"""Set around a call whose output is read while it runs (a task's): handed the program's stdout and stderr buffers
-as its sandbox starts, to be read from any thread (their bytes are only ever appended and cut)."""
 
 
 class CappedBuffer:

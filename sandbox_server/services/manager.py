@@ -55,15 +55,19 @@ class Services:
         store: WorkspaceStore,
         audit: AuditLog | None = None,
         proxies: EgressProxies | None = None,
+        *,
+        on_networks: Callable[[set[str]], None] = lambda _: None,
+        preview_of: Callable[[Service], str | None] = lambda _: None,
+        observe: Callable[[Mapping[str, Any]], None] | None = None,
     ) -> None:
         self.runtime, self.store, self.audit, self.proxies = runtime, store, audit, proxies
         self._services: dict[str, Service] = {}
         self._group: anyio.abc.TaskGroup | None = None
-        self.on_networks: Callable[[set[str]], None] = lambda _: None
+        self.on_networks = on_networks
         """Told the networks of workspaces with running services whenever they change (the warm pools)."""
-        self.preview_of: Callable[[Service], str | None] = lambda _: None
-        """The preview address of a service (set by the HTTP transport; None over stdio)."""
-        self.observe: Callable[[Mapping[str, Any]], None] | None = None
+        self.preview_of = preview_of
+        """The preview address of a service (None: this server offers no previews)."""
+        self.observe = observe
         """Hears each audit event of a service (the meters count what a stopped one used)."""
 
     # -- what calls and resources see ------------------------------------------------------

@@ -7,14 +7,13 @@ statement (0.6 to 1.5 ms with the database's process woken from idle, against 0.
 made as two: the call is counted, its workspace read and locked in one statement, on a connection it keeps while
 it holds the lock; and its workspace's save, the lock let go of and the call's count in another, sent together on
 that connection (a workspace too large to save in one statement lets go in a trip of its own once saved). The
-stores take what the first statement read (`take_record`, `take_lock`) instead of asking again, in the call's
-own context (`CURRENT`, which worker threads inherit).
+stores take what the first statement read (`take_record`, `take_lock`) instead of asking again: the pipeline
+hands the call's SharedCall to its kept workspace, which hands it to the store.
 """
 
 from __future__ import annotations
 
 import contextlib
-import contextvars
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -27,7 +26,7 @@ if TYPE_CHECKING:  # the driver is imported by a server given --state alone; thi
 
     from sandbox_server.state.database import Database
 
-__all__ = ["CURRENT", "SharedCall", "workspace_lock"]
+__all__ = ["SharedCall", "workspace_lock"]
 
 
 def workspace_lock(workspace_id: str) -> int:
@@ -133,6 +132,3 @@ class SharedCall:
 
 _LEAVE = "SELECT sandbox_leave_call(%s)"
 _END = "SELECT pg_advisory_unlock(%s), sandbox_leave_call(%s)"
-
-CURRENT: contextvars.ContextVar[SharedCall | None] = contextvars.ContextVar("shared_call", default=None)
-"""The call being served in this context, when replicas share their state."""

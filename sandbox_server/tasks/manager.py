@@ -25,7 +25,7 @@ from sandbox_server.access.audit import AuditLog, event_record
 from sandbox_server.calls.pipeline import TaskStart
 from sandbox_server.errors import Refusal
 from sandbox_server.policy import TaskSettings
-from sandbox_server.sandbox.streams import LIVE_OUTPUT, CappedBuffer
+from sandbox_server.sandbox.streams import CappedBuffer
 from sandbox_server.tasks.records import TaskFiles, TaskRecord, new_task_id
 
 if TYPE_CHECKING:  # the PostgreSQL driver is imported only by a server given --state
@@ -337,12 +337,11 @@ class Tasks:
         def watch(stdout: CappedBuffer, stderr: CappedBuffer) -> None:
             live.streams = (stdout, stderr)
 
-        token = LIVE_OUTPUT.set(watch)
         answer: Any = None
         error: dict[str, Any] | None = None
         try:
             with live.scope:
-                answer = await work(TaskStart(record.id, created))
+                answer = await work(TaskStart(record.id, created, watch))
         except Exception as exc:  # a fault of the server, not of the program: the task failed, and says how
             if not live.created.is_set():
                 live.failure = exc
@@ -350,7 +349,6 @@ class Tasks:
                 logger.exception("task %s failed", record.id)
                 error = {"code": SERVER_STOPPED, "message": f"internal error: {exc}"}
         finally:
-            LIVE_OUTPUT.reset(token)
             with anyio.CancelScope(shield=True):
                 await self._end(live, answer, error)
 

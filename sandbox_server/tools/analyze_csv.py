@@ -355,11 +355,15 @@ class AnalyzeCsv:
     output_schema = OUTPUT_SCHEMA
     annotations = {**SANDBOX_ANNOTATIONS, "readOnlyHint": True}
 
+    def refuse(self, args: Mapping[str, Any], policy: ToolPolicy, policy_name: str) -> None:
+        """A path outside the readable roots."""
+        analysis_request(args, policy, policy_name)
+
     async def run(self, args: Mapping[str, Any], ctx: ToolContext) -> ToolOutcome:
         """Check the path, analyze in the sandbox, and turn the answer into a table, data and a plot."""
         stdin = json.dumps(analysis_request(args, ctx.policy, ctx.policy_name)).encode()
         spec = sandbox_spec(args, ctx, ("python3", wire.ANALYZE_CSV), stdin)
-        result = await ctx.runtime.run(spec, ctx.on_progress)
+        result = await ctx.runtime.run(spec, ctx.hooks)
         outcome = outcome_from_execution(result, spec)
         answer_file = next((f for f in result.files if f.path == wire.ANALYSIS_ANSWER), None)
         answer = None

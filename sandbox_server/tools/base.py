@@ -13,7 +13,7 @@ from sandbox_server.network.egress import ProxyEndpoint
 from sandbox_server.policy import ToolPolicy
 from sandbox_server.sandbox import wire
 from sandbox_server.sandbox.archive import safe_relative_path
-from sandbox_server.sandbox.runtime import ProgressCallback, SandboxRuntime
+from sandbox_server.sandbox.runtime import NO_HOOKS, RunHooks, SandboxRuntime
 from sandbox_server.sandbox.spec import InputFile, OutputFile, SandboxSpec
 from sandbox_server.tools.schemas import SERVICE_SCHEMA, USAGE_SCHEMA
 
@@ -32,6 +32,7 @@ __all__ = [
     "ToolOutcome",
     "decode_files",
     "annotations_for",
+    "check_call",
     "refuse_timeout",
     "result_schema",
     "sandbox_spec",
@@ -200,7 +201,10 @@ class ToolContext:
     runtime: SandboxRuntime
     policy: ToolPolicy
     policy_name: str = "default"
-    on_progress: ProgressCallback | None = None
+    hooks: RunHooks = NO_HOOKS
+    files: tuple[InputFile, ...] = ()
+    """The call's input files, decoded (and refused, when the policy says no) before it was admitted."""
+    """What the call hears while its program runs (progress, live output, its sandbox's address)."""
     kept_workspace: bool = False
     """The call runs in a kept workspace (what it leaves there is there in the next call)."""
     proxy: ProxyEndpoint | None = None
@@ -283,6 +287,11 @@ class Tool(Protocol):
     def output_schema(self) -> Mapping[str, Any]: ...
     @property
     def annotations(self) -> Mapping[str, Any]: ...
+
+    def refuse(self, args: Mapping[str, Any], policy: ToolPolicy, policy_name: str) -> None:
+        """Raise the Refusal the tool's own rules find in valid arguments, with no engine (before the call waits
+        for a slot)."""
+        ...
 
     async def run(self, args: Mapping[str, Any], ctx: ToolContext) -> ToolOutcome:
         """Run the tool; sandboxed failures are outcomes, not exceptions."""
@@ -370,6 +379,22 @@ def refuse_timeout(requested: float | None, policy: ToolPolicy, policy_name: str
         )
 
 
+def check_call(
+    tool: Tool, args: Mapping[str, Any], policy: ToolPolicy, policy_name: str, task: bool
+) -> tuple[InputFile, ...]:
+    """Every refusal valid arguments can meet with no engine: the time asked for, the working folder, the input
+    files (which it returns, decoded) and the tool's own rules."""
+    refuse_timeout(args.get("timeout_s"), policy, policy_name, task)
+    if "workdir" in args and workspace_folder(args["workdir"]) is None:
+        raise Refusal(
+            f"refused: workdir {_quoted_path(args['workdir'])} must be {WORKSPACE} or a folder under it (no '..'); "
+            "a call never sets the container's working directory",
+            "workdir",
+        )
+    tool.refuse(args, policy, policy_name)
+    return decode_files(args.get("files", []), policy, policy_name)
+
+
 def sandbox_spec(
     args: Mapping[str, Any],
     ctx: ToolContext,
@@ -377,17 +402,10 @@ def sandbox_spec(
     stdin: bytes,
     extra_env: tuple[tuple[str, str], ...] = (),
 ) -> SandboxSpec:
-    """The spec of one call from its arguments and its tool's policy; raises Refusal when the policy says no."""
+    """The spec of one call from its arguments (checked by `check_call`) and its tool's policy."""
     policy = ctx.policy
-    refuse_timeout(args.get("timeout_s"), policy, ctx.policy_name, ctx.task)
-    files = decode_files(args.get("files", []), policy, ctx.policy_name)
     workdir = workspace_folder(args.get("workdir", WORKSPACE))
-    if workdir is None:
-        raise Refusal(
-            f"refused: workdir {_quoted_path(args['workdir'])} must be {WORKSPACE} or a folder under it (no '..'); "
-            "a call never sets the container's working directory",
-            "workdir",
-        )
+    assert workdir is not None, "check_call refuses a working folder outside the workspace"
     limits = policy.limits
     if "timeout_s" in args:
         limits = replace(limits, timeout_s=float(args["timeout_s"]))
@@ -405,7 +423,7 @@ def sandbox_spec(
         network=network,
         call_env=network_env + extra_env,
         stdin=stdin,
-        files=files,
+        files=ctx.files,
         call_workdir=workdir,
         service_network=ctx.service_network,
     )

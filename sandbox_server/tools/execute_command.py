@@ -116,22 +116,22 @@ class ExecuteCommand:
     output_schema = OUTPUT_SCHEMA
     annotations = SANDBOX_ANNOTATIONS
 
-    async def run(self, args: Mapping[str, Any], ctx: ToolContext) -> ToolOutcome:
-        """Build the spec from the arguments and the policy, run it, describe what happened."""
-        policy = ctx.policy
+    def refuse(self, args: Mapping[str, Any], policy: ToolPolicy, policy_name: str) -> None:
+        """A program the policy does not allow, or a shell where it allows none."""
         if "args" in args:
-            argv = (args["command"], *args["args"])
-            _refuse_program(args["command"], policy, ctx.policy_name)
-        elif policy.allow_shell:
-            argv = ("/bin/sh", "-c", args["command"])
-        else:
+            _refuse_program(args["command"], policy, policy_name)
+        elif not policy.allow_shell:
             raise Refusal(
-                f"refused: policy '{ctx.policy_name}' does not allow a shell (field commands.shell); "
+                f"refused: policy '{policy_name}' does not allow a shell (field commands.shell); "
                 "give the program in `command` and its arguments in `args`",
                 "commands.shell",
             )
+
+    async def run(self, args: Mapping[str, Any], ctx: ToolContext) -> ToolOutcome:
+        """Build the spec from the arguments and the policy (checked by `refuse`), run it, describe what happened."""
+        argv = (args["command"], *args["args"]) if "args" in args else ("/bin/sh", "-c", args["command"])
         spec = sandbox_spec(args, ctx, argv, args.get("stdin", "").encode("utf-8", "surrogatepass"))
         if "service" in args:
             return await start_service(args, ctx, spec, self.name)
-        result = await ctx.runtime.run(spec, ctx.on_progress)
+        result = await ctx.runtime.run(spec, ctx.hooks)
         return outcome_from_execution(result, spec)

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
+from sandbox_server.policy import ToolPolicy
 from sandbox_server.sandbox import wire
 from sandbox_server.tools.base import (
     FILES_SCHEMA,
@@ -69,6 +70,9 @@ class RunPython:
     output_schema = result_schema("run_python: result", EXECUTION_PROPERTIES, EXECUTION_REQUIRED)
     annotations = SANDBOX_ANNOTATIONS
 
+    def refuse(self, args: Mapping[str, Any], policy: ToolPolicy, policy_name: str) -> None:
+        """Nothing of its own: the code is the sandbox's to run."""
+
     async def run(self, args: Mapping[str, Any], ctx: ToolContext) -> ToolOutcome:
         """Run the cell; an exception's last traceback line becomes the headline."""
         if "service" in args:  # an app that serves (Dash, Streamlit, a small API): the code runs as the program
@@ -86,7 +90,7 @@ class RunPython:
                 (wire.KEEP_VARIABLES_ENV, "1" if ctx.kept_workspace else ""),
             ),
         )
-        result = await ctx.runtime.run(spec, ctx.on_progress)
+        result = await ctx.runtime.run(spec, ctx.hooks)
         report = next((f for f in result.files if f.path == wire.CELL_STATE_REPORT), None)
         if report is not None:
             result = replace(result, files=tuple(f for f in result.files if f is not report))

@@ -8,6 +8,7 @@ from dataclasses import replace
 from typing import Any
 
 from sandbox_server.errors import Refusal
+from sandbox_server.policy import ToolPolicy
 from sandbox_server.sandbox.spec import SandboxSpec
 from sandbox_server.tools.base import WORKSPACE_ARGUMENT, ToolContext, ToolOutcome, result_schema
 
@@ -91,6 +92,9 @@ class ServicesTool:
     }
     sandbox = False
     """It runs no container: no warm pool is kept for it."""
+
+    def refuse(self, args: Mapping[str, Any], policy: ToolPolicy, policy_name: str) -> None:
+        """Nothing of its own: which services run is known only in the call's workspace."""
 
     async def run(self, args: Mapping[str, Any], ctx: ToolContext) -> ToolOutcome:
         scope = ctx.services

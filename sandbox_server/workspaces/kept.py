@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.to_thread
 
 from sandbox_server.sandbox import wire
-from sandbox_server.sandbox.runtime import ProgressCallback, SandboxRuntime
+from sandbox_server.sandbox.runtime import NO_HOOKS, RunHooks, SandboxRuntime
 from sandbox_server.sandbox.spec import ExecutionResult, SandboxSpec
 from sandbox_server.workspaces.changes import changes_between
 from sandbox_server.workspaces.files import FileState
 from sandbox_server.workspaces.store import WorkspaceRecord, WorkspaceStore
+
+if TYPE_CHECKING:  # the PostgreSQL driver is imported only by a server given --state
+    from sandbox_server.state.calls import SharedCall
 
 __all__ = ["KeptWorkspace"]
 
@@ -25,8 +28,10 @@ class KeptWorkspace:
     """A SandboxRuntime that runs each call in a kept workspace: restored before, saved after (side by side with
     the workspace's other calls where the store allows it)."""
 
-    def __init__(self, inner: SandboxRuntime, store: WorkspaceStore, record: WorkspaceRecord) -> None:
-        self.inner, self.store, self.record = inner, store, record
+    def __init__(
+        self, inner: SandboxRuntime, store: WorkspaceStore, record: WorkspaceRecord, shared: SharedCall | None = None
+    ) -> None:
+        self.inner, self.store, self.record, self.shared = inner, store, record, shared
         self.notes: list[str] = []
         self.saved = False
         """Whether a call saved the workspace (its files, and so the caller's resources, may have changed)."""
@@ -44,14 +49,16 @@ class KeptWorkspace:
         session: str | None,
         client: str,
         tenant: str | None = None,
+        shared: SharedCall | None = None,
     ) -> KeptWorkspace | None:
-        """The kept workspace a call works in; None when nothing is kept (then an id is refused as unknown)."""
+        """The kept workspace a call works in; None when nothing is kept (then an id is refused as unknown).
+        `shared` is the replicas' side of the call (its admission may have read the record and taken its lock)."""
         if store is None:
             if requested is not None:
                 raise WorkspaceStore.unknown(requested)
             return None
-        record, notes = store.open(requested, session, client, tenant)
-        kept = cls(inner, store, record)
+        record, notes = store.open(requested, session, client, tenant, shared)
+        kept = cls(inner, store, record, shared)
         kept.notes.extend(notes)
         return kept
 
@@ -63,17 +70,17 @@ class KeptWorkspace:
         """Keep what the call left, and its files as it left them."""
         return self.store.finish(self.record, result), self.store.states(self.record)
 
-    async def run(self, spec: SandboxSpec, on_progress: ProgressCallback | None = None) -> ExecutionResult:
+    async def run(self, spec: SandboxSpec, hooks: RunHooks = NO_HOOKS) -> ExecutionResult:
         """Run in the workspace as its previous call left it; keep it as this call leaves it."""
         alone = dict(spec.call_env).get(wire.KEEP_VARIABLES_ENV) == "1"  # kept variables: one cell at a time
-        async with self.store.using(self.record, spec.limits.timeout_s, alone) as waited:
+        async with self.store.using(self.record, spec.limits.timeout_s, alone, self.shared) as waited:
             if alone and waited >= WAIT_NOTED_S:
                 self.notes.append(
                     f"this cell waited {waited:.1f} s for the workspace's previous cell: cells that keep their "
                     "variables run one at a time in a workspace, so each sees the variables of the one before"
                 )
             shaped, before = await anyio.to_thread.run_sync(self._begin, spec)
-            result = await self.inner.run(shaped, on_progress)
+            result = await self.inner.run(shaped, hooks)
             problem, after = await anyio.to_thread.run_sync(self._finish, result)
             self.saved = problem is None
             self.changes = changes_between(before, after)

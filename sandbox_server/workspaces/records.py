@@ -9,9 +9,12 @@ import os
 from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sandbox_server.workspaces.naming import ID_PATTERN
+
+if TYPE_CHECKING:  # the PostgreSQL driver is imported only by a server given --state
+    from sandbox_server.state.calls import SharedCall
 
 __all__ = ["FileBook", "RecordBook", "WorkspaceRecord", "from_fields", "over_cap", "to_fields"]
 
@@ -54,8 +57,8 @@ class RecordBook(Protocol):
     def write(self, record: WorkspaceRecord) -> None:
         """Keep a record (a new one, or a new version of one)."""
 
-    def get(self, workspace_id: str) -> WorkspaceRecord | None:
-        """One record (None when there is none)."""
+    def get(self, workspace_id: str, call: SharedCall | None = None) -> WorkspaceRecord | None:
+        """One record (None when there is none); `call`, the replicas' call asking, may have read it already."""
 
     def resize(self, record: WorkspaceRecord, storage_bytes: int, others_bytes: int) -> bool:
         """Write a record with its workspace's new size when all workspaces fit in `storage_bytes` with it (False
@@ -66,13 +69,15 @@ class RecordBook(Protocol):
     def delete(self, workspace_id: str) -> None:
         """Forget a record."""
 
-    def hold(self, workspace_id: str, wait_s: float) -> contextlib.AbstractAsyncContextManager[bool]:
+    def hold(
+        self, workspace_id: str, wait_s: float, call: SharedCall | None = None
+    ) -> contextlib.AbstractAsyncContextManager[bool]:
         """Hold the workspace against every other process for one call; yields False when it could not within
         `wait_s`."""
 
-    def prelocked(self, workspace_id: str) -> bool:
-        """Whether the call being served already holds the workspace against every other call, this process's
-        included (it then waits for none of them)."""
+    def prelocked(self, workspace_id: str, call: SharedCall | None = None) -> bool:
+        """Whether `call` (the replicas' side of the call being served) already holds the workspace against every
+        other call, this process's included (it then waits for none of them)."""
 
 
 class FileBook:
@@ -99,7 +104,7 @@ class FileBook:
         temporary.write_text(json.dumps(to_fields(record)))
         os.replace(temporary, self.root / f"{record.id}.json")
 
-    def get(self, workspace_id: str) -> WorkspaceRecord | None:
+    def get(self, workspace_id: str, call: SharedCall | None = None) -> WorkspaceRecord | None:
         return self._read(self.root / f"{workspace_id}.json") if ID_PATTERN.fullmatch(workspace_id) else None
 
     def resize(self, record: WorkspaceRecord, storage_bytes: int, others_bytes: int) -> bool:
@@ -112,10 +117,10 @@ class FileBook:
         (self.root / f"{workspace_id}.json").unlink(missing_ok=True)
 
     @contextlib.asynccontextmanager
-    async def hold(self, workspace_id: str, wait_s: float) -> AsyncIterator[bool]:
+    async def hold(self, workspace_id: str, wait_s: float, call: SharedCall | None = None) -> AsyncIterator[bool]:
         yield True  # one process: its own lock is enough
 
-    def prelocked(self, workspace_id: str) -> bool:
+    def prelocked(self, workspace_id: str, call: SharedCall | None = None) -> bool:
         return False
 
 

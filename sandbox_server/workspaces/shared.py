@@ -29,7 +29,7 @@ import psycopg
 
 from sandbox_server.errors import Refusal
 from sandbox_server.sandbox.spec import SandboxSpec
-from sandbox_server.state.calls import CURRENT, SharedCall, workspace_lock
+from sandbox_server.state.calls import SharedCall, workspace_lock
 from sandbox_server.state.database import Database, StateUnavailable
 from sandbox_server.workspaces.contents import ArchivedContents
 from sandbox_server.workspaces.records import WorkspaceRecord, from_fields, over_cap, to_fields
@@ -50,6 +50,9 @@ class SharedBook:
         self.held: dict[str, int] = {}
         """The workspaces a call of this replica holds now, and the generation of each as the hold found it or
         its call saved it (SharedArchives asks the database for none of them)."""
+        self.holders: dict[str, SharedCall] = {}
+        """The calls that hold their workspace with the lock their admission took (one call at a time works in a
+        workspace): its save ends the call's count in the same statement."""
         self.sizing: dict[str, tuple[str, int]] = {}
         """Records with their workspace's new size, each written by that workspace's save, and the host's cap."""
 
@@ -58,8 +61,7 @@ class SharedBook:
         records = (from_fields(row[0]) for row in rows)
         return {record.id: record for record in records}
 
-    def get(self, workspace_id: str) -> WorkspaceRecord | None:
-        call = CURRENT.get()
+    def get(self, workspace_id: str, call: SharedCall | None = None) -> WorkspaceRecord | None:
         if call is not None:  # the record the call's first statement read with its admission
             known, fields = call.take_record(workspace_id)
             if known:
@@ -83,24 +85,24 @@ class SharedBook:
     def delete(self, workspace_id: str) -> None:
         self.database.run("DELETE FROM workspaces WHERE id = %s", (workspace_id,))
 
-    def prelocked(self, workspace_id: str) -> bool:
-        """Whether the call in this context took the workspace's lock with its admission (state.calls)."""
-        call = CURRENT.get()
+    def prelocked(self, workspace_id: str, call: SharedCall | None = None) -> bool:
+        """Whether the call took the workspace's lock with its admission (state.calls)."""
         return call is not None and call.locked(workspace_id)
 
     @contextlib.asynccontextmanager
-    async def hold(self, workspace_id: str, wait_s: float) -> AsyncIterator[bool]:
+    async def hold(self, workspace_id: str, wait_s: float, call: SharedCall | None = None) -> AsyncIterator[bool]:
         """An advisory lock on a connection of its own, held while the call runs: taken with the call's admission
         when nobody held it then (and let go of with the call's count, in one statement), else taken here, with
         the workspace's generation, in one statement on the event loop, and let go of in another."""
-        call = CURRENT.get()
         generation = call.take_lock(workspace_id) if call is not None else None
         if call is not None and generation is not None:
             self.held[workspace_id] = generation
+            self.holders[workspace_id] = call
             try:
                 yield True
             finally:
                 self.held.pop(workspace_id, None)
+                self.holders.pop(workspace_id, None)
                 await call.end()
             return
         key = workspace_lock(workspace_id)
@@ -201,7 +203,7 @@ class SharedArchives(ArchivedContents):
         room for it, its new generation and its archive (a larger archive's other chunks follow in the same
         transaction)."""
         record, cap = self.book.sizing.pop(workspace_id, (None, None))
-        call = CURRENT.get()
+        call = self.book.holders.get(workspace_id)
         if call is not None and call.holds(workspace_id) and saved.stat().st_size <= CHUNK_BYTES:
             return self._keep_and_end(call, workspace_id, saved, record, cap)
         try:

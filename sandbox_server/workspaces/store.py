@@ -20,16 +20,20 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import anyio
 
 from sandbox_server.errors import Refusal
 from sandbox_server.policy import WorkspaceSettings
 from sandbox_server.sandbox.spec import ExecutionResult, SandboxSpec
-from sandbox_server.workspaces.contents import ArchivedContents, Contents, mime_type
+from sandbox_server.workspaces.contents import ArchivedContents, Contents
 from sandbox_server.workspaces.files import FileState
-from sandbox_server.workspaces.naming import ID_PATTERN, internal, parse_resource_uri, resource_uri, shown_name
+from sandbox_server.workspaces.naming import ID_PATTERN
 from sandbox_server.workspaces.records import FileBook, RecordBook, WorkspaceRecord, over_cap
+
+if TYPE_CHECKING:  # the PostgreSQL driver is imported only by a server given --state
+    from sandbox_server.state.calls import SharedCall
 
 __all__ = ["WorkspaceRecord", "WorkspaceStore", "default_state_dir", "session_key"]
 
@@ -61,6 +65,7 @@ class WorkspaceStore:
         storage_bytes: int,
         contents: Callable[[Path], Contents] = ArchivedContents,
         book: RecordBook | None = None,
+        replica_alive: Callable[[str], bool] | None = None,
     ) -> None:
         self.root = root
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -78,7 +83,7 @@ class WorkspaceStore:
         self._evicted: OrderedDict[str, tuple[str | None, str]] = OrderedDict()
         """Workspaces removed to make room, by id: their tenant, and what a call naming one is told."""
         self.book: RecordBook = book if book is not None else FileBook(root)
-        self.replica_alive: Callable[[str], bool] | None = None
+        self.replica_alive = replica_alive
         """Replicas: whether the replica of a handshake session still runs (its workspace is adopted if not)."""
         self._records = self.book.load()
 
@@ -99,15 +104,21 @@ class WorkspaceStore:
         )
 
     def open(
-        self, requested: str | None, session: str | None, client: str, tenant: str | None = None
+        self,
+        requested: str | None,
+        session: str | None,
+        client: str,
+        tenant: str | None = None,
+        shared: SharedCall | None = None,
     ) -> tuple[WorkspaceRecord, list[str]]:
-        """The workspace a call works in, and notes for its answer; raises Refusal for an id it may not use."""
+        """The workspace a call works in, and notes for its answer; raises Refusal for an id it may not use.
+        `shared` is the replicas' side of the call, which may have read the record with its admission."""
         now = time.time()
         with self._lock:
             if requested is not None:
                 valid = ID_PATTERN.fullmatch(requested) is not None
                 if valid:
-                    self._fresh(requested)
+                    self._fresh(requested, shared)
                 record = self._records.get(requested) if valid else None
                 if record is None and requested in self._evicted and self._evicted[requested][0] == tenant:
                     raise Refusal(self._evicted.pop(requested)[1], "workspace.max_per_client")
@@ -211,7 +222,9 @@ class WorkspaceStore:
     # -- calls in a workspace ----------------------------------------------------------
 
     @contextlib.asynccontextmanager
-    async def using(self, record: WorkspaceRecord, wait_s: float, alone: bool = False) -> AsyncIterator[float]:
+    async def using(
+        self, record: WorkspaceRecord, wait_s: float, alone: bool = False, shared: SharedCall | None = None
+    ) -> AsyncIterator[float]:
         """Hold the workspace for one call, yielding how long it waited. Calls run side by side in a mounted
         workspace; a call that must run `alone` there (a cell with kept variables), and every call in an
         archived one, waits up to `wait_s` for the one before it, then is answered busy."""
@@ -221,8 +234,8 @@ class WorkspaceStore:
             if self.contents.side_by_side and not alone:
                 yield 0.0
                 return
-            if self.book.prelocked(record.id):  # held against every call already, this process's included
-                async with self.book.hold(record.id, wait_s):
+            if self.book.prelocked(record.id, shared):  # held against every call already, this process's included
+                async with self.book.hold(record.id, wait_s, shared):
                     yield 0.0
                 return
             busy = self._busy.setdefault(record.id, anyio.Lock())
@@ -234,7 +247,7 @@ class WorkspaceStore:
             if acquired:  # then every other process's calls (replicas sharing the records)
                 left = max(0.0, wait_s - (time.monotonic() - started))
                 try:
-                    held = await stack.enter_async_context(self.book.hold(record.id, left))
+                    held = await stack.enter_async_context(self.book.hold(record.id, left, shared))
                 except BaseException:
                     busy.release()
                     raise
@@ -276,44 +289,9 @@ class WorkspaceStore:
             mine = [r for r in self._records.values() if r.session == session and r.tenant == tenant]
         return max(mine, key=lambda r: r.last_used) if mine else None
 
-    def files(self, record: WorkspaceRecord) -> list[tuple[str, int]]:
-        """The regular files of a kept workspace (path, size)."""
-        return self.contents.files(record.id)
-
     def states(self, record: WorkspaceRecord) -> dict[str, FileState]:
         """The regular files of a kept workspace and their states (size, modification time, inode)."""
         return self.contents.states(record.id)
-
-    def listing(self, session: str, tenant: str | None = None) -> list[tuple[str, str, str, int]]:
-        """A handshake session's workspace files as resources: (URI, name, MIME type, size)."""
-        record = self.of_session(session, tenant)
-        return [] if record is None else self.entries(record)
-
-    def entries(self, record: WorkspaceRecord) -> list[tuple[str, str, str, int]]:
-        """A workspace's files as resources, (URI, name, MIME type, size); never the tools' own folders."""
-        return [
-            (resource_uri(record.id, path), shown_name(path), mime_type(path), size)
-            for path, size in self.files(record)
-            if not internal(path)
-        ]
-
-    def read_resource(
-        self,
-        uri: str,
-        session: str | None,
-        max_bytes: int,
-        tenant: str | None = None,
-        offset: int = 0,
-        length: int | None = None,
-    ) -> tuple[str, int, bytes] | None:
-        """A workspace file by its resource URI, as (MIME type, its size, its bytes from `offset`, at most
-        `length`), when this tenant may read it."""
-        parsed = parse_resource_uri(uri)
-        record = self.find(parsed[0], session, tenant) if parsed and not internal(parsed[1]) else None
-        if parsed is None or record is None:
-            return None
-        found = self.contents.read_file(record.id, parsed[1], max_bytes, offset, length)
-        return None if found is None else (mime_type(parsed[1]), *found)
 
     # -- contents ----------------------------------------------------------------------
 
@@ -421,14 +399,14 @@ class WorkspaceStore:
         self._written[record.id] = time.time()
         self.book.write(record)
 
-    def _fresh(self, workspace_id: str | None = None) -> None:
+    def _fresh(self, workspace_id: str | None = None, shared: SharedCall | None = None) -> None:
         """Read the records again where other processes change them too (under the lock): all of them, or the
         one a decision needs."""
         if not self.book.shared:
             return
         if workspace_id is None:
             self._records = self.book.load()
-        elif (record := self.book.get(workspace_id)) is not None:
+        elif (record := self.book.get(workspace_id, shared)) is not None:
             self._records[workspace_id] = record
         else:
             self._records.pop(workspace_id, None)

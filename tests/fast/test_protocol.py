@@ -21,13 +21,14 @@ import pytest
 from mcp.shared.exceptions import MCPError
 
 from sandbox_server.access.audit import AuditLog
+from sandbox_server.calls.registry import ToolRegistry
 from sandbox_server.errors import EngineUnavailable
 from sandbox_server.network.egress import Destination, Egress
 from sandbox_server.policy import Policy, RateLimits, ToolPolicy
 from sandbox_server.protocol.meta import OWN_NAME_META, PATH_META
-from sandbox_server.protocol.server import SandboxServer
+from sandbox_server.protocol.server import Parts, SandboxServer
 from sandbox_server.sandbox import wire
-from sandbox_server.sandbox.runtime import ProgressCallback
+from sandbox_server.sandbox.runtime import NO_HOOKS, RunHooks
 from sandbox_server.sandbox.spec import ExecutionResult, Mount, OutputFile, SandboxSpec
 from sandbox_server.tools import all_tools
 from tests.mcp_harness import CHECKED, CheckedClient, connect, text_of
@@ -55,7 +56,7 @@ class FakeRuntime:
         self.gate: anyio.Event | None = None
         self.entered = anyio.Event()
 
-    async def run(self, spec: SandboxSpec, on_progress: ProgressCallback | None = None) -> ExecutionResult:
+    async def run(self, spec: SandboxSpec, hooks: RunHooks = NO_HOOKS) -> ExecutionResult:
         self.specs.append(spec)
         self.entered.set()
         if self.gate is not None:
@@ -74,13 +75,8 @@ def policy(tool: dict[str, Any] | None = None, **changes: Any) -> Policy:
 async def serving(
     runtime: FakeRuntime, mode: str = "legacy", *, page_size: int = 50, audit: Path | None = None, **changes: Any
 ) -> AsyncIterator[tuple[SandboxServer, CheckedClient]]:
-    app = SandboxServer(
-        all_tools(),
-        policy(**changes),
-        runtime,
-        page_size=page_size,
-        audit=AuditLog(audit) if audit else None,
-    )
+    registry = ToolRegistry(all_tools(), policy(**changes))
+    app = SandboxServer(Parts(registry, runtime, AuditLog(audit) if audit else None, page_size=page_size))
     async with connect(app.server, mode=mode) as client:
         yield app, client
 
@@ -191,6 +187,32 @@ async def test_a_call_past_the_cap_waits_its_turn_and_hears_how_many_are_ahead(m
                 queued = await client.call_tool("run_python", {"code": "1"}, progress_callback=on_progress)
     assert not queued.is_error, text_of(queued)
     assert "waiting for a slot (0 ahead)" in heard
+
+
+@pytest.mark.parametrize("mode", ERAS)
+async def test_a_call_the_policy_refuses_is_answered_at_once_even_with_every_slot_taken(mode: str) -> None:
+    """Refusals that need no engine come before admission: they never wait in the queue for a slot."""
+    runtime = FakeRuntime()
+    gate = runtime.gate = anyio.Event()
+    tool = {"allow_shell": False, "max_timeout_s": 5.0, "max_input_files": 1}
+    async with serving(runtime, mode, tool=tool, rate=RateLimits(concurrent_calls=1)) as (_, client):
+        async with anyio.create_task_group() as group:
+            group.start_soon(client.call_tool, "execute_command", {"command": "true", "args": []})
+            await runtime.entered.wait()  # the one slot is taken until the gate opens
+            refused = {}
+            with anyio.fail_after(3):
+                refused["commands.shell"] = await client.call_tool("execute_command", {"command": "ls"})
+                refused["limits.max_timeout_s"] = await client.call_tool("run_python", {"code": "1", "timeout_s": 9})
+                files = [{"path": name, "content": ""} for name in ("a", "b")]
+                refused["limits.input_files"] = await client.call_tool("run_python", {"code": "1", "files": files})
+                refused["mounts"] = await client.call_tool(
+                    "analyze_csv", {"filepath": "/etc/passwd", "operations": ["count"]}
+                )
+            gate.set()
+    for field, result in refused.items():
+        assert result.is_error and result.structured_content is not None, text_of(result)
+        assert result.structured_content["error"]["field"] == field, text_of(result)
+    assert len(runtime.specs) == 1  # only the call that held the slot reached the engine
 
 
 async def test_an_engine_that_does_not_answer_is_a_refusal_of_that_kind() -> None:

@@ -1,0 +1,78 @@
+"""One tool call as it arrived: who asks, in which session, under which policy, for which tool, and how to reach
+them while it runs. It is built once where the request comes in (the policy and the tool looked up once) and
+handed down whole; nothing about a call is kept aside in a context variable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sandbox_server.access.admission import Waiting
+from sandbox_server.access.approval import Approval
+from sandbox_server.access.identity import Identity
+from sandbox_server.calls.hosts import Question
+from sandbox_server.policy import Policy, ToolPolicy
+from sandbox_server.sandbox.runtime import ProgressCallback
+from sandbox_server.sandbox.streams import CappedBuffer
+from sandbox_server.tools import Tool
+
+__all__ = ["Ask", "Call", "TaskStart"]
+
+Ask = Callable[[Approval, Policy, dict[str, Any]], Awaitable[Any]]
+"""Asks a person to approve a call (given what needs approval, the call's policy and its audit record): None
+when they approved, a Refusal raised when not, or a question the call is answered with instead (the client asks
+it and calls again with the answer)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TaskStart:
+    """A call that runs as a task: its id, what to do once it is past its checks and approval (from then on it is
+    a task; a refusal before that answers the request itself), and who reads its output while it runs. It takes
+    no slot of rate.concurrent_calls (the tasks' own caps counted it) and may run for up to limits.max_task_s."""
+
+    id: str
+    created: Callable[[], Awaitable[None]]
+    output: Callable[[CappedBuffer, CappedBuffer], None] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One call of the tool clients see as `exposed` (`tool` is None when its policy offers none such)."""
+
+    exposed: str
+    arguments: Mapping[str, Any]
+    identity: Identity
+    client: str
+    """How the client names itself (for the audit record only)."""
+    session: str | None
+    """The handshake session whose workspace the call works in (None: the 2026-07-28 era, where a result's
+    `workspace` id is passed back)."""
+    policy: Policy
+    """One policy for the whole call, even if a new one is swapped in meanwhile: the caller's, else the server's."""
+    tool: Tool | None
+    task: TaskStart | None = None
+    progress: ProgressCallback | None = None
+    waiting: Waiting | None = None
+    """Hears how many calls are ahead while the call waits for a slot."""
+    ask: Ask | None = None
+    """Asks a person to approve the call when its policy says so (None: nobody can be asked)."""
+    question: Question | None = None
+    """Asks the person about a host the allow list does not name (None: nobody can be asked, `unable` says why)."""
+    unable: str = ""
+
+    @property
+    def tool_policy(self) -> ToolPolicy:
+        """The tool's part of the call's policy (a call of an unknown tool has none)."""
+        assert self.tool is not None
+        return self.policy.for_tool(self.tool.name)
+
+    @property
+    def deadline_s(self) -> float:
+        """How long the call may run, and so wait for a slot: its `timeout_s`, else its policy's."""
+        timeout = self.arguments.get("timeout_s")
+        if isinstance(timeout, int | float):
+            return float(timeout)
+        limits = self.tool_policy.limits
+        return self.tool_policy.max_task_s if self.task is not None else limits.timeout_s

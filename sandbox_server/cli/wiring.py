@@ -1,0 +1,339 @@
+"""The parts of `serve`, each built once, in order, and handed its collaborators in its constructor.
+
+The order follows what each part needs: the engine and the shared state first, then the policy, the warm pool,
+the workspaces, the proxies, the tools' registry, the tasks and the services, and last the server that serves
+them. Two parts need each other (the pool counts the memory of the services that tell it their networks, the
+services' previews are served by routes that find the services): those hear of each other through a function
+that looks the other up when called, never by setting an attribute after construction.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+from sandbox_server.errors import SandboxServerError, UsageError
+from sandbox_server.ops.bootstrap import host_facts
+
+if TYPE_CHECKING:
+    from starlette.routing import Route
+
+    from sandbox_server.access.auth import Authentication
+    from sandbox_server.access.shared import SharedAccess, SharedTokens
+    from sandbox_server.calls.meters import Meters
+    from sandbox_server.calls.tracing import Tracing
+    from sandbox_server.network.proxies import EgressProxies
+    from sandbox_server.policy import Policy
+    from sandbox_server.protocol.preview import Previews
+    from sandbox_server.protocol.server import SandboxServer
+    from sandbox_server.sandbox.docker_runtime import DockerRuntime
+    from sandbox_server.sandbox.pool import WarmPool
+    from sandbox_server.services.manager import Services
+    from sandbox_server.state.database import Database
+    from sandbox_server.tasks.manager import Tasks
+    from sandbox_server.workspaces.contents import Contents
+    from sandbox_server.workspaces.store import WorkspaceStore
+
+__all__ = ["Wired", "wire"]
+
+
+@dataclass(frozen=True, slots=True)
+class Wired:
+    """A server's parts, built: what `serve` runs beside its transport and closes at the end."""
+
+    app: SandboxServer
+    runtime: DockerRuntime
+    policy: Policy
+    """The policy the server started with (its file is watched for changes)."""
+    tool_names: list[str]
+    database: Database | None
+    pool: WarmPool[Any] | None
+    workspaces: WorkspaceStore
+    proxies: EgressProxies
+    tasks: Tasks
+    services: Services
+    authentication: Authentication | None
+    routes: list[Route]
+    """Served beside /mcp over HTTP: /metrics when asked for (the health and preview routes are the transport's)."""
+    previews: Previews | None
+    """The services' preview routes (None: no address to serve them at)."""
+    stop_tracing: Callable[[], None]
+    alive: Callable[[str], bool]
+    """Whether a server process (a replica, with shared state) still runs."""
+
+
+def wire(
+    args: argparse.Namespace, log: logging.Logger, runtime: DockerRuntime, preview_base: tuple[str, str] | None
+) -> Wired:
+    """Build every part of a server from its options, on the engine `runtime`; `preview_base` is the address
+    previews are served at and the host the server listens on (None: previews are not served)."""
+    from sandbox_server.access.audit import AuditLog
+    from sandbox_server.calls.registry import ToolRegistry
+    from sandbox_server.network.proxies import EgressProxies
+    from sandbox_server.policy.loader import load_policy
+    from sandbox_server.protocol.preview import Previews
+    from sandbox_server.protocol.server import Parts, SandboxServer
+    from sandbox_server.protocol.transports import allowed_hosts, host_names
+    from sandbox_server.sandbox import netns
+    from sandbox_server.sandbox.pool import WarmPool
+    from sandbox_server.sandbox.removal import owner_alive
+    from sandbox_server.services.manager import Services
+    from sandbox_server.tasks.manager import Tasks
+    from sandbox_server.tools import all_tools
+
+    database = _shared_state(args, runtime.owner, log)
+
+    def alive(owner: str) -> bool:
+        """Whether a server process (a replica, with shared state) still runs; a database that does not answer
+        tells nothing, and nothing is taken for dead on its silence."""
+        if not owner_alive(owner):
+            return False
+        try:
+            return database is None or database.alive(owner)
+        except SandboxServerError:
+            return True
+
+    tools = all_tools()
+    names = [tool.name for tool in tools]
+    policy = load_policy(args.policy, names, host_facts(runtime))
+    try:
+        reaped = runtime.reap_strays()
+        if reaped:
+            log.info("removed %d stray sandbox container(s)", reaped)
+    except SandboxServerError as exc:
+        log.warning("%s", exc)
+    audit_path = args.audit_log or policy.audit.path
+    replica = runtime.owner if database is not None else None
+    audit = AuditLog(audit_path, policy.audit.max_bytes, policy.audit.keep, replica) if audit_path else None
+
+    def held_elsewhere() -> int:  # running tasks' and services' containers count against warm containers' memory
+        return tasks.memory_bytes() + services.memory_bytes()
+
+    pool = None if args.no_pool else WarmPool(runtime, runtime.activity, held_elsewhere)
+    workspaces = _workspaces(args, runtime, database, policy, alive, log)
+    proxies = EgressProxies(lambda: runtime.api, runtime.owner, runtime.on_this_host)
+    proxies.sweep_firewall()  # the rules of proxies whose server was killed
+    caller_policies: dict[str, Policy] = {}
+
+    def caller_policy(reference: str) -> Policy:
+        """A token's policy, loaded once for this host (the server's own, with its reloads, when it names that)."""
+        if reference == args.policy:
+            return registry.policy
+        if reference not in caller_policies:
+            caller_policies[reference] = load_policy(reference, names, host_facts(runtime))
+        return caller_policies[reference]
+
+    authenticated = bool(args.tokens or args.issuer)
+    registry = ToolRegistry(
+        tools, policy, pool, proxies, workspaces, caller_policy if authenticated else None, args.tool_prefix
+    )
+    rows = None
+    if database is not None:
+        from sandbox_server.tasks.shared import TaskRows
+
+        rows = TaskRows(database)
+    tasks = Tasks(workspaces.root.parent / "tasks", runtime.owner, audit, alive, rows)
+    meters, routes = _metrics(args, log)
+    previews: Previews | None = None
+    linked = False  # whether answers carry preview links: the server can reach services from this host
+
+    def preview_of(service: Any) -> str | None:
+        return previews.link(service) if previews is not None and linked else None
+
+    services = Services(
+        runtime, workspaces, audit, proxies,
+        on_networks=registry.service_networks if pool is not None else lambda _: None,  # warm containers beside them
+        preview_of=preview_of, observe=meters.observe if meters is not None else None,
+    )  # fmt: skip
+    if preview_base is not None:
+        base_url, host = preview_base
+        public = urlsplit(args.public_url).hostname if args.public_url else None
+        previews = Previews(services, base_url, allowed_hosts(host_names(host, public)))
+        why_not = netns.unavailable() or (None if runtime.on_this_host() else "the engine is elsewhere")
+        if why_not is None:
+            linked = True
+            log.info("services' previews at %s/preview/", base_url)
+        else:
+            log.info("services have no preview: %s (it reaches them from inside)", why_not)
+    tracing, stop_tracing = _tracing(args, runtime.owner, log)
+    app = SandboxServer(
+        Parts(
+            registry, pool if pool is not None else runtime, audit, (meters.observe,) if meters is not None else (),
+            tracing, tasks, services, _shared_access(database), runtime.owner, args.page_size,
+        )
+    )  # fmt: skip
+    authentication = _authentication(args, caller_policy, log, database)
+    if authentication is not None:  # warm containers for every policy a caller may have, from the start
+        app.know_policies(authentication.verifier.policies())
+    return Wired(
+        app, runtime, policy, names, database, pool, workspaces, proxies, tasks, services, authentication, routes,
+        previews, stop_tracing, alive,
+    )  # fmt: skip
+
+
+def _workspaces(
+    args: argparse.Namespace,
+    runtime: DockerRuntime,
+    database: Database | None,
+    policy: Policy,
+    alive: Callable[[str], bool],
+    log: logging.Logger,
+) -> WorkspaceStore:
+    """The kept workspaces, in this server's own state folder, swept of what expired while it was away."""
+    from sandbox_server.state.folder import claim_state_folder
+    from sandbox_server.workspaces.store import WorkspaceStore, default_state_dir
+
+    chosen = bool(args.state_dir) or bool(os.environ.get("SANDBOX_STATE_DIR"))
+    held = claim_state_folder(Path(args.state_dir) if args.state_dir else default_state_dir(), chosen)
+    state_dir = held.path  # this server's alone while it runs: the lock goes with the process
+    if held.shared_with is not None:
+        log.info(
+            "the state folder %s is another server's (process %s): this one keeps its state in %s",
+            state_dir.parent.parent, held.shared_with or "unknown", state_dir,
+        )  # fmt: skip
+    if database is None:
+        contents, book = _workspace_contents(args.workspaces, runtime, log), None
+    else:
+        from sandbox_server.workspaces.shared import SharedArchives, SharedBook
+
+        if args.workspaces == "mounted":
+            raise UsageError("--workspaces mounted keeps workspaces on one host; with --state they are archives")
+        book = SharedBook(database)
+        contents = functools.partial(SharedArchives, book=book)
+        log.info("workspaces are kept as archives in the shared state, continued on any replica")
+    workspaces = WorkspaceStore(
+        state_dir / "workspaces", policy.workspace, policy.host.workspace_storage_mb * 1024 * 1024, contents, book,
+        alive if database is not None else None,
+    )  # fmt: skip
+    swept = workspaces.sweep(alive)
+    if swept:
+        log.info("removed %d expired or orphaned workspace(s)", swept)
+    return workspaces
+
+
+def _authentication(
+    args: argparse.Namespace, caller_policy: Callable[[str], Policy], log: logging.Logger, database: Database | None
+) -> Authentication | None:
+    """Who may call over HTTP: the tokens file's callers and the issuer's (None: no authentication)."""
+    from sandbox_server.access.auth import Authentication, JwtVerifier, PolicyRule, StaticTokenVerifier, jwks_url_of
+    from sandbox_server.access.tokens import TokensFile
+    from sandbox_server.policy.loader import policy_problem
+
+    if not args.tokens and not args.issuer:
+        return None
+    resource = args.public_url or f"http://{args.host}:{args.port}/mcp"
+    static, issued = None, None
+    problem_of = policy_problem(caller_policy)  # a policy is checked by loading it as its caller's calls will
+    if args.tokens:
+        tokens_file = TokensFile(Path(args.tokens), problem_of)
+        tokens: TokensFile | SharedTokens = tokens_file
+        if database is not None:  # replicas: the callers are the shared state's (the file seeds them once)
+            from sandbox_server.access.shared import SharedTokens
+
+            tokens = SharedTokens(database, seed=tokens_file)
+        static = StaticTokenVerifier(tokens)
+        where = "the shared state" if database is not None else args.tokens
+        log.info("HTTP callers need a token of %s (%d caller(s))", where, len(tokens.callers()))
+    if args.issuer:
+        rules = [PolicyRule.parse(rule, by_scope=True) for rule in args.scope_policy]
+        rules += [PolicyRule.parse(rule, by_scope=False) for rule in args.claim_policy]
+        for rule in rules:
+            problem = problem_of(rule.policy)
+            if problem is not None:
+                raise UsageError(f"policy {rule.policy!r} of rule {rule.claim}:{rule.value}: {problem}")
+        jwks = args.jwks_url or jwks_url_of(args.issuer)
+        issued = JwtVerifier(args.issuer, resource, jwks, rules)
+        log.info("HTTP callers may bring JWT access tokens of %s for %s (keys: %s)", args.issuer, resource, jwks)
+    return Authentication.of(resource, static, issued, args.required_scope)
+
+
+def _shared_state(args: argparse.Namespace, owner: str, log: logging.Logger) -> Database | None:
+    """The shared state's database (serve --state, SANDBOX_STATE_URL), connected and migrated; None without."""
+    import os
+
+    url = args.state or os.environ.get("SANDBOX_STATE_URL")
+    if not url:
+        return None
+    if not url.startswith(("postgresql://", "postgres://")):
+        raise UsageError(f"--state {url!r}: give a PostgreSQL URL, postgresql://user[:password]@host[:port]/database")
+    try:
+        from sandbox_server.state.database import Database, shown_url
+    except ImportError as exc:
+        raise UsageError(
+            f"--state needs the PostgreSQL driver ({exc.name} is missing): pip install 'sandbox-server[postgresql]'"
+        ) from exc
+    database = Database(url, owner)
+    database.open()
+    log.info("shared state: %s (replica %s)", shown_url(url), owner)
+    return database
+
+
+def _metrics(args: argparse.Namespace, log: logging.Logger) -> tuple[Meters | None, list[Route]]:
+    """Meters counting every call and the /metrics route that serves them (serve --metrics-token-file); none
+    without."""
+    if not args.metrics_token_file:
+        return None, []
+    if args.transport != "http":
+        raise UsageError("--metrics-token-file serves /metrics over HTTP (--transport http)")
+    try:
+        token = Path(args.metrics_token_file).read_text().strip()
+    except OSError as exc:
+        raise UsageError(f"--metrics-token-file {args.metrics_token_file}: {exc.strerror}") from None
+    if len(token) < 16 or not token.isprintable() or " " in token:
+        raise UsageError(f"--metrics-token-file {args.metrics_token_file}: the token must be one word of 16 or more")
+    from sandbox_server.calls.meters import Meters
+    from sandbox_server.protocol.metrics import metrics_route
+
+    meters = Meters()
+    log.info("meters for Prometheus at /metrics, for a bearer of the metrics token")
+    return meters, [metrics_route(meters, token)]
+
+
+def _tracing(args: argparse.Namespace, owner: str, log: logging.Logger) -> tuple[Tracing | None, Callable[[], None]]:
+    """Spans of each call over OTLP (serve --otlp-endpoint, OTEL_EXPORTER_OTLP_ENDPOINT), and how to flush them
+    at the end (None, and nothing to flush, without)."""
+    from sandbox_server.calls.tracing import otlp_tracing
+
+    try:
+        made = otlp_tracing(args.otlp_endpoint, owner)
+    except ImportError as exc:
+        raise UsageError(
+            f"--otlp-endpoint needs OpenTelemetry ({exc.name} is missing): pip install 'sandbox-server[telemetry]'"
+        ) from exc
+    if made is None:
+        return None, lambda: None
+    log.info("spans of each call over OTLP to %s", args.otlp_endpoint or "the collector OTEL_EXPORTER_OTLP_* names")
+    return made
+
+
+def _shared_access(database: Database | None) -> SharedAccess | None:
+    if database is None:
+        return None
+    from sandbox_server.access.shared import SharedAccess
+
+    return SharedAccess.of(database)
+
+
+def _workspace_contents(choice: str, runtime: DockerRuntime, log: logging.Logger) -> Callable[[Path], Contents]:
+    """How this server keeps workspace files (serve --workspaces), said once at start."""
+    from sandbox_server.sandbox import mounts
+    from sandbox_server.sandbox.removal import owner_alive
+    from sandbox_server.workspaces.contents import ArchivedContents
+    from sandbox_server.workspaces.mounted import MountedContents
+
+    why_not = None if choice == "archived" else mounts.unavailable(runtime.on_this_host())
+    if choice == "mounted" and why_not is not None:
+        raise SandboxServerError(f"--workspaces mounted: kept workspaces cannot be mounted here: {why_not}")
+    if choice == "archived" or why_not is not None:
+        reason = "as asked" if choice == "archived" else f"{why_not}, so they cannot be mounted"
+        log.info("workspaces are kept as archives carried in and out of each call (%s)", reason)
+        return ArchivedContents
+    log.info("workspaces are kept as sized filesystems mounted into each call's container")
+    return lambda root: MountedContents(root, runtime.owner, owner_alive, runtime.activity)

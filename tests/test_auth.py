@@ -192,8 +192,9 @@ async def test_a_callers_workspaces_and_files_are_unknown_to_every_other_caller(
     # dave has alice's policy (workspaces kept), bob has strict (none kept)
     for token, mode in [(t, m) for t in (team.dave, team.bob) for m in ("2026-07-28", "legacy")]:
         async with as_caller(team, token, mode=mode) as other:
-            foreign = await call(other, "execute_command", command="cat note.txt", workspace=workspace)
-            unknown = await call(other, "execute_command", command="cat note.txt", workspace=made_up)
+            # (a program both policies allow: a call the policy refuses on its own is refused before its workspace)
+            foreign = await call(other, "execute_command", command="cat", args=["note.txt"], workspace=workspace)
+            unknown = await call(other, "execute_command", command="cat", args=["note.txt"], workspace=made_up)
             listed = [str(r.uri) for r in (await other.list_resources()).resources]
             refusals = []
             for uri in (str(link.uri), kept_file, str(link.uri).replace("big.txt", "other.txt")):

@@ -83,7 +83,7 @@ def event_record(event: str, **fields: Any) -> dict[str, Any]:
 
 @dataclass(frozen=True, slots=True)
 class Spent:
-    """What one audit record says was used: a call's `usage`, or a stopped service's (the meters and
+    """What one audit record says was used: a call's `usage`, or a stopped service's (the Prometheus metrics and
     `sandbox-server usage` read records through this alone)."""
 
     service: bool

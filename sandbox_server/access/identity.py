@@ -15,7 +15,7 @@ from typing import Any
 
 from sandbox_server.access.auth import POLICY_CLAIM
 
-__all__ = ["ANONYMOUS", "Identity", "anonymous", "local_user", "token_holder"]
+__all__ = ["ANONYMOUS", "Identity", "anonymous", "local_user", "token_identity"]
 
 ANONYMOUS = "anonymous"
 """The one caller every unauthenticated HTTP client is (only loopback is served without authentication)."""
@@ -34,9 +34,15 @@ class Identity:
     """Whose files and workspaces the call may see: an authenticated caller's, an anonymous HTTP session's or the
     anonymous caller's (None: over stdio, where one client is served)."""
 
+    @property
+    def holder(self) -> str:
+        """Whose workspaces and tasks these are, counted against their caps: the tenant, else the limits key
+        (anonymous handshake sessions keep apart, each counting its own)."""
+        return self.tenant or self.limits_key
 
-def token_holder(subject: str, claims: Mapping[str, Any]) -> Identity:
-    """The holder of a checked bearer token: its subject, per issuer (a `sub` is unique only per issuer)."""
+
+def token_identity(subject: str, claims: Mapping[str, Any]) -> Identity:
+    """The identity of a checked bearer token's caller: its subject, per issuer (a `sub` is unique only per issuer)."""
     reference, issuer = claims.get(POLICY_CLAIM), claims.get("iss")
     key = subject if issuer is None else f"{subject} ({issuer})"
     return Identity(subject, str(reference) if reference is not None else None, key, key)

@@ -18,9 +18,9 @@ from sandbox_server.sandbox.runtime import ProgressCallback
 from sandbox_server.sandbox.streams import CappedBuffer
 from sandbox_server.tools import Tool
 
-__all__ = ["Ask", "Call", "TaskStart"]
+__all__ = ["AskApproval", "Call", "TaskStart"]
 
-Ask = Callable[[Approval, Policy, dict[str, Any]], Awaitable[Any]]
+AskApproval = Callable[[Approval, Policy, dict[str, Any]], Awaitable[Any]]
 """Asks a person to approve a call (given what needs approval, the call's policy and its audit record): None
 when they approved, a Refusal raised when not, or a question the call is answered with instead (the client asks
 it and calls again with the answer)."""
@@ -56,7 +56,7 @@ class Call:
     progress: ProgressCallback | None = None
     waiting: Waiting | None = None
     """Hears how many calls are ahead while the call waits for a slot."""
-    ask: Ask | None = None
+    approval: AskApproval | None = None
     """Asks a person to approve the call when its policy says so (None: nobody can be asked)."""
     question: Question | None = None
     """Asks the person about a host the allow list does not name (None: nobody can be asked, `unable` says why)."""

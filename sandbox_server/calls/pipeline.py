@@ -27,11 +27,11 @@ from sandbox_server.access.approval import approval_needed
 from sandbox_server.access.audit import AuditLog, call_record
 from sandbox_server.access.identity import Identity
 from sandbox_server.calls.arguments import check_arguments
-from sandbox_server.calls.call import Ask, Call, TaskStart
+from sandbox_server.calls.call import AskApproval, Call, TaskStart
 from sandbox_server.calls.hosts import CallAsker, Grants
-from sandbox_server.calls.metering import metered
 from sandbox_server.calls.registry import ToolRegistry
 from sandbox_server.calls.tracing import Tracing
+from sandbox_server.calls.usage import with_usage
 from sandbox_server.errors import EngineError, EngineUnavailable, Refusal
 from sandbox_server.network.egress import ProxyEndpoint
 from sandbox_server.policy import Policy, ToolPolicy
@@ -49,7 +49,7 @@ if TYPE_CHECKING:  # the PostgreSQL driver is imported only by a server given --
     from sandbox_server.access.shared import SharedRate
     from sandbox_server.state.calls import SharedCall
 
-__all__ = ["Ask", "Call", "CallEnd", "CallPipeline", "TaskStart", "UnknownTool"]
+__all__ = ["AskApproval", "Call", "CallEnd", "CallPipeline", "TaskStart", "UnknownTool"]
 
 DENIED_NAMED = 20
 """Hosts the proxy refused that an answer's note names (the answer's `network.denied` lists them all)."""
@@ -92,7 +92,7 @@ class CallPipeline:
         self.admission = Admission(policy.rate, policy.host, policy.name)
         self.runtime = runtime
         self.observers = tuple(observers)
-        """Told every call's audit record as it ends (meters), before the audit log writes it."""
+        """Told every call's audit record as it ends (the Prometheus metrics), before the audit log writes it."""
         self.audit = audit
         self.services = services
         """The server's services (None: this server starts none)."""
@@ -148,7 +148,7 @@ class CallPipeline:
                     outcome, saved = await self._run(call, files)
                 except Refusal as refusal:  # the one place a refusal becomes an outcome
                     outcome = ToolOutcome.refused(refusal, policy.name)
-                outcome = metered(outcome, time.monotonic() - started, call.task is not None)
+                outcome = with_usage(outcome, time.monotonic() - started, call.task is not None)
                 return CallEnd(outcome, call.tool_policy.limits, workspace_saved=saved)
             finally:
                 with anyio.CancelScope(shield=True):
@@ -169,13 +169,13 @@ class CallPipeline:
         needed = approval_needed(policy.approval, policy.name, call.tool.name, call.tool_policy, call.arguments)
         if needed is None:
             return None
-        if call.ask is None:
+        if call.approval is None:
             raise Refusal(
                 f"refused: policy '{policy.name}' needs a person's approval for this call (field approval), and "
                 "nobody can be asked",
                 "approval",
             )
-        return await call.ask(needed, policy, record)
+        return await call.approval(needed, policy, record)
 
     async def _finished(self, record: dict[str, Any], outcome: ToolOutcome | None, started: float) -> None:
         """The call's audit record, whole, to its span, its observers and the audit log."""
@@ -273,7 +273,7 @@ class CallPipeline:
             store,
             call.arguments.get("workspace"),
             call.session,
-            identity.tenant or identity.limits_key,  # counted per tenant: anonymous sessions keep apart
+            identity.holder,
             identity.tenant,
             shared,
         )

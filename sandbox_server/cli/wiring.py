@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
     from sandbox_server.access.auth import Authentication
     from sandbox_server.access.shared import SharedAccess, SharedTokens
-    from sandbox_server.calls.meters import Meters
+    from sandbox_server.calls.metrics import Metrics
     from sandbox_server.calls.tracing import Tracing
     from sandbox_server.network.proxies import EgressProxies
     from sandbox_server.policy import Policy
@@ -140,7 +140,7 @@ def wire(
 
         rows = TaskRows(database)
     tasks = Tasks(workspaces.root.parent / "tasks", runtime.owner, audit, alive, rows)
-    meters, routes = _metrics(args, log)
+    metrics, routes = _metrics(args, log)
     previews: Previews | None = None
     linked = False  # whether answers carry preview links: the server can reach services from this host
 
@@ -150,7 +150,7 @@ def wire(
     services = Services(
         runtime, workspaces, audit, proxies,
         on_networks=registry.service_networks if pool is not None else lambda _: None,  # warm containers beside them
-        preview_of=preview_of, observe=meters.observe if meters is not None else None,
+        preview_of=preview_of, observe=metrics.observe if metrics is not None else None,
     )  # fmt: skip
     if preview_base is not None:
         base_url, host = preview_base
@@ -165,7 +165,7 @@ def wire(
     tracing, stop_tracing = _tracing(args, runtime.owner, log)
     app = SandboxServer(
         Parts(
-            registry, pool if pool is not None else runtime, audit, (meters.observe,) if meters is not None else (),
+            registry, pool if pool is not None else runtime, audit, (metrics.observe,) if metrics is not None else (),
             tracing, tasks, services, _shared_access(database), runtime.owner, args.page_size,
         )
     )  # fmt: skip
@@ -275,8 +275,8 @@ def _shared_state(args: argparse.Namespace, owner: str, log: logging.Logger) -> 
     return database
 
 
-def _metrics(args: argparse.Namespace, log: logging.Logger) -> tuple[Meters | None, list[Route]]:
-    """Meters counting every call and the /metrics route that serves them (serve --metrics-token-file); none
+def _metrics(args: argparse.Namespace, log: logging.Logger) -> tuple[Metrics | None, list[Route]]:
+    """Metrics counting every call and the /metrics route that serves them (serve --metrics-token-file); none
     without."""
     if not args.metrics_token_file:
         return None, []
@@ -288,12 +288,12 @@ def _metrics(args: argparse.Namespace, log: logging.Logger) -> tuple[Meters | No
         raise UsageError(f"--metrics-token-file {args.metrics_token_file}: {exc.strerror}") from None
     if len(token) < 16 or not token.isprintable() or " " in token:
         raise UsageError(f"--metrics-token-file {args.metrics_token_file}: the token must be one word of 16 or more")
-    from sandbox_server.calls.meters import Meters
+    from sandbox_server.calls.metrics import Metrics
     from sandbox_server.protocol.metrics import metrics_route
 
-    meters = Meters()
+    metrics = Metrics()
     log.info("meters for Prometheus at /metrics, for a bearer of the metrics token")
-    return meters, [metrics_route(meters, token)]
+    return metrics, [metrics_route(metrics, token)]
 
 
 def _tracing(args: argparse.Namespace, owner: str, log: logging.Logger) -> tuple[Tracing | None, Callable[[], None]]:

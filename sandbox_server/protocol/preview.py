@@ -37,7 +37,7 @@ from starlette.responses import PlainTextResponse, RedirectResponse, Response, S
 from starlette.routing import BaseRoute, Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from sandbox_server.access.identity import token_holder
+from sandbox_server.access.identity import token_identity
 from sandbox_server.sandbox.netns import connect_inside
 from sandbox_server.services.manager import Service, Services
 
@@ -116,7 +116,7 @@ class Previews:
         user = connection.scope.get("user")
         if isinstance(user, AuthenticatedUser):
             token = user.access_token
-            holder = token_holder(token.subject or token.client_id, token.claims or {})
+            holder = token_identity(token.subject or token.client_id, token.claims or {})
             if holder.limits_key != service.caller:
                 return None, 404, UNKNOWN
             return await self._seen_by(service, holder.limits_key, "token"), 200, ""

@@ -9,10 +9,10 @@ from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.streamable_http import MCP_SESSION_ID_HEADER
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
-from sandbox_server.access.identity import Identity, anonymous, local_user, token_holder
+from sandbox_server.access.identity import Identity, anonymous, local_user, token_identity
 from sandbox_server.workspaces.store import session_key
 
-__all__ = ["Context", "client_name", "handshake_era", "http_session", "identity_of", "session_of", "task_owner"]
+__all__ = ["Context", "client_name", "handshake_era", "http_session", "identity_of", "session_of"]
 
 Context = ServerRequestContext[Any, Any]
 
@@ -34,7 +34,7 @@ def identity_of(ctx: Context) -> Identity:
     user = getattr(ctx.request, "scope", {}).get("user")
     if isinstance(user, AuthenticatedUser):
         token = user.access_token
-        return token_holder(token.subject or token.client_id, token.claims or {})
+        return token_identity(token.subject or token.client_id, token.claims or {})
     if ctx.request is None:
         return local_user()
     return anonymous(http_session(ctx) if handshake_era(ctx) else None)
@@ -58,10 +58,3 @@ def session_of(ctx: Context, instance: str) -> str | None:
     if not handshake_era(ctx):
         return None
     return session_key(instance, http_session(ctx) or "stdio")
-
-
-def task_owner(ctx: Context) -> str:
-    """Whose tasks a request sees: an authenticated caller's, else an anonymous handshake session's (the anonymous
-    caller's in the 2026-07-28 era), else over stdio the local user's."""
-    identity = identity_of(ctx)
-    return identity.tenant or identity.limits_key

@@ -40,7 +40,6 @@ from sandbox_server.protocol.requests import (
     http_session,
     identity_of,
     session_of,
-    task_owner,
 )
 from sandbox_server.protocol.resources import Resources
 from sandbox_server.protocol.results import RenderedResult, ResourceStore, render
@@ -79,7 +78,7 @@ class Parts:
     """What calls run on: the warm pool when there is one, else the engine."""
     audit: AuditLog | None = None
     observers: tuple[Callable[[dict[str, Any]], None], ...] = ()
-    """Told every call's audit record as it ends (the meters)."""
+    """Told every call's audit record as it ends (the Prometheus metrics)."""
     tracing: Tracing | None = None
     tasks: Tasks | None = None
     services: Services | None = None
@@ -241,11 +240,13 @@ class SandboxServer:
             waited[0] = waited_s
             await ctx.session.report_progress(waited_s, None, f"waiting for a slot ({ahead} ahead)")
 
-        async def ask(needed: Approval, policy: Policy, record: dict[str, Any]) -> types.InputRequiredResult | None:
+        async def approval(
+            needed: Approval, policy: Policy, record: dict[str, Any]
+        ) -> types.InputRequiredResult | None:
             return await self.approvals.ask(ctx, params, identity.limits_key, needed, policy, record)
 
         question, unable = host_question(ctx, as_task)
-        return replace(call, progress=progress, waiting=waiting, ask=ask, question=question, unable=unable)
+        return replace(call, progress=progress, waiting=waiting, approval=approval, question=question, unable=unable)
 
     async def _call(self, ctx: Context, params: types.CallToolRequestParams, as_task: bool) -> Any:
         """Run a call: its result, a question to answer it with, or (as a task) the task's record once created."""
@@ -292,7 +293,7 @@ class SandboxServer:
 
         try:
             started = await self.tasks.start(
-                policy.tasks, policy.name, task_owner(ctx), identity.caller, params.name,
+                policy.tasks, policy.name, identity.holder, identity.caller, params.name,
                 call.tool_policy.limits.memory_mb * 1024 * 1024, ttl, run, tell_end,
             )  # fmt: skip
         except Refusal as refusal:

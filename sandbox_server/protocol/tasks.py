@@ -30,7 +30,7 @@ from pydantic import Field
 
 from sandbox_server.policy import Policy
 from sandbox_server.protocol.listing import page_of
-from sandbox_server.protocol.requests import Context, handshake_era, task_owner
+from sandbox_server.protocol.requests import Context, handshake_era, identity_of
 from sandbox_server.tasks.manager import Tasks
 from sandbox_server.tasks.records import TaskRecord
 
@@ -150,7 +150,7 @@ class TaskProtocol:
 
     async def _found(self, ctx: Context, task_id: str) -> TaskRecord:
         self._check_extension(ctx)
-        record = await anyio.to_thread.run_sync(self.tasks.status, task_id, task_owner(ctx))
+        record = await anyio.to_thread.run_sync(self.tasks.status, task_id, identity_of(ctx).holder)
         if record is None:
             raise _not_found(task_id)
         return record
@@ -162,7 +162,7 @@ class TaskProtocol:
     async def _result(self, ctx: Context, params: types.GetTaskPayloadRequestParams) -> dict[str, Any]:
         """2025-11-25: the task's result once it has ended (the request waits for it)."""
         await self._found(ctx, params.task_id)
-        record = await self.tasks.result(params.task_id, task_owner(ctx))
+        record = await self.tasks.result(params.task_id, identity_of(ctx).holder)
         if record is None:
             raise _not_found(params.task_id)
         related = {RELATED_TASK: {"taskId": record.id}}
@@ -173,7 +173,9 @@ class TaskProtocol:
 
     async def _list(self, ctx: Context, params: types.PaginatedRequestParams) -> dict[str, Any]:
         self._check_extension(ctx)
-        owned = {record.id: record for record in await anyio.to_thread.run_sync(self.tasks.owned, task_owner(ctx))}
+        owned = {
+            record.id: record for record in await anyio.to_thread.run_sync(self.tasks.held, identity_of(ctx).holder)
+        }
         page, next_cursor = page_of(list(owned), params.cursor, TASKS_PAGE)
         era_2026 = not handshake_era(ctx)
         answer: dict[str, Any] = {"tasks": [_listed(owned[task_id], era_2026) for task_id in page]}
@@ -187,7 +189,7 @@ class TaskProtocol:
             if not handshake_era(ctx):
                 return {}
             raise MCPError(INVALID_PARAMS, f"task {record.id} has already ended ({record.status}); nothing to cancel")
-        cancelled = await self.tasks.cancel(record.id, task_owner(ctx)) or record
+        cancelled = await self.tasks.cancel(record.id, identity_of(ctx).holder) or record
         return cancelled.wire(era_2026=False) if handshake_era(ctx) else {}
 
     async def _update(self, ctx: Context, params: UpdateTaskParams) -> dict[str, Any]:
@@ -201,7 +203,7 @@ class TaskProtocol:
         matched = _OUTPUT_URI.match(uri)
         if matched is None:
             return None
-        text = await anyio.to_thread.run_sync(self.tasks.output, matched.group(1), task_owner(ctx))
+        text = await anyio.to_thread.run_sync(self.tasks.output, matched.group(1), identity_of(ctx).holder)
         if text is None:
             return None
         return types.ReadResourceResult(

@@ -10,7 +10,6 @@ services are removed by its reaper with its other containers (they carry its own
 from __future__ import annotations
 
 import logging
-import re
 import secrets
 import time
 from collections.abc import Callable, Mapping
@@ -25,21 +24,19 @@ from sandbox_server.access.audit import AuditLog, event_record
 from sandbox_server.errors import Refusal
 from sandbox_server.network.egress import ProxyEndpoint
 from sandbox_server.network.proxies import EgressProxies
-from sandbox_server.policy import ServiceSettings
 from sandbox_server.sandbox import service_containers as containers
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
 from sandbox_server.sandbox.meter import Meter
 from sandbox_server.sandbox.spec import SandboxSpec
+from sandbox_server.services.caps import refuse_past_caps
 from sandbox_server.services.readiness import until_ready
-from sandbox_server.services.service import Answer, Service
+from sandbox_server.services.service import Answer, Service, ServiceRequest
 from sandbox_server.workspaces.store import WorkspaceRecord, WorkspaceStore
 
-__all__ = ["NAME", "Service", "Services"]
+__all__ = ["Service", "Services"]
 
 log = logging.getLogger("sandbox_server")
 
-NAME = re.compile(r"^[a-z][a-z0-9-]{0,30}[a-z0-9]$|^[a-z]$")
-"""A service's name: how the workspace's calls reach it (a host name), so a DNS label, lower case."""
 CHECK_S = 1.0
 """How often running services are looked at (ended by themselves, idle, past their lifetime)."""
 LOG_SHOWN = 2000
@@ -68,7 +65,7 @@ class Services:
         self.preview_of = preview_of
         """The preview address of a service (None: this server offers no previews)."""
         self.observe = observe
-        """Hears each audit event of a service (the meters count what a stopped one used)."""
+        """Hears each audit event of a service (the Prometheus metrics count what a stopped one used)."""
 
     # -- what calls and resources see ------------------------------------------------------
 
@@ -116,24 +113,13 @@ class Services:
     # -- starting ----------------------------------------------------------------------------
 
     async def start(
-        self,
-        spec: SandboxSpec,
-        record: WorkspaceRecord,
-        name: str,
-        port: int,
-        command: str,
-        tool: str,
-        policy_name: str,
-        caller: str,
-        settings: ServiceSettings,
-        ready_path: str | None = None,
-        proxy: ProxyEndpoint | None = None,
+        self, spec: SandboxSpec, record: WorkspaceRecord, asked: ServiceRequest, proxy: ProxyEndpoint | None = None
     ) -> Service:
         """Start a service and wait until it listens on its port; a Refusal says why it did not.
 
         The service is counted against its caps from here on, and its own task (in the services' group) owns it
         from its first step to its last: whatever the start makes, that task removes, whenever the stop comes."""
-        self._refuse_past_caps(record, name, caller, tool, policy_name, settings)
+        refuse_past_caps(asked, self.running(record.id), self.running())
         if not self.store.contents.side_by_side:
             raise Refusal(
                 "refused: services need workspaces mounted beside calls, and this server keeps them as archives "
@@ -146,9 +132,9 @@ class Services:
             raise Refusal("refused: this server is not running services (it is stopping)", "services")
         network = containers.network_name(record.id, self.runtime.owner)
         service = Service(
-            id=f"svc-{secrets.token_urlsafe(12)}", name=name, port=port, ready_path=ready_path, command=command, tool=tool,
-            policy_name=policy_name, caller=caller, workspace_id=record.id, session=record.session,
-            settings=settings, network=network,
+            id=f"svc-{secrets.token_urlsafe(12)}", name=asked.name, port=asked.port, ready_path=asked.ready_path,
+            command=asked.command, tool=asked.tool, policy_name=asked.policy_name, caller=asked.caller,
+            workspace_id=record.id, session=record.session, settings=asked.settings, network=network,
         )  # fmt: skip
         self._services[service.id] = service  # counted from now on: no await between the caps and this
         answer = Answer()
@@ -268,45 +254,6 @@ class Services:
             raise asked.error
         return service
 
-    def _refuse_past_caps(
-        self, record: WorkspaceRecord, name: str, caller: str, tool: str, policy_name: str, settings: ServiceSettings
-    ) -> None:
-        self.refuse_tool(tool, policy_name, settings)
-        if not NAME.match(name):
-            raise Refusal(
-                f"refused: service name {name!r} must be a host name: lower-case letters, digits and '-', "
-                "starting with a letter, at most 32 characters",
-                "service.name",
-            )
-        mine = self.running(record.id)
-        if any(s.name == name for s in mine):
-            raise Refusal(
-                f"refused: this workspace already runs a service named {name!r}; stop it first, or choose another name",
-                "service.name",
-            )
-        counted = [
-            (len(mine), settings.per_session, "services.per_session", "in this workspace"),
-            (sum(s.caller == caller for s in self.running()), settings.per_caller, "services.per_caller", "of yours"),
-            (len(self.running()), settings.running, "services.running", "on this server"),
-        ]
-        for count, cap, field_name, whose in counted:
-            if count >= cap:
-                raise Refusal(
-                    f"refused: {count} services {whose} run already, the most policy '{policy_name}' allows (field "
-                    f"{field_name}: {cap}); stop one first",
-                    field_name,
-                )
-
-    @staticmethod
-    def refuse_tool(tool: str, policy_name: str, settings: ServiceSettings) -> None:
-        if tool not in settings.tools:
-            allowed = ", ".join(settings.tools) or "none"
-            raise Refusal(
-                f"refused: {tool} may not start services under policy '{policy_name}' (field services.tools: "
-                f"{allowed})",
-                "services.tools",
-            )
-
     # -- stopping ----------------------------------------------------------------------------
 
     async def stop(self, service: Service, reason: str) -> None:
@@ -387,7 +334,7 @@ class Services:
 
     async def audit_event(self, event: str, service: Service, **fields: Any) -> None:
         """One line of the audit trail about a service, written off the event loop as a call's is (and counted by
-        the meters)."""
+        the Prometheus metrics)."""
         record = event_record(
             event, service=service.id, name=service.name, client=service.caller, tool=service.tool,
             policy=service.policy_name, port=service.port, **fields,

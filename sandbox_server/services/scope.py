@@ -10,7 +10,9 @@ from sandbox_server.errors import Refusal
 from sandbox_server.network.egress import ProxyEndpoint
 from sandbox_server.policy import ServiceSettings
 from sandbox_server.sandbox.spec import SandboxSpec
+from sandbox_server.services.caps import refuse_tool
 from sandbox_server.services.manager import Service, Services
+from sandbox_server.services.service import ServiceRequest
 from sandbox_server.workspaces.store import WorkspaceRecord
 
 __all__ = ["ServiceScope"]
@@ -47,17 +49,15 @@ class ServiceScope:
         ready_path: str | None = None,
         proxy: ProxyEndpoint | None = None,
     ) -> Service:
-        self.services.refuse_tool(tool, self.policy_name, self.settings)
+        refuse_tool(tool, self.policy_name, self.settings)
         if self.record is None:
             raise Refusal(
                 f"refused: policy '{self.policy_name}' keeps no workspace (field workspace.persist), and a service "
                 "lives in its session's workspace",
                 "workspace.persist",
             )
-        return await self.services.start(
-            spec, self.record, name, port, command, tool, self.policy_name, self.caller, self.settings, ready_path,
-            proxy,
-        )  # fmt: skip
+        asked = ServiceRequest(name, port, command, tool, self.caller, self.policy_name, self.settings, ready_path)
+        return await self.services.start(spec, self.record, asked, proxy)
 
     def listed(self) -> list[dict[str, Any]]:
         return self.services.listed(self.record.id) if self.record is not None else []

@@ -13,7 +13,23 @@ from sandbox_server.policy import ServiceSettings
 from sandbox_server.sandbox.meter import Meter, Usage
 from sandbox_server.sandbox.spec import SandboxSpec
 
-__all__ = ["Answer", "Service"]
+__all__ = ["Answer", "Service", "ServiceRequest"]
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceRequest:
+    """What a call asks a service to be: its name and port, the command it runs (as the call gave it), the tool
+    and caller that start it under which policy, and how its readiness is checked."""
+
+    name: str
+    port: int
+    command: str
+    tool: str
+    caller: str
+    """The limits key of the caller who starts it."""
+    policy_name: str
+    settings: ServiceSettings
+    ready_path: str | None = None
 
 
 @dataclass(slots=True)

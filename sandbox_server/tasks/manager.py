@@ -2,7 +2,7 @@
 approval; the call goes on in the server's own task group, its output read while it runs, and its end kept on
 disk for the policy's `tasks.ttl_s`, whoever asks for it later and whether or not its client is still there.
 
-A task belongs to its owner and to no one else: any other caller is answered as for an id that never existed.
+A task belongs to its holder (Identity.holder) and to no one else: any other caller is answered as for an id that never existed.
 Each runs in its own fresh container, like every call, removed at its end; cancelling one cancels the call, which
 removes its container, and its workspace keeps what the program left, as after a timeout.
 """
@@ -171,7 +171,7 @@ class Tasks:
         self,
         settings: TaskSettings,
         policy_name: str,
-        owner: str,
+        holder: str,
         caller: str,
         tool: str,
         memory_bytes: int,
@@ -186,14 +186,14 @@ class Tasks:
         now = time.time()
         ttl_s = settings.ttl_s if ttl_ms is None else max(1.0, min(settings.ttl_s, ttl_ms / 1000))
         record = TaskRecord(
-            new_task_id(), owner, caller, tool, policy_name, self.server, now, now, ttl_s, settings.poll_interval_ms
+            new_task_id(), holder, caller, tool, policy_name, self.server, now, now, ttl_s, settings.poll_interval_ms
         )
         live = _Live(record, memory_bytes, on_end=on_end)
         # Checked and counted in one step (no await between): a burst of N gets exactly the caps, the rest refused.
-        self._refuse_past_caps(settings, policy_name, owner)
+        self._refuse_past_caps(settings, policy_name, holder)
         self._live[record.id] = live
         try:
-            await anyio.to_thread.run_sync(self._refuse_past_held, settings, policy_name, owner, record)
+            await anyio.to_thread.run_sync(self._refuse_past_held, settings, policy_name, holder, record)
         except BaseException:
             self._live.pop(record.id, None)
             raise
@@ -210,65 +210,65 @@ class Tasks:
             if live.failure is not None:
                 raise live.failure
             return Started(answer=live.answer)
-        return Started(record=self.status(record.id, owner))
+        return Started(record=self.status(record.id, holder))
 
-    def status(self, task_id: str, owner: str) -> TaskRecord | None:
-        """The task as it stands now, with its latest output line; None when the owner has none of this id."""
+    def status(self, task_id: str, holder: str) -> TaskRecord | None:
+        """The task as it stands now, with its latest output line; None when the holder has none of this id."""
         live = self._live.get(task_id)
         if live is not None and live.created.is_set():
-            if live.record.owner != owner:
+            if live.record.holder != holder:
                 return None
             return live.record if live.record.ended else live.record.moved("working", self._progress(live))
         record = self.files.load(task_id)
-        if record is None or record.owner != owner or record.expired(time.time()):
+        if record is None or record.holder != holder or record.expired(time.time()):
             return None
         return record
 
-    def owned(self, owner: str) -> list[TaskRecord]:
-        """The owner's tasks, oldest first."""
+    def held(self, holder: str) -> list[TaskRecord]:
+        """The holder's tasks, oldest first."""
         now, found = time.time(), []
         for record in self.files.all():  # each file read once; a running task's state is its live one
-            if record.owner != owner or record.expired(now):
+            if record.holder != holder or record.expired(now):
                 continue
             live = self._live.get(record.id)
-            found.append(self.status(record.id, owner) if live is not None else record)
+            found.append(self.status(record.id, holder) if live is not None else record)
         return sorted((record for record in found if record is not None), key=lambda record: record.created_at)
 
-    async def result(self, task_id: str, owner: str) -> TaskRecord | None:
+    async def result(self, task_id: str, holder: str) -> TaskRecord | None:
         """The task once it has ended (waiting for it while it runs here); None as for `status`."""
         live = self._live.get(task_id)
-        if live is not None and live.record.owner == owner:
+        if live is not None and live.record.holder == holder:
             await live.done.wait()
-        return await self._another_replicas(task_id, owner, math.inf)
+        return await self._another_replicas(task_id, holder, math.inf)
 
-    async def cancel(self, task_id: str, owner: str) -> TaskRecord | None:
+    async def cancel(self, task_id: str, holder: str) -> TaskRecord | None:
         """Cancel a running task and wait (a while) until its container is gone: the task as it then stands."""
         live = self._live.get(task_id)
-        if live is not None and live.record.owner == owner and live.created.is_set():
+        if live is not None and live.record.holder == holder and live.created.is_set():
             live.cancel_asked = True
             live.scope.cancel()
             with anyio.move_on_after(CANCEL_WAIT_S):
                 await live.done.wait()
         elif self.rows is not None and live is None:
-            record = await anyio.to_thread.run_sync(self.status, task_id, owner)
+            record = await anyio.to_thread.run_sync(self.status, task_id, holder)
             if record is not None and not record.ended:  # another replica runs it: it acts on the cancel
                 await anyio.to_thread.run_sync(self.rows.ask_cancel, task_id)
-                return await self._another_replicas(task_id, owner, CANCEL_WAIT_S)
-        return await anyio.to_thread.run_sync(self.status, task_id, owner)
+                return await self._another_replicas(task_id, holder, CANCEL_WAIT_S)
+        return await anyio.to_thread.run_sync(self.status, task_id, holder)
 
-    async def _another_replicas(self, task_id: str, owner: str, wait_s: float) -> TaskRecord | None:
+    async def _another_replicas(self, task_id: str, holder: str, wait_s: float) -> TaskRecord | None:
         """The task as it stands once it ended, waiting up to `wait_s` while another replica runs it (its row is
         read at the task's poll interval)."""
-        record = await anyio.to_thread.run_sync(self.status, task_id, owner)
+        record = await anyio.to_thread.run_sync(self.status, task_id, holder)
         with anyio.move_on_after(wait_s):
             while self.rows is not None and record is not None and not record.ended and task_id not in self._live:
                 await anyio.sleep(record.poll_interval_ms / 1000)
-                record = await anyio.to_thread.run_sync(self.status, task_id, owner)
+                record = await anyio.to_thread.run_sync(self.status, task_id, holder)
         return record
 
-    def output(self, task_id: str, owner: str) -> str | None:
+    def output(self, task_id: str, holder: str) -> str | None:
         """Its stdout and stderr so far (the beginning and end when there is more than the policy returns)."""
-        if self.status(task_id, owner) is None:
+        if self.status(task_id, holder) is None:
             return None
         live = self._live.get(task_id)
         if live is not None and live.streams is not None:
@@ -277,7 +277,7 @@ class Tasks:
 
     # -- inside --------------------------------------------------------------------------------------------------
 
-    def _refuse_past_caps(self, settings: TaskSettings, policy_name: str, owner: str) -> None:
+    def _refuse_past_caps(self, settings: TaskSettings, policy_name: str, holder: str) -> None:
         if settings.running <= 0:
             raise Refusal(f"refused: policy '{policy_name}' runs no tasks (field tasks.running is 0)", "tasks.running")
         running = [live for live in self._live.values() if not live.record.ended]
@@ -289,7 +289,7 @@ class Tasks:
                 kind="busy",
                 retry_after_s=settings.poll_interval_ms / 1000,
             )
-        mine = [live for live in running if live.record.owner == owner]
+        mine = [live for live in running if live.record.holder == holder]
         if len(mine) >= settings.running_per_caller:
             raise Refusal(
                 f"busy: you have {len(mine)} tasks running, the most policy '{policy_name}' allows a caller "
@@ -299,14 +299,14 @@ class Tasks:
                 retry_after_s=settings.poll_interval_ms / 1000,
             )
 
-    def _refuse_past_held(self, settings: TaskSettings, policy_name: str, owner: str, record: TaskRecord) -> None:
-        """Refuse a task past the owner's held tasks; with replicas, its place is held in the shared rows here, and
-        the owner's running tasks are counted on every replica."""
+    def _refuse_past_held(self, settings: TaskSettings, policy_name: str, holder: str, record: TaskRecord) -> None:
+        """Refuse a task past the holder's held tasks; with replicas, its place is held in the shared rows here, and
+        the holder's running tasks are counted on every replica."""
         if self.rows is not None:
             passed = self.rows.reserve(record, settings.per_caller, settings.running_per_caller)
         else:
-            kept = {r.id for r in self.files.all() if r.owner == owner and not r.expired(time.time())}
-            starting = {i for i, live in list(self._live.items()) if live.record.owner == owner and i != record.id}
+            kept = {r.id for r in self.files.all() if r.holder == holder and not r.expired(time.time())}
+            starting = {i for i, live in list(self._live.items()) if live.record.holder == holder and i != record.id}
             held = len(kept | starting)  # the tasks kept, and those starting beside this one that are not yet
             passed = ("per_caller", held) if held >= settings.per_caller else None
         if passed is None:

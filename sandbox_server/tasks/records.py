@@ -30,9 +30,9 @@ class TaskRecord:
     """What is known of one task: whose it is, what it runs, where it stands and, once ended, how."""
 
     id: str
-    owner: str
-    """Whose task it is (an authenticated caller, else the handshake session or the local user): to everyone else
-    it does not exist."""
+    holder: str
+    """Whose task it is (Identity.holder: an authenticated caller, else the handshake session or the local user):
+    to everyone else it does not exist. Records written before the name was settled call it `owner`."""
     caller: str
     """Who created it, as the audit record names them."""
     tool: str
@@ -50,6 +50,13 @@ class TaskRecord:
     error: dict[str, Any] | None = None
     """The JSON-RPC error that ended it (failed)."""
     extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, fields: dict[str, Any]) -> TaskRecord:
+        """A record as a file or a row keeps it (an earlier version's `owner` read as `holder`)."""
+        if "owner" in fields:
+            fields = {("holder" if name == "owner" else name): value for name, value in fields.items()}
+        return cls(**fields)
 
     @property
     def ended(self) -> bool:
@@ -112,7 +119,7 @@ class TaskFiles:
         if not self.valid(task_id):
             return None
         try:
-            return TaskRecord(**json.loads((self.folder / f"{task_id}.json").read_text()))
+            return TaskRecord.of(json.loads((self.folder / f"{task_id}.json").read_text()))
         except (OSError, ValueError, TypeError):
             return None
 

@@ -14,11 +14,12 @@ from sandbox_server.tasks.records import TaskFiles, TaskRecord
 __all__ = ["TaskRows"]
 
 INSERT = "INSERT INTO tasks (id, owner, server, record) VALUES (%s, %s, %s, %s)"
+"""A task's row: the column `owner` holds the task's holder (named before the word was settled)."""
 
 
 def _row(record: TaskRecord) -> tuple[str, str, str, str]:
     """A task's row as INSERT writes it."""
-    return record.id, record.owner, record.server, json.dumps(asdict(record), ensure_ascii=False)
+    return record.id, record.holder, record.server, json.dumps(asdict(record), ensure_ascii=False)
 
 
 class TaskRows:
@@ -47,30 +48,30 @@ class TaskRows:
         if not self.valid(task_id):
             return None
         rows = self.database.run("SELECT record FROM tasks WHERE id = %s", (task_id,))
-        return TaskRecord(**rows[0][0]) if rows else None
+        return TaskRecord.of(rows[0][0]) if rows else None
 
     def all(self) -> list[TaskRecord]:
-        return [TaskRecord(**row[0]) for row in self.database.run("SELECT record FROM tasks ORDER BY id")]
+        return [TaskRecord.of(row[0]) for row in self.database.run("SELECT record FROM tasks ORDER BY id")]
 
     def working(self) -> list[TaskRecord]:
         rows = self.database.run("SELECT record FROM tasks WHERE record->>'status' = 'working' ORDER BY id")
-        return [TaskRecord(**row[0]) for row in rows]
+        return [TaskRecord.of(row[0]) for row in rows]
 
     def remove(self, task_id: str) -> None:
         self.database.run("DELETE FROM tasks WHERE id = %s", (task_id,))
 
     def reserve(self, record: TaskRecord, most_held: int, most_running: int) -> tuple[str, int] | None:
-        """Hold a place for a task of `record.owner` among its tasks on every replica, in one step (the owner's
+        """Hold a place for a task of `record.holder` among its tasks on every replica, in one step (the holder's
         advisory lock taken, the counts and the row written together): None when held, else the cap it would pass
-        (`per_caller` for those kept, `running_per_caller` for those working) and the owner's count of them. The
+        (`per_caller` for those kept, `running_per_caller` for those working) and the holder's count of them. The
         row is the task's record from then on."""
         now = time.time()
         with self.database.connection() as connection, connection.transaction():
-            connection.execute("SELECT pg_advisory_xact_lock(%s)", (lock_key(f"tasks of {record.owner}"),))
+            connection.execute("SELECT pg_advisory_xact_lock(%s)", (lock_key(f"tasks of {record.holder}"),))
             row = connection.execute(
                 "SELECT count(*), count(*) FILTER (WHERE record->>'status' = 'working') FROM tasks WHERE owner = %s "
                 "AND (record->>'created_at')::float8 + (record->>'ttl_s')::float8 > %s",
-                (record.owner, now),
+                (record.holder, now),
             ).fetchone()
             held, running = (int(row[0]), int(row[1])) if row is not None else (0, 0)
             if held >= most_held:

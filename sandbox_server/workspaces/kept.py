@@ -47,7 +47,7 @@ class KeptWorkspace:
         store: WorkspaceStore | None,
         requested: str | None,
         session: str | None,
-        client: str,
+        holder: str,
         tenant: str | None = None,
         shared: SharedCall | None = None,
     ) -> KeptWorkspace | None:
@@ -57,7 +57,7 @@ class KeptWorkspace:
             if requested is not None:
                 raise WorkspaceStore.unknown(requested)
             return None
-        record, notes = store.open(requested, session, client, tenant, shared)
+        record, notes = store.open(requested, session, holder, tenant, shared)
         kept = cls(inner, store, record, shared)
         kept.notes.extend(notes)
         return kept

@@ -27,7 +27,8 @@ class WorkspaceRecord:
     session: str | None
     """`session:<server>|<session>` in the handshake era: the one session whose workspace it is; None when the id
     itself is the capability."""
-    client: str
+    holder: str
+    """Whose workspace it is, counted against `workspace.max_per_client` (Identity.holder)."""
     created: float
     last_used: float
     size_bytes: int = 0
@@ -124,7 +125,7 @@ class FileBook:
         return False
 
 
-_DISK_NAMES = {"session": "owner", "tenant": "caller"}
+_DISK_NAMES = {"session": "owner", "tenant": "caller", "holder": "client"}
 """Fields a record file names as earlier versions did, so that a server of either version reads the other's."""
 
 

@@ -73,7 +73,7 @@ class SharedBook:
         self.database.run(
             "INSERT INTO workspaces (id, client, session, record) VALUES (%s, %s, %s, %s) "
             "ON CONFLICT (id) DO UPDATE SET record = EXCLUDED.record",
-            (record.id, record.client, record.session, json.dumps(to_fields(record))),
+            (record.id, record.holder, record.session, json.dumps(to_fields(record))),
         )
 
     def resize(self, record: WorkspaceRecord, storage_bytes: int, others_bytes: int) -> bool:

@@ -107,7 +107,7 @@ class WorkspaceStore:
         self,
         requested: str | None,
         session: str | None,
-        client: str,
+        holder: str,
         tenant: str | None = None,
         shared: SharedCall | None = None,
     ) -> tuple[WorkspaceRecord, list[str]]:
@@ -136,7 +136,7 @@ class WorkspaceStore:
                 ]
                 if mine:
                     return self._continued(max(mine, key=lambda r: r.last_used)), []
-            notes = self._make_room(client, now)
+            notes = self._make_room(holder, now)
             reserved = self.contents.reserve(self.settings)
             taken = sum(r.size_bytes for r in self._records.values()) + reserved
             if taken > self.storage_bytes:
@@ -148,7 +148,7 @@ class WorkspaceStore:
                     kind="busy",
                     retry_after_s=60,
                 )
-            record = WorkspaceRecord(f"ws-{secrets.token_urlsafe(16)}", session, client, now, now, reserved, tenant)
+            record = WorkspaceRecord(f"ws-{secrets.token_urlsafe(16)}", session, holder, now, now, reserved, tenant)
             self._records[record.id] = record
             self._write_record(record)
         return record, notes
@@ -160,12 +160,12 @@ class WorkspaceStore:
             self._write_record(record)
         return record
 
-    def _make_room(self, client: str, now: float) -> list[str]:
-        """Remove this client's idle workspaces until it may make one more: first those no call continued (a
+    def _make_room(self, holder: str, now: float) -> list[str]:
+        """Remove this holder's idle workspaces until it may make one more: first those no call continued (a
         stateless client's, oldest first), then the least recently used of the others, but never one continued
         within `protect_recent_s`: someone is working in it, so the new call is refused instead."""
         most, recent = self.settings.max_per_client, self.settings.protect_recent_s
-        theirs = [r for r in self._records.values() if r.client == client]
+        theirs = [r for r in self._records.values() if r.holder == holder]
         removable = sorted(
             (r for r in theirs if not self._in_use(r.id) and (not r.continued or now - r.last_used >= recent)),
             key=lambda r: (r.continued, r.last_used),

@@ -27,12 +27,10 @@ MAX_METHODS = 24
 """Methods of one class: past this it likely holds two ideas."""
 WIDE_CLASSES = {
     "workspaces/store.py:WorkspaceStore": "a workspace's life: made, found, held by a call, saved, swept, removed",
-    "services/manager.py:Services": "a service's life in its own task, and what calls and resources ask of them",
 }
 MAX_PARAMETERS = 8
 """Parameters of one function (self aside): past this the call site cannot be read without the signature."""
 WIDE_FUNCTIONS = {
-    "services/manager.py:start": "what one service is: its workspace, caller, policy, spec, port, name, ...",
     "tasks/manager.py:start": "what one task is: its caps, owner, caller, tool, memory, ttl, work and end",
     "sandbox/archive.py:build_request": "the launcher's request, each part a field of the wire format",
 }

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 from sandbox_server.access.audit import AuditLog
@@ -11,8 +12,8 @@ from sandbox_server.tasks.manager import Tasks
 from sandbox_server.tasks.records import TaskFiles, TaskRecord, new_task_id
 
 
-def record(owner: str, server: str, created_at: float, ttl_s: float = 600, status: str = "working") -> TaskRecord:
-    return TaskRecord(new_task_id(), owner, owner, "execute_command", "default", server, created_at, created_at,
+def record(holder: str, server: str, created_at: float, ttl_s: float = 600, status: str = "working") -> TaskRecord:
+    return TaskRecord(new_task_id(), holder, holder, "execute_command", "default", server, created_at, created_at,
                       ttl_s, 2000, status)  # fmt: skip
 
 
@@ -36,7 +37,7 @@ def test_a_task_a_killed_server_left_working_is_failed_saying_why_and_an_expired
     assert events == ["task_failed", "task_expired"]
 
 
-def test_a_task_is_its_owners_alone_and_no_other_string_touches_the_disk(tmp_path: Path) -> None:
+def test_a_task_is_its_holders_alone_and_no_other_string_touches_the_disk(tmp_path: Path) -> None:
     tasks = Tasks(tmp_path / "tasks", "host:1:1", None)
     mine = record("alice", "host:1:1", time.time(), status="completed")
     tasks.files.save(mine)
@@ -55,3 +56,14 @@ def test_each_era_writes_a_task_its_own_way() -> None:
         new["ttlMs"] == 600_000 and new["pollIntervalMs"] == 2000 and new["result"] == {"content": [], "isError": False}
     )
     assert old["createdAt"] == "2023-11-14T22:13:20.000Z"
+
+
+def test_a_record_an_earlier_version_wrote_with_its_owner_is_read_with_its_holder(tmp_path: Path) -> None:
+    files = TaskFiles(tmp_path / "tasks")
+    kept = record("alice", "host:1:1", time.time())
+    fields = {("owner" if name == "holder" else name): value for name, value in asdict(kept).items()}
+    (tmp_path / "tasks" / f"{kept.id}.json").write_text(json.dumps(fields))
+    assert "owner" in fields and "holder" not in fields
+    assert files.load(kept.id) == kept
+    files.save(kept)
+    assert json.loads((tmp_path / "tasks" / f"{kept.id}.json").read_text())["holder"] == "alice"

@@ -10,13 +10,13 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from sandbox_server.access.audit import Spent
 
-__all__ = ["Meters"]
+__all__ = ["Metrics"]
 
 MEMORY_BUCKETS = tuple(float(2**power) for power in range(24, 36, 2))
 """16 MiB to 16 GiB, by fours."""
 
 
-class Meters:
+class Metrics:
     """Counters of calls and what they used (CPU seconds, wall seconds, network bytes, tasks' seconds) by caller
     and tool, and the sandboxes' peak memory by tool."""
 

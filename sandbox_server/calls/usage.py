@@ -1,4 +1,4 @@
-"""What each call used, in its answer and its audit record (`usage`; the meters count it from there).
+"""What each call used, in its answer and its audit record (`usage`; the Prometheus metrics count it from there, calls.metrics).
 
 The sandbox's CPU time and peak memory come from its cgroup (sandbox.meter), network bytes from its proxy's
 log, the workspace's size from its files after the call; the wall time is the call's, from its arrival to its
@@ -13,7 +13,7 @@ from typing import Any
 
 from sandbox_server.tools.base import ToolOutcome
 
-__all__ = ["metered", "usage_of"]
+__all__ = ["usage_of", "with_usage"]
 
 _CARRIED = frozenset({"cpu_s", "peak_memory_bytes", "workspace_bytes"})
 """What the sandbox's part of the audit record carries to `usage` (and no further)."""
@@ -37,7 +37,7 @@ def usage_of(outcome: ToolOutcome, wall_s: float, task: bool) -> dict[str, Any]:
     return usage
 
 
-def metered(outcome: ToolOutcome, wall_s: float, task: bool) -> ToolOutcome:
+def with_usage(outcome: ToolOutcome, wall_s: float, task: bool) -> ToolOutcome:
     """The outcome with what its call used in its answer (and so in its audit record, once, as `usage`)."""
     usage = usage_of(outcome, wall_s, task)
     audit = None if outcome.audit is None else {k: v for k, v in outcome.audit.items() if k not in _CARRIED}

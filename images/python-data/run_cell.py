@@ -2,14 +2,16 @@
 
 The code arrives on stdin. It runs as __main__ with the working folder /workspace;
 when its last statement is an expression, its value is printed as a notebook
-would. Every matplotlib figure still open at the end (shown or not) is saved
+would. Every matplotlib figure the cell drew or changed (shown or not) is saved
 to the output folder as figure-N.png, downscaled to fit the byte budget the host
-sends (names and paths from sandbox_wire, the contract shared with the host). In a
-kept workspace the previous cell's variables are restored first and this cell's kept
-after it (cell_state).
+sends (names and paths from sandbox_wire, the contract shared with the host); a figure
+kept in a variable from an earlier cell comes back only when it draws differently now. In a
+kept workspace the previous cell's variables that this cell names are restored first,
+and what it loaded or set kept after it (cell_state).
 """
 
 import ast
+import hashlib
 import os
 import sys
 import traceback
@@ -20,17 +22,36 @@ from sandbox_wire import FIGURE_NAME, IMAGE_BYTES_ENV, KEEP_VARIABLES_ENV, OUTPU
 
 IMAGE_BYTES = int(os.environ.pop(IMAGE_BYTES_ENV, "2000000"))
 KEEP_VARIABLES = os.environ.pop(KEEP_VARIABLES_ENV, "") == "1"
+DIGEST = "_sandbox_png_sha256"
+"""The attribute a figure keeps the digest of its last returned PNG in (pickled with it)."""
 
 
-def _save_figures() -> None:
+def _open_figures() -> dict:
+    """The open matplotlib figures by number (none when the cell has not loaded pyplot)."""
     if "matplotlib.pyplot" not in sys.modules:
-        return
+        return {}
     import matplotlib.pyplot as plt
 
-    os.makedirs(OUTPUT_DIR, exist_ok=True)
-    for index, number in enumerate(plt.get_fignums(), start=1):
-        figure = plt.figure(number)
-        save_png(figure, os.path.join(OUTPUT_DIR, FIGURE_NAME.format(index=index)), IMAGE_BYTES)
+    return {number: plt.figure(number) for number in plt.get_fignums()}
+
+
+def _save_figures(restored: dict) -> None:
+    """Save the figures the cell drew or changed. A figure restored from a kept variable carries the digest of
+    the PNG last returned for it: drawn the same again, it is not returned again."""
+    figures = _open_figures()
+    if figures:
+        os.makedirs(OUTPUT_DIR, exist_ok=True)
+    index = 0
+    for number, figure in figures.items():
+        path = os.path.join(OUTPUT_DIR, FIGURE_NAME.format(index=index + 1))
+        save_png(figure, path, IMAGE_BYTES)
+        with open(path, "rb") as drawn:
+            digest = hashlib.sha256(drawn.read()).hexdigest()
+        if restored.get(number) is figure and getattr(figure, DIGEST, None) == digest:
+            os.remove(path)  # kept, not changed: the model has it already
+            continue
+        setattr(figure, DIGEST, digest)  # kept with the figure, for the next cell to compare
+        index += 1
 
 
 def main() -> int:
@@ -42,10 +63,13 @@ def main() -> int:
     except SyntaxError:
         traceback.print_exc(limit=0)
         return 1
-    last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
     namespace = {"__name__": "__main__"}
-    if KEEP_VARIABLES:
-        cell_state.restore(namespace)
+    state = cell_state.State() if KEEP_VARIABLES else None
+    restored = {}
+    if state is not None:
+        state.restore(namespace, tree)
+        restored = _open_figures()  # figures of kept variables, returned by the cell that drew them
+    last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
     try:
         exec(compile(tree, "<cell>", "exec"), namespace)
         if last is not None:
@@ -53,22 +77,22 @@ def main() -> int:
             if value is not None:
                 print(repr(value))
     except SystemExit as exc:
-        _finish(namespace)
+        _finish(namespace, state, restored)
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except BaseException:
         exc_type, exc, tb = sys.exc_info()
         traceback.print_exception(exc_type, exc, tb.tb_next if tb else None)
-        _finish(namespace)
+        _finish(namespace, state, restored)
         return 1
-    _finish(namespace)
+    _finish(namespace, state, restored)
     return 0
 
 
-def _finish(namespace: dict) -> None:
+def _finish(namespace: dict, state, restored: dict) -> None:
     """Figures out, and (in a kept workspace) the variables kept, as a notebook keeps them after an error too."""
-    _save_figures()
-    if KEEP_VARIABLES:
-        cell_state.save(namespace)
+    _save_figures(restored)
+    if state is not None:
+        state.save(namespace)
 
 
 if __name__ == "__main__":

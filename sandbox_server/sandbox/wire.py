@@ -41,8 +41,11 @@ FIGURE_NAME = "figure-{index}.png"
 """run_python: each open matplotlib figure, numbered from 1, under OUTPUT_DIR."""
 KEEP_VARIABLES_ENV = "SANDBOX_KEEP_VARIABLES"
 """run_python in a kept workspace: "1" restores the previous cell's variables and keeps this one's."""
+CELL_STATE_DIR = ".sandbox/cell-state"
+"""run_python: the kept variables, relative to WORKSPACE, one file each and an index (pickled and unpickled only in
+sandboxes)."""
 CELL_STATE_FILE = ".sandbox/cell-state.pickle"
-"""run_python: the kept variables, relative to WORKSPACE (pickled and unpickled only in sandboxes)."""
+"""run_python: every kept variable in one file, as earlier versions kept them (read once, then kept the new way)."""
 CELL_STATE_REPORT = "cell-state.json"
 """run_python: under OUTPUT_DIR, which variables were kept and which not ({"kept": [...], "not_kept": [...]})."""
 

@@ -34,6 +34,8 @@ def test_doctor_is_healthy_and_proves_the_limits(runtime: DockerRuntime) -> None
     # The default policy's run_python and analyze_csv share one pool: 2 waiting, up to 8 under demand.
     assert "the policy's pools keep 2 of them" in warm["detail"] and "grow to 8" in warm["detail"], warm
     assert "within host.pool_memory_mb 2048 MiB" in warm["detail"], warm
+    named = checks["python-data libraries"]["detail"]
+    assert named.startswith("numpy 2.") and ", pandas 2." in named and "scikit-learn" in named, named
     assert not left_by_exited_servers()
 
 

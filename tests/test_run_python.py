@@ -71,3 +71,28 @@ async def test_an_exception_is_an_error_with_the_tracebacks_last_lines(client: C
     assert result.structured_content is not None
     stderr = result.structured_content["stderr"]
     assert "Traceback" in stderr and "in divide" in stderr and "run_cell.py" not in stderr
+
+
+MODERN = """
+import numpy as np, pandas as pd, matplotlib, scipy, sklearn, statsmodels.api as sm, seaborn, pyarrow, polars as pl
+import plotly, networkx, requests, tabulate
+from sklearn.linear_model import LinearRegression
+days = pd.DataFrame({"v": np.arange(60, dtype=np.float64)}, index=pd.date_range("2024-01-01", periods=60, freq="D"))
+monthly = days.resample("ME").sum()["v"].tolist()
+doubled = days.head(2).map(lambda x: x * 2)["v"].tolist()
+fit = LinearRegression().fit(days[["v"]], days["v"] * 3).coef_.round(6).tolist()
+frame = pl.DataFrame({"a": [1, 2, 3]}).select(pl.col("a").sum()).item()
+table = pyarrow.table({"a": [1, 2]}).num_rows
+(np.__version__.split(".")[0], pd.__version__.split(".")[0], monthly, doubled, fit, frame, table)
+"""
+
+
+async def test_todays_scientific_python_runs_and_the_tool_names_its_versions(client: Client) -> None:
+    result = await client.call_tool("run_python", {"code": MODERN})
+    assert not result.is_error, text_of(result)
+    assert result.structured_content is not None
+    said = result.structured_content["stdout"].strip()
+    assert said == "('2', '2', [465.0, 1305.0], [0.0, 2.0], [3.0], 6, 2)", said
+    listed = {tool.name: tool for tool in (await client.list_tools()).tools}
+    description = listed["run_python"].description or ""
+    assert "numpy 2." in description and "pandas 2." in description and "scikit-learn 1." in description

@@ -18,7 +18,7 @@ import anyio.to_thread
 from sandbox_server.errors import SandboxServerError
 from sandbox_server.sandbox import wire
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
-from sandbox_server.sandbox.images import catalog, image_reference, image_status
+from sandbox_server.sandbox.images import catalog, image_reference, image_status, libraries
 from sandbox_server.sandbox.spec import ResourceLimits, SandboxSpec
 
 if TYPE_CHECKING:
@@ -252,6 +252,8 @@ async def run_doctor(runtime: DockerRuntime, plan: WarmPlan | None = None) -> Do
         report.checks.append(
             Check(f"image {status.reference}", ok, detail, f"run `sandbox-server images build {definition.name}`")
         )
+    named = ", ".join(f"{library} {version}" for library, version in libraries("python-data"))
+    report.checks.append(Check("python-data libraries", bool(named), named or "its wheels.lock names none", "", False))
     if not images_current and runtime.image(image_reference("base")) is None:
         return report
     spec = SandboxSpec(

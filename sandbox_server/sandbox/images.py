@@ -29,6 +29,7 @@ from sandbox_server.errors import ImageError
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
 
 __all__ = [
+    "libraries",
     "expected_hash",
     "fetch_wheel",
     "locked_wheels",
@@ -247,6 +248,23 @@ def locked_wheels(context_dir: Path) -> list[tuple[str, str]]:
             raise ImageError(f"{lock}:{number}: expected '<sha256>  <file>.whl', found {line!r}")
         pinned.append((fields[0], fields[1]))
     return pinned
+
+
+NAMED_LIBRARIES = (
+    "numpy", "pandas", "matplotlib", "scipy", "scikit-learn", "statsmodels", "seaborn", "pyarrow", "polars",
+    "plotly", "networkx", "duckdb", "openpyxl", "requests", "tabulate",
+)  # fmt: skip
+"""The libraries an image's lock pins that answers and `doctor` name, in this order (their dependencies are not)."""
+
+
+def libraries(name: str, images_dir: Path | None = None) -> list[tuple[str, str]]:
+    """(library, version) of the named libraries an image's wheels.lock pins (none when it has no lock)."""
+    context = (images_dir or shipped.images_dir()) / name
+    pinned = {}
+    for _, filename in locked_wheels(context) if context.is_dir() else []:
+        wheel, version = filename.split("-")[:2]
+        pinned[wheel.lower().replace("_", "-")] = version
+    return [(library, pinned[library]) for library in NAMED_LIBRARIES if library in pinned]
 
 
 def _sha256(path: Path) -> str:

@@ -9,6 +9,7 @@ from typing import Any
 
 from sandbox_server.policy import ToolPolicy
 from sandbox_server.sandbox import wire
+from sandbox_server.sandbox.images import libraries
 from sandbox_server.tools.base import (
     FILES_SCHEMA,
     SANDBOX_ANNOTATIONS,
@@ -39,17 +40,24 @@ def _kept_variables(report: bytes) -> str:
     )
 
 
+def _installed() -> str:
+    """The libraries the python-data image pins, with their versions (from its wheels.lock)."""
+    named = ", ".join(f"{library} {version}" for library, version in libraries("python-data"))
+    return f"Installed: {named}." if named else "pandas, numpy and matplotlib are installed."
+
+
 class RunPython:
     """Run Python code in a fresh container from the python-data image."""
 
     name = "run_python"
-    title = "Run Python (pandas, numpy, matplotlib) in a sandbox"
+    title = "Run Python (pandas, numpy, matplotlib, scikit-learn, …) in a sandbox"
     description = (
-        "Run Python 3 code like a notebook cell in a fresh, isolated container (no network) that is "
-        "destroyed afterwards. pandas, numpy and matplotlib are installed. The value of a final "
-        "expression is printed; every matplotlib figure the code creates comes back as a PNG image; "
+        "Run Python 3.11 code like a notebook cell in a fresh, isolated container (no network) that is "
+        f"destroyed afterwards. {_installed()} The value of a final "
+        "expression is printed; each matplotlib figure the cell draws or changes comes back as a PNG image; "
         "files written to /workspace/out come back as resources. Input files land in /workspace. When the "
-        "policy keeps workspaces, /workspace and the cell's picklable variables are there in the next cell.\n"
+        "policy keeps workspaces, /workspace and the cell's picklable variables are there in the next cell "
+        "(a cell loads only the kept variables it names).\n"
         'Example: {"code": "import pandas as pd\\ndf = pd.read_csv(\'data.csv\')\\ndf.describe()", '
         '"files": [{"path": "data.csv", "content": "x,y\\n1,2\\n3,4\\n"}]}\n'
         'Example: {"code": "import matplotlib.pyplot as plt\\nplt.plot([1, 4, 9])\\nplt.title(\'squares\')"}'

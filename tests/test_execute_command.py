@@ -304,3 +304,23 @@ async def test_an_engine_that_is_down_is_an_error_result_not_a_crash(tmp_path: P
         assert result.is_error
         assert text_of(result).startswith("sandbox engine unavailable")
         assert "sandbox-server setup" in text_of(result)
+
+
+async def test_files_keep_their_times_going_in_and_coming_out(client: Client) -> None:
+    before = time.time()
+    result = await client.call_tool(
+        "execute_command",
+        {
+            "command": "stat -c '%n %Y' dated.txt undated.txt; mkdir -p out; touch -d @1600000000 out/old.txt",
+            "files": [
+                {"path": "dated.txt", "content": "a", "mtime": 1_700_000_000},
+                {"path": "undated.txt", "content": "b"},
+            ],
+        },
+    )
+    assert not result.is_error and result.structured_content is not None, text_of(result)
+    stated = dict(line.split() for line in result.structured_content["stdout"].splitlines())
+    assert stated["dated.txt"] == "1700000000"  # the time the client gave
+    assert before - 2 <= int(stated["undated.txt"]) <= time.time() + 2  # else the time of the call, never 1970
+    (returned,) = result.structured_content["files"]
+    assert returned["path"] == "old.txt" and returned["modified"] == "2020-09-13T12:26:40Z", returned

@@ -16,6 +16,7 @@ import re
 import shlex
 import shutil
 import tarfile
+import time
 from collections.abc import Iterator
 from typing import BinaryIO
 
@@ -48,12 +49,14 @@ def safe_relative_path(path: str) -> str | None:
     return "/".join(parts)
 
 
-def _add(tar: tarfile.TarFile, name: str, content: bytes, mode: int, kind: bytes = tarfile.REGTYPE) -> None:
+def _add(
+    tar: tarfile.TarFile, name: str, content: bytes, mode: int, kind: bytes = tarfile.REGTYPE, mtime: float = 0
+) -> None:
     info = tarfile.TarInfo(name)
     info.type = kind
     info.mode = mode
     info.size = len(content) if kind == tarfile.REGTYPE else 0
-    info.mtime = 0
+    info.mtime = mtime
     tar.addfile(info, io.BytesIO(content) if kind == tarfile.REGTYPE else None)
 
 
@@ -108,6 +111,7 @@ def build_request(
         _add(tar, f"{REQUEST_DIR}/request", script.encode(), 0o600)
         _add(tar, OUTPUT_DIR, b"", 0o755, tarfile.DIRTYPE)
         made: set[str] = set()
+        now = time.time()  # what an input file is dated when the client gives no time: the call's
         for item in files:
             relative = safe_relative_path(item.path)
             if relative is None:
@@ -116,8 +120,9 @@ def build_request(
                 folder = "/".join(relative.split("/")[:depth])
                 if folder not in made:
                     made.add(folder)
-                    _add(tar, f"{WORKSPACE_DIR}/{folder}", b"", 0o755, tarfile.DIRTYPE)
-            _add(tar, f"{WORKSPACE_DIR}/{relative}", item.content, item.mode & 0o755)
+                    _add(tar, f"{WORKSPACE_DIR}/{folder}", b"", 0o755, tarfile.DIRTYPE, now)
+            mtime = item.mtime if item.mtime is not None else now
+            _add(tar, f"{WORKSPACE_DIR}/{relative}", item.content, item.mode & 0o755, mtime=mtime)
     return buffer.getvalue() if isinstance(buffer, io.BytesIO) else b""
 
 
@@ -239,7 +244,7 @@ def read_outputs(
                     handle = tar.extractfile(member)
                     content = handle.read() if handle else b""
                     used += len(content)
-                    files.append(OutputFile(path=_valid_text(name), content=content, size=member.size))
+                    files.append(OutputFile(_valid_text(name), content, member.size, float(member.mtime)))
     except (tarfile.TarError, EOFError) as exc:
         if complete:
             notes.append(f"output archive unreadable after {len(files)} files: {exc}")

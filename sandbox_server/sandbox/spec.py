@@ -66,6 +66,8 @@ class InputFile:
     path: str
     content: bytes
     mode: int = 0o644
+    mtime: float | None = None
+    """Its modification time, in seconds since 1970 (None: the time of the call)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +126,8 @@ class OutputFile:
     path: str
     content: bytes
     size: int
+    mtime: float = 0.0
+    """Its modification time as the program left it, in seconds since 1970."""
 
 
 @dataclass(frozen=True, slots=True)

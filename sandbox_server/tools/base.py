@@ -52,6 +52,12 @@ FILES_SCHEMA: dict[str, Any] = {
             "path": {"type": "string", "minLength": 1, "maxLength": 4096, "description": "Relative to /workspace."},
             "content": {"type": "string"},
             "encoding": {"enum": ["utf-8", "base64"], "default": "utf-8"},
+            "mtime": {
+                "type": "number",
+                "minimum": 0,
+                "maximum": 253402300799,
+                "description": "Its modification time in seconds since 1970 (default: the time of the call).",
+            },
             "executable": {
                 "type": "boolean",
                 "default": False,
@@ -363,7 +369,8 @@ def decode_files(items: list[Mapping[str, str]], policy: ToolPolicy, policy_name
                 "run from /workspace under this policy (field workspace.exec)",
                 "workspace.exec",
             )
-        files.append(InputFile(path=item["path"], content=content, mode=0o755 if executable else 0o644))
+        mode = 0o755 if executable else 0o644
+        files.append(InputFile(item["path"], content, mode, float(item["mtime"]) if "mtime" in item else None))
     return tuple(files)
 
 

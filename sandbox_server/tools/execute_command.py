@@ -40,6 +40,7 @@ EXECUTION_PROPERTIES: dict[str, Any] = {
             "properties": {
                 "path": {"type": "string"},
                 "size": {"type": "integer"},
+                "modified": {"type": "string", "description": "when the program last changed it (ISO 8601, UTC)"},
                 "uri": {"type": "string", "description": "read it with resources/read (absent: not returned)"},
             },
             "required": ["path", "size"],

@@ -3,6 +3,7 @@ any limit it hit), its output, its files, the structured result and the audit re
 
 from __future__ import annotations
 
+import datetime
 from dataclasses import asdict, dataclass
 
 from sandbox_server.sandbox.spec import ExecutionResult, ResourceLimits, SandboxSpec
@@ -64,7 +65,7 @@ def outcome_from_execution(result: ExecutionResult, spec: SandboxSpec) -> ToolOu
         "oom_killed": result.oom_killed,
         "duration_ms": result.duration_ms,
         "truncated": result.truncated,
-        "files": [{"path": f.path, "size": f.size} for f in result.files],
+        "files": [{"path": f.path, "size": f.size, "modified": _iso(f.mtime)} for f in result.files],
     }
     audit = {
         "container_id": result.container_id[:12],
@@ -100,3 +101,8 @@ def outcome_from_execution(result: ExecutionResult, spec: SandboxSpec) -> ToolOu
         notes=result.skipped_files,
         audit=audit,
     )
+
+
+def _iso(mtime: float) -> str:
+    """A file's time as answers write it: ISO 8601 in UTC, to the second."""
+    return datetime.datetime.fromtimestamp(mtime, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -15,7 +15,7 @@ from sandbox_server.sandbox import wire
 from sandbox_server.sandbox.archive import safe_relative_path
 from sandbox_server.sandbox.runtime import NO_HOOKS, RunHooks, SandboxRuntime
 from sandbox_server.sandbox.spec import InputFile, OutputFile, SandboxSpec
-from sandbox_server.tools.schemas import SERVICE_SCHEMA, USAGE_SCHEMA
+from sandbox_server.tools.schemas import CHANGES_SCHEMA, NETWORK_SCHEMA, SERVICE_SCHEMA, USAGE_SCHEMA
 
 if TYPE_CHECKING:
     from sandbox_server.services.scope import ServiceScope
@@ -109,63 +109,6 @@ ERROR_SCHEMA: dict[str, Any] = {
     "required": ["kind", "message"],
     "additionalProperties": False,
 }  # fmt: skip
-
-
-NETWORK_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "description": "With a policy that allows a network: every request the sandbox made through its proxy.",
-    "properties": {
-        "requests": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "properties": {
-                    "method": {"type": "string"}, "host": {"type": "string"}, "port": {"type": "integer"},
-                    "allowed": {"type": "boolean"}, "status": {"type": "integer"},
-                    "bytes_in": {"type": "integer"}, "bytes_out": {"type": "integer"},
-                },
-                "required": ["method", "host", "port", "allowed", "status", "bytes_in", "bytes_out"],
-            },
-        },
-        "denied": {"type": "array", "items": {"type": "string"}, "description": "host:port the policy refused."},
-        "requests_not_kept": {
-            "type": "integer",
-            "description": "Requests made before those listed, counted but not kept (a sandbox's record is bounded).",
-        },
-        "asked": {
-            "type": "array",
-            "description": "Hosts not on the allow list decided during the call (network.ask): the person's answer "
-            "(accept, decline, cancel, no answer), an earlier one, or why nobody was asked.",
-            "items": {
-                "type": "object",
-                "properties": {"host": {"type": "string"}, "port": {"type": "integer"}, "answer": {"type": "string"},
-                               "why": {"type": "string"}},
-                "required": ["host", "port", "answer"],
-            },
-        },
-    },
-    "required": ["requests", "denied"],
-}  # fmt: skip
-
-
-CHANGES_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "description": "What the call changed in its kept workspace (beside it, calls running side by side in it): "
-    "files created, modified, deleted and renamed, at most 50 paths, `more` counting the rest",
-    "properties": {
-        **{kind: {"type": "array", "items": {"type": "string"}} for kind in ("created", "modified", "deleted")},
-        "renamed": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "properties": {"from": {"type": "string"}, "to": {"type": "string"}},
-                "required": ["from", "to"],
-            },
-        },
-        "more": {"type": "integer", "minimum": 0},
-    },
-    "required": ["created", "modified", "deleted", "renamed", "more"],
-}
 
 
 def result_schema(title: str, properties: Mapping[str, Any], required: list[str]) -> dict[str, Any]:

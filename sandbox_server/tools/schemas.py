@@ -1,11 +1,12 @@
 """Parts of the tools' schemas several tools share: what a call used (`structuredContent.usage`, which the audit
-records too), a service started by a call and the argument that starts one."""
+records too), what its sandbox asked of the network, what it changed in its kept workspace, a service started by a
+call and the argument that starts one."""
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["SERVICE_ARGUMENT", "SERVICE_SCHEMA", "USAGE_SCHEMA"]
+__all__ = ["CHANGES_SCHEMA", "NETWORK_SCHEMA", "SERVICE_ARGUMENT", "SERVICE_SCHEMA", "USAGE_SCHEMA"]
 
 _NULLABLE_NUMBER: dict[str, Any] = {"type": ["number", "null"], "minimum": 0}
 _NULLABLE_INTEGER: dict[str, Any] = {"type": ["integer", "null"], "minimum": 0}
@@ -63,4 +64,61 @@ SERVICE_ARGUMENT: dict[str, Any] = {
     },
     "required": ["name", "port"],
     "additionalProperties": False,
+}
+
+
+NETWORK_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "With a policy that allows a network: every request the sandbox made through its proxy.",
+    "properties": {
+        "requests": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "method": {"type": "string"}, "host": {"type": "string"}, "port": {"type": "integer"},
+                    "allowed": {"type": "boolean"}, "status": {"type": "integer"},
+                    "bytes_in": {"type": "integer"}, "bytes_out": {"type": "integer"},
+                },
+                "required": ["method", "host", "port", "allowed", "status", "bytes_in", "bytes_out"],
+            },
+        },
+        "denied": {"type": "array", "items": {"type": "string"}, "description": "host:port the policy refused."},
+        "requests_not_kept": {
+            "type": "integer",
+            "description": "Requests made before those listed, counted but not kept (a sandbox's record is bounded).",
+        },
+        "asked": {
+            "type": "array",
+            "description": "Hosts not on the allow list decided during the call (network.ask): the person's answer "
+            "(accept, decline, cancel, no answer), an earlier one, or why nobody was asked.",
+            "items": {
+                "type": "object",
+                "properties": {"host": {"type": "string"}, "port": {"type": "integer"}, "answer": {"type": "string"},
+                               "why": {"type": "string"}},
+                "required": ["host", "port", "answer"],
+            },
+        },
+    },
+    "required": ["requests", "denied"],
+}  # fmt: skip
+
+
+CHANGES_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "What the call changed in its kept workspace (beside it, calls running side by side in it): "
+    "files created, modified, deleted and renamed, at most 50 paths, `more` counting the rest",
+    "properties": {
+        **{kind: {"type": "array", "items": {"type": "string"}} for kind in ("created", "modified", "deleted")},
+        "renamed": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {"from": {"type": "string"}, "to": {"type": "string"}},
+                "required": ["from", "to"],
+            },
+        },
+        "more": {"type": "integer", "minimum": 0},
+    },
+    "required": ["created", "modified", "deleted", "renamed", "more"],
 }

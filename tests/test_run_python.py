@@ -75,7 +75,7 @@ async def test_an_exception_is_an_error_with_the_tracebacks_last_lines(client: C
 
 MODERN = """
 import numpy as np, pandas as pd, matplotlib, scipy, sklearn, statsmodels.api as sm, seaborn, pyarrow, polars as pl
-import plotly, networkx, requests, tabulate
+import plotly, networkx, requests
 from sklearn.linear_model import LinearRegression
 days = pd.DataFrame({"v": np.arange(60, dtype=np.float64)}, index=pd.date_range("2024-01-01", periods=60, freq="D"))
 monthly = days.resample("ME").sum()["v"].tolist()

@@ -252,7 +252,7 @@ def locked_wheels(context_dir: Path) -> list[tuple[str, str]]:
 
 NAMED_LIBRARIES = (
     "numpy", "pandas", "matplotlib", "scipy", "scikit-learn", "statsmodels", "seaborn", "pyarrow", "polars",
-    "plotly", "networkx", "duckdb", "openpyxl", "requests", "tabulate",
+    "plotly", "networkx", "duckdb", "openpyxl", "requests",
 )  # fmt: skip
 """The libraries an image's lock pins that answers and `doctor` name, in this order (their dependencies are not)."""
 

@@ -178,6 +178,8 @@ class Remover:
                 except docker.errors.NotFound:
                     return
                 except docker.errors.APIError:  # its containers are still being removed
+                    if self._closing:  # a stopping server does not wait on another's network: its reaper will
+                        return
                     time.sleep(0.2)
 
         self._workers.submit(remove)

@@ -23,7 +23,7 @@ class Refusing:
 
 def test_a_network_the_engine_will_not_remove_does_not_hold_up_close() -> None:
     engine = Refusing()
-    remover = Remover(lambda: engine)  # type: ignore[arg-type, return-value]
+    remover = Remover(lambda: engine)
     remover.remove_network("sandbox-egress-stuck")
     assert engine.asked.wait(5)  # it is being retried now
     started = time.monotonic()

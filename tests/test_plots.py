@@ -127,6 +127,61 @@ async def test_a_line_plot_by_period_draws_one_point_per_period(module_session: 
     assert _blobs(_mask(_pixels(result), MARKER)) == 24
 
 
+def _frame(pixels: np.ndarray) -> tuple[int, int, int, int]:
+    """The axes' frame (top, bottom, left, right): the rows and columns its black spines run along."""
+    dark = pixels.sum(axis=2) < 120
+    rows = np.nonzero(dark.sum(axis=1) > 0.4 * pixels.shape[1])[0]
+    columns = np.nonzero(dark.sum(axis=0) > 0.4 * pixels.shape[0])[0]
+    return int(rows.min()), int(rows.max()), int(columns.min()), int(columns.max())
+
+
+def _monthly(rows: int = 4_800) -> str:
+    """Two years of orders worth about 13 million a month, each month within 7% of the others, some without a
+    region."""
+    lines = ["订单日期,地区,销售额"]
+    for index in range(rows):
+        month = index % 24
+        amount = 65_000 + 2_000 * (month % 3)
+        region = "" if index % 10 == 3 else ["华东", "华南"][index % 2]
+        lines.append(f"{2023 + month // 12}-{month % 12 + 1:02d}-{index % 28 + 1:02d},{region},{amount}")
+    return "\n".join(lines) + "\n"
+
+
+async def test_a_line_of_large_sums_reads_as_people_write_it(module_session: Client) -> None:
+    """From zero (a 7% wiggle stays a wiggle), no offset or power of ten above the axis, at most 12 dates."""
+    result = await module_session.call_tool("analyze_csv", {
+        "filepath": "orders.csv", "operations": ["sum"], "group_by": ["订单日期"], "period": "month",
+        "plot": {"kind": "line", "y": "销售额"}, "files": upload("orders.csv", _monthly()),
+    })  # fmt: skip
+    assert not result.is_error, text_of(result)
+    assert result.structured_content is not None
+    sums = [entry["columns"]["销售额"]["sum"] for entry in result.structured_content["results"]]
+    assert len(sums) == 24 and min(sums) > 0.93 * max(sums) and max(sums) > 10_000_000
+    pixels = _pixels(result)
+    top, bottom, left, right = _frame(pixels)
+    line_rows = np.nonzero(_mask(pixels[top:bottom, left:right], LINE).any(axis=1))[0]
+    height = bottom - top
+    assert line_rows.max() < 0.25 * height, "the line spans the axes: its axis does not start at zero"
+    offset = pixels[max(0, top - 22) : top - 2, left - 5 : left + 70]
+    assert not (offset.sum(axis=2) < 300).any(), "something is written above the axis: an offset or 1e7"
+    below = pixels[bottom + 2, left + 2 : right - 1].sum(axis=1) < 200
+    ticks = int(np.count_nonzero(below[1:] & ~below[:-1]) + below[0])
+    assert 6 <= ticks <= 12, ticks
+    assert "sum(销售额) · 订单日期 (month)" not in text_of(result)  # the title is drawn, not said
+
+
+async def test_a_missing_group_is_named_alike_in_the_table_and_the_plot(module_session: Client) -> None:
+    result = await module_session.call_tool("analyze_csv", {
+        "filepath": "orders.csv", "operations": ["sum"], "group_by": ["地区"],
+        "plot": {"kind": "bar", "y": "销售额"}, "files": upload("orders.csv", _monthly(600)),
+    })  # fmt: skip
+    assert not result.is_error, text_of(result)
+    assert result.structured_content is not None
+    assert [entry["group"]["地区"] for entry in result.structured_content["results"]] == ["华东", "华南", None]
+    assert "\n| (missing) | 销售额 | " in text_of(result)
+    assert len(_bar_heights(_pixels(result))) == 3
+
+
 async def test_a_plot_of_sampled_points_says_so(module_session: Client) -> None:
     result = await _analyze(
         module_session, 12_000, operations=["count"], plot={"kind": "scatter", "x": "日期", "y": "amount"}

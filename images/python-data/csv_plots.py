@@ -4,11 +4,17 @@ Each function takes the running analysis (`analysis`: its query method, columns 
 notes), so the statistics module stays about reading and computing.
 """
 
+import math
 import os
 import warnings
 
 from csv_values import LINE_POINTS, SCATTER_POINTS, Refusal, json_value, quote_ident
-from sandbox_wire import ANALYSIS_PLOT, OUTPUT_DIR
+from sandbox_wire import ANALYSIS_PLOT, MISSING_GROUP, OUTPUT_DIR
+
+DATE_LABELS = 12
+"""At most this many labels on an axis of dates or periods: more overlap and none can be read."""
+PERIOD_LABEL = {"month": 7, "year": 4}
+"""How much of a period's first day ("2024-03-01") names it: "2024-03", "2024"; days and weeks keep the date."""
 
 
 def draw(analysis, plot, results, aggregates):
@@ -45,6 +51,7 @@ def draw(analysis, plot, results, aggregates):
             if analysis.kind(column) == "other":
                 raise Refusal(f"{field} {column!r} is not numeric or temporal; a {kind} plot needs one", field)
         xy(analysis, axes, kind, x, y)
+    readable(axes.yaxis)
     figure.tight_layout()
     with warnings.catch_warnings(record=True) as caught:  # a glyph no font has is drawn as a box: said, not hidden
         warnings.simplefilter("always")
@@ -71,9 +78,10 @@ def histogram(analysis, axes, column, bins):
     )
     edges = [low + width * index for index in range(bins)]
     axes.bar(edges, [counts.get(index, 0) for index in range(bins)], width=width, align="edge")
+    readable(axes.xaxis)
     axes.set_xlabel(column)
-    axes.set_ylabel("rows")
-    axes.set_title(f"Distribution of {column} ({count} values)")
+    axes.set_ylabel(f"count({column})")
+    axes.set_title(f"{column} · n = {count:,}")
 
 
 VALUE_STATS = ("sum", "average", "median", "min", "max", "std", "25%", "75%")
@@ -116,12 +124,12 @@ def bar(analysis, axes, plot, results, aggregates, numeric):
     if analysis.group_by:
         y = group_y(analysis, plot, aggregates, numeric)
         stat = statistic(analysis, plot, y, aggregates)
-        labels = [" / ".join(str(v) for v in (r["group"] or {}).values()) for r in results]
+        labels = group_labels(analysis, results)
         values = [r["columns"].get(y, {}).get(stat) or 0 for r in results]
         axes.bar(range(len(values)), values)
-        axes.set_xticks(range(len(values)), labels, rotation=45, ha="right")
-        axes.set_ylabel(f"{stat} of {y}")
-        axes.set_title(f"{stat} of {y} by {', '.join(analysis.group_by)}")
+        label_groups(analysis, axes, labels)
+        axes.set_ylabel(f"{stat}({y})")
+        axes.set_title(title(analysis, stat, y))
         return
     x = plot.get("x")
     if not x:
@@ -129,9 +137,9 @@ def bar(analysis, axes, plot, results, aggregates, numeric):
     q = quote_ident(x)
     rows = analysis.query(f"SELECT {q}, count(*) AS n FROM src GROUP BY {q} ORDER BY n DESC, {q} LIMIT 30")
     axes.bar(range(len(rows)), [n for _, n in rows])
-    axes.set_xticks(range(len(rows)), [str(json_value(v)) for v, _ in rows], rotation=45, ha="right")
-    axes.set_ylabel("rows")
-    axes.set_title(f"Rows per {x} (most frequent {len(rows)})")
+    axes.set_xticks(range(len(rows)), [name(json_value(v)) for v, _ in rows], rotation=45, ha="right")
+    axes.set_ylabel("count(*)")
+    axes.set_title(f"count(*) · {x} (top {len(rows)})")
 
 
 def xy(analysis, axes, kind, x, y):
@@ -142,7 +150,7 @@ def xy(analysis, axes, kind, x, y):
     if total > limit:
         source += f" USING SAMPLE reservoir({limit} ROWS) REPEATABLE (7)"
         analysis.notes.append(f"the {kind} plot shows a random sample of {limit} of {total} points")
-        sampled = f" (a random sample of {limit} of {total} points)"
+        sampled = f" ({limit:,} of {total:,} points, sampled)"
     else:
         sampled = ""
     points = analysis.query(f"SELECT x, y FROM {source} ORDER BY x")
@@ -151,22 +159,84 @@ def xy(analysis, axes, kind, x, y):
         axes.scatter(xs, ys, s=6, alpha=0.6)
     else:
         axes.plot(xs, ys)
+        from_zero(axes, ys)
+    if analysis.kind(x) == "temporal":
+        import matplotlib.dates as dates
+
+        locator = dates.AutoDateLocator(maxticks=DATE_LABELS)
+        axes.xaxis.set_major_locator(locator)
+        axes.xaxis.set_major_formatter(dates.ConciseDateFormatter(locator))
+    else:
+        readable(axes.xaxis)
     axes.set_xlabel(x)
     axes.set_ylabel(y)
-    axes.set_title(f"{y} by {x}{sampled}")
+    axes.set_title(f"{y} · {x}{sampled}")
 
 
 def grouped_line(analysis, axes, plot, results, aggregates, numeric):
     """A line through the groups' values, in the table's order (by period when one is asked)."""
     y = group_y(analysis, plot, aggregates, numeric)
     stat = statistic(analysis, plot, y, aggregates)
-    labels = [" / ".join(str(v) for v in (r["group"] or {}).values()) for r in results]
+    labels = group_labels(analysis, results)
     values = [r["columns"].get(y, {}).get(stat) for r in results]
     points = [float("nan") if v is None else v for v in values]
     axes.plot(range(len(values)), points, marker="o", markersize=5, markerfacecolor="C1", markeredgecolor="C1")
-    step = max(1, len(labels) // 24)  # at most about 24 labels, so they stay readable
-    axes.set_xticks(range(0, len(labels), step), labels[::step], rotation=45, ha="right")
-    axes.set_ylabel(f"{stat} of {y}")
+    from_zero(axes, points)
+    label_groups(analysis, axes, labels)
+    axes.set_ylabel(f"{stat}({y})")
+    axes.set_title(title(analysis, stat, y))
+
+
+def title(analysis, stat, y):
+    """A plot of groups is named in the data's own words: "sum(销售额) · 订单日期 (month)", no English between."""
     period = analysis.request.get("period")
-    by = ", ".join(analysis.group_by) + (f" ({period})" if period else "")
-    axes.set_title(f"{stat} of {y} by {by}")
+    return f"{stat}({y}) · {', '.join(analysis.group_by)}" + (f" ({period})" if period else "")
+
+
+def name(value):
+    """A value as a label: an empty one named as the table names it."""
+    return MISSING_GROUP if value is None else str(value)
+
+
+def group_labels(analysis, results):
+    """Each group's label: its keys joined, a period's first day cut to what names it ("2024-03" for a month)."""
+    cut = PERIOD_LABEL.get(analysis.request.get("period"))
+    dated = {n for n in analysis.group_by if cut and analysis.kind(n) == "temporal"}
+    return [
+        " / ".join(
+            name(value)[:cut] if key in dated and value is not None else name(value)
+            for key, value in (r["group"] or {}).items()
+        )
+        for r in results
+    ]
+
+
+def label_groups(analysis, axes, labels):
+    """One label per group, or every n-th when the groups are periods and more than DATE_LABELS would crowd."""
+    step = 1
+    if analysis.request.get("period") and len(labels) > DATE_LABELS:
+        step = math.ceil(len(labels) / DATE_LABELS)
+    axes.set_xticks(range(0, len(labels), step), labels[::step], rotation=45, ha="right")
+
+
+def from_zero(axes, values):
+    """A line of values that are all on one side of zero is drawn from zero: a 7% wiggle stays a wiggle."""
+    drawn = [v for v in values if v is not None and not math.isnan(v)]
+    if drawn and min(drawn) >= 0:
+        axes.set_ylim(0, max(drawn) * 1.05 or 1)
+    elif drawn and max(drawn) <= 0:
+        axes.set_ylim(min(drawn) * 1.05 or -1, 0)
+
+
+def readable(axis):
+    """Numbers as people write them: thousands separated, no offset, no power of ten, as many decimals as the
+    spacing of the ticks needs."""
+    from matplotlib.ticker import FuncFormatter
+
+    def label(value, _position):
+        ticks = axis.get_majorticklocs()
+        decimals = next((d for d in range(6) if all(abs(t * 10**d - round(t * 10**d)) < 1e-6 for t in ticks)), 6)
+        text = f"{value:,.{decimals}f}"
+        return text[1:] if text.startswith("-") and not text.strip("-0.,") else text  # never "-0"
+
+    axis.set_major_formatter(FuncFormatter(label))

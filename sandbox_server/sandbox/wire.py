@@ -53,6 +53,8 @@ ANALYSIS_ANSWER = "analysis.json"
 """analyze_csv: the launcher's answer under OUTPUT_DIR (the other files there are returned as they are)."""
 ANALYSIS_TABLE = "result.csv"
 ANALYSIS_PLOT = "plot.png"
+MISSING_GROUP = "(missing)"
+"""analyze_csv: how a group whose key is empty is named where people read it (the table's cell, the plot's label)."""
 ANALYSIS_REFUSED_EXIT = 2
 """analyze_csv: the exit code when the answer is a refusal ({"error": ..., "field": ...})."""
 ANALYSIS_REQUEST_KEYS = (

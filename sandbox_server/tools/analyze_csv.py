@@ -164,6 +164,11 @@ def _cell(value: Any) -> str:
     return str(value).replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ").replace("\r", " ")
 
 
+def _key(value: Any) -> Any:
+    """A group's key as the table names it: an empty key is a group of its own, named, never a blank cell."""
+    return wire.MISSING_GROUP if value is None else value
+
+
 def markdown_table(answer: Mapping[str, Any], max_rows: int = TABLE_ROWS) -> tuple[str, bool]:
     """A compact markdown table: one row per (group, column), one column per statistic; and whether it was cut."""
     group_by = list(answer.get("group_by") or [])
@@ -172,7 +177,7 @@ def markdown_table(answer: Mapping[str, Any], max_rows: int = TABLE_ROWS) -> tup
     lines = ["| " + " | ".join(_cell(name) for name in header) + " |", "|" + "---|" * len(header)]
     rows = 0
     for result in answer["results"]:
-        keys = [(result["group"] or {}).get(name) for name in group_by]
+        keys = [_key((result["group"] or {}).get(name)) for name in group_by]
         for column, values in result["columns"].items():
             if rows == max_rows:
                 return "\n".join(lines), True

@@ -234,7 +234,7 @@ def _runtime_facts() -> HostFacts:
 
 
 def _policy_check(args: argparse.Namespace) -> int:
-    from sandbox_server.policy.loader import policy_errors, policy_path
+    from sandbox_server.policy.loader import load_policy, policy_errors, policy_path
 
     facts = _runtime_facts()
     failed = False
@@ -248,6 +248,8 @@ def _policy_check(args: argparse.Namespace) -> int:
                 print(f"  {error}")
         else:
             print(f"{path}: ok")
+            for note in load_policy(str(path), _tool_names(), facts).notes:
+                print(f"  note: {note}")
     return 1 if failed else 0
 
 

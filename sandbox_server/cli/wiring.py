@@ -103,6 +103,8 @@ def wire(
     tools = all_tools()
     names = [tool.name for tool in tools]
     policy = load_policy(args.policy, names, host_facts(runtime))
+    for note in policy.notes:
+        log.warning("policy %r: %s", policy.name, note)
     try:
         reaped = runtime.reap_strays()
         if reaped:

@@ -37,6 +37,7 @@ def explain_policy(policy: Policy, tool_names: list[str]) -> dict[str, Any]:
         "host": asdict(policy.host),
         "audit": asdict(policy.audit),
         "tools": tools,
+        "notes": list(policy.notes),
     }
 
 
@@ -53,7 +54,7 @@ def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
 def diff_policies(first: dict[str, Any], second: dict[str, Any]) -> list[str]:
     """Lines `field: a -> b` for every effective setting that differs."""
     a, b = flatten(first), flatten(second)
-    ignored = {"name", "source", "sha256"}
+    ignored = {"name", "source", "sha256", "notes"}
     lines = []
     for key in sorted(set(a) | set(b)):
         if key in ignored or a.get(key) == b.get(key):

@@ -8,7 +8,7 @@ from typing import Any
 
 from jsonschema.exceptions import ValidationError
 
-__all__ = ["closest", "unexpected_key_hint"]
+__all__ = ["closest", "in_words", "unexpected_key_hint"]
 
 _DEPTH = 3
 """How deep the schema is searched for where a key belongs (top level, a section, a section's section)."""
@@ -73,4 +73,23 @@ def unexpected_key_hint(error: ValidationError, root: Mapping[str, Any]) -> str:
             hints.append(f"did you mean '{near}' instead of '{key}'?")
         elif (near := closest(key, places)) is not None:
             hints.append(f"did you mean '{near}' (which belongs under {' or '.join(places[near])}) instead of '{key}'?")
+    if not hints and allowed and where.get("required"):  # an object of set fields (a mount): name them
+        hints.append(f"the fields here: {_fields(_resolved(where, root))}")
     return "; ".join(hints)
+
+
+def _fields(where: Mapping[str, Any]) -> str:
+    """The fields an object of the schema takes: "host, sandbox, mode (optional)"."""
+    required = set(where.get("required", []))
+    return ", ".join(name if name in required else f"{name} (optional)" for name in where.get("properties", {}))
+
+
+def in_words(error: ValidationError) -> str:
+    """What a pattern asks for, in the words the schema gives it (`x-in-words`) rather than as a regular
+    expression, and the fields of an object a required one is missing from; the validator's message otherwise."""
+    where = error.schema if isinstance(error.schema, Mapping) else {}
+    if error.validator == "pattern" and isinstance(where.get("x-in-words"), str):
+        return f"{error.instance!r} is not allowed here: it must be {where['x-in-words']}"
+    if error.validator == "required" and where.get("properties"):
+        return f"{error.message} (the fields here: {_fields(where)})"
+    return error.message

@@ -21,7 +21,7 @@ from jsonschema import Draft202012Validator
 
 from sandbox_server.errors import ConfigError
 from sandbox_server.network.egress import parse_egress
-from sandbox_server.policy.hints import closest, unexpected_key_hint
+from sandbox_server.policy.hints import closest, in_words, unexpected_key_hint
 from sandbox_server.policy.model import (
     ApprovalSettings,
     AuditSettings,
@@ -128,7 +128,7 @@ def _read(path: Path) -> tuple[dict[str, Any] | None, list[str]]:
     errors = []
     for error in sorted(_validator().iter_errors(document), key=lambda e: list(map(str, e.absolute_path))):
         hint = unexpected_key_hint(error, schema())
-        errors.append(f"{path}: {_field(error.absolute_path)}: {error.message}" + (f": {hint}" if hint else ""))
+        errors.append(f"{path}: {_field(error.absolute_path)}: {in_words(error)}" + (f": {hint}" if hint else ""))
     return document, errors
 
 
@@ -357,8 +357,27 @@ def _build(
         ),
         source=str(source),
         digest=digest,
+        notes=_mount_notes(document, known),
     )
     return policy, errors
+
+
+def _mount_notes(document: Mapping[str, Any], known: list[str]) -> tuple[str, ...]:
+    """A note for each tool whose own `mounts` leave out folders `defaults` mounts: lists are replaced whole."""
+    inherited = [item["sandbox"] for item in document.get("defaults", {}).get("mounts", [])]
+    notes = []
+    for name in known:
+        section = document.get("tools", {}).get(name, {})
+        if "mounts" not in section:
+            continue
+        left_out = [path for path in inherited if path not in {item["sandbox"] for item in section["mounts"]}]
+        if left_out:
+            notes.append(
+                f"tools.{name}.mounts replaces defaults.mounts whole: {', '.join(left_out)} "
+                f"{'is' if len(left_out) == 1 else 'are'} not mounted for {name} "
+                f"(list {'it' if len(left_out) == 1 else 'them'} in tools.{name}.mounts to keep {'it' if len(left_out) == 1 else 'them'})"
+            )
+    return tuple(notes)
 
 
 def policy_errors(path: Path, tool_names: Iterable[str], host: HostFacts = HostFacts()) -> list[str]:

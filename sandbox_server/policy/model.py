@@ -212,6 +212,9 @@ class Policy:
     source: str = "(built in)"
     digest: str = ""
     """sha256 of the resolved policy document, recorded in every audit line."""
+    notes: tuple[str, ...] = ()
+    """What the file does that its reader may not expect (a tool's mounts leaving out defaults'): said by `policy
+    check`, `policy explain` and `serve`, never refused."""
 
     def for_tool(self, tool_name: str) -> ToolPolicy:
         """The effective policy of one tool."""

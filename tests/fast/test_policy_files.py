@@ -206,4 +206,58 @@ def test_a_tool_prefix_is_a_policy_field_with_a_safe_alphabet(tmp_path: Path) ->
     assert load_policy(str(good), TOOLS, BOTH).tool_prefix == "sbx_"
     bad = _write(tmp_path, "bad-prefix.yaml", "extends: default\ntool_prefix: 'sbx execute;'\n")
     [error] = policy_errors(bad, TOOLS, BOTH)
-    assert error.startswith(f"{bad}: tool_prefix: 'sbx execute;' does not match")
+    assert error == (
+        f"{bad}: tool_prefix: 'sbx execute;' is not allowed here: it must be at most 32 letters, digits, '_', '.' "
+        "and '-'"
+    )
+
+
+def test_mounts_written_as_another_tool_writes_them_are_refused_in_words(tmp_path: Path) -> None:
+    """Docker's {source, target} and a folder outside /data, /mnt and /srv: the fields a mount takes and the places
+    it may appear, said in words (no regular expression)."""
+    path = _write(tmp_path, "mounts.yaml", (
+        "extends: data-science\ntools:\n  run_python:\n    mounts:\n"
+        f"      - {{source: {tmp_path}, target: /data}}\n      - {{host: {tmp_path}, sandbox: /mydata}}\n"
+    ))  # fmt: skip
+    errors = policy_errors(path, TOOLS, BOTH)
+    fields = "(the fields here: host, sandbox, mode (optional))"
+    assert errors == [
+        f"{path}: tools.run_python.mounts[0]: Additional properties are not allowed ('source', 'target' were "
+        "unexpected): the fields here: host, sandbox, mode (optional)",
+        f"{path}: tools.run_python.mounts[0]: 'host' is a required property {fields}",
+        f"{path}: tools.run_python.mounts[0]: 'sandbox' is a required property {fields}",
+        f"{path}: tools.run_python.mounts[1].sandbox: '/mydata' is not allowed here: it must be /data, /mnt or /srv, "
+        "or a folder below one of them named with letters, digits, '.', '_' and '-' (e.g. /data/sales)",
+    ]
+    assert not any("^" in error for error in errors)
+
+
+def test_every_pattern_of_the_schema_is_said_in_words() -> None:
+    from sandbox_server.policy.loader import schema
+
+    def patterns(node: object) -> list[dict[str, object]]:
+        if isinstance(node, dict):
+            found = [node] if "pattern" in node else []
+            return found + [p for value in node.values() for p in patterns(value)]
+        return [p for value in node for p in patterns(value)] if isinstance(node, list) else []
+
+    found = patterns(schema())
+    assert len(found) >= 10 and all(isinstance(node.get("x-in-words"), str) for node in found), found
+
+
+def test_a_tools_mounts_that_leave_out_defaults_are_said_by_check_and_explain(tmp_path: Path) -> None:
+    path = _write(tmp_path, "scratch.yaml", (
+        f"extends: data-science\ndefaults:\n  mounts: [{{host: {tmp_path}, sandbox: /data}}]\n"
+        f"tools:\n  run_python:\n    mounts: [{{host: {tmp_path}, sandbox: /mnt/scratch}}]\n"
+        f"  analyze_csv:\n    mounts: [{{host: {tmp_path}, sandbox: /data}}, {{host: {tmp_path}, sandbox: /srv/x}}]\n"
+    ))  # fmt: skip
+    note = (
+        "tools.run_python.mounts replaces defaults.mounts whole: /data is not mounted for run_python "
+        "(list it in tools.run_python.mounts to keep it)"
+    )
+    assert load_policy(str(path), TOOLS, BOTH).notes == (note,)  # analyze_csv keeps /data: nothing to say
+    checked = run_cli("policy", "check", str(path))
+    assert checked.returncode == 0 and checked.stdout.splitlines()[1:] == [f"  note: {note}"], checked.stdout
+    explained = run_cli("policy", "explain", str(path))
+    assert json.loads(explained.stdout)["notes"] == [note]
+    assert load_policy("data-science", TOOLS, BOTH).notes == ()

@@ -87,14 +87,21 @@ def test_call_never_echoes_an_uploads_content(tmp_path: Path, runtime: DockerRun
     assert "characters, not shown>" in result.stdout.splitlines()[0]
 
 
-def test_a_call_leaves_no_workspace_behind(tmp_path: Path, runtime: DockerRuntime) -> None:
+def test_a_call_leaves_no_workspace_behind_and_says_nothing_is_kept(tmp_path: Path, runtime: DockerRuntime) -> None:
     state = tmp_path / "state"
-    result = run_cli("call", "run_python", "--arg", "code=open('kept.txt', 'w').write('x')",
+    result = run_cli("call", "run_python", "--arg", "code=df = 41; open('kept.txt', 'w').write('x')",
                      env={"SANDBOX_STATE_DIR": str(state)})  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "variables kept for the next cell" in result.stdout  # it ran in a kept workspace (the default) ...
+    assert "variables kept for the next cell" not in result.stdout  # a promise the next call could not keep
+    said = "note: nothing is kept: this server ends with its one call, and the call's workspace (its files and "
+    assert said + "run_python's variables) with it" in result.stdout, result.stdout
     left = sorted(path.name for path in (state / "workspaces").glob("*") if path.name.startswith(("ws-", "img-")))
-    assert left == []  # ... which went with the server process
+    assert left == []  # it ran in a kept workspace (the default), which went with the server process
+    again = run_cli("call", "run_python", "--arg", "code=df", env={"SANDBOX_STATE_DIR": str(state)})
+    assert again.returncode == 1 and "NameError: name 'df' is not defined" in again.stdout  # as said
+    strict = run_cli("call", "run_python", "--policy", "strict", "--arg", "code=x = 1")
+    said = "note: variables are not kept: policy 'strict' keeps no workspace (field workspace.persist), so the next "
+    assert said + "cell starts empty" in strict.stdout, strict.stdout
 
 
 def test_setup_finds_everything_ready_and_does_nothing_more(runtime: DockerRuntime) -> None:

@@ -30,6 +30,7 @@ from sandbox_server.errors import SandboxServerError, UsageError
 from sandbox_server.protocol.meta import OWN_NAME_META, PATH_META
 from sandbox_server.protocol.tasks_client import TasksExtension
 from sandbox_server.sandbox.archive import safe_relative_path
+from sandbox_server.tools.run_python import KEPT_NOTE
 
 __all__ = [
     "DEMO_CALLS",
@@ -133,14 +134,32 @@ def _resolve(name: str, tools: Sequence[types.Tool]) -> str:
     return own[0] if len(own) == 1 else name
 
 
+ONE_SHOT = (
+    "note: nothing is kept: this server ends with its one call, and the call's workspace (its files{}) with it; "
+    "a client of `sandbox-server serve` continues a workspace from call to call"
+)
+
+
+def one_shot(result: types.CallToolResult, text: str) -> str:
+    """A result as a one-shot call prints it: whatever its server would have kept is said to be gone with it."""
+    if (result.structured_content or {}).get("workspace") is None:
+        return text
+    lines = text.splitlines()
+    kept = [line for line in lines if line.startswith(f"note: {KEPT_NOTE}")]
+    said = ONE_SHOT.format(" and run_python's variables" if kept else "")
+    return "\n".join([line for line in lines if line not in kept] + [said])
+
+
 async def run_calls(
     calls: Sequence[tuple[str, dict[str, Any]]],
     serve_args: Sequence[str] = (),
     show_tools: bool = False,
     save_to: Path | None = None,
     as_task: bool = False,
+    alone: bool = False,
 ) -> list[types.CallToolResult]:
-    """Start the server, make each call in one session, print each result; return them.
+    """Start the server, make each call in one session, print each result; return them. A call made `alone`
+    says that nothing of it is kept once its server ends.
 
     Raises ServerDidNotStart with the server's own reason when it exits before answering.
     """
@@ -163,7 +182,8 @@ async def run_calls(
                         break
                     print(f"$ {name} {json.dumps(_shown_arguments(arguments), ensure_ascii=False)}", flush=True)
                     result = await client.call_tool(exposed, arguments)
-                    print(format_result(result) + "\n", flush=True)
+                    text = format_result(result)
+                    print((one_shot(result, text) if alone else text) + "\n", flush=True)
                     if save_to is not None:
                         for path in await save_result(client, result, save_to):
                             print(f"saved {os.fspath(path)}", flush=True)
@@ -269,7 +289,7 @@ def call_command(args: argparse.Namespace) -> int:
     if args.task and "timeout_s" not in arguments:  # a task may run as long as the policy lets one run
         arguments["timeout_s"] = _max_task_s(args.policy, args.tool)
     try:
-        results = anyio.run(run_calls, [(args.tool, arguments)], serve_args, False, save_to, args.task)
+        results = anyio.run(run_calls, [(args.tool, arguments)], serve_args, False, save_to, args.task, True)
     except ServerDidNotStart as exc:
         print(f"sandbox-server call: the server did not start: {exc}", file=sys.stderr)
         return 2

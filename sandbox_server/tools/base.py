@@ -151,9 +151,9 @@ class ToolContext:
     policy: ToolPolicy
     policy_name: str = "default"
     hooks: RunHooks = NO_HOOKS
+    """What the call hears while its program runs (progress, live output, its sandbox's address)."""
     files: tuple[InputFile, ...] = ()
     """The call's input files, decoded (and refused, when the policy says no) before it was admitted."""
-    """What the call hears while its program runs (progress, live output, its sandbox's address)."""
     kept_workspace: bool = False
     """The call runs in a kept workspace (what it leaves there is there in the next call)."""
     proxy: ProxyEndpoint | None = None

@@ -28,6 +28,11 @@ from sandbox_server.tools.services import start_service
 __all__ = ["RunPython"]
 
 
+KEPT_NOTE = "variables kept for the next cell"
+"""How the answer's note on kept variables begins (a one-shot client, whose server ends with the call, says
+otherwise)."""
+
+
 def _kept_variables(report: bytes) -> str:
     """The answer's note on what the next cell will find: `kept: df, totals; not kept: fig (Figure)`."""
     try:
@@ -35,7 +40,7 @@ def _kept_variables(report: bytes) -> str:
         kept, not_kept = [str(n) for n in names["kept"]], [str(n) for n in names["not_kept"]]
     except (ValueError, KeyError, TypeError):
         return "variables: the sandbox's report of what was kept is unreadable"
-    return f"variables kept for the next cell: {', '.join(kept) or 'none'}" + (
+    return f"{KEPT_NOTE}: {', '.join(kept) or 'none'}" + (
         f"; not kept: {', '.join(not_kept)}" if not_kept else ""
     )
 
@@ -105,6 +110,12 @@ class RunPython:
         outcome = outcome_from_execution(result, spec)
         if report is not None:
             outcome = replace(outcome, notes=(*outcome.notes, _kept_variables(report.content)))
+        elif not ctx.kept_workspace:
+            said = (
+                f"variables are not kept: policy '{ctx.policy_name}' keeps no workspace (field workspace.persist), "
+                "so the next cell starts empty"
+            )
+            outcome = replace(outcome, notes=(*outcome.notes, said))
         stderr = result.stderr.decode("utf-8", "replace").rstrip()
         if result.exit_code == 1 and ("Traceback" in stderr or "Error" in stderr.rsplit("\n", 1)[-1]):
             last_line = stderr.rsplit("\n", 1)[-1].strip()

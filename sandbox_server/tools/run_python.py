@@ -40,9 +40,7 @@ def _kept_variables(report: bytes) -> str:
         kept, not_kept = [str(n) for n in names["kept"]], [str(n) for n in names["not_kept"]]
     except (ValueError, KeyError, TypeError):
         return "variables: the sandbox's report of what was kept is unreadable"
-    return f"{KEPT_NOTE}: {', '.join(kept) or 'none'}" + (
-        f"; not kept: {', '.join(not_kept)}" if not_kept else ""
-    )
+    return f"{KEPT_NOTE}: {', '.join(kept) or 'none'}" + (f"; not kept: {', '.join(not_kept)}" if not_kept else "")
 
 
 def _installed() -> str:

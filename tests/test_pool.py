@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ import anyio
 import docker
 import pytest
 
+from sandbox_server.sandbox import wire
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
 from sandbox_server.sandbox.pool import PoolTarget, WarmPool
 from sandbox_server.sandbox.spec import SANDBOX_LABEL, ExecutionResult, SandboxSpec
@@ -223,6 +225,66 @@ def test_a_pool_makes_no_container_past_its_memory_budget_or_the_hosts_floor() -
     assert pool.memory_bytes() == 100 and pool._affordable(key)
     room[0] = False
     assert not pool._affordable(key)  # the host is short of memory: nothing more is made
+
+
+class _GatedEngine(_FakeEngine):
+    """Makes containers only once let: what a call finds while the engine is still making them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate, self.entered = threading.Event(), threading.Event()
+        self.asked: list[str] = []
+
+    def prepare(self, spec: SandboxSpec) -> _FakeWarm:
+        self.asked.append(spec.image)
+        self.entered.set()
+        self.gate.wait(10)
+        return _FakeWarm(spec.container_key(), time.monotonic())
+
+
+PRELOADED = SandboxSpec(image="python-data", argv=("true",), env=((wire.PRELOAD_ENV, "pandas"),))
+PLAIN = SandboxSpec(image="shell", argv=("true",))
+
+
+def test_the_first_interpreter_is_started_before_the_server_listens_and_a_first_call_waits_for_it() -> None:
+    """head_start() makes the first container of a preloading pool before the event loop runs; a call that finds
+    none ready while it is being made takes it when it comes, rather than a cold one made beside it."""
+    engine = _GatedEngine()
+    pool = WarmPool(engine)
+    early = PoolTarget(PRELOADED, 1, idle_s=60)
+    pool.configure([PoolTarget(PLAIN, 1, idle_s=60), early])
+    pool.head_start()
+    assert engine.entered.wait(5)  # the thread has asked the engine, only for the preloading pool
+    assert engine.asked == ["python-data"]
+
+    async def scenario() -> None:
+        async with anyio.create_task_group() as group:
+            group.start_soon(pool.maintain)
+            called = anyio.Event()
+
+            async def call() -> None:
+                await pool.run(PRELOADED)
+                called.set()
+
+            group.start_soon(call)
+            await anyio.wait_all_tasks_blocked()
+            assert not called.is_set() and pool._awaited[early.key] == 1  # waiting for the one being made
+            engine.gate.set()
+            with anyio.fail_after(5):
+                await called.wait()
+            group.cancel_scope.cancel()
+
+    anyio.run(scenario)
+    [handed] = engine.handed
+    assert handed is not None and handed.key == early.key  # warm: the one head_start() made
+    assert pool.stats.misses == 0  # and not counted as a miss (the pool does not double for it)
+
+
+def test_a_pool_fills_one_of_each_kind_in_turn_the_slowest_to_be_ready_first() -> None:
+    pool = WarmPool(_FakeEngine())
+    plain, preloaded = PoolTarget(PLAIN, 2, idle_s=60), PoolTarget(PRELOADED, 2, idle_s=60)
+    pool.configure([plain, preloaded])
+    assert [target.spec.image for _, target in pool._fill_order()] == ["python-data", "shell"] * 2
 
 
 async def test_a_burst_grows_the_pool_past_the_concurrency_cap_and_idle_time_shrinks_it_back(

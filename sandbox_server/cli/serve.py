@@ -35,8 +35,8 @@ def serve_command(args: argparse.Namespace) -> int:
     transport until the client leaves or a signal comes; then close them in order."""
     from sandbox_server.cli.wiring import wire
     from sandbox_server.ops.memory import return_freed_memory
+    from sandbox_server.protocol.addresses import LOOPBACK_HOSTS, listen, url_of
     from sandbox_server.protocol.http_limits import raise_open_files_limit
-    from sandbox_server.protocol.transports import LOOPBACK_HOSTS, listen, url_of
     from sandbox_server.sandbox.docker_runtime import DockerRuntime
 
     if args.transport == "http" and args.host not in LOOPBACK_HOSTS and not args.tokens and not args.issuer:
@@ -78,10 +78,11 @@ async def _serve(
 ) -> None:
     """The parts' loops beside the transport, until it ends or a signal comes; then the parts closed in order."""
     from sandbox_server.policy.watcher import watch_policy
+    from sandbox_server.protocol.addresses import url_of
     from sandbox_server.protocol.health import health_route
     from sandbox_server.protocol.http_limits import ConnectionLimits
     from sandbox_server.protocol.preview import serve_previews
-    from sandbox_server.protocol.transports import serve_http, serve_stdio, url_of
+    from sandbox_server.protocol.transports import serve_http, serve_stdio
 
     app, runtime, database, pool = wired.app, wired.runtime, wired.database, wired.pool
     stopping = anyio.Event()

@@ -78,14 +78,8 @@ def wire(
     from sandbox_server.calls.registry import ToolRegistry
     from sandbox_server.network.proxies import EgressProxies
     from sandbox_server.policy.loader import load_policy
-    from sandbox_server.protocol.preview import Previews
-    from sandbox_server.protocol.server import Parts, SandboxServer
-    from sandbox_server.protocol.transports import allowed_hosts, host_names
-    from sandbox_server.sandbox import netns
     from sandbox_server.sandbox.pool import WarmPool
     from sandbox_server.sandbox.removal import owner_alive
-    from sandbox_server.services.manager import Services
-    from sandbox_server.tasks.manager import Tasks
     from sandbox_server.tools import all_tools
 
     database = _shared_state(args, runtime.owner, log)
@@ -136,6 +130,15 @@ def wire(
     registry = ToolRegistry(
         tools, policy, pool, proxies, workspaces, caller_policy if authenticated else None, args.tool_prefix
     )
+    if pool is not None:  # the slowest containers start now, while the MCP SDK (a second of imports) loads
+        pool.head_start()
+    from sandbox_server.protocol.addresses import allowed_hosts, host_names
+    from sandbox_server.protocol.preview import Previews
+    from sandbox_server.protocol.server import Parts, SandboxServer
+    from sandbox_server.sandbox import netns
+    from sandbox_server.services.manager import Services
+    from sandbox_server.tasks.manager import Tasks
+
     rows = None
     if database is not None:
         from sandbox_server.tasks.shared import TaskRows

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import errno
 import socket
 from typing import TYPE_CHECKING, cast
 
@@ -12,7 +11,7 @@ from mcp.server.transport_security import TransportSecuritySettings
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
 from sandbox_server.access.auth import Authentication, ExplainedRefusals
-from sandbox_server.errors import SandboxServerError
+from sandbox_server.protocol.addresses import allowed_hosts, host_names
 from sandbox_server.protocol.http_budget import HeldBytes
 from sandbox_server.protocol.http_limits import ConnectionLimits, ExplainedBodyCap, bounded_protocol
 from sandbox_server.protocol.http_sessions import SessionCap, SessionEndWatcher
@@ -23,10 +22,8 @@ if TYPE_CHECKING:
 
     from sandbox_server.protocol.server import SandboxServer
 
-__all__ = ["LOOPBACK_HOSTS", "allowed_hosts", "host_names", "listen", "serve_http", "serve_stdio", "url_of"]
+__all__ = ["serve_http", "serve_stdio"]
 
-LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
-"""Addresses to bind `serve --transport http` to that only this machine reaches."""
 SESSION_IDLE_S = 1800.0
 """How long a handshake-era HTTP session may go unused before it ends (and stops counting for its caller)."""
 STOP_GRACE_S = 3
@@ -41,46 +38,6 @@ async def serve_stdio(app: SandboxServer) -> None:
     async with stdio_server() as (read_stream, write_stream):
         answering = AnsweringMalformed(read_stream, write_stream)  # a line it cannot read is answered, not dropped
         await app.server.run(answering, write_stream, app.initialization_options())
-
-
-def listen(host: str, port: int) -> socket.socket:
-    """A listening socket at HOST:PORT, bound before anything else starts; a port that is taken (or an address
-    this host does not have) is said in one line, naming the option to change."""
-    try:
-        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
-        listener = socket.socket(family, kind, proto)
-    except OSError as exc:
-        raise SandboxServerError(f"cannot listen on {host}:{port}: {exc.strerror or exc} (--host)") from None
-    try:
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind(address)
-        listener.listen(2048)
-    except OSError as exc:
-        listener.close()
-        taken = " (another process listens there; choose another with --port)" if exc.errno == errno.EADDRINUSE else ""
-        raise SandboxServerError(f"cannot listen on {host}:{port}: {exc.strerror or exc}{taken}") from None
-    return listener
-
-
-def host_names(host: str, public_host: str | None = None) -> list[str]:
-    """The names a server bound to `host` is reached by: loopback's, the host's, and the public URL's (serve
-    --public-url, behind a proxy or not)."""
-    loopback = ["127.0.0.1", "localhost", "[::1]"]
-    names = loopback if host in LOOPBACK_HOSTS else [host, *loopback]
-    if public_host is not None and public_host not in names:
-        names.append(public_host)
-    return names
-
-
-def allowed_hosts(names: list[str]) -> list[str]:
-    """The Host headers a server reached by `names` answers to (each name, on any port): for /mcp and previews."""
-    return [*names, *(f"{name}:*" for name in names)]
-
-
-def url_of(listener: socket.socket) -> str:
-    """The URL clients reach a listening socket's /mcp at."""
-    host, port = listener.getsockname()[:2]
-    return f"http://[{host}]:{port}/mcp" if ":" in host else f"http://{host}:{port}/mcp"
 
 
 async def serve_http(

@@ -109,6 +109,11 @@ class SandboxSpec:
         """Whether the sandbox joins any network (an egress one, its services' or both)."""
         return self.network != "none" or self.service_network is not None
 
+    @property
+    def preloads(self) -> bool:
+        """Whether its warm container's interpreter imports libraries before its request (ready later)."""
+        return any(name == wire.PRELOAD_ENV and value for name, value in self.env)
+
     def container_key(self) -> tuple[object, ...]:
         """What the container is created with: calls with equal keys can use the same kind of warm container."""
         limits = self.limits

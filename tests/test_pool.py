@@ -16,7 +16,7 @@ import pytest
 
 from sandbox_server.sandbox import wire
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
-from sandbox_server.sandbox.pool import PoolTarget, WarmPool
+from sandbox_server.sandbox.pool import PoolTarget, WarmPool, fill_order
 from sandbox_server.sandbox.spec import SANDBOX_LABEL, ExecutionResult, SandboxSpec
 from tests.conftest import containers_of
 from tests.mcp_harness import connect, http_server_process
@@ -268,7 +268,7 @@ def test_the_first_interpreter_is_started_before_the_server_listens_and_a_first_
 
             group.start_soon(call)
             await anyio.wait_all_tasks_blocked()
-            assert not called.is_set() and pool._awaited[early.key] == 1  # waiting for the one being made
+            assert not called.is_set() and not engine.handed  # waiting for the one being made
             engine.gate.set()
             with anyio.fail_after(5):
                 await called.wait()
@@ -281,10 +281,12 @@ def test_the_first_interpreter_is_started_before_the_server_listens_and_a_first_
 
 
 def test_a_pool_fills_one_of_each_kind_in_turn_the_slowest_to_be_ready_first() -> None:
-    pool = WarmPool(_FakeEngine())
     plain, preloaded = PoolTarget(PLAIN, 2, idle_s=60), PoolTarget(PRELOADED, 2, idle_s=60)
-    pool.configure([plain, preloaded])
-    assert [target.spec.image for _, target in pool._fill_order()] == ["python-data", "shell"] * 2
+    targets = {plain.key: plain, preloaded.key: preloaded}
+    order = fill_order(targets, {plain.key: 2, preloaded.key: 2}, {plain.key, preloaded.key}, {})
+    assert [target.spec.image for _, target in order] == ["python-data", "shell"] * 2
+    order = fill_order(targets, {plain.key: 1, preloaded.key: 1}, {plain.key}, {})  # an empty pool first
+    assert [target.spec.image for _, target in order] == ["shell", "python-data"]
 
 
 async def test_a_burst_grows_the_pool_past_the_concurrency_cap_and_idle_time_shrinks_it_back(

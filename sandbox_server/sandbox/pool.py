@@ -30,7 +30,6 @@ from __future__ import annotations
 import functools
 import logging
 import math
-import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -42,6 +41,7 @@ import anyio.to_thread
 
 from sandbox_server.errors import SandboxServerError
 from sandbox_server.sandbox.activity import Activity
+from sandbox_server.sandbox.making import Early, Making
 from sandbox_server.sandbox.runtime import NO_HOOKS, RunHooks
 from sandbox_server.sandbox.spec import ExecutionResult, SandboxSpec
 
@@ -60,9 +60,6 @@ waits, the next call is served warm, and making its replacement beside the runni
 DEFER_S = 2.0
 """The longest a pool with enough containers waiting defers making more while calls run back to back."""
 MAX_BACKOFF_S = 30.0
-ARRIVING_S = 1.0
-"""The least a call that finds no container waits for the one the engine is making (more when making one took
-longer the last time)."""
 SWEEP_S = 1.0
 """How often waiting containers are checked for a stream that ended (killed, engine restarted).
 A check is a zero-timeout select on each stream: no engine round trip."""
@@ -157,14 +154,10 @@ class WarmPool(Generic[WarmT]):
         self._swept_at = -math.inf
         self._making_s: dict[Key, float] = {}
         """How long making a container of each key took the last time: the room in a pause a fill needs."""
-        self._in_engine: dict[Key, int] = {}
-        """Containers of each key the engine is making right now."""
-        self._awaited: dict[Key, int] = {}
-        """Calls waiting for one of those (never more than are being made)."""
-        self._started_early: list[tuple[PoolTarget, threading.Thread, list[WarmT | Exception]]] = []
+        self._making: Making[WarmT] = Making()
+        """Containers the engine is making right now, and the calls waiting for one."""
+        self._started_early: list[tuple[PoolTarget, Early[WarmT]]] = []
         """Containers head_start() is making, for maintain() to receive."""
-        self._arrival: dict[Key, anyio.Event] = {}
-        """Set when a container of the key the engine was making is done (made or failed)."""
         self.memory_budget = math.inf
         self.held_elsewhere = held_elsewhere
         """Memory the budget also covers that the pool does not hold (running tasks' and services' containers)."""
@@ -227,27 +220,13 @@ class WarmPool(Generic[WarmT]):
     async def run(self, spec: SandboxSpec, hooks: RunHooks = NO_HOOKS) -> ExecutionResult:
         """Run one call in a warm container of its key if one is ready or about to be, else in a cold one."""
         key = spec.container_key()
-        soon = self._in_engine.get(key, 0) > self._awaited.get(key, 0)
+        soon = self._making.soon(key)
         warm = self.take(key, missed=not soon)
-        if warm is None and soon and (warm := await self._arriving(key)) is None:
-            self._missed(key)
+        if warm is None and soon:
+            waiting = lambda: self.take(key, missed=False) if self._ready.get(key) else None  # noqa: E731
+            if (warm := await self._making.arriving(key, 1.5 * self._making_s.get(key, 0.0), waiting)) is None:
+                warm = self.take(key)  # none came in time: a miss, as any
         return await self._engine.run(spec, hooks, warm=warm)
-
-    async def _arriving(self, key: Key) -> WarmT | None:
-        """The container of this key the engine is making now, when it comes within the time making one takes
-        (a cold one made beside it would come no sooner, and the two would share the cores); else None."""
-        self._awaited[key] = self._awaited.get(key, 0) + 1
-        try:
-            with anyio.move_on_after(max(ARRIVING_S, 1.5 * self._making_s.get(key, 0.0))):
-                while True:
-                    if self._ready.get(key) and (warm := self.take(key, missed=False)) is not None:
-                        return warm
-                    if self._in_engine.get(key, 0) == 0:
-                        return None
-                    await self._arrival.setdefault(key, anyio.Event()).wait()
-            return None
-        finally:
-            self._awaited[key] -= 1
 
     def take(self, key: Key, missed: bool = True) -> WarmT | None:
         """A healthy warm container of this key not older than its idle time, or None (a miss, which grows the
@@ -271,52 +250,35 @@ class WarmPool(Generic[WarmT]):
                 self._wakeup.set()
                 return warm
             self._engine.discard_later(warm)
-        if missed:
-            self._missed(key)
-        return None
-
-    def _missed(self, key: Key) -> None:
-        """A call found no container of its key: the pool keeps twice as many from now on."""
-        if key in self._targets:
+        if missed and target is not None:  # the pool keeps twice as many from now on
             self.stats.misses += 1
             self._grow(key, by_doubling=True)
             self._wakeup.set()
+        return None
 
     def head_start(self) -> None:
         """Before the event loop runs (the server still loading): start making the first container of each pool
-        whose interpreter imports libraries while it waits, each in a thread of its own, so that a first call
-        finds one ready; maintain() receives them."""
+        whose interpreter imports libraries while it waits, in a thread of its own, so a first call finds one
+        ready; maintain() receives them."""
         for key, target in self._targets.items():
-            if not target.spec.preloads:
-                continue
-            made: list[WarmT | Exception] = []
+            if target.spec.preloads:
+                self._filling[key] = self._filling.get(key, 0) + 1
+                self._making.begin(key)
+                self._started_early.append((target, Early(self._engine.prepare, target.spec)))
 
-            def make(spec: SandboxSpec = target.spec, made: list[WarmT | Exception] = made) -> None:
-                try:
-                    made.append(self._engine.prepare(spec))
-                except Exception as exc:  # said by maintain(), as any fill's failure
-                    made.append(exc)
-
-            thread = threading.Thread(target=make, name="warm-pool-head-start", daemon=True)
-            self._filling[key] = self._filling.get(key, 0) + 1
-            self._in_engine[key] = self._in_engine.get(key, 0) + 1
-            self._started_early.append((target, thread, made))
-            thread.start()
-
-    async def _receive(self, target: PoolTarget, thread: threading.Thread, made: list[WarmT | Exception]) -> None:
+    async def _receive(self, target: PoolTarget, early: Early[WarmT]) -> None:
         """A container head_start() made, queued as a fill's would be."""
-        key = target.key
-        with anyio.CancelScope(shield=True):  # a container being made is always received, never lost
-            await anyio.to_thread.run_sync(thread.join)
-        self._filling[key] -= 1
-        self._in_engine[key] -= 1
-        self._arrival.pop(key, anyio.Event()).set()
-        self._wakeup.set()
-        if made and not isinstance(made[0], Exception):
-            self.add(target, made[0])
-        else:
+        try:
+            warm = await early.made()
+        except Exception as exc:
             self.stats.failures += 1
-            log.warning("could not prepare a warm container: %s", made[0] if made else "its thread ended")
+            log.warning("could not prepare a warm container: %s", exc)
+            return
+        finally:
+            self._filling[target.key] -= 1
+            self._making.end(target.key)
+            self._wakeup.set()
+        self.add(target, warm)
 
     async def maintain(self) -> None:
         """Keep every pool full and fresh until cancelled (run it in the server's task group)."""
@@ -334,7 +296,12 @@ class WarmPool(Generic[WarmT]):
                     await self._sweep()
                 if now >= self._retry_at:
                     held: set[Key] = set()
-                    for key, target in self._fill_order():
+                    missing = {
+                        key: self.wanted(key) - len(self._ready.get(key, ())) - self._filling.get(key, 0)
+                        for key in self._targets
+                    }
+                    empty = {key for key in self._targets if not self._ready.get(key)}
+                    for key, target in fill_order(self._targets, missing, empty, self._making_s):
                         if key in held:
                             continue
                         if not self._affordable(key):  # nor any more of its kind this turn
@@ -345,22 +312,6 @@ class WarmPool(Generic[WarmT]):
                         group.start_soon(self._fill, target, limiter)
                 with anyio.move_on_after(self._next_deadline(now)):
                     await self._wakeup.wait()
-
-    def _fill_order(self) -> list[tuple[Key, PoolTarget]]:
-        """The containers to make now, one of each pool in turn (a pool that is empty first, then the one whose
-        containers take longest to be ready), so the shell's pool does not take every slot while python-data's
-        first interpreter, which a first call waits longest for, waits its turn."""
-        missing = {
-            key: self.wanted(key) - len(self._ready.get(key, ())) - self._filling.get(key, 0) for key in self._targets
-        }
-
-        def first(key: Key) -> tuple[bool, float]:
-            warming = self._targets[key].spec.preloads
-            return bool(self._ready.get(key)), -self._making_s.get(key, 1.0 if warming else 0.1)
-
-        order = sorted((key for key, count in missing.items() if count > 0), key=first)
-        turns = max(missing.values(), default=0)
-        return [(key, self._targets[key]) for turn in range(turns) for key in order if missing[key] > turn]
 
     def _affordable(self, key: Key) -> bool:
         """Whether one more container of this key fits the memory budget and the host's floor."""
@@ -425,12 +376,11 @@ class WarmPool(Generic[WarmT]):
                     return
                 with anyio.CancelScope(shield=True):  # a container being made is always received, never lost
                     started = time.monotonic()
-                    self._in_engine[key] = self._in_engine.get(key, 0) + 1
+                    self._making.begin(key)
                     try:
                         warm = await anyio.to_thread.run_sync(self._engine.prepare, target.spec)
                     finally:
-                        self._in_engine[key] -= 1
-                        self._arrival.pop(key, anyio.Event()).set()  # a call waiting for it looks again
+                        self._making.end(key)  # a call waiting for it looks again
                     self._making_s[key] = time.monotonic() - started
         except Exception as exc:  # the pool is an optimisation: calls still run cold, the server goes on
             self.stats.failures += 1
@@ -471,3 +421,18 @@ class WarmPool(Generic[WarmT]):
         async with anyio.create_task_group() as group:
             for warm in waiting:
                 group.start_soon(anyio.to_thread.run_sync, self._engine.discard, warm)
+
+
+def fill_order(
+    targets: dict[Key, PoolTarget], missing: dict[Key, int], empty: set[Key], making_s: dict[Key, float]
+) -> list[tuple[Key, PoolTarget]]:
+    """The containers to make now, one of each pool in turn: an empty pool first, then the one whose containers
+    take longest to be ready (an interpreter that imports libraries), so the shell's pool does not take every
+    slot while python-data's first interpreter, which a first call waits longest for, waits its turn."""
+
+    def first(key: Key) -> tuple[bool, float]:
+        return key not in empty, -making_s.get(key, 1.0 if targets[key].spec.preloads else 0.1)
+
+    order = sorted((key for key, count in missing.items() if count > 0), key=first)
+    turns = max(missing.values(), default=0)
+    return [(key, targets[key]) for turn in range(turns) for key in order if missing[key] > turn]

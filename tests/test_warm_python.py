@@ -6,12 +6,16 @@ import json
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
+from sandbox_server.sandbox.spec import SANDBOX_LABEL
 from tests.mcp_harness import CheckedClient, connect, stdio_parameters, text_of
 
 pytestmark = pytest.mark.anyio
+
+DATA = "sandbox-server/python-data:latest"
 
 PROBE = (
     "import sys, os\n"
@@ -36,11 +40,28 @@ def _policy(tmp_path: Path, body: str) -> str:
     return str(policy)
 
 
+async def _preloaded(runtime: DockerRuntime) -> None:
+    """Until every waiting python-data container has imported all it preloads (a call that comes sooner stops
+    its preloading: what is left is the program's to import)."""
+    api = runtime.api
+    with anyio.fail_after(60):
+        while True:
+            waiting = [c["Id"] for c in api.containers(filters={"label": SANDBOX_LABEL, "ancestor": DATA})]
+            said = [
+                api.exec_start(api.exec_create(c, ["cat", "/tmp/.sandbox-warm/errors"], user="1000:1000"))
+                for c in waiting
+            ]
+            if waiting and all(b"preloaded in" in text for text in said):
+                return
+            await anyio.sleep(0.1)
+
+
 async def test_a_cell_in_a_warm_interpreter_sees_a_clean_namespace_and_the_preloaded_modules(
     tmp_path: Path, runtime: DockerRuntime
 ) -> None:
     audit = tmp_path / "audit.jsonl"
     async with connect(stdio_parameters("--policy", _policy(tmp_path, ""), "--audit-log", str(audit))) as session:
+        await _preloaded(runtime)
         first = await _cell(session, PROBE)
         second = await _cell(session, PROBE)
     assert not first["is_error"], first["text"]
@@ -75,6 +96,23 @@ async def test_a_cell_that_breaks_the_preloaded_libraries_breaks_only_itself(
     assert not broken["is_error"] and broken["stdout"].strip() == "'broken'"
     assert not after["is_error"] and after["stdout"].strip() == "1", after["text"]
     assert [f["path"] for f in after["files"]] == ["figure-1.png"]
+
+
+async def test_a_call_that_comes_while_its_interpreter_imports_waits_for_no_library_it_does_not_use(
+    tmp_path: Path, runtime: DockerRuntime
+) -> None:
+    """The server's first container is made before it answers; a call at once finds it importing a long list, and
+    the interpreter stops at the next module: the cell runs without waiting for statsmodels or polars."""
+    long = (
+        "tools:\n  run_python:\n    preload: [numpy, pandas, sklearn, scipy.stats, statsmodels.api, seaborn, polars]\n"
+    )
+    async with connect(stdio_parameters("--policy", _policy(tmp_path, long))) as session:
+        cell = await _cell(
+            session, "import sys\n('statsmodels' in sys.modules, open('/tmp/.sandbox-warm/errors').read())"
+        )
+    assert not cell["is_error"], cell["text"]
+    assert cell["stdout"].startswith("(False, "), cell["stdout"]  # never imported: the cell did not use it
+    assert "a call came: " in cell["stdout"] and "are left to the program" in cell["stdout"]
 
 
 async def test_a_module_that_cannot_be_preloaded_leaves_the_call_working(
@@ -177,6 +215,7 @@ async def test_a_user_site_with_its_own_version_of_a_preloaded_library_gets_a_fr
         "(os.path.exists('/tmp/.sandbox-warm/errors'), getattr(duckdb, 'MINE', False), 'pandas' in sys.modules)"
     )
     async with connect(stdio_parameters("--policy", _policy(tmp_path, ""))) as session:
+        await _preloaded(runtime)  # duckdb imported before the call: only a fresh interpreter gives the user's
         result = await session.call_tool("run_python", {"code": cell, "files": files})
         plain = await _cell(
             session, "import os, sys\n(os.path.exists('/tmp/.sandbox-warm/errors'), 'pandas' in sys.modules)"

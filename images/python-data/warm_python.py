@@ -15,16 +15,20 @@ request); a module that cannot be imported is skipped, and the reason kept for `
 import atexit
 import os
 import runpy
+import select
 import shlex
 import sys
 import time
+from collections.abc import Callable
 
 from sandbox_wire import PRELOAD_ENV, REQUEST_DIR, WARM_DIR, WARM_ERRORS, WARM_JOB
 
 _started = time.monotonic()
 
 
-def _preload() -> None:
+def _preload(called: Callable[[], bool]) -> None:
+    """Import the modules SANDBOX_PRELOAD names, in their order, until a call comes: what is left then is the
+    program's to import if it uses it (a call never waits for a library it does not use)."""
     from sandbox_figures import seed_font_cache
 
     seed_font_cache()
@@ -34,11 +38,14 @@ def _preload() -> None:
     os.dup2(quiet, 2)
     try:
         for name in os.environ.get(PRELOAD_ENV, "").split():
+            if called():
+                print(f"a call came: {name} and what follows it are left to the program", file=sys.stderr)
+                break
             try:
                 __import__(name)
             except BaseException as exc:  # a missing library leaves that call cold, never broken
                 print(f"preload {name}: {type(exc).__name__}: {exc}", file=sys.stderr)
-        if "matplotlib.pyplot" in sys.modules:  # its font list and backend, built now rather than in the call
+        if "matplotlib.pyplot" in sys.modules and not called():  # its fonts and backend, built before the call
             import matplotlib.pyplot as plt
 
             plt.figure().canvas.draw()
@@ -95,8 +102,19 @@ def _add_user_site() -> bool:
 
 def main() -> None:
     os.setsid()  # the launcher's deadline stops this process group
-    _preload()
-    with open(WARM_JOB, "rb") as fifo:  # blocks until the launcher hands over its call's program
+    early = os.open(WARM_JOB, os.O_RDONLY | os.O_NONBLOCK)  # the launcher's word, seen while importing too
+
+    def called() -> bool:
+        return bool(select.select([early], [], [], 0)[0])
+
+    _preload(called)
+    if called():
+        os.set_blocking(early, True)
+        fifo = os.fdopen(early, "rb")
+    else:
+        os.close(early)
+        fifo = open(WARM_JOB, "rb")  # blocks until the launcher hands over its call's program
+    with fifo:
         fifo.readline()
     argv = [part.decode() for part in _read("argv").split(b"\0")[:-1]]
     environment = _exported(_read("env").decode("utf-8", "surrogateescape"))

@@ -5,12 +5,14 @@
 (`scripts/run bench performance` runs it too, with its defaults.)
 
 Rows, through the real MCP client over stdio (calls spaced --gap-s apart, as a model's):
-- run_python `import pandas, matplotlib; df.plot(); df.sum()` (3 rows) and analyze_csv on
+- run_python `import pandas, sklearn, matplotlib; df.plot(); df.sum()` (3 rows) and analyze_csv on
   200 rows (sum by group with a bar plot), with the warm pool and preloaded interpreters
   (the shipped default), with the pool but nothing preloaded, and cold (`--no-pool`);
 - the anchors, measured in the same run: the same cell, and the same DuckDB query, timed
   inside one python-data container whose interpreter has already imported the libraries
   (what a call costs once nothing needs importing);
+- analyze_csv as the first call of a fresh server, made as soon as its session is up (7 servers), against
+  the warm p50 above;
 - the resident memory of a warm container of each image, read from the host;
 - the pool following demand: `execute_command true` spaced, then a burst of 10 back to
   back after 5 s idle (an earlier burst let the pool grow), then 200 back to back, beside
@@ -46,7 +48,7 @@ from sandbox_server.sandbox.spec import SANDBOX_LABEL, SandboxSpec
 
 DATA = "sandbox-server/python-data:latest"
 CELL = (
-    "import pandas as pd, matplotlib.pyplot as plt\n"
+    "import pandas as pd, sklearn, matplotlib.pyplot as plt\n"
     "df = pd.DataFrame({'a': [1, 2, 3], 'b': [4.0, 5.5, 6.25]})\n"
     "df.plot()\n"
     "df.sum()"
@@ -74,7 +76,7 @@ host: {min_available_memory_mb: 64, max_load_per_cpu: 1000}
 NOTHING_PRELOADED = "tools:\n  run_python: {preload: []}\n  analyze_csv: {preload: []}\n"
 ANCHOR = r"""
 import json, sys, time
-import numpy, pandas, duckdb, matplotlib.pyplot as plt
+import numpy, pandas, duckdb, sklearn, matplotlib.pyplot as plt
 open('/tmp/s.csv', 'w').write(sys.argv[3])
 cell, query, calls = sys.argv[1], sys.argv[2], 12
 plt.figure().canvas.draw(); plt.close('all')
@@ -127,6 +129,22 @@ async def latency(work: Path, label: str, tools: str, pooled: bool, calls: int, 
             samples, failures = await timed_calls(client, tool, arguments_, calls, gap_s)
             report[tool] = {**percentiles(samples), "failures": failures}
     return report
+
+
+async def first_calls(work: Path, servers: int) -> dict[str, Any]:
+    """analyze_csv as the first call of a server, made as soon as its session is up (a one-shot `call`, a client
+    that asks at once), on `servers` servers one after another; and how long each took to be up."""
+    policy = work / "first.yaml"
+    policy.write_text(POLICY % {"tools": ""})
+    firsts, ups = [], []
+    for _ in range(servers):
+        started = time.perf_counter()
+        async with Client(server_parameters(["--policy", str(policy)]), mode="legacy") as client:
+            ups.append(time.perf_counter() - started)
+            samples, failures = await timed_calls(client, "analyze_csv", ANALYSIS, 1, 0)
+            assert not failures, "the first call failed"
+            firsts += samples
+    return {"first_call": percentiles(firsts), "session_up": percentiles(ups)}
 
 
 async def demand(work: Path, spaced_calls: int) -> dict[str, Any]:
@@ -189,7 +207,7 @@ def warm_memory() -> dict[str, float]:
         for name, spec in {
             "base": SandboxSpec(image="sandbox-server/base:latest", argv=("true",)),
             "python-data, preloaded": SandboxSpec(
-                image=DATA, argv=("true",), env=(("SANDBOX_PRELOAD", "numpy pandas matplotlib.pyplot duckdb"),)
+                image=DATA, argv=("true",), env=(("SANDBOX_PRELOAD", "numpy pandas matplotlib.pyplot duckdb sklearn"),)
             ),
             "python-data, nothing preloaded": SandboxSpec(image=DATA, argv=("true",)),
         }.items():
@@ -206,6 +224,7 @@ def warm_memory() -> dict[str, float]:
 
 
 CALLS = 20
+FIRST_SERVERS = 7
 BURSTS = 3
 """Bursts of 10 after 5 s idle; their p95 is over all their calls (one burst's p95 is its slowest call)."""
 GAP_S = 0.5
@@ -226,6 +245,8 @@ def measure(calls: int = CALLS, gap_s: float = GAP_S) -> dict[str, Any]:
         for label, row in rows.items():
             print(f"{label} ...", flush=True)
             report[label] = anyio.run(latency, *row, calls, gap_s)
+        print("first calls of a server ...", flush=True)
+        report["first analyze_csv of a server"] = anyio.run(first_calls, work, FIRST_SERVERS)
     print("warm container memory ...", flush=True)
     report["warm_container_rss_mb"] = warm_memory()
     print("the pool under demand ...", flush=True)
@@ -238,8 +259,14 @@ def measure(calls: int = CALLS, gap_s: float = GAP_S) -> dict[str, Any]:
             entry = report[label][tool]
             entry["ratio_to_anchor"] = round(entry["p50"] / anchor, 2)
             table.append([f"{tool}, {label}", entry["p50"], entry["p95"], entry["ratio_to_anchor"], entry["failures"]])
+    first = report["first analyze_csv of a server"]
+    warm_p50 = report["warm pool, preloaded"]["analyze_csv"]["p50"]
+    first["p50_over_warm_p50"] = round(first["first_call"]["p50"] / warm_p50, 2)
+    table.append([f"analyze_csv, first call of {FIRST_SERVERS} servers", first["first_call"]["p50"],
+                  first["first_call"]["p95"], f"{first['p50_over_warm_p50']}x the warm p50", 0])  # fmt: skip
     print()
     print_table(["call", "p50 ms", "p95 ms", "p50 / anchor", "failures"], table)
+    print(f"a server's session up in p50 {first['session_up']['p50']} ms")
     print(f"\nanchors (already-warm interpreter): cell {cell} ms, DuckDB query {query} ms")
     print("warm container RSS (MiB): " + ", ".join(f"{k} {v}" for k, v in report["warm_container_rss_mb"].items()))
     before = report["warm pool, preloaded"]["pool_before_calls"]

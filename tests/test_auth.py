@@ -30,8 +30,10 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
+from sandbox_server.policy.loader import load_policy
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
 from sandbox_server.sandbox.spec import SANDBOX_LABEL
+from sandbox_server.tools import all_tools
 from tests.mcp_harness import (
     CheckedClient,
     ServerProcess,
@@ -363,16 +365,21 @@ async def test_callers_of_another_policy_are_served_by_warm_containers_of_theirs
 
 
 def _warm_gvisor_containers(api: docker.APIClient) -> set[str]:
-    """The sandboxes under gVisor waiting now, once there is one."""
+    """The sandboxes under gVisor waiting now, once there is one for execute_command (a first call runs in the
+    one the engine is making for its kind, if none waits yet: strict's run_python pool, which preloads, fills
+    first)."""
+    image = load_policy("strict", [t.name for t in all_tools()]).for_tool("execute_command").image
 
     def waiting() -> set[str]:
-        found = set()
+        found, shell = set(), False
         for listed in api.containers(filters={"label": SANDBOX_LABEL}):
             try:
-                if api.inspect_container(listed["Id"])["HostConfig"]["Runtime"] == "runsc":
-                    found.add(listed["Id"][:12])
+                inspected = api.inspect_container(listed["Id"])
             except docker.errors.NotFound:
                 continue
-        return found
+            if inspected["HostConfig"]["Runtime"] == "runsc":
+                found.add(listed["Id"][:12])
+                shell = shell or inspected["Config"]["Image"] == image
+        return found if shell else set()
 
     return first_sandboxes(api, waiting)

@@ -298,7 +298,7 @@ def test_the_shell_runs_a_call_as_a_task_and_prints_its_progress_until_it_ends(
         env={"SANDBOX_STATE_DIR": str(tmp_path / "s")},
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split("--- stdout ---")[1].split() == [
+    assert done.stdout.split("--- stdout ---")[1].split("\nnote: ")[0].split() == [
         "step",
         "1",
         "step",

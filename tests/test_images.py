@@ -1,13 +1,18 @@
 """Images: build contexts are hashed, and nothing is rebuilt when nothing changed."""
 
+import uuid
 from pathlib import Path
 
 import pytest
 
 from sandbox_server.errors import ImageError
+from sandbox_server.policy.loader import load_policy, policy_errors
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
 from sandbox_server.sandbox.images import catalog, expected_hash, fetch_wheel, image_reference, locked_wheels
+from sandbox_server.tools import all_tools
 from tests.conftest import run_cli
+
+TOOLS = [tool.name for tool in all_tools()]
 
 
 def test_catalog_orders_parents_before_children() -> None:
@@ -58,3 +63,51 @@ def test_a_malformed_wheels_lock_names_its_line(tmp_path: Path) -> None:
     (tmp_path / "wheels.lock").write_text("# pinned\n\nabc  duckdb.whl\n")
     with pytest.raises(ImageError, match=r"wheels.lock:3: expected '<sha256>  <file>.whl', found 'abc  duckdb.whl'"):
         locked_wheels(tmp_path)
+
+
+TEAM_WHEEL = ("024ca478df22e9340661486f85298cff5f6dcdba14f3813e8830015b9ed1948f", "tabulate-0.9.0-py3-none-any.whl")
+"""A team's own package, in no image: pure Python, fetched with pip on the host as the image's own are."""
+
+
+def test_a_policy_adds_its_own_pinned_packages_in_an_image_of_its_own(tmp_path: Path, runtime: DockerRuntime) -> None:
+    """packages: the team's lock, relative to the policy file. serve refuses the policy until `images build
+    --policy` made its image, then run_python imports the team's package; another lock makes another image."""
+    sha256, filename = TEAM_WHEEL
+    lock = tmp_path / "team.lock"
+    lock.write_text(f"# our stack, run {uuid.uuid4()}\n{sha256}  {filename}\n")  # this run's own image
+    policy = tmp_path / "team.yaml"
+    policy.write_text("extends: default\ntools:\n  run_python:\n    packages: team.lock\n")
+    tool = load_policy(str(policy), TOOLS).for_tool("run_python")
+    assert tool.packages == ("sandbox-server/python-data:latest", str(lock))
+    assert tool.image.startswith("sandbox-server/python-data-") and tool.image != "sandbox-server/python-data:latest"
+    assert load_policy(str(policy), TOOLS).for_tool("analyze_csv").image == "sandbox-server/python-data:latest"
+    try:
+        refused = run_cli("call", "run_python", "--policy", str(policy), "--arg", "code=1")
+        assert refused.returncode == 2, refused.stdout + refused.stderr
+        assert f"tools.run_python.packages ({lock}) makes the image {tool.image}, which is not built: run " in (
+            refused.stderr
+        )
+        assert f"`sandbox-server images build --policy {policy}`" in refused.stderr
+        built = run_cli("images", "build", "--policy", str(policy), timeout_s=600)
+        assert built.returncode == 0 and f"building {tool.image}" in built.stderr, built.stderr
+        again = run_cli("images", "build", "--policy", str(policy))
+        assert "current" in again.stderr and f"building {tool.image}" not in again.stderr  # built once
+        code = "code=import tabulate, sys; (tabulate.__version__, tabulate.__file__.startswith('/usr/local/lib'))"
+        called = run_cli("call", "run_python", "--policy", str(policy), "--arg", code)
+        assert called.returncode == 0 and "('0.9.0', True)" in called.stdout, called.stdout + called.stderr
+    finally:
+        if runtime.image(tool.image) is not None:
+            runtime.api.remove_image(tool.image, force=True)
+
+
+def test_a_policys_lock_that_is_missing_or_malformed_is_refused_naming_the_field(tmp_path: Path) -> None:
+    policy = tmp_path / "team.yaml"
+    policy.write_text("extends: default\ntools:\n  run_python:\n    packages: team.lock\n")
+    [missing] = policy_errors(policy, TOOLS)
+    assert (
+        missing
+        == f"{policy}: tools.run_python.packages: cannot read the lock {tmp_path}/team.lock: No such file or directory"
+    )
+    (tmp_path / "team.lock").write_text("tabulate==0.9.0\n")
+    [malformed] = policy_errors(policy, TOOLS)
+    assert f"tools.run_python.packages: {tmp_path}/team.lock:1: expected '<sha256>  <file>.whl'" in malformed

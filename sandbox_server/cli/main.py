@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 from collections.abc import Sequence
-from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import anyio
 
 from sandbox_server import __version__
+from sandbox_server.cli.images import images_build, images_list
 from sandbox_server.cli.options import add_serve_arguments, tool_prefix
 from sandbox_server.errors import SandboxServerError, UsageError
 from sandbox_server.protocol.http_limits import add_limit_arguments
@@ -28,36 +29,6 @@ __all__ = ["main"]
 
 def _say(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
-
-
-def _images_build(args: argparse.Namespace) -> int:
-    from sandbox_server.sandbox.docker_runtime import DockerRuntime
-    from sandbox_server.sandbox.images import build_images
-
-    runtime = DockerRuntime.connect()
-    outcomes = build_images(runtime, args.names or None, say=_say, force=args.force)
-    rebuilt = [outcome.name for outcome in outcomes if outcome.rebuilt]
-    _say(f"built: {', '.join(rebuilt)}" if rebuilt else "all images current: nothing rebuilt")
-    return 0
-
-
-def _images_list(args: argparse.Namespace) -> int:
-    from sandbox_server.sandbox.docker_runtime import DockerRuntime
-    from sandbox_server.sandbox.images import catalog, image_status
-
-    runtime = DockerRuntime.connect()
-    statuses = [image_status(runtime, definition) for definition in catalog().values()]
-    if args.json:
-        print(json.dumps([asdict(status) for status in statuses], indent=2))
-    else:
-        print(f"{'IMAGE':<32} {'BUILT':<6} {'CURRENT':<8} {'SIZE':>9}  HASH")
-        for status in statuses:
-            size = f"{status.size_bytes / 1e6:.0f} MB" if status.built else "-"
-            print(
-                f"{status.reference:<32} {'yes' if status.built else 'no':<6} "
-                f"{'yes' if status.current else 'no':<8} {size:>9}  {status.expected_hash}"
-            )
-    return 0 if all(status.current for status in statuses) else 1
 
 
 def _doctor(args: argparse.Namespace) -> int:
@@ -313,10 +284,13 @@ def build_parser() -> argparse.ArgumentParser:
     build = images_commands.add_parser("build", help="build images whose build context changed")
     build.add_argument("names", nargs="*", metavar="NAME", help="images to build (default: all)")
     build.add_argument("--force", action="store_true", help="rebuild even when current")
-    build.set_defaults(handler=_images_build)
+    build.add_argument(
+        "--policy", metavar="POLICY", help="also the images this policy's tools add their own packages to (packages)"
+    )
+    build.set_defaults(handler=functools.partial(images_build, tool_names=_tool_names, host_facts=_runtime_facts))
     listing = images_commands.add_parser("list", help="show which images are built and current")
     listing.add_argument("--json", action="store_true", help="machine-readable output")
-    listing.set_defaults(handler=_images_list)
+    listing.set_defaults(handler=images_list)
 
     serve = commands.add_parser("serve", help="serve MCP over stdio (default) or Streamable HTTP")
     add_serve_arguments(serve)

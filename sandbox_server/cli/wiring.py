@@ -99,6 +99,7 @@ def wire(
     policy = load_policy(args.policy, names, host_facts(runtime))
     for note in policy.notes:
         log.warning("policy %r: %s", policy.name, note)
+    _packages_built(policy, names, runtime, args.policy)
     try:
         reaped = runtime.reap_strays()
         if reaped:
@@ -181,6 +182,17 @@ def wire(
         app, runtime, policy, names, database, pool, workspaces, proxies, tasks, services, authentication, routes,
         previews, stop_tracing, alive,
     )  # fmt: skip
+
+
+def _packages_built(policy: Policy, names: list[str], runtime: DockerRuntime, reference: str) -> None:
+    """A tool whose policy adds packages runs in the image they make: refused at start when it is not built."""
+    for name in names:
+        tool = policy.for_tool(name)
+        if tool.packages is not None and runtime.image(tool.image) is None:
+            raise UsageError(
+                f"policy {policy.name!r}: tools.{name}.packages ({tool.packages[1]}) makes the image {tool.image}, "
+                f"which is not built: run `sandbox-server images build --policy {reference}`"
+            )
 
 
 def _workspaces(

@@ -26,6 +26,9 @@ class ToolPolicy:
     """What one tool runs in and may do."""
 
     image: str = "sandbox-server/base:latest"
+    packages: tuple[str, str] | None = None
+    """A team's own wheels added to an image: (the image they are added to, the lock's path); `image` is then
+    the image `images build --policy` makes of them."""
     runtime: str = "runc"
     user: str = "1000:1000"
     egress: Egress | None = None

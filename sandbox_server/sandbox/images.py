@@ -27,6 +27,7 @@ from pathlib import Path
 from sandbox_server import shipped
 from sandbox_server.errors import ImageError
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
+from sandbox_server.sandbox.wheels import read_lock
 
 __all__ = [
     "libraries",
@@ -37,6 +38,7 @@ __all__ = [
     "ImageDefinition",
     "ImageStatus",
     "build_images",
+    "build_with_packages",
     "catalog",
     "image_reference",
     "image_status",
@@ -237,17 +239,7 @@ def wheel_cache() -> Path:
 def locked_wheels(context_dir: Path) -> list[tuple[str, str]]:
     """(sha256, file name) pairs of an image's wheels.lock; none when it has no lock."""
     lock = context_dir / WHEELS_LOCK
-    if not lock.is_file():
-        return []
-    pinned = []
-    for number, line in enumerate(lock.read_text().splitlines(), start=1):
-        if not line.strip() or line.lstrip().startswith("#"):
-            continue
-        fields = line.split()
-        if len(fields) != 2 or not re.fullmatch(r"[0-9a-f]{64}", fields[0]) or not fields[1].endswith(".whl"):
-            raise ImageError(f"{lock}:{number}: expected '<sha256>  <file>.whl', found {line!r}")
-        pinned.append((fields[0], fields[1]))
-    return pinned
+    return read_lock(lock) if lock.is_file() else []
 
 
 NAMED_LIBRARIES = (
@@ -372,3 +364,41 @@ def build_images(
                     say(f"[{definition.name}] {line}")
         outcomes.append(BuildOutcome(definition.name, True, status.expected_hash))
     return outcomes
+
+
+WITH_PACKAGES = """\
+FROM {base}
+USER root
+COPY site/ /usr/local/lib/python3.11/dist-packages/
+RUN python3 -m compileall -q -j 0 /usr/local/lib/python3.11/dist-packages > /dev/null
+USER {user}
+"""
+"""A policy's own wheels added to a tool's image, compiled to bytecode as the image's own are."""
+
+
+def build_with_packages(
+    runtime: DockerRuntime, image: str, base: str, lock: Path, user: str, say: Say = print, force: bool = False
+) -> BuildOutcome:
+    """Build `image`: `base` with the wheels `lock` pins (a tool's `packages`), when the lock or the base changed."""
+    record = runtime.image(base)
+    if record is None:
+        raise ImageError(f"{base} is not built: run `sandbox-server images build` first")
+    name = image.split("/", 1)[-1].rsplit(":", 1)[0]
+    with tempfile.TemporaryDirectory(prefix="sandbox-packages-") as work:
+        context = Path(work)
+        (context / "Dockerfile").write_text(WITH_PACKAGES.format(base=base, user=user))
+        shutil.copy2(lock, context / WHEELS_LOCK)
+        digest = _context_digest(context)
+        digest.update(b"upon\0" + (record.labels.get(HASH_LABEL) or record.image_id).encode())
+        expected = digest.hexdigest()[:24]
+        built = runtime.image(image)
+        if built is not None and built.labels.get(HASH_LABEL) == expected and not force:
+            say(f"[{name}] current ({expected}), nothing to build")
+            return BuildOutcome(name, False, expected)
+        say(f"[{name}] building {image}: {base} and the {len(read_lock(lock))} wheel(s) of {lock}")
+        labels = {HASH_LABEL: expected, NAME_LABEL: name}
+        with _build_context(ImageDefinition(name, context, None), say) as unpacked:
+            for line in runtime.build(str(unpacked), image, {}, labels):
+                if line.startswith("Step ") or line.startswith("Successfully"):
+                    say(f"[{name}] {line}")
+    return BuildOutcome(name, True, expected)

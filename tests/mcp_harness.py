@@ -16,7 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import anyio
 import docker
+import docker.errors
 import mcp_types as types
 from jsonschema import Draft202012Validator
 from mcp import Client
@@ -221,3 +223,20 @@ class Person:
         assert isinstance(params, types.ElicitRequestFormParams)
         self.shown.append(params.message)
         return types.ElicitResult(action=self.answer, content={} if self.answer == "accept" else None)  # type: ignore[arg-type]
+
+
+async def preloaded(api: docker.APIClient, image: str = "sandbox-server/python-data:latest") -> None:
+    """Until every waiting container of `image` has imported all its interpreter preloads (a call that comes
+    sooner stops the preloading, and the imports left are the program's, on its clock)."""
+    with anyio.fail_after(60):
+        while True:
+            said = []
+            for listed in api.containers(filters={"label": SANDBOX_LABEL, "ancestor": image}):
+                try:
+                    reading = api.exec_create(listed["Id"], ["cat", "/tmp/.sandbox-warm/errors"], user="1000:1000")
+                    said.append(api.exec_start(reading))
+                except docker.errors.APIError:  # a used one, being removed
+                    continue
+            if said and all(b"preloaded in" in text for text in said):
+                return
+            await anyio.sleep(0.1)

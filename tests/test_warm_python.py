@@ -6,12 +6,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-import anyio
 import pytest
 
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
-from sandbox_server.sandbox.spec import SANDBOX_LABEL
-from tests.mcp_harness import CheckedClient, connect, stdio_parameters, text_of
+from tests.mcp_harness import CheckedClient, connect, preloaded, stdio_parameters, text_of
 
 pytestmark = pytest.mark.anyio
 
@@ -40,28 +38,12 @@ def _policy(tmp_path: Path, body: str) -> str:
     return str(policy)
 
 
-async def _preloaded(runtime: DockerRuntime) -> None:
-    """Until every waiting python-data container has imported all it preloads (a call that comes sooner stops
-    its preloading: what is left is the program's to import)."""
-    api = runtime.api
-    with anyio.fail_after(60):
-        while True:
-            waiting = [c["Id"] for c in api.containers(filters={"label": SANDBOX_LABEL, "ancestor": DATA})]
-            said = [
-                api.exec_start(api.exec_create(c, ["cat", "/tmp/.sandbox-warm/errors"], user="1000:1000"))
-                for c in waiting
-            ]
-            if waiting and all(b"preloaded in" in text for text in said):
-                return
-            await anyio.sleep(0.1)
-
-
 async def test_a_cell_in_a_warm_interpreter_sees_a_clean_namespace_and_the_preloaded_modules(
     tmp_path: Path, runtime: DockerRuntime
 ) -> None:
     audit = tmp_path / "audit.jsonl"
     async with connect(stdio_parameters("--policy", _policy(tmp_path, ""), "--audit-log", str(audit))) as session:
-        await _preloaded(runtime)
+        await preloaded(runtime.api)
         first = await _cell(session, PROBE)
         second = await _cell(session, PROBE)
     assert not first["is_error"], first["text"]
@@ -215,7 +197,7 @@ async def test_a_user_site_with_its_own_version_of_a_preloaded_library_gets_a_fr
         "(os.path.exists('/tmp/.sandbox-warm/errors'), getattr(duckdb, 'MINE', False), 'pandas' in sys.modules)"
     )
     async with connect(stdio_parameters("--policy", _policy(tmp_path, ""))) as session:
-        await _preloaded(runtime)  # duckdb imported before the call: only a fresh interpreter gives the user's
+        await preloaded(runtime.api)  # duckdb imported before the call: only a fresh interpreter gives the user's
         result = await session.call_tool("run_python", {"code": cell, "files": files})
         plain = await _cell(
             session, "import os, sys\n(os.path.exists('/tmp/.sandbox-warm/errors'), 'pandas' in sys.modules)"

@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+import anyio
+
 from sandbox_server.errors import SandboxServerError, UsageError
 from sandbox_server.ops.bootstrap import host_facts
 
@@ -133,55 +135,60 @@ def wire(
     )
     if pool is not None:  # the slowest containers start now, while the MCP SDK (a second of imports) loads
         pool.head_start()
-    from sandbox_server.protocol.addresses import allowed_hosts, host_names
-    from sandbox_server.protocol.preview import Previews
-    from sandbox_server.protocol.server import Parts, SandboxServer
-    from sandbox_server.sandbox import netns
-    from sandbox_server.services.manager import Services
-    from sandbox_server.tasks.manager import Tasks
+    try:
+        from sandbox_server.protocol.addresses import allowed_hosts, host_names
+        from sandbox_server.protocol.preview import Previews
+        from sandbox_server.protocol.server import Parts, SandboxServer
+        from sandbox_server.sandbox import netns
+        from sandbox_server.services.manager import Services
+        from sandbox_server.tasks.manager import Tasks
 
-    rows = None
-    if database is not None:
-        from sandbox_server.tasks.shared import TaskRows
+        rows = None
+        if database is not None:
+            from sandbox_server.tasks.shared import TaskRows
 
-        rows = TaskRows(database)
-    tasks = Tasks(workspaces.root.parent / "tasks", runtime.owner, audit, alive, rows)
-    metrics, routes = _metrics(args, log)
-    previews: Previews | None = None
-    linked = False  # whether answers carry preview links: the server can reach services from this host
+            rows = TaskRows(database)
+        tasks = Tasks(workspaces.root.parent / "tasks", runtime.owner, audit, alive, rows)
+        metrics, routes = _metrics(args, log)
+        previews: Previews | None = None
+        linked = False  # whether answers carry preview links: the server can reach services from this host
 
-    def preview_of(service: Any) -> str | None:
-        return previews.link(service) if previews is not None and linked else None
+        def preview_of(service: Any) -> str | None:
+            return previews.link(service) if previews is not None and linked else None
 
-    services = Services(
-        runtime, workspaces, audit, proxies,
-        on_networks=registry.service_networks if pool is not None else lambda _: None,  # warm containers beside them
-        preview_of=preview_of, observe=metrics.observe if metrics is not None else None,
-    )  # fmt: skip
-    if preview_base is not None:
-        base_url, host = preview_base
-        public = urlsplit(args.public_url).hostname if args.public_url else None
-        previews = Previews(services, base_url, allowed_hosts(host_names(host, public)))
-        why_not = netns.unavailable() or (None if runtime.on_this_host() else "the engine is elsewhere")
-        if why_not is None:
-            linked = True
-            log.info("services' previews at %s/preview/", base_url)
-        else:
-            log.info("services have no preview: %s (it reaches them from inside)", why_not)
-    tracing, stop_tracing = _tracing(args, runtime.owner, log)
-    app = SandboxServer(
-        Parts(
-            registry, pool if pool is not None else runtime, audit, (metrics.observe,) if metrics is not None else (),
-            tracing, tasks, services, _shared_access(database), runtime.owner, args.page_size,
-        )
-    )  # fmt: skip
-    authentication = _authentication(args, caller_policy, log, database)
-    if authentication is not None:  # warm containers for every policy a caller may have, from the start
-        app.know_policies(authentication.verifier.policies())
-    return Wired(
-        app, runtime, policy, names, database, pool, workspaces, proxies, tasks, services, authentication, routes,
-        previews, stop_tracing, alive,
-    )  # fmt: skip
+        services = Services(
+            runtime, workspaces, audit, proxies,
+            on_networks=registry.service_networks if pool is not None else lambda _: None,  # warm containers beside them
+            preview_of=preview_of, observe=metrics.observe if metrics is not None else None,
+        )  # fmt: skip
+        if preview_base is not None:
+            base_url, host = preview_base
+            public = urlsplit(args.public_url).hostname if args.public_url else None
+            previews = Previews(services, base_url, allowed_hosts(host_names(host, public)))
+            why_not = netns.unavailable() or (None if runtime.on_this_host() else "the engine is elsewhere")
+            if why_not is None:
+                linked = True
+                log.info("services' previews at %s/preview/", base_url)
+            else:
+                log.info("services have no preview: %s (it reaches them from inside)", why_not)
+        tracing, stop_tracing = _tracing(args, runtime.owner, log)
+        app = SandboxServer(
+            Parts(
+                registry, pool if pool is not None else runtime, audit, (metrics.observe,) if metrics is not None else (),
+                tracing, tasks, services, _shared_access(database), runtime.owner, args.page_size,
+            )
+        )  # fmt: skip
+        authentication = _authentication(args, caller_policy, log, database)
+        if authentication is not None:  # warm containers for every policy a caller may have, from the start
+            app.know_policies(authentication.verifier.policies())
+        return Wired(
+            app, runtime, policy, names, database, pool, workspaces, proxies, tasks, services, authentication, routes,
+            previews, stop_tracing, alive,
+        )  # fmt: skip
+    except BaseException:  # a server that does not start leaves none of its first containers behind
+        if pool is not None:
+            anyio.run(pool.close)
+        raise
 
 
 def _packages_built(policy: Policy, names: list[str], runtime: DockerRuntime, reference: str) -> None:

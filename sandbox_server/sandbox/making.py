@@ -78,6 +78,13 @@ class Early(Generic[T]):
         except Exception as exc:  # said when it is received, as any fill's failure
             self._failed.append(exc)
 
+    def drop(self, discard: Callable[[T], None]) -> None:
+        """Wait for it and discard what was made (a server that stops before it received it)."""
+        self._thread.join()
+        for warm in self._made:
+            discard(warm)
+        self._made.clear()
+
     async def made(self) -> T:
         """The container once made (always received, never lost to a cancellation); its failure raised."""
         with anyio.CancelScope(shield=True):

@@ -413,7 +413,11 @@ class WarmPool(Generic[WarmT]):
             log.info("warm pool ready: %d container(s) of %s", target.size, target.spec.image)
 
     async def close(self) -> None:
-        """Destroy every waiting container (after maintain() was cancelled)."""
+        """Destroy every waiting container (after maintain() was cancelled), and what head_start() made if
+        maintain() never ran to receive it (the server did not start)."""
+        early, self._started_early = self._started_early, []
+        for _, made in early:
+            await anyio.to_thread.run_sync(made.drop, self._engine.discard)
         self._closed = True
         waiting = [warm for queue in self._ready.values() for warm in queue]
         self._ready.clear()

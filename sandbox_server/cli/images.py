@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
@@ -13,17 +12,18 @@ from typing import Any
 __all__ = ["images_build", "images_list"]
 
 
-def _say(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
-
-
-def images_build(args: argparse.Namespace, tool_names: Callable[[], list[str]], host_facts: Callable[[], Any]) -> int:
+def images_build(
+    args: argparse.Namespace,
+    tool_names: Callable[[], list[str]],
+    host_facts: Callable[[], Any],
+    say: Callable[[str], None],
+) -> int:
     """Build what changed; with --policy, also the images its tools' own packages make, each once."""
     from sandbox_server.sandbox.docker_runtime import DockerRuntime
     from sandbox_server.sandbox.images import build_images
 
     runtime = DockerRuntime.connect()
-    outcomes = build_images(runtime, args.names or None, say=_say, force=args.force)
+    outcomes = build_images(runtime, args.names or None, say=say, force=args.force)
     if args.policy:
         from sandbox_server.policy.loader import load_policy
         from sandbox_server.sandbox.images import build_with_packages
@@ -31,9 +31,9 @@ def images_build(args: argparse.Namespace, tool_names: Callable[[], list[str]], 
         tools = map(load_policy(args.policy, tool_names(), host_facts()).for_tool, tool_names())
         wanted = {tool.image: (*tool.packages, tool.user) for tool in tools if tool.packages is not None}
         for image, (base, lock, user) in wanted.items():
-            outcomes.append(build_with_packages(runtime, image, base, Path(lock), user, _say, args.force))
+            outcomes.append(build_with_packages(runtime, image, base, Path(lock), user, say, args.force))
     rebuilt = [outcome.name for outcome in outcomes if outcome.rebuilt]
-    _say(f"built: {', '.join(rebuilt)}" if rebuilt else "all images current: nothing rebuilt")
+    say(f"built: {', '.join(rebuilt)}" if rebuilt else "all images current: nothing rebuilt")
     return 0
 
 

@@ -287,7 +287,9 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument(
         "--policy", metavar="POLICY", help="also the images this policy's tools add their own packages to (packages)"
     )
-    build.set_defaults(handler=functools.partial(images_build, tool_names=_tool_names, host_facts=_runtime_facts))
+    build.set_defaults(
+        handler=functools.partial(images_build, tool_names=_tool_names, host_facts=_runtime_facts, say=_say)
+    )
     listing = images_commands.add_parser("list", help="show which images are built and current")
     listing.add_argument("--json", action="store_true", help="machine-readable output")
     listing.set_defaults(handler=images_list)

@@ -366,12 +366,12 @@ def build_images(
     return outcomes
 
 
-WITH_PACKAGES = """\
-FROM {base}
+WITH_PACKAGES = f"""\
+FROM {{base}}
 USER root
-COPY site/ /usr/local/lib/python3.11/dist-packages/
-RUN python3 -m compileall -q -j 0 /usr/local/lib/python3.11/dist-packages > /dev/null
-USER {user}
+COPY site/ /usr/local/lib/python{IMAGE_PYTHON}/dist-packages/
+RUN python3 -m compileall -q -j 0 /usr/local/lib/python{IMAGE_PYTHON}/dist-packages > /dev/null
+USER {{user}}
 """
 """A policy's own wheels added to a tool's image, compiled to bytecode as the image's own are."""
 

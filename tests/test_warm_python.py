@@ -206,3 +206,30 @@ async def test_a_user_site_with_its_own_version_of_a_preloaded_library_gets_a_fr
     # A warm container (it had preloaded), yet the program's duckdb is the user's and nothing was imported before it.
     assert result.structured_content["stdout"].strip() == "(True, True, False)", text_of(result)
     assert plain["stdout"].strip() == "(True, True)", plain["text"]  # without one, the warm interpreter serves
+
+
+FORKED_THEN_KILLED = (
+    "import os, signal, time\n"
+    "if os.fork() == 0:\n"
+    "    time.sleep(60)  # a child of the cell, alive when its parent dies\n"
+    "    os._exit(0)\n"
+    "os.kill(os.getpid(), signal.SIGKILL)\n"
+)
+
+
+async def test_a_warm_interpreter_answers_with_its_exit_code_and_a_forked_child_cannot_hold_the_answer_back(
+    tmp_path: Path, runtime: DockerRuntime
+) -> None:
+    # The interpreter says its program's exit code to the launcher before tearing its libraries down; when it dies
+    # without a word, the launcher learns it from the process. A child it forked must not keep that word's channel
+    # open: the call would wait for the child until its deadline and be reported as timed out.
+    policy = _policy(tmp_path, "tools:\n  run_python:\n    limits: {timeout_s: 20}\n")
+    async with connect(stdio_parameters("--policy", policy)) as session:
+        await preloaded(runtime.api)
+        exits = await _cell(session, "print('before')\nraise SystemExit(3)")
+        zero = await _cell(session, "import sys\nprint('ok', flush=True)")
+        killed = await _cell(session, FORKED_THEN_KILLED)
+    assert (exits["exit_code"], exits["stdout"]) == (3, "before\n"), exits["text"]
+    assert (zero["exit_code"], zero["is_error"], zero["stdout"]) == (0, False, "ok\n"), zero["text"]
+    assert not killed["timed_out"] and killed["exit_code"] in (None, 137), killed["text"]
+    assert killed["is_error"] and "timed out" not in killed["text"], killed["text"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -72,11 +73,19 @@ async def settled_containers(pid: int, still_s: float = 1.5) -> int:
 
 
 async def timed_calls(
-    client: Client, tool: str, arguments: dict[str, Any], calls: int, gap_s: float
+    client: Client,
+    tool: str,
+    arguments: dict[str, Any],
+    calls: int,
+    gap_s: float,
+    before: Callable[[], Awaitable[None]] | None = None,
 ) -> tuple[list[float], int]:
-    """`calls` calls of one tool, gap_s apart (0: back to back): each call's seconds, and how many were errors."""
+    """`calls` calls of one tool, gap_s apart (0: back to back), each right after `before()` if given: each call's
+    seconds, and how many were errors."""
     samples, failures = [], 0
     for _ in range(calls):
+        if before is not None:
+            await before()
         started = time.perf_counter()
         result = await client.call_tool(tool, arguments)
         samples.append(time.perf_counter() - started)

@@ -8,9 +8,10 @@ Rows, through the real MCP client over stdio (calls spaced --gap-s apart, as a m
 - run_python `import pandas, sklearn, matplotlib; df.plot(); df.sum()` (3 rows) and analyze_csv on
   200 rows (sum by group with a bar plot), with the warm pool and preloaded interpreters
   (the shipped default), with the pool but nothing preloaded, and cold (`--no-pool`);
-- the anchors, measured in the same run: the same cell, and the same DuckDB query, timed
-  inside one python-data container whose interpreter has already imported the libraries
-  (what a call costs once nothing needs importing);
+- the anchors: the same cell, and the same DuckDB query, timed inside one python-data container
+  whose interpreter has already imported the libraries (what a call costs once nothing needs
+  importing), sampled right before each call (the machine's speed drifts; the ratios compare
+  work done at the same moments);
 - analyze_csv as the first call of a fresh server, made as soon as its session is up (7 servers), against
   the warm p50 above;
 - the resident memory of a warm container of each image, read from the host;
@@ -26,6 +27,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import subprocess
 import sys
 import tempfile
 import time
@@ -33,7 +35,6 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import docker
 import psutil
 from mcp import Client
 
@@ -42,7 +43,6 @@ from bench.measure import engine_ceiling, percentiles, server_process, timed_cal
 from sandbox_server.cli.client import server_parameters
 from sandbox_server.errors import SandboxServerError
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
-from sandbox_server.sandbox.host_config import host_config_kwargs
 from sandbox_server.sandbox.removal import OWNER_LABEL
 from sandbox_server.sandbox.spec import SANDBOX_LABEL, SandboxSpec
 
@@ -78,43 +78,64 @@ ANCHOR = r"""
 import json, sys, time
 import numpy, pandas, duckdb, sklearn, matplotlib.pyplot as plt
 open('/tmp/s.csv', 'w').write(sys.argv[3])
-cell, query, calls = sys.argv[1], sys.argv[2], 12
+cell, query = compile(sys.argv[1], '<cell>', 'exec'), sys.argv[2]
 plt.figure().canvas.draw(); plt.close('all')
-cells, queries = [], []
-for _ in range(calls):
+for line in sys.stdin:  # one sample per line asked for, timed in this already-warm interpreter
     started = time.perf_counter()
-    exec(compile(cell, '<cell>', 'exec'), {'__name__': '__main__'})
+    exec(cell, {'__name__': '__main__'})
     for number in plt.get_fignums():
         plt.figure(number).savefig('/tmp/f.png')
     plt.close('all')
-    cells.append(time.perf_counter() - started)
+    cell_s = time.perf_counter() - started
     started = time.perf_counter()
-    duckdb.connect().execute(query).fetchall()
-    queries.append(time.perf_counter() - started)
-print(json.dumps({'cell': sorted(cells)[calls // 2] * 1000, 'query': sorted(queries)[calls // 2] * 1000}))
+    if line.strip() == 'query':
+        duckdb.connect().execute(query).fetchall()
+    print(json.dumps({'cell': cell_s * 1000, 'query': (time.perf_counter() - started) * 1000}), flush=True)
 """
 
 
-def anchors() -> dict[str, float]:
-    """The cell and the DuckDB query in one python-data container whose interpreter imported everything first."""
-    api = docker.APIClient()
-    settings = host_config_kwargs(SandboxSpec(image=DATA, argv=("true",)))
-    settings["log_config"] = {"type": "json-file", "config": {}}  # its answer is read from its log, once it ended
-    container = api.create_container(
-        DATA, ["python3", "-c", ANCHOR, CELL, QUERY, CSV], user="1000:1000", working_dir="/workspace",
-        host_config=api.create_host_config(**settings),
-    )  # fmt: skip
-    try:
-        api.start(container)
-        api.wait(container, timeout=300)
-        said = api.logs(container, stdout=True, stderr=True).decode()
-    finally:
-        api.remove_container(container, force=True)
-    return {key: round(value, 1) for key, value in json.loads(said.strip().splitlines()[-1]).items()}
+class Anchor:
+    """The same work in one python-data container whose interpreter imported everything first (what a call
+    costs once nothing needs importing), sampled right before each call: this machine's speed drifts by 1.7x
+    from one second to the next, so a call is compared with work done at the same moment. Run with the
+    sandbox's CPU, memory and user, as a call's container is."""
+
+    def __init__(self) -> None:
+        limits = SandboxSpec(image=DATA, argv=("true",)).limits
+        self.process = subprocess.Popen(
+            ["docker", "run", "-i", "--rm", "--network", "none", "--user", "1000:1000", "--workdir", "/tmp",
+             "--cpus", str(limits.cpus), "--memory", f"{limits.memory_mb}m", "--security-opt", "no-new-privileges",
+             DATA, "python3", "-c", ANCHOR, CELL, QUERY, CSV],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        self.samples: dict[str, list[float]] = {"cell": [], "query": []}
+        self.sample(query=True)  # the first, warming it, is not kept
+        self.samples = {"cell": [], "query": []}
+
+    def sample(self, query: bool) -> float:
+        """The cell (and the DuckDB query with it when `query`) once now, in ms; kept for p50()."""
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self.process.stdin.write("query\n" if query else "cell\n")
+        self.process.stdin.flush()
+        said = json.loads(self.process.stdout.readline())
+        self.samples["cell"].append(said["cell"] / 1000)
+        if query:
+            self.samples["query"].append(said["query"] / 1000)
+        return float(said["cell"] + (said["query"] if query else 0))
+
+    def p50(self) -> dict[str, float]:
+        return {kind: percentiles(samples)["p50"] for kind, samples in self.samples.items()}
+
+    def close(self) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.close()
+        self.process.wait(timeout=30)
 
 
-async def latency(work: Path, label: str, tools: str, pooled: bool, calls: int, gap_s: float) -> dict[str, Any]:
-    """The two data calls `calls` times each in one session."""
+async def latency(
+    work: Path, label: str, tools: str, pooled: bool, calls: int, gap_s: float, anchor: Anchor
+) -> dict[str, Any]:
+    """The two data calls `calls` times each in one session, each right after the anchor's sample of the same work."""
     policy = work / f"{label}.yaml"
     policy.write_text(POLICY % {"tools": tools})
     arguments = ["--policy", str(policy)] + ([] if pooled else ["--no-pool"])
@@ -126,8 +147,18 @@ async def latency(work: Path, label: str, tools: str, pooled: bool, calls: int, 
             report["pool_before_calls"] = pool_memory(server_process().pid)
         calls_made: dict[str, dict[str, Any]] = {"run_python": {"code": CELL}, "analyze_csv": ANALYSIS}
         for tool, arguments_ in calls_made.items():
-            samples, failures = await timed_calls(client, tool, arguments_, calls, gap_s)
-            report[tool] = {**percentiles(samples), "failures": failures}
+            anchored: list[float] = []
+
+            async def before(into: list[float] = anchored, query: bool = tool == "analyze_csv") -> None:
+                into.append(await anyio.to_thread.run_sync(anchor.sample, query) / 1000)
+
+            samples, failures = await timed_calls(client, tool, arguments_, calls, gap_s, before)
+            ratios = [call / work_ for call, work_ in zip(samples, anchored, strict=True)]
+            report[tool] = {
+                **percentiles(samples), "failures": failures, "anchor_p50": percentiles(anchored)["p50"],
+                "ratio_to_anchor": round(percentiles(samples)["p50"] / percentiles(anchored)["p50"], 2),
+                "ratio_p50_call_by_call": round(sorted(ratios)[len(ratios) // 2], 2),
+            }  # fmt: skip
     return report
 
 
@@ -233,8 +264,7 @@ GAP_S = 0.5
 def measure(calls: int = CALLS, gap_s: float = GAP_S) -> dict[str, Any]:
     """Every row, printed; returns the report."""
     report: dict[str, Any] = {"calls": calls, "gap_s": gap_s}
-    print("anchors ...", flush=True)
-    report["anchors_ms"] = anchors()
+    anchor = Anchor()
     with tempfile.TemporaryDirectory(prefix="sandbox-bench-warm-") as folder:
         work = Path(folder)
         rows = {
@@ -244,7 +274,9 @@ def measure(calls: int = CALLS, gap_s: float = GAP_S) -> dict[str, Any]:
         }
         for label, row in rows.items():
             print(f"{label} ...", flush=True)
-            report[label] = anyio.run(latency, *row, calls, gap_s)
+            report[label] = anyio.run(latency, *row, calls, gap_s, anchor)
+        report["anchors_ms"] = anchor.p50()
+        anchor.close()
         print("first calls of a server ...", flush=True)
         report["first analyze_csv of a server"] = anyio.run(first_calls, work, FIRST_SERVERS)
     print("warm container memory ...", flush=True)
@@ -255,19 +287,20 @@ def measure(calls: int = CALLS, gap_s: float = GAP_S) -> dict[str, Any]:
     cell, query = report["anchors_ms"]["cell"], report["anchors_ms"]["query"]
     table = []
     for label in rows:
-        for tool, anchor in (("run_python", cell), ("analyze_csv", cell + query)):
+        for tool in ("run_python", "analyze_csv"):
             entry = report[label][tool]
-            entry["ratio_to_anchor"] = round(entry["p50"] / anchor, 2)
-            table.append([f"{tool}, {label}", entry["p50"], entry["p95"], entry["ratio_to_anchor"], entry["failures"]])
+            table.append([f"{tool}, {label}", entry["p50"], entry["p95"], entry["anchor_p50"], entry["ratio_to_anchor"],
+                          entry["ratio_p50_call_by_call"], entry["failures"]])  # fmt: skip
     first = report["first analyze_csv of a server"]
     warm_p50 = report["warm pool, preloaded"]["analyze_csv"]["p50"]
     first["p50_over_warm_p50"] = round(first["first_call"]["p50"] / warm_p50, 2)
     table.append([f"analyze_csv, first call of {FIRST_SERVERS} servers", first["first_call"]["p50"],
-                  first["first_call"]["p95"], f"{first['p50_over_warm_p50']}x the warm p50", 0])  # fmt: skip
+                  first["first_call"]["p95"], "", f"{first['p50_over_warm_p50']}x the warm p50", "", 0])  # fmt: skip
     print()
-    print_table(["call", "p50 ms", "p95 ms", "p50 / anchor", "failures"], table)
+    print_table(["call", "p50 ms", "p95 ms", "anchor p50 ms", "p50 / anchor p50", "p50 of call / anchor", "failures"],
+                table)  # fmt: skip
     print(f"a server's session up in p50 {first['session_up']['p50']} ms")
-    print(f"\nanchors (already-warm interpreter): cell {cell} ms, DuckDB query {query} ms")
+    print(f"\nanchors (already-warm interpreter, sampled before each call): cell {cell} ms, DuckDB query {query} ms")
     print("warm container RSS (MiB): " + ", ".join(f"{k} {v}" for k, v in report["warm_container_rss_mb"].items()))
     before = report["warm pool, preloaded"]["pool_before_calls"]
     grown = report["demand"]["pool_after_the_bursts"]
@@ -289,7 +322,20 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench warm", description=__doc__.split("\n\n")[0])
     parser.add_argument("--calls", type=int, default=CALLS, help=f"calls per row (default {CALLS})")
     parser.add_argument("--gap-s", type=float, default=GAP_S, help=f"pause between calls (default {GAP_S} s)")
+    parser.add_argument(
+        "--preloaded-only", action="store_true", help="only the preloaded warm row, printed and not written"
+    )
     options = parser.parse_args(argv)
+    if options.preloaded_only:
+        anchor = Anchor()
+        with tempfile.TemporaryDirectory(prefix="sandbox-bench-warm-") as folder:
+            row = anyio.run(latency, Path(folder), "preloaded", "", True, options.calls, options.gap_s, anchor)
+        anchor.close()
+        for tool in ("run_python", "analyze_csv"):
+            entry = row[tool]
+            print(f"{tool}: p50 {entry['p50']} ms, p95 {entry['p95']} ms, anchor p50 {entry['anchor_p50']} ms, "
+                  f"ratio {entry['ratio_to_anchor']} (call by call {entry['ratio_p50_call_by_call']})")  # fmt: skip
+        return 0
     path = update_results("performance", "warm", measure(options.calls, options.gap_s))
     print(f"\nwritten: the warm section of {path}")
     return 0

@@ -217,12 +217,12 @@ FORKED_THEN_KILLED = (
 )
 
 
-async def test_a_warm_interpreter_answers_with_its_exit_code_and_a_forked_child_cannot_hold_the_answer_back(
+async def test_a_warm_interpreters_exit_code_is_its_programs_and_a_forked_child_does_not_hold_the_answer_back(
     tmp_path: Path, runtime: DockerRuntime
 ) -> None:
-    # The interpreter says its program's exit code to the launcher before tearing its libraries down; when it dies
-    # without a word, the launcher learns it from the process. A child it forked must not keep that word's channel
-    # open: the call would wait for the child until its deadline and be reported as timed out.
+    # The launcher answers once the interpreter has ended: its exit code is the program's, and a child it forked
+    # that outlives it (killed with the sandbox's other leftovers) does not keep the call waiting until its
+    # deadline, to be reported as timed out.
     policy = _policy(tmp_path, "tools:\n  run_python:\n    limits: {timeout_s: 20}\n")
     async with connect(stdio_parameters("--policy", policy)) as session:
         await preloaded(runtime.api)

@@ -120,21 +120,6 @@ def _add_user_site() -> bool:
     return True
 
 
-DONE_FD = 4
-"""Where the launcher reads the program's exit code, said before this process tears its libraries down."""
-
-
-def _hold_done() -> bool:
-    """Keep the launcher's FIFO (fd 4) to this process alone: not in programs it starts, not in forked children
-    (whose copy would keep the launcher waiting after this process died)."""
-    try:
-        os.set_inheritable(DONE_FD, False)
-    except OSError:
-        return False
-    os.register_at_fork(after_in_child=lambda: os.close(DONE_FD))
-    return True
-
-
 def _compiled(script: str) -> str:
     """The image's bytecode of the script when it has it (the image's own launchers, compiled at build), else the
     script itself."""
@@ -142,20 +127,8 @@ def _compiled(script: str) -> str:
     return compiled if os.path.exists(compiled) else script
 
 
-def _exit(code: int, done: bool) -> None:
-    """End as the program would have, having said its exit code first: the teardown of ~200 MB of libraries
-    (15 to 20 ms) need not delay the answer."""
-    if done:
-        try:
-            os.write(DONE_FD, b"%d\n" % (code & 0xFF))
-        except OSError:
-            pass
-    os._exit(code)
-
-
 def main() -> None:
     os.setsid()  # the launcher's deadline stops this process group
-    done = _hold_done()
     early = os.open(WARM_JOB, os.O_RDONLY | os.O_NONBLOCK)  # the launcher's word, seen while importing too
 
     def called() -> bool:
@@ -207,7 +180,7 @@ def main() -> None:
             stream.flush()
         except (OSError, ValueError):
             pass
-    _exit(code, done)
+    os._exit(code)
 
 
 if __name__ == "__main__":

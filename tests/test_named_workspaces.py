@@ -114,3 +114,28 @@ async def test_a_deleted_workspace_is_gone_with_its_files_and_its_name(
     assert not deleted["is_error"] and "is deleted" in deleted["text"] and "workspace" not in deleted, deleted
     assert by_name["is_error"] and by_id["is_error"] and by_id["error"]["field"] == "workspace"
     assert made["workspace"] not in {item["id"] for item in listed["workspaces"]}
+
+
+async def test_a_fork_holds_the_files_and_variables_as_they_were_and_the_two_change_apart(
+    keeping: Keeping, runtime: DockerRuntime
+) -> None:
+    with http_server(*keeping.args()) as url:
+        async with connect(url, mode="2026-07-28") as session:
+            base = await _call(session, "execute_command", command="echo base > f")
+            origin = base["workspace"]
+            await _call(session, "run_python", code="x = [1]", workspace=origin)
+            named = await _call(session, "workspaces", action="fork", name="branch-a", workspace=origin)
+            plain = await _call(session, "workspaces", action="fork", workspace=origin)
+            in_fork = await _call(session, "run_python", code="x.append(2)\nx", workspace="branch-a")
+            await _call(session, "execute_command", command="echo fork >> f", workspace="branch-a")
+            in_plain = await _call(session, "execute_command", command="cat f", workspace=plain["forked"])
+            in_origin = await _call(session, "run_python", code="print(x, open('f').read().strip())", workspace=origin)
+            fork_file = await _call(session, "execute_command", command="cat f", workspace="branch-a")
+            listed = await _call(session, "workspaces", action="list", workspace=origin)
+    assert not named["is_error"] and "forked as 'branch-a'" in named["text"], named["text"]
+    assert named["forked"] not in (origin, plain["forked"])
+    assert in_fork["stdout"] == "[1, 2]\n" and in_fork["workspace"] == named["forked"], in_fork["text"]
+    assert (in_plain["stdout"], in_origin["stdout"]) == ("base\n", "[1] base\n"), (in_plain["text"], in_origin["text"])
+    assert fork_file["stdout"] == "base\nfork\n"
+    names = {item["id"]: item["name"] for item in listed["workspaces"]}
+    assert names[named["forked"]] == "branch-a" and names[plain["forked"]] is None and origin in names

@@ -7,6 +7,8 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+import anyio
+
 from sandbox_server.errors import Refusal
 from sandbox_server.policy import Policy, ToolPolicy
 from sandbox_server.tools.base import WORKSPACE_ARGUMENT, ToolContext, ToolOutcome, result_schema
@@ -44,7 +46,9 @@ class WorkspacesTool:
         "The kept workspaces of this caller (/workspace's files and run_python's variables). `list` them; `keep` "
         "the call's workspace under a name: it then outlives its session and restarts of the server, any later "
         "call opens it by passing that name as `workspace`, and it lasts workspace.keep_s unused (keep it again "
-        "with another name to rename it); `delete` the call's workspace and everything in it. The workspace "
+        "with another name to rename it); `fork` it: a new workspace with its files and variables as they are now, "
+        "which the next calls change apart from it (named if `name` is given; the answer's `forked` is its id); "
+        "`delete` the call's workspace and everything in it. The workspace "
         "acted on is the one `workspace` names (an id or a name), else the session's.\n"
         'Example: {"action": "keep", "name": "sales-2024"}'
     )
@@ -52,12 +56,12 @@ class WorkspacesTool:
         "type": "object",
         "title": "workspaces: arguments",
         "properties": {
-            "action": {"type": "string", "enum": ["list", "keep", "delete"]},
+            "action": {"type": "string", "enum": ["list", "keep", "fork", "delete"]},
             "name": {
                 "type": "string",
                 "pattern": "^(?!ws-)[a-z0-9][a-z0-9._-]{0,62}$",
                 "x-in-words": NAME_IN_WORDS,
-                "description": "The name to keep the workspace under (action keep)",
+                "description": "The name to keep the workspace under (keep), or to give its fork (fork)",
             },
             "workspace": WORKSPACE_ARGUMENT,
         },
@@ -66,7 +70,10 @@ class WorkspacesTool:
     }
     output_schema = result_schema(
         "workspaces: result",
-        {"workspaces": {"type": "array", "items": WORKSPACE_SCHEMA, "description": "The caller's workspaces"}},
+        {
+            "workspaces": {"type": "array", "items": WORKSPACE_SCHEMA, "description": "The caller's workspaces"},
+            "forked": {"type": "string", "description": "The new workspace's id (action fork)"},
+        },
         ["workspaces"],
     )
     annotations: dict[str, Any] = {
@@ -96,6 +103,7 @@ class WorkspacesTool:
             )
         store, record = kept.store, kept.record
         action = args["action"]
+        extra: dict[str, Any] = {}
         if action == "keep":
             name = args.get("name")
             if not isinstance(name, str):
@@ -105,6 +113,16 @@ class WorkspacesTool:
             headline = (
                 f'workspace {record.id} is kept as {name!r}: pass "workspace": "{name}" to continue it from any '
                 f"session; it lasts {store.settings.keep_s:g} s unused (workspace.keep_s)"
+            )
+        elif action == "fork":
+            name = args.get("name")
+            fork = await anyio.to_thread.run_sync(store.fork, record, name if isinstance(name, str) else None,
+                                                  ctx.policy_name)  # fmt: skip
+            extra["forked"] = fork.id
+            called = f" as {fork.name!r}" if fork.name else ""
+            headline = (
+                f'workspace {record.id} is forked{called}: pass "workspace": "{fork.name or fork.id}" to work in '
+                "the fork; the two change apart from now on"
             )
         elif action == "delete":
             if ctx.services is not None:
@@ -124,7 +142,8 @@ class WorkspacesTool:
         ]
         if action == "list":
             headline = f"{len(rows)} workspace(s)" if rows else "no workspace is kept for this caller"
-        return ToolOutcome(headline, False, (("workspaces", "\n".join(lines)),) if lines else (), {"workspaces": rows})
+        sections = (("workspaces", "\n".join(lines)),) if lines else ()
+        return ToolOutcome(headline, False, sections, {"workspaces": rows, **extra})
 
     @staticmethod
     def _row(item: WorkspaceRecord, current: WorkspaceRecord, keep_s: float, idle_s: float) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -10,6 +11,7 @@ import pytest
 
 from sandbox_server.errors import Refusal
 from sandbox_server.policy import WorkspaceSettings
+from sandbox_server.sandbox.mounts import copy_sparse
 from sandbox_server.workspaces.store import WorkspaceStore, session_key
 
 
@@ -54,3 +56,17 @@ def test_names_are_per_caller_and_bounded(tmp_path: Path) -> None:
     with pytest.raises(Refusal) as bad:
         store.keep(other, "Bad Name", "p")
     assert bad.value.field == "name" and "lower-case letters" in bad.value.message
+
+
+def test_an_images_copy_has_its_data_and_leaves_its_holes_holes(tmp_path: Path) -> None:
+    source, target = tmp_path / "a.img", tmp_path / "b.img"
+    with open(source, "wb") as image:
+        image.truncate(64 << 20)
+        for offset in (0, 40 << 20):
+            image.seek(offset)
+            image.write(os.urandom(1 << 20))
+    copied = copy_sparse(source, target)
+    assert target.read_bytes() == source.read_bytes()
+    assert copied == 2 << 20 and target.stat().st_blocks * 512 < 4 << 20  # 2 MiB of data, not 64
+    with pytest.raises(FileExistsError):  # never over an existing file
+        copy_sparse(source, target)

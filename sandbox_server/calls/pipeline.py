@@ -350,7 +350,7 @@ def _in_workspace(
 ) -> tuple[ToolOutcome, bool]:
     """The outcome with what its kept workspace adds (its id, what changed, the services running in it), and
     whether the call saved the workspace."""
-    if kept is None:
+    if kept is None or kept.deleted:
         return outcome, False
     structured = {**(outcome.structured or {}), "workspace": kept.record.id}
     if outcome.audit is not None:
@@ -362,6 +362,8 @@ def _in_workspace(
         structured["changes"] = kept.changes
         said = changes_line(kept.changes)
         notes = (*notes, said) if said else notes
-    if kept.record.session is None:  # the 2026-07-28 era: the id is how the next call continues it
+    if kept.record.name is not None:
+        notes = (*notes, f"workspace {kept.record.name!r} ({kept.record.id}): pass either as `workspace` to continue")
+    elif kept.record.session is None:  # the 2026-07-28 era: the id is how the next call continues it
         notes = (*notes, f"workspace {kept.record.id}: pass it as `workspace` to continue in it")
     return replace(outcome, structured=structured, notes=notes), kept.saved

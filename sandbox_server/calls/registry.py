@@ -71,8 +71,10 @@ class ToolRegistry:
 
     @staticmethod
     def _offers(policy: Policy, name: str, tool: Tool) -> bool:
-        """Whether a policy offers a tool: enabled, and (the tool that runs no sandbox: services) of use there."""
-        return policy.for_tool(name).enabled and (getattr(tool, "sandbox", True) or bool(policy.services.tools))
+        """Whether a policy offers a tool: enabled, and (a tool that runs no sandbox: services, workspaces) of use
+        there."""
+        of_use = getattr(tool, "of_use", None)
+        return policy.for_tool(name).enabled and (of_use is None or bool(of_use(policy)))
 
     def policy_for(self, reference: str | None) -> Policy:
         """The policy a caller's calls run under: the one its token names, else the server's (as it is now)."""

@@ -131,6 +131,10 @@ class WorkspaceSettings:
     """A workspace continued this recently is never removed to make room; the new call is refused instead."""
     exec: bool = True
     """Whether programs may be run from files under /workspace (uploads marked executable, `./run.sh`)."""
+    keep_s: float = 2592000.0
+    """A named workspace unused for this long is removed (an unnamed one: idle_ttl_s)."""
+    named_per_caller: int = 20
+    """Named workspaces one caller may hold (apart from max_per_client's unnamed ones)."""
 
 
 @dataclass(frozen=True, slots=True)

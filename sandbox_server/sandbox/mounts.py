@@ -21,6 +21,7 @@ import os
 import shutil
 import struct
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 __all__ = [
@@ -227,6 +228,49 @@ def mount_image(image: Path, target: Path, executable: bool) -> None:
     _mount(None, str(target), MS_PRIVATE)  # what is bound onto one slot's copy never reaches another's
     with contextlib.suppress(OSError):
         os.rmdir(target / "lost+found")
+
+
+FIFREEZE, FITHAW = 0xC0045877, 0xC0045878
+"""ioctl(2) requests that hold a filesystem's writes and flush it (a consistent copy of its image), then let go."""
+
+
+@contextlib.contextmanager
+def frozen(target: Path) -> Iterator[None]:
+    """A mounted workspace with its writes held and everything written on its image, for as long as this lasts."""
+    folder = os.open(target, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fcntl.ioctl(folder, FIFREEZE, 0)
+        try:
+            yield
+        finally:
+            fcntl.ioctl(folder, FITHAW, 0)
+    finally:
+        os.close(folder)
+
+
+def copy_sparse(source: Path, target: Path) -> int:
+    """Copy an image file's data, leaving its holes holes (a workspace's image is mostly holes): the bytes
+    copied. The target is made new (never an existing file)."""
+    copied = 0
+    with open(source, "rb") as reading, open(target, "xb") as writing:
+        size = os.fstat(reading.fileno()).st_size
+        writing.truncate(size)
+        offset = 0
+        while offset < size:
+            try:
+                start = os.lseek(reading.fileno(), offset, os.SEEK_DATA)
+            except OSError:  # ENXIO: only a hole is left
+                break
+            end = os.lseek(reading.fileno(), start, os.SEEK_HOLE)
+            position = start
+            while position < end:
+                done = os.copy_file_range(reading.fileno(), writing.fileno(), end - position, position, position)
+                if done == 0:
+                    break
+                position += done
+            copied += end - start
+            offset = end
+    return copied
 
 
 def set_executable(target: Path, executable: bool) -> None:

@@ -10,10 +10,11 @@ from sandbox_server.tools.base import Tool, ToolContext, ToolOutcome
 from sandbox_server.tools.execute_command import ExecuteCommand
 from sandbox_server.tools.run_python import RunPython
 from sandbox_server.tools.services import ServicesTool
+from sandbox_server.tools.workspaces import WorkspacesTool
 
 __all__ = ["Tool", "ToolContext", "ToolOutcome", "all_tools"]
 
 
 def all_tools() -> list[Tool]:
     """Every tool, in the order tools/list shows them."""
-    return [ExecuteCommand(), RunPython(), AnalyzeCsv(), ServicesTool()]
+    return [ExecuteCommand(), RunPython(), AnalyzeCsv(), ServicesTool(), WorkspacesTool()]

@@ -8,7 +8,7 @@ from dataclasses import replace
 from typing import Any
 
 from sandbox_server.errors import Refusal
-from sandbox_server.policy import ToolPolicy
+from sandbox_server.policy import Policy, ToolPolicy
 from sandbox_server.sandbox.spec import SandboxSpec
 from sandbox_server.tools.base import WORKSPACE_ARGUMENT, ToolContext, ToolOutcome, result_schema
 
@@ -92,6 +92,11 @@ class ServicesTool:
     }
     sandbox = False
     """It runs no container: no warm pool is kept for it."""
+
+    @staticmethod
+    def of_use(policy: Policy) -> bool:
+        """Offered only where the policy starts services."""
+        return bool(policy.services.tools)
 
     def refuse(self, args: Mapping[str, Any], policy: ToolPolicy, policy_name: str) -> None:
         """Nothing of its own: which services run is known only in the call's workspace."""

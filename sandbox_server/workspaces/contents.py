@@ -18,6 +18,7 @@ files are read.
 
 from __future__ import annotations
 
+import contextlib
 import mimetypes
 import os
 import tarfile
@@ -84,6 +85,9 @@ class Contents(Protocol):
 
     def kept_files(self, workspace_ids: list[str]) -> set[str]:
         """The names of the files in the store's folder that hold these workspaces."""
+
+    def copy(self, source_id: str, target_id: str) -> None:
+        """A new workspace holding what `source_id` holds now (its files and run_python's kept variables)."""
 
     def remove(self, workspace_id: str, later: bool = False) -> None:
         """Delete a workspace's files (`later`: may finish after it returns; its id is never used again)."""
@@ -173,6 +177,12 @@ class ArchivedContents:
                 handle.seek(offset)
                 return member.size, handle.read(max_bytes if length is None else min(length, max_bytes))
         return None
+
+    def copy(self, source_id: str, target_id: str) -> None:
+        """A new workspace holding what `source_id` holds now: a second name for its archive (a save replaces an
+        archive with a new file, never writes into one, so the two part at their next saves)."""
+        with contextlib.suppress(FileNotFoundError):  # none saved yet: the new one starts empty too
+            os.link(self._archive(source_id), self._archive(target_id))
 
     def remove(self, workspace_id: str, later: bool = False) -> None:
         self._archive(workspace_id).unlink(missing_ok=True)

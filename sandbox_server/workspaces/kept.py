@@ -39,6 +39,8 @@ class KeptWorkspace:
         """What the call changed in the workspace (workspaces.changes), once it ran."""
         self.size_bytes: int | None = None
         """What the workspace's files take as the call left them, once it ran."""
+        self.deleted = False
+        """The call deleted the workspace (the `workspaces` tool): its answer names none to continue."""
 
     @classmethod
     def open(

@@ -349,6 +349,34 @@ class MountedContents:
             self._places.pop(workspace_id, None)
             _let_go(Held(self._image(workspace_id), where, -1 if handle is None else handle))
 
+    def copy(self, source_id: str, target_id: str) -> None:
+        """A new workspace holding what `source_id` holds now: its image copied while its writes are held (a
+        consistent filesystem), holes left holes. Mounted when its first call comes."""
+        with self._lock:
+            held_here = source_id in self._held
+        source, target = self._image(source_id), self._image(target_id)
+        if not source.exists():  # no call has made it yet: the fork starts as empty as it is
+            return
+        if held_here:
+            with mounts.frozen(self._where(source_id)):
+                mounts.copy_sparse(source, target)
+            return
+        handle = os.open(source, os.O_RDONLY | os.O_CLOEXEC)  # held by no process: hold it against one opening it
+        try:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise Refusal(
+                    f"busy: workspace {source_id} is open in another sandbox-server process on this host; retry "
+                    "when that process has let it go",
+                    "workspace",
+                    kind="busy",
+                    retry_after_s=5,
+                ) from None
+            mounts.copy_sparse(source, target)
+        finally:
+            os.close(handle)
+
     def _remove_in_a_pause(self, workspace_id: str) -> None:
         self._activity.wait_for_pause(DEFER_S, unless=lambda: self._closed)
         self.remove(workspace_id)

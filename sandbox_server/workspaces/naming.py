@@ -13,6 +13,8 @@ __all__ = [
     "ID_PATTERN",
     "INTERNAL_FOLDERS",
     "LISTING_TEMPLATE",
+    "NAME_IN_WORDS",
+    "NAME_PATTERN",
     "RESOURCE_TEMPLATE",
     "internal",
     "listing_id",
@@ -22,6 +24,13 @@ __all__ = [
 ]
 
 ID_PATTERN = re.compile(r"ws-[A-Za-z0-9_-]{22}")
+NAME_PATTERN = re.compile(r"(?!ws-)[a-z0-9][a-z0-9._-]{0,62}")
+"""A workspace's name as its caller gives it: lower-case letters, digits, '.', '_' and '-', up to 63, not
+starting with `ws-` (ids do)."""
+NAME_IN_WORDS = (
+    "1 to 63 lower-case letters, digits, '.', '_' and '-', starting with a letter or digit and not with 'ws-' "
+    "(e.g. sales-2024)"
+)
 RESOURCE_PREFIX = "sandbox://workspace/"
 RESOURCE_TEMPLATE = RESOURCE_PREFIX + "{workspace}/{+path}"
 """How a kept workspace's files are named as MCP resources (RFC 6570)."""

@@ -36,6 +36,9 @@ class WorkspaceRecord:
     """The tenant it was made for, who alone may use it (None: over stdio, where one client is served)."""
     continued: bool = False
     """A later call continued it (by its id, or as its session's): removed after those no call continued."""
+    name: str | None = None
+    """Its caller's name for it (the `workspaces` tool's `keep`): then it belongs to no session, outlives restarts
+    of the server, is opened by that name too, and lasts workspace.keep_s unused."""
 
 
 def over_cap(total: int, storage_bytes: int) -> str:

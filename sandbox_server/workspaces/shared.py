@@ -251,6 +251,14 @@ class SharedArchives(ArchivedContents):
         if workspace_id in self.held:
             self.held[workspace_id] = generation
 
+    def copy(self, source_id: str, target_id: str) -> None:
+        """Not yet here: a fork's chunks would be the database's to share between the two workspaces."""
+        raise Refusal(
+            "refused: workspaces are not forked yet on replicas sharing a database (serve --state); a fork is made "
+            "by a server keeping its workspaces in its own folder",
+            "workspace",
+        )
+
     def remove(self, workspace_id: str, later: bool = False) -> None:
         with self._lock:
             self._have.pop(workspace_id, None)

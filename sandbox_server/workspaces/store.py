@@ -29,7 +29,8 @@ from sandbox_server.policy import WorkspaceSettings
 from sandbox_server.sandbox.spec import ExecutionResult, SandboxSpec
 from sandbox_server.workspaces.contents import ArchivedContents, Contents
 from sandbox_server.workspaces.files import FileState
-from sandbox_server.workspaces.naming import ID_PATTERN
+from sandbox_server.workspaces.names import NamedWorkspaces
+from sandbox_server.workspaces.naming import ID_PATTERN, NAME_PATTERN
 from sandbox_server.workspaces.records import FileBook, RecordBook, WorkspaceRecord, over_cap
 
 if TYPE_CHECKING:  # the PostgreSQL driver is imported only by a server given --state
@@ -55,7 +56,7 @@ def default_state_dir() -> Path:
     return Path(base) / "sandbox-server"
 
 
-class WorkspaceStore:
+class WorkspaceStore(NamedWorkspaces):
     """The kept workspaces of this host, in one folder of the server's."""
 
     def __init__(
@@ -115,6 +116,11 @@ class WorkspaceStore:
         `shared` is the replicas' side of the call, which may have read the record with its admission."""
         now = time.time()
         with self._lock:
+            if requested is not None and NAME_PATTERN.fullmatch(requested):
+                record = self._named(requested, tenant, now)
+                if record is None:
+                    raise self.unknown(requested)
+                return self._continued(record), []
             if requested is not None:
                 valid = ID_PATTERN.fullmatch(requested) is not None
                 if valid:
@@ -165,7 +171,7 @@ class WorkspaceStore:
         stateless client's, oldest first), then the least recently used of the others, but never one continued
         within `protect_recent_s`: someone is working in it, so the new call is refused instead."""
         most, recent = self.settings.max_per_client, self.settings.protect_recent_s
-        theirs = [r for r in self._records.values() if r.holder == holder]
+        theirs = [r for r in self._records.values() if r.holder == holder and r.name is None]  # named: kept apart
         removable = sorted(
             (r for r in theirs if not self._in_use(r.id) and (not r.continued or now - r.last_used >= recent)),
             key=lambda r: (r.continued, r.last_used),
@@ -209,12 +215,14 @@ class WorkspaceStore:
         return not alive(_server_of(record.session))
 
     def _visible(self, record: WorkspaceRecord, session: str | None, tenant: str | None, now: float) -> bool:
-        """Live, made for this caller, and its session's, or (2026-07-28 era) anyone's of theirs who holds the id."""
+        """Live, made for this caller, and its session's, or (2026-07-28 era, or named) anyone's of theirs who holds
+        the id or the name."""
         mine = record.tenant == tenant and (record.session is None or record.session == session)
         return mine and not self._expired(record, now)
 
     def _expired(self, record: WorkspaceRecord, now: float) -> bool:
-        return now - record.last_used > self.settings.idle_ttl_s and not self._in_use(record.id)
+        lasts = self.settings.keep_s if record.name is not None else self.settings.idle_ttl_s
+        return now - record.last_used > lasts and not self._in_use(record.id)
 
     def _in_use(self, workspace_id: str) -> bool:
         return self._users.get(workspace_id, 0) > 0

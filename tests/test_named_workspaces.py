@@ -1,0 +1,141 @@
+"""Named workspaces: a caller keeps one under a name; it outlives its session and restarts of the server, any
+later session opens it by that name, and it is listed and deleted by its caller (the `workspaces` tool)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import pytest
+
+from sandbox_server.sandbox.docker_runtime import DockerRuntime
+from tests.mcp_harness import CheckedClient, connect, http_server, stdio_parameters, text_of
+
+pytestmark = pytest.mark.anyio
+
+KEEPING = """\
+extends: default
+workspace: {persist: true, size_mb: 16, files: 2000, idle_ttl_s: 600, max_per_client: 2, named_per_caller: 2}
+"""
+
+
+class Keeping(NamedTuple):
+    policy: Path
+    state: Path
+    kind: str
+
+    def args(self) -> tuple[str, ...]:
+        return ("--policy", str(self.policy), "--state-dir", str(self.state), "--workspaces", self.kind)
+
+
+@pytest.fixture(params=["mounted", "archived"])
+def keeping(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Keeping]:
+    policy = tmp_path / "keeping.yaml"
+    policy.write_text(KEEPING)
+    yield Keeping(policy, tmp_path / "state", request.param)
+
+
+async def _call(session: CheckedClient, tool: str, **arguments: Any) -> dict[str, Any]:
+    result = await session.call_tool(tool, arguments)
+    assert result.structured_content is not None, text_of(result)
+    return {**result.structured_content, "is_error": result.is_error, "text": text_of(result)}
+
+
+async def test_a_named_workspace_outlives_its_session_and_a_restart_and_opens_by_name(
+    keeping: Keeping, runtime: DockerRuntime
+) -> None:
+    async with connect(stdio_parameters(*keeping.args())) as session:
+        await _call(session, "execute_command", command="echo rows > data.csv")
+        await _call(session, "run_python", code="total = 41")
+        kept = await _call(session, "workspaces", action="keep", name="sales-2024")
+        scratch = await _call(session, "workspaces", action="list")
+    assert not kept["is_error"] and "kept as 'sales-2024'" in kept["text"], kept["text"]
+    [row] = scratch["workspaces"]
+    assert (row["name"], row["id"], row["current"]) == ("sales-2024", kept["workspace"], True)
+    assert row["expires_in_s"] > 2_000_000  # workspace.keep_s (30 days), not idle_ttl_s
+    # The stdio session ended with its server; a new server on the same state folder, a new session.
+    async with connect(stdio_parameters(*keeping.args())) as session:
+        fresh = await _call(session, "execute_command", command="ls")
+        cell = await _call(session, "run_python", code="total + 1", workspace="sales-2024")
+        files = await _call(session, "execute_command", command="cat data.csv", workspace="sales-2024")
+        listed = await _call(session, "workspaces", action="list")
+    assert fresh["stdout"] == "" and fresh["workspace"] != kept["workspace"]  # its own session's, empty
+    assert (cell["stdout"], files["stdout"]) == ("42\n", "rows\n"), (cell["text"], files["text"])
+    assert cell["workspace"] == kept["workspace"] and "pass either as `workspace`" in cell["text"]
+    names = {(item["name"], item["id"]) for item in listed["workspaces"]}
+    assert ("sales-2024", kept["workspace"]) in names and (None, fresh["workspace"]) in names
+
+
+async def test_names_are_the_callers_own_bounded_by_the_policy_and_refused_in_words(
+    keeping: Keeping, runtime: DockerRuntime
+) -> None:
+    with http_server(*keeping.args()) as url:
+        async with connect(url, mode="2026-07-28") as alice:
+            first = await _call(alice, "execute_command", command="echo a > f")
+            named = await _call(alice, "workspaces", action="keep", name="one", workspace=first["workspace"])
+            second = await _call(alice, "execute_command", command="true")
+            taken = await _call(alice, "workspaces", action="keep", name="one", workspace=second["workspace"])
+            renamed = await _call(alice, "workspaces", action="keep", name="uno", workspace="one")
+            await _call(alice, "workspaces", action="keep", name="two", workspace=second["workspace"])
+            third = await _call(alice, "execute_command", command="true")
+            over = await _call(alice, "workspaces", action="keep", name="three", workspace=third["workspace"])
+            for _ in range(3):  # unnamed ones past workspace.max_per_client (2): the named ones are not removed
+                await _call(alice, "execute_command", command="true")
+            old_name = await _call(alice, "execute_command", command="cat f", workspace="one")
+            by_new = await _call(alice, "execute_command", command="cat f", workspace="uno")
+            never = await _call(alice, "execute_command", command="true", workspace="never-given")
+            bad = await alice.call_tool("workspaces", {"action": "keep", "name": "ws-mine"})
+    assert not named["is_error"] and not renamed["is_error"], (named["text"], renamed["text"])
+    assert (
+        taken["is_error"]
+        and taken["error"]["field"] == "name"
+        and "already has a workspace named 'one'" in taken["text"]
+    )
+    assert over["is_error"] and over["error"]["field"] == "workspace.named_per_caller", over["text"]
+    assert "named_per_caller: 2" in over["text"]
+    assert old_name["is_error"] and old_name["error"]["field"] == "workspace"  # the old name no longer opens it
+    assert by_new["stdout"] == "a\n" and by_new["workspace"] == first["workspace"]
+    assert never["is_error"] and "unknown workspace 'never-given'" in never["text"], never["text"]
+    assert bad.is_error and "not with 'ws-'" in text_of(bad), text_of(bad)
+
+
+async def test_a_deleted_workspace_is_gone_with_its_files_and_its_name(
+    keeping: Keeping, runtime: DockerRuntime
+) -> None:
+    with http_server(*keeping.args()) as url:
+        async with connect(url, mode="2026-07-28") as session:
+            made = await _call(session, "execute_command", command="echo x > f")
+            await _call(session, "workspaces", action="keep", name="gone-soon", workspace=made["workspace"])
+            deleted = await _call(session, "workspaces", action="delete", workspace="gone-soon")
+            by_name = await _call(session, "execute_command", command="true", workspace="gone-soon")
+            by_id = await _call(session, "execute_command", command="true", workspace=made["workspace"])
+            listed = await _call(session, "workspaces", action="list")
+    assert not deleted["is_error"] and "is deleted" in deleted["text"] and "workspace" not in deleted, deleted
+    assert by_name["is_error"] and by_id["is_error"] and by_id["error"]["field"] == "workspace"
+    assert made["workspace"] not in {item["id"] for item in listed["workspaces"]}
+
+
+async def test_a_fork_holds_the_files_and_variables_as_they_were_and_the_two_change_apart(
+    keeping: Keeping, runtime: DockerRuntime
+) -> None:
+    with http_server(*keeping.args()) as url:
+        async with connect(url, mode="2026-07-28") as session:
+            base = await _call(session, "execute_command", command="echo base > f")
+            origin = base["workspace"]
+            await _call(session, "run_python", code="x = [1]", workspace=origin)
+            named = await _call(session, "workspaces", action="fork", name="branch-a", workspace=origin)
+            plain = await _call(session, "workspaces", action="fork", workspace=origin)
+            in_fork = await _call(session, "run_python", code="x.append(2)\nx", workspace="branch-a")
+            await _call(session, "execute_command", command="echo fork >> f", workspace="branch-a")
+            in_plain = await _call(session, "execute_command", command="cat f", workspace=plain["forked"])
+            in_origin = await _call(session, "run_python", code="print(x, open('f').read().strip())", workspace=origin)
+            fork_file = await _call(session, "execute_command", command="cat f", workspace="branch-a")
+            listed = await _call(session, "workspaces", action="list", workspace=origin)
+    assert not named["is_error"] and "forked as 'branch-a'" in named["text"], named["text"]
+    assert named["forked"] not in (origin, plain["forked"])
+    assert in_fork["stdout"] == "[1, 2]\n" and in_fork["workspace"] == named["forked"], in_fork["text"]
+    assert (in_plain["stdout"], in_origin["stdout"]) == ("base\n", "[1] base\n"), (in_plain["text"], in_origin["text"])
+    assert fork_file["stdout"] == "base\nfork\n"
+    names = {item["id"]: item["name"] for item in listed["workspaces"]}
+    assert names[named["forked"]] == "branch-a" and names[plain["forked"]] is None and origin in names

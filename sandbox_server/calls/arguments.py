@@ -12,6 +12,7 @@ from jsonschema.exceptions import ValidationError
 
 from sandbox_server.errors import Refusal
 from sandbox_server.policy import Policy
+from sandbox_server.policy.hints import in_words
 
 __all__ = ["argument_path", "check_arguments", "describe_error"]
 
@@ -32,7 +33,8 @@ def describe_error(error: ValidationError) -> str:
         return f"unknown field: {error.message}"
     if error.validator == "pattern" and "\\u0000" in str(error.validator_value):
         return f"`{argument_path(error)}` contains a NUL byte, which no program argument can hold"
-    message = error.message if len(error.message) < 300 else error.message[:300] + "…"
+    said = in_words(error)  # a pattern in the schema's own words, when it gives them
+    message = said if len(said) < 300 else said[:300] + "…"
     return f"`{argument_path(error)}`: {message}"
 
 

@@ -44,8 +44,8 @@ class WorkspacesTool:
     title = "List, name (keep) or delete your workspaces"
     description = (
         "The kept workspaces of this caller (/workspace's files and run_python's variables). `list` them; `keep` "
-        "the call's workspace under a name: it then outlives its session and restarts of the server, any later "
-        "call opens it by passing that name as `workspace`, and it lasts workspace.keep_s unused (keep it again "
+        "the call's workspace under a name: the session goes on in it, and it outlives that session and "
+        "restarts of the server, any later call opens it by passing that name as `workspace`, and it lasts workspace.keep_s unused (keep it again "
         "with another name to rename it); `fork` it: a new workspace with its files and variables as they are now, "
         "which the next calls change apart from it (named if `name` is given; the answer's `forked` is its id); "
         "`delete` the call's workspace and everything in it. The workspace "

@@ -72,8 +72,8 @@ class NamedWorkspaces:
         return sorted(seen, key=lambda r: r.last_used, reverse=True)
 
     def keep(self, record: WorkspaceRecord, name: str, policy_name: str) -> WorkspaceRecord:
-        """Name a workspace for its caller: it then belongs to no session, outlives restarts of the server, and
-        lasts workspace.keep_s unused. Refused, naming the field, past workspace.named_per_caller or for a name
+        """Name a workspace for its caller: its session goes on in it, but it outlives that session and restarts
+        of the server, any session of the caller opens it by name, and it lasts workspace.keep_s unused. Refused, naming the field, past workspace.named_per_caller or for a name
         the caller already gave another workspace."""
         with self._lock:
             self._fresh()
@@ -81,7 +81,7 @@ class NamedWorkspaces:
             if current is None:
                 raise self.unknown(record.id)
             self._may_name(current.tenant, name, policy_name, current)
-            kept = replace(current, name=name, session=None, continued=True, last_used=time.time())
+            kept = replace(current, name=name, continued=True, last_used=time.time())  # its session goes on in it
             self._records[kept.id] = kept
             self._write_record(kept)
         return kept

@@ -37,8 +37,8 @@ class WorkspaceRecord:
     continued: bool = False
     """A later call continued it (by its id, or as its session's): removed after those no call continued."""
     name: str | None = None
-    """Its caller's name for it (the `workspaces` tool's `keep`): then it belongs to no session, outlives restarts
-    of the server, is opened by that name too, and lasts workspace.keep_s unused."""
+    """Its caller's name for it (the `workspaces` tool's `keep`): then it outlives its session and restarts of the
+    server, any session of its caller opens it by that name, and it lasts workspace.keep_s unused."""
 
 
 def over_cap(total: int, storage_bytes: int) -> str:

@@ -217,7 +217,7 @@ class WorkspaceStore(NamedWorkspaces):
     def _visible(self, record: WorkspaceRecord, session: str | None, tenant: str | None, now: float) -> bool:
         """Live, made for this caller, and its session's, or (2026-07-28 era, or named) anyone's of theirs who holds
         the id or the name."""
-        mine = record.tenant == tenant and (record.session is None or record.session == session)
+        mine = record.tenant == tenant and (record.session in (None, session) or record.name is not None)
         return mine and not self._expired(record, now)
 
     def _expired(self, record: WorkspaceRecord, now: float) -> bool:
@@ -360,7 +360,10 @@ class WorkspaceStore(NamedWorkspaces):
             for record in list(self._records.values()):
                 # A dead replica's sessions' workspaces wait to be continued elsewhere by id, until they expire.
                 orphaned = (
-                    record.session is not None and not self.book.shared and not server_alive(_server_of(record.session))
+                    record.session is not None
+                    and record.name is None  # a named one outlives its session
+                    and not self.book.shared
+                    and not server_alive(_server_of(record.session))
                 )
                 if (self._expired(record, now) or orphaned) and not self._in_use(record.id):
                     self._remove(record.id)
@@ -385,7 +388,11 @@ class WorkspaceStore(NamedWorkspaces):
     def _end(self, ended_session: Callable[[str], bool]) -> int:
         with self._lock:
             self._fresh()
-            ended = [r.id for r in self._records.values() if r.session is not None and ended_session(r.session)]
+            ended = [
+                r.id
+                for r in self._records.values()
+                if r.session is not None and r.name is None and ended_session(r.session)
+            ]
             for workspace_id in ended:
                 self._remove(workspace_id)
         return len(ended)

@@ -25,7 +25,7 @@ def test_a_named_workspace_lasts_keep_s_and_outlives_its_session_while_an_unname
     named, _ = store.open(None, session, "client")
     kept = store.keep(named, "kept-one", "p")
     plain, _ = store.open(None, session_key("server-1", "s2"), "client")
-    assert (kept.name, kept.session) == ("kept-one", None)
+    assert (kept.name, kept.session) == ("kept-one", session)  # its session goes on in it
     assert store.end_session(session) == 0  # its session ended: the named one is no longer its
     an_hour_less = time.time() - 600  # past idle_ttl_s, within keep_s
     for record in (kept, plain):

@@ -290,7 +290,13 @@ async def test_the_stateless_2026_era_serves_tools_too(http_url: str) -> None:
     for target in (stdio_parameters(), http_url):
         async with connect(target, mode="2026-07-28") as session:
             listed = await session.list_tools()
-            assert [tool.name for tool in listed.tools] == ["analyze_csv", "execute_command", "run_python", "services"]
+            assert [tool.name for tool in listed.tools] == [
+                "analyze_csv",
+                "execute_command",
+                "run_python",
+                "services",
+                "workspaces",
+            ]
             result = await session.call_tool("execute_command", {"command": "echo modern"})
             assert result.structured_content is not None and result.structured_content["stdout"] == "modern\n"
 

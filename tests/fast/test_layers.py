@@ -27,6 +27,8 @@ MAX_METHODS = 24
 """Methods of one class: past this it likely holds two ideas."""
 WIDE_CLASSES = {
     "workspaces/store.py:WorkspaceStore": "a workspace's life: made, found, held by a call, saved, swept, removed",
+    "workspaces/mounted.py:MountedContents": "a workspace's filesystem: made ahead, mounted, held, copied, given back, "
+    "removed",
 }
 MAX_PARAMETERS = 8
 """Parameters of one function (self aside): past this the call site cannot be read without the signature."""

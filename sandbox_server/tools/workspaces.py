@@ -50,7 +50,7 @@ class WorkspacesTool:
         "which the next calls change apart from it (named if `name` is given; the answer's `forked` is its id); "
         "`delete` the call's workspace and everything in it. The workspace "
         "acted on is the one `workspace` names (an id or a name), else the session's.\n"
-        'Example: {"action": "keep", "name": "sales-2024"}'
+        'Example: {"action": "list"}'
     )
     input_schema: dict[str, Any] = {
         "type": "object",

@@ -25,6 +25,7 @@ __all__ = [
     "FILES_SCHEMA",
     "SANDBOX_ANNOTATIONS",
     "TIMEOUT_SCHEMA",
+    "MANAGING_ANNOTATIONS",
     "WORKSPACE_ARGUMENT",
     "WORKSPACE",
     "Tool",
@@ -70,6 +71,15 @@ FILES_SCHEMA: dict[str, Any] = {
     },
 }
 
+
+MANAGING_ANNOTATIONS: dict[str, Any] = {
+    "readOnlyHint": False,
+    "destructiveHint": True,
+    "idempotentHint": False,
+    "openWorldHint": False,
+}
+"""The hints of the tools that run no sandbox and manage what the workspace holds (services, workspaces): they
+stop or remove things, reach nothing outside."""
 
 WORKSPACE_ARGUMENT: dict[str, Any] = {
     "type": "string",

@@ -10,7 +10,7 @@ from typing import Any
 from sandbox_server.errors import Refusal
 from sandbox_server.policy import Policy, ToolPolicy
 from sandbox_server.sandbox.spec import SandboxSpec
-from sandbox_server.tools.base import WORKSPACE_ARGUMENT, ToolContext, ToolOutcome, result_schema
+from sandbox_server.tools.base import MANAGING_ANNOTATIONS, WORKSPACE_ARGUMENT, ToolContext, ToolOutcome, result_schema
 
 __all__ = ["ServicesTool", "start_service"]
 
@@ -84,12 +84,7 @@ class ServicesTool:
         {"log": {"type": "string", "description": "The end of the service's log (action log)"}},
         ["services"],
     )
-    annotations: dict[str, Any] = {
-        "readOnlyHint": False,
-        "destructiveHint": True,
-        "idempotentHint": False,
-        "openWorldHint": False,
-    }
+    annotations: dict[str, Any] = MANAGING_ANNOTATIONS
     sandbox = False
     """It runs no container: no warm pool is kept for it."""
 

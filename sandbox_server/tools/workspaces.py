@@ -11,7 +11,7 @@ import anyio
 
 from sandbox_server.errors import Refusal
 from sandbox_server.policy import Policy, ToolPolicy
-from sandbox_server.tools.base import WORKSPACE_ARGUMENT, ToolContext, ToolOutcome, result_schema
+from sandbox_server.tools.base import MANAGING_ANNOTATIONS, WORKSPACE_ARGUMENT, ToolContext, ToolOutcome, result_schema
 from sandbox_server.workspaces.kept import KeptWorkspace
 from sandbox_server.workspaces.naming import NAME_IN_WORDS
 from sandbox_server.workspaces.records import WorkspaceRecord
@@ -76,12 +76,7 @@ class WorkspacesTool:
         },
         ["workspaces"],
     )
-    annotations: dict[str, Any] = {
-        "readOnlyHint": False,
-        "destructiveHint": True,
-        "idempotentHint": False,
-        "openWorldHint": False,
-    }
+    annotations: dict[str, Any] = MANAGING_ANNOTATIONS
     sandbox = False
     """It runs no container: no warm pool is kept for it."""
 

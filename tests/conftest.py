@@ -104,10 +104,24 @@ def runtime() -> Iterator[DockerRuntime]:
     connected.close()
 
 
+def _reapers_finished(timeout_s: float = 60) -> None:
+    """Wait for the reapers of servers that have ended (a server its client killed after the grace period leaves
+    its containers to its reaper, which may still be removing them when the suite ends)."""
+    import psutil
+
+    reapers = []
+    for process in psutil.process_iter(["cmdline"]):
+        said = process.info["cmdline"] or []
+        if "reap-after" in said and not psutil.pid_exists(int(said[said.index("--pid") + 1])):
+            reapers.append(process)
+    psutil.wait_procs(reapers, timeout=timeout_s)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def no_container_left_behind() -> Iterator[None]:
     """After the whole suite, no container of ours remains."""
     yield
+    _reapers_finished()
     try:
         leftover = DockerRuntime.connect().sandbox_containers()
     except Exception:

@@ -30,7 +30,7 @@ from sandbox_server.cli.client import server_parameters
 
 POLICY = (
     "extends: default\nworkspace: {persist: true, size_mb: %(size)d, files: 20000, max_per_client: 64, "
-    "named_per_caller: 64}\nhost: {workspace_storage_mb: 200000}\n"
+    "named_per_caller: 64}\ndefaults: {limits: {max_timeout_s: 600}}\nhost: {workspace_storage_mb: 200000}\n"
 )
 COUNT = "ls | wc -l"
 
@@ -67,6 +67,7 @@ async def row(work: Path, keeping: str, mib: int, files: int, forks: int) -> dic
         filled = await client.call_tool("execute_command", {"command": fill, "timeout_s": 600})
         assert not filled.is_error, filled.content
         origin = filled.structured_content["workspace"] if filled.structured_content else ""
+        counted = filled.structured_content["stdout"] if filled.structured_content else ""
         before = allocated_kib(state)
         forked, firsts, beside = [], [], []
         for index in range(forks):
@@ -77,7 +78,7 @@ async def row(work: Path, keeping: str, mib: int, files: int, forks: int) -> dic
             started = time.perf_counter()
             first = await client.call_tool("execute_command", {"command": COUNT, "workspace": f"f{index}"})
             firsts.append(time.perf_counter() - started)
-            assert first.structured_content and first.structured_content["stdout"].strip() == str(files), first
+            assert first.structured_content and first.structured_content["stdout"] == counted, first
             started = time.perf_counter()
             await client.call_tool("execute_command", {"command": COUNT, "workspace": origin})
             beside.append(time.perf_counter() - started)

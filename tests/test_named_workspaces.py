@@ -139,3 +139,86 @@ async def test_a_fork_holds_the_files_and_variables_as_they_were_and_the_two_cha
     assert fork_file["stdout"] == "base\nfork\n"
     names = {item["id"]: item["name"] for item in listed["workspaces"]}
     assert names[named["forked"]] == "branch-a" and names[plain["forked"]] is None and origin in names
+
+
+ROOMY = """\
+extends: default
+workspace: {persist: true, size_mb: 16, files: 2000, idle_ttl_s: 600, max_per_client: 4, named_per_caller: 6,
+            snapshots_per_caller: 1}
+"""
+
+
+@pytest.fixture
+def roomy(keeping: Keeping) -> Keeping:
+    """Room for several branches, and one snapshot per caller."""
+    keeping.policy.write_text(ROOMY)
+    return keeping
+
+
+async def test_a_snapshot_restores_files_and_variables_byte_equal_into_a_new_workspace_or_the_same(
+    roomy: Keeping, runtime: DockerRuntime
+) -> None:
+    digest = "sha256sum blob | cut -c1-64"
+    with http_server(*roomy.args()) as url:
+        async with connect(url, mode="2026-07-28") as session:
+            made = await _call(session, "execute_command", command=f"head -c 300000 /dev/urandom > blob; {digest}")
+            base = made["workspace"]
+            await _call(session, "run_python", code="kept = {'a': [1, 2], 'b': 'text'}", workspace=base)
+            taken = await _call(session, "workspaces", action="snapshot", name="before", workspace=base)
+            second = await _call(session, "workspaces", action="snapshot", workspace=base)
+            await _call(session, "execute_command", command="rm blob", workspace=base)
+            await _call(session, "run_python", code="kept = None", workspace=base)
+            opened = await _call(session, "execute_command", command="true", workspace="before")
+            restored = await _call(
+                session, "workspaces", action="restore", snapshot="before", name="again", workspace=base
+            )
+            in_new = await _call(session, "execute_command", command=digest, workspace="again")
+            new_cell = await _call(session, "run_python", code="print(kept)", workspace="again")
+            replaced = await _call(
+                session, "workspaces", action="restore", snapshot="before", replace=True, workspace=base
+            )
+            in_base = await _call(session, "execute_command", command=digest, workspace=base)
+            base_cell = await _call(session, "run_python", code="print(kept)", workspace=base)
+            listed = await _call(session, "workspaces", action="list", workspace=base)
+            deleted = await _call(session, "workspaces", action="delete", snapshot="before", workspace=base)
+            after = await _call(session, "workspaces", action="list", workspace=base)
+    assert not taken["is_error"] and "snapshotted as 'before'" in taken["text"], taken["text"]
+    assert second["is_error"] and second["error"]["field"] == "workspace.snapshots_per_caller", second["text"]
+    assert opened["is_error"] and "is a snapshot" in opened["text"] and opened["error"]["field"] == "workspace"
+    assert not restored["is_error"] and restored["forked"] != base, restored["text"]
+    assert in_new["stdout"] == made["stdout"] and in_base["stdout"] == made["stdout"], (in_new, in_base)
+    assert new_cell["stdout"] == base_cell["stdout"] == "{'a': [1, 2], 'b': 'text'}\n", (new_cell, base_cell)
+    assert not replaced["is_error"] and "holds snapshot 'before' again" in replaced["text"], replaced["text"]
+    [row] = [item for item in listed["workspaces"] if item["snapshot"]]
+    assert (row["id"], row["name"], row["origin"]) == (taken["snapshot"], "before", base)
+    assert not deleted["is_error"] and not any(item["snapshot"] for item in after["workspaces"]), deleted["text"]
+
+
+async def test_three_branches_compared_say_the_files_and_variables_each_changed(
+    roomy: Keeping, runtime: DockerRuntime
+) -> None:
+    with http_server(*roomy.args()) as url:
+        async with connect(url, mode="2026-07-28") as session:
+            base = (await _call(session, "execute_command", command="echo a > f.txt"))["workspace"]
+            await _call(session, "run_python", code="n = 1\nitems = [1, 2, 3]", workspace=base)
+            for branch in ("b1", "b2", "b3"):
+                await _call(session, "workspaces", action="fork", name=branch, workspace=base)
+            await _call(session, "execute_command", command="echo new > added.txt", workspace="b1")
+            await _call(session, "run_python", code="n = 2", workspace="b2")
+            await _call(session, "execute_command", command="rm f.txt", workspace="b3")
+            await _call(
+                session, "run_python", code="import numpy as np\narr = np.zeros((3, 4))\ndel items", workspace="b3"
+            )
+            result = await _call(session, "workspaces", action="compare", branches=["b1", "b2", "b3"], workspace=base)
+            itself = await _call(session, "workspaces", action="compare", branches=[base], workspace=base)
+    assert not result["is_error"], result["text"]
+    b1, b2, b3 = result["branches"]
+    assert (b1["name"], b1["files"]["created"], b1["files"]["deleted"]) == ("b1", ["added.txt"], [])
+    assert b1["variables"] == {"added": [], "changed": [], "removed": [], "more": 0}
+    assert b2["files"]["created"] == b2["files"]["deleted"] == b2["files"]["modified"] == []
+    assert b2["variables"]["changed"] == [{"name": "n", "about": "int 2", "was": "int 1"}], b2["variables"]
+    assert b3["files"]["deleted"] == ["f.txt"]
+    assert b3["variables"]["added"] == [{"name": "arr", "about": "ndarray 3 x 4"}], b3["variables"]
+    assert b3["variables"]["removed"] == [{"name": "items", "about": "list of 3"}], b3["variables"]
+    assert "b2: no file changed; variables: ~n: int 1 -> int 2" in result["text"], result["text"]
+    assert itself["is_error"] and itself["error"]["field"] == "branches"

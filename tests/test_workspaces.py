@@ -130,6 +130,26 @@ async def test_a_timed_out_call_leaves_the_workspace_as_its_program_left_it(
     assert after["stdout"] == "before\n"
 
 
+async def test_a_program_that_kills_the_launchers_timer_is_neither_stopped_nor_called_timed_out(
+    tmp_path: Path, runtime: DockerRuntime
+) -> None:
+    # An archived workspace's launcher stops the program at its deadline itself (to save it as it was), with a
+    # timer that the OOM killer also ends when the workspace fills memory: that was answered 'timed out'. (A
+    # mounted workspace needs no such timer: the host's timeout leaves its filesystem as the kill found it.)
+    policy = tmp_path / "keeping.yaml"
+    policy.write_text(KEEPING)
+    archived = Keeping(policy, tmp_path / "state", tmp_path / "audit.jsonl", "archived")
+    async with connect(stdio_parameters(*_serve_args(archived))) as session:
+        ended = await _call(
+            session,
+            'for p in /proc/[0-9]*; do [ "$(cat $p/comm 2>/dev/null)" = sleep ] && kill -9 "${p#/proc/}" && echo killed; '
+            "done; sleep 0.3; echo still-here > kept; cat kept",
+        )
+        after = await _call(session, "cat kept")
+    assert not ended["is_error"] and not ended["timed_out"] and ended["stdout"] == "killed\nstill-here\n", ended
+    assert after["stdout"] == "still-here\n"
+
+
 async def test_links_fifos_and_output_files_are_not_carried_into_the_next_call(
     keeping: Keeping, runtime: DockerRuntime
 ) -> None:

@@ -55,6 +55,8 @@ class State:
         self.next = 1
         self.loaded = set()
         """The kept names this cell was given (so it may have changed, rebound or deleted them)."""
+        self.about = {}
+        """Kept variable -> a line saying what it is (read by the host to compare workspaces: data, never code)."""
         self.earlier = None
         """An earlier version's single file of every variable, when that is what the workspace holds."""
 
@@ -90,6 +92,7 @@ class State:
             with open(os.path.join(self.folder, INDEX), encoding="utf-8") as handle:
                 index = json.load(handle)
             self.values, self.modules, self.next = dict(index["values"]), dict(index["modules"]), int(index["next"])
+            self.about = dict(index.get("about", {}))
             return
         except FileNotFoundError:
             pass
@@ -140,7 +143,9 @@ class State:
         for file in set(self.values.values()) - referenced:  # no kept variable is in it any more
             _remove(os.path.join(self.folder, file))
         order = [n for n in self.values if n in values] + [n for n in values if n not in self.values]
-        index = {"values": {n: values[n] for n in order}, "modules": modules, "next": self.next}
+        about = {n: a for n, a in self.about.items() if n in values and n not in written}
+        about.update((n, _about(namespace[n])) for n in written)
+        index = {"values": {n: values[n] for n in order}, "modules": modules, "next": self.next, "about": about}
         problem = _write_json(os.path.join(self.folder, INDEX), index)
         if problem is not None:  # the workspace is full: the previous index stays, and says what it says
             order, not_kept = [], [f"all ({problem})"]
@@ -191,6 +196,24 @@ def _write(path, values):
     return None, [
         identity for identity, (_, obj) in memo.items() if not isinstance(obj, IMMUTABLE) and obj is not values
     ]
+
+
+def _about(value, width=80):
+    """What a kept variable is, in a line: its type, and its shape, length or (for a scalar or a short text) its
+    value. Cheap: no repr of anything large."""
+    kind = type(value).__name__
+    shape = getattr(value, "shape", None)
+    if isinstance(shape, tuple) and all(isinstance(n, int) for n in shape):
+        return f"{kind} {' x '.join(map(str, shape)) or 'scalar'}"
+    if isinstance(value, (bool, int, float, complex, type(None))) or (
+        isinstance(value, (str, bytes)) and len(value) <= width
+    ):
+        shown = repr(value)
+        return f"{kind} {shown if len(shown) <= width else shown[: width - 1] + '…'}"
+    try:
+        return f"{kind} of {len(value)}"
+    except Exception:
+        return kind
 
 
 def _entangled(written, shared):

@@ -135,6 +135,8 @@ class WorkspaceSettings:
     """A named workspace unused for this long is removed (an unnamed one: idle_ttl_s)."""
     named_per_caller: int = 20
     """Named workspaces one caller may hold (apart from max_per_client's unnamed ones)."""
+    snapshots_per_caller: int = 20
+    """Snapshots one caller may hold (apart from its workspaces)."""
 
 
 @dataclass(frozen=True, slots=True)

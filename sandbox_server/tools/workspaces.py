@@ -12,6 +12,7 @@ import anyio
 from sandbox_server.errors import Refusal
 from sandbox_server.policy import Policy, ToolPolicy
 from sandbox_server.tools.base import MANAGING_ANNOTATIONS, WORKSPACE_ARGUMENT, ToolContext, ToolOutcome, result_schema
+from sandbox_server.workspaces.compare import compared, compared_line
 from sandbox_server.workspaces.kept import KeptWorkspace
 from sandbox_server.workspaces.naming import NAME_IN_WORDS
 from sandbox_server.workspaces.records import WorkspaceRecord
@@ -28,8 +29,40 @@ WORKSPACE_SCHEMA: dict[str, Any] = {
         "size_bytes": {"type": "integer"},
         "expires_in_s": {"type": "number", "description": "Removed after this long unused"},
         "current": {"type": "boolean", "description": "The workspace this call worked in"},
+        "snapshot": {"type": "boolean", "description": "A snapshot: kept as it was taken, restored to work in"},
+        "origin": {"type": ["string", "null"], "description": "What it was forked, snapshotted or restored from"},
     },
-    "required": ["id", "name", "created", "last_used", "size_bytes", "expires_in_s", "current"],
+    "required": ["id", "name", "created", "last_used", "size_bytes", "expires_in_s", "current", "snapshot", "origin"],
+}
+CHANGES_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {kind: {"type": "array", "items": {"type": "string"}} for kind in ("created", "modified", "deleted")}
+    | {"renamed": {"type": "array", "items": {"type": "object"}}, "more": {"type": "integer"}},
+}
+VARIABLE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "about": {"type": "string"}, "was": {"type": "string"}},
+    "required": ["name", "about"],
+}
+BRANCH_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "workspace": {"type": "string"},
+        "name": {"type": ["string", "null"]},
+        "size_bytes": {"type": "integer"},
+        "files": CHANGES_SCHEMA,
+        "variables": {
+            "type": "object",
+            "properties": {k: {"type": "array", "items": VARIABLE_SCHEMA} for k in ("added", "changed", "removed")}
+            | {"more": {"type": "integer"}},
+        },
+    },
+    "required": ["workspace", "name", "size_bytes", "files", "variables"],
+}
+REFERENCE: dict[str, Any] = {
+    "type": "string",
+    "pattern": "^(ws-[A-Za-z0-9_-]{22}|(?!ws-)[a-z0-9][a-z0-9._-]{0,62})$",
+    "x-in-words": "a workspace's or snapshot's id (ws-…) or the name its caller gave it",
 }
 
 
@@ -38,32 +71,55 @@ def _iso(seconds: float) -> str:
 
 
 class WorkspacesTool:
-    """List the caller's workspaces, name one so it is kept, delete one."""
+    """List, name, fork, snapshot, restore, compare and delete the caller's workspaces."""
 
     name = "workspaces"
-    title = "List, name (keep) or delete your workspaces"
+    title = "Keep, fork, snapshot, restore, compare or delete your workspaces"
     description = (
-        "The kept workspaces of this caller (/workspace's files and run_python's variables). `list` them; `keep` "
-        "the call's workspace under a name: the session goes on in it, and it outlives that session and "
-        "restarts of the server, any later call opens it by passing that name as `workspace`, and it lasts workspace.keep_s unused (keep it again "
-        "with another name to rename it); `fork` it: a new workspace with its files and variables as they are now, "
-        "which the next calls change apart from it (named if `name` is given; the answer's `forked` is its id); "
-        "`delete` the call's workspace and everything in it. The workspace "
-        "acted on is the one `workspace` names (an id or a name), else the session's.\n"
+        "The kept workspaces of this caller (/workspace's files and run_python's variables). `list` them and "
+        "their snapshots; `keep` the call's workspace under a name: the session goes on in it, and it outlives "
+        "that session and restarts of the server, any later call opens it by passing that name as `workspace`, "
+        "and it lasts workspace.keep_s unused (keep it again with another name to rename it); `fork` it: a new "
+        "workspace with its files and variables as they are now, which the next calls change apart from it "
+        "(named if `name` is given; the answer's `forked` is its id); `snapshot` it: a copy kept as it is now "
+        "(named if `name` is given), which `restore` with `snapshot` makes into a new workspace (`forked`), or, "
+        "with \"replace\": true, makes the call's workspace again; `compare` the call's workspace with the "
+        "`branches` forked from it (each given a different call, say): the files and variables each changed, "
+        "then keep one and delete the rest; `delete` the call's workspace (or, with `snapshot`, that snapshot) "
+        "and everything in it. The workspace acted on is the one `workspace` names (an id or a name), else the "
+        "session's.\n"
         'Example: {"action": "list"}'
     )
     input_schema: dict[str, Any] = {
         "type": "object",
         "title": "workspaces: arguments",
         "properties": {
-            "action": {"type": "string", "enum": ["list", "keep", "fork", "delete"]},
+            "action": {
+                "type": "string",
+                "enum": ["list", "keep", "fork", "snapshot", "restore", "compare", "delete"],
+            },
             "name": {
                 "type": "string",
                 "pattern": "^(?!ws-)[a-z0-9][a-z0-9._-]{0,62}$",
                 "x-in-words": NAME_IN_WORDS,
-                "description": "The name to keep the workspace under (keep), or to give its fork (fork)",
+                "description": "The name to keep the workspace under (keep), or to give its fork, snapshot or "
+                "restored copy",
             },
             "workspace": WORKSPACE_ARGUMENT,
+            "snapshot": REFERENCE | {"description": "The snapshot to restore or delete (its id or name)"},
+            "replace": {
+                "type": "boolean",
+                "description": "restore: make the call's workspace the snapshot's again (what it holds now is "
+                "gone) rather than a new workspace",
+            },
+            "branches": {
+                "type": "array",
+                "items": REFERENCE,
+                "minItems": 1,
+                "maxItems": 8,
+                "uniqueItems": True,
+                "description": "compare: the workspaces to compare with the call's (forks of it, by id or name)",
+            },
         },
         "required": ["action"],
         "additionalProperties": False,
@@ -71,8 +127,18 @@ class WorkspacesTool:
     output_schema = result_schema(
         "workspaces: result",
         {
-            "workspaces": {"type": "array", "items": WORKSPACE_SCHEMA, "description": "The caller's workspaces"},
-            "forked": {"type": "string", "description": "The new workspace's id (action fork)"},
+            "workspaces": {
+                "type": "array",
+                "items": WORKSPACE_SCHEMA,
+                "description": "The caller's workspaces and snapshots",
+            },
+            "forked": {"type": "string", "description": "The new workspace's id (fork, restore)"},
+            "snapshot": {"type": "string", "description": "The new snapshot's id (snapshot)"},
+            "branches": {
+                "type": "array",
+                "items": BRANCH_SCHEMA,
+                "description": "compare: what each branch changed from the call's workspace",
+            },
         },
         ["workspaces"],
     )
@@ -99,9 +165,10 @@ class WorkspacesTool:
         store, record = kept.store, kept.record
         action = args["action"]
         extra: dict[str, Any] = {}
+        sections: list[tuple[str, str]] = []
+        name = args.get("name") if isinstance(args.get("name"), str) else None
         if action == "keep":
-            name = args.get("name")
-            if not isinstance(name, str):
+            if name is None:
                 raise Refusal("refused: `keep` needs the `name` to keep the workspace under", "name")
             record = store.keep(record, name, ctx.policy_name)
             kept.record = record
@@ -110,39 +177,111 @@ class WorkspacesTool:
                 f"session; it lasts {store.settings.keep_s:g} s unused (workspace.keep_s)"
             )
         elif action == "fork":
-            name = args.get("name")
-            fork = await anyio.to_thread.run_sync(store.fork, record, name if isinstance(name, str) else None,
-                                                  ctx.policy_name)  # fmt: skip
+            fork = await anyio.to_thread.run_sync(store.fork, record, name, ctx.policy_name)
             extra["forked"] = fork.id
             called = f" as {fork.name!r}" if fork.name else ""
             headline = (
                 f'workspace {record.id} is forked{called}: pass "workspace": "{fork.name or fork.id}" to work in '
                 "the fork; the two change apart from now on"
             )
+        elif action == "snapshot":
+            taken = await anyio.to_thread.run_sync(store.snapshot, record, name, ctx.policy_name)
+            extra["snapshot"] = taken.id
+            called = f" as {taken.name!r}" if taken.name else ""
+            headline = (
+                f'workspace {record.id} is snapshotted{called}: restore it with {{"action": "restore", "snapshot": '
+                f'"{taken.name or taken.id}"}}; it lasts {store.settings.keep_s:g} s (workspace.keep_s)'
+            )
+        elif action == "restore":
+            headline, record = await self._restore(args, kept, name, ctx.policy_name, extra)
+        elif action == "compare":
+            headline = await self._compare(args, kept, extra, sections)
         elif action == "delete":
-            if ctx.services is not None:
-                for service in ctx.services.services.running(record.id):
-                    await ctx.services.services.stop(service, "its workspace was deleted")
-            store.forget(record)
-            kept.deleted = True
-            headline = f"workspace {record.id}" + (f" ({record.name!r})" if record.name else "") + " is deleted"
+            headline = await self._delete(args, kept, ctx)
         else:
             headline = ""
         listed = store.listed(record.session, record.tenant)
         rows = [self._row(item, record, store.settings.keep_s, store.settings.idle_ttl_s) for item in listed]
         lines = [
-            f"{row['name'] or '(not named)'}: {row['id']}, {row['size_bytes']} bytes, last used {row['last_used']}"
+            ("snapshot " if row["snapshot"] else "")
+            + f"{row['name'] or '(not named)'}: {row['id']}, {row['size_bytes']} bytes, last used {row['last_used']}"
             + (" (this call's)" if row["current"] else "")
             for row in rows
         ]
         if action == "list":
-            headline = f"{len(rows)} workspace(s)" if rows else "no workspace is kept for this caller"
-        sections = (("workspaces", "\n".join(lines)),) if lines else ()
-        return ToolOutcome(headline, False, sections, {"workspaces": rows, **extra})
+            headline = f"{len(rows)} workspace(s) and snapshot(s)" if rows else "no workspace is kept for this caller"
+        if lines:
+            sections.append(("workspaces", "\n".join(lines)))
+        return ToolOutcome(headline, False, tuple(sections), {"workspaces": rows, **extra})
+
+    @staticmethod
+    def _snapshot_named(args: Mapping[str, Any], kept: KeptWorkspace, action: str) -> WorkspaceRecord:
+        requested = args.get("snapshot")
+        if not isinstance(requested, str):
+            raise Refusal(f"refused: `{action}` needs the `snapshot` to {action} (its id or name)", "snapshot")
+        found = kept.store.resolve(requested, kept.record.session, kept.record.tenant)
+        if not found.snapshot:
+            raise Refusal(f"refused: {requested!r} is a workspace, not a snapshot; fork it instead", "snapshot")
+        return found
+
+    async def _restore(
+        self, args: Mapping[str, Any], kept: KeptWorkspace, name: str | None, policy_name: str, extra: dict[str, Any]
+    ) -> tuple[str, WorkspaceRecord]:
+        store, record = kept.store, kept.record
+        snapshot = self._snapshot_named(args, kept, "restore")
+        called = snapshot.name or snapshot.id
+        if args.get("replace"):
+            record = await anyio.to_thread.run_sync(store.restore, snapshot, record)
+            kept.record = record
+            return f"workspace {record.id} holds snapshot {called!r} again (what it held before is gone)", record
+        made = await anyio.to_thread.run_sync(store.fork, snapshot, name, policy_name)
+        extra["forked"] = made.id
+        return (
+            f'snapshot {called!r} is restored into a new workspace: pass "workspace": "{made.name or made.id}" '
+            "to work in it",
+            record,
+        )
+
+    @staticmethod
+    async def _compare(
+        args: Mapping[str, Any], kept: KeptWorkspace, extra: dict[str, Any], sections: list[tuple[str, str]]
+    ) -> str:
+        store, base = kept.store, kept.record
+        wanted = args.get("branches")
+        if not isinstance(wanted, list) or not wanted:
+            raise Refusal("refused: `compare` needs the `branches` to compare with the call's workspace", "branches")
+        branches = [store.resolve(str(item), base.session, base.tenant) for item in wanted]
+
+        def read() -> tuple[dict[str, Any], dict[str, Any]]:
+            every = [base, *branches]
+            return {r.id: store.states(r) for r in every}, {r.id: store.variables_index(r) for r in every}
+
+        states, indexes = await anyio.to_thread.run_sync(read)
+        rows = [compared(base, branch, states, indexes) for branch in branches]
+        extra["branches"] = rows
+        sections.append(("branches", "\n".join(compared_line(row) for row in rows)))
+        return (
+            f"{len(rows)} branch(es) compared with workspace {base.name or base.id}: keep the one you want "
+            '({"action": "keep", "workspace": "<its id>", "name": …}) and delete the others'
+        )
+
+    @staticmethod
+    async def _delete(args: Mapping[str, Any], kept: KeptWorkspace, ctx: ToolContext) -> str:
+        store, record = kept.store, kept.record
+        if args.get("snapshot") is not None:
+            snapshot = WorkspacesTool._snapshot_named(args, kept, "delete")
+            store.forget(snapshot)
+            return f"snapshot {snapshot.id}" + (f" ({snapshot.name!r})" if snapshot.name else "") + " is deleted"
+        if ctx.services is not None:
+            for service in ctx.services.services.running(record.id):
+                await ctx.services.services.stop(service, "its workspace was deleted")
+        store.forget(record)
+        kept.deleted = True
+        return f"workspace {record.id}" + (f" ({record.name!r})" if record.name else "") + " is deleted"
 
     @staticmethod
     def _row(item: WorkspaceRecord, current: WorkspaceRecord, keep_s: float, idle_s: float) -> dict[str, Any]:
-        lasts = keep_s if item.name is not None else idle_s
+        lasts = keep_s if item.name is not None or item.snapshot else idle_s
         return {
             "id": item.id,
             "name": item.name,
@@ -151,4 +290,6 @@ class WorkspacesTool:
             "size_bytes": item.size_bytes,
             "expires_in_s": round(max(0.0, item.last_used + lasts - time.time()), 1),
             "current": item.id == current.id,
+            "snapshot": item.snapshot,
+            "origin": item.origin,
         }

@@ -12,14 +12,15 @@ from typing import TYPE_CHECKING
 
 from sandbox_server.errors import Refusal
 from sandbox_server.policy import WorkspaceSettings
+from sandbox_server.workspaces.compare import INDEX_BYTES, INDEX_PATH
 from sandbox_server.workspaces.contents import Contents
-from sandbox_server.workspaces.naming import NAME_IN_WORDS, NAME_PATTERN
+from sandbox_server.workspaces.naming import ID_PATTERN, NAME_IN_WORDS, NAME_PATTERN
 from sandbox_server.workspaces.records import WorkspaceRecord
 
 if TYPE_CHECKING:
     from sandbox_server.state.calls import SharedCall
 
-__all__ = ["NamedWorkspaces"]
+__all__ = ["NamedWorkspaces", "counted", "not_a_snapshot"]
 
 
 class NamedWorkspaces:
@@ -98,7 +99,7 @@ class NamedWorkspaces:
                 "name",
             )
         if taker is None or taker.name is None:
-            theirs = [r for r in self._records.values() if r.tenant == tenant and r.name is not None]
+            theirs = [r for r in self._records.values() if r.tenant == tenant and r.name is not None and not r.snapshot]
             most = self.settings.named_per_caller
             if len(theirs) >= most:
                 raise Refusal(
@@ -110,17 +111,14 @@ class NamedWorkspaces:
     def fork(self, record: WorkspaceRecord, name: str | None, policy_name: str) -> WorkspaceRecord:
         """A new workspace of the same caller holding what `record` holds now (files and run_python's kept
         variables), named if `name` is given, else reached by its id from any session of that caller. Bounded as
-        any new workspace is, but never by removing another: a fork past a cap is refused, naming the field."""
-        now = time.time()
+        any new workspace is, but never by removing another: a fork past a cap is refused, naming the field. A
+        snapshot forks as its restore into a new workspace."""
         with self._lock:
-            self._fresh()
-            current = self._records.get(record.id)
-            if current is None:
-                raise self.unknown(record.id)
+            current = self._current(record)
             if name is not None:
                 self._may_name(current.tenant, name, policy_name, None)
             else:
-                theirs = [r for r in self._records.values() if r.holder == current.holder and r.name is None]
+                theirs = [r for r in self._records.values() if r.holder == current.holder and counted(r)]
                 most = self.settings.max_per_client
                 if len(theirs) >= most:
                     raise Refusal(
@@ -129,34 +127,135 @@ class NamedWorkspaces:
                         "one, or fork under a name (workspace.named_per_caller)",
                         "workspace.max_per_client",
                     )
-            taken = sum(r.size_bytes for r in self._records.values()) + current.size_bytes
-            if taken > self.storage_bytes:
+            made = self._begin_copy(current, name, snapshot=False)
+        return self._copy(current, made)
+
+    def snapshot(self, record: WorkspaceRecord, name: str | None, policy_name: str) -> WorkspaceRecord:
+        """A copy of what `record` holds now (its files and run_python's kept variables), kept as it is: no call
+        works in it; it is restored into a new workspace or the same one, and lasts workspace.keep_s from now.
+        Refused, naming the field, past workspace.snapshots_per_caller."""
+        with self._lock:
+            current = self._current(record)
+            if current.snapshot:
+                raise Refusal(f"refused: {current.id} is a snapshot already; restore it to work in it", "workspace")
+            if name is not None:
+                _check_name(name)
+                self._name_free(current.tenant, name)
+            theirs = [r for r in self._records.values() if r.tenant == current.tenant and r.snapshot]
+            most = self.settings.snapshots_per_caller
+            if len(theirs) >= most:
                 raise Refusal(
-                    f"refused: no fork: all workspaces together would take {taken} bytes, above the host's cap of "
-                    f"{self.storage_bytes} (policy field host.workspace_storage_mb)",
-                    "host.workspace_storage_mb",
+                    f"refused: this caller keeps {len(theirs)} snapshots, the most policy '{policy_name}' allows "
+                    f"(field workspace.snapshots_per_caller: {most}); delete one first",
+                    "workspace.snapshots_per_caller",
                 )
-            fork = replace(
-                current, id=f"ws-{secrets.token_urlsafe(16)}", session=None, created=now, last_used=now,
-                continued=True, name=name,
-            )  # fmt: skip
-            self._records[fork.id] = fork  # held (in use) while its files are copied: no sweep takes it
-            self._users[fork.id] = self._users.get(fork.id, 0) + 1
+            made = self._begin_copy(current, name, snapshot=True)
+        return self._copy(current, made)
+
+    def restore(self, snapshot: WorkspaceRecord, into: WorkspaceRecord) -> WorkspaceRecord:
+        """Make `into`'s files and kept variables the snapshot's (what it held is gone), when no call works in
+        it but this one; its name, owner and lifetime stay."""
+        with self._lock:
+            source = self._current(snapshot)
+            target = self._current(into)
+            if target.snapshot:
+                raise Refusal(f"refused: {target.id} is a snapshot, kept as it was taken", "workspace")
+            if self._in_use(target.id):
+                raise Refusal(
+                    f"busy: another call is working in workspace {target.id}; retry when it has finished",
+                    "workspace",
+                    kind="busy",
+                    retry_after_s=1,
+                )
+            self._users[target.id] = self._users.get(target.id, 0) + 1
         try:
-            self.contents.copy(current.id, fork.id)
+            self.contents.remove(target.id)
+            self.contents.copy(source.id, target.id)
+        finally:
+            with self._lock:
+                self._users[target.id] -= 1
+                if not self._users[target.id]:
+                    del self._users[target.id]
+        with self._lock:
+            restored = replace(target, size_bytes=source.size_bytes, origin=source.id, last_used=time.time())
+            self._records[restored.id] = restored
+            self._write_record(restored)
+        return restored
+
+    def resolve(self, requested: str, session: str | None, tenant: str | None) -> WorkspaceRecord:
+        """A workspace or snapshot this caller may see, by its id or its name (the one answer for every other
+        case: unknown)."""
+        now = time.time()
+        with self._lock:
+            if NAME_PATTERN.fullmatch(requested):
+                found = self._named(requested, tenant, now)
+            else:
+                self._fresh(requested if ID_PATTERN.fullmatch(requested) else None)
+                found = self._records.get(requested)
+            if found is None or not self._visible(found, session, tenant, now):
+                raise self.unknown(requested)
+        return found
+
+    def variables_index(self, record: WorkspaceRecord) -> bytes | None:
+        """run_python's index of a workspace's kept variables, as the sandbox wrote it (None: none, or too large)."""
+        try:
+            found = self.contents.read_file(record.id, INDEX_PATH, INDEX_BYTES)
+        except Refusal:
+            return None
+        return found[1] if found is not None else None
+
+    def _current(self, record: WorkspaceRecord) -> WorkspaceRecord:
+        """The record as it is now (under the lock)."""
+        self._fresh()
+        current = self._records.get(record.id)
+        if current is None:
+            raise self.unknown(record.id)
+        return current
+
+    def _name_free(self, tenant: str | None, name: str) -> None:
+        taken = self._named(name, tenant, time.time())
+        if taken is not None:
+            raise Refusal(
+                f"refused: this caller already has a workspace or snapshot named {name!r} ({taken.id}); choose "
+                "another name",
+                "name",
+            )
+
+    def _begin_copy(self, current: WorkspaceRecord, name: str | None, snapshot: bool) -> WorkspaceRecord:
+        """The record of a copy of `current`, held (in use) while its files are copied: no sweep takes it (under
+        the lock); refused when the host's cap has no room for it."""
+        taken = sum(r.size_bytes for r in self._records.values()) + current.size_bytes
+        if taken > self.storage_bytes:
+            raise Refusal(
+                f"refused: no copy: all workspaces together would take {taken} bytes, above the host's cap of "
+                f"{self.storage_bytes} (policy field host.workspace_storage_mb)",
+                "host.workspace_storage_mb",
+            )
+        now = time.time()
+        made = replace(
+            current, id=f"ws-{secrets.token_urlsafe(16)}", session=None, created=now, last_used=now,
+            continued=True, name=name, origin=current.id, snapshot=snapshot,
+        )  # fmt: skip
+        self._records[made.id] = made
+        self._users[made.id] = self._users.get(made.id, 0) + 1
+        return made
+
+    def _copy(self, current: WorkspaceRecord, made: WorkspaceRecord) -> WorkspaceRecord:
+        try:
+            self.contents.copy(current.id, made.id)
         except BaseException:
             with self._lock:
-                self._records.pop(fork.id, None)
-            self.contents.remove(fork.id, later=True)
+                self._records.pop(made.id, None)
+            self.contents.remove(made.id, later=True)
             raise
         finally:
             with self._lock:
-                self._users[fork.id] -= 1
-                if not self._users[fork.id]:
-                    del self._users[fork.id]
+                self._users[made.id] -= 1
+                if not self._users[made.id]:
+                    del self._users[made.id]
         with self._lock:
-            self._write_record(fork)
-        return fork
+            self._write_record(made)
+        return made
 
     def forget(self, record: WorkspaceRecord) -> None:
         """Remove a workspace at its caller's word: its files, its name, its record."""
@@ -169,6 +268,21 @@ class NamedWorkspaces:
                     retry_after_s=1,
                 )
             self._remove(record.id, later=True)
+
+
+def counted(record: WorkspaceRecord) -> bool:
+    """Whether a workspace counts against workspace.max_per_client (named ones and snapshots are counted apart)."""
+    return record.name is None and not record.snapshot
+
+
+def not_a_snapshot(record: WorkspaceRecord, requested: str) -> WorkspaceRecord:
+    if record.snapshot:
+        raise Refusal(
+            f"refused: {requested!r} is a snapshot, kept as it was taken: no call works in it; restore it with the "
+            'workspaces tool ({"action": "restore", "snapshot": "' + requested + '"}) and work in what that makes',
+            "workspace",
+        )
+    return record
 
 
 def _check_name(name: str) -> None:

@@ -39,6 +39,12 @@ class WorkspaceRecord:
     name: str | None = None
     """Its caller's name for it (the `workspaces` tool's `keep`): then it outlives its session and restarts of the
     server, any session of its caller opens it by that name, and it lasts workspace.keep_s unused."""
+    origin: str | None = None
+    """The workspace or snapshot it was copied from (a fork, a snapshot, a restore): what `compare` compares
+    with by default."""
+    snapshot: bool = False
+    """A snapshot: a copy kept as it was taken, never opened by a call (restored into a workspace instead), for
+    workspace.keep_s from when it was taken."""
 
 
 def over_cap(total: int, storage_bytes: int) -> str:

@@ -29,7 +29,7 @@ from sandbox_server.policy import WorkspaceSettings
 from sandbox_server.sandbox.spec import ExecutionResult, SandboxSpec
 from sandbox_server.workspaces.contents import ArchivedContents, Contents
 from sandbox_server.workspaces.files import FileState
-from sandbox_server.workspaces.names import NamedWorkspaces
+from sandbox_server.workspaces.names import NamedWorkspaces, counted, not_a_snapshot
 from sandbox_server.workspaces.naming import ID_PATTERN, NAME_PATTERN
 from sandbox_server.workspaces.records import FileBook, RecordBook, WorkspaceRecord, over_cap
 
@@ -120,7 +120,7 @@ class WorkspaceStore(NamedWorkspaces):
                 record = self._named(requested, tenant, now)
                 if record is None:
                     raise self.unknown(requested)
-                return self._continued(record), []
+                return self._continued(not_a_snapshot(record, requested)), []
             if requested is not None:
                 valid = ID_PATTERN.fullmatch(requested) is not None
                 if valid:
@@ -134,11 +134,13 @@ class WorkspaceStore(NamedWorkspaces):
                     self._write_record(record)
                 if record is None or not self._visible(record, session, tenant, now):
                     raise self.unknown(requested)
-                return self._continued(record), []
+                return self._continued(not_a_snapshot(record, requested)), []
             self._fresh()
             if session is not None:
                 mine = [
-                    r for r in self._records.values() if r.session == session and self._visible(r, session, tenant, now)
+                    r
+                    for r in self._records.values()
+                    if r.session == session and not r.snapshot and self._visible(r, session, tenant, now)
                 ]
                 if mine:
                     return self._continued(max(mine, key=lambda r: r.last_used)), []
@@ -171,7 +173,7 @@ class WorkspaceStore(NamedWorkspaces):
         stateless client's, oldest first), then the least recently used of the others, but never one continued
         within `protect_recent_s`: someone is working in it, so the new call is refused instead."""
         most, recent = self.settings.max_per_client, self.settings.protect_recent_s
-        theirs = [r for r in self._records.values() if r.holder == holder and r.name is None]  # named: kept apart
+        theirs = [r for r in self._records.values() if r.holder == holder and counted(r)]  # named: kept apart
         removable = sorted(
             (r for r in theirs if not self._in_use(r.id) and (not r.continued or now - r.last_used >= recent)),
             key=lambda r: (r.continued, r.last_used),
@@ -221,7 +223,7 @@ class WorkspaceStore(NamedWorkspaces):
         return mine and not self._expired(record, now)
 
     def _expired(self, record: WorkspaceRecord, now: float) -> bool:
-        lasts = self.settings.keep_s if record.name is not None else self.settings.idle_ttl_s
+        lasts = self.settings.keep_s if record.name is not None or record.snapshot else self.settings.idle_ttl_s
         return now - record.last_used > lasts and not self._in_use(record.id)
 
     def _in_use(self, workspace_id: str) -> bool:

@@ -30,7 +30,7 @@ from sandbox_server.cli.client import server_parameters
 
 POLICY = (
     "extends: default\nworkspace: {persist: true, size_mb: %(size)d, files: 20000, max_per_client: 64, "
-    "named_per_caller: 64}\ndefaults: {limits: {max_timeout_s: 600}}\nhost: {workspace_storage_mb: 200000}\n"
+    "named_per_caller: 64}\ndefaults: {limits: {max_timeout_s: 600, memory_mb: %(memory)d}}\nhost: {workspace_storage_mb: 200000}\n"
 )
 COUNT = "ls | wc -l"
 
@@ -58,7 +58,8 @@ def write_speed_mib_s(folder: Path, mib: int) -> float:
 
 async def row(work: Path, keeping: str, mib: int, files: int, forks: int) -> dict[str, Any]:
     policy = work / f"{keeping}.yaml"
-    policy.write_text(POLICY % {"size": mib + mib // 4 + 64})
+    # An archived workspace is a tmpfs in the sandbox, whose pages count against its memory.
+    policy.write_text(POLICY % {"size": mib + mib // 4 + 64, "memory": mib + mib // 2 + 256})
     state = work / f"state-{keeping}"
     arguments = ["--policy", str(policy), "--state-dir", str(state), "--workspaces", keeping]
     per_file = mib * 1024 // files

@@ -150,6 +150,22 @@ async def test_a_program_that_kills_the_launchers_timer_is_neither_stopped_nor_c
     assert after["stdout"] == "still-here\n"
 
 
+async def test_an_archived_workspace_that_fills_memory_is_answered_out_of_memory_not_timed_out(
+    tmp_path: Path, runtime: DockerRuntime
+) -> None:
+    # An archived workspace is a tmpfs, whose pages count against the memory cap: the OOM killer ends what runs,
+    # the launcher's timer among them (which was taken for the deadline, and answered 'timed out after 60 s').
+    policy = tmp_path / "small.yaml"
+    policy.write_text(
+        "extends: default\nworkspace: {persist: true, size_mb: 256}\ndefaults: {limits: {memory_mb: 64}}\n"
+    )
+    archived = Keeping(policy, tmp_path / "state", tmp_path / "audit.jsonl", "archived")
+    async with connect(stdio_parameters(*_serve_args(archived))) as session:
+        filled = await _call(session, "head -c 200M /dev/zero > big; echo written")
+    assert filled["is_error"] and filled["oom_killed"] and not filled["timed_out"], filled["text"]
+    assert filled["text"].startswith("killed: out of memory (64 MiB); policy field limits.memory_mb"), filled["text"]
+
+
 async def test_links_fifos_and_output_files_are_not_carried_into_the_next_call(
     keeping: Keeping, runtime: DockerRuntime
 ) -> None:

@@ -14,7 +14,7 @@ import docker.errors
 import pytest
 from mcp import Client
 
-from sandbox_server.sandbox import wire
+from sandbox_server.sandbox import mounts, wire
 from sandbox_server.sandbox.docker_runtime import DockerRuntime, process_tree
 from sandbox_server.sandbox.images import catalog, image_status
 from sandbox_server.sandbox.removal import OWNER_LABEL, owner_alive
@@ -58,6 +58,13 @@ def containers_of(pid: int, running: bool = False) -> list[str]:
     items = api.containers(all=not running, filters={"label": SANDBOX_LABEL})
     api.close()
     return [item["Id"] for item in items if f":{pid}:" in (item.get("Labels") or {}).get(OWNER_LABEL, "")]
+
+
+def images_of(store: Path) -> Path:
+    """Where a store's mounted workspaces' images are: its pool (an XFS filesystem with reflinks, mounted while
+    its server runs) where the host has one, else the store's folder."""
+    pool = store / "pool"
+    return pool if pool.is_dir() and str(pool.resolve()) in mounts.mounted(pool) else store
 
 
 def left_by_exited_servers() -> list[str]:

@@ -16,6 +16,7 @@ import pytest
 from sandbox_server.sandbox import mounts
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
 from sandbox_server.sandbox.spec import SandboxSpec
+from tests.conftest import images_of
 from tests.mcp_harness import CheckedClient, connect, http_server_process, stdio_parameters, text_of
 
 pytestmark = pytest.mark.anyio
@@ -51,7 +52,7 @@ async def test_a_sessions_disk_is_given_back_and_nothing_stays_mounted_when_it_e
     state = _state(served)
     async with connect(stdio_parameters(*served)) as session:
         bomb = await _call(session, "dd if=/dev/urandom of=big bs=1M count=64 2>&1")
-        (image,) = state.glob("img-*.img")
+        (image,) = images_of(state).glob("img-*.img")
         allocated = image.stat().st_blocks * 512
         during = mounts.mounted(state)
     assert "No space left on device" in bomb["stdout"]
@@ -75,10 +76,12 @@ async def test_a_killed_servers_mounts_are_swept_and_its_workspace_continues_in_
         async with connect(second.url, mode="2026-07-28") as session:
             continued = await _call(session, "cat s.txt", workspace=made["workspace"])
         now = mounts.mounted(state)
-        spares = {path.parent.parent for path in state.glob("run/*/spares/*.img")}
+        spares = {path.parent for path in images_of(state).glob("spares/*/*.img")}
     assert left  # what the killed process had mounted
     assert continued["stdout"] == "survived\n"
-    assert not set(left) & set(now)  # swept, and mounted again by the process that uses it now
+    # Swept, and mounted again by the process that uses it now; the pool the images live in (where the host has
+    # one) is found mounted, and used as it is.
+    assert not set(left) & set(now) - {str(state.resolve() / "pool")}
     assert len(spares) <= 1  # the killed process's spare images went with its mounts
 
 
@@ -184,7 +187,7 @@ async def test_cells_that_keep_variables_run_one_at_a_time_and_the_one_that_wait
 async def _spares(state: Path, count: int) -> dict[int, Path]:
     """The spare images made ahead once there are `count` of them, by inode (bounded wait)."""
     with anyio.fail_after(30):
-        while len(found := {path.stat().st_ino: path for path in state.glob("run/*/spares/*.img")}) < count:
+        while len(found := {path.stat().st_ino: path for path in images_of(state).glob("spares/*/*.img")}) < count:
             await anyio.sleep(0.05)
     return found
 
@@ -197,7 +200,7 @@ async def test_a_new_workspace_takes_a_filesystem_made_ahead_and_another_is_made
         async with connect(server.url, mode="2026-07-28") as session:
             spares = await _spares(state, 2)  # made from the start, with the first warm container's shape
             made = await _call(session, "echo new > n.txt; df -P . | tail -n 1")
-            taken = [path for path in state.glob("img-*.img") if path.stat().st_ino in spares]
+            taken = [path for path in images_of(state).glob("img-*.img") if path.stat().st_ino in spares]
             refilled = await _spares(state, 2)
             continued = await _call(session, "cat n.txt", workspace=made["workspace"])
     assert not made["is_error"] and continued["stdout"] == "new\n", (made, continued)

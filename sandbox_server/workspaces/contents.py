@@ -58,6 +58,8 @@ class Contents(Protocol):
 
     side_by_side: bool
     """Whether calls in one workspace may run at the same time (they share its files as they run)."""
+    folder: Path
+    """Where the workspaces' files are (the store's folder, or a filesystem of its own under it)."""
 
     def shape(self, spec: SandboxSpec) -> SandboxSpec:
         """The container settings of a call in a kept workspace (what its warm containers are made with)."""
@@ -106,7 +108,7 @@ class ArchivedContents:
     """Each call starts from the last saved archive and saves its own: calls side by side would lose files."""
 
     def __init__(self, root: Path) -> None:
-        self.root = root
+        self.root = self.folder = root
 
     def _archive(self, workspace_id: str) -> Path:
         return self.root / f"{workspace_id}.tar"

@@ -21,12 +21,13 @@ from pathlib import Path
 
 from sandbox_server.errors import Refusal
 from sandbox_server.policy import WorkspaceSettings
-from sandbox_server.sandbox import mounts
+from sandbox_server.sandbox import mounts, reflinks
 from sandbox_server.sandbox.activity import Activity
 from sandbox_server.sandbox.archive import OUTPUT_LEAF
 from sandbox_server.sandbox.spec import ExecutionResult, ResourceLimits, SandboxSpec
 from sandbox_server.workspaces.contents import Room, too_large
 from sandbox_server.workspaces.files import FileState, file_states, open_regular, regular_files
+from sandbox_server.workspaces.image_files import image_key, move_image, remove_run_folder, remove_spares
 
 __all__ = ["MountedContents"]
 
@@ -87,8 +88,7 @@ class MountedContents:
         self.root = root
         self._activity = activity or Activity()
         """The calls running now: the work beside them waits for a pause between them."""
-        self._key = _image_key(root / IMAGE_KEY)
-        self.run = root / "run" / process.replace("/", "_")
+        self._key = image_key(root / IMAGE_KEY)
         self._process_alive = process_alive
         self._lock = threading.Lock()
         self._held: dict[str, int] = {}
@@ -110,26 +110,35 @@ class MountedContents:
         """Per workspace: held while it is made and mounted."""
         self._again: set[str] = set()
         """Workspaces whose calls ended while their blocks were being given back: once more, then."""
+        self.run = root / "run" / process.replace("/", "_")
+        found = reflinks.pool(root)
+        self.folder = found if found is not None else root
+        """Where the images live: where they clone (a fork or a snapshot is a reflink), else the state folder."""
+        self.reflinks = found is not None
         self.sweep()
         for old in root.glob("ws-*.img"):  # named by their id before names were keyed
             with contextlib.suppress(OSError):
-                os.replace(old, self._image(old.name.removesuffix(".img")))
+                os.replace(old, self.root / f"img-{self._name(old.name.removesuffix('.img'))}.img")
+        if self.folder != root:  # images kept before the pool: moved into it
+            for old in root.glob("img-*.img"):
+                move_image(old, self.folder / old.name)
         self.slots = self.run / "slots"
         mounts.make_shared(self.slots)
 
     def sweep(self) -> None:
-        """Let go of what server processes that no longer run left mounted."""
+        """Let go of what server processes that no longer run left mounted, and their spares."""
         for folder in (self.root / "run").glob("*"):
             if folder != self.run and not self._process_alive(folder.name):
                 mounts.detach_under(folder)
-                _remove_tree(folder)
+                remove_run_folder(folder)
+                remove_spares(self.folder / "spares" / folder.name)
 
     def _name(self, workspace_id: str) -> str:
         """What the host calls a workspace's image and mount: nothing a sandbox could use as its id."""
         return hmac.new(self._key, workspace_id.encode(), hashlib.sha256).hexdigest()[:32]
 
     def _image(self, workspace_id: str) -> Path:
-        return self.root / f"img-{self._name(workspace_id)}.img"
+        return self.folder / f"img-{self._name(workspace_id)}.img"
 
     def kept_files(self, workspace_ids: list[str]) -> set[str]:
         """The names of the files in the store's folder that hold these workspaces."""
@@ -213,7 +222,8 @@ class MountedContents:
 
     def _new_spare(self, shape: Shape) -> Held:
         name = secrets.token_hex(16)
-        image, where = self.run / "spares" / f"{name}.img", self.run / "ws" / name
+        image, where = self.folder / "spares" / self.run.name / f"{name}.img", self.run / "ws" / name
+        image.parent.parent.mkdir(mode=0o700, exist_ok=True)
         image.parent.mkdir(mode=0o700, exist_ok=True)
         handle = -1
         try:
@@ -357,9 +367,10 @@ class MountedContents:
         source, target = self._image(source_id), self._image(target_id)
         if not source.exists():  # no call has made it yet: the fork starts as empty as it is
             return
+        copy = reflinks.clone if self.reflinks else mounts.copy_sparse
         if held_here:
             with mounts.frozen(self._where(source_id)):
-                mounts.copy_sparse(source, target)
+                copy(source, target)
             return
         handle = os.open(source, os.O_RDONLY | os.O_CLOEXEC)  # held by no process: hold it against one opening it
         try:
@@ -373,7 +384,7 @@ class MountedContents:
                     kind="busy",
                     retry_after_s=5,
                 ) from None
-            mounts.copy_sparse(source, target)
+            copy(source, target)
         finally:
             os.close(handle)
 
@@ -399,22 +410,10 @@ class MountedContents:
             for handle in self._held.values():
                 os.close(handle)
             self._held.clear()
-        _remove_tree(self.run)
-
-
-def _image_key(path: Path) -> bytes:
-    """The key images are named with: made once, kept beside them."""
-    try:
-        handle = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-    except FileExistsError:
-        key = path.read_bytes()
-        if len(key) >= 32:
-            return key
-        raise ValueError(f"{path}: a workspace image key of {len(key)} bytes; remove it to make a new one") from None
-    key = os.urandom(32)
-    with os.fdopen(handle, "wb") as written:
-        written.write(key)
-    return key
+        remove_run_folder(self.run)
+        remove_spares(self.folder / "spares" / self.run.name)
+        if self.folder != self.root:
+            reflinks.let_go_of_pool(self.root)
 
 
 def _let_go(held: Held) -> None:
@@ -425,19 +424,3 @@ def _let_go(held: Held) -> None:
     if held.handle >= 0:
         os.close(held.handle)
     held.image.unlink(missing_ok=True)
-
-
-def _remove_tree(folder: Path) -> None:
-    """Remove a process's run folder: only empty folders once nothing is mounted there, and its spare images."""
-    with contextlib.suppress(OSError):
-        for spare in os.scandir(folder / "spares"):
-            if spare.name.endswith(".img"):
-                os.unlink(spare.path)
-    for part in ("ws", "slots", "spares"):
-        with contextlib.suppress(OSError):
-            for child in os.scandir(folder / part):
-                with contextlib.suppress(OSError):
-                    os.rmdir(child.path)  # an empty mount point; never a workspace's own folder
-            os.rmdir(folder / part)
-    with contextlib.suppress(OSError):
-        folder.rmdir()

@@ -373,7 +373,7 @@ class WorkspaceStore(NamedWorkspaces):
             # Files whose record is gone (another process's workspaces have their records in the book too).
             recorded = list(self._records) if self.book.shared else list(self.book.load())
             kept = self.contents.kept_files(recorded) | {f"{workspace_id}.json" for workspace_id in recorded}
-            for path in [*self.root.glob("ws-*"), *self.root.glob("img-*")]:
+            for path in [*self.root.glob("ws-*"), *self.root.glob("img-*"), *self.contents.folder.glob("img-*")]:
                 if path.name not in kept:
                     path.unlink(missing_ok=True)
         self.contents.sweep()

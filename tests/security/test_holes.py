@@ -30,6 +30,7 @@ from mcp.shared.exceptions import MCPError
 
 from sandbox_server.network.egress import CONNECTIONS_PER_SANDBOX
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
+from tests.conftest import images_of
 from tests.mcp_harness import CheckedClient, connect, http_server_process, stdio_parameters, text_of
 
 pytestmark = pytest.mark.anyio
@@ -118,7 +119,7 @@ async def test_a_sandbox_reads_no_other_workspaces_id_nor_a_host_path_in_sys_or_
     with http_server_process(*_serve(keeping, state)) as server:
         async with connect(server.url, mode="2026-07-28") as alice, connect(server.url, mode="2026-07-28") as bob:
             hers = await _call(alice, command="echo mine > secret.txt")  # her workspace stays mounted on the host
-            image = next((state / "workspaces").glob("img-*.img"))
+            image = next(images_of(state / "workspaces").glob("img-*.img"))
             wanted = " ".join(word[::-1] for word in (hers["workspace"], image.stem, str(state)))
             search = await _call(
                 bob,

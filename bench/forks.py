@@ -1,4 +1,4 @@
-"""Forks of a kept workspace: how long one takes, what new disk it costs, and what the first call in a fork costs
+"""Forks and snapshots of a kept workspace: how long one takes, what new disk it costs, and what the first call in a fork costs
 beside the same call in the workspace it came from; for both ways of keeping (a mounted filesystem, an archive).
 
     scripts/run bench forks [--mib 1024] [--files 1000] [--forks 5]
@@ -6,7 +6,8 @@ beside the same call in the workspace it came from; for both ways of keeping (a 
 The workspace is filled with `--mib` MiB of random bytes in `--files` files; each fork is one `workspaces` call
 through the real client over stdio, timed end to end; the new disk is what the state folder's allocated blocks
 grew by over the forks (`du`), divided by their count; the first call in each fork (`ls | wc -l`) is timed beside
-the same call in the origin, one after the other. The disk's sequential write speed is measured in the same run
+the same call in the origin, one after the other; then as many snapshots of the origin are timed, and their new
+disk counted the same way. The disk's sequential write speed is measured in the same run
 (a file of the same size written and synced in the state folder), for a sense of what a full copy would take.
 Writes bench/results/forks.json.
 """
@@ -30,14 +31,17 @@ from sandbox_server.cli.client import server_parameters
 
 POLICY = (
     "extends: default\nworkspace: {persist: true, size_mb: %(size)d, files: 20000, max_per_client: 64, "
-    "named_per_caller: 64}\ndefaults: {limits: {max_timeout_s: 600, memory_mb: %(memory)d}}\nhost: {workspace_storage_mb: 200000}\n"
+    "named_per_caller: 64, snapshots_per_caller: 64}\ndefaults: {limits: {max_timeout_s: 600, memory_mb: %(memory)d}}\nhost: {workspace_storage_mb: 200000}\n"
 )
 COUNT = "ls | wc -l"
 
 
 def allocated_kib(folder: Path) -> int:
-    """What a folder's files take on the disk (allocated blocks, holes not counted)."""
-    said = subprocess.run(["du", "-sk", str(folder)], capture_output=True, text=True, check=True).stdout
+    """What a folder's files take on the host's disk (allocated blocks, holes not counted; -x: not what is mounted
+    under it, so a pool of images counts as its one file, whose clones share their blocks)."""
+    os.sync()  # what is written but not yet on the disk (a fill's last 100s of MiB) is counted when it is written
+    os.sync()  # (twice: a workspace's filesystem writes into its image, whose own filesystem then writes)
+    said = subprocess.run(["du", "-skx", str(folder)], capture_output=True, text=True, check=True).stdout
     return int(said.split()[0])
 
 
@@ -84,9 +88,18 @@ async def row(work: Path, keeping: str, mib: int, files: int, forks: int) -> dic
             await client.call_tool("execute_command", {"command": COUNT, "workspace": origin})
             beside.append(time.perf_counter() - started)
         after = allocated_kib(state)
+        snapshots = []
+        for _ in range(forks):
+            started = time.perf_counter()
+            taken = await client.call_tool("workspaces", {"action": "snapshot", "workspace": origin})
+            snapshots.append(time.perf_counter() - started)
+            assert not taken.is_error, taken.content
+        snapshotted = allocated_kib(state)
     return {
         "fork": percentiles(forked),
         "new_disk_per_fork_mib": round((after - before) / 1024 / forks, 1),
+        "snapshot": percentiles(snapshots),
+        "new_disk_per_snapshot_mib": round((snapshotted - after) / 1024 / forks, 1),
         "first_call_in_fork": percentiles(firsts),
         "same_call_in_origin": percentiles(beside),
         "first_call_ratio": round(percentiles(firsts)["p50"] / percentiles(beside)["p50"], 2),
@@ -109,12 +122,14 @@ def main(argv: list[str]) -> int:
     table = [
         [keeping, report[keeping]["fork"]["p50"], report[keeping]["fork"]["p95"],
          report[keeping]["new_disk_per_fork_mib"], report[keeping]["first_call_in_fork"]["p50"],
-         report[keeping]["same_call_in_origin"]["p50"], report[keeping]["first_call_ratio"]]
+         report[keeping]["same_call_in_origin"]["p50"], report[keeping]["first_call_ratio"],
+         report[keeping]["snapshot"]["p50"], report[keeping]["new_disk_per_snapshot_mib"]]
         for keeping in ("mounted", "archived")
     ]  # fmt: skip
     print()
     print_table(["kept as", "fork p50 ms", "fork p95 ms", "new disk per fork MiB", "first call in fork p50 ms",
-                 "same call in origin p50 ms", "ratio"], table)  # fmt: skip
+                 "same call in origin p50 ms", "ratio", "snapshot p50 ms", "new disk per snapshot MiB"],
+                table)  # fmt: skip
     print(f"disk write speed in the same run: {report['disk_write_mib_s']} MiB/s")
     print(f"written: {write_results('forks', report)}")
     return 0

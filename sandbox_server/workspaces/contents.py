@@ -91,6 +91,9 @@ class Contents(Protocol):
     def copy(self, source_id: str, target_id: str) -> None:
         """A new workspace holding what `source_id` holds now (its files and run_python's kept variables)."""
 
+    def ready(self, workspace_id: str) -> None:
+        """Make a new copy ready for its first call (a fork: its calls come soon)."""
+
     def remove(self, workspace_id: str, later: bool = False) -> None:
         """Delete a workspace's files (`later`: may finish after it returns; its id is never used again)."""
 
@@ -185,6 +188,9 @@ class ArchivedContents:
         archive with a new file, never writes into one, so the two part at their next saves)."""
         with contextlib.suppress(FileNotFoundError):  # none saved yet: the new one starts empty too
             os.link(self._archive(source_id), self._archive(target_id))
+
+    def ready(self, workspace_id: str) -> None:
+        pass  # an archive is carried into each call as it is
 
     def remove(self, workspace_id: str, later: bool = False) -> None:
         self._archive(workspace_id).unlink(missing_ok=True)

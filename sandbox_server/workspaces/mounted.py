@@ -388,6 +388,16 @@ class MountedContents:
         finally:
             os.close(handle)
 
+    def ready(self, workspace_id: str) -> None:
+        """Mount a new copy now rather than on its first call's path (loop device and ext4 mount: ~15 ms), and
+        read its files' states once, as each call does before it runs: a new mount's are not yet in memory.
+        Mounted as the policy's new workspaces are (programs may run from it, or not), so its first call does not
+        mount it again."""
+        if self._image(workspace_id).exists():
+            shape = self._spare_shape
+            self._mounted(workspace_id, shape.executable if shape is not None else None)
+            self.states(workspace_id)
+
     def _remove_in_a_pause(self, workspace_id: str) -> None:
         self._activity.wait_for_pause(DEFER_S, unless=lambda: self._closed)
         self.remove(workspace_id)

@@ -171,6 +171,7 @@ class NamedWorkspaces:
         try:
             self.contents.remove(target.id)
             self.contents.copy(source.id, target.id)
+            self.contents.ready(target.id)
         finally:
             with self._lock:
                 self._users[target.id] -= 1
@@ -243,6 +244,8 @@ class NamedWorkspaces:
     def _copy(self, current: WorkspaceRecord, made: WorkspaceRecord) -> WorkspaceRecord:
         try:
             self.contents.copy(current.id, made.id)
+            if not made.snapshot:
+                self.contents.ready(made.id)
         except BaseException:
             with self._lock:
                 self._records.pop(made.id, None)

@@ -222,3 +222,27 @@ async def test_three_branches_compared_say_the_files_and_variables_each_changed(
     assert b3["variables"]["removed"] == [{"name": "items", "about": "list of 3"}], b3["variables"]
     assert "b2: no file changed; variables: ~n: int 1 -> int 2" in result["text"], result["text"]
     assert itself["is_error"] and itself["error"]["field"] == "branches"
+
+
+async def test_a_callers_storage_share_holds_under_many_forks(keeping: Keeping, runtime: DockerRuntime) -> None:
+    keeping.policy.write_text(
+        "extends: default\nworkspace: {persist: true, size_mb: 16, files: 2000, named_per_caller: 20, "
+        "storage_per_caller_mb: 60}\n"
+    )
+    share = 60 * 2**20
+    with http_server(*keeping.args()) as url:
+        async with connect(url, mode="2026-07-28") as session:
+            base = await _call(session, "execute_command", command="head -c 12M /dev/urandom > data")
+            forks = []
+            for index in range(6):
+                forks.append(
+                    await _call(session, "workspaces", action="fork", name=f"f{index}", workspace=base["workspace"])
+                )
+                if forks[-1]["is_error"]:
+                    break
+            listed = await _call(session, "workspaces", action="list", workspace=base["workspace"])
+    refused = forks[-1]
+    assert refused["is_error"] and refused["error"]["field"] == "workspace.storage_per_caller_mb", refused["text"]
+    assert 1 < len(forks) < 6 and not any(fork["is_error"] for fork in forks[:-1])  # some fit, then the share holds
+    assert f"above its share of {share}" in refused["text"], refused["text"]
+    assert sum(row["size_bytes"] for row in listed["workspaces"]) <= share

@@ -137,6 +137,9 @@ class WorkspaceSettings:
     """Named workspaces one caller may hold (apart from max_per_client's unnamed ones)."""
     snapshots_per_caller: int = 20
     """Snapshots one caller may hold (apart from its workspaces)."""
+    storage_per_caller_mb: int = 0
+    """What one caller's workspaces and snapshots may take together, MiB (each counted at its whole size, a
+    fork's shared blocks included); 0: only host.workspace_storage_mb bounds them."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -205,6 +205,21 @@ class NamedWorkspaces:
             return None
         return found[1] if found is not None else None
 
+    def _within_share(self, tenant: str | None, more: int, what: str, besides: str | None = None) -> None:
+        """Refuse `more` bytes for this caller past workspace.storage_per_caller_mb (under the lock); `besides`: a
+        workspace whose size `more` replaces."""
+        share = self.settings.storage_per_caller_mb * 1024 * 1024
+        if not share:
+            return
+        theirs = sum(r.size_bytes for r in self._records.values() if r.tenant == tenant and r.id != besides)
+        if theirs + more > share:
+            raise Refusal(
+                f"refused: {what}: this caller's workspaces and snapshots would take {theirs + more} bytes, above "
+                f"its share of {share} (policy field workspace.storage_per_caller_mb; each counted at its whole "
+                "size); delete some first",
+                "workspace.storage_per_caller_mb",
+            )
+
     def _current(self, record: WorkspaceRecord) -> WorkspaceRecord:
         """The record as it is now (under the lock)."""
         self._fresh()
@@ -225,6 +240,7 @@ class NamedWorkspaces:
     def _begin_copy(self, current: WorkspaceRecord, name: str | None, snapshot: bool) -> WorkspaceRecord:
         """The record of a copy of `current`, held (in use) while its files are copied: no sweep takes it (under
         the lock); refused when the host's cap has no room for it."""
+        self._within_share(current.tenant, current.size_bytes, "no copy")
         taken = sum(r.size_bytes for r in self._records.values()) + current.size_bytes
         if taken > self.storage_bytes:
             raise Refusal(

@@ -146,6 +146,7 @@ class WorkspaceStore(NamedWorkspaces):
                     return self._continued(max(mine, key=lambda r: r.last_used)), []
             notes = self._make_room(holder, now)
             reserved = self.contents.reserve(self.settings)
+            self._within_share(tenant, reserved, "no new workspace")
             taken = sum(r.size_bytes for r in self._records.values()) + reserved
             if taken > self.storage_bytes:
                 raise Refusal(
@@ -334,6 +335,10 @@ class WorkspaceStore(NamedWorkspaces):
             if current is None:
                 return "the workspace was removed while the call ran; nothing was saved"
             record = replace(current, last_used=time.time(), size_bytes=size)
+            try:
+                self._within_share(current.tenant, size, "the workspace was not saved", besides=workspace_id)
+            except Refusal as refused:
+                return f"{refused.message.removeprefix('refused: ')}; it is as the previous call left it"
             others = sum(r.size_bytes for r in self._records.values() if r.id != workspace_id)
             if not self.book.resize(record, self.storage_bytes, others):
                 return over_cap(others + size, self.storage_bytes)

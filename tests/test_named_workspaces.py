@@ -10,7 +10,7 @@ from typing import Any, NamedTuple
 import pytest
 
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
-from tests.mcp_harness import CheckedClient, connect, http_server, stdio_parameters, text_of
+from tests.mcp_harness import CheckedClient, audit_records, connect, http_server, stdio_parameters, text_of
 
 pytestmark = pytest.mark.anyio
 
@@ -246,3 +246,26 @@ async def test_a_callers_storage_share_holds_under_many_forks(keeping: Keeping, 
     assert 1 < len(forks) < 6 and not any(fork["is_error"] for fork in forks[:-1])  # some fit, then the share holds
     assert f"above its share of {share}" in refused["text"], refused["text"]
     assert sum(row["size_bytes"] for row in listed["workspaces"]) <= share
+
+
+async def test_each_workspace_event_is_audited_with_who_did_it(keeping: Keeping, runtime: DockerRuntime) -> None:
+    audit = keeping.state.parent / "audit.jsonl"
+    async with connect(stdio_parameters(*keeping.args(), "--audit-log", str(audit))) as session:
+        made = await _call(session, "execute_command", command="echo a > f")
+        await _call(session, "workspaces", action="keep", name="kept-one")
+        fork = await _call(session, "workspaces", action="fork")
+        taken = await _call(session, "workspaces", action="snapshot", name="snap")
+        await _call(session, "workspaces", action="delete", snapshot="snap")
+        await _call(session, "workspaces", action="delete", workspace=fork["forked"])
+    records = [r for r in audit_records(audit) if r["tool"] == "workspaces"]
+    events = [(r["outcome"], r["workspace_event"]["action"]) for r in records]
+    assert events == [("ok", "keep"), ("ok", "fork"), ("ok", "snapshot"), ("ok", "delete"), ("ok", "delete")], records
+    keep, forked, snapshot, dropped, deleted = (r["workspace_event"] for r in records)
+    assert keep == {"action": "keep", "workspace": made["workspace"], "name": "kept-one"}
+    assert (forked["workspace"], forked["forked"]) == (made["workspace"], fork["forked"])
+    assert (snapshot["snapshot"], dropped["snapshot"], deleted["workspace"]) == (
+        taken["snapshot"],
+        "snap",
+        fork["forked"],
+    )
+    assert all(r["client"] == records[0]["client"] and r["client"] for r in records)

@@ -220,15 +220,15 @@ class ToolOutcome:
 
     def audit_fields(self) -> dict[str, Any]:
         """What the audit record says of this outcome: refused (why, which field) or ok/error with the sandbox's facts."""
-        if self.audit is None:
-            error = (self.structured or {}).get("error") or {}
+        error = (self.structured or {}).get("error") or {}
+        if self.audit is None and self.is_error and error:
             return {
                 "outcome": "refused",
                 "reason": self.headline,
                 "kind": error.get("kind"),
                 "field": error.get("field"),
             }
-        return {"outcome": "error" if self.is_error else "ok", **self.audit}
+        return {"outcome": "error" if self.is_error else "ok", **(self.audit or {})}
 
 
 class Tool(Protocol):

@@ -212,7 +212,14 @@ class WorkspacesTool:
             headline = f"{len(rows)} workspace(s) and snapshot(s)" if rows else "no workspace is kept for this caller"
         if lines:
             sections.append(("workspaces", "\n".join(lines)))
-        return ToolOutcome(headline, False, tuple(sections), {"workspaces": rows, **extra})
+        event = {"action": action, "workspace": record.id, "name": name}
+        event |= {key: extra[key] for key in ("forked", "snapshot") if key in extra}
+        if "snapshot" not in event and isinstance(args.get("snapshot"), str):
+            event["snapshot"] = args["snapshot"]  # the one restored or deleted, as the caller named it
+        if action == "compare":
+            event["branches"] = [row["workspace"] for row in extra.get("branches", [])]
+        audit = {"workspace_event": event}  # who did what to which workspace: the call's record says who
+        return ToolOutcome(headline, False, tuple(sections), {"workspaces": rows, **extra}, audit=audit)
 
     @staticmethod
     def _snapshot_named(args: Mapping[str, Any], kept: KeptWorkspace, action: str) -> WorkspaceRecord:

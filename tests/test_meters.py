@@ -169,6 +169,25 @@ async def test_metrics_need_their_own_token(metered: Metered) -> None:
     assert answer.status_code == 200 and "sandbox_calls_total" in answer.text
 
 
+async def test_what_each_callers_workspaces_and_snapshots_take_is_a_gauge(metered: Metered) -> None:
+    async with as_caller(metered, "bob") as bob:
+        await call(bob, "execute_command", command="head -c 2M /dev/urandom > kept.bin")
+        taken = await call(bob, "workspaces", action="snapshot", name="meters")
+    # The session ended: its workspace went with it, the snapshot stays until it is deleted or expires.
+    url = metered.server.url.removesuffix("/mcp") + "/metrics"
+    async with httpx2.AsyncClient(timeout=10) as http:
+        scraped = (await http.get(url, headers={"Authorization": f"Bearer {METRICS_TOKEN}"})).text
+    values = {
+        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+        for line in scraped.splitlines()
+        if line.startswith("sandbox_workspace")
+    }
+    assert not taken["is_error"], taken["text"]
+    assert values['sandbox_workspaces{caller="bob",kind="snapshot"}'] == 1, values
+    assert values['sandbox_workspace_bytes{caller="bob",kind="snapshot"}'] >= 2 * 2**20, values
+    assert 'sandbox_workspaces{caller="bob",kind="workspace"}' not in values, values
+
+
 def test_without_a_metrics_token_there_is_no_metrics_route(runtime: DockerRuntime, tmp_path: Path) -> None:
     with http_server_process("--no-pool", env={"SANDBOX_STATE_DIR": str(tmp_path)}) as server:
         answer = httpx2.get(server.url.removesuffix("/mcp") + "/metrics", timeout=10)

@@ -3,14 +3,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from sandbox_server.access.audit import Spent
 
-__all__ = ["Metrics"]
+__all__ = ["Metrics", "StorageCollector"]
+
+Holdings = Mapping[tuple[str | None, str], tuple[int, int]]
+"""(caller, kind: workspace or snapshot) -> (how many, bytes), as the workspace store counts them."""
 
 MEMORY_BUCKETS = tuple(float(2**power) for power in range(24, 36, 2))
 """16 MiB to 16 GiB, by fours."""
@@ -61,3 +66,25 @@ class Metrics:
             self.tasks.labels(caller, tool).inc(spent.wall_s)
         if spent.peak_memory_bytes is not None:
             self.memory.labels(tool).observe(float(spent.peak_memory_bytes))
+
+
+class StorageCollector(Collector):
+    """What each caller's kept workspaces and snapshots take, read from the store at each scrape (a gauge of the
+    records as they are, not a counter of calls)."""
+
+    def __init__(self, holdings: Callable[[], Holdings]) -> None:
+        self.holdings = holdings
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        size = GaugeMetricFamily(
+            "sandbox_workspace_bytes", "What a caller's kept workspaces or snapshots take (each at its whole size)",
+            labels=("caller", "kind"),
+        )  # fmt: skip
+        count = GaugeMetricFamily(
+            "sandbox_workspaces", "A caller's kept workspaces or snapshots", labels=("caller", "kind")
+        )
+        for (caller, kind), (many, held) in sorted(self.holdings().items(), key=lambda item: str(item[0])):
+            size.add_metric((caller or "-", kind), float(held))
+            count.add_metric((caller or "-", kind), float(many))
+        yield size
+        yield count

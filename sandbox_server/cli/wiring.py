@@ -150,6 +150,10 @@ def wire(
             rows = TaskRows(database)
         tasks = Tasks(workspaces.root.parent / "tasks", runtime.owner, audit, alive, rows)
         metrics, routes = _metrics(args, log)
+        if metrics is not None:
+            from sandbox_server.calls.metrics import StorageCollector
+
+            metrics.registry.register(StorageCollector(workspaces.holdings))
         previews: Previews | None = None
         linked = False  # whether answers carry preview links: the server can reach services from this host
 

@@ -220,6 +220,18 @@ class NamedWorkspaces:
                 "workspace.storage_per_caller_mb",
             )
 
+    def holdings(self) -> dict[tuple[str | None, str], tuple[int, int]]:
+        """Per caller and kind (workspace, snapshot): how many it holds and what they take, each at its whole
+        size (the meters' gauge)."""
+        with self._lock:
+            self._fresh()
+            held: dict[tuple[str | None, str], tuple[int, int]] = {}
+            for r in self._records.values():
+                key = (r.tenant, "snapshot" if r.snapshot else "workspace")
+                many, size = held.get(key, (0, 0))
+                held[key] = (many + 1, size + r.size_bytes)
+        return held
+
     def _current(self, record: WorkspaceRecord) -> WorkspaceRecord:
         """The record as it is now (under the lock)."""
         self._fresh()

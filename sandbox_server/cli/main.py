@@ -15,6 +15,7 @@ import anyio
 from sandbox_server import __version__
 from sandbox_server.cli.images import images_build, images_list
 from sandbox_server.cli.options import add_serve_arguments, tool_prefix
+from sandbox_server.cli.workspace_files import add_workspace_commands
 from sandbox_server.errors import SandboxServerError, UsageError
 from sandbox_server.protocol.http_limits import add_limit_arguments
 
@@ -352,6 +353,8 @@ def build_parser() -> argparse.ArgumentParser:
         "printing its progress on stderr until it ends; Ctrl-C cancels it",
     )
     call.set_defaults(handler=_call)
+
+    add_workspace_commands(commands)
 
     usage = commands.add_parser("usage", help="what each caller or tool used, summed from the audit trail")
     usage.add_argument(

@@ -19,17 +19,18 @@ files are read.
 from __future__ import annotations
 
 import contextlib
+import copy
 import mimetypes
 import os
 import tarfile
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Protocol
+from typing import BinaryIO, Protocol
 
 from sandbox_server.errors import Refusal
 from sandbox_server.policy import WorkspaceSettings
-from sandbox_server.sandbox.archive import WorkspaceTooLarge, keep_workspace, kept_entries
+from sandbox_server.sandbox.archive import WORKSPACE_DIR, WorkspaceTooLarge, keep_workspace, kept_entries
 from sandbox_server.sandbox.spec import ExecutionResult, SandboxSpec
 from sandbox_server.workspaces.files import FileState
 
@@ -93,6 +94,13 @@ class Contents(Protocol):
 
     def ready(self, workspace_id: str) -> None:
         """Make a new copy ready for its first call (a fork: its calls come soon)."""
+
+    def tar_of(self, workspace_id: str, out: BinaryIO) -> None:
+        """Write the workspace's files as a launcher writes /workspace (relative names), to export it."""
+
+    def load(self, workspace_id: str, kept: Path, settings: WorkspaceSettings, user: str) -> int:
+        """Make a new workspace of a kept archive (cleaned: entries under workspace/), the file then the
+        workspace's or removed; the bytes it takes of the host's cap."""
 
     def remove(self, workspace_id: str, later: bool = False) -> None:
         """Delete a workspace's files (`later`: may finish after it returns; its id is never used again)."""
@@ -191,6 +199,20 @@ class ArchivedContents:
 
     def ready(self, workspace_id: str) -> None:
         pass  # an archive is carried into each call as it is
+
+    def tar_of(self, workspace_id: str, out: BinaryIO) -> None:
+        with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
+            for name, member, kept in self._members(workspace_id):
+                entry = copy.copy(member)
+                entry.name = name
+                if entry.islnk():
+                    entry.linkname = entry.linkname.removeprefix(WORKSPACE_DIR + "/")
+                tar.addfile(entry, kept.extractfile(member) if member.isreg() else None)
+
+    def load(self, workspace_id: str, kept: Path, settings: WorkspaceSettings, user: str) -> int:
+        size = kept.stat().st_size
+        os.replace(kept, self._archive(workspace_id))
+        return size
 
     def remove(self, workspace_id: str, later: bool = False) -> None:
         self._archive(workspace_id).unlink(missing_ok=True)

@@ -1,16 +1,21 @@
 """The files of mounted workspaces on the host: the key their names are made with, images moved to another
-filesystem, and what a server process leaves (its run folder, its spare images) removed."""
+filesystem, what a server process leaves (its run folder, its spare images) removed, and a workspace's files
+written out as a tar or filled in from one (export and import)."""
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
 import os
+import tarfile
 from pathlib import Path
+from typing import BinaryIO
 
 from sandbox_server.sandbox import mounts
+from sandbox_server.sandbox.archive import WORKSPACE_DIR
+from sandbox_server.workspaces.files import file_states, open_regular
 
-__all__ = ["image_key", "move_image", "remove_run_folder", "remove_spares"]
+__all__ = ["fill_folder", "image_key", "move_image", "remove_run_folder", "remove_spares", "tar_folder"]
 
 
 def image_key(path: Path) -> bytes:
@@ -64,3 +69,42 @@ def remove_run_folder(folder: Path) -> None:
             os.rmdir(folder / part)
     with contextlib.suppress(OSError):
         folder.rmdir()
+
+
+def tar_folder(where: Path, out: BinaryIO, skip: str) -> None:
+    """A mounted workspace's regular files as a tar with relative names (an export), never through a link; the
+    top-level `skip` (the calls' output folder) and calls' own folders left out. Links and empty folders are
+    not carried: a workspace's files and kept variables are."""
+    calls = "/".join(mounts.CALLS) + "/"
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for path, _ in file_states(mounts.open_folder(where), skip=skip):
+            if path.startswith(calls):
+                continue
+            handle = open_regular(mounts.open_folder(where), path)
+            if handle is None:
+                continue
+            with os.fdopen(handle, "rb") as opened:
+                info = os.fstat(opened.fileno())
+                entry = tarfile.TarInfo(path)
+                entry.size, entry.mtime, entry.mode = info.st_size, int(info.st_mtime), info.st_mode & 0o755
+                tar.addfile(entry, opened)
+
+
+def fill_folder(where: Path, kept: Path, user: str) -> None:
+    """Unpack a kept (cleaned) archive into a new workspace's empty filesystem, owned by the sandbox's user. The
+    archive came from elsewhere: each entry also passes tarfile's `data` filter (nothing outside the folder, no
+    devices, no set-uid bits, no owner of its own) or is left out."""
+    uid, _, gid = user.partition(":")
+    ids = (int(uid), int(gid or uid))
+    with open(kept, "rb") as source, tarfile.open(fileobj=source, mode="r:") as tar:
+        for member in tar:
+            member.name = member.name.removeprefix(WORKSPACE_DIR + "/")
+            if member.islnk():
+                member.linkname = member.linkname.removeprefix(WORKSPACE_DIR + "/")
+            try:
+                tar.extract(member, where, filter="data")
+            except (tarfile.FilterError, tarfile.ExtractError):
+                continue
+    for folder, names, files in os.walk(where):
+        for name in [*names, *files]:
+            os.lchown(os.path.join(folder, name), *ids)

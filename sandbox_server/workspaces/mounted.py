@@ -14,10 +14,12 @@ import hashlib
 import hmac
 import os
 import secrets
+import tarfile
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import BinaryIO
 
 from sandbox_server.errors import Refusal
 from sandbox_server.policy import WorkspaceSettings
@@ -27,7 +29,14 @@ from sandbox_server.sandbox.archive import OUTPUT_LEAF
 from sandbox_server.sandbox.spec import ExecutionResult, ResourceLimits, SandboxSpec
 from sandbox_server.workspaces.contents import Room, too_large
 from sandbox_server.workspaces.files import FileState, file_states, open_regular, regular_files
-from sandbox_server.workspaces.image_files import image_key, move_image, remove_run_folder, remove_spares
+from sandbox_server.workspaces.image_files import (
+    fill_folder,
+    image_key,
+    move_image,
+    remove_run_folder,
+    remove_spares,
+    tar_folder,
+)
 
 __all__ = ["MountedContents"]
 
@@ -397,6 +406,23 @@ class MountedContents:
             shape = self._spare_shape
             self._mounted(workspace_id, shape.executable if shape is not None else None)
             self.states(workspace_id)
+
+    def tar_of(self, workspace_id: str, out: BinaryIO) -> None:
+        if self._image(workspace_id).exists():
+            tar_folder(self._mounted(workspace_id), out, OUTPUT_LEAF)
+        else:
+            tarfile.open(fileobj=out, mode="w").close()
+
+    def load(self, workspace_id: str, kept: Path, settings: WorkspaceSettings, user: str) -> int:
+        try:
+            mounts.make_image(self._image(workspace_id), settings.size_mb, settings.files, user)
+            fill_folder(self._mounted(workspace_id), kept, user)
+        except BaseException:
+            self.remove(workspace_id)
+            raise
+        finally:
+            kept.unlink(missing_ok=True)
+        return mounts.image_bytes(settings.size_mb, settings.files)
 
     def _remove_in_a_pause(self, workspace_id: str) -> None:
         self._activity.wait_for_pause(DEFER_S, unless=lambda: self._closed)

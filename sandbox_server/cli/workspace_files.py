@@ -1,0 +1,114 @@
+"""`sandbox-server workspace export|import`: a kept workspace or snapshot as one file (a zstd-compressed tar
+with a manifest and a checksum, workspaces.transfer), written out of a state folder or made a workspace of one,
+so that work moves between machines and backups.
+
+Both act on the state folder itself, which no server may hold meanwhile (a server holds its folder while it
+runs: stop it first). An import is checked as any upload is, against the policy given (its workspace's size and
+files, the caller's caps), and the workspace it makes opens by its name in the next server's sessions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, BinaryIO
+
+from sandbox_server.errors import Refusal, UsageError
+
+if TYPE_CHECKING:
+    from sandbox_server.workspaces.store import WorkspaceStore
+
+__all__ = ["add_workspace_commands"]
+
+
+def add_workspace_commands(commands: Any) -> None:  # argparse's subparsers action, of the command line's parser class
+    """`workspace export` and `workspace import`."""
+    workspace = commands.add_parser("workspace", help="export a kept workspace to one file, or import one")
+    actions = workspace.add_subparsers(dest="workspace_command", required=True)
+    export = actions.add_parser("export", help="write a workspace or snapshot (by name or id) to a .tar.zst file")
+    export.add_argument("workspace", help="its name or id")
+    export.add_argument("--output", "-o", required=True, help="the file to write (- for standard output)")
+    imported = actions.add_parser("import", help="make a new workspace of an exported file")
+    imported.add_argument("archive", help="the .tar.zst file (- for standard input)")
+    imported.add_argument("--name", help="the name to keep it under (else it is reached by the id printed)")
+    for action in (export, imported):
+        action.add_argument("--state-dir", help="the state folder (default: as `serve` finds it)")
+        action.add_argument("--policy", default="default", help="the policy whose workspace settings apply")
+        action.add_argument("--caller", help="the caller it belongs to (a token's name; none over stdio)")
+        action.add_argument(
+            "--workspaces", choices=["auto", "mounted", "archived"], default="auto",
+            help="how the folder keeps workspaces (auto: as found in it)",
+        )  # fmt: skip
+    export.set_defaults(handler=workspace_export)
+    imported.set_defaults(handler=workspace_import)
+
+
+def workspace_export(args: argparse.Namespace) -> int:
+    with _store(args) as (store, _, _):
+        try:
+            record = store.resolve(args.workspace, None, args.caller)
+        except Refusal as refused:
+            raise UsageError(refused.message) from None
+        with _opened(args.output, "wb") as out:
+            manifest = store.export_to(record, out)
+    print(f"exported {record.name or record.id}: {manifest['bytes']} bytes of files, sha256 {manifest['sha256']}")
+    return 0
+
+
+def workspace_import(args: argparse.Namespace) -> int:
+    with _store(args) as (store, policy_name, user):
+        with _opened(args.archive, "rb") as archive:
+            try:
+                made = store.import_from(archive, args.caller, "cli", args.name, policy_name, user)
+            except Refusal as refused:
+                raise UsageError(refused.message) from None
+    print(f"imported as {made.name or made.id} ({made.id}): pass it as `workspace` to continue it")
+    return 0
+
+
+@contextlib.contextmanager
+def _opened(path: str, mode: str) -> Iterator[BinaryIO]:
+    if path == "-":
+        yield sys.stdout.buffer if "w" in mode else sys.stdin.buffer
+        return
+    with open(path, mode) as handle:
+        yield handle  # type: ignore[misc]
+
+
+@contextlib.contextmanager
+def _store(args: argparse.Namespace) -> Iterator[tuple[WorkspaceStore, str, str]]:
+    """The state folder's workspaces, held by this process while it works on them."""
+    from sandbox_server.cli.main import _tool_names
+    from sandbox_server.policy.loader import load_policy
+    from sandbox_server.sandbox import mounts
+    from sandbox_server.sandbox.removal import current_owner, owner_alive
+    from sandbox_server.state.folder import claim_state_folder
+    from sandbox_server.workspaces.contents import ArchivedContents, Contents
+    from sandbox_server.workspaces.mounted import MountedContents
+    from sandbox_server.workspaces.store import WorkspaceStore, default_state_dir
+
+    policy = load_policy(args.policy, _tool_names())
+    if not policy.workspace.persist:
+        raise UsageError(f"policy {policy.name!r} keeps no workspace (field workspace.persist)")
+    folder = Path(args.state_dir) if args.state_dir else default_state_dir()
+    held = claim_state_folder(folder, chosen=True)
+    root = held.path / "workspaces"
+    kind = args.workspaces
+    if kind == "auto":
+        archived = any(root.glob("ws-*.tar")) or mounts.unavailable(True) is not None
+        kind = "archived" if archived else "mounted"
+    owner = current_owner()
+
+    def contents(path: Path) -> Contents:
+        return ArchivedContents(path) if kind == "archived" else MountedContents(path, owner, owner_alive)
+
+    store = WorkspaceStore(root, policy.workspace, policy.host.workspace_storage_mb * 1024 * 1024, contents)
+    try:
+        yield store, policy.name, policy.default.user
+    finally:
+        store.close()
+        os.close(held.descriptor)

@@ -1,0 +1,110 @@
+"""An exported workspace read back: a whole export round-trips; a damaged or hostile one is refused saying why, or
+cleaned as any workspace archive is."""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+
+import pytest
+import zstandard
+
+from sandbox_server.sandbox.archive import kept_entries
+from sandbox_server.workspaces.transfer import FORMAT, TransferError, read_export, write_export
+
+MIB = 1 << 20
+
+
+def _tar(entries: list[tuple[tarfile.TarInfo, bytes | None]]) -> bytes:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for member, data in entries:
+            if data is not None:
+                member.size = len(data)
+            tar.addfile(member, io.BytesIO(data) if data is not None else None)
+    return out.getvalue()
+
+
+def _file(name: str, data: bytes) -> tuple[tarfile.TarInfo, bytes]:
+    return tarfile.TarInfo(name), data
+
+
+def _export(payload: bytes) -> bytes:
+    out = io.BytesIO()
+    write_export(out, {"id": "ws-x", "name": "n"}, io.BytesIO(payload))
+    return out.getvalue()
+
+
+def _read(archive: bytes, max_bytes: int = 16 * MIB, entries: int = 1000) -> tuple[dict[str, object], dict[str, bytes]]:
+    kept = io.BytesIO()
+    manifest = read_export(io.BytesIO(archive), max_bytes, entries, kept)
+    found = {}
+    for name, member, tar in kept_entries(kept):
+        handle = tar.extractfile(member) if member.isreg() else None
+        found[name] = handle.read() if handle is not None else b""
+    return manifest, found
+
+
+def _packed(members: list[tuple[tarfile.TarInfo, bytes]]) -> bytes:
+    out = io.BytesIO()
+    with zstandard.ZstdCompressor().stream_writer(out, closefd=False) as packed:
+        packed.write(_tar(members))  # type: ignore[arg-type]
+    return out.getvalue()
+
+
+def test_an_export_round_trips_its_files_with_a_manifest_that_says_what_it_holds() -> None:
+    payload = _tar([_file("a.txt", b"alpha"), _file("d/b.bin", bytes(range(256)) * 10)])
+    manifest, found = _read(_export(payload))
+    assert manifest["format"] == FORMAT and manifest["name"] == "n" and manifest["bytes"] == len(payload)
+    assert found == {"a.txt": b"alpha", "d/b.bin": bytes(range(256)) * 10}
+
+
+@pytest.mark.parametrize(
+    ("archive", "said"),
+    [
+        (b"not zstd at all" * 100, "not a readable zstd-compressed tar"),
+        (_packed([_file("workspace.tar", b"x")]), "first member is not manifest.json"),
+        (_packed([_file("manifest.json", b"[1, 2]")]), "not of the format"),
+        (_packed([_file("manifest.json", json.dumps({"format": FORMAT}).encode())]), "does not say the size"),
+    ],
+)
+def test_what_is_not_an_export_is_refused_saying_why(archive: bytes, said: str) -> None:
+    with pytest.raises(TransferError, match=said):
+        _read(archive)
+
+
+def test_a_changed_payload_fails_its_checksum_and_a_third_member_is_refused() -> None:
+    payload = _tar([_file("a.txt", b"alpha")])
+    manifest = {"format": FORMAT, "bytes": len(payload), "sha256": "0" * 64}
+    changed = _packed([_file("manifest.json", json.dumps(manifest).encode()), _file("workspace.tar", payload)])
+    with pytest.raises(TransferError, match="does not match the manifest's SHA-256"):
+        _read(changed)
+    whole = _export(payload)
+    unpacked = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(whole)).read()
+    with tarfile.open(fileobj=io.BytesIO(unpacked)) as tar:
+        members = [(m, tar.extractfile(m).read()) for m in tar]  # type: ignore[union-attr]
+    with pytest.raises(TransferError, match="holds more than"):
+        _read(_packed([*members, _file("extra", b"x")]))
+
+
+def test_a_small_file_that_unpacks_past_the_workspace_is_refused_before_it_is_unpacked() -> None:
+    bomb = _export(_tar([_file("zeros", bytes(64 * MIB))]))
+    assert len(bomb) < MIB
+    with pytest.raises(TransferError, match="unpacks past"):
+        _read(bomb, max_bytes=8 * MIB)
+    with pytest.raises(TransferError, match="more than the workspace can .* workspace.size_mb"):
+        _read(_export(_tar([_file("big", bytes(range(256)) * 40_000)])), max_bytes=8 * MIB)
+
+
+def test_names_that_leave_the_workspace_devices_and_stray_links_are_dropped_as_in_any_workspace_archive() -> None:
+    device = tarfile.TarInfo("dev")
+    device.type = tarfile.CHRTYPE
+    up, absolute = _file("../up.txt", b"out"), _file("/etc/cron.d/x", b"out")
+    stray = tarfile.TarInfo("hard")
+    stray.type, stray.linkname = tarfile.LNKTYPE, "/etc/shadow"
+    link = tarfile.TarInfo("shadow")
+    link.type, link.linkname = tarfile.SYMTYPE, "/etc/shadow"
+    _, found = _read(_export(_tar([up, absolute, (device, None), (stray, None), (link, None), _file("ok", b"ok")])))
+    assert set(found) == {"shadow", "ok"}, found  # a link stays a link, made only in a sandbox (or by the data filter)
+    assert found["ok"] == b"ok" and found["shadow"] == b""

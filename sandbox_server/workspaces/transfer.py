@@ -90,7 +90,10 @@ def read_export(archive: BinaryIO, max_bytes: int, max_entries: int, kept: Binar
     except WorkspaceTooLarge as exc:
         raise TransferError(f"{exc} (policy fields workspace.size_mb and workspace.files)") from None
     except _TooLarge:
-        raise TransferError(f"it unpacks past the {limit} bytes the policy's workspace could hold") from None
+        raise TransferError(
+            f"it unpacks past the {limit} bytes the policy's workspace could hold (policy fields workspace.size_mb "
+            "and workspace.files)"
+        ) from None
     except (tarfile.TarError, zstandard.ZstdError, EOFError, OSError) as exc:
         raise TransferError(f"it is not a readable zstd-compressed tar ({exc})") from None
     return manifest

@@ -1,0 +1,81 @@
+"""A kept workspace exported to one file and imported into another state folder (`sandbox-server workspace
+export/import`), between the two ways of keeping: its files and run_python's variables arrive byte-equal; a
+folder a server holds is refused, and so is an archive that is not a whole export."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sandbox_server.sandbox.docker_runtime import DockerRuntime
+from sandbox_server.workspaces.transfer import write_export
+from tests.conftest import run_cli
+from tests.mcp_harness import CheckedClient, connect, stdio_parameters, text_of
+
+pytestmark = pytest.mark.anyio
+
+KEEPING = "extends: default\nworkspace: {persist: true, size_mb: 16, files: 2000}\n"
+DIGEST = "sha256sum blob d/x.bin | cut -c1-64"
+
+
+async def _call(session: CheckedClient, tool: str, **arguments: Any) -> dict[str, Any]:
+    result = await session.call_tool(tool, arguments)
+    assert result.structured_content is not None, text_of(result)
+    return {**result.structured_content, "is_error": result.is_error, "text": text_of(result)}
+
+
+def _where(policy: Path, state: Path, kind: str) -> tuple[str, ...]:
+    return ("--policy", str(policy), "--state-dir", str(state), "--workspaces", kind)
+
+
+@pytest.mark.parametrize(("source", "target"), [("mounted", "archived"), ("archived", "mounted")])
+async def test_an_exported_workspace_imported_elsewhere_holds_its_files_and_variables_byte_equal(
+    source: str, target: str, tmp_path: Path, runtime: DockerRuntime
+) -> None:
+    policy, archive = tmp_path / "keeping.yaml", tmp_path / "trip.tar.zst"
+    policy.write_text(KEEPING)
+    one, two = _where(policy, tmp_path / "one", source), _where(policy, tmp_path / "two", target)
+    async with connect(stdio_parameters(*one)) as session:
+        made = await _call(
+            session, "execute_command",
+            command=f"head -c 300000 /dev/urandom > blob; chmod +x blob; mkdir d; head -c 5000 /dev/urandom > d/x.bin; {DIGEST}",
+        )  # fmt: skip
+        await _call(session, "run_python", code="kept = {'rows': [1, 2, 3]}\nimport numpy as np\narr = np.arange(5)")
+        await _call(session, "workspaces", action="keep", name="trip")
+        held = run_cli("workspace", "export", "trip", "-o", str(archive), *one)
+    exported = run_cli("workspace", "export", "trip", "-o", str(archive), *one)
+    imported = run_cli("workspace", "import", str(archive), "--name", "trip", *two)
+    async with connect(stdio_parameters(*two)) as session:
+        files = await _call(
+            session, "execute_command", command=f"{DIGEST}; test -x blob && echo runs", workspace="trip"
+        )
+        cell = await _call(session, "run_python", code="print(kept, arr.tolist())", workspace="trip")
+    assert held.returncode != 0 and "in use by another sandbox-server" in held.stderr, held.stderr
+    assert exported.returncode == 0 and "exported trip" in exported.stdout, exported.stderr
+    assert imported.returncode == 0 and "imported as trip" in imported.stdout, imported.stderr
+    assert files["stdout"] == made["stdout"] + "runs\n", (files["text"], made["text"])
+    assert cell["stdout"] == "{'rows': [1, 2, 3]} [0, 1, 2, 3, 4]\n", cell["text"]
+
+
+def test_an_archive_past_the_policys_workspace_or_not_an_export_is_refused_at_import(tmp_path: Path) -> None:
+    policy = tmp_path / "keeping.yaml"
+    policy.write_text(KEEPING)
+    where = _where(policy, tmp_path / "state", "archived")
+    payload = io.BytesIO()
+    with tarfile.open(fileobj=payload, mode="w") as tar:
+        big = tarfile.TarInfo("big.bin")
+        big.size = 20 * 2**20
+        tar.addfile(big, io.BytesIO(bytes(range(256)) * (big.size // 256)))
+    large, broken = tmp_path / "large.tar.zst", tmp_path / "broken.tar.zst"
+    with open(large, "wb") as out:
+        write_export(out, {"id": "ws-elsewhere"}, payload)
+    broken.write_bytes(large.read_bytes()[: large.stat().st_size // 2])
+    too_large = run_cli("workspace", "import", str(large), "--name", "big", *where)
+    cut_short = run_cli("workspace", "import", str(broken), "--name", "big", *where)
+    assert too_large.returncode != 0 and "workspace.size_mb" in too_large.stderr, too_large.stderr
+    assert "refused: not imported" in too_large.stderr
+    assert cut_short.returncode != 0 and "not a readable zstd-compressed tar" in cut_short.stderr, cut_short.stderr

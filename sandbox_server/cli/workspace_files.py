@@ -82,16 +82,16 @@ def _opened(path: str, mode: str) -> Iterator[BinaryIO]:
 @contextlib.contextmanager
 def _store(args: argparse.Namespace) -> Iterator[tuple[WorkspaceStore, str, str]]:
     """The state folder's workspaces, held by this process while it works on them."""
-    from sandbox_server.cli.main import _tool_names
     from sandbox_server.policy.loader import load_policy
     from sandbox_server.sandbox import mounts
     from sandbox_server.sandbox.removal import current_owner, owner_alive
     from sandbox_server.state.folder import claim_state_folder
+    from sandbox_server.tools import all_tools
     from sandbox_server.workspaces.contents import ArchivedContents, Contents
     from sandbox_server.workspaces.mounted import MountedContents
     from sandbox_server.workspaces.store import WorkspaceStore, default_state_dir
 
-    policy = load_policy(args.policy, _tool_names())
+    policy = load_policy(args.policy, [tool.name for tool in all_tools()])
     if not policy.workspace.persist:
         raise UsageError(f"policy {policy.name!r} keeps no workspace (field workspace.persist)")
     folder = Path(args.state_dir) if args.state_dir else default_state_dir()

@@ -1,4 +1,5 @@
-"""The files of mounted workspaces on the host: the key their names are made with, images moved to another
+"""The files of mounted workspaces on the host: what a new one is made with and an image a process holds, the
+key their names are made with, images moved to another
 filesystem, what a server process leaves (its run folder, its spare images) removed, and a workspace's files
 written out as a tar or filled in from one (export and import)."""
 
@@ -8,14 +9,51 @@ import contextlib
 import fcntl
 import os
 import tarfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
 from sandbox_server.sandbox import mounts
 from sandbox_server.sandbox.archive import WORKSPACE_DIR
+from sandbox_server.sandbox.spec import SandboxSpec
 from sandbox_server.workspaces.files import file_states, open_regular
 
-__all__ = ["fill_folder", "image_key", "move_image", "remove_run_folder", "remove_spares", "tar_folder"]
+__all__ = [
+    "Held",
+    "Shape",
+    "fill_folder",
+    "image_key",
+    "move_image",
+    "remove_run_folder",
+    "remove_spares",
+    "tar_folder",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """What a new workspace is made with: its filesystem's size and files, its owner, whether programs run
+    from it."""
+
+    size_mb: int
+    files: int
+    user: str
+    executable: bool
+
+    @classmethod
+    def of(cls, spec: SandboxSpec) -> Shape:
+        limits = spec.limits
+        return cls(limits.workspace_mb, limits.workspace_inodes, spec.user, limits.workspace_exec)
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """An image this process mounted: where (a spare's named at random), and the open image whose lock says so
+    (-1: none)."""
+
+    image: Path
+    where: Path
+    handle: int
 
 
 def image_key(path: Path) -> bytes:

@@ -17,7 +17,7 @@ import secrets
 import tarfile
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import BinaryIO
 
@@ -30,6 +30,8 @@ from sandbox_server.sandbox.spec import ExecutionResult, ResourceLimits, Sandbox
 from sandbox_server.workspaces.contents import Room, too_large
 from sandbox_server.workspaces.files import FileState, file_states, open_regular, regular_files
 from sandbox_server.workspaces.image_files import (
+    Held,
+    Shape,
     fill_folder,
     image_key,
     move_image,
@@ -46,32 +48,6 @@ SPARES = 2
 """New workspaces kept made and mounted ahead, of the shape the last new one had."""
 DEFER_S = 2.0
 """The longest work beside the calls (spares, freed blocks, removals) waits for a pause between them."""
-
-
-@dataclass(frozen=True, slots=True)
-class Shape:
-    """What a new workspace is made with: its filesystem's size and files, its owner, whether programs run
-    from it."""
-
-    size_mb: int
-    files: int
-    user: str
-    executable: bool
-
-    @classmethod
-    def of(cls, spec: SandboxSpec) -> Shape:
-        limits = spec.limits
-        return cls(limits.workspace_mb, limits.workspace_inodes, spec.user, limits.workspace_exec)
-
-
-@dataclass(frozen=True, slots=True)
-class Held:
-    """An image this process mounted: where (a spare's named at random), and the open image whose lock says so
-    (-1: none)."""
-
-    image: Path
-    where: Path
-    handle: int
 
 
 class MountedContents:

@@ -27,9 +27,10 @@ import anyio
 from sandbox_server.errors import Refusal
 from sandbox_server.policy import WorkspaceSettings
 from sandbox_server.sandbox.spec import ExecutionResult, SandboxSpec
+from sandbox_server.workspaces.carried import CarriedWorkspaces
 from sandbox_server.workspaces.contents import ArchivedContents, Contents
 from sandbox_server.workspaces.files import FileState
-from sandbox_server.workspaces.names import NamedWorkspaces, counted, not_a_snapshot
+from sandbox_server.workspaces.names import counted, not_a_snapshot
 from sandbox_server.workspaces.naming import ID_PATTERN, NAME_PATTERN
 from sandbox_server.workspaces.records import FileBook, RecordBook, WorkspaceRecord, over_cap
 
@@ -56,7 +57,7 @@ def default_state_dir() -> Path:
     return Path(base) / "sandbox-server"
 
 
-class WorkspaceStore(NamedWorkspaces):
+class WorkspaceStore(CarriedWorkspaces):
     """The kept workspaces of this host, in one folder of the server's."""
 
     def __init__(

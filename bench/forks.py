@@ -9,7 +9,8 @@ grew by over the forks (`du`), divided by their count; the first call in each fo
 the same call in the origin, one after the other; then as many snapshots of the origin are timed, and their new
 disk counted the same way. The disk's sequential write speed is measured in the same run
 (a file of the same size written and synced in the state folder), for a sense of what a full copy would take.
-Writes bench/results/forks.json.
+Last, a named fork is exported to one file and imported into another state folder with the command line, each
+timed whole, the export beside what the disk takes to write as much. Writes bench/results/forks.json.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -95,7 +97,23 @@ async def row(work: Path, keeping: str, mib: int, files: int, forks: int) -> dic
             snapshots.append(time.perf_counter() - started)
             assert not taken.is_error, taken.content
         snapshotted = allocated_kib(state)
+    # A named fork outlives the session: exported to one file with the command line (the server stopped), then
+    # imported into a state folder of its own.
+    exported_s, exported_bytes = (
+        _timed_cli(
+            "workspace", "export", "f0", "-o", str(work / "f0.tar.zst"), *arguments[:4], "--workspaces", keeping
+        ),
+        (work / "f0.tar.zst").stat().st_size,
+    )
+    imported_s = _timed_cli(
+        "workspace", "import", str(work / "f0.tar.zst"), "--name", "f0", "--policy", str(policy), "--state-dir",
+        str(work / f"imported-{keeping}"), "--workspaces", keeping,
+    )  # fmt: skip
+    (work / "f0.tar.zst").unlink()
     return {
+        "export_s": round(exported_s, 2),
+        "export_file_mib": round(exported_bytes / 2**20, 1),
+        "import_s": round(imported_s, 2),
         "fork": percentiles(forked),
         "new_disk_per_fork_mib": round((after - before) / 1024 / forks, 1),
         "snapshot": percentiles(snapshots),
@@ -104,6 +122,14 @@ async def row(work: Path, keeping: str, mib: int, files: int, forks: int) -> dic
         "same_call_in_origin": percentiles(beside),
         "first_call_ratio": round(percentiles(firsts)["p50"] / percentiles(beside)["p50"], 2),
     }
+
+
+def _timed_cli(*args: str) -> float:
+    """How long one `sandbox-server` command took, whole (its interpreter's start included)."""
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "sandbox_server", *args], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    return time.perf_counter() - started
 
 
 def main(argv: list[str]) -> int:
@@ -131,5 +157,13 @@ def main(argv: list[str]) -> int:
                  "same call in origin p50 ms", "ratio", "snapshot p50 ms", "new disk per snapshot MiB"],
                 table)  # fmt: skip
     print(f"disk write speed in the same run: {report['disk_write_mib_s']} MiB/s")
+    at_disk_speed = options.mib / report["disk_write_mib_s"]
+    for keeping in ("mounted", "archived"):
+        row_ = report[keeping]
+        report[keeping]["export_vs_disk"] = round(row_["export_s"] / at_disk_speed, 2)
+        print(
+            f"{keeping}: export {row_['export_s']} s ({row_['export_file_mib']} MiB file, "
+            f"{row_['export_vs_disk']}x the time the disk takes to write {options.mib} MiB), import {row_['import_s']} s"
+        )
     print(f"written: {write_results('forks', report)}")
     return 0

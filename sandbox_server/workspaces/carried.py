@@ -12,7 +12,7 @@ from typing import Any, BinaryIO
 from sandbox_server.errors import Refusal
 from sandbox_server.workspaces.names import NamedWorkspaces
 from sandbox_server.workspaces.records import WorkspaceRecord
-from sandbox_server.workspaces.transfer import TransferError, read_export, write_export
+from sandbox_server.workspaces.transfer import Hashing, TransferError, read_export, write_export
 
 __all__ = ["CarriedWorkspaces"]
 
@@ -28,8 +28,9 @@ class CarriedWorkspaces(NamedWorkspaces):
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(current.created)),
         }  # fmt: skip
         with tempfile.TemporaryFile(dir=self.root) as payload:
-            self.contents.tar_of(current.id, payload)
-            return write_export(out, manifest, payload)
+            hashed = Hashing(payload)
+            self.contents.tar_of(current.id, hashed)  # type: ignore[arg-type]
+            return write_export(out, manifest, payload, hashed)
 
     def import_from(
         self, archive: BinaryIO, tenant: str | None, holder: str, name: str | None, policy_name: str, user: str

@@ -201,7 +201,7 @@ class ArchivedContents:
         pass  # an archive is carried into each call as it is
 
     def tar_of(self, workspace_id: str, out: BinaryIO) -> None:
-        with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as tar:
             for name, member, kept in self._members(workspace_id):
                 entry = copy.copy(member)
                 entry.name = name

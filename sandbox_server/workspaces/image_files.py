@@ -114,7 +114,7 @@ def tar_folder(where: Path, out: BinaryIO, skip: str) -> None:
     top-level `skip` (the calls' output folder) and calls' own folders left out. Links and empty folders are
     not carried: a workspace's files and kept variables are."""
     calls = "/".join(mounts.CALLS) + "/"
-    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
+    with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as tar:
         for path, _ in file_states(mounts.open_folder(where), skip=skip):
             if path.startswith(calls):
                 continue

@@ -387,7 +387,7 @@ class MountedContents:
         if self._image(workspace_id).exists():
             tar_folder(self._mounted(workspace_id), out, OUTPUT_LEAF)
         else:
-            tarfile.open(fileobj=out, mode="w").close()
+            tarfile.open(fileobj=out, mode="w|").close()
 
     def load(self, workspace_id: str, kept: Path, settings: WorkspaceSettings, user: str) -> int:
         try:

@@ -27,7 +27,7 @@ import zstandard
 
 from sandbox_server.sandbox.archive import WorkspaceTooLarge, keep_workspace
 
-__all__ = ["FORMAT", "TransferError", "read_export", "write_export"]
+__all__ = ["FORMAT", "Hashing", "TransferError", "read_export", "write_export"]
 
 FORMAT = "sandbox-server-workspace/1"
 MANIFEST, PAYLOAD = "manifest.json", "workspace.tar"
@@ -43,22 +43,44 @@ class TransferError(ValueError):
     """An exported workspace that cannot be read back, and why."""
 
 
-def write_export(out: BinaryIO, manifest: dict[str, Any], payload: IO[bytes]) -> dict[str, Any]:
-    """Write an export of `payload` (a workspace's tar, seekable) with its manifest; the manifest as written."""
-    digest, size = hashlib.sha256(), 0
-    payload.seek(0)
-    while chunk := payload.read(COPY_CHUNK):
-        digest.update(chunk)
-        size += len(chunk)
+class Hashing(io.RawIOBase):
+    """A file being written, hashed as it is (so an export reads its payload once, to compress it)."""
+
+    def __init__(self, inner: IO[bytes]) -> None:
+        self.inner, self.digest, self.size = inner, hashlib.sha256(), 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        self.digest.update(data)
+        self.size += len(data)
+        return self.inner.write(data)
+
+
+def write_export(
+    out: BinaryIO, manifest: dict[str, Any], payload: IO[bytes], hashed: Hashing | None = None
+) -> dict[str, Any]:
+    """Write an export of `payload` (a workspace's tar, seekable; `hashed`: as it was hashed while written) with
+    its manifest; the manifest as written."""
+    if hashed is None:
+        hashed = Hashing(io.BytesIO())
+        payload.seek(0)
+        while chunk := payload.read(COPY_CHUNK):
+            hashed.digest.update(chunk)
+            hashed.size += len(chunk)
+    size = hashed.size
     manifest = {
         **manifest,
         "format": FORMAT,
         "exported": _iso(time.time()),
         "bytes": size,
-        "sha256": digest.hexdigest(),
+        "sha256": hashed.digest.hexdigest(),
     }
     encoded = json.dumps(manifest, indent=1, sort_keys=True).encode()
-    compressor = zstandard.ZstdCompressor(level=3, write_checksum=True, threads=-1)
+    # Level 1 in the library's worker threads: a workspace is often incompressible (data, images, wheels), which
+    # zstd stores as it is at any level; beyond that, the export goes at about the disk's own speed.
+    compressor = zstandard.ZstdCompressor(level=1, write_checksum=True, threads=-1)
     with compressor.stream_writer(out, closefd=False) as packed, tarfile.open(fileobj=packed, mode="w|") as tar:
         tar.addfile(_member(MANIFEST, len(encoded)), io.BytesIO(encoded))
         payload.seek(0)

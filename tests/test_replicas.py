@@ -204,6 +204,36 @@ async def test_a_returned_file_too_large_to_embed_is_read_through_the_other_repl
             await stranger.read_resource(str(links[0].uri))
 
 
+async def test_a_fork_made_on_one_replica_is_continued_on_the_other_and_a_snapshot_restored_across(
+    deployment: Deployment,
+) -> None:
+    alice = deployment.tokens["alice"]
+    async with client_of(deployment.one.url, alice) as first, client_of(deployment.two.url, alice) as second:
+        result, made = await shell(first, "echo base > /workspace/f.txt")
+        origin = made["workspace"]
+        await first.call_tool("run_python", {"code": "x = [1]", "workspace": origin})
+        forked = await first.call_tool("workspaces", {"action": "fork", "name": "on-two", "workspace": origin})
+        assert not forked.is_error, text_of(forked)
+        cell = await second.call_tool("run_python", {"code": "x.append(2)\nprint(x)", "workspace": "on-two"})
+        _, changed = await shell(second, "echo branch >> f.txt; cat f.txt", workspace="on-two")
+        _, kept = await shell(first, "cat f.txt", workspace=origin)
+        taken = await second.call_tool("workspaces", {"action": "snapshot", "name": "at-two", "workspace": "on-two"})
+        restored = await first.call_tool(
+            "workspaces", {"action": "restore", "snapshot": "at-two", "name": "back-on-one", "workspace": origin}
+        )
+        back = await first.call_tool(
+            "run_python", {"code": "print(x, open('f.txt').read().split())", "workspace": "back-on-one"}
+        )
+        replaced = await first.call_tool(
+            "workspaces", {"action": "restore", "snapshot": "at-two", "replace": True, "workspace": origin}
+        )
+    assert (cell.structured_content or {}).get("stdout") == "[1, 2]\n", text_of(cell)
+    assert changed["stdout"] == "base\nbranch\n" and kept["stdout"] == "base\n", (changed, kept)
+    assert not taken.is_error and not restored.is_error, (text_of(taken), text_of(restored))
+    assert (back.structured_content or {}).get("stdout") == "[1, 2] ['base', 'branch']\n", text_of(back)
+    assert replaced.is_error and (replaced.structured_content or {})["error"]["field"] == "replace", text_of(replaced)
+
+
 async def test_rate_limits_count_the_calls_of_both_replicas(deployment: Deployment) -> None:
     metered = deployment.tokens["metered"]
     one, two = deployment.one, deployment.two

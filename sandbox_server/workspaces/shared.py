@@ -19,6 +19,7 @@ import contextlib
 import json
 import os
 import threading
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -252,12 +253,19 @@ class SharedArchives(ArchivedContents):
             self.held[workspace_id] = generation
 
     def copy(self, source_id: str, target_id: str) -> None:
-        """Not yet here: a fork's chunks would be the database's to share between the two workspaces."""
-        raise Refusal(
-            "refused: workspaces are not forked yet on replicas sharing a database (serve --state); a fork is made "
-            "by a server keeping its workspaces in its own folder",
-            "workspace",
-        )
+        """A new workspace holding what `source_id` holds now, in one transaction: its row (a stand-in record, not
+        named and just used, which the store then writes whole) and a copy of its saved generation's chunks under
+        the same generation, so any replica reads the copy as it reads any workspace. (The chunks are copied, not
+        shared: the database holds a fork's bytes twice.)"""
+        with self.database.connection() as connection, connection.transaction():
+            made = connection.execute(_COPY_ROW, {"source": source_id, "target": target_id, "now": time.time()})
+            if made.fetchone() is None:
+                raise Refusal(
+                    "refused: on replicas sharing a database (serve --state) a snapshot is restored into a new "
+                    'workspace, not into one that exists: leave out "replace"',
+                    "replace",
+                )
+            connection.execute(_COPY_CHUNKS, {"source": source_id, "target": target_id})
 
     def remove(self, workspace_id: str, later: bool = False) -> None:
         with self._lock:
@@ -266,6 +274,17 @@ class SharedArchives(ArchivedContents):
 
 
 _SAVE = "SELECT * FROM sandbox_save_workspace(%s, %s, %s, %s)"
+_COPY_ROW = (
+    "INSERT INTO workspaces (id, client, session, record, generation) "
+    "SELECT %(target)s, client, NULL, jsonb_set(jsonb_set(jsonb_set(jsonb_set(record, '{id}', to_jsonb(%(target)s::text)), "
+    "'{owner}', 'null'), '{name}', 'null'), '{last_used}', to_jsonb(%(now)s::float8)), generation "
+    "FROM workspaces WHERE id = %(source)s FOR SHARE ON CONFLICT (id) DO NOTHING RETURNING id"
+)
+_COPY_CHUNKS = (
+    "INSERT INTO workspace_chunks (workspace_id, generation, seq, data) "
+    "SELECT %(target)s, c.generation, c.seq, c.data FROM workspace_chunks c JOIN workspaces w "
+    "ON w.id = c.workspace_id AND w.generation = c.generation WHERE c.workspace_id = %(source)s"
+)
 
 
 def _saved(row: tuple[Any, ...] | None, cap: int | None) -> tuple[int | None, str | None]:

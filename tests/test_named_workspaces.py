@@ -3,6 +3,7 @@ later session opens it by that name, and it is listed and deleted by its caller 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -269,3 +270,21 @@ async def test_each_workspace_event_is_audited_with_who_did_it(keeping: Keeping,
         fork["forked"],
     )
     assert all(r["client"] == records[0]["client"] and r["client"] for r in records)
+
+
+async def test_a_named_workspace_and_a_snapshot_are_read_as_resources_by_name(
+    keeping: Keeping, runtime: DockerRuntime
+) -> None:
+    async with connect(stdio_parameters(*keeping.args())) as session:
+        await _call(session, "execute_command", command="echo before > notes.txt")
+        await _call(session, "workspaces", action="keep", name="project")
+        await _call(session, "workspaces", action="snapshot", name="project-v1")
+        await _call(session, "execute_command", command="echo after > notes.txt", workspace="project")
+        now = await session.read_resource("sandbox://workspace/project/notes.txt")
+        then = await session.read_resource("sandbox://workspace/project-v1/notes.txt")
+        listing = await session.read_resource("sandbox://workspace/project-v1/")
+        templates = await session.list_resource_templates()
+    assert [getattr(item, "text", None) for item in (*now.contents, *then.contents)] == ["after\n", "before\n"]
+    files = json.loads(getattr(listing.contents[0], "text", ""))["files"]
+    assert [entry["path"] for entry in files] == ["notes.txt"]
+    assert any("snapshot" in (template.description or "") for template in templates.resource_templates)

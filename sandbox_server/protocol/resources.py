@@ -89,15 +89,16 @@ class Resources:
         kept = types.ResourceTemplate(
             uri_template=RESOURCE_TEMPLATE,
             name="workspace-file",
-            title="A file in a kept workspace",
-            description="A file of the workspace a tool result named in `structuredContent.workspace`.",
+            title="A file in a kept workspace or snapshot",
+            description="A file of the workspace a tool result named in `structuredContent.workspace`, or of a "
+            "snapshot: {workspace} is its id or the name its caller gave it (the `workspaces` tool).",
         )
         listing = types.ResourceTemplate(
             uri_template=LISTING_TEMPLATE,
             name="workspace-files",
-            title="The files of a kept workspace",
-            description="The files of the workspace a tool result named in `structuredContent.workspace`, as JSON: "
-            "each file's path, size, MIME type and URI.",
+            title="The files of a kept workspace or snapshot",
+            description="The files of the workspace a tool result named in `structuredContent.workspace`, or of a "
+            "snapshot ({workspace}: its id or name), as JSON: each file's path, size, MIME type and URI.",
             mime_type="application/json",
         )
         templates = [kept, listing]

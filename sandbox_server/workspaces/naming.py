@@ -43,7 +43,7 @@ def listing_id(uri: str) -> str | None:
     if not uri.startswith(RESOURCE_PREFIX) or not uri.endswith("/"):
         return None
     workspace_id = uri.removeprefix(RESOURCE_PREFIX)[:-1]
-    return workspace_id if ID_PATTERN.fullmatch(workspace_id) else None
+    return workspace_id if _reference(workspace_id) else None
 
 
 def resource_uri(workspace_id: str, path: str) -> str:
@@ -73,4 +73,9 @@ def parse_resource_uri(uri: str) -> tuple[str, str] | None:
         return None
     workspace_id, _, quoted = uri.removeprefix(RESOURCE_PREFIX).partition("/")
     path = safe_relative_path(unquote_to_bytes(quoted).decode("utf-8", "surrogateescape"))
-    return (workspace_id, path) if ID_PATTERN.fullmatch(workspace_id) and path else None
+    return (workspace_id, path) if _reference(workspace_id) and path else None
+
+
+def _reference(text: str) -> bool:
+    """Whether a URI's workspace part names one: its id, or the name its caller gave it."""
+    return ID_PATTERN.fullmatch(text) is not None or NAME_PATTERN.fullmatch(text) is not None

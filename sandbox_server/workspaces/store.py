@@ -287,11 +287,16 @@ class WorkspaceStore(CarriedWorkspaces):
                 del self._users[record.id]
 
     def find(self, workspace_id: str, session: str | None, tenant: str | None = None) -> WorkspaceRecord | None:
-        """A live workspace this caller may see (the one answer, None, for every other case)."""
+        """A live workspace or snapshot this caller may see, by its id or its name (the one answer, None, for
+        every other case)."""
         with self._lock:
             if ID_PATTERN.fullmatch(workspace_id):
                 self._fresh(workspace_id)
-            record = self._records.get(workspace_id)
+                record = self._records.get(workspace_id)
+            else:
+                record = (
+                    self._named(workspace_id, tenant, time.time()) if NAME_PATTERN.fullmatch(workspace_id) else None
+                )
         return record if record is not None and self._visible(record, session, tenant, time.time()) else None
 
     def of_session(self, session: str, tenant: str | None = None) -> WorkspaceRecord | None:

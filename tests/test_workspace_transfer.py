@@ -4,6 +4,7 @@ folder a server holds is refused, and so is an archive that is not a whole expor
 
 from __future__ import annotations
 
+import base64
 import io
 import tarfile
 from pathlib import Path
@@ -79,3 +80,35 @@ def test_an_archive_past_the_policys_workspace_or_not_an_export_is_refused_at_im
     assert too_large.returncode != 0 and "workspace.size_mb" in too_large.stderr, too_large.stderr
     assert "refused: not imported" in too_large.stderr
     assert cut_short.returncode != 0 and "not a readable zstd-compressed tar" in cut_short.stderr, cut_short.stderr
+
+
+async def test_a_snapshot_exported_through_the_tool_is_read_in_parts_and_imported_elsewhere(
+    tmp_path: Path, runtime: DockerRuntime
+) -> None:
+    policy, archive = tmp_path / "keeping.yaml", tmp_path / "v1.tar.zst"
+    policy.write_text(KEEPING)
+    one, two = _where(policy, tmp_path / "one", "auto"), _where(policy, tmp_path / "two", "auto")
+    digest = "sha256sum big.bin | cut -c1-64"
+    async with connect(stdio_parameters(*one)) as session:
+        made = await _call(session, "execute_command", command=f"head -c 1500000 /dev/urandom > big.bin; {digest}")
+        await _call(session, "run_python", code="note = 'kept in v1'")
+        await _call(session, "workspaces", action="snapshot", name="v1")
+        await _call(session, "execute_command", command="rm big.bin")
+        exported = await _call(session, "workspaces", action="export", snapshot="v1")
+        uri, parts = exported["export"]["uri"], []
+        following: str | None = f"{uri}?offset=0"
+        while following is not None:
+            part = (await session.read_resource(following)).contents[0]
+            parts.append(base64.b64decode(getattr(part, "blob", "")))
+            following = (part.meta or {})["org.sandbox-server/part"]["next"]
+        whole = await session.call_tool("workspaces", {"action": "list"})
+    archive.write_bytes(b"".join(parts))
+    imported = run_cli("workspace", "import", str(archive), "--name", "v1-here", *two)
+    async with connect(stdio_parameters(*two)) as session:
+        files = await _call(session, "execute_command", command=digest, workspace="v1-here")
+        cell = await _call(session, "run_python", code="print(note)", workspace="v1-here")
+    assert not exported["is_error"] and "snapshot v1 is exported" in exported["text"], exported["text"]
+    assert len(parts) >= 3 and exported["export"]["size_bytes"] == archive.stat().st_size, len(parts)
+    assert not whole.is_error
+    assert imported.returncode == 0, imported.stderr
+    assert files["stdout"] == made["stdout"] and cell["stdout"] == "kept in v1\n", (files["text"], cell["text"])

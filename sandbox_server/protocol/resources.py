@@ -22,6 +22,7 @@ from sandbox_server.protocol.requests import Context, handshake_era, identity_of
 from sandbox_server.protocol.results import ResourceStore
 from sandbox_server.protocol.tasks import OUTPUT_TEMPLATE
 from sandbox_server.services.manager import Services
+from sandbox_server.workspaces.exports import EXPORT_PREFIX
 from sandbox_server.workspaces.naming import LISTING_TEMPLATE, RESOURCE_TEMPLATE, listing_id
 from sandbox_server.workspaces.resources import read_workspace_file, session_entries, workspace_entries
 from sandbox_server.workspaces.store import WorkspaceStore
@@ -215,6 +216,8 @@ class Resources:
             return kept[0], len(kept[1]), kept[1][offset : offset + length]
         if self.workspaces is None:
             return None
+        if uri.startswith(EXPORT_PREFIX):
+            return self.workspaces.exports.read(uri, tenant, offset, length)
         try:
             limit = self._policy().default.limits.returned_file_bytes
             return read_workspace_file(self.workspaces, uri, session, limit, tenant, (offset, length))

@@ -13,6 +13,7 @@ from sandbox_server.errors import Refusal
 from sandbox_server.policy import Policy, ToolPolicy
 from sandbox_server.tools.base import MANAGING_ANNOTATIONS, WORKSPACE_ARGUMENT, ToolContext, ToolOutcome, result_schema
 from sandbox_server.workspaces.compare import compared, compared_line
+from sandbox_server.workspaces.exports import KEEP_S
 from sandbox_server.workspaces.kept import KeptWorkspace
 from sandbox_server.workspaces.naming import NAME_IN_WORDS
 from sandbox_server.workspaces.records import WorkspaceRecord
@@ -85,7 +86,8 @@ class WorkspacesTool:
         "(named if `name` is given), which `restore` with `snapshot` makes into a new workspace (`forked`), or, "
         "with \"replace\": true, makes the call's workspace again; `compare` the call's workspace with the "
         "`branches` forked from it (each given a different call, say): the files and variables each changed, "
-        "then keep one and delete the rest; `delete` the call's workspace (or, with `snapshot`, that snapshot) "
+        "then keep one and delete the rest; `export` it (or, with `snapshot`, that snapshot) as one file, read as "
+        "a resource in parts; `delete` the call's workspace (or, with `snapshot`, that snapshot) "
         "and everything in it. The workspace acted on is the one `workspace` names (an id or a name), else the "
         "session's.\n"
         'Example: {"action": "list"}'
@@ -96,7 +98,7 @@ class WorkspacesTool:
         "properties": {
             "action": {
                 "type": "string",
-                "enum": ["list", "keep", "fork", "snapshot", "restore", "compare", "delete"],
+                "enum": ["list", "keep", "fork", "snapshot", "restore", "compare", "export", "delete"],
             },
             "name": {
                 "type": "string",
@@ -134,6 +136,16 @@ class WorkspacesTool:
             },
             "forked": {"type": "string", "description": "The new workspace's id (fork, restore)"},
             "snapshot": {"type": "string", "description": "The new snapshot's id (snapshot)"},
+            "export": {
+                "type": "object",
+                "properties": {
+                    "uri": {"type": "string"},
+                    "size_bytes": {"type": "integer"},
+                    "sha256": {"type": "string"},
+                },
+                "required": ["uri", "size_bytes", "sha256"],
+                "description": "export: the file, a resource read in parts, and its payload's SHA-256",
+            },
             "branches": {
                 "type": "array",
                 "items": BRANCH_SCHEMA,
@@ -196,6 +208,8 @@ class WorkspacesTool:
             headline, record = await self._restore(args, kept, name, ctx.policy_name, extra)
         elif action == "compare":
             headline = await self._compare(args, kept, extra, sections)
+        elif action == "export":
+            headline = await self._export(args, kept, extra)
         elif action == "delete":
             headline = await self._delete(args, kept, ctx)
         else:
@@ -214,6 +228,8 @@ class WorkspacesTool:
             sections.append(("workspaces", "\n".join(lines)))
         event = {"action": action, "workspace": record.id, "name": name}
         event |= {key: extra[key] for key in ("forked", "snapshot") if key in extra}
+        if "export" in extra:
+            event["export"] = extra["export"]["uri"]
         if "snapshot" not in event and isinstance(args.get("snapshot"), str):
             event["snapshot"] = args["snapshot"]  # the one restored or deleted, as the caller named it
         if action == "compare":
@@ -270,6 +286,25 @@ class WorkspacesTool:
         return (
             f"{len(rows)} branch(es) compared with workspace {base.name or base.id}: keep the one you want "
             '({"action": "keep", "workspace": "<its id>", "name": …}) and delete the others'
+        )
+
+    @staticmethod
+    async def _export(args: Mapping[str, Any], kept: KeptWorkspace, extra: dict[str, Any]) -> str:
+        store = kept.store
+        source = WorkspacesTool._snapshot_named(args, kept, "export") if args.get("snapshot") else kept.record
+        uri, path = store.exports.begin(kept.record.tenant)
+
+        def write() -> dict[str, Any]:
+            with open(path, "wb") as out:
+                return store.export_to(source, out)
+
+        manifest = await anyio.to_thread.run_sync(write)
+        size = path.stat().st_size
+        extra["export"] = {"uri": uri, "size_bytes": size, "sha256": manifest["sha256"]}
+        return (
+            f"{'snapshot' if source.snapshot else 'workspace'} {source.name or source.id} is exported: read {uri} "
+            f"({size} bytes) in parts, {uri}?offset=0 and on (each part names the next), within {KEEP_S:g} s; "
+            "`sandbox-server workspace import` makes a workspace of it on any server"
         )
 
     @staticmethod

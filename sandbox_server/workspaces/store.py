@@ -29,6 +29,7 @@ from sandbox_server.policy import WorkspaceSettings
 from sandbox_server.sandbox.spec import ExecutionResult, SandboxSpec
 from sandbox_server.workspaces.carried import CarriedWorkspaces
 from sandbox_server.workspaces.contents import ArchivedContents, Contents
+from sandbox_server.workspaces.exports import Exports
 from sandbox_server.workspaces.files import FileState
 from sandbox_server.workspaces.names import counted, not_a_snapshot
 from sandbox_server.workspaces.naming import ID_PATTERN, NAME_PATTERN
@@ -85,6 +86,8 @@ class WorkspaceStore(CarriedWorkspaces):
         self._evicted: OrderedDict[str, tuple[str | None, str]] = OrderedDict()
         """Workspaces removed to make room, by id: their tenant, and what a call naming one is told."""
         self.book: RecordBook = book if book is not None else FileBook(root)
+        self.exports = Exports(root / "exports")
+        """Exports made through the `workspaces` tool, read as resources by their callers."""
         self.replica_alive = replica_alive
         """Replicas: whether the replica of a handshake session still runs (its workspace is adopted if not)."""
         self._records = self.book.load()
@@ -388,6 +391,7 @@ class WorkspaceStore(CarriedWorkspaces):
                 if path.name not in kept:
                     path.unlink(missing_ok=True)
         self.contents.sweep()
+        self.exports.sweep()
         return removed
 
     def end_sessions(self, server: str) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 import tarfile
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,7 @@ async def test_an_exported_workspace_imported_elsewhere_holds_its_files_and_vari
         held = run_cli("workspace", "export", "trip", "-o", str(archive), *one)
     exported = run_cli("workspace", "export", "trip", "-o", str(archive), *one)
     imported = run_cli("workspace", "import", str(archive), "--name", "trip", *two)
+    listed = run_cli("workspace", "list", *two)
     async with connect(stdio_parameters(*two)) as session:
         files = await _call(
             session, "execute_command", command=f"{DIGEST}; test -x blob && echo runs", workspace="trip"
@@ -58,6 +60,8 @@ async def test_an_exported_workspace_imported_elsewhere_holds_its_files_and_vari
     assert held.returncode != 0 and "in use by another sandbox-server" in held.stderr, held.stderr
     assert exported.returncode == 0 and "exported trip" in exported.stdout, exported.stderr
     assert imported.returncode == 0 and "imported as trip" in imported.stdout, imported.stderr
+    [row] = [json.loads(line) for line in listed.stdout.splitlines()]
+    assert (row["name"], row["snapshot"], row["origin"]) == ("trip", False, made["workspace"]), listed.stdout
     assert files["stdout"] == made["stdout"] + "runs\n", (files["text"], made["text"])
     assert cell["stdout"] == "{'rows': [1, 2, 3]} [0, 1, 2, 3, 4]\n", cell["text"]
 

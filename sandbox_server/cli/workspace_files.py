@@ -1,4 +1,4 @@
-"""`sandbox-server workspace export|import`: a kept workspace or snapshot as one file (a zstd-compressed tar
+"""`sandbox-server workspace export|import|list`: a kept workspace or snapshot as one file (a zstd-compressed tar
 with a manifest and a checksum, workspaces.transfer), written out of a state folder or made a workspace of one,
 so that work moves between machines and backups.
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import sys
 from collections.abc import Iterator
@@ -32,10 +33,11 @@ def add_workspace_commands(commands: Any) -> None:  # argparse's subparsers acti
     export = actions.add_parser("export", help="write a workspace or snapshot (by name or id) to a .tar.zst file")
     export.add_argument("workspace", help="its name or id")
     export.add_argument("--output", "-o", required=True, help="the file to write (- for standard output)")
+    listed = actions.add_parser("list", help="the kept workspaces and snapshots of a caller (JSON lines)")
     imported = actions.add_parser("import", help="make a new workspace of an exported file")
     imported.add_argument("archive", help="the .tar.zst file (- for standard input)")
     imported.add_argument("--name", help="the name to keep it under (else it is reached by the id printed)")
-    for action in (export, imported):
+    for action in (export, imported, listed):
         action.add_argument("--state-dir", help="the state folder (default: as `serve` finds it)")
         action.add_argument("--policy", default="default", help="the policy whose workspace settings apply")
         action.add_argument("--caller", help="the caller it belongs to (a token's name; none over stdio)")
@@ -44,6 +46,7 @@ def add_workspace_commands(commands: Any) -> None:  # argparse's subparsers acti
             help="how the folder keeps workspaces (auto: as found in it)",
         )  # fmt: skip
     export.set_defaults(handler=workspace_export)
+    listed.set_defaults(handler=workspace_list)
     imported.set_defaults(handler=workspace_import)
 
 
@@ -56,6 +59,17 @@ def workspace_export(args: argparse.Namespace) -> int:
         with _opened(args.output, "wb") as out:
             manifest = store.export_to(record, out)
     print(f"exported {record.name or record.id}: {manifest['bytes']} bytes of files, sha256 {manifest['sha256']}")
+    return 0
+
+
+def workspace_list(args: argparse.Namespace) -> int:
+    with _store(args) as (store, _, _):
+        for record in store.listed(None, args.caller):
+            fields = {
+                "id": record.id, "name": record.name, "snapshot": record.snapshot, "origin": record.origin,
+                "size_bytes": record.size_bytes, "last_used": record.last_used,
+            }  # fmt: skip
+            print(json.dumps(fields))
     return 0
 
 

@@ -18,7 +18,8 @@ __all__ = ["CarriedWorkspaces"]
 
 
 class CarriedWorkspaces(NamedWorkspaces):
-    """The store's export and import (the store provides the records, their lock and the caps)."""
+    """The store's export and import, and what its workspaces take together (the store provides the records, their
+    lock and the caps)."""
 
     def export_to(self, record: WorkspaceRecord, out: BinaryIO) -> dict[str, Any]:
         """Write a workspace or snapshot as one file (workspaces.transfer); its manifest."""
@@ -73,3 +74,9 @@ class CarriedWorkspaces(NamedWorkspaces):
             self._records[made.id] = made
             self._write_record(made)
         return made
+
+    def total_bytes(self) -> int:
+        """What all kept workspaces take on the host's disk."""
+        with self._lock:
+            self._fresh()
+            return sum(r.size_bytes for r in self._records.values())

@@ -86,8 +86,7 @@ class WorkspaceStore(CarriedWorkspaces):
         self._evicted: OrderedDict[str, tuple[str | None, str]] = OrderedDict()
         """Workspaces removed to make room, by id: their tenant, and what a call naming one is told."""
         self.book: RecordBook = book if book is not None else FileBook(root)
-        self.exports = Exports(root / "exports")
-        """Exports made through the `workspaces` tool, read as resources by their callers."""
+        self.exports = Exports(root / "exports")  # made through the `workspaces` tool, read as resources
         self.replica_alive = replica_alive
         """Replicas: whether the replica of a handshake session still runs (its workspace is adopted if not)."""
         self._records = self.book.load()
@@ -413,12 +412,6 @@ class WorkspaceStore(CarriedWorkspaces):
             for workspace_id in ended:
                 self._remove(workspace_id)
         return len(ended)
-
-    def total_bytes(self) -> int:
-        """What all kept workspaces take on the host's disk."""
-        with self._lock:
-            self._fresh()
-            return sum(r.size_bytes for r in self._records.values())
 
     def _remove(self, workspace_id: str, later: bool = False) -> None:
         self._records.pop(workspace_id, None)

@@ -92,23 +92,10 @@ class NamedWorkspaces:
     def _may_name(self, tenant: str | None, name: str, policy_name: str, taker: WorkspaceRecord | None) -> None:
         """Refuse a name this caller gave another workspace, or a new one past workspace.named_per_caller (under
         the lock). `taker`: the workspace that takes the name (None: a new one, a fork); a named one is renamed."""
-        _check_name(name)
-        taken = self._named(name, tenant, time.time())
-        if taken is not None and (taker is None or taken.id != taker.id):
-            raise Refusal(
-                f"refused: this caller already has a workspace named {name!r} ({taken.id}); choose another name, "
-                "or delete or rename that one first",
-                "name",
-            )
+        self._name_free(tenant, name, taker)
         if taker is None or taker.name is None:
             theirs = [r for r in self._records.values() if r.tenant == tenant and r.name is not None and not r.snapshot]
-            most = self.settings.named_per_caller
-            if len(theirs) >= most:
-                raise Refusal(
-                    f"refused: this caller keeps {len(theirs)} named workspaces, the most policy '{policy_name}' "
-                    f"allows (field workspace.named_per_caller: {most}); delete one first",
-                    "workspace.named_per_caller",
-                )
+            _below(len(theirs), self.settings.named_per_caller, "named workspaces", policy_name, "named_per_caller")
 
     def fork(self, record: WorkspaceRecord, name: str | None, policy_name: str) -> WorkspaceRecord:
         """A new workspace of the same caller holding what `record` holds now (files and run_python's kept
@@ -121,14 +108,11 @@ class NamedWorkspaces:
                 self._may_name(current.tenant, name, policy_name, None)
             else:
                 theirs = [r for r in self._records.values() if r.holder == current.holder and counted(r)]
-                most = self.settings.max_per_client
-                if len(theirs) >= most:
-                    raise Refusal(
-                        f"refused: this client holds {len(theirs)} workspaces, the most policy '{policy_name}' "
-                        f"allows (field workspace.max_per_client: {most}); a fork removes none to make room: delete "
-                        "one, or fork under a name (workspace.named_per_caller)",
-                        "workspace.max_per_client",
-                    )
+                _below(
+                    len(theirs), self.settings.max_per_client, "workspaces", policy_name, "max_per_client",
+                    "; a fork removes none to make room: delete one, or fork under a name (workspace.named_per_caller)",
+                    who="this client holds",
+                )  # fmt: skip
             made = self._begin_copy(current, name, snapshot=False)
         return self._copy(current, made)
 
@@ -141,16 +125,9 @@ class NamedWorkspaces:
             if current.snapshot:
                 raise Refusal(f"refused: {current.id} is a snapshot already; restore it to work in it", "workspace")
             if name is not None:
-                _check_name(name)
-                self._name_free(current.tenant, name)
+                self._name_free(current.tenant, name, None)
             theirs = [r for r in self._records.values() if r.tenant == current.tenant and r.snapshot]
-            most = self.settings.snapshots_per_caller
-            if len(theirs) >= most:
-                raise Refusal(
-                    f"refused: this caller keeps {len(theirs)} snapshots, the most policy '{policy_name}' allows "
-                    f"(field workspace.snapshots_per_caller: {most}); delete one first",
-                    "workspace.snapshots_per_caller",
-                )
+            _below(len(theirs), self.settings.snapshots_per_caller, "snapshots", policy_name, "snapshots_per_caller")
             made = self._begin_copy(current, name, snapshot=True)
         return self._copy(current, made)
 
@@ -242,12 +219,15 @@ class NamedWorkspaces:
             raise self.unknown(record.id)
         return current
 
-    def _name_free(self, tenant: str | None, name: str) -> None:
+    def _name_free(self, tenant: str | None, name: str, taker: WorkspaceRecord | None) -> None:
+        """Refuse a name that is not a name, or one this caller gave another workspace or snapshot than `taker`
+        (under the lock)."""
+        _check_name(name)
         taken = self._named(name, tenant, time.time())
-        if taken is not None:
+        if taken is not None and (taker is None or taken.id != taker.id):
             raise Refusal(
-                f"refused: this caller already has a workspace or snapshot named {name!r} ({taken.id}); choose "
-                "another name",
+                f"refused: this caller already has a workspace named {name!r} ({taken.id}); choose another name, "
+                "or delete or rename that one first",
                 "name",
             )
 
@@ -316,6 +296,19 @@ def not_a_snapshot(record: WorkspaceRecord, requested: str) -> WorkspaceRecord:
             "workspace",
         )
     return record
+
+
+def _below(
+    count: int, most: int, what: str, policy_name: str, field: str, advice: str = "; delete one first",
+    who: str = "this caller keeps",
+) -> None:  # fmt: skip
+    """Refuse one more past a per-caller count the policy bounds, naming its field."""
+    if count >= most:
+        raise Refusal(
+            f"refused: {who} {count} {what}, the most policy '{policy_name}' allows (field workspace.{field}: "
+            f"{most}){advice}",
+            f"workspace.{field}",
+        )
 
 
 def _check_name(name: str) -> None:

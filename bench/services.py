@@ -1,7 +1,8 @@
 """What services cost: starting one (`python3 -m http.server`, answered once it listens) and stopping it, a call
 that reaches it by name, the same session's `true` while a service runs (its calls join the services' network,
-so they take no warm container) against `true` with none, and a page through the preview (a loopback preview
-port, the link's cookie held). All in one stdio session on the default policy, the warm pool on; medians of
+so they take no warm container) against `true` with none, a page through the preview (a loopback preview
+port, the link's cookie held), and pausing the workspace then resuming it (answered once the service listens
+again) against starting the service fresh. All in one stdio session on the default policy, the warm pool on; medians of
 `--rounds`. Writes bench/results/services.json.
 """
 
@@ -35,7 +36,8 @@ async def measure(rounds: int, gap_s: float, work: Path) -> dict[str, dict[str, 
     arguments = ["--state-dir", str(work / "state"), "--preview-port", str(_free_port())]
     samples: dict[str, list[float]] = {
         name: [] for name in ("true, no service", "start a service", "true beside a service", "curl the service",
-                              "preview page", "stop the service")
+                              "preview page", "pause the workspace", "resume it (service listens)",
+                              "stop the service")
     }  # fmt: skip
 
     async def timed(name: str, tool: str, arguments: dict[str, Any]) -> Any:
@@ -62,6 +64,9 @@ async def measure(rounds: int, gap_s: float, work: Path) -> dict[str, dict[str, 
                     began = time.perf_counter()
                     assert (await browser.get(page)).status_code == 200
                     samples["preview page"].append(time.perf_counter() - began)
+                await timed("pause the workspace", "workspaces", {"action": "pause"})
+                resumed = await timed("resume it (service listens)", "workspaces", {"action": "resume"})
+                assert "service web started again" in str(resumed.content), resumed.content
                 await timed("stop the service", "services", {"action": "stop", "name": "web"})
     return {name: percentiles(values) for name, values in samples.items()}
 
@@ -76,6 +81,10 @@ def main(argv: list[str]) -> int:
     base = rows["true, no service"]["p50"]
     table = [(name, r["p50"], r["p95"], f"{r['p50'] / base:.1f}x") for name, r in rows.items()]
     print_table(("what", "p50 ms", "p95 ms", "p50 / true"), table)
-    path = write_results("services", {"rounds": options.rounds, "gap_s": options.gap_s, "rows": rows})
+    resume = rows["resume it (service listens)"]["p50"] / rows["start a service"]["p50"]
+    print(f"resume of a paused workspace / a fresh start of its service: {resume:.2f}x (p50)")
+    path = write_results(
+        "services", {"rounds": options.rounds, "gap_s": options.gap_s, "rows": rows, "resume_over_start": resume}
+    )
     print(f"wrote {path}")
     return 0

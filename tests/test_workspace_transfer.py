@@ -52,11 +52,26 @@ async def test_an_exported_workspace_imported_elsewhere_holds_its_files_and_vari
     exported = run_cli("workspace", "export", "trip", "-o", str(archive), *one)
     imported = run_cli("workspace", "import", str(archive), "--name", "trip", *two)
     listed = run_cli("workspace", "list", *two)
+    # Copied and removed on the command line as the tool does: a snapshot, its restore, a fork deleted again.
+    snapshot = run_cli("workspace", "snapshot", "trip", "--name", "trip-v1", *two)
+    restored = run_cli("workspace", "restore", "trip-v1", "--name", "trip-again", *two)
+    forked = run_cli("workspace", "fork", "trip", "--name", "trip-spare", *two)
+    wrong = run_cli("workspace", "restore", "trip", *two)
+    deleted = run_cli("workspace", "delete", "trip-spare", *two)
+    after = run_cli("workspace", "list", *two)
     async with connect(stdio_parameters(*two)) as session:
         files = await _call(
             session, "execute_command", command=f"{DIGEST}; test -x blob && echo runs", workspace="trip"
         )
         cell = await _call(session, "run_python", code="print(kept, arr.tolist())", workspace="trip")
+        again = await _call(session, "run_python", code="print(kept, arr.tolist())", workspace="trip-again")
+    for done in (snapshot, restored, forked, deleted):
+        assert done.returncode == 0, done.stderr
+    assert "snapshot: snapshot trip-v1" in snapshot.stdout and "restore: workspace trip-again" in restored.stdout
+    assert wrong.returncode != 0 and "'trip' is a workspace, not a snapshot" in wrong.stderr, wrong.stderr
+    kept_now = {(row["name"], row["snapshot"]) for row in map(json.loads, after.stdout.splitlines())}
+    assert kept_now == {("trip", False), ("trip-v1", True), ("trip-again", False)}, after.stdout
+    assert again["stdout"] == "{'rows': [1, 2, 3]} [0, 1, 2, 3, 4]\n", again["text"]
     assert held.returncode != 0 and "in use by another sandbox-server" in held.stderr, held.stderr
     assert exported.returncode == 0 and "exported trip" in exported.stdout, exported.stderr
     assert imported.returncode == 0 and "imported as trip" in imported.stdout, imported.stderr
@@ -111,6 +126,24 @@ async def test_a_snapshot_exported_through_the_tool_is_read_in_parts_and_importe
     async with connect(stdio_parameters(*two)) as session:
         files = await _call(session, "execute_command", command=digest, workspace="v1-here")
         cell = await _call(session, "run_python", code="print(note)", workspace="v1-here")
+        # The same file uploaded into a workspace and imported through the tool: a workspace of its own.
+        upload = {
+            "path": "in/v1.tar.zst",
+            "content": base64.b64encode(archive.read_bytes()).decode(),
+            "encoding": "base64",
+        }
+        await _call(session, "execute_command", command="head -c 4096 /dev/urandom > junk.bin", files=[upload])
+        by_tool = await _call(session, "workspaces", action="import", path="in/v1.tar.zst", name="v1-tool")
+        junk = await _call(session, "workspaces", action="import", path="junk.bin", name="junk")
+        missing = await _call(session, "workspaces", action="import", path="nowhere.tar.zst")
+        tool_files = await _call(session, "execute_command", command=digest, workspace="v1-tool")
+        tool_cell = await _call(session, "run_python", code="print(note)", workspace="v1-tool")
+    assert not by_tool["is_error"] and "is imported as workspace v1-tool" in by_tool["text"], by_tool["text"]
+    assert by_tool["imported"] == tool_files["workspace"]
+    assert tool_files["stdout"] == made["stdout"] and tool_cell["stdout"] == "kept in v1\n", tool_cell["text"]
+    assert junk["is_error"] and "refused: not imported: " in junk["text"], junk["text"]
+    assert missing["is_error"] and "holds no file 'nowhere.tar.zst'" in missing["text"], missing["text"]
+    assert (junk["error"]["field"], missing["error"]["field"]) == ("archive", "path")
     assert not exported["is_error"] and "snapshot v1 is exported" in exported["text"], exported["text"]
     assert len(parts) >= 3 and exported["export"]["size_bytes"] == archive.stat().st_size, len(parts)
     assert not whole.is_error

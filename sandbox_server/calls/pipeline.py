@@ -30,6 +30,7 @@ from sandbox_server.calls.arguments import check_arguments
 from sandbox_server.calls.call import AskApproval, Call, TaskStart
 from sandbox_server.calls.hosts import CallAsker, Grants
 from sandbox_server.calls.registry import ToolRegistry
+from sandbox_server.calls.resume import resume_services, resumes
 from sandbox_server.calls.tracing import Tracing
 from sandbox_server.calls.usage import with_usage
 from sandbox_server.errors import EngineError, EngineUnavailable, Refusal
@@ -204,6 +205,10 @@ class CallPipeline:
                     kept = await self._workspace(call, shared)
                 proxy = await self._proxy(call.tool_policy, call.policy.name)
                 scope = self._scope(call, kept)
+                resumed: tuple[str, ...] = ()
+                if kept is not None and scope is not None and resumes(call):
+                    with self.tracing.span("resume"):
+                        resumed = await resume_services(self.registry, self._proxy, call, kept, scope)
                 asker = self._asker(call, proxy, kept)
                 hooks = RunHooks(
                     call.progress,
@@ -220,6 +225,8 @@ class CallPipeline:
                 if proxy is not None:
                     with self.tracing.span("proxy"):
                         outcome = await self._with_requests(outcome, proxy, asker)
+                if resumed:
+                    outcome = replace(outcome, notes=(*resumed, *outcome.notes))
                 return _in_workspace(outcome, kept, scope)
         except EngineUnavailable as exc:
             raise Refusal(str(exc), kind="engine_unavailable") from exc

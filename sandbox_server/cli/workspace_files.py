@@ -1,8 +1,9 @@
-"""`sandbox-server workspace export|import|list`: a kept workspace or snapshot as one file (a zstd-compressed tar
-with a manifest and a checksum, workspaces.transfer), written out of a state folder or made a workspace of one,
-so that work moves between machines and backups.
+"""`sandbox-server workspace export|import|list|fork|snapshot|restore|delete`: a kept workspace or snapshot as one
+file (a zstd-compressed tar with a manifest and a checksum, workspaces.transfer), written out of a state folder or
+made a workspace of one, so that work moves between machines and backups; copied or removed as the `workspaces`
+tool does.
 
-Both act on the state folder itself, which no server may hold meanwhile (a server holds its folder while it
+All act on the state folder itself, which no server may hold meanwhile (a server holds its folder while it
 runs: stop it first). An import is checked as any upload is, against the policy given (its workspace's size and
 files, the caller's caps), and the workspace it makes opens by its name in the next server's sessions.
 """
@@ -37,7 +38,22 @@ def add_workspace_commands(commands: Any) -> None:  # argparse's subparsers acti
     imported = actions.add_parser("import", help="make a new workspace of an exported file")
     imported.add_argument("archive", help="the .tar.zst file (- for standard input)")
     imported.add_argument("--name", help="the name to keep it under (else it is reached by the id printed)")
-    for action in (export, imported, listed):
+    copies = {
+        "fork": "a new workspace holding what a workspace holds now",
+        "snapshot": "a snapshot of a workspace as it is now",
+        "restore": "a new workspace of a snapshot",
+    }
+    copying = []
+    for verb, what in copies.items():
+        copy = actions.add_parser(verb, help=f"{what} (copy on write where the folder can clone)")
+        copy.add_argument("workspace", help="its name or id")
+        copy.add_argument("--name", help="the name to keep the copy under (else it is reached by the id printed)")
+        copy.set_defaults(handler=workspace_copy)
+        copying.append(copy)
+    deleted = actions.add_parser("delete", help="remove a workspace or snapshot with its files and variables")
+    deleted.add_argument("workspace", help="its name or id")
+    deleted.set_defaults(handler=workspace_delete)
+    for action in (export, imported, listed, deleted, *copying):
         action.add_argument("--state-dir", help="the state folder (default: as `serve` finds it)")
         action.add_argument("--policy", default="default", help="the policy whose workspace settings apply")
         action.add_argument("--caller", help="the caller it belongs to (a token's name; none over stdio)")
@@ -67,7 +83,8 @@ def workspace_list(args: argparse.Namespace) -> int:
         for record in store.listed(None, args.caller):
             fields = {
                 "id": record.id, "name": record.name, "snapshot": record.snapshot, "origin": record.origin,
-                "size_bytes": record.size_bytes, "last_used": record.last_used,
+                "size_bytes": record.size_bytes, "last_used": record.last_used, "paused": record.paused,
+                "services": [entry.get("name") for entry in record.services],
             }  # fmt: skip
             print(json.dumps(fields))
     return 0
@@ -81,6 +98,38 @@ def workspace_import(args: argparse.Namespace) -> int:
             except Refusal as refused:
                 raise UsageError(refused.message) from None
     print(f"imported as {made.name or made.id} ({made.id}): pass it as `workspace` to continue it")
+    return 0
+
+
+def workspace_copy(args: argparse.Namespace) -> int:
+    """fork, snapshot or restore, as the `workspaces` tool does, with the same caps and refusals."""
+    verb = args.workspace_command
+    with _store(args) as (store, policy_name, _):
+        try:
+            source = store.resolve(args.workspace, None, args.caller)
+            if verb == "restore" and not source.snapshot:
+                raise Refusal(
+                    f"refused: {args.workspace!r} is a workspace, not a snapshot; fork it instead", "workspace"
+                )
+            if verb == "fork" and source.snapshot:
+                raise Refusal(f"refused: {args.workspace!r} is a snapshot; restore it instead", "workspace")
+            copy = store.snapshot if verb == "snapshot" else store.fork
+            made = copy(source, args.name, policy_name)
+        except Refusal as refused:
+            raise UsageError(refused.message) from None
+    what = "snapshot" if made.snapshot else "workspace"
+    print(f"{verb}: {what} {made.name or made.id} ({made.id}) made of {source.name or source.id}")
+    return 0
+
+
+def workspace_delete(args: argparse.Namespace) -> int:
+    with _store(args) as (store, _, _):
+        try:
+            record = store.resolve(args.workspace, None, args.caller)
+            store.forget(record)
+        except Refusal as refused:
+            raise UsageError(refused.message) from None
+    print(f"deleted {'snapshot' if record.snapshot else 'workspace'} {record.name or record.id} ({record.id})")
     return 0
 
 

@@ -31,6 +31,7 @@ from sandbox_server.sandbox.spec import SandboxSpec
 from sandbox_server.services.caps import refuse_past_caps
 from sandbox_server.services.readiness import until_ready
 from sandbox_server.services.service import Answer, Service, ServiceRequest
+from sandbox_server.workspaces.pausing import service_entry
 from sandbox_server.workspaces.store import WorkspaceRecord, WorkspaceStore
 
 __all__ = ["Service", "Services"]
@@ -59,6 +60,8 @@ class Services:
     ) -> None:
         self.runtime, self.store, self.audit, self.proxies = runtime, store, audit, proxies
         self._services: dict[str, Service] = {}
+        self.resuming: dict[str, anyio.Lock] = {}
+        """Per workspace: held while its recorded services are started again (one call starts them, others wait)."""
         self._group: anyio.abc.TaskGroup | None = None
         self.on_networks = on_networks
         """Told the networks of workspaces with running services whenever they change (the warm pools)."""
@@ -146,6 +149,9 @@ class Services:
             raise
         if answer.error is not None:
             raise answer.error
+        if asked.arguments is not None:
+            entry = service_entry(service.name, service.port, service.tool, asked.arguments)
+            await anyio.to_thread.run_sync(self.store.record_service, record.id, entry)
         return service
 
     async def _life(
@@ -271,6 +277,7 @@ class Services:
         """The service's last step (in its own task, shielded): what it made removed, its end recorded."""
         if service.stopped.is_set():
             return
+        recorded = service.resumable or not service.stop_asked  # not asked: the server is stopping around it
         service.ask_stop(service.stop_reason or "the server stopped")
         service.state = "stopped"
         last = not self.running(service.workspace_id)
@@ -287,6 +294,8 @@ class Services:
                 await self.audit_event(
                     "service_stopped", service, reason=service.stop_reason, caller=service.caller, usage=usage
                 )
+            if not recorded:  # its caller stopped it, or it stopped by itself: not to start again
+                await anyio.to_thread.run_sync(self.store.drop_service, service.workspace_id, service.name)
         finally:
             self._services.pop(service.id, None)
             for asked in service.asks:
@@ -299,6 +308,7 @@ class Services:
     async def stop_session(self, session: str) -> None:
         """A handshake session ended: its workspace's services stop."""
         for service in [s for s in self.running() if s.session == session]:
+            service.resumable = self.store.outlives_sessions(service.workspace_id)  # named: it starts again
             await self.stop(service, "its session ended")
 
     async def serve(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:

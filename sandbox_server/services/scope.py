@@ -3,6 +3,7 @@ reach the ones running there."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,7 +49,9 @@ class ServiceScope:
         tool: str,
         ready_path: str | None = None,
         proxy: ProxyEndpoint | None = None,
+        arguments: Mapping[str, Any] | None = None,
     ) -> Service:
+        """Start a service; `arguments`, the call's, are kept in the workspace's record to start it again."""
         refuse_tool(tool, self.policy_name, self.settings)
         if self.record is None:
             raise Refusal(
@@ -56,7 +59,9 @@ class ServiceScope:
                 "lives in its session's workspace",
                 "workspace.persist",
             )
-        asked = ServiceRequest(name, port, command, tool, self.caller, self.policy_name, self.settings, ready_path)
+        asked = ServiceRequest(
+            name, port, command, tool, self.caller, self.policy_name, self.settings, ready_path, arguments
+        )
         return await self.services.start(spec, self.record, asked, proxy)
 
     def listed(self) -> list[dict[str, Any]]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +31,8 @@ class ServiceRequest:
     policy_name: str
     settings: ServiceSettings
     ready_path: str | None = None
+    arguments: Mapping[str, Any] | None = None
+    """The call's arguments, which its workspace's record keeps to start it again (None: not kept)."""
 
 
 @dataclass(slots=True)
@@ -76,6 +79,9 @@ class Service:
     stop_reason: str = ""
     stop_asked: bool = False
     ran: bool = False
+    resumable: bool = False
+    """Its stop keeps it in its workspace's record, to start again (its workspace paused, or, named, its session
+    ended); a stop the server's own end causes keeps it too."""
     """It became ready once (its end is then recorded)."""
     asks: list[Answer] = field(default_factory=list)
     """Restarts asked of its task, in turn."""

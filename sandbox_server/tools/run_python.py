@@ -88,7 +88,7 @@ class RunPython:
         """Run the cell; an exception's last traceback line becomes the headline."""
         if "service" in args:  # an app that serves (Dash, Streamlit, a small API): the code runs as the program
             spec = sandbox_spec(args, ctx, ("python3", "-c", args["code"]), b"")
-            return await start_service({**args, "command": args["code"]}, ctx, spec, self.name)
+            return await start_service({**args, "command": args["code"]}, ctx, spec, self.name, args)
         limits = ctx.policy.limits
         per_image = limits.returned_image_bytes // max(1, limits.returned_images)
         spec = sandbox_spec(

@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
+import anyio.to_thread
+
 from sandbox_server.errors import Refusal
 from sandbox_server.policy import Policy, ToolPolicy
 from sandbox_server.sandbox.spec import SandboxSpec
@@ -18,8 +20,12 @@ LOG_BYTES = 16_000
 """The end of a service's log a `log` answer shows (at most the policy's output cap)."""
 
 
-async def start_service(args: Mapping[str, Any], ctx: ToolContext, spec: SandboxSpec, tool: str) -> ToolOutcome:
-    """Start `spec`'s program as the service `args["service"]` names; answer how to reach it."""
+async def start_service(
+    args: Mapping[str, Any], ctx: ToolContext, spec: SandboxSpec, tool: str, arguments: Mapping[str, Any] | None = None
+) -> ToolOutcome:
+    """Start `spec`'s program as the service `args["service"]` names; answer how to reach it. `arguments`, the
+    call's as it gave them, are what its workspace keeps to start it again (default: `args`)."""
+    arguments = args if arguments is None else arguments
     wanted = args["service"]
     if ctx.services is None:
         raise Refusal("refused: this server starts no services", "services.tools")
@@ -37,7 +43,7 @@ async def start_service(args: Mapping[str, Any], ctx: ToolContext, spec: Sandbox
     )
     service = await ctx.services.start(
         replace(spec, argv=argv, limits=limits), wanted["name"], int(wanted["port"]), str(args.get("command", "")),
-        tool, wanted.get("ready_path"), ctx.proxy,
+        tool, wanted.get("ready_path"), ctx.proxy, arguments,
     )  # fmt: skip
     described = service.describe(ctx.services.services.preview_of(service))
     reach = f"the workspace's next calls reach it at {described['url']}"
@@ -112,6 +118,14 @@ class ServicesTool:
             return ToolOutcome(headline, False, (("services", "\n".join(lines)),), {"services": listed})
         name = args.get("name")
         service = scope.named(name) if isinstance(name, str) else None
+        if service is None and action == "stop" and isinstance(name, str):
+            store, workspace_id = scope.services.store, scope.record.id
+            if await anyio.to_thread.run_sync(store.drop_service, workspace_id, name):  # kept, but not running
+                return ToolOutcome(
+                    f"service {name} is not running, and its workspace no longer starts it again",
+                    False,
+                    structured={"services": scope.listed()},
+                )
         if service is None:
             known = ", ".join(s["name"] for s in scope.listed()) or "none"
             raise Refusal(f"refused: no service named {name!r} runs in this workspace (running: {known})", "name")

@@ -1,9 +1,10 @@
 """The `workspaces` tool: a caller's kept workspaces, listed, named (so they outlive their session and restarts
-of the server, and any later session opens them by name) and deleted. It runs no sandbox of its own."""
+of the server, and any later session opens them by name), forked, snapshotted and restored, compared, exported
+and imported, paused and resumed, and deleted. It runs no sandbox of its own."""
 
 from __future__ import annotations
 
-import time
+import tempfile
 from collections.abc import Mapping
 from typing import Any
 
@@ -12,6 +13,7 @@ import anyio
 from sandbox_server.errors import Refusal
 from sandbox_server.policy import Policy, ToolPolicy
 from sandbox_server.tools.base import MANAGING_ANNOTATIONS, WORKSPACE_ARGUMENT, ToolContext, ToolOutcome, result_schema
+from sandbox_server.tools.workspace_rows import BRANCH_SCHEMA, REFERENCE, WORKSPACE_SCHEMA, row
 from sandbox_server.workspaces.compare import compared, compared_line
 from sandbox_server.workspaces.exports import KEEP_S
 from sandbox_server.workspaces.kept import KeptWorkspace
@@ -20,55 +22,8 @@ from sandbox_server.workspaces.records import WorkspaceRecord
 
 __all__ = ["WorkspacesTool"]
 
-WORKSPACE_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "properties": {
-        "id": {"type": "string"},
-        "name": {"type": ["string", "null"], "description": "Its caller's name for it (null: not named)"},
-        "created": {"type": "string", "description": "ISO 8601 UTC"},
-        "last_used": {"type": "string", "description": "ISO 8601 UTC"},
-        "size_bytes": {"type": "integer"},
-        "expires_in_s": {"type": "number", "description": "Removed after this long unused"},
-        "current": {"type": "boolean", "description": "The workspace this call worked in"},
-        "snapshot": {"type": "boolean", "description": "A snapshot: kept as it was taken, restored to work in"},
-        "origin": {"type": ["string", "null"], "description": "What it was forked, snapshotted or restored from"},
-    },
-    "required": ["id", "name", "created", "last_used", "size_bytes", "expires_in_s", "current", "snapshot", "origin"],
-}
-CHANGES_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "properties": {kind: {"type": "array", "items": {"type": "string"}} for kind in ("created", "modified", "deleted")}
-    | {"renamed": {"type": "array", "items": {"type": "object"}}, "more": {"type": "integer"}},
-}
-VARIABLE_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "properties": {"name": {"type": "string"}, "about": {"type": "string"}, "was": {"type": "string"}},
-    "required": ["name", "about"],
-}
-BRANCH_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "properties": {
-        "workspace": {"type": "string"},
-        "name": {"type": ["string", "null"]},
-        "size_bytes": {"type": "integer"},
-        "files": CHANGES_SCHEMA,
-        "variables": {
-            "type": "object",
-            "properties": {k: {"type": "array", "items": VARIABLE_SCHEMA} for k in ("added", "changed", "removed")}
-            | {"more": {"type": "integer"}},
-        },
-    },
-    "required": ["workspace", "name", "size_bytes", "files", "variables"],
-}
-REFERENCE: dict[str, Any] = {
-    "type": "string",
-    "pattern": "^(ws-[A-Za-z0-9_-]{22}|(?!ws-)[a-z0-9][a-z0-9._-]{0,62})$",
-    "x-in-words": "a workspace's or snapshot's id (ws-…) or the name its caller gave it",
-}
-
-
-def _iso(seconds: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
+IMPORT_PART = 8 * 1024 * 1024
+"""What an import reads of the export in the call's workspace at a time."""
 
 
 class WorkspacesTool:
@@ -87,7 +42,11 @@ class WorkspacesTool:
         "with \"replace\": true, makes the call's workspace again; `compare` the call's workspace with the "
         "`branches` forked from it (each given a different call, say): the files and variables each changed, "
         "then keep one and delete the rest; `export` it (or, with `snapshot`, that snapshot) as one file, read as "
-        "a resource in parts; `delete` the call's workspace (or, with `snapshot`, that snapshot) "
+        "a resource in parts; `import` an export the call's workspace holds at `path` (uploaded with `files`, say) "
+        "as a new workspace (`imported`; named if `name` is given), checked as any upload; `pause` it: its services stop (kept, with how they were started) and it holds no "
+        "container and no mount, until `resume` or any call in it starts them again (variables come back on "
+        "run_python's next cell; the memory of its processes and their open connections do not survive); "
+        "`delete` the call's workspace (or, with `snapshot`, that snapshot) "
         "and everything in it. The workspace acted on is the one `workspace` names (an id or a name), else the "
         "session's.\n"
         'Example: {"action": "list"}'
@@ -98,7 +57,19 @@ class WorkspacesTool:
         "properties": {
             "action": {
                 "type": "string",
-                "enum": ["list", "keep", "fork", "snapshot", "restore", "compare", "export", "delete"],
+                "enum": [
+                    "list",
+                    "keep",
+                    "fork",
+                    "snapshot",
+                    "restore",
+                    "compare",
+                    "export",
+                    "import",
+                    "pause",
+                    "resume",
+                    "delete",
+                ],  # fmt: skip
             },
             "name": {
                 "type": "string",
@@ -109,6 +80,13 @@ class WorkspacesTool:
             },
             "workspace": WORKSPACE_ARGUMENT,
             "snapshot": REFERENCE | {"description": "The snapshot to restore or delete (its id or name)"},
+            "path": {
+                "type": "string",
+                "minLength": 1,
+                "maxLength": 4096,
+                "description": "import: an export's file in the call's workspace (relative to /workspace), made a "
+                "new workspace",
+            },
             "replace": {
                 "type": "boolean",
                 "description": "restore: make the call's workspace the snapshot's again (what it holds now is "
@@ -135,6 +113,7 @@ class WorkspacesTool:
                 "description": "The caller's workspaces and snapshots",
             },
             "forked": {"type": "string", "description": "The new workspace's id (fork, restore)"},
+            "imported": {"type": "string", "description": "The new workspace's id (import)"},
             "snapshot": {"type": "string", "description": "The new snapshot's id (snapshot)"},
             "export": {
                 "type": "object",
@@ -205,7 +184,17 @@ class WorkspacesTool:
                 f'"{taken.name or taken.id}"}}; it lasts {store.settings.keep_s:g} s (workspace.keep_s)'
             )
         elif action == "restore":
-            headline, record = await self._restore(args, kept, name, ctx.policy_name, extra)
+            headline, record = await self._restore(args, kept, name, ctx, extra)
+        elif action == "import":
+            headline = await self._import(args, kept, name, ctx, extra)
+        elif action == "pause":
+            headline = await self._pause(kept, ctx)
+            record = kept.record
+        elif action == "resume":
+            running = ctx.services.listed() if ctx.services is not None else []
+            headline = f"workspace {record.name or record.id} is in use again, {len(running)} service(s) running" + (
+                f" ({', '.join(s['name'] for s in running)})" if running else ""
+            )
         elif action == "compare":
             headline = await self._compare(args, kept, extra, sections)
         elif action == "export":
@@ -215,7 +204,14 @@ class WorkspacesTool:
         else:
             headline = ""
         listed = store.listed(record.session, record.tenant)
-        rows = [self._row(item, record, store.settings.keep_s, store.settings.idle_ttl_s) for item in listed]
+        services = ctx.services.services if ctx.services is not None else None
+        rows = [
+            row(
+                item, record, store.settings.keep_s, store.settings.idle_ttl_s,
+                {s.name for s in services.running(item.id)} if services is not None else set(),
+            )
+            for item in listed
+        ]  # fmt: skip
         lines = [
             ("snapshot " if row["snapshot"] else "")
             + f"{row['name'] or '(not named)'}: {row['id']}, {row['size_bytes']} bytes, last used {row['last_used']}"
@@ -227,7 +223,7 @@ class WorkspacesTool:
         if lines:
             sections.append(("workspaces", "\n".join(lines)))
         event = {"action": action, "workspace": record.id, "name": name}
-        event |= {key: extra[key] for key in ("forked", "snapshot") if key in extra}
+        event |= {key: extra[key] for key in ("forked", "snapshot", "imported") if key in extra}
         if "export" in extra:
             event["export"] = extra["export"]["uri"]
         if "snapshot" not in event and isinstance(args.get("snapshot"), str):
@@ -248,12 +244,15 @@ class WorkspacesTool:
         return found
 
     async def _restore(
-        self, args: Mapping[str, Any], kept: KeptWorkspace, name: str | None, policy_name: str, extra: dict[str, Any]
+        self, args: Mapping[str, Any], kept: KeptWorkspace, name: str | None, ctx: ToolContext, extra: dict[str, Any]
     ) -> tuple[str, WorkspaceRecord]:
-        store, record = kept.store, kept.record
+        store, record, policy_name = kept.store, kept.record, ctx.policy_name
         snapshot = self._snapshot_named(args, kept, "restore")
         called = snapshot.name or snapshot.id
         if args.get("replace"):
+            if ctx.services is not None:  # they ran on what it held: the snapshot's own start on its next call
+                for service in ctx.services.services.running(record.id):
+                    await ctx.services.services.stop(service, "its workspace was restored from a snapshot")
             record = await anyio.to_thread.run_sync(store.restore, snapshot, record)
             kept.record = record
             return f"workspace {record.id} holds snapshot {called!r} again (what it held before is gone)", record
@@ -308,6 +307,60 @@ class WorkspacesTool:
         )
 
     @staticmethod
+    async def _import(
+        args: Mapping[str, Any], kept: KeptWorkspace, name: str | None, ctx: ToolContext, extra: dict[str, Any]
+    ) -> str:
+        store, record = kept.store, kept.record
+        path = args.get("path")
+        if not isinstance(path, str):
+            raise Refusal("refused: `import` needs the `path` of an export in the call's workspace", "path")
+        path = path.removeprefix("/workspace/").lstrip("/")
+        largest = store.settings.size_mb * 1024 * 1024  # an export never holds more than the workspace it makes
+
+        def load() -> WorkspaceRecord:
+            with tempfile.TemporaryFile(dir=store.root) as copied:
+                offset, size = 0, 1
+                while offset < size:  # in parts: an export may be as large as a workspace
+                    found = store.contents.read_file(record.id, path, largest, offset, IMPORT_PART)
+                    if found is None:
+                        raise Refusal(f"refused: not imported: the workspace holds no file {path!r}", "path")
+                    size, part = found
+                    if not part:
+                        break
+                    copied.write(part)
+                    offset += len(part)
+                copied.seek(0)
+                return store.import_from(copied, record.tenant, record.holder, name, ctx.policy_name, ctx.policy.user)
+
+        made = await anyio.to_thread.run_sync(load)
+        extra["imported"] = made.id
+        return (
+            f'{path} is imported as workspace {made.name or made.id}: pass "workspace": '
+            f'"{made.name or made.id}" to work in it'
+        )
+
+    @staticmethod
+    async def _pause(kept: KeptWorkspace, ctx: ToolContext) -> str:
+        stopped = []
+        if ctx.services is not None:  # each stays in the workspace's record, to start again when it is resumed
+            for service in ctx.services.services.running(kept.record.id):
+                service.resumable = True
+                await ctx.services.services.stop(service, "its workspace was paused")
+                stopped.append(service.name)
+        kept.record, released = await anyio.to_thread.run_sync(kept.store.pause, kept.record)
+        said = (
+            f"its {len(stopped)} service(s) stopped ({', '.join(stopped)}) and start again"
+            if stopped
+            else "it runs no service"
+        )
+        return (
+            f"workspace {kept.record.name or kept.record.id} is paused: {said}; it holds no container"
+            + (" and its filesystem is unmounted" if released else " and no mount")
+            + '. Any call in it, or {"action": "resume"}, resumes it; its files and run_python\'s variables are '
+            "kept, the memory of its processes and their open connections are not"
+        )
+
+    @staticmethod
     async def _delete(args: Mapping[str, Any], kept: KeptWorkspace, ctx: ToolContext) -> str:
         store, record = kept.store, kept.record
         if args.get("snapshot") is not None:
@@ -320,18 +373,3 @@ class WorkspacesTool:
         store.forget(record)
         kept.deleted = True
         return f"workspace {record.id}" + (f" ({record.name!r})" if record.name else "") + " is deleted"
-
-    @staticmethod
-    def _row(item: WorkspaceRecord, current: WorkspaceRecord, keep_s: float, idle_s: float) -> dict[str, Any]:
-        lasts = keep_s if item.name is not None or item.snapshot else idle_s
-        return {
-            "id": item.id,
-            "name": item.name,
-            "created": _iso(item.created),
-            "last_used": _iso(item.last_used),
-            "size_bytes": item.size_bytes,
-            "expires_in_s": round(max(0.0, item.last_used + lasts - time.time()), 1),
-            "current": item.id == current.id,
-            "snapshot": item.snapshot,
-            "origin": item.origin,
-        }

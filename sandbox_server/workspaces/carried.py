@@ -10,14 +10,14 @@ from dataclasses import replace
 from typing import Any, BinaryIO
 
 from sandbox_server.errors import Refusal
-from sandbox_server.workspaces.names import NamedWorkspaces
+from sandbox_server.workspaces.pausing import PausedWorkspaces
 from sandbox_server.workspaces.records import WorkspaceRecord
 from sandbox_server.workspaces.transfer import Hashing, TransferError, read_export, write_export
 
 __all__ = ["CarriedWorkspaces"]
 
 
-class CarriedWorkspaces(NamedWorkspaces):
+class CarriedWorkspaces(PausedWorkspaces):
     """The store's export and import, and what its workspaces take together (the store provides the records, their
     lock and the caps)."""
 

@@ -95,6 +95,9 @@ class Contents(Protocol):
     def ready(self, workspace_id: str) -> None:
         """Make a new copy ready for its first call (a fork: its calls come soon)."""
 
+    def release(self, workspace_id: str) -> bool:
+        """Let go of what this process holds of a workspace (its mount), keeping its files: whether it held any."""
+
     def tar_of(self, workspace_id: str, out: BinaryIO) -> None:
         """Write the workspace's files as a launcher writes /workspace (relative names), to export it."""
 
@@ -199,6 +202,9 @@ class ArchivedContents:
 
     def ready(self, workspace_id: str) -> None:
         pass  # an archive is carried into each call as it is
+
+    def release(self, workspace_id: str) -> bool:
+        return False  # between calls an archive is a file, held by nobody
 
     def tar_of(self, workspace_id: str, out: BinaryIO) -> None:
         with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as tar:

@@ -335,14 +335,10 @@ class MountedContents:
                 self._removing = [thread for thread in self._removing if thread.is_alive()] + [removing]
             removing.start()
             return
-        self._settle(workspace_id)
+        self.release(workspace_id)
         with self._lock:
-            handle = self._held.pop(workspace_id, None)
-            self._executable.pop(workspace_id, None)
             self._making.pop(workspace_id, None)
-            where = self._where(workspace_id)
-            self._places.pop(workspace_id, None)
-            _let_go(Held(self._image(workspace_id), where, -1 if handle is None else handle))
+            self._image(workspace_id).unlink(missing_ok=True)
 
     def copy(self, source_id: str, target_id: str) -> None:
         """A new workspace holding what `source_id` holds now: its image copied while its writes are held (a
@@ -382,6 +378,22 @@ class MountedContents:
             shape = self._spare_shape
             self._mounted(workspace_id, shape.executable if shape is not None else None)
             self.states(workspace_id)
+
+    def release(self, workspace_id: str) -> bool:
+        """Unmount a workspace and let go of its image's lock, the image kept (a later call mounts it again)."""
+        self._settle(workspace_id)
+        with self._lock:
+            handle = self._held.pop(workspace_id, None)
+            if handle is None:
+                return False
+            self._executable.pop(workspace_id, None)
+            where = self._where(workspace_id)
+            self._places.pop(workspace_id, None)
+            mounts.detach(str(where))
+            with contextlib.suppress(OSError):
+                where.rmdir()
+            os.close(handle)
+        return True
 
     def tar_of(self, workspace_id: str, out: BinaryIO) -> None:
         if self._image(workspace_id).exists():

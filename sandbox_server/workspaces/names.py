@@ -157,7 +157,9 @@ class NamedWorkspaces:
                 if not self._users[target.id]:
                     del self._users[target.id]
         with self._lock:
-            restored = replace(target, size_bytes=source.size_bytes, origin=source.id, last_used=time.time())
+            restored = replace(
+                target, size_bytes=source.size_bytes, origin=source.id, last_used=time.time(), services=source.services
+            )
             self._records[restored.id] = restored
             self._write_record(restored)
         return restored
@@ -245,7 +247,7 @@ class NamedWorkspaces:
         now = time.time()
         made = replace(
             current, id=f"ws-{secrets.token_urlsafe(16)}", session=None, created=now, last_used=now,
-            continued=True, name=name, origin=current.id, snapshot=snapshot,
+            continued=True, name=name, origin=current.id, snapshot=snapshot, paused=False,
         )  # fmt: skip
         self._records[made.id] = made
         self._users[made.id] = self._users.get(made.id, 0) + 1

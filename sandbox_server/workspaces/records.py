@@ -45,6 +45,13 @@ class WorkspaceRecord:
     snapshot: bool = False
     """A snapshot: a copy kept as it was taken, never opened by a call (restored into a workspace instead), for
     workspace.keep_s from when it was taken."""
+    services: tuple[dict[str, Any], ...] = ()
+    """The services to run while it is used, each as the call that started it asked (`name`, `port`, `tool`,
+    `arguments`): kept when it is paused or its server stops, so its next call starts them again; a service its
+    caller stopped, or that stopped by itself, is dropped. Copied into its forks and snapshots."""
+    paused: bool = False
+    """Paused by its caller (the `workspaces` tool's `pause`): it holds no container and no mount; its next call,
+    or `resume`, starts its services again."""
 
 
 def over_cap(total: int, storage_bytes: int) -> str:
@@ -146,4 +153,6 @@ def to_fields(record: WorkspaceRecord) -> dict[str, Any]:
 def from_fields(fields: dict[str, Any]) -> WorkspaceRecord:
     """A record as kept, read back."""
     known = {disk: name for name, disk in _DISK_NAMES.items()}
-    return WorkspaceRecord(**{known.get(name, name): value for name, value in fields.items()})
+    named = {known.get(name, name): value for name, value in fields.items()}
+    named["services"] = tuple(named.get("services") or ())
+    return WorkspaceRecord(**named)

@@ -92,7 +92,9 @@ def test_an_archive_past_the_policys_workspace_or_not_an_export_is_refused_at_im
         tar.addfile(big, io.BytesIO(bytes(range(256)) * (big.size // 256)))
     large, broken = tmp_path / "large.tar.zst", tmp_path / "broken.tar.zst"
     with open(large, "wb") as out:
-        write_export(out, {"id": "ws-elsewhere"}, payload)
+        write_export(
+            out, {"id": "ws-elsewhere"}, lambda add: add(big, io.BytesIO(payload.getvalue()[512:][: big.size]))
+        )
     broken.write_bytes(large.read_bytes()[: large.stat().st_size // 2])
     too_large = run_cli("workspace", "import", str(large), "--name", "big", *where)
     cut_short = run_cli("workspace", "import", str(broken), "--name", "big", *where)

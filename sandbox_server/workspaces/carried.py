@@ -4,7 +4,6 @@ a workspace or snapshot, an import made a new workspace, bounded as a fork is. P
 from __future__ import annotations
 
 import secrets
-import tempfile
 import time
 from dataclasses import replace
 from typing import Any, BinaryIO
@@ -12,7 +11,7 @@ from typing import Any, BinaryIO
 from sandbox_server.errors import Refusal
 from sandbox_server.workspaces.pausing import PausedWorkspaces
 from sandbox_server.workspaces.records import WorkspaceRecord
-from sandbox_server.workspaces.transfer import Hashing, TransferError, read_export, write_export
+from sandbox_server.workspaces.transfer import TransferError, read_export, write_export
 
 __all__ = ["CarriedWorkspaces"]
 
@@ -28,10 +27,7 @@ class CarriedWorkspaces(PausedWorkspaces):
             "id": current.id, "name": current.name, "snapshot": current.snapshot, "origin": current.origin,
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(current.created)),
         }  # fmt: skip
-        with tempfile.TemporaryFile(dir=self.root) as payload:
-            hashed = Hashing(payload)
-            self.contents.tar_of(current.id, hashed)  # type: ignore[arg-type]
-            return write_export(out, manifest, payload, hashed)
+        return write_export(out, manifest, lambda add: self.contents.entries(current.id, add))
 
     def import_from(
         self, archive: BinaryIO, tenant: str | None, holder: str, name: str | None, policy_name: str, user: str

@@ -26,7 +26,7 @@ import tarfile
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import BinaryIO, Protocol
+from typing import IO, Protocol
 
 from sandbox_server.errors import Refusal
 from sandbox_server.policy import WorkspaceSettings
@@ -38,6 +38,10 @@ __all__ = ["ArchivedContents", "Contents", "Room", "mime_type", "too_large"]
 
 Room = Callable[[str, int], str | None]
 """Asked before a workspace grows to a size: None when the host has room, else why not."""
+
+
+Add = Callable[[tarfile.TarInfo, IO[bytes] | None], None]
+"""Takes one entry of a workspace (a relative name; a regular file's content), as an export does."""
 
 
 def mime_type(path: str) -> str:
@@ -98,8 +102,9 @@ class Contents(Protocol):
     def release(self, workspace_id: str) -> bool:
         """Let go of what this process holds of a workspace (its mount), keeping its files: whether it held any."""
 
-    def tar_of(self, workspace_id: str, out: BinaryIO) -> None:
-        """Write the workspace's files as a launcher writes /workspace (relative names), to export it."""
+    def entries(self, workspace_id: str, add: Add) -> None:
+        """Give `add` each of the workspace's entries as a launcher writes /workspace (relative names; a regular
+        file's content), to export it."""
 
     def load(self, workspace_id: str, kept: Path, settings: WorkspaceSettings, user: str) -> int:
         """Make a new workspace of a kept archive (cleaned: entries under workspace/), the file then the
@@ -206,14 +211,13 @@ class ArchivedContents:
     def release(self, workspace_id: str) -> bool:
         return False  # between calls an archive is a file, held by nobody
 
-    def tar_of(self, workspace_id: str, out: BinaryIO) -> None:
-        with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as tar:
-            for name, member, kept in self._members(workspace_id):
-                entry = copy.copy(member)
-                entry.name = name
-                if entry.islnk():
-                    entry.linkname = entry.linkname.removeprefix(WORKSPACE_DIR + "/")
-                tar.addfile(entry, kept.extractfile(member) if member.isreg() else None)
+    def entries(self, workspace_id: str, add: Add) -> None:
+        for name, member, kept in self._members(workspace_id):
+            entry = copy.copy(member)
+            entry.name = name
+            if entry.islnk():
+                entry.linkname = entry.linkname.removeprefix(WORKSPACE_DIR + "/")
+            add(entry, kept.extractfile(member) if member.isreg() else None)
 
     def load(self, workspace_id: str, kept: Path, settings: WorkspaceSettings, user: str) -> int:
         size = kept.stat().st_size

@@ -9,9 +9,10 @@ import contextlib
 import fcntl
 import os
 import tarfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import IO
 
 from sandbox_server.sandbox import mounts
 from sandbox_server.sandbox.archive import WORKSPACE_DIR
@@ -26,7 +27,7 @@ __all__ = [
     "move_image",
     "remove_run_folder",
     "remove_spares",
-    "tar_folder",
+    "folder_entries",
 ]
 
 
@@ -109,23 +110,22 @@ def remove_run_folder(folder: Path) -> None:
         folder.rmdir()
 
 
-def tar_folder(where: Path, out: BinaryIO, skip: str) -> None:
-    """A mounted workspace's regular files as a tar with relative names (an export), never through a link; the
-    top-level `skip` (the calls' output folder) and calls' own folders left out. Links and empty folders are
-    not carried: a workspace's files and kept variables are."""
+def folder_entries(where: Path, add: Callable[[tarfile.TarInfo, IO[bytes] | None], None], skip: str) -> None:
+    """A mounted workspace's regular files, each given to `add` with its relative name (an export), never through
+    a link; the top-level `skip` (the calls' output folder) and calls' own folders left out. Links and empty
+    folders are not carried: a workspace's files and kept variables are."""
     calls = "/".join(mounts.CALLS) + "/"
-    with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as tar:
-        for path, _ in file_states(mounts.open_folder(where), skip=skip):
-            if path.startswith(calls):
-                continue
-            handle = open_regular(mounts.open_folder(where), path)
-            if handle is None:
-                continue
-            with os.fdopen(handle, "rb") as opened:
-                info = os.fstat(opened.fileno())
-                entry = tarfile.TarInfo(path)
-                entry.size, entry.mtime, entry.mode = info.st_size, int(info.st_mtime), info.st_mode & 0o755
-                tar.addfile(entry, opened)
+    for path, _ in file_states(mounts.open_folder(where), skip=skip):
+        if path.startswith(calls):
+            continue
+        handle = open_regular(mounts.open_folder(where), path)
+        if handle is None:
+            continue
+        with os.fdopen(handle, "rb") as opened:
+            info = os.fstat(opened.fileno())
+            entry = tarfile.TarInfo(path)
+            entry.size, entry.mtime, entry.mode = info.st_size, int(info.st_mtime), info.st_mode & 0o755
+            add(entry, opened)
 
 
 def fill_folder(where: Path, kept: Path, user: str) -> None:

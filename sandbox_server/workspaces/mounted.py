@@ -14,12 +14,10 @@ import hashlib
 import hmac
 import os
 import secrets
-import tarfile
 import threading
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import BinaryIO
 
 from sandbox_server.errors import Refusal
 from sandbox_server.policy import WorkspaceSettings
@@ -27,17 +25,17 @@ from sandbox_server.sandbox import mounts, reflinks
 from sandbox_server.sandbox.activity import Activity
 from sandbox_server.sandbox.archive import OUTPUT_LEAF
 from sandbox_server.sandbox.spec import ExecutionResult, ResourceLimits, SandboxSpec
-from sandbox_server.workspaces.contents import Room, too_large
+from sandbox_server.workspaces.contents import Add, Room, too_large
 from sandbox_server.workspaces.files import FileState, file_states, open_regular, regular_files
 from sandbox_server.workspaces.image_files import (
     Held,
     Shape,
     fill_folder,
+    folder_entries,
     image_key,
     move_image,
     remove_run_folder,
     remove_spares,
-    tar_folder,
 )
 
 __all__ = ["MountedContents"]
@@ -395,11 +393,9 @@ class MountedContents:
             os.close(handle)
         return True
 
-    def tar_of(self, workspace_id: str, out: BinaryIO) -> None:
+    def entries(self, workspace_id: str, add: Add) -> None:
         if self._image(workspace_id).exists():
-            tar_folder(self._mounted(workspace_id), out, OUTPUT_LEAF)
-        else:
-            tarfile.open(fileobj=out, mode="w|").close()
+            folder_entries(self._mounted(workspace_id), add, OUTPUT_LEAF)
 
     def load(self, workspace_id: str, kept: Path, settings: WorkspaceSettings, user: str) -> int:
         try:

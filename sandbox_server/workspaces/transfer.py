@@ -1,111 +1,173 @@
 """A workspace or a snapshot as one file, so work moves between machines, replicas and backups.
 
-The file is a zstd-compressed tar (with zstd's own checksum of the frame) of exactly two members, in order:
-`manifest.json` (what it holds: its format, name, origin, when it was made and exported, how many files and
-bytes, and the SHA-256 of the next member) and `workspace.tar` (the workspace's files and run_python's kept
-variables, as a launcher writes /workspace: relative names, folders, files, links).
+The file is a zstd-compressed tar (with zstd's own checksum of the frame) of, in order: `manifest.json` (its
+format, name, origin, when it was made and exported), the workspace's entries under `workspace/` (its files and
+run_python's kept variables, as a launcher writes /workspace), and `checksum.json` (how many entries and bytes,
+and the SHA-256 of every entry's type, name, link, size, mode and content, in order). The checksum comes last so
+that an export is written in one pass, read from the workspace and compressed as it goes, at about the disk's
+speed; the first format (`/1`: the manifest with the checksum, then one `workspace.tar`) needed the whole tar
+written once to learn its size and digest, and is still read.
 
 Reading one back trusts nothing in it: the compressed stream may not unpack past what the workspace may hold,
-the outer tar must be those two members and nothing else, the manifest is a small JSON object of the known
-format, the payload must hash to what the manifest says, and the payload is then cleaned as every sandbox's
-workspace archive is (`keep_workspace`: names that leave the workspace, devices and FIFOs, entries below
-non-folders, duplicates and stray hard links dropped; more bytes or entries than the policy's workspace holds
-refused). Nothing in it is unpickled or run on the host.
+the tar must be those members and nothing else, the manifest is a small JSON object of a known format, the
+entries must hash to what the checksum says, and they are then cleaned as every sandbox's workspace archive is
+(`keep_workspace`: names that leave the workspace, devices and FIFOs, entries below non-folders, duplicates and
+stray hard links dropped; more bytes or entries than the policy's workspace holds refused). Nothing in it is
+unpickled or run on the host.
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import io
 import json
 import tarfile
 import tempfile
 import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import IO, Any, BinaryIO
 
 import zstandard
 
 from sandbox_server.sandbox.archive import WorkspaceTooLarge, keep_workspace
 
-__all__ = ["FORMAT", "Hashing", "TransferError", "read_export", "write_export"]
+__all__ = ["FORMAT", "Add", "TransferError", "read_export", "write_export"]
 
-FORMAT = "sandbox-server-workspace/1"
-MANIFEST, PAYLOAD = "manifest.json", "workspace.tar"
+FORMAT = "sandbox-server-workspace/2"
+FIRST_FORMAT = "sandbox-server-workspace/1"
+MANIFEST, PAYLOAD, CHECKSUM, ENTRIES = "manifest.json", "workspace.tar", "checksum.json", "workspace/"
 MANIFEST_BYTES = 64 * 1024
 TAR_OVERHEAD = 2048
 """Bytes a tar spends per entry beyond its content (a header, padding), counted against what may be unpacked."""
 WINDOW_BYTES = 1 << 27
 """The largest zstd window a reader accepts (128 MiB): a frame asking for more is refused, not allocated."""
 COPY_CHUNK = 1 << 20
+HASHED_BEHIND = 4
+"""Parts of a file an export reads and compresses ahead of their hashing, at most."""
+
+Add = Callable[[tarfile.TarInfo, IO[bytes] | None], None]
+"""Adds one entry of a workspace (relative name; its content, for a regular file) to an export."""
 
 
 class TransferError(ValueError):
     """An exported workspace that cannot be read back, and why."""
 
 
-class Hashing(io.RawIOBase):
-    """A file being written, hashed as it is (so an export reads its payload once, to compress it)."""
+class _Hashed(io.RawIOBase):
+    """A file read through a digest."""
 
-    def __init__(self, inner: IO[bytes]) -> None:
-        self.inner, self.digest, self.size = inner, hashlib.sha256(), 0
+    def __init__(self, inner: IO[bytes], digest: Any) -> None:
+        self.inner, self.digest = inner, digest
 
-    def writable(self) -> bool:
+    def readable(self) -> bool:
         return True
 
-    def write(self, data: Any) -> int:
+    def read(self, size: int = -1) -> bytes:
+        data = self.inner.read(size)
         self.digest.update(data)
-        self.size += len(data)
-        return self.inner.write(data)
+        return data
 
 
-def write_export(
-    out: BinaryIO, manifest: dict[str, Any], payload: IO[bytes], hashed: Hashing | None = None
-) -> dict[str, Any]:
-    """Write an export of `payload` (a workspace's tar, seekable; `hashed`: as it was hashed while written) with
-    its manifest; the manifest as written."""
-    if hashed is None:
-        hashed = Hashing(io.BytesIO())
-        payload.seek(0)
-        while chunk := payload.read(COPY_CHUNK):
-            hashed.digest.update(chunk)
-            hashed.size += len(chunk)
-    size = hashed.size
-    manifest = {
-        **manifest,
-        "format": FORMAT,
-        "exported": _iso(time.time()),
-        "bytes": size,
-        "sha256": hashed.digest.hexdigest(),
-    }
-    encoded = json.dumps(manifest, indent=1, sort_keys=True).encode()
+def _entry_said(entry: tarfile.TarInfo, name: str) -> bytes:
+    """What the checksum takes of an entry besides its content."""
+    kind = entry.type.decode("ascii", "replace") if isinstance(entry.type, bytes) else str(entry.type)
+    return f"{kind}\0{name}\0{entry.linkname}\0{entry.size}\0{entry.mode & 0o7777:o}\0".encode()
+
+
+def write_export(out: BinaryIO, manifest: dict[str, Any], fill: Callable[[Add], None]) -> dict[str, Any]:
+    """Write an export in one pass: the manifest, then whatever `fill` adds (the workspace's entries, each hashed
+    as it is compressed), then the checksum; the manifest and the checksum's fields together."""
+    head = {**manifest, "format": FORMAT, "exported": _iso(time.time())}
     # Level 1 in the library's worker threads: a workspace is often incompressible (data, images, wheels), which
-    # zstd stores as it is at any level; beyond that, the export goes at about the disk's own speed.
+    # zstd stores as it is at any level. The hashing runs in a thread of its own beside the compressing (both
+    # let go of the GIL on large parts), so the export goes at about the disk's own speed.
     compressor = zstandard.ZstdCompressor(level=1, write_checksum=True, threads=-1)
-    with compressor.stream_writer(out, closefd=False) as packed, tarfile.open(fileobj=packed, mode="w|") as tar:
-        tar.addfile(_member(MANIFEST, len(encoded)), io.BytesIO(encoded))
-        payload.seek(0)
-        tar.addfile(_member(PAYLOAD, size), payload)
-    return manifest
+    with (
+        compressor.stream_writer(out, closefd=False, write_size=COPY_CHUNK) as packed,
+        ThreadPoolExecutor(1, thread_name_prefix="export-hash") as hashing,
+    ):
+        tar = _TarWriter(packed, hashing)
+        tar.add_json(MANIFEST, head)
+        fill(tar.add)
+        trailer = {"files": tar.files, "bytes": tar.bytes, "sha256": tar.sha256()}
+        tar.add_json(CHECKSUM, trailer)
+        tar.close()
+    return {**head, **trailer}
+
+
+class _TarWriter:
+    """A tar written straight into the compressor: tarfile's own headers (`TarInfo.tobuf`), then each file's
+    content in large parts, hashed as it passes. (tarfile's stream mode copies every byte through a growing
+    buffer of its own, which took as long as the compressing.)"""
+
+    def __init__(self, out: IO[bytes], hashing: ThreadPoolExecutor) -> None:
+        self.out, self.hashing = out, hashing
+        self.digest, self.files, self.bytes, self.written = hashlib.sha256(), 0, 0, 0
+        self.pending: deque[Future[None]] = deque()
+
+    def sha256(self) -> str:
+        """The digest of every entry added, once the hashing has caught up."""
+        while self.pending:
+            self.pending.popleft().result()
+        return self.digest.hexdigest()
+
+    def _write(self, data: bytes) -> None:
+        self.out.write(data)
+        self.written += len(data)
+
+    def add(self, entry: tarfile.TarInfo, content: IO[bytes] | None) -> None:
+        named = copy.copy(entry)
+        named.name = ENTRIES + entry.name
+        self.pending.append(self.hashing.submit(self.digest.update, _entry_said(entry, entry.name)))
+        self._member(named, content if entry.isreg() else None)
+        self.files += 1
+        self.bytes += entry.size if entry.isreg() else 0
+
+    def add_json(self, name: str, fields: dict[str, Any]) -> None:
+        encoded = json.dumps(fields, indent=1, sort_keys=True).encode()
+        self._member(_member(name, len(encoded)), io.BytesIO(encoded), hashed=False)
+
+    def _member(self, entry: tarfile.TarInfo, content: IO[bytes] | None, hashed: bool = True) -> None:
+        self._write(entry.tobuf(tarfile.PAX_FORMAT, tarfile.ENCODING, "surrogateescape"))
+        if content is None or not entry.isreg():
+            return
+        left = entry.size
+        while left:
+            part = content.read(min(COPY_CHUNK, left))
+            if not part:
+                raise OSError(f"{entry.name} became shorter while it was exported")
+            if hashed:  # in order (one thread), a few parts behind at most
+                self.pending.append(self.hashing.submit(self.digest.update, part))
+                if len(self.pending) > HASHED_BEHIND:
+                    self.pending.popleft().result()
+            self._write(part)
+            left -= len(part)
+        self._write(bytes(-entry.size % tarfile.BLOCKSIZE))
+
+    def close(self) -> None:
+        """The end of the archive: two empty blocks, then zeros to a whole record, as tarfile writes it."""
+        self._write(bytes(2 * tarfile.BLOCKSIZE))
+        self._write(bytes(-self.written % tarfile.RECORDSIZE))
 
 
 def read_export(archive: BinaryIO, max_bytes: int, max_entries: int, kept: BinaryIO) -> dict[str, Any]:
-    """Read an export: its manifest, with its workspace written to `kept` cleaned as a kept archive is (entries
-    under workspace/, ready to be the workspace's files); raises TransferError saying what is wrong with it."""
-    limit = max_bytes + (max_entries + 4) * TAR_OVERHEAD + MANIFEST_BYTES
+    """Read an export: its manifest (with its checksum's fields), with its workspace written to `kept` cleaned as
+    a kept archive is (entries under workspace/, ready to be the workspace's files); raises TransferError saying
+    what is wrong with it."""
+    limit = max_bytes + (max_entries + 4) * TAR_OVERHEAD + 2 * MANIFEST_BYTES
     reader = zstandard.ZstdDecompressor(max_window_size=WINDOW_BYTES).stream_reader(archive, closefd=False)
     try:
         with tempfile.TemporaryFile() as payload, tarfile.open(fileobj=_Capped(reader, limit), mode="r|") as tar:
-            manifest = _manifest(tar.next(), tar)
-            member = tar.next()
-            if member is None or member.name != PAYLOAD or not member.isreg():
-                raise TransferError(f"its second member is not {PAYLOAD}")
-            if member.size != manifest["bytes"]:
-                raise TransferError(f"{PAYLOAD} holds {member.size} bytes where the manifest says {manifest['bytes']}")
-            digest = _copy(tar.extractfile(member), payload)
-            if digest != manifest["sha256"]:
-                raise TransferError(f"{PAYLOAD} does not match the manifest's SHA-256: it was changed or damaged")
+            manifest = _json_member(tar.next(), tar, MANIFEST, "first")
+            if manifest.get("format") not in (FORMAT, FIRST_FORMAT):
+                raise TransferError(f"its {MANIFEST} is not of the format {FORMAT!r}")
+            read = _first_payload if manifest["format"] == FIRST_FORMAT else _entries
+            manifest |= read(tar, manifest, payload)
             if tar.next() is not None:
-                raise TransferError(f"it holds more than {MANIFEST} and {PAYLOAD}")
+                raise TransferError(f"it holds more than {MANIFEST}, its workspace and its checksum")
             keep_workspace(payload, kept, max_bytes, max_entries)
     except TransferError:
         raise
@@ -121,21 +183,56 @@ def read_export(archive: BinaryIO, max_bytes: int, max_entries: int, kept: Binar
     return manifest
 
 
-def _manifest(member: tarfile.TarInfo | None, tar: tarfile.TarFile) -> dict[str, Any]:
-    if member is None or member.name != MANIFEST or not member.isreg():
-        raise TransferError(f"its first member is not {MANIFEST}")
-    if member.size > MANIFEST_BYTES:
-        raise TransferError(f"its {MANIFEST} is {member.size} bytes, above {MANIFEST_BYTES}")
-    handle = tar.extractfile(member)
-    try:
-        manifest = json.loads(handle.read() if handle is not None else b"")
-    except ValueError:
-        raise TransferError(f"its {MANIFEST} is not JSON") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise TransferError(f"its {MANIFEST} is not of the format {FORMAT!r}")
+def _entries(tar: tarfile.TarFile, manifest: dict[str, Any], payload: IO[bytes]) -> dict[str, Any]:
+    """The workspace's entries, hashed and written to `payload` as a tar of relative names, up to the checksum,
+    which they must match: the checksum's fields."""
+    digest = hashlib.sha256()
+    with tarfile.open(fileobj=payload, mode="w", format=tarfile.PAX_FORMAT) as inner:
+        inner.copybufsize = COPY_CHUNK  # type: ignore[attr-defined]
+        while (member := tar.next()) is not None and member.name != CHECKSUM:
+            if not member.name.startswith(ENTRIES):
+                raise TransferError(f"its member {member.name[:100]!r} is neither under {ENTRIES} nor {CHECKSUM}")
+            entry = copy.copy(member)
+            entry.name = member.name[len(ENTRIES) :]
+            digest.update(_entry_said(entry, entry.name))
+            content = tar.extractfile(member) if member.isreg() else None
+            inner.addfile(entry, _Hashed(content, digest) if content is not None else None)
+    payload.flush()
+    if member is None:
+        raise TransferError(f"it ends before its {CHECKSUM}: it was cut short")
+    trailer = _json_member(member, tar, CHECKSUM, "last")
+    if trailer.get("sha256") != digest.hexdigest():
+        raise TransferError(f"its workspace does not match its {CHECKSUM}'s SHA-256: it was changed or damaged")
+    return {key: trailer[key] for key in ("files", "bytes", "sha256") if key in trailer}
+
+
+def _first_payload(tar: tarfile.TarFile, manifest: dict[str, Any], payload: IO[bytes]) -> dict[str, Any]:
+    """The first format's one `workspace.tar`, which must match the manifest's size and SHA-256."""
     if not isinstance(manifest.get("bytes"), int) or not isinstance(manifest.get("sha256"), str):
         raise TransferError(f"its {MANIFEST} does not say the size and SHA-256 of {PAYLOAD}")
-    return manifest
+    member = tar.next()
+    if member is None or member.name != PAYLOAD or not member.isreg():
+        raise TransferError(f"its second member is not {PAYLOAD}")
+    if member.size != manifest["bytes"]:
+        raise TransferError(f"{PAYLOAD} holds {member.size} bytes where the manifest says {manifest['bytes']}")
+    if _copy(tar.extractfile(member), payload) != manifest["sha256"]:
+        raise TransferError(f"{PAYLOAD} does not match the manifest's SHA-256: it was changed or damaged")
+    return {}
+
+
+def _json_member(member: tarfile.TarInfo | None, tar: tarfile.TarFile, name: str, where: str) -> dict[str, Any]:
+    if member is None or member.name != name or not member.isreg():
+        raise TransferError(f"its {where} member is not {name}")
+    if member.size > MANIFEST_BYTES:
+        raise TransferError(f"its {name} is {member.size} bytes, above {MANIFEST_BYTES}")
+    handle = tar.extractfile(member)
+    try:
+        fields = json.loads(handle.read() if handle is not None else b"")
+    except ValueError:
+        raise TransferError(f"its {name} is not JSON") from None
+    if not isinstance(fields, dict):
+        raise TransferError(f"its {name} is not a JSON object")
+    return fields
 
 
 def _copy(source: IO[bytes] | None, target: IO[bytes]) -> str:

@@ -3,15 +3,18 @@ cleaned as any workspace archive is."""
 
 from __future__ import annotations
 
+import copy
+import hashlib
 import io
 import json
 import tarfile
+from collections.abc import Callable
 
 import pytest
 import zstandard
 
 from sandbox_server.sandbox.archive import kept_entries
-from sandbox_server.workspaces.transfer import FORMAT, TransferError, read_export, write_export
+from sandbox_server.workspaces.transfer import FIRST_FORMAT, FORMAT, Add, TransferError, read_export, write_export
 
 MIB = 1 << 20
 
@@ -30,10 +33,27 @@ def _file(name: str, data: bytes) -> tuple[tarfile.TarInfo, bytes]:
     return tarfile.TarInfo(name), data
 
 
+def _entries_of(payload: bytes) -> Callable[[Add], None]:
+    """What a workspace's contents give an export: each entry of a tar, with its content."""
+
+    def fill(add: Add) -> None:
+        with tarfile.open(fileobj=io.BytesIO(payload)) as tar:
+            for member in tar:
+                add(member, tar.extractfile(member) if member.isreg() else None)
+
+    return fill
+
+
 def _export(payload: bytes) -> bytes:
     out = io.BytesIO()
-    write_export(out, {"id": "ws-x", "name": "n"}, io.BytesIO(payload))
+    write_export(out, {"id": "ws-x", "name": "n"}, _entries_of(payload))
     return out.getvalue()
+
+
+def _members(archive: bytes) -> list[tuple[tarfile.TarInfo, bytes]]:
+    unpacked = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(archive)).read()
+    with tarfile.open(fileobj=io.BytesIO(unpacked)) as tar:
+        return [(m, tar.extractfile(m).read() if m.isreg() else b"") for m in tar]  # type: ignore[union-attr]
 
 
 def _read(archive: bytes, max_bytes: int = 16 * MIB, entries: int = 1000) -> tuple[dict[str, object], dict[str, bytes]]:
@@ -55,9 +75,21 @@ def _packed(members: list[tuple[tarfile.TarInfo, bytes]]) -> bytes:
 
 def test_an_export_round_trips_its_files_with_a_manifest_that_says_what_it_holds() -> None:
     payload = _tar([_file("a.txt", b"alpha"), _file("d/b.bin", bytes(range(256)) * 10)])
-    manifest, found = _read(_export(payload))
-    assert manifest["format"] == FORMAT and manifest["name"] == "n" and manifest["bytes"] == len(payload)
+    archive = _export(payload)
+    manifest, found = _read(archive)
+    assert manifest["format"] == FORMAT and manifest["name"] == "n"
+    assert (manifest["files"], manifest["bytes"]) == (2, 5 + 2560)
     assert found == {"a.txt": b"alpha", "d/b.bin": bytes(range(256)) * 10}
+    names = [member.name for member, _ in _members(archive)]  # written in one pass: the checksum comes last
+    assert names == ["manifest.json", "workspace/a.txt", "workspace/d/b.bin", "checksum.json"]
+
+
+def test_an_export_of_the_first_format_is_still_read() -> None:
+    payload = _tar([_file("a.txt", b"alpha")])
+    manifest = {"format": FIRST_FORMAT, "bytes": len(payload), "sha256": hashlib.sha256(payload).hexdigest()}
+    first = _packed([_file("manifest.json", json.dumps(manifest).encode()), _file("workspace.tar", payload)])
+    read, found = _read(first)
+    assert read["format"] == FIRST_FORMAT and found == {"a.txt": b"alpha"}
 
 
 @pytest.mark.parametrize(
@@ -65,8 +97,14 @@ def test_an_export_round_trips_its_files_with_a_manifest_that_says_what_it_holds
     [
         (b"not zstd at all" * 100, "not a readable zstd-compressed tar"),
         (_packed([_file("workspace.tar", b"x")]), "first member is not manifest.json"),
-        (_packed([_file("manifest.json", b"[1, 2]")]), "not of the format"),
-        (_packed([_file("manifest.json", json.dumps({"format": FORMAT}).encode())]), "does not say the size"),
+        (_packed([_file("manifest.json", b"[1, 2]")]), "not a JSON object"),
+        (_packed([_file("manifest.json", b"{}")]), "not of the format"),
+        (_packed([_file("manifest.json", json.dumps({"format": FIRST_FORMAT}).encode())]), "does not say the size"),
+        (_packed([_file("manifest.json", json.dumps({"format": FORMAT}).encode())]), "cut short"),
+        (
+            _packed([_file("manifest.json", json.dumps({"format": FORMAT}).encode()), _file("../x", b"x")]),
+            "neither under workspace/ nor checksum.json",
+        ),
     ],
 )
 def test_what_is_not_an_export_is_refused_saying_why(archive: bytes, said: str) -> None:
@@ -74,16 +112,20 @@ def test_what_is_not_an_export_is_refused_saying_why(archive: bytes, said: str) 
         _read(archive)
 
 
-def test_a_changed_payload_fails_its_checksum_and_a_third_member_is_refused() -> None:
+def test_a_changed_payload_fails_its_checksum_and_a_member_past_it_is_refused() -> None:
     payload = _tar([_file("a.txt", b"alpha")])
-    manifest = {"format": FORMAT, "bytes": len(payload), "sha256": "0" * 64}
+    manifest = {"format": FIRST_FORMAT, "bytes": len(payload), "sha256": "0" * 64}
     changed = _packed([_file("manifest.json", json.dumps(manifest).encode()), _file("workspace.tar", payload)])
     with pytest.raises(TransferError, match="does not match the manifest's SHA-256"):
         _read(changed)
-    whole = _export(payload)
-    unpacked = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(whole)).read()
-    with tarfile.open(fileobj=io.BytesIO(unpacked)) as tar:
-        members = [(m, tar.extractfile(m).read()) for m in tar]  # type: ignore[union-attr]
+    members = _members(_export(payload))
+    head, entry, trailer = members
+    swapped = _packed([head, (entry[0], b"omega"), trailer])
+    renamed = copy.copy(entry[0])
+    renamed.name = "workspace/b.txt"
+    for damaged in (swapped, _packed([head, (renamed, entry[1]), trailer])):
+        with pytest.raises(TransferError, match="does not match its checksum.json's SHA-256"):
+            _read(damaged)
     with pytest.raises(TransferError, match="holds more than"):
         _read(_packed([*members, _file("extra", b"x")]))
 

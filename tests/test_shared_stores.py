@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import io
+import os
 import tarfile
 import tempfile
 from collections.abc import AsyncIterator, Iterator
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import psycopg
 import pytest
 
 from sandbox_server.access.shared import SharedRate
@@ -340,3 +342,97 @@ async def test_a_workspace_too_large_to_save_in_one_statement_is_saved_then_let_
         database.query("DELETE FROM workspaces")
         await big.database.aclose()
         await anyio.to_thread.run_sync(big.database.close)
+
+
+class WritesRandom(Writes):
+    """Writes, with bytes of its own each time (no two chunks alike)."""
+
+    async def run(self, spec: SandboxSpec, hooks: RunHooks = NO_HOOKS) -> ExecutionResult:
+        if spec.saved_workspace:
+            self.found = Path(spec.saved_workspace).read_bytes()
+        archive = tempfile.TemporaryFile()
+        with tarfile.open(fileobj=archive, mode="w") as tar:
+            member = tarfile.TarInfo("data")
+            member.size = self.size
+            tar.addfile(member, io.BytesIO(os.urandom(self.size)))
+        return ExecutionResult(exit_code=0, stdout=b"", stderr=b"", duration_ms=1, workspace=archive)
+
+
+def count(database: Postgres, sql: str) -> int:
+    return int(database.query(sql)[0][0])
+
+
+BLOBS = "SELECT count(*) FROM workspace_blobs"
+UNNAMED = (
+    "SELECT count(*) FROM workspace_blobs b WHERE NOT EXISTS "
+    "(SELECT 1 FROM workspace_chunks c WHERE c.digest = b.digest)"
+)
+
+
+async def test_a_fork_shares_its_chunks_until_it_saves_and_the_sweep_removes_what_no_generation_names(
+    database: Postgres, tmp_path: Path
+) -> None:
+    big = Replica(database.url, "forks", tmp_path / "forks", cap=64 * 1024 * 1024)
+    try:
+        origin, problem = await big.call(WritesRandom(3 * 1024 * 1024), None)
+        assert origin.saved, problem
+        kept, chunks = count(database, BLOBS), count(database, "SELECT count(*) FROM workspace_chunks")
+        fork = await anyio.to_thread.run_sync(big.store.fork, origin.record, None, "team")
+        snapshot = await anyio.to_thread.run_sync(big.store.snapshot, origin.record, None, "team")
+        # Two more workspaces naming the same chunks: not one byte of them kept again.
+        assert count(database, BLOBS) == kept and count(database, "SELECT count(*) FROM workspace_chunks") == 3 * chunks
+        program = WritesRandom(1024)
+        continued, problem = await big.call(program, fork.id)  # the fork reads the chunks it shares
+        assert continued.saved and archived_sizes(program) == {"workspace/data": 3 * 1024 * 1024}, problem
+        assert count(database, BLOBS) > kept  # its own save: chunks of its own
+        for record in (origin.record, fork, snapshot):
+            big.store.forget(record)
+        await anyio.to_thread.run_sync(big.store.close)  # the removals finish
+        unnamed = count(database, UNNAMED)
+        assert unnamed >= kept
+        big.store.contents.sweep()
+        assert count(database, UNNAMED) == unnamed  # within the grace period a save might be naming them
+        database.query("UPDATE workspace_blobs SET touched = now() - interval '1 hour'")
+        big.store.contents.sweep()
+        assert count(database, UNNAMED) == 0
+        dangling = (
+            "SELECT count(*) FROM workspace_chunks c LEFT JOIN workspace_blobs b USING (digest) WHERE b.data IS NULL"
+        )
+        assert count(database, dangling) == 0  # every other workspace's chunks are all there
+    finally:
+        database.query("DELETE FROM workspaces")
+        await big.database.aclose()
+        await anyio.to_thread.run_sync(big.database.close)
+
+
+def test_chunks_kept_before_they_were_kept_by_content_are_moved_over_once() -> None:
+    from sandbox_server.state.schema import MIGRATIONS
+
+    with postgres() as older:
+        with psycopg.connect(older.url, autocommit=True) as connection, connection.transaction():
+            connection.execute("CREATE TABLE schema_version (version integer NOT NULL)")
+            for version in range(1, 7):  # the schema before chunks were kept by their content
+                connection.execute(MIGRATIONS[version - 1])
+                connection.execute("INSERT INTO schema_version (version) VALUES (%s)", (version,))
+            connection.execute(
+                "INSERT INTO workspaces (id, client, record, generation) VALUES ('ws-a', 'c', '{}', 1), "
+                "('ws-b', 'c', '{}', 1)"
+            )
+            connection.execute(
+                "INSERT INTO workspace_chunks (workspace_id, generation, seq, data) VALUES "
+                "('ws-a', 1, 0, 'one'), ('ws-a', 1, 1, 'two'), ('ws-b', 1, 0, 'one')"
+            )
+        now = Database(older.url, "migrating")
+        now.open(replica=False)  # migrates
+        try:
+            assert [row[0] for row in now.run("SELECT version FROM schema_version ORDER BY version")] == [
+                *range(1, len(MIGRATIONS) + 1)
+            ]
+            read = now.run(
+                "SELECT c.workspace_id, b.data FROM workspace_chunks c JOIN workspace_blobs b USING (digest) "
+                "ORDER BY c.workspace_id, c.seq"
+            )
+            assert [(w, bytes(d)) for w, d in read] == [("ws-a", b"one"), ("ws-a", b"two"), ("ws-b", b"one")]
+            assert count(older, BLOBS) == 2  # 'one' kept once
+        finally:
+            now.close()

@@ -171,4 +171,49 @@ MIGRATIONS: tuple[str, ...] = (
         at timestamptz NOT NULL DEFAULT now()
     );
     """,
+    # 7: archive chunks kept once by their content (SHA-256), each generation's chunks naming theirs: a fork or a
+    # snapshot copies the names alone, so copies share every chunk until one of them saves. A chunk is put with
+    # its use marked (`touched`), so that the sweep, which removes the chunks no generation names after a while,
+    # never takes one a save is naming meanwhile. The chunks kept before are moved over.
+    """
+    CREATE TABLE workspace_blobs (
+        digest bytea PRIMARY KEY,
+        data bytea NOT NULL,
+        touched timestamptz NOT NULL DEFAULT now()
+    );
+    INSERT INTO workspace_blobs (digest, data)
+        SELECT DISTINCT ON (sha256(data)) sha256(data), data FROM workspace_chunks;
+    ALTER TABLE workspace_chunks ADD COLUMN digest bytea;
+    UPDATE workspace_chunks SET digest = sha256(data);
+    ALTER TABLE workspace_chunks ALTER COLUMN digest SET NOT NULL;
+    ALTER TABLE workspace_chunks DROP COLUMN data;
+    CREATE INDEX workspace_chunks_digest ON workspace_chunks (digest);
+    CREATE FUNCTION sandbox_put_chunk(chunk bytea) RETURNS bytea LANGUAGE sql AS $$
+        INSERT INTO workspace_blobs (digest, data) VALUES (sha256(chunk), chunk)
+        ON CONFLICT (digest) DO UPDATE SET touched = now() RETURNING digest
+    $$;
+    CREATE OR REPLACE FUNCTION sandbox_save_workspace(workspace text, first_chunk bytea, sized jsonb, cap bigint)
+    RETURNS TABLE (saved bigint, taken bigint) LANGUAGE plpgsql AS $$
+    BEGIN
+        PERFORM 1 FROM workspaces WHERE id = workspace FOR UPDATE;
+        IF NOT FOUND THEN
+            RETURN NEXT;
+            RETURN;
+        END IF;
+        IF sized IS NOT NULL THEN
+            SELECT coalesce(sum((w.record->>'size_bytes')::bigint), 0) + (sized->>'size_bytes')::bigint
+              INTO taken FROM workspaces w WHERE w.id <> workspace;
+            IF taken > cap THEN
+                RETURN NEXT;
+                RETURN;
+            END IF;
+        END IF;
+        UPDATE workspaces SET generation = generation + 1, record = coalesce(sized, record) WHERE id = workspace
+          RETURNING generation INTO saved;
+        INSERT INTO workspace_chunks (workspace_id, generation, seq, digest)
+          VALUES (workspace, saved, 0, sandbox_put_chunk(first_chunk));
+        DELETE FROM workspace_chunks WHERE workspace_id = workspace AND generation < saved;
+        RETURN NEXT;
+    END $$;
+    """,
 )

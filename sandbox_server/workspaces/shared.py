@@ -9,6 +9,11 @@ a replica that dies mid-save leaves the previous generation whole, and no reader
 are streamed chunk by chunk both ways (never whole in memory), and each replica keeps the last generation it
 read in its own folder, so consecutive calls on one replica read nothing from the database.
 
+A chunk is kept once, by its SHA-256 (`workspace_blobs`), and a generation names its chunks in order: a fork or
+a snapshot copies those names in one transaction and shares every chunk with what it came from until one of
+them saves, and chunks an unchanged part of an archive repeats are not kept twice. The sweep removes chunks no
+generation names, after a grace period.
+
 One call at a time works in a workspace, whichever replica it reaches: the call holds a PostgreSQL advisory lock
 on its own connection, which the database lets go of if the replica dies.
 """
@@ -39,6 +44,8 @@ __all__ = ["SharedArchives", "SharedBook"]
 
 CHUNK_BYTES = 1024 * 1024
 CHUNKS_IN_FLIGHT = 8
+CHUNK_GRACE_S = 600.0
+"""How long a chunk no workspace names is kept before the sweep removes it."""
 
 
 class SharedBook:
@@ -180,8 +187,8 @@ class SharedArchives(ArchivedContents):
                         with connection.cursor(name=f"read-{workspace_id}") as cursor:
                             cursor.itersize = 4
                             cursor.execute(
-                                "SELECT data FROM workspace_chunks WHERE workspace_id = %s AND generation = %s "
-                                "ORDER BY seq",
+                                "SELECT b.data FROM workspace_chunks c JOIN workspace_blobs b ON b.digest = c.digest "
+                                "WHERE c.workspace_id = %s AND c.generation = %s ORDER BY c.seq",
                                 (workspace_id, generation),
                             )
                             for (data,) in cursor:
@@ -255,8 +262,8 @@ class SharedArchives(ArchivedContents):
     def copy(self, source_id: str, target_id: str) -> None:
         """A new workspace holding what `source_id` holds now, in one transaction: its row (a stand-in record, not
         named and just used, which the store then writes whole) and a copy of its saved generation's chunks under
-        the same generation, so any replica reads the copy as it reads any workspace. (The chunks are copied, not
-        shared: the database holds a fork's bytes twice.)"""
+        the same generation, so any replica reads the copy as it reads any workspace. Only the chunks' names are
+        copied: the copy shares their content (kept once, by its SHA-256) until one of them saves."""
         with self.database.connection() as connection, connection.transaction():
             made = connection.execute(_COPY_ROW, {"source": source_id, "target": target_id, "now": time.time()})
             if made.fetchone() is None:
@@ -272,8 +279,17 @@ class SharedArchives(ArchivedContents):
             self._have.pop(workspace_id, None)
             super().remove(workspace_id, later)
 
+    def sweep(self) -> None:
+        """Remove the chunks no generation of any workspace names, once unused for CHUNK_GRACE_S (a save names
+        the chunks it puts, and marks each used as it does, in its own transaction)."""
+        self.database.run(_SWEEP_CHUNKS, (CHUNK_GRACE_S,))
+
 
 _SAVE = "SELECT * FROM sandbox_save_workspace(%s, %s, %s, %s)"
+_SWEEP_CHUNKS = (
+    "DELETE FROM workspace_blobs b WHERE b.touched < now() - make_interval(secs => %s) "
+    "AND NOT EXISTS (SELECT 1 FROM workspace_chunks c WHERE c.digest = b.digest)"
+)
 _COPY_ROW = (
     "INSERT INTO workspaces (id, client, session, record, generation) "
     "SELECT %(target)s, client, NULL, jsonb_set(jsonb_set(jsonb_set(jsonb_set(record, '{id}', to_jsonb(%(target)s::text)), "
@@ -281,8 +297,8 @@ _COPY_ROW = (
     "FROM workspaces WHERE id = %(source)s FOR SHARE ON CONFLICT (id) DO NOTHING RETURNING id"
 )
 _COPY_CHUNKS = (
-    "INSERT INTO workspace_chunks (workspace_id, generation, seq, data) "
-    "SELECT %(target)s, c.generation, c.seq, c.data FROM workspace_chunks c JOIN workspaces w "
+    "INSERT INTO workspace_chunks (workspace_id, generation, seq, digest) "
+    "SELECT %(target)s, c.generation, c.seq, c.digest FROM workspace_chunks c JOIN workspaces w "
     "ON w.id = c.workspace_id AND w.generation = c.generation WHERE c.workspace_id = %(source)s"
 )
 
@@ -304,7 +320,8 @@ def _add_chunks(connection: psycopg.Connection[Any], archive: BinaryIO, workspac
         seq = 1
         while chunk := archive.read(CHUNK_BYTES):
             cursor.execute(
-                "INSERT INTO workspace_chunks (workspace_id, generation, seq, data) VALUES (%s, %s, %s, %s)",
+                "INSERT INTO workspace_chunks (workspace_id, generation, seq, digest) "
+                "VALUES (%s, %s, %s, sandbox_put_chunk(%s))",
                 (workspace_id, generation, seq, chunk),
             )
             seq += 1

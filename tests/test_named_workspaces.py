@@ -144,7 +144,7 @@ async def test_a_fork_holds_the_files_and_variables_as_they_were_and_the_two_cha
 
 ROOMY = """\
 extends: default
-workspace: {persist: true, size_mb: 16, files: 2000, idle_ttl_s: 600, max_per_client: 4, named_per_caller: 6,
+workspace: {persist: true, size_mb: 16, files: 2000, idle_ttl_s: 600, max_per_client: 6, named_per_caller: 6,
             snapshots_per_caller: 1}
 """
 
@@ -288,3 +288,35 @@ async def test_a_named_workspace_and_a_snapshot_are_read_as_resources_by_name(
     files = json.loads(getattr(listing.contents[0], "text", ""))["files"]
     assert [entry["path"] for entry in files] == ["notes.txt"]
     assert any("snapshot" in (template.description or "") for template in templates.resource_templates)
+
+
+async def test_a_branch_runs_one_call_per_fork_side_by_side_and_says_what_each_did_and_changed(
+    roomy: Keeping, runtime: DockerRuntime
+) -> None:
+    audit = roomy.state.parent / "audit.jsonl"
+    with http_server(*roomy.args(), "--audit-log", str(audit)) as url:
+        async with connect(url, mode="2026-07-28") as session:
+            base = (await _call(session, "execute_command", command="echo a > f.txt"))["workspace"]
+            await _call(session, "run_python", code="n = 1", workspace=base)
+            calls = [
+                {"tool": "run_python", "arguments": {"code": "n = n * 10\nprint('ten times', n)"}},
+                {"tool": "execute_command", "arguments": {"command": "echo b >> f.txt; cat f.txt"}},
+                {"tool": "execute_command", "arguments": {"command": "rm f.txt; exit 3"}},
+                {"tool": "workspaces", "arguments": {"action": "list"}},
+            ]
+            result = await _call(session, "workspaces", action="branch", calls=calls, workspace=base)
+            untouched = await _call(session, "execute_command", command="cat f.txt", workspace=base)
+            first = result["branches"][0]["workspace"]
+            continued = await _call(session, "run_python", code="print(n)", workspace=first)
+    assert not result["is_error"] and "4 branch(es) of workspace" in result["text"], result["text"]
+    assert "(2 ended in an error)" in result["text"], result["text"]
+    tens, appended, removed, refused = result["branches"]
+    assert tens["call"]["stdout"] == "ten times 10\n" and not tens["call"]["is_error"], tens["call"]
+    assert tens["variables"]["changed"] == [{"name": "n", "about": "int 10", "was": "int 1"}], tens["variables"]
+    assert appended["call"]["stdout"] == "a\nb\n" and appended["files"]["modified"] == ["f.txt"]
+    assert (removed["call"]["exit_code"], removed["call"]["is_error"]) == (3, True)
+    assert removed["files"]["deleted"] == ["f.txt"]
+    assert refused["call"]["is_error"] and "not 'workspaces'" in refused["call"]["headline"], refused["call"]
+    assert untouched["stdout"] == "a\n" and continued["stdout"] == "10\n", (untouched, continued)
+    ran = [r for r in audit_records(audit) if r.get("tool") in ("run_python", "execute_command")]
+    assert len(ran) == 2 + 3 + 2  # each branch's call has an audit record of its own, beside the session's

@@ -15,7 +15,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -218,7 +218,7 @@ class CallPipeline:
                 tool_ctx = ToolContext(
                     kept or self.runtime, call.tool_policy, call.policy.name, hooks, files, kept is not None, proxy,
                     call.task is not None, scope, scope.network if scope is not None else None,
-                    scope.names if scope is not None else (),
+                    scope.names if scope is not None else (), self._brancher(call),
                 )  # fmt: skip
                 with self.tracing.span("container"):
                     outcome = await call.tool.run(call.arguments, tool_ctx)
@@ -239,7 +239,7 @@ class CallPipeline:
         own deadline), across the replicas too: their side of the call, if any. An authenticated caller's limits
         are its own policy's and count its calls alone; a task was counted by the tasks' own caps, and only the
         host's saturation may still refuse it."""
-        if call.task is not None:
+        if call.task is not None or branching(call):  # a branch's calls are admitted each as any call is
             self.admission.check_host()
             yield None
             return
@@ -284,6 +284,30 @@ class CallPipeline:
             identity.tenant,
             shared,
         )
+
+    def _brancher(self, call: Call) -> Callable[[str, Mapping[str, Any], str], Awaitable[ToolOutcome]]:
+        """How the `workspaces` tool's `branch` runs a call of a sandbox tool in a fork: as a call of its own, by the
+        same caller under the same policy (checked, admitted, audited), with no person to ask."""
+
+        async def branch(tool_name: str, arguments: Mapping[str, Any], workspace_id: str) -> ToolOutcome:
+            tools = self.registry.tools_of(call.policy)
+            exposed = tool_name if tool_name in tools else self.registry.prefix + tool_name
+            tool = tools.get(exposed)
+            if tool is None or not getattr(tool, "sandbox", True):
+                refused = Refusal(
+                    f"refused: a branch runs one of the sandbox tools policy '{call.policy.name}' offers, not "
+                    f"{tool_name[:64]!r}",
+                    "calls",
+                )
+                return ToolOutcome.refused(refused, call.policy.name)
+            inner = Call(
+                exposed, {**arguments, "workspace": workspace_id}, call.identity, call.client, call.session,
+                call.policy, tool,
+            )  # fmt: skip
+            ended = await self.call(inner)
+            return ended.outcome or ToolOutcome.refused(Refusal("refused: it asked for approval", "approval"), "")
+
+        return branch
 
     def _scope(self, call: Call, kept: KeptWorkspace | None) -> ServiceScope | None:
         """Services in the call's workspace (None: this server starts none)."""
@@ -350,6 +374,12 @@ class CallPipeline:
         audit = {**(outcome.audit or {}), "network": network} if outcome.audit is not None else None
         structured = {**outcome.structured, "network": network} if outcome.structured is not None else None
         return replace(outcome, structured=structured, notes=notes, audit=audit)
+
+
+def branching(call: Call) -> bool:
+    """Whether a call is the `workspaces` tool's `branch`: it runs no sandbox of its own, and each call it runs in
+    a fork is admitted as any call is (held itself, it would keep one of them waiting for its own slot)."""
+    return call.tool is not None and call.tool.name == "workspaces" and call.arguments.get("action") == "branch"
 
 
 def _in_workspace(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -176,6 +176,9 @@ class ToolContext:
     """The network of the workspace's running services, which the sandbox joins to reach them by name."""
     service_names: tuple[str, ...] = ()
     """Their names, which the sandbox reaches directly rather than through an egress proxy."""
+    branch: Callable[[str, Mapping[str, Any], str], Awaitable[ToolOutcome]] | None = None
+    """Runs a call of another tool (its name, its arguments) in the workspace of the given id, as a call of its
+    own (checked, admitted, audited): the `workspaces` tool's `branch` (None: no such call may be run)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,9 +6,14 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from sandbox_server.workspaces.records import WorkspaceRecord
+import anyio.to_thread
 
-__all__ = ["BRANCH_SCHEMA", "REFERENCE", "WORKSPACE_SCHEMA", "row"]
+from sandbox_server.tools.base import ToolOutcome
+from sandbox_server.workspaces.compare import compared
+from sandbox_server.workspaces.records import WorkspaceRecord
+from sandbox_server.workspaces.store import WorkspaceStore
+
+__all__ = ["BRANCH_SCHEMA", "REFERENCE", "WORKSPACE_SCHEMA", "call_summary", "compare_rows", "row"]
 
 WORKSPACE_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -75,6 +80,18 @@ BRANCH_SCHEMA: dict[str, Any] = {
             "properties": {k: {"type": "array", "items": VARIABLE_SCHEMA} for k in ("added", "changed", "removed")}
             | {"more": {"type": "integer"}},
         },
+        "call": {
+            "type": "object",
+            "properties": {
+                "tool": {"type": "string"},
+                "is_error": {"type": "boolean"},
+                "exit_code": {"type": ["integer", "null"]},
+                "headline": {"type": "string"},
+                "stdout": {"type": "string", "description": "The end of its output"},
+            },
+            "required": ["tool", "is_error", "exit_code", "headline", "stdout"],
+            "description": "branch: the call run in this branch",
+        },
     },
     "required": ["workspace", "name", "size_bytes", "files", "variables"],
 }
@@ -123,4 +140,36 @@ def row(
             }
             for entry in item.services
         ],
+    }
+
+
+SHOWN = 2000
+"""The end of a branch call's output its row shows."""
+
+
+async def compare_rows(
+    store: WorkspaceStore, base: WorkspaceRecord, branches: list[WorkspaceRecord]
+) -> list[dict[str, Any]]:
+    """What each branch changed from the base (files and variables), read off the event loop."""
+
+    def read() -> tuple[dict[str, Any], dict[str, Any]]:
+        every = [base, *branches]
+        return {r.id: store.states(r) for r in every}, {r.id: store.variables_index(r) for r in every}
+
+    states, indexes = await anyio.to_thread.run_sync(read)
+    return [compared(base, branch, states, indexes) for branch in branches]
+
+
+def call_summary(tool: str, outcome: ToolOutcome | None) -> dict[str, Any]:
+    """A branch's call as its row says it: the tool, whether it failed, its exit code and the end of its output."""
+    if outcome is None:
+        return {"tool": tool, "is_error": True, "exit_code": None, "headline": "it did not run", "stdout": ""}
+    structured = outcome.structured or {}
+    code = structured.get("exit_code")
+    return {
+        "tool": tool,
+        "is_error": outcome.is_error,
+        "exit_code": code if isinstance(code, int) else None,
+        "headline": outcome.headline[:300],
+        "stdout": str(structured.get("stdout") or "")[-SHOWN:],
     }

@@ -13,8 +13,15 @@ import anyio
 from sandbox_server.errors import Refusal
 from sandbox_server.policy import Policy, ToolPolicy
 from sandbox_server.tools.base import MANAGING_ANNOTATIONS, WORKSPACE_ARGUMENT, ToolContext, ToolOutcome, result_schema
-from sandbox_server.tools.workspace_rows import BRANCH_SCHEMA, REFERENCE, WORKSPACE_SCHEMA, row
-from sandbox_server.workspaces.compare import compared, compared_line
+from sandbox_server.tools.workspace_rows import (
+    BRANCH_SCHEMA,
+    REFERENCE,
+    WORKSPACE_SCHEMA,
+    call_summary,
+    compare_rows,
+    row,
+)
+from sandbox_server.workspaces.compare import compared_line
 from sandbox_server.workspaces.exports import KEEP_S
 from sandbox_server.workspaces.kept import KeptWorkspace
 from sandbox_server.workspaces.naming import NAME_IN_WORDS
@@ -22,15 +29,19 @@ from sandbox_server.workspaces.records import WorkspaceRecord
 
 __all__ = ["WorkspacesTool"]
 
+ACTIONS = (
+    "list", "keep", "fork", "snapshot", "restore", "compare", "branch", "export", "import", "pause", "resume", "delete",
+)  # fmt: skip
 IMPORT_PART = 8 * 1024 * 1024
 """What an import reads of the export in the call's workspace at a time."""
 
 
 class WorkspacesTool:
-    """List, name, fork, snapshot, restore, compare and delete the caller's workspaces."""
+    """List, name, fork, branch, snapshot, restore, compare, export, import, pause, resume and delete the caller's
+    workspaces."""
 
     name = "workspaces"
-    title = "Keep, fork, snapshot, restore, compare or delete your workspaces"
+    title = "Keep, fork, branch, snapshot, restore, compare, export, pause or delete your workspaces"
     description = (
         "The kept workspaces of this caller (/workspace's files and run_python's variables). `list` them and "
         "their snapshots; `keep` the call's workspace under a name: the session goes on in it, and it outlives "
@@ -41,7 +52,8 @@ class WorkspacesTool:
         "(named if `name` is given), which `restore` with `snapshot` makes into a new workspace (`forked`), or, "
         "with \"replace\": true, makes the call's workspace again; `compare` the call's workspace with the "
         "`branches` forked from it (each given a different call, say): the files and variables each changed, "
-        "then keep one and delete the rest; `export` it (or, with `snapshot`, that snapshot) as one file, read as "
+        "then keep one and delete the rest; `branch` it: one fork per entry of `calls` (a sandbox tool and its "
+        "arguments), each call run in its fork side by side, answered with what each did and changed; `export` it (or, with `snapshot`, that snapshot) as one file, read as "
         "a resource in parts; `import` an export the call's workspace holds at `path` (uploaded with `files`, say) "
         "as a new workspace (`imported`; named if `name` is given), checked as any upload; `pause` it: its services stop (kept, with how they were started) and it holds no "
         "container and no mount, until `resume` or any call in it starts them again (variables come back on "
@@ -57,19 +69,7 @@ class WorkspacesTool:
         "properties": {
             "action": {
                 "type": "string",
-                "enum": [
-                    "list",
-                    "keep",
-                    "fork",
-                    "snapshot",
-                    "restore",
-                    "compare",
-                    "export",
-                    "import",
-                    "pause",
-                    "resume",
-                    "delete",
-                ],  # fmt: skip
+                "enum": list(ACTIONS),  # fmt: skip
             },
             "name": {
                 "type": "string",
@@ -80,6 +80,22 @@ class WorkspacesTool:
             },
             "workspace": WORKSPACE_ARGUMENT,
             "snapshot": REFERENCE | {"description": "The snapshot to restore or delete (its id or name)"},
+            "calls": {
+                "type": "array",
+                "minItems": 1,
+                "maxItems": 8,
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "tool": {"type": "string", "minLength": 1, "maxLength": 64},
+                        "arguments": {"type": "object"},
+                    },
+                    "required": ["tool"],
+                    "additionalProperties": False,
+                },
+                "description": "branch: one call per branch (a sandbox tool and its arguments, without workspace), "
+                "each run in a fork of the call's workspace made for it",
+            },
             "path": {
                 "type": "string",
                 "minLength": 1,
@@ -197,6 +213,8 @@ class WorkspacesTool:
             )
         elif action == "compare":
             headline = await self._compare(args, kept, extra, sections)
+        elif action == "branch":
+            headline = await self._branch(args, kept, ctx, extra, sections)
         elif action == "export":
             headline = await self._export(args, kept, extra)
         elif action == "delete":
@@ -273,17 +291,57 @@ class WorkspacesTool:
         if not isinstance(wanted, list) or not wanted:
             raise Refusal("refused: `compare` needs the `branches` to compare with the call's workspace", "branches")
         branches = [store.resolve(str(item), base.session, base.tenant) for item in wanted]
-
-        def read() -> tuple[dict[str, Any], dict[str, Any]]:
-            every = [base, *branches]
-            return {r.id: store.states(r) for r in every}, {r.id: store.variables_index(r) for r in every}
-
-        states, indexes = await anyio.to_thread.run_sync(read)
-        rows = [compared(base, branch, states, indexes) for branch in branches]
+        rows = await compare_rows(store, base, branches)
         extra["branches"] = rows
         sections.append(("branches", "\n".join(compared_line(row) for row in rows)))
         return (
             f"{len(rows)} branch(es) compared with workspace {base.name or base.id}: keep the one you want "
+            '({"action": "keep", "workspace": "<its id>", "name": …}) and delete the others'
+        )
+
+    @staticmethod
+    async def _branch(
+        args: Mapping[str, Any],
+        kept: KeptWorkspace,
+        ctx: ToolContext,
+        extra: dict[str, Any],
+        sections: list[tuple[str, str]],
+    ) -> str:
+        asked = args.get("calls")
+        if not isinstance(asked, list) or not asked:
+            raise Refusal("refused: `branch` needs the `calls` to run, one per branch", "calls")
+        if ctx.branch is None:
+            raise Refusal("refused: this server runs no branch calls", "calls")
+        run = ctx.branch
+        store, base = kept.store, kept.record
+        forks: list[WorkspaceRecord] = []
+        try:
+            for _ in asked:  # each bounded as any fork is: all of them or none
+                forks.append(await anyio.to_thread.run_sync(store.fork, base, None, ctx.policy_name))
+        except Refusal:
+            for made in forks:
+                store.forget(made)
+            raise
+        outcomes: list[ToolOutcome | None] = [None] * len(forks)
+
+        async def branch(index: int) -> None:
+            call = asked[index]
+            outcomes[index] = await run(str(call["tool"]), call.get("arguments") or {}, forks[index].id)
+
+        async with anyio.create_task_group() as group:  # side by side, each admitted as any call is
+            for index in range(len(forks)):
+                group.start_soon(branch, index)
+        rows = await compare_rows(store, base, [store.resolve(f.id, f.session, f.tenant) for f in forks])
+        for each, call, outcome in zip(rows, asked, outcomes, strict=True):
+            each["call"] = call_summary(str(call["tool"]), outcome)
+        extra["branches"] = rows
+        said = [f"{each['call']['tool']}: {each['call']['headline']}\n  {compared_line(each)}" for each in rows]
+        sections.append(("branches", "\n".join(said)))
+        failed = sum(1 for each in rows if each["call"]["is_error"])
+        return (
+            f"{len(rows)} branch(es) of workspace {base.name or base.id} ran"
+            + (f" ({failed} ended in an error)" if failed else "")
+            + ": each is a fork (its id in `workspace`); keep the one you want "
             '({"action": "keep", "workspace": "<its id>", "name": …}) and delete the others'
         )
 

@@ -141,3 +141,29 @@ async def test_snapshots_and_forks_carry_the_services_which_start_in_the_copy_on
             assert mine["stdout"] == "v2\n", mine["text"]
             states = {s["name"]: s["state"] for s in mine["services"]}
             assert states == {"web": "running"}, json.dumps(mine["services"])
+
+
+async def test_a_resumed_service_is_checked_again_under_the_callers_policy_as_it_is_now(
+    tmp_path: Path, runtime: DockerRuntime
+) -> None:
+    policy, tokens = short_policy(tmp_path), tmp_path / "tokens.json"
+    alice = add_token(tokens, "alice", policy)
+    serve = ("--policy", str(policy), "--tokens", str(tokens), "--no-pool", "--state-dir", str(tmp_path / "s"))
+    with http_server_process(*serve) as server:
+        async with as_caller(server.url, alice) as session:
+            await start_web(session)
+            await workspaces(session, action="keep", name="site")
+            await workspaces(session, action="pause")
+    # The policy alice's token names no longer lets her calls start services.
+    policy.write_text(policy.read_text().replace("tools: [execute_command, run_python]", "tools: []"))
+    with http_server_process(*serve) as server:
+        async with as_caller(server.url, alice) as session:
+            page = await call(session, command="curl -sS --max-time 3 http://web:8000/; true", workspace="site")
+            listed = await workspaces(session, action="list", workspace="site")
+            started = services_of(server.process.pid)
+    assert not page["is_error"] and "service web was not started again: refused" in page["text"], page["text"]
+    assert "services.tools" in page["text"] and started == [], page["text"]
+    [row] = [w for w in listed["workspaces"] if w["name"] == "site"]
+    assert [(s["name"], s["running"]) for s in row["services"]] == [
+        ("web", False)
+    ]  # kept: the policy may allow it again

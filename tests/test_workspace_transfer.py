@@ -138,6 +138,8 @@ async def test_a_snapshot_exported_through_the_tool_is_read_in_parts_and_importe
         by_tool = await _call(session, "workspaces", action="import", path="in/v1.tar.zst", name="v1-tool")
         junk = await _call(session, "workspaces", action="import", path="junk.bin", name="junk")
         missing = await _call(session, "workspaces", action="import", path="nowhere.tar.zst")
+        # Another caller's exports live beside the workspaces on the host: no path climbs to them.
+        climbing = await _call(session, "workspaces", action="import", path="../../exports/x.tar.zst")
         tool_files = await _call(session, "execute_command", command=digest, workspace="v1-tool")
         tool_cell = await _call(session, "run_python", code="print(note)", workspace="v1-tool")
     assert not by_tool["is_error"] and "is imported as workspace v1-tool" in by_tool["text"], by_tool["text"]
@@ -146,6 +148,7 @@ async def test_a_snapshot_exported_through_the_tool_is_read_in_parts_and_importe
     assert junk["is_error"] and "refused: not imported: " in junk["text"], junk["text"]
     assert missing["is_error"] and "holds no file 'nowhere.tar.zst'" in missing["text"], missing["text"]
     assert (junk["error"]["field"], missing["error"]["field"]) == ("archive", "path")
+    assert climbing["is_error"] and "is not a path inside the workspace" in climbing["text"], climbing["text"]
     assert not exported["is_error"] and "snapshot v1 is exported" in exported["text"], exported["text"]
     assert len(parts) >= 3 and exported["export"]["size_bytes"] == archive.stat().st_size, len(parts)
     assert not whole.is_error

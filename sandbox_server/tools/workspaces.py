@@ -12,6 +12,7 @@ import anyio
 
 from sandbox_server.errors import Refusal
 from sandbox_server.policy import Policy, ToolPolicy
+from sandbox_server.sandbox.archive import safe_relative_path
 from sandbox_server.tools.base import MANAGING_ANNOTATIONS, WORKSPACE_ARGUMENT, ToolContext, ToolOutcome, result_schema
 from sandbox_server.tools.workspace_rows import (
     BRANCH_SCHEMA,
@@ -369,10 +370,16 @@ class WorkspacesTool:
         args: Mapping[str, Any], kept: KeptWorkspace, name: str | None, ctx: ToolContext, extra: dict[str, Any]
     ) -> str:
         store, record = kept.store, kept.record
-        path = args.get("path")
-        if not isinstance(path, str):
+        asked = args.get("path")
+        if not isinstance(asked, str):
             raise Refusal("refused: `import` needs the `path` of an export in the call's workspace", "path")
-        path = path.removeprefix("/workspace/").lstrip("/")
+        path = safe_relative_path(asked.removeprefix("/workspace/"))
+        if path is None:
+            raise Refusal(
+                f"refused: not imported: {asked[:100]!r} is not a path inside the workspace (relative to /workspace, "
+                "no '..')",
+                "path",
+            )
         largest = store.settings.size_mb * 1024 * 1024  # an export never holds more than the workspace it makes
 
         def load() -> WorkspaceRecord:

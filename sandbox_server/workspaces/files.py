@@ -98,6 +98,9 @@ def open_regular(top: int, path: str) -> int | None:
     none, or something else is there."""
     folder = top
     *parents, leaf = path.split("/")
+    if any(part in ("", ".", "..") for part in (*parents, leaf)):  # never above the folder, whoever asks
+        os.close(folder)
+        return None
     try:
         for part in parents:
             inner = open_below(folder, part, directory=True)

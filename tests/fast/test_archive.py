@@ -1,9 +1,11 @@
 """Pure logic of archives in and out: names, links and caps."""
 
 import io
+import os
 import shlex
 import subprocess
 import tarfile
+from pathlib import Path
 
 import pytest
 
@@ -164,3 +166,24 @@ def test_a_forged_workspace_archive_keeps_only_what_the_next_call_can_restore() 
     assert form == b"tar"
     with tarfile.open(fileobj=io.BytesIO(kept.getvalue() + body)) as both:
         assert "workspace/data/kept.txt" in both.getnames() and "tmp/.sandbox/request" in both.getnames()
+
+
+def test_a_file_is_opened_below_its_folder_never_above_it(tmp_path: Path) -> None:
+    from sandbox_server.workspaces.files import open_regular
+
+    (tmp_path / "inside").mkdir()
+    (tmp_path / "inside" / "kept.txt").write_text("mine")
+    (tmp_path / "secret.txt").write_text("someone else's")
+    folder = tmp_path / "inside"
+
+    def opened(path: str) -> bytes | None:
+        handle = open_regular(os.open(folder, os.O_RDONLY | os.O_DIRECTORY), path)
+        if handle is None:
+            return None
+        with os.fdopen(handle, "rb") as found:
+            return found.read()
+
+    assert opened("kept.txt") == b"mine"
+    assert [opened(p) for p in ("../secret.txt", "./../secret.txt", "x/../../secret.txt", "", "/kept.txt")] == [
+        None
+    ] * 5

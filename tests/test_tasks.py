@@ -387,3 +387,28 @@ async def test_the_official_ext_tasks_client_over_stdio_runs_a_task_beside_a_can
     assert any("last line: step" in message for message in story["messages"]), story["messages"]
     assert story["messages"][-1].startswith("completed"), story["messages"]
     assert story["result"]["structuredContent"]["stdout"] == "".join(f"step {i}\n" for i in range(1, 9))
+
+
+async def test_2026_a_branch_whose_calls_ask_for_long_is_a_task_and_each_call_may_take_a_tasks_time(
+    tmp_path: Path, runtime: DockerRuntime
+) -> None:
+    policy = short_policy(tmp_path)  # one request may take 3 s; a task 120 s
+    params = stdio_parameters("--policy", str(policy), "--state-dir", str(tmp_path / "state"))
+    slow = {"command": "sleep 4; echo slow > s.txt; echo slow", "timeout_s": 10}
+    calls = [
+        {"tool": "execute_command", "arguments": slow},
+        {"tool": "execute_command", "arguments": {"command": "echo quick"}},
+    ]
+    async with tasks_client(params) as client:
+        base = await client.call_tool("execute_command", {"command": "echo a > f.txt"})
+        workspace = (base.structured_content or {})["workspace"]
+        answer = await client.session.call_tool(
+            "workspaces", {"action": "branch", "workspace": workspace, "calls": calls}, allow_claimed=True
+        )
+        created = answer.model_dump(by_alias=True, exclude_none=True)
+        assert created.get("resultType") == "task", created  # it lasts as long as its longest call asks
+        ended = await until(client, created["taskId"], lambda t: t["status"] != "working")
+    assert ended["status"] == "completed", ended
+    long, quick = ended["result"]["structuredContent"]["branches"]
+    assert (long["call"]["stdout"], long["files"]["created"]) == ("slow\n", ["s.txt"]), long  # past 3 s: a task's time
+    assert quick["call"]["stdout"] == "quick\n" and not quick["call"]["is_error"], quick

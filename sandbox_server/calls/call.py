@@ -61,6 +61,9 @@ class Call:
     question: Question | None = None
     """Asks the person about a host the allow list does not name (None: nobody can be asked, `unable` says why)."""
     unable: str = ""
+    in_task: bool = False
+    """A call a task runs (a `branch` run as a task runs one per fork): it may ask for up to limits.max_task_s,
+    and is admitted against its caller's limits as any call is."""
 
     @property
     def tool_policy(self) -> ToolPolicy:

@@ -160,7 +160,8 @@ class CallPipeline:
         tool's schema and the policy, the time it asks for, its files and the tool's own rules."""
         assert call.tool is not None
         check_arguments(call.tool.name, self.registry.validators[call.tool.name], call.arguments, call.policy)
-        return check_call(call.tool, call.arguments, call.tool_policy, call.policy.name, call.task is not None)
+        long = call.task is not None or call.in_task
+        return check_call(call.tool, call.arguments, call.tool_policy, call.policy.name, long)
 
     async def _approval(self, call: Call, record: dict[str, Any]) -> Any:
         """Ask a person when the policy says so: None when approved (a Refusal when not), or the question the
@@ -302,7 +303,7 @@ class CallPipeline:
                 return ToolOutcome.refused(refused, call.policy.name)
             inner = Call(
                 exposed, {**arguments, "workspace": workspace_id}, call.identity, call.client, call.session,
-                call.policy, tool,
+                call.policy, tool, in_task=call.task is not None or call.in_task,
             )  # fmt: skip
             ended = await self.call(inner)
             return ended.outcome or ToolOutcome.refused(Refusal("refused: it asked for approval", "approval"), "")

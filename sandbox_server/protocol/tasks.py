@@ -98,7 +98,7 @@ class TaskProtocol:
         if policy.tasks.running <= 0:
             return False
         limits = policy.for_tool(tool)
-        timeout = (params.arguments or {}).get("timeout_s")
+        timeout = _longest_timeout(params.arguments or {})
         long = isinstance(timeout, int | float) and limits.max_timeout_s < timeout <= limits.max_task_s
         if not (long or tool in policy.tasks.first):
             return False
@@ -223,6 +223,21 @@ def _listed(record: TaskRecord, era_2026: bool) -> dict[str, Any]:
     wire.pop("result", None)
     wire.pop("error", None)
     return wire
+
+
+def _longest_timeout(arguments: dict[str, Any]) -> Any:
+    """The time a call asks for: its `timeout_s`, or (the `workspaces` tool's `branch`) the longest its calls ask
+    for, since it lasts as long as they do."""
+    if arguments.get("action") == "branch" and isinstance(arguments.get("calls"), list):
+        asked = [
+            call["arguments"]["timeout_s"]
+            for call in arguments["calls"]
+            if isinstance(call, dict)
+            and isinstance(call.get("arguments"), dict)
+            and isinstance(call["arguments"].get("timeout_s"), int | float)
+        ]
+        return max(asked, default=None)
+    return arguments.get("timeout_s")
 
 
 def _declares_extension(ctx: Context) -> bool:

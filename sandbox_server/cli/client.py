@@ -283,7 +283,9 @@ def _upload(spec: str) -> dict[str, str]:
 
 def call_command(args: argparse.Namespace) -> int:
     """`sandbox-server call`: one call through a real session; 0 ok, 1 an error result, 2 not run."""
-    arguments = _parse_arguments(args.arg, args.json, args.upload)
+    if args.arguments is not None and args.json is not None:
+        raise UsageError("give the arguments once: as JSON after the tool, or with --json")
+    arguments = _parse_arguments(args.arg, args.json if args.json is not None else args.arguments, args.upload)
     serve_args = ["--policy", args.policy, *(["--tool-prefix", args.tool_prefix] if args.tool_prefix else [])]
     save_to = Path(args.save) if args.save else None
     if args.task and "timeout_s" not in arguments:  # a task may run as long as the policy lets one run

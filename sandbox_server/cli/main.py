@@ -328,6 +328,9 @@ def build_parser() -> argparse.ArgumentParser:
         "(bad arguments here, an unknown tool, a server or engine that did not start)",
     )
     call.add_argument("tool", help="tool name, e.g. execute_command (an unknown one lists the tools)")
+    call.add_argument(
+        "arguments", nargs="?", metavar="JSON", help="all arguments as one JSON object (as --json takes them)"
+    )
     call.add_argument("--policy", default="default", help="the policy the server runs with (name or file)")
     call.add_argument(
         "--arg",

@@ -1,8 +1,11 @@
 """The one-shot `call` command, `setup` and the conformance suite go through the real server and engine."""
 
 import json
+import os
 import subprocess
 from pathlib import Path
+
+import psutil
 
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
 from tests.conftest import ROOT, left_by_exited_servers, run_cli
@@ -126,3 +129,17 @@ def test_the_demo_runs_a_real_session_and_succeeds(runtime: DockerRuntime) -> No
     assert "| north | amount | 2 | 162.5 | 81.25 |" in result.stdout
     assert "refused: filepath '../../etc/passwd' is not inside a readable root" in result.stdout
     assert not left_by_exited_servers()
+
+
+def test_limits_the_hosts_engine_cannot_give_are_refused_by_policy_check_naming_the_field_and_the_host(
+    tmp_path: Path, runtime: DockerRuntime
+) -> None:
+    greedy = tmp_path / "greedy.yaml"
+    memory = psutil.virtual_memory().total // 2**20 + 1024  # (the schema's own maximum, 65536, is above it here)
+    greedy.write_text(f"extends: default\ndefaults:\n  limits: {{cpus: 64, memory_mb: {memory}}}\n")
+    checked = run_cli("policy", "check", str(greedy))
+    served = run_cli("call", "execute_command", '{"command": "true"}', "--policy", str(greedy))
+    assert checked.returncode == 1, checked.stdout
+    assert f"limits.cpus: 64 is more than the {os.cpu_count()} CPU(s) this host's engine has" in checked.stdout
+    assert f"limits.memory_mb: {memory} is more than the" in checked.stdout, checked.stdout
+    assert served.returncode == 2 and "limits.cpus: 64" in served.stderr, served.stderr  # refused at load too

@@ -79,6 +79,10 @@ def host_facts(runtime: DockerRuntime) -> HostFacts:
     try:
         info = runtime.info()
         dialect, facts = info.dialect, HostFacts(frozenset(info.runtimes))
+        if info.cpus:
+            facts = replace(facts, cpus=info.cpus)
+        if info.memory_bytes:
+            facts = replace(facts, memory_mb=info.memory_bytes // (1024 * 1024))
         if not dialect.chooses_runtime:
             facts = replace(facts, runtime_advice=f"{dialect.runtime_ignored()}: use Docker for it, or choose runc")
         if not dialect.bridge_networks:

@@ -77,6 +77,10 @@ class HostFacts:
     """What to do about a runtime the engine does not have."""
     networks_missing: str = ""
     """Why the engine cannot open a network through the proxy ("" when it can)."""
+    cpus: int | None = None
+    """The CPUs of the engine's host: a sandbox cannot be given more."""
+    memory_mb: int | None = None
+    """The memory of the engine's host, in MiB: a sandbox cannot be given more."""
 
 
 @cache
@@ -218,6 +222,13 @@ def _tool_policy(
     shell = bool(commands.get("shell", True))
     if shell and (commands.get("allow") or commands.get("deny")):
         error("commands.shell", "must be false when commands.allow or commands.deny is set: a shell runs anything")
+    if host.cpus is not None and resource_limits.cpus > host.cpus:
+        error("limits.cpus", f"{resource_limits.cpus:g} is more than the {host.cpus} CPU(s) this host's engine has")
+    if host.memory_mb is not None and resource_limits.memory_mb > host.memory_mb:
+        error(
+            "limits.memory_mb",
+            f"{resource_limits.memory_mb} is more than the {host.memory_mb} MiB this host's engine has",
+        )
     runtime = settings.get("runtime", "runc")
     if host.runtimes is not None and runtime not in host.runtimes:
         error(

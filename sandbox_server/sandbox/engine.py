@@ -93,6 +93,10 @@ class EngineInfo:
     security_options: tuple[str, ...]
     operating_system: str
     dialect: EngineDialect
+    cpus: int = 0
+    """The CPUs the engine's host has (0: it did not say)."""
+    memory_bytes: int = 0
+    """The memory the engine's host has (0: it did not say)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,6 +174,8 @@ class Engine:
             security_options=tuple(info.get("SecurityOptions") or ()),
             operating_system=str(info.get("OperatingSystem", "?")),
             dialect=self.dialect,
+            cpus=int(info.get("NCPU") or 0),
+            memory_bytes=int(info.get("MemTotal") or 0),
         )
 
     def image(self, reference: str) -> ImageRecord | None:

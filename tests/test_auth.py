@@ -34,6 +34,7 @@ from sandbox_server.policy.loader import load_policy
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
 from sandbox_server.sandbox.spec import SANDBOX_LABEL
 from sandbox_server.tools import all_tools
+from tests.conftest import run_cli
 from tests.mcp_harness import (
     CheckedClient,
     ServerProcess,
@@ -81,6 +82,18 @@ def test_token_add_prints_the_token_once_and_keeps_only_its_hash(tmp_path: Path)
     assert listed.stdout.startswith("alice\tpolicy default\tadded ") and token not in listed.stdout
     assert cli("token", "revoke", "alice", "--tokens", str(tokens)).returncode == 0
     assert json.loads(tokens.read_text()) == {"tokens": []}
+
+
+def test_a_policy_file_named_by_a_relative_path_is_kept_by_its_absolute_one(tmp_path: Path) -> None:
+    (tmp_path / "pol").mkdir()
+    (tmp_path / "pol" / "mine.yaml").write_text("extends: default\n")
+    tokens = tmp_path / "tokens.json"
+    added = run_cli("token", "add", "alice", "--policy", "pol/mine.yaml", "--tokens", str(tokens), cwd=tmp_path)
+    assert added.returncode == 0, added.stderr
+    [entry] = json.loads(tokens.read_text())["tokens"]
+    assert entry["policy"] == str(tmp_path / "pol" / "mine.yaml"), entry  # a server started elsewhere finds it
+    named = run_cli("token", "add", "bob", "--policy", "strict", "--tokens", str(tokens))
+    assert named.returncode == 0 and json.loads(tokens.read_text())["tokens"][1]["policy"] == "strict"
 
 
 @dataclass

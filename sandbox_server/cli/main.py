@@ -96,17 +96,18 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _token_add(args: argparse.Namespace) -> int:
     from sandbox_server.access.tokens import add_caller
-    from sandbox_server.policy.loader import load_policy, policy_problem
+    from sandbox_server.policy.loader import load_policy, policy_problem, stored_reference
 
     names = _tool_names()
     problem = policy_problem(lambda reference: load_policy(reference, names))
     shared = _shared_tokens(args)
+    policy = stored_reference(args.policy)  # a file by its absolute path: a server started elsewhere finds it
     if shared is not None:
-        token = shared.add(args.name, args.policy, problem)
+        token = shared.add(args.name, policy, problem)
     else:
-        token = add_caller(Path(args.tokens), args.name, args.policy, problem)
+        token = add_caller(Path(args.tokens), args.name, policy, problem)
     where = "the shared state" if shared is not None else args.tokens
-    _say(f"added caller {args.name!r} (policy {args.policy}) to {where}; its token, shown this once:")
+    _say(f"added caller {args.name!r} (policy {policy}) to {where}; its token, shown this once:")
     print(token)
     return 0
 

@@ -104,6 +104,14 @@ def policy_path(reference: str, relative_to: Path | None = None) -> Path:
     return policies_dir() / f"{reference}.yaml"
 
 
+def stored_reference(reference: str) -> str:
+    """A policy reference as a file that outlives the command keeps it: a shipped name as it is, a path made
+    absolute (a relative one would be read from wherever the server that reads it was started)."""
+    if "/" in reference or reference.endswith((".yaml", ".yml")):
+        return str(Path(reference).resolve())
+    return reference
+
+
 def seccomp_path(reference: str, relative_to: Path) -> Path:
     """A seccomp profile from a shipped name (`no-io-uring`) or a JSON file relative to the policy file."""
     if "/" not in reference and not reference.endswith(".json"):

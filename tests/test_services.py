@@ -485,3 +485,11 @@ async def test_calls_beside_a_service_take_warm_containers_waiting_on_its_networ
             while waiting_on_it() or api.networks(names=[network]):  # they go with the network
                 assert time.monotonic() < deadline, waiting_on_it()
                 await anyio.sleep(0.1)
+
+
+@pytest.mark.parametrize(("policy", "said"), [("default", True), ("strict", False)])
+def test_the_log_mentions_previews_only_where_the_policy_starts_services(policy: str, said: bool) -> None:
+    with http_server_process("--policy", policy, "--no-pool") as server:
+        server.wait_for_line("serving MCP over Streamable HTTP")
+        mentioned = [line for line in server.lines if "preview" in line]
+    assert bool(mentioned) == said, server.lines  # strict starts none: nothing to preview

@@ -172,8 +172,10 @@ def wire(
             why_not = netns.unavailable() or (None if runtime.on_this_host() else "the engine is elsewhere")
             if why_not is None:
                 linked = True
+            said = policy.services.tools or args.tokens or args.issuer  # callers' own policies may start services
+            if said and why_not is None:
                 log.info("services' previews at %s/preview/", base_url)
-            else:
+            elif said:
                 log.info("services have no preview: %s (it reaches them from inside)", why_not)
         tracing, stop_tracing = _tracing(args, runtime.owner, log)
         app = SandboxServer(

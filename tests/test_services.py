@@ -220,7 +220,8 @@ async def test_services_that_never_listen_listen_elsewhere_exit_or_hog_memory_ar
             timeout = "services.start_timeout_s"
             cases = [
                 ("echo waiting; sleep 60", "did not listen on port 8000 within 3 s (field services.start_timeout_s)", timeout),
-                ("exec python3 -m http.server 8001", "(it listens on 8001)", timeout),
+                ("exec python3 -m http.server 8001", "it listens on 8001, not on port 8000 it was started for "
+                 "(field service.port): start it on port 8000, or ask for port 8001", "service.port"),
                 ("echo bye; exit 3", "it exited with code 3 before listening on port 8000", timeout),
                 ("exec python3 -c 'b = bytearray(400 << 20)'", "out of memory (field services.memory_mb: 96)", "services.memory_mb"),
             ]  # fmt: skip

@@ -15,11 +15,15 @@ from sandbox_server.services.service import Service
 __all__ = ["READY_POLL_S", "until_ready"]
 
 READY_POLL_S = 0.1
+ELSEWHERE_S = 1.0
+"""How long a service that listens only on other ports than its own is given to open its own too (a program
+may open a side port first), before it is refused."""
 
 
 async def until_ready(api: Any, service: Service) -> tuple[str | None, str]:
     """Wait until the service listens on its port: (None, ""), or why it will not and the field that says."""
     deadline = time.monotonic() + service.settings.start_timeout_s
+    elsewhere_since: float | None = None
     while True:
         if service.stop_asked:
             return f"it was stopped while it started ({service.stop_reason})", "service"
@@ -40,6 +44,15 @@ async def until_ready(api: Any, service: Service) -> tuple[str | None, str]:
             )
             if answered is not None and answered < 500:
                 return None, ""
+        if ports and service.port not in ports:
+            elsewhere_since = elsewhere_since or time.monotonic()
+            if time.monotonic() - elsewhere_since > ELSEWHERE_S:
+                others = ", ".join(str(p) for p in sorted(ports))
+                return (
+                    f"it listens on {others}, not on port {service.port} it was started for (field service.port): "
+                    f"start it on port {service.port}, or ask for port {sorted(ports)[0]}",
+                    "service.port",
+                )
         if time.monotonic() > deadline:
             if service.port in ports:
                 said = f"answered {answered}" if answered is not None else "did not answer"

@@ -96,7 +96,8 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _token_add(args: argparse.Namespace) -> int:
     from sandbox_server.access.tokens import add_caller
-    from sandbox_server.policy.loader import load_policy, policy_problem, stored_reference
+    from sandbox_server.policy.loader import load_policy, policy_problem
+    from sandbox_server.policy.references import stored_reference
 
     names = _tool_names()
     problem = policy_problem(lambda reference: load_policy(reference, names))

@@ -33,9 +33,10 @@ from sandbox_server.policy.model import (
     ToolPolicy,
     WorkspaceSettings,
 )
+from sandbox_server.policy.references import policy_path, seccomp_path
 from sandbox_server.sandbox.spec import Mount, ResourceLimits
 from sandbox_server.sandbox.wheels import with_packages
-from sandbox_server.shipped import policies_dir, policy_schema_path, seccomp_dir
+from sandbox_server.shipped import policies_dir, policy_schema_path
 
 __all__ = [
     "policy_problem",
@@ -92,32 +93,6 @@ def schema() -> dict[str, Any]:
 @cache
 def _validator() -> Draft202012Validator:
     return Draft202012Validator(schema())
-
-
-def policy_path(reference: str, relative_to: Path | None = None) -> Path:
-    """A policy file from a shipped name (`strict`) or a path."""
-    if "/" in reference or reference.endswith((".yaml", ".yml")):
-        path = Path(reference)
-        if not path.is_absolute() and relative_to is not None:
-            path = relative_to / path
-        return path
-    return policies_dir() / f"{reference}.yaml"
-
-
-def stored_reference(reference: str) -> str:
-    """A policy reference as a file that outlives the command keeps it: a shipped name as it is, a path made
-    absolute (a relative one would be read from wherever the server that reads it was started)."""
-    if "/" in reference or reference.endswith((".yaml", ".yml")):
-        return str(Path(reference).resolve())
-    return reference
-
-
-def seccomp_path(reference: str, relative_to: Path) -> Path:
-    """A seccomp profile from a shipped name (`no-io-uring`) or a JSON file relative to the policy file."""
-    if "/" not in reference and not reference.endswith(".json"):
-        return seccomp_dir() / f"{reference}.json"
-    path = Path(reference)
-    return path if path.is_absolute() else relative_to / path
 
 
 def _field(path: Iterable[Any]) -> str:
@@ -353,12 +328,24 @@ def _build(
 ) -> tuple[Policy, list[str]]:
     known = list(tool_names)
     errors = _name_errors(document, source, known)
-    default = _tool_policy(document.get("defaults", {}), "defaults", source, host, errors)
-    tools = tuple(
-        (name, _tool_policy(effective_tool_settings(document, name), f"tools.{name}", source, host, errors))
-        for name in known
-        if name in document.get("tools", {})
-    )
+    from_defaults: list[str] = []
+    default = _tool_policy(document.get("defaults", {}), "defaults", source, host, from_defaults)
+    affects: dict[str, list[str]] = {line: [] for line in from_defaults}
+    own: list[str] = []
+    built = []
+    for name in (name for name in known if name in document.get("tools", {})):
+        found: list[str] = []
+        built.append(
+            (name, _tool_policy(effective_tool_settings(document, name), f"tools.{name}", source, host, found))
+        )
+        for line in found:  # a mistake under `defaults` is said once, naming the tools it reaches
+            inherited = line.replace(f": tools.{name}.", ": defaults.", 1)
+            if inherited in affects:
+                affects[inherited].append(name)
+            else:
+                own.append(line)
+    errors += [line + (f" (so for {', '.join(names)})" if names else "") for line, names in affects.items()] + own
+    tools = tuple(built)
     workspace = WorkspaceSettings(**document.get("workspace", {}))
     workspace_limits: dict[str, Any] = {"workspace_exec": workspace.exec}
     if workspace.persist:  # every tool's /workspace is the persistent one, sized by the workspace section

@@ -49,6 +49,24 @@ def test_a_broken_policy_is_refused_with_every_error_and_its_field_path(tmp_path
     assert f"{path}: approval.writable_mounts: 'sometimes' is not of type 'boolean'" in result.stdout
 
 
+def test_a_mistake_under_defaults_is_said_once_naming_the_tools_it_reaches(tmp_path: Path) -> None:
+    path = _write(
+        tmp_path,
+        "once.yaml",
+        "extends: default\ndefaults:\n  limits: {timeout_s: 100, max_timeout_s: 50}\n"
+        "tools:\n  run_python: {limits: {timeout_s: 10, max_timeout_s: 20}}\n"
+        "  analyze_csv: {commands: {shell: true, allow: [ls]}}\n",
+    )
+    result = run_cli("policy", "check", str(path))
+    lines = [line.strip() for line in result.stdout.splitlines()[1:]]
+    assert lines == [
+        f"{path}: defaults.limits.max_timeout_s: 50 is below limits.timeout_s (100) (so for execute_command, "
+        "analyze_csv)",  # run_python sets its own
+        f"{path}: tools.analyze_csv.commands.shell: must be false when commands.allow or commands.deny is set: a "
+        "shell runs anything",
+    ], result.stdout
+
+
 def test_every_error_of_a_file_comes_in_one_run_each_with_a_way_out(tmp_path: Path) -> None:
     path = _write(
         tmp_path,

@@ -77,6 +77,17 @@ async def test_echo_returns_text_and_structured_content(client: Client) -> None:
     }
 
 
+async def test_a_program_reaching_for_a_network_the_policy_gives_none_fails_at_once_and_is_told_the_field(
+    client: Client,
+) -> None:
+    pip = await client.call_tool("execute_command", {"command": "pip download no-such-package-here==1.0 2>&1"})
+    fine = await client.call_tool("execute_command", {"command": "echo no network needed"})
+    said = text_of(pip)
+    assert "policy field network: none" in said and "allow list" in said, said
+    assert "Retrying" not in (pip.structured_content or {})["stdout"], said  # no retries: it fails at once
+    assert "field network" not in text_of(fine)  # only where a program reached for it
+
+
 async def test_unknown_tool_is_a_protocol_error(client: Client) -> None:
     with pytest.raises(MCPError) as raised:
         await client.call_tool("no_such_tool", {})

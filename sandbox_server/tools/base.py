@@ -358,6 +358,10 @@ def check_call(
     return decode_files(args.get("files", []), policy, policy_name)
 
 
+OFFLINE_ENV = (("PIP_RETRIES", "0"), ("npm_config_fetch_retries", "0"))
+"""Without a network, package tools fail at once instead of retrying for seconds."""
+
+
 def sandbox_spec(
     args: Mapping[str, Any],
     ctx: ToolContext,
@@ -375,7 +379,7 @@ def sandbox_spec(
     elif ctx.task:
         limits = replace(limits, timeout_s=policy.max_task_s)
     network, network_env = (
-        ("none", ()) if ctx.proxy is None else (ctx.proxy.network, ctx.proxy.environment(ctx.service_names))
+        ("none", OFFLINE_ENV) if ctx.proxy is None else (ctx.proxy.network, ctx.proxy.environment(ctx.service_names))
     )
     template = policy.container_spec()
     return replace(

@@ -4,6 +4,7 @@ any limit it hit), its output, its files, the structured result and the audit re
 from __future__ import annotations
 
 import datetime
+import re
 from dataclasses import asdict, dataclass
 
 from sandbox_server.sandbox.spec import ExecutionResult, ResourceLimits, SandboxSpec
@@ -18,6 +19,15 @@ class _Headline:
     is_error: bool = True
 
 
+NO_NETWORK = re.compile(
+    r"Temporary failure in name resolution|Could not resolve host|Name or service not known|Network is unreachable"
+    r"|No address associated with hostname|getaddrinfo|ENOTFOUND|EAI_AGAIN|Failed to establish a new connection"
+)
+"""What programs print when they reach for a network a sandbox does not have."""
+NO_NETWORK_NOTE = (
+    "the sandbox has no network: this policy's tool has none (policy field network: none); a policy whose "
+    "network lists the hosts it may reach (an allow list) opens them, and nothing else"
+)
 SIGNALS = {9: "SIGKILL", 15: "SIGTERM", 24: "SIGXCPU", 25: "SIGXFSZ", 11: "SIGSEGV", 6: "SIGABRT"}
 
 
@@ -98,9 +108,15 @@ def outcome_from_execution(result: ExecutionResult, spec: SandboxSpec) -> ToolOu
         sections=(("stdout", stdout), ("stderr", stderr)),
         structured=structured,
         files=result.files,
-        notes=result.skipped_files,
+        notes=result.skipped_files + _network_note(spec, stdout, stderr),
         audit=audit,
     )
+
+
+def _network_note(spec: SandboxSpec, stdout: str, stderr: str) -> tuple[str, ...]:
+    """A note naming the field that opens a network, when a program without one reached for it."""
+    reached = spec.network == "none" and NO_NETWORK.search(stderr[-20_000:] + stdout[-20_000:]) is not None
+    return (NO_NETWORK_NOTE,) if reached else ()
 
 
 def _iso(mtime: float) -> str:

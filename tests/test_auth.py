@@ -39,10 +39,12 @@ from tests.mcp_harness import (
     CheckedClient,
     ServerProcess,
     answer,
+    audit_records,
     connect,
     first_sandboxes,
     free_port,
     http_server_process,
+    text_of,
 )
 
 pytestmark = pytest.mark.anyio
@@ -396,3 +398,29 @@ def _warm_gvisor_containers(api: docker.APIClient) -> set[str]:
         return found if shell else set()
 
     return first_sandboxes(api, waiting)
+
+
+async def test_the_audit_trail_is_kept_by_default_names_each_workspace_and_an_attempt_on_anothers(
+    tmp_path: Path, runtime: DockerRuntime
+) -> None:
+    tokens, state = tmp_path / "tokens.json", tmp_path / "state"
+    alice, dave = add_token(tokens, "alice", "default"), add_token(tokens, "dave", "default")
+    with http_server_process("--tokens", str(tokens), "--no-pool", "--state-dir", str(state)) as server:
+        team = Team(server, tokens, state / "audit.jsonl", alice, "", dave)
+        async with as_caller(team, alice, mode="2026-07-28") as first:
+            made = await first.call_tool("execute_command", {"command": "echo mine > f"})
+        workspace = (made.structured_content or {})["workspace"]
+        async with as_caller(team, dave, mode="2026-07-28") as other:
+            tried = await other.call_tool("execute_command", {"command": "cat f", "workspace": workspace})
+    assert tried.is_error and "unknown workspace" in text_of(tried) and "another" not in text_of(tried)
+    trail = state / "audit.jsonl"  # no --audit-log, no audit.path: the state folder's
+    assert trail.stat().st_mode & 0o777 == 0o600
+    records = audit_records(trail)
+    [mine] = [r for r in records if r.get("caller") == "alice" and r.get("tool") == "execute_command"]
+    [theirs] = [r for r in records if r.get("caller") == "dave" and r.get("tool") == "execute_command"]
+    assert mine["workspace"] == workspace and mine["outcome"] == "ok", mine
+    assert (theirs["outcome"], theirs["denied"], theirs["workspace"]) == (
+        "refused",
+        "workspace of another caller",
+        workspace,
+    ), theirs

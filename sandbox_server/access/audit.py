@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -28,6 +29,8 @@ class AuditLog:
         self.keep = keep
         self._lock = threading.Lock()
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.chmod(self.path, 0o600)  # one an earlier version made readable by others
 
     def write(self, record: Mapping[str, Any]) -> None:
         """Append one record and flush it to the disk."""
@@ -36,7 +39,8 @@ class AuditLog:
         line = json.dumps(record, ensure_ascii=False, separators=(",", ":"), default=str) + "\n"
         with self._lock:
             self._rotate_if_needed(len(line.encode()))
-            with open(self.path, "a", encoding="utf-8") as handle:
+            descriptor = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            with open(descriptor, "a", encoding="utf-8") as handle:  # the server's user alone reads who did what
                 handle.write(line)
                 handle.flush()
                 os.fsync(handle.fileno())

@@ -149,11 +149,23 @@ class CallPipeline:
                     outcome, saved = await self._run(call, files)
                 except Refusal as refusal:  # the one place a refusal becomes an outcome
                     outcome = ToolOutcome.refused(refusal, policy.name)
+                    if refusal.field == "workspace":
+                        record.update(await self._denied(call))
                 outcome = with_usage(outcome, time.monotonic() - started, call.task is not None)
                 return CallEnd(outcome, call.tool_policy.limits, workspace_saved=saved)
             finally:
                 with anyio.CancelScope(shield=True):
                     await self._finished(record, outcome, started)
+
+    async def _denied(self, call: Call) -> dict[str, Any]:
+        """What the audit record says of a workspace a call was refused: whose it is, when it is another caller's
+        or another session's (the caller is told only that it is unknown)."""
+        requested = call.arguments.get("workspace")
+        store, identity = self.registry.workspaces, call.identity
+        if not isinstance(requested, str) or not call.policy.workspace.persist or store is None:
+            return {}
+        whose = await anyio.to_thread.run_sync(store.whose, requested, call.session, identity.tenant)
+        return {"denied": whose, "workspace": requested[:64]} if whose is not None else {}
 
     def _check(self, call: Call) -> tuple[InputFile, ...]:
         """Every refusal that needs no engine, before the call waits for anything: its arguments against the
@@ -189,6 +201,9 @@ class CallPipeline:
             if outcome.structured is not None and "usage" in outcome.structured:
                 record["usage"] = outcome.structured["usage"]
         record.setdefault("outcome", "cancelled")
+        worked_in = (outcome.structured or {}).get("workspace") if outcome is not None else None
+        if isinstance(worked_in, str):  # who worked in which workspace
+            record.setdefault("workspace", worked_in)
         self.tracing.describe(record)
         for observe in self.observers:
             observe(record)

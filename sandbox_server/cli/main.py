@@ -170,10 +170,10 @@ def _setup(args: argparse.Namespace) -> int:
 def _usage(args: argparse.Namespace) -> int:
     from sandbox_server.ops.usage import parse_since, read_records, summarize
     from sandbox_server.policy.loader import load_policy
+    from sandbox_server.workspaces.store import default_state_dir
 
-    paths = args.audit_log or [load_policy(args.policy, _tool_names()).audit.path]
-    if not all(paths):
-        raise UsageError(f"policy {args.policy!r} keeps no audit trail (audit.path): name one with --audit-log")
+    kept = load_policy(args.policy, _tool_names()).audit.path
+    paths = args.audit_log or [kept or default_state_dir() / "audit.jsonl"]  # where a server keeps it by default
     read = [read_records(Path(path)) for path in paths]  # replicas: each one's trail
     records = [record for theirs, _ in read for record in theirs]
     unreadable = sum(bad for _, bad in read)
@@ -368,7 +368,7 @@ def build_parser() -> argparse.ArgumentParser:
     usage.add_argument("--since", metavar="WHEN", help="only calls since then: 90s, 15m, 2h, 7d, or an ISO 8601 time")
     usage.add_argument(
         "--audit-log", metavar="PATH", action="append",
-        help="an audit trail (default: the policy's audit.path); repeat it for every replica's",
+        help="an audit trail (default: the policy's audit.path, else audit.jsonl in the state folder); repeat it for every replica's",
     )  # fmt: skip
     usage.add_argument("--policy", default="default", help="the policy whose audit.path to read (name or file)")
     usage.add_argument("--json", action="store_true", help="machine-readable output")

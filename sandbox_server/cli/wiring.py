@@ -108,15 +108,17 @@ def wire(
             log.info("removed %d stray sandbox container(s)", reaped)
     except SandboxServerError as exc:
         log.warning("%s", exc)
-    audit_path = args.audit_log or policy.audit.path
-    replica = runtime.owner if database is not None else None
-    audit = AuditLog(audit_path, policy.audit.max_bytes, policy.audit.keep, replica) if audit_path else None
 
     def held_elsewhere() -> int:  # running tasks' and services' containers count against warm containers' memory
         return tasks.memory_bytes() + services.memory_bytes()
 
     pool = None if args.no_pool else WarmPool(runtime, runtime.activity, held_elsewhere)
     workspaces = _workspaces(args, runtime, database, policy, alive, log)
+    # The audit trail is kept by default, in the state folder (readable by the server's user alone).
+    audit_path = args.audit_log or policy.audit.path or workspaces.root.parent / "audit.jsonl"
+    replica = runtime.owner if database is not None else None
+    audit = AuditLog(audit_path, policy.audit.max_bytes, policy.audit.keep, replica)
+    log.info("audit trail: %s", audit.path)
     proxies = EgressProxies(lambda: runtime.api, runtime.owner, runtime.on_this_host)
     proxies.sweep_firewall()  # the rules of proxies whose server was killed
     caller_policies: dict[str, Policy] = {}

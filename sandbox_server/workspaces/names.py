@@ -178,6 +178,22 @@ class NamedWorkspaces:
                 raise self.unknown(requested)
         return found
 
+    def whose(self, requested: str, session: str | None, tenant: str | None) -> str | None:
+        """For the audit trail alone (a caller is told `unknown` whatever the case): what a workspace id a call was
+        refused is, when it is a live one that is not this caller's, or not this session's."""
+        if not ID_PATTERN.fullmatch(requested):
+            return None  # names are each caller's own: another's name is no one's here
+        with self._lock:
+            self._fresh(requested)
+            found = self._records.get(requested)
+        if found is None or self._expired(found, time.time()):
+            return None
+        if found.tenant != tenant:
+            return "workspace of another caller"
+        if found.session not in (None, session) and found.name is None:
+            return "workspace of another session"
+        return None
+
     def variables_index(self, record: WorkspaceRecord) -> bytes | None:
         """run_python's index of a workspace's kept variables, as the sandbox wrote it (None: none, or too large)."""
         try:

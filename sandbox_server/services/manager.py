@@ -285,6 +285,9 @@ class Services:
             self._networks_changed()  # the warm containers on its network go, beside its own container
         used = service.spend()  # before its container goes
         try:
+            if not recorded:  # its caller stopped it, or it stopped by itself: not to start again (said before it
+                # is gone, so that no call finds it gone and still recorded, and starts it again)
+                await anyio.to_thread.run_sync(self.store.drop_service, service.workspace_id, service.name)
             await self._remove_container(service)
             if last:
                 await anyio.to_thread.run_sync(containers.remove_network, self.runtime.api, service.network)
@@ -294,8 +297,6 @@ class Services:
                 await self.audit_event(
                     "service_stopped", service, reason=service.stop_reason, caller=service.caller, usage=usage
                 )
-            if not recorded:  # its caller stopped it, or it stopped by itself: not to start again
-                await anyio.to_thread.run_sync(self.store.drop_service, service.workspace_id, service.name)
         finally:
             self._services.pop(service.id, None)
             for asked in service.asks:

@@ -22,6 +22,7 @@ class _Headline:
 NO_NETWORK = re.compile(
     r"Temporary failure in name resolution|Could not resolve host|Name or service not known|Network is unreachable"
     r"|No address associated with hostname|getaddrinfo|ENOTFOUND|EAI_AGAIN|Failed to establish a new connection"
+    r"|No matching distribution found"
 )
 """What programs print when they reach for a network a sandbox does not have."""
 NO_NETWORK_NOTE = (

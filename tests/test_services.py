@@ -8,6 +8,7 @@ another session's and another caller's calls reach them neither by name nor by a
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import time
 from collections.abc import AsyncIterator
@@ -494,3 +495,20 @@ def test_the_log_mentions_previews_only_where_the_policy_starts_services(policy:
         server.wait_for_line("serving MCP over Streamable HTTP")
         mentioned = [line for line in server.lines if "preview" in line]
     assert bool(mentioned) == said, server.lines  # strict starts none: nothing to preview
+
+
+async def test_over_stdio_previews_open_on_a_free_loopback_port_by_default_and_say_why_when_they_do_not(
+    tmp_path: Path, runtime: DockerRuntime
+) -> None:
+    serve = ("--policy", str(short_policy(tmp_path)), "--no-pool", "--state-dir", str(tmp_path / "s"))
+    async with mcp_connect(stdio_parameters(*serve)) as session:  # the Claude Desktop way: no option at all
+        await call(session, command="true", files=[{"path": "index.html", "content": PAGE}])
+        started = await start_web(session)
+        link = started["service"]["preview"]
+        assert re.match(r"http://127\.0\.0\.1:\d+/preview/svc-", link), link
+        async with httpx2.AsyncClient(timeout=30, follow_redirects=True) as browser:
+            assert "Preview works" in (await browser.get(link)).text
+    async with mcp_connect(stdio_parameters(*serve, "--no-preview")) as session:
+        started = await start_web(session)
+    assert "preview" not in started["service"], started["service"]
+    assert "no preview link: this server was started with --no-preview" in started["text"], started["text"]

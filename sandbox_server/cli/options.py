@@ -82,7 +82,12 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
     )
     serve.add_argument(
         "--preview-port", type=int, metavar="PORT",
-        help="stdio: open services' previews on 127.0.0.1:PORT (over HTTP they are served beside /mcp)",
+        help="stdio: open services' previews on 127.0.0.1:PORT (default: a free port; over HTTP they are served "
+        "beside /mcp)",
+    )  # fmt: skip
+    serve.add_argument(
+        "--no-preview", action="store_true",
+        help="stdio: open no port for services' previews (their answers then carry no link, and say so)",
     )  # fmt: skip
     serve.add_argument(
         "--metrics-token-file", metavar="PATH",

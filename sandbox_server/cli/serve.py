@@ -52,14 +52,18 @@ def serve_command(args: argparse.Namespace) -> int:
     issuer_options = args.jwks_url or args.scope_policy or args.claim_policy or args.required_scope
     if issuer_options and not args.issuer:
         raise UsageError("--jwks-url, --scope-policy, --claim-policy and --required-scope need --issuer URL")
-    if args.preview_port is not None and args.transport != "stdio":
-        raise UsageError("--preview-port is for stdio; over HTTP previews are served beside /mcp")
+    if (args.preview_port is not None or args.no_preview) and args.transport != "stdio":
+        raise UsageError("--preview-port and --no-preview are for stdio; over HTTP previews are served beside /mcp")
+    if args.preview_port is not None and args.no_preview:
+        raise UsageError("--preview-port opens a port for previews, --no-preview none: give one of them")
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="sandbox-server: %(message)s")
     log = logging.getLogger("sandbox_server")
     raise_open_files_limit()  # bounded by the caps on connections, walks and sessions, never by hope
     return_freed_memory()  # what a burst of large calls held goes back to the host once they are answered
     listener = listen(args.host, args.port) if args.transport == "http" else None  # a taken port is said first
-    preview_listener = listen("127.0.0.1", args.preview_port) if args.preview_port is not None else None
+    # stdio: previews on a loopback port of their own, a free one unless one is named (links alone open them)
+    wants_previews = args.transport == "stdio" and not args.no_preview
+    preview_listener = listen("127.0.0.1", args.preview_port or 0) if wants_previews else None
     if listener is not None:
         preview_base: tuple[str, str] | None = ((args.public_url or url_of(listener)).removesuffix("/mcp"), args.host)
     elif preview_listener is not None:

@@ -167,13 +167,20 @@ def wire(
             on_networks=registry.service_networks if pool is not None else lambda _: None,  # warm containers beside them
             preview_of=preview_of, observe=metrics.observe if metrics is not None else None,
         )  # fmt: skip
-        if preview_base is not None:
+        if preview_base is None:
+            services.no_preview = "this server was started with --no-preview; serve without it for a link"
+        else:
             base_url, host = preview_base
             public = urlsplit(args.public_url).hostname if args.public_url else None
             previews = Previews(services, base_url, allowed_hosts(host_names(host, public)))
             why_not = netns.unavailable() or (None if runtime.on_this_host() else "the engine is elsewhere")
             if why_not is None:
                 linked = True
+            else:
+                services.no_preview = (
+                    f"{why_not}; previews need the server to run as root beside its engine (the calls of the "
+                    "workspace still reach the service by its name)"
+                )
             said = policy.services.tools or args.tokens or args.issuer  # callers' own policies may start services
             if said and why_not is None:
                 log.info("services' previews at %s/preview/", base_url)

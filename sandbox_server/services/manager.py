@@ -67,6 +67,8 @@ class Services:
         """Told the networks of workspaces with running services whenever they change (the warm pools)."""
         self.preview_of = preview_of
         """The preview address of a service (None: this server offers no previews)."""
+        self.no_preview = ""
+        """Why this server offers no previews, and what to do ("" when it does)."""
         self.observe = observe
         """Hears each audit event of a service (the Prometheus metrics count what a stopped one used)."""
 

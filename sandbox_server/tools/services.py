@@ -58,6 +58,11 @@ async def start_service(
             f"it stops when its session ends, after {settings.idle_s:g} s without a call in its workspace "
             f"(services.idle_s), or {settings.max_lifetime_s:g} s after its start (services.max_lifetime_s); "
             "the `services` tool lists, stops and restarts it and reads its log",
+            *(
+                [f"no preview link: {why}"]
+                if (why := ctx.services.services.no_preview) and "preview" not in described
+                else []
+            ),
         ),
     )
 

@@ -22,6 +22,7 @@ from sandbox_server.protocol.http_limits import add_limit_arguments
 if TYPE_CHECKING:
     from sandbox_server.access.shared import SharedTokens
     from sandbox_server.ops.doctor import WarmPlan
+    from sandbox_server.policy import Policy
     from sandbox_server.policy.loader import HostFacts
     from sandbox_server.sandbox.docker_runtime import DockerRuntime
 
@@ -200,6 +201,24 @@ def _tool_names(sandboxed: bool = False) -> list[str]:
     return [tool.name for tool in all_tools() if not sandboxed or getattr(tool, "sandbox", True)]
 
 
+def _offered(policy: Policy) -> list[str]:
+    """The tools a policy offers: enabled, and (a tool that runs no sandbox) of use under it."""
+    from sandbox_server.tools import all_tools
+
+    return [
+        tool.name
+        for tool in all_tools()
+        if policy.for_tool(tool.name).enabled and (not hasattr(tool, "of_use") or tool.of_use(policy))
+    ]
+
+
+def _managing() -> tuple[str, ...]:
+    """The tools that run no sandbox of their own."""
+    from sandbox_server.tools import all_tools
+
+    return tuple(tool.name for tool in all_tools() if not getattr(tool, "sandbox", True))
+
+
 def _runtime_facts() -> HostFacts:
     from sandbox_server.ops.bootstrap import host_facts
     from sandbox_server.sandbox.docker_runtime import DockerRuntime
@@ -233,7 +252,7 @@ def _policy_explain(args: argparse.Namespace) -> int:
 
     names = _tool_names()
     policy = load_policy(args.policy, names, _runtime_facts())
-    print(json.dumps(explain_policy(policy, names), indent=2, default=str))
+    print(json.dumps(explain_policy(policy, _offered(policy), _managing()), indent=2, default=str))
     return 0
 
 
@@ -242,10 +261,8 @@ def _policy_diff(args: argparse.Namespace) -> int:
     from sandbox_server.policy.loader import load_policy
 
     names = _tool_names()
-    first, second = (
-        json.loads(json.dumps(explain_policy(load_policy(ref, names), names), default=str))
-        for ref in (args.first, args.second)
-    )
+    loaded = [load_policy(ref, names) for ref in (args.first, args.second)]
+    first, second = (json.loads(json.dumps(explain_policy(p, _offered(p), _managing()), default=str)) for p in loaded)
     lines = diff_policies(first, second)
     print("\n".join(lines) if lines else "no differences in effect")
     return 0

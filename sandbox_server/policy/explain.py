@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
+import yaml
+
 from sandbox_server.policy.model import Policy, ToolPolicy
+from sandbox_server.policy.references import policy_path
 
 __all__ = ["diff_policies", "explain_policy", "flatten"]
 
@@ -17,12 +21,16 @@ def _tool_view(tool: ToolPolicy) -> dict[str, Any]:
     return view
 
 
-def explain_policy(policy: Policy, tool_names: list[str]) -> dict[str, Any]:
-    """The effective policy of every tool and the exact container settings each one gets."""
+def explain_policy(policy: Policy, tool_names: list[str], managing: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The effective policy of every tool it offers (`tool_names`) and the exact container settings each one gets,
+    every other section resolved, and which file set each setting a file sets (the rest are built-in defaults)."""
     from sandbox_server.sandbox.host_config import host_config_kwargs
 
-    tools = {}
+    tools: dict[str, Any] = {}
     for name in tool_names:
+        if name in managing:  # the services and workspaces tools: they run no sandbox of their own
+            tools[name] = {"runs_no_sandbox": True}
+            continue
         tool = policy.for_tool(name)
         settings = host_config_kwargs(tool.container_spec())
         if tool.seccomp_profile:
@@ -36,9 +44,33 @@ def explain_policy(policy: Policy, tool_names: list[str]) -> dict[str, Any]:
         "rate": asdict(policy.rate),
         "host": asdict(policy.host),
         "audit": asdict(policy.audit),
+        "workspace": asdict(policy.workspace),
+        "approval": asdict(policy.approval),
+        "tasks": asdict(policy.tasks),
+        "services": asdict(policy.services),
         "tools": tools,
+        "set_by": set_by(Path(policy.source)) if Path(policy.source).is_file() else {},
         "notes": list(policy.notes),
     }
+
+
+def set_by(source: Path) -> dict[str, str]:
+    """Each setting a policy file or a file it extends sets (dotted, as written: `defaults.limits.memory_mb`),
+    with the file that sets it: the nearest in the `extends` chain. What none sets is a built-in default."""
+    found: dict[str, str] = {}
+    seen: set[Path] = set()
+    path: Path | None = source.resolve()
+    while path is not None and path not in seen and path.is_file():
+        seen.add(path)
+        document = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(document, dict):
+            break
+        written = {k: v for k, v in document.items() if k not in ("extends", "name", "description")}
+        for key in flatten(written):
+            found.setdefault(key, str(path))
+        parent = document.get("extends")
+        path = policy_path(parent, path.parent).resolve() if isinstance(parent, str) else None
+    return dict(sorted(found.items()))
 
 
 def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
@@ -55,9 +87,18 @@ def diff_policies(first: dict[str, Any], second: dict[str, Any]) -> list[str]:
     """Lines `field: a -> b` for every effective setting that differs."""
     a, b = flatten(first), flatten(second)
     ignored = {"name", "source", "sha256", "notes"}
-    lines = []
+    a = {key: value for key, value in a.items() if not key.startswith("set_by.")}
+    b = {key: value for key, value in b.items() if not key.startswith("set_by.")}
+    offered = ({key.split(".")[1] for key in side if key.startswith("tools.")} for side in (a, b))
+    first_tools, second_tools = offered
+    lines = [
+        f"tools.{name}: {'offered' if name in first_tools else 'not offered'} -> "
+        f"{'offered' if name in second_tools else 'not offered'}"
+        for name in sorted(first_tools ^ second_tools)
+    ]
+    alone = {f"tools.{name}." for name in first_tools ^ second_tools}
     for key in sorted(set(a) | set(b)):
-        if key in ignored or a.get(key) == b.get(key):
+        if key in ignored or a.get(key) == b.get(key) or key.startswith(tuple(alone)):
             continue
         lines.append(f"{key}: {a.get(key, '(unset)')!r} -> {b.get(key, '(unset)')!r}")
     return lines

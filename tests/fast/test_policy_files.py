@@ -197,6 +197,28 @@ def test_policy_diff_and_explain_show_the_container_settings() -> None:
     assert settings["cap_drop"] == ["ALL"] and settings["read_only"] is True and settings["network_mode"] == "none"
 
 
+def test_policy_explain_and_diff_show_every_section_which_file_set_each_setting_and_the_offered_tools_alone(
+    tmp_path: Path,
+) -> None:
+    mine = _write(tmp_path, "mine.yaml", "extends: default\nrate: {calls_per_minute: 7}\nservices: {tools: []}\n")
+    explained = json.loads(run_cli("policy", "explain", str(mine)).stdout)
+    for section in ("rate", "host", "audit", "workspace", "approval", "tasks", "services"):
+        assert section in explained, section
+    assert explained["services"]["tools"] == [] and explained["workspace"]["persist"] is True
+    assert list(explained["tools"]) == ["execute_command", "run_python", "analyze_csv", "workspaces"]  # no services
+    assert explained["tools"]["workspaces"] == {"runs_no_sandbox": True}
+    set_by = explained["set_by"]
+    assert set_by["rate.calls_per_minute"] == set_by["services.tools"] == str(mine)
+    assert set_by["defaults.limits.memory_mb"].endswith("default.yaml")  # from what it extends
+    assert "rate.concurrent_calls" not in set_by or not set_by["rate.concurrent_calls"].endswith("mine.yaml")
+    diff = run_cli("policy", "diff", "default", str(mine)).stdout.splitlines()
+    assert diff == [
+        "tools.services: offered -> not offered",
+        "rate.calls_per_minute: 120 -> 7",
+        "services.tools: ['execute_command', 'run_python'] -> []",
+    ], diff
+
+
 def test_admission_rate_window_and_concurrency_are_answered_at_once() -> None:
     now = [1000.0]
     admission = Admission(

@@ -7,6 +7,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 
 import anyio
+import anyio.abc
 
 from sandbox_server.errors import ConfigError
 from sandbox_server.policy.loader import HostFacts, load_policy
@@ -37,10 +38,14 @@ async def watch_policy(
     host: Callable[[], HostFacts],
     on_change: Callable[[Policy], Awaitable[None]],
     interval_s: float = 0.25,
+    *,
+    task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Poll the policy's folder (and the shipped one, for `extends`) until cancelled."""
     folders = {source.parent.resolve(), policies_dir().resolve()}
     seen = _signature(folders)
+    task_status.started()  # what changes from now on is seen
+    said = ""  # the last refusal logged: a folder that changes again (an editor's swap file) does not repeat it
     while True:
         await anyio.sleep(interval_s)
         try:
@@ -58,6 +63,9 @@ async def watch_policy(
             logger.warning("could not read the changed policy (%s); trying again shortly", exc)
             continue
         except ConfigError as exc:
-            logger.warning("policy change ignored, the previous policy stays in force: %s", exc)
+            if str(exc) != said:
+                logger.warning("policy change ignored, the previous policy stays in force: %s", exc)
+            said = str(exc)
             continue
+        said = ""
         await on_change(policy)

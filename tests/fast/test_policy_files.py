@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
+from typing import Any
 
+import anyio
 import pytest
 from jsonschema import Draft202012Validator
 
@@ -301,3 +304,37 @@ def test_a_tools_mounts_that_leave_out_defaults_are_said_by_check_and_explain(tm
     explained = run_cli("policy", "explain", str(path))
     assert json.loads(explained.stdout)["notes"] == [note]
     assert load_policy("data-science", TOOLS, BOTH).notes == ()
+
+
+@pytest.mark.anyio
+async def test_a_reload_refused_is_logged_once_however_often_the_file_is_saved_with_the_same_mistake(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from sandbox_server.policy.watcher import watch_policy
+
+    policy = _write(tmp_path, "live.yaml", "extends: default\n")
+    looked = [anyio.Event() for _ in range(4)]  # set as the watcher begins its 1st, 2nd, … reload (one at a time)
+    changed = anyio.Event()
+
+    def host() -> HostFacts:
+        next((event for event in looked if not event.is_set()), anyio.Event()).set()
+        return HostFacts()
+
+    async def on_change(new: Any) -> None:
+        changed.set()
+
+    broken = "extends: default\ndefaults: {limits: {memory_mb: -5}}  # saved %d\n"
+    with caplog.at_level(logging.WARNING, logger="sandbox_server"):
+        async with anyio.create_task_group() as group:
+            names = [tool.name for tool in all_tools()]
+            await group.start(watch_policy, str(policy), policy, names, host, on_change, 0.01)
+            for turn in range(3):  # an editor saving it again and again: the file changes, its mistake does not
+                policy.write_text(broken % turn)
+                with anyio.fail_after(10):
+                    await looked[turn].wait()  # reload `turn` began: the one before it has ended
+            policy.write_text("extends: default\nrate: {calls_per_minute: 9}\n")
+            with anyio.fail_after(10):
+                await changed.wait()
+            group.cancel_scope.cancel()
+    refused = [r.getMessage() for r in caplog.records if "policy change ignored" in r.getMessage()]
+    assert len(refused) == 1 and "memory_mb: -5" in refused[0], refused

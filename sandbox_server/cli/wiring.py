@@ -162,25 +162,26 @@ def wire(
         def preview_of(service: Any) -> str | None:
             return previews.link(service) if previews is not None and linked else None
 
+        why_not = netns.unavailable() or (None if runtime.on_this_host() else "the engine is elsewhere")
+        if preview_base is None:
+            no_preview = "this server was started with --no-preview; serve without it for a link"
+        elif why_not is not None:
+            no_preview = (
+                f"{why_not}; previews need the server to run as root beside its engine (the calls of the workspace "
+                "still reach the service by its name)"
+            )
+        else:
+            no_preview = ""
         services = Services(
             runtime, workspaces, audit, proxies,
             on_networks=registry.service_networks if pool is not None else lambda _: None,  # warm containers beside them
-            preview_of=preview_of, observe=metrics.observe if metrics is not None else None,
+            preview_of=preview_of, observe=metrics.observe if metrics is not None else None, no_preview=no_preview,
         )  # fmt: skip
-        if preview_base is None:
-            services.no_preview = "this server was started with --no-preview; serve without it for a link"
-        else:
+        if preview_base is not None:
             base_url, host = preview_base
             public = urlsplit(args.public_url).hostname if args.public_url else None
             previews = Previews(services, base_url, allowed_hosts(host_names(host, public)))
-            why_not = netns.unavailable() or (None if runtime.on_this_host() else "the engine is elsewhere")
-            if why_not is None:
-                linked = True
-            else:
-                services.no_preview = (
-                    f"{why_not}; previews need the server to run as root beside its engine (the calls of the "
-                    "workspace still reach the service by its name)"
-                )
+            linked = why_not is None
             said = policy.services.tools or args.tokens or args.issuer  # callers' own policies may start services
             if said and why_not is None:
                 log.info("services' previews at %s/preview/", base_url)

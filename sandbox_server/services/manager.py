@@ -57,6 +57,7 @@ class Services:
         on_networks: Callable[[set[str]], None] = lambda _: None,
         preview_of: Callable[[Service], str | None] = lambda _: None,
         observe: Callable[[Mapping[str, Any]], None] | None = None,
+        no_preview: str = "",
     ) -> None:
         self.runtime, self.store, self.audit, self.proxies = runtime, store, audit, proxies
         self._services: dict[str, Service] = {}
@@ -67,7 +68,7 @@ class Services:
         """Told the networks of workspaces with running services whenever they change (the warm pools)."""
         self.preview_of = preview_of
         """The preview address of a service (None: this server offers no previews)."""
-        self.no_preview = ""
+        self.no_preview = no_preview
         """Why this server offers no previews, and what to do ("" when it does)."""
         self.observe = observe
         """Hears each audit event of a service (the Prometheus metrics count what a stopped one used)."""

@@ -142,8 +142,10 @@ async def test_a_program_that_kills_the_launchers_timer_is_neither_stopped_nor_c
     async with connect(stdio_parameters(*_serve_args(archived))) as session:
         ended = await _call(
             session,
-            'for p in /proc/[0-9]*; do [ "$(cat $p/comm 2>/dev/null)" = sleep ] && kill -9 "${p#/proc/}" && echo killed; '
-            "done; sleep 0.3; echo still-here > kept; cat kept",
+            # The timer may start a moment after the program: look for it until it is there (at most 5 s).
+            'for turn in $(seq 50); do for p in /proc/[0-9]*; do [ "$(cat $p/comm 2>/dev/null)" = sleep ] && '
+            'kill -9 "${p#/proc/}" && echo killed && break 2; done; sleep 0.1; done; sleep 0.3; echo still-here > kept; '
+            "cat kept",
         )
         after = await _call(session, "cat kept")
     assert not ended["is_error"] and not ended["timed_out"] and ended["stdout"] == "killed\nstill-here\n", ended

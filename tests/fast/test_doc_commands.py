@@ -1,5 +1,6 @@
 """Every `sandbox-server …` command the README and docs/ show parses as the command line reads it: a reader who
-copies one gets the command, not `unrecognized arguments`. A synopsis (`fork|snapshot`, `[NAME…]`, `…`) is a
+copies one gets the command, not `unrecognized arguments`; those that need no engine (policy, token) are run as
+each page shows them, in its order. A synopsis (`fork|snapshot`, `[NAME…]`, `…`) is a
 summary rather than a command, and what follows a shell operator (`> file`, `| jq`) is the shell's."""
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from sandbox_server.cli.main import build_parser
+from tests.conftest import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -62,3 +64,19 @@ def test_the_readme_names_every_tool_the_prefix_renames() -> None:
     paragraph = next(part for part in (ROOT / "README.md").read_text().split("\n\n") if "--tool-prefix sbx_" in part)
     named = set(re.findall(r"`sbx_(\w+)`", paragraph))
     assert named == {tool.name for tool in all_tools()}, named
+
+
+RUN = ("policy", "token")
+"""Commands run whole, in the order each page shows them: they need no engine and take a moment each."""
+
+
+@pytest.mark.parametrize("page", sorted({page for page, c in COMMANDS if c.split()[1] in RUN}))
+def test_the_policy_and_token_commands_a_page_shows_run_as_shown(page: str, tmp_path: Path) -> None:
+    (tmp_path / "my-policy.yaml").write_text("extends: default\n")  # the reader's own policy, as the page supposes
+    for _, command in ((p, c) for p, c in COMMANDS if p == page and c.split()[1] in RUN):
+        words = shlex.split(command)
+        cut = next((i for i, word in enumerate(words) if word in SHELL), len(words))
+        done = run_cli(*words[1:cut], cwd=tmp_path)
+        assert done.returncode == 0, f"{page}: `{command}` failed: {done.stderr or done.stdout}"
+        if words[cut : cut + 1] == [">"]:
+            (tmp_path / words[cut + 1]).write_text(done.stdout)

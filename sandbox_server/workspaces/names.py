@@ -21,7 +21,7 @@ from sandbox_server.workspaces.records import WorkspaceRecord
 if TYPE_CHECKING:
     from sandbox_server.state.calls import SharedCall
 
-__all__ = ["NamedWorkspaces", "counted", "not_a_snapshot"]
+__all__ = ["NamedWorkspaces", "counted", "not_a_snapshot", "refuse_change"]
 
 
 class NamedWorkspaces:
@@ -137,15 +137,7 @@ class NamedWorkspaces:
         with self._lock:
             source = self._current(snapshot)
             target = self._current(into)
-            if target.snapshot:
-                raise Refusal(f"refused: {target.id} is a snapshot, kept as it was taken", "workspace")
-            if self._in_use(target.id):
-                raise Refusal(
-                    f"busy: another call is working in workspace {target.id}; retry when it has finished",
-                    "workspace",
-                    kind="busy",
-                    retry_after_s=1,
-                )
+            refuse_change(target, self._in_use(target.id))
             self._users[target.id] = self._users.get(target.id, 0) + 1
         try:
             self.contents.remove(target.id)
@@ -291,19 +283,26 @@ class NamedWorkspaces:
     def forget(self, record: WorkspaceRecord) -> None:
         """Remove a workspace at its caller's word: its files, its name, its record."""
         with self._lock:
-            if self._in_use(record.id):
-                raise Refusal(
-                    f"busy: another call is working in workspace {record.id}; retry when it has finished",
-                    "workspace",
-                    kind="busy",
-                    retry_after_s=1,
-                )
+            refuse_change(record, self._in_use(record.id), snapshot=True)
             self._remove(record.id, later=True)
 
 
 def counted(record: WorkspaceRecord) -> bool:
     """Whether a workspace counts against workspace.max_per_client (named ones and snapshots are counted apart)."""
     return record.name is None and not record.snapshot
+
+
+def refuse_change(record: WorkspaceRecord, in_use: bool, snapshot: bool = False) -> None:
+    """Refuse to change a workspace a call works in, or a snapshot (kept as it was taken) unless `snapshot`."""
+    if record.snapshot and not snapshot:
+        raise Refusal(f"refused: {record.id} is a snapshot, kept as it was taken", "workspace")
+    if in_use:
+        raise Refusal(
+            f"busy: another call is working in workspace {record.id}; retry when it has finished",
+            "workspace",
+            kind="busy",
+            retry_after_s=1,
+        )
 
 
 def not_a_snapshot(record: WorkspaceRecord, requested: str) -> WorkspaceRecord:

@@ -15,8 +15,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from sandbox_server.errors import Refusal
-from sandbox_server.workspaces.names import NamedWorkspaces
+from sandbox_server.workspaces.names import NamedWorkspaces, refuse_change
 from sandbox_server.workspaces.records import WorkspaceRecord
 
 __all__ = ["PausedWorkspaces", "service_entry"]
@@ -64,15 +63,7 @@ class PausedWorkspaces(NamedWorkspaces):
         the record, and whether a mount was let go of. Refused while a call works in it."""
         with self._lock:
             current = self._current(record)
-            if current.snapshot:
-                raise Refusal(f"refused: {current.id} is a snapshot, kept as it was taken", "workspace")
-            if self._in_use(current.id):
-                raise Refusal(
-                    f"busy: another call is working in workspace {current.id}; retry when it has finished",
-                    "workspace",
-                    kind="busy",
-                    retry_after_s=1,
-                )
+            refuse_change(current, self._in_use(current.id))
             paused = replace(current, paused=True, last_used=time.time())
             self._records[paused.id] = paused
             self._write_record(paused)

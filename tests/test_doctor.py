@@ -104,3 +104,38 @@ def test_posture_names_every_field_the_kernel_did_not_apply(runtime: DockerRunti
     )
     assert failed["mounts[0].mode"].endswith("the kernel applied /data not mounted")
     assert failed["workspace.exec"].endswith("wants /workspace noexec; the kernel applied /workspace exec")
+
+
+def test_posture_tries_an_allow_list_through_its_own_proxy_against_an_upstream_of_its_own(
+    runtime: DockerRuntime, tmp_path: Path
+) -> None:
+    """The policy's proxy, from its own allow list, with the check's upstream behind it: a listed host answers, an
+    unlisted one is refused before it reaches the upstream its name leads to, and nothing goes around the proxy.
+    Two allow lists: HTTPS through CONNECT (port 443) and plain HTTP on a port of its own."""
+    policy = tmp_path / "allow.yaml"
+    policy.write_text(
+        "extends: default\n"
+        "tools:\n"
+        "  execute_command: {network: {allow: [pypi.org, files.pythonhosted.org]}}\n"
+        "  run_python: {network: {allow: ['mirror.example.org:8080']}}\n"
+    )
+    result = run_cli("doctor", "--posture", "--policy", str(policy), "--json")
+    report = json.loads(result.stdout)
+    checks = {check["name"]: check for check in report["checks"]}
+    assert report["healthy"] is True, [check for check in report["checks"] if not check["ok"]]
+    for tool, where in (("execute_command", "pypi.org:443"), ("run_python", "mirror.example.org:8080")):
+        name = f"posture allow/{tool}"
+        assert checks[f"{name}: network proxy"]["detail"].startswith("answers at "), checks
+        assert checks[f"{name}: network.allow (a listed host)"]["detail"] == (
+            f"{where} through the proxy: status 200, page"
+        )
+        unlisted = checks[f"{name}: network.allow (an unlisted host)"]["detail"]
+        assert "status 403, refusal; the upstream never saw it" in unlisted, unlisted
+        assert checks[f"{name}: network (no way around the proxy)"]["detail"].endswith(": closed")
+        assert checks[f"{name}: network (sandboxes apart)"]["ok"]
+        assert checks[f"{name}: network"]["detail"] == "interfaces ['eth0', 'lo']"
+    # analyze_csv has no network under this policy: its sandbox has loopback alone.
+    assert checks["posture allow/analyze_csv: network"]["detail"] == "interfaces ['lo']"
+    assert not left_by_exited_servers()
+    api = runtime.api
+    assert not [n["Name"] for n in api.networks() if n["Name"].startswith(("sandbox-posture-", "sandbox-egress-"))]

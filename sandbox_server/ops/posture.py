@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import anyio.to_thread
 
 from sandbox_server.errors import SandboxServerError
 from sandbox_server.ops.doctor import Check
+from sandbox_server.ops.egress_posture import probe, trial
 from sandbox_server.policy import Policy, ToolPolicy
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
 from sandbox_server.sandbox.host_config import RUNSC_PIDS_BASE, RUNSC_PIDS_FACTOR
@@ -241,6 +242,9 @@ def compare(view: SandboxView, tool: ToolPolicy, label: str) -> list[Check]:
           f"{limits.cpus:g} CPUs")  # fmt: skip
     if tool.egress is None:
         check("network", view.interfaces == ("lo",), f"interfaces {list(view.interfaces)}", "only lo")
+    else:
+        check("network", len(view.interfaces) == 2 and "lo" in view.interfaces, f"interfaces {list(view.interfaces)}",
+              "lo and the allow list's internal network alone")  # fmt: skip
     if gvisor:
         return checks
     check("limits.nofile", all(p.nofile == limits.nofile for p in every),
@@ -282,7 +286,7 @@ def _targets(policy: Policy, tool_names: list[str]) -> dict[tuple[object, ...], 
         tool = policy.for_tool(name)
         if tool.enabled:
             spec = tool.container_spec()
-            key = spec.container_key()
+            key = (spec.container_key(), tool.egress.key() if tool.egress is not None else None)
             label = found[key][0] + "+" + name if key in found else name
             found[key] = (label, tool, spec)
     return found
@@ -296,20 +300,33 @@ async def run_posture(
         return [Check("posture", False, "no /proc on this host", "run the posture check on the engine's host")]
     checks = []
     for label, tool, spec in _targets(policy, tool_names).values():
-        name = f"{policy.name}/{label}"
-        try:
-            warm = await anyio.to_thread.run_sync(runtime.prepare, spec)
-        except SandboxServerError as exc:
-            checks.append(Check(f"posture {name}", False, str(exc), "see `sandbox-server doctor`"))
+        if tool.egress is None:
+            checks.extend(await _posture(runtime, f"{policy.name}/{label}", tool, spec, read))
             continue
-        try:
-            pids = await anyio.to_thread.run_sync(runtime.host_pids, warm.container_id)
-            view = await anyio.to_thread.run_sync(read, pids)
-        except (OSError, SandboxServerError, ValueError, KeyError) as exc:
-            checks.append(Check(f"posture {name}", False, f"cannot read the sandbox from the host: {exc}",
-                                "the posture check reads /proc of the engine's host: run it there, as root"))  # fmt: skip
-        else:
-            checks.extend(compare(view, tool, name))
-        finally:
-            await anyio.to_thread.run_sync(runtime.discard, warm)
+        async with trial(runtime, label, tool.egress, policy.name) as found:
+            checks.extend(found.checks)
+            if found.endpoint is not None:
+                endpoint = found.endpoint
+                behind = replace(spec, network=endpoint.network, call_env=endpoint.environment())
+                checks.extend(await _posture(runtime, f"{policy.name}/{label}", tool, behind, read))
+                checks.extend(await probe(runtime, tool, found, policy.name))
     return checks
+
+
+async def _posture(
+    runtime: DockerRuntime, name: str, tool: ToolPolicy, spec: SandboxSpec, read: Callable[[list[int]], SandboxView]
+) -> list[Check]:
+    """One sandbox started as a call would get it, read from the host and held against the tool's policy."""
+    try:
+        warm = await anyio.to_thread.run_sync(runtime.prepare, spec)
+    except SandboxServerError as exc:
+        return [Check(f"posture {name}", False, str(exc), "see `sandbox-server doctor`")]
+    try:
+        pids = await anyio.to_thread.run_sync(runtime.host_pids, warm.container_id)
+        view = await anyio.to_thread.run_sync(read, pids)
+    except (OSError, SandboxServerError, ValueError, KeyError) as exc:
+        return [Check(f"posture {name}", False, f"cannot read the sandbox from the host: {exc}",
+                      "the posture check reads /proc of the engine's host: run it there, as root")]  # fmt: skip
+    finally:
+        await anyio.to_thread.run_sync(runtime.discard, warm)
+    return compare(view, tool, name)

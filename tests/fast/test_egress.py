@@ -271,3 +271,21 @@ def test_a_proxy_that_asks_puts_unlisted_hosts_to_its_helper_before_the_special_
 def test_a_bad_ask_is_an_error_naming_its_field(ask: object, field: str) -> None:
     _, errors = _parse({"allow": ["pypi.org"], "ask": ask})
     assert len(errors) == 1 and errors[0].startswith(f"{field}:"), errors
+
+
+def test_the_posture_probe_is_judged_by_what_the_sandbox_saw_and_what_reached_the_upstream() -> None:
+    from sandbox_server.ops.egress_posture import UNLISTED, judge, read_probe
+
+    held = read_probe("listed 200 page\nunlisted 403 refusal\ndirect closed\n")
+    checks = judge(held, {"/posture-listed"}, "posture p/t", ("pypi.org", 443), "172.30.0.2")
+    assert [check.ok for check in checks] == [True, True, True]
+    assert checks[1].detail == f"{UNLISTED}:443 through the proxy: status 403, refusal; the upstream never saw it"
+    # A proxy that let the unlisted host through, a listed host that never reached the upstream, a way around.
+    leaky = read_probe("listed 200 page\nunlisted 200 page\ndirect open\n")
+    checks = judge(leaky, {"/posture-unlisted"}, "posture p/t", ("pypi.org", 443), "172.30.0.2")
+    assert [check.ok for check in checks] == [False, False, False]
+    assert checks[1].detail.endswith("status 200, page; the upstream was reached")
+    # A probe that said nothing (no bash, no proxy) fails every check rather than passing any.
+    silent = read_probe("")
+    assert [check.ok for check in judge(silent, set(), "p", ("h", 80), "a")] == [False, False, False]
+    assert read_probe("listed no-proxy\n").listed == ("no-proxy", "none")

@@ -236,6 +236,7 @@ def test_only_the_engine_modules_import_docker() -> None:
         "sandbox/docker_runtime.py",
         "sandbox/service_containers.py",
         "network/proxies.py",
+        "network/upstream.py",
     }
 
 

@@ -1,7 +1,8 @@
 """Every `sandbox-server …` command the README and docs/ show parses as the command line reads it: a reader who
 copies one gets the command, not `unrecognized arguments`; those that need no engine (policy, token) are run as
-each page shows them, in its order. A synopsis (`fork|snapshot`, `[NAME…]`, `…`) is a
-summary rather than a command, and what follows a shell operator (`> file`, `| jq`) is the shell's."""
+each page shows them, in its order (those that need it: tests/test_doc_commands_run.py). A synopsis
+(`fork|snapshot`, `[NAME…]`, `…`) is a summary rather than a command, and what follows a shell operator
+(`> file`, `| jq`) is the shell's."""
 
 from __future__ import annotations
 

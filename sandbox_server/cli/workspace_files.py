@@ -74,7 +74,7 @@ def workspace_export(args: argparse.Namespace) -> int:
             raise UsageError(refused.message) from None
         with _opened(args.output, "wb") as out:
             manifest = store.export_to(record, out)
-    print(f"exported {record.name or record.id}: {manifest['bytes']} bytes of files, sha256 {manifest['sha256']}")
+    print(f"exported {record.name or record.id}: {manifest['files']} entries, {manifest['bytes']} bytes of files")
     return 0
 
 

@@ -137,10 +137,12 @@ class WorkspacesTool:
                 "properties": {
                     "uri": {"type": "string"},
                     "size_bytes": {"type": "integer"},
-                    "sha256": {"type": "string"},
+                    "files": {"type": "integer"},
+                    "bytes": {"type": "integer"},
                 },
-                "required": ["uri", "size_bytes", "sha256"],
-                "description": "export: the file, a resource read in parts, and its payload's SHA-256",
+                "required": ["uri", "size_bytes", "files", "bytes"],
+                "description": "export: the file (a resource read in parts, its content checked by zstd's checksum "
+                "at import) and how many entries and bytes of content it holds",
             },
             "branches": {
                 "type": "array",
@@ -358,7 +360,7 @@ class WorkspacesTool:
 
         manifest = await anyio.to_thread.run_sync(write)
         size = path.stat().st_size
-        extra["export"] = {"uri": uri, "size_bytes": size, "sha256": manifest["sha256"]}
+        extra["export"] = {"uri": uri, "size_bytes": size, "files": manifest["files"], "bytes": manifest["bytes"]}
         return (
             f"{'snapshot' if source.snapshot else 'workspace'} {source.name or source.id} is exported: read {uri} "
             f"({size} bytes) in parts, {uri}?offset=0 and on (each part names the next), within {KEEP_S:g} s; "

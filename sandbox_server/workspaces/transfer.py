@@ -1,19 +1,20 @@
 """A workspace or a snapshot as one file, so work moves between machines, replicas and backups.
 
-The file is a zstd-compressed tar (with zstd's own checksum of the frame) of, in order: `manifest.json` (its
-format, name, origin, when it was made and exported), the workspace's entries under `workspace/` (its files and
-run_python's kept variables, as a launcher writes /workspace), and `checksum.json` (how many entries and bytes,
-and the SHA-256 of every entry's type, name, link, size, mode and content, in order). The checksum comes last so
-that an export is written in one pass, read from the workspace and compressed as it goes, at about the disk's
-speed; the first format (`/1`: the manifest with the checksum, then one `workspace.tar`) needed the whole tar
-written once to learn its size and digest, and is still read.
+The file is one zstd frame carrying zstd's own checksum of its content (XXH64), holding a tar of, in order:
+`manifest.json` (its format, name, origin, when it was made and exported), the workspace's entries under
+`workspace/` (its files and run_python's kept variables, as a launcher writes /workspace), and `checksum.json`
+(how many entries and bytes). Everything is written in one pass, read from the workspace and compressed as it
+goes, at about the disk's speed: the frame's checksum is computed by the compressing threads as they go, where
+a SHA-256 of every byte (the second format's, `/2`) took as long as reading and compressing together. The first
+two formats (`/1`: the manifest with a SHA-256, then one `workspace.tar`; `/2`: the entries' SHA-256 in
+`checksum.json`) are still read, and their SHA-256 checked.
 
-Reading one back trusts nothing in it: the compressed stream may not unpack past what the workspace may hold,
-the tar must be those members and nothing else, the manifest is a small JSON object of a known format, the
-entries must hash to what the checksum says, and they are then cleaned as every sandbox's workspace archive is
-(`keep_workspace`: names that leave the workspace, devices and FIFOs, entries below non-folders, duplicates and
-stray hard links dropped; more bytes or entries than the policy's workspace holds refused). Nothing in it is
-unpickled or run on the host.
+Reading one back trusts nothing in it: the frame must carry its checksum (the current format) and match it to
+its last byte, the compressed stream may not unpack past what the workspace may hold, the tar must be those
+members and nothing else, the manifest is a small JSON object of a known format, and the entries are then
+cleaned as every sandbox's workspace archive is (`keep_workspace`: names that leave the workspace, devices and
+FIFOs, entries below non-folders, duplicates and stray hard links dropped; more bytes or entries than the
+policy's workspace holds refused). Nothing in it is unpickled or run on the host.
 """
 
 from __future__ import annotations
@@ -25,10 +26,8 @@ import json
 import tarfile
 import tempfile
 import time
-from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import IO, Any, BinaryIO
+from typing import IO, Any, BinaryIO, cast
 
 import zstandard
 
@@ -36,8 +35,11 @@ from sandbox_server.sandbox.archive import WorkspaceTooLarge, keep_workspace
 
 __all__ = ["FORMAT", "Add", "TransferError", "read_export", "write_export"]
 
-FORMAT = "sandbox-server-workspace/2"
+FORMAT = "sandbox-server-workspace/3"
+SECOND_FORMAT = "sandbox-server-workspace/2"
 FIRST_FORMAT = "sandbox-server-workspace/1"
+FRAME_HEADER_MAX = 18
+"""The most bytes a zstd frame's header takes: what is read ahead to learn whether the frame has its checksum."""
 MANIFEST, PAYLOAD, CHECKSUM, ENTRIES = "manifest.json", "workspace.tar", "checksum.json", "workspace/"
 MANIFEST_BYTES = 64 * 1024
 TAR_OVERHEAD = 2048
@@ -45,8 +47,6 @@ TAR_OVERHEAD = 2048
 WINDOW_BYTES = 1 << 27
 """The largest zstd window a reader accepts (128 MiB): a frame asking for more is refused, not allocated."""
 COPY_CHUNK = 1 << 20
-HASHED_BEHIND = 4
-"""Parts of a file an export reads and compresses ahead of their hashing, at most."""
 
 Add = Callable[[tarfile.TarInfo, IO[bytes] | None], None]
 """Adds one entry of a workspace (relative name; its content, for a regular file) to an export."""
@@ -78,21 +78,17 @@ def _entry_said(entry: tarfile.TarInfo, name: str) -> bytes:
 
 
 def write_export(out: BinaryIO, manifest: dict[str, Any], fill: Callable[[Add], None]) -> dict[str, Any]:
-    """Write an export in one pass: the manifest, then whatever `fill` adds (the workspace's entries, each hashed
-    as it is compressed), then the checksum; the manifest and the checksum's fields together."""
-    head = {**manifest, "format": FORMAT, "exported": _iso(time.time())}
+    """Write an export in one pass: the manifest, then whatever `fill` adds (the workspace's entries), then the
+    checksum's counts; the manifest and those counts together."""
+    head = {**manifest, "format": FORMAT, "exported": _iso(time.time()), "checksum": "zstd frame (XXH64)"}
     # Level 1 in the library's worker threads: a workspace is often incompressible (data, images, wheels), which
-    # zstd stores as it is at any level. The hashing runs in a thread of its own beside the compressing (both
-    # let go of the GIL on large parts), so the export goes at about the disk's own speed.
+    # zstd stores as it is at any level; the workers checksum what they compress.
     compressor = zstandard.ZstdCompressor(level=1, write_checksum=True, threads=-1)
-    with (
-        compressor.stream_writer(out, closefd=False, write_size=COPY_CHUNK) as packed,
-        ThreadPoolExecutor(1, thread_name_prefix="export-hash") as hashing,
-    ):
-        tar = _TarWriter(packed, hashing)
+    with compressor.stream_writer(out, closefd=False, write_size=COPY_CHUNK) as packed:
+        tar = _TarWriter(packed)
         tar.add_json(MANIFEST, head)
         fill(tar.add)
-        trailer = {"files": tar.files, "bytes": tar.bytes, "sha256": tar.sha256()}
+        trailer = {"files": tar.files, "bytes": tar.bytes}
         tar.add_json(CHECKSUM, trailer)
         tar.close()
     return {**head, **trailer}
@@ -100,19 +96,12 @@ def write_export(out: BinaryIO, manifest: dict[str, Any], fill: Callable[[Add], 
 
 class _TarWriter:
     """A tar written straight into the compressor: tarfile's own headers (`TarInfo.tobuf`), then each file's
-    content in large parts, hashed as it passes. (tarfile's stream mode copies every byte through a growing
-    buffer of its own, which took as long as the compressing.)"""
+    content in large parts. (tarfile's stream mode copies every byte through a growing buffer of its own, which
+    took as long as the compressing.)"""
 
-    def __init__(self, out: IO[bytes], hashing: ThreadPoolExecutor) -> None:
-        self.out, self.hashing = out, hashing
-        self.digest, self.files, self.bytes, self.written = hashlib.sha256(), 0, 0, 0
-        self.pending: deque[Future[None]] = deque()
-
-    def sha256(self) -> str:
-        """The digest of every entry added, once the hashing has caught up."""
-        while self.pending:
-            self.pending.popleft().result()
-        return self.digest.hexdigest()
+    def __init__(self, out: IO[bytes]) -> None:
+        self.out = out
+        self.files, self.bytes, self.written = 0, 0, 0
 
     def _write(self, data: bytes) -> None:
         self.out.write(data)
@@ -121,16 +110,15 @@ class _TarWriter:
     def add(self, entry: tarfile.TarInfo, content: IO[bytes] | None) -> None:
         named = copy.copy(entry)
         named.name = ENTRIES + entry.name
-        self.pending.append(self.hashing.submit(self.digest.update, _entry_said(entry, entry.name)))
         self._member(named, content if entry.isreg() else None)
         self.files += 1
         self.bytes += entry.size if entry.isreg() else 0
 
     def add_json(self, name: str, fields: dict[str, Any]) -> None:
         encoded = json.dumps(fields, indent=1, sort_keys=True).encode()
-        self._member(_member(name, len(encoded)), io.BytesIO(encoded), hashed=False)
+        self._member(_member(name, len(encoded)), io.BytesIO(encoded))
 
-    def _member(self, entry: tarfile.TarInfo, content: IO[bytes] | None, hashed: bool = True) -> None:
+    def _member(self, entry: tarfile.TarInfo, content: IO[bytes] | None) -> None:
         self._write(entry.tobuf(tarfile.PAX_FORMAT, tarfile.ENCODING, "surrogateescape"))
         if content is None or not entry.isreg():
             return
@@ -139,10 +127,6 @@ class _TarWriter:
             part = content.read(min(COPY_CHUNK, left))
             if not part:
                 raise OSError(f"{entry.name} became shorter while it was exported")
-            if hashed:  # in order (one thread), a few parts behind at most
-                self.pending.append(self.hashing.submit(self.digest.update, part))
-                if len(self.pending) > HASHED_BEHIND:
-                    self.pending.popleft().result()
             self._write(part)
             left -= len(part)
         self._write(bytes(-entry.size % tarfile.BLOCKSIZE))
@@ -158,16 +142,25 @@ def read_export(archive: BinaryIO, max_bytes: int, max_entries: int, kept: Binar
     a kept archive is (entries under workspace/, ready to be the workspace's files); raises TransferError saying
     what is wrong with it."""
     limit = max_bytes + (max_entries + 4) * TAR_OVERHEAD + 2 * MANIFEST_BYTES
-    reader = zstandard.ZstdDecompressor(max_window_size=WINDOW_BYTES).stream_reader(archive, closefd=False)
+    head = archive.read(FRAME_HEADER_MAX)
+    reader = zstandard.ZstdDecompressor(max_window_size=WINDOW_BYTES).stream_reader(
+        cast(IO[bytes], _Prefixed(head, archive)), closefd=False
+    )
     try:
-        with tempfile.TemporaryFile() as payload, tarfile.open(fileobj=_Capped(reader, limit), mode="r|") as tar:
+        checked = zstandard.get_frame_parameters(head).has_checksum
+        capped = _Capped(reader, limit)
+        with tempfile.TemporaryFile() as payload, tarfile.open(fileobj=capped, mode="r|") as tar:
             manifest = _json_member(tar.next(), tar, MANIFEST, "first")
-            if manifest.get("format") not in (FORMAT, FIRST_FORMAT):
+            if manifest.get("format") not in (FORMAT, SECOND_FORMAT, FIRST_FORMAT):
                 raise TransferError(f"its {MANIFEST} is not of the format {FORMAT!r}")
+            if manifest["format"] == FORMAT and not checked:
+                raise TransferError("its zstd frame carries no checksum of its content, which this format has")
             read = _first_payload if manifest["format"] == FIRST_FORMAT else _entries
             manifest |= read(tar, manifest, payload)
             if tar.next() is not None:
                 raise TransferError(f"it holds more than {MANIFEST}, its workspace and its checksum")
+            while capped.read(COPY_CHUNK):  # to the frame's end, where zstd checks its checksum
+                pass
             keep_workspace(payload, kept, max_bytes, max_entries)
     except TransferError:
         raise
@@ -178,14 +171,19 @@ def read_export(archive: BinaryIO, max_bytes: int, max_entries: int, kept: Binar
             f"it unpacks past the {limit} bytes the policy's workspace could hold (policy fields workspace.size_mb "
             "and workspace.files)"
         ) from None
-    except (tarfile.TarError, zstandard.ZstdError, EOFError, OSError) as exc:
+    except zstandard.ZstdError as exc:
+        if "checksum" in str(exc).lower():
+            raise TransferError("its content does not match its zstd checksum: it was changed or damaged") from None
+        raise TransferError(f"it is not a readable zstd-compressed tar ({exc})") from None
+    except (tarfile.TarError, EOFError, OSError) as exc:
         raise TransferError(f"it is not a readable zstd-compressed tar ({exc})") from None
     return manifest
 
 
 def _entries(tar: tarfile.TarFile, manifest: dict[str, Any], payload: IO[bytes]) -> dict[str, Any]:
-    """The workspace's entries, hashed and written to `payload` as a tar of relative names, up to the checksum,
-    which they must match: the checksum's fields."""
+    """The workspace's entries, written to `payload` as a tar of relative names, up to the checksum's counts (the
+    second format's entries hashed too, to match its SHA-256): the checksum's fields."""
+    hashed = manifest["format"] == SECOND_FORMAT
     digest = hashlib.sha256()
     with tarfile.open(fileobj=payload, mode="w", format=tarfile.PAX_FORMAT) as inner:
         inner.copybufsize = COPY_CHUNK  # type: ignore[attr-defined]
@@ -194,14 +192,16 @@ def _entries(tar: tarfile.TarFile, manifest: dict[str, Any], payload: IO[bytes])
                 raise TransferError(f"its member {member.name[:100]!r} is neither under {ENTRIES} nor {CHECKSUM}")
             entry = copy.copy(member)
             entry.name = member.name[len(ENTRIES) :]
-            digest.update(_entry_said(entry, entry.name))
-            content = tar.extractfile(member) if member.isreg() else None
-            inner.addfile(entry, _Hashed(content, digest) if content is not None else None)
+            content: IO[bytes] | None = tar.extractfile(member) if member.isreg() else None
+            if hashed:
+                digest.update(_entry_said(entry, entry.name))
+                content = cast(IO[bytes], _Hashed(content, digest)) if content is not None else None
+            inner.addfile(entry, content)
     payload.flush()
     if member is None:
         raise TransferError(f"it ends before its {CHECKSUM}: it was cut short")
     trailer = _json_member(member, tar, CHECKSUM, "last")
-    if trailer.get("sha256") != digest.hexdigest():
+    if hashed and trailer.get("sha256") != digest.hexdigest():
         raise TransferError(f"its workspace does not match its {CHECKSUM}'s SHA-256: it was changed or damaged")
     return {key: trailer[key] for key in ("files", "bytes", "sha256") if key in trailer}
 
@@ -257,6 +257,23 @@ def _iso(seconds: float) -> str:
 
 class _TooLarge(Exception):
     pass
+
+
+class _Prefixed(io.RawIOBase):
+    """A stream whose first bytes were read ahead: those, then the rest."""
+
+    def __init__(self, head: bytes, rest: BinaryIO) -> None:
+        self.head, self.rest = head, rest
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int = -1) -> bytes:
+        if self.head:
+            taken = self.head if size < 0 else self.head[:size]
+            self.head = self.head[len(taken) :]
+            return taken
+        return self.rest.read(size)
 
 
 class _Capped(io.RawIOBase):

@@ -3,7 +3,6 @@ cleaned as any workspace archive is."""
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import io
 import json
@@ -14,7 +13,15 @@ import pytest
 import zstandard
 
 from sandbox_server.sandbox.archive import kept_entries
-from sandbox_server.workspaces.transfer import FIRST_FORMAT, FORMAT, Add, TransferError, read_export, write_export
+from sandbox_server.workspaces.transfer import (
+    FIRST_FORMAT,
+    FORMAT,
+    SECOND_FORMAT,
+    Add,
+    TransferError,
+    read_export,
+    write_export,
+)
 
 MIB = 1 << 20
 
@@ -66,9 +73,9 @@ def _read(archive: bytes, max_bytes: int = 16 * MIB, entries: int = 1000) -> tup
     return manifest, found
 
 
-def _packed(members: list[tuple[tarfile.TarInfo, bytes]]) -> bytes:
+def _packed(members: list[tuple[tarfile.TarInfo, bytes]], checksum: bool = True) -> bytes:
     out = io.BytesIO()
-    with zstandard.ZstdCompressor().stream_writer(out, closefd=False) as packed:
+    with zstandard.ZstdCompressor(write_checksum=checksum).stream_writer(out, closefd=False) as packed:
         packed.write(_tar(members))  # type: ignore[arg-type]
     return out.getvalue()
 
@@ -101,6 +108,7 @@ def test_an_export_of_the_first_format_is_still_read() -> None:
         (_packed([_file("manifest.json", b"{}")]), "not of the format"),
         (_packed([_file("manifest.json", json.dumps({"format": FIRST_FORMAT}).encode())]), "does not say the size"),
         (_packed([_file("manifest.json", json.dumps({"format": FORMAT}).encode())]), "cut short"),
+        (_packed([_file("manifest.json", json.dumps({"format": FORMAT}).encode())], checksum=False), "no checksum"),
         (
             _packed([_file("manifest.json", json.dumps({"format": FORMAT}).encode()), _file("../x", b"x")]),
             "neither under workspace/ nor checksum.json",
@@ -112,22 +120,37 @@ def test_what_is_not_an_export_is_refused_saying_why(archive: bytes, said: str) 
         _read(archive)
 
 
-def test_a_changed_payload_fails_its_checksum_and_a_member_past_it_is_refused() -> None:
+def test_a_damaged_export_fails_zstds_checksum_and_a_member_past_it_is_refused() -> None:
+    data = bytes(range(256)) * 4096 + bytes(hashlib.sha256(str(i).encode()).digest()[0] for i in range(65536))
+    archive = bytearray(_export(_tar([_file("a.bin", data)])))
+    assert _read(bytes(archive))[1] == {"a.bin": data}
+    archive[len(archive) // 2] ^= 0x01  # one bit of the stored content, which still decompresses
+    with pytest.raises(TransferError, match="does not match its zstd checksum: it was changed or damaged"):
+        _read(bytes(archive))
+    members = _members(_export(_tar([_file("a.txt", b"alpha")])))
+    with pytest.raises(TransferError, match="holds more than"):
+        _read(_packed([*members, _file("extra", b"x")]))
+
+
+def test_the_earlier_formats_sha256_are_still_checked() -> None:
     payload = _tar([_file("a.txt", b"alpha")])
     manifest = {"format": FIRST_FORMAT, "bytes": len(payload), "sha256": "0" * 64}
     changed = _packed([_file("manifest.json", json.dumps(manifest).encode()), _file("workspace.tar", payload)])
     with pytest.raises(TransferError, match="does not match the manifest's SHA-256"):
         _read(changed)
-    members = _members(_export(payload))
-    head, entry, trailer = members
-    swapped = _packed([head, (entry[0], b"omega"), trailer])
-    renamed = copy.copy(entry[0])
-    renamed.name = "workspace/b.txt"
-    for damaged in (swapped, _packed([head, (renamed, entry[1]), trailer])):
-        with pytest.raises(TransferError, match="does not match its checksum.json's SHA-256"):
-            _read(damaged)
-    with pytest.raises(TransferError, match="holds more than"):
-        _read(_packed([*members, _file("extra", b"x")]))
+    entry = tarfile.TarInfo("workspace/a.txt")
+    entry.size = 5
+    said = f"0\0a.txt\0\0{entry.size}\0{entry.mode & 0o7777:o}\0".encode()
+    head = _file("manifest.json", json.dumps({"format": SECOND_FORMAT}).encode())
+
+    def second(content: bytes, digest: str) -> bytes:
+        trailer = _file("checksum.json", json.dumps({"files": 1, "bytes": 5, "sha256": digest}).encode())
+        return _packed([head, (entry, content), trailer])
+
+    right = hashlib.sha256(said + b"alpha").hexdigest()
+    assert _read(second(b"alpha", right))[1] == {"a.txt": b"alpha"}
+    with pytest.raises(TransferError, match="does not match its checksum.json's SHA-256"):
+        _read(second(b"omega", right))
 
 
 def test_a_small_file_that_unpacks_past_the_workspace_is_refused_before_it_is_unpacked() -> None:

@@ -123,12 +123,13 @@ class Replica(ServerProcess):
             self.process.stderr.close()
 
 
-def start_replica(folder: Path, state_url: str | None, *serve_args: str) -> Replica:
-    """A replica (a server of its own without `state_url`), once its /healthz answers 200."""
+def start_replica(folder: Path, state_url: str | None, *serve_args: str, port: int | None = None) -> Replica:
+    """A replica (a server of its own without `state_url`), once its /healthz answers 200; on `port` (a replica
+    started again where a load balancer knows it), else a free one."""
     import httpx2 as httpx
 
     folder.mkdir(parents=True, exist_ok=True)
-    port = free_port()
+    port = port or free_port()
     command = [
         sys.executable, "-m", "sandbox_server", "serve", "--transport", "http", "--port", str(port),
         *(("--state", state_url) if state_url else ()), "--state-dir", str(folder / "state"), "--audit-log", str(folder / "audit.jsonl"),

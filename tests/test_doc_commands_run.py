@@ -22,6 +22,7 @@ ELSEWHERE = {
     "images build": "tests/test_images.py (a policy's own packages built into an image of its own)",
     "workspace export": "tests/test_workspace_transfer.py (export and import through the command line)",
     "workspace import": "tests/test_workspace_transfer.py",
+    "replicas": "tests/test_draining.py (list and drain on a real PostgreSQL)",
 }
 CELL = "import os, pandas as pd\ndf = pd.read_csv('data.csv')\nprint(df)\nos.makedirs('out', exist_ok=True)\ndf.to_csv('out/sales.csv', index=False)"
 """What the reader's args.json asks: the uploaded file read, and a file sent back for --save."""

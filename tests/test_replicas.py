@@ -97,12 +97,17 @@ def deployment(tmp_path_factory: pytest.TempPathFactory, runtime: DockerRuntime)
 
 
 @asynccontextmanager
-async def client_of(url: str, token: str, mode: str = "2026-07-28", **options: Any) -> AsyncIterator[Client]:
+async def client_of(
+    url: str, token: str, mode: str = "2026-07-28", checked: bool = True, **options: Any
+) -> AsyncIterator[Client]:
+    """The official client (`checked`: every result held against its tool's outputSchema, listed again after each
+    call) with a caller's token."""
     headers = {"Authorization": f"Bearer {token}"}
     if mode != "legacy":
         options.setdefault("extensions", [TasksExtension()])
+    kind = CheckedClient if checked else Client
     async with httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30, read=120)) as http:
-        async with CheckedClient(streamable_http_client(url, http_client=http), mode=mode, **options) as client:
+        async with kind(streamable_http_client(url, http_client=http), mode=mode, **options) as client:
             yield client
 
 

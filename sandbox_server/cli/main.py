@@ -15,6 +15,7 @@ import anyio
 from sandbox_server import __version__
 from sandbox_server.cli.images import images_build, images_list
 from sandbox_server.cli.options import add_serve_arguments, tool_prefix
+from sandbox_server.cli.replicas import add_replicas_commands
 from sandbox_server.cli.workspace_files import add_workspace_commands
 from sandbox_server.errors import SandboxServerError, UsageError
 from sandbox_server.protocol.http_limits import add_limit_arguments
@@ -333,6 +334,8 @@ def build_parser() -> argparse.ArgumentParser:
     revoke.add_argument("name", help="the caller's name, as `token list` shows it")
     _where_callers(revoke, "the tokens file")
     revoke.set_defaults(handler=_token_revoke)
+
+    add_replicas_commands(commands)
 
     # Started by `serve` itself, never by people: outlives a server killed with SIGKILL and removes its containers.
     reaper = commands.add_parser("reap-after")

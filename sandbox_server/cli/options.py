@@ -100,6 +100,11 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
         "OTEL_EXPORTER_OTLP_ENDPOINT when set, else none); needs sandbox-server[telemetry]",
     )  # fmt: skip
     serve.add_argument(
+        "--grace-s", type=float, default=30.0, metavar="SECONDS",
+        help="HTTP: on SIGTERM (or `replicas drain`) take no new work and let running calls and tasks finish for up "
+        "to this long before stopping (default 30; a second signal stops at once)",
+    )  # fmt: skip
+    serve.add_argument(
         "--state", metavar="URL",
         help="replicas: keep what every replica needs (workspaces, tasks, approvals, rate counts) in this "
         "PostgreSQL database (postgresql://user@host/db; SANDBOX_STATE_URL); default: local files, one process",

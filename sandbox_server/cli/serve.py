@@ -19,6 +19,7 @@ from sandbox_server.ops.bootstrap import host_facts
 
 if TYPE_CHECKING:
     from sandbox_server.cli.wiring import Wired
+    from sandbox_server.protocol.draining import Drain
     from sandbox_server.sandbox.docker_runtime import DockerRuntime
     from sandbox_server.state.database import Database
 
@@ -89,19 +90,21 @@ async def _serve(
     from sandbox_server.protocol.transports import serve_http, serve_stdio
 
     app, runtime, database, pool = wired.app, wired.runtime, wired.database, wired.pool
-    stopping = anyio.Event()
+    drain = wired.drain
 
     async def stop_on_signal(scope: anyio.CancelScope) -> None:
         with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-            received = await signals.__anext__()
+            why = await _signal_or_drain(signals, drain if listener is not None else None)
+            if listener is not None:  # HTTP: out of service first, what runs here let finish (serve --grace-s)
+                await _drained(drain, why, signals, wired.tasks.running, log)
         # Stopping from now on: a second SIGTERM (a supervisor's, a client's grace period running out) would end
         # the process before it removed its containers and unmounted its workspaces. SIGKILL still ends it.
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        log.info("%s: shutting down", signal.Signals(received).name)
+        log.info("%s: shutting down", why)
         if listener is None:
             scope.cancel()
         else:  # HTTP stops as uvicorn stops (its lifespan ended in order), then the rest is cancelled
-            stopping.set()
+            drain.stopping.set()
 
     async def watch() -> None:
         reload = lambda: host_facts(runtime)  # noqa: E731
@@ -115,7 +118,8 @@ async def _serve(
             await group.start(app.parked.serve)  # 2026-07-28 calls asking about hosts run beside their requests
             group.start_soon(_surviving, "the workspace sweep", functools.partial(_sweep_workspaces, wired, log), log)
             if database is not None:
-                group.start_soon(_surviving, "the replica's heartbeat", functools.partial(_beat, database, log), log)
+                beat = functools.partial(_beat, database, drain, log)
+                group.start_soon(_surviving, "the replica's heartbeat", beat, log)
             if pool is not None:
                 group.start_soon(_surviving, "the warm pool", pool.maintain, log)
             if not args.no_watch:
@@ -123,13 +127,15 @@ async def _serve(
             previews = wired.previews
             if listener is not None:
                 log.info("serving MCP over Streamable HTTP at %s", url_of(listener))
-                checks = {"engine": functools.partial(_engine_problem, runtime)} | (
-                    {"state": database.problem} if database is not None else {}
+                checks = (
+                    {"engine": functools.partial(_engine_problem, runtime)}
+                    | ({"state": database.problem} if database is not None else {})
+                    | {"serving": drain.problem}
                 )
                 routes = [*(previews.routes() if previews is not None else []), health_route(checks), *wired.routes]
                 await serve_http(
                     app, args.host, listener, wired.authentication, ConnectionLimits.of(args),
-                    args.max_request_bytes, stopping, routes,
+                    args.max_request_bytes, routes, drain,
                 )  # fmt: skip
             else:
                 if preview_listener is not None and previews is not None:
@@ -140,6 +146,54 @@ async def _serve(
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # stopping (stdin closed, say): as in stop_on_signal
         with anyio.CancelScope(shield=True):
             await _close(wired, log)
+
+
+async def _signal_or_drain(signals: Any, drain: Drain | None) -> str:
+    """Wait for SIGTERM or SIGINT, or (HTTP) for draining to begin otherwise: what ended the wait."""
+    said = ""
+    async with anyio.create_task_group() as group:
+
+        async def signalled() -> None:
+            nonlocal said
+            said = signal.Signals(await signals.__anext__()).name
+            group.cancel_scope.cancel()
+
+        async def asked(began: anyio.Event) -> None:
+            nonlocal said
+            await began.wait()
+            said = said or "drain asked through the shared state"
+            group.cancel_scope.cancel()
+
+        group.start_soon(signalled)
+        if drain is not None:
+            group.start_soon(asked, drain.began)
+    return said
+
+
+async def _drained(drain: Drain, why: str, signals: Any, tasks_running: Callable[[], int], log: logging.Logger) -> None:
+    """Take no new work, and wait for what runs here within the grace period (a second signal ends the wait)."""
+    drain.begin(why)
+    log.info(
+        "%s: draining: no new work taken; waiting up to %g s for %d request(s) and %d task(s) under way",
+        why, drain.grace_s, drain.under_way, tasks_running(),
+    )  # fmt: skip
+    left: tuple[int, int] | None = None
+    async with anyio.create_task_group() as group:
+
+        async def again() -> None:
+            received = await signals.__anext__()
+            log.info("%s: stopping now, without waiting any longer", signal.Signals(received).name)
+            group.cancel_scope.cancel()
+
+        group.start_soon(again)
+        left = await drain.settled(tasks_running)
+        group.cancel_scope.cancel()
+    requests, tasks = left if left is not None else (drain.under_way, tasks_running())
+    if requests or tasks:
+        log.warning("drained for %g s: %d request(s) and %d task(s) still under way end now", drain.grace_s, requests,
+                    tasks)  # fmt: skip
+    else:
+        log.info("drained: nothing under way")
 
 
 async def _close(wired: Wired, log: logging.Logger) -> None:
@@ -186,14 +240,17 @@ async def _sweep_workspaces(wired: Wired, log: logging.Logger) -> None:
             log.info("removed %d expired workspace(s)", removed)
 
 
-async def _beat(database: Database, log: logging.Logger) -> None:
-    """Replicas: say this one is alive, and forget those that stopped saying so."""
+async def _beat(database: Database, drain: Drain, log: logging.Logger) -> None:
+    """Replicas: say this one is alive (and whether it drains), forget those that stopped saying so, and begin
+    draining when an operator asked for it through the shared state (`replicas drain`)."""
     while True:
         await anyio.sleep(database.beat_s)
         try:
             await anyio.to_thread.run_sync(database.check)
             await database.acheck()
-            await anyio.to_thread.run_sync(database.beat)
+            asked = await anyio.to_thread.run_sync(database.beat, drain.active)
+            if asked and drain.begin("asked through the shared state (sandbox-server replicas drain)"):
+                log.info("draining: asked through the shared state")
             await anyio.to_thread.run_sync(database.forget_lost)
         except SandboxServerError as exc:
             log.warning("shared state: %s", exc)

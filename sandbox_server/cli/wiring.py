@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from sandbox_server.calls.tracing import Tracing
     from sandbox_server.network.proxies import EgressProxies
     from sandbox_server.policy import Policy
+    from sandbox_server.protocol.draining import Drain
     from sandbox_server.protocol.preview import Previews
     from sandbox_server.protocol.server import SandboxServer
     from sandbox_server.sandbox.docker_runtime import DockerRuntime
@@ -69,6 +70,8 @@ class Wired:
     stop_tracing: Callable[[], None]
     alive: Callable[[str], bool]
     """Whether a server process (a replica, with shared state) still runs."""
+    drain: Drain
+    """How the server leaves service over HTTP (serve --grace-s)."""
 
 
 def wire(
@@ -80,6 +83,7 @@ def wire(
     from sandbox_server.calls.registry import ToolRegistry
     from sandbox_server.network.proxies import EgressProxies
     from sandbox_server.policy.loader import load_policy
+    from sandbox_server.protocol.draining import Drain
     from sandbox_server.sandbox.pool import WarmPool
     from sandbox_server.sandbox.removal import owner_alive
     from sandbox_server.tools import all_tools
@@ -199,7 +203,7 @@ def wire(
             app.know_policies(authentication.verifier.policies())
         return Wired(
             app, runtime, policy, names, database, pool, workspaces, proxies, tasks, services, authentication, routes,
-            previews, stop_tracing, alive,
+            previews, stop_tracing, alive, Drain(getattr(args, "grace_s", 30.0)),
         )  # fmt: skip
     except BaseException:  # a server that does not start leaves none of its first containers behind
         if pool is not None:

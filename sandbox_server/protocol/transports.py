@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, cast
 
 import anyio
@@ -20,6 +21,7 @@ from sandbox_server.protocol.stdio_errors import AnsweringMalformed
 if TYPE_CHECKING:
     from starlette.routing import BaseRoute, Route
 
+    from sandbox_server.protocol.draining import Drain
     from sandbox_server.protocol.server import SandboxServer
 
 __all__ = ["serve_http", "serve_stdio"]
@@ -47,8 +49,8 @@ async def serve_http(
     authentication: Authentication | None = None,
     limits: ConnectionLimits | None = None,
     max_request_bytes: int | None = None,
-    stopping: anyio.Event | None = None,
     routes: list[BaseRoute] | None = None,
+    drain: Drain | None = None,
 ) -> None:
     """Serve MCP over Streamable HTTP on `listener` (bound to `host` as given, a name included: the Host headers
     allowed follow it); with `authentication`, only to the callers it knows.
@@ -57,8 +59,10 @@ async def serve_http(
     verifier knows, a 401 points at the protected-resource metadata (RFC 9728) at its well-known path.
     Connections, the time to send a request, sessions per caller and request bodies are bounded
     (`limits`, `max_request_bytes`: by default the policy's `limits.argument_bytes` and room for the
-    JSON-RPC envelope). `routes` are served beside /mcp (previews). Once `stopping` is set, the server stops as uvicorn stops: no new connections, the
-    open ones given STOP_GRACE_S to finish, the application's lifespan ended in order.
+    JSON-RPC envelope). `routes` are served beside /mcp (previews). While `drain` drains, new work is answered
+    503 for another replica to take (protocol/draining.py); once its `stopping` is set, the server stops as
+    uvicorn stops: no new connections, the open ones given STOP_GRACE_S to finish, the application's lifespan
+    ended in order.
     """
     import uvicorn
 
@@ -104,7 +108,7 @@ async def serve_http(
         body_bytes,
     )
     config = uvicorn.Config(
-        watched,
+        drain.wrap(watched, body_bytes) if drain is not None else watched,
         host=host,
         port=listener.getsockname()[1],
         log_level="warning",
@@ -113,14 +117,30 @@ async def serve_http(
         timeout_keep_alive=5,
         timeout_graceful_shutdown=STOP_GRACE_S,
     )
-    server = uvicorn.Server(config)
+    server = _server_class()(config)
     async with anyio.create_task_group() as group:
-        if stopping is not None:
+        if drain is not None:
 
             async def stop_when_asked() -> None:
-                await stopping.wait()
+                await drain.stopping.wait()
                 server.should_exit = True
 
             group.start_soon(stop_when_asked)
         await server.serve(sockets=[listener])
         group.cancel_scope.cancel()
+
+
+def _server_class() -> type:
+    import contextlib
+
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn's server, leaving SIGTERM and SIGINT to `serve` (which drains first, then sets `should_exit`):
+        uvicorn's own handlers would close the listener at the first signal."""
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            yield
+
+    return Server

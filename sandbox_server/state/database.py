@@ -177,12 +177,27 @@ class Database:
         if self._calls_open:
             await self.calls.check()
 
-    def beat(self) -> None:
-        """Say this replica is alive."""
-        self.run(
-            "INSERT INTO replicas (owner) VALUES (%s) ON CONFLICT (owner) DO UPDATE SET beat_at = now()",
-            (self.owner,),
+    def beat(self, draining: bool = False) -> bool:
+        """Say this replica is alive, and whether it drains: whether an operator asked it to drain."""
+        rows = self.run(
+            "INSERT INTO replicas (owner, draining) VALUES (%s, %s) ON CONFLICT (owner) DO UPDATE "
+            "SET beat_at = now(), draining = excluded.draining RETURNING drain_asked",
+            (self.owner, draining),
         )
+        return bool(rows and rows[0][0])
+
+    def replicas(self) -> list[dict[str, Any]]:
+        """Every replica that said it was alive lately: its owner, seconds since its last word, whether it drains
+        or was asked to."""
+        rows = self.run(
+            "SELECT owner, extract(epoch FROM now() - beat_at), draining, drain_asked FROM replicas ORDER BY owner"
+        )
+        return [{"replica": owner, "beat_s_ago": round(float(ago), 1), "draining": draining, "drain_asked": asked}
+                for owner, ago, draining, asked in rows]  # fmt: skip
+
+    def ask_to_drain(self, owner: str) -> bool:
+        """Ask a replica to drain (it begins at its next heartbeat): whether there is such a replica."""
+        return bool(self.run("UPDATE replicas SET drain_asked = true WHERE owner = %s RETURNING owner", (owner,)))
 
     def alive(self, owner: str) -> bool:
         """Whether a replica said it was alive within REPLICA_LOST_S (a replica of another version included)."""

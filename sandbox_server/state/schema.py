@@ -216,4 +216,9 @@ MIGRATIONS: tuple[str, ...] = (
         RETURN NEXT;
     END $$;
     """,
+    # 8: a replica draining (out of service, finishing what runs there), and a drain an operator asked for
+    """
+    ALTER TABLE replicas ADD COLUMN draining boolean NOT NULL DEFAULT false;
+    ALTER TABLE replicas ADD COLUMN drain_asked boolean NOT NULL DEFAULT false;
+    """,
 )

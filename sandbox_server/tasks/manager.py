@@ -161,6 +161,10 @@ class Tasks:
         self.recover()
         return self.rows.cancels_for(self.server)
 
+    def running(self) -> int:
+        """Tasks running here now (a draining replica waits for them)."""
+        return sum(1 for live in self._live.values() if live.created.is_set())
+
     def memory_bytes(self) -> int:
         """What the running tasks' containers may hold together (warm containers leave room for it)."""
         return sum(live.memory_bytes for live in self._live.values())

@@ -61,7 +61,11 @@ def test_replicas_run_shut_and_probe_the_health_route() -> None:
     assert replica["readinessProbe"]["httpGet"]["path"] == "/healthz"
     state = next(env for env in replica["env"] if env["name"] == "SANDBOX_STATE_URL")
     assert state["valueFrom"]["secretKeyRef"]["name"] == _one("Secret")["metadata"]["name"]
-    build_parser().parse_args(replica["args"])  # every option the manifest passes is one `serve` takes
+    parsed = build_parser().parse_args(replica["args"])  # every option the manifest passes is one `serve` takes
+    # A rolling update drains one replica at a time, and waits for its grace period and its closing before a kill.
+    strategy = _one("DaemonSet")["spec"]["updateStrategy"]
+    assert strategy == {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}}, strategy
+    assert pod["terminationGracePeriodSeconds"] >= parsed.grace_s + 10
 
 
 def test_sandbox_pods_run_under_gvisor_with_nothing_in_and_only_the_proxy_out() -> None:
@@ -98,4 +102,6 @@ def test_the_systemd_unit_starts_serve_with_options_it_takes() -> None:
     assert words[0].endswith("/sandbox-server")
     parsed = build_parser().parse_args([word.replace("%i", "8000").replace("%H", "node") for word in words[1:]])
     assert parsed.transport == "http" and parsed.tokens and parsed.state is None  # the URL comes from the environment
+    (stop,) = [line for line in unit.splitlines() if line.startswith("TimeoutStopSec=")]
+    assert int(stop.removeprefix("TimeoutStopSec=")) >= parsed.grace_s + 10  # it drains before systemd kills
     assert "EnvironmentFile=" in unit and "SANDBOX_STATE_URL" in unit

@@ -1,0 +1,158 @@
+"""A replica taken out of service without losing work: it stops taking new work, lets what runs finish within a
+grace period, and says so to the load balancer before it exits.
+
+Draining begins on SIGTERM (a rolling update, `systemctl stop`) or when an operator asks for it through the shared
+state (`sandbox-server replicas drain`). From then on:
+
+- `/healthz` answers 503 with `{"draining": …}`, so the load balancer's next health checks take the replica out;
+- a request that would start new work here (a `tools/call` outside a handshake-era session living here, or an
+  `initialize`) is answered 503 with `Retry-After: 1` before any of it runs, and the load balancer sends it again
+  to another replica (deploy/haproxy.cfg's `retry-on`); reads (listing tools, a task's status or result, a
+  resource) are answered as usual;
+- a request of a handshake-era session living here is still served (that session cannot move), as is every
+  request already under way;
+- once no request is under way and no task runs here, or the grace period has passed, the server stops as before:
+  tasks still running then fail saying why, and their callers run them again.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import anyio
+
+if TYPE_CHECKING:
+    from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+__all__ = ["Drain"]
+
+NEW_WORK = frozenset({"tools/call", "initialize"})
+"""What a draining replica answers 503: the requests that would start work, or a session, here. Everything else
+(listing tools, reading a task, a resource or a prompt) is answered as usual: it ends at once.
+"""
+SETTLE_POLL_S = 0.1
+"""How often a draining replica looks whether its requests and tasks have ended."""
+
+
+class Drain:
+    """This replica's way out of service: whether it is draining, and the requests under way here."""
+
+    def __init__(self, grace_s: float) -> None:
+        self.grace_s = grace_s
+        self.since: float | None = None
+        self.why = ""
+        self.under_way = 0
+        self.began = anyio.Event()
+        self.stopping = anyio.Event()
+        """Set once the server is to stop: then it stops as uvicorn stops (no new connection, the open ones given a
+        few seconds, the application's lifespan ended in order)."""
+
+    @property
+    def active(self) -> bool:
+        return self.since is not None
+
+    def begin(self, why: str) -> bool:
+        """Start draining (False when it already had)."""
+        if self.since is not None:
+            return False
+        self.since, self.why = time.monotonic(), why
+        self.began.set()
+        return True
+
+    def problem(self) -> str | None:
+        """What /healthz says of this replica: None while it serves."""
+        if self.since is None:
+            return None
+        return f"draining since {time.monotonic() - self.since:.0f} s ({self.why}): it takes no new work"
+
+    async def settled(self, tasks_running: Callable[[], int]) -> tuple[int, int]:
+        """Wait until no request is under way and no task runs here, or the grace period has passed since draining
+        began: the requests and tasks left then."""
+        assert self.since is not None, "settled() is for a draining replica"
+        with anyio.move_on_after(max(0.0, self.since + self.grace_s - time.monotonic())):
+            while self.under_way or tasks_running():
+                await anyio.sleep(SETTLE_POLL_S)
+        return self.under_way, tasks_running()
+
+    def wrap(self, app: ASGIApp, body_bytes: int) -> ASGIApp:
+        """The ASGI app counting its requests to /mcp, and, while draining, answering 503 to those that would start
+        work here (read whole first, up to `body_bytes`: what the app itself accepts)."""
+
+        async def drained(scope: Scope, receive: Receive, send: Send) -> None:
+            if scope.get("type") != "http" or scope.get("method") != "POST" or scope.get("path") != "/mcp":
+                await app(scope, receive, send)
+                return
+            if self.since is not None and not _of_a_session(scope):
+                body, whole = await _body(receive, body_bytes)
+                if whole and _starts_work(body):
+                    await _refuse(send, self.why)
+                    return
+                receive = _replayed(body, whole, receive)
+            self.under_way += 1
+            try:
+                await app(scope, receive, send)
+            finally:
+                self.under_way -= 1
+
+        return drained
+
+
+async def _body(receive: Receive, limit: int) -> tuple[bytes, bool]:
+    """The request's body as far as `limit`, and whether that is all of it."""
+    parts: list[bytes] = []
+    size, more = 0, True
+    while more and size <= limit:
+        message = await receive()
+        if message["type"] != "http.request":
+            return b"".join(parts), False
+        part = message.get("body", b"")
+        parts.append(part)
+        size += len(part)
+        more = bool(message.get("more_body", False))
+    return b"".join(parts), not more
+
+
+def _replayed(body: bytes, whole: bool, receive: Receive) -> Receive:
+    """A receive that gives the body read ahead, then what is left of the request."""
+    given = False
+
+    async def replay() -> Message:
+        nonlocal given
+        if not given:
+            given = True
+            return {"type": "http.request", "body": body, "more_body": not whole}
+        return await receive()
+
+    return replay
+
+
+def _starts_work(body: bytes) -> bool:
+    """Whether a JSON-RPC message (or batch) would start work here: a tool call, or a new handshake-era session.
+    What is not JSON is left for the app to refuse."""
+    try:
+        found = json.loads(body)
+    except ValueError:
+        return False
+    messages = found if isinstance(found, list) else [found]
+    return any(isinstance(m, dict) and m.get("method") in NEW_WORK for m in messages)
+
+
+def _of_a_session(scope: Scope) -> bool:
+    """Whether a request continues a handshake-era session (one that lives here: a load balancer sends a session's
+    requests where it began; the SDK answers 404 to one it does not know)."""
+    return any(name == b"mcp-session-id" for name, _ in scope.get("headers") or [])
+
+
+async def _refuse(send: Send, why: str) -> None:
+    message = (
+        f"this replica is stopping ({why}) and takes no new work; nothing of this request ran: send it again, "
+        "another replica takes it"
+    )
+    body = json.dumps({"jsonrpc": "2.0", "id": None, "error": {"code": -32000, "message": message}}).encode()
+    headers = [(b"content-type", b"application/json"), (b"retry-after", b"1"), (b"connection", b"close"),
+               (b"content-length", str(len(body)).encode())]  # fmt: skip
+    await send({"type": "http.response.start", "status": 503, "headers": headers})
+    await send({"type": "http.response.body", "body": body})

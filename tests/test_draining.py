@@ -34,6 +34,8 @@ workspace: {max_per_client: 64}
 tasks: {running: 4, running_per_caller: 4, per_caller: 20, ttl_s: 600, poll_interval_ms: 200}
 """
 CALLERS = 8
+"""Callers making calls back to back, each call in a new workspace: the policy lets one client keep more workspaces
+than it makes at once (with 8 for 8 callers, a call finds every other one in use, and is refused as busy)."""
 
 
 @dataclass

@@ -63,13 +63,15 @@ class Writes:
 
 
 class Replica:
-    def __init__(self, url: str, owner: str, root: Path, cap: int = CAP) -> None:
+    def __init__(
+        self, url: str, owner: str, root: Path, cap: int = CAP, settings: WorkspaceSettings | None = None
+    ) -> None:
         self.ended_with_its_run = False
         self.database = Database(url, owner)
         self.database.open()
         self.book = SharedBook(self.database)
         contents = functools.partial(SharedArchives, book=self.book)
-        self.store = WorkspaceStore(root, WorkspaceSettings(persist=True), cap, contents, self.book)
+        self.store = WorkspaceStore(root, settings or WorkspaceSettings(persist=True), cap, contents, self.book)
 
     async def call(self, program: Writes, workspace: str | None) -> tuple[KeptWorkspace, str]:
         """The call's workspace, and why it was not saved ("" when it was)."""
@@ -151,6 +153,37 @@ async def test_a_workspace_removed_on_another_replica_while_its_call_ran_is_not_
     during, problem = await one.call(RemovedMeanwhile(1024), first.record.id)
     assert not during.saved and "removed while the call ran" in problem, problem
     assert not one.database.run("SELECT 1 FROM workspace_chunks WHERE workspace_id = %s", (first.record.id,))
+
+
+async def test_a_workspace_a_call_works_in_is_not_removed_to_make_room_on_another_replica(
+    database: Postgres, tmp_path: Path
+) -> None:
+    """Room for one workspace per client and no protection of recent ones: while a call works in the one on the
+    first replica, the second is asked for a new workspace of the same client. It cannot remove that one (the
+    call holds its lock), so it refuses the new call as busy, and the call saves what it did."""
+    settings = WorkspaceSettings(persist=True, max_per_client=1, protect_recent_s=0)
+    one, two = (Replica(database.url, name, tmp_path / name, settings=settings) for name in ("one", "two"))
+    try:
+        first, _ = await one.call(Writes(1024), None)
+        outcome: list[str] = []
+
+        class Crowded(Writes):
+            async def run(self, spec: SandboxSpec, hooks: RunHooks = NO_HOOKS) -> ExecutionResult:
+                try:
+                    await anyio.to_thread.run_sync(KeptWorkspace.open, Writes(1), two.store, None, None, "client")
+                    outcome.append("a new workspace was made")
+                except Refusal as refused:
+                    outcome.append(f"{refused} ({refused.field})")
+                return await super().run(spec, hooks)
+
+        during, problem = await one.call(Crowded(2048), first.record.id)
+        assert during.saved, problem
+        assert outcome and "each is in use" in outcome[0] and "(workspace.max_per_client)" in outcome[0], outcome
+    finally:
+        database.query("DELETE FROM workspaces")
+        for replica in (one, two):
+            await replica.database.aclose()
+            await anyio.to_thread.run_sync(replica.database.close)
 
 
 async def test_a_call_is_counted_and_entered_in_one_statement_and_each_limit_names_its_field(

@@ -172,7 +172,7 @@ def _setup(args: argparse.Namespace) -> int:
 def _usage(args: argparse.Namespace) -> int:
     from sandbox_server.ops.usage import parse_since, read_records, summarize
     from sandbox_server.policy.loader import load_policy
-    from sandbox_server.workspaces.store import default_state_dir
+    from sandbox_server.state.folder import default_state_dir
 
     kept = load_policy(args.policy, _tool_names()).audit.path
     paths = args.audit_log or [kept or default_state_dir() / "audit.jsonl"]  # where a server keeps it by default

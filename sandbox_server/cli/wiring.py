@@ -231,8 +231,8 @@ def _workspaces(
     log: logging.Logger,
 ) -> WorkspaceStore:
     """The kept workspaces, in this server's own state folder, swept of what expired while it was away."""
-    from sandbox_server.state.folder import claim_state_folder
-    from sandbox_server.workspaces.store import WorkspaceStore, default_state_dir
+    from sandbox_server.state.folder import claim_state_folder, default_state_dir
+    from sandbox_server.workspaces.store import WorkspaceStore
 
     chosen = bool(args.state_dir) or bool(os.environ.get("SANDBOX_STATE_DIR"))
     held = claim_state_folder(Path(args.state_dir) if args.state_dir else default_state_dir(), chosen)

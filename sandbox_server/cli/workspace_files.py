@@ -148,11 +148,11 @@ def _store(args: argparse.Namespace) -> Iterator[tuple[WorkspaceStore, str, str]
     from sandbox_server.policy.loader import load_policy
     from sandbox_server.sandbox import mounts
     from sandbox_server.sandbox.removal import current_owner, owner_alive
-    from sandbox_server.state.folder import claim_state_folder
+    from sandbox_server.state.folder import claim_state_folder, default_state_dir
     from sandbox_server.tools import all_tools
     from sandbox_server.workspaces.contents import ArchivedContents, Contents
     from sandbox_server.workspaces.mounted import MountedContents
-    from sandbox_server.workspaces.store import WorkspaceStore, default_state_dir
+    from sandbox_server.workspaces.store import WorkspaceStore
 
     policy = load_policy(args.policy, [tool.name for tool in all_tools()])
     if not policy.workspace.persist:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from sandbox_server.errors import UsageError
 
-__all__ = ["LOCK_NAME", "StateFolder", "claim_state_folder"]
+__all__ = ["LOCK_NAME", "StateFolder", "claim_state_folder", "default_state_dir"]
 
 LOCK_NAME = "server.lock"
 MAX_SUBFOLDERS = 64
@@ -75,3 +75,14 @@ def claim_state_folder(folder: Path, chosen: bool) -> StateFolder:
         f"the state folder {folder} and its {MAX_SUBFOLDERS} subfolders are all in use by other sandbox-servers; "
         "give this one a folder of its own (serve --state-dir)"
     )
+
+
+def default_state_dir() -> Path:
+    """Where workspaces are kept: SANDBOX_STATE_DIR, /var/lib/sandbox-server as root, else the user's state folder."""
+    configured = os.environ.get("SANDBOX_STATE_DIR")
+    if configured:
+        return Path(configured)
+    if os.geteuid() == 0:
+        return Path("/var/lib/sandbox-server")
+    base = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
+    return Path(base) / "sandbox-server"

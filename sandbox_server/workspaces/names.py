@@ -48,7 +48,7 @@ class NamedWorkspaces:
     def _in_use(self, workspace_id: str) -> bool:
         raise NotImplementedError
 
-    def _remove(self, workspace_id: str, later: bool = False) -> None:
+    def _remove(self, workspace_id: str, later: bool = False, unless_held: bool = False) -> bool:
         raise NotImplementedError
 
     def _write_record(self, record: WorkspaceRecord) -> None:

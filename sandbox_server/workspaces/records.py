@@ -83,8 +83,9 @@ class RecordBook(Protocol):
         it with the workspace's save instead, which counts the others in the same statement, and refuses it
         there."""
 
-    def delete(self, workspace_id: str) -> None:
-        """Forget a record."""
+    def delete(self, workspace_id: str, unless_held: bool = False) -> bool:
+        """Forget a record; `unless_held`: only when no call of another process works in it (a shared book: then
+        False, and the record stays)."""
 
     def hold(
         self, workspace_id: str, wait_s: float, call: SharedCall | None = None
@@ -130,8 +131,9 @@ class FileBook:
         self.write(record)
         return True
 
-    def delete(self, workspace_id: str) -> None:
+    def delete(self, workspace_id: str, unless_held: bool = False) -> bool:
         (self.root / f"{workspace_id}.json").unlink(missing_ok=True)
+        return True  # one process: the store knows its own calls
 
     @contextlib.asynccontextmanager
     async def hold(self, workspace_id: str, wait_s: float, call: SharedCall | None = None) -> AsyncIterator[bool]:

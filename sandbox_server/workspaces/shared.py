@@ -90,8 +90,19 @@ class SharedBook:
         self.sizing[record.id] = (json.dumps(to_fields(record)), storage_bytes)
         return True
 
-    def delete(self, workspace_id: str) -> None:
-        self.database.run("DELETE FROM workspaces WHERE id = %s", (workspace_id,))
+    def delete(self, workspace_id: str, unless_held: bool = False) -> bool:
+        if not unless_held:
+            self.database.run("DELETE FROM workspaces WHERE id = %s", (workspace_id,))
+            return True
+        # A call on any replica holds the workspace's advisory lock while it works there: the row goes only when
+        # this transaction can take that lock (until its end), so no call is left working in a removed workspace.
+        with self.database.connection() as connection, connection.transaction():
+            free = connection.execute("SELECT pg_try_advisory_xact_lock(%s)", (workspace_lock(workspace_id),))
+            row = free.fetchone()
+            if not (row and row[0]):
+                return False
+            connection.execute("DELETE FROM workspaces WHERE id = %s", (workspace_id,))
+        return True
 
     def prelocked(self, workspace_id: str, call: SharedCall | None = None) -> bool:
         """Whether the call took the workspace's lock with its admission (state.calls)."""

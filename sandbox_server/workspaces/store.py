@@ -12,7 +12,6 @@ exist, has expired or belongs to another session or caller gets one and the same
 from __future__ import annotations
 
 import contextlib
-import os
 import secrets
 import threading
 import time
@@ -38,24 +37,16 @@ from sandbox_server.workspaces.records import FileBook, RecordBook, WorkspaceRec
 if TYPE_CHECKING:  # the PostgreSQL driver is imported only by a server given --state
     from sandbox_server.state.calls import SharedCall
 
-__all__ = ["WorkspaceRecord", "WorkspaceStore", "default_state_dir", "session_key"]
+__all__ = ["WorkspaceRecord", "WorkspaceStore", "session_key"]
 
 EVICTED_KEPT = 1000
 """Removed workspaces remembered to tell their callers why (the oldest forgotten first)."""
+OPENING_S = 60.0
+"""A new workspace is not removed to make room for this long after it was made here, until its first call begins
+(between the opening and the run come the proxy and the scope)."""
 SESSION_PREFIX = "session:"
 RECORD_WRITE_S = 5.0
 """A workspace's last use reaches its record on disk at most this often (idle times are minutes)."""
-
-
-def default_state_dir() -> Path:
-    """Where workspaces are kept: SANDBOX_STATE_DIR, /var/lib/sandbox-server as root, else the user's state folder."""
-    configured = os.environ.get("SANDBOX_STATE_DIR")
-    if configured:
-        return Path(configured)
-    if os.geteuid() == 0:
-        return Path("/var/lib/sandbox-server")
-    base = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
-    return Path(base) / "sandbox-server"
 
 
 class WorkspaceStore(CarriedWorkspaces):
@@ -79,6 +70,7 @@ class WorkspaceStore(CarriedWorkspaces):
         self._busy: dict[str, anyio.Lock] = {}
         """Per workspace, for the calls that run one at a time in it."""
         self._users: dict[str, int] = {}
+        self._opening: dict[str, float] = {}  # new workspaces whose first call has not begun, since when
         """Per workspace, the calls working in it now."""
         self._records: dict[str, WorkspaceRecord] = {}
         self._written: dict[str, float] = {}
@@ -161,6 +153,7 @@ class WorkspaceStore(CarriedWorkspaces):
                     retry_after_s=60,
                 )
             record = WorkspaceRecord(f"ws-{secrets.token_urlsafe(16)}", session, holder, now, now, reserved, tenant)
+            self._opening[record.id] = time.monotonic()
             self._records[record.id] = record
             self._write_record(record)
         return record, notes
@@ -175,13 +168,13 @@ class WorkspaceStore(CarriedWorkspaces):
     def _make_room(self, holder: str, now: float) -> list[str]:
         """Remove this holder's idle workspaces until it may make one more: first those no call continued (a
         stateless client's, oldest first), then the least recently used of the others, but never one continued
-        within `protect_recent_s`: someone is working in it, so the new call is refused instead."""
+        within `protect_recent_s`, nor one whose first call is on its way to it: someone is working in it, so the
+        new call is refused instead."""
         most, recent = self.settings.max_per_client, self.settings.protect_recent_s
         theirs = [r for r in self._records.values() if r.holder == holder and counted(r)]  # named: kept apart
-        removable = sorted(
-            (r for r in theirs if not self._in_use(r.id) and (not r.continued or now - r.last_used >= recent)),
-            key=lambda r: (r.continued, r.last_used),
-        )
+        idle = [r for r in theirs if not self._in_use(r.id, opening=True)]
+        removable = sorted((r for r in idle if not r.continued or now - r.last_used >= recent),
+                           key=lambda r: (r.continued, r.last_used))  # fmt: skip
         notes = []
         while len(theirs) >= most:
             if not removable:
@@ -195,8 +188,9 @@ class WorkspaceStore(CarriedWorkspaces):
                     retry_after_s=max(1.0, min(recent, 60.0)),
                 )
             oldest = removable.pop(0)
+            if not self._remove(oldest.id, later=True, unless_held=True):  # its files go off this call's path
+                continue  # a call of another replica works in it
             theirs.remove(oldest)
-            self._remove(oldest.id, later=True)  # off this call's path: its files go in a thread of their own
             why = "no call continued it" if not oldest.continued else "least recently used"
             notes.append(
                 f"workspace {oldest.id} ({why}) was removed to make room (policy field workspace.max_per_client: "
@@ -230,8 +224,10 @@ class WorkspaceStore(CarriedWorkspaces):
         lasts = self.settings.keep_s if record.name is not None or record.snapshot else self.settings.idle_ttl_s
         return now - record.last_used > lasts and not self._in_use(record.id)
 
-    def _in_use(self, workspace_id: str) -> bool:
-        return self._users.get(workspace_id, 0) > 0
+    def _in_use(self, workspace_id: str, opening: bool = False) -> bool:
+        """A call works in it (`opening`: or one opened it here lately and has not begun: OPENING_S)."""
+        opened = self._opening.get(workspace_id) if opening else None
+        return self._users.get(workspace_id, 0) > 0 or (opened is not None and time.monotonic() - opened < OPENING_S)
 
     # -- calls in a workspace ----------------------------------------------------------
 
@@ -243,6 +239,7 @@ class WorkspaceStore(CarriedWorkspaces):
         workspace; a call that must run `alone` there (a cell with kept variables), and every call in an
         archived one, waits up to `wait_s` for the one before it, then is answered busy."""
         self._users[record.id] = self._users.get(record.id, 0) + 1
+        self._opening.pop(record.id, None)
         stack = contextlib.AsyncExitStack()
         try:
             if self.contents.side_by_side and not alone:
@@ -413,12 +410,16 @@ class WorkspaceStore(CarriedWorkspaces):
                 self._remove(workspace_id)
         return len(ended)
 
-    def _remove(self, workspace_id: str, later: bool = False) -> None:
+    def _remove(self, workspace_id: str, later: bool = False, unless_held: bool = False) -> bool:
+        """Forget a workspace, remove its files; `unless_held`: not when another process's call works in it."""
+        if not self.book.delete(workspace_id, unless_held):
+            return False
         self._records.pop(workspace_id, None)
         self._written.pop(workspace_id, None)
         self._busy.pop(workspace_id, None)
+        self._opening.pop(workspace_id, None)
         self.contents.remove(workspace_id, later)
-        self.book.delete(workspace_id)
+        return True
 
     def _write_record(self, record: WorkspaceRecord) -> None:
         self._written[record.id] = time.time()

@@ -7,6 +7,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import anyio
 import pytest
 
 from sandbox_server.errors import Refusal
@@ -70,3 +71,22 @@ def test_an_images_copy_has_its_data_and_leaves_its_holes_holes(tmp_path: Path) 
     assert copied == 2 << 20 and target.stat().st_blocks * 512 < 4 << 20  # 2 MiB of data, not 64
     with pytest.raises(FileExistsError):  # never over an existing file
         copy_sparse(source, target)
+
+
+def test_a_new_workspace_whose_first_call_has_not_ended_is_not_removed_to_make_room(tmp_path: Path) -> None:
+    """Between a workspace's opening and its call's start (the proxy, the scope) its call holds nothing yet: a
+    new workspace asked for meanwhile finds no room, rather than removing it from under its call; once its call
+    has begun and ended it is idle, and makes room."""
+    store = _store(tmp_path, max_per_client=1, protect_recent_s=0)
+    first, _ = store.open(None, None, "client")
+    with pytest.raises(Refusal, match="each is in use") as refused:
+        store.open(None, None, "client")
+    assert refused.value.field == "workspace.max_per_client"
+
+    async def first_call() -> None:
+        async with store.using(first, 1):
+            pass
+
+    anyio.run(first_call)  # its call began and ended: idle now, and the oldest
+    second, notes = store.open(None, None, "client")
+    assert second.id != first.id and notes and f"workspace {first.id} (no call continued it) was removed" in notes[0]

@@ -30,7 +30,13 @@ from typing import IO, Protocol
 
 from sandbox_server.errors import Refusal
 from sandbox_server.policy import WorkspaceSettings
-from sandbox_server.sandbox.archive import WORKSPACE_DIR, WorkspaceTooLarge, keep_workspace, kept_entries
+from sandbox_server.sandbox.archive import (
+    WORKSPACE_DIR,
+    WorkspaceTooLarge,
+    keep_workspace,
+    kept_entries,
+    member_content,
+)
 from sandbox_server.sandbox.spec import ExecutionResult, SandboxSpec
 from sandbox_server.workspaces.files import FileState
 
@@ -217,7 +223,7 @@ class ArchivedContents:
             entry.name = name
             if entry.islnk():
                 entry.linkname = entry.linkname.removeprefix(WORKSPACE_DIR + "/")
-            add(entry, kept.extractfile(member) if member.isreg() else None)
+            add(entry, member_content(kept, member))
 
     def load(self, workspace_id: str, kept: Path, settings: WorkspaceSettings, user: str) -> int:
         size = kept.stat().st_size

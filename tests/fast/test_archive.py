@@ -187,3 +187,23 @@ def test_a_file_is_opened_below_its_folder_never_above_it(tmp_path: Path) -> Non
     assert [opened(p) for p in ("../secret.txt", "./../secret.txt", "x/../../secret.txt", "", "/kept.txt")] == [
         None
     ] * 5
+
+
+def test_a_kept_members_content_is_read_straight_from_the_file_as_tarfile_reads_it(tmp_path: Path) -> None:
+    from sandbox_server.sandbox.archive import kept_entries, member_content
+
+    path = tmp_path / "kept.tar"
+    contents = {"workspace/a.bin": bytes(range(256)) * 5000, "workspace/empty": b"", "workspace/b.txt": b"beta"}
+    with tarfile.open(path, "w") as tar:
+        for name, data in contents.items():
+            member = tarfile.TarInfo(name)
+            member.size = len(data)
+            tar.addfile(member, io.BytesIO(data))
+    with open(path, "rb") as kept:
+        read = {}
+        for name, member, tar in kept_entries(kept):
+            content = member_content(tar, member)
+            assert content is not None
+            parts = [content.read(100_000) for _ in range(20)]  # in parts, past its end
+            read["workspace/" + name] = b"".join(parts)
+    assert read == contents

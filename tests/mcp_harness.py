@@ -135,12 +135,7 @@ def http_server_process(*serve_args: str, env: dict[str, str] | None = None) -> 
         server = ServerProcess(f"http://127.0.0.1:{port}/mcp", process)
         yield server
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_server(process)
         if server is not None:
             server.reader.join(timeout=10)  # the log reader ends at the pipe's end of file
         if process.stderr is not None:
@@ -240,3 +235,18 @@ async def preloaded(api: docker.APIClient, image: str = "sandbox-server/python-d
             if said and all(b"preloaded in" in text for text in said):
                 return
             await anyio.sleep(0.1)
+
+
+def stop_server(process: subprocess.Popen[bytes]) -> None:
+    """Stop a server as a supervisor that does not wait for it to drain: SIGTERM (an HTTP server then lets what
+    runs finish, for up to serve --grace-s), SIGTERM again a moment later (stop now), SIGKILL after 10 s."""
+    process.terminate()
+    try:
+        process.wait(timeout=1)
+    except subprocess.TimeoutExpired:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()

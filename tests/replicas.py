@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.mcp_harness import ServerProcess, free_port
+from tests.mcp_harness import ServerProcess, free_port, stop_server
 
 ROOT = Path(__file__).resolve().parent.parent
 HAPROXY_CONFIG = ROOT / "deploy" / "haproxy.cfg"
@@ -112,12 +112,7 @@ class Replica(ServerProcess):
         return line.rsplit("(replica ", 1)[1].split(")", 1)[0]
 
     def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        stop_server(self.process)
         self.reader.join(timeout=10)
         if self.process.stderr is not None:
             self.process.stderr.close()

@@ -8,6 +8,7 @@ import sys
 BENCHMARKS = {
     "analyze_csv": "bench.analyze_csv",
     "csv_launcher": "bench.csv_launcher",
+    "draining": "bench.draining",
     "forks": "bench.forks",
     "kept_variables": "bench.kept_variables",
     "performance": "bench.performance",

@@ -399,7 +399,7 @@ async def test_the_services_tool_lists_reads_the_log_of_restarts_and_stops_a_wor
             assert '"GET /asked-for-by-the-test HTTP/1.1" 404' in log["log"], log["log"]
             first = {c["Id"] for c in services_of(server.process.pid)}
             restarted = await services(action="restart", name="api")
-            assert not restarted["is_error"] and "listens on port 9000 again" in restarted["text"]
+            assert not restarted["is_error"] and "listens on port 9000 again" in restarted["text"], restarted["text"]
             assert [s.get("restarts", 0) for s in restarted["services"]] == [0, 1]
             assert len(first - {c["Id"] for c in services_of(server.process.pid)}) == 1  # a new container
             answered = await call(session, command="curl -s http://api:9000/again")

@@ -18,9 +18,9 @@ from typing import Any
 import docker
 import pytest
 
+from sandbox_server.network.upstream import wait_listening
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
 from sandbox_server.sandbox.images import fetch_wheel
-from tests.mcp_harness import close_stream
 
 __all__ = ["SHELL", "Upstreams", "shell_network", "upstreams_fixture"]
 
@@ -101,17 +101,6 @@ class Upstreams:
         return seen
 
 
-def _wait_listening(api: docker.APIClient, container: str) -> None:
-    stream = api.logs(container, stream=True, follow=True, stdout=True, stderr=True)
-    try:
-        for line in stream:
-            if b"listening" in line:
-                return
-    finally:
-        close_stream(stream)
-    raise AssertionError(f"upstream {container[:12]} ended: {api.logs(container).decode()}")
-
-
 def _package_index(folder: Path) -> Path:
     """A simple index of the one project: its page links the wheel with the wheel's hash, as PyPI's does."""
     sha256, filename = PACKAGE
@@ -164,7 +153,7 @@ def upstreams_fixture(runtime: DockerRuntime, tmp_path_factory: pytest.TempPathF
             )  # fmt: skip
             containers.append(created["Id"])
             api.start(created["Id"])
-            _wait_listening(api, created["Id"])
+            wait_listening(api, created["Id"])
         addresses = [api.inspect_container(c)["NetworkSettings"]["Networks"][name]["IPAddress"] for c in containers]
         certificate = folder / "cert.pem"
         by_name = {"web": containers[0], "secure": containers[1]}

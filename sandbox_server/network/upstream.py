@@ -13,7 +13,7 @@ from sandbox_server.network.proxies import EgressProxies
 from sandbox_server.sandbox.removal import OWNER_LABEL
 from sandbox_server.sandbox.spec import SANDBOX_LABEL
 
-__all__ = ["PAGE", "make_network", "paths_seen", "remove_trial", "start_upstream"]
+__all__ = ["PAGE", "make_network", "paths_seen", "remove_trial", "start_upstream", "wait_listening"]
 
 UPSTREAM_IMAGE = "sandbox-server/shell:latest"
 PAGE = "sandbox-server posture upstream"
@@ -42,27 +42,35 @@ def make_network(api: docker.APIClient, owner: str) -> str:
 
 
 def start_upstream(api: docker.APIClient, network: str, port: int, owner: str) -> tuple[str, str]:
+    """The upstream listening on `port` of `network`: its container and address."""
     created = api.create_container(
         UPSTREAM_IMAGE, ["python3", "-c", UPSTREAM, str(port)],
         labels={SANDBOX_LABEL: "1", OWNER_LABEL: owner},
         host_config=api.create_host_config(network_mode=network, read_only=True, cap_drop=["ALL"],
                                            security_opt=["no-new-privileges"]),
     )  # fmt: skip
-    """The upstream listening on `port` of `network`: its container and address."""
     container = str(created["Id"])
     api.start(container)
+    wait_listening(api, container)
+    address = api.inspect_container(container)["NetworkSettings"]["Networks"][network]["IPAddress"]
+    return container, str(address)
+
+
+def wait_listening(api: docker.APIClient, container: str) -> None:
+    """Until a started server's log says `listening`; SandboxServerError with its log when it ends first."""
     stream = api.logs(container, stream=True, follow=True, stdout=True, stderr=True)
     try:
         for line in stream:
             if b"listening" in line:
-                break
-        else:
-            raise SandboxServerError(f"the check's upstream ended: {api.logs(container).decode(errors='replace')}")
-    finally:
+                return
+    finally:  # the stream, and the engine's connection under it
         with contextlib.suppress(Exception):
             stream.close()
-    address = api.inspect_container(container)["NetworkSettings"]["Networks"][network]["IPAddress"]
-    return container, str(address)
+        with contextlib.suppress(Exception):
+            stream._response.close()
+    raise SandboxServerError(
+        f"{container[:12]} ended before it listened: {api.logs(container).decode(errors='replace')}"
+    )
 
 
 def remove_trial(api: docker.APIClient, proxies: EgressProxies, container: str, networks: list[str]) -> None:

@@ -23,7 +23,6 @@ import contextlib
 import subprocess
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
-from typing import cast
 
 import anyio.to_thread
 
@@ -34,8 +33,9 @@ from sandbox_server.network.upstream import PAGE, make_network, paths_seen, remo
 from sandbox_server.ops.doctor import Check
 from sandbox_server.policy import ToolPolicy
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
+from sandbox_server.sandbox.spec import SandboxSpec
 
-__all__ = ["UNLISTED", "EgressTrial", "Probe", "firewall_check", "judge", "probe", "read_probe", "trial"]
+__all__ = ["UNLISTED", "EgressTrial", "Probe", "behind", "firewall_check", "judge", "probe", "read_probe", "trial"]
 
 UNLISTED = "not-listed.posture.sandbox-server.invalid"
 """The host the check asks for that no allow list names (`.invalid` is never a real name)."""
@@ -97,7 +97,6 @@ class EgressTrial:
     """One allow list under trial: its proxy's endpoint (None when it did not start) and what was found."""
 
     label: str
-    egress: Egress
     endpoint: ProxyEndpoint | None
     checks: list[Check]
     listed: tuple[str, int]
@@ -122,31 +121,38 @@ async def trial(runtime: DockerRuntime, label: str, egress: Egress, policy_name:
     listed = (first.host, first.ports[0])
     network = await anyio.to_thread.run_sync(make_network, api, runtime.owner)
     proxies = EgressProxies(lambda: api, f"{runtime.owner}-posture")
-    container, endpoint = "", cast(ProxyEndpoint | None, None)
+    prefix = f"posture {policy_name}/{label}"
+    container = ""
+    endpoint: ProxyEndpoint | None = None
     try:
         container, address = await anyio.to_thread.run_sync(start_upstream, api, network, listed[1], runtime.owner)
         pinned = {**dict(egress.hosts), listed[0]: address, UNLISTED: address}
         tried = replace(egress, egress_network=network, hosts=tuple(sorted(pinned.items())), secrets=(), ask=None)
-        name = f"posture {policy_name}/{label}: network proxy"
         try:
             endpoint = await anyio.to_thread.run_sync(proxies.endpoint, tried, policy_name)
         except Refusal as refusal:
-            endpoint, check = (
-                None,
-                Check(name, False, refusal.message, "see the proxy's reason; `sandbox-server doctor`"),
-            )
+            checks = [Check(f"{prefix}: network proxy", False, refusal.message,
+                            "see the proxy's reason; `sandbox-server doctor`")]  # fmt: skip
         else:
-            assert endpoint is not None
-            check = Check(name, True, f"answers at {endpoint.address}:{PROXY_PORT} ({_changes(egress)})")
-        checks = [check]
-        if endpoint is not None:
             apart = await anyio.to_thread.run_sync(proxies.sandboxes_apart)
             bridge = proxies.bridge_name(endpoint.key)
-            checks.append(await anyio.to_thread.run_sync(firewall_check, apart, bridge, endpoint.address, name))
-        yield EgressTrial(label, tried, endpoint, checks, listed, address, container)
+            checks = [
+                Check(
+                    f"{prefix}: network proxy", True, f"answers at {endpoint.address}:{PROXY_PORT} ({_changes(egress)})"
+                ),
+                await anyio.to_thread.run_sync(firewall_check, apart, bridge, endpoint.address, prefix),
+            ]
+        yield EgressTrial(label, endpoint, checks, listed, address, container)
     finally:
         networks = [network] if endpoint is None else [endpoint.network, network]
         await anyio.to_thread.run_sync(remove_trial, api, proxies, container, networks)
+
+
+def behind(spec: SandboxSpec, endpoint: ProxyEndpoint) -> SandboxSpec:
+    """A sandbox's spec on the proxy's network, with its settings and what it mounts, as a call's gets them."""
+    return replace(
+        spec, network=endpoint.network, call_env=endpoint.environment(), mounts=spec.mounts + endpoint.mounts()
+    )
 
 
 async def probe(runtime: DockerRuntime, tool: ToolPolicy, found: EgressTrial, policy_name: str) -> list[Check]:
@@ -154,10 +160,9 @@ async def probe(runtime: DockerRuntime, tool: ToolPolicy, found: EgressTrial, po
     endpoint = found.endpoint
     assert endpoint is not None
     host, port = found.listed
-    spec = tool.container_spec()
+    spec = behind(tool.container_spec(), endpoint)
     spec = replace(
         spec, argv=("bash", "-c", PROBE, "probe", host, str(port), UNLISTED, found.upstream, PAGE),
-        network=endpoint.network, call_env=endpoint.environment(), mounts=spec.mounts + endpoint.mounts(),
         limits=replace(spec.limits, timeout_s=60.0),
     )  # fmt: skip
     result = await runtime.run(spec)
@@ -185,9 +190,9 @@ def judge(got: Probe, seen: set[str], name: str, listed: tuple[str, int], upstre
     ]  # fmt: skip
 
 
-def firewall_check(proxies_apart: bool, bridge: str, address: str, name: str) -> Check:
+def firewall_check(proxies_apart: bool, bridge: str, address: str, prefix: str) -> Check:
     """Whether the host's firewall holds the rules that let the bridge's sandboxes reach their proxy alone."""
-    name = name.replace("network proxy", "network (sandboxes apart)")
+    name = f"{prefix}: network (sandboxes apart)"
     if not proxies_apart:
         return Check(name, False, "sandboxes sharing an allow list can reach each other's open ports: the host's "
                      "firewall cannot be managed here", "run the server as root on the engine's host, with iptables",

@@ -18,14 +18,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import anyio.to_thread
 
 from sandbox_server.errors import SandboxServerError
 from sandbox_server.ops.doctor import Check
-from sandbox_server.ops.egress_posture import probe, trial
+from sandbox_server.ops.egress_posture import behind, probe, trial
 from sandbox_server.policy import Policy, ToolPolicy
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
 from sandbox_server.sandbox.host_config import RUNSC_PIDS_BASE, RUNSC_PIDS_FACTOR
@@ -306,9 +306,9 @@ async def run_posture(
         async with trial(runtime, label, tool.egress, policy.name) as found:
             checks.extend(found.checks)
             if found.endpoint is not None:
-                endpoint = found.endpoint
-                behind = replace(spec, network=endpoint.network, call_env=endpoint.environment())
-                checks.extend(await _posture(runtime, f"{policy.name}/{label}", tool, behind, read))
+                checks.extend(
+                    await _posture(runtime, f"{policy.name}/{label}", tool, behind(spec, found.endpoint), read)
+                )
                 checks.extend(await probe(runtime, tool, found, policy.name))
     return checks
 

@@ -4,7 +4,7 @@ grace period, and says so to the load balancer before it exits.
 Draining begins on SIGTERM (a rolling update, `systemctl stop`) or when an operator asks for it through the shared
 state (`sandbox-server replicas drain`). From then on:
 
-- `/healthz` answers 503 with `{"draining": …}`, so the load balancer's next health checks take the replica out;
+- `/healthz` answers 503 with `"serving": "draining since …"`, so the load balancer's next health checks take the replica out;
 - a request that would start new work here (a `tools/call` outside a handshake-era session living here, or an
   `initialize`) is answered 503 with `Retry-After: 1` before any of it runs, and the load balancer sends it again
   to another replica (deploy/haproxy.cfg's `retry-on`); reads (listing tools, a task's status or result, a
@@ -88,7 +88,7 @@ class Drain:
             if self.since is not None and not _of_a_session(scope):
                 body, whole = await _body(receive, body_bytes)
                 if whole and _starts_work(body):
-                    await _refuse(send, self.why)
+                    await _refuse(scope, receive, send, self.why)
                     return
                 receive = _replayed(body, whole, receive)
             self.under_way += 1
@@ -146,13 +146,16 @@ def _of_a_session(scope: Scope) -> bool:
     return any(name == b"mcp-session-id" for name, _ in scope.get("headers") or [])
 
 
-async def _refuse(send: Send, why: str) -> None:
+async def _refuse(scope: Scope, receive: Receive, send: Send, why: str) -> None:
+    """A JSON-RPC error (the client's SDK reads it as the server's word) with the 503 that a load balancer sends
+    elsewhere, as the other refusals before a request is read: `Retry-After`, and the connection closed."""
+    from starlette.responses import JSONResponse  # here: the command line imports this module without Starlette
+
     message = (
         f"this replica is stopping ({why}) and takes no new work; nothing of this request ran: send it again, "
         "another replica takes it"
     )
-    body = json.dumps({"jsonrpc": "2.0", "id": None, "error": {"code": -32000, "message": message}}).encode()
-    headers = [(b"content-type", b"application/json"), (b"retry-after", b"1"), (b"connection", b"close"),
-               (b"content-length", str(len(body)).encode())]  # fmt: skip
-    await send({"type": "http.response.start", "status": 503, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
+    error = {"jsonrpc": "2.0", "id": None, "error": {"code": -32000, "message": message}}
+    await JSONResponse(error, status_code=503, headers={"connection": "close", "retry-after": "1"})(
+        scope, receive, send
+    )

@@ -222,9 +222,12 @@ class CallPipeline:
                 proxy = await self._proxy(call.tool_policy, call.policy.name)
                 scope = self._scope(call, kept)
                 resumed: tuple[str, ...] = ()
+                if kept is not None and kept.store.book.shared:  # replicas: a workspace is continued on its home
+                    arrived = await anyio.to_thread.run_sync(kept.store.arrive, kept.record, call.tool_policy.user)
+                    resumed = (arrived,) if arrived is not None else ()
                 if kept is not None and scope is not None and resumes(call):
                     with self.tracing.span("resume"):
-                        resumed = await resume_services(self.registry, self._proxy, call, kept, scope)
+                        resumed += await resume_services(self.registry, self._proxy, call, kept, scope)
                 asker = self._asker(call, proxy, kept)
                 hooks = RunHooks(
                     call.progress,

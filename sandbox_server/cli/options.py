@@ -109,6 +109,11 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
         help="replicas: keep what every replica needs (workspaces, tasks, approvals, rate counts) in this "
         "PostgreSQL database (postgresql://user@host/db; SANDBOX_STATE_URL); default: local files, one process",
     )  # fmt: skip
+    serve.add_argument(
+        "--advertise", metavar="URL",
+        help="replicas: the address its peers reach this replica at, to forward what lives here (a workspace "
+        "mounted here, its services); default: http://<--host>:<--port>",
+    )  # fmt: skip
 
 
 def tool_prefix(value: str) -> str:

@@ -18,6 +18,8 @@ from sandbox_server.errors import SandboxServerError, UsageError
 from sandbox_server.ops.bootstrap import host_facts
 
 if TYPE_CHECKING:
+    import socket
+
     from sandbox_server.cli.wiring import Wired
     from sandbox_server.protocol.draining import Drain
     from sandbox_server.sandbox.docker_runtime import DockerRuntime
@@ -118,7 +120,9 @@ async def _serve(
             await group.start(app.parked.serve)  # 2026-07-28 calls asking about hosts run beside their requests
             group.start_soon(_surviving, "the workspace sweep", functools.partial(_sweep_workspaces, wired, log), log)
             if database is not None:
-                beat = functools.partial(_beat, database, drain, log)
+                address = _address(listener, args.advertise) if listener is not None else None
+                await anyio.to_thread.run_sync(database.beat, drain.active, address)  # peers know where it is at once
+                beat = functools.partial(_beat, database, drain, log, address)
                 group.start_soon(_surviving, "the replica's heartbeat", beat, log)
             if pool is not None:
                 group.start_soon(_surviving, "the warm pool", pool.maintain, log)
@@ -240,7 +244,14 @@ async def _sweep_workspaces(wired: Wired, log: logging.Logger) -> None:
             log.info("removed %d expired workspace(s)", removed)
 
 
-async def _beat(database: Database, drain: Drain, log: logging.Logger) -> None:
+def _address(listener: socket.socket, advertise: str | None) -> str:
+    """Where peer replicas reach this one (serve --advertise, else where it listens)."""
+    from sandbox_server.protocol.addresses import url_of
+
+    return advertise or url_of(listener).removesuffix("/mcp")
+
+
+async def _beat(database: Database, drain: Drain, log: logging.Logger, address: str | None) -> None:
     """Replicas: say this one is alive (and whether it drains), forget those that stopped saying so, and begin
     draining when an operator asked for it through the shared state (`replicas drain`)."""
     while True:
@@ -248,7 +259,7 @@ async def _beat(database: Database, drain: Drain, log: logging.Logger) -> None:
         try:
             await anyio.to_thread.run_sync(database.check)
             await database.acheck()
-            asked = await anyio.to_thread.run_sync(database.beat, drain.active)
+            asked = await anyio.to_thread.run_sync(database.beat, drain.active, address)
             if asked and drain.begin("asked through the shared state (sandbox-server replicas drain)"):
                 log.info("draining: asked through the shared state")
             await anyio.to_thread.run_sync(database.forget_lost)

@@ -203,7 +203,7 @@ def wire(
             app.know_policies(authentication.verifier.policies())
         return Wired(
             app, runtime, policy, names, database, pool, workspaces, proxies, tasks, services, authentication, routes,
-            previews, stop_tracing, alive, Drain(getattr(args, "grace_s", 30.0)),
+            previews, stop_tracing, alive, Drain(getattr(args, "grace_s", 30.0), _peers(database, services)),
         )  # fmt: skip
     except BaseException:  # a server that does not start leaves none of its first containers behind
         if pool is not None:
@@ -247,11 +247,13 @@ def _workspaces(
     else:
         from sandbox_server.workspaces.shared import SharedArchives, SharedBook
 
-        if args.workspaces == "mounted":
-            raise UsageError("--workspaces mounted keeps workspaces on one host; with --state they are archives")
         book = SharedBook(database)
         contents = functools.partial(SharedArchives, book=book)
-        log.info("workspaces are kept as archives in the shared state, continued on any replica")
+        if args.workspaces == "mounted":
+            contents = _homed(runtime, book, policy, contents)
+            log.info("workspaces are mounted on their home replica, each saved to the shared state after its calls")
+        else:
+            log.info("workspaces are kept as archives in the shared state, continued on any replica")
     workspaces = WorkspaceStore(
         state_dir / "workspaces", policy.workspace, policy.host.workspace_storage_mb * 1024 * 1024, contents, book,
         alive if database is not None else None,
@@ -355,6 +357,31 @@ def _tracing(args: argparse.Namespace, owner: str, log: logging.Logger) -> tuple
         return None, lambda: None
     log.info("spans of each call over OTLP to %s", args.otlp_endpoint or "the collector OTEL_EXPORTER_OTLP_* names")
     return made
+
+
+def _homed(runtime: DockerRuntime, book: Any, policy: Policy, archives: Callable[[Path], Any]) -> Callable[[Path], Any]:
+    """Replicas with mounted workspaces (serve --state … --workspaces mounted): each lives on its home replica."""
+    from sandbox_server.sandbox import mounts
+    from sandbox_server.sandbox.removal import owner_alive
+    from sandbox_server.state.homes import Homes
+    from sandbox_server.workspaces.homed import HomedMounts
+
+    why_not = mounts.unavailable(runtime.on_this_host())
+    if why_not is not None:
+        raise SandboxServerError(f"--workspaces mounted: kept workspaces cannot be mounted here: {why_not}")
+    homes = Homes(book.database)
+    return lambda root: HomedMounts(
+        root, runtime.owner, owner_alive, runtime.activity, archives(root), homes, policy.workspace
+    )
+
+
+def _peers(database: Database | None, services: Any) -> Any:
+    """Replicas with homes: the forwarding of what lives on a peer to it, keyed with a secret the replicas share."""
+    if database is None or services.homes is None:
+        return None
+    from sandbox_server.protocol.forwarding import Forwarding
+
+    return Forwarding(services.homes, database.key("forwarding"), services.store.contents.homed_here).wrap
 
 
 def _shared_access(database: Database | None) -> SharedAccess | None:

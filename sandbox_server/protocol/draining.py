@@ -27,9 +27,12 @@ import anyio
 if TYPE_CHECKING:
     from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-__all__ = ["Drain"]
+__all__ = ["FORWARDED", "Drain", "read_body", "refuse", "replayed"]
 
 NEW_WORK = frozenset({"tools/call", "initialize"})
+FORWARDED = "sandbox_server.forwarded"
+"""In the ASGI scope of a request a peer replica forwarded, signed (protocol.forwarding): that replica's name. Such
+a request is for work that lives here, run even while this replica drains."""
 """What a draining replica answers 503: the requests that would start work, or a session, here. Everything else
 (listing tools, reading a task, a resource or a prompt) is answered as usual: it ends at once.
 """
@@ -40,7 +43,7 @@ SETTLE_POLL_S = 0.1
 class Drain:
     """This replica's way out of service: whether it is draining, and the requests under way here."""
 
-    def __init__(self, grace_s: float) -> None:
+    def __init__(self, grace_s: float, peers: Callable[[ASGIApp, int], ASGIApp] | None = None) -> None:
         self.grace_s = grace_s
         self.since: float | None = None
         self.why = ""
@@ -49,6 +52,8 @@ class Drain:
         self.stopping = anyio.Event()
         """Set once the server is to stop: then it stops as uvicorn stops (no new connection, the open ones given a
         few seconds, the application's lifespan ended in order)."""
+        self.peers = peers
+        """Replicas with homes: the forwarding to peers, in front of the draining (protocol.forwarding)."""
 
     @property
     def active(self) -> bool:
@@ -85,22 +90,26 @@ class Drain:
             if scope.get("type") != "http" or scope.get("method") != "POST" or scope.get("path") != "/mcp":
                 await app(scope, receive, send)
                 return
-            if self.since is not None and not _of_a_session(scope):
-                body, whole = await _body(receive, body_bytes)
+            if self.since is not None and not _of_a_session(scope) and not scope.get(FORWARDED):
+                body, whole = await read_body(receive, body_bytes)
                 if whole and _starts_work(body):
-                    await _refuse(scope, receive, send, self.why)
+                    message = (
+                        f"this replica is stopping ({self.why}) and takes no new work; nothing of this request ran: "
+                        "send it again, another replica takes it"
+                    )
+                    await refuse(scope, receive, send, message)
                     return
-                receive = _replayed(body, whole, receive)
+                receive = replayed(body, whole, receive)
             self.under_way += 1
             try:
                 await app(scope, receive, send)
             finally:
                 self.under_way -= 1
 
-        return drained
+        return self.peers(drained, body_bytes) if self.peers is not None else drained
 
 
-async def _body(receive: Receive, limit: int) -> tuple[bytes, bool]:
+async def read_body(receive: Receive, limit: int) -> tuple[bytes, bool]:
     """The request's body as far as `limit`, and whether that is all of it."""
     parts: list[bytes] = []
     size, more = 0, True
@@ -115,7 +124,7 @@ async def _body(receive: Receive, limit: int) -> tuple[bytes, bool]:
     return b"".join(parts), not more
 
 
-def _replayed(body: bytes, whole: bool, receive: Receive) -> Receive:
+def replayed(body: bytes, whole: bool, receive: Receive) -> Receive:
     """A receive that gives the body read ahead, then what is left of the request."""
     given = False
 
@@ -146,15 +155,11 @@ def _of_a_session(scope: Scope) -> bool:
     return any(name == b"mcp-session-id" for name, _ in scope.get("headers") or [])
 
 
-async def _refuse(scope: Scope, receive: Receive, send: Send, why: str) -> None:
+async def refuse(scope: Scope, receive: Receive, send: Send, message: str) -> None:
     """A JSON-RPC error (the client's SDK reads it as the server's word) with the 503 that a load balancer sends
     elsewhere, as the other refusals before a request is read: `Retry-After`, and the connection closed."""
     from starlette.responses import JSONResponse  # here: the command line imports this module without Starlette
 
-    message = (
-        f"this replica is stopping ({why}) and takes no new work; nothing of this request ran: send it again, "
-        "another replica takes it"
-    )
     error = {"jsonrpc": "2.0", "id": None, "error": {"code": -32000, "message": message}}
     await JSONResponse(error, status_code=503, headers={"connection": "close", "retry-after": "1"})(
         scope, receive, send

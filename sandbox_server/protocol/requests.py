@@ -10,6 +10,7 @@ from mcp.server.streamable_http import MCP_SESSION_ID_HEADER
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
 from sandbox_server.access.identity import Identity, anonymous, local_user, token_identity
+from sandbox_server.protocol.draining import FORWARDED
 from sandbox_server.workspaces.store import session_key
 
 __all__ = ["Context", "client_name", "handshake_era", "http_session", "identity_of", "session_of"]
@@ -46,7 +47,9 @@ def client_name(ctx: Context) -> str:
     info = params.client_info if params is not None else None
     name = f"{info.name}/{info.version}" if info is not None else "unknown-client"
     session_id = http_session(ctx)
-    return f"{name}@{session_id[:8]}" if session_id else name
+    named = f"{name}@{session_id[:8]}" if session_id else name
+    via = getattr(ctx.request, "scope", {}).get(FORWARDED)  # a peer replica sent it here, where its work lives
+    return f"{named} via replica {via}" if via else named
 
 
 def session_of(ctx: Context, instance: str) -> str | None:

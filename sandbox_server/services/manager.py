@@ -9,12 +9,13 @@ services are removed by its reaper with its other containers (they carry its own
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import secrets
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.abc
@@ -33,6 +34,9 @@ from sandbox_server.services.readiness import until_ready
 from sandbox_server.services.service import Answer, Service, ServiceRequest
 from sandbox_server.workspaces.pausing import service_entry
 from sandbox_server.workspaces.store import WorkspaceRecord, WorkspaceStore
+
+if TYPE_CHECKING:  # the PostgreSQL driver is imported only by a server given --state
+    from sandbox_server.state.homes import Homes
 
 __all__ = ["Service", "Services"]
 
@@ -72,6 +76,8 @@ class Services:
         """Why this server offers no previews, and what to do ("" when it does)."""
         self.observe = observe
         """Hears each audit event of a service (the Prometheus metrics count what a stopped one used)."""
+        self.homes: Homes | None = getattr(store.contents, "homes", None)
+        """Replicas with homes (workspaces.homed): where each service is said to live, for a peer given a request for one (its preview)."""
 
     # -- what calls and resources see ------------------------------------------------------
 
@@ -152,6 +158,8 @@ class Services:
             raise
         if answer.error is not None:
             raise answer.error
+        if self.homes is not None:
+            await anyio.to_thread.run_sync(self.homes.add_service, service.id, record.id, service.name, service.caller)
         if asked.arguments is not None:
             entry = service_entry(service.name, service.port, service.tool, asked.arguments)
             await anyio.to_thread.run_sync(self.store.record_service, record.id, entry)
@@ -292,6 +300,9 @@ class Services:
                 # is gone, so that no call finds it gone and still recorded, and starts it again)
                 await anyio.to_thread.run_sync(self.store.drop_service, service.workspace_id, service.name)
             await self._remove_container(service)
+            if self.homes is not None:
+                with contextlib.suppress(Refusal):
+                    await anyio.to_thread.run_sync(self.homes.drop_service, service.id)
             if last:
                 await anyio.to_thread.run_sync(containers.remove_network, self.runtime.api, service.network)
             if service.ran:  # recorded even when the server is stopping around it

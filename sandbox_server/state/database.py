@@ -177,12 +177,13 @@ class Database:
         if self._calls_open:
             await self.calls.check()
 
-    def beat(self, draining: bool = False) -> bool:
-        """Say this replica is alive, and whether it drains: whether an operator asked it to drain."""
+    def beat(self, draining: bool = False, address: str | None = None) -> bool:
+        """Say this replica is alive, whether it drains, and where its peers reach it (serve --advertise): whether
+        an operator asked it to drain."""
         rows = self.run(
-            "INSERT INTO replicas (owner, draining) VALUES (%s, %s) ON CONFLICT (owner) DO UPDATE "
-            "SET beat_at = now(), draining = excluded.draining RETURNING drain_asked",
-            (self.owner, draining),
+            "INSERT INTO replicas (owner, draining, address) VALUES (%s, %s, %s) ON CONFLICT (owner) DO UPDATE "
+            "SET beat_at = now(), draining = excluded.draining, address = excluded.address RETURNING drain_asked",
+            (self.owner, draining, address),
         )
         return bool(rows and rows[0][0])
 

@@ -221,4 +221,17 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE replicas ADD COLUMN draining boolean NOT NULL DEFAULT false;
     ALTER TABLE replicas ADD COLUMN drain_asked boolean NOT NULL DEFAULT false;
     """,
+    # 9: homes: where a replica answers its peers, the replica a mounted workspace lives on, and the services there
+    """
+    ALTER TABLE replicas ADD COLUMN address text;
+    ALTER TABLE workspaces ADD COLUMN home text;
+    CREATE TABLE services (
+        id text PRIMARY KEY,
+        workspace_id text NOT NULL,
+        replica text NOT NULL,
+        name text NOT NULL,
+        caller text NOT NULL
+    );
+    CREATE INDEX services_workspace ON services (workspace_id);
+    """,
 )

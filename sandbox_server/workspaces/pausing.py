@@ -47,6 +47,21 @@ class PausedWorkspaces(NamedWorkspaces):
         self._change_services(workspace_id, without)
         return dropped
 
+    def arrive(self, record: WorkspaceRecord, user: str) -> str | None:
+        """Replicas keeping each workspace mounted on its home (workspaces.homed): this replica becomes the
+        workspace's home unless a live one is; the note for its caller when it was taken over from a replica that
+        stopped answering (its recorded services are then started again here, as after a restart)."""
+        come_home = getattr(self.contents, "come_home", None)
+        lost = come_home(record.id, user) if come_home is not None else None
+        if lost is None:
+            return None
+        names = ", ".join(str(entry.get("name")) for entry in self.current(record).services)
+        return (
+            f"workspace {record.id} lived on replica {lost}, which stopped answering: it continues here from what "
+            "its last finished call saved"
+            + (f"; its services there ({names}) are gone with that replica, and start again here" if names else "")
+        )
+
     def outlives_sessions(self, workspace_id: str) -> bool:
         """Whether a workspace lives on when its session ends (it is named): its services then start again."""
         with self._lock:

@@ -13,7 +13,9 @@ NEEDING_EXTRAS = {
     "sandbox_server.access.shared",
     "sandbox_server.state.database",
     "sandbox_server.state.files",
+    "sandbox_server.state.homes",
     "sandbox_server.tasks.shared",
+    "sandbox_server.workspaces.homed",
     "sandbox_server.workspaces.shared",
 }
 """The modules a server given `--state` loads, and it alone."""

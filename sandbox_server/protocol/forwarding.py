@@ -1,0 +1,240 @@
+"""Replicas as one server: a request for what lives on another replica is forwarded there.
+
+With workspaces mounted on their home replica (`serve --state … --workspaces mounted`, state.homes), a workspace's
+calls and its services' previews can be answered only where it lives. A replica given such a request (a
+2026-07-28 `tools/call` naming a workspace, by the `Mcp-Param-Workspace` header the tools' schemas ask clients to
+mirror or else by its arguments; a `/preview/<service>/…` request) while another live replica is the home sends
+the request there as it came, bearer token and all, and streams the answer back: the home checks the caller as it
+checks every request. The channel between replicas is authenticated: a forwarded request carries
+`Sandbox-Forwarded: <replica>;<time>;<HMAC-SHA256>` over its time, method, path and body, keyed with a secret
+the replicas share in the database; a home runs a request so marked as its own even while it drains (it
+finishes the work that lives there), and never forwards it again. A marked request whose signature does not hold,
+or is over FORWARD_SKEW_S old, is refused 403.
+
+Requests of a handshake-era session are not forwarded: the session lives on the replica that began it, and the
+load balancer keeps them there. A home that does not answer is answered 503 with `Retry-After`, so the load
+balancer sends the request again; once the home has been silent for the replicas' lost time, the next replica
+asked takes the workspace over from its saved archive.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import anyio.to_thread
+
+from sandbox_server.protocol.draining import FORWARDED, read_body, refuse, replayed
+
+if TYPE_CHECKING:
+    from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+    from sandbox_server.state.homes import Home, Homes
+
+__all__ = ["Forwarding", "WORKSPACE_HEADER"]
+
+log = logging.getLogger("sandbox_server")
+
+HEADER = "sandbox-forwarded"
+WORKSPACE_HEADER = "Workspace"
+"""The `x-mcp-header` name of the tools' `workspace` argument: clients mirror it as `Mcp-Param-Workspace`."""
+FORWARD_SKEW_S = 30.0
+PREVIEW_BODY_BYTES = 16 * 1024 * 1024
+HOP_BY_HOP = frozenset(
+    [b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te", b"trailer", b"trailers",
+     b"transfer-encoding", b"upgrade", b"host", b"content-length", HEADER.encode()]
+)  # fmt: skip
+HOME_RESPONSE = b"sandbox-workspace"
+"""The answer's header naming the workspace its home served (a load balancer learns where it lives); dropped from a
+forwarded answer, which would teach it the wrong replica."""
+
+
+def signature(key: bytes, stamp: str, method: str, path: str, body: bytes) -> str:
+    said = f"{stamp}\n{method}\n{path}\n{hashlib.sha256(body).hexdigest()}".encode()
+    return hmac.new(key, said, hashlib.sha256).hexdigest()
+
+
+class Forwarding:
+    """Forward what lives on another replica there; mark and admit what a peer forwarded here."""
+
+    def __init__(
+        self,
+        homes: Homes,
+        key: bytes,
+        here: Callable[[str], bool],
+        mcp_path: str = "/mcp",
+        preview_prefix: str = "/preview/",
+    ) -> None:
+        self.homes, self.key = homes, key
+        self.here = here
+        """Whether a workspace (by its id) lives on this replica: its calls are run here without asking."""
+        self.mcp_path, self.preview_prefix = mcp_path, preview_prefix
+        self._client: Any = None
+        self.forwarded = 0
+        """Requests this replica forwarded to a peer."""
+
+    def wrap(self, app: ASGIApp, body_bytes: int) -> ASGIApp:
+        """The ASGI app behind the forwarding (requests read whole first, up to `body_bytes`)."""
+
+        async def forwarding(scope: Scope, receive: Receive, send: Send) -> None:
+            if scope.get("type") != "http":
+                await app(scope, receive, send)
+                return
+            headers = dict(scope.get("headers") or [])
+            path, method = str(scope.get("path", "")), str(scope.get("method", ""))
+            if HEADER.encode() in headers:
+                body, whole = await read_body(receive, max(body_bytes, PREVIEW_BODY_BYTES))
+                if not whole or not self._genuine(headers[HEADER.encode()].decode("latin-1"), method, path, body):
+                    await _answer(scope, receive, send, 403, "a forwarded request whose signature does not hold\n")
+                    return
+                scope = {**scope, FORWARDED: headers[HEADER.encode()].decode("latin-1").split(";", 1)[0]}
+                await app(scope, replayed(body, True, receive), send)
+                return
+            home: Home | None = None
+            body, whole = b"", True
+            if path == self.mcp_path and method == "POST" and b"mcp-session-id" not in headers:
+                body, whole = await read_body(receive, body_bytes)
+                named = headers.get(b"mcp-param-workspace", b"").decode("latin-1") or _named_workspace(body)
+                if named and whole and not self.here(named):
+                    home = await anyio.to_thread.run_sync(self.homes.of_workspace, named)
+                if home is None and whole:  # run here: the answer tells the load balancer where it lives
+                    send = _teaching(send, named, self.here)
+            elif path.startswith(self.preview_prefix):
+                service = path[len(self.preview_prefix) :].split("/", 1)[0]
+                if service:
+                    home = await anyio.to_thread.run_sync(self.homes.of_service, service)
+                    if home is not None:
+                        body, whole = await read_body(receive, PREVIEW_BODY_BYTES)
+            if home is None or not whole:
+                await app(scope, replayed(body, whole, receive), send)
+                return
+            await self._forward(home, scope, body, send, receive)
+
+        return forwarding
+
+    def _genuine(self, said: str, method: str, path: str, body: bytes) -> bool:
+        parts = said.split(";")
+        if len(parts) != 3:
+            return False
+        _, stamp, mac = parts
+        try:
+            fresh = abs(time.time() - float(stamp)) <= FORWARD_SKEW_S
+        except ValueError:
+            return False
+        return fresh and hmac.compare_digest(mac, signature(self.key, stamp, method, path, body))
+
+    async def _forward(self, home: Home, scope: Scope, body: bytes, send: Send, receive: Receive) -> None:
+        import httpx2
+
+        if self._client is None:
+            self._client = httpx2.AsyncClient(timeout=httpx2.Timeout(10.0, read=None), follow_redirects=False)
+        method, path = str(scope["method"]), str(scope["path"])
+        query = scope.get("query_string", b"").decode("latin-1")
+        stamp = f"{time.time():.3f}"
+        headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"] if k not in HOP_BY_HOP]
+        headers.append((HEADER, f"{self.homes.me};{stamp};{signature(self.key, stamp, method, path, body)}"))
+        url = home.address.rstrip("/") + path + (f"?{query}" if query else "")
+        request = self._client.build_request(method, url, headers=headers, content=body)
+        try:
+            answer = await self._client.send(request, stream=True)
+        except httpx2.HTTPError as exc:
+            log.warning("replica %s, home of what %s %s asks for, did not answer: %s", home.replica, method, path, exc)
+            message = (
+                f"the replica where this lives ({home.replica}) does not answer now; nothing of this request ran "
+                "there that this replica knows of: send it again in a moment"
+            )
+            if path == self.mcp_path:
+                await refuse(scope, receive, send, message)
+            else:
+                await _answer(scope, receive, send, 503, message + "\n", {"retry-after": "1"})
+            return
+        self.forwarded += 1
+        try:
+            kept = [
+                (k.lower().encode("latin-1"), v.encode("latin-1"))
+                for k, v in answer.headers.multi_items()
+                if k.lower().encode("latin-1") not in HOP_BY_HOP and k.lower().encode("latin-1") != HOME_RESPONSE
+            ]
+            await send({"type": "http.response.start", "status": answer.status_code, "headers": kept})
+            async for chunk in answer.aiter_raw():
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            await answer.aclose()
+
+    async def aclose(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+
+
+def _teaching(send: Send, named: str, here: Callable[[str], bool]) -> Send:
+    """The answer to a call run here, with `Sandbox-Workspace` naming the workspace it worked in when that lives
+    here: the one it named, or (a call that made one) the one its result names, read from a JSON answer."""
+    held: list[Message] = []
+
+    async def taught(message: Message) -> None:
+        if message["type"] == "http.response.start" and named:
+            if here(named):
+                message = {**message, "headers": [*message.get("headers", []), (HOME_RESPONSE, named.encode())]}
+            await send(message)
+            return
+        if message["type"] == "http.response.start":
+            kinds = [v for k, v in message.get("headers", []) if k.lower() == b"content-type"]
+            if kinds and kinds[0].startswith(b"application/json"):
+                held.append(message)  # sent with the body, once the body has said which workspace
+                return
+        if held and message["type"] == "http.response.body":
+            held.append(message)
+            if message.get("more_body", False):
+                return
+            start, *parts = held
+            held.clear()
+            body = b"".join(part.get("body", b"") for part in parts)
+            made = _made_workspace(body)
+            if made and here(made):
+                start = {**start, "headers": [*start.get("headers", []), (HOME_RESPONSE, made.encode())]}
+            await send(start)
+            await send({"type": "http.response.body", "body": body, "more_body": False})
+            return
+        await send(message)
+
+    return taught
+
+
+def _made_workspace(body: bytes) -> str:
+    """The workspace a JSON-RPC answer's result names ("" when none)."""
+    try:
+        answer = json.loads(body)
+    except ValueError:
+        return ""
+    result = answer.get("result") if isinstance(answer, dict) else None
+    structured = result.get("structuredContent") if isinstance(result, dict) else None
+    made = structured.get("workspace") if isinstance(structured, dict) else None
+    return made if isinstance(made, str) and len(made) <= 64 else ""
+
+
+def _named_workspace(body: bytes) -> str:
+    """The workspace a 2026-07-28 `tools/call` names in its arguments ("" for anything else)."""
+    try:
+        message = json.loads(body)
+    except ValueError:
+        return ""
+    if not isinstance(message, dict) or message.get("method") != "tools/call":
+        return ""
+    params = message.get("params")
+    arguments = params.get("arguments") if isinstance(params, dict) else None
+    named = arguments.get("workspace") if isinstance(arguments, dict) else None
+    return named if isinstance(named, str) else ""
+
+
+async def _answer(
+    scope: Scope, receive: Receive, send: Send, status: int, text: str, headers: dict[str, str] | None = None
+) -> None:
+    from starlette.responses import PlainTextResponse
+
+    await PlainTextResponse(text, status_code=status, headers=headers)(scope, receive, send)

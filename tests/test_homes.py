@@ -1,0 +1,201 @@
+"""Replicas as one server (serve --state … --workspaces mounted): a workspace lives on its home replica, mounted
+there, its services beside it; every other replica forwards its calls and its previews there over the replicas'
+signed channel; a home that is killed loses no finished call, and its services are said to be gone.
+
+Two real replicas share a real PostgreSQL; the calls go to each replica's own port, so that which one a request
+reaches is chosen by the test, not by a load balancer (the HAProxy test sends them through the project's own
+configuration)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import anyio
+import anyio.to_thread
+import httpx2
+import pytest
+
+from sandbox_server.protocol.forwarding import signature
+from sandbox_server.sandbox.docker_runtime import DockerRuntime
+from tests.conftest import run_cli
+from tests.mcp_harness import text_of
+from tests.replicas import Postgres, Replica, haproxy, postgres, start_replica
+from tests.test_replicas import client_of, shell
+
+pytestmark = pytest.mark.anyio
+
+POLICY = """\
+extends: default
+services:
+  tools: [execute_command]
+  memory_mb: 96
+  start_timeout_s: 10
+  idle_s: 300
+  max_lifetime_s: 600
+"""
+READ = "python3 -c \"import urllib.request as u; print(u.urlopen('http://web:8000/%s').read().decode())\""
+
+
+@dataclass
+class Homes:
+    database: Postgres
+    one: Replica
+    two: Replica
+    token: str
+    folder: Path
+    args: tuple[str, ...]
+
+
+@pytest.fixture(scope="module")
+def homes(tmp_path_factory: pytest.TempPathFactory, runtime: DockerRuntime) -> Iterator[Homes]:
+    folder = tmp_path_factory.mktemp("homes")
+    policy, tokens = folder / "policy.yaml", folder / "tokens.json"
+    policy.write_text(POLICY)
+    added = run_cli("token", "add", "alice", "--policy", str(policy), "--tokens", str(tokens))
+    assert added.returncode == 0, added.stderr
+    args = ("--policy", str(policy), "--tokens", str(tokens), "--no-pool", "--workspaces", "mounted")
+    with postgres() as database:
+        one = start_replica(folder / "one", database.url, *args)
+        try:
+            two = start_replica(folder / "two", database.url, *args)
+            try:
+                yield Homes(database, one, two, added.stdout.splitlines()[-1], folder, args)
+            finally:
+                two.stop()
+        finally:
+            one.stop()
+
+
+def _ran_on(replica: Replica, workspace: str, via: str | None = None) -> int:
+    """The calls in `workspace` a replica's audit says it ran (`via`: those a peer of that name forwarded to it)."""
+    return sum(
+        1
+        for r in replica.audit()
+        if r.get("workspace") == workspace and r.get("tool")
+        and (via is None or str(r.get("client", "")).endswith(f" via replica {via}"))
+    )  # fmt: skip
+
+
+async def _start_site(homes: Homes) -> tuple[str, dict[str, object]]:
+    """A workspace made through replica one, with a page and the service `web` serving it: its id and the service."""
+    async with client_of(homes.one.url, homes.token) as one:
+        _, made = await shell(one, "mkdir site && echo made-on-one > site/index.html && echo ok")
+        workspace = made["workspace"]
+        result, started = await shell(
+            one, "cd site && exec python3 -m http.server 8000", workspace=workspace,
+            service={"name": "web", "port": 8000},
+        )  # fmt: skip
+        assert not result.is_error, text_of(result)
+    return workspace, started["service"]
+
+
+async def test_a_service_started_through_one_replica_is_reached_listed_and_previewed_through_the_other(
+    homes: Homes,
+) -> None:
+    workspace, service = await _start_site(homes)
+    ran_before = _ran_on(homes.one, workspace)
+    async with client_of(homes.two.url, homes.token) as two:
+        # A call through replica two writes a file and reads it back through the service: both ran on one, where
+        # the workspace is mounted beside the service.
+        result, reached = await shell(
+            two, f"echo written-through-two > site/note.txt && {READ % 'note.txt'}", workspace=workspace
+        )
+        assert not result.is_error and "written-through-two" in reached["stdout"], text_of(result)
+        listed = await two.call_tool("services", {"action": "list", "workspace": workspace})
+        rows = (listed.structured_content or {}).get("services") or []
+        assert [(r["name"], r["state"]) for r in rows] == [("web", "running")], text_of(listed)
+    assert _ran_on(homes.one, workspace) == ran_before + 2  # the calls given to two ran on one, said forwarded
+    assert _ran_on(homes.one, workspace, via=homes.two.owner()) == 2
+    assert _ran_on(homes.two, workspace) == 0
+    # The preview through replica two, with the caller's token, shows the page written through two.
+    path = "/preview/" + str(service["id"]) + "/note.txt"
+    headers = {"Authorization": f"Bearer {homes.token}"}
+    page = await anyio.to_thread.run_sync(
+        lambda: httpx2.get(f"http://{homes.two.address}{path}", headers=headers, timeout=30)
+    )
+    assert page.status_code == 200 and page.text.strip() == "written-through-two", (page.status_code, page.text)
+    # Another caller's request, or none, gets through two what it gets through one.
+    anonymous = await anyio.to_thread.run_sync(lambda: httpx2.get(f"http://{homes.two.address}{path}", timeout=30))
+    assert anonymous.status_code == 401, anonymous.status_code
+
+
+async def test_a_forwarded_request_needs_the_replicas_signature(homes: Homes) -> None:
+    """A request that says it was forwarded is run only with the shared key's signature over its time, method,
+    path and body: a made-up one, an old one, or one over another body is refused before it runs."""
+    key = bytes.fromhex(homes.database.query("SELECT encode(secret, 'hex') FROM keys WHERE name = 'forwarding'")[0][0])
+    envelope = {
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {},
+    }
+    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {"_meta": envelope}}).encode()
+    now = f"{time.time():.3f}"
+    old = f"{time.time() - 120:.3f}"
+
+    def post(said: str) -> httpx2.Response:
+        headers = {
+            "Authorization": f"Bearer {homes.token}", "Sandbox-Forwarded": said, "Content-Type": "application/json",
+            "Accept": "application/json, text/event-stream", "Mcp-Protocol-Version": "2026-07-28",
+            "Mcp-Method": "tools/list",
+        }  # fmt: skip
+        return httpx2.post(homes.one.url, content=body, timeout=30, headers=headers)
+
+    for said in (
+        "someone;0;00",
+        f"someone;{now};{'0' * 64}",
+        "not a signature",
+        f"someone;{old};{signature(key, old, 'POST', '/mcp', body)}",
+        f"someone;{now};{signature(key, now, 'POST', '/mcp', body + b' ')}",
+    ):
+        refused = await anyio.to_thread.run_sync(post, said)
+        assert refused.status_code == 403 and "signature" in refused.text, (said, refused.status_code, refused.text)
+    taken = await anyio.to_thread.run_sync(post, f"someone;{now};{signature(key, now, 'POST', '/mcp', body)}")
+    assert taken.status_code == 200 and "execute_command" in taken.text, (taken.status_code, taken.text[:300])
+
+
+async def test_a_killed_home_loses_no_finished_call_and_its_services_are_said_gone(homes: Homes) -> None:
+    workspace, _ = await _start_site(homes)
+    async with client_of(homes.two.url, homes.token) as two:
+        result, _ = await shell(two, "echo kept-before-the-kill > site/kept.txt", workspace=workspace)
+        assert not result.is_error, text_of(result)
+    homes.one.process.send_signal(signal.SIGKILL)
+    homes.one.stop()
+    # Until one's heartbeat is old enough for it to be taken for dead, two answers that the home does not answer.
+    deadline = time.monotonic() + 60
+    async with client_of(homes.two.url, homes.token, checked=False) as two:
+        while True:
+            try:
+                result, continued = await shell(two, f"cat site/kept.txt && {READ % 'kept.txt'}", workspace=workspace)
+                break
+            except Exception as exc:  # the client raises the 503 the forwarding answers while one may live
+                assert "does not answer" in str(exc) or "503" in str(exc), exc
+                assert time.monotonic() < deadline, "replica two never took the workspace over"
+                await anyio.sleep(0.5)
+    said = text_of(result)
+    assert not result.is_error, said
+    assert f"workspace {workspace} lived on replica" in said and "stopped answering" in said, said
+    assert "its services there (web) are gone with that replica" in said, said
+    assert continued["stdout"].count("kept-before-the-kill") == 2, said  # the file, and the service started again
+    homes.one = start_replica(homes.folder / "one", homes.database.url, *homes.args)
+
+
+async def test_haproxy_sends_a_workspaces_calls_to_its_home(homes: Homes, tmp_path: Path) -> None:
+    """The tools ask clients to mirror `workspace` as the Mcp-Param-Workspace header; the home's answer names the
+    workspace it made, and HAProxy (deploy/haproxy.cfg) sends the next calls there: none is forwarded."""
+    with haproxy(tmp_path, homes.one, homes.two) as url:
+        async with client_of(url, homes.token) as client:
+            _, made = await shell(client, "echo first > f.txt")
+            workspace = made["workspace"]
+            for i in range(6):
+                result, _ = await shell(client, f"echo {i} >> f.txt", workspace=workspace)
+                assert not result.is_error, text_of(result)
+    ran = {_ran_on(homes.one, workspace), _ran_on(homes.two, workspace)}
+    assert ran == {0, 7}, ran
+    forwarded = [
+        _ran_on(r, workspace, via=peer.owner()) for r, peer in ((homes.one, homes.two), (homes.two, homes.one))
+    ]
+    assert forwarded == [0, 0], forwarded

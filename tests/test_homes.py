@@ -26,11 +26,14 @@ from tests.conftest import run_cli
 from tests.mcp_harness import text_of
 from tests.replicas import Postgres, Replica, haproxy, postgres, start_replica
 from tests.test_replicas import client_of, shell
+from tests.test_tasks import request, until
 
 pytestmark = pytest.mark.anyio
 
 POLICY = """\
 extends: default
+defaults:
+  limits: {timeout_s: 20, max_timeout_s: 20, max_task_s: 120}
 services:
   tools: [execute_command]
   memory_mb: 96
@@ -61,14 +64,13 @@ def homes(tmp_path_factory: pytest.TempPathFactory, runtime: DockerRuntime) -> I
     args = ("--policy", str(policy), "--tokens", str(tokens), "--no-pool", "--workspaces", "mounted")
     with postgres() as database:
         one = start_replica(folder / "one", database.url, *args)
+        found = Homes(database, one, one, added.stdout.splitlines()[-1], folder, args)
         try:
-            two = start_replica(folder / "two", database.url, *args)
-            try:
-                yield Homes(database, one, two, added.stdout.splitlines()[-1], folder, args)
-            finally:
-                two.stop()
+            found.two = start_replica(folder / "two", database.url, *args)
+            yield found
         finally:
-            one.stop()
+            for replica in {id(found.one): found.one, id(found.two): found.two}.values():  # as the tests left them
+                replica.stop()
 
 
 def _ran_on(replica: Replica, workspace: str, via: str | None = None) -> int:
@@ -199,3 +201,46 @@ async def test_haproxy_sends_a_workspaces_calls_to_its_home(homes: Homes, tmp_pa
         _ran_on(r, workspace, via=peer.owner()) for r, peer in ((homes.one, homes.two), (homes.two, homes.one))
     ]
     assert forwarded == [0, 0], forwarded
+
+
+async def test_a_home_stopped_for_an_upgrade_hands_its_workspace_and_services_to_the_next_replica(homes: Homes) -> None:
+    """SIGTERM: the home drains, saves and lets go of its workspaces; the next call, through the other replica,
+    continues the workspace there and starts its services again, as after a restart."""
+    workspace, _ = await _start_site(homes)
+    homes.one.process.send_signal(signal.SIGTERM)
+    assert await anyio.to_thread.run_sync(homes.one.process.wait, 60) == 0
+    homes.one.stop()
+    rows = homes.database.query(f"SELECT home FROM workspaces WHERE id = '{workspace}'")
+    assert rows == [(None,)], rows  # let go of: no replica has to be taken for dead first
+    async with client_of(homes.two.url, homes.token) as two:
+        result, continued = await shell(two, READ % "index.html", workspace=workspace)
+    said = text_of(result)
+    assert not result.is_error and "service web started again" in said, said
+    assert "stopped answering" not in said, said
+    assert continued["stdout"].strip() == "made-on-one", said
+    assert _ran_on(homes.two, workspace) == 1
+    homes.one = start_replica(homes.folder / "one", homes.database.url, *homes.args)
+
+
+async def test_a_task_in_a_workspace_homed_on_one_replica_is_followed_and_read_through_the_other(homes: Homes) -> None:
+    """A long call started through replica two in a workspace that lives on one runs on one (forwarded); its
+    progress and result are read through two, and what it wrote is there for the next call, wherever it lands."""
+    workspace, _ = await _start_site(homes)
+    async with client_of(homes.two.url, homes.token) as two:
+        arguments = {"command": "echo started; sleep 3; echo late > late.txt; echo done",
+                     "timeout_s": 60, "workspace": workspace}  # fmt: skip
+        answer = await two.session.call_tool("execute_command", arguments, allow_claimed=True)
+        created = answer.model_dump(by_alias=True, exclude_none=True)
+        assert created.get("resultType") == "task", created
+        task_id = created["taskId"]
+        seen = await until(
+            two, task_id, lambda task: "started" in task.get("statusMessage", "") or task["status"] != "working"
+        )
+        assert "started" in seen.get("statusMessage", "") or seen["status"] == "completed", seen
+        ended = await until(two, task_id, lambda task: task["status"] != "working")
+        assert ended["status"] == "completed", ended
+        result = await request(two, "tasks/result", taskId=task_id)
+        assert result["structuredContent"]["stdout"] == "started\ndone\n", result
+        _, read = await shell(two, "cat late.txt", workspace=workspace)
+        assert read["stdout"] == "late\n", read
+    assert _ran_on(homes.one, workspace, via=homes.two.owner()) == 2

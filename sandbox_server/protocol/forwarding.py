@@ -36,13 +36,11 @@ if TYPE_CHECKING:
 
     from sandbox_server.state.homes import Home, Homes
 
-__all__ = ["Forwarding", "WORKSPACE_HEADER"]
+__all__ = ["Forwarding", "signature"]
 
 log = logging.getLogger("sandbox_server")
 
 HEADER = "sandbox-forwarded"
-WORKSPACE_HEADER = "Workspace"
-"""The `x-mcp-header` name of the tools' `workspace` argument: clients mirror it as `Mcp-Param-Workspace`."""
 FORWARD_SKEW_S = 30.0
 PREVIEW_BODY_BYTES = 16 * 1024 * 1024
 HOP_BY_HOP = frozenset(
@@ -99,7 +97,11 @@ class Forwarding:
             body, whole = b"", True
             if path == self.mcp_path and method == "POST" and b"mcp-session-id" not in headers:
                 body, whole = await read_body(receive, body_bytes)
-                named = headers.get(b"mcp-param-workspace", b"").decode("latin-1") or _named_workspace(body)
+                mirrored = headers.get(b"mcp-param-workspace", b"").decode("latin-1")
+                named = mirrored or _named_workspace(body)
+                if named and not mirrored and named.isascii() and named.isprintable() and named.strip() == named:
+                    # a client that did not list the tool first mirrors nothing: the header the schema asks for
+                    scope = {**scope, "headers": [*scope.get("headers", []), (b"mcp-param-workspace", named.encode())]}
                 if named and whole and not self.here(named):
                     home = await anyio.to_thread.run_sync(self.homes.of_workspace, named)
                 if home is None and whole:  # run here: the answer tells the load balancer where it lives

@@ -3,6 +3,9 @@ what needs a person's approval."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import mcp_types as types
 from mcp.shared.exceptions import MCPError
 from mcp_types.jsonrpc import INVALID_PARAMS
@@ -14,11 +17,18 @@ from sandbox_server.protocol.paging import paginate
 from sandbox_server.tools import Tool
 from sandbox_server.tools.base import annotations_for
 
-__all__ = ["page_of", "tool_model"]
+__all__ = ["WORKSPACE_HEADER", "page_of", "tool_model"]
 
 
-def tool_model(exposed: str, tool: Tool, policy: Policy) -> types.Tool:
-    """A tool as a caller under `policy` sees it."""
+WORKSPACE_HEADER = "Workspace"
+"""Replicas with homes: the tools' `workspace` argument carries `x-mcp-header`, so 2026-07-28 clients mirror it as
+`Mcp-Param-Workspace` and a load balancer sends a workspace's calls to the replica it lives on (deploy/haproxy.cfg).
+Only there: the SDK refuses a call whose header is missing once the schema asks for it (protocol.forwarding
+supplies it from the body for a client that did not list the tool first)."""
+
+
+def tool_model(exposed: str, tool: Tool, policy: Policy, workspace_header: bool = False) -> types.Tool:
+    """A tool as a caller under `policy` sees it (`workspace_header`: its workspace argument mirrored as a header)."""
     tool_policy = policy.for_tool(tool.name)
     hints = annotations_for(tool, tool_policy)
     description, meta = tool.description, {OWN_NAME_META: tool.name}
@@ -35,13 +45,23 @@ def tool_model(exposed: str, tool: Tool, policy: Policy) -> types.Tool:
         name=exposed,
         title=tool.title,
         description=description,
-        input_schema=dict(tool.input_schema),
+        input_schema=_with_header(tool.input_schema) if workspace_header else dict(tool.input_schema),
         output_schema=dict(tool.output_schema),
         annotations=types.ToolAnnotations.model_validate({"title": tool.title, **hints}),
         # 2025-11-25: a client may ask for any call as a task when the policy runs tasks
         execution=types.ToolExecution(task_support="optional" if policy.tasks.running > 0 else "forbidden"),
         _meta=meta,
     )
+
+
+def _with_header(schema: Mapping[str, Any]) -> dict[str, Any]:
+    properties = schema.get("properties") or {}
+    if "workspace" not in properties:
+        return dict(schema)
+    return {
+        **schema,
+        "properties": {**properties, "workspace": {**properties["workspace"], "x-mcp-header": WORKSPACE_HEADER}},
+    }
 
 
 def page_of(names: list[str], cursor: str | None, page_size: int) -> tuple[list[str], str | None]:

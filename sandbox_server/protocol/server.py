@@ -206,7 +206,9 @@ class SandboxServer:
         policy = self.registry.policy_for(identity_of(ctx).policy)
         tools = self.registry.tools_of(policy)
         page, next_cursor = page_of(sorted(tools), params.cursor if params else None, self.page_size)
-        return types.ListToolsResult(tools=[tool_model(n, tools[n], policy) for n in page], next_cursor=next_cursor)
+        routed = self.workspaces is not None and getattr(self.workspaces.contents, "homes", None) is not None
+        listed = [tool_model(n, tools[n], policy, routed) for n in page]
+        return types.ListToolsResult(tools=listed, next_cursor=next_cursor)
 
     async def _call_tool(self, ctx: Context, params: types.CallToolRequestParams) -> Any:
         self._remember(ctx)

@@ -84,9 +84,6 @@ stop or remove things, reach nothing outside."""
 WORKSPACE_ARGUMENT: dict[str, Any] = {
     "type": "string",
     "maxLength": 64,
-    # Mirrored by 2026-07-28 clients as the Mcp-Param-Workspace header: a load balancer sends a workspace's calls
-    # to the replica it lives on by it (deploy/haproxy.cfg), and a replica forwards without reading the body.
-    "x-mcp-header": "Workspace",
     "description": "To continue where an earlier call left /workspace (and run_python's variables), pass that "
     "result's `workspace` id here, or the name its caller gave it (the `workspaces` tool's `keep`). Without it, a call over stdio or in a handshake-era HTTP session continues its "
     "connection's workspace; over HTTP in the 2026-07-28 era it starts a new one. With a policy that keeps "

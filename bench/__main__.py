@@ -10,6 +10,7 @@ BENCHMARKS = {
     "csv_launcher": "bench.csv_launcher",
     "draining": "bench.draining",
     "forks": "bench.forks",
+    "homes": "bench.homes",
     "kept_variables": "bench.kept_variables",
     "performance": "bench.performance",
     "queue": "bench.queue",

@@ -150,12 +150,15 @@ async def test_a_forwarded_request_needs_the_replicas_signature(homes: Homes) ->
         "someone;0;00",
         f"someone;{now};{'0' * 64}",
         "not a signature",
-        f"someone;{old};{signature(key, old, 'POST', '/mcp', body)}",
-        f"someone;{now};{signature(key, now, 'POST', '/mcp', body + b' ')}",
+        f"another;{now};{signature(key, 'someone', now, 'POST', '/mcp', body)}",
+        f"someone;{old};{signature(key, 'someone', old, 'POST', '/mcp', body)}",
+        f"someone;{now};{signature(key, 'someone', now, 'POST', '/mcp', body + b' ')}",
     ):
         refused = await anyio.to_thread.run_sync(post, said)
         assert refused.status_code == 403 and "signature" in refused.text, (said, refused.status_code, refused.text)
-    taken = await anyio.to_thread.run_sync(post, f"someone;{now};{signature(key, now, 'POST', '/mcp', body)}")
+    taken = await anyio.to_thread.run_sync(
+        post, f"someone;{now};{signature(key, 'someone', now, 'POST', '/mcp', body)}"
+    )
     assert taken.status_code == 200 and "execute_command" in taken.text, (taken.status_code, taken.text[:300])
 
 

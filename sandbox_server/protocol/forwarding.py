@@ -6,7 +6,7 @@ calls and its services' previews can be answered only where it lives. A replica 
 mirror or else by its arguments; a `/preview/<service>/…` request) while another live replica is the home sends
 the request there as it came, bearer token and all, and streams the answer back: the home checks the caller as it
 checks every request. The channel between replicas is authenticated: a forwarded request carries
-`Sandbox-Forwarded: <replica>;<time>;<HMAC-SHA256>` over its time, method, path and body, keyed with a secret
+`Sandbox-Forwarded: <replica>;<time>;<HMAC-SHA256>` over that replica, its time, method, path and body, keyed with a secret
 the replicas share in the database; a home runs a request so marked as its own even while it drains (it
 finishes the work that lives there), and never forwards it again. A marked request whose signature does not hold,
 or is over FORWARD_SKEW_S old, is refused 403.
@@ -52,8 +52,9 @@ HOME_RESPONSE = b"sandbox-workspace"
 forwarded answer, which would teach it the wrong replica."""
 
 
-def signature(key: bytes, stamp: str, method: str, path: str, body: bytes) -> str:
-    said = f"{stamp}\n{method}\n{path}\n{hashlib.sha256(body).hexdigest()}".encode()
+def signature(key: bytes, replica: str, stamp: str, method: str, path: str, body: bytes) -> str:
+    """The HMAC-SHA256 a replica signs a forwarded request with: who forwards it, when, and what it is."""
+    said = f"{replica}\n{stamp}\n{method}\n{path}\n{hashlib.sha256(body).hexdigest()}".encode()
     return hmac.new(key, said, hashlib.sha256).hexdigest()
 
 
@@ -123,12 +124,12 @@ class Forwarding:
         parts = said.split(";")
         if len(parts) != 3:
             return False
-        _, stamp, mac = parts
+        replica, stamp, mac = parts
         try:
             fresh = abs(time.time() - float(stamp)) <= FORWARD_SKEW_S
         except ValueError:
             return False
-        return fresh and hmac.compare_digest(mac, signature(self.key, stamp, method, path, body))
+        return fresh and hmac.compare_digest(mac, signature(self.key, replica, stamp, method, path, body))
 
     async def _forward(self, home: Home, scope: Scope, body: bytes, send: Send, receive: Receive) -> None:
         import httpx2
@@ -139,7 +140,9 @@ class Forwarding:
         query = scope.get("query_string", b"").decode("latin-1")
         stamp = f"{time.time():.3f}"
         headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"] if k not in HOP_BY_HOP]
-        headers.append((HEADER, f"{self.homes.me};{stamp};{signature(self.key, stamp, method, path, body)}"))
+        headers.append(
+            (HEADER, f"{self.homes.me};{stamp};{signature(self.key, self.homes.me, stamp, method, path, body)}")
+        )
         url = home.address.rstrip("/") + path + (f"?{query}" if query else "")
         request = self._client.build_request(method, url, headers=headers, content=body)
         try:

@@ -5,7 +5,8 @@
 Two replicas (serve --state … --workspaces mounted) share a PostgreSQL of their own, on this machine's engine, each
 with its warm pool. A workspace made through replica one runs the service `web` (`python3 -m http.server`) there.
 Then, turn by turn, the same call is made through replica one (its home) and through replica two (which forwards it
-to one): `execute_command` reading the service's page by its name over bash's /dev/tcp. And the same preview page
+to one): `execute_command` reading the service's page by its name over bash's /dev/tcp, then `echo` in another
+workspace homed on one that runs no service (its calls take warm containers: the hop's cost shows). And the same preview page
 is fetched through each, with the caller's token. Each turn takes both in an order that alternates, so the machine's
 load falls on both alike. Reports p50 and p95 of each, the ratio, and whether the goals hold: a call through the
 other replica within 1.5x + 5 ms of its home's, a preview within 2x.
@@ -51,6 +52,7 @@ async def run(folder: Path, turns: int) -> dict[str, Any]:
     token = added.stdout.splitlines()[-1]
     args = ("--policy", str(policy), "--tokens", str(tokens), "--workspaces", "mounted")
     calls: dict[str, list[float]] = {"home": [], "other": []}
+    plain: dict[str, list[float]] = {"home": [], "other": []}
     pages: dict[str, list[float]] = {"home": [], "other": []}
     with postgres() as database:
         replicas: dict[str, Replica] = {}
@@ -72,10 +74,20 @@ async def run(folder: Path, turns: int) -> dict[str, Any]:
                      "service": {"name": "web", "port": 8000}},
                 )  # fmt: skip
                 service = (started.structured_content or {})["service"]["id"]
+                quiet = await home.call_tool("execute_command", {"command": "echo made"})
+                no_service = {"command": "echo hi", "workspace": (quiet.structured_content or {})["workspace"]}
                 through = {"home": home, "other": other}
                 arguments = {"command": READ, "workspace": workspace}
                 for name in through:  # each client's first call lists the tools; the pools warm up
                     await through[name].call_tool("execute_command", arguments)
+                    await through[name].call_tool("execute_command", no_service)
+
+                async def plain_call(name: str) -> None:
+                    begun = time.perf_counter()
+                    result = await through[name].call_tool("execute_command", no_service)
+                    seconds = time.perf_counter() - begun
+                    assert not result.is_error, (name, result.content)
+                    plain[name].append(seconds)
 
                 async def call(name: str) -> None:
                     begun = time.perf_counter()
@@ -104,6 +116,8 @@ async def run(folder: Path, turns: int) -> dict[str, Any]:
                         order = ("home", "other") if turn % 2 == 0 else ("other", "home")
                         for name in order:
                             await call(name)
+                        for name in order:
+                            await plain_call(name)
                         for _ in range(5):
                             for name in order:
                                 await page(name)
@@ -112,6 +126,7 @@ async def run(folder: Path, turns: int) -> dict[str, Any]:
                 replica.stop()
     call_ms = {name: percentiles(samples) for name, samples in calls.items()}
     page_ms = {name: percentiles(samples) for name, samples in pages.items()}
+    plain_ms = {name: percentiles(samples) for name, samples in plain.items()}
     call_allowed = round(1.5 * call_ms["home"]["p50"] + 5, 1)
     return {
         "turns": turns,
@@ -120,6 +135,8 @@ async def run(folder: Path, turns: int) -> dict[str, Any]:
         "call_p50_added_ms": round(call_ms["other"]["p50"] - call_ms["home"]["p50"], 1),
         "call_goal_ms": call_allowed,
         "call_goal_met": call_ms["other"]["p50"] <= call_allowed,
+        "plain_call_ms": plain_ms,
+        "plain_call_p50_added_ms": round(plain_ms["other"]["p50"] - plain_ms["home"]["p50"], 1),
         "preview_ms": page_ms,
         "preview_p50_other_over_home": round(page_ms["other"]["p50"] / page_ms["home"]["p50"], 2),
         "preview_goal_met": page_ms["other"]["p50"] <= 2 * page_ms["home"]["p50"],
@@ -134,7 +151,11 @@ def main(argv: list[str]) -> int:
         report = anyio.run(run, Path(name), options.turns)
     rows = [
         [what, where, report[key][where]["n"], report[key][where]["p50"], report[key][where]["p95"]]
-        for what, key in (("call reaching the service", "call_ms"), ("preview page", "preview_ms"))
+        for what, key in (
+            ("call reaching the service", "call_ms"),
+            ("call in a workspace without one", "plain_call_ms"),
+            ("preview page", "preview_ms"),
+        )  # fmt: skip
         for where in ("home", "other")
     ]
     print_table(["", "through", "n", "p50 ms", "p95 ms"], rows)

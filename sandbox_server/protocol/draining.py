@@ -27,15 +27,23 @@ import anyio
 if TYPE_CHECKING:
     from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-__all__ = ["FORWARDED", "Drain", "read_body", "refuse", "replayed"]
+__all__ = ["FORWARDED", "LIVES_HERE", "Drain", "read_body", "refuse", "replayed"]
 
 NEW_WORK = frozenset({"tools/call", "initialize"})
 FORWARDED = "sandbox_server.forwarded"
 """In the ASGI scope of a request a peer replica forwarded, signed (protocol.forwarding): that replica's name. Such
 a request is for work that lives here, run even while this replica drains."""
+LIVES_HERE = "sandbox_server.lives_here"
+"""In the ASGI scope of a call for a workspace homed on this replica (protocol.forwarding): run while it drains, as
+a forwarded one is, until the load balancer sends its calls elsewhere."""
 """What a draining replica answers 503: the requests that would start work, or a session, here. Everything else
 (listing tools, reading a task, a resource or a prompt) is answered as usual: it ends at once.
 """
+OUT_OF_SERVICE_S = 4.0
+"""A draining replica with homes (protocol.forwarding) keeps listening at least this long, however soon what runs here ends: a load balancer's
+health checks take it out of service within it (deploy/haproxy.cfg checks every second and takes a replica out
+after two failures; the DaemonSet's readiness probe likewise), and until they do, calls for workspaces homed here
+still come straight here, and are run."""
 SETTLE_POLL_S = 0.1
 """How often a draining replica looks whether its requests and tasks have ended."""
 
@@ -48,6 +56,12 @@ class Drain:
         self.since: float | None = None
         self.why = ""
         self.under_way = 0
+        self.forwarded = 0
+        """Of the requests under way, those for work that lives here (forwarded by a peer, or sent here by the load
+        balancer until it takes this replica out)."""
+        self.closing = False
+        """Set once the requests of this replica's own callers and its tasks have ended: a forwarded request is then
+        refused too, and its replica waits until this one has let go of what it is for (protocol.forwarding)."""
         self.began = anyio.Event()
         self.stopping = anyio.Event()
         """Set once the server is to stop: then it stops as uvicorn stops (no new connection, the open ones given a
@@ -78,8 +92,17 @@ class Drain:
         began: the requests and tasks left then."""
         assert self.since is not None, "settled() is for a draining replica"
         with anyio.move_on_after(max(0.0, self.since + self.grace_s - time.monotonic())):
-            while self.under_way or tasks_running():
+            out = self.since + min(OUT_OF_SERVICE_S, self.grace_s)
+            while (
+                self.under_way - self.forwarded
+                or tasks_running()
+                or (self.peers is not None and time.monotonic() < out)
+            ):
                 await anyio.sleep(SETTLE_POLL_S)
+            self.closing = True  # peers keep forwarding calls for what lives here: from now on they wait for it
+            while self.under_way:
+                await anyio.sleep(SETTLE_POLL_S)
+        self.closing = True
         return self.under_way, tasks_running()
 
     def wrap(self, app: ASGIApp, body_bytes: int) -> ASGIApp:
@@ -90,7 +113,15 @@ class Drain:
             if scope.get("type") != "http" or scope.get("method") != "POST" or scope.get("path") != "/mcp":
                 await app(scope, receive, send)
                 return
-            if self.since is not None and not _of_a_session(scope) and not scope.get(FORWARDED):
+            peer = scope.get(FORWARDED) or scope.get(LIVES_HERE)
+            if peer and self.closing:
+                message = (
+                    f"this replica is stopping ({self.why}) and hands over what lives here; nothing of this request "
+                    "ran: send it again"
+                )
+                await refuse(scope, receive, send, message)
+                return
+            if self.since is not None and not _of_a_session(scope) and not peer:
                 body, whole = await read_body(receive, body_bytes)
                 if whole and _starts_work(body):
                     message = (
@@ -101,10 +132,12 @@ class Drain:
                     return
                 receive = replayed(body, whole, receive)
             self.under_way += 1
+            self.forwarded += bool(peer)
             try:
                 await app(scope, receive, send)
             finally:
                 self.under_way -= 1
+                self.forwarded -= bool(peer)
 
         return self.peers(drained, body_bytes) if self.peers is not None else drained
 

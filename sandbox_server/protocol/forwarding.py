@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio.to_thread
 
-from sandbox_server.protocol.draining import FORWARDED, read_body, refuse, replayed
+from sandbox_server.protocol.draining import FORWARDED, LIVES_HERE, read_body, refuse, replayed
 
 if TYPE_CHECKING:
     from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -43,6 +43,10 @@ log = logging.getLogger("sandbox_server")
 HEADER = "sandbox-forwarded"
 FORWARD_SKEW_S = 30.0
 PREVIEW_BODY_BYTES = 16 * 1024 * 1024
+HANDOVER_WAIT_S = 20.0
+"""How long a call for a workspace whose home drains and no longer answers waits for that home to let go of it (it
+does once its services have stopped), before it is answered 503."""
+HANDOVER_POLL_S = 0.2
 HOP_BY_HOP = frozenset(
     [b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te", b"trailer", b"trailers",
      b"transfer-encoding", b"upgrade", b"host", b"content-length", HEADER.encode()]
@@ -95,7 +99,7 @@ class Forwarding:
                 await app(scope, replayed(body, True, receive), send)
                 return
             home: Home | None = None
-            body, whole = b"", True
+            body, whole, named = b"", True, ""
             if path == self.mcp_path and method == "POST" and b"mcp-session-id" not in headers:
                 body, whole = await read_body(receive, body_bytes)
                 mirrored = headers.get(b"mcp-param-workspace", b"").decode("latin-1")
@@ -107,16 +111,16 @@ class Forwarding:
                     home = await anyio.to_thread.run_sync(self.homes.of_workspace, named)
                 if home is None and whole:  # run here: the answer tells the load balancer where it lives
                     send = _teaching(send, named, self.here)
+                    if named and self.here(named):
+                        scope = {**scope, LIVES_HERE: True}
             elif path.startswith(self.preview_prefix):
                 service = path[len(self.preview_prefix) :].split("/", 1)[0]
                 if service:
                     home = await anyio.to_thread.run_sync(self.homes.of_service, service)
                     if home is not None:
                         body, whole = await read_body(receive, PREVIEW_BODY_BYTES)
-            if home is None or not whole:
-                await app(scope, replayed(body, whole, receive), send)
-                return
-            await self._forward(home, scope, body, send, receive)
+            if home is None or not whole or not await self._forward(home, scope, body, send, receive, named):
+                await app(scope, replayed(body, whole, receive), send)  # here (its home let go of it meanwhile)
 
         return forwarding
 
@@ -131,7 +135,11 @@ class Forwarding:
             return False
         return fresh and hmac.compare_digest(mac, signature(self.key, replica, stamp, method, path, body))
 
-    async def _forward(self, home: Home, scope: Scope, body: bytes, send: Send, receive: Receive) -> None:
+    async def _forward(
+        self, home: Home, scope: Scope, body: bytes, send: Send, receive: Receive, named: str = ""
+    ) -> bool:
+        """Send the request to its home and its answer back: whether it was answered (False: a call for `named`,
+        whose home drained and let go of it while this replica waited, is to run here)."""
         import httpx2
 
         if self._client is None:
@@ -147,7 +155,21 @@ class Forwarding:
         request = self._client.build_request(method, url, headers=headers, content=body)
         try:
             answer = await self._client.send(request, stream=True)
+            if (
+                answer.status_code == 503
+                and named
+                and await anyio.to_thread.run_sync(self.homes.stopping, home.replica)
+            ):
+                await answer.aclose()  # a draining home hands over what lives there: wait for it, as below
+                after = await self._handed_over(named, home)
+                return False if after is None else await self._forward(after, scope, body, send, receive, named)
         except httpx2.HTTPError as exc:
+            if named and await self._stopping(home):
+                after = await self._handed_over(named, home)  # a draining home stops listening, then lets go
+                if after is None:
+                    return False
+                if after != home:
+                    return await self._forward(after, scope, body, send, receive, named)
             log.warning("replica %s, home of what %s %s asks for, did not answer: %s", home.replica, method, path, exc)
             message = (
                 f"the replica where this lives ({home.replica}) does not answer now; nothing of this request ran "
@@ -157,7 +179,7 @@ class Forwarding:
                 await refuse(scope, receive, send, message)
             else:
                 await _answer(scope, receive, send, 503, message + "\n", {"retry-after": "1"})
-            return
+            return True
         self.forwarded += 1
         try:
             kept = [
@@ -171,6 +193,22 @@ class Forwarding:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             await answer.aclose()
+        return True
+
+    async def _stopping(self, home: Home) -> bool:
+        stopping: bool = await anyio.to_thread.run_sync(self.homes.stopping, home.replica)
+        return stopping
+
+    async def _handed_over(self, named: str, home: Home) -> Home | None:
+        """Where a workspace lives once its draining home has let go of it (None: nowhere else alive, so here), or
+        that home still after HANDOVER_WAIT_S."""
+        deadline = time.monotonic() + HANDOVER_WAIT_S
+        while time.monotonic() < deadline:
+            await anyio.sleep(HANDOVER_POLL_S)
+            now = await anyio.to_thread.run_sync(self.homes.of_workspace, named)
+            if now != home:
+                return now
+        return home
 
     async def aclose(self) -> None:
         if self._client is not None:

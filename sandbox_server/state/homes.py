@@ -94,6 +94,11 @@ class Homes:
         rows = self.database.run(_SERVICE_HOME, self._params(key=service_id))
         return Home(*rows[0]) if rows else None
 
+    def stopping(self, replica: str) -> bool:
+        """Whether a replica drains (it lets go of its workspaces as it stops) or has stopped (its row is gone)."""
+        rows = self.database.run("SELECT draining FROM replicas WHERE owner = %s", (replica,))
+        return not rows or bool(rows[0][0])
+
     def add_service(self, service_id: str, workspace_id: str, name: str, caller: str) -> None:
         self.database.run(
             "INSERT INTO services (id, workspace_id, replica, name, caller) VALUES (%s, %s, %s, %s, %s) "

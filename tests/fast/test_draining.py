@@ -81,3 +81,57 @@ async def test_settling_waits_for_requests_and_tasks_or_the_grace_period() -> No
         async with anyio.create_task_group() as group:
             group.start_soon(finish)
             assert await drain.settled(lambda: 0) == (0, 0)
+
+
+async def test_work_that_lives_here_is_run_while_draining_until_the_replicas_own_callers_are_done() -> None:
+    """A call a peer forwarded (or one for a workspace homed here) is run while draining; once this replica's own
+    requests and tasks have ended, such calls are refused too (their replica waits for the hand-over), and the drain
+    settles when the last of them ends."""
+    from sandbox_server.protocol.draining import FORWARDED, LIVES_HERE
+
+    drain = Drain(grace_s=5)
+    call = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "execute_command"}}
+    release = anyio.Event()
+
+    async def slow(scope: Any, receive: Any, send: Any) -> None:
+        await release.wait()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"served"})
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": json.dumps(call).encode(), "more_body": False}
+
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    drain.begin("SIGTERM")
+    forwarded = {"type": "http", "method": "POST", "path": "/mcp", "headers": [], FORWARDED: "replica-b"}
+    homed = {"type": "http", "method": "POST", "path": "/mcp", "headers": [], LIVES_HERE: True}
+    async with anyio.create_task_group() as group:
+        group.start_soon(drain.wrap(slow, 1 << 20), forwarded, receive, send)
+        group.start_soon(drain.wrap(slow, 1 << 20), homed, receive, send)
+        with anyio.fail_after(5):
+            while drain.under_way < 2:
+                await anyio.sleep(0.01)
+        assert drain.forwarded == 2
+        settled: list[tuple[int, int]] = []
+
+        async def settle() -> None:
+            settled.append(await drain.settled(lambda: 0))
+
+        group.start_soon(settle)
+        with anyio.fail_after(5):  # the replica's own callers are done: calls for what lives here now wait
+            while not drain.closing:
+                await anyio.sleep(0.01)
+        refused: list[dict[str, Any]] = []
+
+        async def keep(message: Any) -> None:
+            refused.append(message)
+
+        await drain.wrap(slow, 1 << 20)(dict(forwarded), receive, keep)
+        assert refused[0]["status"] == 503 and b"hands over what lives here" in refused[1]["body"]
+        assert not settled  # the two under way are waited for
+        release.set()
+    assert settled == [(0, 0)] and [m["status"] for m in sent if "status" in m] == [200, 200]

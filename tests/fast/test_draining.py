@@ -107,11 +107,12 @@ async def test_work_that_lives_here_is_run_while_draining_until_the_replicas_own
         sent.append(message)
 
     drain.begin("SIGTERM")
-    forwarded = {"type": "http", "method": "POST", "path": "/mcp", "headers": [], FORWARDED: "replica-b"}
-    homed = {"type": "http", "method": "POST", "path": "/mcp", "headers": [], LIVES_HERE: True}
+    forwarded: dict[str, Any] = {"type": "http", "method": "POST", "path": "/mcp", "headers": [], FORWARDED: "b"}
+    homed: dict[str, Any] = {"type": "http", "method": "POST", "path": "/mcp", "headers": [], LIVES_HERE: True}
+    wrapped: Any = drain.wrap(slow, 1 << 20)
     async with anyio.create_task_group() as group:
-        group.start_soon(drain.wrap(slow, 1 << 20), forwarded, receive, send)
-        group.start_soon(drain.wrap(slow, 1 << 20), homed, receive, send)
+        group.start_soon(wrapped, forwarded, receive, send)
+        group.start_soon(wrapped, homed, receive, send)
         with anyio.fail_after(5):
             while drain.under_way < 2:
                 await anyio.sleep(0.01)

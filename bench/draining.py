@@ -1,6 +1,6 @@
 """A rolling restart of two replicas under load: what callers see while each replica drains and comes back.
 
-    scripts/run bench draining [--callers 8] [--before-s 15]
+    scripts/run bench draining [--callers 8] [--before-s 15] [--homes]
 
 Two replicas share a PostgreSQL of their own behind HAProxy (deploy/haproxy.cfg), on this machine's engine. `--callers`
 2026-07-28 clients make `execute_command echo` calls back to back through HAProxy (a policy that keeps no workspace,
@@ -10,7 +10,9 @@ sent SIGTERM, waited for (it drains: new calls go to the other, running ones fin
 and waited for until HAProxy sends it calls again. The calls go on for as long again after the second replica is
 back. Every call is timed from its start to its answer: p50 and p95 before the restart and during it (from the
 first SIGTERM to the second replica back), how many failed, and how the task ended.
-Writes bench/results/draining.json.
+With `--homes`, the replicas keep each workspace mounted on its home and each caller continues one of its own: a
+call fails also when it does not see every line the caller's calls before it appended.
+Writes bench/results/draining.json (draining-homes.json with --homes).
 """
 
 from __future__ import annotations
@@ -44,10 +46,14 @@ tasks: {running: 4, running_per_caller: 4, per_caller: 20, ttl_s: 600, poll_inte
 """
 
 
-async def run(folder: Path, callers: int, before_s: float) -> dict[str, Any]:
+HOMES = POLICY.replace("workspace: {persist: false}", "workspace: {max_per_client: 64}")
+"""With homes: each caller continues a workspace of its own, which lives on one replica or the other."""
+
+
+async def run(folder: Path, callers: int, before_s: float, homes: bool = False) -> dict[str, Any]:
     policy = folder / "policy.yaml"
-    policy.write_text(POLICY)
-    args = ("--policy", str(policy), "--no-pool", "--grace-s", "30")
+    policy.write_text(HOMES if homes else POLICY)
+    args = ("--policy", str(policy), "--no-pool", "--grace-s", "30", *(("--workspaces", "mounted") if homes else ()))
     timed: list[tuple[float, float, bool]] = []
     """Each call: when it started, how long it took, whether it failed."""
     reasons: list[str] = []
@@ -63,11 +69,20 @@ async def run(folder: Path, callers: int, before_s: float) -> dict[str, Any]:
 
                 async def caller(number: int) -> None:
                     async with Client(url, mode="2026-07-28") as client:
+                        arguments: dict[str, Any] = {"command": f"echo {number}"}
+                        line = 0
+                        if homes:  # a file of its own workspace, a line a call: each call sees every line before it
+                            made = await client.call_tool("execute_command", {"command": "echo 0 > lines.txt"})
+                            arguments["workspace"] = (made.structured_content or {})["workspace"]
                         while not stop.is_set():
                             started = time.monotonic()
+                            line += 1
+                            if homes:
+                                arguments["command"] = f"echo {line} >> lines.txt; wc -l < lines.txt"
                             try:
-                                result = await client.call_tool("execute_command", {"command": f"echo {number}"})
-                                failed = bool(result.is_error)
+                                result = await client.call_tool("execute_command", arguments)
+                                said = (result.structured_content or {}).get("stdout", "").strip()
+                                failed = bool(result.is_error) or (homes and said != str(line + 1))
                                 if failed:
                                     reasons.append(str(result.content[0])[:300])
                             except Exception as exc:  # a call lost on the way
@@ -109,6 +124,7 @@ async def run(folder: Path, callers: int, before_s: float) -> dict[str, Any]:
     before = [seconds for at, seconds, _ in timed if at < restart_began]
     during = [seconds for at, seconds, _ in timed if restart_began <= at < restart_ended]
     return {
+        "homes": homes,
         "callers": callers,
         "calls": len(timed),
         "failed": sum(1 for _, _, failed in timed if failed),
@@ -125,9 +141,14 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench draining", description=__doc__)
     parser.add_argument("--callers", type=int, default=8, help="clients making calls back to back (default 8)")
     parser.add_argument("--before-s", type=float, default=15.0, help="seconds of calls before the restart, and after")
+    parser.add_argument(
+        "--homes", action="store_true",
+        help="replicas with homes (--workspaces mounted): each caller continues a workspace of its own, and checks "
+        "that each call sees every line the ones before it wrote",
+    )  # fmt: skip
     options = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="bench-draining-") as name:
-        report = anyio.run(run, Path(name), options.callers, options.before_s)
+        report = anyio.run(run, Path(name), options.callers, options.before_s, options.homes)
     print_table(
         ["", "calls", "p50 ms", "p95 ms"],
         [["before the restart", report["before_ms"]["n"], report["before_ms"]["p50"], report["before_ms"]["p95"]],
@@ -138,5 +159,5 @@ def main(argv: list[str]) -> int:
         f"{report['calls']} calls, {report['failed']} failed; the restart of both replicas took {report['restart_s']} s; "
         f"p95 during it {report['p95_during_over_before']}x before; the long task: {report['task']}"
     )
-    print(f"written: {write_results('draining', report)}")
+    print(f"written: {write_results('draining-homes' if options.homes else 'draining', report)}")
     return 0

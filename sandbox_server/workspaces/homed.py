@@ -189,11 +189,13 @@ class HomedMounts(MountedContents):
     def let_go_of_homes(self) -> None:
         """This replica stops (after draining): every workspace saved, unmounted, and homed nowhere, for the next
         replica asked to continue it from what was saved."""
-        for workspace_id in sorted(self._here):
+        here = sorted(self._here)
+        for workspace_id in here:
             self.save(workspace_id)
-            self.release(workspace_id)
         self._here.clear()
-        self.homes.let_go()
+        self.homes.let_go()  # first: no call runs here any more, and another replica may continue them at once
+        for workspace_id in here:
+            self.release(workspace_id)
 
     def close(self) -> None:
         with contextlib.suppress(Refusal):

@@ -248,6 +248,8 @@ async def test_a_task_in_a_workspace_homed_on_one_replica_is_followed_and_read_t
         assert ended["status"] == "completed", ended
         result = await request(two, "tasks/result", taskId=task_id)
         assert result["structuredContent"]["stdout"] == "started\ndone\n", result
+        output = await two.read_resource(f"sandbox://tasks/{task_id}/output")  # its output, kept where all read it
+        assert "started" in str(output.contents[0]), output
         _, read = await shell(two, "cat late.txt", workspace=workspace)
         assert read["stdout"] == "late\n", read
     assert _ran_on(homes.one, workspace, via=homes.two.owner()) == 2

@@ -49,8 +49,10 @@ does once its services have stopped), before it is answered 503."""
 HANDOVER_POLL_S = 0.2
 HOP_BY_HOP = frozenset(
     [b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te", b"trailer", b"trailers",
-     b"transfer-encoding", b"upgrade", b"host", b"content-length", HEADER.encode()]
+     b"transfer-encoding", b"upgrade", b"content-length", HEADER.encode()]
 )  # fmt: skip
+"""Not passed on. `Host` is: the home checks it as it checks a request the load balancer sent it (the client's host,
+which it answers to), not the address its peer reached it at."""
 HOME_RESPONSE = b"sandbox-workspace"
 """The answer's header naming the workspace its home served (a load balancer learns where it lives); dropped from a
 forwarded answer, which would teach it the wrong replica."""

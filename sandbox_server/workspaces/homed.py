@@ -183,6 +183,15 @@ class HomedMounts(MountedContents):
             self.homes.let_go(workspace_id)
         super().remove(workspace_id, later)
 
+    def sweep(self) -> None:
+        """Also let go of the workspaces homed here that another replica removed (expired, or deleted)."""
+        super().sweep()
+        here = sorted(getattr(self, "_here", ()))  # (the first sweep runs before this class has set its own)
+        if here:
+            rows = self.archives.database.run("SELECT id FROM workspaces WHERE id = ANY(%s)", (here,))
+            for workspace_id in set(here) - {row[0] for row in rows}:
+                self.remove(workspace_id)
+
     def kept_files(self, workspace_ids: list[str]) -> set[str]:
         return super().kept_files(workspace_ids) | self.archives.kept_files(workspace_ids)
 

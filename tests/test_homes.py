@@ -20,6 +20,8 @@ import anyio
 import anyio.to_thread
 import httpx2
 import pytest
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.sync.client import connect
 
 from sandbox_server.protocol.forwarding import signature
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
@@ -303,3 +305,31 @@ async def test_a_rolling_restart_of_homes_under_load_loses_no_call_and_no_line_o
             stop.set()
     assert not failures, failures
     assert min(done.values()) >= 9, done
+
+
+async def test_a_previews_websocket_opened_through_the_other_replica_reaches_the_service_on_its_home(
+    homes: Homes,
+) -> None:
+    """A dev server's hot reload through the preview: the WebSocket opened through replica two is carried to the
+    service on one, for its caller alone."""
+    echo = (Path(__file__).parent / "services" / "ws_echo.py").read_text()
+    async with client_of(homes.one.url, homes.token) as one:
+        _, made = await shell(one, "true", files=[{"path": "ws_echo.py", "content": echo}])
+        result, started = await shell(
+            one, "exec python3 ws_echo.py", workspace=made["workspace"], service={"name": "ws", "port": 8765}
+        )
+        assert not result.is_error, text_of(result)
+    url = f"ws://{homes.two.address}/preview/{started['service']['id']}/"
+
+    def talk(headers: dict[str, str]) -> str:
+        with connect(url, additional_headers=headers, open_timeout=30) as ws:
+            ws.send("hello through the other replica")
+            return str(ws.recv(timeout=10))
+
+    said = await anyio.to_thread.run_sync(talk, {"Authorization": f"Bearer {homes.token}"})
+    assert said == "echo: hello through the other replica", said
+    with pytest.raises(InvalidStatus):  # no token: refused at the home, as through it
+        await anyio.to_thread.run_sync(talk, {})
+    forged = {"Authorization": f"Bearer {homes.token}", "Sandbox-Forwarded": f"x;{time.time():.3f};{'0' * 64}"}
+    with pytest.raises((InvalidStatus, ConnectionClosed)):  # a forged signature: closed before it is carried
+        await anyio.to_thread.run_sync(talk, forged)

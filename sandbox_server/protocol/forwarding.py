@@ -87,6 +87,9 @@ class Forwarding:
         """The ASGI app behind the forwarding (requests read whole first, up to `body_bytes`)."""
 
         async def forwarding(scope: Scope, receive: Receive, send: Send) -> None:
+            if scope.get("type") == "websocket":
+                await self._socket(app, scope, receive, send)
+                return
             if scope.get("type") != "http":
                 await app(scope, receive, send)
                 return
@@ -125,6 +128,62 @@ class Forwarding:
                 await app(scope, replayed(body, whole, receive), send)  # here (its home let go of it meanwhile)
 
         return forwarding
+
+    async def _socket(self, app: ASGIApp, scope: Scope, receive: Receive, send: Send) -> None:
+        """A WebSocket through a preview (a dev server's hot reload): carried to the service's home replica when
+        another one is, signed as a forwarded request is (over GET, its path and no body); a signed one admitted."""
+        from starlette.websockets import WebSocket
+
+        headers = dict(scope.get("headers") or [])
+        path = str(scope.get("path", ""))
+        said = headers.get(HEADER.encode())
+        if said is not None:
+            if not self._genuine(said.decode("latin-1"), "GET", path, b""):
+                await WebSocket(scope, receive, send).close(code=1008)
+                return
+            await app({**scope, FORWARDED: said.decode("latin-1").split(";", 1)[0]}, receive, send)
+            return
+        service = path[len(self.preview_prefix) :].split("/", 1)[0] if path.startswith(self.preview_prefix) else ""
+        home = await anyio.to_thread.run_sync(self.homes.of_service, service) if service else None
+        if home is None:
+            await app(scope, receive, send)
+            return
+        from websockets.exceptions import WebSocketException
+
+        from sandbox_server.protocol.preview import relay
+
+        websocket = WebSocket(scope, receive, send)
+        try:
+            upstream = await anyio.to_thread.run_sync(self._open_socket, home, scope)
+        except (OSError, TimeoutError, ValueError, WebSocketException) as exc:  # no answer, or no upgrade
+            log.info("a preview's WebSocket to replica %s did not open: %s", home.replica, exc)
+            await websocket.close(code=1011)
+            return
+        await websocket.accept(subprotocol=upstream.subprotocol)
+        self.forwarded += 1
+        await relay(websocket, upstream)
+
+    def _open_socket(self, home: Home, scope: Scope) -> Any:
+        """The WebSocket to the home, asked for as the browser asked (its host, cookies, origin and subprotocols)."""
+        import socket
+        from urllib.parse import urlsplit
+
+        from websockets.sync.client import connect
+
+        where = urlsplit(home.address)
+        sock = socket.create_connection((where.hostname or "", where.port or 80), timeout=10)
+        path = str(scope["path"])
+        query = scope.get("query_string", b"").decode("latin-1")
+        stamp = f"{time.time():.3f}"
+        given = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        protocols = [p.strip() for p in given.get("sec-websocket-protocol", "").split(",") if p.strip()]
+        passed = {k: v for k, v in given.items() if k in ("cookie", "authorization", "origin", "user-agent")}
+        passed[HEADER] = f"{self.homes.me};{stamp};{signature(self.key, self.homes.me, stamp, 'GET', path, b'')}"
+        return connect(
+            f"ws://{given.get('host', where.netloc)}{path}" + (f"?{query}" if query else ""), sock=sock,
+            additional_headers=passed, subprotocols=protocols or None, open_timeout=10,
+            max_size=PREVIEW_BODY_BYTES, origin=None,
+        )  # fmt: skip
 
     def _genuine(self, said: str, method: str, path: str, body: bytes) -> bool:
         parts = said.split(";")

@@ -24,7 +24,7 @@ import logging
 import secrets
 import socket
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from http.cookies import SimpleCookie
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit
@@ -41,7 +41,7 @@ from sandbox_server.access.identity import token_identity
 from sandbox_server.sandbox.netns import connect_inside
 from sandbox_server.services.manager import Service, Services
 
-__all__ = ["PREVIEW_PREFIX", "Previews", "serve_previews"]
+__all__ = ["PREVIEW_PREFIX", "Previews", "relay", "serve_previews"]
 
 log = logging.getLogger("sandbox_server")
 
@@ -236,7 +236,7 @@ class Previews:
         if service is None:
             await websocket.close(code=1008)
             return
-        from websockets.exceptions import ConnectionClosed, WebSocketException
+        from websockets.exceptions import WebSocketException
         from websockets.sync.client import connect
 
         target = self._target(websocket, service)
@@ -257,42 +257,53 @@ class Previews:
             return
         await websocket.accept(subprotocol=upstream.subprotocol)
 
-        async def to_service() -> None:
-            try:
-                while True:
-                    message = await websocket.receive()
-                    if message["type"] == "websocket.disconnect":
-                        return
-                    data = message.get("bytes") if message.get("bytes") is not None else message.get("text")
-                    service.last_used = time.monotonic()
-                    await anyio.to_thread.run_sync(upstream.send, data)
-            except (WebSocketDisconnect, ConnectionClosed):
-                return
+        def used() -> None:
+            service.last_used = time.monotonic()
 
-        async def to_browser() -> None:
-            try:
-                while True:
-                    data = await anyio.to_thread.run_sync(upstream.recv, abandon_on_cancel=True)
-                    if isinstance(data, bytes):
-                        await websocket.send_bytes(data)
-                    else:
-                        await websocket.send_text(data)
-            except (ConnectionClosed, WebSocketDisconnect, RuntimeError):
-                return
+        await relay(websocket, upstream, used)
 
-        async with anyio.create_task_group() as group:
 
-            async def until_one_ends(side: Any) -> None:
-                await side()
-                group.cancel_scope.cancel()
+async def relay(websocket: WebSocket, upstream: Any, used: Callable[[], None] = lambda: None) -> None:
+    """Carry a browser's accepted WebSocket and an open upstream one (a `websockets` sync client connection) both
+    ways until either side ends, then close both; `used` hears each message from the browser."""
+    from websockets.exceptions import ConnectionClosed
 
-            group.start_soon(until_one_ends, to_service)
-            group.start_soon(until_one_ends, to_browser)
-        upstream.close()
+    async def to_service() -> None:
         try:
-            await websocket.close()
-        except RuntimeError:
-            pass  # the browser closed it
+            while True:
+                message = await websocket.receive()
+                if message["type"] == "websocket.disconnect":
+                    return
+                data = message.get("bytes") if message.get("bytes") is not None else message.get("text")
+                used()
+                await anyio.to_thread.run_sync(upstream.send, data)
+        except (WebSocketDisconnect, ConnectionClosed):
+            return
+
+    async def to_browser() -> None:
+        try:
+            while True:
+                data = await anyio.to_thread.run_sync(upstream.recv, abandon_on_cancel=True)
+                if isinstance(data, bytes):
+                    await websocket.send_bytes(data)
+                else:
+                    await websocket.send_text(data)
+        except (ConnectionClosed, WebSocketDisconnect, RuntimeError):
+            return
+
+    async with anyio.create_task_group() as group:
+
+        async def until_one_ends(side: Any) -> None:
+            await side()
+            group.cancel_scope.cancel()
+
+        group.start_soon(until_one_ends, to_service)
+        group.start_soon(until_one_ends, to_browser)
+    upstream.close()
+    try:
+        await websocket.close()
+    except RuntimeError:
+        pass  # the browser closed it
 
 
 async def serve_previews(previews: Previews, listener: socket.socket) -> None:

@@ -130,6 +130,11 @@ async def test_a_service_started_through_one_replica_is_reached_listed_and_previ
     # Another caller's request, or none, gets through two what it gets through one.
     anonymous = await anyio.to_thread.run_sync(lambda: httpx2.get(f"http://{homes.two.address}{path}", timeout=30))
     assert anonymous.status_code == 401, anonymous.status_code
+    # An operator sees where each replica is reached and what lives on it.
+    shown = run_cli("replicas", "list", "--state", homes.database.url)
+    rows = {row["replica"]: row for row in map(json.loads, shown.stdout.splitlines())}
+    one = rows[homes.one.owner()]
+    assert one["address"] == f"http://{homes.one.address}" and one["workspaces_homed"] >= 1, rows
 
 
 async def test_a_forwarded_request_needs_the_replicas_signature(homes: Homes) -> None:

@@ -189,12 +189,14 @@ class Database:
 
     def replicas(self) -> list[dict[str, Any]]:
         """Every replica that said it was alive lately: its owner, seconds since its last word, whether it drains
-        or was asked to."""
+        or was asked to, where its peers reach it, and how many workspaces live on it (replicas with homes)."""
         rows = self.run(
-            "SELECT owner, extract(epoch FROM now() - beat_at), draining, drain_asked FROM replicas ORDER BY owner"
+            "SELECT r.owner, extract(epoch FROM now() - r.beat_at), r.draining, r.drain_asked, r.address, "
+            "(SELECT count(*) FROM workspaces w WHERE w.home = r.owner) FROM replicas r ORDER BY r.owner"
         )
-        return [{"replica": owner, "beat_s_ago": round(float(ago), 1), "draining": draining, "drain_asked": asked}
-                for owner, ago, draining, asked in rows]  # fmt: skip
+        return [{"replica": owner, "beat_s_ago": round(float(ago), 1), "draining": draining, "drain_asked": asked,
+                 "address": address, "workspaces_homed": homed}
+                for owner, ago, draining, asked, address, homed in rows]  # fmt: skip
 
     def ask_to_drain(self, owner: str) -> bool:
         """Ask a replica to drain (it begins at its next heartbeat): whether there is such a replica."""

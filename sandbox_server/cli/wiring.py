@@ -381,7 +381,8 @@ def _peers(database: Database | None, services: Any) -> Any:
         return None
     from sandbox_server.protocol.forwarding import Forwarding
 
-    return Forwarding(services.homes, database.key("forwarding"), services.store.contents.homed_here).wrap
+    here, runs_here = services.store.contents.homed_here, lambda service: services.get(service) is not None
+    return Forwarding(services.homes, database.key("forwarding"), here, runs_here).wrap
 
 
 def _shared_access(database: Database | None) -> SharedAccess | None:

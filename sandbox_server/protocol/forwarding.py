@@ -72,16 +72,17 @@ class Forwarding:
         homes: Homes,
         key: bytes,
         here: Callable[[str], bool],
+        runs_here: Callable[[str], bool],
         mcp_path: str = "/mcp",
         preview_prefix: str = "/preview/",
     ) -> None:
         self.homes, self.key = homes, key
         self.here = here
         """Whether a workspace (by its id) lives on this replica: its calls are run here without asking."""
+        self.runs_here = runs_here
+        """Whether a service (by its id) runs on this replica: its previews are served here without asking."""
         self.mcp_path, self.preview_prefix = mcp_path, preview_prefix
         self._client: Any = None
-        self.forwarded = 0
-        """Requests this replica forwarded to a peer."""
 
     def wrap(self, app: ASGIApp, body_bytes: int) -> ASGIApp:
         """The ASGI app behind the forwarding (requests read whole first, up to `body_bytes`)."""
@@ -97,11 +98,11 @@ class Forwarding:
             path, method = str(scope.get("path", "")), str(scope.get("method", ""))
             if HEADER.encode() in headers:
                 body, whole = await read_body(receive, max(body_bytes, PREVIEW_BODY_BYTES))
-                if not whole or not self._genuine(headers[HEADER.encode()].decode("latin-1"), method, path, body):
+                peer = self._signer(headers[HEADER.encode()], method, path, body) if whole else None
+                if peer is None:
                     await _answer(scope, receive, send, 403, "a forwarded request whose signature does not hold\n")
                     return
-                scope = {**scope, FORWARDED: headers[HEADER.encode()].decode("latin-1").split(";", 1)[0]}
-                await app(scope, replayed(body, True, receive), send)
+                await app({**scope, FORWARDED: peer}, replayed(body, True, receive), send)
                 return
             home: Home | None = None
             body, whole, named = b"", True, ""
@@ -118,12 +119,10 @@ class Forwarding:
                     send = _teaching(send, named, self.here)
                     if named and self.here(named):
                         scope = {**scope, LIVES_HERE: True}
-            elif path.startswith(self.preview_prefix):
-                service = path[len(self.preview_prefix) :].split("/", 1)[0]
-                if service:
-                    home = await anyio.to_thread.run_sync(self.homes.of_service, service)
-                    if home is not None:
-                        body, whole = await read_body(receive, PREVIEW_BODY_BYTES)
+            elif service := self._service_of(path):
+                home = await anyio.to_thread.run_sync(self.homes.of_service, service)
+                if home is not None:
+                    body, whole = await read_body(receive, PREVIEW_BODY_BYTES)
             if home is None or not whole or not await self._forward(home, scope, body, send, receive, named):
                 await app(scope, replayed(body, whole, receive), send)  # here (its home let go of it meanwhile)
 
@@ -138,12 +137,13 @@ class Forwarding:
         path = str(scope.get("path", ""))
         said = headers.get(HEADER.encode())
         if said is not None:
-            if not self._genuine(said.decode("latin-1"), "GET", path, b""):
+            peer = self._signer(said, "GET", path, b"")
+            if peer is None:
                 await WebSocket(scope, receive, send).close(code=1008)
                 return
-            await app({**scope, FORWARDED: said.decode("latin-1").split(";", 1)[0]}, receive, send)
+            await app({**scope, FORWARDED: peer}, receive, send)
             return
-        service = path[len(self.preview_prefix) :].split("/", 1)[0] if path.startswith(self.preview_prefix) else ""
+        service = self._service_of(path)
         home = await anyio.to_thread.run_sync(self.homes.of_service, service) if service else None
         if home is None:
             await app(scope, receive, send)
@@ -160,7 +160,6 @@ class Forwarding:
             await websocket.close(code=1011)
             return
         await websocket.accept(subprotocol=upstream.subprotocol)
-        self.forwarded += 1
         await relay(websocket, upstream)
 
     def _open_socket(self, home: Home, scope: Scope) -> Any:
@@ -174,27 +173,38 @@ class Forwarding:
         sock = socket.create_connection((where.hostname or "", where.port or 80), timeout=10)
         path = str(scope["path"])
         query = scope.get("query_string", b"").decode("latin-1")
-        stamp = f"{time.time():.3f}"
         given = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         protocols = [p.strip() for p in given.get("sec-websocket-protocol", "").split(",") if p.strip()]
         passed = {k: v for k, v in given.items() if k in ("cookie", "authorization", "origin", "user-agent")}
-        passed[HEADER] = f"{self.homes.me};{stamp};{signature(self.key, self.homes.me, stamp, 'GET', path, b'')}"
+        passed[HEADER] = self._signed("GET", path, b"")
         return connect(
             f"ws://{given.get('host', where.netloc)}{path}" + (f"?{query}" if query else ""), sock=sock,
             additional_headers=passed, subprotocols=protocols or None, open_timeout=10,
             max_size=PREVIEW_BODY_BYTES, origin=None,
         )  # fmt: skip
 
-    def _genuine(self, said: str, method: str, path: str, body: bytes) -> bool:
-        parts = said.split(";")
+    def _service_of(self, path: str) -> str:
+        """The service a preview path is for, when it runs on another replica ("": not a preview, or served here)."""
+        service = path[len(self.preview_prefix) :].split("/", 1)[0] if path.startswith(self.preview_prefix) else ""
+        return service if service and not self.runs_here(service) else ""
+
+    def _signed(self, method: str, path: str, body: bytes) -> str:
+        """The `Sandbox-Forwarded` value this replica sends a request with."""
+        stamp = f"{time.time():.3f}"
+        return f"{self.homes.me};{stamp};{signature(self.key, self.homes.me, stamp, method, path, body)}"
+
+    def _signer(self, said: bytes, method: str, path: str, body: bytes) -> str | None:
+        """The peer replica that signed a forwarded request, when its signature holds and is fresh (else None)."""
+        parts = said.decode("latin-1").split(";")
         if len(parts) != 3:
-            return False
+            return None
         replica, stamp, mac = parts
         try:
             fresh = abs(time.time() - float(stamp)) <= FORWARD_SKEW_S
         except ValueError:
-            return False
-        return fresh and hmac.compare_digest(mac, signature(self.key, replica, stamp, method, path, body))
+            return None
+        genuine = fresh and hmac.compare_digest(mac, signature(self.key, replica, stamp, method, path, body))
+        return replica if genuine else None
 
     async def _forward(
         self, home: Home, scope: Scope, body: bytes, send: Send, receive: Receive, named: str = ""
@@ -207,11 +217,8 @@ class Forwarding:
             self._client = httpx2.AsyncClient(timeout=httpx2.Timeout(10.0, read=None), follow_redirects=False)
         method, path = str(scope["method"]), str(scope["path"])
         query = scope.get("query_string", b"").decode("latin-1")
-        stamp = f"{time.time():.3f}"
         headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"] if k not in HOP_BY_HOP]
-        headers.append(
-            (HEADER, f"{self.homes.me};{stamp};{signature(self.key, self.homes.me, stamp, method, path, body)}")
-        )
+        headers.append((HEADER, self._signed(method, path, body)))
         url = home.address.rstrip("/") + path + (f"?{query}" if query else "")
         request = self._client.build_request(method, url, headers=headers, content=body)
         try:
@@ -241,7 +248,6 @@ class Forwarding:
             else:
                 await _answer(scope, receive, send, 503, message + "\n", {"retry-after": "1"})
             return True
-        self.forwarded += 1
         try:
             kept = [
                 (k.lower().encode("latin-1"), v.encode("latin-1"))

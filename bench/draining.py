@@ -32,7 +32,7 @@ from mcp import Client
 from bench.common import print_table, write_results
 from bench.measure import percentiles
 from sandbox_server.protocol.tasks_client import TasksExtension
-from tests.replicas import Replica, haproxy, postgres, start_replica
+from tests.replicas import haproxy, postgres, start_replica, start_replicas
 from tests.test_tasks import request
 
 POLICY = """\
@@ -58,11 +58,7 @@ async def run(folder: Path, callers: int, before_s: float, homes: bool = False) 
     """Each call: when it started, how long it took, whether it failed."""
     reasons: list[str] = []
     with postgres() as database:
-        replicas: dict[str, Replica] = {}
-        for name in ("one", "two"):
-            replicas[name] = await anyio.to_thread.run_sync(
-                functools.partial(start_replica, folder / name, database.url, *args)
-            )
+        replicas = await start_replicas(folder, database.url, *args)
         try:
             with haproxy(folder, replicas["one"], replicas["two"]) as url:
                 stop = anyio.Event()

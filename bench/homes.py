@@ -16,7 +16,6 @@ Writes bench/results/homes.json.
 from __future__ import annotations
 
 import argparse
-import functools
 import tempfile
 import time
 from pathlib import Path
@@ -28,8 +27,7 @@ import httpx2
 
 from bench.common import print_table, write_results
 from bench.measure import percentiles
-from tests.conftest import run_cli
-from tests.replicas import Replica, postgres, start_replica
+from tests.replicas import one_caller, postgres, start_replicas
 from tests.test_replicas import client_of
 
 POLICY = """\
@@ -46,20 +44,13 @@ READ = """exec bash -c 'exec 3<>/dev/tcp/web/8000; printf "GET /page.txt HTTP/1.
 
 
 async def run(folder: Path, turns: int) -> dict[str, Any]:
-    policy, tokens = folder / "policy.yaml", folder / "tokens.json"
-    policy.write_text(POLICY)
-    added = run_cli("token", "add", "bench", "--policy", str(policy), "--tokens", str(tokens))
-    token = added.stdout.splitlines()[-1]
+    policy, tokens, token = one_caller(folder, POLICY, "bench")
     args = ("--policy", str(policy), "--tokens", str(tokens), "--workspaces", "mounted")
     calls: dict[str, list[float]] = {"home": [], "other": []}
     plain: dict[str, list[float]] = {"home": [], "other": []}
     pages: dict[str, list[float]] = {"home": [], "other": []}
     with postgres() as database:
-        replicas: dict[str, Replica] = {}
-        for name in ("one", "two"):
-            replicas[name] = await anyio.to_thread.run_sync(
-                functools.partial(start_replica, folder / name, database.url, *args)
-            )
+        replicas = await start_replicas(folder, database.url, *args)
         try:
             one, two = replicas["one"], replicas["two"]
             async with (

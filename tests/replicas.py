@@ -118,6 +118,32 @@ class Replica(ServerProcess):
             self.process.stderr.close()
 
 
+def one_caller(folder: Path, policy_text: str, name: str = "alice") -> tuple[Path, Path, str]:
+    """`folder`'s policy.yaml (`policy_text`) and tokens.json holding one caller under it: both paths, and its
+    token."""
+    from tests.conftest import run_cli
+
+    policy, tokens = folder / "policy.yaml", folder / "tokens.json"
+    policy.write_text(policy_text)
+    added = run_cli("token", "add", name, "--policy", str(policy), "--tokens", str(tokens))
+    assert added.returncode == 0, added.stderr
+    return policy, tokens, added.stdout.splitlines()[-1]
+
+
+async def start_replicas(folder: Path, state_url: str, *serve_args: str) -> dict[str, Replica]:
+    """Replicas `one` and `two` of `folder`, started one after the other off the event loop, each once healthy."""
+    import functools
+
+    import anyio.to_thread
+
+    started: dict[str, Replica] = {}
+    for name in ("one", "two"):
+        started[name] = await anyio.to_thread.run_sync(
+            functools.partial(start_replica, folder / name, state_url, *serve_args)
+        )
+    return started
+
+
 def start_replica(folder: Path, state_url: str | None, *serve_args: str, port: int | None = None) -> Replica:
     """A replica (a server of its own without `state_url`), once its /healthz answers 200; on `port` (a replica
     started again where a load balancer knows it), else a free one."""

@@ -19,7 +19,7 @@ import pytest
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
 from tests.conftest import containers_running, run_cli
 from tests.mcp_harness import text_of
-from tests.replicas import Postgres, Replica, haproxy, postgres, start_replica
+from tests.replicas import Postgres, Replica, haproxy, one_caller, postgres, start_replica
 from tests.test_replicas import client_of, shell
 from tests.test_tasks import request, start, until
 
@@ -56,13 +56,10 @@ class Cluster:
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory, runtime: DockerRuntime) -> Iterator[Cluster]:
     folder = tmp_path_factory.mktemp("draining")
-    policy, tokens = folder / "policy.yaml", folder / "tokens.json"
-    policy.write_text(POLICY)
-    added = run_cli("token", "add", "alice", "--policy", str(policy), "--tokens", str(tokens))
-    assert added.returncode == 0, added.stderr
+    policy, tokens, token = one_caller(folder, POLICY)
     args = ("--policy", str(policy), "--tokens", str(tokens), "--no-pool", "--grace-s", "30")
     with postgres() as database:
-        found = Cluster(database, {}, added.stdout.splitlines()[-1], args, folder)
+        found = Cluster(database, {}, token, args, folder)
         try:
             for name in ("one", "two"):
                 found.replicas[name] = start_replica(folder / name, database.url, *args)

@@ -27,7 +27,7 @@ from sandbox_server.protocol.forwarding import signature
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
 from tests.conftest import run_cli
 from tests.mcp_harness import text_of
-from tests.replicas import Postgres, Replica, haproxy, postgres, start_replica
+from tests.replicas import Postgres, Replica, haproxy, one_caller, postgres, start_replica
 from tests.test_replicas import client_of, shell
 from tests.test_tasks import request, until
 
@@ -63,14 +63,11 @@ class Homes:
 @pytest.fixture(scope="module")
 def homes(tmp_path_factory: pytest.TempPathFactory, runtime: DockerRuntime) -> Iterator[Homes]:
     folder = tmp_path_factory.mktemp("homes")
-    policy, tokens = folder / "policy.yaml", folder / "tokens.json"
-    policy.write_text(POLICY)
-    added = run_cli("token", "add", "alice", "--policy", str(policy), "--tokens", str(tokens))
-    assert added.returncode == 0, added.stderr
+    policy, tokens, token = one_caller(folder, POLICY)
     args = ("--policy", str(policy), "--tokens", str(tokens), "--no-pool", "--workspaces", "mounted")
     with postgres() as database:
         one = start_replica(folder / "one", database.url, *args)
-        found = Homes(database, one, one, added.stdout.splitlines()[-1], folder, args)
+        found = Homes(database, one, one, token, folder, args)
         try:
             found.two = start_replica(folder / "two", database.url, *args)
             yield found

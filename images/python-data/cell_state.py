@@ -153,7 +153,7 @@ class State:
             _remove(os.path.join(WORKSPACE, CELL_STATE_FILE))
         os.makedirs(OUTPUT_DIR, exist_ok=True)
         with open(os.path.join(OUTPUT_DIR, CELL_STATE_REPORT), "w", encoding="utf-8") as handle:
-            json.dump({"kept": order, "not_kept": not_kept}, handle)
+            json.dump({"kept": order, "not_kept": not_kept, "about": {n: about.get(n, "") for n in order}}, handle)
 
     def _number(self):
         number, self.next = self.next, self.next + 1

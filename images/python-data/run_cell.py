@@ -12,13 +12,14 @@ and what it loaded or set kept after it (cell_state).
 
 import ast
 import hashlib
+import json
 import os
 import sys
 import traceback
 
 import cell_state
 from sandbox_figures import save_png, seed_font_cache
-from sandbox_wire import FIGURE_NAME, IMAGE_BYTES_ENV, KEEP_VARIABLES_ENV, OUTPUT_DIR
+from sandbox_wire import CELL_VALUE, CELL_VALUE_ROWS, FIGURE_NAME, IMAGE_BYTES_ENV, KEEP_VARIABLES_ENV, OUTPUT_DIR
 
 IMAGE_BYTES = int(os.environ.pop(IMAGE_BYTES_ENV, "2000000"))
 KEEP_VARIABLES = os.environ.pop(KEEP_VARIABLES_ENV, "") == "1"
@@ -54,6 +55,22 @@ def _save_figures(restored: dict) -> None:
         index += 1
 
 
+def _table_of(value) -> None:
+    """A pandas DataFrame or Series, the cell's value, as a table for its view: its first rows (the printed repr is
+    what a model reads; a value that cannot be written so is left to it)."""
+    if type(value).__module__.split(".")[0] != "pandas" or getattr(value, "ndim", 0) not in (1, 2):
+        return
+    try:
+        frame = value.to_frame() if value.ndim == 1 else value
+        shown = frame.head(CELL_VALUE_ROWS).to_json(orient="split", date_format="iso", default_handler=str)
+        table = {"type": type(value).__name__, "shape": list(value.shape), "table": json.loads(shown)}
+        os.makedirs(OUTPUT_DIR, exist_ok=True)
+        with open(os.path.join(OUTPUT_DIR, CELL_VALUE), "w", encoding="utf-8") as handle:
+            json.dump(table, handle)
+    except (ValueError, TypeError, OverflowError, OSError):
+        return
+
+
 def main() -> int:
     seed_font_cache()  # before the cell can import matplotlib
     source = sys.stdin.read()
@@ -76,6 +93,7 @@ def main() -> int:
             value = eval(compile(ast.Expression(last.value), "<cell>", "eval"), namespace)
             if value is not None:
                 print(repr(value))
+                _table_of(value)
     except SystemExit as exc:
         _finish(namespace, state, restored)
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)

@@ -196,6 +196,7 @@ def wire(
             Parts(
                 registry, pool if pool is not None else runtime, audit, (metrics.observe,) if metrics is not None else (),
                 tracing, tasks, services, _shared_access(database), runtime.owner, args.page_size,
+                preview_origin=_origin(preview_base[0]) if preview_base is not None and linked else None,
             )
         )  # fmt: skip
         authentication = _authentication(args, caller_policy, log, database)
@@ -209,6 +210,12 @@ def wire(
         if pool is not None:
             anyio.run(pool.close)
         raise
+
+
+def _origin(url: str) -> str:
+    """scheme://host[:port] of a URL (where a view may frame previews)."""
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}"
 
 
 def _packages_built(policy: Policy, names: list[str], runtime: DockerRuntime, reference: str) -> None:

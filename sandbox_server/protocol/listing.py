@@ -27,11 +27,14 @@ Only there: the SDK refuses a call whose header is missing once the schema asks 
 supplies it from the body for a client that did not list the tool first)."""
 
 
-def tool_model(exposed: str, tool: Tool, policy: Policy, workspace_header: bool = False) -> types.Tool:
-    """A tool as a caller under `policy` sees it (`workspace_header`: its workspace argument mirrored as a header)."""
+def tool_model(
+    exposed: str, tool: Tool, policy: Policy, workspace_header: bool = False, ui: dict[str, Any] | None = None
+) -> types.Tool:
+    """A tool as a caller under `policy` sees it (`workspace_header`: its workspace argument mirrored as a header;
+    `ui`: the view its results open in, for a client that negotiated MCP Apps)."""
     tool_policy = policy.for_tool(tool.name)
     hints = annotations_for(tool, tool_policy)
-    description, meta = tool.description, {OWN_NAME_META: tool.name}
+    description, meta = tool.description, dict[str, Any]({OWN_NAME_META: tool.name})
     writable = [f"{m.host_path} (as {m.sandbox_path})" for m in tool_policy.writable_mounts]
     if writable:
         description += f"\nUnder policy '{policy.name}' it can write to host folders: {', '.join(writable)}."
@@ -41,17 +44,27 @@ def tool_model(exposed: str, tool: Tool, policy: Policy, workspace_header: bool 
     if notice is not None:
         description += "\n" + notice
         meta[APPROVAL_META] = notice
+    output_schema = dict(tool.output_schema)
+    if ui is not None:
+        meta["ui"] = ui
+        output_schema["properties"] = {**output_schema.get("properties", {}), "view": VIEW_SCHEMA}
     return types.Tool(
         name=exposed,
         title=tool.title,
         description=description,
         input_schema=_with_header(tool.input_schema) if workspace_header else dict(tool.input_schema),
-        output_schema=dict(tool.output_schema),
+        output_schema=output_schema,
         annotations=types.ToolAnnotations.model_validate({"title": tool.title, **hints}),
         # 2025-11-25: a client may ask for any call as a task when the policy runs tasks
         execution=types.ToolExecution(task_support="optional" if policy.tasks.running > 0 else "forbidden"),
         _meta=meta,
     )
+
+
+VIEW_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "What only the result's view shows (its MCP Apps view; absent for clients without views)",
+}
 
 
 def _with_header(schema: Mapping[str, Any]) -> dict[str, Any]:

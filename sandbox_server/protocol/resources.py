@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import anyio.to_thread
@@ -199,8 +200,16 @@ class Resources:
         if self.workspaces is None or record is None:
             return None
         files = workspace_entries(self.workspaces, record)
-        entries = [{"path": name, "size": size, "mimeType": mime, "uri": u} for u, name, mime, size in files]
-        text = json.dumps({"workspace": workspace_id, "files": entries}, ensure_ascii=False)
+        states = self.workspaces.contents.states(record.id)
+        entries = [
+            {"path": name, "size": size, "mimeType": mime, "uri": u, "modified": _modified(states, name)}
+            for u, name, mime, size in files
+        ]
+        listing: dict[str, Any] = {"workspace": workspace_id, "files": entries}
+        last = self.workspaces.last_changes.of(record.id)
+        if last is not None:
+            listing["last_call_changes"] = last
+        text = json.dumps(listing, ensure_ascii=False)
         return types.ReadResourceResult(
             contents=[types.TextResourceContents(uri=uri, mime_type="application/json", text=text)]
         )
@@ -223,3 +232,11 @@ class Resources:
             return read_workspace_file(self.workspaces, uri, session, limit, tenant, (offset, length))
         except Refusal as refusal:
             raise MCPError(INVALID_PARAMS, refusal.message) from None
+
+
+def _modified(states: dict[str, Any], name: str) -> str | None:
+    """When a file was last changed (ISO 8601, UTC), from its state (size, mtime in ns, inode)."""
+    state = states.get(name)
+    if state is None:
+        return None
+    return datetime.fromtimestamp(state[1] / 1e9, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")

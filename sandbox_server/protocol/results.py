@@ -177,6 +177,8 @@ def render(
     structured = None
     if outcome.structured is not None:
         structured = json.loads(json.dumps(outcome.structured))
+        if outcome.view is not None:
+            structured["view"] = json.loads(json.dumps(outcome.view))
         for key in ("stdout", "stderr"):
             if isinstance(structured.get(key), str):
                 structured[key] = sanitize(structured[key])

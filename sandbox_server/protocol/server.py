@@ -31,6 +31,8 @@ from sandbox_server.calls.registry import ToolRegistry
 from sandbox_server.calls.tracing import Tracing
 from sandbox_server.errors import Refusal
 from sandbox_server.policy import Policy
+from sandbox_server.protocol.app_tools import TASKS_TOOL, AppTools
+from sandbox_server.protocol.apps import Views, advertise, negotiated, tool_ui
 from sandbox_server.protocol.asking import APPROVAL_TTL_S, Approvals, ParkedCalls, elicits, host_question
 from sandbox_server.protocol.listing import page_of, tool_model
 from sandbox_server.protocol.requests import (
@@ -88,6 +90,8 @@ class Parts:
     """This server process, in the key of its handshake sessions' workspaces."""
     page_size: int = 50
     store: ResourceStore | None = None
+    preview_origin: str | None = None
+    """Where services' previews are served (the origin the service view may frame)."""
 
 
 class SandboxServer:
@@ -118,6 +122,12 @@ class SandboxServer:
         self.resources = Resources(
             self.store, workspaces, lambda: self.policy, self.instance, task_output, services, self.shared_files
         )
+        self.views = Views(parts.preview_origin)
+        self.app_tools = (
+            AppTools(tasks, lambda ctx: self.registry.policy_for(identity_of(ctx).policy), parts.audit)
+            if tasks is not None
+            else None
+        )
         self.approvals = Approvals(shared.questions if shared is not None else None)
         self.parked = ParkedCalls()
         """2026-07-28 calls asking the person about a host, running beside their requests (served by `serve`)."""
@@ -131,8 +141,8 @@ class SandboxServer:
             instructions=INSTRUCTIONS,
             on_list_tools=self._list_tools,
             on_call_tool=self._call_tool,
-            on_list_resources=self.resources.list,
-            on_read_resource=self.resources.read,
+            on_list_resources=self._list_resources,
+            on_read_resource=self._read_resource,
             on_list_resource_templates=self.resources.templates,
             on_subscriptions_listen=ListenHandler(self._events),
         )
@@ -145,6 +155,7 @@ class SandboxServer:
             else RequestStateSecurity.ephemeral(ttl=APPROVAL_TTL_S)
         )
         self.server.middleware.append(RequestStateBoundary(security, default_audience="sandbox-server"))
+        advertise(self.server)  # MCP Apps: views for the clients that negotiate them
         if self.task_protocol is not None:
             self.task_protocol.install(self.server)
 
@@ -207,11 +218,35 @@ class SandboxServer:
         tools = self.registry.tools_of(policy)
         page, next_cursor = page_of(sorted(tools), params.cursor if params else None, self.page_size)
         routed = self.workspaces is not None and getattr(self.workspaces.contents, "homes", None) is not None
-        listed = [tool_model(n, tools[n], policy, routed) for n in page]
+        apps = negotiated(ctx)
+        listed = [tool_model(n, tools[n], policy, routed, tool_ui(tools[n].name) if apps else None) for n in page]
+        if apps and next_cursor is None and self._app_tool(ctx, tools):
+            assert self.app_tools is not None
+            listed.append(self.app_tools.model())
         return types.ListToolsResult(tools=listed, next_cursor=next_cursor)
+
+    def _app_tool(self, ctx: Context, tools: dict[str, Any]) -> bool:
+        """Whether this caller is offered the app-only `tasks` tool (views only, under a policy that runs tasks)."""
+        return self.app_tools is not None and TASKS_TOOL not in tools and self.app_tools.offered(ctx)
+
+    async def _list_resources(
+        self, ctx: Context, params: types.PaginatedRequestParams | None
+    ) -> types.ListResourcesResult:
+        listed = await self.resources.list(ctx, params)
+        if negotiated(ctx) and (params is None or params.cursor is None):
+            listed.resources = [*self.views.listed(), *listed.resources]
+        return listed
+
+    async def _read_resource(self, ctx: Context, params: types.ReadResourceRequestParams) -> types.ReadResourceResult:
+        view = self.views.read(str(params.uri))
+        return view if view is not None else await self.resources.read(ctx, params)
 
     async def _call_tool(self, ctx: Context, params: types.CallToolRequestParams) -> Any:
         self._remember(ctx)
+        if params.name == TASKS_TOOL and negotiated(ctx):
+            tools = self.registry.tools_of(self.registry.policy_for(identity_of(ctx).policy))
+            if self._app_tool(ctx, tools) and self.app_tools is not None:
+                return await self.app_tools.call(ctx, params.arguments or {})
         as_task = False
         if self.task_protocol is not None:
             tool = self.registry.tools_of(self.registry.policy_for(identity_of(ctx).policy)).get(params.name)
@@ -267,10 +302,12 @@ class SandboxServer:
             if end.workspace_saved:
                 await self._resources_changed(ctx, tell_session=task is None)
             assert end.outcome is not None and end.limits is not None
-            limits = end.limits
+            limits, outcome = end.limits, end.outcome
+            if outcome.view is not None and not negotiated(ctx):  # exactly as before views, for everyone else
+                outcome = replace(outcome, view=None)
             kept: list[Any] | None = [] if self.shared_files is not None else None
             rendered = render(
-                end.outcome, self.store, limits.returned_images, limits.returned_image_bytes, identity.tenant, kept
+                outcome, self.store, limits.returned_images, limits.returned_image_bytes, identity.tenant, kept
             )
             if self.shared_files is not None and kept:  # readable on every replica before the answer leaves
                 await anyio.to_thread.run_sync(self.shared_files.keep, kept)

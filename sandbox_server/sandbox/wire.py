@@ -47,7 +47,12 @@ sandboxes)."""
 CELL_STATE_FILE = ".sandbox/cell-state.pickle"
 """run_python: every kept variable in one file, as earlier versions kept them (read once, then kept the new way)."""
 CELL_STATE_REPORT = "cell-state.json"
-"""run_python: under OUTPUT_DIR, which variables were kept and which not ({"kept": [...], "not_kept": [...]})."""
+"""run_python: under OUTPUT_DIR, which variables were kept and which not ({"kept": [...], "not_kept": [...]}), and
+what each kept one is ({"about": {name: "DataFrame 3 x 2"}})."""
+CELL_VALUE = "cell-value.json"
+"""run_python: under OUTPUT_DIR, the cell's value when it is a pandas DataFrame or Series, its first rows as a table
+({"type", "shape", "table": {"columns", "index", "data"}}), for the cell's view."""
+CELL_VALUE_ROWS = 200
 
 ANALYSIS_ANSWER = "analysis.json"
 """analyze_csv: the launcher's answer under OUTPUT_DIR (the other files there are returned as they are)."""

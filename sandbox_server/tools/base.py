@@ -193,6 +193,8 @@ class ToolOutcome:
     notes: tuple[str, ...] = ()
     audit: Mapping[str, Any] | None = None
     """What the audit line records about the sandbox (container, runtime, limits, outcome)."""
+    view: Mapping[str, Any] | None = None
+    """What only a view shows (MCP Apps): `structuredContent.view`, for clients that negotiated views alone."""
 
     @classmethod
     def refused(cls, refusal: Refusal, policy_name: str) -> ToolOutcome:

@@ -10,6 +10,7 @@ from typing import Any
 from sandbox_server.policy import ToolPolicy
 from sandbox_server.sandbox import wire
 from sandbox_server.sandbox.images import libraries
+from sandbox_server.sandbox.spec import OutputFile
 from sandbox_server.tools.base import (
     FILES_SCHEMA,
     SANDBOX_ANNOTATIONS,
@@ -31,6 +32,23 @@ __all__ = ["RunPython"]
 KEPT_NOTE = "variables kept for the next cell"
 """How the answer's note on kept variables begins (a one-shot client, whose server ends with the call, says
 otherwise)."""
+
+
+def _view(report: OutputFile | None, value: OutputFile | None) -> dict[str, Any]:
+    """What the cell's view shows beside its outputs: its value as a table (a DataFrame or Series), and the variables
+    kept for the next cell with what each is (its type and shape or length)."""
+    view: dict[str, Any] = {}
+    try:
+        if value is not None:
+            view["value"] = json.loads(value.content)
+        if report is not None:
+            names = json.loads(report.content)
+            about = names.get("about") or {}
+            view["variables"] = [{"name": str(n), "about": str(about.get(n, ""))} for n in names["kept"]]
+            view["not_kept"] = [str(n) for n in names["not_kept"]]
+    except (ValueError, KeyError, TypeError, AttributeError):
+        view["problem"] = "the sandbox's report on the cell's value or variables is unreadable"
+    return view
 
 
 def _kept_variables(report: bytes) -> str:
@@ -103,9 +121,9 @@ class RunPython:
         )
         result = await ctx.runtime.run(spec, ctx.hooks)
         report = next((f for f in result.files if f.path == wire.CELL_STATE_REPORT), None)
-        if report is not None:
-            result = replace(result, files=tuple(f for f in result.files if f is not report))
-        outcome = outcome_from_execution(result, spec)
+        value = next((f for f in result.files if f.path == wire.CELL_VALUE), None)
+        result = replace(result, files=tuple(f for f in result.files if f is not report and f is not value))
+        outcome = replace(outcome_from_execution(result, spec), view=_view(report, value))
         if report is not None:
             outcome = replace(outcome, notes=(*outcome.notes, _kept_variables(report.content)))
         elif not ctx.kept_workspace:

@@ -10,17 +10,41 @@ The tools' own folders and the call's output folder are not the workspace's file
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
 from sandbox_server.workspaces.files import FileState
 from sandbox_server.workspaces.naming import internal, shown_name
 
-__all__ = ["MAX_CHANGES", "changes_between", "changes_line"]
+__all__ = ["MAX_CHANGES", "LastChanges", "changes_between", "changes_line"]
 
 MAX_CHANGES = 50
 """Paths a result lists at most (all kinds together); `more` counts the rest."""
 SHOWN_IN_TEXT = 4
+REMEMBERED = 4096
+"""Workspaces whose last call's changes are remembered (the oldest forgotten first)."""
+
+
+class LastChanges:
+    """What the last call in each workspace changed, as its result said (what a workspace's view highlights): this
+    process's calls only, the most recent workspaces only."""
+
+    def __init__(self) -> None:
+        self._changes: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def remember(self, workspace_id: str, changes: dict[str, Any]) -> None:
+        with self._lock:
+            self._changes[workspace_id] = changes
+            self._changes.move_to_end(workspace_id)
+            while len(self._changes) > REMEMBERED:
+                self._changes.popitem(last=False)
+
+    def of(self, workspace_id: str) -> dict[str, Any] | None:
+        with self._lock:
+            return self._changes.get(workspace_id)
 
 
 def changes_between(before: Mapping[str, FileState], after: Mapping[str, FileState]) -> dict[str, Any]:

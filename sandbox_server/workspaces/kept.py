@@ -86,6 +86,7 @@ class KeptWorkspace:
             problem, after = await anyio.to_thread.run_sync(self._finish, result)
             self.saved = problem is None
             self.changes = changes_between(before, after)
+            self.store.last_changes.remember(self.record.id, self.changes)
             self.size_bytes = sum(size for size, _, _ in after.values())
         notes = [*result.skipped_files, *self.notes]
         if problem is None and (result.timed_out or result.killed or result.oom_killed or result.flooded):

@@ -27,6 +27,7 @@ from sandbox_server.errors import Refusal
 from sandbox_server.policy import WorkspaceSettings
 from sandbox_server.sandbox.spec import ExecutionResult, SandboxSpec
 from sandbox_server.workspaces.carried import CarriedWorkspaces
+from sandbox_server.workspaces.changes import LastChanges
 from sandbox_server.workspaces.contents import ArchivedContents, Contents
 from sandbox_server.workspaces.exports import Exports
 from sandbox_server.workspaces.files import FileState
@@ -79,6 +80,7 @@ class WorkspaceStore(CarriedWorkspaces):
         """Workspaces removed to make room, by id: their tenant, and what a call naming one is told."""
         self.book: RecordBook = book if book is not None else FileBook(root)
         self.exports = Exports(root / "exports")  # made through the `workspaces` tool, read as resources
+        self.last_changes = LastChanges()  # what each workspace's last call here changed (for its view)
         self.replica_alive = replica_alive
         """Replicas: whether the replica of a handshake session still runs (its workspace is adopted if not)."""
         self._records = self.book.load()

@@ -1,0 +1,136 @@
+// An MCP Apps host for the tests: the official AppBridge (host.js, bundled here with esbuild) in Debian's headless
+// Chromium, driven through playwright-core; its MCP client the official TypeScript one, over Streamable HTTP to
+// the server under test, declaring the Apps extension (and, for tasks, using the official tasks client).
+//
+//   node host.mjs <server url>
+//
+// Commands arrive on stdin as JSON lines and each is answered by one JSON line on stdout ({"error": ...} when it
+// failed): open a tool's view (the host calls the tool, reads its ui:// resource, frames it, hands it the input
+// and the result), then act in the view (click, fill, select, hover, drag) and read it (text, attr, screenshot),
+// and ask what the view asked of the host (its tool calls, reads, links, downloads) and what the browser refused.
+import http from "node:http";
+import { createInterface } from "node:readline";
+import { fileURLToPath } from "node:url";
+import { build } from "esbuild";
+import { chromium } from "playwright-core";
+import { Client, StreamableHTTPClientTransport } from "@modelcontextprotocol/client";
+import { createTaskSessionFromClient, resultFromTaskOutcome } from "@modelcontextprotocol/ext-tasks/client";
+
+const APPS = "io.modelcontextprotocol/ui";
+const APP_MIME = "text/html;profile=mcp-app";
+const [url] = process.argv.slice(2);
+const seen = { calls: [], reads: [], links: [], downloads: [], refused: [], errors: [] };
+
+const bundled = await build({
+  entryPoints: [fileURLToPath(new URL("host.js", import.meta.url))],
+  bundle: true, write: false, format: "iife", platform: "browser", logLevel: "silent",
+});
+const page_html = `<!doctype html><html><head><meta charset="utf-8"><title>test host</title></head>` +
+  `<body style="margin:0;background:#fff"><script>${bundled.outputFiles[0].text}</script></body></html>`;
+const web = http.createServer((request, response) => {
+  response.writeHead(200, { "content-type": "text/html; charset=utf-8" });
+  response.end(page_html);
+});
+await new Promise((resolve) => web.listen(0, "127.0.0.1", resolve));
+
+const client = new Client({ name: "apps-test-host", version: "1.0.0" }, {
+  capabilities: { extensions: { [APPS]: { mimeTypes: [APP_MIME] } } },
+});
+await client.connect(new StreamableHTTPClientTransport(new URL(url)));
+const tasks = createTaskSessionFromClient(client, { endpointId: "apps-test-host" });
+
+const browser = await chromium.launch({
+  executablePath: "/usr/bin/chromium",
+  args: ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync", "--font-render-hinting=none"],
+});
+const page = await browser.newPage({ viewport: { width: 960, height: 760 } });
+page.on("console", (message) => {
+  if (/Content Security Policy|Refused to/.test(message.text())) seen.refused.push(message.text());
+});
+page.on("pageerror", (error) => seen.errors.push(String(error)));
+await page.exposeFunction("hostCallTool", async (params) => {
+  seen.calls.push(params);
+  return await client.callTool(params);
+});
+await page.exposeFunction("hostReadResource", async (params) => {
+  seen.reads.push(params.uri);
+  return await client.readResource(params);
+});
+await page.exposeFunction("hostOpenLink", async (params) => { seen.links.push(params.url); });
+await page.exposeFunction("hostDownload", async (params) => { seen.downloads.push(params); });
+await page.goto(`http://127.0.0.1:${web.address().port}/`);
+
+const view = () => page.frameLocator("#view");
+let running = null;
+
+async function open({ tool, arguments: input, frames = true, task = false }) {
+  const listed = await client.listTools();
+  const found = listed.tools.find((t) => t.name === tool);
+  const uri = found?._meta?.ui?.resourceUri;
+  if (!uri) throw new Error(`${tool} has no view: ${JSON.stringify(found?._meta)}`);
+  const read = await client.readResource({ uri });
+  const [contents] = read.contents;
+  if (contents.mimeType !== APP_MIME) throw new Error(`${uri} is ${contents.mimeType}`);
+  const csp = contents._meta?.ui?.csp ?? {};
+  const app = await page.evaluate((args) => window.mount(args), { html: contents.text, csp, input, frames });
+  if (task) {
+    const execution = await tasks.callTool(tool, input, { task: { preference: "require" } });
+    running = execution.settle({}).then(async ({ outcome }) => {
+      const result = resultFromTaskOutcome(outcome);
+      if (outcome.status === "cancelled") await page.evaluate((r) => window.cancelled(r), "the task was cancelled");
+      else await page.evaluate((r) => window.deliver(r), result);
+      return { status: outcome.status, result };
+    });
+    return { uri, app, kind: execution.kind, csp };
+  }
+  const result = await client.callTool({ name: tool, arguments: input });
+  await page.evaluate((r) => window.deliver(r), result);
+  return { uri, app, result, csp };
+}
+
+const commands = {
+  open,
+  settled: async () => await running,
+  tools: async () => (await client.listTools()).tools,
+  resources: async () => (await client.listResources()).resources,
+  call: async ({ tool, arguments: input }) => await client.callTool({ name: tool, arguments: input }),
+  wait: async ({ selector, text, timeout = 30000 }) => {
+    const found = view().locator(selector).first();
+    if (text === undefined) await found.waitFor({ timeout });
+    else await found.filter({ hasText: text }).waitFor({ timeout });
+    return true;
+  },
+  click: async ({ selector }) => { await view().locator(selector).first().click(); return true; },
+  fill: async ({ selector, value }) => { await view().locator(selector).first().fill(value); return true; },
+  select: async ({ selector, value }) => { await view().locator(selector).first().selectOption(value); return true; },
+  hover: async ({ selector }) => { await view().locator(selector).first().hover(); return true; },
+  drag: async ({ selector, from, to }) => {
+    const box = await view().locator(selector).first().boundingBox();
+    await page.mouse.move(box.x + box.width * from, box.y + box.height / 2);
+    await page.mouse.down();
+    await page.mouse.move(box.x + box.width * to, box.y + box.height / 2, { steps: 8 });
+    await page.mouse.up();
+    return true;
+  },
+  text: async ({ selector }) => await view().locator(selector).allInnerTexts(),
+  attr: async ({ selector, name }) =>
+    await view().locator(selector).evaluateAll((els, n) => els.map((e) => e.getAttribute(n)), name),
+  screenshot: async ({ path }) => { await page.locator("#view").screenshot({ path }); return path; },
+  seen: async () => seen,
+};
+
+const lines = createInterface({ input: process.stdin });
+console.log(JSON.stringify({ ready: true }));
+for await (const line of lines) {
+  const command = JSON.parse(line);
+  if (command.cmd === "close") break;
+  try {
+    console.log(JSON.stringify({ ok: await commands[command.cmd](command) }));
+  } catch (error) {
+    console.log(JSON.stringify({ error: String(error?.stack ?? error) }));
+  }
+}
+await browser.close();
+await client.close();
+web.close();

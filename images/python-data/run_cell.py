@@ -55,15 +55,15 @@ def _save_figures(restored: dict) -> None:
         index += 1
 
 
-def _table_of(value) -> None:
+def _table_of(value, shown: str) -> None:
     """A pandas DataFrame or Series, the cell's value, as a table for its view: its first rows (the printed repr is
     what a model reads; a value that cannot be written so is left to it)."""
     if type(value).__module__.split(".")[0] != "pandas" or getattr(value, "ndim", 0) not in (1, 2):
         return
     try:
         frame = value.to_frame() if value.ndim == 1 else value
-        shown = frame.head(CELL_VALUE_ROWS).to_json(orient="split", date_format="iso", default_handler=str)
-        table = {"type": type(value).__name__, "shape": list(value.shape), "table": json.loads(shown)}
+        rows = frame.head(CELL_VALUE_ROWS).to_json(orient="split", date_format="iso", default_handler=str)
+        table = {"type": type(value).__name__, "shape": list(value.shape), "table": json.loads(rows), "repr": shown}
         os.makedirs(OUTPUT_DIR, exist_ok=True)
         with open(os.path.join(OUTPUT_DIR, CELL_VALUE), "w", encoding="utf-8") as handle:
             json.dump(table, handle)
@@ -92,8 +92,9 @@ def main() -> int:
         if last is not None:
             value = eval(compile(ast.Expression(last.value), "<cell>", "eval"), namespace)
             if value is not None:
-                print(repr(value))
-                _table_of(value)
+                shown = repr(value)
+                print(shown)
+                _table_of(value, shown)
     except SystemExit as exc:
         _finish(namespace, state, restored)
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)

@@ -131,11 +131,14 @@ class Previews:
         if not _host_allowed(host, self.hosts):
             return f"the Host header {host[:100]!r} is not one this server answers to"
         origin = connection.headers.get("origin")
-        if origin is not None and (origin == "null" or urlsplit(origin).netloc.lower() != host.lower()):
-            return f"a page of another origin ({origin[:100]}) may not use a preview"
         site = connection.headers.get("sec-fetch-site")
         navigating = connection.headers.get("sec-fetch-mode") == "navigate" and connection.scope["type"] == "http"
-        if site in ("same-site", "cross-site") and not (navigating and connection.scope.get("method") == "GET"):
+        opening = navigating and connection.scope.get("method") == "GET"
+        if origin == "null" and opening:  # a frame in a sandboxed page (a view) opens it, as a link of any page may
+            return ""
+        if origin is not None and (origin == "null" or urlsplit(origin).netloc.lower() != host.lower()):
+            return f"a page of another origin ({origin[:100]}) may not use a preview"
+        if site in ("same-site", "cross-site") and not opening:
             return f"a {site} request may only open a preview, not use it (Sec-Fetch-Site: {site})"
         return ""
 
@@ -165,10 +168,16 @@ class Previews:
         await self._seen_by(service, service.caller, "link")
         kept = [(k, v) for k, v in parse_qsl(request.url.query, keep_blank_values=True) if k != "grant"]
         response = RedirectResponse(request.url.path + (f"?{urlencode(kept)}" if kept else ""), 303)
+        # Opened in a frame (a view beside a conversation, on another site): a cookie partitioned by that site, the
+        # one a browser keeps for a frame; elsewhere one that no other site's page can carry.
+        framed = request.headers.get("sec-fetch-dest") == "iframe"
         response.set_cookie(
             self._cookie_name(service.id), cookie, path=f"{PREVIEW_PREFIX}/{service.id}/", httponly=True,
-            samesite="lax",
+            samesite="none" if framed else "lax", secure=framed,
         )  # fmt: skip
+        if framed:  # (the standard library writes the Partitioned attribute from Python 3.14 on)
+            header, value = response.raw_headers[-1]
+            response.raw_headers[-1] = (header, value + b"; Partitioned")
         return response
 
     # -- forwarding ------------------------------------------------------------------------------

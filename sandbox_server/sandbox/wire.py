@@ -51,7 +51,7 @@ CELL_STATE_REPORT = "cell-state.json"
 what each kept one is ({"about": {name: "DataFrame 3 x 2"}})."""
 CELL_VALUE = "cell-value.json"
 """run_python: under OUTPUT_DIR, the cell's value when it is a pandas DataFrame or Series, its first rows as a table
-({"type", "shape", "table": {"columns", "index", "data"}}), for the cell's view."""
+({"type", "shape", "table": {"columns", "index", "data"}, "repr": what stdout ends with}), for the cell's view."""
 CELL_VALUE_ROWS = 200
 
 ANALYSIS_ANSWER = "analysis.json"

@@ -84,7 +84,7 @@ const view = (() => {
       if (name.startsWith("on")) element.addEventListener(name.slice(2), value);
       else if (value !== undefined && value !== null && value !== false) element.setAttribute(name, value);
     }
-    for (const child of children.flat()) {
+    for (const child of children.flat(Infinity)) {
       if (child === null || child === undefined || child === false) continue;
       element.append(child instanceof Node ? child : String(child));
     }
@@ -132,5 +132,5 @@ function bytes(size) {
 }
 
 function clear(element, ...children) {
-  element.replaceChildren(...children.flat().filter((child) => child !== null && child !== undefined));
+  element.replaceChildren(...children.flat(Infinity).filter((child) => child !== null && child !== undefined));
 }

@@ -8,6 +8,7 @@
 // failed): open a tool's view (the host calls the tool, reads its ui:// resource, frames it, hands it the input
 // and the result), then act in the view (click, fill, select, hover, drag) and read it (text, attr, screenshot),
 // and ask what the view asked of the host (its tool calls, reads, links, downloads) and what the browser refused.
+// Boxes are in the view's own coordinates, which are the screenshot's: the frame sits at the page's corner.
 import http from "node:http";
 import { createInterface } from "node:readline";
 import { fileURLToPath } from "node:url";
@@ -77,10 +78,16 @@ async function open({ tool, arguments: input, frames = true, task = false }) {
   if (task) {
     const execution = await tasks.callTool(tool, input, { task: { preference: "require" } });
     running = execution.settle({}).then(async ({ outcome }) => {
-      const result = resultFromTaskOutcome(outcome);
-      if (outcome.status === "cancelled") await page.evaluate((r) => window.cancelled(r), "the task was cancelled");
-      else await page.evaluate((r) => window.deliver(r), result);
-      return { status: outcome.status, result };
+      let result;
+      try {
+        result = resultFromTaskOutcome(outcome);
+      } catch (error) {  // a cancelled task has no result: the view is told it was cancelled
+        if (error.name !== "TaskCancelledError") throw error;
+        await page.evaluate((reason) => window.cancelled(reason), "the task was cancelled");
+        return { cancelled: true };
+      }
+      await page.evaluate((r) => window.deliver(r), result);
+      return { result };
     });
     return { uri, app, kind: execution.kind, csp };
   }
@@ -116,6 +123,10 @@ const commands = {
   text: async ({ selector }) => await view().locator(selector).allInnerTexts(),
   attr: async ({ selector, name }) =>
     await view().locator(selector).evaluateAll((els, n) => els.map((e) => e.getAttribute(n)), name),
+  boxes: async ({ selector }) => await view().locator(selector).evaluateAll((els) => els.map((e) => {
+    const r = e.getBoundingClientRect();
+    return [r.x, r.y, r.width, r.height];
+  })),
   screenshot: async ({ path }) => { await page.locator("#view").screenshot({ path }); return path; },
   seen: async () => seen,
 };
@@ -131,6 +142,9 @@ for await (const line of lines) {
     console.log(JSON.stringify({ error: String(error?.stack ?? error) }));
   }
 }
+lines.close();
+await tasks.close();
 await browser.close();
 await client.close();
 web.close();
+process.exit(0);

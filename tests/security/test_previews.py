@@ -84,6 +84,14 @@ async def test_previews_refuse_other_origins_and_hosts_keep_a_services_cookies_t
                     prefix, headers={"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "navigate"}
                 )
                 assert navigated.status_code == 200  # a link from elsewhere still opens the page
+                # A frame in a sandboxed page (an MCP Apps view: Origin null) may open it, and do nothing more.
+                for mode, method, status in (("navigate", "GET", 200), ("cors", "GET", 403), ("navigate", "POST", 403)):
+                    sandboxed = await browser.request(
+                        method,
+                        prefix,
+                        headers={"Origin": "null", "Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": mode},
+                    )
+                    assert sandboxed.status_code == status, (mode, method, sandboxed.text)
                 same = await browser.post(prefix + "form", headers={"Origin": f"http://{own}"}, content=b"mine")
                 assert same.status_code == 200 and same.text == "posted"
                 posted = await call(session, command="cat posted.txt")

@@ -51,6 +51,13 @@ def test_an_installed_wheel_checks_its_policies_lists_its_images_and_runs_a_call
     missing = [name for name in tracked if not (package / name).is_file()]
     assert tracked and not missing, f"the wheel lacks shipped files: {missing}"
 
+    views = _run("git", "ls-files", "sandbox_server/views", cwd=ROOT).stdout.split()
+    missing = [name for name in views if not (package.parent / name).is_file()]
+    assert views and not missing, f"the wheel lacks its views: {missing}"
+    pages = "from sandbox_server.protocol.apps import VIEWS, page; print(sum(len(page(v)) > 5000 for v in VIEWS))"
+    served = _run(venv / "bin/python", "-c", pages, cwd=tmp_path)
+    assert served.stdout.strip() == "5", served.stdout + served.stderr  # each read whole from the installed package
+
     checked = _run(command, "policy", "check", "default", "strict", "data-science", cwd=tmp_path)
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert checked.stdout.count(": ok") == 3, checked.stdout

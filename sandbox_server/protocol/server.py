@@ -234,7 +234,7 @@ class SandboxServer:
     ) -> types.ListResourcesResult:
         listed = await self.resources.list(ctx, params)
         if negotiated(ctx) and (params is None or params.cursor is None):
-            listed.resources = [*self.views.listed(), *listed.resources]
+            return listed.model_copy(update={"resources": [*self.views.listed(), *listed.resources]})
         return listed
 
     async def _read_resource(self, ctx: Context, params: types.ReadResourceRequestParams) -> types.ReadResourceResult:

@@ -40,6 +40,8 @@ ACCENT = (47, 111, 222)
 """The views' accent: bars and points of a chart."""
 CHANGED = (255, 244, 194)
 """The background of a file the last call changed."""
+DANGER = (196, 50, 43)
+"""What went wrong, or was stopped, is said in this color."""
 CITIES = ["Zürich", "Göteborg", "Málaga"]
 DAYS = 12
 
@@ -268,7 +270,7 @@ def test_run_python_view_shows_the_cell_as_a_notebook_does(host: Host, tmp_path:
     host.clean()
 
 
-def test_task_view_follows_a_running_task_and_cancels_it(host: Host, server: tuple[str, Path]) -> None:
+def test_task_view_follows_a_running_task_and_cancels_it(host: Host, server: tuple[str, Path], tmp_path: Path) -> None:
     command = "for i in $(seq 1 300); do echo step $i; sleep 0.2; done"
     opened = host("open", tool="execute_command", arguments={"command": command, "timeout_s": 120}, task=True)
     assert opened["uri"] == "ui://sandbox-server/task" and opened["kind"] == "task"
@@ -279,6 +281,11 @@ def test_task_view_follows_a_running_task_and_cancels_it(host: Host, server: tup
     host("click", selector="#cancel")
     host("wait", selector="body[data-state=cancelled]")
     assert host("settled") == {"cancelled": True}
+    shot = looked_at(host("screenshot", path=str(tmp_path / "task.png")))
+    [(x, y, width, height)] = host("boxes", selector="#state")
+    assert count(shot[int(y) : int(y + height), int(x) : int(x + width)], DANGER, 40) > 40  # said in red
+    [(x, y, width, height)] = host("boxes", selector="#log")
+    assert int((shot[int(y) : int(y + height), int(x) : int(x + width)].sum(axis=2) < 250).sum()) > 100  # the log
     seen = host("seen")
     assert {"name": "tasks", "arguments": {"action": "cancel", "task": task}} in seen["calls"]
     listed = host("call", tool="tasks", arguments={"action": "list"})["structuredContent"]["tasks"]
@@ -321,11 +328,14 @@ def test_service_view_embeds_the_preview_where_the_host_allows_frames_else_links
     write = f'mkdir -p site && printf "%s" "{PAGE}" > site/index.html'
     host("call", tool="execute_command", arguments={"command": write})
     started = host(
-        "call",
+        "open",
         tool="execute_command",
         arguments={"command": "cd site && exec python3 -m http.server 8000", "service": {"name": "web", "port": 8000}},
     )
-    preview = started["structuredContent"]["service"]["preview"]
+    preview = started["result"]["structuredContent"]["service"]["preview"]
+    host("wait", selector="body[data-state='service running']")  # the task view of the call that started it
+    host("click", selector="#open")
+    assert host("seen")["links"][-1] == preview
     opened = host("open", tool="services", arguments={"action": "list"})
     assert opened["uri"] == "ui://sandbox-server/service"
     assert opened["csp"]["frameDomains"] == [preview.split("/preview/")[0]]

@@ -74,7 +74,7 @@ async function open({ tool, arguments: input, frames = true, task = false }) {
   const [contents] = read.contents;
   if (contents.mimeType !== APP_MIME) throw new Error(`${uri} is ${contents.mimeType}`);
   const csp = contents._meta?.ui?.csp ?? {};
-  const app = await page.evaluate((args) => window.mount(args), { html: contents.text, csp, input, frames });
+  const app = await page.evaluate((args) => window.mount(args), { html: contents.text, csp, input, frames, tool: found });
   if (task) {
     const execution = await tasks.callTool(tool, input, { task: { preference: "require" } });
     running = execution.settle({}).then(async ({ outcome }) => {

@@ -17,6 +17,7 @@ BENCHMARKS = {
     "replicas": "bench.replicas",
     "services": "bench.services",
     "sessions": "bench.sessions",
+    "views": "bench.views",
     "warm": "bench.warm",
     "workspaces": "bench.workspaces",
 }

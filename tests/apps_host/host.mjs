@@ -6,7 +6,8 @@
 //
 // Commands arrive on stdin as JSON lines and each is answered by one JSON line on stdout ({"error": ...} when it
 // failed): open a tool's view (the host calls the tool, reads its ui:// resource, frames it, hands it the input
-// and the result), then act in the view (click, fill, select, hover, drag) and read it (text, attr, screenshot),
+// and the result; given `ready`, a selector, it says how long the call took and the view until the selector
+// matched), then act in the view (click, fill, select, hover, drag) and read it (text, attr, boxes, screenshot),
 // and ask what the view asked of the host (its tool calls, reads, links, downloads) and what the browser refused.
 // Boxes are in the view's own coordinates, which are the screenshot's: the frame sits at the page's corner.
 import http from "node:http";
@@ -65,7 +66,7 @@ await page.goto(`http://127.0.0.1:${web.address().port}/`);
 const view = () => page.frameLocator("#view");
 let running = null;
 
-async function open({ tool, arguments: input, frames = true, task = false }) {
+async function open({ tool, arguments: input, frames = true, task = false, ready }) {
   const listed = await client.listTools();
   const found = listed.tools.find((t) => t.name === tool);
   const uri = found?._meta?.ui?.resourceUri;
@@ -91,9 +92,13 @@ async function open({ tool, arguments: input, frames = true, task = false }) {
     });
     return { uri, app, kind: execution.kind, csp };
   }
+  const called = performance.now();
   const result = await client.callTool({ name: tool, arguments: input });
+  const delivered = performance.now();
   await page.evaluate((r) => window.deliver(r), result);
-  return { uri, app, result, csp };
+  if (ready !== undefined) await view().locator(ready).first().waitFor({ state: "attached" });
+  const timings = { call_ms: delivered - called, render_ms: ready !== undefined ? performance.now() - delivered : null };
+  return { uri, app, result, csp, timings };
 }
 
 const commands = {

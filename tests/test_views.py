@@ -358,6 +358,17 @@ def test_service_view_embeds_the_preview_where_the_host_allows_frames_else_links
     host.clean()
 
 
+def test_a_view_takes_the_hosts_dark_theme(host: Host, tmp_path: Path) -> None:
+    host("open", tool="workspaces", arguments={"action": "list"}, theme="dark")
+    host("wait", selector="body[data-ready]")
+    shot = looked_at(host("screenshot", path=str(tmp_path / "dark.png")))
+    assert near(shot[5, 5], (27, 30, 36), 6), shot[5, 5]  # the page, dark
+    [(x, y, width, height)] = host("boxes", selector="#title")
+    title = shot[int(y) : int(y + height), int(x) : int(x + width)]
+    assert int((title.sum(axis=2) > 600).sum()) > 100  # light text on it
+    host.clean()
+
+
 class AppsSupport(ClientExtension):
     """A client that renders MCP Apps, as far as the server can tell."""
 
@@ -405,6 +416,10 @@ async def test_a_client_without_the_extension_gets_exactly_what_it_got_before(
         assert {k: v for k, v in before.structured_content.items() if k not in volatile} == steady
         with pytest.raises(MCPError, match="tasks"):  # the app-only tool is not there for it
             await plain.call_tool("tasks", {"action": "list"})
+        listed = await apps.call_tool("tasks", {"action": "list"})  # checked against its outputSchema
+        assert not listed.is_error and listed.structured_content == {"tasks": []}
+        refused = await apps.call_tool("tasks", {"action": "cancel", "task": "no-such-task"})
+        assert refused.is_error and _text(refused) == "no task no-such-task of yours"
 
 
 def linked_views() -> list[str]:

@@ -5,7 +5,7 @@
 // MCP client carries them to the server.
 import { AppBridge, PostMessageTransport } from "@modelcontextprotocol/ext-apps/app-bridge";
 
-window.mount = async ({ html, csp, input, frames, tool }) => {
+window.mount = async ({ html, csp, input, frames, tool, theme }) => {
   document.getElementById("view")?.remove();
   const frame = document.createElement("iframe");
   frame.id = "view";
@@ -22,7 +22,7 @@ window.mount = async ({ html, csp, input, frames, tool }) => {
     sandbox: { csp: frames ? csp : {} },
   };
   const bridge = new AppBridge(null, { name: "sandbox-server-test-host", version: "1.0.0" }, capabilities, {
-    hostContext: { theme: "light", displayMode: "inline", platform: "web", toolInfo: { tool } },
+    hostContext: { theme: theme ?? "light", displayMode: "inline", platform: "web", toolInfo: { tool } },
   });
   bridge.oncalltool = (params) => window.hostCallTool(params);
   bridge.onreadresource = (params) => window.hostReadResource(params);

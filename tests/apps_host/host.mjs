@@ -66,7 +66,7 @@ await page.goto(`http://127.0.0.1:${web.address().port}/`);
 const view = () => page.frameLocator("#view");
 let running = null;
 
-async function open({ tool, arguments: input, frames = true, task = false, ready }) {
+async function open({ tool, arguments: input, frames = true, task = false, ready, theme }) {
   const listed = await client.listTools();
   const found = listed.tools.find((t) => t.name === tool);
   const uri = found?._meta?.ui?.resourceUri;
@@ -75,7 +75,7 @@ async function open({ tool, arguments: input, frames = true, task = false, ready
   const [contents] = read.contents;
   if (contents.mimeType !== APP_MIME) throw new Error(`${uri} is ${contents.mimeType}`);
   const csp = contents._meta?.ui?.csp ?? {};
-  const app = await page.evaluate((args) => window.mount(args), { html: contents.text, csp, input, frames, tool: found });
+  const app = await page.evaluate((args) => window.mount(args), { html: contents.text, csp, input, frames, tool: found, theme });
   if (task) {
     const execution = await tasks.callTool(tool, input, { task: { preference: "require" } });
     running = execution.settle({}).then(async ({ outcome }) => {

@@ -18,11 +18,9 @@ from importlib import resources
 from typing import Any
 
 import mcp_types as types
-from mcp.server.apps import APP_MIME_TYPE, EXTENSION_ID, client_supports_apps
+from mcp.server.apps import APP_MIME_TYPE, EXTENSION_ID
 
-from sandbox_server.protocol.requests import Context
-
-__all__ = ["APP_MIME_TYPE", "EXTENSION_ID", "VIEW_PREFIX", "Views", "negotiated", "tool_ui"]
+__all__ = ["APP_MIME_TYPE", "EXTENSION_ID", "VIEW_PREFIX", "Views", "advertise", "tool_ui"]
 
 VIEW_PREFIX = "ui://sandbox-server/"
 VIEWS: dict[str, tuple[str, str]] = {
@@ -36,14 +34,6 @@ VIEWS: dict[str, tuple[str, str]] = {
 _VIEW_OF_TOOL = {tool: view for view, (tool, _) in VIEWS.items()}
 _SHARED = ("/* bridge.js */", "bridge.js"), ("/* view.css */", "view.css")
 """Marks in each page where the shared script and style are inlined."""
-
-
-def negotiated(ctx: Context) -> bool:
-    """Whether the request's client negotiated MCP Apps (the extension, with the app MIME type)."""
-    try:
-        return client_supports_apps(ctx)
-    except AttributeError:  # a request without a session's capabilities (a fake context of the fast tier)
-        return False
 
 
 def tool_ui(tool: str) -> dict[str, Any] | None:

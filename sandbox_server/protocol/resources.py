@@ -6,7 +6,6 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import anyio.to_thread
@@ -25,7 +24,7 @@ from sandbox_server.protocol.tasks import OUTPUT_TEMPLATE
 from sandbox_server.services.manager import Services
 from sandbox_server.workspaces.exports import EXPORT_PREFIX
 from sandbox_server.workspaces.naming import LISTING_TEMPLATE, RESOURCE_TEMPLATE, listing_id
-from sandbox_server.workspaces.resources import read_workspace_file, session_entries, workspace_entries
+from sandbox_server.workspaces.resources import read_workspace_file, session_entries, workspace_listing
 from sandbox_server.workspaces.store import WorkspaceStore
 
 if TYPE_CHECKING:  # the PostgreSQL driver is imported only by a server given --state
@@ -199,13 +198,7 @@ class Resources:
         record = None if self.workspaces is None else self.workspaces.find(workspace_id, session, tenant)
         if self.workspaces is None or record is None:
             return None
-        files = workspace_entries(self.workspaces, record)
-        states = self.workspaces.contents.states(record.id)
-        entries = [
-            {"path": name, "size": size, "mimeType": mime, "uri": u, "modified": _modified(states, name)}
-            for u, name, mime, size in files
-        ]
-        listing: dict[str, Any] = {"workspace": workspace_id, "files": entries}
+        listing: dict[str, Any] = {"workspace": workspace_id, "files": workspace_listing(self.workspaces, record)}
         last = self.workspaces.last_changes.of(record.id)
         if last is not None:
             listing["last_call_changes"] = last
@@ -232,11 +225,3 @@ class Resources:
             return read_workspace_file(self.workspaces, uri, session, limit, tenant, (offset, length))
         except Refusal as refusal:
             raise MCPError(INVALID_PARAMS, refusal.message) from None
-
-
-def _modified(states: dict[str, Any], name: str) -> str | None:
-    """When a file was last changed (ISO 8601, UTC), from its state (size, mtime in ns, inode)."""
-    state = states.get(name)
-    if state is None:
-        return None
-    return datetime.fromtimestamp(state[1] / 1e9, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")

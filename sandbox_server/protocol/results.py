@@ -176,9 +176,8 @@ def render(
     content: list[dict[str, Any]] = [{"type": "text", "text": "\n".join(lines)}]
     structured = None
     if outcome.structured is not None:
-        structured = json.loads(json.dumps(outcome.structured))
-        if outcome.view is not None:
-            structured["view"] = json.loads(json.dumps(outcome.view))
+        answer = outcome.structured if outcome.view is None else {**outcome.structured, "view": outcome.view}
+        structured = json.loads(json.dumps(answer))
         for key in ("stdout", "stderr"):
             if isinstance(structured.get(key), str):
                 structured[key] = sanitize(structured[key])

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio.to_thread
 import mcp_types as types
+from mcp.server.apps import client_supports_apps
 from mcp.server.lowlevel import NotificationOptions, Server
 from mcp.server.request_state import RequestStateBoundary, RequestStateSecurity
 from mcp.server.session import ServerSession
@@ -32,7 +33,7 @@ from sandbox_server.calls.tracing import Tracing
 from sandbox_server.errors import Refusal
 from sandbox_server.policy import Policy
 from sandbox_server.protocol.app_tools import TASKS_TOOL, AppTools
-from sandbox_server.protocol.apps import Views, advertise, negotiated, tool_ui
+from sandbox_server.protocol.apps import Views, advertise, tool_ui
 from sandbox_server.protocol.asking import APPROVAL_TTL_S, Approvals, ParkedCalls, elicits, host_question
 from sandbox_server.protocol.listing import page_of, tool_model
 from sandbox_server.protocol.requests import (
@@ -218,7 +219,7 @@ class SandboxServer:
         tools = self.registry.tools_of(policy)
         page, next_cursor = page_of(sorted(tools), params.cursor if params else None, self.page_size)
         routed = self.workspaces is not None and getattr(self.workspaces.contents, "homes", None) is not None
-        apps = negotiated(ctx)
+        apps = client_supports_apps(ctx)
         listed = [tool_model(n, tools[n], policy, routed, tool_ui(tools[n].name) if apps else None) for n in page]
         if apps and next_cursor is None and self._app_tool(ctx, tools):
             assert self.app_tools is not None
@@ -233,7 +234,7 @@ class SandboxServer:
         self, ctx: Context, params: types.PaginatedRequestParams | None
     ) -> types.ListResourcesResult:
         listed = await self.resources.list(ctx, params)
-        if negotiated(ctx) and (params is None or params.cursor is None):
+        if client_supports_apps(ctx) and (params is None or params.cursor is None):
             return listed.model_copy(update={"resources": [*self.views.listed(), *listed.resources]})
         return listed
 
@@ -243,7 +244,7 @@ class SandboxServer:
 
     async def _call_tool(self, ctx: Context, params: types.CallToolRequestParams) -> Any:
         self._remember(ctx)
-        if params.name == TASKS_TOOL and negotiated(ctx):
+        if params.name == TASKS_TOOL and client_supports_apps(ctx):
             tools = self.registry.tools_of(self.registry.policy_for(identity_of(ctx).policy))
             if self._app_tool(ctx, tools) and self.app_tools is not None:
                 return await self.app_tools.call(ctx, params.arguments or {})
@@ -303,7 +304,7 @@ class SandboxServer:
                 await self._resources_changed(ctx, tell_session=task is None)
             assert end.outcome is not None and end.limits is not None
             limits, outcome = end.limits, end.outcome
-            if outcome.view is not None and not negotiated(ctx):  # exactly as before views, for everyone else
+            if outcome.view is not None and not client_supports_apps(ctx):  # exactly as before views, for everyone else
                 outcome = replace(outcome, view=None)
             kept: list[Any] | None = [] if self.shared_files is not None else None
             rendered = render(

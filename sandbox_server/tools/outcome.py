@@ -3,12 +3,12 @@ any limit it hit), its output, its files, the structured result and the audit re
 
 from __future__ import annotations
 
-import datetime
 import re
 from dataclasses import asdict, dataclass
 
 from sandbox_server.sandbox.spec import ExecutionResult, ResourceLimits, SandboxSpec
 from sandbox_server.tools.base import ToolOutcome
+from sandbox_server.workspaces.naming import shown_time
 
 __all__ = ["outcome_from_execution"]
 
@@ -76,7 +76,7 @@ def outcome_from_execution(result: ExecutionResult, spec: SandboxSpec) -> ToolOu
         "oom_killed": result.oom_killed,
         "duration_ms": result.duration_ms,
         "truncated": result.truncated,
-        "files": [{"path": f.path, "size": f.size, "modified": _iso(f.mtime)} for f in result.files],
+        "files": [{"path": f.path, "size": f.size, "modified": shown_time(f.mtime)} for f in result.files],
     }
     audit = {
         "container_id": result.container_id[:12],
@@ -118,8 +118,3 @@ def _network_note(spec: SandboxSpec, stdout: str, stderr: str) -> tuple[str, ...
     """A note naming the field that opens a network, when a program without one reached for it."""
     reached = spec.network == "none" and NO_NETWORK.search(stderr[-20_000:] + stdout[-20_000:]) is not None
     return (NO_NETWORK_NOTE,) if reached else ()
-
-
-def _iso(mtime: float) -> str:
-    """A file's time as answers write it: ISO 8601 in UTC, to the second."""
-    return datetime.datetime.fromtimestamp(mtime, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

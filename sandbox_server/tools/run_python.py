@@ -34,31 +34,45 @@ KEPT_NOTE = "variables kept for the next cell"
 otherwise)."""
 
 
-def _view(report: OutputFile | None, value: OutputFile | None) -> dict[str, Any]:
+Kept = tuple[list[str], list[str], dict[str, str]]
+"""The sandbox's report on a cell's variables: those kept, those not kept, and what each kept one is."""
+
+
+def _kept(report: OutputFile) -> Kept | None:
+    """The report read (None when it is unreadable)."""
+    try:
+        names = json.loads(report.content)
+        kept, not_kept = [str(n) for n in names["kept"]], [str(n) for n in names["not_kept"]]
+    except (ValueError, KeyError, TypeError):
+        return None
+    about = names.get("about")
+    return kept, not_kept, {str(n): str(said) for n, said in about.items()} if isinstance(about, dict) else {}
+
+
+def _view(report: OutputFile | None, kept: Kept | None, value: OutputFile | None) -> dict[str, Any]:
     """What the cell's view shows beside its outputs: its value as a table (a DataFrame or Series), and the variables
     kept for the next cell with what each is (its type and shape or length)."""
     view: dict[str, Any] = {}
-    try:
-        if value is not None:
+    unreadable = report is not None and kept is None
+    if value is not None:
+        try:
             view["value"] = json.loads(value.content)
-        if report is not None:
-            names = json.loads(report.content)
-            about = names.get("about") or {}
-            view["variables"] = [{"name": str(n), "about": str(about.get(n, ""))} for n in names["kept"]]
-            view["not_kept"] = [str(n) for n in names["not_kept"]]
-    except (ValueError, KeyError, TypeError, AttributeError):
+        except ValueError:
+            unreadable = True
+    if kept is not None:
+        view["variables"] = [{"name": n, "about": kept[2].get(n, "")} for n in kept[0]]
+        view["not_kept"] = kept[1]
+    if unreadable:
         view["problem"] = "the sandbox's report on the cell's value or variables is unreadable"
     return view
 
 
-def _kept_variables(report: bytes) -> str:
+def _kept_variables(kept: Kept | None) -> str:
     """The answer's note on what the next cell will find: `kept: df, totals; not kept: fig (Figure)`."""
-    try:
-        names = json.loads(report)
-        kept, not_kept = [str(n) for n in names["kept"]], [str(n) for n in names["not_kept"]]
-    except (ValueError, KeyError, TypeError):
+    if kept is None:
         return "variables: the sandbox's report of what was kept is unreadable"
-    return f"{KEPT_NOTE}: {', '.join(kept) or 'none'}" + (f"; not kept: {', '.join(not_kept)}" if not_kept else "")
+    names, not_kept = kept[0], kept[1]
+    return f"{KEPT_NOTE}: {', '.join(names) or 'none'}" + (f"; not kept: {', '.join(not_kept)}" if not_kept else "")
 
 
 def _installed() -> str:
@@ -123,9 +137,10 @@ class RunPython:
         report = next((f for f in result.files if f.path == wire.CELL_STATE_REPORT), None)
         value = next((f for f in result.files if f.path == wire.CELL_VALUE), None)
         result = replace(result, files=tuple(f for f in result.files if f is not report and f is not value))
-        outcome = replace(outcome_from_execution(result, spec), view=_view(report, value))
+        kept = _kept(report) if report is not None else None
+        outcome = replace(outcome_from_execution(result, spec), view=_view(report, kept, value))
         if report is not None:
-            outcome = replace(outcome, notes=(*outcome.notes, _kept_variables(report.content)))
+            outcome = replace(outcome, notes=(*outcome.notes, _kept_variables(kept)))
         elif not ctx.kept_workspace:
             said = (
                 f"variables are not kept: policy '{ctx.policy_name}' keeps no workspace (field workspace.persist), "

@@ -10,6 +10,7 @@ import anyio.to_thread
 
 from sandbox_server.tools.base import ToolOutcome
 from sandbox_server.workspaces.compare import compared
+from sandbox_server.workspaces.naming import shown_time
 from sandbox_server.workspaces.records import WorkspaceRecord
 from sandbox_server.workspaces.store import WorkspaceStore
 
@@ -110,10 +111,6 @@ def _command_of(entry: Mapping[str, Any]) -> str:
     return " ".join([str(said), *map(str, extra)]) if isinstance(extra, list) else str(said)
 
 
-def _iso(seconds: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
-
-
 def row(
     item: WorkspaceRecord, current: WorkspaceRecord, keep_s: float, idle_s: float, running: set[str]
 ) -> dict[str, Any]:
@@ -122,8 +119,8 @@ def row(
     return {
         "id": item.id,
         "name": item.name,
-        "created": _iso(item.created),
-        "last_used": _iso(item.last_used),
+        "created": shown_time(item.created),
+        "last_used": shown_time(item.last_used),
         "size_bytes": item.size_bytes,
         "expires_in_s": round(max(0.0, item.last_used + lasts - time.time()), 1),
         "current": item.id == current.id,

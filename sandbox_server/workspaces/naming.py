@@ -1,9 +1,10 @@
-"""How kept workspaces and their files are named: ids, resource URIs (and their template), names as people
-read them, and the folders that are the tools' own and never resources."""
+"""How kept workspaces and their files are named: ids, resource URIs (and their template), names and times as
+people read them, and the folders that are the tools' own and never resources."""
 
 from __future__ import annotations
 
 import re
+import time
 from urllib.parse import quote, unquote_to_bytes
 
 from sandbox_server.sandbox import wire
@@ -21,6 +22,7 @@ __all__ = [
     "parse_resource_uri",
     "resource_uri",
     "shown_name",
+    "shown_time",
 ]
 
 ID_PATTERN = re.compile(r"ws-[A-Za-z0-9_-]{22}")
@@ -65,6 +67,11 @@ def internal(path: str) -> bool:
 def shown_name(path: str) -> str:
     """A workspace file's name as people read it: bytes that are not UTF-8 shown as `\\xNN`."""
     return path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+def shown_time(seconds: float) -> str:
+    """A moment as answers write it: ISO 8601 in UTC, to the second."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
 
 
 def parse_resource_uri(uri: str) -> tuple[str, str] | None:

@@ -6,12 +6,14 @@ the tools' own folders inside them.
 
 from __future__ import annotations
 
+from typing import Any
+
 from sandbox_server.workspaces.contents import mime_type
-from sandbox_server.workspaces.naming import internal, parse_resource_uri, resource_uri, shown_name
+from sandbox_server.workspaces.naming import internal, parse_resource_uri, resource_uri, shown_name, shown_time
 from sandbox_server.workspaces.records import WorkspaceRecord
 from sandbox_server.workspaces.store import WorkspaceStore
 
-__all__ = ["read_workspace_file", "session_entries", "workspace_entries"]
+__all__ = ["read_workspace_file", "session_entries", "workspace_entries", "workspace_listing"]
 
 
 def workspace_entries(store: WorkspaceStore, record: WorkspaceRecord) -> list[tuple[str, str, str, int]]:
@@ -19,6 +21,22 @@ def workspace_entries(store: WorkspaceStore, record: WorkspaceRecord) -> list[tu
     return [
         (resource_uri(record.id, path), shown_name(path), mime_type(path), size)
         for path, size in store.contents.files(record.id)
+        if not internal(path)
+    ]
+
+
+def workspace_listing(store: WorkspaceStore, record: WorkspaceRecord) -> list[dict[str, Any]]:
+    """A workspace's files as its listing resource shows them: path, size, MIME type, URI and when each was last
+    changed (one walk of its files)."""
+    return [
+        {
+            "path": shown_name(path),
+            "size": size,
+            "mimeType": mime_type(path),
+            "uri": resource_uri(record.id, path),
+            "modified": shown_time(mtime_ns / 1e9),
+        }
+        for path, (size, mtime_ns, _) in sorted(store.contents.states(record.id).items())
         if not internal(path)
     ]
 

@@ -32,6 +32,7 @@ from typing import IO, Any, BinaryIO, cast
 import zstandard
 
 from sandbox_server.sandbox.archive import WorkspaceTooLarge, keep_workspace
+from sandbox_server.workspaces.naming import shown_time
 
 __all__ = ["FORMAT", "Add", "TransferError", "read_export", "write_export"]
 
@@ -80,7 +81,7 @@ def _entry_said(entry: tarfile.TarInfo, name: str) -> bytes:
 def write_export(out: BinaryIO, manifest: dict[str, Any], fill: Callable[[Add], None]) -> dict[str, Any]:
     """Write an export in one pass: the manifest, then whatever `fill` adds (the workspace's entries), then the
     checksum's counts; the manifest and those counts together."""
-    head = {**manifest, "format": FORMAT, "exported": _iso(time.time()), "checksum": "zstd frame (XXH64)"}
+    head = {**manifest, "format": FORMAT, "exported": shown_time(time.time()), "checksum": "zstd frame (XXH64)"}
     # Level 1 in the library's worker threads: a workspace is often incompressible (data, images, wheels), which
     # zstd stores as it is at any level; the workers checksum what they compress.
     compressor = zstandard.ZstdCompressor(level=1, write_checksum=True, threads=-1)
@@ -249,10 +250,6 @@ def _member(name: str, size: int) -> tarfile.TarInfo:
     member = tarfile.TarInfo(name)
     member.size, member.mode, member.mtime = size, 0o600, int(time.time())
     return member
-
-
-def _iso(seconds: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
 
 
 class _TooLarge(Exception):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import os
 import tarfile
 from pathlib import Path
 from typing import Any
@@ -95,7 +96,11 @@ def test_an_archive_past_the_policys_workspace_or_not_an_export_is_refused_at_im
         write_export(
             out, {"id": "ws-elsewhere"}, lambda add: add(big, io.BytesIO(payload.getvalue()[512:][: big.size]))
         )
-    broken.write_bytes(large.read_bytes()[: large.stat().st_size // 2])
+    small = tarfile.TarInfo("small.bin")
+    small.size = 200_000
+    whole = io.BytesIO()
+    write_export(whole, {"id": "ws-elsewhere"}, lambda add: add(small, io.BytesIO(os.urandom(small.size))))
+    broken.write_bytes(whole.getvalue()[: len(whole.getvalue()) // 2])
     too_large = run_cli("workspace", "import", str(large), "--name", "big", *where)
     cut_short = run_cli("workspace", "import", str(broken), "--name", "big", *where)
     assert too_large.returncode != 0 and "workspace.size_mb" in too_large.stderr, too_large.stderr

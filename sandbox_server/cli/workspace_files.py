@@ -67,13 +67,20 @@ def add_workspace_commands(commands: Any) -> None:  # argparse's subparsers acti
 
 
 def workspace_export(args: argparse.Namespace) -> int:
+    from sandbox_server.workspaces.transfer import ExportStopped
+
     with _store(args) as (store, _, _):
         try:
             record = store.resolve(args.workspace, None, args.caller)
         except Refusal as refused:
             raise UsageError(refused.message) from None
-        with _opened(args.output, "wb") as out:
-            manifest = store.export_to(record, out)
+        try:
+            with _opened(args.output, "wb") as out:
+                manifest = store.export_to(record, out)
+        except ExportStopped as stopped:
+            if args.output != "-":
+                Path(args.output).unlink(missing_ok=True)  # what was written of it is no export
+            raise UsageError(f"not exported: {stopped.message}") from None
     print(f"exported {record.name or record.id}: {manifest['files']} entries, {manifest['bytes']} bytes of files")
     return 0
 

@@ -19,12 +19,14 @@ import shutil
 import tarfile
 import time
 from collections.abc import Iterator
-from typing import IO, BinaryIO, cast
+from typing import IO, Any, BinaryIO, cast
 
 from sandbox_server.sandbox import wire
 from sandbox_server.sandbox.spec import InputFile, OutputFile
 
 __all__ = [
+    "BoundedTar",
+    "UnsafeMember",
     "WorkspaceTooLarge",
     "build_request",
     "keep_workspace",
@@ -39,6 +41,61 @@ WORKSPACE_DIR = wire.WORKSPACE.lstrip("/")
 OUTPUT_DIR = wire.OUTPUT_DIR.lstrip("/")
 OUTPUT_LEAF = OUTPUT_DIR.removeprefix(WORKSPACE_DIR + "/")
 """The output folder relative to the workspace ("out")."""
+
+
+EXTENDED_BYTES = 64 * 1024
+"""The largest extended header (a PAX record set, a GNU long name or link) a reader takes: a path is 4 KiB at most,
+and tarfile holds a header's whole content in memory."""
+EXTENDED_RUN = 4
+"""Extended headers that may precede one member (a PAX header, a GNU long name and long link: three at most)."""
+_EXTENDED = (tarfile.XHDTYPE, tarfile.SOLARIS_XHDTYPE, tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK)
+
+
+class UnsafeMember(tarfile.TarError):
+    """A tar member refused before its header's content is read: a sparse member (reading it writes out the size
+    it declares, whatever it holds), an extended header above EXTENDED_BYTES or in a run of more than
+    EXTENDED_RUN, a global header."""
+
+
+class _BoundedInfo(tarfile.TarInfo):
+    """A member header checked before tarfile reads what it announces."""
+
+    def _proc_member(self, tar: Any) -> Any:
+        if self.type == tarfile.GNUTYPE_SPARSE:
+            raise _sparse(self.name)
+        if self.type == tarfile.XGLTYPE:
+            raise UnsafeMember("it holds a global extended header, which is refused")
+        if self.type in _EXTENDED:
+            if self.size > EXTENDED_BYTES:
+                raise UnsafeMember(f"it holds an extended header of {self.size} bytes, above {EXTENDED_BYTES}")
+            tar.extended_run += 1
+            if tar.extended_run > EXTENDED_RUN:
+                raise UnsafeMember(f"it holds more than {EXTENDED_RUN} extended headers before one member")
+        return super()._proc_member(tar)  # type: ignore[misc]  # (tarfile's own, untyped)
+
+    def _sparse_refused(self, member: tarfile.TarInfo, *_: Any) -> Any:
+        raise _sparse(member.name)
+
+    _proc_gnusparse_00 = _proc_gnusparse_01 = _proc_gnusparse_10 = _sparse_refused
+
+
+def _sparse(name: str) -> UnsafeMember:
+    return UnsafeMember(
+        f"its member {_printable(name[:100])!r} is sparse, which is refused: reading it would write out the whole "
+        "size it declares"
+    )
+
+
+class BoundedTar(tarfile.TarFile):
+    """tarfile's reader for archives made elsewhere: what a header announces is bounded before it is read (no
+    sparse member, no extended header above EXTENDED_BYTES or global one; UnsafeMember says which)."""
+
+    tarinfo = _BoundedInfo
+    extended_run = 0
+
+    def next(self) -> tarfile.TarInfo | None:
+        self.extended_run = 0
+        return super().next()
 
 
 def safe_relative_path(path: str) -> str | None:
@@ -151,7 +208,7 @@ def keep_workspace(source: BinaryIO, target: BinaryIO, max_bytes: int, max_entri
     kept = tarfile.open(fileobj=target, mode="w", format=tarfile.PAX_FORMAT)
     kinds: dict[str, str] = {}
     total = 0
-    with tarfile.open(fileobj=source, mode="r|") as tar:
+    with BoundedTar.open(fileobj=source, mode="r|") as tar:
         for member in tar:
             name = safe_relative_path(member.name)
             if name is None or name == OUTPUT_LEAF or name.startswith(OUTPUT_LEAF + "/") or name in kinds:
@@ -246,7 +303,7 @@ def read_outputs(
     archive.seek(0)
     used = 0
     try:
-        with tarfile.open(fileobj=archive, mode="r|") as tar:
+        with BoundedTar.open(fileobj=archive, mode="r|") as tar:
             for member in tar:
                 name = safe_relative_path(member.name)
                 if under and name is not None:  # a whole workspace: only its output folder comes back

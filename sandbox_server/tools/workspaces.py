@@ -5,6 +5,7 @@ and imported, paused and resumed, and deleted. It runs no sandbox of its own."""
 from __future__ import annotations
 
 import tempfile
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -219,7 +220,7 @@ class WorkspacesTool:
         elif action == "branch":
             headline = await self._branch(args, kept, ctx, extra, sections)
         elif action == "export":
-            headline = await self._export(args, kept, extra)
+            headline = await self._export(args, kept, ctx, extra)
         elif action == "delete":
             headline = await self._delete(args, kept, ctx)
         else:
@@ -349,17 +350,11 @@ class WorkspacesTool:
         )
 
     @staticmethod
-    async def _export(args: Mapping[str, Any], kept: KeptWorkspace, extra: dict[str, Any]) -> str:
+    async def _export(args: Mapping[str, Any], kept: KeptWorkspace, ctx: ToolContext, extra: dict[str, Any]) -> str:
         store = kept.store
         source = WorkspacesTool._snapshot_named(args, kept, "export") if args.get("snapshot") else kept.record
-        uri, path = store.exports.begin(kept.record.tenant)
-
-        def write() -> dict[str, Any]:
-            with open(path, "wb") as out:
-                return store.export_to(source, out)
-
-        manifest = await anyio.to_thread.run_sync(write)
-        size = path.stat().st_size
+        deadline = time.monotonic() + ctx.policy.max_timeout_s
+        uri, size, manifest = await anyio.to_thread.run_sync(store.export, source, deadline)
         extra["export"] = {"uri": uri, "size_bytes": size, "files": manifest["files"], "bytes": manifest["bytes"]}
         return (
             f"{'snapshot' if source.snapshot else 'workspace'} {source.name or source.id} is exported: read {uri} "

@@ -4,14 +4,16 @@ a workspace or snapshot, an import made a new workspace, bounded as a fork is. P
 from __future__ import annotations
 
 import secrets
+import tarfile
 import time
 from dataclasses import replace
+from pathlib import Path
 from typing import Any, BinaryIO
 
 from sandbox_server.errors import Refusal
 from sandbox_server.workspaces.pausing import PausedWorkspaces
 from sandbox_server.workspaces.records import WorkspaceRecord
-from sandbox_server.workspaces.transfer import TransferError, read_export, write_export
+from sandbox_server.workspaces.transfer import Bounds, ExportStopped, TransferError, read_export, write_export
 
 __all__ = ["CarriedWorkspaces"]
 
@@ -20,50 +22,71 @@ class CarriedWorkspaces(PausedWorkspaces):
     """The store's export and import, and what its workspaces take together (the store provides the records, their
     lock and the caps)."""
 
-    def export_to(self, record: WorkspaceRecord, out: BinaryIO) -> dict[str, Any]:
-        """Write a workspace or snapshot as one file (workspaces.transfer); its manifest."""
+    def export(self, record: WorkspaceRecord, deadline: float) -> tuple[str, int, dict[str, Any]]:
+        """An export of a workspace or snapshot to be read as a resource (its URI, size and manifest), counted in
+        its caller's share and the host's cap: at the workspace's whole size while it is written, as a copy is,
+        then at its own. Refused, naming the field, past either, past the workspace's size in bytes of content
+        or `deadline`; one that fails leaves no file behind."""
+        with self._lock:
+            current = self._current(record)
+            self._within_share(current.tenant, current.size_bytes, "not exported")
+            self._within_host(current.size_bytes, "not exported")
+            uri, path = self.exports.begin(current.tenant, current.size_bytes)
+        try:
+            with open(path, "wb") as out:
+                manifest = self.export_to(current, out, deadline)
+            size = path.stat().st_size
+        except BaseException as exc:
+            self.exports.drop(uri)
+            if isinstance(exc, ExportStopped):
+                raise Refusal(f"refused: not exported: {exc.message}", exc.field) from None
+            raise
+        self.exports.finish(uri, size)
+        return uri, size, manifest
+
+    def export_to(self, record: WorkspaceRecord, out: BinaryIO, deadline: float | None = None) -> dict[str, Any]:
+        """Write a workspace or snapshot as one file (workspaces.transfer): its manifest. Stopped (ExportStopped)
+        past the workspace's size in bytes of content (a sparse file may claim more than its filesystem holds)
+        and at `deadline` (time.monotonic())."""
         current = self.resolve(record.id, record.session, record.tenant)
         manifest = {
             "id": current.id, "name": current.name, "snapshot": current.snapshot, "origin": current.origin,
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(current.created)),
         }  # fmt: skip
-        return write_export(out, manifest, lambda add: self.contents.entries(current.id, add))
+        bounds = Bounds(self.settings.size_mb * 1024 * 1024, deadline)
+        return write_export(out, manifest, lambda add: self.contents.entries(current.id, add), bounds)
 
     def import_from(
         self, archive: BinaryIO, tenant: str | None, holder: str, name: str | None, policy_name: str, user: str
     ) -> WorkspaceRecord:
         """A new workspace of an exported one (named if `name` is given), checked as any upload is: refused,
         saying why, when the file is not a whole export or holds more than this policy's workspace may, and
-        bounded by the caller's caps as a fork is."""
+        bounded as a fork is (workspace.max_per_client or named_per_caller, the caller's share, the host's cap).
+        Its temporary files are removed whatever happens."""
         settings = self.settings
         kept = self.root / f".import-{secrets.token_hex(8)}.tar"
         try:
-            with open(kept, "wb") as cleaned:
-                manifest = read_export(archive, settings.size_mb * 1024 * 1024, settings.files, cleaned)
-        except TransferError as exc:
+            try:
+                with open(kept, "wb") as cleaned:
+                    manifest = read_export(archive, settings.size_mb * 1024 * 1024, settings.files, cleaned)
+            except TransferError as exc:
+                raise Refusal(f"refused: not imported: {exc}", "archive") from None
+            made = self._begin_import(kept, manifest, tenant, holder, name, policy_name)
+            try:
+                size = self.contents.load(made.id, kept, settings, user)
+            except BaseException as exc:
+                with self._lock:
+                    self._records.pop(made.id, None)
+                    self._users.pop(made.id, None)
+                if isinstance(exc, (OSError, tarfile.TarError)):
+                    raise Refusal(
+                        f"refused: not imported: its files could not be made a workspace ({type(exc).__name__}: "
+                        f"{str(exc)[:200]})",
+                        "archive",
+                    ) from None
+                raise
+        finally:
             kept.unlink(missing_ok=True)
-            raise Refusal(f"refused: not imported: {exc}", "archive") from None
-        now = time.time()
-        with self._lock:
-            self._fresh()
-            if name is not None:
-                self._may_name(tenant, name, policy_name, None)
-            size = kept.stat().st_size
-            self._within_share(tenant, size, "not imported")
-            made = WorkspaceRecord(
-                f"ws-{secrets.token_urlsafe(16)}", None, holder, now, now, size, tenant, continued=True, name=name,
-                origin=str(manifest.get("id") or "")[:64] or None,
-            )  # fmt: skip
-            self._records[made.id] = made
-            self._users[made.id] = 1
-        try:
-            size = self.contents.load(made.id, kept, settings, user)
-        except BaseException:
-            with self._lock:
-                self._records.pop(made.id, None)
-                self._users.pop(made.id, None)
-            kept.unlink(missing_ok=True)
-            raise
         with self._lock:
             self._users.pop(made.id, None)
             made = replace(made, size_bytes=size)
@@ -71,8 +94,27 @@ class CarriedWorkspaces(PausedWorkspaces):
             self._write_record(made)
         return made
 
-    def total_bytes(self) -> int:
-        """What all kept workspaces take on the host's disk."""
+    def _begin_import(
+        self, kept: Path, manifest: dict[str, Any], tenant: str | None, holder: str, name: str | None, policy: str
+    ) -> WorkspaceRecord:
+        """The record of an import, held (in use) while its files are made, counted at what it will take."""
+        now = time.time()
         with self._lock:
             self._fresh()
-            return sum(r.size_bytes for r in self._records.values())
+            self._may_hold_new(tenant, holder, name, policy, "an import")
+            size = max(kept.stat().st_size, self.contents.reserve(self.settings))
+            self._within_share(tenant, size, "not imported")
+            self._within_host(size, "not imported")
+            made = WorkspaceRecord(
+                f"ws-{secrets.token_urlsafe(16)}", None, holder, now, now, size, tenant, continued=True, name=name,
+                origin=str(manifest.get("id") or "")[:64] or None,
+            )  # fmt: skip
+            self._records[made.id] = made
+            self._users[made.id] = 1
+        return made
+
+    def total_bytes(self) -> int:
+        """What all kept workspaces, snapshots and live exports take on the host's disk."""
+        with self._lock:
+            self._fresh()
+            return self._held_bytes()

@@ -134,6 +134,8 @@ def fill_folder(where: Path, kept: Path, user: str) -> None:
     devices, no set-uid bits, no owner of its own) or is left out."""
     uid, _, gid = user.partition(":")
     ids = (int(uid), int(gid or uid))
+    if kept.stat().st_size == 0:
+        return  # an empty workspace's (a cleaned archive carries no end marker)
     with open(kept, "rb") as source, tarfile.open(fileobj=source, mode="r:") as tar:
         for member in tar:
             member.name = member.name.removeprefix(WORKSPACE_DIR + "/")

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from sandbox_server.errors import Refusal
 from sandbox_server.policy import WorkspaceSettings
+from sandbox_server.workspaces.caps import CappedWorkspaces
 from sandbox_server.workspaces.compare import INDEX_BYTES, INDEX_PATH
 from sandbox_server.workspaces.contents import Contents
 from sandbox_server.workspaces.naming import ID_PATTERN, NAME_IN_WORDS, NAME_PATTERN
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
 __all__ = ["NamedWorkspaces", "counted", "not_a_snapshot", "refuse_change"]
 
 
-class NamedWorkspaces:
+class NamedWorkspaces(CappedWorkspaces):
     """The store's naming side (the store provides the records, their lock and what it means to be visible)."""
 
     root: Path
@@ -32,7 +33,6 @@ class NamedWorkspaces:
     _records: dict[str, WorkspaceRecord]
     _users: dict[str, int]
     settings: WorkspaceSettings
-    storage_bytes: int
     contents: Contents
 
     # The store's own (WorkspaceStore):
@@ -104,17 +104,22 @@ class NamedWorkspaces:
         snapshot forks as its restore into a new workspace."""
         with self._lock:
             current = self._current(record)
-            if name is not None:
-                self._may_name(current.tenant, name, policy_name, None)
-            else:
-                theirs = [r for r in self._records.values() if r.holder == current.holder and counted(r)]
-                _below(
-                    len(theirs), self.settings.max_per_client, "workspaces", policy_name, "max_per_client",
-                    "; a fork removes none to make room: delete one, or fork under a name (workspace.named_per_caller)",
-                    who="this client holds",
-                )  # fmt: skip
+            self._may_hold_new(current.tenant, current.holder, name, policy_name, "a fork")
             made = self._begin_copy(current, name, snapshot=False)
         return self._copy(current, made)
+
+    def _may_hold_new(self, tenant: str | None, holder: str, name: str | None, policy_name: str, what: str) -> None:
+        """Refuse a new workspace that removes none to make room (a fork, an import) past workspace.named_per_caller
+        when it is named, else past workspace.max_per_client (under the lock)."""
+        if name is not None:
+            self._may_name(tenant, name, policy_name, None)
+            return
+        theirs = [r for r in self._records.values() if r.holder == holder and counted(r)]
+        _below(
+            len(theirs), self.settings.max_per_client, "workspaces", policy_name, "max_per_client",
+            f"; {what} removes none to make room: delete one, or give it a name (workspace.named_per_caller)",
+            who="this client holds",
+        )  # fmt: skip
 
     def snapshot(self, record: WorkspaceRecord, name: str | None, policy_name: str) -> WorkspaceRecord:
         """A copy of what `record` holds now (its files and run_python's kept variables), kept as it is: no call
@@ -194,33 +199,6 @@ class NamedWorkspaces:
             return None
         return found[1] if found is not None else None
 
-    def _within_share(self, tenant: str | None, more: int, what: str, besides: str | None = None) -> None:
-        """Refuse `more` bytes for this caller past workspace.storage_per_caller_mb (under the lock); `besides`: a
-        workspace whose size `more` replaces."""
-        share = self.settings.storage_per_caller_mb * 1024 * 1024
-        if not share:
-            return
-        theirs = sum(r.size_bytes for r in self._records.values() if r.tenant == tenant and r.id != besides)
-        if theirs + more > share:
-            raise Refusal(
-                f"refused: {what}: this caller's workspaces and snapshots would take {theirs + more} bytes, above "
-                f"its share of {share} (policy field workspace.storage_per_caller_mb; each counted at its whole "
-                "size); delete some first",
-                "workspace.storage_per_caller_mb",
-            )
-
-    def holdings(self) -> dict[tuple[str | None, str], tuple[int, int]]:
-        """Per caller and kind (workspace, snapshot): how many it holds and what they take, each at its whole
-        size (the meters' gauge)."""
-        with self._lock:
-            self._fresh()
-            held: dict[tuple[str | None, str], tuple[int, int]] = {}
-            for r in self._records.values():
-                key = (r.tenant, "snapshot" if r.snapshot else "workspace")
-                many, size = held.get(key, (0, 0))
-                held[key] = (many + 1, size + r.size_bytes)
-        return held
-
     def _current(self, record: WorkspaceRecord) -> WorkspaceRecord:
         """The record as it is now (under the lock)."""
         self._fresh()
@@ -245,13 +223,7 @@ class NamedWorkspaces:
         """The record of a copy of `current`, held (in use) while its files are copied: no sweep takes it (under
         the lock); refused when the host's cap has no room for it."""
         self._within_share(current.tenant, current.size_bytes, "no copy")
-        taken = sum(r.size_bytes for r in self._records.values()) + current.size_bytes
-        if taken > self.storage_bytes:
-            raise Refusal(
-                f"refused: no copy: all workspaces together would take {taken} bytes, above the host's cap of "
-                f"{self.storage_bytes} (policy field host.workspace_storage_mb)",
-                "host.workspace_storage_mb",
-            )
+        self._within_host(current.size_bytes, "no copy")
         now = time.time()
         made = replace(
             current, id=f"ws-{secrets.token_urlsafe(16)}", session=None, created=now, last_used=now,

@@ -144,7 +144,7 @@ class WorkspaceStore(CarriedWorkspaces):
             notes = self._make_room(holder, now)
             reserved = self.contents.reserve(self.settings)
             self._within_share(tenant, reserved, "no new workspace")
-            taken = sum(r.size_bytes for r in self._records.values()) + reserved
+            taken = self._held_bytes() + reserved
             if taken > self.storage_bytes:
                 raise Refusal(
                     f"refused: no new workspace: all workspaces together would take {taken} bytes, above the "
@@ -346,7 +346,7 @@ class WorkspaceStore(CarriedWorkspaces):
                 self._within_share(current.tenant, size, "the workspace was not saved", besides=workspace_id)
             except Refusal as refused:
                 return f"{refused.message.removeprefix('refused: ')}; it is as the previous call left it"
-            others = sum(r.size_bytes for r in self._records.values() if r.id != workspace_id)
+            others = self._held_bytes(besides=workspace_id)
             if not self.book.resize(record, self.storage_bytes, others):
                 return over_cap(others + size, self.storage_bytes)
             self._records[workspace_id] = record

@@ -27,14 +27,15 @@ import tarfile
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import IO, Any, BinaryIO, cast
 
 import zstandard
 
-from sandbox_server.sandbox.archive import WorkspaceTooLarge, keep_workspace
+from sandbox_server.sandbox.archive import BoundedTar, UnsafeMember, WorkspaceTooLarge, keep_workspace
 from sandbox_server.workspaces.naming import shown_time
 
-__all__ = ["FORMAT", "Add", "TransferError", "read_export", "write_export"]
+__all__ = ["FORMAT", "Add", "Bounds", "ExportStopped", "TransferError", "read_export", "write_export"]
 
 FORMAT = "sandbox-server-workspace/3"
 SECOND_FORMAT = "sandbox-server-workspace/2"
@@ -55,6 +56,23 @@ Add = Callable[[tarfile.TarInfo, IO[bytes] | None], None]
 
 class TransferError(ValueError):
     """An exported workspace that cannot be read back, and why."""
+
+
+class ExportStopped(Exception):
+    """An export stopped before its end, and the policy field that stopped it."""
+
+    def __init__(self, message: str, field: str) -> None:
+        super().__init__(message)
+        self.message, self.field = message, field
+
+
+@dataclass(frozen=True, slots=True)
+class Bounds:
+    """What one export may cost: bytes of content (the workspace's size: only sparse files claim more than their
+    filesystem holds, and each claimed byte is read and compressed) and a deadline (time.monotonic())."""
+
+    max_bytes: int
+    deadline: float | None = None
 
 
 class _Hashed(io.RawIOBase):
@@ -78,15 +96,17 @@ def _entry_said(entry: tarfile.TarInfo, name: str) -> bytes:
     return f"{kind}\0{name}\0{entry.linkname}\0{entry.size}\0{entry.mode & 0o7777:o}\0".encode()
 
 
-def write_export(out: BinaryIO, manifest: dict[str, Any], fill: Callable[[Add], None]) -> dict[str, Any]:
+def write_export(
+    out: BinaryIO, manifest: dict[str, Any], fill: Callable[[Add], None], bounds: Bounds | None = None
+) -> dict[str, Any]:
     """Write an export in one pass: the manifest, then whatever `fill` adds (the workspace's entries), then the
-    checksum's counts; the manifest and those counts together."""
+    checksum's counts; the manifest and those counts together. Raises ExportStopped past `bounds`."""
     head = {**manifest, "format": FORMAT, "exported": shown_time(time.time()), "checksum": "zstd frame (XXH64)"}
     # Level 1 in the library's worker threads: a workspace is often incompressible (data, images, wheels), which
     # zstd stores as it is at any level; the workers checksum what they compress.
     compressor = zstandard.ZstdCompressor(level=1, write_checksum=True, threads=-1)
     with compressor.stream_writer(out, closefd=False, write_size=COPY_CHUNK) as packed:
-        tar = _TarWriter(packed)
+        tar = _TarWriter(packed, bounds)
         tar.add_json(MANIFEST, head)
         fill(tar.add)
         trailer = {"files": tar.files, "bytes": tar.bytes}
@@ -100,15 +120,30 @@ class _TarWriter:
     content in large parts. (tarfile's stream mode copies every byte through a growing buffer of its own, which
     took as long as the compressing.)"""
 
-    def __init__(self, out: IO[bytes]) -> None:
-        self.out = out
+    def __init__(self, out: IO[bytes], bounds: Bounds | None) -> None:
+        self.out, self.bounds = out, bounds
         self.files, self.bytes, self.written = 0, 0, 0
+
+    def _within(self, more: int) -> None:
+        if self.bounds is None:
+            return
+        if self.bytes + more > self.bounds.max_bytes:
+            raise ExportStopped(
+                f"its files claim more than the {self.bounds.max_bytes} bytes its workspace holds (sparse files "
+                "count what they claim; policy field workspace.size_mb)",
+                "workspace.size_mb",
+            )
+        if self.bounds.deadline is not None and time.monotonic() > self.bounds.deadline:
+            raise ExportStopped(
+                "it took longer than one call may (policy field limits.max_timeout_s)", "limits.max_timeout_s"
+            )
 
     def _write(self, data: bytes) -> None:
         self.out.write(data)
         self.written += len(data)
 
     def add(self, entry: tarfile.TarInfo, content: IO[bytes] | None) -> None:
+        self._within(entry.size if entry.isreg() else 0)
         named = copy.copy(entry)
         named.name = ENTRIES + entry.name
         self._member(named, content if entry.isreg() else None)
@@ -130,6 +165,7 @@ class _TarWriter:
                 raise OSError(f"{entry.name} became shorter while it was exported")
             self._write(part)
             left -= len(part)
+            self._within(0)
         self._write(bytes(-entry.size % tarfile.BLOCKSIZE))
 
     def close(self) -> None:
@@ -150,14 +186,16 @@ def read_export(archive: BinaryIO, max_bytes: int, max_entries: int, kept: Binar
     try:
         checked = zstandard.get_frame_parameters(head).has_checksum
         capped = _Capped(reader, limit)
-        with tempfile.TemporaryFile() as payload, tarfile.open(fileobj=capped, mode="r|") as tar:
+        with tempfile.TemporaryFile() as payload, BoundedTar.open(fileobj=capped, mode="r|") as tar:
             manifest = _json_member(tar.next(), tar, MANIFEST, "first")
             if manifest.get("format") not in (FORMAT, SECOND_FORMAT, FIRST_FORMAT):
                 raise TransferError(f"its {MANIFEST} is not of the format {FORMAT!r}")
             if manifest["format"] == FORMAT and not checked:
                 raise TransferError("its zstd frame carries no checksum of its content, which this format has")
-            read = _first_payload if manifest["format"] == FIRST_FORMAT else _entries
-            manifest |= read(tar, manifest, payload)
+            if manifest["format"] == FIRST_FORMAT:
+                manifest |= _first_payload(tar, manifest, payload)
+            else:
+                manifest |= _entries(tar, manifest, payload, max_bytes, max_entries)
             if tar.next() is not None:
                 raise TransferError(f"it holds more than {MANIFEST}, its workspace and its checksum")
             while capped.read(COPY_CHUNK):  # to the frame's end, where zstd checks its checksum
@@ -167,6 +205,8 @@ def read_export(archive: BinaryIO, max_bytes: int, max_entries: int, kept: Binar
         raise
     except WorkspaceTooLarge as exc:
         raise TransferError(f"{exc} (policy fields workspace.size_mb and workspace.files)") from None
+    except UnsafeMember as exc:
+        raise TransferError(str(exc)) from None
     except _TooLarge:
         raise TransferError(
             f"it unpacks past the {limit} bytes the policy's workspace could hold (policy fields workspace.size_mb "
@@ -181,18 +221,28 @@ def read_export(archive: BinaryIO, max_bytes: int, max_entries: int, kept: Binar
     return manifest
 
 
-def _entries(tar: tarfile.TarFile, manifest: dict[str, Any], payload: IO[bytes]) -> dict[str, Any]:
+def _entries(
+    tar: tarfile.TarFile, manifest: dict[str, Any], payload: IO[bytes], max_bytes: int, max_entries: int
+) -> dict[str, Any]:
     """The workspace's entries, written to `payload` as a tar of relative names, up to the checksum's counts (the
-    second format's entries hashed too, to match its SHA-256): the checksum's fields."""
+    second format's entries hashed too, to match its SHA-256): the checksum's fields. Each entry is counted
+    before a byte of it is written (what it declares against `max_bytes`, one more against `max_entries`), and
+    carries its name, kind, size, mode, time and link alone: none of the archive's own headers."""
     hashed = manifest["format"] == SECOND_FORMAT
     digest = hashlib.sha256()
+    entries = declared = 0
     with tarfile.open(fileobj=payload, mode="w", format=tarfile.PAX_FORMAT) as inner:
         inner.copybufsize = COPY_CHUNK  # type: ignore[attr-defined]
         while (member := tar.next()) is not None and member.name != CHECKSUM:
             if not member.name.startswith(ENTRIES):
                 raise TransferError(f"its member {member.name[:100]!r} is neither under {ENTRIES} nor {CHECKSUM}")
-            entry = copy.copy(member)
-            entry.name = member.name[len(ENTRIES) :]
+            entries += 1
+            declared += member.size if member.isreg() else 0
+            if declared > max_bytes or entries > max_entries:
+                raise WorkspaceTooLarge(
+                    f"it holds more than the workspace can ({max_bytes} bytes, {max_entries} entries)"
+                )
+            entry = _plain(member, member.name[len(ENTRIES) :])
             content: IO[bytes] | None = tar.extractfile(member) if member.isreg() else None
             if hashed:
                 digest.update(_entry_said(entry, entry.name))
@@ -205,6 +255,15 @@ def _entries(tar: tarfile.TarFile, manifest: dict[str, Any], payload: IO[bytes])
     if hashed and trailer.get("sha256") != digest.hexdigest():
         raise TransferError(f"its workspace does not match its {CHECKSUM}'s SHA-256: it was changed or damaged")
     return {key: trailer[key] for key in ("files", "bytes", "sha256") if key in trailer}
+
+
+def _plain(member: tarfile.TarInfo, name: str) -> tarfile.TarInfo:
+    """An entry as a workspace keeps it: its name, kind, size, mode, time and link, and nothing else the archive
+    said of it (a PAX `path` would override the name, a comment would be carried along)."""
+    entry = tarfile.TarInfo(name)
+    entry.type, entry.mode, entry.mtime, entry.linkname = member.type, member.mode, member.mtime, member.linkname
+    entry.size = member.size if member.isreg() else 0
+    return entry
 
 
 def _first_payload(tar: tarfile.TarFile, manifest: dict[str, Any], payload: IO[bytes]) -> dict[str, Any]:
@@ -229,8 +288,8 @@ def _json_member(member: tarfile.TarInfo | None, tar: tarfile.TarFile, name: str
     handle = tar.extractfile(member)
     try:
         fields = json.loads(handle.read() if handle is not None else b"")
-    except ValueError:
-        raise TransferError(f"its {name} is not JSON") from None
+    except (ValueError, RecursionError):
+        raise TransferError(f"its {name} is not JSON of this format (or nested too deep)") from None
     if not isinstance(fields, dict):
         raise TransferError(f"its {name} is not a JSON object")
     return fields

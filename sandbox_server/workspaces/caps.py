@@ -1,0 +1,74 @@
+"""What a caller's workspaces, snapshots and exports may take together, and all of them on the host: each counted
+at its whole size against workspace.storage_per_caller_mb and host.workspace_storage_mb. Part of the store
+(WorkspaceStore), which holds the records, the exports and their lock."""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING
+
+from sandbox_server.errors import Refusal
+from sandbox_server.policy import WorkspaceSettings
+from sandbox_server.workspaces.exports import Exports
+from sandbox_server.workspaces.records import WorkspaceRecord
+
+if TYPE_CHECKING:
+    from sandbox_server.state.calls import SharedCall
+
+__all__ = ["CappedWorkspaces"]
+
+
+class CappedWorkspaces:
+    """The store's room: what is taken, and refusals past the caller's share and the host's cap (under the
+    lock)."""
+
+    _lock: threading.Lock
+    _records: dict[str, WorkspaceRecord]
+    settings: WorkspaceSettings
+    storage_bytes: int
+    exports: Exports
+
+    def _fresh(self, workspace_id: str | None = None, shared: SharedCall | None = None) -> None:
+        raise NotImplementedError
+
+    def _within_share(self, tenant: str | None, more: int, what: str, besides: str | None = None) -> None:
+        """Refuse `more` bytes for this caller past workspace.storage_per_caller_mb (under the lock); `besides`: a
+        workspace whose size `more` replaces."""
+        share = self.settings.storage_per_caller_mb * 1024 * 1024
+        if not share:
+            return
+        theirs = sum(r.size_bytes for r in self._records.values() if r.tenant == tenant and r.id != besides)
+        theirs += self.exports.held_by(tenant)
+        if theirs + more > share:
+            raise Refusal(
+                f"refused: {what}: this caller's workspaces, snapshots and exports would take {theirs + more} bytes, "
+                f"above its share of {share} (policy field workspace.storage_per_caller_mb; each counted at its "
+                "whole size, an export for an hour after it is made); delete some first",
+                "workspace.storage_per_caller_mb",
+            )
+
+    def _held_bytes(self, besides: str | None = None) -> int:
+        """What all workspaces, snapshots and live exports take of the host's cap (under the lock)."""
+        return sum(r.size_bytes for r in self._records.values() if r.id != besides) + self.exports.total()
+
+    def _within_host(self, more: int, what: str) -> None:
+        """Refuse `more` bytes past host.workspace_storage_mb (under the lock)."""
+        taken = self._held_bytes() + more
+        if taken > self.storage_bytes:
+            raise Refusal(
+                f"refused: {what}: all workspaces, snapshots and exports together would take {taken} bytes, above "
+                f"the host's cap of {self.storage_bytes} (policy field host.workspace_storage_mb)",
+                "host.workspace_storage_mb",
+            )
+
+    def holdings(self) -> dict[tuple[str | None, str], tuple[int, int]]:
+        """Per caller and kind (workspace, snapshot): how many it holds and what they take, each at its whole
+        size (the meters' gauge)."""
+        with self._lock:
+            self._fresh()
+            held: dict[tuple[str | None, str], tuple[int, int]] = {}
+            for r in self._records.values():
+                key = (r.tenant, "snapshot" if r.snapshot else "workspace")
+                many, size = held.get(key, (0, 0))
+                held[key] = (many + 1, size + r.size_bytes)
+        return held

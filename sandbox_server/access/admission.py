@@ -248,6 +248,23 @@ class Admission:
                 del self._running_by[client]
             self._dispatch()
 
+    def check_rate(self, client: str, rate: RateLimits, policy_name: str, calls: int) -> None:
+        """Refuse (a Refusal) at once when the caller's calls per minute have no room for `calls` more (a branch's,
+        before it forks for them); counts nothing: each of them is admitted as it runs."""
+        with self._lock:
+            now = self._clock()
+            window = self._window(client, rate, policy_name, now)
+            if len(window) + calls > rate.calls_per_minute:
+                retry = max(1, math.ceil(window[0] + 60 - now)) if window else 60
+                raise Refusal(
+                    f"rate limited: {calls} calls need {calls} of the {rate.calls_per_minute} calls/min policy "
+                    f"'{policy_name}' allows (field rate.calls_per_minute), and {len(window)} were made in the last "
+                    f"minute; retry in {retry} s",
+                    "rate.calls_per_minute",
+                    kind="rate_limited",
+                    retry_after_s=retry,
+                )
+
     def check_host(self) -> None:
         """Refuse (a Refusal) when the host is saturated: a call that takes no slot still needs room."""
         self._refuse_when_saturated()

@@ -50,7 +50,7 @@ if TYPE_CHECKING:  # the PostgreSQL driver is imported only by a server given --
     from sandbox_server.access.shared import SharedRate
     from sandbox_server.state.calls import SharedCall
 
-__all__ = ["AskApproval", "Call", "CallEnd", "CallPipeline", "TaskStart", "UnknownTool"]
+__all__ = ["AskApproval", "Call", "CallEnd", "CallPipeline", "TaskStart", "UnknownTool", "branch_calls"]
 
 DENIED_NAMED = 20
 """Hosts the proxy refused that an answer's note names (the answer's `network.denied` lists them all)."""
@@ -260,6 +260,10 @@ class CallPipeline:
         host's saturation may still refuse it."""
         if call.task is not None or branching(call):  # a branch's calls are admitted each as any call is
             self.admission.check_host()
+            if branching(call):  # but no fork is made for calls the caller's rate has no room for
+                self.admission.check_rate(
+                    call.identity.limits_key, call.policy.rate, call.policy.name, branch_calls(call)
+                )
             yield None
             return
         policy, key = call.policy, call.identity.limits_key
@@ -393,6 +397,12 @@ class CallPipeline:
         audit = {**(outcome.audit or {}), "network": network} if outcome.audit is not None else None
         structured = {**outcome.structured, "network": network} if outcome.structured is not None else None
         return replace(outcome, structured=structured, notes=notes, audit=audit)
+
+
+def branch_calls(call: Call) -> int:
+    """The calls a `branch` runs side by side (each a sandbox of its own); 1 for any other call."""
+    asked = call.arguments.get("calls") if branching(call) else None
+    return max(1, len(asked)) if isinstance(asked, list) else 1
 
 
 def branching(call: Call) -> bool:

@@ -8,7 +8,9 @@ tasks, hidden from the model, acting only on the caller's own tasks, and audited
 
 from __future__ import annotations
 
+import math
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -26,6 +28,10 @@ __all__ = ["TASKS_TOOL", "AppTools"]
 TASKS_TOOL = "tasks"
 OUTPUT_TAIL = 16_000
 """The end of a task's output a listing carries (the whole is its output resource)."""
+LIGHT_PER_MINUTE = 120
+"""The calls a minute the tool answers one caller at least (twice a second: views following a task poll once a
+second each); a policy whose rate.calls_per_minute is higher allows twice that. It starts no sandbox, but each call
+reads the caller's tasks."""
 
 _TASK: dict[str, Any] = {
     "type": "object",
@@ -49,6 +55,8 @@ class AppTools:
         self.tasks = tasks
         self.policy_of = policy_of
         self.audit = audit
+        self._recent: dict[str, deque[float]] = {}
+        """Per caller, when its calls of the last minute came."""
 
     def offered(self, ctx: Context) -> bool:
         """Whether the caller's policy runs tasks (else there is nothing to list or cancel)."""
@@ -88,6 +96,9 @@ class AppTools:
         if not self.offered(ctx):
             said = f"refused: policy '{self.policy_of(ctx).name}' runs no tasks (field tasks.running is 0)"
             return self._answer(record, said, None)
+        limited = self._past_light_limit(identity.limits_key, self.policy_of(ctx))
+        if limited is not None:
+            return self._answer(record, limited, None)
         if action == "cancel":
             record["task"] = task_id
             cancelled = await self.tasks.cancel(str(task_id), identity.holder)
@@ -96,6 +107,24 @@ class AppTools:
             return self._answer(record, f"task {task_id}: {cancelled.status}", [self._row(cancelled)])
         held = await anyio.to_thread.run_sync(self.tasks.held, identity.holder)
         return self._answer(record, f"{len(held)} task(s)", [self._row(t) for t in held])
+
+    def _past_light_limit(self, key: str, policy: Policy) -> str | None:
+        """The refusal for a caller past the tool's own calls per minute (None: it may call)."""
+        most = max(LIGHT_PER_MINUTE, 2 * policy.rate.calls_per_minute)
+        now = time.monotonic()
+        if len(self._recent) > 10_000:  # callers idle for a minute have nothing left to count
+            self._recent = {k: d for k, d in self._recent.items() if d and d[-1] > now - 60}
+        recent = self._recent.setdefault(key, deque())
+        while recent and recent[0] <= now - 60:
+            recent.popleft()
+        if len(recent) >= most:
+            return (
+                f"rate limited: the tasks tool answers a caller {most} times a minute (twice policy "
+                f"'{policy.name}''s field rate.calls_per_minute, at least {LIGHT_PER_MINUTE}); retry in "
+                f"{max(1, math.ceil(recent[0] + 60 - now))} s"
+            )
+        recent.append(now)
+        return None
 
     def _row(self, record: TaskRecord) -> dict[str, Any]:
         ended = record.updated_at if record.ended else time.time()

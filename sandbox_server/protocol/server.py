@@ -27,7 +27,7 @@ from sandbox_server import __version__
 from sandbox_server.access.approval import Approval
 from sandbox_server.access.audit import AuditLog
 from sandbox_server.calls.hosts import Grants, Question
-from sandbox_server.calls.pipeline import Call, CallPipeline, TaskStart, UnknownTool
+from sandbox_server.calls.pipeline import Call, CallPipeline, TaskStart, UnknownTool, branch_calls
 from sandbox_server.calls.registry import ToolRegistry
 from sandbox_server.calls.tracing import Tracing
 from sandbox_server.errors import Refusal
@@ -334,7 +334,7 @@ class SandboxServer:
         try:
             started = await self.tasks.start(
                 policy.tasks, policy.name, identity.holder, identity.caller, params.name,
-                call.tool_policy.limits.memory_mb * 1024 * 1024, ttl, run, tell_end,
+                call.tool_policy.limits.memory_mb * 1024 * 1024, ttl, run, tell_end, branch_calls(call),
             )  # fmt: skip
         except Refusal as refusal:
             outcome = ToolOutcome.refused(refusal, policy.name)

@@ -21,6 +21,7 @@ import os
 import shutil
 import struct
 import subprocess
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -234,16 +235,26 @@ FIFREEZE, FITHAW = 0xC0045877, 0xC0045878
 """ioctl(2) requests that hold a filesystem's writes and flush it (a consistent copy of its image), then let go."""
 
 
+_FREEZING: dict[int, threading.Lock] = {}
+"""Per filesystem (its device), the one freeze at a time it may have: a second FIFREEZE fails (EBUSY), and the
+first thaw would let go of the second's hold."""
+_FREEZING_LOCK = threading.Lock()
+
+
 @contextlib.contextmanager
 def frozen(target: Path) -> Iterator[None]:
-    """A mounted workspace with its writes held and everything written on its image, for as long as this lasts."""
+    """A mounted workspace with its writes held and everything written on its image, for as long as this lasts;
+    copies of one workspace side by side take their turns."""
     folder = os.open(target, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        fcntl.ioctl(folder, FIFREEZE, 0)
-        try:
-            yield
-        finally:
-            fcntl.ioctl(folder, FITHAW, 0)
+        with _FREEZING_LOCK:
+            turn = _FREEZING.setdefault(os.fstat(folder).st_dev, threading.Lock())
+        with turn:
+            fcntl.ioctl(folder, FIFREEZE, 0)
+            try:
+                yield
+            finally:
+                fcntl.ioctl(folder, FITHAW, 0)
     finally:
         os.close(folder)
 

@@ -71,6 +71,8 @@ class _Live:
     failure: Exception | None = None
     """What the work raised before it became a task (raised again on the request)."""
     on_end: Callable[[TaskRecord], Awaitable[None]] | None = None
+    slots: int = 1
+    """What it counts against the caps of running tasks: one, or one per call of a branch (each a sandbox)."""
 
 
 class Tasks:
@@ -182,9 +184,11 @@ class Tasks:
         ttl_ms: int | None,
         work: Work,
         on_end: Callable[[TaskRecord], Awaitable[None]] | None = None,
+        slots: int = 1,
     ) -> Started:
         """Start `work` as a task once the caps allow it (a Refusal naming the cap when not): its record once the
-        work says it is created, or the work's own answer when it ended before that (a refusal, a question)."""
+        work says it is created, or the work's own answer when it ended before that (a refusal, a question).
+        `slots`: the sandboxes it runs side by side (a branch's calls), each counted as a running task."""
         if self._group is None:
             raise Refusal("refused: this server runs no tasks (it was not started to serve them)", "tasks")
         now = time.time()
@@ -192,9 +196,9 @@ class Tasks:
         record = TaskRecord(
             new_task_id(), holder, caller, tool, policy_name, self.server, now, now, ttl_s, settings.poll_interval_ms
         )
-        live = _Live(record, memory_bytes, on_end=on_end)
+        live = _Live(record, memory_bytes * slots, on_end=on_end, slots=slots)
         # Checked and counted in one step (no await between): a burst of N gets exactly the caps, the rest refused.
-        self._refuse_past_caps(settings, policy_name, holder)
+        self._refuse_past_caps(settings, policy_name, holder, slots)
         self._live[record.id] = live
         try:
             await anyio.to_thread.run_sync(self._refuse_past_held, settings, policy_name, holder, record)
@@ -281,23 +285,25 @@ class Tasks:
 
     # -- inside --------------------------------------------------------------------------------------------------
 
-    def _refuse_past_caps(self, settings: TaskSettings, policy_name: str, holder: str) -> None:
+    def _refuse_past_caps(self, settings: TaskSettings, policy_name: str, holder: str, slots: int) -> None:
         if settings.running <= 0:
             raise Refusal(f"refused: policy '{policy_name}' runs no tasks (field tasks.running is 0)", "tasks.running")
         running = [live for live in self._live.values() if not live.record.ended]
-        if len(running) >= settings.running:
+        asked = f"; this one runs {slots} calls side by side, each counted" if slots > 1 else ""
+        if sum(live.slots for live in running) + slots > settings.running:
             raise Refusal(
-                f"busy: {len(running)} tasks are running, the most policy '{policy_name}' allows at once "
-                "(field tasks.running); retry when one ends",
+                f"busy: {sum(live.slots for live in running)} tasks are running, the most policy '{policy_name}' "
+                f"allows at once (field tasks.running: {settings.running}{asked}); retry when one ends",
                 "tasks.running",
                 kind="busy",
                 retry_after_s=settings.poll_interval_ms / 1000,
             )
-        mine = [live for live in running if live.record.holder == holder]
-        if len(mine) >= settings.running_per_caller:
+        mine = sum(live.slots for live in running if live.record.holder == holder)
+        if mine + slots > settings.running_per_caller:
             raise Refusal(
-                f"busy: you have {len(mine)} tasks running, the most policy '{policy_name}' allows a caller "
-                "(field tasks.running_per_caller); wait for one to end or cancel one",
+                f"busy: you have {mine} tasks running, the most policy '{policy_name}' allows a caller "
+                f"(field tasks.running_per_caller: {settings.running_per_caller}{asked}); wait for one to end or "
+                "cancel one",
                 "tasks.running_per_caller",
                 kind="busy",
                 retry_after_s=settings.poll_interval_ms / 1000,

@@ -23,7 +23,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
-from sandbox_server.protocol.forwarding import signature
+from sandbox_server.protocol.forwarding import signature, signed_credentials
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
 from tests.conftest import run_cli
 from tests.mcp_harness import text_of
@@ -135,8 +135,10 @@ async def test_a_service_started_through_one_replica_is_reached_listed_and_previ
 
 
 async def test_a_forwarded_request_needs_the_replicas_signature(homes: Homes) -> None:
-    """A request that says it was forwarded is run only with the shared key's signature over its time, method,
-    path and body: a made-up one, an old one, or one over another body is refused before it runs."""
+    """A request that says it was forwarded is run only with the shared key's signature over its time, nonce,
+    method, path, body and the caller's credentials: a made-up one, an old one, one over another body, one with
+    another caller's token swapped in, and one sent again (a captured request replayed) are refused before they
+    run."""
     key = bytes.fromhex(homes.database.query("SELECT encode(secret, 'hex') FROM keys WHERE name = 'forwarding'")[0][0])
     envelope = {
         "io.modelcontextprotocol/protocolVersion": "2026-07-28",
@@ -145,29 +147,39 @@ async def test_a_forwarded_request_needs_the_replicas_signature(homes: Homes) ->
     body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {"_meta": envelope}}).encode()
     now = f"{time.time():.3f}"
     old = f"{time.time() - 120:.3f}"
+    bearer = f"Bearer {homes.token}".encode()
 
-    def post(said: str) -> httpx2.Response:
+    def signed(stamp: str, nonce: str, content: bytes = body, who: bytes = bearer, replica: str = "someone") -> str:
+        credentials = signed_credentials({b"authorization": who})
+        return (
+            f"{replica};{stamp};{nonce};{signature(key, 'someone', stamp, nonce, 'POST', '/mcp', content, credentials)}"
+        )
+
+    def post(said: str, token: str = homes.token) -> httpx2.Response:
         headers = {
-            "Authorization": f"Bearer {homes.token}", "Sandbox-Forwarded": said, "Content-Type": "application/json",
+            "Authorization": f"Bearer {token}", "Sandbox-Forwarded": said, "Content-Type": "application/json",
             "Accept": "application/json, text/event-stream", "Mcp-Protocol-Version": "2026-07-28",
             "Mcp-Method": "tools/list",
         }  # fmt: skip
         return httpx2.post(homes.one.url, content=body, timeout=30, headers=headers)
 
-    for said in (
-        "someone;0;00",
-        f"someone;{now};{'0' * 64}",
-        "not a signature",
-        f"another;{now};{signature(key, 'someone', now, 'POST', '/mcp', body)}",
-        f"someone;{old};{signature(key, 'someone', old, 'POST', '/mcp', body)}",
-        f"someone;{now};{signature(key, 'someone', now, 'POST', '/mcp', body + b' ')}",
+    for said, token in (
+        ("someone;0;n;00", homes.token),
+        (f"someone;{now};n0;{'0' * 64}", homes.token),
+        ("not a signature", homes.token),
+        (signed(now, "n1", replica="another"), homes.token),
+        (signed(old, "n2"), homes.token),
+        (signed(now, "n3", content=body + b" "), homes.token),
+        (signed(now, "n4"), "another-callers-token"),  # the signature covers the caller's credentials
+        (f"someone;{now};{'ab' * 32}", homes.token),  # the earlier form, with no nonce
     ):
-        refused = await anyio.to_thread.run_sync(post, said)
+        refused = await anyio.to_thread.run_sync(post, said, token)
         assert refused.status_code == 403 and "signature" in refused.text, (said, refused.status_code, refused.text)
-    taken = await anyio.to_thread.run_sync(
-        post, f"someone;{now};{signature(key, 'someone', now, 'POST', '/mcp', body)}"
-    )
+    captured = signed(now, "n5")
+    taken = await anyio.to_thread.run_sync(post, captured)
     assert taken.status_code == 200 and "execute_command" in taken.text, (taken.status_code, taken.text[:300])
+    replayed = await anyio.to_thread.run_sync(post, captured)
+    assert replayed.status_code == 403 and "signature" in replayed.text, (replayed.status_code, replayed.text)
 
 
 async def test_a_killed_home_loses_no_finished_call_and_its_services_are_said_gone(homes: Homes) -> None:

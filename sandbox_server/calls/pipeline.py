@@ -53,7 +53,10 @@ if TYPE_CHECKING:  # the PostgreSQL driver is imported only by a server given --
 __all__ = ["AskApproval", "Call", "CallEnd", "CallPipeline", "TaskStart", "UnknownTool", "branch_calls"]
 
 DENIED_NAMED = 20
-"""Hosts the proxy refused that an answer's note names (the answer's `network.denied` lists them all)."""
+"""Hosts the proxy refused that an answer's note names (the answer's `network.denied` lists more)."""
+ANSWERED_REQUESTS = 200
+"""Requests (the latest) and refused hosts an answer lists: thousands would pass the 1 MiB a client takes in one
+message; the audit trail keeps every one the proxy kept, and the answer counts the rest."""
 
 
 class UnknownTool(Exception):
@@ -395,7 +398,19 @@ class CallPipeline:
             )
             notes = (*notes, f"the proxy refused {named} (policy field network.allow)")
         audit = {**(outcome.audit or {}), "network": network} if outcome.audit is not None else None
-        structured = {**outcome.structured, "network": network} if outcome.structured is not None else None
+        answered = dict(network)
+        if len(records) > ANSWERED_REQUESTS:  # the allowed first (a flood of refused ones pushes none out), then
+            allowed = [i for i, r in enumerate(records) if r["allowed"]][:ANSWERED_REQUESTS]  # the latest refused
+            refused = [i for i, r in enumerate(records) if not r["allowed"]]
+            refused = refused[len(refused) - (ANSWERED_REQUESTS - len(allowed)) :]
+            answered["requests"] = [records[i] for i in sorted(allowed + refused)]
+            answered["requests_not_kept"] = dropped + len(records) - ANSWERED_REQUESTS
+        if len(denied) > ANSWERED_REQUESTS:
+            answered["denied"], answered["denied_not_listed"] = (
+                denied[:ANSWERED_REQUESTS],
+                len(denied) - ANSWERED_REQUESTS,
+            )
+        structured = {**outcome.structured, "network": answered} if outcome.structured is not None else None
         return replace(outcome, structured=structured, notes=notes, audit=audit)
 
 

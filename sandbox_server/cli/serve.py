@@ -75,15 +75,42 @@ def serve_command(args: argparse.Namespace) -> int:
         preview_base = None
     runtime = DockerRuntime.lazy()
     _start_reaper(runtime.owner)
-    wired = wire(args, log, runtime, preview_base)
-    anyio.run(_serve, args, wired, listener, preview_listener, log)
+    # A signal before the event loop takes signals over (while the parts start) unwinds the start: each part
+    # started is closed (its mounts, its containers), where the default action would leave them behind.
+    signal.signal(signal.SIGTERM, _stop_asked)
+    try:
+        wired = wire(args, log, runtime, preview_base)
+        anyio.run(_serve, args, wired, listener, preview_listener, log)
+    except StopAsked as stopped:
+        log.info("%s while starting: stopped", stopped)
     return 0
+
+
+class StopAsked(BaseException):
+    """SIGTERM came before the server took signals over: what started is undone on the way out."""
+
+
+def _stop_asked(signum: int, _: Any) -> None:
+    raise StopAsked(signal.Signals(signum).name)
 
 
 async def _serve(
     args: argparse.Namespace, wired: Wired, listener: Any, preview_listener: Any, log: logging.Logger
 ) -> None:
-    """The parts' loops beside the transport, until it ends or a signal comes; then the parts closed in order."""
+    """The parts' loops beside the transport, until it ends or a signal comes; then, however it ended (a signal
+    while it was starting included), the parts closed in order."""
+    try:
+        await _run_parts(args, wired, listener, preview_listener, log)
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # stopping (stdin closed, say): as in stop_on_signal
+        with anyio.CancelScope(shield=True):
+            await _close(wired, log)
+
+
+async def _run_parts(
+    args: argparse.Namespace, wired: Wired, listener: Any, preview_listener: Any, log: logging.Logger
+) -> None:
+    """The parts' loops beside the transport, until it ends or a signal comes."""
     from sandbox_server.policy.watcher import watch_policy
     from sandbox_server.protocol.addresses import url_of
     from sandbox_server.protocol.health import health_route
@@ -91,8 +118,7 @@ async def _serve(
     from sandbox_server.protocol.preview import serve_previews
     from sandbox_server.protocol.transports import serve_http, serve_stdio
 
-    app, runtime, database, pool = wired.app, wired.runtime, wired.database, wired.pool
-    drain = wired.drain
+    app, runtime, database, pool, drain = wired.app, wired.runtime, wired.database, wired.pool, wired.drain
 
     async def stop_on_signal(scope: anyio.CancelScope) -> None:
         with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
@@ -112,44 +138,39 @@ async def _serve(
         reload = lambda: host_facts(runtime)  # noqa: E731
         await watch_policy(args.policy, Path(wired.policy.source), wired.tool_names, reload, app.swap_policy)
 
-    try:
-        async with anyio.create_task_group() as group:
-            group.start_soon(stop_on_signal, group.cancel_scope)
-            await group.start(wired.tasks.serve)  # before the first request: a task may be asked for at once
-            await group.start(wired.services.serve)
-            await group.start(app.parked.serve)  # 2026-07-28 calls asking about hosts run beside their requests
-            group.start_soon(_surviving, "the workspace sweep", functools.partial(_sweep_workspaces, wired, log), log)
-            if database is not None:
-                address = _address(listener, args.advertise) if listener is not None else None
-                await anyio.to_thread.run_sync(database.beat, drain.active, address)  # peers know where it is at once
-                beat = functools.partial(_beat, database, drain, log, address)
-                group.start_soon(_surviving, "the replica's heartbeat", beat, log)
-            if pool is not None:
-                group.start_soon(_surviving, "the warm pool", pool.maintain, log)
-            if not args.no_watch:
-                group.start_soon(_surviving, "the policy watcher", watch, log)
-            previews = wired.previews
-            if listener is not None:
-                log.info("serving MCP over Streamable HTTP at %s", url_of(listener))
-                checks = (
-                    {"engine": functools.partial(_engine_problem, runtime)}
-                    | ({"state": database.problem} if database is not None else {})
-                    | {"serving": drain.problem}
-                )
-                routes = [*(previews.routes() if previews is not None else []), health_route(checks), *wired.routes]
-                await serve_http(
-                    app, args.host, listener, wired.authentication, ConnectionLimits.of(args),
-                    args.max_request_bytes, routes, drain,
-                )  # fmt: skip
-            else:
-                if preview_listener is not None and previews is not None:
-                    group.start_soon(serve_previews, previews, preview_listener)
-                await serve_stdio(app)
-            group.cancel_scope.cancel()
-    finally:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # stopping (stdin closed, say): as in stop_on_signal
-        with anyio.CancelScope(shield=True):
-            await _close(wired, log)
+    async with anyio.create_task_group() as group:
+        group.start_soon(stop_on_signal, group.cancel_scope)
+        await group.start(wired.tasks.serve)  # before the first request: a task may be asked for at once
+        await group.start(wired.services.serve)
+        await group.start(app.parked.serve)  # 2026-07-28 calls asking about hosts run beside their requests
+        group.start_soon(_surviving, "the workspace sweep", functools.partial(_sweep_workspaces, wired, log), log)
+        if database is not None:
+            address = _address(listener, args.advertise) if listener is not None else None
+            await anyio.to_thread.run_sync(database.beat, drain.active, address)  # peers know where it is at once
+            beat = functools.partial(_beat, database, drain, log, address)
+            group.start_soon(_surviving, "the replica's heartbeat", beat, log)
+        if pool is not None:
+            group.start_soon(_surviving, "the warm pool", pool.maintain, log)
+        if not args.no_watch:
+            group.start_soon(_surviving, "the policy watcher", watch, log)
+        previews = wired.previews
+        if listener is not None:
+            log.info("serving MCP over Streamable HTTP at %s", url_of(listener))
+            checks = (
+                {"engine": functools.partial(_engine_problem, runtime)}
+                | ({"state": database.problem} if database is not None else {})
+                | {"serving": drain.problem}
+            )
+            routes = [*(previews.routes() if previews is not None else []), health_route(checks), *wired.routes]
+            await serve_http(
+                app, args.host, listener, wired.authentication, ConnectionLimits.of(args),
+                args.max_request_bytes, routes, drain,
+            )  # fmt: skip
+        else:
+            if preview_listener is not None and previews is not None:
+                group.start_soon(serve_previews, previews, preview_listener)
+            await serve_stdio(app)
+        group.cancel_scope.cancel()
 
 
 async def _signal_or_drain(signals: Any, drain: Drain | None) -> str:

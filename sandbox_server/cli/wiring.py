@@ -118,30 +118,30 @@ def wire(
 
     pool = None if args.no_pool else WarmPool(runtime, runtime.activity, held_elsewhere)
     workspaces = _workspaces(args, runtime, database, policy, alive, log)
-    # The audit trail is kept by default, in the state folder (readable by the server's user alone).
-    audit_path = args.audit_log or policy.audit.path or workspaces.root.parent / "audit.jsonl"
-    replica = runtime.owner if database is not None else None
-    audit = AuditLog(audit_path, policy.audit.max_bytes, policy.audit.keep, replica)
-    log.info("audit trail: %s", audit.path)
-    proxies = EgressProxies(lambda: runtime.api, runtime.owner, runtime.on_this_host)
-    proxies.sweep_firewall()  # the rules of proxies whose server was killed
-    caller_policies: dict[str, Policy] = {}
+    try:  # from here, a start that fails (or is stopped) undoes what it began
+        # The audit trail is kept by default, in the state folder (readable by the server's user alone).
+        audit_path = args.audit_log or policy.audit.path or workspaces.root.parent / "audit.jsonl"
+        replica = runtime.owner if database is not None else None
+        audit = AuditLog(audit_path, policy.audit.max_bytes, policy.audit.keep, replica)
+        log.info("audit trail: %s", audit.path)
+        proxies = EgressProxies(lambda: runtime.api, runtime.owner, runtime.on_this_host)
+        proxies.sweep_firewall()  # the rules of proxies whose server was killed
+        caller_policies: dict[str, Policy] = {}
 
-    def caller_policy(reference: str) -> Policy:
-        """A token's policy, loaded once for this host (the server's own, with its reloads, when it names that)."""
-        if reference == args.policy:
-            return registry.policy
-        if reference not in caller_policies:
-            caller_policies[reference] = load_policy(reference, names, host_facts(runtime))
-        return caller_policies[reference]
+        def caller_policy(reference: str) -> Policy:
+            """A token's policy, loaded once for this host (the server's own, with its reloads, when it names that)."""
+            if reference == args.policy:
+                return registry.policy
+            if reference not in caller_policies:
+                caller_policies[reference] = load_policy(reference, names, host_facts(runtime))
+            return caller_policies[reference]
 
-    authenticated = bool(args.tokens or args.issuer)
-    registry = ToolRegistry(
-        tools, policy, pool, proxies, workspaces, caller_policy if authenticated else None, args.tool_prefix
-    )
-    if pool is not None:  # the slowest containers start now, while the MCP SDK (a second of imports) loads
-        pool.head_start()
-    try:
+        authenticated = bool(args.tokens or args.issuer)
+        registry = ToolRegistry(
+            tools, policy, pool, proxies, workspaces, caller_policy if authenticated else None, args.tool_prefix
+        )
+        if pool is not None:  # the slowest containers start now, while the MCP SDK (a second of imports) loads
+            pool.head_start()
         from sandbox_server.protocol.addresses import allowed_hosts, host_names
         from sandbox_server.protocol.preview import Previews
         from sandbox_server.protocol.server import Parts, SandboxServer
@@ -206,9 +206,10 @@ def wire(
             app, runtime, policy, names, database, pool, workspaces, proxies, tasks, services, authentication, routes,
             previews, stop_tracing, alive, Drain(getattr(args, "grace_s", 30.0), _peers(database, services)),
         )  # fmt: skip
-    except BaseException:  # a server that does not start leaves none of its first containers behind
+    except BaseException:  # a server that does not start leaves none of its first containers nor mounts behind
         if pool is not None:
             anyio.run(pool.close)
+        workspaces.close()
         raise
 
 

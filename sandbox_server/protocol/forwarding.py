@@ -6,10 +6,12 @@ calls and its services' previews can be answered only where it lives. A replica 
 mirror or else by its arguments; a `/preview/<service>/…` request) while another live replica is the home sends
 the request there as it came, bearer token and all, and streams the answer back: the home checks the caller as it
 checks every request. The channel between replicas is authenticated: a forwarded request carries
-`Sandbox-Forwarded: <replica>;<time>;<HMAC-SHA256>` over that replica, its time, method, path and body, keyed with a secret
-the replicas share in the database; a home runs a request so marked as its own even while it drains (it
-finishes the work that lives there), and never forwards it again. A marked request whose signature does not hold,
-or is over FORWARD_SKEW_S old, is refused 403.
+`Sandbox-Forwarded: <replica>;<time>;<nonce>;<HMAC-SHA256>` over that replica, its time, a nonce, its method, path
+and query, body, and the caller's credentials (its `Authorization` and `Cookie` headers), keyed with a secret the
+replicas share in the database; a home runs a request so marked as its own even while it drains (it finishes the
+work that lives there), and never forwards it again. A marked request whose signature does not hold, that is over
+FORWARD_SKEW_S old, or whose nonce the home saw within that time (a captured request sent again, or with another
+caller's token in it) is refused 403.
 
 Requests of a handshake-era session are not forwarded: the session lives on the replica that began it, and the
 load balancer keeps them there. A home that does not answer is answered 503 with `Retry-After`, so the load
@@ -21,8 +23,10 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import http.cookiejar
 import json
 import logging
+import secrets
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -36,7 +40,7 @@ if TYPE_CHECKING:
 
     from sandbox_server.state.homes import Home, Homes
 
-__all__ = ["Forwarding", "signature"]
+__all__ = ["Forwarding", "signature", "signed_credentials"]
 
 log = logging.getLogger("sandbox_server")
 
@@ -58,10 +62,33 @@ HOME_RESPONSE = b"sandbox-workspace"
 forwarded answer, which would teach it the wrong replica."""
 
 
-def signature(key: bytes, replica: str, stamp: str, method: str, path: str, body: bytes) -> str:
-    """The HMAC-SHA256 a replica signs a forwarded request with: who forwards it, when, and what it is."""
-    said = f"{replica}\n{stamp}\n{method}\n{path}\n{hashlib.sha256(body).hexdigest()}".encode()
-    return hmac.new(key, said, hashlib.sha256).hexdigest()
+def signature(
+    key: bytes, replica: str, stamp: str, nonce: str, method: str, target: str, body: bytes, credentials: bytes
+) -> str:
+    """The HMAC-SHA256 a replica signs a forwarded request with: who forwards it, when (and a nonce, used once),
+    what it is (`target`: its path and query), and on whose behalf (its `credentials`, `signed_credentials`)."""
+    said = "\n".join(
+        [
+            replica,
+            stamp,
+            nonce,
+            method,
+            target,
+            hashlib.sha256(body).hexdigest(),
+            hashlib.sha256(credentials).hexdigest(),
+        ]
+    )
+    return hmac.new(key, said.encode(), hashlib.sha256).hexdigest()
+
+
+def signed_credentials(headers: dict[bytes, bytes]) -> bytes:
+    """What of a request says who sends it (its Authorization and Cookie headers), as a signature covers it."""
+    return headers.get(b"authorization", b"") + b"\n" + headers.get(b"cookie", b"")
+
+
+def _target(scope: Scope) -> str:
+    query = scope.get("query_string", b"").decode("latin-1")
+    return str(scope.get("path", "")) + (f"?{query}" if query else "")
 
 
 class Forwarding:
@@ -83,6 +110,9 @@ class Forwarding:
         """Whether a service (by its id) runs on this replica: its previews are served here without asking."""
         self.mcp_path, self.preview_prefix = mcp_path, preview_prefix
         self._client: Any = None
+        self._seen: dict[str, float] = {}
+        """The nonces of forwarded requests taken here, until their time is past FORWARD_SKEW_S (one seen again is
+        a replay)."""
 
     def wrap(self, app: ASGIApp, body_bytes: int) -> ASGIApp:
         """The ASGI app behind the forwarding (requests read whole first, up to `body_bytes`)."""
@@ -98,7 +128,7 @@ class Forwarding:
             path, method = str(scope.get("path", "")), str(scope.get("method", ""))
             if HEADER.encode() in headers:
                 body, whole = await read_body(receive, max(body_bytes, PREVIEW_BODY_BYTES))
-                peer = self._signer(headers[HEADER.encode()], method, path, body) if whole else None
+                peer = self._signer(headers[HEADER.encode()], method, _target(scope), body, headers) if whole else None
                 if peer is None:
                     await _answer(scope, receive, send, 403, "a forwarded request whose signature does not hold\n")
                     return
@@ -137,7 +167,7 @@ class Forwarding:
         path = str(scope.get("path", ""))
         said = headers.get(HEADER.encode())
         if said is not None:
-            peer = self._signer(said, "GET", path, b"")
+            peer = self._signer(said, "GET", _target(scope), b"", headers)
             if peer is None:
                 await WebSocket(scope, receive, send).close(code=1008)
                 return
@@ -176,7 +206,7 @@ class Forwarding:
         given = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         protocols = [p.strip() for p in given.get("sec-websocket-protocol", "").split(",") if p.strip()]
         passed = {k: v for k, v in given.items() if k in ("cookie", "authorization", "origin", "user-agent")}
-        passed[HEADER] = self._signed("GET", path, b"")
+        passed[HEADER] = self._signed("GET", _target(scope), b"", dict(scope["headers"]))
         return connect(
             f"ws://{given.get('host', where.netloc)}{path}" + (f"?{query}" if query else ""), sock=sock,
             additional_headers=passed, subprotocols=protocols or None, open_timeout=10,
@@ -188,23 +218,31 @@ class Forwarding:
         service = path[len(self.preview_prefix) :].split("/", 1)[0] if path.startswith(self.preview_prefix) else ""
         return service if service and not self.runs_here(service) else ""
 
-    def _signed(self, method: str, path: str, body: bytes) -> str:
+    def _signed(self, method: str, target: str, body: bytes, headers: dict[bytes, bytes]) -> str:
         """The `Sandbox-Forwarded` value this replica sends a request with."""
-        stamp = f"{time.time():.3f}"
-        return f"{self.homes.me};{stamp};{signature(self.key, self.homes.me, stamp, method, path, body)}"
+        stamp, nonce, me = f"{time.time():.3f}", secrets.token_urlsafe(16), self.homes.me
+        mac = signature(self.key, me, stamp, nonce, method, target, body, signed_credentials(headers))
+        return f"{me};{stamp};{nonce};{mac}"
 
-    def _signer(self, said: bytes, method: str, path: str, body: bytes) -> str | None:
-        """The peer replica that signed a forwarded request, when its signature holds and is fresh (else None)."""
+    def _signer(self, said: bytes, method: str, target: str, body: bytes, headers: dict[bytes, bytes]) -> str | None:
+        """The peer replica that signed a forwarded request, when its signature holds over this request and these
+        credentials, is fresh and its nonce was not seen before (else None)."""
         parts = said.decode("latin-1").split(";")
-        if len(parts) != 3:
+        if len(parts) != 4:
             return None
-        replica, stamp, mac = parts
+        replica, stamp, nonce, mac = parts
+        now = time.time()
         try:
-            fresh = abs(time.time() - float(stamp)) <= FORWARD_SKEW_S
+            fresh = abs(now - float(stamp)) <= FORWARD_SKEW_S
         except ValueError:
             return None
-        genuine = fresh and hmac.compare_digest(mac, signature(self.key, replica, stamp, method, path, body))
-        return replica if genuine else None
+        expected = signature(self.key, replica, stamp, nonce, method, target, body, signed_credentials(headers))
+        if not fresh or not hmac.compare_digest(mac, expected) or f"{replica};{nonce}" in self._seen:
+            return None
+        if len(self._seen) > 1000:
+            self._seen = {seen: until for seen, until in self._seen.items() if until > now}
+        self._seen[f"{replica};{nonce}"] = now + 2 * FORWARD_SKEW_S
+        return replica
 
     async def _forward(
         self, home: Home, scope: Scope, body: bytes, send: Send, receive: Receive, named: str = ""
@@ -214,11 +252,15 @@ class Forwarding:
         import httpx2
 
         if self._client is None:
-            self._client = httpx2.AsyncClient(timeout=httpx2.Timeout(10.0, read=None), follow_redirects=False)
+            # A jar that keeps no cookie: one caller's preview cookie must never ride along with another's request.
+            keeps_none = http.cookiejar.CookieJar(policy=http.cookiejar.DefaultCookiePolicy(allowed_domains=[]))
+            self._client = httpx2.AsyncClient(
+                timeout=httpx2.Timeout(10.0, read=None), follow_redirects=False, cookies=keeps_none
+            )
         method, path = str(scope["method"]), str(scope["path"])
         query = scope.get("query_string", b"").decode("latin-1")
         headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"] if k not in HOP_BY_HOP]
-        headers.append((HEADER, self._signed(method, path, body)))
+        headers.append((HEADER, self._signed(method, _target(scope), body, dict(scope["headers"]))))
         url = home.address.rstrip("/") + path + (f"?{query}" if query else "")
         request = self._client.build_request(method, url, headers=headers, content=body)
         try:

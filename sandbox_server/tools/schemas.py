@@ -86,8 +86,9 @@ NETWORK_SCHEMA: dict[str, Any] = {
         "denied": {"type": "array", "items": {"type": "string"}, "description": "host:port the policy refused."},
         "requests_not_kept": {
             "type": "integer",
-            "description": "Requests made before those listed, counted but not kept (a sandbox's record is bounded).",
+            "description": "Requests made before those listed, counted but not listed (an answer lists the latest 200).",
         },
+        "denied_not_listed": {"type": "integer", "description": "Refused host:port past the 200 `denied` lists."},
         "asked": {
             "type": "array",
             "description": "Hosts not on the allow list decided during the call (network.ask): the person's answer "

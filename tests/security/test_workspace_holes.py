@@ -4,6 +4,11 @@ as a task counts each of its calls against the task caps, and the `tasks` tool h
 
 from __future__ import annotations
 
+import signal
+import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +16,7 @@ import anyio
 import pytest
 
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
-from tests.mcp_harness import CheckedClient, connect, stdio_parameters, text_of
+from tests.mcp_harness import CheckedClient, ServerProcess, connect, free_port, stdio_parameters, stop_server, text_of
 from tests.test_tasks import tasks_client
 from tests.test_views import AppsSupport
 
@@ -109,3 +114,44 @@ async def test_the_app_only_tasks_tool_has_a_limit_of_its_own(tmp_path: Path, ru
     assert len(refused) == 5 and not any(each.is_error for each in answers[:120]), len(refused)
     assert "rate limited: the tasks tool answers a caller 120 times a minute" in text_of(refused[0])
     assert "rate.calls_per_minute" in text_of(refused[0])
+
+
+def _mounts_under(folder: Path) -> list[str]:
+    where = str(folder.resolve())
+    return [
+        line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines() if where in line.split()[4]
+    ]
+
+
+@pytest.mark.parametrize("moment", ["listening", "workspaces are kept as sized filesystems", "audit trail:"])
+def test_a_server_stopped_as_it_starts_leaves_no_mount_behind(
+    moment: str, tmp_path: Path, runtime: DockerRuntime
+) -> None:
+    """SIGTERM at each step of a start (its port open, its workspaces' filesystems mounted, its audit trail
+    opened): the server undoes what it began, its pool's and its slots' mounts included."""
+    state, port = tmp_path / "state", free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "sandbox_server", "serve", "--transport", "http", "--port", str(port),
+         "--state-dir", str(state), "--workspaces", "mounted"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    server = ServerProcess(f"http://127.0.0.1:{port}/mcp", process)
+    try:
+        if moment == "listening":
+            while True:
+                try:
+                    socket.create_connection(("127.0.0.1", port), timeout=5).close()
+                    break
+                except ConnectionRefusedError:
+                    assert process.poll() is None, server.lines
+                    time.sleep(0.01)  # (the port opens without a line to wait for)
+        else:
+            server.wait_for_line(moment, timeout_s=60)
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 0, server.lines
+    finally:
+        stop_server(process)
+        server.reader.join(timeout=10)
+        if process.stderr is not None:
+            process.stderr.close()
+    assert _mounts_under(state) == [], (_mounts_under(state), server.lines)

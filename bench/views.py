@@ -68,7 +68,7 @@ def _renders(url: str, rounds: int) -> dict[str, dict[str, list[float]]]:
         ("service", "services", {"action": "list"}, "body[data-ready]"),
     ]
     found: dict[str, dict[str, list[float]]] = {label: {"call_ms": [], "render_ms": []} for label, *_ in opens}
-    host = Host(url)
+    host = Host(url, 0)  # (a page on any free port: previews are not framed here)
     try:
         host("call", tool="execute_command", arguments={"command": "true", "files": upload("g.csv", _groups_csv())})
         for _ in range(rounds):

@@ -31,7 +31,7 @@ from mcp.shared.exceptions import MCPError
 from PIL import Image
 
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
-from tests.mcp_harness import audit_records, connect, http_server_process, upload
+from tests.mcp_harness import audit_records, connect, free_port, http_server_process, upload
 
 HOST = Path(__file__).parent / "apps_host"
 NODE = HOST / "node_modules" / ".bin" / "node"
@@ -66,9 +66,9 @@ def weather() -> tuple[bytes, pd.DataFrame]:
 class Host:
     """The test host's process: one JSON command a line, one JSON answer a line."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, page_port: int) -> None:
         self.process = subprocess.Popen(
-            [str(NODE), str(HOST / "host.mjs"), url],
+            [str(NODE), str(HOST / "host.mjs"), url, str(page_port)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -113,23 +113,35 @@ class Host:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory, runtime: DockerRuntime) -> Iterator[tuple[str, Path]]:
-    """The server on its default policy, over Streamable HTTP (previews on), with its audit log."""
+def server(
+    tmp_path_factory: pytest.TempPathFactory, runtime: DockerRuntime, page_port: int
+) -> Iterator[tuple[str, Path]]:
+    """The server on its default policy, over Streamable HTTP (previews on), with its audit log; the host's page
+    (at `page_port`) may frame its previews."""
     state = tmp_path_factory.mktemp("views")
     audit = state / "audit.jsonl"
-    with http_server_process("--state-dir", str(state / "s"), "--no-pool", "--audit-log", str(audit)) as process:
+    with http_server_process(
+        "--state-dir", str(state / "s"), "--no-pool", "--audit-log", str(audit),
+        "--frame-ancestor", f"http://127.0.0.1:{page_port}",
+    ) as process:  # fmt: skip
         yield process.url, audit
 
 
 @pytest.fixture(scope="module")
-def host(server: tuple[str, Path]) -> Iterator[Host]:
+def page_port() -> int:
+    """Where the host serves its page (the origin that may frame previews)."""
+    return free_port()
+
+
+@pytest.fixture(scope="module")
+def host(server: tuple[str, Path], page_port: int) -> Iterator[Host]:
     """The host, installed from the npm registry as its lock file pins it, connected to the server."""
     if not (HOST / "node_modules" / "@modelcontextprotocol" / "ext-apps").is_dir() or not NODE.exists():
         done = subprocess.run(
             ["npm", "ci", "--no-audit", "--no-fund"], cwd=HOST, capture_output=True, text=True, timeout=300
         )
         assert done.returncode == 0, done.stderr
-    running = Host(server[0])
+    running = Host(server[0], page_port)
     yield running
     running.close()
 
@@ -336,7 +348,7 @@ def test_service_view_embeds_the_preview_where_the_host_allows_frames_else_links
     host("wait", selector="body[data-state='service running']")  # the task view of the call that started it
     host("click", selector="#open")
     assert host("seen")["links"][-1] == preview
-    opened = host("open", tool="services", arguments={"action": "list"})
+    opened = host("open", tool="services", arguments={"action": "list"}, origin=True)
     assert opened["uri"] == "ui://sandbox-server/service"
     assert opened["csp"]["frameDomains"] == [preview.split("/preview/")[0]]
     host("wait", selector="body[data-ready]")
@@ -347,6 +359,11 @@ def test_service_view_embeds_the_preview_where_the_host_allows_frames_else_links
     inside = shot[int(y) + 60 : int(y + height) - 4, int(x) + 4 : int(x + width) - 4]
     green = count(inside, (27, 158, 119), 12)
     assert green > inside.shape[0] * inside.shape[1] * 0.8, "the preview's page is not drawn in the view"
+    # Another page of the same site (another port), where the browser keeps the framed preview's cookie, may not
+    # frame it: only the host's origin is a frame ancestor.
+    intruded = host("intrude", url=preview.split("?")[0])
+    assert "preview" not in intruded["text"], intruded
+    assert any("frame-ancestors" in said for said in intruded["refused"]), intruded
 
     host("open", tool="services", arguments={"action": "list"}, frames=False)
     host("wait", selector="body[data-ready]")

@@ -86,6 +86,11 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
         "beside /mcp)",
     )  # fmt: skip
     serve.add_argument(
+        "--frame-ancestor", action="append", default=[], metavar="ORIGIN",
+        help="an origin whose pages may show services' previews in a frame (an MCP Apps host's, say "
+        "https://app.example or http://127.0.0.1:*; repeatable); without one only the server's own pages may",
+    )  # fmt: skip
+    serve.add_argument(
         "--no-preview", action="store_true",
         help="stdio: open no port for services' previews (their answers then carry no link, and say so)",
     )  # fmt: skip

@@ -184,7 +184,7 @@ def wire(
         if preview_base is not None:
             base_url, host = preview_base
             public = urlsplit(args.public_url).hostname if args.public_url else None
-            previews = Previews(services, base_url, allowed_hosts(host_names(host, public)))
+            previews = Previews(services, base_url, allowed_hosts(host_names(host, public)), args.frame_ancestor)
             linked = why_not is None
             said = policy.services.tools or args.tokens or args.issuer  # callers' own policies may start services
             if said and why_not is None:
@@ -196,7 +196,7 @@ def wire(
             Parts(
                 registry, pool if pool is not None else runtime, audit, (metrics.observe,) if metrics is not None else (),
                 tracing, tasks, services, _shared_access(database), runtime.owner, args.page_size,
-                preview_origin=_origin(preview_base[0]) if preview_base is not None and linked else None,
+                preview_origin=_origin(preview_base[0]) if preview_base is not None and linked and args.frame_ancestor else None,
             )
         )  # fmt: skip
         authentication = _authentication(args, caller_policy, log, database)

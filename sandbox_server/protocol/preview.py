@@ -24,7 +24,7 @@ import logging
 import secrets
 import socket
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from http.cookies import SimpleCookie
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit
@@ -38,6 +38,7 @@ from starlette.routing import BaseRoute, Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from sandbox_server.access.identity import token_identity
+from sandbox_server.errors import UsageError
 from sandbox_server.sandbox.netns import connect_inside
 from sandbox_server.services.manager import Service, Services
 
@@ -64,9 +65,14 @@ COOKIE_PREFIX = "sbx-preview-"
 class Previews:
     """The preview routes of one HTTP server, its links and its browsers' sessions."""
 
-    def __init__(self, services: Services, base_url: str, hosts: Sequence[str]) -> None:
+    def __init__(
+        self, services: Services, base_url: str, hosts: Sequence[str], frame_ancestors: Sequence[str] = ()
+    ) -> None:
         self.services = services
         self.base_url = base_url.rstrip("/")
+        self.framing = "frame-ancestors " + " ".join(["'self'", *(_origin_source(o) for o in frame_ancestors)])
+        """Which pages may frame a preview (a Content-Security-Policy of its own on every answer): the server's, and
+        the MCP hosts' named with `serve --frame-ancestor`; a service's own policy is enforced beside it."""
         self.hosts = tuple(hosts)
         """The Host headers the server answers to: a name, or `name:*` for that name on any port."""
         self._key = secrets.token_bytes(32)
@@ -92,10 +98,21 @@ class Previews:
 
     def routes(self) -> list[BaseRoute]:
         return [
-            Route(PREVIEW_PREFIX + "/{service}", self._to_folder, methods=METHODS),
-            Route(PREVIEW_PREFIX + "/{service}/{path:path}", self._http, methods=METHODS),
+            Route(PREVIEW_PREFIX + "/{service}", self._framed(self._to_folder), methods=METHODS),
+            Route(PREVIEW_PREFIX + "/{service}/{path:path}", self._framed(self._http), methods=METHODS),
             WebSocketRoute(PREVIEW_PREFIX + "/{service}/{path:path}", self._websocket),
         ]
+
+    def _framed(self, endpoint: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
+        """Every answer of a preview route carries who may frame it (another site's page may not: a page on another
+        port of the same site would share the partitioned cookie of a framed preview)."""
+
+        async def framed(request: Request) -> Response:
+            response = await endpoint(request)
+            response.raw_headers.append((b"content-security-policy", self.framing.encode("latin-1")))
+            return response
+
+        return framed
 
     # -- who may ---------------------------------------------------------------------------------
 
@@ -348,6 +365,14 @@ def _body(connection: http.client.HTTPConnection, answer: http.client.HTTPRespon
         log.info("a preview's answer ended early: %r", exc)
     finally:
         connection.close()
+
+
+def _origin_source(origin: str) -> str:
+    """An origin as a CSP source (scheme://host[:port], `*` for any port); anything else refused."""
+    parts = urlsplit(origin.strip().rstrip("/"))
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.path or parts.query:
+        raise UsageError(f"--frame-ancestor {origin!r} is not an origin (scheme://host[:port])")
+    return f"{parts.scheme}://{parts.netloc}"
 
 
 def _host_allowed(host: str, allowed: Sequence[str]) -> bool:

@@ -5,11 +5,12 @@
 // MCP client carries them to the server.
 import { AppBridge, PostMessageTransport } from "@modelcontextprotocol/ext-apps/app-bridge";
 
-window.mount = async ({ html, csp, input, frames, tool, theme }) => {
+window.mount = async ({ html, csp, input, frames, tool, theme, origin }) => {
   document.getElementById("view")?.remove();
   const frame = document.createElement("iframe");
   frame.id = "view";
-  frame.setAttribute("sandbox", "allow-scripts");
+  // `origin`: the view keeps an origin (the page's), as in a host whose views live on a sandbox origin of its own
+  frame.setAttribute("sandbox", origin ? "allow-scripts allow-same-origin" : "allow-scripts");
   frame.style.cssText = "width: 960px; height: 760px; border: 0; display: block";
   const frameSources = frames && csp.frameDomains?.length ? csp.frameDomains.join(" ") : "'none'";
   const policy =

@@ -20,7 +20,7 @@ import { createTaskSessionFromClient, resultFromTaskOutcome } from "@modelcontex
 
 const APPS = "io.modelcontextprotocol/ui";
 const APP_MIME = "text/html;profile=mcp-app";
-const [url] = process.argv.slice(2);
+const [url, pagePort] = process.argv.slice(2);
 const seen = { calls: [], reads: [], links: [], downloads: [], refused: [], errors: [] };
 
 const bundled = await build({
@@ -33,7 +33,7 @@ const web = http.createServer((request, response) => {
   response.writeHead(200, { "content-type": "text/html; charset=utf-8" });
   response.end(page_html);
 });
-await new Promise((resolve) => web.listen(0, "127.0.0.1", resolve));
+await new Promise((resolve) => web.listen(Number(pagePort ?? 0), "127.0.0.1", resolve));
 
 const client = new Client({ name: "apps-test-host", version: "1.0.0" }, {
   capabilities: { extensions: { [APPS]: { mimeTypes: [APP_MIME] } } },
@@ -66,7 +66,7 @@ await page.goto(`http://127.0.0.1:${web.address().port}/`);
 const view = () => page.frameLocator("#view");
 let running = null;
 
-async function open({ tool, arguments: input, frames = true, task = false, ready, theme }) {
+async function open({ tool, arguments: input, frames = true, task = false, ready, theme, origin = false }) {
   const listed = await client.listTools();
   const found = listed.tools.find((t) => t.name === tool);
   const uri = found?._meta?.ui?.resourceUri;
@@ -75,7 +75,9 @@ async function open({ tool, arguments: input, frames = true, task = false, ready
   const [contents] = read.contents;
   if (contents.mimeType !== APP_MIME) throw new Error(`${uri} is ${contents.mimeType}`);
   const csp = contents._meta?.ui?.csp ?? {};
-  const app = await page.evaluate((args) => window.mount(args), { html: contents.text, csp, input, frames, tool: found, theme });
+  const app = await page.evaluate(
+    (args) => window.mount(args), { html: contents.text, csp, input, frames, tool: found, theme, origin },
+  );
   if (task) {
     const execution = await tasks.callTool(tool, input, { task: { preference: "require" } });
     running = execution.settle({}).then(async ({ outcome }) => {
@@ -101,8 +103,33 @@ async function open({ tool, arguments: input, frames = true, task = false, ready
   return { uri, app, result, csp, timings };
 }
 
+// Another page of the same site (another port of 127.0.0.1) that frames a URL, as a hostile page would: what the
+// frame shows, and what the browser refused.
+async function intrude({ url: framed }) {
+  const other = http.createServer((request, response) => {
+    response.writeHead(200, { "content-type": "text/html; charset=utf-8" });
+    response.end(`<!doctype html><body><iframe id="f" src="${framed}" style="width:600px;height:300px"></iframe></body>`);
+  });
+  await new Promise((resolve) => other.listen(0, "127.0.0.1", resolve));
+  const intruder = await browser.newPage();
+  const refused = [];
+  intruder.on("console", (message) => { if (/Refused to|frame-ancestors/.test(message.text())) refused.push(message.text()); });
+  try {
+    await intruder.goto(`http://127.0.0.1:${other.address().port}/`);
+    const handle = await intruder.waitForSelector("#f");
+    const frame = await handle.contentFrame();
+    await frame.waitForLoadState("load");
+    const text = await frame.evaluate(() => document.body?.innerText ?? "").catch(() => "");
+    return { text, url: frame.url(), refused };
+  } finally {
+    await intruder.close();
+    other.close();
+  }
+}
+
 const commands = {
   open,
+  intrude,
   settled: async () => await running,
   tools: async () => (await client.listTools()).tools,
   resources: async () => (await client.listResources()).resources,

@@ -4,6 +4,7 @@ clients that negotiated them."""
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import pytest
 
@@ -59,3 +60,16 @@ def test_only_a_client_that_negotiated_views_sees_a_tool_linked_to_its_view() ->
         assert linked.model_dump(exclude={"meta", "output_schema"}) == plain.model_dump(
             exclude={"meta", "output_schema"}
         )
+
+
+def test_previews_say_who_may_frame_them_and_refuse_what_is_not_an_origin() -> None:
+    from sandbox_server.errors import UsageError
+    from sandbox_server.protocol.preview import Previews
+
+    services: Any = None
+    assert Previews(services, "http://127.0.0.1:1", ["127.0.0.1"]).framing == "frame-ancestors 'self'"
+    named = Previews(services, "http://127.0.0.1:1", ["127.0.0.1"], ["https://app.example/", "http://127.0.0.1:*"])
+    assert named.framing == "frame-ancestors 'self' https://app.example http://127.0.0.1:*"
+    for wrong in ("app.example", "javascript:alert(1)", "https://app.example/page", "*"):
+        with pytest.raises(UsageError, match="is not an origin"):
+            Previews(services, "http://127.0.0.1:1", ["127.0.0.1"], [wrong])

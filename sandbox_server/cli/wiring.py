@@ -118,6 +118,7 @@ def wire(
 
     pool = None if args.no_pool else WarmPool(runtime, runtime.activity, held_elsewhere)
     workspaces = _workspaces(args, runtime, database, policy, alive, log)
+    workspaces.callers_share_the_host = bool(args.tokens or args.issuer)
     try:  # from here, a start that fails (or is stopped) undoes what it began
         # The audit trail is kept by default, in the state folder (readable by the server's user alone).
         audit_path = args.audit_log or policy.audit.path or workspaces.root.parent / "audit.jsonl"

@@ -27,6 +27,10 @@ class CappedWorkspaces:
     settings: WorkspaceSettings
     storage_bytes: int
     exports: Exports
+    callers_share_the_host = False
+    """Whether callers by token share this host (`serve --tokens` or `--issuer`): then a caller whose policy gives no
+    share of its own (workspace.storage_per_caller_mb: 0) has half the host's cap, so that no one caller's forks,
+    imports and exports leave the others no room."""
 
     def _fresh(self, workspace_id: str | None = None, shared: SharedCall | None = None) -> None:
         raise NotImplementedError
@@ -35,6 +39,10 @@ class CappedWorkspaces:
         """Refuse `more` bytes for this caller past workspace.storage_per_caller_mb (under the lock); `besides`: a
         workspace whose size `more` replaces."""
         share = self.settings.storage_per_caller_mb * 1024 * 1024
+        said = "policy field workspace.storage_per_caller_mb"
+        if not share and self.callers_share_the_host:
+            share = self.storage_bytes // 2
+            said += " is 0: half of host.workspace_storage_mb, as callers by token share this host"
         if not share:
             return
         theirs = sum(r.size_bytes for r in self._records.values() if r.tenant == tenant and r.id != besides)
@@ -42,8 +50,8 @@ class CappedWorkspaces:
         if theirs + more > share:
             raise Refusal(
                 f"refused: {what}: this caller's workspaces, snapshots and exports would take {theirs + more} bytes, "
-                f"above its share of {share} (policy field workspace.storage_per_caller_mb; each counted at its "
-                "whole size, an export for an hour after it is made); delete some first",
+                f"above its share of {share} ({said}; each counted at its whole size, an export for an hour after it "
+                "is made); delete some first",
                 "workspace.storage_per_caller_mb",
             )
 

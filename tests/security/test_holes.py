@@ -283,11 +283,11 @@ def _answer_of(connection: socket.socket) -> bytes:
     return said
 
 
-def tokens_file(folder: Path, *names: str) -> tuple[Path, list[str]]:
+def tokens_file(folder: Path, *names: str, policy: str = "default") -> tuple[Path, list[str]]:
     tokens = folder / "tokens.json"
     made = []
     for name in names:
-        done = subprocess_run("token", "add", name, "--policy", "default", "--tokens", str(tokens))
+        done = subprocess_run("token", "add", name, "--policy", policy, "--tokens", str(tokens))
         made.append(done.stdout.splitlines()[-1])
     return tokens, made
 

@@ -16,7 +16,17 @@ import anyio
 import pytest
 
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
-from tests.mcp_harness import CheckedClient, ServerProcess, connect, free_port, stdio_parameters, stop_server, text_of
+from tests.mcp_harness import (
+    CheckedClient,
+    ServerProcess,
+    connect,
+    free_port,
+    http_server,
+    stdio_parameters,
+    stop_server,
+    text_of,
+)
+from tests.security.test_holes import as_caller, tokens_file
 from tests.test_tasks import tasks_client
 from tests.test_views import AppsSupport
 
@@ -155,3 +165,25 @@ def test_a_server_stopped_as_it_starts_leaves_no_mount_behind(
         if process.stderr is not None:
             process.stderr.close()
     assert _mounts_under(state) == [], (_mounts_under(state), server.lines)
+
+
+async def test_callers_by_token_with_no_share_of_their_own_have_half_the_host(
+    tmp_path: Path, runtime: DockerRuntime
+) -> None:
+    """One caller's forks fill no more than half the host's cap when its policy names no share, so another caller
+    still gets a workspace."""
+    policy = tmp_path / "shared.yaml"
+    policy.write_text(KEEPING + "host: {workspace_storage_mb: 120}\n")  # each workspace 21.8 MiB, a share 60 MiB
+    tokens, (ada, bob) = tokens_file(tmp_path, "ada", "bob", policy=str(policy))
+    serve = ("--policy", str(policy), "--tokens", str(tokens), "--state-dir", str(tmp_path / "state"))
+    with http_server(*serve) as url:
+        async with as_caller(url, ada) as first:
+            await _call(first, "execute_command", command="true")
+            forked = await _call(first, "workspaces", action="fork")
+            past = await _call(first, "workspaces", action="fork")
+            async with as_caller(url, bob) as second:
+                other = await _call(second, "execute_command", command="echo mine > f.txt && cat f.txt")
+    assert not forked["is_error"], forked["text"]
+    assert past["is_error"] and past["error"]["field"] == "workspace.storage_per_caller_mb", past["text"]
+    assert "its share of 62914560 (policy field workspace.storage_per_caller_mb is 0: half of" in past["text"]
+    assert not other["is_error"] and other["stdout"] == "mine\n", other["text"]

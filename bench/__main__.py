@@ -15,6 +15,7 @@ BENCHMARKS = {
     "performance": "bench.performance",
     "queue": "bench.queue",
     "replicas": "bench.replicas",
+    "runtimes": "bench.runtimes",
     "services": "bench.services",
     "sessions": "bench.sessions",
     "views": "bench.views",

@@ -1,0 +1,149 @@
+"""A SandboxSpec as an OCI runtime bundle's `config.json`: the hardened container of docs/design.md said to runc
+directly, with what the engine's HostConfig says (sandbox.host_config) and nothing less.
+
+The engine's path and this one must make the same sandbox: no capability in any set, no new privileges, the
+policy's seccomp profile, a read-only root with a sized tmpfs at /tmp (noexec) and at the workspace (or the
+workspace's slot bound there, slave propagation), the same masked and read-only paths, the sandbox's user, its
+rlimits, memory equal to memory plus swap, pids and CPU in the cgroup, fresh namespaces (network too, for a call
+with no network), `sandbox` as its host name, and a small init as PID 1 that reaps what the program leaves. The
+root filesystem is the image's, unpacked once per image and shared read-only by every sandbox of it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from sandbox_server.sandbox.host_config import MASKED_PATHS
+from sandbox_server.sandbox.spec import SandboxSpec
+
+__all__ = ["INIT_PATH", "READONLY_PATHS", "oci_config", "oci_seccomp"]
+
+INIT_PATH = "/sbin/docker-init"
+"""Where the init (the engine's own tini, bound from the host read-only) is found inside a sandbox."""
+READONLY_PATHS = ("/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger")
+"""What the engine makes read-only in every container's /proc, and so does this path."""
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+_ARCHES = {"SCMP_ARCH_X86_64": ["SCMP_ARCH_X86_64", "SCMP_ARCH_X86", "SCMP_ARCH_X32"], "SCMP_ARCH_AARCH64": ["SCMP_ARCH_AARCH64"]}  # fmt: skip
+
+
+def oci_seccomp(profile_json: str) -> dict[str, Any]:
+    """An engine-format seccomp profile (an `archMap`, `names` per rule, `includes`/`excludes`) as the OCI
+    runtime spec's `linux.seccomp`: the architectures of its map, each rule whose conditions hold for a sandbox
+    with no capability (a rule that `includes` capabilities never applies, one that `excludes` them always does)."""
+    profile = json.loads(profile_json)
+    arches: list[str] = []
+    for entry in profile.get("archMap") or []:
+        arches += [entry["architecture"], *entry.get("subArchitectures", [])]
+    rules = []
+    for rule in profile.get("syscalls") or []:
+        if (rule.get("includes") or {}).get("caps"):
+            continue  # granted only to containers holding a capability: a sandbox holds none
+        kept = {"names": rule["names"], "action": rule["action"]}
+        if rule.get("args"):
+            kept["args"] = rule["args"]
+        if "errnoRet" in rule:
+            kept["errnoRet"] = rule["errnoRet"]
+        rules.append(kept)
+    said: dict[str, Any] = {"defaultAction": profile["defaultAction"], "architectures": arches, "syscalls": rules}
+    if "defaultErrnoRet" in profile:
+        said["defaultErrnoRet"] = profile["defaultErrnoRet"]
+    return said
+
+
+def oci_config(spec: SandboxSpec, rootfs: str, argv: list[str], slot: str | None = None) -> dict[str, Any]:
+    """The bundle's config.json for a spec: `rootfs` the image's unpacked root, `argv` the program (after the
+    init), `slot` the host folder bound at the workspace (None: a sized tmpfs there)."""
+    limits = spec.limits
+    uid_text, _, gid_text = spec.user.partition(":")
+    uid, gid = int(uid_text), int(gid_text or uid_text)
+    memory = limits.memory_mb * 1024 * 1024
+    file_size = limits.file_size_mb * 1024 * 1024
+    tmp = [f"size={limits.tmp_mb}m", f"nr_inodes={max(1024, limits.tmp_mb * 256)}", "mode=1777", "noexec", "nosuid", "nodev"]  # fmt: skip
+    mounts: list[dict[str, Any]] = [
+        {"destination": "/proc", "type": "proc", "source": "proc", "options": ["nosuid", "noexec", "nodev"]},
+        {
+            "destination": "/dev",
+            "type": "tmpfs",
+            "source": "tmpfs",
+            "options": ["nosuid", "strictatime", "mode=755", "size=65536k"],
+        },  # fmt: skip
+        {
+            "destination": "/dev/pts",
+            "type": "devpts",
+            "source": "devpts",
+            "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"],
+        },  # fmt: skip
+        {
+            "destination": "/dev/shm",
+            "type": "tmpfs",
+            "source": "shm",
+            "options": ["nosuid", "noexec", "nodev", "mode=1777", f"size={limits.shm_mb * 1024 * 1024}"],
+        },  # fmt: skip
+        {"destination": "/dev/mqueue", "type": "mqueue", "source": "mqueue", "options": ["nosuid", "noexec", "nodev"]},
+        {"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": ["nosuid", "noexec", "nodev", "ro"]},
+        {
+            "destination": "/sys/fs/cgroup",
+            "type": "cgroup",
+            "source": "cgroup",
+            "options": ["nosuid", "noexec", "nodev", "relatime", "ro"],
+        },  # fmt: skip
+        {"destination": "/tmp", "type": "tmpfs", "source": "tmpfs", "options": tmp},
+        {
+            "destination": INIT_PATH,
+            "type": "bind",
+            "source": "/usr/bin/docker-init",
+            "options": ["rbind", "ro", "nosuid", "nodev"],
+        },  # fmt: skip
+    ]
+    if slot is None:
+        workspace = [
+            f"size={limits.workspace_mb}m", f"nr_inodes={limits.workspace_inodes}", f"uid={uid}", f"gid={gid}",
+            "mode=0755", "nosuid", "nodev", "exec" if limits.workspace_exec else "noexec",
+        ]  # fmt: skip
+        mounts.append({"destination": spec.workdir, "type": "tmpfs", "source": "tmpfs", "options": workspace})
+    else:
+        mounts.append({"destination": spec.workdir, "type": "bind", "source": slot, "options": ["rbind", "rslave"]})
+    for mount in spec.mounts:
+        options = ["rbind", "ro" if mount.read_only else "rw", "nosuid", "nodev"]
+        mounts.append(
+            {"destination": mount.sandbox_path, "type": "bind", "source": mount.host_path, "options": options}
+        )
+    env = [f"{name}={value}" for name, value in spec.env]
+    if not any(item.startswith("PATH=") for item in env):
+        env.insert(0, f"PATH={DEFAULT_PATH}")
+    linux: dict[str, Any] = {
+        "namespaces": [{"type": kind} for kind in ("pid", "ipc", "uts", "mount", "network", "cgroup")],
+        "maskedPaths": list(MASKED_PATHS),
+        "readonlyPaths": list(READONLY_PATHS),
+        "resources": {
+            "devices": [{"allow": False, "access": "rwm"}],
+            "memory": {"limit": memory, "swap": memory},
+            "pids": {"limit": limits.pids},
+            "cpu": {"quota": int(limits.cpus * 100_000), "period": 100_000},
+        },
+        "sysctl": {"net.ipv6.conf.all.disable_ipv6": "1"} if spec.networked else {},
+    }
+    if spec.seccomp_profile is not None:
+        linux["seccomp"] = oci_seccomp(spec.seccomp_profile)
+    return {
+        "ociVersion": "1.0.2",
+        "root": {"path": rootfs, "readonly": True},
+        "hostname": "sandbox",
+        "mounts": mounts,
+        "process": {
+            "terminal": False,
+            "user": {"uid": uid, "gid": gid, "additionalGids": [gid]},
+            "args": [INIT_PATH, "--", *argv],
+            "env": env,
+            "cwd": spec.workdir,
+            "capabilities": {kind: [] for kind in ("bounding", "effective", "inheritable", "permitted", "ambient")},
+            "rlimits": [
+                {"type": "RLIMIT_NOFILE", "soft": limits.nofile, "hard": limits.nofile},
+                {"type": "RLIMIT_FSIZE", "soft": file_size, "hard": file_size},
+                {"type": "RLIMIT_CORE", "soft": 0, "hard": 0},
+            ],
+            "noNewPrivileges": True,
+        },
+        "linux": linux,
+    }

@@ -118,7 +118,6 @@ def wire(
 
     pool = None if args.no_pool else WarmPool(runtime, runtime.activity, held_elsewhere)
     workspaces = _workspaces(args, runtime, database, policy, alive, log)
-    workspaces.callers_share_the_host = bool(args.tokens or args.issuer)
     try:  # from here, a start that fails (or is stopped) undoes what it began
         # The audit trail is kept by default, in the state folder (readable by the server's user alone).
         audit_path = args.audit_log or policy.audit.path or workspaces.root.parent / "audit.jsonl"
@@ -265,7 +264,7 @@ def _workspaces(
             log.info("workspaces are kept as archives in the shared state, continued on any replica")
     workspaces = WorkspaceStore(
         state_dir / "workspaces", policy.workspace, policy.host.workspace_storage_mb * 1024 * 1024, contents, book,
-        alive if database is not None else None,
+        alive if database is not None else None, callers_share_the_host=bool(args.tokens or args.issuer),
     )  # fmt: skip
     swept = workspaces.sweep(alive)
     if swept:

@@ -27,7 +27,7 @@ class CappedWorkspaces:
     settings: WorkspaceSettings
     storage_bytes: int
     exports: Exports
-    callers_share_the_host = False
+    callers_share_the_host: bool
     """Whether callers by token share this host (`serve --tokens` or `--issuer`): then a caller whose policy gives no
     share of its own (workspace.storage_per_caller_mb: 0) has half the host's cap, so that no one caller's forks,
     imports and exports leave the others no room."""

@@ -61,8 +61,9 @@ class WorkspaceStore(CarriedWorkspaces):
         contents: Callable[[Path], Contents] = ArchivedContents,
         book: RecordBook | None = None,
         replica_alive: Callable[[str], bool] | None = None,
+        callers_share_the_host: bool = False,
     ) -> None:
-        self.root = root
+        self.root, self.callers_share_the_host = root, callers_share_the_host
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.settings = settings
         self.storage_bytes = storage_bytes

@@ -181,17 +181,18 @@ class Admission:
         self._running_by[client] += 1
         return Ticket(lambda: self._release(client))
 
-    def _window(self, client: str, rate: RateLimits, policy_name: str, now: float) -> deque[float]:
-        """The caller's calls of the last minute (a Refusal, at once, when it may make no more)."""
+    def _window(self, client: str, rate: RateLimits, policy_name: str, now: float, more: int = 1) -> deque[float]:
+        """The caller's calls of the last minute (a Refusal, at once, when it may not make `more` more)."""
         if len(self._calls) > REMEMBERED_CLIENTS:
             self._forget_idle(now)
         window = self._calls[client]
         while window and window[0] <= now - 60:
             window.popleft()
-        if len(window) >= rate.calls_per_minute:
-            retry = max(1, math.ceil(window[0] + 60 - now))
+        if len(window) + more > rate.calls_per_minute:
+            retry = max(1, math.ceil(window[0] + 60 - now)) if window else 60
+            asked = f"{more} calls need {more} of the " if more > 1 else ""
             raise Refusal(
-                f"rate limited: {rate.calls_per_minute} calls/min (policy '{policy_name}', "
+                f"rate limited: {asked}{rate.calls_per_minute} calls/min (policy '{policy_name}', "
                 f"field rate.calls_per_minute); retry in {retry} s",
                 "rate.calls_per_minute",
                 kind="rate_limited",
@@ -252,18 +253,7 @@ class Admission:
         """Refuse (a Refusal) at once when the caller's calls per minute have no room for `calls` more (a branch's,
         before it forks for them); counts nothing: each of them is admitted as it runs."""
         with self._lock:
-            now = self._clock()
-            window = self._window(client, rate, policy_name, now)
-            if len(window) + calls > rate.calls_per_minute:
-                retry = max(1, math.ceil(window[0] + 60 - now)) if window else 60
-                raise Refusal(
-                    f"rate limited: {calls} calls need {calls} of the {rate.calls_per_minute} calls/min policy "
-                    f"'{policy_name}' allows (field rate.calls_per_minute), and {len(window)} were made in the last "
-                    f"minute; retry in {retry} s",
-                    "rate.calls_per_minute",
-                    kind="rate_limited",
-                    retry_after_s=retry,
-                )
+            self._window(client, rate, policy_name, self._clock(), calls)
 
     def check_host(self) -> None:
         """Refuse (a Refusal) when the host is saturated: a call that takes no slot still needs room."""

@@ -201,14 +201,13 @@ class Forwarding:
 
         where = urlsplit(home.address)
         sock = socket.create_connection((where.hostname or "", where.port or 80), timeout=10)
-        path = str(scope["path"])
-        query = scope.get("query_string", b"").decode("latin-1")
+        target = _target(scope)
         given = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         protocols = [p.strip() for p in given.get("sec-websocket-protocol", "").split(",") if p.strip()]
         passed = {k: v for k, v in given.items() if k in ("cookie", "authorization", "origin", "user-agent")}
-        passed[HEADER] = self._signed("GET", _target(scope), b"", dict(scope["headers"]))
+        passed[HEADER] = self._signed("GET", target, b"", dict(scope["headers"]))
         return connect(
-            f"ws://{given.get('host', where.netloc)}{path}" + (f"?{query}" if query else ""), sock=sock,
+            f"ws://{given.get('host', where.netloc)}{target}", sock=sock,
             additional_headers=passed, subprotocols=protocols or None, open_timeout=10,
             max_size=PREVIEW_BODY_BYTES, origin=None,
         )  # fmt: skip
@@ -257,11 +256,10 @@ class Forwarding:
             self._client = httpx2.AsyncClient(
                 timeout=httpx2.Timeout(10.0, read=None), follow_redirects=False, cookies=keeps_none
             )
-        method, path = str(scope["method"]), str(scope["path"])
-        query = scope.get("query_string", b"").decode("latin-1")
+        method, path, target = str(scope["method"]), str(scope["path"]), _target(scope)
         headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"] if k not in HOP_BY_HOP]
-        headers.append((HEADER, self._signed(method, _target(scope), body, dict(scope["headers"]))))
-        url = home.address.rstrip("/") + path + (f"?{query}" if query else "")
+        headers.append((HEADER, self._signed(method, target, body, dict(scope["headers"]))))
+        url = home.address.rstrip("/") + target
         request = self._client.build_request(method, url, headers=headers, content=body)
         try:
             answer = await self._client.send(request, stream=True)

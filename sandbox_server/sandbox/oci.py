@@ -24,7 +24,6 @@ INIT_PATH = "/sbin/docker-init"
 READONLY_PATHS = ("/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger")
 """What the engine makes read-only in every container's /proc, and so does this path."""
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-_ARCHES = {"SCMP_ARCH_X86_64": ["SCMP_ARCH_X86_64", "SCMP_ARCH_X86", "SCMP_ARCH_X32"], "SCMP_ARCH_AARCH64": ["SCMP_ARCH_AARCH64"]}  # fmt: skip
 
 
 def oci_seccomp(profile_json: str) -> dict[str, Any]:

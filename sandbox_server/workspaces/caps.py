@@ -59,14 +59,18 @@ class CappedWorkspaces:
         """What all workspaces, snapshots and live exports take of the host's cap (under the lock)."""
         return sum(r.size_bytes for r in self._records.values() if r.id != besides) + self.exports.total()
 
-    def _within_host(self, more: int, what: str) -> None:
-        """Refuse `more` bytes past host.workspace_storage_mb (under the lock)."""
+    def _within_host(self, more: int, what: str, busy: bool = False) -> None:
+        """Refuse `more` bytes past host.workspace_storage_mb (under the lock); `busy`: a new workspace, which may
+        have room once older ones expire."""
         taken = self._held_bytes() + more
         if taken > self.storage_bytes:
             raise Refusal(
                 f"refused: {what}: all workspaces, snapshots and exports together would take {taken} bytes, above "
-                f"the host's cap of {self.storage_bytes} (policy field host.workspace_storage_mb)",
+                f"the host's cap of {self.storage_bytes} (policy field host.workspace_storage_mb)"
+                + ("; retry when older workspaces have expired" if busy else ""),
                 "host.workspace_storage_mb",
+                kind="busy" if busy else "refused",
+                retry_after_s=60 if busy else None,
             )
 
     def holdings(self) -> dict[tuple[str | None, str], tuple[int, int]]:

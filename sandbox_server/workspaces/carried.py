@@ -112,9 +112,3 @@ class CarriedWorkspaces(PausedWorkspaces):
             self._records[made.id] = made
             self._users[made.id] = 1
         return made
-
-    def total_bytes(self) -> int:
-        """What all kept workspaces, snapshots and live exports take on the host's disk."""
-        with self._lock:
-            self._fresh()
-            return self._held_bytes()

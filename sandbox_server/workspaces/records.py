@@ -57,8 +57,9 @@ class WorkspaceRecord:
 def over_cap(total: int, storage_bytes: int) -> str:
     """Why a workspace of this size was not kept: the host's cap."""
     return (
-        f"the workspace was not saved: all workspaces together would take {total} bytes, above the host's cap of "
-        f"{storage_bytes} (policy field host.workspace_storage_mb); it is as the previous call left it"
+        f"the workspace was not saved: all workspaces, snapshots and exports together would take {total} bytes, "
+        f"above the host's cap of {storage_bytes} (policy field host.workspace_storage_mb); it is as the previous "
+        "call left it"
     )
 
 

@@ -145,16 +145,7 @@ class WorkspaceStore(CarriedWorkspaces):
             notes = self._make_room(holder, now)
             reserved = self.contents.reserve(self.settings)
             self._within_share(tenant, reserved, "no new workspace")
-            taken = self._held_bytes() + reserved
-            if taken > self.storage_bytes:
-                raise Refusal(
-                    f"refused: no new workspace: all workspaces together would take {taken} bytes, above the "
-                    f"host's cap of {self.storage_bytes} (policy field host.workspace_storage_mb); retry when older "
-                    "workspaces have expired",
-                    "host.workspace_storage_mb",
-                    kind="busy",
-                    retry_after_s=60,
-                )
+            self._within_host(reserved, "no new workspace", busy=True)
             record = WorkspaceRecord(f"ws-{secrets.token_urlsafe(16)}", session, holder, now, now, reserved, tenant)
             self._opening[record.id] = time.monotonic()
             self._records[record.id] = record

@@ -20,10 +20,12 @@ import anyio
 import docker
 import docker.errors
 import mcp_types as types
+import psutil
 from jsonschema import Draft202012Validator
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
+from sandbox_server.sandbox.removal import OWNER_LABEL
 from sandbox_server.sandbox.spec import SANDBOX_LABEL
 
 CHECKED: list[tuple[str, bool]] = []
@@ -220,21 +222,36 @@ class Person:
         return types.ElicitResult(action=self.answer, content={} if self.answer == "accept" else None)  # type: ignore[arg-type]
 
 
-async def preloaded(api: docker.APIClient, image: str = "sandbox-server/python-data:latest") -> None:
-    """Until every waiting container of `image` has imported all its interpreter preloads (a call that comes
-    sooner stops the preloading, and the imports left are the program's, on its clock)."""
+async def preloaded(
+    api: docker.APIClient, server: str | Path, image: str = "sandbox-server/python-data:latest"
+) -> None:
+    """Until every waiting container of `image` that the server whose command line holds `server` (a path of the
+    test's own) made has imported all its interpreter preloads, and there is at least one (a call that comes
+    sooner stops the preloading, and the imports left are the program's, on its clock). Other servers of the
+    suite keep pools of their own: theirs say nothing of this one's."""
     with anyio.fail_after(60):
         while True:
             said = []
             for listed in api.containers(filters={"label": SANDBOX_LABEL, "ancestor": image}):
+                if not _made_by(listed["Labels"].get(OWNER_LABEL, ""), str(server)):
+                    continue
                 try:
                     reading = api.exec_create(listed["Id"], ["cat", "/tmp/.sandbox-warm/errors"], user="1000:1000")
                     said.append(api.exec_start(reading))
                 except docker.errors.APIError:  # a used one, being removed
                     continue
-            if said and all(b"preloaded in" in text for text in said):
+            if said and all(b"preloaded in" in text and b"a call came" not in text for text in said):
                 return
             await anyio.sleep(0.1)
+
+
+def _made_by(owner: str, server: str) -> bool:
+    """Whether an owner label names a live process of this host whose command line holds `server`."""
+    _, _, rest = owner.partition(":")
+    try:
+        return any(server in part for part in psutil.Process(int(rest.partition(":")[0])).cmdline())
+    except (ValueError, psutil.Error):
+        return False
 
 
 def stop_server(process: subprocess.Popen[bytes]) -> None:

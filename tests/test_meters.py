@@ -101,7 +101,7 @@ async def test_a_call_says_the_cpu_memory_and_workspace_its_sandbox_used_and_the
         assert usage["workspace_bytes"] >= 3 * 1024 * 1024, usage
         assert usage["network_in_bytes"] == usage["network_out_bytes"] == 0
         # A warm interpreter imported its libraries before the call: that CPU time is not the call's.
-        await preloaded(runtime.api)  # the next container too (it preloads while the first call runs)
+        await preloaded(runtime.api, metered.audit)  # the next container too (it preloads while the first call runs)
         quick = await call(alice, "run_python", code="print(1 + 1)")
         assert quick["usage"]["cpu_s"] < 0.25, quick["usage"]
         shell = await call(alice, "execute_command", command="true")

@@ -43,7 +43,7 @@ async def test_a_cell_in_a_warm_interpreter_sees_a_clean_namespace_and_the_prelo
 ) -> None:
     audit = tmp_path / "audit.jsonl"
     async with connect(stdio_parameters("--policy", _policy(tmp_path, ""), "--audit-log", str(audit))) as session:
-        await preloaded(runtime.api)
+        await preloaded(runtime.api, tmp_path)
         first = await _cell(session, PROBE)
         second = await _cell(session, PROBE)
     assert not first["is_error"], first["text"]
@@ -197,7 +197,9 @@ async def test_a_user_site_with_its_own_version_of_a_preloaded_library_gets_a_fr
         "(os.path.exists('/tmp/.sandbox-warm/errors'), getattr(duckdb, 'MINE', False), 'pandas' in sys.modules)"
     )
     async with connect(stdio_parameters("--policy", _policy(tmp_path, ""))) as session:
-        await preloaded(runtime.api)  # duckdb imported before the call: only a fresh interpreter gives the user's
+        await preloaded(
+            runtime.api, tmp_path
+        )  # duckdb imported before the call: only a fresh interpreter gives the user's
         result = await session.call_tool("run_python", {"code": cell, "files": files})
         plain = await _cell(
             session, "import os, sys\n(os.path.exists('/tmp/.sandbox-warm/errors'), 'pandas' in sys.modules)"
@@ -225,7 +227,7 @@ async def test_a_warm_interpreters_exit_code_is_its_programs_and_a_forked_child_
     # deadline, to be reported as timed out.
     policy = _policy(tmp_path, "tools:\n  run_python:\n    limits: {timeout_s: 20}\n")
     async with connect(stdio_parameters("--policy", policy)) as session:
-        await preloaded(runtime.api)
+        await preloaded(runtime.api, tmp_path)
         exits = await _cell(session, "print('before')\nraise SystemExit(3)")
         zero = await _cell(session, "import sys\nprint('ok', flush=True)")
         killed = await _cell(session, FORKED_THEN_KILLED)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import re
 
 __all__ = ["add_serve_arguments", "tool_prefix"]
@@ -33,6 +34,14 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
         default="auto",
         help="how kept workspaces are kept: mounted (a sized filesystem per workspace; root on the engine's "
         "host), archived (a tar carried in and out of each call; works anywhere), or auto (mounted when it can)",
+    )
+    serve.add_argument(
+        "--sandboxes",
+        choices=["auto", "runc", "engine"],
+        default=os.environ.get("SANDBOX_SANDBOXES", "engine"),
+        help="who makes calls' sandboxes: runc (runc itself, from the engine's images, for calls without a network; "
+        "root on the engine's host), engine (the engine, every call), or auto (runc when it can); default: "
+        "SANDBOX_SANDBOXES, else engine",
     )
     serve.add_argument(
         "--tool-prefix",

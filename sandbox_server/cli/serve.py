@@ -40,7 +40,7 @@ def serve_command(args: argparse.Namespace) -> int:
     from sandbox_server.ops.memory import return_freed_memory
     from sandbox_server.protocol.addresses import LOOPBACK_HOSTS, listen, url_of
     from sandbox_server.protocol.http_limits import raise_open_files_limit
-    from sandbox_server.sandbox.docker_runtime import DockerRuntime
+    from sandbox_server.sandbox.runc_runtime import RuncRuntime
 
     if args.transport == "http" and args.host not in LOOPBACK_HOSTS and not args.tokens and not args.issuer:
         raise UsageError(
@@ -73,7 +73,7 @@ def serve_command(args: argparse.Namespace) -> int:
         preview_base = (url_of(preview_listener).removesuffix("/mcp"), "127.0.0.1")
     else:
         preview_base = None
-    runtime = DockerRuntime.lazy()
+    runtime = RuncRuntime(None, args.sandboxes)
     _start_reaper(runtime.owner)
     # A signal before the event loop takes signals over (while the parts start) unwinds the start: each part
     # started is closed (its mounts, its containers), where the default action would leave them behind.

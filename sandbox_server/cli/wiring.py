@@ -116,6 +116,7 @@ def wire(
     def held_elsewhere() -> int:  # running tasks' and services' containers count against warm containers' memory
         return tasks.memory_bytes() + services.memory_bytes()
 
+    _sandboxes(runtime, log)
     pool = None if args.no_pool else WarmPool(runtime, runtime.activity, held_elsewhere)
     workspaces = _workspaces(args, runtime, database, policy, alive, log)
     try:  # from here, a start that fails (or is stopped) undoes what it began
@@ -399,6 +400,19 @@ def _shared_access(database: Database | None) -> SharedAccess | None:
     from sandbox_server.access.shared import SharedAccess
 
     return SharedAccess.of(database)
+
+
+def _sandboxes(runtime: DockerRuntime, log: logging.Logger) -> None:
+    """Who makes calls' sandboxes (serve --sandboxes), said once at start."""
+    from sandbox_server.sandbox.runc_runtime import RuncRuntime
+
+    why_not = runtime.runc_refused() if isinstance(runtime, RuncRuntime) else "its only path"
+    if why_not is None:
+        log.info(
+            "calls' sandboxes without a network are made by runc itself from the engine's images; others by the engine"
+        )
+    else:
+        log.info("calls' sandboxes are made by the engine (%s)", why_not)
 
 
 def _workspace_contents(choice: str, runtime: DockerRuntime, log: logging.Logger) -> Callable[[Path], Contents]:

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import BinaryIO
 
 from sandbox_server.sandbox.spec import SandboxSpec
-from sandbox_server.sandbox.streams import STDERR, CappedBuffer, FrameDemuxer, StdoutSplitter
+from sandbox_server.sandbox.streams import STDERR, CappedBuffer, FrameDemuxer, StdoutSplitter, Stream
 
 __all__ = [
     "FLOOD_FACTOR",
@@ -79,7 +79,7 @@ class Drain:
         if watch is not None:  # the call reads its output while it runs
             watch(self.stdout, self.stderr)
 
-    def run(self, raw: socket.socket) -> None:
+    def run(self, raw: Stream) -> None:
         """Read until the stream ends or the output turns into a flood."""
         demuxer = FrameDemuxer()
         try:
@@ -137,7 +137,7 @@ def pids_limited(trailer: dict[str, str] | None) -> bool:
     return (_counter(trailer, "pids_max") or 0) > 0
 
 
-def close_socket(raw: socket.socket) -> None:
+def close_socket(raw: Stream) -> None:
     """Shut down and close a socket; never raises."""
     with contextlib.suppress(OSError):
         raw.shutdown(socket.SHUT_RDWR)

@@ -10,6 +10,7 @@ removed by the next.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import secrets
@@ -21,7 +22,7 @@ from typing import Any
 from sandbox_server.sandbox.oci import oci_config
 from sandbox_server.sandbox.spec import SandboxSpec
 
-__all__ = ["image_root", "write_bundle"]
+__all__ = ["image_root", "unpacked", "write_bundle"]
 
 WHOLE = ".whole"
 """Written last into an unpacked image's folder: it is complete."""
@@ -29,16 +30,31 @@ WHOLE = ".whole"
 
 def image_root(api: Any, image: str, folder: Path) -> Path:
     """The image's root filesystem, unpacked under `folder` by its id (made on first use, then shared)."""
-    image_id = str(api.inspect_image(image)["Id"]).removeprefix("sha256:")[:24]
+    return unpacked(api, image, api.inspect_image(image), folder)
+
+
+def unpacked(api: Any, image: str, inspected: dict[str, Any], folder: Path) -> Path:
+    """The root filesystem of the image the engine described as `inspected`, unpacked under `folder` by its id."""
+    image_id = str(inspected["Id"]).removeprefix("sha256:")[:24]
     place = folder / image_id
     if (place / WHOLE).exists():
         return place / "rootfs"
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-    for left in folder.glob(f".{image_id}-*"):  # a killed process's half-unpacked copy
-        shutil.rmtree(left, ignore_errors=True)
+    with open(folder / f".{image_id}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one unpacker per image (threads and servers alike); the others wait
+        if (place / WHOLE).exists():
+            return place / "rootfs"
+        for left in folder.glob(f".{image_id}-*"):  # a killed process's half-unpacked copy
+            shutil.rmtree(left, ignore_errors=True)
+        _unpack(api, image, inspected, folder, place)
+    return place / "rootfs"
+
+
+def _unpack(api: Any, image: str, inspected: dict[str, Any], folder: Path, place: Path) -> None:
+    image_id = place.name
     making = folder / f".{image_id}-{secrets.token_hex(4)}"
     (making / "rootfs").mkdir(parents=True)
-    created = api.create_container(image, command=["true"], network_disabled=True)
+    created = api.create_container(inspected["Id"], command=["true"], network_disabled=True)
     try:
         with subprocess.Popen(
             ["tar", "-x", "-p", "--numeric-owner", "-f", "-", "-C", str(making / "rootfs")], stdin=subprocess.PIPE
@@ -50,18 +66,16 @@ def image_root(api: Any, image: str, folder: Path) -> Path:
         if unpack.returncode != 0:
             raise OSError(f"tar could not unpack {image} (exit {unpack.returncode})")
         (making / WHOLE).write_text(image + "\n")
-        try:
-            os.rename(making, place)
-        except OSError:  # another process unpacked it meanwhile
-            shutil.rmtree(making, ignore_errors=True)
+        os.rename(making, place)
     finally:
         api.remove_container(created["Id"], force=True)
         shutil.rmtree(making, ignore_errors=True)
-    return place / "rootfs"
 
 
-def write_bundle(bundle: Path, spec: SandboxSpec, rootfs: Path, argv: list[str], slot: str | None = None) -> Path:
-    """A bundle folder (its config.json) for one sandbox of `spec` on an unpacked root."""
+def write_bundle(
+    bundle: Path, spec: SandboxSpec, rootfs: Path, argv: list[str], slot: str | None = None, **options: Any
+) -> Path:
+    """A bundle folder (its config.json) for one sandbox of `spec` on an unpacked root (`options`: oci_config's)."""
     bundle.mkdir(parents=True, exist_ok=True, mode=0o700)
-    (bundle / "config.json").write_text(json.dumps(oci_config(spec, str(rootfs), argv, slot)))
+    (bundle / "config.json").write_text(json.dumps(oci_config(spec, str(rootfs), argv, slot, **options)))
     return bundle

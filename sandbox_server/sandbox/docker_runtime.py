@@ -42,6 +42,7 @@ from sandbox_server.sandbox.meter import Meter, Usage
 from sandbox_server.sandbox.removal import OWNER_LABEL, Remover, current_owner
 from sandbox_server.sandbox.runtime import NO_HOOKS, ProgressCallback, RunHooks
 from sandbox_server.sandbox.spec import SANDBOX_LABEL, ExecutionResult, SandboxSpec
+from sandbox_server.sandbox.streams import Stream
 
 __all__ = ["DockerRuntime", "WarmContainer"]
 
@@ -54,7 +55,7 @@ class WarmContainer:
     """A container created, attached and started, its launcher waiting for a request on stdin."""
 
     container_id: str
-    stream: socket.socket
+    stream: Stream
     key: tuple[object, ...]
     ready_at: float
     """time.monotonic() when it became ready."""
@@ -258,7 +259,7 @@ class DockerRuntime(Engine):
         self.removal.remove_later(warm.container_id, then=warm.free_slot)
 
     @staticmethod
-    def _send(raw: socket.socket, request: BinaryIO) -> None:
+    def _send(raw: Stream, request: BinaryIO) -> None:
         try:
             if isinstance(request, io.BytesIO):
                 raw.sendall(request.getbuffer())

@@ -12,12 +12,13 @@ root filesystem is the image's, unpacked once per image and shared read-only by 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sandbox_server.sandbox.host_config import MASKED_PATHS
 from sandbox_server.sandbox.spec import SandboxSpec
 
-__all__ = ["INIT_PATH", "READONLY_PATHS", "oci_config", "oci_seccomp"]
+__all__ = ["INIT_PATH", "READONLY_PATHS", "merged_env", "oci_config", "oci_seccomp"]
 
 INIT_PATH = "/sbin/docker-init"
 """Where the init (the engine's own tini, bound from the host read-only) is found inside a sandbox."""
@@ -50,9 +51,31 @@ def oci_seccomp(profile_json: str) -> dict[str, Any]:
     return said
 
 
-def oci_config(spec: SandboxSpec, rootfs: str, argv: list[str], slot: str | None = None) -> dict[str, Any]:
+def merged_env(image_env: Sequence[str], env: Sequence[tuple[str, str]]) -> list[str]:
+    """A container's environment as the engine makes it: the image's, each name the spec sets replaced by its
+    value, the host name, and a default PATH when neither gives one."""
+    merged = dict(item.partition("=")[::2] for item in image_env)
+    merged |= dict(env)
+    merged.setdefault("PATH", DEFAULT_PATH)
+    merged.setdefault("HOSTNAME", "sandbox")
+    return [f"{name}={value}" for name, value in merged.items()]
+
+
+def oci_config(
+    spec: SandboxSpec,
+    rootfs: str,
+    argv: list[str],
+    slot: str | None = None,
+    *,
+    image_env: Sequence[str] = (),
+    extra_env: Sequence[tuple[str, str]] = (),
+    cgroups_path: str | None = None,
+    annotations: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
     """The bundle's config.json for a spec: `rootfs` the image's unpacked root, `argv` the program (after the
-    init), `slot` the host folder bound at the workspace (None: a sized tmpfs there)."""
+    init), `slot` the host folder bound at the workspace (None: a sized tmpfs there), `image_env` the image's own
+    environment (the spec's and `extra_env` override it), `cgroups_path` where runc makes its cgroups (None:
+    runc's choice), `annotations` what the bundle says of its owner."""
     limits = spec.limits
     uid_text, _, gid_text = spec.user.partition(":")
     uid, gid = int(uid_text), int(gid_text or uid_text)
@@ -108,9 +131,7 @@ def oci_config(spec: SandboxSpec, rootfs: str, argv: list[str], slot: str | None
         mounts.append(
             {"destination": mount.sandbox_path, "type": "bind", "source": mount.host_path, "options": options}
         )
-    env = [f"{name}={value}" for name, value in spec.env]
-    if not any(item.startswith("PATH=") for item in env):
-        env.insert(0, f"PATH={DEFAULT_PATH}")
+    env = merged_env(image_env, [*spec.env, *extra_env])
     linux: dict[str, Any] = {
         "namespaces": [{"type": kind} for kind in ("pid", "ipc", "uts", "mount", "network", "cgroup")],
         "maskedPaths": list(MASKED_PATHS),
@@ -125,7 +146,10 @@ def oci_config(spec: SandboxSpec, rootfs: str, argv: list[str], slot: str | None
     }
     if spec.seccomp_profile is not None:
         linux["seccomp"] = oci_seccomp(spec.seccomp_profile)
+    if cgroups_path is not None:
+        linux["cgroupsPath"] = cgroups_path
     return {
+        "annotations": dict(annotations or {}),
         "ociVersion": "1.0.2",
         "root": {"path": rootfs, "readonly": True},
         "hostname": "sandbox",

@@ -22,6 +22,7 @@ import psutil
 
 from sandbox_server.sandbox.activity import Activity
 from sandbox_server.sandbox.engine import engine_errors
+from sandbox_server.sandbox.runc_state import delete_left_by
 from sandbox_server.sandbox.spec import SANDBOX_LABEL
 
 __all__ = ["OWNER_LABEL", "Remover", "current_owner", "owner_alive"]
@@ -73,6 +74,7 @@ def reap_after(pid: int, owner: str) -> int:
                 select.select([handle], [], [])
         finally:
             os.close(handle)
+    delete_left_by(owner)  # the sandboxes runc ran for it
     try:
         api = docker.from_env(timeout=30).api
         for item in api.containers(all=True, filters={"label": f"{OWNER_LABEL}={owner}"}):

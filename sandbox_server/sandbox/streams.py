@@ -6,9 +6,9 @@ from __future__ import annotations
 import io
 import itertools
 import struct
-from typing import BinaryIO
+from typing import Any, BinaryIO, Protocol
 
-__all__ = ["CappedBuffer", "FrameDemuxer", "StdoutSplitter"]
+__all__ = ["STDERR", "STDOUT", "CappedBuffer", "FrameDemuxer", "StdoutSplitter", "Stream", "frame"]
 
 _HEADER = struct.Struct(">BxxxL")
 STDOUT, STDERR = 1, 2
@@ -71,6 +71,22 @@ class CappedBuffer:
             if shown:
                 return shown if len(shown) <= LINE_CHARS else "…" + shown[-(LINE_CHARS - 1) :]
         return ""
+
+
+class Stream(Protocol):
+    """What a call speaks to its sandbox through: the engine's attach socket, or a runc sandbox's pipes."""
+
+    def recv(self, size: int, /) -> bytes: ...
+    def sendall(self, data: Any, /) -> Any: ...
+    def sendfile(self, file: Any, /) -> Any: ...
+    def shutdown(self, how: int, /) -> None: ...
+    def fileno(self) -> int: ...
+    def close(self) -> None: ...
+
+
+def frame(stream: int, payload: bytes) -> bytes:
+    """One frame of the engine's attach stream: `payload` of stream `stream` (STDOUT or STDERR)."""
+    return _HEADER.pack(stream, len(payload)) + payload
 
 
 class FrameDemuxer:

@@ -234,6 +234,7 @@ def test_only_the_engine_modules_import_docker() -> None:
         "sandbox/host_config.py",
         "sandbox/removal.py",
         "sandbox/docker_runtime.py",
+        "sandbox/runc_runtime.py",
         "sandbox/service_containers.py",
         "network/proxies.py",
         "network/upstream.py",

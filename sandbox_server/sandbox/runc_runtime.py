@@ -1,0 +1,271 @@
+"""Sandboxes made by runc itself, beside the engine: a call's container without dockerd's and containerd's cost.
+
+The engine spends most of a quarter second of its own to start a container on a small machine; runc alone,
+given a bundle, a fraction of that. Where it can (the server is root on the engine's host, the call's policy
+runs on runc, and the call has no network), this runtime makes the call's sandbox from a bundle: the image's
+root filesystem unpacked once and shared read-only (sandbox.bundles), and a config with the engine's own
+hardening (sandbox.oci). Everything else goes through the engine as before: sandboxes with a network (the
+proxy's allow-lists, services' neighbours), gVisor's, image builds, services, the proxy.
+
+Each sandbox runs under a `runc run` of its own, a child of the server that waits for it and gives its exit
+status, its stdio three pipes read as the engine's attach stream (sandbox.pipes). It is made ahead, as the
+engine's warm containers are: its launcher waits on stdin for its request. After its trailer the launcher stops
+itself, and the host reads the sandbox's counters from its cgroup before deleting it (`--keep` leaves a sandbox
+killed for memory in place until then, so its cgroup can say so).
+
+A sandbox's name carries its server's pid and start time, and its bundle the owner label: a server killed with
+SIGKILL leaves sandboxes that its reaper, or the next server's sweep, deletes (sandbox.runc_state).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import docker
+
+from sandbox_server.errors import EngineError
+from sandbox_server.sandbox import wire
+from sandbox_server.sandbox.activity import Activity
+from sandbox_server.sandbox.bundles import unpacked, write_bundle
+from sandbox_server.sandbox.docker_runtime import DockerRuntime, WarmContainer
+from sandbox_server.sandbox.engine import engine_errors
+from sandbox_server.sandbox.pipes import PipeStream
+from sandbox_server.sandbox.removal import OWNER_LABEL, Remover, owner_alive
+from sandbox_server.sandbox.runc_state import (
+    CGROUP_PARENT,
+    IMAGES,
+    PREFIX,
+    RUNC_WAIT_S,
+    STATE,
+    delete,
+    is_runc,
+    listed,
+    oom_kills,
+    owner_of,
+    runc_path,
+)  # fmt: skip
+from sandbox_server.sandbox.spec import SANDBOX_LABEL, SandboxSpec
+
+__all__ = ["RuncRuntime", "runc_usable"]
+
+STARTED_WITHIN_S = 30.0
+"""The longest runc may take to start a sandbox before the call is told the runtime failed."""
+
+
+def runc_usable() -> str | None:
+    """Why sandboxes cannot be made by runc here, or None when they can (the facts a start and `doctor` say)."""
+    if os.geteuid() != 0:
+        return "the server does not run as root"
+    if runc_path() is None:
+        return "no runc binary is installed"
+    if not os.access("/usr/bin/docker-init", os.X_OK):
+        return "the engine's init (/usr/bin/docker-init) is missing"
+    return None
+
+
+@dataclass
+class Run:
+    """One sandbox's `runc run`, and a pidfd of the sandbox's init (to kill it, never a later process)."""
+
+    process: subprocess.Popen[bytes]
+    init: int = -1
+
+    def kill(self) -> None:
+        """SIGKILL the sandbox's init (its pid namespace ends with it), then wait for runc; never raises."""
+        if self.init >= 0:
+            with contextlib.suppress(OSError):
+                signal.pidfd_send_signal(self.init, signal.SIGKILL)
+        try:
+            self.process.wait(timeout=RUNC_WAIT_S)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.close()
+
+    def close(self) -> None:
+        if self.init >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self.init)
+            self.init = -1
+
+
+class RuncRemover(Remover):
+    """The engine's remover, which deletes the sandboxes runc runs itself with runc."""
+
+    def __init__(
+        self, api: Callable[[], docker.APIClient], activity: Activity, state: Path, runs: dict[str, Run]
+    ) -> None:
+        super().__init__(api, activity)
+        self._state = state
+        self._runs = runs
+
+    def remove(self, container_id: str) -> None:
+        if not is_runc(container_id):
+            super().remove(container_id)
+            return
+        run = self._runs.pop(container_id, None)
+        if run is not None:
+            # Killed here, a sandbox is deleted as a stopped one (runc's own --force kill waits in steps of 0.1 s).
+            run.kill()
+        delete(self._state, container_id)
+
+    def reap(self, owner: str) -> int:
+        removed = super().reap(owner)
+        for name in listed(self._state):
+            other = owner_of(name)
+            if other != owner and not owner_alive(other):
+                self.remove(name)
+                removed += 1
+        return removed
+
+
+class RuncRuntime(DockerRuntime):
+    """The engine's runtime, whose calls without a network runc runs itself where it may."""
+
+    def __init__(
+        self,
+        client: docker.DockerClient | None = None,
+        sandboxes: str = "runc",
+        state: Path = STATE,
+        images: Path = IMAGES,
+    ) -> None:
+        """`sandboxes`: "runc" (runc makes what it can, or the server does not start), "engine" (the engine makes
+        every sandbox), "auto" (runc where this host lets it)."""
+        super().__init__(client)
+        self.sandboxes = sandboxes
+        self.state, self.images = state, images
+        self._runs: dict[str, Run] = {}
+        self._chosen: str | None = None
+        self.removal = RuncRemover(lambda: self.api, self.activity, state, self._runs)
+
+    def runc_refused(self) -> str | None:
+        """Why runc makes no sandbox here (None: it makes those it can), decided once; asked for runc, a host that
+        cannot refuses with EngineError."""
+        if self._chosen is None:
+            why_not = "as asked" if self.sandboxes == "engine" else runc_usable()
+            if why_not is None and self.dialect.podman:
+                why_not = "the engine is Podman"
+            if why_not is None and not self.on_this_host():
+                why_not = "the engine runs on another host"
+            if why_not is not None and self.sandboxes == "runc":
+                raise EngineError(f"--sandboxes runc: runc cannot make sandboxes here: {why_not}")
+            self._chosen = why_not or ""
+        return self._chosen or None
+
+    def takes(self, spec: SandboxSpec) -> bool:
+        """Whether runc makes this spec's sandbox (else the engine does)."""
+        return spec.runtime == "runc" and not spec.networked and self.runc_refused() is None
+
+    def sandbox_containers(self) -> list[str]:
+        return [*super().sandbox_containers(), *sorted(listed(self.state))]
+
+    def prepare(self, spec: SandboxSpec) -> WarmContainer:
+        if not self.takes(spec):
+            return super().prepare(spec)
+        slot = tempfile.mkdtemp(prefix="slot-", dir=spec.workspace_slots) if spec.workspace_slots else None
+        try:
+            return self._run_ahead(spec, slot)
+        except BaseException:
+            if slot is not None:
+                os.rmdir(slot)
+            raise
+
+    def _run_ahead(self, spec: SandboxSpec, slot: str | None) -> WarmContainer:
+        with engine_errors(f"inspect image {spec.image}"):
+            inspected = self.api.inspect_image(spec.image)
+        try:
+            rootfs = unpacked(self.api, spec.image, inspected, self.images)
+        except (OSError, docker.errors.DockerException) as exc:
+            raise EngineError(f"could not unpack {spec.image} for runc: {exc}") from exc
+        pid_text, created = self.owner.split(":")[1:3]
+        name = f"{PREFIX}{pid_text}-{created}-{secrets.token_hex(6)}"
+        bundle = write_bundle(
+            self.state / "bundles" / name, spec, rootfs, [wire.LAUNCHER], slot,
+            image_env=(inspected.get("Config") or {}).get("Env") or (),
+            extra_env=[(wire.LINGER_ENV, "1")],
+            cgroups_path=f"/{CGROUP_PARENT}/{name}",
+            annotations={SANDBOX_LABEL: "1", OWNER_LABEL: self.owner, **dict(spec.labels)},
+        )  # fmt: skip
+        stream = PipeStream()
+        assert stream.sandbox_ends is not None
+        stdin, stdout, stderr = stream.sandbox_ends
+        command = [runc_path() or "runc", "--root", str(self.state / "runc"), "--log", str(bundle / "runc.log")]
+        command += ["run", "--keep", "--bundle", str(bundle), "--pid-file", str(bundle / "pid"), name]
+        try:
+            process = subprocess.Popen(command, stdin=stdin, stdout=stdout, stderr=stderr, start_new_session=True)
+        except OSError as exc:
+            stream.close()
+            shutil.rmtree(bundle, ignore_errors=True)
+            raise EngineError(f"could not run runc: {exc}") from exc
+        stream.handed_over()
+        self._runs[name] = run = Run(process)
+        try:
+            pid = self._started(name, process, bundle)
+            run.init = os.pidfd_open(pid)
+        except BaseException:
+            stream.close()
+            self.removal.remove(name)
+            raise
+        return WarmContainer(name, stream, spec.container_key(), time.monotonic(), None, slot, pid)
+
+    @staticmethod
+    def _started(name: str, process: subprocess.Popen[bytes], bundle: Path) -> int:
+        """The host pid of the sandbox's init once runc has started it (runc writes it then)."""
+        deadline = time.monotonic() + STARTED_WITHIN_S
+        pid_file = bundle / "pid"
+        while True:
+            with contextlib.suppress(OSError, ValueError):
+                return int(pid_file.read_text())
+            if process.poll() is not None or time.monotonic() > deadline:
+                said = ""
+                with contextlib.suppress(OSError):
+                    said = (bundle / "runc.log").read_text(errors="replace").strip().splitlines()[-1][:400]
+                raise EngineError(f"runc could not start sandbox {name}: {said or 'it said nothing'}")
+            time.sleep(0.001)  # runc says nothing else when the sandbox has started
+
+    def healthy(self, warm: WarmContainer) -> bool:  # type: ignore[override]
+        if not is_runc(warm.container_id):
+            return DockerRuntime.healthy(warm)
+        run = self._runs.get(warm.container_id)
+        stream = warm.stream
+        assert isinstance(stream, PipeStream)
+        return run is not None and run.process.poll() is None and not stream.said_anything()
+
+    def host_pids(self, container_id: str) -> list[int]:
+        if not is_runc(container_id):
+            return super().host_pids(container_id)
+        from sandbox_server.sandbox.docker_runtime import process_tree
+
+        try:
+            first = int((self.state / "bundles" / container_id / "pid").read_text())
+        except (OSError, ValueError) as exc:
+            raise EngineError(f"sandbox {container_id} is not running") from exc
+        found = process_tree(first)
+        if not found:
+            raise EngineError(f"sandbox {container_id}: its processes cannot be read here")
+        return found
+
+    def _finish(self, container_id: str, lingering: bool) -> tuple[int | None, bool]:
+        if not is_runc(container_id):
+            return super()._finish(container_id, lingering)
+        run = self._runs.get(container_id)
+        if run is None:
+            return None, False
+        if run.process.poll() is None and lingering:
+            with contextlib.suppress(OSError):
+                signal.pidfd_send_signal(run.init, signal.SIGKILL)
+        try:
+            code = run.process.wait(timeout=30)
+        except subprocess.TimeoutExpired as exc:
+            raise EngineError(f"sandbox {container_id} did not end after its output did") from exc
+        return code, oom_kills(container_id) > 0

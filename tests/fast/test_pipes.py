@@ -1,0 +1,108 @@
+"""The pipes of a sandbox runc runs, read as the engine's attach stream; the choice of who makes a sandbox."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from pathlib import Path
+
+import pytest
+
+from sandbox_server.sandbox import runc_runtime, runc_state
+from sandbox_server.sandbox.oci import merged_env
+from sandbox_server.sandbox.pipes import PipeStream
+from sandbox_server.sandbox.runc_runtime import RuncRuntime
+from sandbox_server.sandbox.spec import SandboxSpec
+from sandbox_server.sandbox.streams import STDERR, STDOUT, FrameDemuxer
+
+
+def _frames(stream: PipeStream) -> list[tuple[int, bytes]]:
+    demuxer, frames = FrameDemuxer(), []
+    while chunk := stream.recv(65536):
+        frames += demuxer.feed(chunk)
+    return frames
+
+
+def test_each_output_is_framed_apart_and_a_forged_header_is_only_payload() -> None:
+    stream = PipeStream()
+    assert stream.sandbox_ends is not None
+    stdin, stdout, stderr = stream.sandbox_ends
+    forged = b"\x02\x00\x00\x00\xff\xff\xff\xff"  # a header claiming 4 GiB of stderr, written to stdout
+    os.write(stdout, forged + b"out")
+    os.write(stderr, b"err")
+    stream.sendall(b"request")
+    stream.shutdown(socket.SHUT_WR)
+    assert os.read(stdin, 100) == b"request" and os.read(stdin, 100) == b""  # its stdin ended
+    stream.handed_over()  # the sandbox's ends are closed here; the test writes no more
+    frames = _frames(stream)
+    assert b"".join(p for s, p in frames if s == STDOUT) == forged + b"out"
+    assert b"".join(p for s, p in frames if s == STDERR) == b"err"
+    stream.close()
+
+
+def test_a_waiting_sandbox_says_nothing_until_it_writes_or_ends() -> None:
+    stream = PipeStream()
+    assert stream.sandbox_ends is not None
+    _, stdout, _ = stream.sandbox_ends
+    assert not stream.said_anything()
+    os.write(stdout, b"x")
+    assert stream.said_anything()
+    stream.close()
+    assert stream.said_anything()
+
+
+def test_closing_wakes_a_reader_waiting_in_another_thread() -> None:
+    stream = PipeStream()
+    failed: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            stream.recv(65536)
+        except OSError as exc:
+            failed.append(exc)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    stream.close()
+    reader.join(timeout=10)
+    assert not reader.is_alive() and failed, "the waiting read ends with an error once the stream is closed"
+    with pytest.raises(OSError):
+        stream.recv(1)
+
+
+def test_the_environment_is_the_images_with_the_policys_over_it() -> None:
+    image = ["PATH=/usr/bin:/bin", "LANG=C.UTF-8", "HOME=/workspace"]
+    assert merged_env(image, [("LANG", "fr_FR.UTF-8"), ("X", "a=b")]) == [
+        "PATH=/usr/bin:/bin", "LANG=fr_FR.UTF-8", "HOME=/workspace", "X=a=b", "HOSTNAME=sandbox",
+    ]  # fmt: skip
+    assert merged_env([], [])[0].startswith("PATH=/usr/local/sbin:")
+
+
+@pytest.mark.parametrize(
+    ("spec", "by_runc"),
+    [
+        (SandboxSpec(image="i", argv=("true",)), True),
+        (SandboxSpec(image="i", argv=("true",), runtime="runsc"), False),
+        (SandboxSpec(image="i", argv=("true",), network="egress-net"), False),
+        (SandboxSpec(image="i", argv=("true",), service_network="services"), False),
+    ],
+)
+def test_runc_makes_the_sandboxes_of_runc_policies_without_a_network_and_the_engine_the_others(
+    spec: SandboxSpec, by_runc: bool, tmp_path: Path
+) -> None:
+    runc, engine = RuncRuntime(None, "auto", state=tmp_path), RuncRuntime(None, "engine", state=tmp_path)
+    runc._chosen = ""  # this host lets runc make sandboxes (asked of the engine otherwise)
+    assert runc.takes(spec) is by_runc
+    assert engine.takes(spec) is False and engine.runc_refused() == "as asked"
+
+
+def test_runc_is_not_used_where_the_server_is_not_root(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(runc_runtime.os, "geteuid", lambda: 1000)
+    assert runc_runtime.runc_usable() == "the server does not run as root"
+
+
+def test_a_sandboxs_name_says_which_server_made_it() -> None:
+    owner = runc_state.owner_of("sbx-4242-1795848710-d3da6e66bc4c")
+    assert owner == f"{socket.gethostname()}:4242:1795848710"
+    assert runc_state.is_runc("sbx-4242-1-a") and not runc_state.is_runc("3f2a" * 16)

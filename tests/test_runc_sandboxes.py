@@ -1,0 +1,171 @@
+"""Calls' sandboxes made by runc itself (serve --sandboxes runc), through the real server and the official client:
+the same sandbox as the engine's, its limits and outcomes told apart, its workspace, its meters, and nothing left
+behind by a server killed mid-burst."""
+
+from __future__ import annotations
+
+import difflib
+import json
+import signal
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import anyio
+import psutil
+import pytest
+
+from sandbox_server.sandbox.docker_runtime import DockerRuntime
+from sandbox_server.sandbox.runc_state import CGROUP_PARENT, STATE
+from tests.mcp_harness import answer, audit_records, connect, http_server_process, stdio_parameters
+
+pytestmark = pytest.mark.anyio
+
+PROBE = r"""
+grep -E '^(Uid|Gid|Groups|CapInh|CapPrm|CapEff|CapBnd|CapAmb|NoNewPrivs|Seccomp):' /proc/self/status
+echo "host=$(hostname) links=$(ls /sys/class/net | tr '\n' ' ')"
+touch /etc/x 2>/dev/null && echo "root=writable" || echo "root=read-only"
+echo ok > /workspace/w && echo "workspace=$(cat /workspace/w)"
+printf '#!/bin/sh\necho ran\n' > /tmp/s && chmod +x /tmp/s && (/tmp/s 2>/dev/null || echo "tmp=noexec")
+echo "memory=$(cat /sys/fs/cgroup/memory/memory.limit_in_bytes) pids=$(cat /sys/fs/cgroup/pids/pids.max)"
+echo "cpu=$(cat /sys/fs/cgroup/cpu/cpu.cfs_quota_us)/$(cat /sys/fs/cgroup/cpu/cpu.cfs_period_us)"
+echo "nofile=$(ulimit -n) fsize=$(ulimit -f) core=$(ulimit -c)"
+echo "pid1=$(cat /proc/1/comm) kcore=$(head -c 1 /proc/kcore 2>/dev/null | wc -c)"
+echo "sysrq=$(echo x 2>/dev/null > /proc/sysrq-trigger && echo written || echo refused)"
+df -k /tmp /workspace /dev/shm | awk 'NR > 1 {print "size", $6, $2}'
+grep -E ' /(tmp|workspace|dev/shm) ' /proc/mounts | awk '{print "mount", $2, $4}' | sed 's/,size=[^,]*//; s/,nr_inodes=[^,]*//'
+cat /etc/hosts
+env | sort
+python3 -c "import ctypes;r=ctypes.CDLL(None,use_errno=True).syscall(425,8,ctypes.create_string_buffer(120));print('io_uring', r, ctypes.get_errno())"
+"""
+
+
+def _policy(tmp_path: Path, body: str = "") -> str:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("extends: default\nworkspace: {persist: false}\n" + body)
+    return str(policy)
+
+
+def _sandboxes_of(pid: int) -> set[str]:
+    """The sandboxes runc runs for the server process `pid`, or whose bundle is left."""
+    found: set[str] = set()
+    for place in (STATE / "runc", STATE / "bundles"):
+        if place.is_dir():
+            found |= {name for name in (p.name for p in place.iterdir()) if name.startswith(f"sbx-{pid}-")}
+    return found
+
+
+def _cgroups_of(pid: int) -> set[str]:
+    memory = Path("/sys/fs/cgroup/memory") / CGROUP_PARENT
+    return {p.name for p in memory.iterdir() if p.name.startswith(f"sbx-{pid}-")} if memory.is_dir() else set()
+
+
+async def test_the_same_probe_reads_the_same_sandbox_from_runc_as_from_the_engine(
+    tmp_path: Path, runtime: DockerRuntime
+) -> None:
+    said: dict[str, dict[str, Any]] = {}
+    for path in ("engine", "runc"):
+        audit = tmp_path / f"{path}.jsonl"
+        serve = ("--policy", _policy(tmp_path), "--sandboxes", path, "--audit-log", str(audit))
+        async with connect(stdio_parameters(*serve)) as session:
+            said[path] = await answer(session, "execute_command", {"command": PROBE})
+        said[path]["container"] = audit_records(audit)[-1]["container_id"]
+    engine, runc = said["engine"], said["runc"]
+    assert not runc["is_error"] and runc["exit_code"] == 0, runc["text"]
+    assert runc["container"].startswith("sbx-") and not engine["container"].startswith("sbx-")
+    differ = list(difflib.unified_diff(engine["stdout"].splitlines(), runc["stdout"].splitlines(), lineterm=""))
+    assert not differ, "\n".join(differ)  # every line: user, capabilities, seccomp, mounts, limits, env
+    facts = runc["stdout"]
+    for expected in (
+        "NoNewPrivs:\t1", "Seccomp:\t2", "CapBnd:\t0000000000000000", "host=sandbox links=lo ", "root=read-only",
+        "workspace=ok", "tmp=noexec", "pid1=docker-init kcore=0", "sysrq=refused", "io_uring -1 1",
+    ):  # fmt: skip
+        assert expected in facts, (expected, facts)
+
+
+async def test_time_memory_and_exit_codes_are_told_apart_and_metered_on_runc(
+    tmp_path: Path, runtime: DockerRuntime
+) -> None:
+    short = "tools:\n  execute_command:\n    limits: {timeout_s: 2, memory_mb: 96}\n"
+    audit = tmp_path / "audit.jsonl"
+    serve = ("--policy", _policy(tmp_path, short), "--sandboxes", "runc", "--audit-log", str(audit))
+    hog = "python3 -c \"b = bytearray(); [b.extend(b'x' * 2**20) for _ in range(400)]\""
+    burn = 'python3 -c "import time; t = time.process_time()\nwhile time.process_time() - t < 0.3: pass"; echo burnt'
+    async with connect(stdio_parameters(*serve)) as session:
+        exits = await answer(session, "execute_command", {"command": "echo out; echo err >&2; exit 3"})
+        slow = await answer(session, "execute_command", {"command": "echo started; sleep 30"})
+        hungry = await answer(session, "execute_command", {"command": hog})
+        burnt = await answer(session, "execute_command", {"command": burn})
+        files = await answer(session, "execute_command", {"command": "mkdir -p out && echo kept > out/a.txt"})
+    assert (exits["exit_code"], exits["stdout"], exits["stderr"], exits["is_error"]) == (3, "out\n", "err\n", True)
+    assert slow["timed_out"] and slow["stdout"] == "started\n" and "timed out" in slow["text"], slow["text"]
+    assert hungry["oom_killed"] and not hungry["timed_out"] and "memory" in hungry["text"], hungry["text"]
+    assert not burnt["is_error"] and burnt["stdout"] == "burnt\n", burnt["text"]
+    assert burnt["usage"]["cpu_s"] >= 0.25 and burnt["usage"]["peak_memory_bytes"] > 1024 * 1024, burnt["usage"]
+    assert [f["path"] for f in files["files"]] == ["a.txt"], files["text"]
+    records = audit_records(audit)
+    assert len(records) == 5 and all(r["container_id"].startswith("sbx-") for r in records), records
+
+
+async def test_a_mounted_workspace_and_a_warm_interpreter_work_on_runc(tmp_path: Path, runtime: DockerRuntime) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("extends: default\n")
+    serve = ("--policy", str(policy), "--sandboxes", "runc", "--workspaces", "mounted")
+    plot = "import matplotlib.pyplot as plt, pandas as pd\nplt.plot([1, 3, 2])\nsum(pd.Series([1, 2, 3]))"
+    async with connect(stdio_parameters(*serve, env={"SANDBOX_STATE_DIR": str(tmp_path / "state")})) as session:
+        wrote = await answer(session, "execute_command", {"command": "echo kept > notes.txt"})
+        read = await answer(session, "execute_command", {"command": "cat notes.txt"})
+        cell = await answer(session, "run_python", {"code": plot})
+    assert not wrote["is_error"] and read["stdout"] == "kept\n", read["text"]
+    assert not cell["is_error"] and cell["stdout"].strip() == "6", cell["text"]
+    assert [f["path"] for f in cell["files"]] == ["figure-1.png"], cell["text"]
+
+
+async def test_a_server_killed_mid_burst_leaves_no_runc_sandbox_cgroup_or_bundle(
+    tmp_path: Path, runtime: DockerRuntime
+) -> None:
+    import httpx2
+    from mcp.client.streamable_http import streamable_http_client
+    from mcp.shared.exceptions import MCPError
+
+    with http_server_process("--policy", _policy(tmp_path), "--sandboxes", "runc") as server:
+        server.wait_for_line("warm pool ready")
+        pid = server.process.pid
+        reaper = next(
+            child
+            for child in psutil.Process(pid).children()
+            if "reap-after" in child.cmdline()
+        )  # fmt: skip
+        started = anyio.Event()
+
+        async def call(index: int) -> None:
+            async with httpx2.AsyncClient(timeout=httpx2.Timeout(30, read=60)) as http:
+                async with connect(streamable_http_client(server.url, http_client=http)) as session:
+                    if index == 0:
+                        started.set()
+                    await session.call_tool("execute_command", {"command": "sleep 60"})
+
+        try:
+            async with anyio.create_task_group() as group:
+                for index in range(6):
+                    group.start_soon(call, index)
+                await started.wait()
+                with anyio.fail_after(30):
+                    while len([p for p in _sandboxes_of(pid) if _running(p)]) < 6:
+                        await anyio.sleep(0.05)
+                assert _cgroups_of(pid), "the sandboxes' cgroups are where the test looks for them"
+                server.process.send_signal(signal.SIGKILL)
+                server.process.wait()
+        except* (httpx2.HTTPError, anyio.BrokenResourceError, anyio.ClosedResourceError, MCPError):
+            pass  # the calls end with their server
+        # The reaper the server started deletes what it left, then ends.
+        await anyio.to_thread.run_sync(lambda: reaper.wait(timeout=60))
+    assert _sandboxes_of(pid) == set() and _cgroups_of(pid) == set()
+    assert not [p for p in psutil.process_iter(["cmdline"]) if any(f"sbx-{pid}-" in a for a in p.info["cmdline"] or ())]
+
+
+def _running(name: str) -> bool:
+    done = subprocess.run(
+        ["runc", "--root", str(STATE / "runc"), "state", name], capture_output=True, text=True, check=False
+    )
+    return done.returncode == 0 and json.loads(done.stdout).get("status") == "running"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -19,6 +20,7 @@ from sandbox_server.sandbox.docker_runtime import DockerRuntime, process_tree
 from sandbox_server.sandbox.images import catalog, image_status
 from sandbox_server.sandbox.removal import OWNER_LABEL, owner_alive
 from sandbox_server.sandbox.runc_runtime import RuncRuntime
+from sandbox_server.sandbox.runc_state import STATE, listed
 from sandbox_server.sandbox.spec import SANDBOX_LABEL
 from tests.mcp_harness import connect, stdio_parameters
 
@@ -34,11 +36,16 @@ def containers_running(command: str) -> list[str]:
     read from the host's /proc (Podman's `top` streams without end)."""
     api = docker.from_env().api
     found = []
+    firsts = {}
     for item in api.containers(filters={"label": SANDBOX_LABEL}):
         try:
-            first = int(api.inspect_container(item["Id"])["State"].get("Pid") or 0)
+            firsts[item["Id"]] = int(api.inspect_container(item["Id"])["State"].get("Pid") or 0)
         except docker.errors.APIError:
             continue  # gone meanwhile
+    for name in listed(STATE):  # and those runc runs itself
+        with contextlib.suppress(OSError, ValueError):
+            firsts[name] = int((STATE / "bundles" / name / "pid").read_text())
+    for container, first in firsts.items():
         for pid in process_tree(first) if first > 0 else ():
             try:
                 with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
@@ -46,7 +53,7 @@ def containers_running(command: str) -> list[str]:
             except OSError:
                 continue  # ended meanwhile
             if command in said:
-                found.append(item["Id"])
+                found.append(container)
                 break
     api.close()
     return found
@@ -99,8 +106,8 @@ def run_cli(
 @pytest.fixture(scope="session")
 def runtime() -> Iterator[DockerRuntime]:
     """A connection to the real engine, with every image built and current."""
-    try:
-        connected = DockerRuntime.connect()
+    try:  # the sandboxes a test makes itself are made as SANDBOX_SANDBOXES says, as its servers' are
+        connected = RuncRuntime(DockerRuntime._client(60), os.environ.get("SANDBOX_SANDBOXES", "engine"))
     except Exception as exc:  # the suite must fail loudly, not skip, without an engine
         pytest.fail(f"the Docker engine is required for this test: {exc}", pytrace=False)
     if connected.dialect.name.lower() != ENGINE:

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import docker
 
-from sandbox_server.errors import EngineError
+from sandbox_server.errors import EngineError, EngineUnavailable
 from sandbox_server.sandbox import wire
 from sandbox_server.sandbox.activity import Activity
 from sandbox_server.sandbox.bundles import unpacked, write_bundle
@@ -153,10 +153,13 @@ class RuncRuntime(DockerRuntime):
         cannot refuses with EngineError."""
         if self._chosen is None:
             why_not = "as asked" if self.sandboxes == "engine" else runc_usable()
-            if why_not is None and self.dialect.podman:
-                why_not = "the engine is Podman"
-            if why_not is None and not self.on_this_host():
-                why_not = "the engine runs on another host"
+            try:
+                if why_not is None and self.dialect.podman:
+                    why_not = "the engine is Podman"
+                if why_not is None and not self.on_this_host():
+                    why_not = "the engine runs on another host"
+            except EngineUnavailable:  # asked again once it answers; until then no sandbox is made at all
+                return "the engine does not answer yet"
             if why_not is not None and self.sandboxes == "runc":
                 raise EngineError(f"--sandboxes runc: runc cannot make sandboxes here: {why_not}")
             self._chosen = why_not or ""

@@ -16,6 +16,7 @@ BENCHMARKS = {
     "queue": "bench.queue",
     "replicas": "bench.replicas",
     "runtimes": "bench.runtimes",
+    "sandboxes": "bench.sandboxes",
     "services": "bench.services",
     "sessions": "bench.sessions",
     "views": "bench.views",

@@ -20,7 +20,7 @@ from sandbox_server.sandbox.docker_runtime import DockerRuntime, process_tree
 from sandbox_server.sandbox.images import catalog, image_status
 from sandbox_server.sandbox.removal import OWNER_LABEL, owner_alive
 from sandbox_server.sandbox.runc_runtime import RuncRuntime
-from sandbox_server.sandbox.runc_state import STATE, listed
+from sandbox_server.sandbox.runc_state import STATE, is_runc, listed, owner_of
 from sandbox_server.sandbox.spec import SANDBOX_LABEL
 from tests.mcp_harness import connect, stdio_parameters
 
@@ -59,13 +59,28 @@ def containers_running(command: str) -> list[str]:
     return found
 
 
+def kill_from_outside(container_id: str) -> None:
+    """SIGKILL a sandbox's init as someone on the host would: through the engine, or through runc for the
+    sandboxes runc runs itself."""
+    if is_runc(container_id):
+        subprocess.run(["runc", "--root", str(STATE / "runc"), "kill", container_id, "KILL"], check=True, timeout=30)
+        return
+    api = docker.from_env().api
+    api.kill(container_id)
+    api.close()
+
+
 def containers_of(pid: int, running: bool = False) -> list[str]:
     """Our containers made by the server process `pid` (its owner label); only the started ones if `running`
     (a warm container is created, then started, then waits in its pool)."""
     api = docker.from_env().api
     items = api.containers(all=not running, filters={"label": SANDBOX_LABEL})
     api.close()
-    return [item["Id"] for item in items if f":{pid}:" in (item.get("Labels") or {}).get(OWNER_LABEL, "")]
+    found = [item["Id"] for item in items if f":{pid}:" in (item.get("Labels") or {}).get(OWNER_LABEL, "")]
+    for name in sorted(listed(STATE)):  # and those runc runs for it (started: its init's pid is written)
+        if f":{pid}:" in owner_of(name) and (not running or (STATE / "bundles" / name / "pid").exists()):
+            found.append(name)
+    return found
 
 
 def images_of(store: Path) -> Path:

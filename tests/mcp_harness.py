@@ -26,6 +26,8 @@ from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
 from sandbox_server.sandbox.removal import OWNER_LABEL
+from sandbox_server.sandbox.runc_state import STATE, owner_of
+from sandbox_server.sandbox.runc_state import listed as listed_by_runc
 from sandbox_server.sandbox.spec import SANDBOX_LABEL
 
 CHECKED: list[tuple[str, bool]] = []
@@ -239,6 +241,15 @@ async def preloaded(
                     reading = api.exec_create(listed["Id"], ["cat", "/tmp/.sandbox-warm/errors"], user="1000:1000")
                     said.append(api.exec_start(reading))
                 except docker.errors.APIError:  # a used one, being removed
+                    continue
+            for name in listed_by_runc(STATE):  # and the sandboxes runc runs itself, read through their init's root
+                if not _made_by(owner_of(name), str(server)):
+                    continue
+                try:
+                    root = Path(f"/proc/{int((STATE / 'bundles' / name / 'pid').read_text())}/root")
+                    if (root / "tmp/.sandbox-warm").is_dir():
+                        said.append((root / "tmp/.sandbox-warm/errors").read_bytes())
+                except (OSError, ValueError):  # a used one, being removed; or not started yet
                     continue
             if said and all(b"preloaded in" in text and b"a call came" not in text for text in said):
                 return

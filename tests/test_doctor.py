@@ -10,7 +10,7 @@ from sandbox_server.ops.posture import compare, read_view
 from sandbox_server.policy.loader import load_policy
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
 from sandbox_server.sandbox.spec import Mount
-from tests.conftest import left_by_exited_servers, run_cli
+from tests.conftest import ENGINE, left_by_exited_servers, run_cli
 
 
 def test_doctor_is_healthy_and_proves_the_limits(runtime: DockerRuntime) -> None:
@@ -36,6 +36,11 @@ def test_doctor_is_healthy_and_proves_the_limits(runtime: DockerRuntime) -> None
     assert "within host.pool_memory_mb 2048 MiB" in warm["detail"], warm
     named = checks["python-data libraries"]["detail"]
     assert named.startswith("numpy 2.") and ", pandas 2." in named and "scikit-learn" in named, named
+    runc = checks["sandboxes by runc"]  # made one, or says why the engine makes them all
+    if ENGINE == "podman":
+        assert not runc["ok"] and not runc["required"] and "the engine is Podman" in runc["detail"], runc
+    else:
+        assert runc["ok"] and "`true` in a sandbox runc made exited 0" in runc["detail"], runc
     assert not left_by_exited_servers()
 
 

@@ -3,6 +3,7 @@ sandboxes without the engine: the same hardening the engine applies, read from i
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 from sandbox_server.policy.loader import load_policy
 from sandbox_server.sandbox.bundles import image_root, write_bundle
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
+from sandbox_server.sandbox.runc_state import IMAGES
 from sandbox_server.sandbox.spec import ResourceLimits, SandboxSpec
 from sandbox_server.tools import all_tools
 
@@ -68,12 +70,32 @@ def test_a_sandbox_made_by_runc_has_the_engines_hardening(tmp_path: Path, runtim
 def test_io_uring_is_refused_by_the_policys_profile_on_the_runc_path(tmp_path: Path, runtime: DockerRuntime) -> None:
     spec = _spec()
     probe = "python3 -c \"import ctypes,os;r=ctypes.CDLL(None).syscall(425,8,ctypes.create_string_buffer(120));print('io_uring', r, ctypes.get_errno())\""
-    rootfs = image_root(runtime.api, "sandbox-server/python-data:latest", tmp_path / "images")
+    rootfs = image_root(runtime.api, "sandbox-server/python-data:latest", IMAGES)  # the servers' own copy
     bundle = write_bundle(tmp_path / "bundle", spec, rootfs, ["sh", "-c", probe])
     name = f"sbx-test-{time.monotonic_ns()}"
     done = subprocess.run(["runc", "run", "--bundle", str(bundle), name], capture_output=True, text=True, timeout=60)
     subprocess.run(["runc", "delete", "--force", name], capture_output=True, check=False)
     assert done.stdout.split()[:2] == ["io_uring", "-1"], (done.stdout, done.stderr)
+
+
+THIRTY_TWO_BIT_CALL = r"""
+import ctypes, mmap
+code = mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+code.write(bytes.fromhex("b814000000cd80c3"))  # mov eax, 20 (getpid in the i386 ABI); int 0x80; ret
+print("i386 getpid:", ctypes.CFUNCTYPE(ctypes.c_int)(ctypes.addressof(ctypes.c_char.from_buffer(code)))(), flush=True)
+"""
+
+
+def test_a_32_bit_system_call_is_refused_outright_on_the_runc_path(tmp_path: Path, runtime: DockerRuntime) -> None:
+    """The filter lists the host's own ABI alone: a call through the i386 ABI kills its program (SIGSYS), where the
+    engine's filter lets it through the same list."""
+    spec = _spec()
+    rootfs = image_root(runtime.api, "sandbox-server/python-data:latest", IMAGES)  # the servers' own copy
+    bundle = write_bundle(tmp_path / "bundle", spec, rootfs, ["python3", "-c", THIRTY_TWO_BIT_CALL])
+    name = f"sbx-test-{time.monotonic_ns()}"
+    done = subprocess.run(["runc", "run", "--bundle", str(bundle), name], capture_output=True, text=True, timeout=60)
+    subprocess.run(["runc", "delete", "--force", name], capture_output=True, check=False)
+    assert done.returncode == 128 + signal.SIGSYS and "i386 getpid" not in done.stdout, (done.stdout, done.stderr)
 
 
 @pytest.mark.parametrize("bad", ["1000", "1000:1000"])

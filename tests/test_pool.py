@@ -18,7 +18,7 @@ from sandbox_server.sandbox import wire
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
 from sandbox_server.sandbox.pool import PoolTarget, WarmPool, fill_order
 from sandbox_server.sandbox.spec import SANDBOX_LABEL, ExecutionResult, SandboxSpec
-from tests.conftest import containers_of
+from tests.conftest import containers_of, kill_from_outside
 from tests.mcp_harness import connect, http_server_process
 
 pytestmark = pytest.mark.anyio
@@ -75,9 +75,7 @@ async def test_a_warm_container_killed_from_outside_is_replaced_and_never_handed
     with http_server_process("--policy", str(_policy(tmp_path, size=1)), "--audit-log", str(audit)) as server:
         server.wait_for_line("warm pool ready: 1 container(s)")
         [victim] = containers_of(server.process.pid)
-        client = docker.from_env()
-        client.containers.get(victim).kill()
-        client.close()
+        kill_from_outside(victim)
         # Without any call, the pool notices the dead container, removes it and makes another.
         await _gone(runtime, {victim[:12]})
         with anyio.fail_after(10):

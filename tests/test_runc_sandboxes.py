@@ -33,7 +33,7 @@ echo "nofile=$(ulimit -n) fsize=$(ulimit -f) core=$(ulimit -c)"
 echo "pid1=$(cat /proc/1/comm) kcore=$(head -c 1 /proc/kcore 2>/dev/null | wc -c)"
 echo "sysrq=$(echo x 2>/dev/null > /proc/sysrq-trigger && echo written || echo refused)"
 df -k /tmp /workspace /dev/shm | awk 'NR > 1 {print "size", $6, $2}'
-grep -E ' /(tmp|workspace|dev/shm) ' /proc/mounts | awk '{print "mount", $2, $4}' | sed 's/,size=[^,]*//; s/,nr_inodes=[^,]*//'
+grep -E ' /(tmp|workspace|dev/shm) ' /proc/mounts | awk '{print "mount", $2, $4}' | sed 's/,size=[^,]*//; s/,nr_inodes=[^,]*//' | sort
 cat /etc/hosts
 env | sort
 python3 -c "import ctypes;r=ctypes.CDLL(None,use_errno=True).syscall(425,8,ctypes.create_string_buffer(120));print('io_uring', r, ctypes.get_errno())"
@@ -51,13 +51,17 @@ def _sandboxes_of(pid: int) -> set[str]:
     found: set[str] = set()
     for place in (STATE / "runc", STATE / "bundles"):
         if place.is_dir():
-            found |= {name for name in (p.name for p in place.iterdir()) if name.startswith(f"sbx-{pid}-")}
+            found |= {p.name for p in place.iterdir() if _made_by(p.name, pid)}
     return found
 
 
 def _cgroups_of(pid: int) -> set[str]:
     memory = Path("/sys/fs/cgroup/memory") / CGROUP_PARENT
-    return {p.name for p in memory.iterdir() if p.name.startswith(f"sbx-{pid}-")} if memory.is_dir() else set()
+    return {p.name for p in memory.iterdir() if _made_by(p.name, pid)} if memory.is_dir() else set()
+
+
+def _made_by(name: str, pid: int) -> bool:
+    return name.startswith("sbx-") and name.split("-")[2:3] == [str(pid)]
 
 
 async def test_the_same_probe_reads_the_same_sandbox_from_runc_as_from_the_engine(
@@ -161,7 +165,7 @@ async def test_a_server_killed_mid_burst_leaves_no_runc_sandbox_cgroup_or_bundle
         # The reaper the server started deletes what it left, then ends.
         await anyio.to_thread.run_sync(lambda: reaper.wait(timeout=60))
     assert _sandboxes_of(pid) == set() and _cgroups_of(pid) == set()
-    assert not [p for p in psutil.process_iter(["cmdline"]) if any(f"sbx-{pid}-" in a for a in p.info["cmdline"] or ())]
+    assert not [p for p in psutil.process_iter(["cmdline"]) if any(_made_by(a, pid) for a in p.info["cmdline"] or ())]
 
 
 def _running(name: str) -> bool:

@@ -286,4 +286,32 @@ async def run_doctor(runtime: DockerRuntime, plan: WarmPlan | None = None) -> Do
             Check("probe under runsc", ok, detail, "check runsc's registration in /etc/docker/daemon.json", False)
         )
     report.checks.append(await warm_interpreter_check(runtime, plan or WarmPlan()))
+    report.checks.append(await runc_sandboxes_check())
     return report
+
+
+async def runc_sandboxes_check() -> Check:
+    """Whether runc itself can make calls' sandboxes here (serve --sandboxes auto or runc), shown by making one."""
+    from sandbox_server.sandbox.runc_runtime import RuncRuntime
+
+    runc = RuncRuntime(None, "auto")
+    try:
+        why_not = runc.runc_refused()
+        if why_not is not None:
+            return Check(
+                "sandboxes by runc", False, f"the engine makes every sandbox: {why_not}",
+                "serve as root on the engine's host with runc installed (docs/sandbox.md)", required=False,
+            )  # fmt: skip
+        outcome = await runc.run(SandboxSpec(image=image_reference("base"), argv=("/bin/true",)))
+    except SandboxServerError as exc:
+        return Check("sandboxes by runc", False, str(exc), "see the runc log the message names", required=False)
+    finally:
+        runc.close()
+    return Check(
+        "sandboxes by runc",
+        outcome.exit_code == 0,
+        f"`true` in a sandbox runc made exited {outcome.exit_code} in {outcome.duration_ms} ms "
+        "(serve --sandboxes auto or runc makes calls without a network so)",
+        "see the runc log the message names",
+        required=False,
+    )

@@ -12,6 +12,7 @@ root filesystem is the image's, unpacked once per image and shared read-only by 
 from __future__ import annotations
 
 import json
+import platform
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -24,17 +25,23 @@ INIT_PATH = "/sbin/docker-init"
 """Where the init (the engine's own tini, bound from the host read-only) is found inside a sandbox."""
 READONLY_PATHS = ("/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger")
 """What the engine makes read-only in every container's /proc, and so does this path."""
+NATIVE = {"x86_64": "SCMP_ARCH_X86_64", "aarch64": "SCMP_ARCH_AARCH64"}.get(platform.machine(), "")
+"""The host's own system call ABI, as seccomp names it ("" where this module does not know it)."""
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 def oci_seccomp(profile_json: str) -> dict[str, Any]:
     """An engine-format seccomp profile (an `archMap`, `names` per rule, `includes`/`excludes`) as the OCI
-    runtime spec's `linux.seccomp`: the architectures of its map, each rule whose conditions hold for a sandbox
+    runtime spec's `linux.seccomp`: the host's own architecture (else every one of its map), each rule whose conditions hold for a sandbox
     with no capability (a rule that `includes` capabilities never applies, one that `excludes` them always does)."""
     profile = json.loads(profile_json)
     arches: list[str] = []
     for entry in profile.get("archMap") or []:
         arches += [entry["architecture"], *entry.get("subArchitectures", [])]
+    if NATIVE in arches:
+        # The host's own system call ABI alone: a 32-bit or x32 call is refused outright (the engine allows them
+        # through the same list), and the filter is compiled for one ABI instead of four, half of runc's CPU.
+        arches = [NATIVE]
     rules = []
     for rule in profile.get("syscalls") or []:
         if (rule.get("includes") or {}).get("caps"):

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import secrets
 import shutil
 import signal
 import subprocess
@@ -44,7 +43,6 @@ from sandbox_server.sandbox.removal import OWNER_LABEL, Remover, owner_alive
 from sandbox_server.sandbox.runc_state import (
     CGROUP_PARENT,
     IMAGES,
-    PREFIX,
     RUNC_WAIT_S,
     STATE,
     delete,
@@ -53,6 +51,7 @@ from sandbox_server.sandbox.runc_state import (
     oom_kills,
     owner_of,
     runc_path,
+    sandbox_name,
 )  # fmt: skip
 from sandbox_server.sandbox.spec import SANDBOX_LABEL, SandboxSpec
 
@@ -190,8 +189,7 @@ class RuncRuntime(DockerRuntime):
             rootfs = unpacked(self.api, spec.image, inspected, self.images)
         except (OSError, docker.errors.DockerException) as exc:
             raise EngineError(f"could not unpack {spec.image} for runc: {exc}") from exc
-        pid_text, created = self.owner.split(":")[1:3]
-        name = f"{PREFIX}{pid_text}-{created}-{secrets.token_hex(6)}"
+        name = sandbox_name(self.owner)
         bundle = write_bundle(
             self.state / "bundles" / name, spec, rootfs, [wire.LAUNCHER], slot,
             image_env=(inspected.get("Config") or {}).get("Env") or (),

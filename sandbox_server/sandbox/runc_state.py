@@ -1,7 +1,7 @@
 """The sandboxes runc runs for servers of this host, by name: where runc keeps them, whose they are, and how one is
 deleted (by its server, by the reaper of a server killed with SIGKILL, by the next server's sweep).
 
-A sandbox's name carries its server's pid and start time (`sbx-<pid>-<start>-<random>`): a sandbox whose server is
+A sandbox's name carries its server's pid and start time (`sbx-<random>-<pid>-<start>`): a sandbox whose server is
 gone is known without reading anything else. runc's state and the bundles live in a folder of their own, under
 /run: gone with a reboot, as the sandboxes are.
 """
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import shutil
 import socket
 import subprocess
@@ -17,7 +18,7 @@ from pathlib import Path
 
 __all__ = [
     "CGROUP_PARENT", "IMAGES", "PREFIX", "STATE", "delete", "delete_left_by", "is_runc", "listed", "oom_kills",
-    "owner_of", "run_runc", "runc_path",
+    "owner_of", "run_runc", "runc_path", "sandbox_name",
 ]  # fmt: skip
 
 STATE = Path(os.environ.get("SANDBOX_RUNC_STATE", "/run/sandbox-server/runc"))
@@ -25,7 +26,8 @@ STATE = Path(os.environ.get("SANDBOX_RUNC_STATE", "/run/sandbox-server/runc"))
 IMAGES = Path(os.environ.get("SANDBOX_RUNC_IMAGES", "/var/lib/sandbox-server/images"))
 """Images' root filesystems, unpacked once by id and shared by every server of the host."""
 PREFIX = "sbx-"
-"""How every sandbox runc runs for us is named: sbx-<server pid>-<its start time>-<random>."""
+"""How every sandbox runc runs for us is named: sbx-<random>-<server pid>-<its start time> (its first 12
+characters, as ids are shown short, are its own)."""
 CGROUP_PARENT = "sandbox-server"
 RUNC_WAIT_S = 10.0
 
@@ -37,8 +39,14 @@ def runc_path() -> str | None:
 
 def owner_of(name: str) -> str:
     """The owner label of the server that made the sandbox `name` (this host's)."""
-    _, pid, created, _ = (name.split("-", 3) + ["", "", ""])[:4]
+    _, _, pid, created = (name.split("-", 3) + ["", "", ""])[:4]
     return f"{socket.gethostname()}:{pid}:{created}"
+
+
+def sandbox_name(owner: str) -> str:
+    """A new sandbox's name, for the server whose owner label is `owner`."""
+    _, pid, created = owner.split(":")
+    return f"{PREFIX}{secrets.token_hex(4)}-{pid}-{created}"
 
 
 def is_runc(container_id: str) -> bool:

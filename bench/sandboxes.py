@@ -1,0 +1,127 @@
+"""Who makes a call's sandbox, the engine or runc itself (serve --sandboxes), measured through the real server
+and the official client over stdio, on the default policy, in one run: each path's server in turn, twice over.
+
+- spaced: execute_command `true`, calls 0.5 s apart (each meets a warm sandbox);
+- back to back: 40 calls one after another (a session's first burst: calls outrun the pool's refill);
+- burst: 100 `echo` calls at once in one session (every one answered? p50 and p99);
+- run_python `1 + 1`, back to back;
+- the engine's CPU per sandbox in those calls: dockerd, containerd and its shims (from /proc), plus what the
+  server's children used (each runc run is one).
+
+    scripts/run bench sandboxes [--rounds 2]
+
+Prints a table and writes bench/results/sandboxes.json; ratios are between numbers of the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+import anyio
+import psutil
+from mcp import Client
+
+from bench.common import median, print_table, write_results
+from bench.measure import percentiles, server_process, timed_calls
+from sandbox_server.cli.client import server_parameters
+
+DAEMONS = ("dockerd", "containerd", "containerd-shim", "containerd-shim-runc-v2")
+
+
+def _daemons_cpu() -> float:
+    """CPU seconds of the engine's daemons, with the children they reaped (runc, each shim's)."""
+    used = 0.0
+    for process in psutil.process_iter(["name", "cpu_times"]):
+        if process.info["name"] in DAEMONS and process.info["cpu_times"] is not None:
+            times = process.info["cpu_times"]
+            used += times.user + times.system + times.children_user + times.children_system
+    return used
+
+
+def _children_cpu(server: psutil.Process) -> float:
+    times = server.cpu_times()
+    return times.children_user + times.children_system
+
+
+async def _ready(client: Client) -> None:
+    """Until a call is answered from a warm sandbox (the pools are filled at start)."""
+    for _ in range(3):
+        await client.call_tool("execute_command", {"command": "true"})
+        await anyio.sleep(2)
+
+
+async def _burst(client: Client, calls: int) -> tuple[list[float], int]:
+    samples: list[float] = []
+    failures = 0
+
+    async def one() -> None:
+        nonlocal failures
+        began = time.perf_counter()
+        result = await client.call_tool("execute_command", {"command": "echo", "args": ["hello"]})
+        samples.append(time.perf_counter() - began)
+        failures += bool(result.is_error)
+
+    async with anyio.create_task_group() as group:
+        for _ in range(calls):
+            group.start_soon(one)
+    return samples, failures
+
+
+async def _measure(path: str, burst: int) -> dict[str, Any]:
+    report: dict[str, Any] = {}
+    async with Client(server_parameters(["--sandboxes", path]), mode="legacy") as client:
+        server = server_process()
+        await _ready(client)
+        spaced, failed = await timed_calls(client, "execute_command", {"command": "true"}, 20, 0.5)
+        report["spaced"] = {**percentiles(spaced), "failures": failed}
+        await anyio.sleep(3)
+        daemons, children = _daemons_cpu(), _children_cpu(server)
+        back, failed = await timed_calls(client, "execute_command", {"command": "true"}, 40, 0)
+        report["back_to_back"] = {**percentiles(back), "failures": failed}
+        await anyio.sleep(3)
+        many, failed = await _burst(client, burst)
+        report["burst"] = {**percentiles(many), "failures": failed, "answered": len(many)}
+        await anyio.sleep(3)
+        cpu = _daemons_cpu() - daemons + _children_cpu(server) - children
+        report["engine_cpu_ms_per_sandbox"] = round(cpu / (40 + burst) * 1000, 1)
+        cells, failed = await timed_calls(client, "run_python", {"code": "1 + 1"}, 20, 0)
+        report["run_python_back_to_back"] = {**percentiles(cells), "failures": failed}
+    return report
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench sandboxes")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--burst", type=int, default=100)
+    options = parser.parse_args(argv)
+    runs: dict[str, list[dict[str, Any]]] = {"engine": [], "runc": []}
+    for _ in range(options.rounds):
+        for path in runs:
+            runs[path].append(anyio.run(_measure, path, options.burst))
+    summary: dict[str, dict[str, float]] = {}
+    for path, reports in runs.items():
+        summary[path] = {
+            "spaced_p50_ms": median([r["spaced"]["p50"] for r in reports]),
+            "back_to_back_p50_ms": median([r["back_to_back"]["p50"] for r in reports]),
+            "back_to_back_p95_ms": median([r["back_to_back"]["p95"] for r in reports]),
+            "burst_p50_ms": median([r["burst"]["p50"] for r in reports]),
+            "burst_p99_ms": median([r["burst"]["p99"] for r in reports]),
+            "burst_failures": sum(r["burst"]["failures"] + options.burst - r["burst"]["answered"] for r in reports),
+            "run_python_back_to_back_p50_ms": median([r["run_python_back_to_back"]["p50"] for r in reports]),
+            "engine_cpu_ms_per_sandbox": median([r["engine_cpu_ms_per_sandbox"] for r in reports]),
+        }
+        summary[path]["back_to_back_p50_over_spaced"] = round(
+            summary[path]["back_to_back_p50_ms"] / summary[path]["spaced_p50_ms"], 2
+        )
+        summary[path]["back_to_back_p95_over_spaced_p50"] = round(
+            summary[path]["back_to_back_p95_ms"] / summary[path]["spaced_p50_ms"], 2
+        )
+    rows = [[name, summary["engine"][name], summary["runc"][name]] for name in summary["engine"]]
+    print_table(["measure", "engine", "runc"], rows)
+    cpu_ratio = round(summary["runc"]["engine_cpu_ms_per_sandbox"] / summary["engine"]["engine_cpu_ms_per_sandbox"], 2)
+    print(f"engine CPU per sandbox, runc over engine: {cpu_ratio}")
+    path = write_results("sandboxes", {"summary": summary, "cpu_runc_over_engine": cpu_ratio, "runs": runs})
+    print(f"wrote {path}")
+    return 0

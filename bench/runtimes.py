@@ -30,11 +30,11 @@ from sandbox_server.tools import all_tools
 ENGINE = ("dockerd", "containerd", "containerd-shim", "containerd-shim-runc-v2", "runc")
 
 
-def _engine_cpu() -> float:
-    """CPU seconds the engine's processes (and the ones that ended, as far as their parents counted them) used."""
+def engine_cpu(names: tuple[str, ...] = ENGINE) -> float:
+    """CPU seconds the processes so named (and the ones that ended, as far as their parents counted them) used."""
     used = 0.0
     for process in psutil.process_iter(["name", "cpu_times"]):
-        if process.info["name"] in ENGINE and process.info["cpu_times"] is not None:
+        if process.info["name"] in names and process.info["cpu_times"] is not None:
             times = process.info["cpu_times"]
             used += times.user + times.system + times.children_user + times.children_system
     return used
@@ -79,10 +79,10 @@ def main(argv: list[str]) -> int:
     cpu: dict[str, float] = {"engine": 0.0, "runc": 0.0}
     for index in range(options.rounds):
         for path in ("engine", "runc") if index % 2 == 0 else ("runc", "engine"):
-            before, mine, began = _engine_cpu(), _children_cpu(), time.perf_counter()
+            before, mine, began = engine_cpu(), _children_cpu(), time.perf_counter()
             through_engine() if path == "engine" else through_runc(index)
             walls[path].append((time.perf_counter() - began) * 1000)
-            cpu[path] += _engine_cpu() - before + _children_cpu() - mine  # (runc is this process's child)
+            cpu[path] += engine_cpu() - before + _children_cpu() - mine  # (runc is this process's child)
     rows: list[list[Any]] = []
     for path in ("engine", "runc"):
         rows.append([path, median(walls[path]), _p95(walls[path]), round(cpu[path] * 1000 / options.rounds, 1)])

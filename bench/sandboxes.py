@@ -25,19 +25,12 @@ from mcp import Client
 
 from bench.common import median, print_table, write_results
 from bench.measure import percentiles, server_process, timed_calls
+from bench.runtimes import engine_cpu
 from sandbox_server.cli.client import server_parameters
 
 DAEMONS = ("dockerd", "containerd", "containerd-shim", "containerd-shim-runc-v2")
-
-
-def _daemons_cpu() -> float:
-    """CPU seconds of the engine's daemons, with the children they reaped (runc, each shim's)."""
-    used = 0.0
-    for process in psutil.process_iter(["name", "cpu_times"]):
-        if process.info["name"] in DAEMONS and process.info["cpu_times"] is not None:
-            times = process.info["cpu_times"]
-            used += times.user + times.system + times.children_user + times.children_system
-    return used
+"""The engine's processes; runc is left out: a waiting sandbox's `runc run` is the server's child, counted once it
+ends among the server's children."""
 
 
 def _children_cpu(server: psutil.Process) -> float:
@@ -77,14 +70,14 @@ async def _measure(path: str, burst: int) -> dict[str, Any]:
         spaced, failed = await timed_calls(client, "execute_command", {"command": "true"}, 20, 0.5)
         report["spaced"] = {**percentiles(spaced), "failures": failed}
         await anyio.sleep(3)
-        daemons, children = _daemons_cpu(), _children_cpu(server)
+        daemons, children = engine_cpu(DAEMONS), _children_cpu(server)
         back, failed = await timed_calls(client, "execute_command", {"command": "true"}, 40, 0)
         report["back_to_back"] = {**percentiles(back), "failures": failed}
         await anyio.sleep(3)
         many, failed = await _burst(client, burst)
         report["burst"] = {**percentiles(many), "failures": failed, "answered": len(many)}
         await anyio.sleep(3)
-        cpu = _daemons_cpu() - daemons + _children_cpu(server) - children
+        cpu = engine_cpu(DAEMONS) - daemons + _children_cpu(server) - children
         report["engine_cpu_ms_per_sandbox"] = round(cpu / (40 + burst) * 1000, 1)
         cells, failed = await timed_calls(client, "run_python", {"code": "1 + 1"}, 20, 0)
         report["run_python_back_to_back"] = {**percentiles(cells), "failures": failed}

@@ -19,10 +19,12 @@ from typing import Any
 from sandbox_server.sandbox.host_config import MASKED_PATHS
 from sandbox_server.sandbox.spec import SandboxSpec
 
-__all__ = ["INIT_PATH", "READONLY_PATHS", "merged_env", "oci_config", "oci_seccomp"]
+__all__ = ["INIT_PATH", "INIT_SOURCE", "READONLY_PATHS", "merged_env", "oci_config", "oci_seccomp"]
 
 INIT_PATH = "/sbin/docker-init"
 """Where the init (the engine's own tini, bound from the host read-only) is found inside a sandbox."""
+INIT_SOURCE = "/usr/bin/docker-init"
+"""The engine's init on the host."""
 READONLY_PATHS = ("/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger")
 """What the engine makes read-only in every container's /proc, and so does this path."""
 NATIVE = {"x86_64": "SCMP_ARCH_X86_64", "aarch64": "SCMP_ARCH_AARCH64"}.get(platform.machine(), "")
@@ -121,7 +123,7 @@ def oci_config(
         {
             "destination": INIT_PATH,
             "type": "bind",
-            "source": "/usr/bin/docker-init",
+            "source": INIT_SOURCE,
             "options": ["rbind", "ro", "nosuid", "nodev"],
         },  # fmt: skip
     ]

@@ -36,8 +36,9 @@ from sandbox_server.errors import EngineError, EngineUnavailable
 from sandbox_server.sandbox import wire
 from sandbox_server.sandbox.activity import Activity
 from sandbox_server.sandbox.bundles import unpacked, write_bundle
-from sandbox_server.sandbox.docker_runtime import DockerRuntime, WarmContainer
+from sandbox_server.sandbox.docker_runtime import DockerRuntime, WarmContainer, process_tree
 from sandbox_server.sandbox.engine import engine_errors
+from sandbox_server.sandbox.oci import INIT_SOURCE
 from sandbox_server.sandbox.pipes import PipeStream
 from sandbox_server.sandbox.removal import OWNER_LABEL, Remover, owner_alive
 from sandbox_server.sandbox.runc_state import (
@@ -67,8 +68,8 @@ def runc_usable() -> str | None:
         return "the server does not run as root"
     if runc_path() is None:
         return "no runc binary is installed"
-    if not os.access("/usr/bin/docker-init", os.X_OK):
-        return "the engine's init (/usr/bin/docker-init) is missing"
+    if not os.access(INIT_SOURCE, os.X_OK):
+        return f"the engine's init ({INIT_SOURCE}) is missing"
     return None
 
 
@@ -79,11 +80,15 @@ class Run:
     process: subprocess.Popen[bytes]
     init: int = -1
 
-    def kill(self) -> None:
-        """SIGKILL the sandbox's init (its pid namespace ends with it), then wait for runc; never raises."""
+    def kill_init(self) -> None:
+        """SIGKILL the sandbox's init, its pid namespace ending with it; never raises."""
         if self.init >= 0:
             with contextlib.suppress(OSError):
                 signal.pidfd_send_signal(self.init, signal.SIGKILL)
+
+    def kill(self) -> None:
+        """Kill the sandbox's init, then wait for runc; never raises."""
+        self.kill_init()
         try:
             self.process.wait(timeout=RUNC_WAIT_S)
         except subprocess.TimeoutExpired:
@@ -245,8 +250,6 @@ class RuncRuntime(DockerRuntime):
     def host_pids(self, container_id: str) -> list[int]:
         if not is_runc(container_id):
             return super().host_pids(container_id)
-        from sandbox_server.sandbox.docker_runtime import process_tree
-
         try:
             first = int((self.state / "bundles" / container_id / "pid").read_text())
         except (OSError, ValueError) as exc:
@@ -263,8 +266,7 @@ class RuncRuntime(DockerRuntime):
         if run is None:
             return None, False
         if run.process.poll() is None and lingering:
-            with contextlib.suppress(OSError):
-                signal.pidfd_send_signal(run.init, signal.SIGKILL)
+            run.kill_init()
         try:
             code = run.process.wait(timeout=30)
         except subprocess.TimeoutExpired as exc:

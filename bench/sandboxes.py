@@ -115,6 +115,6 @@ def main(argv: list[str]) -> int:
     print_table(["measure", "engine", "runc"], rows)
     cpu_ratio = round(summary["runc"]["engine_cpu_ms_per_sandbox"] / summary["engine"]["engine_cpu_ms_per_sandbox"], 2)
     print(f"engine CPU per sandbox, runc over engine: {cpu_ratio}")
-    path = write_results("sandboxes", {"summary": summary, "cpu_runc_over_engine": cpu_ratio, "runs": runs})
-    print(f"wrote {path}")
+    written = write_results("sandboxes", {"summary": summary, "cpu_runc_over_engine": cpu_ratio, "runs": runs})
+    print(f"wrote {written}")
     return 0

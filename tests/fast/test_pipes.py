@@ -98,7 +98,7 @@ def test_runc_makes_the_sandboxes_of_runc_policies_without_a_network_and_the_eng
 
 
 def test_runc_is_not_used_where_the_server_is_not_root(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(runc_runtime.os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
     assert runc_runtime.runc_usable() == "the server does not run as root"
 
 

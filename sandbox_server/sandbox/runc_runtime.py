@@ -53,6 +53,7 @@ from sandbox_server.sandbox.runc_state import (
     owner_of,
     runc_path,
     sandbox_name,
+    wait_for_pid_file,
 )  # fmt: skip
 from sandbox_server.sandbox.spec import SANDBOX_LABEL, SandboxSpec
 
@@ -121,7 +122,7 @@ class RuncRemover(Remover):
         if run is not None:
             # Killed here, a sandbox is deleted as a stopped one (runc's own --force kill waits in steps of 0.1 s).
             run.kill()
-        delete(self._state, container_id)
+        delete(self._state, container_id, stopped=run is not None and run.process.returncode is not None)
 
     def reap(self, owner: str) -> int:
         removed = super().reap(owner)
@@ -227,17 +228,13 @@ class RuncRuntime(DockerRuntime):
     @staticmethod
     def _started(name: str, process: subprocess.Popen[bytes], bundle: Path) -> int:
         """The host pid of the sandbox's init once runc has started it (runc writes it then)."""
-        deadline = time.monotonic() + STARTED_WITHIN_S
-        pid_file = bundle / "pid"
-        while True:
-            with contextlib.suppress(OSError, ValueError):
-                return int(pid_file.read_text())
-            if process.poll() is not None or time.monotonic() > deadline:
-                said = ""
-                with contextlib.suppress(OSError):
-                    said = (bundle / "runc.log").read_text(errors="replace").strip().splitlines()[-1][:400]
-                raise EngineError(f"runc could not start sandbox {name}: {said or 'it said nothing'}")
-            time.sleep(0.001)  # runc says nothing else when the sandbox has started
+        pid = wait_for_pid_file(bundle / "pid", process, STARTED_WITHIN_S)
+        if pid is None:
+            said = ""
+            with contextlib.suppress(OSError, IndexError):
+                said = (bundle / "runc.log").read_text(errors="replace").strip().splitlines()[-1][:400]
+            raise EngineError(f"runc could not start sandbox {name}: {said or 'it said nothing'}")
+        return pid
 
     def healthy(self, warm: WarmContainer) -> bool:  # type: ignore[override]
         if not is_runc(warm.container_id):

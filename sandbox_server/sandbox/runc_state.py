@@ -9,16 +9,20 @@ gone is known without reading anything else. runc's state and the bundles live i
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import json
 import os
 import secrets
+import select
 import shutil
 import socket
 import subprocess
+import time
 from pathlib import Path
 
 __all__ = [
     "CGROUP_PARENT", "IMAGES", "PREFIX", "STATE", "delete", "delete_left_by", "is_runc", "listed", "oom_kills",
-    "owner_of", "run_runc", "runc_path", "sandbox_name",
+    "owner_of", "run_runc", "runc_path", "sandbox_name", "wait_for_pid_file",
 ]  # fmt: skip
 
 STATE = Path(os.environ.get("SANDBOX_RUNC_STATE", "/run/sandbox-server/runc"))
@@ -64,11 +68,61 @@ def run_runc(state: Path, *args: str) -> subprocess.CompletedProcess[bytes]:
     )
 
 
-def delete(state: Path, name: str) -> None:
-    """Kill and delete one sandbox and remove its bundle; never raises."""
-    with contextlib.suppress(OSError, subprocess.SubprocessError):
-        run_runc(state, "delete", "--force", name)
+def delete(state: Path, name: str, stopped: bool = False) -> None:
+    """Kill and delete one sandbox and remove its bundle; never raises. A sandbox known `stopped` (its runc run
+    ended) is deleted as runc deletes a stopped one, without starting runc: its cgroups removed, then its state;
+    should any cgroup still hold a process, runc kills and deletes it."""
+    if not (stopped and _delete_stopped(state / "runc" / name)):
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            run_runc(state, "delete", "--force", name)
     shutil.rmtree(state / "bundles" / name, ignore_errors=True)
+
+
+def _delete_stopped(place: Path) -> bool:
+    try:
+        paths = json.loads((place / "state.json").read_text())["cgroup_paths"].values()
+    except FileNotFoundError:
+        return True  # runc never made it, or it is deleted already
+    except (OSError, ValueError, KeyError, AttributeError):
+        return False
+    for path in paths:
+        try:
+            os.rmdir(path)
+        except FileNotFoundError:
+            pass
+        except OSError:  # a process is still there (EBUSY): runc's forced delete kills it
+            return False
+    shutil.rmtree(place, ignore_errors=True)
+    return True
+
+
+_IN_MOVED_TO = 0x80
+_IN_NONBLOCK_CLOEXEC = os.O_NONBLOCK | os.O_CLOEXEC
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def wait_for_pid_file(pid_file: Path, process: subprocess.Popen[bytes], within_s: float) -> int | None:
+    """The pid runc writes to `pid_file` once the sandbox has started (it renames it into place), awaited with
+    inotify; None when runc ends first or `within_s` passes."""
+    watch = _libc.inotify_init1(_IN_NONBLOCK_CLOEXEC)
+    if watch < 0:
+        raise OSError(ctypes.get_errno(), "inotify_init1")
+    try:
+        if _libc.inotify_add_watch(watch, os.fsencode(pid_file.parent), _IN_MOVED_TO) < 0:
+            raise OSError(ctypes.get_errno(), f"inotify_add_watch {pid_file.parent}")
+        deadline = time.monotonic() + within_s
+        while True:
+            with contextlib.suppress(OSError, ValueError):
+                return int(pid_file.read_text())
+            left = deadline - time.monotonic()
+            if process.poll() is not None or left <= 0:
+                return None
+            ready, _, _ = select.select([watch], [], [], min(left, 0.05))  # runc's end is looked for in between
+            if ready:
+                with contextlib.suppress(BlockingIOError):
+                    os.read(watch, 4096)
+    finally:
+        os.close(watch)
 
 
 def listed(state: Path) -> set[str]:

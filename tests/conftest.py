@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import subprocess
 import sys
@@ -31,32 +30,48 @@ ENGINE = os.environ.get("SANDBOX_TEST_ENGINE", "docker")
 collect_ignore = [] if ENGINE == "podman" else ["podman"]
 
 
+def sandbox_inits(running_only: bool = True) -> dict[str, int]:
+    """Our sandboxes and the host pid of each one's init (0: not running), the engine's and those runc runs
+    itself, read from the engine and from runc's bundles."""
+    api = docker.from_env().api
+    firsts = {}
+    try:
+        for item in api.containers(all=not running_only, filters={"label": SANDBOX_LABEL}):
+            try:
+                firsts[item["Id"]] = int(api.inspect_container(item["Id"])["State"].get("Pid") or 0)
+            except docker.errors.APIError:
+                continue  # gone meanwhile
+    finally:
+        api.close()
+    for name in listed(STATE):
+        try:
+            firsts[name] = int((STATE / "bundles" / name / "pid").read_text())
+        except (OSError, ValueError):
+            if not running_only:
+                firsts[name] = 0
+    return firsts
+
+
+def command_lines(first: int) -> list[str]:
+    """The command line of every process under `first` (a sandbox's init), read from the host's /proc."""
+    said = []
+    for pid in process_tree(first) if first > 0 else ():
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+                said.append(cmdline.read().replace(b"\0", b" ").decode(errors="replace"))
+        except OSError:
+            continue  # ended meanwhile
+    return said
+
+
 def containers_running(command: str) -> list[str]:
     """Our containers with a process whose command line contains `command` (warm ones run only the launcher),
     read from the host's /proc (Podman's `top` streams without end)."""
-    api = docker.from_env().api
-    found = []
-    firsts = {}
-    for item in api.containers(filters={"label": SANDBOX_LABEL}):
-        try:
-            firsts[item["Id"]] = int(api.inspect_container(item["Id"])["State"].get("Pid") or 0)
-        except docker.errors.APIError:
-            continue  # gone meanwhile
-    for name in listed(STATE):  # and those runc runs itself
-        with contextlib.suppress(OSError, ValueError):
-            firsts[name] = int((STATE / "bundles" / name / "pid").read_text())
-    for container, first in firsts.items():
-        for pid in process_tree(first) if first > 0 else ():
-            try:
-                with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
-                    said = cmdline.read().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
-                continue  # ended meanwhile
-            if command in said:
-                found.append(container)
-                break
-    api.close()
-    return found
+    return [
+        container
+        for container, first in sandbox_inits().items()
+        if any(command in said for said in command_lines(first))
+    ]
 
 
 def kill_from_outside(container_id: str) -> None:
@@ -68,6 +83,20 @@ def kill_from_outside(container_id: str) -> None:
     api = docker.from_env().api
     api.kill(container_id)
     api.close()
+
+
+def exec_in(container_id: str, argv: list[str], user: str = "1000") -> str:
+    """What `argv` says (stdout and stderr) run inside a sandbox as `user`: through the engine, or through runc
+    for the sandboxes runc runs itself."""
+    if is_runc(container_id):
+        command = ["runc", "--root", str(STATE / "runc"), "exec", "--user", f"{user}:{user}", container_id, *argv]
+        done = subprocess.run(command, capture_output=True, timeout=30, check=False)
+        return (done.stdout + done.stderr).decode(errors="replace")
+    api = docker.from_env().api
+    try:
+        return str(api.exec_start(api.exec_create(container_id, argv, user=user)).decode(errors="replace"))
+    finally:
+        api.close()
 
 
 def containers_of(pid: int, running: bool = False) -> list[str]:

@@ -10,13 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import docker
 import pytest
 
 from sandbox_server.sandbox import mounts
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
 from sandbox_server.sandbox.spec import SandboxSpec
-from tests.conftest import images_of
+from tests.conftest import exec_in, images_of
 from tests.mcp_harness import CheckedClient, connect, http_server_process, stdio_parameters, text_of
 
 pytestmark = pytest.mark.anyio
@@ -110,9 +109,7 @@ def test_an_empty_slot_is_not_the_sandboxs_to_write(tmp_path: Path, runtime: Doc
         spec = SandboxSpec(image="sandbox-server/base:latest", argv=("true",), workspace_slots=str(slots))
         warm = runtime.prepare(spec)
         assert warm.slot is not None and Path(warm.slot).parent == slots
-        api = docker.from_env().api
-        execution = api.exec_create(warm.container_id, ["sh", "-c", "touch /workspace/x 2>&1; id -u"], user="1000")
-        said = api.exec_start(execution).decode()
+        said = exec_in(warm.container_id, ["sh", "-c", "touch /workspace/x 2>&1; id -u"])
         assert "Permission denied" in said and said.rstrip().endswith("1000")
         assert not list(Path(warm.slot).iterdir())
     finally:

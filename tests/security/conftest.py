@@ -16,14 +16,18 @@ import pytest
 from mcp import Client
 
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
+from sandbox_server.sandbox.runc_state import CGROUP_PARENT
 from sandbox_server.sandbox.spec import SANDBOX_LABEL
+from tests.conftest import command_lines, sandbox_inits
 from tests.mcp_harness import connect, stdio_parameters
 
 BATTERY_POLICY = os.environ.get("SANDBOX_BATTERY_POLICY", "default")
 """The policy the battery attacks (a shipped name or a file); the expected answers are the default's."""
 
-IDLE_LAUNCHER = ("docker-init", "sandbox-launch", "tar -x")
-"""What a warm container runs while it waits for its call: init, the launcher, and tar reading stdin."""
+IDLE_LAUNCHER = ("docker-init", "sandbox-launch", "tar -x", "warm_python.py")
+"""What a warm container runs while it waits for its call: init, the launcher, tar reading stdin, and a warm
+interpreter waiting for its program (read from the host's /proc: the engine's `top` cannot list bare command
+lines)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,15 +46,16 @@ class HostState:
 
 
 def _host_processes() -> int:
-    """Processes outside containers: a warm pool that grew under the case holds its own (each container's shim
-    and processes), which busy_containers() accounts for; what is counted here is what a case could leak."""
+    """Processes outside containers: a warm pool that grew under the case holds its own (each container's shim,
+    or the `runc run` of a sandbox runc runs itself, and its processes), which busy_containers() accounts for;
+    what is counted here is what a case could leak."""
     count = 0
     for process in psutil.process_iter(["name"]):
         try:
-            if (process.info["name"] or "").startswith("containerd-shim"):
+            if (process.info["name"] or "").startswith("containerd-shim") or process.info["name"] == "runc":
                 continue
             with open(f"/proc/{process.pid}/cgroup") as groups:
-                if "/docker/" in groups.read():
+                if any(f"/{parent}/" in line for line in groups for parent in ("docker", CGROUP_PARENT)):
                     continue
         except (OSError, psutil.Error):
             continue
@@ -59,20 +64,12 @@ def _host_processes() -> int:
 
 
 def busy_containers() -> list[str]:
-    """Our containers running anything beyond an idle warm launcher."""
-    api = docker.from_env().api
+    """Our containers running anything beyond an idle warm launcher, or ended and not yet removed."""
     busy = []
-    for item in api.containers(all=True, filters={"label": SANDBOX_LABEL}):
-        if item.get("State") != "running":
-            busy.append(item["Id"])
-            continue
-        try:
-            processes = api.top(item["Id"], ps_args="-eo args")["Processes"] or []
-        except docker.errors.APIError:
-            continue  # removed meanwhile
-        if any(not any(idle in " ".join(process) for idle in IDLE_LAUNCHER) for process in processes):
-            busy.append(item["Id"])
-    api.close()
+    for container, first in sandbox_inits(running_only=False).items():
+        said = command_lines(first)
+        if not said or any(not any(idle in line for idle in IDLE_LAUNCHER) for line in said):
+            busy.append(container)
     return busy
 
 

@@ -44,11 +44,9 @@ def sandbox_inits(running_only: bool = True) -> dict[str, int]:
     finally:
         api.close()
     for name in listed(STATE):
-        try:
-            firsts[name] = int((STATE / "bundles" / name / "pid").read_text())
-        except (OSError, ValueError):
-            if not running_only:
-                firsts[name] = 0
+        first = _init_of(name)
+        if first or not running_only:
+            firsts[name] = first
     return firsts
 
 
@@ -97,6 +95,28 @@ def exec_in(container_id: str, argv: list[str], user: str = "1000") -> str:
         return str(api.exec_start(api.exec_create(container_id, argv, user=user)).decode(errors="replace"))
     finally:
         api.close()
+
+
+def containers_owned_by(owner: str, running: bool = False) -> list[str]:
+    """The sandboxes of the server whose owner label is `owner`, the engine's and runc's; the running ones alone
+    if `running` (runc's: those whose init runs)."""
+    api = docker.from_env().api
+    try:
+        items = api.containers(all=not running, filters={"label": f"{OWNER_LABEL}={owner}"})
+    finally:
+        api.close()
+    found = [item["Id"] for item in items]
+    for name in sorted(listed(STATE)):
+        if owner_of(name) == owner and (not running or command_lines(_init_of(name))):
+            found.append(name)
+    return found
+
+
+def _init_of(name: str) -> int:
+    try:
+        return int((STATE / "bundles" / name / "pid").read_text())
+    except (OSError, ValueError):
+        return 0
 
 
 def containers_of(pid: int, running: bool = False) -> list[str]:

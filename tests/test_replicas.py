@@ -27,9 +27,8 @@ from mcp.shared.exceptions import MCPError
 
 from sandbox_server.protocol.tasks_client import TasksExtension
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
-from sandbox_server.sandbox.removal import OWNER_LABEL
 from sandbox_server.workspaces.naming import resource_uri
-from tests.conftest import run_cli
+from tests.conftest import containers_owned_by, run_cli
 from tests.mcp_harness import CheckedClient, Person, text_of
 from tests.replicas import Postgres, Replica, haproxy, postgres, start_replica
 from tests.test_tasks import request, start, until
@@ -187,8 +186,7 @@ async def test_a_task_running_on_one_replica_is_cancelled_through_the_other(
         await request(second, "tasks/cancel", taskId=task_id)  # answered once the running replica acted on it
         seen = await request(first, "tasks/get", taskId=task_id)
         assert seen["status"] == "cancelled" and "container was removed" in seen["statusMessage"], seen
-    label = f"{OWNER_LABEL}={owner}"
-    assert not runtime.api.containers(filters={"label": label}), "the cancelled task's container still runs"
+    assert not containers_owned_by(owner, running=True), "the cancelled task's container still runs"
 
 
 async def test_a_returned_file_too_large_to_embed_is_read_through_the_other_replica_by_its_caller_alone(
@@ -344,7 +342,7 @@ async def test_a_killed_replica_loses_nothing_finished_and_its_task_fails_on_the
         assert not result.is_error and seen["stdout"] == "legacy\n", text_of(result)
     # its own reaper removes its containers
     with anyio.fail_after(60):
-        while runtime.api.containers(all=True, filters={"label": f"{OWNER_LABEL}={owner}"}):
+        while containers_owned_by(owner):
             await anyio.sleep(0.5)
 
 
@@ -383,8 +381,8 @@ async def test_a_database_restart_fails_calls_clearly_and_leaves_nothing_half_wr
 
             group.start_soon(in_flight)
             with anyio.fail_after(30):  # the call is inside its sandbox (it began from the database's archive)
-                label = f"{OWNER_LABEL}={deployment.one.owner()}"
-                while not runtime.api.containers(filters={"label": label}):
+                owner = deployment.one.owner()
+                while not containers_owned_by(owner):
                     await anyio.sleep(0.05)
             deployment.database.stop()
         try:

@@ -168,10 +168,10 @@ def run_cli(
 
 
 @pytest.fixture(scope="session")
-def runtime() -> Iterator[DockerRuntime]:
+def runtime() -> Iterator[RuncRuntime]:
     """A connection to the real engine, with every image built and current."""
     try:  # the sandboxes a test makes itself are made as SANDBOX_SANDBOXES says, as its servers' are
-        connected = RuncRuntime(DockerRuntime._client(60), os.environ.get("SANDBOX_SANDBOXES", "engine"))
+        connected = RuncRuntime(DockerRuntime._client(60), os.environ.get("SANDBOX_SANDBOXES", "auto"))
     except Exception as exc:  # the suite must fail loudly, not skip, without an engine
         pytest.fail(f"the Docker engine is required for this test: {exc}", pytrace=False)
     if connected.dialect.name.lower() != ENGINE:

@@ -6,7 +6,6 @@ The engine down when the server starts is tests/test_execute_command.py's
 
 from __future__ import annotations
 
-import os
 import subprocess
 import time
 from pathlib import Path
@@ -16,6 +15,7 @@ import psutil
 import pytest
 from mcp import Client
 
+from sandbox_server.sandbox.runc_runtime import RuncRuntime
 from sandbox_server.sandbox.runc_state import is_runc
 from tests.conftest import containers_running, kill_from_outside
 from tests.mcp_harness import text_of
@@ -41,11 +41,13 @@ def _stop_engine() -> None:
     engine.wait(60)
 
 
-async def test_39_an_engine_restarted_mid_call_is_an_error_then_the_server_serves_again(server: Client) -> None:
+async def test_39_an_engine_restarted_mid_call_is_an_error_then_the_server_serves_again(
+    server: Client, runtime: RuncRuntime
+) -> None:
     """A sandbox the engine runs dies with it, and the call says so; one runc runs itself (serve --sandboxes runc)
     is not the engine's, and its call finishes as if nothing happened."""
     made: list[str] = []
-    seconds = 6 if os.environ.get("SANDBOX_SANDBOXES") == "runc" else 60  # (the engine's: cut short)
+    seconds = 6 if runtime.runc_refused() is None else 60  # (the engine's: cut short)
 
     async def restart_mid_call() -> None:
         made.append(await _running(f"sleep {seconds}"))

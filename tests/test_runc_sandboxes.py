@@ -16,6 +16,7 @@ import psutil
 import pytest
 
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
+from sandbox_server.sandbox.runc_runtime import unpack_for_runc
 from sandbox_server.sandbox.runc_state import CGROUP_PARENT, STATE
 from tests.mcp_harness import answer, audit_records, connect, http_server_process, stdio_parameters
 
@@ -173,3 +174,24 @@ def _running(name: str) -> bool:
         ["runc", "--root", str(STATE / "runc"), "state", name], capture_output=True, text=True, check=False
     )
     return done.returncode == 0 and json.loads(done.stdout).get("status") == "running"
+
+
+def test_images_are_unpacked_for_runc_ahead_and_those_no_longer_tagged_are_removed(
+    tmp_path: Path, runtime: DockerRuntime
+) -> None:
+    """What `setup` and `images build` do after building: the first sandbox of a new image does not wait for it."""
+    stale = tmp_path / "0123456789abcdef01234567"  # an image rebuilt since: its id is no tagged image's
+    (stale / "rootfs").mkdir(parents=True)
+    (tmp_path / f".{stale.name}.lock").touch()
+    said: list[str] = []
+    unpack_for_runc(runtime, ["sandbox-server/base:latest"], said.append, tmp_path)
+    image_id = str(runtime.api.inspect_image("sandbox-server/base:latest")["Id"]).removeprefix("sha256:")[:24]
+    assert (tmp_path / image_id / "rootfs" / "usr/local/bin/sandbox-launch").is_file()
+    assert not stale.exists() and not (tmp_path / f".{stale.name}.lock").exists()
+    assert said == [
+        f"[sandbox-server/base:latest] unpacked for runc's sandboxes in {tmp_path}",
+        "removed 1 unpacked image(s) the engine no longer has tagged",
+    ]
+    said.clear()
+    unpack_for_runc(runtime, ["sandbox-server/base:latest"], said.append, tmp_path)
+    assert said == []  # unpacked once, kept while tagged

@@ -34,6 +34,10 @@ def images_build(
             outcomes.append(build_with_packages(runtime, image, base, Path(lock), user, say, args.force))
     rebuilt = [outcome.name for outcome in outcomes if outcome.rebuilt]
     say(f"built: {', '.join(rebuilt)}" if rebuilt else "all images current: nothing rebuilt")
+    from sandbox_server.ops.bootstrap import policy_images
+    from sandbox_server.sandbox.runc_runtime import unpack_for_runc
+
+    unpack_for_runc(runtime, policy_images(args.policy or "default", host_facts()), say)
     return 0
 
 

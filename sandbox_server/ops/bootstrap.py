@@ -16,12 +16,14 @@ from dataclasses import replace
 from pathlib import Path
 
 from sandbox_server.errors import EngineUnavailable, SandboxServerError
-from sandbox_server.policy.loader import HostFacts
+from sandbox_server.policy.loader import HostFacts, load_policy
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
 from sandbox_server.sandbox.images import build_images
+from sandbox_server.sandbox.runc_runtime import unpack_for_runc
 from sandbox_server.shipped import engine_script
+from sandbox_server.tools import all_tools
 
-__all__ = ["DATA_FOLDER", "SetupFailed", "host_facts", "setup_host"]
+__all__ = ["DATA_FOLDER", "SetupFailed", "host_facts", "policy_images", "setup_host"]
 
 DATA_FOLDER = Path("/srv/sandbox-data")
 """The host folder the shipped data-science policy mounts read-only at /data."""
@@ -64,6 +66,7 @@ def setup_host(say: Say, force_images: bool = False) -> None:
         outcomes = build_images(runtime, None, say=say, force=force_images)
         rebuilt = [outcome.name for outcome in outcomes if outcome.rebuilt]
         say(f"images built: {', '.join(rebuilt)}" if rebuilt else "images: all current, nothing rebuilt")
+        unpack_for_runc(runtime, policy_images("default", host_facts(runtime)), say)
     finally:
         runtime.close()
     if not DATA_FOLDER.is_dir():
@@ -72,6 +75,13 @@ def setup_host(say: Say, force_images: bool = False) -> None:
             say(f"made {DATA_FOLDER} (the data-science policy mounts it read-only at /data)")
         except OSError as exc:
             say(f"could not make {DATA_FOLDER} ({exc.strerror}): the data-science policy needs it; make it as root")
+
+
+def policy_images(reference: str, facts: HostFacts) -> list[str]:
+    """The images the policy's tools run, each once."""
+    names = [tool.name for tool in all_tools() if getattr(tool, "sandbox", True)]
+    policy = load_policy(reference, names, facts)
+    return sorted({policy.for_tool(name).image for name in names})
 
 
 def host_facts(runtime: DockerRuntime) -> HostFacts:

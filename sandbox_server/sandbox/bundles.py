@@ -22,7 +22,7 @@ from typing import Any
 from sandbox_server.sandbox.oci import oci_config
 from sandbox_server.sandbox.spec import SandboxSpec
 
-__all__ = ["image_root", "unpacked", "write_bundle"]
+__all__ = ["image_root", "is_unpacked", "prune_unpacked", "unpacked", "write_bundle"]
 
 WHOLE = ".whole"
 """Written last into an unpacked image's folder: it is complete."""
@@ -33,9 +33,17 @@ def image_root(api: Any, image: str, folder: Path) -> Path:
     return unpacked(api, image, api.inspect_image(image), folder)
 
 
+def _folder_name(image_id: str) -> str:
+    return image_id.removeprefix("sha256:")[:24]
+
+
+def is_unpacked(inspected: dict[str, Any], folder: Path) -> bool:
+    return (folder / _folder_name(str(inspected["Id"])) / WHOLE).exists()
+
+
 def unpacked(api: Any, image: str, inspected: dict[str, Any], folder: Path) -> Path:
     """The root filesystem of the image the engine described as `inspected`, unpacked under `folder` by its id."""
-    image_id = str(inspected["Id"]).removeprefix("sha256:")[:24]
+    image_id = _folder_name(str(inspected["Id"]))
     place = folder / image_id
     if (place / WHOLE).exists():
         return place / "rootfs"
@@ -70,6 +78,27 @@ def _unpack(api: Any, image: str, inspected: dict[str, Any], folder: Path, place
     finally:
         api.remove_container(created["Id"], force=True)
         shutil.rmtree(making, ignore_errors=True)
+
+
+def prune_unpacked(api: Any, folder: Path, bundles: Path) -> list[str]:
+    """Remove the unpacked images that no tagged image of the engine is (rebuilt since, or deleted) and no bundle
+    under `bundles` runs on; returns their folders' names."""
+    tagged = {
+        _folder_name(str(image["Id"]))
+        for image in api.images()
+        if any(tag != "<none>:<none>" for tag in image.get("RepoTags") or ())
+    }
+    in_use = set()
+    for config in bundles.glob("*/config.json"):
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            in_use.add(Path(json.loads(config.read_text())["root"]["path"]).parent.name)
+    removed = []
+    for place in sorted(folder.glob("[!.]*")):
+        if place.is_dir() and place.name not in tagged | in_use:
+            shutil.rmtree(place, ignore_errors=True)
+            (folder / f".{place.name}.lock").unlink(missing_ok=True)
+            removed.append(place.name)
+    return removed
 
 
 def write_bundle(

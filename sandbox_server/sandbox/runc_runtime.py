@@ -26,7 +26,7 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,7 +35,7 @@ import docker
 from sandbox_server.errors import EngineError, EngineUnavailable
 from sandbox_server.sandbox import wire
 from sandbox_server.sandbox.activity import Activity
-from sandbox_server.sandbox.bundles import unpacked, write_bundle
+from sandbox_server.sandbox.bundles import is_unpacked, prune_unpacked, unpacked, write_bundle
 from sandbox_server.sandbox.docker_runtime import DockerRuntime, WarmContainer, process_tree
 from sandbox_server.sandbox.engine import engine_errors
 from sandbox_server.sandbox.oci import INIT_SOURCE
@@ -72,6 +72,40 @@ def runc_usable() -> str | None:
     if not os.access(INIT_SOURCE, os.X_OK):
         return f"the engine's init ({INIT_SOURCE}) is missing"
     return None
+
+
+def runc_refusal(engine: DockerRuntime) -> str | None:
+    """Why runc cannot make sandboxes beside this engine (None: it can); EngineUnavailable while it is away."""
+    why_not = runc_usable()
+    if why_not is None and engine.dialect.podman:
+        why_not = "the engine is Podman"
+    if why_not is None and not engine.on_this_host():
+        why_not = "the engine runs on another host"
+    return why_not
+
+
+def unpack_for_runc(
+    engine: DockerRuntime, references: Iterable[str], say: Callable[[str], None], folder: Path = IMAGES
+) -> None:
+    """Unpack the images runc makes sandboxes of before their first one (python-data takes some 20 s on two
+    cores), and remove the unpacked images the engine has no longer tagged; nothing where runc makes none."""
+    why_not = runc_refusal(engine)
+    if why_not is not None:
+        say(f"images not unpacked for runc's sandboxes: {why_not}")
+        return
+    for reference in references:
+        with engine_errors(f"inspect image {reference}"):
+            inspected = engine.api.inspect_image(reference)
+        if not is_unpacked(inspected, folder):
+            try:
+                unpacked(engine.api, reference, inspected, folder)
+            except (OSError, docker.errors.DockerException) as exc:
+                raise EngineError(f"could not unpack {reference} for runc: {exc}") from exc
+            say(f"[{reference}] unpacked for runc's sandboxes in {folder}")
+    with engine_errors("list images"):
+        removed = prune_unpacked(engine.api, folder, STATE / "bundles")
+    if removed:
+        say(f"removed {len(removed)} unpacked image(s) the engine no longer has tagged")
 
 
 @dataclass
@@ -157,12 +191,8 @@ class RuncRuntime(DockerRuntime):
         """Why runc makes no sandbox here (None: it makes those it can), decided once; asked for runc, a host that
         cannot refuses with EngineError."""
         if self._chosen is None:
-            why_not = "as asked" if self.sandboxes == "engine" else runc_usable()
             try:
-                if why_not is None and self.dialect.podman:
-                    why_not = "the engine is Podman"
-                if why_not is None and not self.on_this_host():
-                    why_not = "the engine runs on another host"
+                why_not = "as asked" if self.sandboxes == "engine" else runc_refusal(self)
             except EngineUnavailable:  # asked again once it answers; until then no sandbox is made at all
                 return "the engine does not answer yet"
             if why_not is not None and self.sandboxes == "runc":

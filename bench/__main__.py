@@ -11,6 +11,7 @@ BENCHMARKS = {
     "draining": "bench.draining",
     "forks": "bench.forks",
     "homes": "bench.homes",
+    "humaneval": "bench.humaneval",
     "kept_variables": "bench.kept_variables",
     "performance": "bench.performance",
     "queue": "bench.queue",

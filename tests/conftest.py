@@ -224,22 +224,19 @@ async def module_session(runtime: DockerRuntime) -> AsyncIterator[Client]:
 
 async def interpreters_warm(pid: int) -> None:
     """Wait until every warm interpreter in the server `pid`'s containers has finished importing (CPU-heavy)."""
-    api = docker.from_env().api
-    try:
-        with anyio.fail_after(60):
-            while True:
-                pending = 0
-                for container in containers_of(pid):
-                    try:
-                        root = f"/proc/{api.inspect_container(container)['State'].get('Pid') or 0}/root"
-                        if not os.path.isdir(root + wire.WARM_DIR):
-                            continue  # no warm interpreter in this one (a shell image)
-                        with open(root + wire.WARM_ERRORS, encoding="utf-8") as said:
-                            pending += "preloaded in" not in said.read()
-                    except (OSError, docker.errors.APIError):
-                        pending += 1
-                if not pending:
-                    return
-                await anyio.sleep(0.1)
-    finally:
-        api.close()
+    with anyio.fail_after(60):
+        while True:
+            pending = 0
+            inits = sandbox_inits()
+            for container in containers_of(pid, running=True):
+                root = f"/proc/{inits.get(container, 0)}/root"
+                try:
+                    if not os.path.isdir(root + wire.WARM_DIR):
+                        continue  # no warm interpreter in this one (a shell image)
+                    with open(root + wire.WARM_ERRORS, encoding="utf-8") as said:
+                        pending += "preloaded in" not in said.read()
+                except OSError:
+                    pending += 1
+            if not pending:
+                return
+            await anyio.sleep(0.1)

@@ -201,6 +201,7 @@ async def test_a_user_site_with_its_own_version_of_a_preloaded_library_gets_a_fr
             runtime.api, tmp_path
         )  # duckdb imported before the call: only a fresh interpreter gives the user's
         result = await session.call_tool("run_python", {"code": cell, "files": files})
+        await preloaded(runtime.api, tmp_path)  # the pool's next container has imported too
         plain = await _cell(
             session, "import os, sys\n(os.path.exists('/tmp/.sandbox-warm/errors'), 'pandas' in sys.modules)"
         )

@@ -64,10 +64,13 @@ def _host_processes() -> int:
 
 
 def busy_containers() -> list[str]:
-    """Our containers running anything beyond an idle warm launcher, or ended and not yet removed."""
+    """Our containers running anything beyond an idle warm launcher, or ended and not yet removed (of gVisor's,
+    the ended ones alone)."""
     busy = []
     for container, first in sandbox_inits(running_only=False).items():
         said = command_lines(first)
+        if any("runsc" in line for line in said):
+            continue  # gVisor's: its programs run inside its own kernel, not as processes of the host's
         if not said or any(not any(idle in line for idle in IDLE_LAUNCHER) for line in said):
             busy.append(container)
     return busy

@@ -9,6 +9,10 @@ between two samples.
 
 from __future__ import annotations
 
+import ctypes
+import os
+import select
+import struct
 import threading
 import time
 from pathlib import Path
@@ -21,6 +25,7 @@ import pytest
 from sandbox_server.policy.loader import load_policy
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
 from sandbox_server.sandbox.removal import OWNER_LABEL
+from sandbox_server.sandbox.runc_state import STATE, is_runc
 from sandbox_server.sandbox.spec import SANDBOX_LABEL
 from tests.conftest import containers_of, interpreters_warm
 from tests.mcp_harness import connect, http_server_process, text_of
@@ -28,33 +33,61 @@ from tests.mcp_harness import connect, http_server_process, text_of
 pytestmark = pytest.mark.anyio
 
 CALLS = 200
+IN_CREATE, IN_DELETE = 0x100, 0x200
+_libc = ctypes.CDLL(None, use_errno=True)
 TOOL_NAMES = ("analyze_csv", "execute_command", "run_python")
 
 
 class LiveContainers:
-    """The most containers of one server alive at once, from the engine's event stream."""
+    """The most sandboxes of one server alive at once: the engine's from its event stream, runc's from inotify on
+    runc's bundles (a bundle is made with its sandbox and removed with it)."""
 
     def __init__(self, pid: int) -> None:
         self._api = docker.from_env().api
         self._owner = f":{pid}:"
+        self._pid = str(pid)
         self.live = len(containers_of(pid))
         self.most = self.live
+        self._lock = threading.Lock()
         self._events = self._api.events(
             decode=True, filters={"type": "container", "label": SANDBOX_LABEL, "event": ["create", "destroy"]}
         )
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
+        self._watch = _libc.inotify_init1(os.O_CLOEXEC)
+        self._stop, self._stopping = os.pipe()
+        (STATE / "bundles").mkdir(parents=True, exist_ok=True)
+        assert _libc.inotify_add_watch(self._watch, os.fsencode(STATE / "bundles"), IN_CREATE | IN_DELETE) >= 0
+        self._readers = [threading.Thread(target=read, daemon=True) for read in (self._read, self._read_bundles)]
+        for reader in self._readers:
+            reader.start()
+
+    def _count(self, more: int) -> None:
+        with self._lock:
+            self.live += more
+            self.most = max(self.most, self.live)
 
     def _read(self) -> None:
         for event in self._events:
-            if self._owner not in event.get("Actor", {}).get("Attributes", {}).get(OWNER_LABEL, ""):
-                continue
-            self.live += 1 if event["Action"] == "create" else -1
-            self.most = max(self.most, self.live)
+            if self._owner in event.get("Actor", {}).get("Attributes", {}).get(OWNER_LABEL, ""):
+                self._count(1 if event["Action"] == "create" else -1)
+
+    def _read_bundles(self) -> None:
+        while self._stop not in select.select([self._watch, self._stop], [], [])[0]:
+            events = os.read(self._watch, 65536)
+            at = 0
+            while at < len(events):
+                _, mask, _, size = struct.unpack_from("iIII", events, at)
+                name = events[at + 16 : at + 16 + size].rstrip(b"\0").decode()
+                at += 16 + size
+                if is_runc(name) and name.split("-")[2] == self._pid:
+                    self._count(1 if mask & IN_CREATE else -1)
 
     def close(self) -> None:
         self._events.close()
         self._api.close()
+        os.write(self._stopping, b".")
+        self._readers[1].join()
+        for fd in (self._watch, self._stop, self._stopping):
+            os.close(fd)
 
 
 async def test_33_a_flood_of_calls_is_bounded_answered_busy_and_leaves_nothing(

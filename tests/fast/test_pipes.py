@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import threading
@@ -108,3 +109,21 @@ def test_a_sandboxs_name_says_which_server_made_it() -> None:
     assert all(runc_state.owner_of(name) == owner for name in names)
     assert len({name[:12] for name in names}) == 20  # ids are shown short: the short ones differ
     assert runc_state.is_runc("sbx-4242-1-a") and not runc_state.is_runc("3f2a" * 16)
+
+
+def test_a_stopped_sandbox_is_deleted_without_runc_unless_a_cgroup_still_holds_a_process(tmp_path: Path) -> None:
+    """runc deletes a stopped sandbox by removing its cgroups, then its state; a cgroup that cannot be removed (a
+    process still in it) leaves everything to runc's forced delete."""
+    empty, held = tmp_path / "memory" / "sbx", tmp_path / "pids" / "sbx"
+    empty.mkdir(parents=True)
+    held.mkdir(parents=True)
+    (held / "cgroup.procs").write_text("1234\n")  # a folder that rmdir refuses, as the kernel refuses a busy cgroup
+    state = tmp_path / "runc" / "sbx"
+    state.mkdir(parents=True)
+    (state / "state.json").write_text(json.dumps({"cgroup_paths": {"memory": str(empty), "pids": str(held)}}))
+    assert runc_state._delete_stopped(state) is False
+    assert state.exists(), "runc's forced delete needs its state"
+    (held / "cgroup.procs").unlink()
+    assert runc_state._delete_stopped(state) is True
+    assert not empty.exists() and not held.exists() and not state.exists()
+    assert runc_state._delete_stopped(state) is True  # deleted already: nothing to do

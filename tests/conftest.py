@@ -127,7 +127,7 @@ def containers_of(pid: int, running: bool = False) -> list[str]:
     api.close()
     found = [item["Id"] for item in items if f":{pid}:" in (item.get("Labels") or {}).get(OWNER_LABEL, "")]
     for name in sorted(listed(STATE)):  # and those runc runs for it (started: its init's pid is written)
-        if f":{pid}:" in owner_of(name) and (not running or (STATE / "bundles" / name / "pid").exists()):
+        if f":{pid}:" in owner_of(name) and (not running or _init_of(name)):
             found.append(name)
     return found
 

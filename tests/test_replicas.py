@@ -382,7 +382,7 @@ async def test_a_database_restart_fails_calls_clearly_and_leaves_nothing_half_wr
             group.start_soon(in_flight)
             with anyio.fail_after(30):  # the call is inside its sandbox (it began from the database's archive)
                 owner = deployment.one.owner()
-                while not containers_owned_by(owner):
+                while not containers_owned_by(owner, running=True):
                     await anyio.sleep(0.05)
             deployment.database.stop()
         try:

@@ -22,7 +22,8 @@ from pathlib import Path
 
 __all__ = [
     "CGROUP_PARENT", "IMAGES", "PREFIX", "STATE", "delete", "delete_left_by", "is_runc", "listed", "oom_kills",
-    "owner_of", "run_runc", "runc_path", "sandbox_name", "wait_for_pid_file",
+    "IN_CREATE", "IN_DELETE", "IN_MOVED_TO", "inotify_watch", "owner_of", "run_runc", "runc_path", "sandbox_name",
+    "wait_for_pid_file",
 ]  # fmt: skip
 
 STATE = Path(os.environ.get("SANDBOX_RUNC_STATE", "/run/sandbox-server/runc"))
@@ -96,20 +97,28 @@ def _delete_stopped(place: Path) -> bool:
     return True
 
 
-_IN_MOVED_TO = 0x80
-_IN_NONBLOCK_CLOEXEC = os.O_NONBLOCK | os.O_CLOEXEC
+IN_MOVED_TO, IN_CREATE, IN_DELETE = 0x80, 0x100, 0x200
 _libc = ctypes.CDLL(None, use_errno=True)
+
+
+def inotify_watch(folder: Path, mask: int) -> int:
+    """An inotify descriptor (close-on-exec, non-blocking) watching `folder` for the events of `mask`."""
+    watch = int(_libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC))
+    if watch < 0:
+        raise OSError(ctypes.get_errno(), "inotify_init1")
+    if _libc.inotify_add_watch(watch, os.fsencode(folder), mask) < 0:
+        error = ctypes.get_errno()
+        os.close(watch)
+        raise OSError(error, f"inotify_add_watch {folder}")
+    return watch
 
 
 def wait_for_pid_file(pid_file: Path, process: subprocess.Popen[bytes], within_s: float) -> int | None:
     """The pid runc writes to `pid_file` once the sandbox has started (it renames it into place), awaited with
-    inotify; None when runc ends first or `within_s` passes."""
-    watch = _libc.inotify_init1(_IN_NONBLOCK_CLOEXEC)
-    if watch < 0:
-        raise OSError(ctypes.get_errno(), "inotify_init1")
+    inotify beside runc's own end (a pidfd); None when runc ends first or `within_s` passes."""
+    watch = inotify_watch(pid_file.parent, IN_MOVED_TO)
+    runc = os.pidfd_open(process.pid)
     try:
-        if _libc.inotify_add_watch(watch, os.fsencode(pid_file.parent), _IN_MOVED_TO) < 0:
-            raise OSError(ctypes.get_errno(), f"inotify_add_watch {pid_file.parent}")
         deadline = time.monotonic() + within_s
         while True:
             with contextlib.suppress(OSError, ValueError):
@@ -117,11 +126,11 @@ def wait_for_pid_file(pid_file: Path, process: subprocess.Popen[bytes], within_s
             left = deadline - time.monotonic()
             if process.poll() is not None or left <= 0:
                 return None
-            ready, _, _ = select.select([watch], [], [], min(left, 0.05))  # runc's end is looked for in between
-            if ready:
+            if watch in select.select([watch, runc], [], [], left)[0]:
                 with contextlib.suppress(BlockingIOError):
                     os.read(watch, 4096)
     finally:
+        os.close(runc)
         os.close(watch)
 
 

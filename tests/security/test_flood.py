@@ -9,7 +9,6 @@ between two samples.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import select
 import struct
@@ -25,7 +24,7 @@ import pytest
 from sandbox_server.policy.loader import load_policy
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
 from sandbox_server.sandbox.removal import OWNER_LABEL
-from sandbox_server.sandbox.runc_state import STATE, is_runc
+from sandbox_server.sandbox.runc_state import IN_CREATE, IN_DELETE, STATE, inotify_watch, is_runc, owner_of
 from sandbox_server.sandbox.spec import SANDBOX_LABEL
 from tests.conftest import containers_of, interpreters_warm
 from tests.mcp_harness import connect, http_server_process, text_of
@@ -33,8 +32,6 @@ from tests.mcp_harness import connect, http_server_process, text_of
 pytestmark = pytest.mark.anyio
 
 CALLS = 200
-IN_CREATE, IN_DELETE = 0x100, 0x200
-_libc = ctypes.CDLL(None, use_errno=True)
 TOOL_NAMES = ("analyze_csv", "execute_command", "run_python")
 
 
@@ -45,17 +42,15 @@ class LiveContainers:
     def __init__(self, pid: int) -> None:
         self._api = docker.from_env().api
         self._owner = f":{pid}:"
-        self._pid = str(pid)
         self.live = len(containers_of(pid))
         self.most = self.live
         self._lock = threading.Lock()
         self._events = self._api.events(
             decode=True, filters={"type": "container", "label": SANDBOX_LABEL, "event": ["create", "destroy"]}
         )
-        self._watch = _libc.inotify_init1(os.O_CLOEXEC)
-        self._stop, self._stopping = os.pipe()
         (STATE / "bundles").mkdir(parents=True, exist_ok=True)
-        assert _libc.inotify_add_watch(self._watch, os.fsencode(STATE / "bundles"), IN_CREATE | IN_DELETE) >= 0
+        self._watch = inotify_watch(STATE / "bundles", IN_CREATE | IN_DELETE)
+        self._stop, self._stopping = os.pipe()
         self._readers = [threading.Thread(target=read, daemon=True) for read in (self._read, self._read_bundles)]
         for reader in self._readers:
             reader.start()
@@ -78,7 +73,7 @@ class LiveContainers:
                 _, mask, _, size = struct.unpack_from("iIII", events, at)
                 name = events[at + 16 : at + 16 + size].rstrip(b"\0").decode()
                 at += 16 + size
-                if is_runc(name) and name.split("-")[2] == self._pid:
+                if is_runc(name) and self._owner in owner_of(name):
                     self._count(1 if mask & IN_CREATE else -1)
 
     def close(self) -> None:

@@ -242,15 +242,24 @@ async def preloaded(
                     said.append(api.exec_start(reading))
                 except docker.errors.APIError:  # a used one, being removed
                     continue
+            unpacked = str(api.inspect_image(image)["Id"]).removeprefix("sha256:")[:24]
             for name in listed_by_runc(STATE):  # and the sandboxes runc runs itself, read through their init's root
-                if not _made_by(owner_of(name), str(server)):
+                bundle = STATE / "bundles" / name
+                try:
+                    if (
+                        not _made_by(owner_of(name), str(server))
+                        or unpacked not in (bundle / "config.json").read_text()
+                    ):
+                        continue  # another server's, or another image's
+                    root = Path(f"/proc/{int((bundle / 'pid').read_text())}/root")
+                    if not root.is_dir():
+                        continue  # a used one, being removed
+                except (OSError, ValueError):  # not started yet, or removed
                     continue
                 try:
-                    root = Path(f"/proc/{int((STATE / 'bundles' / name / 'pid').read_text())}/root")
-                    if (root / "tmp/.sandbox-warm").is_dir():
-                        said.append((root / "tmp/.sandbox-warm/errors").read_bytes())
-                except (OSError, ValueError):  # a used one, being removed; or not started yet
-                    continue
+                    said.append((root / "tmp/.sandbox-warm/errors").read_bytes())
+                except OSError:  # started, its launcher not there yet: as the engine's exec says, not ready
+                    said.append(b"")
             if said and all(b"preloaded in" in text and b"a call came" not in text for text in said):
                 return
             await anyio.sleep(0.1)

@@ -251,10 +251,13 @@ async def preloaded(
                         or unpacked not in (bundle / "config.json").read_text()
                     ):
                         continue  # another server's, or another image's
+                    if not (bundle / "pid").exists():
+                        said.append(b"")  # made, not started yet: not ready either
+                        continue
                     root = Path(f"/proc/{int((bundle / 'pid').read_text())}/root")
                     if not root.is_dir():
                         continue  # a used one, being removed
-                except (OSError, ValueError):  # not started yet, or removed
+                except (OSError, ValueError):  # removed meanwhile
                     continue
                 try:
                     said.append((root / "tmp/.sandbox-warm/errors").read_bytes())

@@ -45,6 +45,7 @@ async def test_a_cell_in_a_warm_interpreter_sees_a_clean_namespace_and_the_prelo
     async with connect(stdio_parameters("--policy", _policy(tmp_path, ""), "--audit-log", str(audit))) as session:
         await preloaded(runtime.api, tmp_path)
         first = await _cell(session, PROBE)
+        await preloaded(runtime.api, tmp_path)  # the pool's next interpreter, not one still importing
         second = await _cell(session, PROBE)
     assert not first["is_error"], first["text"]
     values = first["stdout"].strip()

@@ -204,6 +204,7 @@ class Services:
         while (restart := await service.wait_for_ask()) is not None:
             try:
                 service.spend()
+                service.state = "starting"  # its container's end, seen by _look meanwhile, is the restart's
                 await self._remove_container(service)
                 await self._bring_up(service, "did not start again")
             except Exception as exc:
@@ -350,9 +351,10 @@ class Services:
             elif clock - service.last_used > settings.idle_s:
                 await self.stop(service, f"it was idle (services.idle_s: {settings.idle_s:g} s)")
             else:
-                state = await anyio.to_thread.run_sync(
-                    containers.container_state, self.runtime.api, service.container_id
-                )
+                looked_at = service.container_id
+                state = await anyio.to_thread.run_sync(containers.container_state, self.runtime.api, looked_at)
+                if service.state != "running" or service.container_id != looked_at:
+                    continue  # restarted or stopped meanwhile: that container's end was asked for
                 if not state.get("Running"):
                     why = "out of memory" if state.get("OOMKilled") else f"with code {state.get('ExitCode', '?')}"
                     await self.stop(service, f"its program ended ({why})")

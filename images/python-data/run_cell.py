@@ -10,15 +10,11 @@ kept workspace the previous cell's variables that this cell names are restored f
 and what it loaded or set kept after it (cell_state).
 """
 
-import ast
-import hashlib
-import json
+import _ast  # the parser's node types without `ast`'s helpers: a cell's start pays only for what it uses
 import os
 import sys
-import traceback
 
-import cell_state
-from sandbox_figures import save_png, seed_font_cache
+from sandbox_figures import seed_font_cache
 from sandbox_wire import CELL_VALUE, CELL_VALUE_ROWS, FIGURE_NAME, IMAGE_BYTES_ENV, KEEP_VARIABLES_ENV, OUTPUT_DIR
 
 IMAGE_BYTES = int(os.environ.pop(IMAGE_BYTES_ENV, "2000000"))
@@ -40,8 +36,13 @@ def _save_figures(restored: dict) -> None:
     """Save the figures the cell drew or changed. A figure restored from a kept variable carries the digest of
     the PNG last returned for it: drawn the same again, it is not returned again."""
     figures = _open_figures()
-    if figures:
-        os.makedirs(OUTPUT_DIR, exist_ok=True)
+    if not figures:
+        return
+    import hashlib
+
+    from sandbox_figures import save_png
+
+    os.makedirs(OUTPUT_DIR, exist_ok=True)
     index = 0
     for number, figure in figures.items():
         path = os.path.join(OUTPUT_DIR, FIGURE_NAME.format(index=index + 1))
@@ -60,6 +61,8 @@ def _table_of(value, shown: str) -> None:
     what a model reads; a value that cannot be written so is left to it)."""
     if type(value).__module__.split(".")[0] != "pandas" or getattr(value, "ndim", 0) not in (1, 2):
         return
+    import json
+
     try:
         frame = value.to_frame() if value.ndim == 1 else value
         rows = frame.head(CELL_VALUE_ROWS).to_json(orient="split", date_format="iso", default_handler=str)
@@ -76,21 +79,27 @@ def main() -> int:
     source = sys.stdin.read()
     sys.stdin = open(os.devnull)
     try:
-        tree = ast.parse(source, filename="<cell>")
+        tree = compile(source, "<cell>", "exec", _ast.PyCF_ONLY_AST)  # what ast.parse does
     except SyntaxError:
+        import traceback
+
         traceback.print_exc(limit=0)
         return 1
     namespace = {"__name__": "__main__"}
-    state = cell_state.State() if KEEP_VARIABLES else None
+    state = None
+    if KEEP_VARIABLES:
+        import cell_state
+
+        state = cell_state.State()
     restored = {}
     if state is not None:
         state.restore(namespace, tree)
         restored = _open_figures()  # figures of kept variables, returned by the cell that drew them
-    last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
+    last = tree.body.pop() if tree.body and isinstance(tree.body[-1], _ast.Expr) else None
     try:
         exec(compile(tree, "<cell>", "exec"), namespace)
         if last is not None:
-            value = eval(compile(ast.Expression(last.value), "<cell>", "eval"), namespace)
+            value = eval(compile(_ast.Expression(last.value), "<cell>", "eval"), namespace)
             if value is not None:
                 shown = repr(value)
                 print(shown)
@@ -99,6 +108,8 @@ def main() -> int:
         _finish(namespace, state, restored)
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except BaseException:
+        import traceback
+
         exc_type, exc, tb = sys.exc_info()
         traceback.print_exception(exc_type, exc, tb.tb_next if tb else None)
         _finish(namespace, state, restored)

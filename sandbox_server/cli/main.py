@@ -306,14 +306,17 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("names", nargs="*", metavar="NAME", help="images to build (default: all)")
     build.add_argument("--force", action="store_true", help="rebuild even when current")
     build.add_argument(
-        "--policy", metavar="POLICY", help="also the images this policy's tools add their own packages to (packages)"
+        "--policy",
+        metavar="POLICY",
+        help="also the images of this policy's tools: their own build contexts (build) and packages (packages)",
     )
     build.set_defaults(
         handler=functools.partial(images_build, tool_names=_tool_names, host_facts=_runtime_facts, say=_say)
     )
     listing = images_commands.add_parser("list", help="show which images are built and current")
     listing.add_argument("--json", action="store_true", help="machine-readable output")
-    listing.set_defaults(handler=images_list)
+    listing.add_argument("--policy", metavar="POLICY", help="also the images this policy's tools build (build)")
+    listing.set_defaults(handler=functools.partial(images_list, tool_names=_tool_names, host_facts=_runtime_facts))
 
     serve = commands.add_parser("serve", help="serve MCP over stdio (default) or Streamable HTTP")
     add_serve_arguments(serve)

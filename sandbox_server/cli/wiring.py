@@ -221,12 +221,14 @@ def _origin(url: str) -> str:
 
 
 def _packages_built(policy: Policy, names: list[str], runtime: DockerRuntime, reference: str) -> None:
-    """A tool whose policy adds packages runs in the image they make: refused at start when it is not built."""
+    """A tool whose policy adds packages, or names a build context, runs in the image they make: refused at start
+    when it is not built."""
     for name in names:
         tool = policy.for_tool(name)
-        if tool.packages is not None and runtime.image(tool.image) is None:
+        made_by = f"packages ({tool.packages[1]})" if tool.packages is not None else f"build ({tool.build})"
+        if (tool.packages is not None or tool.build is not None) and runtime.image(tool.image) is None:
             raise UsageError(
-                f"policy {policy.name!r}: tools.{name}.packages ({tool.packages[1]}) makes the image {tool.image}, "
+                f"policy {policy.name!r}: tools.{name}.{made_by} makes the image {tool.image}, "
                 f"which is not built: run `sandbox-server images build --policy {reference}`"
             )
 

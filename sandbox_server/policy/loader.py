@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 from jsonschema import Draft202012Validator
 
-from sandbox_server.errors import ConfigError, ImageError
+from sandbox_server.errors import ConfigError
 from sandbox_server.network.egress import parse_egress
 from sandbox_server.policy.hints import closest, in_words, unexpected_key_hint
 from sandbox_server.policy.model import (
@@ -34,8 +34,8 @@ from sandbox_server.policy.model import (
     WorkspaceSettings,
 )
 from sandbox_server.policy.references import policy_path, seccomp_path
+from sandbox_server.policy.tool_images import tool_image
 from sandbox_server.sandbox.spec import Mount, ResourceLimits
-from sandbox_server.sandbox.wheels import with_packages
 from sandbox_server.shipped import policies_dir, policy_schema_path
 
 __all__ = [
@@ -256,19 +256,11 @@ def _tool_policy(
     env_settings = settings.get("env", {})
     environment = {name: os.environ[name] for name in env_settings.get("pass", []) if name in os.environ}
     environment.update(env_settings.get("set", {}))
-    image, packages = settings.get("image", defaults.image), None
-    if settings.get("packages"):
-        lock = Path(settings["packages"])
-        lock = lock if lock.is_absolute() else source.parent / lock
-        try:
-            image, packages = with_packages(image, lock), (image, str(lock))
-        except OSError as exc:
-            error("packages", f"cannot read the lock {lock}: {exc.strerror or exc}")
-        except ImageError as exc:
-            error("packages", str(exc))
+    image, packages, build = tool_image(settings, defaults.image, source.parent, error)
     return ToolPolicy(
         image=image,
         packages=packages,
+        build=build,
         runtime=runtime,
         user=settings.get("user", defaults.user),
         egress=egress,

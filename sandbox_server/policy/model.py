@@ -29,6 +29,9 @@ class ToolPolicy:
     packages: tuple[str, str] | None = None
     """A team's own wheels added to an image: (the image they are added to, the lock's path); `image` is then
     the image `images build --policy` makes of them."""
+    build: str | None = None
+    """A team's own build context (a folder with a Dockerfile); `image` is then the sandbox image
+    `images build --policy` makes of it, named by its content."""
     runtime: str = "runc"
     user: str = "1000:1000"
     egress: Egress | None = None

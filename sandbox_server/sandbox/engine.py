@@ -13,6 +13,7 @@ import os
 import socket
 import struct
 import threading
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -193,6 +194,30 @@ class Engine:
             created=str(data.get("Created", "")),
         )
 
+    def untag(self, reference: str) -> None:
+        """Remove a tag (its layers stay while another image uses them); nothing when it is not there."""
+        with contextlib.suppress(docker.errors.DockerException):
+            self.api.remove_image(reference, noprune=True)
+
+    def run_once(self, reference: str, script: str, user: str, timeout_s: float = 60) -> str | None:
+        """What `/bin/sh -c script` prints in a container of the image, as `user`, with no network (removed
+        after); None when the image has no /bin/sh to start."""
+        api = self.api
+        with engine_errors(f"run {reference}"):
+            created = api.create_container(
+                reference, ["/bin/sh", "-c", script], user=user, entrypoint=[], network_disabled=True,
+                host_config=api.create_host_config(network_mode="none"),
+            )  # fmt: skip
+            try:
+                try:
+                    api.start(created["Id"])
+                except docker.errors.APIError:  # no /bin/sh to start
+                    return None
+                api.wait(created["Id"], timeout=timeout_s)
+                return bytes(api.logs(created["Id"], stdout=True, stderr=False)).decode(errors="replace")
+            finally:
+                api.remove_container(created["Id"], force=True)
+
     def try_pull(self, reference: str) -> bool:
         """Pull an image; False when no registry can serve it (Podman says so inside a successful answer: the
         image's presence afterwards is what counts)."""
@@ -224,7 +249,9 @@ class Engine:
     def build(
         self, context_dir: str, reference: str, buildargs: dict[str, str], labels: dict[str, str]
     ) -> Iterator[str]:
-        """Build an image, yielding the build's progress lines; raises ImageError on failure."""
+        """Build an image, yielding the build's progress lines; raises ImageError on failure, naming the step that
+        failed and the last lines it printed."""
+        step, said = "", deque[str](maxlen=8)
         with engine_errors(f"build {reference}"):
             stream = self.api.build(
                 path=context_dir,
@@ -238,10 +265,19 @@ class Engine:
             )
             for event in stream:
                 if "error" in event:
-                    raise ImageError(f"building {reference} failed: {event['error'].strip()}")
+                    number, _, instruction = step.removeprefix("Step ").partition(" : ")
+                    where = f" at step {number} ({instruction})" if step else ""
+                    last = "".join(f"\n  {line}" for line in said)
+                    raise ImageError(f"building {reference} failed{where}: {event['error'].strip()}{last}")
                 text = event.get("stream") or event.get("status")
                 if text and text.strip():
-                    yield text.rstrip("\n")
+                    line = text.rstrip("\n")
+                    if line.startswith("Step "):
+                        step = line
+                        said.clear()
+                    elif not line.startswith((" ---> ", "Removing intermediate container")):
+                        said.append(line[:300])
+                    yield line
 
 
 OOM_LATE_S = 2

@@ -20,7 +20,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,6 +40,8 @@ __all__ = [
     "build_images",
     "build_with_packages",
     "catalog",
+    "context_digest",
+    "steps_said",
     "image_reference",
     "image_status",
 ]
@@ -126,7 +128,7 @@ def _shared_files(context_dir: Path) -> dict[str, Path]:
     return {WIRE_NAME: shipped.wire_module()} if WIRE_NAME in (context_dir / "Dockerfile").read_text() else {}
 
 
-def _context_digest(context_dir: Path) -> hashlib._Hash:
+def context_digest(context_dir: Path) -> hashlib._Hash:
     digest = hashlib.sha256()
     files = {path.relative_to(context_dir).as_posix(): path for path in context_dir.rglob("*") if path.is_file()}
     files.update(_shared_files(context_dir))
@@ -141,7 +143,7 @@ def _context_digest(context_dir: Path) -> hashlib._Hash:
 
 def expected_hash(definition: ImageDefinition, foundation: str) -> str:
     """Hash of the build context and of what it is built upon (parent hash or rootfs id)."""
-    digest = _context_digest(definition.context_dir)
+    digest = context_digest(definition.context_dir)
     digest.update(b"upon\0" + foundation.encode())
     return digest.hexdigest()[:24]
 
@@ -318,6 +320,13 @@ def _build_context(definition: ImageDefinition, say: Say) -> Iterator[Path]:
         yield context
 
 
+def steps_said(lines: Iterable[str], width: int = 110) -> Iterator[str]:
+    """A build's progress condensed to one line per step (`Step 2/5 : RUN make`), each cut to `width`."""
+    for line in lines:
+        if line.startswith("Step "):
+            yield line if len(line) <= width else line[: width - 1] + "…"
+
+
 @dataclass(frozen=True, slots=True)
 class BuildOutcome:
     """What `build_images` did for one image."""
@@ -359,9 +368,8 @@ def build_images(
         say(f"[{definition.name}] building {definition.reference} ({status.expected_hash})")
         labels = {HASH_LABEL: status.expected_hash, NAME_LABEL: definition.name}
         with _build_context(definition, say) as context:
-            for line in runtime.build(str(context), definition.reference, buildargs, labels):
-                if line.startswith("Step ") or line.startswith("Successfully"):
-                    say(f"[{definition.name}] {line}")
+            for line in steps_said(runtime.build(str(context), definition.reference, buildargs, labels)):
+                say(f"[{definition.name}] {line}")
         outcomes.append(BuildOutcome(definition.name, True, status.expected_hash))
     return outcomes
 
@@ -388,7 +396,7 @@ def build_with_packages(
         context = Path(work)
         (context / "Dockerfile").write_text(WITH_PACKAGES.format(base=base, user=user))
         shutil.copy2(lock, context / WHEELS_LOCK)
-        digest = _context_digest(context)
+        digest = context_digest(context)
         digest.update(b"upon\0" + (record.labels.get(HASH_LABEL) or record.image_id).encode())
         expected = digest.hexdigest()[:24]
         built = runtime.image(image)
@@ -398,7 +406,6 @@ def build_with_packages(
         say(f"[{name}] building {image}: {base} and the {len(read_lock(lock))} wheel(s) of {lock}")
         labels = {HASH_LABEL: expected, NAME_LABEL: name}
         with _build_context(ImageDefinition(name, context, None), say) as unpacked:
-            for line in runtime.build(str(unpacked), image, {}, labels):
-                if line.startswith("Step ") or line.startswith("Successfully"):
-                    say(f"[{name}] {line}")
+            for line in steps_said(runtime.build(str(unpacked), image, {}, labels)):
+                say(f"[{name}] {line}")
     return BuildOutcome(name, True, expected)

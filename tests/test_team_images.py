@@ -1,0 +1,182 @@
+"""A team's own image: a build context beside its policy, built into a sandbox image, served, pooled and audited;
+refused, saying why, when it runs as root, a step fails, or it lacks what its tools' calls run."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+
+import anyio
+import docker
+import pytest
+
+from sandbox_server.sandbox.bundles import prune_unpacked
+from sandbox_server.sandbox.docker_runtime import DockerRuntime
+from sandbox_server.sandbox.removal import OWNER_LABEL
+from sandbox_server.sandbox.runc_state import IMAGES, STATE, listed, owner_of
+from sandbox_server.sandbox.spec import SANDBOX_LABEL
+from tests.conftest import run_cli
+from tests.mcp_harness import _made_by, connect, stdio_parameters, text_of
+
+pytestmark = pytest.mark.anyio
+
+TEAM_TOOL = """\
+FROM sandbox-server/shell:latest
+USER root
+RUN printf '#!/bin/sh\\necho "teamctl {marker}: $*"\\n' > /usr/local/bin/teamctl && chmod 755 /usr/local/bin/teamctl
+USER 1000:1000
+"""
+
+
+def _policy(folder: Path, name: str, body: str) -> Path:
+    policy = folder / f"{name}.yaml"
+    policy.write_text(f"extends: default\nname: {name}\n{body}")
+    return policy
+
+
+def _team_image(policy: Path) -> str:
+    listed_images = run_cli("images", "list", "--json", "--policy", str(policy))
+    [row] = [row for row in json.loads(listed_images.stdout) if row["policy"] is not None]
+    return str(row["reference"])
+
+
+def _waiting(api: docker.APIClient, server: str, image: str) -> int:
+    """The sandboxes of `image` that the server whose command line holds `server` keeps started for calls."""
+    count = sum(
+        _made_by(item["Labels"].get(OWNER_LABEL, ""), server)
+        for item in api.containers(filters={"label": SANDBOX_LABEL, "ancestor": image})
+    )
+    unpacked = str(api.inspect_image(image)["Id"]).removeprefix("sha256:")[:24]
+    for name in listed(STATE):
+        bundle = STATE / "bundles" / name
+        try:
+            count += (
+                _made_by(owner_of(name), server)
+                and (bundle / "pid").exists()
+                and unpacked in (bundle / "config.json").read_text()
+            )
+        except OSError:  # removed meanwhile
+            continue
+    return count
+
+
+def _remove(runtime: DockerRuntime, *references: str) -> None:
+    for reference in references:
+        if runtime.image(reference) is not None:
+            runtime.api.remove_image(reference, force=True)
+    prune_unpacked(runtime.api, IMAGES, STATE / "bundles")
+
+
+async def test_a_teams_image_with_a_tool_of_its_own_is_built_served_pooled_and_audited(
+    tmp_path: Path, runtime: DockerRuntime
+) -> None:
+    marker = uuid.uuid4().hex[:8]  # this run's own image
+    (tmp_path / "team-tools").mkdir()
+    (tmp_path / "team-tools" / "Dockerfile").write_text(TEAM_TOOL.format(marker=marker))
+    policy = _policy(tmp_path, "team", "tools:\n  execute_command:\n    build: team-tools\n")
+    image = _team_image(policy)
+    assert image.startswith("sandbox-server/team-team-tools-"), image
+    try:
+        refused = run_cli("call", "execute_command", "--policy", str(policy), "--arg", "command=teamctl")
+        assert refused.returncode == 2, refused.stdout + refused.stderr
+        assert f"tools.execute_command.build ({tmp_path}/team-tools) makes the image {image}, which is not built" in (
+            refused.stderr
+        )
+        assert f"run `sandbox-server images build --policy {policy}`" in refused.stderr
+        built = run_cli("images", "build", "--policy", str(policy), timeout_s=600)
+        assert built.returncode == 0, built.stderr
+        steps = [line for line in built.stderr.splitlines() if line.startswith("[team-team-tools-")]
+        assert any("] Step 3/4 : RUN printf" in line for line in steps), built.stderr  # one line per step
+        assert "the sandbox user, the launcher and /workspace added" in built.stderr
+        again = run_cli("images", "build", "--policy", str(policy))
+        assert "current" in again.stderr and "Step " not in again.stderr  # built once
+        listing = run_cli("images", "list", "--policy", str(policy))
+        [line] = [line for line in listing.stdout.splitlines() if line.startswith(image)]
+        assert line.split()[1:3] == ["yes", "yes"] and line.split()[-2:] == ["sandbox-server/shell:latest", "team"]
+        posture = run_cli("doctor", "--posture", "--policy", str(policy), timeout_s=300)
+        assert posture.returncode == 0 and "posture team/execute_command: limits.pids" in posture.stdout, (
+            posture.stdout + posture.stderr
+        )
+
+        audit = tmp_path / "audit.jsonl"
+        async with connect(stdio_parameters("--policy", str(policy), "--audit-log", str(audit))) as session:
+            with anyio.fail_after(60):
+                while _waiting(runtime.api, str(audit), image) < 1:  # its warm pool, as ours have
+                    await anyio.sleep(0.1)
+            result = await session.call_tool("execute_command", {"command": "teamctl hello; id -u; echo $HOME"})
+            python = await session.call_tool("run_python", {"code": "1 + 1"})  # the other tools keep their images
+        assert not result.is_error and result.structured_content is not None, text_of(result)
+        assert result.structured_content["stdout"] == f"teamctl {marker}: hello\n1000\n/workspace\n"
+        assert python.structured_content is not None and python.structured_content["stdout"] == "2\n"
+        records = [json.loads(line) for line in audit.read_text().splitlines()]
+        assert [(r["tool"], r["image"], r["policy"]) for r in records] == [
+            ("execute_command", image, "team"),
+            ("run_python", "sandbox-server/python-data:latest", "team"),
+        ]
+
+        (tmp_path / "team-tools" / "notes.txt").write_text("changed\n")  # another context: another image
+        changed = run_cli("call", "execute_command", "--policy", str(policy), "--arg", "command=teamctl")
+        assert changed.returncode == 2 and "which is not built" in changed.stderr and image not in changed.stderr
+    finally:
+        _remove(runtime, image)
+
+
+def test_a_root_image_a_failing_step_and_a_missing_launcher_program_are_refused_saying_why(
+    tmp_path: Path, runtime: DockerRuntime
+) -> None:
+    for name, dockerfile in {
+        "rooted": "FROM sandbox-server/shell:latest\nUSER root\nRUN true\n",
+        "failing": f"FROM sandbox-server/shell:latest\nUSER root\nRUN echo {uuid.uuid4().hex}; exit 3\nUSER 1000\n",
+        "no-cells": f"FROM sandbox-server/shell:latest\nRUN echo {uuid.uuid4().hex}\n",
+    }.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "Dockerfile").write_text(dockerfile)
+    rooted = _policy(tmp_path, "rooted", "tools:\n  execute_command:\n    build: rooted\n")
+    failing = _policy(tmp_path, "failing", "tools:\n  execute_command:\n    build: failing\n")
+    no_cells = _policy(tmp_path, "no-cells", "tools:\n  run_python:\n    build: no-cells\n")
+    images = [_team_image(policy) for policy in (rooted, failing, no_cells)]
+    try:
+        said = run_cli("images", "build", "--policy", str(rooted))
+        assert said.returncode == 1, said.stderr
+        assert f"{tmp_path}/rooted/Dockerfile leaves its image running as root: sandboxes run as the non-root " in (
+            said.stderr
+        )
+        assert "end it with `USER 1000:1000`" in said.stderr
+        said = run_cli("images", "build", "--policy", str(failing), timeout_s=300)
+        assert said.returncode == 1
+        assert f"building {images[1]} failed at step 3/4 (RUN echo " in said.stderr, said.stderr
+        assert "returned a non-zero code: 3" in said.stderr
+        said = run_cli("images", "build", "--policy", str(no_cells), timeout_s=300)
+        assert said.returncode == 1
+        assert f"{images[2]} lacks what its tools' calls run (run_python): /usr/local/lib/sandbox/run_cell.py" in (
+            said.stderr
+        )
+        assert all(runtime.image(image) is None for image in images)  # nothing refused is left tagged
+    finally:
+        _remove(runtime, *images)
+
+
+async def test_an_image_from_any_base_the_engine_has_is_made_a_sandbox_image(
+    tmp_path: Path, runtime: DockerRuntime
+) -> None:
+    """FROM a plain Debian root filesystem (the one the base image is built upon): the build adds the user 1000,
+    the launcher and /workspace, and a call runs in it as it runs in ours."""
+    rootfs = next(ref for ref in ("debian:bookworm-slim", "sandbox-server/rootfs:bookworm") if runtime.image(ref))
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "plain" / "Dockerfile").write_text(f"FROM {rootfs}\nRUN echo {uuid.uuid4().hex} > /etc/team\n")
+    policy = _policy(tmp_path, "plain", "tools:\n  execute_command:\n    build: plain\n")
+    image = _team_image(policy)
+    try:
+        built = run_cli("images", "build", "--policy", str(policy), timeout_s=300)
+        assert built.returncode == 0, built.stderr
+        async with connect(stdio_parameters("--policy", str(policy))) as session:
+            result = await session.call_tool(
+                "execute_command", {"command": "wc -c < /etc/team; id; pwd; touch mine && ls -l mine | cut -c1-10"}
+            )
+        assert result.structured_content is not None, text_of(result)
+        assert result.structured_content["stdout"] == (
+            "33\nuid=1000(sandbox) gid=1000(sandbox) groups=1000(sandbox)\n/workspace\n-rw-r--r--\n"
+        ), text_of(result)
+    finally:
+        _remove(runtime, image)

@@ -82,6 +82,8 @@ class Upstreams:
     containers: dict[str, str]
     """The web and secure upstreams' containers, whose logs say what each request carried."""
     certificate_path: Path
+    index_folder: Path
+    """The package index's folder on the host (its container reads it live): a test may add a project of its own."""
 
     def seen(self, name: str) -> list[tuple[str, dict[str, list[str]]]]:
         """What the `name` upstream was sent: each request's path, and its headers (name -> values)."""
@@ -157,7 +159,9 @@ def upstreams_fixture(runtime: DockerRuntime, tmp_path_factory: pytest.TempPathF
         addresses = [api.inspect_container(c)["NetworkSettings"]["Networks"][name]["IPAddress"] for c in containers]
         certificate = folder / "cert.pem"
         by_name = {"web": containers[0], "secure": containers[1]}
-        yield Upstreams(name, addresses[0], addresses[1], certificate.read_text(), addresses[2], by_name, certificate)
+        yield Upstreams(
+            name, addresses[0], addresses[1], certificate.read_text(), addresses[2], by_name, certificate, index
+        )
     finally:
         for container in containers:
             api.remove_container(container, force=True)

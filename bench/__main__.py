@@ -12,6 +12,7 @@ BENCHMARKS = {
     "forks": "bench.forks",
     "homes": "bench.homes",
     "humaneval": "bench.humaneval",
+    "images": "bench.images",
     "kept_variables": "bench.kept_variables",
     "performance": "bench.performance",
     "queue": "bench.queue",

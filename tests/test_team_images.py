@@ -4,6 +4,7 @@ refused, saying why, when it runs as root, a step fails, or it lacks what its to
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from pathlib import Path
 
@@ -87,7 +88,7 @@ async def test_a_teams_image_with_a_tool_of_its_own_is_built_served_pooled_and_a
         built = run_cli("images", "build", "--policy", str(policy), timeout_s=600)
         assert built.returncode == 0, built.stderr
         steps = [line for line in built.stderr.splitlines() if line.startswith("[team-team-tools-")]
-        assert any("] Step 3/4 : RUN printf" in line for line in steps), built.stderr  # one line per step
+        assert any(re.search(r"\] Step 3/\d+ : RUN printf", line) for line in steps), built.stderr  # one line per step
         assert "the sandbox user, the launcher and /workspace added" in built.stderr
         again = run_cli("images", "build", "--policy", str(policy))
         assert "current" in again.stderr and "Step " not in again.stderr  # built once
@@ -145,7 +146,7 @@ def test_a_root_image_a_failing_step_and_a_missing_launcher_program_are_refused_
         assert "end it with `USER 1000:1000`" in said.stderr
         said = run_cli("images", "build", "--policy", str(failing), timeout_s=300)
         assert said.returncode == 1
-        assert f"building {images[1]} failed at step 3/4 (RUN echo " in said.stderr, said.stderr
+        assert re.search(rf"building {re.escape(images[1])} failed at step 3/\d+ \(RUN echo ", said.stderr), said.stderr
         assert "returned a non-zero code: 3" in said.stderr
         said = run_cli("images", "build", "--policy", str(no_cells), timeout_s=300)
         assert said.returncode == 1

@@ -8,15 +8,18 @@ other refusal EngineError.
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import socket
 import struct
+import tarfile
 import threading
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import docker
 import docker.errors
@@ -199,24 +202,55 @@ class Engine:
         with contextlib.suppress(docker.errors.DockerException):
             self.api.remove_image(reference, noprune=True)
 
-    def run_once(self, reference: str, script: str, user: str, timeout_s: float = 60) -> str | None:
-        """What `/bin/sh -c script` prints in a container of the image, as `user`, with no network (removed
-        after); None when the image has no /bin/sh to start."""
-        api = self.api
-        with engine_errors(f"run {reference}"):
-            created = api.create_container(
-                reference, ["/bin/sh", "-c", script], user=user, entrypoint=[], network_disabled=True,
-                host_config=api.create_host_config(network_mode="none"),
-            )  # fmt: skip
+    def image_config(self, reference: str) -> dict[str, Any]:
+        """An image's configuration (its Env, User, Entrypoint, Cmd, Labels)."""
+        with engine_errors(f"inspect image {reference}"):
+            return dict(self.api.inspect_image(reference).get("Config") or {})
+
+    @contextlib.contextmanager
+    def unstarted(self, reference: str) -> Iterator[str]:
+        """A container of the image, made and never started: its files read and written, then committed."""
+        with engine_errors(f"create a container of {reference}"):
+            container = str(self.api.create_container(reference, ["/bin/sh"])["Id"])
+        try:
+            yield container
+        finally:
+            with contextlib.suppress(docker.errors.DockerException):
+                self.api.remove_container(container, force=True)
+
+    def read_file(self, container: str, path: str) -> bytes | None:
+        """A file of a container (None when it has none there)."""
+        with engine_errors(f"read {path}"):
             try:
-                try:
-                    api.start(created["Id"])
-                except docker.errors.APIError:  # no /bin/sh to start
-                    return None
-                api.wait(created["Id"], timeout=timeout_s)
-                return bytes(api.logs(created["Id"], stdout=True, stderr=False)).decode(errors="replace")
-            finally:
-                api.remove_container(created["Id"], force=True)
+                stream, _ = self.api.get_archive(container, path)
+            except docker.errors.NotFound:
+                return None
+            packed = b"".join(stream)
+        with tarfile.open(fileobj=io.BytesIO(packed)) as archive:
+            member = next((m for m in archive.getmembers() if m.isfile()), None)
+            handle = archive.extractfile(member) if member is not None else None
+            return handle.read() if handle is not None else None
+
+    def has_path(self, container: str, path: str) -> bool:
+        """Whether a container has anything at `path` (its links followed as the container's own)."""
+        api = self.api  # the archive endpoint's HEAD: its stat alone (a GET would start packing the file)
+        with engine_errors(f"look at {path}"):
+            found = api.head(f"{api.base_url}/v{api.api_version}/containers/{container}/archive", params={"path": path})
+            if found.status_code not in (200, 404):
+                raise EngineError(f"the engine answered {found.status_code} about {path} in {container[:12]}")
+        return bool(found.status_code == 200)
+
+    def put_files(self, container: str, archive: bytes) -> None:
+        """Unpack a tar archive at the root of a container's files."""
+        with engine_errors("write files"):
+            if not self.api.put_archive(container, "/", archive):
+                raise EngineError("the engine did not write the files")
+
+    def commit(self, container: str, reference: str, changes: list[str]) -> None:
+        """The container's files as an image, its configuration changed as Dockerfile lines say."""
+        repository, _, tag = reference.rpartition(":")
+        with engine_errors(f"commit {reference}"):
+            self.api.commit(container, repository=repository, tag=tag, changes=changes)
 
     def try_pull(self, reference: str) -> bool:
         """Pull an image; False when no registry can serve it (Podman says so inside a successful answer: the

@@ -1,11 +1,12 @@
 """A team's own sandbox image: a build context beside its policy (`build:`), built into a sandbox image.
 
 The context's Dockerfile starts FROM one of ours (`sandbox-server/shell:latest`) or FROM any image the engine has
-(no registry serves one here). It is built as written, then made a sandbox image in a second, small step: the
-launcher of this server, a user 1000 when the image has none, `/workspace`, and `USER 1000:1000`. Refused, naming
-why: a Dockerfile whose image runs as root by its own choice (a last `USER root`), a failing step (named with its
-number and instruction), and an image without what its tools' calls run (a shell, tar, Python and the cell runner
-for run_python), found by running it once as the sandbox user with no network.
+(no registry serves one here). It is built as written; then, with no build step of its own (each costs the engine
+a container), it is made a sandbox image: in a container of it that never starts, the server looks for what its
+tools' calls run (a shell, tar, Python and the cell runner for run_python), writes its launcher, a user 1000 when
+the image has none and `/workspace`, and commits that with `USER 1000:1000`. Refused, naming why: a Dockerfile
+whose image runs as root by its own choice (a last `USER root`), a failing step (its number, instruction and last
+lines), and an image without what its tools' calls run (what is missing).
 
 The image is named by its context's content (`sandbox-server/team-<folder>-<hash>:latest`): a changed context is
 another image, which `serve` refuses until `images build --policy` has built it. Its hash label also covers what
@@ -14,10 +15,12 @@ it is built upon, so a rebuilt base rebuilds it.
 
 from __future__ import annotations
 
+import io
+import json
 import re
-import shutil
-import tempfile
-from collections.abc import Callable, Iterable
+import tarfile
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,28 +54,9 @@ LAUNCHER_NEEDS = ("sh", "tar", "mkdir", "rm", "cat", "sleep", "setsid")
 TOOL_NEEDS = {"run_python": ("python3", wire.RUN_CELL), "analyze_csv": ("python3", wire.ANALYZE_CSV)}
 """What a tool's calls run beyond the launcher: programs by name, files by path."""
 
-SANDBOXED = """\
-FROM {stage}
-USER root
-COPY sandbox-launch {launcher}
-RUN chmod 755 {launcher} \\
- && if ! grep -q '^[^:]*:[^:]*:1000:' /etc/group; then echo 'sandbox:x:1000:' >> /etc/group; fi \\
- && if ! grep -q '^[^:]*:[^:]*:1000:' /etc/passwd; then \\
-        echo 'sandbox:x:1000:1000::/workspace:/bin/sh' >> /etc/passwd; fi \\
- && mkdir -p /workspace && chown 1000:1000 /workspace
-USER 1000:1000
-WORKDIR /workspace
-ENV HOME=/workspace LANG=${{LANG:-C.UTF-8}}
-"""
-"""The step that makes a team's image a sandbox image (run with the image's own /bin/sh)."""
-
-PROBE = """\
-missing=
-for program in {programs}; do command -v "$program" >/dev/null 2>&1 || missing="$missing $program"; done
-for file in {files}; do [ -e "$file" ] || missing="$missing $file"; done
-[ -d /workspace ] || missing="$missing /workspace"
-echo "missing:$missing"
-"""
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+SANDBOX_USER = ("sandbox:x:1000:1000::/workspace:/bin/sh\n", "sandbox:x:1000:\n")
+"""The lines /etc/passwd and /etc/group get when nothing in them has the id 1000."""
 
 
 def team_image_reference(context: Path) -> str:
@@ -160,47 +144,75 @@ def build_team_image(
             f"{dockerfile} leaves its image running as {users[-1]}: sandboxes run as the non-root user 1000 "
             "(no root inside, as every image of ours); end it with `USER 1000:1000`"
         )
-    stage = f"{PREFIX}/{name}:stage"
     say(f"[{name}] building {image.reference} from {image.context} (FROM {base})")
+    stage = f"{PREFIX}/{name}:stage"
     try:
-        for line in steps_said(runtime.build(str(image.context), stage, {}, {})):
-            say(f"[{name}] {line}")
-    except ImageError as exc:
-        raise ImageError(str(exc).replace(stage, image.reference)) from exc
-    try:
-        _make_sandbox_image(runtime, image, stage, {HASH_LABEL: expected, NAME_LABEL: name, BASE_LABEL: base})
+        try:
+            for line in steps_said(runtime.build(str(image.context), stage, {}, {})):
+                say(f"[{name}] {line}")
+        except ImageError as exc:
+            raise ImageError(str(exc).replace(stage, image.reference)) from exc
+        labels = {HASH_LABEL: expected, NAME_LABEL: name, BASE_LABEL: base, CONTEXT_LABEL: str(image.context)}
+        _make_sandbox_image(runtime, image, stage, labels)
     finally:
         runtime.untag(stage)
-    missing = _lacks(runtime, image.reference, image.needs)
-    if missing:
-        runtime.untag(image.reference)
-        raise ImageError(
-            f"{image.reference} lacks what its tools' calls run ({', '.join(image.tools)}): {', '.join(missing)}; "
-            "install them in its Dockerfile, or start FROM one of ours"
-        )
     say(f"[{name}] built: the sandbox user, the launcher and /workspace added; {', '.join(image.needs)} found")
     return BuildOutcome(name, True, expected)
 
 
 def _make_sandbox_image(runtime: DockerRuntime, image: TeamImage, stage: str, labels: dict[str, str]) -> None:
-    with tempfile.TemporaryDirectory(prefix="sandbox-team-image-") as work:
-        context = Path(work)
-        (context / "Dockerfile").write_text(SANDBOXED.format(stage=stage, launcher=wire.LAUNCHER))
-        shutil.copy2(shipped.images_dir() / "base/sandbox-launch", context / "sandbox-launch")
-        try:
-            for _ in runtime.build(str(context), image.reference, {}, {**labels, CONTEXT_LABEL: str(image.context)}):
-                pass
-        except ImageError as exc:
+    """The built image made a sandbox image without another build step: what its tools' calls run looked for, the
+    launcher, the user 1000 and /workspace written into a container of it that never starts, then committed."""
+    config = runtime.image_config(stage)
+    env = dict(item.split("=", 1) for item in config.get("Env") or () if "=" in item)
+    with runtime.unstarted(stage) as container:
+        folders = env.get("PATH", DEFAULT_PATH).split(":")
+        missing = [
+            need for need in ("/bin/sh", *image.needs)
+            if not any(runtime.has_path(container, path) for path in _places(need, folders))
+        ]  # fmt: skip
+        if missing:
             raise ImageError(
-                f"{image.reference} could not be made a sandbox image (the launcher, a user 1000, /workspace), "
-                f"which needs /bin/sh, grep, chmod, chown and mkdir in it: {exc}"
-            ) from exc
+                f"{image.reference} lacks what its tools' calls run ({', '.join(image.tools)}): "
+                f"{', '.join(dict.fromkeys(missing))}; install them in its Dockerfile, or start FROM one of ours"
+            )
+        runtime.put_files(container, _sandbox_files(runtime, container))
+        changes = ["USER 1000:1000", "WORKDIR /workspace", "ENV HOME=/workspace", "ENTRYPOINT []", 'CMD ["/bin/sh"]']
+        if "LANG" not in env:
+            changes.append("ENV LANG=C.UTF-8")
+        changes += [f"LABEL {key}={json.dumps(value)}" for key, value in labels.items()]
+        runtime.commit(container, image.reference, changes)
 
 
-def _lacks(runtime: DockerRuntime, reference: str, needs: Iterable[str]) -> list[str]:
-    """What of `needs` (programs by name, files by path) the image lacks, run once as the sandbox user."""
-    programs = " ".join(need for need in needs if not need.startswith("/"))
-    files = " ".join(need for need in needs if need.startswith("/"))
-    said = runtime.run_once(reference, PROBE.format(programs=programs, files=files), "1000:1000") or ""
-    line = next((text for text in said.splitlines() if text.startswith("missing:")), None)
-    return line.removeprefix("missing:").split() if line is not None else ["/bin/sh"]
+def _places(need: str, folders: list[str]) -> list[str]:
+    """Where a need may be: a path is itself; a program is in one of the PATH folders."""
+    return [need] if need.startswith("/") else [f"{folder.rstrip('/')}/{need}" for folder in folders if folder]
+
+
+def _sandbox_files(runtime: DockerRuntime, container: str) -> bytes:
+    """A tar of the launcher (and the folders above it that are missing), /etc/passwd and /etc/group with a user
+    1000 when they have none, and /workspace owned by it."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+
+        def add(path: str, data: bytes | None, mode: int, owner: int = 0) -> None:
+            info = tarfile.TarInfo(path.lstrip("/"))
+            info.mode, info.uid, info.gid, info.mtime = mode, owner, owner, int(time.time())
+            if data is None:
+                info.type = tarfile.DIRTYPE
+                archive.addfile(info)
+            else:
+                info.size = len(data)
+                archive.addfile(info, io.BytesIO(data))
+
+        parents = Path(wire.LAUNCHER).parents
+        for folder in reversed([str(p) for p in parents if str(p) != "/"]):
+            if not runtime.has_path(container, folder):
+                add(folder, None, 0o755)
+        add(wire.LAUNCHER, (shipped.images_dir() / "base/sandbox-launch").read_bytes(), 0o755)
+        for path, line in zip(("/etc/passwd", "/etc/group"), SANDBOX_USER, strict=True):
+            text = (runtime.read_file(container, path) or b"").decode("utf-8", "replace")
+            if not any(entry.split(":")[2:3] == ["1000"] for entry in text.splitlines()):
+                add(path, (text + ("" if not text or text.endswith("\n") else "\n") + line).encode(), 0o644)
+        add("/workspace", None, 0o755, owner=1000)
+    return buffer.getvalue()

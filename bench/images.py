@@ -1,0 +1,208 @@
+"""Images people bring, and the toolchain image, in one run:
+
+- a team's image from a one-line Dockerfile on top of `shell` (a fresh line each round, so nothing is cached),
+  built by the server (its one build with the sandbox steps and the check added) against `docker build` of the same kind
+  of context through the engine's API; the unpacking for runc that `images build --policy` adds is timed apart;
+- `execute_command true` spaced 0.3 s apart on a server whose policy runs it in that image, against one on the
+  default policy (`shell`);
+- C, Go, Rust and Java hello-worlds compiled and run in one call each on the `toolchain` policy, twice in one
+  kept workspace, calls 0.5 s apart, against the same command timed inside a long-running container of the toolchain image (the
+  compiler's own time, no sandbox per call).
+
+    scripts/run bench images [--rounds 3]
+
+Prints tables and writes bench/results/images.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import anyio
+import docker
+from mcp import Client
+
+from bench.common import median, print_table, write_results
+from bench.measure import percentiles, timed_calls
+from sandbox_server.cli.client import server_parameters
+from sandbox_server.sandbox.docker_runtime import DockerRuntime
+from sandbox_server.sandbox.runc_runtime import unpack_for_runc
+from sandbox_server.sandbox.team_images import TeamImage, build_team_image, team_image_reference
+
+POLICY = """\
+extends: default
+rate: {calls_per_minute: 1000000}
+host: {min_available_memory_mb: 64, max_load_per_cpu: 1000}
+"""
+TOOLCHAIN = "sandbox-server/toolchain:latest"
+LANGUAGES = {
+    "C": ("hello.c", '#include <stdio.h>\nint main(void) { printf("hello\\n"); return 0; }\n',
+          "gcc -O2 -o hello hello.c && ./hello"),
+    "Go": ("hello.go", 'package main\nimport "fmt"\nfunc main() { fmt.Println("hello") }\n',
+           "go build -o hello-go hello.go && ./hello-go"),
+    "Rust": ("hello.rs", 'fn main() { println!("hello"); }\n', "rustc -O hello.rs -o hello-rs && ./hello-rs"),
+    "Java": ("Hello.java", 'public class Hello { public static void main(String[] a) { System.out.println("hello"); } }\n',
+             "javac Hello.java && java Hello"),
+}  # fmt: skip
+
+
+def _context(folder: Path, name: str) -> Path:
+    """A one-line Dockerfile on top of shell, of its own (a fresh line: nothing cached)."""
+    context = folder / name
+    context.mkdir()
+    (context / "Dockerfile").write_text(
+        f"FROM sandbox-server/shell:latest\nRUN echo {uuid.uuid4().hex} > /tmp/team-marker\n"
+    )
+    return context
+
+
+def _builds(runtime: DockerRuntime, folder: Path, round_number: int) -> tuple[dict[str, float], str]:
+    """One round: the engine's own build, then the server's, of contexts alike; the server's image reference."""
+    plain = _context(folder, f"plain-{round_number}")
+    started = time.perf_counter()
+    for _ in runtime.build(str(plain), f"sandbox-server/bench-plain-{round_number}:latest", {}, {}):
+        pass
+    docker_s = time.perf_counter() - started
+    runtime.untag(f"sandbox-server/bench-plain-{round_number}:latest")
+    context = _context(folder, f"team-{round_number}")
+    team = TeamImage(team_image_reference(context), context, ("execute_command",))
+    started = time.perf_counter()
+    build_team_image(runtime, team, say=lambda _: None)
+    ours_s = time.perf_counter() - started
+    started = time.perf_counter()
+    unpack_for_runc(runtime, [team.reference], say=lambda _: None)
+    unpack_s = time.perf_counter() - started
+    times = {"docker_build_s": round(docker_s, 2), "server_build_s": round(ours_s, 2), "unpack_s": round(unpack_s, 2)}
+    return times, team.reference
+
+
+async def _true_p50(policy: Path) -> float:
+    async with Client(server_parameters(["--policy", str(policy)]), mode="legacy") as client:
+        for _ in range(3):  # the pool filled
+            await client.call_tool("execute_command", {"command": "true"})
+            await anyio.sleep(1)
+        samples, failures = await timed_calls(client, "execute_command", {"command": "true"}, 30, 0.3)
+        assert failures == 0
+    return percentiles(samples)["p50"]
+
+
+async def _toolchain_calls() -> dict[str, dict[str, float]]:
+    """Each language's command twice in one kept workspace through the server: seconds of each call."""
+    found: dict[str, dict[str, float]] = {}
+    async with Client(server_parameters(["--policy", "toolchain"]), mode="legacy") as client:
+        await client.call_tool("execute_command", {"command": "true"})
+        for language, (path, source, command) in LANGUAGES.items():
+            found[language] = {}
+            for which in ("first_s", "second_s"):
+                files = [{"path": path, "content": source}]
+                started = time.perf_counter()
+                result = await client.call_tool("execute_command", {"command": command, "files": files})
+                found[language][which] = round(time.perf_counter() - started, 3)
+                await anyio.sleep(0.5)  # as an agent reads an answer: the pool makes the next sandbox meanwhile
+                assert not result.is_error and result.structured_content is not None
+                assert result.structured_content["stdout"] == "hello\n", result.structured_content
+    return found
+
+
+def _in_a_container(api: docker.APIClient) -> dict[str, float]:
+    """Each language's command timed inside one long-running toolchain container (its second run: warm caches)."""
+    script = "cd /workspace && " + " && ".join(
+        f"printf %s {_quoted(source)} > {path} && {command} >/dev/null && "
+        f"s=$(date +%s%N) && {command} >/dev/null && echo {language} $(( ($(date +%s%N) - s) / 1000000 ))"
+        for language, (path, source, command) in LANGUAGES.items()
+    )
+    created = api.create_container(
+        TOOLCHAIN, ["/bin/sh", "-c", script], user="1000:1000", environment={"HOME": "/workspace"},
+        host_config=api.create_host_config(network_mode="none", tmpfs={"/workspace": "exec,uid=1000,size=1g"},
+                                           mem_limit="2g", nano_cpus=2_000_000_000, pids_limit=512),
+    )  # fmt: skip
+    try:
+        api.start(created["Id"])
+        assert api.wait(created["Id"], timeout=600)["StatusCode"] == 0, api.logs(created["Id"]).decode()
+        lines = api.logs(created["Id"], stdout=True, stderr=False).decode().split("\n")
+    finally:
+        api.remove_container(created["Id"], force=True)
+    return {line.split()[0]: int(line.split()[1]) / 1000 for line in lines if line.strip()}
+
+
+def _quoted(text: str) -> str:
+    return "'" + text.replace("'", "'\\''") + "'"
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench images", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    options = parser.parse_args(argv)
+    runtime = DockerRuntime.connect()
+    builds: list[dict[str, float]] = []
+    true_runs: dict[str, list[float]] = {"shell": [], "team": []}
+    toolchain: list[dict[str, dict[str, float]]] = []
+    host: list[dict[str, float]] = []
+    with tempfile.TemporaryDirectory() as work:
+        folder = Path(work)
+        made: list[str] = []
+        try:
+            for number in range(options.rounds):
+                times, reference = _builds(runtime, folder, number)
+                builds.append(times)
+                made.append(reference)
+            default, team = folder / "default.yaml", folder / "team.yaml"
+            default.write_text(POLICY)
+            team.write_text(POLICY + f"tools:\n  execute_command:\n    build: {folder / 'team-0'}\n")
+            for _ in range(options.rounds):
+                true_runs["shell"].append(anyio.run(_true_p50, default))
+                true_runs["team"].append(anyio.run(_true_p50, team))
+                toolchain.append(anyio.run(_toolchain_calls))
+                host.append(_in_a_container(runtime.api))
+        finally:
+            for reference in made:
+                runtime.untag(reference)
+    summary: dict[str, Any] = {
+        "docker_build_s": median([b["docker_build_s"] for b in builds]),
+        "server_build_s": median([b["server_build_s"] for b in builds]),
+        "unpack_for_runc_s": median([b["unpack_s"] for b in builds]),
+        "true_p50_ms": {name: median(values) for name, values in true_runs.items()},
+        "toolchain": {
+            language: {
+                "first_call_s": median([run[language]["first_s"] for run in toolchain]),
+                "second_call_s": median([run[language]["second_s"] for run in toolchain]),
+                "in_a_container_s": median([run[language] for run in host]),
+            }
+            for language in LANGUAGES
+        },
+    }
+    summary["server_build_over_docker"] = round(summary["server_build_s"] / summary["docker_build_s"], 2)
+    summary["team_true_over_shell"] = round(summary["true_p50_ms"]["team"] / summary["true_p50_ms"]["shell"], 2)
+    for row in summary["toolchain"].values():
+        row["second_over_container"] = round(row["second_call_s"] / row["in_a_container_s"], 2)
+    print_table(
+        ["measure", "value"],
+        [
+            ["docker build (s)", summary["docker_build_s"]],
+            ["server's build of a team image (s)", summary["server_build_s"]],
+            ["  over docker build", summary["server_build_over_docker"]],
+            ["unpacking it for runc (s)", summary["unpack_for_runc_s"]],
+            ["true p50, shell (ms)", summary["true_p50_ms"]["shell"]],
+            ["true p50, team image (ms)", summary["true_p50_ms"]["team"]],
+            ["  team over shell", summary["team_true_over_shell"]],
+        ],
+    )
+    print_table(
+        ["language", "first call (s)", "second call (s)", "in a container (s)", "second over container"],
+        [[lang, *row.values()] for lang, row in summary["toolchain"].items()],
+    )
+    written = write_results(
+        "images", {"summary": summary, "runs": {"builds": builds, "true": true_runs, "toolchain": toolchain}}
+    )
+    print(f"wrote {written}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

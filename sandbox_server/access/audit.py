@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -13,11 +14,46 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-__all__ = ["AuditLog", "Spent", "call_record", "event_record"]
+__all__ = ["CHAIN_FIELD", "AuditLog", "Spent", "call_record", "event_record", "line_digest"]
+
+
+CHAIN_FIELD = "previous_sha256"
+"""Each record's link to the line before it: the SHA-256 of that line's bytes (its newline left out)."""
+FIRST = "0" * 64
+"""The link of a trail's very first line."""
+
+
+def line_digest(line: bytes) -> str:
+    """The hash the next record names: of one line as written, without its newline."""
+    return hashlib.sha256(line.rstrip(b"\n")).hexdigest()
+
+
+def last_line_digest(path: Path) -> str | None:
+    """The hash of a file's last line (None: no file, or an empty one)."""
+    try:
+        with open(path, "rb") as handle:
+            end = handle.seek(0, os.SEEK_END)
+            block, tail = 1 << 16, b""
+            while end > 0:
+                start = max(0, end - block)
+                handle.seek(start)
+                tail = handle.read(end - start) + tail
+                lines = tail.rstrip(b"\n").rsplit(b"\n", 1)
+                if len(lines) == 2 or start == 0:
+                    return line_digest(lines[-1]) if lines[-1] else None
+                end = start
+    except FileNotFoundError:
+        return None
+    return None
 
 
 class AuditLog:
-    """An append-only JSONL file, rotated by size (path.1 … path.N)."""
+    """An append-only JSONL file, rotated by size (path.1 … path.N), each line chained to the one before it.
+
+    Every record names the SHA-256 of the line written before it (`previous_sha256`), across rotations and restarts
+    and whichever process wrote that line (writers take an exclusive lock on the file while they append), so a line
+    changed, removed or added shows as a broken link where it was (`sandbox-server audit verify`).
+    """
 
     def __init__(
         self, path: str | os.PathLike[str], max_bytes: int = 10_000_000, keep: int = 5, replica: str | None = None
@@ -28,35 +64,60 @@ class AuditLog:
         self.max_bytes = max_bytes
         self.keep = keep
         self._lock = threading.Lock()
+        self._last: tuple[int, str] | None = None
+        """(the file's size after this writer's last line, that line's hash)."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with contextlib.suppress(FileNotFoundError):
             os.chmod(self.path, 0o600)  # one an earlier version made readable by others
 
     def write(self, record: Mapping[str, Any]) -> None:
-        """Append one record and flush it to the disk."""
+        """Append one record, linked to the line before it, and flush it to the disk."""
         if self.replica is not None:
             record = {**record, "replica": self.replica}
-        line = json.dumps(record, ensure_ascii=False, separators=(",", ":"), default=str) + "\n"
-        with self._lock:
-            self._rotate_if_needed(len(line.encode()))
+        with self._lock, open(self._lock_path(), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # another process appending to this trail (a one-shot call) waits
+            previous = self._previous()
+            body = json.dumps({**record, CHAIN_FIELD: previous}, ensure_ascii=False, separators=(",", ":"), default=str)
+            line = (body + "\n").encode("utf-8", "surrogatepass")
+            self._rotate_if_needed(len(line))
             descriptor = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
-            with open(descriptor, "a", encoding="utf-8") as handle:  # the server's user alone reads who did what
+            with open(descriptor, "ab") as handle:  # the server's user alone reads who did what
                 handle.write(line)
                 handle.flush()
                 os.fsync(handle.fileno())
+                self._last = (handle.tell(), line_digest(line))
 
-    def _rotate_if_needed(self, incoming: int) -> None:
+    def _lock_path(self) -> Path:
+        return self.path.with_name(f".{self.path.name}.lock")
+
+    def _previous(self) -> str:
+        """The hash of the trail's last line: this writer's own when no one appended since, else read back (from
+        the newest rotated file when the trail's file is new)."""
         try:
             size = self.path.stat().st_size
         except FileNotFoundError:
-            return
+            size = 0
+        if self._last is not None and self._last[0] == size and size:
+            return self._last[1]
+        for path in (self.path, self.path.with_name(f"{self.path.name}.1")):
+            found = last_line_digest(path)
+            if found is not None:
+                return found
+        return FIRST
+
+    def _rotate_if_needed(self, incoming: int) -> bool:
+        try:
+            size = self.path.stat().st_size
+        except FileNotFoundError:
+            return False
         if size + incoming <= self.max_bytes:
-            return
+            return False
         for index in range(self.keep - 1, 0, -1):
             older = self.path.with_name(f"{self.path.name}.{index}")
             if older.exists():
                 os.replace(older, self.path.with_name(f"{self.path.name}.{index + 1}"))
         os.replace(self.path, self.path.with_name(f"{self.path.name}.1"))
+        return True
 
 
 def call_record(

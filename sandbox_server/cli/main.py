@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from sandbox_server import __version__
+from sandbox_server.cli.audit import add_audit_commands
 from sandbox_server.cli.images import images_build, images_list
 from sandbox_server.cli.options import add_serve_arguments, tool_prefix
 from sandbox_server.cli.replicas import add_replicas_commands
@@ -306,9 +307,7 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("names", nargs="*", metavar="NAME", help="images to build (default: all)")
     build.add_argument("--force", action="store_true", help="rebuild even when current")
     build.add_argument(
-        "--policy",
-        metavar="POLICY",
-        help="also the images of this policy's tools: their own build contexts (build) and packages (packages)",
+        "--policy", metavar="POLICY", help="also the images this policy's tools build or add packages to"
     )
     build.set_defaults(
         handler=functools.partial(images_build, tool_names=_tool_names, host_facts=_runtime_facts, say=_say)
@@ -384,6 +383,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_workspace_commands(commands)
 
+    add_audit_commands(commands, _tool_names)
     usage = commands.add_parser("usage", help="what each caller or tool used, summed from the audit trail")
     usage.add_argument(
         "--by", choices=("caller", "tool"), default="caller", help="one row per caller (default) or tool"

@@ -7,6 +7,7 @@ import sys
 
 BENCHMARKS = {
     "analyze_csv": "bench.analyze_csv",
+    "audit": "bench.audit",
     "csv_launcher": "bench.csv_launcher",
     "draining": "bench.draining",
     "forks": "bench.forks",

@@ -105,19 +105,18 @@ class AuditLog:
                 return found
         return FIRST
 
-    def _rotate_if_needed(self, incoming: int) -> bool:
+    def _rotate_if_needed(self, incoming: int) -> None:
         try:
             size = self.path.stat().st_size
         except FileNotFoundError:
-            return False
+            return
         if size + incoming <= self.max_bytes:
-            return False
+            return
         for index in range(self.keep - 1, 0, -1):
             older = self.path.with_name(f"{self.path.name}.{index}")
             if older.exists():
                 os.replace(older, self.path.with_name(f"{self.path.name}.{index + 1}"))
         os.replace(self.path, self.path.with_name(f"{self.path.name}.1"))
-        return True
 
 
 def call_record(

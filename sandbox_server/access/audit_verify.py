@@ -109,7 +109,7 @@ def verify_trail(path: Path) -> Verdict:
                         file.name,
                         number,
                         f"does not follow {before}: that line was changed, or lines were removed or added between them",
-                    )  # fmt: skip
+                    )
                 )
             previous = (file.name, number, here)
     return verdict

@@ -10,23 +10,22 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from sandbox_server.policy import Policy
     from sandbox_server.sandbox.team_images import TeamImage
 
 __all__ = ["images_build", "images_list"]
 
 
-def team_images(policy: str, tool_names: list[str], facts: Any) -> tuple[str, list[TeamImage]]:
-    """The policy's name and the team images its tools run in, each once with the tools that use it."""
-    from sandbox_server.policy.loader import load_policy
+def team_images(policy: Policy, tool_names: list[str]) -> list[TeamImage]:
+    """The team images a policy's tools run in, each once with the tools that use it."""
     from sandbox_server.sandbox.team_images import TeamImage
 
-    loaded = load_policy(policy, tool_names, facts)
     contexts: dict[tuple[str, str], list[str]] = {}
     for name in tool_names:
-        tool = loaded.for_tool(name)
+        tool = policy.for_tool(name)
         if tool.build is not None and tool.enabled:
             contexts.setdefault((tool.image, tool.build), []).append(name)
-    return loaded.name, [TeamImage(image, Path(build), tuple(tools)) for (image, build), tools in contexts.items()]
+    return [TeamImage(image, Path(build), tuple(tools)) for (image, build), tools in contexts.items()]
 
 
 def images_build(
@@ -46,11 +45,12 @@ def images_build(
         from sandbox_server.sandbox.images import build_with_packages
         from sandbox_server.sandbox.team_images import build_team_image
 
-        tools = map(load_policy(args.policy, tool_names(), host_facts()).for_tool, tool_names())
+        policy = load_policy(args.policy, tool_names(), host_facts())
+        tools = map(policy.for_tool, tool_names())
         wanted = {tool.image: (*tool.packages, tool.user) for tool in tools if tool.packages is not None}
         for image, (base, lock, user) in wanted.items():
             outcomes.append(build_with_packages(runtime, image, base, Path(lock), user, say, args.force))
-        for team in team_images(args.policy, tool_names(), host_facts())[1]:
+        for team in team_images(policy, tool_names()):
             outcomes.append(build_team_image(runtime, team, say, args.force))
     rebuilt = [outcome.name for outcome in outcomes if outcome.rebuilt]
     say(f"built: {', '.join(rebuilt)}" if rebuilt else "all images current: nothing rebuilt")
@@ -74,13 +74,15 @@ def images_list(args: argparse.Namespace, tool_names: Callable[[], list[str]], h
         base = image_reference(definition.parent) if definition.parent else "debian bookworm"
         rows.append({**asdict(status), "base": base, "policy": None})
     if args.policy:
-        policy, teams = team_images(args.policy, tool_names(), host_facts())
-        for team in teams:
+        from sandbox_server.policy.loader import load_policy
+
+        policy = load_policy(args.policy, tool_names(), host_facts())
+        for team in team_images(policy, tool_names()):
             built, current, size_bytes = team_image_status(runtime, team)
             rows.append({
                 "name": team.reference.split("/", 1)[1].rsplit(":", 1)[0], "reference": team.reference,
                 "built": built, "current": current, "size_bytes": size_bytes, "base": dockerfile_base(team.context),
-                "policy": policy, "context": str(team.context), "tools": list(team.tools),
+                "policy": policy.name, "context": str(team.context), "tools": list(team.tools),
             })  # fmt: skip
     if args.json:
         print(json.dumps(rows, indent=2))

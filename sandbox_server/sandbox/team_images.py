@@ -99,13 +99,20 @@ def _foundation(runtime: DockerRuntime, base: str, say: Callable[[str], None]) -
                 say(line)
 
         build_images(runtime, [ours.get(base) or ours[f"{base}:latest"]], say=building)
-    record = runtime.image(base)
-    if record is None:
+    found = _built_upon(runtime, base)
+    if found is None:
         raise ImageError(
             f"its Dockerfile starts FROM {base}, which this engine does not have (no registry is asked): "
             f"build or load it first, or start FROM one of ours ({', '.join(sorted(ours))})"
         )
-    return record.labels.get(HASH_LABEL) or record.image_id
+    return found
+
+
+def _built_upon(runtime: DockerRuntime, base: str) -> str | None:
+    """What an image built FROM `base` is built upon, as its hash label says: one of ours by its context's hash,
+    any other image by its id (None: the engine has no such image)."""
+    record = runtime.image(base)
+    return (record.labels.get(HASH_LABEL) or record.image_id) if record is not None else None
 
 
 def expected_hash(context: Path, foundation: str) -> str:
@@ -119,8 +126,7 @@ def team_image_status(runtime: DockerRuntime, image: TeamImage) -> tuple[bool, b
     record = runtime.image(image.reference)
     if record is None:
         return False, False, 0
-    base = runtime.image(dockerfile_base(image.context))
-    foundation = (base.labels.get(HASH_LABEL) or base.image_id) if base is not None else "unbuilt"
+    foundation = _built_upon(runtime, dockerfile_base(image.context)) or "unbuilt"
     return True, record.labels.get(HASH_LABEL) == expected_hash(image.context, foundation), record.size_bytes
 
 

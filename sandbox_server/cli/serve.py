@@ -36,11 +36,7 @@ RESTART_S = 1.0
 def serve_command(args: argparse.Namespace) -> int:
     """`sandbox-server serve`: check the options, build the parts (cli/wiring.py), and run them beside the
     transport until the client leaves or a signal comes; then close them in order."""
-    from sandbox_server.cli.wiring import wire
-    from sandbox_server.ops.memory import return_freed_memory
-    from sandbox_server.protocol.addresses import LOOPBACK_HOSTS, listen, url_of
-    from sandbox_server.protocol.http_limits import raise_open_files_limit
-    from sandbox_server.sandbox.runc_runtime import RuncRuntime
+    from sandbox_server.protocol.addresses import LOOPBACK_HOSTS
 
     if args.transport == "http" and args.host not in LOOPBACK_HOSTS and not args.tokens and not args.issuer:
         raise UsageError(
@@ -61,6 +57,25 @@ def serve_command(args: argparse.Namespace) -> int:
         raise UsageError("--preview-port opens a port for previews, --no-preview none: give one of them")
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="sandbox-server: %(message)s")
     log = logging.getLogger("sandbox_server")
+    # A signal before the event loop takes signals over (while the parts start) unwinds the start: each part
+    # started is closed (its mounts, its containers), where the default action would leave them behind. Taken
+    # before the port opens: a supervisor that saw the port open may stop the server at once.
+    signal.signal(signal.SIGTERM, _stop_asked)
+    try:
+        return _start_and_serve(args, log)
+    except StopAsked as stopped:
+        log.info("%s while starting: stopped", stopped)
+    return 0
+
+
+def _start_and_serve(args: argparse.Namespace, log: logging.Logger) -> int:
+    """The ports opened, the parts built and served until the end."""
+    from sandbox_server.cli.wiring import wire
+    from sandbox_server.ops.memory import return_freed_memory
+    from sandbox_server.protocol.addresses import listen, url_of
+    from sandbox_server.protocol.http_limits import raise_open_files_limit
+    from sandbox_server.sandbox.runc_runtime import RuncRuntime
+
     raise_open_files_limit()  # bounded by the caps on connections, walks and sessions, never by hope
     return_freed_memory()  # what a burst of large calls held goes back to the host once they are answered
     listener = listen(args.host, args.port) if args.transport == "http" else None  # a taken port is said first
@@ -75,14 +90,8 @@ def serve_command(args: argparse.Namespace) -> int:
         preview_base = None
     runtime = RuncRuntime(None, args.sandboxes)
     _start_reaper(runtime.owner)
-    # A signal before the event loop takes signals over (while the parts start) unwinds the start: each part
-    # started is closed (its mounts, its containers), where the default action would leave them behind.
-    signal.signal(signal.SIGTERM, _stop_asked)
-    try:
-        wired = wire(args, log, runtime, preview_base)
-        anyio.run(_serve, args, wired, listener, preview_listener, log)
-    except StopAsked as stopped:
-        log.info("%s while starting: stopped", stopped)
+    wired = wire(args, log, runtime, preview_base)
+    anyio.run(_serve, args, wired, listener, preview_listener, log)
     return 0
 
 

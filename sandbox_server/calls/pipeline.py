@@ -29,6 +29,7 @@ from sandbox_server.access.identity import Identity
 from sandbox_server.calls.arguments import check_arguments
 from sandbox_server.calls.call import AskApproval, Call, TaskStart
 from sandbox_server.calls.hosts import CallAsker, Grants
+from sandbox_server.calls.judge import judged_facts
 from sandbox_server.calls.registry import ToolRegistry
 from sandbox_server.calls.resume import resume_services, resumes
 from sandbox_server.calls.tracing import Tracing
@@ -132,14 +133,13 @@ class CallPipeline:
                 policy.name, policy.digest, policy.audit.include_arguments,
             )  # fmt: skip
             record["caller"] = call.identity.caller
-            if call.task is not None:
-                record["task"] = call.task.id
+            record |= {"task": call.task.id} if call.task is not None else {}
             if tool is None:
                 message = f"unknown tool {call.exposed!r}; tools/list names the tools"
                 await self._finished(record, ToolOutcome.refused(Refusal(message, "name"), policy.name), started)
                 raise UnknownTool(message)
-            outcome: ToolOutcome | None = None
-            saved = False
+            record["judged"] = judged_facts(tool.name, call.arguments, call.task is not None or call.in_task)
+            outcome, saved = None, False
             try:
                 try:
                     files = self._check(call)

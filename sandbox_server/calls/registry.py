@@ -19,7 +19,7 @@ from jsonschema import Draft202012Validator
 from sandbox_server.network.proxies import EgressProxies
 from sandbox_server.policy import Policy
 from sandbox_server.sandbox.pool import PoolTarget, WarmPool
-from sandbox_server.tools import Tool
+from sandbox_server.tools import Tool, offers
 from sandbox_server.workspaces.store import WorkspaceStore
 
 __all__ = ["ToolRegistry"]
@@ -67,14 +67,7 @@ class ToolRegistry:
     def tools_of(self, policy: Policy) -> dict[str, Tool]:
         """The tools a policy offers, by the names clients see."""
         prefix = self.prefix
-        return {prefix + name: tool for name, tool in self.all_tools.items() if self._offers(policy, name, tool)}
-
-    @staticmethod
-    def _offers(policy: Policy, name: str, tool: Tool) -> bool:
-        """Whether a policy offers a tool: enabled, and (a tool that runs no sandbox: services, workspaces) of use
-        there."""
-        of_use = getattr(tool, "of_use", None)
-        return policy.for_tool(name).enabled and (of_use is None or bool(of_use(policy)))
+        return {prefix + name: tool for name, tool in self.all_tools.items() if offers(policy, tool)}
 
     def policy_for(self, reference: str | None) -> Policy:
         """The policy a caller's calls run under: the one its token names, else the server's (as it is now)."""

@@ -16,6 +16,7 @@ from sandbox_server import __version__
 from sandbox_server.cli.audit import add_audit_commands
 from sandbox_server.cli.images import images_build, images_list
 from sandbox_server.cli.options import add_serve_arguments, tool_prefix
+from sandbox_server.cli.policy_evidence import add_policy_evidence_commands
 from sandbox_server.cli.replicas import add_replicas_commands
 from sandbox_server.cli.workspace_files import add_workspace_commands
 from sandbox_server.errors import SandboxServerError, UsageError
@@ -205,13 +206,9 @@ def _tool_names(sandboxed: bool = False) -> list[str]:
 
 def _offered(policy: Policy) -> list[str]:
     """The tools a policy offers: enabled, and (a tool that runs no sandbox) of use under it."""
-    from sandbox_server.tools import all_tools
+    from sandbox_server.tools import all_tools, offers
 
-    return [
-        tool.name
-        for tool in all_tools()
-        if policy.for_tool(tool.name).enabled and (not hasattr(tool, "of_use") or tool.of_use(policy))
-    ]
+    return [tool.name for tool in all_tools() if offers(policy, tool)]
 
 
 def _managing() -> tuple[str, ...]:
@@ -406,7 +403,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo = commands.add_parser("demo", help="a real MCP session against the server, with a few calls")
     demo.set_defaults(handler=_demo)
 
-    policy = commands.add_parser("policy", help="check, explain, compare policies; print their schema")
+    policy = commands.add_parser(
+        "policy", help="check, explain, compare, test policies; replay a trail under one; print their schema"
+    )
     policy_commands = policy.add_subparsers(dest="policy_command", required=True, metavar="ACTION")
     check = policy_commands.add_parser("check", help="validate policy files; exit 1 with every error")
     check.add_argument("files", nargs="+", metavar="FILE", help="policy files (or shipped names)")
@@ -420,6 +419,7 @@ def build_parser() -> argparse.ArgumentParser:
     diff.set_defaults(handler=_policy_diff)
     schema_command = policy_commands.add_parser("schema", help="print the policy JSON Schema")
     schema_command.set_defaults(handler=_policy_schema)
+    add_policy_evidence_commands(policy_commands, _tool_names)
 
     doctor = commands.add_parser("doctor", help="check the engine, images and enforced limits")
     doctor.add_argument("--json", action="store_true", help="machine-readable output")

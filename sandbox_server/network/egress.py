@@ -85,6 +85,16 @@ class Egress:
     ask: AskSettings | None = None
     """A host the allow list does not name is put to a person (network.ask); None: refused at once."""
 
+    def admits(self, host: str, port: int) -> bool:
+        """Whether the allow list opens host:port, as the proxy's `dstdomain` and port rules match it (a
+        `subdomains` entry: the domain and every name under it)."""
+        host = host.lower().rstrip(".")
+        for destination in self.allow:
+            named = host == destination.host or (destination.subdomains and host.endswith("." + destination.host))
+            if named and port in destination.ports:
+                return True
+        return False
+
     def key(self) -> str:
         """What proxies are shared by: equal allow lists, egress networks, hosts, secrets and asking share one."""
         text = repr((self.allow, self.egress_network, self.hosts, self.secrets, self.upstream_ca, self.ask))

@@ -33,10 +33,10 @@ from sandbox_server.policy.model import (
     ToolPolicy,
     WorkspaceSettings,
 )
-from sandbox_server.policy.references import policy_path, seccomp_path
+from sandbox_server.policy.references import policy_path, seccomp_path, shipped_policies
 from sandbox_server.policy.tool_images import tool_image
 from sandbox_server.sandbox.spec import Mount, ResourceLimits
-from sandbox_server.shipped import policies_dir, policy_schema_path
+from sandbox_server.shipped import policy_schema_path
 
 __all__ = [
     "policy_problem",
@@ -403,7 +403,7 @@ def load_policy(reference: str, tool_names: Iterable[str], host: HostFacts = Hos
     """Load a policy by shipped name or path; raises ConfigError listing every error."""
     path = policy_path(reference)
     if not path.exists():
-        shipped = ", ".join(sorted(p.stem for p in policies_dir().glob("*.yaml")))
+        shipped = ", ".join(shipped_policies())
         raise ConfigError(f"no policy {reference!r}: give a shipped name ({shipped}) or a path to a .yaml file")
     known = list(tool_names)
     document, errors = resolved_document(path)

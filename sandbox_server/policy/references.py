@@ -7,7 +7,10 @@ from pathlib import Path
 
 from sandbox_server.shipped import policies_dir, seccomp_dir
 
-__all__ = ["policy_path", "seccomp_path", "stored_reference"]
+__all__ = ["CASES_SUFFIX", "cases_path", "policy_path", "seccomp_path", "shipped_policies", "stored_reference"]
+
+CASES_SUFFIX = ".tests.yaml"
+"""A policy's test cases are a file beside it: `strict.yaml`'s are `strict.tests.yaml` (`policy test`)."""
 
 
 def policy_path(reference: str, relative_to: Path | None = None) -> Path:
@@ -34,3 +37,13 @@ def seccomp_path(reference: str, relative_to: Path) -> Path:
         return seccomp_dir() / f"{reference}.json"
     path = Path(reference)
     return path if path.is_absolute() else relative_to / path
+
+
+def shipped_policies() -> list[str]:
+    """The names of the shipped policies (their test cases aside)."""
+    return sorted(p.stem for p in policies_dir().glob("*.yaml") if not p.name.endswith(CASES_SUFFIX))
+
+
+def cases_path(policy_file: Path) -> Path:
+    """Where a policy's test cases are: beside it, named after it."""
+    return policy_file.with_name(policy_file.name.rsplit(".", 1)[0] + CASES_SUFFIX)

@@ -5,6 +5,7 @@ It may import policy, network, sandbox and the top-level modules (and names the 
 types only); calls and protocol import it.
 """
 
+from sandbox_server.policy import Policy
 from sandbox_server.tools.analyze_csv import AnalyzeCsv
 from sandbox_server.tools.base import Tool, ToolContext, ToolOutcome
 from sandbox_server.tools.execute_command import ExecuteCommand
@@ -12,9 +13,16 @@ from sandbox_server.tools.run_python import RunPython
 from sandbox_server.tools.services import ServicesTool
 from sandbox_server.tools.workspaces import WorkspacesTool
 
-__all__ = ["Tool", "ToolContext", "ToolOutcome", "all_tools"]
+__all__ = ["Tool", "ToolContext", "ToolOutcome", "all_tools", "offers"]
 
 
 def all_tools() -> list[Tool]:
     """Every tool, in the order tools/list shows them."""
     return [ExecuteCommand(), RunPython(), AnalyzeCsv(), ServicesTool(), WorkspacesTool()]
+
+
+def offers(policy: Policy, tool: Tool) -> bool:
+    """Whether a policy offers a tool: enabled, and (a tool that runs no sandbox: services, workspaces) of use
+    there."""
+    of_use = getattr(tool, "of_use", None)
+    return policy.for_tool(tool.name).enabled and (of_use is None or bool(of_use(policy)))

@@ -85,6 +85,7 @@ def outcome_from_execution(result: ExecutionResult, spec: SandboxSpec) -> ToolOu
         "runtime": spec.runtime,
         "limits": asdict(spec.limits),
         "exit_code": result.exit_code,
+        "run_ms": result.duration_ms,
         "timed_out": result.timed_out,
         "oom_killed": result.oom_killed,
         "pids_limited": result.pids_limited,

@@ -74,6 +74,10 @@ RUN = ("policy", "token")
 @pytest.mark.parametrize("page", sorted({page for page, c in COMMANDS if c.split()[1] in RUN}))
 def test_the_policy_and_token_commands_a_page_shows_run_as_shown(page: str, tmp_path: Path) -> None:
     (tmp_path / "my-policy.yaml").write_text("extends: default\n")  # the reader's own policy, as the page supposes
+    (tmp_path / "my-policy.tests.yaml").write_text("cases: [{tool: execute_command, arguments: {command: ls}, "
+                                                   "expect: allowed}]\n")  # fmt: skip
+    (tmp_path / "changed.yaml").write_text("extends: default\nname: default\n")  # a change that changes nothing
+    (tmp_path / "audit.jsonl").write_text("")  # a trail of no calls yet
     for _, command in ((p, c) for p, c in COMMANDS if p == page and c.split()[1] in RUN):
         words = shlex.split(command)
         cut = next((i for i, word in enumerate(words) if word in SHELL), len(words))

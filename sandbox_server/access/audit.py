@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -48,7 +49,7 @@ def last_line_digest(path: Path) -> str | None:
 
 
 class AuditLog:
-    """An append-only JSONL file, rotated by size (path.1 … path.N), each line chained to the one before it.
+    """An append-only JSONL file, rotated by size and age (path.1 … path.N), each line chained to the one before it.
 
     Every record names the SHA-256 of the line written before it (`previous_sha256`), across rotations and restarts
     and whichever process wrote that line (writers take an exclusive lock on the file while they append), so a line
@@ -56,9 +57,14 @@ class AuditLog:
     """
 
     def __init__(
-        self, path: str | os.PathLike[str], max_bytes: int = 10_000_000, keep: int = 5, replica: str | None = None
-    ) -> None:
+        self, path: str | os.PathLike[str], max_bytes: int = 10_000_000, keep: int = 5, replica: str | None = None,
+        max_age_s: float = 0.0,
+    ) -> None:  # fmt: skip
         self.path = Path(path)
+        self.max_age_s = max_age_s
+        """Rotate once the file's first line is older than this (0: by size alone)."""
+        self._born: tuple[int, float] | None = None
+        """(the file's inode, when its first line was written)."""
         self.replica = replica
         """Replicas: each writes its own file, every line naming the replica that wrote it."""
         self.max_bytes = max_bytes
@@ -107,16 +113,27 @@ class AuditLog:
 
     def _rotate_if_needed(self, incoming: int) -> None:
         try:
-            size = self.path.stat().st_size
+            found = self.path.stat()
         except FileNotFoundError:
             return
-        if size + incoming <= self.max_bytes:
+        if found.st_size + incoming <= self.max_bytes and not self._too_old(found.st_ino):
             return
         for index in range(self.keep - 1, 0, -1):
             older = self.path.with_name(f"{self.path.name}.{index}")
             if older.exists():
                 os.replace(older, self.path.with_name(f"{self.path.name}.{index + 1}"))
         os.replace(self.path, self.path.with_name(f"{self.path.name}.1"))
+
+    def _too_old(self, inode: int) -> bool:
+        """Whether the file's first line is older than max_age_s (read once per file: its `time`)."""
+        if not self.max_age_s:
+            return False
+        if self._born is None or self._born[0] != inode:
+            born = time.time()
+            with contextlib.suppress(OSError, ValueError, TypeError, AttributeError), open(self.path, "rb") as handle:
+                born = datetime.fromisoformat(json.loads(handle.readline())["time"]).timestamp()
+            self._born = (inode, born)
+        return time.time() - self._born[1] > self.max_age_s
 
 
 def call_record(

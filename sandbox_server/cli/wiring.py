@@ -123,7 +123,7 @@ def wire(
         # The audit trail is kept by default, in the state folder (readable by the server's user alone).
         audit_path = args.audit_log or policy.audit.path or workspaces.root.parent / "audit.jsonl"
         replica = runtime.owner if database is not None else None
-        audit = AuditLog(audit_path, policy.audit.max_bytes, policy.audit.keep, replica)
+        audit = AuditLog(audit_path, policy.audit.max_bytes, policy.audit.keep, replica, policy.audit.max_age_h * 3600)
         log.info("audit trail: %s", audit.path)
         proxies = EgressProxies(lambda: runtime.api, runtime.owner, runtime.on_this_host)
         proxies.sweep_firewall()  # the rules of proxies whose server was killed

@@ -206,6 +206,8 @@ class AuditSettings:
     include_arguments: bool = False
     max_bytes: int = 10_000_000
     keep: int = 5
+    max_age_h: float = 0
+    """Rotate once the file's first line is this many hours old (0: by size alone)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,6 +4,7 @@ a line changed, removed or added is found where it was."""
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from pathlib import Path
 
 from sandbox_server.access.audit import CHAIN_FIELD, FIRST, AuditLog, line_digest
@@ -75,3 +76,22 @@ def test_a_trail_whose_oldest_lines_were_rotated_away_says_so_and_holds(tmp_path
         old.unlink()  # as rotation drops the oldest
     verdict = verify_trail(path)
     assert verdict.holds and verdict.starts_after_rotated
+
+
+def test_a_trail_rotates_by_age_once_its_first_line_is_older_than_the_cap_and_its_chain_runs_on(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "audit.jsonl"
+    log = AuditLog(path, keep=3, max_age_s=3600)
+    log.write({"time": "2026-01-01T00:00:00.000+00:00", "n": 0})  # the file's first line, long ago
+    log.write({"time": "2026-11-28T10:00:00.000+00:00", "n": 1})  # rotates first: the file is older than an hour
+    fresh = datetime.now(UTC).isoformat(timespec="milliseconds")
+    log.write({"time": fresh, "n": 2})  # its file began with line 1, also old: rotated again
+    log.write({"time": fresh, "n": 3})
+    log.write({"time": fresh, "n": 4})  # its file began now: kept
+    assert [len(_lines(file)) for file in trail_files(path)] == [1, 1, 3]
+    assert verify_trail(path).holds
+    sized = AuditLog(tmp_path / "sized.jsonl")  # no age: by size alone
+    sized.write({"time": "2026-01-01T00:00:00.000+00:00"})
+    sized.write({"time": fresh})
+    assert trail_files(tmp_path / "sized.jsonl") == [tmp_path / "sized.jsonl"]

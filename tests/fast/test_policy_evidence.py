@@ -148,3 +148,17 @@ def test_a_host_is_judged_by_the_allow_list_as_the_proxy_matches_it(tmp_path: Pa
         ("example.com", 8443): "allowed", ("a.example.com", 443): "refused (network.allow)",
     }  # fmt: skip
     assert judge.host("run_python", "pypi.org", 443).said() == "refused (network)"
+
+
+def test_a_calls_measured_peak_time_and_output_are_held_against_the_new_caps(tmp_path: Path) -> None:
+    ran = {"policy": "strict", "time": "2026-11-01T00:00:00+00:00", "tool": "execute_command", "outcome": "ok",
+           "judged": {"arguments": {"command": "ls", "args": []}}, "limits": {"timeout_s": 30, "memory_mb": 512,
+           "output_bytes": 100000}, "usage": {"wall_s": 0.5, "peak_memory_bytes": 300 * 2**20}, "run_ms": 12000,
+           "stdout_bytes": 50000, "stderr_bytes": 10}  # fmt: skip
+    found = replay_trail(_trail(tmp_path / "audit.jsonl", [ran]), load_policy("strict", NAMES))
+    said = [change.said for change in found.changes["cut_short"]]
+    assert said == [
+        "ran 12 s; the new timeout is 10 s (limits.timeout_s): it would time out",
+        "its memory peaked at 300.0 MiB, above the new cap of 128 MiB (limits.memory_mb): it would be killed",
+        "it wrote 50000 bytes to one stream, above the new cap of 32000 (limits.output_bytes): its answer would be cut",
+    ], said

@@ -369,3 +369,61 @@ async def test_dates_as_written_give_min_max_and_groups_by_month(module_session:
         "files": upload("d.csv", text),
     })  # fmt: skip
     assert refused.is_error and "group_by has none" in text_of(refused), text_of(refused)
+
+
+FRENCH_BAD = {150: "extra", 420: "missing", 777: "extra", 1200: "missing", 1650: "extra", 1999: "missing"}
+"""Rows of the French export with a field too many or too few (by index among its 2,000 rows)."""
+
+
+def _french_export(codec: str, newline: str) -> str:
+    """A French ERP's export: `;`-separated, decimal commas, dates day first, 2,000 rows of which 6 have a wrong
+    number of fields."""
+    regions = ["Île-de-France", "Auvergne-Rhône-Alpes", "Provence-Alpes-Côte d'Azur", "Bretagne", "Occitanie"]
+    modes = ["carte", "espèces", "chèque", "virement"]
+    lines = ["id_commande;date_commande;région;âge_client;montant_ttc;remise;mode_paiement"]
+    for i in range(2000):
+        fields = [str(i + 1), f"{1 + i % 28:02d}/{1 + i % 12:02d}/2026", regions[i % 5], str(18 + i % 60),
+                  f"{(i * 37) % 5000 + 0.5:.2f}".replace(".", ","), f"{i % 20},5", modes[i % 4]]  # fmt: skip
+        if FRENCH_BAD.get(i) == "extra":
+            fields.append("note libre")
+        elif FRENCH_BAD.get(i) == "missing":
+            fields.pop()
+        lines.append(";".join(fields))
+    return newline.join(lines) + newline
+
+
+@pytest.mark.parametrize(("codec", "newline"), [("utf-8", "\n"), ("latin-1", "\r\n")])
+async def test_a_french_export_with_bad_rows_is_read_by_the_delimiter_most_rows_agree_on(
+    module_session: Client, tmp_path: Path, codec: str, newline: str
+) -> None:
+    data = _french_export(codec, newline).encode(codec)
+    arguments = {"filepath": "export.csv", "operations": ["sum", "count"], "columns": ["montant_ttc"],
+                 "group_by": ["région"], "files": upload("export.csv", data)}  # fmt: skip
+    result = await module_session.call_tool("analyze_csv", arguments)
+    assert not result.is_error and result.structured_content is not None, text_of(result)
+    answer = dict(result.structured_content)
+    (tmp_path / "export.csv").write_bytes(data)
+    frame = pd.read_csv(tmp_path / "export.csv", sep=";", decimal=",", encoding=codec, on_bad_lines="skip")
+    frame = frame[frame["mode_paiement"].notna()]  # pandas pads a row a field short: it is bad all the same
+    names = ["id_commande", "date_commande", "région", "âge_client", "montant_ttc", "remise", "mode_paiement"]
+    assert [column["name"] for column in answer["file"]["columns"]] == names
+    assert answer["file"]["delimiter"] == ";" and answer["file"]["rows"] == 1994 == len(frame)
+    assert answer["file"]["bad_rows"] == {
+        "count": 6, "lines": [i + 2 for i in sorted(FRENCH_BAD)], "kinds": {"missing columns": 3, "too many columns": 3}
+    }  # fmt: skip
+    assert _sums_by_group(answer, "région", "montant_ttc") == pytest.approx(
+        frame.groupby("région")["montant_ttc"].sum().to_dict()
+    )
+    text = text_of(result)
+    assert "1,994 rows, 7 columns" in text and "delimiter ';'" in text and "6 bad rows skipped" in text, text
+    assert "6 bad row(s) skipped" in text and "line 152, 422, 779, 1202, 1652, 2001" in text, text
+    if codec == "latin-1":
+        assert answer["file"]["encoding"].startswith("cp1252 (detected"), answer["file"]["encoding"]
+    refused = await module_session.call_tool("analyze_csv", {**arguments, "skip_bad_rows": False})
+    assert refused.is_error and "6 row(s) do not have the file's 7 fields (line 152, 422" in text_of(refused)
+    said = dict(refused.structured_content or {})
+    assert said["error"]["field"] == "skip_bad_rows", said
+    given = await module_session.call_tool("analyze_csv", {
+        "filepath": "export.csv", "operations": ["count"], "delimiter": ",", "header": False,
+    })  # fmt: skip
+    assert not given.is_error and "delimiter ','" in text_of(given) and "no header" in text_of(given), text_of(given)

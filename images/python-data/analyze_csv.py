@@ -21,9 +21,11 @@ import sys
 
 from csv_files import (
     container_of,
+    detect_delimiter,
     detect_encoding,
     engine_settings,
     resolve,
+    sample_text,
     sheet_names,
     sheet_rows,
     text_rows,
@@ -51,6 +53,10 @@ DESCRIBE_OTHER = ("count", "nulls", "distinct")
 STAT_ORDER = ("count", "nulls", "distinct", "sum", "average", "std", "min", "25%", "median", "75%", "max")
 """The order statistics are listed in, whatever order they were asked for."""
 FORMULA_PREFIXES = ("=", "+", "-", "@", "\t", "\r")
+REREAD = {"CAST", "INVALID UNICODE", "LINE SIZE OVER MAXIMUM"}
+"""Rows DuckDB set aside that say how to read the file, not that the row is bad (the others: a field too many or
+too few, a quote left open)."""
+SHOWN_LINES = 10
 
 
 def neutralize(cell):
@@ -101,6 +107,7 @@ class Analysis:
             )
         self.format = container_of(self.path) or "csv"
         self.transcoder = None
+        self.asked_delimiter = request.get("delimiter")
         if self.format == "parquet":
             self._open_parquet()
             return
@@ -128,6 +135,9 @@ class Analysis:
                 self.notes.append(f"the file is {found.codec}; it was converted to UTF-8 as it was read")
             if found.compression:
                 self.notes.append(f"the file is {found.compression}-compressed; it was decompressed as it was read")
+            if not self.asked_delimiter:  # the delimiter most rows agree on, a few bad rows notwithstanding
+                shape = detect_delimiter(sample_text(self.path, found))
+                self.asked_delimiter = shape[0] if shape is not None else None
         self.reader_options = {"encoding": encoding, "sample_size": 20480, "compression": compression}
         self.source_path = source_path
         self._define_source()
@@ -148,6 +158,7 @@ class Analysis:
 
     def _reader_arguments(self):
         """The file and reading options, as both sniff_csv and read_csv take them."""
+        header = self.request.get("header")
         return ", ".join(
             [
                 quote_literal(self.source_path),
@@ -156,13 +167,17 @@ class Analysis:
                 f"sample_size={self.reader_options['sample_size']}",
                 f"max_line_size={int(self.request['max_line_bytes'])}",
                 "nullstr=[" + ", ".join(quote_literal(text) for text in NULL_STRINGS) + "]",
+                *([f"delim={quote_literal(self.asked_delimiter)}"] if self.asked_delimiter else []),
+                *([f"header={'true' if header else 'false'}"] if header is not None else []),
             ]
         )
 
     def _define_source(self):
         arguments = self._reader_arguments()
         try:
-            sniffed = self.con.execute(f"SELECT Delimiter, HasHeader, Columns FROM sniff_csv({arguments})")
+            sniffed = self.con.execute(
+                f"SELECT Delimiter, HasHeader, Columns FROM sniff_csv({arguments}, ignore_errors=true)"
+            )
         except self.duckdb.OutOfMemoryException:
             raise self._memory_refusal() from None
         except self.duckdb.InvalidInputException as exc:
@@ -173,6 +188,7 @@ class Analysis:
         # Whole numbers and dates DuckDB read itself hold no decimal mark; `1.234` read as a fraction may be
         # a thousand in a file whose other columns write `1.234,5`.
         fractions = {column["name"] for column in sniffed_columns if column["type"].startswith(FRACTION_TYPES)}
+        arguments += ", store_rejects=true"  # rows that do not fit set aside, counted, and said (see bad_rows)
         self.numbers = style = self._number_style(arguments, text | fractions)
         conversions = []
         if style.decimal == "," and style.thousands is None and self.delimiter != ",":
@@ -203,8 +219,8 @@ class Analysis:
 
     def _number_style(self, arguments, candidates):
         """The decimal mark and thousands separator of the file's numbers, from its first 2,000 rows as text."""
-        header = "true" if self.has_header else "false"
-        cursor = self.con.execute(f"SELECT * FROM read_csv({arguments}, all_varchar=true, header={header}) LIMIT 2000")
+        header = "" if self.request.get("header") is not None else f", header={'true' if self.has_header else 'false'}"
+        cursor = self.con.execute(f"SELECT * FROM read_csv({arguments}, all_varchar=true{header}) LIMIT 2000")
         names = [column[0] for column in cursor.description]
         request = self.request
         self._sample_names, self._sample_rows = names, cursor.fetchall()
@@ -266,7 +282,12 @@ class Analysis:
             try:
                 rows = self.con.execute(sql).fetchall()
                 self._check_stream()
-                return rows
+                reread = self._set_aside(REREAD)
+                if not reread or attempt == 2:
+                    return rows
+                raise self.duckdb.InvalidInputException(
+                    "Invalid unicode" if "INVALID UNICODE" in reread else f"rows set aside: {', '.join(reread)}"
+                )
             except self.duckdb.OutOfMemoryException:
                 raise self._memory_refusal() from None
             except (self.duckdb.InvalidInputException, self.duckdb.ConversionException) as exc:
@@ -288,8 +309,59 @@ class Analysis:
                     )
                 else:
                     raise Refusal(f"cannot read {self.request['path']} as CSV: {text.splitlines()[0]}") from None
+                self._forget_set_aside()
                 self._define_source()
         raise AssertionError("unreachable")
+
+    def _set_aside(self, kinds=None):
+        """The kinds of rows DuckDB set aside while reading (of `kinds` when given): a line past the policy's
+        limit is refused at once."""
+        if self.format == "parquet":
+            return set()
+        try:
+            found = {row[0] for row in self.con.execute("SELECT DISTINCT error_type FROM reject_errors").fetchall()}
+        except self.duckdb.CatalogException:
+            return set()
+        if "LINE SIZE OVER MAXIMUM" in found:
+            self._refuse_long_line(Exception("Maximum line size"))
+        return found & kinds if kinds is not None else found
+
+    def _forget_set_aside(self):
+        """Before the file is read again with other settings: the rows set aside by the earlier reads go."""
+        try:
+            self.con.execute("DELETE FROM reject_errors")
+            self.con.execute("DELETE FROM reject_scans")
+        except self.duckdb.CatalogException:
+            pass
+
+    def bad_rows(self):
+        """The rows skipped as bad (a field too many or too few, a quote left open): how many, their first lines,
+        by kind; refused instead when skip_bad_rows is false. None when there are none."""
+        if not self._set_aside():
+            return None
+        where = "FROM reject_errors WHERE error_type NOT IN ('CAST', 'INVALID UNICODE')"
+        count = self.con.execute(f"SELECT count(DISTINCT line) {where}").fetchone()[0]
+        if not count:
+            return None
+        found = self.con.execute(f"SELECT DISTINCT line {where} ORDER BY 1 LIMIT {SHOWN_LINES}").fetchall()
+        lines = [row[0] for row in found]
+        kinds = dict(
+            self.con.execute(f"SELECT lower(error_type), count(DISTINCT line) {where} GROUP BY 1 ORDER BY 1").fetchall()
+        )
+        shown = ", ".join(map(str, lines)) + (" …" if count > len(lines) else "")
+        said = "; ".join(f"{n} {kind}" for kind, n in kinds.items())
+        columns = len(self.columns)
+        if self.request.get("skip_bad_rows") is False:
+            raise Refusal(
+                f"{self.request['path']}: {count} row(s) do not have the file's {columns} fields (line {shown}: "
+                f"{said}); nothing was computed. Correct them, or let skip_bad_rows (true by default) skip them",
+                "skip_bad_rows",
+            )
+        self.notes.append(
+            f"{count} bad row(s) skipped, not counted in the statistics: {said} where the file's rows have "
+            f"{columns} fields (line {shown}); skip_bad_rows: false refuses such a file instead"
+        )
+        return {"count": count, "lines": lines, "kinds": kinds}
 
     # -- planning ------------------------------------------------------------------
 
@@ -397,6 +469,7 @@ class Analysis:
         else:
             sql = f"SELECT {', '.join(select + ['count(*) AS n_rows'])} FROM src"
         rows = self.query(sql)
+        bad = self.bad_rows()
         results, total_rows, total_groups = [], 0, 0
         for row in rows:
             group = None
@@ -443,6 +516,7 @@ class Analysis:
                 "header": bool(self.has_header),
                 "rows": total_rows,
                 "columns": [{"name": name, "type": declared} for name, declared in self.columns],
+                **({"bad_rows": bad} if bad else {}),
             },
             "group_by": self.group_by,
             "statistics": sorted({stat for _, stat, _ in aggregates}, key=STAT_ORDER.index),

@@ -142,6 +142,27 @@ def detect_encoding(path, explicit=None):
     )
 
 
+COHERENCE_TIE = 0.02
+"""How close to the best reading as a language Windows-1252's reading may be and still win when it reads as a
+Western European language would (a French export reads 0.574 as cp1252 and 0.584 as cp1250, which turns its `è`
+into `č`)."""
+WESTERN_MARKS = set("€–—‘’‚“”„«»…°·\u00a0")
+"""Non-letters a Western European text holds; a Turkish, Baltic or Polish file read as cp1252 shows others
+(`³`, `¹`, `¿` between letters) or the letters only Icelandic uses."""
+NOT_WESTERN = set("þÞðÐýÝ")
+
+
+def _reads_as_western(head):
+    """Whether cp1252's reading of the bytes looks like a Western European language: its non-ASCII characters
+    are letters (not þ, ð, ý, which Turkish and Baltic bytes become) or the marks such text uses."""
+    try:
+        text = codecs.getincrementaldecoder("cp1252")().decode(head, final=False)
+    except UnicodeDecodeError:
+        return False
+    odd = {char for char in text if not char.isascii()}
+    return not odd & NOT_WESTERN and all(char.isalpha() or char in WESTERN_MARKS for char in odd)
+
+
 def _guess(head, utf8_error, compression):
     """Not UTF-8: the detector's best match (charset-normalizer), Latin-1 when it has none."""
     from charset_normalizer import from_bytes
@@ -156,7 +177,10 @@ def _guess(head, utf8_error, compression):
     # common single-byte encoding, as browsers decide. The others are named.
     tied = [m for m in matches if m.chaos <= best.chaos + 0.01]
     top = max(m.coherence for m in tied)
-    tied = [m for m in tied if m.coherence >= top - 0.005]
+    western = next((m for m in tied if m.encoding == "cp1252" and m.coherence >= top - COHERENCE_TIE), None)
+    if western is not None and not _reads_as_western(head):
+        western = None
+    tied = [m for m in tied if m.coherence >= top - 0.005 or m is western]
     chosen = next((m for m in tied if m.encoding == "cp1252"), tied[0])
     others = sorted({m.encoding for m in tied if str(m) != str(chosen)})
     codec = codecs.lookup(chosen.encoding).name
@@ -276,6 +300,50 @@ def _decode(source, sink, codec):
         lines += block.count(b"\n")
         if not block:
             return None
+
+
+DELIMITERS = (",", ";", "\t", "|")
+"""The delimiters detection weighs; `delimiter` names any other."""
+SAMPLE_ROWS = 2000
+
+
+def sample_text(path, encoding):
+    """The start of the file as text (a bounded sample, its last line possibly cut)."""
+    with open_raw(path, encoding.compression) as handle:
+        head = handle.read(SAMPLE_BYTES)
+    text = head.decode(encoding.codec, "replace").lstrip("\ufeff")
+    return text if len(head) < SAMPLE_BYTES else text[: text.rfind("\n") + 1]
+
+
+ALIKE_ENOUGH = 0.95
+"""The share of a sample's rows that must have the same number of fields for a delimiter to be a candidate."""
+
+
+def detect_delimiter(text):
+    """The delimiter that splits the sample's rows into the same number of fields (at least two), with that number
+    and how many rows of the sample have another; None when no delimiter does.
+
+    A few rows with a field too many or too few do not decide it, as they decide a sniffer that wants every row
+    alike: each delimiter that splits 95% of the rows alike is a candidate, and the one giving the most fields wins
+    (`10,5` splits a `;` file's every row at its decimal commas into fewer, equally regular, fields)."""
+    import collections
+    import csv
+    import io
+
+    candidates = []
+    for delimiter in DELIMITERS:
+        reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter)
+        counts = collections.Counter(len(row) for _, row in zip(range(SAMPLE_ROWS), reader, strict=False) if row)
+        if not counts:
+            return None
+        fields, alike = counts.most_common(1)[0]
+        rows = sum(counts.values())
+        if fields >= 2 and alike / rows >= ALIKE_ENOUGH:
+            candidates.append((fields, alike / rows, delimiter, rows - alike))
+    if not candidates:
+        return None
+    fields, _, delimiter, other = max(candidates)
+    return delimiter, fields, other
 
 
 def text_rows(path, encoding, delimiter, has_header):

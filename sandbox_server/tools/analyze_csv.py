@@ -66,6 +66,15 @@ ANSWER_PROPERTIES: dict[str, Any] = {
             "delimiter": {"type": "string"},
             "header": {"type": "boolean"},
             "rows": {"type": "integer"},
+            "bad_rows": {
+                "type": "object",
+                "description": "Rows skipped for a field too many or too few: how many, their first lines, by kind.",
+                "properties": {
+                    "count": {"type": "integer"},
+                    "lines": {"type": "array", "items": {"type": "integer"}},
+                    "kinds": {"type": "object", "additionalProperties": {"type": "integer"}},
+                },
+            },
             "columns": {
                 "type": "array",
                 "items": {
@@ -219,6 +228,9 @@ def analysis_request(args: Mapping[str, Any], policy: ToolPolicy, policy_name: s
         "max_bytes": policy.max_csv_bytes,
         "max_line_bytes": policy.max_csv_line_bytes,
         "policy": policy_name,
+        "delimiter": args.get("delimiter"),
+        "header": args.get("header"),
+        "skip_bad_rows": args.get("skip_bad_rows", True),
     }
 
 
@@ -313,6 +325,18 @@ class AnalyzeCsv:
                 "description": "The file's text encoding (a Python codec name such as gb18030, big5, shift_jis, "
                 "cp1252, utf-16); detected when left out, and the answer says what was found and how sure.",
             },
+            "delimiter": {
+                "type": "string",
+                "minLength": 1,
+                "maxLength": 1,
+                "description": "The field delimiter (detected when left out: the one most rows agree on).",
+            },
+            "header": {"type": "boolean", "description": "Whether the first row names the columns (detected)."},
+            "skip_bad_rows": {
+                "type": "boolean",
+                "default": True,
+                "description": "Skip rows with a field too many or too few, counting them (false: refuse the file).",
+            },
             "decimal": {
                 "type": "string",
                 "enum": [".", ","],
@@ -388,7 +412,9 @@ class AnalyzeCsv:
         headline = (
             f"{args['filepath']}: {shape['rows']:,} rows, {len(shape['columns'])} columns "
             f"({shape['encoding']}, delimiter {shape['delimiter']!r}, "
-            f"{'header' if shape['header'] else 'no header'}) · {result.duration_ms} ms"
+            f"{'header' if shape['header'] else 'no header'}"
+            + (f"; {shape['bad_rows']['count']:,} bad rows skipped" if shape.get("bad_rows") else "")
+            + f") · {result.duration_ms} ms"
         )
         keys = ("file", "group_by", "statistics", "groups", "results", "skipped", "notes", "engine")
         structured = {key: answer[key] for key in keys if key in answer}

@@ -82,3 +82,16 @@ async def test_a_figure_comes_back_from_the_cell_that_drew_or_changed_it_alone(
     assert drawn == 1 and plain == [0] * 5 and looked_at == 0, (drawn, plain, looked_at)
     assert changed == 1 and again == 0 and title["stdout"] == "'second'\n", title["text"]
     assert new == 1  # a new figure beside the kept one: it alone comes back
+
+
+async def test_a_cell_starts_with_no_current_figure_and_a_kept_one_is_drawn_when_asked(
+    keeping: Keeping, runtime: DockerRuntime
+) -> None:
+    async with connect(stdio_parameters(*_serve_args(keeping))) as session:
+        await _cell(session, PLOT)
+        bars, drawn = await _cell(session, "bars = plt.bar(['a', 'b'], [3, 5])\nbars[0].figure is fig")
+        kept, unchanged = await _cell(session, "(len(ax.lines), len(ax.patches), ax.get_title())")
+        asked, shown = await _cell(session, "fig")
+    assert bars["stdout"] == "False\n" and drawn == 1, bars["text"]  # a new figure, not the kept one drawn over
+    assert kept["stdout"] == "(1, 0, 'first')\n" and unchanged == 0, kept["text"]
+    assert shown == 1, asked["text"]  # the cell's value: drawn, though unchanged

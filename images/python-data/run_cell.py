@@ -23,19 +23,46 @@ DIGEST = "_sandbox_png_sha256"
 """The attribute a figure keeps the digest of its last returned PNG in (pickled with it)."""
 
 
-def _open_figures() -> dict:
-    """The open matplotlib figures by number (none when the cell has not loaded pyplot)."""
+def _open_figures() -> list:
+    """The open matplotlib figures (none when the cell has not loaded pyplot)."""
     if "matplotlib.pyplot" not in sys.modules:
-        return {}
+        return []
     import matplotlib.pyplot as plt
 
-    return {number: plt.figure(number) for number in plt.get_fignums()}
+    return [plt.figure(number) for number in plt.get_fignums()]
 
 
-def _save_figures(restored: dict) -> None:
-    """Save the figures the cell drew or changed. A figure restored from a kept variable carries the digest of
-    the PNG last returned for it: drawn the same again, it is not returned again."""
-    figures = _open_figures()
+def _kept_figures(namespace: dict) -> list:
+    """The figures the restored variables hold (a figure, its axes, an array of axes), and any pyplot knows."""
+    found = _open_figures()
+    if "matplotlib.figure" not in sys.modules:
+        return found
+    from matplotlib.figure import Figure
+
+    for value in list(namespace.values()):
+        items = value.flat if type(value).__name__ == "ndarray" and value.dtype == object else (value,)
+        for item in items:
+            figure = item if isinstance(item, Figure) else getattr(item, "figure", None)
+            if isinstance(figure, Figure) and all(figure is not other for other in found):
+                found.append(figure)
+    return found
+
+
+def _set_aside(figures: list) -> None:
+    """Kept figures taken out of pyplot's list: a cell starts with no current figure, as a notebook's does, so
+    `plt.bar` draws a new one; each stays whole in its variable."""
+    if figures:
+        import matplotlib.pyplot as plt
+
+        for figure in figures:
+            plt.close(figure)
+
+
+def _save_figures(kept: list, value: object) -> None:
+    """Save the figures the cell drew, and the kept figures it changed or gave as its value. A kept figure carries
+    the digest of the PNG last returned for it: drawn the same again, it is not returned again."""
+    drawn = _open_figures()
+    figures = drawn + [figure for figure in kept if all(figure is not other for other in drawn)]
     if not figures:
         return
     import hashlib
@@ -44,13 +71,14 @@ def _save_figures(restored: dict) -> None:
 
     os.makedirs(OUTPUT_DIR, exist_ok=True)
     index = 0
-    for number, figure in figures.items():
+    for figure in figures:
         path = os.path.join(OUTPUT_DIR, FIGURE_NAME.format(index=index + 1))
         save_png(figure, path, IMAGE_BYTES)
-        with open(path, "rb") as drawn:
-            digest = hashlib.sha256(drawn.read()).hexdigest()
-        if restored.get(number) is figure and getattr(figure, DIGEST, None) == digest:
-            os.remove(path)  # kept, not changed: the model has it already
+        with open(path, "rb") as png:
+            digest = hashlib.sha256(png.read()).hexdigest()
+        unchanged = any(figure is other for other in kept) and getattr(figure, DIGEST, None) == digest
+        if unchanged and figure is not value:
+            os.remove(path)  # kept, not changed, not asked for: the model has it already
             continue
         setattr(figure, DIGEST, digest)  # kept with the figure, for the next cell to compare
         index += 1
@@ -91,11 +119,13 @@ def main() -> int:
         import cell_state
 
         state = cell_state.State()
-    restored = {}
+    kept: list = []
     if state is not None:
         state.restore(namespace, tree)
-        restored = _open_figures()  # figures of kept variables, returned by the cell that drew them
+        kept = _kept_figures(namespace)  # figures of kept variables, returned by the cell that drew them
+        _set_aside(kept)
     last = tree.body.pop() if tree.body and isinstance(tree.body[-1], _ast.Expr) else None
+    value = None
     try:
         exec(compile(tree, "<cell>", "exec"), namespace)
         if last is not None:
@@ -105,22 +135,22 @@ def main() -> int:
                 print(shown)
                 _table_of(value, shown)
     except SystemExit as exc:
-        _finish(namespace, state, restored)
+        _finish(namespace, state, kept, value)
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except BaseException:
         import traceback
 
         exc_type, exc, tb = sys.exc_info()
         traceback.print_exception(exc_type, exc, tb.tb_next if tb else None)
-        _finish(namespace, state, restored)
+        _finish(namespace, state, kept, value)
         return 1
-    _finish(namespace, state, restored)
+    _finish(namespace, state, kept, value)
     return 0
 
 
-def _finish(namespace: dict, state, restored: dict) -> None:
+def _finish(namespace: dict, state, kept: list, value: object) -> None:
     """Figures out, and (in a kept workspace) the variables kept, as a notebook keeps them after an error too."""
-    _save_figures(restored)
+    _save_figures(kept, value)
     if state is not None:
         state.save(namespace)
 

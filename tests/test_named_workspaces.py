@@ -205,6 +205,7 @@ async def test_three_branches_compared_say_the_files_and_variables_each_changed(
             for branch in ("b1", "b2", "b3"):
                 await _call(session, "workspaces", action="fork", name=branch, workspace=base)
             await _call(session, "execute_command", command="echo new > added.txt", workspace="b1")
+            await _call(session, "run_python", code="total = sum(items)", workspace="b1")  # items read, not changed
             await _call(session, "run_python", code="n = 2", workspace="b2")
             await _call(session, "execute_command", command="rm f.txt", workspace="b3")
             await _call(
@@ -215,7 +216,7 @@ async def test_three_branches_compared_say_the_files_and_variables_each_changed(
     assert not result["is_error"], result["text"]
     b1, b2, b3 = result["branches"]
     assert (b1["name"], b1["files"]["created"], b1["files"]["deleted"]) == ("b1", ["added.txt"], [])
-    assert b1["variables"] == {"added": [], "changed": [], "removed": [], "more": 0}
+    assert b1["variables"] == {"added": [{"name": "total", "about": "int 6"}], "changed": [], "removed": [], "more": 0}
     assert b2["files"]["created"] == b2["files"]["deleted"] == b2["files"]["modified"] == []
     assert b2["variables"]["changed"] == [{"name": "n", "about": "int 2", "was": "int 1"}], b2["variables"]
     assert b3["files"]["deleted"] == ["f.txt"]

@@ -57,6 +57,9 @@ class State:
         """The kept names this cell was given (so it may have changed, rebound or deleted them)."""
         self.about = {}
         """Kept variable -> a line saying what it is (read by the host to compare workspaces: data, never code)."""
+        self.digests = {}
+        """Kept variable -> the SHA-256 of its file's content: a variable a cell loaded and left as it was keeps
+        its file, and `compare` calls it unchanged."""
         self.earlier = None
         """An earlier version's single file of every variable, when that is what the workspace holds."""
 
@@ -93,6 +96,7 @@ class State:
                 index = json.load(handle)
             self.values, self.modules, self.next = dict(index["values"]), dict(index["modules"]), int(index["next"])
             self.about = dict(index.get("about", {}))
+            self.digests = dict(index.get("digests", {}))
             return
         except FileNotFoundError:
             pass
@@ -114,6 +118,7 @@ class State:
         values = {n: f for n, f in self.values.items() if n not in self.loaded and n not in namespace}
         modules = {n: m for n, m in self.modules.items() if n not in self.loaded and n not in namespace}
         not_kept, written, shared = [], {}, {}
+        digests = {n: d for n, d in self.digests.items() if n in values}
         for name, value in namespace.items():
             if name.startswith("_") or name == "__builtins__":
                 continue
@@ -121,22 +126,29 @@ class State:
                 modules[name] = value.__name__
                 continue
             file = f"v{self._number()}.pickle"
-            problem, mutable = _write(os.path.join(self.folder, file), {name: value})
+            problem, mutable, digest = _write(os.path.join(self.folder, file), {name: value})
             if problem is not None:
                 not_kept.append(f"{name} ({problem})")
                 continue
-            written[name] = file
+            earlier = self.values.get(name)
+            alone = earlier is not None and [n for n, f in self.values.items() if f == earlier] == [name]
+            if alone and self.digests.get(name) == digest:  # loaded, and the same again: its file stays
+                _remove(os.path.join(self.folder, file))
+                file = earlier
+            written[name], digests[name] = file, digest
             for identity in mutable:
                 shared.setdefault(identity, []).append(name)
         for group in _entangled(written, shared):  # kept together, so that they still share what they share
             file = f"v{self._number()}.pickle"
-            problem, _ = _write(os.path.join(self.folder, file), {name: namespace[name] for name in group})
+            problem, _, digest = _write(os.path.join(self.folder, file), {name: namespace[name] for name in group})
             for name in group:
-                _remove(os.path.join(self.folder, written[name]))
+                if written[name] != self.values.get(name):  # (a file kept as it was is still the old group's)
+                    _remove(os.path.join(self.folder, written[name]))
                 if problem is None:
-                    written[name] = file
+                    written[name], digests[name] = file, digest
                 else:
                     del written[name]
+                    digests.pop(name, None)
                     not_kept.append(f"{name} ({problem})")
         values.update(written)
         referenced = set(values.values())
@@ -145,7 +157,8 @@ class State:
         order = [n for n in self.values if n in values] + [n for n in values if n not in self.values]
         about = {n: a for n, a in self.about.items() if n in values and n not in written}
         about.update((n, _about(namespace[n])) for n in written)
-        index = {"values": {n: values[n] for n in order}, "modules": modules, "next": self.next, "about": about}
+        index = {"values": {n: values[n] for n in order}, "modules": modules, "next": self.next, "about": about,
+                 "digests": {n: digests[n] for n in order if n in digests}}  # fmt: skip
         problem = _write_json(os.path.join(self.folder, INDEX), index)
         if problem is not None:  # the workspace is full: the previous index stays, and says what it says
             order, not_kept = [], [f"all ({problem})"]
@@ -177,25 +190,38 @@ IMMUTABLE = (
 """Objects whose identity two variables may share without it mattering (or that pickle by their name)."""
 
 
+class _Hashing:
+    """A file that hashes what is written to it (a kept variable's digest: what `compare` calls changed)."""
+
+    def __init__(self, handle):
+        import hashlib
+
+        self.handle, self.sha256 = handle, hashlib.sha256()
+
+    def write(self, data):
+        self.sha256.update(data)
+        return self.handle.write(data)
+
+
 def _write(path, values):
     """Pickle `values` into a file, whole or not at all: (why it could not be, or None; the ids of the mutable
-    objects it holds, which variables kept apart must not share)."""
+    objects it holds, which variables kept apart must not share; the SHA-256 of what was written)."""
     temporary = path + ".new"
     try:
         with open(temporary, "wb") as handle:
-            pickler = pickle.Pickler(handle, protocol=pickle.HIGHEST_PROTOCOL)
+            hashing = _Hashing(handle)
+            pickler = pickle.Pickler(hashing, protocol=pickle.HIGHEST_PROTOCOL)
             pickler.dump(values)
             memo = pickler.memo.copy()
         os.replace(temporary, path)
     except OSError as exc:
         _remove(temporary)
-        return _WHY.get(exc.errno) or exc.strerror or type(exc).__name__, ()
+        return _WHY.get(exc.errno) or exc.strerror or type(exc).__name__, (), None
     except Exception:  # not picklable (a stream, a lock, a generator, a function of this cell)
         _remove(temporary)
-        return type(next(iter(values.values()))).__name__, ()
-    return None, [
-        identity for identity, (_, obj) in memo.items() if not isinstance(obj, IMMUTABLE) and obj is not values
-    ]
+        return type(next(iter(values.values()))).__name__, (), None
+    mutable = [identity for identity, (_, obj) in memo.items() if not isinstance(obj, IMMUTABLE) and obj is not values]
+    return None, mutable, hashing.sha256.hexdigest()
 
 
 def _about(value, width=80):

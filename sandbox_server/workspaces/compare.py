@@ -28,8 +28,9 @@ ABOUT_CHARS = 120
 """What is shown of the sandbox's line on a variable."""
 MAX_VARIABLES = 50
 
-Kept = dict[str, tuple[str, str]]
-"""Kept variable -> (the file holding it, the sandbox's line on what it is)."""
+Kept = dict[str, tuple[str, str, str | None]]
+"""Kept variable -> (the file holding it, the sandbox's line on what it is, its content's SHA-256 when the index
+says it)."""
 
 
 def kept_variables(index: bytes | None) -> Kept:
@@ -38,13 +39,15 @@ def kept_variables(index: bytes | None) -> Kept:
         return {}
     try:
         read = json.loads(index)
-        values, about = read.get("values", {}), read.get("about", {})
+        values, about, digests = read.get("values", {}), read.get("about", {}), read.get("digests", {})
     except (ValueError, AttributeError):
         return {}
-    if not isinstance(values, dict) or not isinstance(about, dict):
+    if not isinstance(values, dict) or not isinstance(about, dict) or not isinstance(digests, dict):
         return {}
     return {
-        str(name)[:ABOUT_CHARS]: (str(file), str(about.get(name, "?"))[:ABOUT_CHARS])
+        str(name)[:ABOUT_CHARS]: (
+            str(file), str(about.get(name, "?"))[:ABOUT_CHARS], str(digests[name])[:64] if name in digests else None
+        )
         for name, file in list(values.items())[:10_000]
     }
 
@@ -52,20 +55,22 @@ def kept_variables(index: bytes | None) -> Kept:
 def variables_between(
     before: Kept, after: Kept, before_states: Mapping[str, FileState], after_states: Mapping[str, FileState]
 ) -> dict[str, Any]:
-    """Kept variables added, changed (held in another file, or their file changed) and removed, each with what it
-    is now (or was)."""
+    """Kept variables added, changed and removed, each with what it is now (or was). Changed: its content's
+    digest differs (a cell that loaded it and left it as it was changed nothing); for an index without digests
+    (an earlier version's), held in another file or its file changed."""
 
     def state(states: Mapping[str, FileState], file: str) -> FileState | None:
         return states.get(f"{wire.CELL_STATE_DIR}/{file}")
 
+    def differs(name: str) -> bool:
+        (file, _, digest), (earlier, _, was) = after[name], before[name]
+        if digest is not None and was is not None:
+            return digest != was
+        return file != earlier or state(after_states, file) != state(before_states, earlier)
+
     added = [{"name": n, "about": after[n][1]} for n in after if n not in before]
     removed = [{"name": n, "about": before[n][1]} for n in before if n not in after]
-    changed = [
-        {"name": n, "about": after[n][1], "was": before[n][1]}
-        for n in after
-        if n in before
-        and (after[n][0] != before[n][0] or state(after_states, after[n][0]) != state(before_states, before[n][0]))
-    ]
+    changed = [{"name": n, "about": after[n][1], "was": before[n][1]} for n in after if n in before and differs(n)]
     listed: dict[str, Any] = {
         "added": added[:MAX_VARIABLES],
         "changed": changed[:MAX_VARIABLES],

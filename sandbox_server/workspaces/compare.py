@@ -46,7 +46,9 @@ def kept_variables(index: bytes | None) -> Kept:
         return {}
     return {
         str(name)[:ABOUT_CHARS]: (
-            str(file), str(about.get(name, "?"))[:ABOUT_CHARS], str(digests[name])[:64] if name in digests else None
+            str(file),
+            str(about.get(name, "?"))[:ABOUT_CHARS],
+            str(digests[name])[:64] if name in digests else None,
         )
         for name, file in list(values.items())[:10_000]
     }

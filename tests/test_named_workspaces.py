@@ -311,6 +311,7 @@ async def test_a_branch_runs_one_call_per_fork_side_by_side_and_says_what_each_d
             continued = await _call(session, "run_python", code="print(n)", workspace=first)
     assert not result["is_error"] and "4 branch(es) of workspace" in result["text"], result["text"]
     assert "(2 ended in an error)" in result["text"], result["text"]
+    assert "\n  output: ten times 10\n" in result["text"] and "\n  output: a | b\n" in result["text"], result["text"]
     tens, appended, removed, refused = result["branches"]
     assert tens["call"]["stdout"] == "ten times 10\n" and not tens["call"]["is_error"], tens["call"]
     assert tens["variables"]["changed"] == [{"name": "n", "about": "int 10", "was": "int 1"}], tens["variables"]

@@ -36,6 +36,8 @@ ACTIONS = (
 )  # fmt: skip
 IMPORT_PART = 8 * 1024 * 1024
 """What an import reads of the export in the call's workspace at a time."""
+SAID_LINES, SAID_CHARS = 3, 200
+"""The last lines of a branch's output its text shows, each cut to this many characters."""
 
 
 class WorkspacesTool:
@@ -339,7 +341,8 @@ class WorkspacesTool:
         for each, call, outcome in zip(rows, asked, outcomes, strict=True):
             each["call"] = call_summary(str(call["tool"]), outcome)
         extra["branches"] = rows
-        said = [f"{each['call']['tool']}: {each['call']['headline']}\n  {compared_line(each)}" for each in rows]
+        said = [f"{each['call']['tool']}: {each['call']['headline']}{_said(each['call'])}\n  {compared_line(each)}"
+                for each in rows]  # fmt: skip
         sections.append(("branches", "\n".join(said)))
         failed = sum(1 for each in rows if each["call"]["is_error"])
         return (
@@ -435,3 +438,9 @@ class WorkspacesTool:
         store.forget(record)
         kept.deleted = True
         return f"workspace {record.id}" + (f" ({record.name!r})" if record.name else "") + " is deleted"
+
+
+def _said(call: Mapping[str, Any]) -> str:
+    """The last lines a branch's call printed (its scores, its answer), for the text a model reads."""
+    lines = [line.strip()[:SAID_CHARS] for line in str(call["stdout"]).splitlines() if line.strip()]
+    return "\n  output: " + " | ".join(lines[-SAID_LINES:]) if lines else ""

@@ -103,6 +103,19 @@ async def test_a_disabled_tool_disappears(tmp_path: Path, runtime: DockerRuntime
         assert raised.value.code == -32602
 
 
+async def test_a_busy_host_refuses_sandboxes_and_never_the_bookkeeping_of_workspaces(
+    tmp_path: Path, runtime: DockerRuntime
+) -> None:
+    policy = tmp_path / "busy.yaml"
+    policy.write_text("extends: default\nhost: {min_available_memory_mb: 100000000}\n")  # never this much: always busy
+    async with connect(stdio_parameters("--policy", str(policy), "--no-pool")) as session:
+        sandbox = await session.call_tool("execute_command", {"command": "true"})
+        listed = await session.call_tool("workspaces", {"action": "list"})
+        services = await session.call_tool("services", {"action": "list"})
+    assert sandbox.is_error and "field host.min_available_memory_mb" in text_of(sandbox), text_of(sandbox)
+    assert not listed.is_error and not services.is_error, (text_of(listed), text_of(services))
+
+
 async def test_concurrency_cap_answers_busy_at_once_when_no_call_may_wait(
     tmp_path: Path, runtime: DockerRuntime
 ) -> None:

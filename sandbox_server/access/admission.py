@@ -96,25 +96,29 @@ class Admission:
         policy_name: str | None = None,
         deadline_s: float = math.inf,
         waiting: Waiting | None = None,
+        starts_sandbox: bool = True,
     ) -> Ticket:
         """A ticket, at once or once the call's turn comes; the Refusal to send back when it may not run.
 
         A call that finds every slot taken waits in the queue for at most the server policy's
         `rate.queue_wait_s` and `deadline_s` (what is left of its own timeout), telling `waiting` how many
-        calls are ahead of it; cancelled, it leaves the queue.
+        calls are ahead of it; cancelled, it leaves the queue. A call that starts no sandbox (bookkeeping:
+        listing, keeping, comparing, deleting workspaces) is never refused for the host's load or memory.
         """
         rate, policy_name = rate or self.rate, policy_name or self.policy_name
         with self._lock:
             now = self._clock()
             window = self._window(client, rate, policy_name, now)
             if not self._waiting and self._room(client, rate.concurrent_calls):
-                self._refuse_when_saturated()
+                if starts_sandbox:
+                    self._refuse_when_saturated()
                 window.append(now)
                 return self._take(client)
             wait = min(self.rate.queue_wait_s, deadline_s)
             if wait <= 0 or self._waiting >= self.rate.queue_length:
                 raise self._busy(client, rate, policy_name, wait)
-            self._refuse_when_saturated()
+            if starts_sandbox:
+                self._refuse_when_saturated()
             window.append(now)  # a call that waits counts as started for the calls per minute
             waiter = _Waiter(client, rate.concurrent_calls)
             self._queues.setdefault(client, deque()).append(waiter)

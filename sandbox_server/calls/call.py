@@ -18,7 +18,7 @@ from sandbox_server.sandbox.runtime import ProgressCallback
 from sandbox_server.sandbox.streams import CappedBuffer
 from sandbox_server.tools import Tool
 
-__all__ = ["AskApproval", "Call", "TaskStart"]
+__all__ = ["AskApproval", "Call", "TaskStart", "branch_calls", "branching", "starts_sandbox"]
 
 AskApproval = Callable[[Approval, Policy, dict[str, Any]], Awaitable[Any]]
 """Asks a person to approve a call (given what needs approval, the call's policy and its audit record): None
@@ -79,3 +79,22 @@ class Call:
             return float(timeout)
         limits = self.tool_policy.limits
         return self.tool_policy.max_task_s if self.task is not None else limits.timeout_s
+
+
+def branch_calls(call: Call) -> int:
+    """The calls a `branch` runs side by side (each a sandbox of its own); 1 for any other call."""
+    asked = call.arguments.get("calls") if branching(call) else None
+    return max(1, len(asked)) if isinstance(asked, list) else 1
+
+
+def branching(call: Call) -> bool:
+    """Whether a call is the `workspaces` tool's `branch`: it runs no sandbox of its own, and each call it runs in
+    a fork is admitted as any call is (held itself, it would keep one of them waiting for its own slot)."""
+    return call.tool is not None and call.tool.name == "workspaces" and call.arguments.get("action") == "branch"
+
+
+def starts_sandbox(call: Call) -> bool:
+    """Whether a call may start a sandbox: every tool's but the bookkeeping of workspaces and services (a
+    workspace's `resume` starts its services again), which the host's load never refuses."""
+    bookkeeping = call.tool is not None and not getattr(call.tool, "sandbox", True)
+    return not bookkeeping or call.arguments.get("action") == "resume"

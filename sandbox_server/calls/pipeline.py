@@ -27,7 +27,7 @@ from sandbox_server.access.approval import approval_needed
 from sandbox_server.access.audit import AuditLog, call_record
 from sandbox_server.access.identity import Identity
 from sandbox_server.calls.arguments import check_arguments
-from sandbox_server.calls.call import AskApproval, Call, TaskStart
+from sandbox_server.calls.call import AskApproval, Call, TaskStart, branch_calls, branching, starts_sandbox
 from sandbox_server.calls.hosts import CallAsker, Grants
 from sandbox_server.calls.judge import judged_facts
 from sandbox_server.calls.registry import ToolRegistry
@@ -51,7 +51,7 @@ if TYPE_CHECKING:  # the PostgreSQL driver is imported only by a server given --
     from sandbox_server.access.shared import SharedRate
     from sandbox_server.state.calls import SharedCall
 
-__all__ = ["AskApproval", "Call", "CallEnd", "CallPipeline", "TaskStart", "UnknownTool", "branch_calls"]
+__all__ = ["AskApproval", "Call", "CallEnd", "CallPipeline", "TaskStart", "UnknownTool"]
 
 DENIED_NAMED = 20
 """Hosts the proxy refused that an answer's note names (the answer's `network.denied` lists more)."""
@@ -271,7 +271,9 @@ class CallPipeline:
             return
         policy, key = call.policy, call.identity.limits_key
         with self.tracing.span("admission"):
-            ticket = await self.admission.enter(key, policy.rate, policy.name, call.deadline_s, call.waiting)
+            ticket = await self.admission.enter(
+                key, policy.rate, policy.name, call.deadline_s, call.waiting, starts_sandbox(call)
+            )
         shared = None
         try:
             if self.shared_rate is not None:
@@ -412,18 +414,6 @@ class CallPipeline:
             )
         structured = {**outcome.structured, "network": answered} if outcome.structured is not None else None
         return replace(outcome, structured=structured, notes=notes, audit=audit)
-
-
-def branch_calls(call: Call) -> int:
-    """The calls a `branch` runs side by side (each a sandbox of its own); 1 for any other call."""
-    asked = call.arguments.get("calls") if branching(call) else None
-    return max(1, len(asked)) if isinstance(asked, list) else 1
-
-
-def branching(call: Call) -> bool:
-    """Whether a call is the `workspaces` tool's `branch`: it runs no sandbox of its own, and each call it runs in
-    a fork is admitted as any call is (held itself, it would keep one of them waiting for its own slot)."""
-    return call.tool is not None and call.tool.name == "workspaces" and call.arguments.get("action") == "branch"
 
 
 def _in_workspace(

@@ -26,8 +26,9 @@ from mcp_types.jsonrpc import INVALID_PARAMS
 from sandbox_server import __version__
 from sandbox_server.access.approval import Approval
 from sandbox_server.access.audit import AuditLog
+from sandbox_server.calls.call import branch_calls
 from sandbox_server.calls.hosts import Grants, Question
-from sandbox_server.calls.pipeline import Call, CallPipeline, TaskStart, UnknownTool, branch_calls
+from sandbox_server.calls.pipeline import Call, CallPipeline, TaskStart, UnknownTool
 from sandbox_server.calls.registry import ToolRegistry
 from sandbox_server.calls.tracing import Tracing
 from sandbox_server.errors import Refusal

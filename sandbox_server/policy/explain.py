@@ -43,7 +43,7 @@ def explain_policy(policy: Policy, tool_names: list[str], managing: tuple[str, .
         "tool_prefix": policy.tool_prefix,
         "rate": asdict(policy.rate),
         "host": asdict(policy.host),
-        "audit": asdict(policy.audit),
+        "audit": {**asdict(policy.audit), "written_to": written_to(policy)},
         "workspace": asdict(policy.workspace),
         "approval": asdict(policy.approval),
         "tasks": asdict(policy.tasks),
@@ -52,6 +52,19 @@ def explain_policy(policy: Policy, tool_names: list[str], managing: tuple[str, .
         "set_by": set_by(Path(policy.source)) if Path(policy.source).is_file() else {},
         "notes": list(policy.notes),
     }
+
+
+def written_to(policy: Policy) -> str:
+    """Where a server under this policy writes its audit trail: `audit.path`, else the state folder's (the trail
+    is on by default); `serve --audit-log` names another."""
+    from sandbox_server.state.folder import default_state_dir
+
+    if policy.audit.path:
+        return policy.audit.path
+    return (
+        f"{default_state_dir() / 'audit.jsonl'} (the state folder's: the trail is on by default; serve --audit-log "
+        "or audit.path names another)"
+    )
 
 
 def set_by(source: Path) -> dict[str, str]:

@@ -16,6 +16,7 @@ from sandbox_server.errors import ConfigError, Refusal
 from sandbox_server.policy import HostAdmission, RateLimits
 from sandbox_server.policy.loader import HostFacts, load_policy, policy_errors
 from sandbox_server.sandbox.seccomp import build_profile, known_syscalls, profile_path
+from sandbox_server.state.folder import default_state_dir
 from sandbox_server.tools import all_tools
 from tests.conftest import run_cli
 
@@ -208,6 +209,8 @@ def test_policy_explain_and_diff_show_every_section_which_file_set_each_setting_
     for section in ("rate", "host", "audit", "workspace", "approval", "tasks", "services"):
         assert section in explained, section
     assert explained["services"]["tools"] == [] and explained["workspace"]["persist"] is True
+    assert explained["audit"]["path"] is None  # as written; and where the trail goes all the same:
+    assert explained["audit"]["written_to"].startswith(f"{default_state_dir() / 'audit.jsonl'} (the state folder's")
     assert list(explained["tools"]) == ["execute_command", "run_python", "analyze_csv", "workspaces"]  # no services
     assert explained["tools"]["workspaces"] == {"runs_no_sandbox": True}
     set_by = explained["set_by"]

@@ -3,12 +3,14 @@ tests/test_meters.py): rotated files read in order, events of services counted a
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
 from sandbox_server.access.audit import AuditLog
+from sandbox_server.calls.metrics import OUTCOMES
 from sandbox_server.errors import UsageError
 from sandbox_server.ops.usage import parse_since, read_records, summarize
 
@@ -56,3 +58,15 @@ def test_since_takes_a_duration_or_a_time_and_refuses_anything_else() -> None:
 def test_a_missing_trail_is_said(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="no audit trail there"):
         read_records(tmp_path / "nowhere.jsonl")
+
+
+def test_every_outcome_a_call_record_can_say_is_a_documented_label_value() -> None:
+    root = Path(__file__).resolve().parents[2]
+    said = set()
+    for source in (root / "sandbox_server").rglob("*.py"):
+        for line in source.read_text().splitlines():  # where a record's outcome is set: each value it may take
+            if re.search(r"\"outcome\"(\] =|: \")|setdefault\(\"outcome\", \"", line):
+                said |= set(re.findall(r"\"(\w+)\"", line)) - {"outcome"}
+    assert said == set(OUTCOMES), said
+    row = next(line for line in (root / "docs" / "meters.md").read_text().splitlines() if "`sandbox_calls_total`" in line)
+    assert set(re.findall(r"`(\w+)`", row.split("|")[3])) == set(OUTCOMES), row

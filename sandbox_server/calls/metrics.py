@@ -15,7 +15,7 @@ from sandbox_server.access.audit import Spent
 __all__ = ["Metrics", "StorageCollector"]
 
 OUTCOMES = ("ok", "error", "refused", "cancelled", "awaiting_approval")
-"""Every value of `sandbox_calls_total`'s outcome label, as the audit record says it (docs/meters.md lists each)."""
+"""Every value of `sandbox_calls_total`'s outcome label, as the audit record says it (the page on meters lists each)."""
 
 Holdings = Mapping[tuple[str | None, str], tuple[int, int]]
 """(caller, kind: workspace or snapshot) -> (how many, bytes), as the workspace store counts them."""

@@ -68,7 +68,5 @@ def test_every_outcome_a_call_record_can_say_is_a_documented_label_value() -> No
             if re.search(r"\"outcome\"(\] =|: \")|setdefault\(\"outcome\", \"", line):
                 said |= set(re.findall(r"\"(\w+)\"", line)) - {"outcome"}
     assert said == set(OUTCOMES), said
-    row = next(
-        line for line in (root / "docs" / "meters.md").read_text().splitlines() if "`sandbox_calls_total`" in line
-    )
+    row = next(line for line in (root / "docs/meters.md").read_text().splitlines() if "`sandbox_calls_total`" in line)
     assert set(re.findall(r"`(\w+)`", row.split("|")[3])) == set(OUTCOMES), row

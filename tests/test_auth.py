@@ -80,6 +80,9 @@ def test_token_add_prints_the_token_once_and_keeps_only_its_hash(tmp_path: Path)
     assert again.returncode == 1 and "a caller named 'alice' exists" in again.stderr
     unknown_policy = cli("token", "add", "carol", "--policy", "no-such-policy", "--tokens", str(tokens))
     assert unknown_policy.returncode == 1 and "--policy" in unknown_policy.stderr
+    unnamed = cli("token", "add", "erin", "--tokens", str(tokens))  # no --policy: said, whatever the server's
+    assert unnamed.returncode == 0 and "no --policy: this caller's calls run under policy 'default'" in unnamed.stderr
+    assert cli("token", "revoke", "erin", "--tokens", str(tokens)).returncode == 0
     listed = cli("token", "list", "--tokens", str(tokens))
     assert listed.stdout.startswith("alice\tpolicy default\tadded ") and token not in listed.stdout
     assert cli("token", "revoke", "alice", "--tokens", str(tokens)).returncode == 0
@@ -151,6 +154,12 @@ async def test_a_request_without_a_valid_token_gets_a_401_saying_why_and_where_t
     assert described["resource"] == team.server.url and described["bearer_methods_supported"] == ["header"]
     team.server.wait_for_line("refused an HTTP request from 127.0.0.1: the token is not known here")
     assert not any("sbx_made-up" in line or "YWxpY2U6eA" in line for line in team.server.lines)
+
+
+def test_the_server_says_at_its_start_which_policies_its_callers_tokens_name(team: Team) -> None:
+    team.server.wait_for_line("callers' policy default: 2 caller(s) (alice, dave)", timeout_s=60)
+    team.server.wait_for_line("callers' policy strict: 1 caller(s) (bob)")
+    team.server.wait_for_line("1 caller(s) run under another policy than this server's default, as their tokens name")
 
 
 async def test_each_callers_calls_run_under_the_policy_of_its_token_and_the_audit_names_them(team: Team) -> None:

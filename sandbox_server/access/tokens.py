@@ -199,3 +199,24 @@ class TokensFile:
     def find(self, token: str) -> Caller | None:
         """The caller whose token this is (every stored hash compared, in constant time each)."""
         return caller_of(self.callers(), token)
+
+
+def policies_said(callers: list[Caller], served: str) -> tuple[list[str], str | None]:
+    """What a server says at its start of the policies its callers' tokens name: a line per policy with its callers,
+    and a warning when some name another than the server's (their calls run under the token's policy)."""
+    by_policy: dict[str, list[str]] = {}
+    for caller in callers:
+        by_policy.setdefault(caller.policy, []).append(caller.name)
+    lines = [
+        f"callers' policy {policy}: {len(names)} caller(s) ({', '.join(names[:5])}"
+        + (f" and {len(names) - 5} more)" if len(names) > 5 else ")")
+        for policy, names in by_policy.items()
+    ]
+    others = [policy for policy in by_policy if policy != served]
+    if not others:
+        return lines, None
+    count = sum(len(by_policy[policy]) for policy in others)
+    return lines, (
+        f"{count} caller(s) run under another policy than this server's {served}, as their tokens name it "
+        f"({', '.join(others)}); `sandbox-server token add NAME --policy {served}` gives a caller the server's"
+    )

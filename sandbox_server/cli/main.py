@@ -103,14 +103,13 @@ def _token_add(args: argparse.Namespace) -> int:
     from sandbox_server.policy.loader import load_policy, policy_problem
     from sandbox_server.policy.references import stored_reference
 
-    names = _tool_names()
+    names, shared = _tool_names(), _shared_tokens(args)
     problem = policy_problem(lambda reference: load_policy(reference, names))
-    shared = _shared_tokens(args)
-    policy = stored_reference(args.policy)  # a file by its absolute path: a server started elsewhere finds it
-    if shared is not None:
-        token = shared.add(args.name, policy, problem)
-    else:
-        token = add_caller(Path(args.tokens), args.name, policy, problem)
+    if args.policy is None:
+        _say("no --policy: this caller's calls run under policy 'default', whatever policy the server is given")
+    policy = stored_reference(args.policy or "default")  # a file by its absolute path, found from anywhere
+    adding = functools.partial(shared.add) if shared is not None else functools.partial(add_caller, Path(args.tokens))
+    token = adding(args.name, policy, problem)
     where = "the shared state" if shared is not None else args.tokens
     _say(f"added caller {args.name!r} (policy {policy}) to {where}; its token, shown this once:")
     print(token)
@@ -323,7 +322,7 @@ def build_parser() -> argparse.ArgumentParser:
     token_commands = token.add_subparsers(dest="token_command", required=True, metavar="ACTION")
     add = token_commands.add_parser("add", help="a new caller: prints its token once (the last line of stdout)")
     add.add_argument("name", help="the caller's name, as the audit log shows it")
-    add.add_argument("--policy", default="default", help="the policy its calls run under (default: default)")
+    add.add_argument("--policy", help="the policy its calls run under, whatever the server's (default: default)")
     _where_callers(add, "the tokens file (made when missing)")
     add.set_defaults(handler=_token_add)
     listed = token_commands.add_parser("list", help="the callers of a tokens file and their policies")

@@ -280,7 +280,7 @@ def _authentication(
 ) -> Authentication | None:
     """Who may call over HTTP: the tokens file's callers and the issuer's (None: no authentication)."""
     from sandbox_server.access.auth import Authentication, JwtVerifier, PolicyRule, StaticTokenVerifier, jwks_url_of
-    from sandbox_server.access.tokens import TokensFile
+    from sandbox_server.access.tokens import TokensFile, policies_said
     from sandbox_server.policy.loader import policy_problem
 
     if not args.tokens and not args.issuer:
@@ -297,7 +297,13 @@ def _authentication(
             tokens = SharedTokens(database, seed=tokens_file)
         static = StaticTokenVerifier(tokens)
         where = "the shared state" if database is not None else args.tokens
-        log.info("HTTP callers need a token of %s (%d caller(s))", where, len(tokens.callers()))
+        callers = tokens.callers()
+        log.info("HTTP callers need a token of %s (%d caller(s))", where, len(callers))
+        lines, warning = policies_said(callers, args.policy)
+        for line in lines:
+            log.info("%s", line)
+        if warning is not None:
+            log.warning("%s", warning)
     if args.issuer:
         rules = [PolicyRule.parse(rule, by_scope=True) for rule in args.scope_policy]
         rules += [PolicyRule.parse(rule, by_scope=False) for rule in args.claim_policy]

@@ -454,7 +454,16 @@ async def test_over_stdio_the_server_opens_previews_on_a_loopback_port_by_link_a
             page = await browser.get(link)
             assert page.status_code == 200 and "Preview works" in page.text
         async with httpx2.AsyncClient(timeout=30) as other:
-            assert (await other.get(link)).status_code == 401
+            again = await other.get(link)
+            assert again.status_code == 401 and '{"action": "list"}' in again.text, again.text  # it says how
+        listed = await session.call_tool("services", {"action": "list"})
+        fresh = (listed.structured_content or {})["services"][0]["preview"]
+        said = text_of(listed).split("for a person to open (once, in one browser): ", 1)[1].split()[0]
+        assert fresh != link and said != link, (fresh, said, link)
+        async with httpx2.AsyncClient(timeout=30, follow_redirects=True) as browser:
+            assert "Preview works" in (await browser.get(fresh)).text
+        async with httpx2.AsyncClient(timeout=30, follow_redirects=True) as browser:
+            assert "Preview works" in (await browser.get(said)).text
 
 
 async def test_calls_beside_a_service_take_warm_containers_waiting_on_its_network(

@@ -84,16 +84,16 @@ class Previews:
 
     # -- links ---------------------------------------------------------------------------------
 
-    def _signature(self, service_id: str, caller: str, expires: int) -> str:
-        message = f"{service_id}|{caller}|{expires}".encode()
+    def _signature(self, service_id: str, caller: str, expires: int, nonce: str) -> str:
+        message = f"{service_id}|{caller}|{expires}|{nonce}".encode()
         return hmac.new(self._key, message, hashlib.sha256).hexdigest()[:32]
 
     def link(self, service: Service) -> str | None:
         """A signed link that opens the service in its caller's browser (None when its policy allows no preview)."""
         if not service.settings.preview:
             return None
-        expires = int(time.time() + LINK_TTL_S)
-        grant = f"{expires}.{self._signature(service.id, service.caller, expires)}"
+        expires, nonce = int(time.time() + LINK_TTL_S), secrets.token_hex(8)  # each link its own: each opens once
+        grant = f"{expires}.{nonce}.{self._signature(service.id, service.caller, expires, nonce)}"
         return f"{self.base_url}{PREVIEW_PREFIX}/{service.id}/?{urlencode({'grant': grant})}"
 
     def routes(self) -> list[BaseRoute]:
@@ -171,13 +171,20 @@ class Previews:
         service = self.services.get(request.path_params["service"])
         if grant is None or service is None:
             return None
-        expires_text, _, signature = grant.partition(".")
+        expires_text, _, rest = grant.partition(".")
+        nonce, _, signature = rest.partition(".")
         now = time.time()
         self._used = {used: until for used, until in self._used.items() if until > now}
         valid = expires_text.isdigit() and int(expires_text) > now and signature not in self._used
-        expected = self._signature(service.id, service.caller, int(expires_text)) if expires_text.isdigit() else ""
+        readable = expires_text.isdigit() and nonce.isalnum()
+        expected = self._signature(service.id, service.caller, int(expires_text), nonce) if readable else ""
         if not valid or not hmac.compare_digest(signature, expected):
-            return PlainTextResponse("this preview link has expired or was used already; ask for a new one\n", 401)
+            return PlainTextResponse(
+                "this preview link has expired or was used already: a link opens once, in one browser. For a new "
+                'one, call the services tool with {"action": "list"}: each listing gives each service a fresh '
+                "link\n",
+                401,
+            )
         self._used[signature] = float(expires_text)
         cookie = secrets.token_urlsafe(24)
         self._browsers = {k: v for k, v in self._browsers.items() if v[2] > now}

@@ -118,7 +118,11 @@ class ServicesTool:
         action = args["action"]
         if action == "list":
             listed = scope.listed()
-            lines = [f"{s['name']}: {s['state']}, {s['url']}, up {s['uptime_s']:g} s" for s in listed]
+            lines = [
+                f"{s['name']}: {s['state']}, {s['url']}, up {s['uptime_s']:g} s"
+                + (f"; for a person to open (once, in one browser): {s['preview']}" if s.get("preview") else "")
+                for s in listed
+            ]
             headline = f"{len(listed)} service(s) running in this workspace" if listed else "no service runs here"
             return ToolOutcome(headline, False, (("services", "\n".join(lines)),), {"services": listed})
         name = args.get("name")

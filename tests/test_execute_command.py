@@ -86,6 +86,11 @@ async def test_a_program_reaching_for_a_network_the_policy_gives_none_fails_at_o
     assert "policy field network: none" in said and "allow list" in said, said
     assert "Retrying" not in (pip.structured_content or {})["stdout"], said  # no retries: it fails at once
     assert "field network" not in text_of(fine)  # only where a program reached for it
+    cell = await client.call_tool("run_python", {
+        "code": "import subprocess\nsubprocess.run(['pip', 'install', 'no-such-package-here'])",
+    })  # fmt: skip
+    said = text_of(cell)
+    assert "policy field network: none" in said and "Retrying" not in said, said  # a cell's pip: the same
 
 
 async def test_unknown_tool_is_a_protocol_error(client: Client) -> None:

@@ -226,6 +226,23 @@ def test_analyze_csv_view_sorts_filters_hovers_and_switches_the_statistic(host: 
     host.clean()
 
 
+def test_analyze_csv_view_keeps_the_group_column_in_sight_while_the_others_scroll(host: Host) -> None:
+    content, _ = weather()
+    arguments = {
+        "filepath": "wetter.csv", "operations": ["describe", "sum", "distinct", "nulls"], "group_by": ["Stadt"],
+        "files": upload("wetter.csv", content),
+    }  # fmt: skip
+    host("open", tool="analyze_csv", arguments=arguments)
+    host("wait", selector="body[data-ready]")
+    assert len(host("text", selector="#results thead th")) >= 12  # wider than the view
+    [(group_x, _, _, _), (second_x, _, _, _)] = host("boxes", selector="#results tbody tr >> nth=0 >> td")[:2]
+    host("scroll", selector=".scroll", left=400)
+    [(group_after, _, _, _), (second_after, _, _, _)] = host("boxes", selector="#results tbody tr >> nth=0 >> td")[:2]
+    assert group_after == pytest.approx(group_x, abs=1), (group_x, group_after)  # stays in sight
+    assert second_after < second_x - 100, (second_x, second_after)  # the others scrolled
+    host.clean()
+
+
 def _marks(host: Host) -> tuple[list[str], list[str]]:
     return host("attr", selector="#chart .mark", name="data-label"), host(
         "attr", selector="#chart .mark", name="data-value"
@@ -330,6 +347,15 @@ def test_files_view_lists_the_workspace_highlights_the_last_call_and_downloads(h
     [download] = host("seen")["downloads"]
     [embedded] = download["contents"]
     assert embedded["type"] == "resource" and embedded["resource"]["text"] == "data\n", embedded
+
+    # Times say their zone: UTC when the host gives none, else the host's (Tokyo: nine hours on).
+    [utc] = host("text", selector="#files tbody tr[data-path='notes.txt'] td:nth-child(3)")
+    host("open", tool="workspaces", arguments={"action": "list"}, timeZone="Asia/Tokyo")
+    host("wait", selector="body[data-ready]")
+    [tokyo] = host("text", selector="#files tbody tr[data-path='notes.txt'] td:nth-child(3)")
+    assert utc.endswith(" UTC") and not tokyo.endswith(" UTC"), (utc, tokyo)
+    hours = (int(tokyo.split(" ")[1][:2]) - int(utc.split(" ")[1][:2])) % 24
+    assert hours == 9 and tokyo.split(" ")[1][2:] == utc.split(" ")[1][2:], (utc, tokyo)
     host.clean()
 
 
@@ -364,6 +390,14 @@ def test_service_view_embeds_the_preview_where_the_host_allows_frames_else_links
     intruded = host("intrude", url=preview.split("?")[0])
     assert "preview" not in intruded["text"], intruded
     assert any("frame-ancestors" in said for said in intruded["refused"]), intruded
+
+    # The row gives the person the preview (not the address the workspace's calls use); the frame used its link,
+    # so opening it from the row asks the server for a fresh one first.
+    assert "web:8000" not in host("text", selector="#services tbody tr")[0]
+    host("click", selector="button.open-row")
+    host("wait", selector="body[data-opened]")
+    fresh = host("seen")["links"][-1]
+    assert fresh.split("?")[0] == preview.split("?")[0] and fresh != source, (fresh, source)
 
     host("open", tool="services", arguments={"action": "list"}, frames=False)
     host("wait", selector="body[data-ready]")

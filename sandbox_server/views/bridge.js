@@ -124,6 +124,19 @@ function shown(value) {
   return String(value);
 }
 
+// A time as people read it: in the host's time zone when it gives one (hostContext.timeZone), else in UTC, and
+// the zone said either way.
+function when(iso) {
+  if (!iso) return "";
+  const zone = view.host.context.timeZone || "UTC";
+  const shown = { year: "numeric", month: "2-digit", day: "2-digit", hour: "2-digit", minute: "2-digit", second: "2-digit" };
+  try {
+    return new Intl.DateTimeFormat("sv-SE", { ...shown, timeZone: zone, timeZoneName: "short" }).format(new Date(iso));
+  } catch {
+    return `${new Date(iso).toISOString().replace("T", " ").slice(0, 19)} UTC`;
+  }
+}
+
 function bytes(size) {
   const units = ["B", "KB", "MB", "GB"];
   let unit = 0;

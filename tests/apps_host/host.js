@@ -5,7 +5,7 @@
 // MCP client carries them to the server.
 import { AppBridge, PostMessageTransport } from "@modelcontextprotocol/ext-apps/app-bridge";
 
-window.mount = async ({ html, csp, input, frames, tool, theme, origin }) => {
+window.mount = async ({ html, csp, input, frames, tool, theme, origin, timeZone }) => {
   document.getElementById("view")?.remove();
   const frame = document.createElement("iframe");
   frame.id = "view";
@@ -23,7 +23,7 @@ window.mount = async ({ html, csp, input, frames, tool, theme, origin }) => {
     sandbox: { csp: frames ? csp : {} },
   };
   const bridge = new AppBridge(null, { name: "sandbox-server-test-host", version: "1.0.0" }, capabilities, {
-    hostContext: { theme: theme ?? "light", displayMode: "inline", platform: "web", toolInfo: { tool } },
+    hostContext: { theme: theme ?? "light", displayMode: "inline", platform: "web", toolInfo: { tool }, ...(timeZone ? { timeZone } : {}) },
   });
   bridge.oncalltool = (params) => window.hostCallTool(params);
   bridge.onreadresource = (params) => window.hostReadResource(params);

@@ -7,7 +7,7 @@
 // Commands arrive on stdin as JSON lines and each is answered by one JSON line on stdout ({"error": ...} when it
 // failed): open a tool's view (the host calls the tool, reads its ui:// resource, frames it, hands it the input
 // and the result; given `ready`, a selector, it says how long the call took and the view until the selector
-// matched), then act in the view (click, fill, select, hover, drag) and read it (text, attr, boxes, screenshot),
+// matched), then act in the view (click, fill, select, hover, drag) and read it (text, attr, boxes, screenshot; scroll a box),
 // and ask what the view asked of the host (its tool calls, reads, links, downloads) and what the browser refused.
 // Boxes are in the view's own coordinates, which are the screenshot's: the frame sits at the page's corner.
 import http from "node:http";
@@ -66,7 +66,7 @@ await page.goto(`http://127.0.0.1:${web.address().port}/`);
 const view = () => page.frameLocator("#view");
 let running = null;
 
-async function open({ tool, arguments: input, frames = true, task = false, ready, theme, origin = false }) {
+async function open({ tool, arguments: input, frames = true, task = false, ready, theme, origin = false, timeZone }) {
   const listed = await client.listTools();
   const found = listed.tools.find((t) => t.name === tool);
   const uri = found?._meta?.ui?.resourceUri;
@@ -76,7 +76,7 @@ async function open({ tool, arguments: input, frames = true, task = false, ready
   if (contents.mimeType !== APP_MIME) throw new Error(`${uri} is ${contents.mimeType}`);
   const csp = contents._meta?.ui?.csp ?? {};
   const app = await page.evaluate(
-    (args) => window.mount(args), { html: contents.text, csp, input, frames, tool: found, theme, origin },
+    (args) => window.mount(args), { html: contents.text, csp, input, frames, tool: found, theme, origin, timeZone },
   );
   if (task) {
     const execution = await tasks.callTool(tool, input, { task: { preference: "require" } });
@@ -153,6 +153,10 @@ const commands = {
     return true;
   },
   text: async ({ selector }) => await view().locator(selector).allInnerTexts(),
+  scroll: async ({ selector, left = 0, top = 0 }) => {
+    await view().locator(selector).first().evaluate((e, [x, y]) => { e.scrollLeft = x; e.scrollTop = y; }, [left, top]);
+    return true;
+  },
   attr: async ({ selector, name }) =>
     await view().locator(selector).evaluateAll((els, n) => els.map((e) => e.getAttribute(n)), name),
   boxes: async ({ selector }) => await view().locator(selector).evaluateAll((els) => els.map((e) => {

@@ -498,6 +498,17 @@ async def test_calls_beside_a_service_take_warm_containers_waiting_on_its_networ
                 await anyio.sleep(0.1)
 
 
+def test_a_server_on_every_address_gives_no_preview_link_until_told_its_public_url(tmp_path: Path) -> None:
+    tokens = tmp_path / "tokens.json"
+    assert run_cli("token", "add", "ada", "--policy", "default", "--tokens", str(tokens)).returncode == 0
+    serve = ("--host", "0.0.0.0", "--tokens", str(tokens), "--no-pool", "--state-dir", str(tmp_path / "s"))
+    with http_server_process(*serve) as server:  # clients reach it on loopback; 0.0.0.0 is no address to open
+        server.wait_for_line("services' answers give no preview link: this server listens on every address", 60)
+        assert not any("previews at http://0.0.0.0" in line for line in server.lines), server.lines
+    with http_server_process(*serve, "--public-url", "https://sandbox.example/mcp") as server:
+        server.wait_for_line("services' previews at https://sandbox.example/preview/", 60)
+
+
 @pytest.mark.parametrize(("policy", "said"), [("default", True), ("strict", False)])
 def test_the_log_mentions_previews_only_where_the_policy_starts_services(policy: str, said: bool) -> None:
     with http_server_process("--policy", policy, "--no-pool") as server:

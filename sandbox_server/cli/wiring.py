@@ -175,6 +175,11 @@ def wire(
                 f"{why_not}; previews need the server to run as root beside its engine (the calls of the workspace "
                 "still reach the service by its name)"
             )
+        elif urlsplit(preview_base[0]).hostname in ("0.0.0.0", "::"):  # no address a person could open
+            no_preview = (
+                "this server listens on every address and cannot tell the one people reach it at: serve with "
+                "--public-url URL (its own or its load balancer's address) for preview links"
+            )
         else:
             no_preview = ""
         services = Services(
@@ -186,12 +191,12 @@ def wire(
             base_url, host = preview_base
             public = urlsplit(args.public_url).hostname if args.public_url else None
             previews = Previews(services, base_url, allowed_hosts(host_names(host, public)), args.frame_ancestor)
-            linked = why_not is None
+            linked = not no_preview
             said = policy.services.tools or args.tokens or args.issuer  # callers' own policies may start services
-            if said and why_not is None:
+            if said and linked:
                 log.info("services' previews at %s/preview/", base_url)
             elif said:
-                log.info("services have no preview: %s (it reaches them from inside)", why_not)
+                log.warning("services' answers give no preview link: %s", no_preview)
         tracing, stop_tracing = _tracing(args, runtime.owner, log)
         app = SandboxServer(
             Parts(

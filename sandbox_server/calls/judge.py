@@ -36,6 +36,8 @@ KEPT_PROGRAMS = 32
 """Programs of one shell line a record names (more are counted)."""
 KEPT_CHARS = 256
 """The longest program name or path a record keeps."""
+READ_CHARS = 8192
+"""How much of a shell line is read for the programs it runs (reading it costs more than its length)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +66,8 @@ def judged_facts(tool: str, arguments: Mapping[str, Any], long: bool) -> dict[st
         if "args" in arguments:  # the program alone: its arguments may carry anything
             kept |= {"command": arguments["command"][:KEPT_CHARS], "args": []}
         else:  # the programs the line runs, as far as reading it tells
-            programs = [words[0][:KEPT_CHARS] for words in shell_commands(arguments["command"]) if words]
+            line = arguments["command"][:READ_CHARS]  # a hostile line of megabytes is read no further
+            programs = [words[0][:KEPT_CHARS] for words in shell_commands(line) if words]
             kept["command"] = " ; ".join(dict.fromkeys(programs[:KEPT_PROGRAMS]))
     elif tool == "analyze_csv" and isinstance(arguments.get("filepath"), str):
         kept |= {"filepath": arguments["filepath"][:KEPT_CHARS], "operations": []}

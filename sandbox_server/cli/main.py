@@ -108,7 +108,7 @@ def _token_add(args: argparse.Namespace) -> int:
     if args.policy is None:
         _say("no --policy: this caller's calls run under policy 'default', whatever policy the server is given")
     policy = stored_reference(args.policy or "default")  # a file by its absolute path, found from anywhere
-    adding = functools.partial(shared.add) if shared is not None else functools.partial(add_caller, Path(args.tokens))
+    adding = shared.add if shared is not None else functools.partial(add_caller, Path(args.tokens))
     token = adding(args.name, policy, problem)
     where = "the shared state" if shared is not None else args.tokens
     _say(f"added caller {args.name!r} (policy {policy}) to {where}; its token, shown this once:")

@@ -38,7 +38,8 @@ def add_policy_evidence_commands(policy_commands: Any, tool_names: Any) -> None:
 
 def policy_replay(args: argparse.Namespace, tool_names: Any) -> int:
     """Exit 0 when the change changes none of the calls judged, 1 when it changes some (as diff does)."""
-    from sandbox_server.ops.replay import KINDS, parse_since, replay_trail
+    from sandbox_server.ops.replay import KINDS, replay_trail
+    from sandbox_server.ops.usage import parse_since
     from sandbox_server.policy.loader import load_policy
 
     policy = load_policy(args.policy, tool_names())

@@ -14,17 +14,16 @@ import re
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from sandbox_server.access.audit_verify import trail_files
 from sandbox_server.calls.judge import Judge, Verdict
-from sandbox_server.errors import UsageError
 from sandbox_server.policy import Policy
 from sandbox_server.tools import all_tools
 
-__all__ = ["KINDS", "Change", "Replay", "parse_since", "replay_trail"]
+__all__ = ["KINDS", "Change", "Replay", "replay_trail"]
 
 KINDS = {
     "now_refused": "would now be refused",
@@ -95,26 +94,6 @@ class Replay:
             "not_judged": dict(self.unjudged), "other_policies": dict(self.other_policies),
             "unreadable_lines": self.unreadable,
         }  # fmt: skip
-
-
-def parse_since(text: str, now: datetime | None = None) -> datetime:
-    """`--since`: an ISO date or time (UTC unless it says), or a span back from now (`90m`, `24h`, `7d`)."""
-    now = now or datetime.now(UTC)
-    span = re.fullmatch(r"(\d+)([mhd])", text.strip())
-    if span:
-        amount = int(span.group(1))
-        return (
-            now
-            - {"m": timedelta(minutes=amount), "h": timedelta(hours=amount), "d": timedelta(days=amount)}[span.group(2)]
-        )
-    try:
-        when = datetime.fromisoformat(text.strip())
-    except ValueError:
-        raise UsageError(
-            f"--since {text!r}: give an ISO date or time (2026-11-01, 2026-11-01T09:00) or a span back from now "
-            "(90m, 24h, 7d)"
-        ) from None
-    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
 
 
 def _records(path: Path, replay: Replay) -> Iterator[tuple[str, dict[str, Any]]]:

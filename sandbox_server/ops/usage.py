@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from sandbox_server.access.audit import Spent
+from sandbox_server.access.audit_verify import trail_files
 from sandbox_server.errors import UsageError
 
 __all__ = ["Totals", "parse_since", "read_records", "summarize"]
@@ -81,16 +82,10 @@ def parse_since(text: str, now: datetime | None = None) -> datetime:
     return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
 
 
-def _files(path: Path) -> list[Path]:
-    """The audit file and its rotated predecessors, oldest first."""
-    rotated = [p for p in path.parent.glob(f"{path.name}.*") if p.suffix[1:].isdigit()]
-    return sorted(rotated, key=lambda p: -int(p.suffix[1:])) + ([path] if path.exists() else [])
-
-
 def read_records(path: Path) -> tuple[list[dict[str, Any]], int]:
     """The records of an audit trail that say what was used: calls and stopped services (the other events of
     tasks' and services' lives left out); and how many lines could not be read."""
-    files = _files(path)
+    files = trail_files(path)
     if not files:
         raise UsageError(f"{path}: no audit trail there (serve writes one with --audit-log or the policy's audit.path)")
     records, unreadable = [], 0

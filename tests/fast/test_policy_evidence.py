@@ -14,7 +14,8 @@ from sandbox_server.calls.judge import Judge, judged_facts
 from sandbox_server.cli.main import main
 from sandbox_server.errors import ConfigError, UsageError
 from sandbox_server.ops.policy_tests import load_cases
-from sandbox_server.ops.replay import NOT_RECORDED, parse_since, replay_trail
+from sandbox_server.ops.replay import NOT_RECORDED, replay_trail
+from sandbox_server.ops.usage import parse_since
 from sandbox_server.policy.loader import load_policy
 from sandbox_server.policy.references import cases_path, policy_path, shipped_policies
 from sandbox_server.tools import all_tools

@@ -196,16 +196,48 @@ def _reapers_finished(timeout_s: float = 60) -> None:
     psutil.wait_procs(reapers, timeout=timeout_s)
 
 
-@pytest.fixture(scope="session", autouse=True)
-def no_container_left_behind() -> Iterator[None]:
-    """After the whole suite, no container of ours remains."""
-    yield
+def _left_behind() -> list[str]:
+    """Our sandboxes still there once every server of the run has ended (the engine's and runc's)."""
     _reapers_finished()
     try:
-        leftover = RuncRuntime.connect().sandbox_containers()  # the engine's and those runc ran for us
+        return RuncRuntime.connect().sandbox_containers()
     except Exception:
-        return  # the engine fixture already failed the tests that needed it
-    assert not leftover, f"sandbox containers left behind: {leftover}"
+        return []  # the engine fixture already failed the tests that needed it
+
+
+WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+"""The worker this process is when the suite runs side by side (pytest-xdist), else None."""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A worker's servers keep their state in a folder of the worker's own (its audit trail, workspaces and
+    images pool), as servers on separate hosts would; the sandboxes are told apart by their server already."""
+    if WORKER:
+        base = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
+        os.environ["XDG_STATE_HOME"] = os.path.join(base, "sandbox-server-tests", WORKER)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_container_left_behind() -> Iterator[None]:
+    """After the whole suite, no container of ours remains (side by side, the controller checks once every worker
+    has ended: a worker ending first would see the others' sandboxes)."""
+    yield
+    if not WORKER:
+        leftover = _left_behind()
+        assert not leftover, f"sandbox containers left behind: {leftover}"
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """The controller of a side-by-side run: the leftover check of `no_container_left_behind`, once for all."""
+    config = session.config
+    if WORKER or not getattr(config.option, "numprocesses", None):
+        return
+    if all(str(arg).startswith("tests/fast") for arg in config.args):
+        return  # the fast tier asks no engine
+    leftover = _left_behind()
+    if leftover:
+        config.get_terminal_writer().line(f"sandbox containers left behind: {leftover}", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture(scope="session")

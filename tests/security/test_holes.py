@@ -32,6 +32,7 @@ from sandbox_server.network.egress import CONNECTIONS_PER_SANDBOX
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
 from tests.conftest import images_of
 from tests.mcp_harness import CheckedClient, connect, http_server_process, stdio_parameters, text_of
+from tests.upstreams import remove_network
 
 pytestmark = pytest.mark.anyio
 
@@ -541,7 +542,7 @@ def egress_network(runtime: DockerRuntime) -> Iterator[tuple[str, str]]:
     try:
         yield name, subnet.rsplit(".", 2)[0] + ".250.250"
     finally:
-        api.remove_network(network)
+        remove_network(api, network)
         api.close()
 
 

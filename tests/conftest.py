@@ -21,6 +21,7 @@ from sandbox_server.sandbox.removal import OWNER_LABEL, owner_alive
 from sandbox_server.sandbox.runc_runtime import RuncRuntime
 from sandbox_server.sandbox.runc_state import STATE, is_runc, listed, owner_of
 from sandbox_server.sandbox.spec import SANDBOX_LABEL
+from sandbox_server.state.folder import default_state_dir
 from tests.mcp_harness import connect, stdio_parameters
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -212,9 +213,9 @@ WORKER = os.environ.get("PYTEST_XDIST_WORKER")
 def pytest_configure(config: pytest.Config) -> None:
     """A worker's servers keep their state in a folder of the worker's own (its audit trail, workspaces and
     images pool), as servers on separate hosts would; the sandboxes are told apart by their server already."""
-    if WORKER:
-        base = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
-        os.environ["XDG_STATE_HOME"] = os.path.join(base, "sandbox-server-tests", WORKER)
+    if WORKER:  # beside the folder a server would use (as root XDG_STATE_HOME is not read: SANDBOX_STATE_DIR is)
+        folder = default_state_dir()
+        os.environ["SANDBOX_STATE_DIR"] = str(folder.with_name(f"{folder.name}-tests-{WORKER}"))
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -230,7 +231,7 @@ def no_container_left_behind() -> Iterator[None]:
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """The controller of a side-by-side run: the leftover check of `no_container_left_behind`, once for all."""
     config = session.config
-    if WORKER or not getattr(config.option, "numprocesses", None):
+    if WORKER or not config.getoption("numprocesses", default=None):
         return
     if all(str(arg).startswith("tests/fast") for arg in config.args):
         return  # the fast tier asks no engine

@@ -21,6 +21,7 @@ import pytest
 from sandbox_server.network.upstream import wait_listening
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
 from sandbox_server.sandbox.images import fetch_wheel
+from sandbox_server.sandbox.service_containers import remove_network
 
 __all__ = ["SHELL", "Upstreams", "shell_network", "upstreams_fixture"]
 
@@ -165,19 +166,9 @@ def upstreams_fixture(runtime: DockerRuntime, tmp_path_factory: pytest.TempPathF
     finally:
         for container in containers:
             api.remove_container(container, force=True)
-        remove_network(api, network)
+        remove_network(api, network)  # what is still attached (a proxy on its way out) let go of first
+        assert not api.networks(ids=[network]), f"the test's network {name} was left behind"
         api.close()
-
-
-def remove_network(api: docker.APIClient, network: str) -> None:
-    """Remove a test's network, first taking off it what is still attached (a server's proxy that is still on its
-    way out): removing a network with an endpoint fails."""
-    for attached in api.inspect_network(network).get("Containers") or {}:
-        try:
-            api.disconnect_container_from_network(attached, network, force=True)
-        except docker.errors.NotFound:
-            pass  # it went meanwhile
-    api.remove_network(network)
 
 
 def shell_network(upstreams: Upstreams) -> dict[str, Any]:

@@ -30,9 +30,9 @@ from mcp.shared.exceptions import MCPError
 
 from sandbox_server.network.egress import CONNECTIONS_PER_SANDBOX
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
+from sandbox_server.sandbox.service_containers import remove_network
 from tests.conftest import images_of
 from tests.mcp_harness import CheckedClient, connect, http_server_process, stdio_parameters, text_of
-from tests.upstreams import remove_network
 
 pytestmark = pytest.mark.anyio
 
@@ -542,7 +542,8 @@ def egress_network(runtime: DockerRuntime) -> Iterator[tuple[str, str]]:
     try:
         yield name, subnet.rsplit(".", 2)[0] + ".250.250"
     finally:
-        remove_network(api, network)
+        remove_network(api, network)  # what is still attached (a proxy on its way out) let go of first
+        assert not api.networks(ids=[network]), f"the test's network {name} was left behind"
         api.close()
 
 

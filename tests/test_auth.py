@@ -138,7 +138,8 @@ async def call(client: CheckedClient, tool: str, **arguments: Any) -> dict[str, 
 
 async def test_a_request_without_a_valid_token_gets_a_401_saying_why_and_where_the_metadata_is(team: Team) -> None:
     metadata = team.server.url.replace("/mcp", "/.well-known/oauth-protected-resource/mcp")
-    async with httpx2.AsyncClient() as http:
+    # 30 s, not httpx's 5: the server answers at once, but a loaded host (workers side by side) can stall it
+    async with httpx2.AsyncClient(timeout=30) as http:
         cases = {
             "no bearer token": {},
             "malformed Authorization header": {"Authorization": "Basic YWxpY2U6eA=="},
@@ -326,7 +327,7 @@ async def test_a_jwt_of_the_issuer_runs_under_the_policy_its_scope_or_claim_pick
         ("bob@example.org", "strict"),
         ("carol@example.org", "strict"),
     ]
-    async with httpx2.AsyncClient() as http:
+    async with httpx2.AsyncClient(timeout=30) as http:
         described = (await http.get(audience.replace("/mcp", "/.well-known/oauth-protected-resource/mcp"))).json()
     assert described["authorization_servers"] == [issuer.url] and described["resource"] == audience
 
@@ -345,7 +346,7 @@ async def test_expired_foreign_and_misaddressed_jwts_get_a_401_saying_why(oauth:
         "the token is signed with 'HS256'": jwt.encode({"sub": "x", "aud": audience}, "secret" * 6, "HS256"),
         "malformed token": "not-a-jwt",
     }
-    async with httpx2.AsyncClient() as http:
+    async with httpx2.AsyncClient(timeout=30) as http:
         for reason, token in cases.items():
             answer = await http.post(audience, headers={"Authorization": f"Bearer {token}"}, json={})
             challenge = answer.headers.get("www-authenticate", "")

@@ -414,7 +414,7 @@ async def test_callers_are_the_shared_states_seeded_from_the_file_and_revoked_ev
     assert names == ["alice", "bob", "held", "metered", "running"], listed  # the file's four, seeded once, and bob
 
     async def status(replica: Replica) -> int:
-        async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {bob}"}) as http:
+        async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {bob}"}, timeout=30) as http:
             answer = await http.get(replica.url, headers={"Accept": "text/event-stream"})
         return answer.status_code
 

@@ -382,7 +382,7 @@ async def test_one_caller_cannot_fill_the_session_table_and_others_still_open_th
             "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "x", "version": "1"}},
         }  # fmt: skip
         accept = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
-        async with httpx2.AsyncClient(headers={**accept, "Authorization": f"Bearer {alice}"}) as http:
+        async with httpx2.AsyncClient(headers={**accept, "Authorization": f"Bearer {alice}"}, timeout=30) as http:
             opened = [await http.post(server.url, json=initialize) for _ in range(5)]
             assert all(answer.status_code == 200 for answer in opened)
             refused = await http.post(server.url, json=initialize)

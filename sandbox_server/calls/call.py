@@ -96,5 +96,5 @@ def branching(call: Call) -> bool:
 def starts_sandbox(call: Call) -> bool:
     """Whether a call may start a sandbox: every tool's but the bookkeeping of workspaces and services (a
     workspace's `resume` starts its services again), which the host's load never refuses."""
-    bookkeeping = call.tool is not None and not getattr(call.tool, "sandbox", True)
+    bookkeeping = call.tool is not None and not call.tool.sandbox
     return not bookkeeping or call.arguments.get("action") == "resume"

@@ -321,7 +321,7 @@ class CallPipeline:
             tools = self.registry.tools_of(call.policy)
             exposed = tool_name if tool_name in tools else self.registry.prefix + tool_name
             tool = tools.get(exposed)
-            if tool is None or not getattr(tool, "sandbox", True):
+            if tool is None or not tool.sandbox:
                 refused = Refusal(
                     f"refused: a branch runs one of the sandbox tools policy '{call.policy.name}' offers, not "
                     f"{tool_name[:64]!r}",

@@ -39,6 +39,7 @@ class ToolRegistry:
         workspaces: WorkspaceStore | None = None,
         caller_policy: Callable[[str], Policy] | None = None,
         tool_prefix: str | None = None,
+        server_reference: str | None = None,
     ) -> None:
         self.all_tools = {tool.name: tool for tool in tools}
         self.validators = {tool.name: Draft202012Validator(tool.input_schema) for tool in tools}
@@ -48,7 +49,9 @@ class ToolRegistry:
         """The egress proxies of policies with an allow list (None: such a policy's calls are refused)."""
         self.workspaces = workspaces
         self.caller_policy = caller_policy
-        """The policy a caller's token names, by its reference (None: every call runs under the server's)."""
+        """Loads the policy a caller's token names, by its reference (None: every call runs under the server's)."""
+        self.server_reference = server_reference
+        """How callers' tokens name the server's own policy, which they then share with its reloads."""
         self.tool_prefix = tool_prefix
         """Overrides the policy's `tool_prefix` when set (serve --tool-prefix)."""
         self._caller_policies: dict[str, Policy] = {}
@@ -73,18 +76,24 @@ class ToolRegistry:
         """The policy a caller's calls run under: the one its token names, else the server's (as it is now)."""
         if reference is None or self.caller_policy is None:
             return self.policy
-        policy = self.caller_policy(reference)
+        policy = self.named(reference)
         if policy is not self.policy and self._caller_policies.get(reference) is not policy:
             self._caller_policies[reference] = policy  # one not known before: its warm pools from now on
             self._configure_pool()
         return policy
+
+    def named(self, reference: str) -> Policy:
+        """The policy a reference names: the server's own as it is now, or a caller's as loaded."""
+        if reference == self.server_reference or self.caller_policy is None:
+            return self.policy
+        return self.caller_policy(reference)
 
     def know_policies(self, references: list[str]) -> None:
         """Keep warm containers for these callers' policies from the start (the tokens' and the issuer rules')."""
         if self.caller_policy is None:
             return
         for reference in references:
-            policy = self.caller_policy(reference)
+            policy = self.named(reference)
             if policy is not self.policy:
                 self._caller_policies[reference] = policy
         self._configure_pool()
@@ -118,7 +127,7 @@ class ToolRegistry:
         targets = []
         for name, tool in self.all_tools.items():
             tool_policy = policy.for_tool(name)
-            if not tool_policy.enabled or not getattr(tool, "sandbox", True):
+            if not tool_policy.enabled or not tool.sandbox:
                 continue
             template = tool_policy.container_spec()
             if tool_policy.egress is not None:  # on its internal network, which the first call's proxy made

@@ -68,7 +68,7 @@ def format_result(result: types.CallToolResult) -> str:
             lines.append(f"[image {block.mime_type}, {len(base64.b64decode(block.data))} bytes]")
         elif isinstance(block, types.EmbeddedResource):
             resource = block.resource
-            text = getattr(resource, "text", None)
+            text = resource.text if isinstance(resource, types.TextResourceContents) else None
             lines.append(f"[file {resource.uri}]" + (f"\n{text.rstrip()}" if text is not None else " (binary)"))
         elif isinstance(block, types.ResourceLink):
             lines.append(f"[file {block.uri}, {block.size} bytes: read with resources/read]")

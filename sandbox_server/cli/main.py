@@ -200,7 +200,7 @@ def _tool_names(sandboxed: bool = False) -> list[str]:
     """Every tool's name (`sandboxed`: only those that run a sandbox of their own)."""
     from sandbox_server.tools import all_tools
 
-    return [tool.name for tool in all_tools() if not sandboxed or getattr(tool, "sandbox", True)]
+    return [tool.name for tool in all_tools() if not sandboxed or tool.sandbox]
 
 
 def _offered(policy: Policy) -> list[str]:
@@ -214,7 +214,7 @@ def _managing() -> tuple[str, ...]:
     """The tools that run no sandbox of their own."""
     from sandbox_server.tools import all_tools
 
-    return tuple(tool.name for tool in all_tools() if not getattr(tool, "sandbox", True))
+    return tuple(tool.name for tool in all_tools() if not tool.sandbox)
 
 
 def _runtime_facts() -> HostFacts:

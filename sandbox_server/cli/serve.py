@@ -234,10 +234,10 @@ async def _close(wired: Wired, log: logging.Logger) -> None:
     """The parts closed in order: the workspaces homed here let go of (replicas with homes), sessions' workspaces,
     containers, the engine's connection, proxies, spans, and the shared state last."""
     runtime, pool, database = wired.runtime, wired.pool, wired.database
-    let_go = getattr(wired.workspaces.contents, "let_go_of_homes", None)
-    if let_go is not None:  # replicas with homes: the workspaces here are continued elsewhere from now on
+    homed = wired.workspaces.contents.homed
+    if homed is not None:  # replicas with homes: the workspaces here are continued elsewhere from now on
         try:
-            await anyio.to_thread.run_sync(let_go)
+            await anyio.to_thread.run_sync(homed.let_go_of_homes)
         except SandboxServerError as exc:  # the database does not answer: they are taken over once this one is lost
             log.warning("the workspaces homed here were not let go of: %s", exc)
     ended = wired.workspaces.end_sessions(runtime.owner)

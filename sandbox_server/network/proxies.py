@@ -341,7 +341,8 @@ class EgressProxies:
             proxy.failure = refusal.message.removeprefix("refused: ")
             return
         except (docker.errors.APIError, KeyError, OSError) as exc:
-            proxy.failure = f"it could not be started ({getattr(exc, 'explanation', None) or exc})"
+            said = exc.explanation if isinstance(exc, docker.errors.APIError) else None
+            proxy.failure = f"it could not be started ({said or exc})"
             return
         threading.Thread(
             target=self._follow, args=(proxy, proxy.container_id), name="sandbox-proxy-log", daemon=True

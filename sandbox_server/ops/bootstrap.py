@@ -79,7 +79,7 @@ def setup_host(say: Say, force_images: bool = False) -> None:
 
 def policy_images(reference: str, facts: HostFacts) -> list[str]:
     """The images the policy's tools run, each once."""
-    names = [tool.name for tool in all_tools() if getattr(tool, "sandbox", True)]
+    names = [tool.name for tool in all_tools() if tool.sandbox]
     policy = load_policy(reference, names, facts)
     return sorted({policy.for_tool(name).image for name in names})
 

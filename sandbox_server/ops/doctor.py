@@ -18,6 +18,7 @@ import anyio.to_thread
 from sandbox_server.errors import SandboxServerError
 from sandbox_server.sandbox import wire
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
+from sandbox_server.sandbox.engine import EngineInfo
 from sandbox_server.sandbox.images import catalog, image_reference, image_status, libraries
 from sandbox_server.sandbox.spec import ResourceLimits, SandboxSpec
 
@@ -213,45 +214,11 @@ async def run_doctor(runtime: DockerRuntime, plan: WarmPlan | None = None) -> Do
             )
         )
         return report
-    dialect = info.dialect
-    report.checks.append(
-        Check("engine", True, f"{dialect.name} {info.server_version} (API {info.api_version}), {info.operating_system}")
-    )
-    if dialect.podman:
-        report.checks.append(
-            Check(
-                "engine differences",
-                False,
-                "; ".join(dialect.differences()),
-                "use Docker where these caps matter (docs/sandbox.md, On Podman, says what else differs)",
-                required=False,
-            )
-        )
-    report.checks.append(
-        Check("runtime runc", "runc" in info.runtimes, f"runtimes: {', '.join(info.runtimes)}", "install runc")
-    )
-    report.checks.append(
-        Check(
-            "runtime runsc (gVisor)",
-            "runsc" in info.runtimes,
-            "available"
-            if "runsc" in info.runtimes
-            else ("cannot be chosen through this engine" if not dialect.chooses_runtime else "not registered"),
-            "install runsc and register it in /etc/docker/daemon.json (`sandbox-server setup` does both when it starts the engine)"
-            if dialect.chooses_runtime
-            else "run policies that need gVisor on Docker",
-            required=False,
-        )
-    )
+    report.checks.extend(_engine_checks(info))
     images_current = True
-    for definition in catalog().values():
-        status = image_status(runtime, definition)
-        ok = status.built and status.current
-        images_current &= ok
-        detail = "built and current" if ok else ("stale: its build context changed" if status.built else "not built")
-        report.checks.append(
-            Check(f"image {status.reference}", ok, detail, f"run `sandbox-server images build {definition.name}`")
-        )
+    for check in _image_checks(runtime):
+        images_current &= check.ok
+        report.checks.append(check)
     named = ", ".join(f"{library} {version}" for library, version in libraries("python-data"))
     report.checks.append(Check("python-data libraries", bool(named), named or "its wheels.lock names none", "", False))
     if not images_current and runtime.image(image_reference("base")) is None:
@@ -276,18 +243,70 @@ async def run_doctor(runtime: DockerRuntime, plan: WarmPlan | None = None) -> Do
     )
     report.checks.extend(_probe_checks(_parse_probe(result.stdout.decode(errors="replace")), result.oom_killed))
     if "runsc" in info.runtimes:
-        gvisor = SandboxSpec(image=image_reference("base"), argv=("/bin/true",), runtime="runsc")
-        try:
-            outcome = await runtime.run(gvisor)
-            ok, detail = outcome.exit_code == 0, f"`true` under gVisor exited {outcome.exit_code}"
-        except SandboxServerError as exc:
-            ok, detail = False, str(exc)
-        report.checks.append(
-            Check("probe under runsc", ok, detail, "check runsc's registration in /etc/docker/daemon.json", False)
-        )
+        report.checks.append(await _gvisor_check(runtime))
     report.checks.append(await warm_interpreter_check(runtime, plan or WarmPlan()))
     report.checks.append(await runc_sandboxes_check())
     return report
+
+
+def _engine_checks(info: EngineInfo) -> list[Check]:
+    """The engine that answered, how it differs from Docker, and the runtimes it has."""
+    checks = []
+    dialect = info.dialect
+    checks.append(
+        Check("engine", True, f"{dialect.name} {info.server_version} (API {info.api_version}), {info.operating_system}")
+    )
+    if dialect.podman:
+        checks.append(
+            Check(
+                "engine differences",
+                False,
+                "; ".join(dialect.differences()),
+                "use Docker where these caps matter (docs/sandbox.md, On Podman, says what else differs)",
+                required=False,
+            )
+        )
+    checks.append(
+        Check("runtime runc", "runc" in info.runtimes, f"runtimes: {', '.join(info.runtimes)}", "install runc")
+    )
+    checks.append(
+        Check(
+            "runtime runsc (gVisor)",
+            "runsc" in info.runtimes,
+            "available"
+            if "runsc" in info.runtimes
+            else ("cannot be chosen through this engine" if not dialect.chooses_runtime else "not registered"),
+            "install runsc and register it in /etc/docker/daemon.json (`sandbox-server setup` does both when it starts the engine)"
+            if dialect.chooses_runtime
+            else "run policies that need gVisor on Docker",
+            required=False,
+        )
+    )
+    return checks
+
+
+def _image_checks(runtime: DockerRuntime) -> list[Check]:
+    """Whether each shipped image is built and current."""
+    checks = []
+    for definition in catalog().values():
+        status = image_status(runtime, definition)
+        ok = status.built and status.current
+        detail = "built and current" if ok else ("stale: its build context changed" if status.built else "not built")
+        checks.append(
+            Check(f"image {status.reference}", ok, detail, f"run `sandbox-server images build {definition.name}`")
+        )
+    return checks
+
+
+async def _gvisor_check(runtime: DockerRuntime) -> Check:
+    """Whether a sandbox runs under gVisor here."""
+    gvisor = SandboxSpec(image=image_reference("base"), argv=("/bin/true",), runtime="runsc")
+    try:
+        outcome = await runtime.run(gvisor)
+        ok, detail = outcome.exit_code == 0, f"`true` under gVisor exited {outcome.exit_code}"
+    except SandboxServerError as exc:
+        ok, detail = False, str(exc)
+    return Check("probe under runsc", ok, detail, "check runsc's registration in /etc/docker/daemon.json", False)
 
 
 async def runc_sandboxes_check() -> Check:

@@ -20,7 +20,7 @@ import yaml
 from jsonschema import Draft202012Validator
 
 from sandbox_server.errors import ConfigError
-from sandbox_server.network.egress import parse_egress
+from sandbox_server.network.egress import Egress, parse_egress
 from sandbox_server.policy.hints import closest, in_words, unexpected_key_hint
 from sandbox_server.policy.model import (
     ApprovalSettings,
@@ -205,54 +205,15 @@ def _tool_policy(
     shell = bool(commands.get("shell", True))
     if shell and (commands.get("allow") or commands.get("deny")):
         error("commands.shell", "must be false when commands.allow or commands.deny is set: a shell runs anything")
-    if host.cpus is not None and resource_limits.cpus > host.cpus:
-        error("limits.cpus", f"{resource_limits.cpus:g} is more than the {host.cpus} CPU(s) this host's engine has")
-    if host.memory_mb is not None and resource_limits.memory_mb > host.memory_mb:
-        error(
-            "limits.memory_mb",
-            f"{resource_limits.memory_mb} is more than the {host.memory_mb} MiB this host's engine has",
-        )
     runtime = settings.get("runtime", "runc")
-    if host.runtimes is not None and runtime not in host.runtimes:
-        error(
-            "runtime",
-            f"{runtime!r} is not available on this host's engine (it has: {', '.join(sorted(host.runtimes))}); "
-            + host.runtime_advice,
-        )
+    _beyond_host(resource_limits, runtime, host, error)
     mounts = []
     for index, item in enumerate(settings.get("mounts", [])):
         if not os.path.isdir(item["host"]):
             error(f"mounts[{index}].host", f"{item['host']} does not exist or is not a folder on this host")
         mounts.append(Mount(item["host"], item["sandbox"], item.get("mode", "ro") == "ro"))
-    seccomp = seccomp_source = None
-    if settings.get("seccomp_profile"):
-        profile_path = seccomp_path(settings["seccomp_profile"], source.parent)
-        seccomp_source = str(profile_path)
-        try:
-            seccomp = json.dumps(json.loads(profile_path.read_text()))
-        except (OSError, ValueError) as exc:
-            error("seccomp_profile", f"cannot use {profile_path}: {exc}")
-        if runtime == "runsc":
-            error(
-                "seccomp_profile",
-                "runsc does not apply a container seccomp profile (gVisor filters the host calls of its own "
-                "kernel, and io_uring there is gVisor's, not the host's); set seccomp_profile: null",
-            )
-    egress = None
-    if settings.get("network", "none") != "none" and host.networks_missing:
-        error("network", f"{host.networks_missing}; use Docker for this policy, or set network: none")
-    elif settings.get("network", "none") != "none":
-        network_errors: list[str] = []
-        egress = parse_egress(settings["network"], "network", network_errors)
-        for problem in network_errors:
-            field, _, message = problem.partition(": ")
-            error(field, message)
-        if runtime == "runsc":
-            error(
-                "network",
-                "runsc is registered here with --network=none, so a gVisor sandbox has no network to open; "
-                "use runtime runc for a tool with an allow list",
-            )
+    seccomp, seccomp_source = _seccomp(settings, source, runtime, error)
+    egress = _egress(settings, host, runtime, error)
     env_settings = settings.get("env", {})
     environment = {name: os.environ[name] for name in env_settings.get("pass", []) if name in os.environ}
     environment.update(env_settings.get("set", {}))
@@ -286,6 +247,64 @@ def _tool_policy(
         pool_idle_s=float(settings.get("pool", {}).get("idle_s", defaults.pool_idle_s)),
         preload=tuple(settings.get("preload", defaults.preload)),
     )
+
+
+def _beyond_host(limits: ResourceLimits, runtime: str, host: HostFacts, error: Callable[[str, str], None]) -> None:
+    """A tool's limits past what this host's engine has, and a runtime it does not have."""
+    if host.cpus is not None and limits.cpus > host.cpus:
+        error("limits.cpus", f"{limits.cpus:g} is more than the {host.cpus} CPU(s) this host's engine has")
+    if host.memory_mb is not None and limits.memory_mb > host.memory_mb:
+        error("limits.memory_mb", f"{limits.memory_mb} is more than the {host.memory_mb} MiB this host's engine has")
+    if host.runtimes is not None and runtime not in host.runtimes:
+        error(
+            "runtime",
+            f"{runtime!r} is not available on this host's engine (it has: {', '.join(sorted(host.runtimes))}); "
+            + host.runtime_advice,
+        )
+
+
+def _seccomp(
+    settings: Mapping[str, Any], source: Path, runtime: str, error: Callable[[str, str], None]
+) -> tuple[str | None, str | None]:
+    """A tool's own seccomp profile, as the engine takes it, and the file it came from (None, None: the default)."""
+    if not settings.get("seccomp_profile"):
+        return None, None
+    profile_path = seccomp_path(settings["seccomp_profile"], source.parent)
+    profile = None
+    try:
+        profile = json.dumps(json.loads(profile_path.read_text()))
+    except (OSError, ValueError) as exc:
+        error("seccomp_profile", f"cannot use {profile_path}: {exc}")
+    if runtime == "runsc":
+        error(
+            "seccomp_profile",
+            "runsc does not apply a container seccomp profile (gVisor filters the host calls of its own "
+            "kernel, and io_uring there is gVisor's, not the host's); set seccomp_profile: null",
+        )
+    return profile, str(profile_path)
+
+
+def _egress(
+    settings: Mapping[str, Any], host: HostFacts, runtime: str, error: Callable[[str, str], None]
+) -> Egress | None:
+    """A tool's allow list (None: no network)."""
+    if settings.get("network", "none") == "none":
+        return None
+    if host.networks_missing:
+        error("network", f"{host.networks_missing}; use Docker for this policy, or set network: none")
+        return None
+    network_errors: list[str] = []
+    egress = parse_egress(settings["network"], "network", network_errors)
+    for problem in network_errors:
+        field, _, message = problem.partition(": ")
+        error(field, message)
+    if runtime == "runsc":
+        error(
+            "network",
+            "runsc is registered here with --network=none, so a gVisor sandbox has no network to open; "
+            "use runtime runc for a tool with an allow list",
+        )
+    return egress
 
 
 def _name_errors(document: Mapping[str, Any], source: Path, known: list[str]) -> list[str]:

@@ -121,7 +121,7 @@ class Approvals:
                 )
                 record["approval"]["decision"] = "asked"
                 return types.InputRequiredResult(input_requests={"approval": request}, request_state=question_id)
-            action = getattr(response, "action", None)
+            action = response.action if isinstance(response, types.ElicitResult) else None
         record["approval"]["decision"] = action
         if action != "accept":
             raise Refusal(f"declined by the user (policy field {needed.field})", needed.field, kind="declined")

@@ -18,7 +18,6 @@ service that fails to answer, or answers what is not HTTP, gets a 502 that says 
 from __future__ import annotations
 
 import hashlib
-import hmac
 import http.client
 import logging
 import secrets
@@ -40,15 +39,13 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from sandbox_server.access.identity import token_identity
 from sandbox_server.errors import UsageError
 from sandbox_server.sandbox.netns import connect_inside
+from sandbox_server.services.links import PREVIEW_PREFIX
 from sandbox_server.services.manager import Service, Services
 
 __all__ = ["PREVIEW_PREFIX", "Previews", "relay", "serve_previews"]
 
 log = logging.getLogger("sandbox_server")
 
-PREVIEW_PREFIX = "/preview"
-LINK_TTL_S = 600.0
-"""A preview link is good for this long, and once."""
 BROWSER_TTL_S = 8 * 3600.0
 """A browser's preview session lasts this long at most (and no longer than its service)."""
 MAX_BODY_BYTES = 16 * 1024 * 1024
@@ -65,36 +62,16 @@ COOKIE_PREFIX = "sbx-preview-"
 class Previews:
     """The preview routes of one HTTP server, its links and its browsers' sessions."""
 
-    def __init__(
-        self, services: Services, base_url: str, hosts: Sequence[str], frame_ancestors: Sequence[str] = ()
-    ) -> None:
+    def __init__(self, services: Services, hosts: Sequence[str], frame_ancestors: Sequence[str] = ()) -> None:
         self.services = services
-        self.base_url = base_url.rstrip("/")
         self.framing = "frame-ancestors " + " ".join(["'self'", *(_origin_source(o) for o in frame_ancestors)])
         """Which pages may frame a preview (a Content-Security-Policy of its own on every answer): the server's, and
         the MCP hosts' named with `serve --frame-ancestor`; a service's own policy is enforced beside it."""
         self.hosts = tuple(hosts)
         """The Host headers the server answers to: a name, or `name:*` for that name on any port."""
-        self._key = secrets.token_bytes(32)
         self._browsers: dict[str, tuple[str, str, float]] = {}
         """A browser's cookie -> (service id, caller, expiry)."""
-        self._used: dict[str, float] = {}
-        """Links already used -> their expiry (then forgotten)."""
         self._seen: set[tuple[str, str]] = set()
-
-    # -- links ---------------------------------------------------------------------------------
-
-    def _signature(self, service_id: str, caller: str, expires: int, nonce: str) -> str:
-        message = f"{service_id}|{caller}|{expires}|{nonce}".encode()
-        return hmac.new(self._key, message, hashlib.sha256).hexdigest()[:32]
-
-    def link(self, service: Service) -> str | None:
-        """A signed link that opens the service in its caller's browser (None when its policy allows no preview)."""
-        if not service.settings.preview:
-            return None
-        expires, nonce = int(time.time() + LINK_TTL_S), secrets.token_hex(8)  # each link its own: each opens once
-        grant = f"{expires}.{nonce}.{self._signature(service.id, service.caller, expires, nonce)}"
-        return f"{self.base_url}{PREVIEW_PREFIX}/{service.id}/?{urlencode({'grant': grant})}"
 
     def routes(self) -> list[BaseRoute]:
         return [
@@ -171,22 +148,14 @@ class Previews:
         service = self.services.get(request.path_params["service"])
         if grant is None or service is None:
             return None
-        expires_text, _, rest = grant.partition(".")
-        nonce, _, signature = rest.partition(".")
-        now = time.time()
-        self._used = {used: until for used, until in self._used.items() if until > now}
-        valid = expires_text.isdigit() and int(expires_text) > now and signature not in self._used
-        readable = expires_text.isdigit() and nonce.isalnum()
-        expected = self._signature(service.id, service.caller, int(expires_text), nonce) if readable else ""
-        if not valid or not hmac.compare_digest(signature, expected):
+        if not self.services.links.redeem(service, grant):
             return PlainTextResponse(
                 "this preview link has expired or was used already: a link opens once, in one browser. For a new "
                 'one, call the services tool with {"action": "list"}: each listing gives each service a fresh '
                 "link\n",
                 401,
             )
-        self._used[signature] = float(expires_text)
-        cookie = secrets.token_urlsafe(24)
+        cookie, now = secrets.token_urlsafe(24), time.time()
         self._browsers = {k: v for k, v in self._browsers.items() if v[2] > now}
         self._browsers[cookie] = (service.id, service.caller, now + BROWSER_TTL_S)
         await self._seen_by(service, service.caller, "link")

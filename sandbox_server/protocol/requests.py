@@ -8,6 +8,7 @@ from mcp.server import ServerRequestContext
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.streamable_http import MCP_SESSION_ID_HEADER
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
+from starlette.requests import HTTPConnection
 
 from sandbox_server.access.identity import Identity, anonymous, local_user, token_identity
 from sandbox_server.protocol.draining import FORWARDED
@@ -25,14 +26,14 @@ def handshake_era(ctx: Context) -> bool:
 
 def http_session(ctx: Context) -> str | None:
     """The Streamable HTTP session of a handshake-era request; None over stdio or without one."""
-    headers = getattr(ctx.request, "headers", None)  # the HTTP request, when the transport has one
-    return headers.get(MCP_SESSION_ID_HEADER) if headers is not None else None
+    request = ctx.request  # the HTTP request, when the transport has one
+    return request.headers.get(MCP_SESSION_ID_HEADER) if isinstance(request, HTTPConnection) else None
 
 
 def identity_of(ctx: Context) -> Identity:
     """Who calls: a checked token's holder; over stdio the local user running the server; over HTTP without
     tokens (loopback) the anonymous caller, whose files are its session's (handshake era) or the caller's."""
-    user = getattr(ctx.request, "scope", {}).get("user")
+    user = ctx.request.scope.get("user") if isinstance(ctx.request, HTTPConnection) else None
     if isinstance(user, AuthenticatedUser):
         token = user.access_token
         return token_identity(token.subject or token.client_id, token.claims or {})
@@ -48,7 +49,9 @@ def client_name(ctx: Context) -> str:
     name = f"{info.name}/{info.version}" if info is not None else "unknown-client"
     session_id = http_session(ctx)
     named = f"{name}@{session_id[:8]}" if session_id else name
-    via = getattr(ctx.request, "scope", {}).get(FORWARDED)  # a peer replica sent it here, where its work lives
+    via = (
+        ctx.request.scope.get(FORWARDED) if isinstance(ctx.request, HTTPConnection) else None
+    )  # a peer replica sent it here, where its work lives
     return f"{named} via replica {via}" if via else named
 
 

@@ -219,7 +219,7 @@ class SandboxServer:
         policy = self.registry.policy_for(identity_of(ctx).policy)
         tools = self.registry.tools_of(policy)
         page, next_cursor = page_of(sorted(tools), params.cursor if params else None, self.page_size)
-        routed = self.workspaces is not None and getattr(self.workspaces.contents, "homes", None) is not None
+        routed = self.workspaces is not None and self.workspaces.contents.homed is not None
         apps = client_supports_apps(ctx)
         listed = [tool_model(n, tools[n], policy, routed, tool_ui(tools[n].name) if apps else None) for n in page]
         if apps and next_cursor is None and self._app_tool(ctx, tools):
@@ -321,7 +321,7 @@ class SandboxServer:
 
         if not as_task and self._parks(ctx, call):  # 2026-07-28: asked about hosts between rounds
             state, response = params.request_state, (params.input_responses or {}).get("network")
-            action = getattr(response, "action", None) or "no answer"
+            action = response.action if isinstance(response, types.ElicitResult) else "no answer"
             resumed = await self.parked.resume(identity.limits_key, state, action) if state else None
             return resumed if resumed is not None else await self.parked.start(identity.limits_key, run_asking)
         if not as_task or self.tasks is None or self.task_protocol is None or call.tool is None:

@@ -14,12 +14,13 @@ from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from sandbox_server.access.auth import Authentication, ExplainedRefusals
 from sandbox_server.protocol.addresses import allowed_hosts, host_names
 from sandbox_server.protocol.http_budget import HeldBytes
-from sandbox_server.protocol.http_limits import ConnectionLimits, ExplainedBodyCap, bounded_protocol
+from sandbox_server.protocol.http_limits import ConnectionLimits, ExplainedBodyCap
 from sandbox_server.protocol.http_sessions import SessionCap, SessionEndWatcher
 from sandbox_server.protocol.stdio_errors import AnsweringMalformed
 
 if TYPE_CHECKING:
     from starlette.routing import BaseRoute, Route
+    from starlette.types import ASGIApp
 
     from sandbox_server.protocol.draining import Drain
     from sandbox_server.protocol.server import SandboxServer
@@ -66,47 +67,11 @@ async def serve_http(
     """
     import uvicorn
 
-    auth = authentication.settings if authentication is not None else None
-    public = auth.resource_server_url if auth is not None else None
-    names = host_names(host, public.host if public is not None else None)
-    security = TransportSecuritySettings(
-        enable_dns_rebinding_protection=True,
-        allowed_hosts=allowed_hosts(names),
-        allowed_origins=[
-            f"{scheme}://{name}{port}" for scheme in ("http", "https") for name in names for port in ("", ":*")
-        ],
-    )
-    verifier = authentication.verifier if authentication is not None else None
+    from sandbox_server.protocol.http_connections import bounded_protocol  # uvicorn's, as uvicorn is, over HTTP alone
+
     limits = limits or ConnectionLimits()
-    policy_bytes = app.largest_arguments()
-    body_bytes = max_request_bytes or policy_bytes + REQUEST_ENVELOPE_BYTES
-    starlette_app = app.server.streamable_http_app(
-        host=host,
-        transport_security=security,
-        auth=auth,
-        token_verifier=verifier,
-        max_request_body_size=body_bytes,
-        session_idle_timeout=SESSION_IDLE_S,
-        max_sessions=None,  # bounded per caller instead (SessionCap), so one caller cannot lock the others out
-        custom_starlette_routes=cast("list[Route]", routes or []),
-    )
-    watched = HeldBytes(
-        ExplainedRefusals(
-            ExplainedBodyCap(
-                SessionCap(
-                    SessionEndWatcher(starlette_app, app.session_ended),
-                    limits.max_sessions_per_caller,
-                    SESSION_IDLE_S,
-                    frozenset(HANDSHAKE_PROTOCOL_VERSIONS),
-                ),
-                body_bytes,
-                policy_bytes,
-            )
-        ),
-        limits.max_held_bytes,
-        limits.max_held_bytes_per_caller,
-        body_bytes,
-    )
+    body_bytes = max_request_bytes or app.largest_arguments() + REQUEST_ENVELOPE_BYTES
+    watched = _bounded_app(app, host, authentication, limits, body_bytes, routes)
     config = uvicorn.Config(
         drain.wrap(watched, body_bytes) if drain is not None else watched,
         host=host,
@@ -128,6 +93,57 @@ async def serve_http(
             group.start_soon(stop_when_asked)
         await server.serve(sockets=[listener])
         group.cancel_scope.cancel()
+
+
+def _bounded_app(
+    app: SandboxServer,
+    host: str,
+    authentication: Authentication | None,
+    limits: ConnectionLimits,
+    body_bytes: int,
+    routes: list[BaseRoute] | None,
+) -> ASGIApp:
+    """The SDK's Streamable HTTP app for `host`, behind its callers' check and the bounds on sessions, bodies
+    and held bytes, each refusal explained."""
+    auth = authentication.settings if authentication is not None else None
+    public = auth.resource_server_url if auth is not None else None
+    names = host_names(host, public.host if public is not None else None)
+    security = TransportSecuritySettings(
+        enable_dns_rebinding_protection=True,
+        allowed_hosts=allowed_hosts(names),
+        allowed_origins=[
+            f"{scheme}://{name}{port}" for scheme in ("http", "https") for name in names for port in ("", ":*")
+        ],
+    )
+    verifier = authentication.verifier if authentication is not None else None
+    policy_bytes = app.largest_arguments()
+    starlette_app = app.server.streamable_http_app(
+        host=host,
+        transport_security=security,
+        auth=auth,
+        token_verifier=verifier,
+        max_request_body_size=body_bytes,
+        session_idle_timeout=SESSION_IDLE_S,
+        max_sessions=None,  # bounded per caller instead (SessionCap), so one caller cannot lock the others out
+        custom_starlette_routes=cast("list[Route]", routes or []),
+    )
+    return HeldBytes(
+        ExplainedRefusals(
+            ExplainedBodyCap(
+                SessionCap(
+                    SessionEndWatcher(starlette_app, app.session_ended),
+                    limits.max_sessions_per_caller,
+                    SESSION_IDLE_S,
+                    frozenset(HANDSHAKE_PROTOCOL_VERSIONS),
+                ),
+                body_bytes,
+                policy_bytes,
+            )
+        ),
+        limits.max_held_bytes,
+        limits.max_held_bytes_per_caller,
+        body_bytes,
+    )
 
 
 def _server_class() -> type:

@@ -12,15 +12,19 @@ import contextlib
 import re
 import socket
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import BinaryIO
 
-from sandbox_server.sandbox.spec import SandboxSpec
+from sandbox_server.sandbox.archive import OUTPUT_LEAF, read_outputs
+from sandbox_server.sandbox.meter import Usage
+from sandbox_server.sandbox.spec import ExecutionResult, SandboxSpec
 from sandbox_server.sandbox.streams import STDERR, CappedBuffer, FrameDemuxer, StdoutSplitter, Stream
 
 __all__ = [
     "FLOOD_FACTOR",
     "FLOOD_MIN_BYTES",
     "Drain",
+    "Ending",
     "archive_limit",
     "close_socket",
     "exit_from_trailer",
@@ -28,12 +32,17 @@ __all__ = [
     "launcher_timed_out",
     "persist_grace_s",
     "pids_limited",
+    "result_of",
 ]
 
 FLOOD_FACTOR = 16
 FLOOD_MIN_BYTES = 64 * 1024 * 1024
 """A program that writes more than FLOOD_FACTOR times its output cap (and at least
 FLOOD_MIN_BYTES) is killed as a flood: draining it longer only burns the host's CPU."""
+UNSETTLED_NOTE = (
+    "the sandbox's processes were still running after the end of its output (a program that wrote the "
+    "launcher's trailer itself?); they were stopped with the sandbox before this answer"
+)
 
 
 def archive_limit(spec: SandboxSpec) -> int:
@@ -151,3 +160,61 @@ def joined(buffer: CappedBuffer) -> bytes:
         return buffer.head()
     marker = f"\n[… {buffer.truncated_bytes} bytes truncated …]\n".encode()
     return buffer.head() + marker + buffer.tail()
+
+
+@dataclass(slots=True)
+class Ending:
+    """How a call's sandbox ended, as the host saw it (the rest of its result is in the stream)."""
+
+    exit_code: int | None = None
+    """None: it was stopped (out of time, or flooding its output) before it exited."""
+    oom_killed: bool = False
+    timed_out: bool = False
+    """The host's deadline passed (the launcher's own deadline is read from its trailer)."""
+    removed: bool = False
+    """Removed before the answer (the others are removed after it)."""
+    unsettled: bool = False
+    """Its processes still ran after its trailer."""
+    usage: Usage = field(default_factory=Usage)
+
+
+def result_of(
+    spec: SandboxSpec, drain: Drain, ending: Ending, container: tuple[str, str], duration_ms: int
+) -> ExecutionResult:
+    """A call's result from what its stream said and how its sandbox ended; `container` is its id and address."""
+    persist = spec.saved_workspace is not None
+    archive = drain.splitter.sink
+    files, notes = read_outputs(
+        archive,
+        spec.limits.returned_files,
+        spec.limits.returned_file_bytes,
+        complete=not drain.splitter.archive_overflow,
+        under=OUTPUT_LEAF if persist else "",
+    )
+    if ending.unsettled:
+        notes = (*notes, UNSETTLED_NOTE)
+    written = persist and drain.splitter.trailer is not None and not drain.splitter.archive_overflow
+    if persist and not written:
+        archive.close()
+    timed_out = ending.timed_out or launcher_timed_out(drain.splitter.trailer)
+    killed = not (timed_out or ending.oom_killed or drain.flooded) and not drain.splitter.found
+    return ExecutionResult(
+        exit_code=ending.exit_code,
+        stdout=joined(drain.stdout),
+        stderr=joined(drain.stderr),
+        duration_ms=duration_ms,
+        timed_out=timed_out,
+        oom_killed=ending.oom_killed,
+        pids_limited=pids_limited(drain.splitter.trailer),
+        killed=killed,
+        flooded=drain.flooded,
+        stdout_truncated_bytes=drain.stdout.truncated_bytes,
+        stderr_truncated_bytes=drain.stderr.truncated_bytes,
+        files=files,
+        skipped_files=notes,
+        container_id=container[0],
+        address=container[1],
+        cpu_s=ending.usage.cpu_s,
+        peak_memory_bytes=ending.usage.peak_memory_bytes,
+        workspace=archive if written else None,
+    )

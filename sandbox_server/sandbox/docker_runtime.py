@@ -26,19 +26,11 @@ import docker
 from sandbox_server.errors import EngineError
 from sandbox_server.sandbox import mounts, wire
 from sandbox_server.sandbox.activity import Activity
-from sandbox_server.sandbox.archive import OUTPUT_LEAF, build_request, read_outputs
-from sandbox_server.sandbox.attach import (
-    Drain,
-    close_socket,
-    exit_from_trailer,
-    joined,
-    launcher_timed_out,
-    persist_grace_s,
-    pids_limited,
-)
+from sandbox_server.sandbox.archive import build_request
+from sandbox_server.sandbox.attach import Drain, Ending, close_socket, exit_from_trailer, persist_grace_s, result_of
 from sandbox_server.sandbox.engine import Engine, engine_errors, oom_reported
 from sandbox_server.sandbox.host_config import host_config_kwargs, masked_paths
-from sandbox_server.sandbox.meter import Meter, Usage
+from sandbox_server.sandbox.meter import Meter
 from sandbox_server.sandbox.removal import OWNER_LABEL, Remover, current_owner
 from sandbox_server.sandbox.runtime import NO_HOOKS, ProgressCallback, RunHooks
 from sandbox_server.sandbox.spec import SANDBOX_LABEL, ExecutionResult, SandboxSpec
@@ -88,10 +80,6 @@ SETTLE_S = 1.0
 """How long the host waits, after the trailer, for the sandbox's processes to have stopped."""
 SETTLED_STATES = frozenset("TtZX")
 """Process states that can do nothing more: stopped (the launcher waits so for its removal), or dead."""
-UNSETTLED_NOTE = (
-    "the sandbox's processes were still running after the end of its output (a program that wrote the "
-    "launcher's trailer itself?); they were stopped with the sandbox before this answer"
-)
 
 
 def _process_state(pid: int) -> str:
@@ -121,6 +109,19 @@ def process_tree(pid: int) -> list[int]:
             except (OSError, ValueError):
                 continue
     return found
+
+
+def _request(spec: SandboxSpec, boundary: str) -> BinaryIO:
+    """The launcher's request for a call: its files, stdin, command and kept workspace. A large kept workspace
+    goes through a temporary file, never whole in memory (small ones stay in memory, where they are quicker)."""
+    persist = spec.saved_workspace is not None
+    large = bool(spec.saved_workspace) and os.path.getsize(spec.saved_workspace or "") > SPOOL_BYTES
+    request: BinaryIO = tempfile.TemporaryFile() if large else io.BytesIO()
+    build_request(
+        spec.files, spec.stdin, spec.argv, boundary, spec.call_env, spec.call_workdir,
+        saved=spec.saved_workspace, deadline_s=spec.limits.timeout_s if persist else None, into=request,
+    )  # fmt: skip
+    return request
 
 
 class DockerRuntime(Engine):
@@ -297,24 +298,21 @@ class DockerRuntime(Engine):
 
     async def _run(self, spec: SandboxSpec, hooks: RunHooks, warm: WarmContainer | None) -> ExecutionResult:
         boundary = secrets.token_hex(16)
-        persist = spec.saved_workspace is not None
-        # A kept workspace goes in and comes out through temporary files, never whole in memory
-        # (small ones stay in memory, where they are quicker).
-        large = bool(spec.saved_workspace) and os.path.getsize(spec.saved_workspace or "") > SPOOL_BYTES
-        request: BinaryIO = tempfile.TemporaryFile() if large else io.BytesIO()
-        build_request(
-            spec.files, spec.stdin, spec.argv, boundary, spec.call_env, spec.call_workdir,
-            saved=spec.saved_workspace, deadline_s=spec.limits.timeout_s if persist else None, into=request,
-        )  # fmt: skip
-        # A persistent workspace is saved even when its program runs out of time: the launcher stops
-        # the program at the deadline and writes the workspace; the host waits that much longer.
-        hard_timeout_s = spec.limits.timeout_s + (persist_grace_s(spec) if persist else 0)
+        request = _request(spec, boundary)
         started = time.monotonic()
+        warm = await self._ready(spec, warm)
+        sink = tempfile.SpooledTemporaryFile(SPOOL_BYTES) if spec.saved_workspace is not None else None
+        drain = Drain(spec, boundary.encode(), sink, hooks.output)  # type: ignore[arg-type]
+        ending = await self._drive(spec, warm, request, drain, hooks, started)
+        duration_ms = int((time.monotonic() - started) * 1000)
+        return result_of(spec, drain, ending, (warm.container_id, warm.address), duration_ms)
+
+    async def _ready(self, spec: SandboxSpec, warm: WarmContainer | None) -> WarmContainer:
+        """The call's container: the warm one made for its key (a fresh one without), its workspace bound in."""
         if warm is None:
             warm = await anyio.to_thread.run_sync(self.prepare, spec)
         elif warm.key != spec.container_key():
             raise ValueError("a warm container made for other settings was handed to this call")
-        container_id, raw = warm.container_id, warm.stream
         if (spec.mounted_workspace is None) != (warm.slot is None):
             self.discard_later(warm)
             raise ValueError("a container with a workspace slot runs exactly the calls with a mounted workspace")
@@ -325,43 +323,35 @@ class DockerRuntime(Engine):
             except OSError as exc:
                 self.discard_later(warm)
                 raise EngineError(f"could not mount the workspace into the sandbox: {exc}") from exc
+        return warm
+
+    async def _drive(
+        self, spec: SandboxSpec, warm: WarmContainer, request: BinaryIO, drain: Drain, hooks: RunHooks, started: float
+    ) -> Ending:
+        """Send the request, read the answer until the launcher's trailer or the deadline, and see the sandbox
+        end: removed now when it ran out of time, flooded its output or did not settle, else later."""
+        # A persistent workspace is saved even when its program runs out of time: the launcher stops
+        # the program at the deadline and writes the workspace; the host waits that much longer.
+        grace_s = persist_grace_s(spec) if spec.saved_workspace is not None else 0
         meter, unwatch = Meter.start(warm.pid), hooks.watch_address(warm.address)
-        usage = Usage()
-        sink = tempfile.SpooledTemporaryFile(SPOOL_BYTES) if persist else None
-        drain = Drain(spec, boundary.encode(), sink, hooks.output)  # type: ignore[arg-type]
-        timed_out = cancelled = removed = unsettled = False
+        ending, cancelled = Ending(), False
         try:
-            await anyio.to_thread.run_sync(self._send, raw, request)
-            with anyio.move_on_after(hard_timeout_s) as deadline:
+            await anyio.to_thread.run_sync(self._send, warm.stream, request)
+            with anyio.move_on_after(spec.limits.timeout_s + grace_s) as deadline:
                 async with anyio.create_task_group() as group:
                     if hooks.progress is not None:
                         group.start_soon(self._report, drain, started, hooks.progress)
-                    await anyio.to_thread.run_sync(drain.run, raw, abandon_on_cancel=True)
+                    await anyio.to_thread.run_sync(drain.run, warm.stream, abandon_on_cancel=True)
                     group.cancel_scope.cancel()
-            timed_out = deadline.cancelled_caught
-            if timed_out or drain.flooded:
-                usage = meter.read()
+            ending.timed_out = deadline.cancelled_caught
+            if ending.timed_out or drain.flooded:
+                ending.usage = meter.read()
                 # Close our end first: the engine does not finish a kill while an attach stream backs up.
                 warm.close()
-                await anyio.to_thread.run_sync(self.removal.remove, container_id)
-                removed = True
-                exit_code: int | None = None
-                oom_killed = False
+                await anyio.to_thread.run_sync(self.removal.remove, warm.container_id)
+                ending.removed = True
             else:
-                known = exit_from_trailer(drain.splitter.trailer)
-                if known is None:
-                    lingering = drain.splitter.trailer is not None and spec.runtime != "runsc"
-                    exit_code, oom_killed = await anyio.to_thread.run_sync(self._finish, container_id, lingering)
-                else:
-                    exit_code, oom_killed = known
-                # The trailer is the launcher's word, which the program can forge: the call ends when the
-                # host sees the sandbox's processes stopped; one that does not settle is removed first.
-                settled = await anyio.to_thread.run_sync(self._settled, warm, spec)
-                usage = meter.read()  # before any removal: the launcher waits, stopped, until then
-                if not settled:
-                    warm.close()
-                    await anyio.to_thread.run_sync(self.removal.remove, container_id)
-                    removed = unsettled = True
+                await self._ended(spec, warm, drain, meter, ending)
         except anyio.get_cancelled_exc_class():
             cancelled = True
             raise
@@ -372,50 +362,34 @@ class DockerRuntime(Engine):
             # container is removed before the answer), so nothing of this call writes to its workspace after
             # the answer. The slot is let go of after the removal, off the answer's path: unmounting from a
             # live container's mounts waits for the kernel's RCU grace period, some milliseconds.
-            if removed:
+            if ending.removed:
                 warm.free_slot()
             elif cancelled:
                 with anyio.CancelScope(shield=True):
-                    await anyio.to_thread.run_sync(self.removal.remove, container_id)
+                    await anyio.to_thread.run_sync(self.removal.remove, warm.container_id)
                 warm.free_slot()
             else:
-                self.removal.remove_later(container_id, then=warm.free_slot)
-        duration_ms = int((time.monotonic() - started) * 1000)
-        archive = drain.splitter.sink
-        files, notes = read_outputs(
-            archive,
-            spec.limits.returned_files,
-            spec.limits.returned_file_bytes,
-            complete=not drain.splitter.archive_overflow,
-            under=OUTPUT_LEAF if persist else "",
-        )
-        if unsettled:
-            notes = (*notes, UNSETTLED_NOTE)
-        written = persist and drain.splitter.trailer is not None and not drain.splitter.archive_overflow
-        if persist and not written:
-            archive.close()
-        timed_out = timed_out or launcher_timed_out(drain.splitter.trailer)
-        killed = not (timed_out or oom_killed or drain.flooded or cancelled) and not drain.splitter.found
-        return ExecutionResult(
-            exit_code=exit_code,
-            stdout=joined(drain.stdout),
-            stderr=joined(drain.stderr),
-            duration_ms=duration_ms,
-            timed_out=timed_out,
-            oom_killed=oom_killed,
-            pids_limited=pids_limited(drain.splitter.trailer),
-            killed=killed,
-            flooded=drain.flooded,
-            stdout_truncated_bytes=drain.stdout.truncated_bytes,
-            stderr_truncated_bytes=drain.stderr.truncated_bytes,
-            files=files,
-            skipped_files=notes,
-            container_id=container_id,
-            address=warm.address,
-            cpu_s=usage.cpu_s,
-            peak_memory_bytes=usage.peak_memory_bytes,
-            workspace=archive if written else None,
-        )
+                self.removal.remove_later(warm.container_id, then=warm.free_slot)
+        return ending
+
+    async def _ended(self, spec: SandboxSpec, warm: WarmContainer, drain: Drain, meter: Meter, ending: Ending) -> None:
+        """A sandbox that answered in time: its exit code and memory verdict, its usage, and whether it settled."""
+        known = exit_from_trailer(drain.splitter.trailer)
+        if known is None:
+            lingering = drain.splitter.trailer is not None and spec.runtime != "runsc"
+            ending.exit_code, ending.oom_killed = await anyio.to_thread.run_sync(
+                self._finish, warm.container_id, lingering
+            )
+        else:
+            ending.exit_code, ending.oom_killed = known
+        # The trailer is the launcher's word, which the program can forge: the call ends when the
+        # host sees the sandbox's processes stopped; one that does not settle is removed first.
+        settled = await anyio.to_thread.run_sync(self._settled, warm, spec)
+        ending.usage = meter.read()  # before any removal: the launcher waits, stopped, until then
+        if not settled:
+            warm.close()
+            await anyio.to_thread.run_sync(self.removal.remove, warm.container_id)
+            ending.removed = ending.unsettled = True
 
     def _settled(self, warm: WarmContainer, spec: SandboxSpec) -> bool:
         """Whether the sandbox's processes have ended with its launcher's trailer: every process but its init

@@ -41,6 +41,7 @@ import anyio.to_thread
 
 from sandbox_server.errors import SandboxServerError
 from sandbox_server.sandbox.activity import Activity
+from sandbox_server.sandbox.held import HeldMemory
 from sandbox_server.sandbox.making import Early, Making
 from sandbox_server.sandbox.runtime import NO_HOOKS, RunHooks
 from sandbox_server.sandbox.spec import ExecutionResult, SandboxSpec
@@ -134,7 +135,7 @@ class WarmPool(Generic[WarmT]):
         self,
         engine: WarmEngine[WarmT],
         activity: Activity | None = None,
-        held_elsewhere: Callable[[], int] = lambda: 0,
+        held_elsewhere: HeldMemory | None = None,
     ) -> None:
         self._engine = engine
         self._activity = activity or Activity()
@@ -159,9 +160,9 @@ class WarmPool(Generic[WarmT]):
         self._started_early: list[tuple[PoolTarget, Early[WarmT]]] = []
         """Containers head_start() is making, for maintain() to receive."""
         self.memory_budget = math.inf
-        self.held_elsewhere = held_elsewhere
-        """Memory the budget also covers that the pool does not hold (running tasks' and services' containers)."""
         """Bytes all waiting containers together may hold."""
+        self.held_elsewhere = held_elsewhere if held_elsewhere is not None else HeldMemory()
+        """Memory the budget also covers that the pool does not hold (running tasks' and services' containers)."""
         self.host_room: Callable[[], bool] = lambda: True
         """Whether the host has memory to spare for another warm container."""
         self.stats = PoolStats()

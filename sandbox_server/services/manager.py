@@ -27,9 +27,11 @@ from sandbox_server.network.egress import ProxyEndpoint
 from sandbox_server.network.proxies import EgressProxies
 from sandbox_server.sandbox import service_containers as containers
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
+from sandbox_server.sandbox.held import HeldMemory
 from sandbox_server.sandbox.meter import Meter
 from sandbox_server.sandbox.spec import SandboxSpec
 from sandbox_server.services.caps import refuse_past_caps
+from sandbox_server.services.links import PreviewLinks
 from sandbox_server.services.readiness import until_ready
 from sandbox_server.services.service import Answer, Service, ServiceRequest
 from sandbox_server.workspaces.pausing import service_entry
@@ -59,9 +61,9 @@ class Services:
         proxies: EgressProxies | None = None,
         *,
         on_networks: Callable[[set[str]], None] = lambda _: None,
-        preview_of: Callable[[Service], str | None] = lambda _: None,
+        links: PreviewLinks | None = None,
         observe: Callable[[Mapping[str, Any]], None] | None = None,
-        no_preview: str = "",
+        held: HeldMemory | None = None,
     ) -> None:
         self.runtime, self.store, self.audit, self.proxies = runtime, store, audit, proxies
         self._services: dict[str, Service] = {}
@@ -70,13 +72,13 @@ class Services:
         self._group: anyio.abc.TaskGroup | None = None
         self.on_networks = on_networks
         """Told the networks of workspaces with running services whenever they change (the warm pools)."""
-        self.preview_of = preview_of
-        """The preview address of a service (None: this server offers no previews)."""
-        self.no_preview = no_preview
-        """Why this server offers no previews, and what to do ("" when it does)."""
+        self.links = links if links is not None else PreviewLinks()
+        """The links this server gives to its services' previews (none, and why, when it gives none)."""
         self.observe = observe
         """Hears each audit event of a service (the Prometheus metrics count what a stopped one used)."""
-        self.homes: Homes | None = getattr(store.contents, "homes", None)
+        self.homes: Homes | None = store.contents.homed.homes if store.contents.homed is not None else None
+        if held is not None:
+            held.counts(self.memory_bytes)
         """Replicas with homes (workspaces.homed): where each service is said to live, for a peer given a request for one (its preview)."""
 
     # -- what calls and resources see ------------------------------------------------------
@@ -99,7 +101,7 @@ class Services:
             service.last_used = time.monotonic()
 
     def listed(self, workspace_id: str) -> list[dict[str, Any]]:
-        return [s.describe(self.preview_of(s)) for s in self.running(workspace_id)]
+        return [s.describe(self.links.link(s)) for s in self.running(workspace_id)]
 
     def get(self, service_id: str) -> Service | None:
         """A running service by its id (None when there is none such)."""

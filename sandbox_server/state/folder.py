@@ -3,10 +3,11 @@
 Two servers on one folder would each load the other's workspace records and manage them as their own (remove
 them to make room, sweep them as expired, tell their clients they were "removed to make room"). So a server takes
 an exclusive lock on `<folder>/server.lock` for as long as it runs (the kernel lets go of it when the process ends,
-however it ends) and writes its process id there. A folder named on purpose (`--state-dir`, SANDBOX_STATE_DIR)
-that another server holds is refused at start, naming that server; the default folder, which every server on a
-host would otherwise share, gives the second server a subfolder of its own (`servers/2`, `servers/3`, ...), so
-two MCP clients that each start a server over stdio both work.
+however it ends) and writes its process id there. A folder one server was given (`--state-dir`) that another
+server holds is refused at start, naming that server; the default folder (SANDBOX_STATE_DIR, else the host's or
+the user's), which every server started from one environment would otherwise share, gives the second server a
+subfolder of its own (`servers/2`, `servers/3`, ...), so two MCP clients that each start a server over stdio
+both work, whatever environment their configuration hands them.
 """
 
 from __future__ import annotations

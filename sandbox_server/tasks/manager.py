@@ -25,6 +25,7 @@ from sandbox_server.access.audit import AuditLog, event_record
 from sandbox_server.calls.pipeline import TaskStart
 from sandbox_server.errors import Refusal
 from sandbox_server.policy import TaskSettings
+from sandbox_server.sandbox.held import HeldMemory
 from sandbox_server.sandbox.streams import CappedBuffer
 from sandbox_server.tasks.records import TaskFiles, TaskRecord, new_task_id
 
@@ -85,6 +86,7 @@ class Tasks:
         audit: AuditLog | None,
         alive: Callable[[str], bool] = lambda _: True,
         rows: TaskRows | None = None,
+        held: HeldMemory | None = None,
     ) -> None:
         self.files: TaskFiles | TaskRows = rows if rows is not None else TaskFiles(folder)
         self.rows = rows
@@ -94,6 +96,8 @@ class Tasks:
         self._alive = alive
         self._live: dict[str, _Live] = {}
         self._group: anyio.abc.TaskGroup | None = None
+        if held is not None:  # the warm pool leaves room for what running tasks' containers may hold
+            held.counts(self.memory_bytes)
 
     # -- the server's side -------------------------------------------------------------------------------------
 

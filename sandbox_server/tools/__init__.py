@@ -24,5 +24,4 @@ def all_tools() -> list[Tool]:
 def offers(policy: Policy, tool: Tool) -> bool:
     """Whether a policy offers a tool: enabled, and (a tool that runs no sandbox: services, workspaces) of use
     there."""
-    of_use = getattr(tool, "of_use", None)
-    return policy.for_tool(tool.name).enabled and (of_use is None or bool(of_use(policy)))
+    return policy.for_tool(tool.name).enabled and tool.of_use(policy)

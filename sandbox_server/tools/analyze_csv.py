@@ -26,6 +26,7 @@ from sandbox_server.tools.base import (
     TIMEOUT_SCHEMA,
     WORKSPACE,
     WORKSPACE_ARGUMENT,
+    Sandboxed,
     ToolContext,
     ToolOutcome,
     result_schema,
@@ -260,7 +261,7 @@ def _failure(
     return replace(failed, sections=outcome.sections, notes=outcome.notes)
 
 
-class AnalyzeCsv:
+class AnalyzeCsv(Sandboxed):
     """Statistics of a CSV file under the policy's data mounts or uploaded with the call."""
 
     name = "analyze_csv"

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from sandbox_server.errors import ERROR_KINDS, FailureKind, Refusal, RefusalKind
 from sandbox_server.network.egress import ProxyEndpoint
-from sandbox_server.policy import ToolPolicy
+from sandbox_server.policy import Policy, ToolPolicy
 from sandbox_server.sandbox import wire
 from sandbox_server.sandbox.archive import safe_relative_path
 from sandbox_server.sandbox.runtime import NO_HOOKS, RunHooks, SandboxRuntime
@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from sandbox_server.services.scope import ServiceScope
 
 __all__ = [
+    "Sandboxed",
     "ERROR_SCHEMA",
     "FILES_SCHEMA",
     "SANDBOX_ANNOTATIONS",
@@ -236,6 +237,15 @@ class ToolOutcome:
         return {"outcome": "error" if self.is_error else "ok", **(self.audit or {})}
 
 
+class Sandboxed:
+    """What a tool whose calls each run in a sandbox has in common: offered wherever its policy enables it."""
+
+    sandbox = True
+
+    def of_use(self, policy: Policy) -> bool:
+        return True
+
+
 class Tool(Protocol):
     """One tool; modules under tools/ each provide one."""
 
@@ -251,6 +261,15 @@ class Tool(Protocol):
     def output_schema(self) -> Mapping[str, Any]: ...
     @property
     def annotations(self) -> Mapping[str, Any]: ...
+    @property
+    def sandbox(self) -> bool:
+        """Whether its calls run in a sandbox (False: it manages what calls made, and no warm pool is kept for it)."""
+        ...
+
+    def of_use(self, policy: Policy) -> bool:
+        """Whether a policy that enables it has a use for it (the managing tools are of use only beside what they
+        manage)."""
+        ...
 
     def refuse(self, args: Mapping[str, Any], policy: ToolPolicy, policy_name: str) -> None:
         """Raise the Refusal the tool's own rules find in valid arguments, with no engine (before the call waits

@@ -12,6 +12,7 @@ from sandbox_server.tools.base import (
     SANDBOX_ANNOTATIONS,
     TIMEOUT_SCHEMA,
     WORKSPACE_ARGUMENT,
+    Sandboxed,
     ToolContext,
     ToolOutcome,
     result_schema,
@@ -67,7 +68,7 @@ def _refuse_program(command: str, policy: ToolPolicy, policy_name: str) -> None:
         )
 
 
-class ExecuteCommand:
+class ExecuteCommand(Sandboxed):
     """Run a command in a fresh container that is destroyed afterwards."""
 
     name = "execute_command"

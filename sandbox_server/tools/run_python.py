@@ -16,6 +16,7 @@ from sandbox_server.tools.base import (
     SANDBOX_ANNOTATIONS,
     TIMEOUT_SCHEMA,
     WORKSPACE_ARGUMENT,
+    Sandboxed,
     ToolContext,
     ToolOutcome,
     result_schema,
@@ -81,7 +82,7 @@ def _installed() -> str:
     return f"Installed: {named}." if named else "pandas, numpy and matplotlib are installed."
 
 
-class RunPython:
+class RunPython(Sandboxed):
     """Run Python code in a fresh container from the python-data image."""
 
     name = "run_python"

@@ -45,7 +45,7 @@ async def start_service(
         replace(spec, argv=argv, limits=limits), wanted["name"], int(wanted["port"]), str(args.get("command", "")),
         tool, wanted.get("ready_path"), ctx.proxy, arguments,
     )  # fmt: skip
-    described = service.describe(ctx.services.services.preview_of(service))
+    described = service.describe(ctx.services.services.links.link(service))
     reach = f"the workspace's next calls reach it at {described['url']}"
     if "preview" in described:
         reach += f"; its caller opens it in a browser at {described['preview']}"
@@ -60,7 +60,7 @@ async def start_service(
             "the `services` tool lists, stops and restarts it and reads its log",
             *(
                 [f"no preview link: {why}"]
-                if (why := ctx.services.services.no_preview) and "preview" not in described
+                if (why := ctx.services.services.links.why_not) and "preview" not in described
                 else []
             ),
         ),

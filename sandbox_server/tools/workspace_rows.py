@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio.to_thread
 
@@ -14,7 +14,19 @@ from sandbox_server.workspaces.naming import shown_time
 from sandbox_server.workspaces.records import WorkspaceRecord
 from sandbox_server.workspaces.store import WorkspaceStore
 
-__all__ = ["BRANCH_SCHEMA", "REFERENCE", "WORKSPACE_SCHEMA", "call_summary", "compare_rows", "row"]
+if TYPE_CHECKING:
+    from sandbox_server.services.manager import Services
+
+__all__ = [
+    "BRANCH_SCHEMA",
+    "REFERENCE",
+    "WORKSPACE_SCHEMA",
+    "call_summary",
+    "compare_rows",
+    "listing",
+    "row",
+    "workspace_event",
+]
 
 WORKSPACE_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -170,3 +182,40 @@ def call_summary(tool: str, outcome: ToolOutcome | None) -> dict[str, Any]:
         "headline": outcome.headline[:300],
         "stdout": str(structured.get("stdout") or "")[-SHOWN:],
     }
+
+
+def listing(
+    store: WorkspaceStore, record: WorkspaceRecord, services: Services | None
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """The caller's workspaces and snapshots after a call, as rows and as lines of its text (`record`: the call's
+    own)."""
+    rows = [
+        row(
+            item, record, store.settings.keep_s, store.settings.idle_ttl_s,
+            {s.name for s in services.running(item.id)} if services is not None else set(),
+        )
+        for item in store.listed(record.session, record.tenant)
+    ]  # fmt: skip
+    lines = [
+        ("snapshot " if row["snapshot"] else "")
+        + f"{row['name'] or '(not named)'}: {row['id']}, {row['size_bytes']} bytes, last used {row['last_used']}"
+        + (" (this call's)" if row["current"] else "")
+        for row in rows
+    ]
+    return rows, lines
+
+
+def workspace_event(
+    args: Mapping[str, Any], record: WorkspaceRecord, name: str | None, extra: Mapping[str, Any]
+) -> dict[str, Any]:
+    """What the audit record says the call did to which workspace (the record says who)."""
+    action = args["action"]
+    event = {"action": action, "workspace": record.id, "name": name}
+    event |= {key: extra[key] for key in ("forked", "snapshot", "imported") if key in extra}
+    if "export" in extra:
+        event["export"] = extra["export"]["uri"]
+    if "snapshot" not in event and isinstance(args.get("snapshot"), str):
+        event["snapshot"] = args["snapshot"]  # the one restored or deleted, as the caller named it
+    if action == "compare":
+        event["branches"] = [row["workspace"] for row in extra.get("branches", [])]
+    return event

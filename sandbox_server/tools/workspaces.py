@@ -21,7 +21,8 @@ from sandbox_server.tools.workspace_rows import (
     WORKSPACE_SCHEMA,
     call_summary,
     compare_rows,
-    row,
+    listing,
+    workspace_event,
 )
 from sandbox_server.workspaces.compare import compared_line
 from sandbox_server.workspaces.exports import KEEP_S
@@ -175,87 +176,73 @@ class WorkspacesTool:
                 "none to list, keep or delete",
                 "workspace.persist",
             )
-        store, record = kept.store, kept.record
-        action = args["action"]
+        store, action = kept.store, args["action"]
         extra: dict[str, Any] = {}
         sections: list[tuple[str, str]] = []
         name = args.get("name") if isinstance(args.get("name"), str) else None
-        if action == "keep":
-            if name is None:
-                raise Refusal("refused: `keep` needs the `name` to keep the workspace under", "name")
-            record = store.keep(record, name, ctx.policy_name)
-            kept.record = record
-            headline = (
-                f'workspace {record.id} is kept as {name!r}: pass "workspace": "{name}" to continue it from any '
-                f"session; it lasts {store.settings.keep_s:g} s unused (workspace.keep_s)"
-            )
-        elif action == "fork":
-            fork = await anyio.to_thread.run_sync(store.fork, record, name, ctx.policy_name)
-            extra["forked"] = fork.id
-            called = f" as {fork.name!r}" if fork.name else ""
-            headline = (
-                f'workspace {record.id} is forked{called}: pass "workspace": "{fork.name or fork.id}" to work in '
-                "the fork; the two change apart from now on"
-            )
-        elif action == "snapshot":
-            taken = await anyio.to_thread.run_sync(store.snapshot, record, name, ctx.policy_name)
-            extra["snapshot"] = taken.id
-            called = f" as {taken.name!r}" if taken.name else ""
-            headline = (
-                f'workspace {record.id} is snapshotted{called}: restore it with {{"action": "restore", "snapshot": '
-                f'"{taken.name or taken.id}"}}; it lasts {store.settings.keep_s:g} s (workspace.keep_s)'
-            )
-        elif action == "restore":
-            headline, record = await self._restore(args, kept, name, ctx, extra)
-        elif action == "import":
-            headline = await self._import(args, kept, name, ctx, extra)
-        elif action == "pause":
-            headline = await self._pause(kept, ctx)
-            record = kept.record
-        elif action == "resume":
-            running = ctx.services.listed() if ctx.services is not None else []
-            headline = f"workspace {record.name or record.id} is in use again, {len(running)} service(s) running" + (
-                f" ({', '.join(s['name'] for s in running)})" if running else ""
-            )
-        elif action == "compare":
-            headline = await self._compare(args, kept, extra, sections)
-        elif action == "branch":
-            headline = await self._branch(args, kept, ctx, extra, sections)
-        elif action == "export":
-            headline = await self._export(args, kept, ctx, extra)
-        elif action == "delete":
-            headline = await self._delete(args, kept, ctx)
-        else:
-            headline = ""
-        listed = store.listed(record.session, record.tenant)
+        headline, record = await self._act(args, kept, name, ctx, (extra, sections))
         services = ctx.services.services if ctx.services is not None else None
-        rows = [
-            row(
-                item, record, store.settings.keep_s, store.settings.idle_ttl_s,
-                {s.name for s in services.running(item.id)} if services is not None else set(),
-            )
-            for item in listed
-        ]  # fmt: skip
-        lines = [
-            ("snapshot " if row["snapshot"] else "")
-            + f"{row['name'] or '(not named)'}: {row['id']}, {row['size_bytes']} bytes, last used {row['last_used']}"
-            + (" (this call's)" if row["current"] else "")
-            for row in rows
-        ]
+        rows, lines = listing(store, record, services)
         if action == "list":
             headline = f"{len(rows)} workspace(s) and snapshot(s)" if rows else "no workspace is kept for this caller"
         if lines:
             sections.append(("workspaces", "\n".join(lines)))
-        event = {"action": action, "workspace": record.id, "name": name}
-        event |= {key: extra[key] for key in ("forked", "snapshot", "imported") if key in extra}
-        if "export" in extra:
-            event["export"] = extra["export"]["uri"]
-        if "snapshot" not in event and isinstance(args.get("snapshot"), str):
-            event["snapshot"] = args["snapshot"]  # the one restored or deleted, as the caller named it
-        if action == "compare":
-            event["branches"] = [row["workspace"] for row in extra.get("branches", [])]
-        audit = {"workspace_event": event}  # who did what to which workspace: the call's record says who
+        audit = {"workspace_event": workspace_event(args, record, name, extra)}  # the call's record says who
         return ToolOutcome(headline, False, tuple(sections), {"workspaces": rows, **extra}, audit=audit)
+
+    async def _act(
+        self,
+        args: Mapping[str, Any],
+        kept: KeptWorkspace,
+        name: str | None,
+        ctx: ToolContext,
+        said: tuple[dict[str, Any], list[tuple[str, str]]],
+    ) -> tuple[str, WorkspaceRecord]:
+        """Do what the action asks: its headline, and the call's workspace as it is after (`said`: the answer's
+        structured extras and sections, filled in)."""
+        store, record, action = kept.store, kept.record, args["action"]
+        extra, sections = said
+        if action == "keep":
+            if name is None:
+                raise Refusal("refused: `keep` needs the `name` to keep the workspace under", "name")
+            record = kept.record = store.keep(record, name, ctx.policy_name)
+            return (
+                f'workspace {record.id} is kept as {name!r}: pass "workspace": "{name}" to continue it from any '
+                f"session; it lasts {store.settings.keep_s:g} s unused (workspace.keep_s)"
+            ), record
+        if action == "fork":
+            fork = await anyio.to_thread.run_sync(store.fork, record, name, ctx.policy_name)
+            extra["forked"] = fork.id
+            called = f" as {fork.name!r}" if fork.name else ""
+            return (
+                f'workspace {record.id} is forked{called}: pass "workspace": "{fork.name or fork.id}" to work in '
+                "the fork; the two change apart from now on"
+            ), record
+        if action == "snapshot":
+            taken = await anyio.to_thread.run_sync(store.snapshot, record, name, ctx.policy_name)
+            extra["snapshot"] = taken.id
+            called = f" as {taken.name!r}" if taken.name else ""
+            return (
+                f'workspace {record.id} is snapshotted{called}: restore it with {{"action": "restore", "snapshot": '
+                f'"{taken.name or taken.id}"}}; it lasts {store.settings.keep_s:g} s (workspace.keep_s)'
+            ), record
+        if action == "restore":
+            return await self._restore(args, kept, name, ctx, extra)
+        if action == "pause":
+            return await self._pause(kept, ctx), kept.record
+        if action == "resume":
+            running = ctx.services.listed() if ctx.services is not None else []
+            return f"workspace {record.name or record.id} is in use again, {len(running)} service(s) running" + (
+                f" ({', '.join(s['name'] for s in running)})" if running else ""
+            ), record
+        acted = {
+            "import": lambda: self._import(args, kept, name, ctx, extra),
+            "compare": lambda: self._compare(args, kept, extra, sections),
+            "branch": lambda: self._branch(args, kept, ctx, extra, sections),
+            "export": lambda: self._export(args, kept, ctx, extra),
+            "delete": lambda: self._delete(args, kept, ctx),
+        }.get(action)
+        return (await acted() if acted is not None else ""), record
 
     @staticmethod
     def _snapshot_named(args: Mapping[str, Any], kept: KeptWorkspace, action: str) -> WorkspaceRecord:

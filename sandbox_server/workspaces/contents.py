@@ -26,7 +26,7 @@ import tarfile
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import IO, Protocol
+from typing import IO, TYPE_CHECKING, Protocol
 
 from sandbox_server.errors import Refusal
 from sandbox_server.policy import WorkspaceSettings
@@ -40,7 +40,10 @@ from sandbox_server.sandbox.archive import (
 from sandbox_server.sandbox.spec import ExecutionResult, SandboxSpec
 from sandbox_server.workspaces.files import FileState
 
-__all__ = ["ArchivedContents", "Contents", "Room", "mime_type", "too_large"]
+if TYPE_CHECKING:  # the PostgreSQL driver is imported only by a server given --state
+    from sandbox_server.state.homes import Homes
+
+__all__ = ["ArchivedContents", "Contents", "Homing", "Room", "mime_type", "too_large"]
 
 Room = Callable[[str, int], str | None]
 """Asked before a workspace grows to a size: None when the host has room, else why not."""
@@ -64,11 +67,30 @@ def too_large(path: str, size: int, max_bytes: int) -> Refusal:
     )
 
 
+class Homing(Protocol):
+    """Replicas that keep each workspace mounted on one of them, its home (workspaces.homed)."""
+
+    homes: Homes
+    """Where each workspace lives, in the shared state."""
+
+    def homed_here(self, workspace_id: str) -> bool: ...
+
+    def come_home(self, workspace_id: str, user: str) -> str | None:
+        """Make this replica the workspace's home; the replica it was taken over from, when that one was lost."""
+        ...
+
+    def let_go_of_homes(self) -> None:
+        """This replica stops: every workspace homed here saved and homed nowhere."""
+        ...
+
+
 class Contents(Protocol):
     """How one host keeps its workspaces' files."""
 
     side_by_side: bool
     """Whether calls in one workspace may run at the same time (they share its files as they run)."""
+    homed: Homing | None
+    """How these contents keep each workspace on its home replica (None: on this host alone, or anywhere)."""
     folder: Path
     """Where the workspaces' files are (the store's folder, or a filesystem of its own under it)."""
 
@@ -131,15 +153,16 @@ class ArchivedContents:
 
     side_by_side = False
     """Each call starts from the last saved archive and saves its own: calls side by side would lose files."""
+    homed: Homing | None = None
 
     def __init__(self, root: Path) -> None:
         self.root = self.folder = root
 
-    def _archive(self, workspace_id: str) -> Path:
+    def archive_path(self, workspace_id: str) -> Path:
         return self.root / f"{workspace_id}.tar"
 
     def kept_files(self, workspace_ids: list[str]) -> set[str]:
-        return {self._archive(workspace_id).name for workspace_id in workspace_ids}
+        return {self.archive_path(workspace_id).name for workspace_id in workspace_ids}
 
     def shape(self, spec: SandboxSpec) -> SandboxSpec:
         return spec
@@ -148,7 +171,7 @@ class ArchivedContents:
         return 0  # counted when saved, at its real size
 
     def begin(self, workspace_id: str, spec: SandboxSpec) -> SandboxSpec:
-        path = self._archive(workspace_id)
+        path = self.archive_path(workspace_id)
         return replace(spec, saved_workspace=str(path) if path.exists() else "")
 
     def finish(self, workspace_id: str, result: ExecutionResult, settings: WorkspaceSettings, room: Room) -> str | None:
@@ -167,19 +190,19 @@ class ArchivedContents:
         problem = room(workspace_id, size)
         try:
             if problem is None:
-                problem = self._keep(workspace_id, temporary)
+                problem = self.keep(workspace_id, temporary)
         finally:
             temporary.unlink(missing_ok=True)
         return problem
 
-    def _keep(self, workspace_id: str, saved: Path) -> str | None:
+    def keep(self, workspace_id: str, saved: Path) -> str | None:
         """Make a saved archive the workspace's, whole or not at all; the problem, when it could not."""
-        os.replace(saved, self._archive(workspace_id))
+        os.replace(saved, self.archive_path(workspace_id))
         return None
 
     def _members(self, workspace_id: str) -> Iterator[tuple[str, tarfile.TarInfo, tarfile.TarFile]]:
         try:
-            with open(self._archive(workspace_id), "rb") as kept:
+            with open(self.archive_path(workspace_id), "rb") as kept:
                 yield from kept_entries(kept)
         except FileNotFoundError:
             return
@@ -209,7 +232,7 @@ class ArchivedContents:
         """A new workspace holding what `source_id` holds now: a second name for its archive (a save replaces an
         archive with a new file, never writes into one, so the two part at their next saves)."""
         with contextlib.suppress(FileNotFoundError):  # none saved yet: the new one starts empty too
-            os.link(self._archive(source_id), self._archive(target_id))
+            os.link(self.archive_path(source_id), self.archive_path(target_id))
 
     def ready(self, workspace_id: str) -> None:
         pass  # an archive is carried into each call as it is
@@ -227,11 +250,11 @@ class ArchivedContents:
 
     def load(self, workspace_id: str, kept: Path, settings: WorkspaceSettings, user: str) -> int:
         size = kept.stat().st_size
-        os.replace(kept, self._archive(workspace_id))
+        os.replace(kept, self.archive_path(workspace_id))
         return size
 
     def remove(self, workspace_id: str, later: bool = False) -> None:
-        self._archive(workspace_id).unlink(missing_ok=True)
+        self.archive_path(workspace_id).unlink(missing_ok=True)
 
     def sweep(self) -> None:
         pass  # nothing outlives a process but the archives, which their records account for

@@ -45,13 +45,14 @@ class HomedMounts(MountedContents):
         homes: Homes,
         settings: WorkspaceSettings,
     ) -> None:
-        super().__init__(root, process, process_alive, activity)
-        self.archives, self.homes, self.settings = archives, homes, settings
         self._here: set[str] = set()
         """Workspaces this process is the home of, mounted from their saved archive (or made here)."""
+        self.archives, self.homes, self.settings = archives, homes, settings
         self._saved: dict[str, str] = {}
         """Per workspace, the fingerprint of its files at its last save (a call that changed nothing saves none)."""
         self._homing: dict[str, threading.Lock] = {}
+        super().__init__(root, process, process_alive, activity)  # (its first sweep reads what is set above)
+        self.homed = self
 
     def _lock_of(self, workspace_id: str) -> threading.Lock:
         with self._lock:
@@ -76,8 +77,8 @@ class HomedMounts(MountedContents):
                     retry_after_s=1,
                 )
             super().remove(workspace_id)  # what this host may hold of it from before is stale
-            self.archives._fresh(workspace_id)
-            saved = self.archives._archive(workspace_id)
+            self.archives.refresh(workspace_id)
+            saved = self.archives.archive_path(workspace_id)
             if saved.exists():
                 kept = saved.with_name(f".{workspace_id}.tar.home")
                 saved.replace(kept)
@@ -116,7 +117,7 @@ class HomedMounts(MountedContents):
                         tar.addfile(entry, content)
 
                     super().entries(workspace_id, add)
-                problem = self.archives._keep(workspace_id, made)
+                problem = self.archives.keep(workspace_id, made)
             finally:
                 made.unlink(missing_ok=True)
             self.archives.remove(workspace_id)  # the database's copy is the one kept; the mount is this one's
@@ -186,7 +187,7 @@ class HomedMounts(MountedContents):
     def sweep(self) -> None:
         """Also let go of the workspaces homed here that another replica removed (expired, or deleted)."""
         super().sweep()
-        here = sorted(getattr(self, "_here", ()))  # (the first sweep runs before this class has set its own)
+        here = sorted(self._here)
         if here:
             rows = self.archives.database.run("SELECT id FROM workspaces WHERE id = ANY(%s)", (here,))
             for workspace_id in set(here) - {row[0] for row in rows}:

@@ -25,7 +25,7 @@ from sandbox_server.sandbox import mounts, reflinks
 from sandbox_server.sandbox.activity import Activity
 from sandbox_server.sandbox.archive import OUTPUT_LEAF
 from sandbox_server.sandbox.spec import ExecutionResult, ResourceLimits, SandboxSpec
-from sandbox_server.workspaces.contents import Add, Room, too_large
+from sandbox_server.workspaces.contents import Add, Homing, Room, too_large
 from sandbox_server.workspaces.files import FileState, file_states, open_regular, regular_files
 from sandbox_server.workspaces.image_files import (
     Held,
@@ -64,6 +64,8 @@ class MountedContents:
 
     side_by_side = True
     """Calls share the one filesystem as programs on one computer share a folder."""
+    homed: Homing | None = None
+    """Replicas with homes: these contents themselves (workspaces.homed); None on a server alone."""
 
     def __init__(
         self, root: Path, process: str, process_alive: Callable[[str], bool], activity: Activity | None = None

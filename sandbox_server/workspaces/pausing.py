@@ -51,8 +51,8 @@ class PausedWorkspaces(NamedWorkspaces):
         """Replicas keeping each workspace mounted on its home (workspaces.homed): this replica becomes the
         workspace's home unless a live one is; the note for its caller when it was taken over from a replica that
         stopped answering (its recorded services are then started again here, as after a restart)."""
-        come_home = getattr(self.contents, "come_home", None)
-        lost = come_home(record.id, user) if come_home is not None else None
+        homed = self.contents.homed
+        lost = homed.come_home(record.id, user) if homed is not None else None
         if lost is None:
             return None
         names = ", ".join(str(entry.get("name")) for entry in self.current(record).services)

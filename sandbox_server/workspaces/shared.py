@@ -178,7 +178,7 @@ class SharedArchives(ArchivedContents):
         """The generation of each workspace whose archive this replica's folder holds."""
         self._lock = threading.Lock()
 
-    def _fresh(self, workspace_id: str) -> None:
+    def refresh(self, workspace_id: str) -> None:
         """Bring this replica's copy of the archive to the database's generation (known without asking while a
         call of this replica holds the workspace)."""
         generation = self.held.get(workspace_id)
@@ -188,7 +188,7 @@ class SharedArchives(ArchivedContents):
         with self._lock:
             if self._have.get(workspace_id) == generation:
                 return
-            path = self._archive(workspace_id)
+            path = self.archive_path(workspace_id)
             if generation == 0:
                 path.unlink(missing_ok=True)
             else:
@@ -210,14 +210,14 @@ class SharedArchives(ArchivedContents):
             self._have[workspace_id] = generation
 
     def begin(self, workspace_id: str, spec: SandboxSpec) -> SandboxSpec:
-        self._fresh(workspace_id)
+        self.refresh(workspace_id)
         return super().begin(workspace_id, spec)
 
     def _members(self, workspace_id: str) -> Iterator[Any]:
-        self._fresh(workspace_id)
+        self.refresh(workspace_id)
         yield from super()._members(workspace_id)
 
-    def _keep(self, workspace_id: str, saved: Path) -> str | None:
+    def keep(self, workspace_id: str, saved: Path) -> str | None:
         """One statement saves a small workspace whole: its record with its new size, when the host's cap has
         room for it, its new generation and its archive (a larger archive's other chunks follow in the same
         transaction)."""
@@ -239,7 +239,7 @@ class SharedArchives(ArchivedContents):
         except StateUnavailable as exc:
             return f"the workspace was not saved ({exc}); it is as the previous call left it"
         with self._lock:
-            os.replace(saved, self._archive(workspace_id))
+            os.replace(saved, self.archive_path(workspace_id))
             self._holding(workspace_id, generation)
         return None
 
@@ -251,7 +251,7 @@ class SharedArchives(ArchivedContents):
         first, and marked unsure until then: whoever finds it so reads the database's."""
         first = saved.read_bytes()
         with self._lock:
-            os.replace(saved, self._archive(workspace_id))
+            os.replace(saved, self.archive_path(workspace_id))
             self._have.pop(workspace_id, None)
         try:
             row = anyio.from_thread.run(call.save_and_end, _SAVE, (workspace_id, first, record, cap))

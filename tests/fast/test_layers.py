@@ -30,6 +30,21 @@ WIDE_CLASSES = {
     "workspaces/mounted.py:MountedContents": "a workspace's filesystem: made ahead, mounted, held, copied, given back, "
     "removed",
 }
+MAX_FUNCTION_LINES = 80
+"""Lines of one function, its docstring included: past this it does several things that could each be named."""
+TABLES = {
+    "cli/main.py:build_parser": "the commands' argument parsers, one declaration after another",
+    "cli/options.py:add_serve_arguments": "serve's options, one declaration after another",
+    "sandbox/oci.py:oci_config": "the OCI runtime configuration of a sandbox, field by field",
+    "network/egress.py:squid_config": "the proxy's configuration file, directive by directive",
+}
+"""Functions past MAX_FUNCTION_LINES that are declarative tables, with what they declare."""
+FOREIGN_PROBES = {
+    "protocol/stdio_errors.py": "the SDK's read stream, which has a sender's context on some transports alone",
+    "sandbox/archive.py": "a tar's file object, a real file (whose descriptor is read in place) or a buffer",
+    "sandbox/docker_runtime.py": "docker-py's attach socket, a socket or its wrapper depending on the version",
+}
+"""Modules that ask a foreign object (the SDK's, the standard library's, docker-py's) what it is, and why."""
 MAX_PARAMETERS = 8
 """Parameters of one function (self aside): past this the call site cannot be read without the signature."""
 WIDE_FUNCTIONS = {
@@ -188,6 +203,49 @@ def test_classes_hold_one_idea_and_functions_take_few_parameters() -> None:
     assert not many, f"functions with more than {MAX_PARAMETERS} parameters (hand a whole object): {many}"
     assert not {*WIDE_CLASSES} - {name for name, count in methods.items() if count > MAX_METHODS}, "stale WIDE_CLASSES"
     assert not {*WIDE_FUNCTIONS} - {n for n, count in parameters.items() if count > MAX_PARAMETERS}, "stale entries"
+
+
+def test_functions_stay_short_and_parts_are_asked_nothing_of_what_they_are() -> None:
+    """Every function under MAX_FUNCTION_LINES (tables aside); no getattr/hasattr probe of the package's own parts
+    (a part says what it is in its type); no private name of a package module used from another module."""
+    long, probes, crossed = {}, [], []
+    defined: dict[str, set[str]] = {}
+    trees = {path.relative_to(PACKAGE).as_posix(): ast.parse(path.read_text()) for path in PACKAGE.rglob("*.py")}
+    for where, tree in trees.items():
+        own = defined.setdefault(where, set())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                own.add(node.name)
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                own.add(node.attr)
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                own.add(node.id)
+    private_anywhere = {name for names in defined.values() for name in names if name.startswith("_")}
+    for where, tree in trees.items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES and f"{where}:{node.name}" not in TABLES:
+                    long[f"{where}:{node.name}"] = lines
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+                if node.func.id in ("getattr", "hasattr") and where not in FOREIGN_PROBES:
+                    probes.append(f"{where}:{node.lineno}: {ast.unparse(node)}")
+            elif isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+                base = ast.unparse(node.value)
+                theirs = node.attr in private_anywhere and node.attr not in defined[where]
+                if base not in ("self", "cls", "super()") and theirs:
+                    crossed.append(f"{where}:{node.lineno}: {ast.unparse(node)}")
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("sandbox_server"):
+                crossed += [f"{where}: from {node.module} import {a.name}" for a in node.names if a.name[0] == "_"]
+    crossed = [c for c in crossed if not c.endswith("import __version__")]
+    assert not long, (
+        f"functions over {MAX_FUNCTION_LINES} lines (name their steps, or TABLES says what they declare): {long}"
+    )
+    assert not {*TABLES} - {
+        f"{w}:{n.name}" for w, tr in trees.items() for n in ast.walk(tr) if isinstance(n, ast.FunctionDef)
+    }
+    assert not probes, f"parts asked what they are (declare it in their type): {probes}"
+    assert not crossed, f"private names used outside their module (make them public, or keep them home): {crossed}"
 
 
 def test_no_context_variable_carries_a_call_across_modules() -> None:

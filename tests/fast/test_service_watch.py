@@ -30,7 +30,7 @@ def _running(services: Services) -> Service:
 async def test_a_service_restarted_while_its_old_container_is_read_is_not_stopped_for_that_containers_end(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    services = Services(SimpleNamespace(api=None), SimpleNamespace(contents=None))  # type: ignore[arg-type]
+    services = Services(SimpleNamespace(api=None), SimpleNamespace(contents=SimpleNamespace(homed=None)))  # type: ignore[arg-type]
     service = _running(services)
 
     def read_while_restarted(api: Any, container_id: str) -> dict[str, Any]:
@@ -45,7 +45,7 @@ async def test_a_service_restarted_while_its_old_container_is_read_is_not_stoppe
 
 
 async def test_a_running_services_own_container_ending_stops_it_saying_how(monkeypatch: pytest.MonkeyPatch) -> None:
-    services = Services(SimpleNamespace(api=None), SimpleNamespace(contents=None))  # type: ignore[arg-type]
+    services = Services(SimpleNamespace(api=None), SimpleNamespace(contents=SimpleNamespace(homed=None)))  # type: ignore[arg-type]
     service = _running(services)
     monkeypatch.setattr(
         service_containers, "container_state", lambda api, _: {"Running": False, "ExitCode": 3, "OOMKilled": False}

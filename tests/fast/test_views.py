@@ -67,9 +67,9 @@ def test_previews_say_who_may_frame_them_and_refuse_what_is_not_an_origin() -> N
     from sandbox_server.protocol.preview import Previews
 
     services: Any = None
-    assert Previews(services, "http://127.0.0.1:1", ["127.0.0.1"]).framing == "frame-ancestors 'self'"
-    named = Previews(services, "http://127.0.0.1:1", ["127.0.0.1"], ["https://app.example/", "http://127.0.0.1:*"])
+    assert Previews(services, ["127.0.0.1"]).framing == "frame-ancestors 'self'"
+    named = Previews(services, ["127.0.0.1"], ["https://app.example/", "http://127.0.0.1:*"])
     assert named.framing == "frame-ancestors 'self' https://app.example http://127.0.0.1:*"
     for wrong in ("app.example", "javascript:alert(1)", "https://app.example/page", "*"):
         with pytest.raises(UsageError, match="is not an origin"):
-            Previews(services, "http://127.0.0.1:1", ["127.0.0.1"], [wrong])
+            Previews(services, ["127.0.0.1"], [wrong])

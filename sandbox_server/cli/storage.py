@@ -1,0 +1,105 @@
+"""How a server keeps its workspaces (serve --workspaces, --state-dir, --state): its state folder, archives or
+mounted filesystems, alone or with replicas; chosen and said once at start."""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from sandbox_server.errors import SandboxServerError
+
+if TYPE_CHECKING:
+    from sandbox_server.policy import Policy
+    from sandbox_server.sandbox.docker_runtime import DockerRuntime
+    from sandbox_server.state.database import Database
+    from sandbox_server.workspaces.contents import Contents
+    from sandbox_server.workspaces.shared import SharedBook
+    from sandbox_server.workspaces.store import WorkspaceStore
+
+__all__ = ["workspace_store"]
+
+
+def workspace_store(
+    args: argparse.Namespace,
+    runtime: DockerRuntime,
+    database: Database | None,
+    policy: Policy,
+    alive: Callable[[str], bool],
+    log: logging.Logger,
+) -> WorkspaceStore:
+    """The kept workspaces, in this server's own state folder, swept of what expired while it was away."""
+    from sandbox_server.state.folder import claim_state_folder, default_state_dir
+    from sandbox_server.workspaces.store import WorkspaceStore
+
+    # A folder given to this server alone is refused when held; the default (SANDBOX_STATE_DIR's, inherited by
+    # every server a client's configuration starts) gives a second server a subfolder of its own.
+    chosen = bool(args.state_dir)
+    held = claim_state_folder(Path(args.state_dir) if args.state_dir else default_state_dir(), chosen)
+    state_dir = held.path  # this server's alone while it runs: the lock goes with the process
+    if held.shared_with is not None:
+        log.info(
+            "the state folder %s is another server's (process %s): this one keeps its state in %s",
+            state_dir.parent.parent, held.shared_with or "unknown", state_dir,
+        )  # fmt: skip
+    if database is None:
+        contents, book = _contents(args.workspaces, runtime, log), None
+    else:
+        contents, book = _shared_contents(args.workspaces, runtime, database, policy, log)
+    workspaces = WorkspaceStore(
+        state_dir / "workspaces", policy.workspace, policy.host.workspace_storage_mb * 1024 * 1024, contents, book,
+        alive if database is not None else None, callers_share_the_host=bool(args.tokens or args.issuer),
+    )  # fmt: skip
+    swept = workspaces.sweep(alive)
+    if swept:
+        log.info("removed %d expired or orphaned workspace(s)", swept)
+    return workspaces
+
+
+def _contents(choice: str, runtime: DockerRuntime, log: logging.Logger) -> Callable[[Path], Contents]:
+    """How a server alone keeps workspace files (serve --workspaces)."""
+    from sandbox_server.sandbox import mounts
+    from sandbox_server.sandbox.removal import owner_alive
+    from sandbox_server.workspaces.contents import ArchivedContents
+    from sandbox_server.workspaces.mounted import MountedContents
+
+    why_not = None if choice == "archived" else mounts.unavailable(runtime.on_this_host())
+    if choice == "mounted" and why_not is not None:
+        raise SandboxServerError(f"--workspaces mounted: kept workspaces cannot be mounted here: {why_not}")
+    if choice == "archived" or why_not is not None:
+        reason = "as asked" if choice == "archived" else f"{why_not}, so they cannot be mounted"
+        log.info("workspaces are kept as archives carried in and out of each call (%s)", reason)
+        return ArchivedContents
+    log.info("workspaces are kept as sized filesystems mounted into each call's container")
+    return lambda root: MountedContents(root, runtime.owner, owner_alive, runtime.activity)
+
+
+def _shared_contents(
+    choice: str, runtime: DockerRuntime, database: Database, policy: Policy, log: logging.Logger
+) -> tuple[Callable[[Path], Any], SharedBook]:
+    """How replicas keep workspace files: archives in the shared state, or mounted on each one's home replica."""
+    from sandbox_server.workspaces.shared import SharedArchives, SharedBook
+
+    book = SharedBook(database)
+    archives = functools.partial(SharedArchives, book=book)
+    if choice != "mounted":
+        log.info("workspaces are kept as archives in the shared state, continued on any replica")
+        return archives, book
+    from sandbox_server.sandbox import mounts
+    from sandbox_server.sandbox.removal import owner_alive
+    from sandbox_server.state.homes import Homes
+    from sandbox_server.workspaces.homed import HomedMounts
+
+    why_not = mounts.unavailable(runtime.on_this_host())
+    if why_not is not None:
+        raise SandboxServerError(f"--workspaces mounted: kept workspaces cannot be mounted here: {why_not}")
+    homes = Homes(book.database)
+    log.info("workspaces are mounted on their home replica, each saved to the shared state after its calls")
+
+    def homed(root: Path) -> HomedMounts:
+        return HomedMounts(root, runtime.owner, owner_alive, runtime.activity, archives(root), homes, policy.workspace)
+
+    return homed, book

@@ -2,8 +2,9 @@
 that holds its lock, and bound into each call's container through its slot (sandbox_server.sandbox.mounts).
 
 New workspaces are made ahead of the calls that need them, as warm containers are: a few
-spare images of the shape the last new workspace had, made and mounted in the background,
-so a call that starts a workspace takes one instead of making a filesystem on its path.
+spare images of the shape the last new workspace had, made and mounted in the background
+(`workspaces.spares`), so a call that starts a workspace takes one instead of making a
+filesystem on its path; what calls delete goes back to the host's disk after their answers.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import fcntl
 import hashlib
 import hmac
 import os
-import secrets
 import threading
 from collections.abc import Callable
 from dataclasses import replace
@@ -28,7 +28,6 @@ from sandbox_server.sandbox.spec import ExecutionResult, ResourceLimits, Sandbox
 from sandbox_server.workspaces.contents import Add, Homing, Room, too_large
 from sandbox_server.workspaces.files import FileState, file_states, open_regular, regular_files
 from sandbox_server.workspaces.image_files import (
-    Held,
     Shape,
     fill_folder,
     folder_entries,
@@ -37,13 +36,12 @@ from sandbox_server.workspaces.image_files import (
     remove_run_folder,
     remove_spares,
 )
+from sandbox_server.workspaces.spares import GivingBack, Spares
 
 __all__ = ["MountedContents"]
 
 IMAGE_KEY = "image-key"
 """The state folder's key for naming workspace images (32 random bytes, mode 0600)."""
-SPARES = 2
-"""New workspaces kept made and mounted ahead, of the shape the last new one had."""
 DEFER_S = 2.0
 """The longest work beside the calls (spares, freed blocks, removals) waits for a pause between them."""
 
@@ -82,24 +80,19 @@ class MountedContents:
         """Whether each held workspace is mounted to let programs run from it."""
         self._places: dict[str, Path] = {}
         """Where held workspaces made as spares are mounted (the others at _where's keyed name)."""
-        self._spares: list[Held] = []
-        self._spare_shape: Shape | None = None
-        self._spares_made: threading.Thread | None = None
-        """The thread making spares, while it runs."""
         self._closed = False
         self._removing: list[threading.Thread] = []
         """Workspaces being removed off a call's path."""
-        self._giving_back: dict[str, threading.Thread] = {}
-        """After a call, off its answer's path: the workspace's freed blocks go back to the host."""
         self._making: dict[str, threading.Lock] = {}
         """Per workspace: held while it is made and mounted."""
-        self._again: set[str] = set()
-        """Workspaces whose calls ended while their blocks were being given back: once more, then."""
         self.run = root / "run" / process.replace("/", "_")
         found = reflinks.pool(root)
         self.folder = found if found is not None else root
         """Where the images live: where they clone (a fork or a snapshot is a reflink), else the state folder."""
         self.reflinks = found is not None
+        self.giving_back = GivingBack(self._activity, DEFER_S, self._where)
+        """After a call, off its answer's path: the workspace's freed blocks go back to the host."""
+        self.spares = Spares(self.folder / "spares" / self.run.name, self.run / "ws", self._activity, DEFER_S)
         self.sweep()
         for old in root.glob("ws-*.img"):  # named by their id before names were keyed
             with contextlib.suppress(OSError):
@@ -133,8 +126,8 @@ class MountedContents:
         return self._places.get(workspace_id) or self.run / "ws" / self._name(workspace_id)
 
     def shape(self, spec: SandboxSpec) -> SandboxSpec:
-        if self._spare_shape is None and not self._closed:  # the first warm container's: spares from the start
-            self._make_spares(Shape.of(spec))
+        if self.spares.shape is None:  # the first warm container's: spares from the start
+            self.spares.want(Shape.of(spec))
         return replace(spec, workspace_slots=str(self.slots))
 
     def reserve(self, settings: WorkspaceSettings) -> int:
@@ -151,75 +144,19 @@ class MountedContents:
 
     def _take_spare(self, workspace_id: str, shape: Shape) -> bool:
         """Make a spare the new workspace: its image renamed to the workspace's, held and mounted as it is."""
+        spare = self.spares.take(shape)
+        if spare is None:
+            return False
+        try:
+            os.rename(spare.image, self._image(workspace_id))
+        except OSError:
+            self.spares.put_back(spare)
+            return False
         with self._lock:
-            if shape != self._spare_shape or not self._spares:
-                return False
-            spare = self._spares.pop(0)
-            try:
-                os.rename(spare.image, self._image(workspace_id))
-            except OSError:
-                self._spares.insert(0, spare)
-                return False
             self._held[workspace_id] = spare.handle
             self._executable[workspace_id] = shape.executable
             self._places[workspace_id] = spare.where
         return True
-
-    def _make_spares(self, shape: Shape) -> None:
-        """Keep SPARES new workspaces of this shape made ahead (in a thread of their own); spares of another
-        shape are let go of."""
-        with self._lock:
-            if self._closed:
-                return
-            stale = [] if shape == self._spare_shape else self._spares
-            if stale:
-                self._spares = []
-            self._spare_shape = shape
-            if self._spares_made is not None or len(self._spares) >= SPARES:
-                making = None
-            else:
-                making = self._spares_made = threading.Thread(target=self._spares_loop, daemon=True)
-        for spare in stale:
-            _let_go(spare)
-        if making is not None:
-            making.start()
-
-    def _spares_loop(self) -> None:
-        try:
-            while True:
-                self._activity.wait_for_pause(DEFER_S, unless=lambda: not self._spares or self._closed)
-                with self._lock:
-                    shape = self._spare_shape
-                    if shape is None or len(self._spares) >= SPARES:
-                        return
-                spare = self._new_spare(shape)
-                with self._lock:
-                    keep = shape == self._spare_shape and len(self._spares) < SPARES
-                    if keep:
-                        self._spares.append(spare)
-                if not keep:
-                    _let_go(spare)
-        except OSError:
-            return  # the host cannot make one now (its disk is full?): calls make their own
-        finally:
-            with self._lock:
-                self._spares_made = None
-
-    def _new_spare(self, shape: Shape) -> Held:
-        name = secrets.token_hex(16)
-        image, where = self.folder / "spares" / self.run.name / f"{name}.img", self.run / "ws" / name
-        image.parent.parent.mkdir(mode=0o700, exist_ok=True)
-        image.parent.mkdir(mode=0o700, exist_ok=True)
-        handle = -1
-        try:
-            mounts.make_image(image, shape.size_mb, shape.files, shape.user)
-            handle = os.open(image, os.O_RDONLY | os.O_CLOEXEC)
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            mounts.mount_image(image, where, shape.executable)
-        except BaseException:
-            _let_go(Held(image, where, handle))
-            raise
-        return Held(image, where, handle)
 
     def _mounted(self, workspace_id: str, executable: bool | None = None) -> Path:
         """The workspace's filesystem, mounted by this process (which then holds its image's lock); for a call,
@@ -265,40 +202,15 @@ class MountedContents:
                 shape = Shape.of(spec)
                 if not self._take_spare(workspace_id, shape):
                     self._create(workspace_id, spec.limits, spec.user)
-                self._make_spares(shape)
+                self.spares.want(shape)
             where = self._mounted(workspace_id, spec.limits.workspace_exec)
         return replace(self.shape(spec), mounted_workspace=str(where))
 
     def finish(self, workspace_id: str, result: ExecutionResult, settings: WorkspaceSettings, room: Room) -> str | None:
         # The filesystem is the workspace: whatever the program did is kept already. What it deleted goes
-        # back to the host's disk after the answer, beside whatever the workspace's next call does: one
-        # thread per workspace, which goes round again when calls ended while it worked.
-        with self._lock:
-            if workspace_id in self._giving_back:
-                self._again.add(workspace_id)
-                return None
-            giving_back = threading.Thread(target=self._give_back, args=(workspace_id,), daemon=True)
-            self._giving_back[workspace_id] = giving_back
-        giving_back.start()
+        # back to the host's disk after the answer, beside whatever the workspace's next call does.
+        self.giving_back.after_call(workspace_id)
         return None
-
-    def _give_back(self, workspace_id: str) -> None:
-        while True:
-            self._activity.wait_for_pause(DEFER_S)
-            mounts.give_back(str(self._where(workspace_id)))
-            with self._lock:
-                if workspace_id not in self._again:
-                    self._giving_back.pop(workspace_id, None)
-                    return
-                self._again.discard(workspace_id)
-
-    def _settle(self, workspace_id: str) -> None:
-        """Wait until what the workspace's calls freed is back with the host (before it is let go of)."""
-        with self._lock:
-            self._again.discard(workspace_id)
-            giving_back = self._giving_back.get(workspace_id)
-        if giving_back is not None:
-            giving_back.join()
 
     def files(self, workspace_id: str) -> list[tuple[str, int]]:
         if not self._image(workspace_id).exists():
@@ -375,13 +287,13 @@ class MountedContents:
         Mounted as the policy's new workspaces are (programs may run from it, or not), so its first call does not
         mount it again."""
         if self._image(workspace_id).exists():
-            shape = self._spare_shape
+            shape = self.spares.shape
             self._mounted(workspace_id, shape.executable if shape is not None else None)
             self.states(workspace_id)
 
     def release(self, workspace_id: str) -> bool:
         """Unmount a workspace and let go of its image's lock, the image kept (a later call mounts it again)."""
-        self._settle(workspace_id)
+        self.giving_back.settle(workspace_id)
         with self._lock:
             handle = self._held.pop(workspace_id, None)
             if handle is None:
@@ -416,33 +328,17 @@ class MountedContents:
 
     def close(self) -> None:
         with self._lock:
-            self._spare_shape, self._closed = None, True  # the spares' thread ends after the one it is making
-            making, removing = self._spares_made, self._removing
+            self._closed, removing = True, self._removing
         self._activity.changed()
-        for thread in [*removing, *([making] if making is not None else [])]:
+        for thread in removing:
             thread.join()
-        for workspace_id in list(self._giving_back):
-            self._settle(workspace_id)
-        with self._lock:
-            spares, self._spares = self._spares, []
-        for spare in spares:
-            _let_go(spare)
+        self.giving_back.settle_all()
+        self.spares.close()
         with self._lock:
             mounts.detach_under(self.run)
             for handle in self._held.values():
                 os.close(handle)
             self._held.clear()
         remove_run_folder(self.run)
-        remove_spares(self.folder / "spares" / self.run.name)
         if self.folder != self.root:
             reflinks.let_go_of_pool(self.root)
-
-
-def _let_go(held: Held) -> None:
-    """Unmount an image, let go of its lock and delete it; never raises."""
-    mounts.detach(str(held.where))
-    with contextlib.suppress(OSError):
-        held.where.rmdir()
-    if held.handle >= 0:
-        os.close(held.handle)
-    held.image.unlink(missing_ok=True)

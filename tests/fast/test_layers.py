@@ -27,8 +27,6 @@ MAX_METHODS = 24
 """Methods of one class: past this it likely holds two ideas."""
 WIDE_CLASSES = {
     "workspaces/store.py:WorkspaceStore": "a workspace's life: made, found, held by a call, saved, swept, removed",
-    "workspaces/mounted.py:MountedContents": "a workspace's filesystem: made ahead, mounted, held, copied, given back, "
-    "removed",
 }
 MAX_FUNCTION_LINES = 80
 """Lines of one function, its docstring included: past this it does several things that could each be named."""

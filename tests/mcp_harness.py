@@ -95,8 +95,10 @@ class ServerProcess:
                 self.lines.append(raw.decode(errors="replace"))
                 self._changed.notify_all()
 
-    def wait_for_line(self, text: str, timeout_s: float = 10, after: int = 0) -> str:
-        """Block until the server logs a line containing `text` (among its lines from index `after` on)."""
+    def wait_for_line(self, text: str, timeout_s: float = 30, after: int = 0) -> str:
+        """Block until the server logs a line containing `text` (among its lines from index `after` on). The
+        line comes at once on an idle host; 30 s leaves room for a start the suite's workers side by side hold
+        back, and is spent only by a test that fails."""
         with self._changed:
             found = self._changed.wait_for(
                 lambda: next((line for line in self.lines[after:] if text in line), None), timeout_s

@@ -25,7 +25,7 @@ from sandbox_server.calls.arguments import check_arguments
 from sandbox_server.errors import Refusal
 from sandbox_server.policy import Policy
 from sandbox_server.tools import Tool, offers
-from sandbox_server.tools.base import check_call
+from sandbox_server.tools.arguments import check_call
 
 __all__ = ["Judge", "Verdict", "judged_facts"]
 

@@ -42,7 +42,7 @@ from sandbox_server.sandbox.spec import InputFile, ResourceLimits
 from sandbox_server.services.manager import Services
 from sandbox_server.services.scope import ServiceScope
 from sandbox_server.tools import ToolContext, ToolOutcome
-from sandbox_server.tools.base import check_call
+from sandbox_server.tools.arguments import check_call
 from sandbox_server.workspaces.changes import changes_line
 from sandbox_server.workspaces.kept import KeptWorkspace
 from sandbox_server.workspaces.naming import ID_PATTERN

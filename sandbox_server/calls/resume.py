@@ -25,7 +25,7 @@ from sandbox_server.policy import ToolPolicy
 from sandbox_server.sandbox.runtime import NO_HOOKS
 from sandbox_server.services.scope import ServiceScope
 from sandbox_server.tools import ToolContext
-from sandbox_server.tools.base import check_call
+from sandbox_server.tools.arguments import check_call
 from sandbox_server.workspaces.kept import KeptWorkspace
 
 __all__ = ["resume_services", "resumes"]

@@ -267,7 +267,7 @@ def _policy_diff(args: argparse.Namespace) -> int:
 
 
 def _policy_schema(args: argparse.Namespace) -> int:
-    from sandbox_server.policy.loader import schema
+    from sandbox_server.policy.documents import schema
 
     print(json.dumps(schema(), indent=2, ensure_ascii=False))
     return 0

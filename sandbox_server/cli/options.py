@@ -132,7 +132,7 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
 
 def tool_prefix(value: str) -> str:
     """A --tool-prefix value, as the policy schema allows it."""
-    from sandbox_server.policy.loader import schema
+    from sandbox_server.policy.documents import schema
 
     if not re.fullmatch(schema()["properties"]["tool_prefix"]["pattern"], value):
         raise argparse.ArgumentTypeError("a tool prefix is at most 32 letters, digits, '_', '-' or '.'")

@@ -20,6 +20,7 @@ from sandbox_server.errors import FailureKind, Refusal
 from sandbox_server.policy import ToolPolicy
 from sandbox_server.sandbox import wire
 from sandbox_server.sandbox.spec import ExecutionResult
+from sandbox_server.tools.arguments import sandbox_spec
 from sandbox_server.tools.base import (
     FILES_SCHEMA,
     SANDBOX_ANNOTATIONS,
@@ -30,7 +31,6 @@ from sandbox_server.tools.base import (
     ToolContext,
     ToolOutcome,
     result_schema,
-    sandbox_spec,
 )
 from sandbox_server.tools.outcome import outcome_from_execution
 

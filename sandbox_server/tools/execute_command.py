@@ -7,6 +7,7 @@ from typing import Any
 
 from sandbox_server.errors import Refusal
 from sandbox_server.policy import ToolPolicy
+from sandbox_server.tools.arguments import sandbox_spec
 from sandbox_server.tools.base import (
     FILES_SCHEMA,
     SANDBOX_ANNOTATIONS,
@@ -16,7 +17,6 @@ from sandbox_server.tools.base import (
     ToolContext,
     ToolOutcome,
     result_schema,
-    sandbox_spec,
 )
 from sandbox_server.tools.outcome import outcome_from_execution
 from sandbox_server.tools.schemas import SERVICE_ARGUMENT

@@ -11,6 +11,7 @@ from sandbox_server.policy import ToolPolicy
 from sandbox_server.sandbox import wire
 from sandbox_server.sandbox.images import libraries
 from sandbox_server.sandbox.spec import OutputFile
+from sandbox_server.tools.arguments import sandbox_spec
 from sandbox_server.tools.base import (
     FILES_SCHEMA,
     SANDBOX_ANNOTATIONS,
@@ -20,7 +21,6 @@ from sandbox_server.tools.base import (
     ToolContext,
     ToolOutcome,
     result_schema,
-    sandbox_spec,
 )
 from sandbox_server.tools.execute_command import EXECUTION_PROPERTIES, EXECUTION_REQUIRED
 from sandbox_server.tools.outcome import outcome_from_execution

@@ -279,7 +279,7 @@ def test_mounts_written_as_another_tool_writes_them_are_refused_in_words(tmp_pat
 
 
 def test_every_pattern_of_the_schema_is_said_in_words() -> None:
-    from sandbox_server.policy.loader import schema
+    from sandbox_server.policy.documents import schema
 
     def patterns(node: object) -> list[dict[str, object]]:
         if isinstance(node, dict):

@@ -2,7 +2,7 @@
 
 import pytest
 
-from sandbox_server.tools.base import workspace_folder
+from sandbox_server.tools.arguments import workspace_folder
 
 
 @pytest.mark.parametrize(

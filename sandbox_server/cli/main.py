@@ -16,16 +16,15 @@ from sandbox_server import __version__
 from sandbox_server.cli.audit import add_audit_commands
 from sandbox_server.cli.images import images_build, images_list
 from sandbox_server.cli.options import add_serve_arguments, tool_prefix
-from sandbox_server.cli.policy_evidence import add_policy_evidence_commands
+from sandbox_server.cli.policies import add_policy_commands
 from sandbox_server.cli.replicas import add_replicas_commands
+from sandbox_server.cli.tokens import add_token_commands
 from sandbox_server.cli.workspace_files import add_workspace_commands
 from sandbox_server.errors import SandboxServerError, UsageError
 from sandbox_server.protocol.http_limits import add_limit_arguments
 
 if TYPE_CHECKING:
-    from sandbox_server.access.shared import SharedTokens
     from sandbox_server.ops.doctor import WarmPlan
-    from sandbox_server.policy import Policy
     from sandbox_server.policy.loader import HostFacts
     from sandbox_server.sandbox.docker_runtime import DockerRuntime
 
@@ -98,58 +97,6 @@ def _serve(args: argparse.Namespace) -> int:
     return serve_command(args)
 
 
-def _token_add(args: argparse.Namespace) -> int:
-    from sandbox_server.access.tokens import add_caller
-    from sandbox_server.policy.loader import load_policy, policy_problem
-    from sandbox_server.policy.references import stored_reference
-
-    names, shared = _tool_names(), _shared_tokens(args)
-    problem = policy_problem(lambda reference: load_policy(reference, names))
-    if args.policy is None:
-        _say("no --policy: this caller's calls run under policy 'default', whatever policy the server is given")
-    policy = stored_reference(args.policy or "default")  # a file by its absolute path, found from anywhere
-    adding = shared.add if shared is not None else functools.partial(add_caller, Path(args.tokens))
-    token = adding(args.name, policy, problem)
-    where = "the shared state" if shared is not None else args.tokens
-    _say(f"added caller {args.name!r} (policy {policy}) to {where}; its token, shown this once:")
-    print(token)
-    return 0
-
-
-def _token_list(args: argparse.Namespace) -> int:
-    from sandbox_server.access.tokens import read_callers
-
-    shared = _shared_tokens(args)
-    for caller in shared.callers() if shared is not None else read_callers(Path(args.tokens)):
-        print(f"{caller.name}\tpolicy {caller.policy}\tadded {caller.created}")
-    return 0
-
-
-def _token_revoke(args: argparse.Namespace) -> int:
-    from sandbox_server.access.tokens import revoke_caller
-
-    shared = _shared_tokens(args)
-    if shared is not None:
-        shared.revoke(args.name)
-        _say(f"revoked {args.name!r}: every replica refuses its token within a second")
-        return 0
-    revoke_caller(Path(args.tokens), args.name)
-    _say(f"revoked {args.name!r}: servers reading {args.tokens} refuse its token from their next request")
-    return 0
-
-
-def _shared_tokens(args: argparse.Namespace) -> SharedTokens | None:
-    """The replicas' callers (token … --state URL), or None for a tokens file."""
-    if not args.state:
-        return None
-    from sandbox_server.access.shared import SharedTokens
-    from sandbox_server.state.database import Database
-
-    database = Database(args.state, "token-command", max_connections=1)
-    database.open(replica=False)
-    return SharedTokens(database)
-
-
 def _call(args: argparse.Namespace) -> int:
     from sandbox_server.cli.client import call_command
 
@@ -203,74 +150,11 @@ def _tool_names(sandboxed: bool = False) -> list[str]:
     return [tool.name for tool in all_tools() if not sandboxed or tool.sandbox]
 
 
-def _offered(policy: Policy) -> list[str]:
-    """The tools a policy offers: enabled, and (a tool that runs no sandbox) of use under it."""
-    from sandbox_server.tools import all_tools, offers
-
-    return [tool.name for tool in all_tools() if offers(policy, tool)]
-
-
-def _managing() -> tuple[str, ...]:
-    """The tools that run no sandbox of their own."""
-    from sandbox_server.tools import all_tools
-
-    return tuple(tool.name for tool in all_tools() if not tool.sandbox)
-
-
 def _runtime_facts() -> HostFacts:
     from sandbox_server.ops.bootstrap import host_facts
     from sandbox_server.sandbox.docker_runtime import DockerRuntime
 
     return host_facts(DockerRuntime.lazy())
-
-
-def _policy_check(args: argparse.Namespace) -> int:
-    from sandbox_server.policy.loader import load_policy, policy_errors, policy_path
-
-    facts = _runtime_facts()
-    failed = False
-    for reference in args.files:
-        path = policy_path(reference) if not Path(reference).exists() else Path(reference)
-        errors = policy_errors(path, _tool_names(), facts)
-        if errors:
-            failed = True
-            print(f"{path}: {len(errors)} error(s)")
-            for error in errors:
-                print(f"  {error}")
-        else:
-            print(f"{path}: ok")
-            for note in load_policy(str(path), _tool_names(), facts).notes:
-                print(f"  note: {note}")
-    return 1 if failed else 0
-
-
-def _policy_explain(args: argparse.Namespace) -> int:
-    from sandbox_server.policy.explain import explain_policy
-    from sandbox_server.policy.loader import load_policy
-
-    names = _tool_names()
-    policy = load_policy(args.policy, names, _runtime_facts())
-    print(json.dumps(explain_policy(policy, _offered(policy), _managing()), indent=2, default=str))
-    return 0
-
-
-def _policy_diff(args: argparse.Namespace) -> int:
-    from sandbox_server.policy.explain import diff_policies, explain_policy
-    from sandbox_server.policy.loader import load_policy
-
-    names = _tool_names()
-    loaded = [load_policy(ref, names) for ref in (args.first, args.second)]
-    first, second = (json.loads(json.dumps(explain_policy(p, _offered(p), _managing()), default=str)) for p in loaded)
-    lines = diff_policies(first, second)
-    print("\n".join(lines) if lines else "no differences in effect")
-    return 0
-
-
-def _policy_schema(args: argparse.Namespace) -> int:
-    from sandbox_server.policy.documents import schema
-
-    print(json.dumps(schema(), indent=2, ensure_ascii=False))
-    return 0
 
 
 class _Parser(argparse.ArgumentParser):
@@ -280,12 +164,6 @@ class _Parser(argparse.ArgumentParser):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs["allow_abbrev"] = False
         super().__init__(*args, **kwargs)
-
-
-def _where_callers(parser: argparse.ArgumentParser, file_help: str) -> None:
-    where = parser.add_mutually_exclusive_group(required=True)
-    where.add_argument("--tokens", metavar="FILE", help=file_help)
-    where.add_argument("--state", metavar="URL", help="the replicas' shared state (postgresql://…) instead of a file")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -318,21 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_limit_arguments(serve)
     serve.set_defaults(handler=_serve)
 
-    token = commands.add_parser("token", help="static bearer tokens for HTTP callers: add, list, revoke")
-    token_commands = token.add_subparsers(dest="token_command", required=True, metavar="ACTION")
-    add = token_commands.add_parser("add", help="a new caller: prints its token once (the last line of stdout)")
-    add.add_argument("name", help="the caller's name, as the audit log shows it")
-    add.add_argument("--policy", help="the policy its calls run under, whatever the server's (default: default)")
-    _where_callers(add, "the tokens file (made when missing)")
-    add.set_defaults(handler=_token_add)
-    listed = token_commands.add_parser("list", help="the callers of a tokens file and their policies")
-    _where_callers(listed, "the tokens file")
-    listed.set_defaults(handler=_token_list)
-    revoke = token_commands.add_parser("revoke", help="remove a caller; a server reading the file refuses it at once")
-    revoke.add_argument("name", help="the caller's name, as `token list` shows it")
-    _where_callers(revoke, "the tokens file")
-    revoke.set_defaults(handler=_token_revoke)
-
+    add_token_commands(commands, _tool_names, _say)
     add_replicas_commands(commands)
 
     # Started by `serve` itself, never by people: outlives a server killed with SIGKILL and removes its containers.
@@ -402,23 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo = commands.add_parser("demo", help="a real MCP session against the server, with a few calls")
     demo.set_defaults(handler=_demo)
 
-    policy = commands.add_parser(
-        "policy", help="check, explain, compare, test policies; replay a trail under one; print their schema"
-    )
-    policy_commands = policy.add_subparsers(dest="policy_command", required=True, metavar="ACTION")
-    check = policy_commands.add_parser("check", help="validate policy files; exit 1 with every error")
-    check.add_argument("files", nargs="+", metavar="FILE", help="policy files (or shipped names)")
-    check.set_defaults(handler=_policy_check)
-    explain = policy_commands.add_parser("explain", help="the fully resolved policy and its container settings")
-    explain.add_argument("policy", metavar="NAME|PATH", help="a shipped policy name or a policy file")
-    explain.set_defaults(handler=_policy_explain)
-    diff = policy_commands.add_parser("diff", help="what differs in effect between two policies")
-    diff.add_argument("first", metavar="A", help="a shipped policy name or a policy file")
-    diff.add_argument("second", metavar="B", help="the policy to compare it with")
-    diff.set_defaults(handler=_policy_diff)
-    schema_command = policy_commands.add_parser("schema", help="print the policy JSON Schema")
-    schema_command.set_defaults(handler=_policy_schema)
-    add_policy_evidence_commands(policy_commands, _tool_names)
+    add_policy_commands(commands, _tool_names, _runtime_facts)
 
     doctor = commands.add_parser("doctor", help="check the engine, images and enforced limits")
     doctor.add_argument("--json", action="store_true", help="machine-readable output")

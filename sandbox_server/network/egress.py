@@ -14,10 +14,8 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import re
-from collections import OrderedDict, deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from sandbox_server.network.asking import HELPER, HELPER_NAME, AskSettings, ask_lines, parse_ask
 from sandbox_server.network.secrets import CA_PATH, Secret, parse_secrets, secret_lines
@@ -33,10 +31,7 @@ __all__ = [
     "Destination",
     "Egress",
     "ProxyEndpoint",
-    "ProxyRequest",
-    "RequestRecords",
     "parse_egress",
-    "parse_log_line",
     "squid_config",
 ]
 
@@ -295,51 +290,6 @@ PROXY_FILES = 16384
 
 
 @dataclass(frozen=True, slots=True)
-class ProxyRequest:
-    """One request the proxy handled, from its log."""
-
-    client: str
-    method: str
-    host: str
-    port: int
-    status: str
-    """Squid's result, e.g. TCP_MISS, TCP_TUNNEL, TCP_DENIED."""
-    http_status: int
-    bytes_in: int
-    """Bytes sent to the sandbox."""
-    bytes_out: int
-    """Bytes the sandbox sent."""
-
-    @property
-    def allowed(self) -> bool:
-        return "DENIED" not in self.status
-
-    def record(self) -> dict[str, Any]:
-        """As the answer and the audit record show it."""
-        return {
-            "method": self.method,
-            "host": self.host,
-            "port": self.port,
-            "allowed": self.allowed,
-            "status": self.http_status,
-            "bytes_in": self.bytes_in,
-            "bytes_out": self.bytes_out,
-        }
-
-
-def parse_log_line(line: str) -> ProxyRequest | None:
-    """A line of the proxy's `sandbox` log format (see egress.squid_config); None for anything else."""
-    parts = line.split()
-    if len(parts) != 9:
-        return None
-    _, client, method, host, port, status, http_status, bytes_in, bytes_out = parts
-    try:
-        return ProxyRequest(client, method, host, int(port), status, int(http_status), int(bytes_in), int(bytes_out))
-    except ValueError:
-        return None
-
-
-@dataclass(frozen=True, slots=True)
 class ProxyEndpoint:
     """Where a call's sandbox goes: the internal network, and the proxy's address on it."""
 
@@ -378,51 +328,3 @@ CA_VARIABLES = (
     "GIT_SSL_CAINFO",
 )
 """What OpenSSL, Python's requests, curl, pip, Node.js and git read the CAs to trust from."""
-
-
-SANDBOX_RECORD = 10_000
-"""Requests kept per sandbox until its call files them, allowed and denied ones each (the latest; the answer counts
-the rest): a flood of cheap denied requests pushes out none of the sandbox's allowed ones."""
-SANDBOXES_RECORDED = 4096
-"""Sandboxes whose requests are kept until filed; the longest unfiled go first."""
-
-
-@dataclass(slots=True)
-class _Record:
-    """One sandbox's requests not yet filed: allowed and denied ones in bounds of their own, in order of arrival."""
-
-    allowed: deque[tuple[int, ProxyRequest]]
-    denied: deque[tuple[int, ProxyRequest]]
-    dropped: int = 0
-    arrived: int = 0
-
-
-class RequestRecords:
-    """The proxy's requests not yet filed, each sandbox's (by its address) in a bounded record of its own, so
-    that no sandbox's requests push out another's, nor its denied requests its allowed ones."""
-
-    def __init__(self, per_sandbox: int = SANDBOX_RECORD, sandboxes: int = SANDBOXES_RECORDED) -> None:
-        self.per_sandbox, self.sandboxes = per_sandbox, sandboxes
-        self._records: OrderedDict[str, _Record] = OrderedDict()
-
-    def file(self, request: ProxyRequest) -> None:
-        """Keep one request in its sandbox's record (the oldest of its kind goes past the bound, counted)."""
-        record = self._records.get(request.client)
-        if record is None:
-            bound = self.per_sandbox
-            record = self._records[request.client] = _Record(deque(maxlen=bound), deque(maxlen=bound))
-            while len(self._records) > self.sandboxes:  # never taken: a sandbox long gone
-                self._records.popitem(last=False)
-        kind = record.allowed if request.allowed else record.denied
-        if len(kind) == self.per_sandbox:
-            record.dropped += 1
-        kind.append((record.arrived, request))
-        record.arrived += 1
-
-    def take(self, client: str) -> tuple[list[ProxyRequest], int]:
-        """A sandbox's requests, oldest first, and how many earlier ones its record could not keep; forgets them."""
-        record = self._records.pop(client, None)
-        if record is None:
-            return [], 0
-        kept = sorted([*record.allowed, *record.denied], key=lambda arrived: arrived[0])
-        return [request for _, request in kept], record.dropped

@@ -39,11 +39,9 @@ from sandbox_server.network.egress import (
     PROXY_PORT,
     Egress,
     ProxyEndpoint,
-    ProxyRequest,
-    RequestRecords,
-    parse_log_line,
 )
 from sandbox_server.network.proxy_files import Trust, write_proxy_files
+from sandbox_server.network.proxy_log import ProxyRequest, RequestRecords, parse_log_line
 from sandbox_server.network.secrets import CERTIFICATES
 from sandbox_server.sandbox.removal import OWNER_LABEL
 from sandbox_server.sandbox.spec import SANDBOX_LABEL, Mount

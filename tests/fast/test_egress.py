@@ -14,12 +14,10 @@ from sandbox_server.network.egress import (
     Destination,
     Egress,
     ProxyEndpoint,
-    ProxyRequest,
-    RequestRecords,
     parse_egress,
-    parse_log_line,
     squid_config,
 )
+from sandbox_server.network.proxy_log import ProxyRequest, RequestRecords, parse_log_line
 from sandbox_server.policy.loader import HostFacts, load_policy
 from sandbox_server.sandbox.host_config import host_config_kwargs
 from sandbox_server.sandbox.spec import SandboxSpec

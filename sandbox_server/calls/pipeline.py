@@ -31,6 +31,7 @@ from sandbox_server.calls.call import AskApproval, Call, TaskStart, branch_calls
 from sandbox_server.calls.hosts import CallAsker, Grants
 from sandbox_server.calls.judge import judged_facts
 from sandbox_server.calls.registry import ToolRegistry
+from sandbox_server.calls.requests_made import with_requests
 from sandbox_server.calls.resume import resume_services, resumes
 from sandbox_server.calls.tracing import Tracing
 from sandbox_server.calls.usage import with_usage
@@ -52,12 +53,6 @@ if TYPE_CHECKING:  # the PostgreSQL driver is imported only by a server given --
     from sandbox_server.state.calls import SharedCall
 
 __all__ = ["AskApproval", "Call", "CallEnd", "CallPipeline", "TaskStart", "UnknownTool"]
-
-DENIED_NAMED = 20
-"""Hosts the proxy refused that an answer's note names (the answer's `network.denied` lists more)."""
-ANSWERED_REQUESTS = 200
-"""Requests (the latest) and refused hosts an answer lists: thousands would pass the 1 MiB a client takes in one
-message; the audit trail keeps every one the proxy kept, and the answer counts the rest."""
 
 
 class UnknownTool(Exception):
@@ -385,35 +380,7 @@ class CallPipeline:
         assert proxies is not None
         address = str((outcome.audit or {}).get("address") or "")
         requests, dropped = await anyio.to_thread.run_sync(proxies.requests_of, proxy, address)
-        records = [request.record() for request in requests]
-        denied = sorted({f"{r.host}:{r.port}" for r in requests if not r.allowed})
-        network: dict[str, Any] = {"requests": records, "denied": denied}
-        if asker is not None and asker.asked:
-            network["asked"] = asker.asked
-        notes = outcome.notes
-        if dropped:
-            network["requests_not_kept"] = dropped
-            notes = (*notes, f"{dropped} earlier requests through the proxy are counted but not listed")
-        if denied:
-            named = ", ".join(denied[:DENIED_NAMED]) + (
-                f" and {len(denied) - DENIED_NAMED} more" if len(denied) > DENIED_NAMED else ""
-            )
-            notes = (*notes, f"the proxy refused {named} (policy field network.allow)")
-        audit = {**(outcome.audit or {}), "network": network} if outcome.audit is not None else None
-        answered = dict(network)
-        if len(records) > ANSWERED_REQUESTS:  # the allowed first (a flood of refused ones pushes none out), then
-            allowed = [i for i, r in enumerate(records) if r["allowed"]][:ANSWERED_REQUESTS]  # the latest refused
-            refused = [i for i, r in enumerate(records) if not r["allowed"]]
-            refused = refused[len(refused) - (ANSWERED_REQUESTS - len(allowed)) :]
-            answered["requests"] = [records[i] for i in sorted(allowed + refused)]
-            answered["requests_not_kept"] = dropped + len(records) - ANSWERED_REQUESTS
-        if len(denied) > ANSWERED_REQUESTS:
-            answered["denied"], answered["denied_not_listed"] = (
-                denied[:ANSWERED_REQUESTS],
-                len(denied) - ANSWERED_REQUESTS,
-            )
-        structured = {**outcome.structured, "network": answered} if outcome.structured is not None else None
-        return replace(outcome, structured=structured, notes=notes, audit=audit)
+        return with_requests(outcome, requests, dropped, asker.asked if asker is not None else [])
 
 
 def _in_workspace(

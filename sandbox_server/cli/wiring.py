@@ -202,11 +202,11 @@ def _audit(args: argparse.Namespace, policy: Policy, state: Path, replica: str |
 
 def _proxies(runtime: DockerRuntime) -> EgressProxies:
     """The egress proxies of allow lists, with the firewall rules of proxies whose server was killed swept."""
+    from sandbox_server.network.firewall import sweep_firewall
     from sandbox_server.network.proxies import EgressProxies
 
-    proxies = EgressProxies(lambda: runtime.api, runtime.owner, runtime.on_this_host)
-    proxies.sweep_firewall()
-    return proxies
+    sweep_firewall()
+    return EgressProxies(lambda: runtime.api, runtime.owner, runtime.on_this_host)
 
 
 def _registry(

@@ -18,10 +18,8 @@ import contextlib
 import hashlib
 import logging
 import os
-import shlex
 import shutil
 import socket
-import subprocess
 import tempfile
 import threading
 import time
@@ -40,6 +38,7 @@ from sandbox_server.network.egress import (
     Egress,
     ProxyEndpoint,
 )
+from sandbox_server.network.firewall import close_to_proxy, firewall_managed, open_to_proxy
 from sandbox_server.network.proxy_files import Trust, write_proxy_files
 from sandbox_server.network.proxy_log import ProxyRequest, RequestRecords, parse_log_line
 from sandbox_server.network.secrets import CERTIFICATES
@@ -59,8 +58,6 @@ START_S = 20.0
 """The longest a proxy may take to answer after it starts."""
 BARRIER_S = 5.0
 """The longest the proxy's log may lag behind a call's end."""
-FIREWALL_COMMENT = "sandbox-server egress"
-"""Marks the host firewall's rules that let sandboxes reach their proxy."""
 
 
 class _Proxy:
@@ -135,7 +132,7 @@ class EgressProxies:
         inter-container traffic off, and the host's firewall (root, the engine on this host) letting them
         reach the proxy alone."""
         if self._apart is None:
-            self._apart = self._on_this_host() and _firewall("-S", "DOCKER-USER")[0] is None
+            self._apart = self._on_this_host() and firewall_managed()
             if not self._apart:
                 log.warning(
                     "sandboxes sharing an allow list can reach each other's open ports: this host's firewall "
@@ -382,33 +379,14 @@ class EgressProxies:
         crosses that bridge."""
         self._close_firewall(proxy)
         bridge, address = self.bridge_name(proxy.key), proxy.address
-        for rule in _proxy_rules(bridge, address):
-            problem, _ = _firewall("-I", "DOCKER-USER", *rule)
-            if problem is not None:
-                raise OSError(f"the host's firewall would not let sandboxes reach the proxy: {problem}")
+        open_to_proxy(bridge, address)
         proxy.opened = (bridge, address)
 
     @staticmethod
     def _close_firewall(proxy: _Proxy) -> None:
         if proxy.opened is not None:
-            for rule in _proxy_rules(*proxy.opened):
-                _firewall("-D", "DOCKER-USER", *rule)
+            close_to_proxy(*proxy.opened)
             proxy.opened = None
-
-    @staticmethod
-    def sweep_firewall() -> None:
-        """Remove the proxy rules of bridges that are gone (a server killed before it could); as root only,
-        never raises."""
-        if os.geteuid() != 0:
-            return
-        problem, listed = _firewall("-S", "DOCKER-USER")
-        for line in listed.splitlines() if problem is None else ():
-            if FIREWALL_COMMENT not in line or not line.startswith("-A DOCKER-USER "):
-                continue
-            words = shlex.split(line)  # the comment is quoted
-            bridge = words[words.index("-i") + 1] if "-i" in words else ""
-            if bridge and not os.path.exists(f"/sys/class/net/{bridge}"):
-                _firewall("-D", *words[1:])
 
     def _remove(self, proxy: _Proxy) -> None:
         self._close_firewall(proxy)
@@ -422,24 +400,3 @@ class EgressProxies:
         if proxy.config_dir is not None:
             shutil.rmtree(proxy.config_dir, ignore_errors=True)
             proxy.config_dir = None
-
-
-def _proxy_rules(bridge: str, address: str) -> list[list[str]]:
-    """The firewall rules between a proxy and the sandboxes of its bridge: to its port, and its answers back."""
-    across = ["-i", bridge, "-o", bridge, "-p", "tcp"]
-    mark = ["-m", "comment", "--comment", FIREWALL_COMMENT, "-j", "ACCEPT"]
-    return [
-        [*across, "-d", f"{address}/32", "--dport", str(PROXY_PORT), *mark],
-        [*across, "-s", f"{address}/32", "--sport", str(PROXY_PORT), "-m", "conntrack", "--ctstate", "ESTABLISHED",
-         *mark],
-    ]  # fmt: skip
-
-
-def _firewall(*arguments: str) -> tuple[str | None, str]:
-    """Run iptables (waiting for its lock): what went wrong (None when nothing did), and what it printed."""
-    try:
-        done = subprocess.run(["iptables", "-w", *arguments], capture_output=True, text=True, check=False, timeout=30)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return str(exc), ""
-    problem = None if done.returncode == 0 else (done.stderr.strip() or f"exit code {done.returncode}")
-    return problem, done.stdout

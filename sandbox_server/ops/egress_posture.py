@@ -28,7 +28,8 @@ import anyio.to_thread
 
 from sandbox_server.errors import Refusal
 from sandbox_server.network.egress import PROXY_PORT, Egress, ProxyEndpoint
-from sandbox_server.network.proxies import FIREWALL_COMMENT, EgressProxies
+from sandbox_server.network.firewall import FIREWALL_COMMENT
+from sandbox_server.network.proxies import EgressProxies
 from sandbox_server.network.upstream import PAGE, make_network, paths_seen, remove_trial, start_upstream
 from sandbox_server.ops.doctor import Check
 from sandbox_server.policy import ToolPolicy

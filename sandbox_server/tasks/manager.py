@@ -27,6 +27,7 @@ from sandbox_server.errors import Refusal
 from sandbox_server.policy import TaskSettings
 from sandbox_server.sandbox.held import HeldMemory
 from sandbox_server.sandbox.streams import CappedBuffer
+from sandbox_server.tasks.caps import refuse_past_held, refuse_past_running
 from sandbox_server.tasks.records import TaskFiles, TaskRecord, new_task_id
 
 if TYPE_CHECKING:  # the PostgreSQL driver is imported only by a server given --state
@@ -290,28 +291,8 @@ class Tasks:
     # -- inside --------------------------------------------------------------------------------------------------
 
     def _refuse_past_caps(self, settings: TaskSettings, policy_name: str, holder: str, slots: int) -> None:
-        if settings.running <= 0:
-            raise Refusal(f"refused: policy '{policy_name}' runs no tasks (field tasks.running is 0)", "tasks.running")
-        running = [live for live in self._live.values() if not live.record.ended]
-        asked = f"; this one runs {slots} calls side by side, each counted" if slots > 1 else ""
-        if sum(live.slots for live in running) + slots > settings.running:
-            raise Refusal(
-                f"busy: {sum(live.slots for live in running)} tasks are running, the most policy '{policy_name}' "
-                f"allows at once (field tasks.running: {settings.running}{asked}); retry when one ends",
-                "tasks.running",
-                kind="busy",
-                retry_after_s=settings.poll_interval_ms / 1000,
-            )
-        mine = sum(live.slots for live in running if live.record.holder == holder)
-        if mine + slots > settings.running_per_caller:
-            raise Refusal(
-                f"busy: you have {mine} tasks running, the most policy '{policy_name}' allows a caller "
-                f"(field tasks.running_per_caller: {settings.running_per_caller}{asked}); wait for one to end or "
-                "cancel one",
-                "tasks.running_per_caller",
-                kind="busy",
-                retry_after_s=settings.poll_interval_ms / 1000,
-            )
+        running = [(live.record.holder, live.slots) for live in self._live.values() if not live.record.ended]
+        refuse_past_running(settings, policy_name, (holder, slots), running)
 
     def _refuse_past_held(self, settings: TaskSettings, policy_name: str, holder: str, record: TaskRecord) -> None:
         """Refuse a task past the holder's held tasks; with replicas, its place is held in the shared rows here, and
@@ -323,22 +304,8 @@ class Tasks:
             starting = {i for i, live in list(self._live.items()) if live.record.holder == holder and i != record.id}
             held = len(kept | starting)  # the tasks kept, and those starting beside this one that are not yet
             passed = ("per_caller", held) if held >= settings.per_caller else None
-        if passed is None:
-            return
-        cap, count = passed
-        if cap == "per_caller":
-            raise Refusal(
-                f"refused: you hold {count} tasks, the most policy '{policy_name}' keeps for a caller "
-                f"(field tasks.per_caller); they are forgotten {settings.ttl_s:g} s after they start (tasks.ttl_s)",
-                "tasks.per_caller",
-            )
-        raise Refusal(
-            f"busy: you have {count} tasks running on the replicas together, the most policy '{policy_name}' allows "
-            "a caller (field tasks.running_per_caller); wait for one to end or cancel one",
-            "tasks.running_per_caller",
-            kind="busy",
-            retry_after_s=settings.poll_interval_ms / 1000,
-        )
+        if passed is not None:
+            refuse_past_held(settings, policy_name, *passed)
 
     async def _run(self, live: _Live, work: Work) -> None:
         record = live.record

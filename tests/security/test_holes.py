@@ -614,13 +614,13 @@ async def test_callers_on_one_allow_list_cannot_reach_each_other_nor_take_the_pr
 def test_the_firewall_rules_of_a_proxy_whose_bridge_is_gone_are_swept() -> None:
     import subprocess
 
-    from sandbox_server.network.proxies import FIREWALL_COMMENT, EgressProxies
+    from sandbox_server.network.firewall import FIREWALL_COMMENT, sweep_firewall
 
     rule = ["-i", "sbxgone0000001", "-o", "sbxgone0000001", "-p", "tcp", "-d", "10.255.255.1/32", "--dport", "3128",
             "-m", "comment", "--comment", FIREWALL_COMMENT, "-j", "ACCEPT"]  # fmt: skip
     subprocess.run(["iptables", "-w", "-I", "DOCKER-USER", *rule], check=True)  # as a server killed would leave it
     try:
-        EgressProxies.sweep_firewall()
+        sweep_firewall()
         listed = subprocess.run(["iptables", "-w", "-S", "DOCKER-USER"], capture_output=True, text=True, check=True)
         assert "sbxgone0000001" not in listed.stdout, listed.stdout
     finally:

@@ -1,0 +1,53 @@
+"""What a call's sandbox asked of the network, put in its answer and its audit record: each request it made
+through its proxy (in the answer, the allowed first when there are many, so a flood of refused ones pushes none
+out), the hosts the proxy refused, named in a note with the policy field, and the hosts a person was asked about."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from sandbox_server.network.proxy_log import ProxyRequest
+from sandbox_server.tools.base import ToolOutcome
+
+__all__ = ["ANSWERED_REQUESTS", "DENIED_NAMED", "with_requests"]
+
+DENIED_NAMED = 20
+"""Hosts the proxy refused that an answer's note names (the answer's `network.denied` lists more)."""
+ANSWERED_REQUESTS = 200
+"""Requests (the latest) and refused hosts an answer lists: thousands would pass the 1 MiB a client takes in one
+message; the audit trail keeps every one the proxy kept, and the answer counts the rest."""
+
+
+def with_requests(outcome: ToolOutcome, requests: list[ProxyRequest], dropped: int, asked: list[Any]) -> ToolOutcome:
+    """The outcome with the requests its sandbox made through the proxy (`dropped`: earlier ones not kept) and the
+    hosts a person was asked about, in its answer, notes and audit record."""
+    records = [request.record() for request in requests]
+    denied = sorted({f"{r.host}:{r.port}" for r in requests if not r.allowed})
+    network: dict[str, Any] = {"requests": records, "denied": denied}
+    if asked:
+        network["asked"] = asked
+    notes = outcome.notes
+    if dropped:
+        network["requests_not_kept"] = dropped
+        notes = (*notes, f"{dropped} earlier requests through the proxy are counted but not listed")
+    if denied:
+        named = ", ".join(denied[:DENIED_NAMED]) + (
+            f" and {len(denied) - DENIED_NAMED} more" if len(denied) > DENIED_NAMED else ""
+        )
+        notes = (*notes, f"the proxy refused {named} (policy field network.allow)")
+    audit = {**(outcome.audit or {}), "network": network} if outcome.audit is not None else None
+    answered = dict(network)
+    if len(records) > ANSWERED_REQUESTS:  # the allowed first (a flood of refused ones pushes none out), then
+        allowed = [i for i, r in enumerate(records) if r["allowed"]][:ANSWERED_REQUESTS]  # the latest refused
+        refused = [i for i, r in enumerate(records) if not r["allowed"]]
+        refused = refused[len(refused) - (ANSWERED_REQUESTS - len(allowed)) :]
+        answered["requests"] = [records[i] for i in sorted(allowed + refused)]
+        answered["requests_not_kept"] = dropped + len(records) - ANSWERED_REQUESTS
+    if len(denied) > ANSWERED_REQUESTS:
+        answered["denied"], answered["denied_not_listed"] = (
+            denied[:ANSWERED_REQUESTS],
+            len(denied) - ANSWERED_REQUESTS,
+        )
+    structured = {**outcome.structured, "network": answered} if outcome.structured is not None else None
+    return replace(outcome, structured=structured, notes=notes, audit=audit)

@@ -407,7 +407,7 @@ def test_a_process_tree_is_read_from_the_kernels_children_lists() -> None:
 
     import psutil
 
-    from sandbox_server.sandbox.docker_runtime import process_tree
+    from sandbox_server.sandbox.warm_container import process_tree
 
     script = "sleep 30 & (sleep 30 & echo started; wait) & wait"  # started: all four exist
     with subprocess.Popen(["sh", "-c", script], stdout=subprocess.PIPE) as parent:

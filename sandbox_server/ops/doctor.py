@@ -19,8 +19,9 @@ from sandbox_server.errors import SandboxServerError
 from sandbox_server.sandbox import wire
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
 from sandbox_server.sandbox.engine import EngineInfo
-from sandbox_server.sandbox.images import catalog, image_reference, image_status, libraries
+from sandbox_server.sandbox.images import catalog, image_reference, image_status
 from sandbox_server.sandbox.spec import ResourceLimits, SandboxSpec
+from sandbox_server.sandbox.wheels import libraries
 
 if TYPE_CHECKING:
     from sandbox_server.policy.model import Policy

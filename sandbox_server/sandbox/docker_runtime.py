@@ -16,8 +16,7 @@ import select
 import socket
 import tempfile
 import time
-from dataclasses import dataclass
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
 import anyio
 import anyio.to_thread
@@ -27,7 +26,7 @@ from sandbox_server.errors import EngineError
 from sandbox_server.sandbox import mounts, wire
 from sandbox_server.sandbox.activity import Activity
 from sandbox_server.sandbox.archive import build_request
-from sandbox_server.sandbox.attach import Drain, Ending, close_socket, exit_from_trailer, persist_grace_s, result_of
+from sandbox_server.sandbox.attach import Drain, Ending, exit_from_trailer, persist_grace_s, result_of
 from sandbox_server.sandbox.engine import Engine, engine_errors, oom_reported
 from sandbox_server.sandbox.host_config import host_config_kwargs, masked_paths
 from sandbox_server.sandbox.meter import Meter
@@ -35,80 +34,12 @@ from sandbox_server.sandbox.removal import OWNER_LABEL, Remover, current_owner
 from sandbox_server.sandbox.runtime import NO_HOOKS, ProgressCallback, RunHooks
 from sandbox_server.sandbox.spec import SANDBOX_LABEL, ExecutionResult, SandboxSpec
 from sandbox_server.sandbox.streams import Stream
+from sandbox_server.sandbox.warm_container import SETTLE_S, SETTLED_STATES, WarmContainer, process_state, process_tree
 
-__all__ = ["DockerRuntime", "WarmContainer"]
+__all__ = ["DockerRuntime"]
 
 SPOOL_BYTES = 4 * 1024 * 1024
 """A kept workspace larger than this goes through a temporary file on the host rather than memory."""
-
-
-@dataclass(frozen=True, slots=True)
-class WarmContainer:
-    """A container created, attached and started, its launcher waiting for a request on stdin."""
-
-    container_id: str
-    stream: Stream
-    key: tuple[object, ...]
-    ready_at: float
-    """time.monotonic() when it became ready."""
-    handle: Any = None
-    """The engine client's file object around `stream`: the socket is really closed only once both are."""
-    slot: str | None = None
-    """The host folder bound at its workspace, where a kept workspace is mounted for its call."""
-    pid: int = 0
-    """The host pid of its init, to read its memory from the host (0: unknown)."""
-    address: str = ""
-    """Its IP address on its network ("" with no network): how the proxy's log names it."""
-
-    def close(self) -> None:
-        """Close our end of the attach stream; never raises."""
-        close_socket(self.stream)
-        if self.handle is not None and self.handle is not self.stream:
-            with contextlib.suppress(OSError):
-                self.handle.close()
-
-    def free_slot(self) -> None:
-        """Detach what is mounted on its slot and remove the slot; never raises."""
-        if self.slot is not None:
-            mounts.drop_outputs(self.slot)
-            mounts.detach(self.slot)
-            with contextlib.suppress(OSError):
-                os.rmdir(self.slot)
-
-
-SETTLE_S = 1.0
-"""How long the host waits, after the trailer, for the sandbox's processes to have stopped."""
-SETTLED_STATES = frozenset("TtZX")
-"""Process states that can do nothing more: stopped (the launcher waits so for its removal), or dead."""
-
-
-def _process_state(pid: int) -> str:
-    """The state letter of a process from the host ("X" when it is gone)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            return stat.read().rsplit(b")", 1)[1].split()[0].decode()
-    except (OSError, IndexError):
-        return "X"
-
-
-def process_tree(pid: int) -> list[int]:
-    """`pid` and its descendants, from the kernel's lists of each task's children (nothing when it is gone)."""
-    found: list[int] = []
-    pending = [pid]
-    while pending:
-        current = pending.pop()
-        try:
-            tasks = os.listdir(f"/proc/{current}/task")
-        except OSError:
-            continue  # ended meanwhile
-        found.append(current)
-        for task in tasks:
-            try:
-                with open(f"/proc/{current}/task/{task}/children", "rb") as children:
-                    pending.extend(int(child) for child in children.read().split())
-            except (OSError, ValueError):
-                continue
-    return found
 
 
 def _request(spec: SandboxSpec, boundary: str) -> BinaryIO:
@@ -405,7 +336,7 @@ class DockerRuntime(Engine):
             return True
         deadline = time.monotonic() + SETTLE_S
         while True:
-            running = [pid for pid in process_tree(warm.pid)[1:] if _process_state(pid) not in SETTLED_STATES]
+            running = [pid for pid in process_tree(warm.pid)[1:] if process_state(pid) not in SETTLED_STATES]
             if not running:
                 return True
             if time.monotonic() > deadline:

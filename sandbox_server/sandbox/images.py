@@ -17,7 +17,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 import zipfile
 from collections.abc import Callable, Iterable, Iterator
@@ -27,13 +26,10 @@ from pathlib import Path
 from sandbox_server import shipped
 from sandbox_server.errors import ImageError
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
-from sandbox_server.sandbox.wheels import read_lock
+from sandbox_server.sandbox.wheels import IMAGE_PYTHON, WHEELS_LOCK, fetch_wheel, locked_wheels, read_lock
 
 __all__ = [
-    "libraries",
     "expected_hash",
-    "fetch_wheel",
-    "locked_wheels",
     "HASH_LABEL",
     "ImageDefinition",
     "ImageStatus",
@@ -50,8 +46,6 @@ PREFIX = "sandbox-server"
 HASH_LABEL = "org.sandbox-server.context-hash"
 NAME_LABEL = "org.sandbox-server.image"
 ROOTFS_LABEL = "org.sandbox-server.rootfs"
-WHEELS_LOCK = "wheels.lock"
-IMAGE_PYTHON = "3.11"
 """The python3 of Debian bookworm, which the images run; pinned wheels must be built for it."""
 UPSTREAM_ROOTFS = "debian:bookworm-slim"
 LOCAL_ROOTFS = f"{PREFIX}/rootfs:bookworm"
@@ -227,73 +221,6 @@ def _debootstrap(runtime: DockerRuntime, say: Say) -> None:
                 f"LABEL {ROOTFS_LABEL}=debootstrap-minbase-bookworm",
             ],
         )
-
-
-def wheel_cache() -> Path:
-    """Where downloaded wheels are kept between builds."""
-    configured = os.environ.get("SANDBOX_WHEEL_CACHE")
-    if configured:
-        return Path(configured)
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "sandbox-server" / "wheels"
-
-
-def locked_wheels(context_dir: Path) -> list[tuple[str, str]]:
-    """(sha256, file name) pairs of an image's wheels.lock; none when it has no lock."""
-    lock = context_dir / WHEELS_LOCK
-    return read_lock(lock) if lock.is_file() else []
-
-
-NAMED_LIBRARIES = (
-    "numpy", "pandas", "matplotlib", "scipy", "scikit-learn", "statsmodels", "seaborn", "pyarrow", "polars",
-    "plotly", "networkx", "duckdb", "openpyxl", "requests",
-)  # fmt: skip
-"""The libraries an image's lock pins that answers and `doctor` name, in this order (their dependencies are not)."""
-
-
-def libraries(name: str, images_dir: Path | None = None) -> list[tuple[str, str]]:
-    """(library, version) of the named libraries an image's wheels.lock pins (none when it has no lock)."""
-    context = (images_dir or shipped.images_dir()) / name
-    pinned = {}
-    for _, filename in locked_wheels(context) if context.is_dir() else []:
-        wheel, version = filename.split("-")[:2]
-        pinned[wheel.lower().replace("_", "-")] = version
-    return [(library, pinned[library]) for library in NAMED_LIBRARIES if library in pinned]
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def fetch_wheel(sha256: str, filename: str, say: Say) -> Path:
-    """A pinned wheel from the cache, downloaded with pip when missing; its hash checked."""
-    cache = wheel_cache()
-    path = cache / filename
-    if not path.is_file():
-        name, version = filename.split("-")[:2]
-        platform = filename.removesuffix(".whl").split("-")[-1].split(".")[-1]
-        say(f"[wheels] downloading {name}=={version} ({platform}, Python {IMAGE_PYTHON})")
-        cache.mkdir(parents=True, exist_ok=True)
-        command = [
-            sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
-            "--platform", platform, "--python-version", IMAGE_PYTHON, "--implementation", "cp",
-            "--dest", str(cache), f"{name}=={version}",
-        ]  # fmt: skip
-        done = subprocess.run(command, capture_output=True, text=True)
-        if done.returncode != 0 or not path.is_file():
-            raise ImageError(
-                f"could not download {filename} with pip ({done.stderr.strip()[-500:] or 'another file came'}); "
-                f"put the file in {cache} by hand and build again"
-            )
-    found = _sha256(path)
-    if found != sha256:
-        path.unlink()
-        raise ImageError(f"{filename} has sha256 {found}, but {WHEELS_LOCK} pins {sha256}; the download was removed")
-    return path
 
 
 @contextlib.contextmanager

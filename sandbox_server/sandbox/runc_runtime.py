@@ -36,7 +36,7 @@ from sandbox_server.errors import EngineError, EngineUnavailable
 from sandbox_server.sandbox import wire
 from sandbox_server.sandbox.activity import Activity
 from sandbox_server.sandbox.bundles import is_unpacked, prune_unpacked, unpacked, write_bundle
-from sandbox_server.sandbox.docker_runtime import DockerRuntime, WarmContainer, process_tree
+from sandbox_server.sandbox.docker_runtime import DockerRuntime
 from sandbox_server.sandbox.engine import engine_errors
 from sandbox_server.sandbox.oci import INIT_SOURCE
 from sandbox_server.sandbox.pipes import PipeStream
@@ -56,6 +56,7 @@ from sandbox_server.sandbox.runc_state import (
     wait_for_pid_file,
 )  # fmt: skip
 from sandbox_server.sandbox.spec import SANDBOX_LABEL, SandboxSpec
+from sandbox_server.sandbox.warm_container import WarmContainer, process_tree
 
 __all__ = ["RuncRuntime", "runc_usable"]
 

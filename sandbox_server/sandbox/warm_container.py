@@ -1,0 +1,85 @@
+"""A sandbox made ahead of its call (by the engine, or by runc itself): its attach stream, its key, the slot its
+workspace is mounted on, its init's host pid and its address; and the host's view of the processes under that
+init, which says when a sandbox's processes have settled."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from sandbox_server.sandbox import mounts
+from sandbox_server.sandbox.attach import close_socket
+from sandbox_server.sandbox.streams import Stream
+
+__all__ = ["SETTLED_STATES", "SETTLE_S", "WarmContainer", "process_state", "process_tree"]
+
+
+@dataclass(frozen=True, slots=True)
+class WarmContainer:
+    """A container created, attached and started, its launcher waiting for a request on stdin."""
+
+    container_id: str
+    stream: Stream
+    key: tuple[object, ...]
+    ready_at: float
+    """time.monotonic() when it became ready."""
+    handle: Any = None
+    """The engine client's file object around `stream`: the socket is really closed only once both are."""
+    slot: str | None = None
+    """The host folder bound at its workspace, where a kept workspace is mounted for its call."""
+    pid: int = 0
+    """The host pid of its init, to read its memory from the host (0: unknown)."""
+    address: str = ""
+    """Its IP address on its network ("" with no network): how the proxy's log names it."""
+
+    def close(self) -> None:
+        """Close our end of the attach stream; never raises."""
+        close_socket(self.stream)
+        if self.handle is not None and self.handle is not self.stream:
+            with contextlib.suppress(OSError):
+                self.handle.close()
+
+    def free_slot(self) -> None:
+        """Detach what is mounted on its slot and remove the slot; never raises."""
+        if self.slot is not None:
+            mounts.drop_outputs(self.slot)
+            mounts.detach(self.slot)
+            with contextlib.suppress(OSError):
+                os.rmdir(self.slot)
+
+
+SETTLE_S = 1.0
+"""How long the host waits, after the trailer, for the sandbox's processes to have stopped."""
+SETTLED_STATES = frozenset("TtZX")
+"""Process states that can do nothing more: stopped (the launcher waits so for its removal), or dead."""
+
+
+def process_state(pid: int) -> str:
+    """The state letter of a process from the host ("X" when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[0].decode()
+    except (OSError, IndexError):
+        return "X"
+
+
+def process_tree(pid: int) -> list[int]:
+    """`pid` and its descendants, from the kernel's lists of each task's children (nothing when it is gone)."""
+    found: list[int] = []
+    pending = [pid]
+    while pending:
+        current = pending.pop()
+        try:
+            tasks = os.listdir(f"/proc/{current}/task")
+        except OSError:
+            continue  # ended meanwhile
+        found.append(current)
+        for task in tasks:
+            try:
+                with open(f"/proc/{current}/task/{task}/children", "rb") as children:
+                    pending.extend(int(child) for child in children.read().split())
+            except (OSError, ValueError):
+                continue
+    return found

@@ -19,11 +19,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
 
 import anyio
 
 from sandbox_server.cli import callers
+from sandbox_server.cli.previews import preview_links, preview_origin, preview_routes
 from sandbox_server.cli.storage import workspace_store
 from sandbox_server.errors import SandboxServerError, UsageError
 from sandbox_server.ops.bootstrap import host_facts
@@ -107,16 +107,16 @@ def wire(
             pool.head_start()
         tasks = _tasks(workspaces.root.parent, runtime.owner, audit, alive, database, held)
         metrics, routes = _metrics(args, workspaces, log)
-        links = _preview_links(args, runtime, preview_base)
+        links = preview_links(runtime, preview_base)
         services = _services(
             runtime, workspaces, audit, proxies, registry if pool is not None else None, links, metrics, held
         )
-        previews = _previews(args, policy, services, preview_base, log)
+        previews = preview_routes(args, policy, services, preview_base, log)
         tracing, stop_tracing = _tracing(args, runtime.owner, log)
         app = SandboxServer(
             Parts(
                 registry, pool or runtime, audit, (metrics.observe,) if metrics is not None else (), tracing, tasks,
-                services, callers.shared_access(database), runtime.owner, args.page_size, preview_origin=_preview_origin(args, links),
+                services, callers.shared_access(database), runtime.owner, args.page_size, preview_origin=preview_origin(args, links),
             )
         )  # fmt: skip
         authentication = callers.authentication(args, registry.named, log, database)
@@ -245,32 +245,6 @@ def _tasks(
     return Tasks(state / "tasks", owner, audit, alive, rows, held)
 
 
-def _preview_links(
-    args: argparse.Namespace, runtime: DockerRuntime, preview_base: tuple[str, str] | None
-) -> PreviewLinks:
-    """The links answers give to services' previews: none when previews are not served, or where no person could
-    open them (and the answers say why)."""
-    from sandbox_server.sandbox import netns
-    from sandbox_server.services.links import PreviewLinks
-
-    if preview_base is None:
-        return PreviewLinks(None, "this server was started with --no-preview; serve without it for a link")
-    why_not = netns.unavailable() or (None if runtime.on_this_host() else "the engine is elsewhere")
-    if why_not is not None:
-        return PreviewLinks(
-            preview_base[0],
-            f"{why_not}; previews need the server to run as root beside its engine (the calls of the workspace "
-            "still reach the service by its name)",
-        )
-    if urlsplit(preview_base[0]).hostname in ("0.0.0.0", "::"):  # no address a person could open
-        return PreviewLinks(
-            preview_base[0],
-            "this server listens on every address and cannot tell the one people reach it at: serve with "
-            "--public-url URL (its own or its load balancer's address) for preview links",
-        )
-    return PreviewLinks(preview_base[0])
-
-
 def _services(
     runtime: DockerRuntime,
     workspaces: WorkspaceStore,
@@ -289,39 +263,6 @@ def _services(
         on_networks=pooled.service_networks if pooled is not None else lambda _: None,
         links=links, observe=metrics.observe if metrics is not None else None, held=held,
     )  # fmt: skip
-
-
-def _previews(
-    args: argparse.Namespace,
-    policy: Policy,
-    services: Services,
-    preview_base: tuple[str, str] | None,
-    log: logging.Logger,
-) -> Previews | None:
-    """The services' preview routes (None: no address to serve them at), and whether answers link to them said."""
-    from sandbox_server.protocol.addresses import allowed_hosts, host_names
-    from sandbox_server.protocol.preview import Previews
-
-    if preview_base is None:
-        return None
-    base_url, host = preview_base
-    public = urlsplit(args.public_url).hostname if args.public_url else None
-    previews = Previews(services, allowed_hosts(host_names(host, public)), args.frame_ancestor)
-    if policy.services.tools or args.tokens or args.issuer:  # callers' own policies may start services
-        if services.links.given:
-            log.info("services' previews at %s/preview/", base_url)
-        else:
-            log.warning("services' answers give no preview link: %s", services.links.why_not)
-    return previews
-
-
-def _preview_origin(args: argparse.Namespace, links: PreviewLinks) -> str | None:
-    """Where a view may frame previews from: the origin they are served at, when answers link to them and MCP
-    hosts were named to frame them (serve --frame-ancestor)."""
-    if not links.given or not args.frame_ancestor or links.base_url is None:
-        return None
-    parts = urlsplit(links.base_url)
-    return f"{parts.scheme}://{parts.netloc}"
 
 
 def _packages_built(policy: Policy, names: list[str], runtime: DockerRuntime, reference: str) -> None:

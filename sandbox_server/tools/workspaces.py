@@ -15,16 +15,14 @@ from sandbox_server.errors import Refusal
 from sandbox_server.policy import Policy, ToolPolicy
 from sandbox_server.sandbox.archive import safe_relative_path
 from sandbox_server.tools.base import MANAGING_ANNOTATIONS, WORKSPACE_ARGUMENT, ToolContext, ToolOutcome, result_schema
+from sandbox_server.tools.workspace_branches import branch, compare
 from sandbox_server.tools.workspace_rows import (
     BRANCH_SCHEMA,
     REFERENCE,
     WORKSPACE_SCHEMA,
-    call_summary,
-    compare_rows,
     listing,
     workspace_event,
 )
-from sandbox_server.workspaces.compare import compared_line
 from sandbox_server.workspaces.exports import KEEP_S
 from sandbox_server.workspaces.kept import KeptWorkspace
 from sandbox_server.workspaces.naming import NAME_IN_WORDS
@@ -37,8 +35,6 @@ ACTIONS = (
 )  # fmt: skip
 IMPORT_PART = 8 * 1024 * 1024
 """What an import reads of the export in the call's workspace at a time."""
-SAID_LINES, SAID_CHARS = 3, 200
-"""The last lines of a branch's output its text shows, each cut to this many characters."""
 
 
 class WorkspacesTool:
@@ -237,8 +233,8 @@ class WorkspacesTool:
             ), record
         acted = {
             "import": lambda: self._import(args, kept, name, ctx, extra),
-            "compare": lambda: self._compare(args, kept, extra, sections),
-            "branch": lambda: self._branch(args, kept, ctx, extra, sections),
+            "compare": lambda: compare(args, kept, extra, sections),
+            "branch": lambda: branch(args, kept, ctx, extra, sections),
             "export": lambda: self._export(args, kept, ctx, extra),
             "delete": lambda: self._delete(args, kept, ctx),
         }.get(action)
@@ -273,70 +269,6 @@ class WorkspacesTool:
             f'snapshot {called!r} is restored into a new workspace: pass "workspace": "{made.name or made.id}" '
             "to work in it",
             record,
-        )
-
-    @staticmethod
-    async def _compare(
-        args: Mapping[str, Any], kept: KeptWorkspace, extra: dict[str, Any], sections: list[tuple[str, str]]
-    ) -> str:
-        store, base = kept.store, kept.record
-        wanted = args.get("branches")
-        if not isinstance(wanted, list) or not wanted:
-            raise Refusal("refused: `compare` needs the `branches` to compare with the call's workspace", "branches")
-        branches = [store.resolve(str(item), base.session, base.tenant) for item in wanted]
-        rows = await compare_rows(store, base, branches)
-        extra["branches"] = rows
-        sections.append(("branches", "\n".join(compared_line(row) for row in rows)))
-        return (
-            f"{len(rows)} branch(es) compared with workspace {base.name or base.id}: keep the one you want "
-            '({"action": "keep", "workspace": "<its id>", "name": …}) and delete the others'
-        )
-
-    @staticmethod
-    async def _branch(
-        args: Mapping[str, Any],
-        kept: KeptWorkspace,
-        ctx: ToolContext,
-        extra: dict[str, Any],
-        sections: list[tuple[str, str]],
-    ) -> str:
-        asked = args.get("calls")
-        if not isinstance(asked, list) or not asked:
-            raise Refusal("refused: `branch` needs the `calls` to run, one per branch", "calls")
-        if ctx.branch is None:
-            raise Refusal("refused: this server runs no branch calls", "calls")
-        run = ctx.branch
-        store, base = kept.store, kept.record
-        forks: list[WorkspaceRecord] = []
-        try:
-            for _ in asked:  # each bounded as any fork is: all of them or none
-                forks.append(await anyio.to_thread.run_sync(store.fork, base, None, ctx.policy_name))
-        except Refusal:
-            for made in forks:
-                store.forget(made)
-            raise
-        outcomes: list[ToolOutcome | None] = [None] * len(forks)
-
-        async def branch(index: int) -> None:
-            call = asked[index]
-            outcomes[index] = await run(str(call["tool"]), call.get("arguments") or {}, forks[index].id)
-
-        async with anyio.create_task_group() as group:  # side by side, each admitted as any call is
-            for index in range(len(forks)):
-                group.start_soon(branch, index)
-        rows = await compare_rows(store, base, [store.resolve(f.id, f.session, f.tenant) for f in forks])
-        for each, call, outcome in zip(rows, asked, outcomes, strict=True):
-            each["call"] = call_summary(str(call["tool"]), outcome)
-        extra["branches"] = rows
-        said = [f"{each['call']['tool']}: {each['call']['headline']}{_said(each['call'])}\n  {compared_line(each)}"
-                for each in rows]  # fmt: skip
-        sections.append(("branches", "\n".join(said)))
-        failed = sum(1 for each in rows if each["call"]["is_error"])
-        return (
-            f"{len(rows)} branch(es) of workspace {base.name or base.id} ran"
-            + (f" ({failed} ended in an error)" if failed else "")
-            + ": each is a fork (its id in `workspace`); keep the one you want "
-            '({"action": "keep", "workspace": "<its id>", "name": …}) and delete the others'
         )
 
     @staticmethod
@@ -425,9 +357,3 @@ class WorkspacesTool:
         store.forget(record)
         kept.deleted = True
         return f"workspace {record.id}" + (f" ({record.name!r})" if record.name else "") + " is deleted"
-
-
-def _said(call: Mapping[str, Any]) -> str:
-    """The last lines a branch's call printed (its scores, its answer), for the text a model reads."""
-    lines = [line.strip()[:SAID_CHARS] for line in str(call["stdout"]).splitlines() if line.strip()]
-    return "\n  output: " + " | ".join(lines[-SAID_LINES:]) if lines else ""

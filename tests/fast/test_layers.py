@@ -18,11 +18,19 @@ LAYERS = [  # lowest first: a module imports from its own layer and those below,
     {"protocol"},
     {"cli", "__main__"},
 ]
-SOFT_LINES = 450
+SOFT_LINES = 400
 """A module past this holds one idea that is long to say, and is named in LONG_MODULES with that idea; others
 split where their ideas part, never merely to stay under a number."""
 HARD_LINES = 600
-LONG_MODULES: dict[str, str] = {}
+LONG_MODULES: dict[str, str] = {
+    "sandbox/pool.py": "warm containers: made ahead in the pauses between calls, within a memory budget, each taken "
+    "by one call",
+    "workspaces/store.py": "a workspace's life: made, found, held by a call, grown, swept, ended",
+    "tasks/manager.py": "the running tasks: started past their caps, run in the server's group, read, cancelled, "
+    "ended and kept",
+    "calls/pipeline.py": "one call's stages, from its arguments to its outcome",
+    "network/proxies.py": "the egress proxies' containers and networks, one per allow list, started and watched",
+}
 MAX_METHODS = 24
 """Methods of one class: past this it likely holds two ideas."""
 WIDE_CLASSES = {

@@ -17,7 +17,7 @@ from sandbox_server.sandbox import removal
 from sandbox_server.sandbox.activity import PAUSE_S, Activity
 from sandbox_server.sandbox.pool import PoolTarget, WarmPool
 from sandbox_server.sandbox.spec import SandboxSpec
-from tests.test_pool import _FakeEngine, _FakeWarm
+from tests.fast.test_pool_logic import _FakeEngine, _FakeWarm
 
 WINDOW_S = 0.5
 """How long a call is held open to show that nothing happened beside it (an absence has no event to await)."""

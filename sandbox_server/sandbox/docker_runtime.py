@@ -190,20 +190,6 @@ class DockerRuntime(Engine):
         warm.close()
         self.removal.remove_later(warm.container_id, then=warm.free_slot)
 
-    @staticmethod
-    def _send(raw: Stream, request: BinaryIO) -> None:
-        try:
-            if isinstance(request, io.BytesIO):
-                raw.sendall(request.getbuffer())
-            else:
-                request.seek(0)
-                raw.sendfile(request)
-            raw.shutdown(socket.SHUT_WR)
-        except OSError:
-            pass  # the program exited before reading all of its input; its output says the rest
-        finally:
-            request.close()
-
     def _finish(self, container_id: str, lingering: bool) -> tuple[int | None, bool]:
         """Exit code and OOM flag of a container whose stream has ended, or whose launcher wrote a trailer the
         host cannot read and now waits, stopped (`lingering`): one inspect, a wait only if it lags."""
@@ -267,11 +253,11 @@ class DockerRuntime(Engine):
         meter, unwatch = Meter.start(warm.pid), hooks.watch_address(warm.address)
         ending, cancelled = Ending(), False
         try:
-            await anyio.to_thread.run_sync(self._send, warm.stream, request)
+            await anyio.to_thread.run_sync(_send, warm.stream, request)
             with anyio.move_on_after(spec.limits.timeout_s + grace_s) as deadline:
                 async with anyio.create_task_group() as group:
                     if hooks.progress is not None:
-                        group.start_soon(self._report, drain, started, hooks.progress)
+                        group.start_soon(_report, drain, started, hooks.progress)
                     await anyio.to_thread.run_sync(drain.run, warm.stream, abandon_on_cancel=True)
                     group.cancel_scope.cancel()
             ending.timed_out = deadline.cancelled_caught
@@ -343,10 +329,26 @@ class DockerRuntime(Engine):
                 return False
             time.sleep(0.002)
 
-    @staticmethod
-    async def _report(drain: Drain, started: float, on_progress: ProgressCallback) -> None:
-        while not drain.finished:
-            await anyio.sleep(1.0)
-            latest = max((drain.stdout, drain.stderr), key=lambda stream: stream.fed)
-            last = latest.last_line() or drain.stdout.last_line() or drain.stderr.last_line()
-            await on_progress(time.monotonic() - started, drain.stdout.total, drain.stderr.total, last)
+
+def _send(raw: Stream, request: BinaryIO) -> None:
+    """The request down the attach stream, then its end (the launcher reads to it)."""
+    try:
+        if isinstance(request, io.BytesIO):
+            raw.sendall(request.getbuffer())
+        else:
+            request.seek(0)
+            raw.sendfile(request)
+        raw.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass  # the program exited before reading all of its input; its output says the rest
+    finally:
+        request.close()
+
+
+async def _report(drain: Drain, started: float, on_progress: ProgressCallback) -> None:
+    """Progress every second while the call runs: its time, its output so far and its latest line."""
+    while not drain.finished:
+        await anyio.sleep(1.0)
+        latest = max((drain.stdout, drain.stderr), key=lambda stream: stream.fed)
+        last = latest.last_line() or drain.stdout.last_line() or drain.stderr.last_line()
+        await on_progress(time.monotonic() - started, drain.stdout.total, drain.stderr.total, last)

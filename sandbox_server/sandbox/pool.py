@@ -43,6 +43,7 @@ from sandbox_server.errors import SandboxServerError
 from sandbox_server.sandbox.activity import Activity
 from sandbox_server.sandbox.held import HeldMemory
 from sandbox_server.sandbox.making import Early, Making
+from sandbox_server.sandbox.pool_memory import PoolMemory
 from sandbox_server.sandbox.runtime import NO_HOOKS, RunHooks
 from sandbox_server.sandbox.spec import ExecutionResult, SandboxSpec
 
@@ -148,10 +149,6 @@ class WarmPool(Generic[WarmT]):
         self._announced: set[Key] = set()
         self._want: dict[Key, int] = {}
         """How many each pool keeps now, between its size and its maximum."""
-        self._memory: dict[int, int] = {}
-        """Resident bytes of the waiting containers (by id()), as the last sweep read them."""
-        self._per_container: dict[Key, int] = {}
-        """The most one container of each key was seen to hold: what making another will cost."""
         self._swept_at = -math.inf
         self._making_s: dict[Key, float] = {}
         """How long making a container of each key took the last time: the room in a pause a fill needs."""
@@ -159,12 +156,8 @@ class WarmPool(Generic[WarmT]):
         """Containers the engine is making right now, and the calls waiting for one."""
         self._started_early: list[tuple[PoolTarget, Early[WarmT]]] = []
         """Containers head_start() is making, for maintain() to receive."""
-        self.memory_budget = math.inf
-        """Bytes all waiting containers together may hold."""
-        self.held_elsewhere = held_elsewhere if held_elsewhere is not None else HeldMemory()
-        """Memory the budget also covers that the pool does not hold (running tasks' and services' containers)."""
-        self.host_room: Callable[[], bool] = lambda: True
-        """Whether the host has memory to spare for another warm container."""
+        self.memory = PoolMemory(held_elsewhere)
+        """What the waiting containers hold, and whether one more fits (the budget, the host's floor)."""
         self.stats = PoolStats()
 
     def configure(
@@ -174,9 +167,9 @@ class WarmPool(Generic[WarmT]):
         host_room: Callable[[], bool] | None = None,
     ) -> None:
         """Keep these pools from now on; containers of pools no longer wanted are destroyed."""
-        self.memory_budget = memory_budget
+        self.memory.budget = memory_budget
         if host_room is not None:
-            self.host_room = host_room
+            self.memory.host_room = host_room
         wanted: dict[Key, PoolTarget] = {}
         for target in targets:
             if target.size > 0:
@@ -204,11 +197,7 @@ class WarmPool(Generic[WarmT]):
 
     def memory_bytes(self) -> int:
         """What the waiting containers hold, as last read (one not read yet: what one of its kind held)."""
-        return sum(
-            self._memory.get(id(warm), self._per_container.get(key, 0))
-            for key, queue in self._ready.items()
-            for warm in queue
-        )
+        return self.memory.held(self._waiting())
 
     def _grow(self, key: Key, by_doubling: bool) -> None:
         current = self.wanted(key)
@@ -305,7 +294,7 @@ class WarmPool(Generic[WarmT]):
                     for key, target in fill_order(self._targets, missing, empty, self._making_s):
                         if key in held:
                             continue
-                        if not self._affordable(key):  # nor any more of its kind this turn
+                        if not self.memory.affordable(key, self._waiting(), self._filling):  # nor more this turn
                             held.add(key)
                             self.stats.held_back += 1
                             continue
@@ -313,13 +302,6 @@ class WarmPool(Generic[WarmT]):
                         group.start_soon(self._fill, target, limiter)
                 with anyio.move_on_after(self._next_deadline(now)):
                     await self._wakeup.wait()
-
-    def _affordable(self, key: Key) -> bool:
-        """Whether one more container of this key fits the memory budget and the host's floor."""
-        being_made = sum(self._filling.get(k, 0) * self._per_container.get(k, 0) for k in self._filling)
-        cost = self._per_container.get(key, 0)
-        held = self.memory_bytes() + self.held_elsewhere()
-        return held + being_made + cost <= self.memory_budget and self.host_room()
 
     def _expire(self, now: float) -> None:
         for key, queue in self._ready.items():
@@ -334,7 +316,7 @@ class WarmPool(Generic[WarmT]):
         pause between calls (a few ms for dozens of containers)."""
         self._discard_broken()
         if self._activity.quiet():
-            self._take_reading(await anyio.to_thread.run_sync(self._read_memory, self._waiting()))
+            self.memory.take_reading(await anyio.to_thread.run_sync(self._read_memory, self._waiting()))
 
     def _discard_broken(self) -> None:
         """Discard waiting containers that broke (their stream ended or spoke), so they are replaced now."""
@@ -351,11 +333,6 @@ class WarmPool(Generic[WarmT]):
     def _read_memory(self, waiting: list[tuple[Key, WarmT]]) -> list[tuple[Key, WarmT, int]]:
         """What each of these containers holds, read from the host (safe in a worker thread)."""
         return [(key, warm, self._engine.memory(warm)) for key, warm in waiting]
-
-    def _take_reading(self, reading: list[tuple[Key, WarmT, int]]) -> None:
-        self._memory = {id(warm): held for _, warm, held in reading}
-        for key, _, held in reading:
-            self._per_container[key] = max(self._per_container.get(key, 0), held)
 
     def _next_deadline(self, now: float) -> float:
         deadlines = [queue[0].ready_at + self._targets[key].idle_s - now for key, queue in self._ready.items() if queue]

@@ -41,22 +41,22 @@ __all__ = ["UNLISTED", "EgressTrial", "Probe", "behind", "firewall_check", "judg
 UNLISTED = "not-listed.posture.sandbox-server.invalid"
 """The host the check asks for that no allow list names (`.invalid` is never a real name)."""
 PROBE = r"""
-proxy=${HTTP_PROXY#http://}; proxy=${proxy%/}
+proxy=${HTTP_PROXY#http://}; proxy=${proxy%/}; WAIT=30
 ask() {  # what the proxy answered for host $1 port $2 (path $3): its status, and whether the upstream's page came
     exec 3<>"/dev/tcp/${proxy%:*}/${proxy##*:}" || { echo "$4 no-proxy"; return; }
     if [ "$2" = 443 ]; then
         printf 'CONNECT %s:%s HTTP/1.1\r\nHost: %s:%s\r\n\r\n' "$1" "$2" "$1" "$2" >&3
-        read -r -t 10 _ code _ <&3
+        read -r -t "$WAIT" _ code _ <&3
         if [ "$code" = 200 ]; then
-            while read -r -t 10 line <&3 && [ -n "${line%$'\r'}" ]; do :; done
+            while read -r -t "$WAIT" line <&3 && [ -n "${line%$'\r'}" ]; do :; done
             printf 'GET %s HTTP/1.0\r\nHost: %s\r\n\r\n' "$3" "$1" >&3
-            read -r -t 10 _ code _ <&3
+            read -r -t "$WAIT" _ code _ <&3
         fi
     else
         printf 'GET http://%s:%s%s HTTP/1.0\r\nHost: %s\r\n\r\n' "$1" "$2" "$3" "$1" >&3
-        read -r -t 10 _ code _ <&3
+        read -r -t "$WAIT" _ code _ <&3
     fi
-    body=$(timeout 10 cat <&3)
+    body=$(timeout "$WAIT" cat <&3)
     exec 3<&-
     case "$body" in *"$5"*) page=page ;; *"network.allow"*) page=refusal ;; *) page=other ;; esac
     echo "$4 ${code:-none} $page"
@@ -66,7 +66,8 @@ ask "$3" "$2" /posture-unlisted unlisted "$5"
 if timeout 5 bash -c 'exec 4<>"/dev/tcp/$0/$1"' "$4" "$2" 2>/dev/null; then echo "direct open"; else echo "direct closed"; fi
 """
 """Run by bash in a sandbox of the tool (every image has bash): $1 the listed host, $2 its port, $3 the unlisted
-host, $4 the upstream's address, $5 the upstream's page. One line per attempt: `listed 200 page`, `unlisted 403 refusal`, `direct closed`."""
+host, $4 the upstream's address, $5 the upstream's page. Each answer is awaited 30 s (a busy host's first request
+through a proxy just started can take seconds; a working one answers at once). One line per attempt: `listed 200 page`, `unlisted 403 refusal`, `direct closed`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,7 +165,7 @@ async def probe(runtime: DockerRuntime, tool: ToolPolicy, found: EgressTrial, po
     spec = behind(tool.container_spec(), endpoint)
     spec = replace(
         spec, argv=("bash", "-c", PROBE, "probe", host, str(port), UNLISTED, found.upstream, PAGE),
-        limits=replace(spec.limits, timeout_s=60.0),
+        limits=replace(spec.limits, timeout_s=240.0),
     )  # fmt: skip
     result = await runtime.run(spec)
     seen = await anyio.to_thread.run_sync(paths_seen, runtime.api, found.upstream_container)

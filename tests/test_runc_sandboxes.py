@@ -137,11 +137,7 @@ async def test_a_server_killed_mid_burst_leaves_no_runc_sandbox_cgroup_or_bundle
     with http_server_process("--policy", _policy(tmp_path), "--sandboxes", "runc") as server:
         server.wait_for_line("warm pool ready")
         pid = server.process.pid
-        reaper = next(
-            child
-            for child in psutil.Process(pid).children()
-            if "reap-after" in child.cmdline()
-        )  # fmt: skip
+        reaper = next(child for child in psutil.Process(pid).children() if "reap-after" in _command_of(child))
         started = anyio.Event()
 
         async def call(index: int) -> None:
@@ -196,3 +192,11 @@ def test_images_are_unpacked_for_runc_ahead_and_those_no_longer_tagged_are_remov
     said.clear()
     unpack_for_runc(runtime, ["sandbox-server/base:latest"], said.append, tmp_path)
     assert said == []  # unpacked once, kept while tagged
+
+
+def _command_of(process: psutil.Process) -> list[str]:
+    """A process's command line ([] for one that ended meanwhile: a zombie not yet reaped, or gone)."""
+    try:
+        return process.cmdline()
+    except psutil.Error:
+        return []

@@ -98,9 +98,15 @@ def _server_peak(pid: int) -> int:
 
 def _stdio_server(state: Path) -> int:
     """The stdio server this test started (others of the suite may run beside it): the one on its state folder."""
-    [server] = [
-        p for p in psutil.Process().children(recursive=True) if "serve" in p.cmdline() and str(state) in p.cmdline()
-    ]
+    found = []
+    for process in psutil.Process().children(recursive=True):
+        try:  # a child that ended meanwhile (a zombie not yet reaped, or gone) is not it
+            command = process.cmdline()
+        except psutil.Error:
+            continue
+        if "serve" in command and str(state) in command:
+            found.append(process)
+    [server] = found
     return server.pid
 
 

@@ -270,6 +270,14 @@ async def preloaded(
             await anyio.sleep(0.1)
 
 
+def command_of(process: psutil.Process) -> list[str]:
+    """A process's command line ([] for one that ended meanwhile: a zombie not yet reaped, or gone)."""
+    try:
+        return process.cmdline()
+    except psutil.Error:
+        return []
+
+
 def _made_by(owner: str, server: str) -> bool:
     """Whether an owner label names a live process of this host whose command line holds `server`."""
     _, _, rest = owner.partition(":")

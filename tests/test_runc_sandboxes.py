@@ -18,7 +18,7 @@ import pytest
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
 from sandbox_server.sandbox.runc_runtime import unpack_for_runc
 from sandbox_server.sandbox.runc_state import CGROUP_PARENT, STATE
-from tests.mcp_harness import answer, audit_records, connect, http_server_process, stdio_parameters
+from tests.mcp_harness import answer, audit_records, command_of, connect, http_server_process, stdio_parameters
 
 pytestmark = pytest.mark.anyio
 
@@ -137,7 +137,7 @@ async def test_a_server_killed_mid_burst_leaves_no_runc_sandbox_cgroup_or_bundle
     with http_server_process("--policy", _policy(tmp_path), "--sandboxes", "runc") as server:
         server.wait_for_line("warm pool ready")
         pid = server.process.pid
-        reaper = next(child for child in psutil.Process(pid).children() if "reap-after" in _command_of(child))
+        reaper = next(child for child in psutil.Process(pid).children() if "reap-after" in command_of(child))
         started = anyio.Event()
 
         async def call(index: int) -> None:
@@ -192,11 +192,3 @@ def test_images_are_unpacked_for_runc_ahead_and_those_no_longer_tagged_are_remov
     said.clear()
     unpack_for_runc(runtime, ["sandbox-server/base:latest"], said.append, tmp_path)
     assert said == []  # unpacked once, kept while tagged
-
-
-def _command_of(process: psutil.Process) -> list[str]:
-    """A process's command line ([] for one that ended meanwhile: a zombie not yet reaped, or gone)."""
-    try:
-        return process.cmdline()
-    except psutil.Error:
-        return []

@@ -42,7 +42,7 @@ from sandbox_server.sandbox.netns import connect_inside
 from sandbox_server.services.links import PREVIEW_PREFIX
 from sandbox_server.services.manager import Service, Services
 
-__all__ = ["PREVIEW_PREFIX", "Previews", "relay", "serve_previews"]
+__all__ = ["Previews", "relay", "serve_previews"]
 
 log = logging.getLogger("sandbox_server")
 
@@ -60,7 +60,8 @@ COOKIE_PREFIX = "sbx-preview-"
 
 
 class Previews:
-    """The preview routes of one HTTP server, its links and its browsers' sessions."""
+    """The preview routes of one HTTP server and its browsers' sessions (the links they open are the services'
+    `links`)."""
 
     def __init__(self, services: Services, hosts: Sequence[str], frame_ancestors: Sequence[str] = ()) -> None:
         self.services = services

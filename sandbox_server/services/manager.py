@@ -77,9 +77,9 @@ class Services:
         self.observe = observe
         """Hears each audit event of a service (the Prometheus metrics count what a stopped one used)."""
         self.homes: Homes | None = store.contents.homed.homes if store.contents.homed is not None else None
-        if held is not None:
-            held.counts(self.memory_bytes)
         """Replicas with homes (workspaces.homed): where each service is said to live, for a peer given a request for one (its preview)."""
+        if held is not None:  # the warm pool leaves room for what running services' containers may hold
+            held.counts(self.memory_bytes)
 
     # -- what calls and resources see ------------------------------------------------------
 

@@ -18,7 +18,7 @@ import pytest
 
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
 from tests import hostile_exports as hostile
-from tests.mcp_harness import CheckedClient, connect, stdio_parameters, text_of
+from tests.mcp_harness import CheckedClient, command_of, connect, stdio_parameters, text_of
 
 pytestmark = pytest.mark.anyio
 
@@ -98,15 +98,8 @@ def _server_peak(pid: int) -> int:
 
 def _stdio_server(state: Path) -> int:
     """The stdio server this test started (others of the suite may run beside it): the one on its state folder."""
-    found = []
-    for process in psutil.Process().children(recursive=True):
-        try:  # a child that ended meanwhile (a zombie not yet reaped, or gone) is not it
-            command = process.cmdline()
-        except psutil.Error:
-            continue
-        if "serve" in command and str(state) in command:
-            found.append(process)
-    [server] = found
+    commands = [(p, command_of(p)) for p in psutil.Process().children(recursive=True)]
+    [server] = [p for p, command in commands if "serve" in command and str(state) in command]
     return server.pid
 
 

@@ -103,6 +103,7 @@ async def test_a_module_that_cannot_be_preloaded_leaves_the_call_working(
 ) -> None:
     policy = _policy(tmp_path, "tools:\n  run_python:\n    preload: [no_such_module, pandas]\n")
     async with connect(stdio_parameters("--policy", policy)) as session:
+        await preloaded(runtime.api, tmp_path)  # a call that came sooner would stop it before the missing module
         cell = await _cell(session, "import sys\n(open('/tmp/.sandbox-warm/errors').read(), 'pandas' in sys.modules)")
     assert not cell["is_error"], cell["text"]
     assert "preload no_such_module: ModuleNotFoundError" in cell["stdout"] and cell["stdout"].strip().endswith("True)")

@@ -102,6 +102,18 @@ class _Proxy:
         else:
             self.records.file(request)
 
+    def open_firewall(self, bridge: str) -> None:
+        """Let the sandboxes of its network's bridge reach its port (and its answers reach them); nothing else
+        crosses that bridge."""
+        self.close_firewall()
+        open_to_proxy(bridge, self.address)
+        self.opened = (bridge, self.address)
+
+    def close_firewall(self) -> None:
+        if self.opened is not None:
+            close_to_proxy(*self.opened)
+            self.opened = None
+
 
 class EgressProxies:
     """The proxies of one server process; every method blocks (call them from a worker thread)."""
@@ -328,7 +340,7 @@ class EgressProxies:
             proxy.address = networks[proxy.network]["IPAddress"]
             proxy.health_address = networks[egress.egress_network]["IPAddress"]
             if self.sandboxes_apart():
-                self._open_firewall(proxy)
+                proxy.open_firewall(self.bridge_name(proxy.key))
         except docker.errors.ImageNotFound:
             proxy.failure = f"its image {PROXY_IMAGE} is not built (`sandbox-server images build`)"
             return
@@ -374,22 +386,8 @@ class EgressProxies:
         except (docker.errors.APIError, OSError):
             return
 
-    def _open_firewall(self, proxy: _Proxy) -> None:
-        """Let the sandboxes of the proxy's network reach its port (and its answers reach them); nothing else
-        crosses that bridge."""
-        self._close_firewall(proxy)
-        bridge, address = self.bridge_name(proxy.key), proxy.address
-        open_to_proxy(bridge, address)
-        proxy.opened = (bridge, address)
-
-    @staticmethod
-    def _close_firewall(proxy: _Proxy) -> None:
-        if proxy.opened is not None:
-            close_to_proxy(*proxy.opened)
-            proxy.opened = None
-
     def _remove(self, proxy: _Proxy) -> None:
-        self._close_firewall(proxy)
+        proxy.close_firewall()
         if proxy.channel is not None:
             proxy.channel.close()
             proxy.channel = None

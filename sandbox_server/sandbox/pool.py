@@ -195,10 +195,6 @@ class WarmPool(Generic[WarmT]):
             return 0
         return min(target.most, max(target.size, self._want.get(key, target.size)))
 
-    def memory_bytes(self) -> int:
-        """What the waiting containers hold, as last read (one not read yet: what one of its kind held)."""
-        return self.memory.held(self._waiting())
-
     def _grow(self, key: Key, by_doubling: bool) -> None:
         current = self.wanted(key)
         self._want[key] = min(self._targets[key].most, current * 2 if by_doubling else current + 1)
@@ -294,7 +290,7 @@ class WarmPool(Generic[WarmT]):
                     for key, target in fill_order(self._targets, missing, empty, self._making_s):
                         if key in held:
                             continue
-                        if not self.memory.affordable(key, self._waiting(), self._filling):  # nor more this turn
+                        if not self.memory.affordable(key, self.waiting(), self._filling):  # nor more this turn
                             held.add(key)
                             self.stats.held_back += 1
                             continue
@@ -316,7 +312,9 @@ class WarmPool(Generic[WarmT]):
         pause between calls (a few ms for dozens of containers)."""
         self._discard_broken()
         if self._activity.quiet():
-            self.memory.take_reading(await anyio.to_thread.run_sync(self._read_memory, self._waiting()))
+            self.memory.take_reading(
+                await anyio.to_thread.run_sync(self.memory.read, self.waiting(), self._engine.memory)
+            )
 
     def _discard_broken(self) -> None:
         """Discard waiting containers that broke (their stream ended or spoke), so they are replaced now."""
@@ -327,12 +325,9 @@ class WarmPool(Generic[WarmT]):
                     self.stats.discarded_broken += 1
                     self._engine.discard_later(warm)
 
-    def _waiting(self) -> list[tuple[Key, WarmT]]:
+    def waiting(self) -> list[tuple[Key, WarmT]]:
+        """Every container waiting now, with its key."""
         return [(key, warm) for key, queue in self._ready.items() for warm in queue]
-
-    def _read_memory(self, waiting: list[tuple[Key, WarmT]]) -> list[tuple[Key, WarmT, int]]:
-        """What each of these containers holds, read from the host (safe in a worker thread)."""
-        return [(key, warm, self._engine.memory(warm)) for key, warm in waiting]
 
     def _next_deadline(self, now: float) -> float:
         deadlines = [queue[0].ready_at + self._targets[key].idle_s - now for key, queue in self._ready.items() if queue]

@@ -39,6 +39,13 @@ class PoolMemory:
         held = self.held(waiting) + self.held_elsewhere()
         return held + being_made + self._per_kind.get(key, 0) <= self.budget and self.host_room()
 
+    @staticmethod
+    def read(
+        waiting: Iterable[tuple[Hashable, Any]], measure: Callable[[Any], int]
+    ) -> list[tuple[Hashable, object, int]]:
+        """What each of these containers holds, read from the host (blocking: from a worker thread)."""
+        return [(key, warm, measure(warm)) for key, warm in waiting]
+
     def take_reading(self, reading: Iterable[tuple[Hashable, object, int]]) -> None:
         """What each waiting container holds now, read from the host."""
         reading = list(reading)

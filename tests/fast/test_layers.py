@@ -29,7 +29,6 @@ LONG_MODULES: dict[str, str] = {
     "tasks/manager.py": "the running tasks: started past their caps, run in the server's group, read, cancelled, "
     "ended and kept",
     "calls/pipeline.py": "one call's stages, from its arguments to its outcome",
-    "network/proxies.py": "the egress proxies' containers and networks, one per allow list, started and watched",
 }
 MAX_METHODS = 24
 """Methods of one class: past this it likely holds two ideas."""

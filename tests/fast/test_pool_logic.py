@@ -125,11 +125,13 @@ def test_a_pool_makes_no_container_past_its_memory_budget_or_the_hosts_floor() -
     for _ in range(2):
         pool.add(target, _FakeWarm(key, time.monotonic()))
     anyio.run(pool._sweep)  # reads what each holds
-    assert pool.memory_bytes() == 200 and not pool.memory.affordable(key, pool._waiting(), {})  # a third would pass 250
+    assert pool.memory.held(pool.waiting()) == 200 and not pool.memory.affordable(
+        key, pool.waiting(), {}
+    )  # a third would pass 250
     pool.take(key)
-    assert pool.memory_bytes() == 100 and pool.memory.affordable(key, pool._waiting(), {})
+    assert pool.memory.held(pool.waiting()) == 100 and pool.memory.affordable(key, pool.waiting(), {})
     room[0] = False
-    assert not pool.memory.affordable(key, pool._waiting(), {})  # the host is short of memory: nothing more is made
+    assert not pool.memory.affordable(key, pool.waiting(), {})  # the host is short of memory: nothing more is made
 
 
 class _GatedEngine(_FakeEngine):

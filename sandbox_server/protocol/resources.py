@@ -184,7 +184,7 @@ class Resources:
         if service is None:
             code = RESOURCE_NOT_FOUND_HANDSHAKE if handshake_era(ctx) else INVALID_PARAMS
             raise MCPError(code, f"resource not found: {uri} (a service is its own caller's, while it runs)")
-        log = await anyio.to_thread.run_sync(self.services.log_of, service)
+        log = await anyio.to_thread.run_sync(self.services.maker.log_of, service)
         described = {**service.describe(self.services.links.link(service)), "log_tail": log}
         text = json.dumps(described, ensure_ascii=False)
         return types.ReadResourceResult(

@@ -14,7 +14,6 @@ import logging
 import secrets
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -28,11 +27,10 @@ from sandbox_server.network.proxies import EgressProxies
 from sandbox_server.sandbox import service_containers as containers
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
 from sandbox_server.sandbox.held import HeldMemory
-from sandbox_server.sandbox.meter import Meter
 from sandbox_server.sandbox.spec import SandboxSpec
 from sandbox_server.services.caps import refuse_past_caps
 from sandbox_server.services.links import PreviewLinks
-from sandbox_server.services.readiness import until_ready
+from sandbox_server.services.making import ServiceMaker
 from sandbox_server.services.service import Answer, Service, ServiceRequest
 from sandbox_server.workspaces.pausing import service_entry
 from sandbox_server.workspaces.store import WorkspaceRecord, WorkspaceStore
@@ -46,8 +44,6 @@ log = logging.getLogger("sandbox_server")
 
 CHECK_S = 1.0
 """How often running services are looked at (ended by themselves, idle, past their lifetime)."""
-LOG_SHOWN = 2000
-"""The end of a service's log shown in an answer about it."""
 
 
 class Services:
@@ -78,6 +74,7 @@ class Services:
         """Hears each audit event of a service (the Prometheus metrics count what a stopped one used)."""
         self.homes: Homes | None = store.contents.homed.homes if store.contents.homed is not None else None
         """Replicas with homes (workspaces.homed): where each service is said to live, for a peer given a request for one (its preview)."""
+        self.maker = ServiceMaker(runtime, proxies, self._networks_changed)
         if held is not None:  # the warm pool leaves room for what running services' containers may hold
             held.counts(self.memory_bytes)
 
@@ -120,9 +117,6 @@ class Services:
     def memory_bytes(self) -> int:
         """What running services' containers may hold (the warm pool's budget leaves room for it)."""
         return sum(s.settings.memory_mb for s in self.running()) * 1024 * 1024
-
-    def log_of(self, service: Service, max_bytes: int = LOG_SHOWN) -> str:
-        return containers.log_tail(self.runtime.api, service.container_id, max_bytes) if service.container_id else ""
 
     # -- starting ----------------------------------------------------------------------------
 
@@ -196,9 +190,10 @@ class Services:
         try:
             spec = await anyio.to_thread.run_sync(self.store.begin, record, spec)
             if proxy is not None:
-                spec = await self._through_proxy(spec, proxy, service)
+                neighbours = tuple(s.name for s in self.running(service.workspace_id))
+                spec = await self.maker.through_proxy(spec, proxy, service, neighbours)
             service.spec = spec
-            await self._bring_up(service, "did not start")
+            await self.maker.bring_up(service, "did not start")
         except Exception as exc:
             return exc, None
         up.answer(None)
@@ -207,8 +202,8 @@ class Services:
             try:
                 service.spend()
                 service.state = "starting"  # its container's end, seen by _look meanwhile, is the restart's
-                await self._remove_container(service)
-                await self._bring_up(service, "did not start again")
+                await self.maker.remove_container(service)
+                await self.maker.bring_up(service, "did not start again")
             except Exception as exc:
                 service.ask_stop("it did not start again")  # the first reason given is kept
                 return exc, restart
@@ -216,51 +211,6 @@ class Services:
             restart.answer(None)
             await self.audit_event("service_restarted", service, container=service.container_id[:12])
         return None, None
-
-    async def _bring_up(self, service: Service, failed: str) -> None:
-        """Make the service's container and wait until it listens; a Refusal says why it did not (what was made is
-        the service's, removed at its end)."""
-        if service.stop_asked or service.spec is None:
-            raise Refusal(f"service {service.name!r} {failed}: it was stopped ({service.stop_reason})", "service")
-        service.state = "starting"
-        with anyio.CancelScope(shield=True):  # what the engine makes is known, even when a stop comes meanwhile
-            try:
-                started = await anyio.to_thread.run_sync(
-                    containers.start_container, self.runtime, service.spec, service.id, service.name,
-                    service.network, self.runtime.owner, service.settings.log_kb,
-                )  # fmt: skip
-            except Exception:
-                service.ask_stop("its container could not start")
-                raise
-        service.container_id, service.pid, service.slot = started.container_id, started.pid, started.slot
-        service.meter = Meter.start(started.pid)
-        self._networks_changed()  # the warm pool makes its calls' containers while the service gets ready
-        problem, field_name = await until_ready(self.runtime.api, service)
-        if problem is not None:
-            last = self.log_of(service)
-            service.ask_stop("it never became ready")
-            shown = f"; its last output:\n{last}" if last else "; it printed nothing"
-            raise Refusal(f"service {service.name!r} {failed}: {problem}{shown}", field_name)
-        service.state = "running"
-        service.ran = True
-        service.last_used = time.monotonic()
-
-    async def _through_proxy(self, spec: SandboxSpec, proxy: ProxyEndpoint, service: Service) -> SandboxSpec:
-        """The spec of a service under an allow list: on its workspace's network alone, the list's proxy joined
-        to it there and named in its environment."""
-        if self.proxies is None:
-            raise Refusal("refused: this server runs no egress proxy for services", "network")
-        api, proxies = self.runtime.api, self.proxies
-        try:
-            await anyio.to_thread.run_sync(containers.ensure_network, api, service.network, self.runtime.owner)
-            joined = await anyio.to_thread.run_sync(proxies.join, proxy, service.network)
-        except OSError as exc:
-            service.ask_stop("its network could not be made")
-            raise Refusal(f"service {service.name!r} did not start: {exc}", "network") from exc
-        names = tuple(s.name for s in self.running(service.workspace_id))
-        proxied = {name for name, _ in joined.environment()}
-        env = tuple((k, v) for k, v in spec.call_env if k not in proxied) + joined.environment(names)
-        return replace(spec, network="none", call_env=env, mounts=spec.mounts + joined.mounts())
 
     async def restart(self, service: Service) -> Service:
         """Its container removed and made again from the same spec, its command run anew; ready as at its start."""
@@ -282,11 +232,6 @@ class Services:
         service.ask_stop(reason)
         await service.stopped.wait()
 
-    async def _remove_container(self, service: Service) -> None:
-        if service.container_id:
-            await anyio.to_thread.run_sync(containers.remove, self.runtime.api, service.container_id, service.slot)
-        service.container_id, service.slot = "", None
-
     async def _end(self, service: Service) -> None:
         """The service's last step (in its own task, shielded): what it made removed, its end recorded."""
         if service.stopped.is_set():
@@ -302,7 +247,7 @@ class Services:
             if not recorded:  # its caller stopped it, or it stopped by itself: not to start again (said before it
                 # is gone, so that no call finds it gone and still recorded, and starts it again)
                 await anyio.to_thread.run_sync(self.store.drop_service, service.workspace_id, service.name)
-            await self._remove_container(service)
+            await self.maker.remove_container(service)
             if self.homes is not None:
                 with contextlib.suppress(Refusal):
                     await anyio.to_thread.run_sync(self.homes.drop_service, service.id)

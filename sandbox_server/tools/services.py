@@ -139,7 +139,7 @@ class ServicesTool:
             known = ", ".join(s["name"] for s in scope.listed()) or "none"
             raise Refusal(f"refused: no service named {name!r} runs in this workspace (running: {known})", "name")
         if action == "log":
-            log = scope.services.log_of(service, min(LOG_BYTES, ctx.policy.limits.output_bytes))
+            log = scope.services.maker.log_of(service, min(LOG_BYTES, ctx.policy.limits.output_bytes))
             return ToolOutcome(
                 f"the end of service {service.name}'s log ({len(log)} characters)",
                 False,

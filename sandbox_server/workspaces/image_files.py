@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
+import hmac
 import os
 import tarfile
 from collections.abc import Callable
@@ -16,12 +18,14 @@ from typing import IO
 
 from sandbox_server.sandbox import mounts
 from sandbox_server.sandbox.archive import WORKSPACE_DIR
-from sandbox_server.sandbox.spec import SandboxSpec
+from sandbox_server.sandbox.spec import ResourceLimits, SandboxSpec
 from sandbox_server.workspaces.files import file_states, open_regular
 
 __all__ = [
     "Held",
+    "ImageNames",
     "Shape",
+    "create_image",
     "fill_folder",
     "image_key",
     "move_image",
@@ -55,6 +59,36 @@ class Held:
     image: Path
     where: Path
     handle: int
+
+
+@dataclass(frozen=True, slots=True)
+class ImageNames:
+    """What the host calls each workspace's image and mount point: a keyed hash of its id, nothing a sandbox (which
+    may learn its image's path from its loop device) could use as the id."""
+
+    key: bytes
+    folder: Path
+    """Where the images are."""
+    mounts: Path
+    """Where this process mounts them."""
+
+    def name(self, workspace_id: str) -> str:
+        return hmac.new(self.key, workspace_id.encode(), hashlib.sha256).hexdigest()[:32]
+
+    def image(self, workspace_id: str) -> Path:
+        return self.folder / f"img-{self.name(workspace_id)}.img"
+
+    def mount_point(self, workspace_id: str) -> Path:
+        return self.mounts / self.name(workspace_id)
+
+
+def create_image(image: Path, limits: ResourceLimits, user: str) -> None:
+    """A new workspace's image: an empty filesystem of the policy's size and files (as the sandbox's tmpfs is)."""
+    try:
+        mounts.make_image(image, limits.workspace_mb, limits.workspace_inodes, user)
+    except BaseException:
+        image.unlink(missing_ok=True)
+        raise
 
 
 def image_key(path: Path) -> bytes:

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
-import hmac
 import os
 import threading
 from collections.abc import Callable
@@ -24,11 +22,13 @@ from sandbox_server.policy import WorkspaceSettings
 from sandbox_server.sandbox import mounts, reflinks
 from sandbox_server.sandbox.activity import Activity
 from sandbox_server.sandbox.archive import OUTPUT_LEAF
-from sandbox_server.sandbox.spec import ExecutionResult, ResourceLimits, SandboxSpec
+from sandbox_server.sandbox.spec import ExecutionResult, SandboxSpec
 from sandbox_server.workspaces.contents import Add, Homing, Room, too_large
 from sandbox_server.workspaces.files import FileState, file_states, open_regular, regular_files
 from sandbox_server.workspaces.image_files import (
+    ImageNames,
     Shape,
+    create_image,
     fill_folder,
     folder_entries,
     image_key,
@@ -71,7 +71,6 @@ class MountedContents:
         self.root = root
         self._activity = activity or Activity()
         """The calls running now: the work beside them waits for a pause between them."""
-        self._key = image_key(root / IMAGE_KEY)
         self._process_alive = process_alive
         self._lock = threading.Lock()
         self._held: dict[str, int] = {}
@@ -89,6 +88,7 @@ class MountedContents:
         found = reflinks.pool(root)
         self.folder = found if found is not None else root
         """Where the images live: where they clone (a fork or a snapshot is a reflink), else the state folder."""
+        self.names = ImageNames(image_key(root / IMAGE_KEY), self.folder, self.run / "ws")
         self.reflinks = found is not None
         self.giving_back = GivingBack(self._activity, DEFER_S, self._where)
         """After a call, off its answer's path: the workspace's freed blocks go back to the host."""
@@ -96,7 +96,7 @@ class MountedContents:
         self.sweep()
         for old in root.glob("ws-*.img"):  # named by their id before names were keyed
             with contextlib.suppress(OSError):
-                os.replace(old, self.root / f"img-{self._name(old.name.removesuffix('.img'))}.img")
+                os.replace(old, self.root / f"img-{self.names.name(old.name.removesuffix('.img'))}.img")
         if self.folder != root:  # images kept before the pool: moved into it
             for old in root.glob("img-*.img"):
                 move_image(old, self.folder / old.name)
@@ -111,19 +111,12 @@ class MountedContents:
                 remove_run_folder(folder)
                 remove_spares(self.folder / "spares" / folder.name)
 
-    def _name(self, workspace_id: str) -> str:
-        """What the host calls a workspace's image and mount: nothing a sandbox could use as its id."""
-        return hmac.new(self._key, workspace_id.encode(), hashlib.sha256).hexdigest()[:32]
-
-    def _image(self, workspace_id: str) -> Path:
-        return self.folder / f"img-{self._name(workspace_id)}.img"
-
     def kept_files(self, workspace_ids: list[str]) -> set[str]:
         """The names of the files in the store's folder that hold these workspaces."""
-        return {self._image(workspace_id).name for workspace_id in workspace_ids}
+        return {self.names.image(workspace_id).name for workspace_id in workspace_ids}
 
     def _where(self, workspace_id: str) -> Path:
-        return self._places.get(workspace_id) or self.run / "ws" / self._name(workspace_id)
+        return self._places.get(workspace_id) or self.names.mount_point(workspace_id)
 
     def shape(self, spec: SandboxSpec) -> SandboxSpec:
         if self.spares.shape is None:  # the first warm container's: spares from the start
@@ -133,22 +126,13 @@ class MountedContents:
     def reserve(self, settings: WorkspaceSettings) -> int:
         return mounts.image_bytes(settings.size_mb, settings.files)
 
-    def _create(self, workspace_id: str, limits: ResourceLimits, user: str) -> None:
-        """A new workspace: an empty filesystem of the policy's size and files (as the sandbox's tmpfs is)."""
-        image = self._image(workspace_id)
-        try:
-            mounts.make_image(image, limits.workspace_mb, limits.workspace_inodes, user)
-        except BaseException:
-            image.unlink(missing_ok=True)
-            raise
-
     def _take_spare(self, workspace_id: str, shape: Shape) -> bool:
         """Make a spare the new workspace: its image renamed to the workspace's, held and mounted as it is."""
         spare = self.spares.take(shape)
         if spare is None:
             return False
         try:
-            os.rename(spare.image, self._image(workspace_id))
+            os.rename(spare.image, self.names.image(workspace_id))
         except OSError:
             self.spares.put_back(spare)
             return False
@@ -168,7 +152,7 @@ class MountedContents:
                     mounts.set_executable(where, executable)
                     self._executable[workspace_id] = executable
                 return where
-            handle = os.open(self._image(workspace_id), os.O_RDONLY | os.O_CLOEXEC)
+            handle = os.open(self.names.image(workspace_id), os.O_RDONLY | os.O_CLOEXEC)
             try:
                 fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -182,7 +166,7 @@ class MountedContents:
                 ) from None
             try:
                 mounts.detach(str(where))  # a mount of a process killed on this id before us
-                mounts.mount_image(self._image(workspace_id), where, bool(executable))
+                mounts.mount_image(self.names.image(workspace_id), where, bool(executable))
                 mounts.clear_calls(where)  # calls' output folders a killed process left
             except BaseException:
                 os.close(handle)
@@ -198,10 +182,10 @@ class MountedContents:
         with self._lock:
             making = self._making.setdefault(workspace_id, threading.Lock())
         with making:  # calls side by side in a new workspace: the first makes it, the others wait for it
-            if not self._image(workspace_id).exists():
+            if not self.names.image(workspace_id).exists():
                 shape = Shape.of(spec)
                 if not self._take_spare(workspace_id, shape):
-                    self._create(workspace_id, spec.limits, spec.user)
+                    create_image(self.names.image(workspace_id), spec.limits, spec.user)
                 self.spares.want(shape)
             where = self._mounted(workspace_id, spec.limits.workspace_exec)
         return replace(self.shape(spec), mounted_workspace=str(where))
@@ -213,19 +197,19 @@ class MountedContents:
         return None
 
     def files(self, workspace_id: str) -> list[tuple[str, int]]:
-        if not self._image(workspace_id).exists():
+        if not self.names.image(workspace_id).exists():
             return []
         return sorted(regular_files(mounts.open_folder(self._mounted(workspace_id)), skip=OUTPUT_LEAF))
 
     def states(self, workspace_id: str) -> dict[str, FileState]:
-        if not self._image(workspace_id).exists():
+        if not self.names.image(workspace_id).exists():
             return {}
         return dict(file_states(mounts.open_folder(self._mounted(workspace_id)), skip=OUTPUT_LEAF))
 
     def read_file(
         self, workspace_id: str, path: str, max_bytes: int, offset: int = 0, length: int | None = None
     ) -> tuple[int, bytes] | None:
-        if not self._image(workspace_id).exists() or path.split("/", 1)[0] == OUTPUT_LEAF:
+        if not self.names.image(workspace_id).exists() or path.split("/", 1)[0] == OUTPUT_LEAF:
             return None
         handle = open_regular(mounts.open_folder(self._mounted(workspace_id)), path)
         if handle is None:
@@ -242,7 +226,12 @@ class MountedContents:
         id is never used again)."""
         if later:
             self._activity.stir()
-            removing = threading.Thread(target=self._remove_in_a_pause, args=(workspace_id,), daemon=True)
+
+            def in_a_pause() -> None:
+                self._activity.wait_for_pause(DEFER_S, unless=lambda: self._closed)
+                self.remove(workspace_id)
+
+            removing = threading.Thread(target=in_a_pause, daemon=True)
             with self._lock:
                 self._removing = [thread for thread in self._removing if thread.is_alive()] + [removing]
             removing.start()
@@ -250,14 +239,14 @@ class MountedContents:
         self.release(workspace_id)
         with self._lock:
             self._making.pop(workspace_id, None)
-            self._image(workspace_id).unlink(missing_ok=True)
+            self.names.image(workspace_id).unlink(missing_ok=True)
 
     def copy(self, source_id: str, target_id: str) -> None:
         """A new workspace holding what `source_id` holds now: its image copied while its writes are held (a
         consistent filesystem), holes left holes. Mounted when its first call comes."""
         with self._lock:
             held_here = source_id in self._held
-        source, target = self._image(source_id), self._image(target_id)
+        source, target = self.names.image(source_id), self.names.image(target_id)
         if not source.exists():  # no call has made it yet: the fork starts as empty as it is
             return
         copy = reflinks.clone if self.reflinks else mounts.copy_sparse
@@ -286,7 +275,7 @@ class MountedContents:
         read its files' states once, as each call does before it runs: a new mount's are not yet in memory.
         Mounted as the policy's new workspaces are (programs may run from it, or not), so its first call does not
         mount it again."""
-        if self._image(workspace_id).exists():
+        if self.names.image(workspace_id).exists():
             shape = self.spares.shape
             self._mounted(workspace_id, shape.executable if shape is not None else None)
             self.states(workspace_id)
@@ -308,12 +297,12 @@ class MountedContents:
         return True
 
     def entries(self, workspace_id: str, add: Add) -> None:
-        if self._image(workspace_id).exists():
+        if self.names.image(workspace_id).exists():
             folder_entries(self._mounted(workspace_id), add, OUTPUT_LEAF)
 
     def load(self, workspace_id: str, kept: Path, settings: WorkspaceSettings, user: str) -> int:
         try:
-            mounts.make_image(self._image(workspace_id), settings.size_mb, settings.files, user)
+            mounts.make_image(self.names.image(workspace_id), settings.size_mb, settings.files, user)
             fill_folder(self._mounted(workspace_id), kept, user)
         except BaseException:
             self.remove(workspace_id)
@@ -321,10 +310,6 @@ class MountedContents:
         finally:
             kept.unlink(missing_ok=True)
         return mounts.image_bytes(settings.size_mb, settings.files)
-
-    def _remove_in_a_pause(self, workspace_id: str) -> None:
-        self._activity.wait_for_pause(DEFER_S, unless=lambda: self._closed)
-        self.remove(workspace_id)
 
     def close(self) -> None:
         with self._lock:

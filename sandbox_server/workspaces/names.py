@@ -7,6 +7,7 @@ from __future__ import annotations
 import secrets
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -20,7 +21,7 @@ from sandbox_server.workspaces.naming import ID_PATTERN, NAME_IN_WORDS, NAME_PAT
 from sandbox_server.workspaces.records import WorkspaceRecord
 
 if TYPE_CHECKING:
-    from sandbox_server.state.calls import SharedCall
+    pass
 
 __all__ = ["NamedWorkspaces", "counted", "not_a_snapshot", "refuse_change"]
 
@@ -35,28 +36,14 @@ class NamedWorkspaces(CappedWorkspaces):
     settings: WorkspaceSettings
     contents: Contents
 
-    # The store's own (WorkspaceStore):
-    def _fresh(self, workspace_id: str | None = None, shared: SharedCall | None = None) -> None:
-        raise NotImplementedError
-
-    def _visible(self, record: WorkspaceRecord, session: str | None, tenant: str | None, now: float) -> bool:
-        raise NotImplementedError
-
-    def _expired(self, record: WorkspaceRecord, now: float) -> bool:
-        raise NotImplementedError
-
-    def _in_use(self, workspace_id: str) -> bool:
-        raise NotImplementedError
-
-    def _remove(self, workspace_id: str, later: bool = False, unless_held: bool = False) -> bool:
-        raise NotImplementedError
-
-    def _write_record(self, record: WorkspaceRecord) -> None:
-        raise NotImplementedError
-
-    @staticmethod
-    def unknown(requested: str) -> Refusal:
-        raise NotImplementedError
+    # The store's own (WorkspaceStore), declared for the naming side's use:
+    _fresh: Callable[..., None]
+    _visible: Callable[[WorkspaceRecord, str | None, str | None, float], bool]
+    _expired: Callable[[WorkspaceRecord, float], bool]
+    _in_use: Callable[[str], bool]
+    _remove: Callable[..., bool]
+    _write_record: Callable[[WorkspaceRecord], None]
+    unknown: Callable[[str], Refusal]
 
     # Its naming side:
     def _named(self, name: str, tenant: str | None, now: float) -> WorkspaceRecord | None:

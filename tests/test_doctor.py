@@ -127,7 +127,7 @@ def test_posture_tries_an_allow_list_through_its_own_proxy_against_an_upstream_o
     result = run_cli("doctor", "--posture", "--policy", str(policy), "--json")
     report = json.loads(result.stdout)
     checks = {check["name"]: check for check in report["checks"]}
-    assert report["healthy"] is True, [check for check in report["checks"] if not check["ok"]]
+    assert report["healthy"] is True, json.dumps([check for check in report["checks"] if not check["ok"]], indent=1)
     for tool, where in (("execute_command", "pypi.org:443"), ("run_python", "mirror.example.org:8080")):
         name = f"posture allow/{tool}"
         assert checks[f"{name}: network proxy"]["detail"].startswith("answers at "), checks

@@ -25,10 +25,12 @@ from jsonschema import Draft202012Validator
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
+from sandbox_server.protocol.meta import OWN_NAME_META
 from sandbox_server.sandbox.removal import OWNER_LABEL
 from sandbox_server.sandbox.runc_state import STATE, owner_of
 from sandbox_server.sandbox.runc_state import listed as listed_by_runc
 from sandbox_server.sandbox.spec import SANDBOX_LABEL
+from sandbox_server.tools import all_tools
 
 CHECKED: list[tuple[str, bool]] = []
 """(tool, is_error) of every result the harness validated against its tool's outputSchema, in this test run."""
@@ -45,20 +47,28 @@ class CheckedClient(Client):
         self, name: str, arguments: dict[str, Any] | None = None, *args: Any, **kwargs: Any
     ) -> types.CallToolResult:
         result = await super().call_tool(name, arguments, *args, **kwargs)
-        check_result(name, result, await self._output_schema(name))
+        for schema in await self._output_schemas(name):
+            check_result(name, result, schema)
+        CHECKED.append((name, bool(result.is_error)))
         return result
 
-    async def _output_schema(self, name: str) -> dict[str, Any]:
+    async def _output_schemas(self, name: str) -> list[dict[str, Any]]:
+        """The listed outputSchema (concise), and the tool's full one, which the listing leaves its bounds out of."""
         cursor = None
         while True:
             page = await self.list_tools(cursor=cursor)
             for tool in page.tools:
                 if tool.name == name:
                     assert tool.output_schema is not None, f"tool {name} lists no outputSchema"
-                    return tool.output_schema
+                    own = FULL_SCHEMAS.get(str((tool.meta or {}).get(OWN_NAME_META, name)))
+                    return [tool.output_schema, *([own] if own is not None else [])]
             cursor = page.next_cursor
             if cursor is None:
                 raise AssertionError(f"tool {name} is not listed")
+
+
+FULL_SCHEMAS = {tool.name: dict(tool.output_schema) for tool in all_tools()}
+"""Each tool's full outputSchema, by its own name (a prefixed listing names it in `_meta`)."""
 
 
 def check_result(name: str, result: types.CallToolResult, schema: dict[str, Any]) -> None:
@@ -68,7 +78,6 @@ def check_result(name: str, result: types.CallToolResult, schema: dict[str, Any]
     assert not errors, (
         f"{name}: structuredContent does not match the outputSchema: {errors}; {result.structured_content}"
     )
-    CHECKED.append((name, bool(result.is_error)))
 
 
 def free_port() -> int:

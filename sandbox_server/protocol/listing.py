@@ -12,6 +12,7 @@ from mcp_types.jsonrpc import INVALID_PARAMS
 
 from sandbox_server.access.approval import approval_notice
 from sandbox_server.policy import Policy
+from sandbox_server.protocol.concise import concise_arguments, concise_results
 from sandbox_server.protocol.meta import APPROVAL_META, OWN_NAME_META
 from sandbox_server.protocol.paging import paginate
 from sandbox_server.tools import Tool
@@ -44,7 +45,7 @@ def tool_model(
     if notice is not None:
         description += "\n" + notice
         meta[APPROVAL_META] = notice
-    output_schema = dict(tool.output_schema)
+    output_schema, arguments = concise_results(tool.output_schema), concise_arguments(tool.input_schema)
     if ui is not None:
         meta["ui"] = ui
         output_schema["properties"] = {**output_schema.get("properties", {}), "view": VIEW_SCHEMA}
@@ -52,9 +53,9 @@ def tool_model(
         name=exposed,
         title=tool.title,
         description=description,
-        input_schema=_with_header(tool.input_schema) if workspace_header else dict(tool.input_schema),
+        input_schema=_with_header(arguments) if workspace_header else arguments,
         output_schema=output_schema,
-        annotations=types.ToolAnnotations.model_validate({"title": tool.title, **hints}),
+        annotations=types.ToolAnnotations.model_validate(hints),  # its title is the tool's own
         # 2025-11-25: a client may ask for any call as a task when the policy runs tasks
         execution=types.ToolExecution(task_support="optional" if policy.tasks.running > 0 else "forbidden"),
         _meta=meta,

@@ -130,20 +130,16 @@ class AnalyzeCsv(Sandboxed):
     name = "analyze_csv"
     title = "Analyze a CSV file (statistics, groups, plot)"
     description = (
-        "Compute statistics of a CSV file inside the sandbox without loading it whole: sum, average, count, "
-        "min, max, median, std (sample), distinct (count of distinct values), nulls, describe; per column, "
-        "optionally per group (group_by), optionally with a plot (histogram, bar, line, scatter) returned as "
-        "a PNG. Delimiter, header and encoding are detected (UTF-8/16/32 with or without BOM, GB18030/GBK, Big5, "
-        "Shift_JIS, EUC-JP, EUC-KR, Windows-125x, Latin-1; `encoding` overrides); gzip and zstd files are read "
-        "as streams; Parquet files and xlsx workbooks (the first sheet, or `sheet`) answer the same way. "
-        "Non-numeric columns are skipped for numeric statistics, and the answer says so. `filepath` is a "
-        "path inside the sandbox: under a data folder the policy mounts (such as /data) or a file sent with "
-        "`files` (relative paths are taken from /workspace). The full table also comes back as result.csv.\n"
+        "Statistics of a CSV file without loading it whole: sum, average, count, min, max, median, std (sample), "
+        "distinct, nulls, describe; per column, optionally per group (`group_by`; `period` for dates) and with a "
+        "plot (histogram, bar, line, scatter) as a PNG. Delimiter, header, encoding, decimal mark and bad rows "
+        "are detected and said in the answer (the arguments of those names override); gzip and zstd CSVs, "
+        "Parquet and xlsx (`sheet`) are read the same way. `filepath` is under a data folder the policy mounts "
+        "(such as /data) or a file sent with `files` (relative to /workspace). The full table also comes back "
+        "as result.csv.\n"
         'Example: {"filepath": "sales.csv", "operations": ["sum", "average", "count"], '
         '"columns": ["amount"], "group_by": ["region"], "plot": {"kind": "bar", "y": "amount"}, '
-        '"files": [{"path": "sales.csv", "content": "region,amount\\nnorth,12.5\\nsouth,8\\nnorth,3\\n"}]}\n'
-        'Example: {"filepath": "data.csv", "operations": ["describe"], '
-        '"files": [{"path": "data.csv", "content": "x,y\\n1,2\\n3,4\\n"}]}'
+        '"files": [{"path": "sales.csv", "content": "region,amount\\nnorth,12.5\\nsouth,8\\nnorth,3\\n"}]}'
     )
     input_schema: dict[str, Any] = {
         "type": "object",
@@ -152,22 +148,21 @@ class AnalyzeCsv(Sandboxed):
                 "type": "string",
                 "minLength": 1,
                 "maxLength": 4096,
-                "description": "The CSV inside the sandbox: under a policy data mount (e.g. /data/sales.csv) "
-                "or a file from `files` (relative to /workspace).",
+                "description": "The file: under a policy data mount (e.g. /data/sales.csv) or one sent in `files`.",
             },
             "operations": {
                 "type": "array",
                 "items": {"enum": OPERATIONS},
                 "minItems": 1,
                 "uniqueItems": True,
-                "description": "Statistics per column. std is the sample standard deviation; distinct counts "
-                "distinct values; describe is count, mean, std, min, quartiles and max for numbers.",
+                "description": "Statistics per column (std: the sample's; describe: count, mean, std, min, quartiles, "
+                "max).",
             },
             "columns": {
                 "type": "array",
                 "items": {"type": "string"},
                 "maxItems": 1000,
-                "description": "Columns to analyze (default: all but the group_by columns).",
+                "description": "Columns to analyze (default: all but group_by's).",
             },
             "group_by": {
                 "type": "array",
@@ -180,41 +175,40 @@ class AnalyzeCsv(Sandboxed):
                 "minimum": 1,
                 "maximum": 500,
                 "default": 50,
-                "description": "Groups returned, in key order; the answer says how many exist.",
+                "description": "Groups returned, in key order (the answer says how many exist).",
             },
             "encoding": {
                 "type": "string",
                 "maxLength": 40,
                 "pattern": "^[A-Za-z0-9_.:-]+$",
-                "description": "The file's text encoding (a Python codec name such as gb18030, big5, shift_jis, "
-                "cp1252, utf-16); detected when left out, and the answer says what was found and how sure.",
+                "description": "A Python codec name (gb18030, shift_jis, cp1252, utf-16, ...); detected when left out.",
             },
             "delimiter": {
                 "type": "string",
                 "minLength": 1,
                 "maxLength": 1,
-                "description": "The field delimiter (detected when left out: the one most rows agree on).",
+                "description": "The field delimiter; detected when left out.",
             },
             "header": {"type": "boolean", "description": "Whether the first row names the columns (detected)."},
             "skip_bad_rows": {
                 "type": "boolean",
                 "default": True,
-                "description": "Skip rows with a field too many or too few, counting them (false: refuse the file).",
+                "description": "Skip rows of too many or too few fields, counted (false: refuse the file).",
             },
             "decimal": {
                 "type": "string",
                 "enum": [".", ","],
-                "description": "The numbers' decimal mark (detected from the first rows when left out).",
+                "description": "The decimal mark; detected when left out.",
             },
             "thousands": {
                 "type": "string",
                 "enum": ["", ",", ".", " ", "'"],
-                "description": "What separates thousands in the numbers ('' for nothing; detected when left out).",
+                "description": "The thousands separator ('' for none); detected when left out.",
             },
             "sheet": {
                 "type": "string",
                 "maxLength": 200,
-                "description": "The sheet of an xlsx workbook to read (the first when left out).",
+                "description": "The xlsx sheet (default: the first).",
             },
             "period": {
                 "type": "string",

@@ -77,8 +77,8 @@ stop or remove things, reach nothing outside."""
 WORKSPACE_ARGUMENT: dict[str, Any] = {
     "type": "string",
     "maxLength": 64,
-    "description": "To continue where an earlier call left /workspace (and run_python's variables), pass that "
-    "result's `workspace` id here, or the name its caller gave it (the `workspaces` tool's `keep`). Without it, a call over stdio or in a handshake-era HTTP session continues its "
+    "description": "The workspace to continue: an earlier result's `workspace` id, or a name kept with the "
+    "workspaces tool. Without it, a call over stdio or in a handshake-era HTTP session continues its "
     "connection's workspace; over HTTP in the 2026-07-28 era it starts a new one. With a policy that keeps "
     "nothing, every call starts empty.",
 }

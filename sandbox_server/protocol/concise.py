@@ -1,0 +1,62 @@
+"""What tools/list says of a tool's arguments and results: what a model needs to call it and read its answer, in
+few words. Every bound (lengths, patterns, ranges, the shape of each nested answer) stays in the tool's full
+schemas, which the server checks each call's arguments against and its results are made to (a refusal names the
+argument and the rule it broke), and docs/tools.md describes; the listing carries none of them, so that five tools
+cost a model's context a few thousand characters rather than fifty thousand."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["concise_arguments", "concise_results"]
+
+BOUNDS = frozenset(
+    {
+        "pattern", "minLength", "maxLength", "minItems", "maxItems", "minimum", "maximum", "exclusiveMinimum",
+        "exclusiveMaximum", "uniqueItems", "x-in-words", "additionalProperties",
+    }
+)  # fmt: skip
+"""What the server checks and a model need not read (a call past one is refused, naming it)."""
+SHAPE = ("type", "enum", "const")
+
+
+def concise_arguments(schema: Mapping[str, Any], depth: int = 0) -> dict[str, Any]:
+    """The arguments' schema without its bounds: names, types, choices, defaults and what is required; each
+    argument's description in its first sentence, and none for the fields within an argument (their names say
+    enough beside the argument's own)."""
+    said: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key in BOUNDS or (key == "description" and depth > 1):
+            continue
+        if key == "properties" and isinstance(value, Mapping):
+            said[key] = {name: concise_arguments(inner, depth + 1) for name, inner in value.items()}
+        elif key == "items" and isinstance(value, Mapping):
+            said[key] = concise_arguments(value, depth + 1)
+        elif key in ("anyOf", "oneOf", "allOf") and isinstance(value, list):
+            said[key] = [concise_arguments(inner, depth) for inner in value]
+        elif key == "description" and isinstance(value, str):
+            said[key] = first_sentence(value)
+        else:
+            said[key] = value
+    return said
+
+
+def first_sentence(text: str) -> str:
+    """Up to the first full stop that ends a sentence (one followed by a space and a capital, or the end)."""
+    for at, char in enumerate(text):
+        if char in ".;" and (at + 1 == len(text) or (text[at + 1] == " " and text[at + 2 : at + 3].isupper())):
+            return text[: at + 1] if char == "." else text[:at] + "."
+    return text
+
+
+def concise_results(schema: Mapping[str, Any]) -> dict[str, Any]:
+    """The results' schema as far as a model reads it: each field of the answer by its type (or choices), and
+    which are there in which case; what each nested field holds is the full schema's."""
+    said: dict[str, Any] = {"type": "object"}
+    properties = schema.get("properties") or {}
+    said["properties"] = {name: {k: v for k, v in inner.items() if k in SHAPE} for name, inner in properties.items()}
+    for key in ("required", "anyOf"):
+        if key in schema:
+            said[key] = schema[key]
+    return said

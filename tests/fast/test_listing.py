@@ -1,0 +1,59 @@
+"""tools/list says what a model needs in few characters; the server still checks every bound it leaves out."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sandbox_server.calls.registry import ToolRegistry
+from sandbox_server.policy.loader import load_policy
+from sandbox_server.protocol.concise import concise_arguments, concise_results, first_sentence
+from sandbox_server.protocol.server import Parts, SandboxServer
+from sandbox_server.tools import all_tools
+from tests.fast.test_protocol import FakeRuntime
+from tests.mcp_harness import connect
+
+pytestmark = pytest.mark.anyio
+
+LISTING_CHARS = 16_000
+"""The default policy's five tools as tools/list gives them (54,700 characters when each schema was listed whole;
+about 15,100 now). Issue: under 12,000."""
+
+
+async def test_the_default_listing_of_five_tools_is_small_and_carries_no_bound() -> None:
+    policy = load_policy("default", [tool.name for tool in all_tools()])
+    app = SandboxServer(Parts(ToolRegistry(all_tools(), policy), FakeRuntime(), None))
+    async with connect(app.server) as client:
+        page = await client.list_tools()
+    listed = json.dumps(page.model_dump(by_alias=True, exclude_none=True), separators=(",", ":"))
+    assert sorted(tool.name for tool in page.tools) == [
+        "analyze_csv",
+        "execute_command",
+        "run_python",
+        "services",
+        "workspaces",
+    ]
+    assert len(listed) < LISTING_CHARS, len(listed)
+    for word in ('"pattern"', '"maxLength"', '"minimum"', '"x-in-words"', '"additionalProperties"'):
+        assert word not in listed, word
+    execute = next(tool for tool in page.tools if tool.name == "execute_command")
+    assert execute.input_schema["required"] == ["command"] and "workspace" in execute.input_schema["properties"]
+    assert set(execute.output_schema or {}) == {"type", "properties", "anyOf"}
+
+
+@pytest.mark.parametrize("tool", all_tools(), ids=lambda tool: tool.name)
+def test_a_listed_schema_keeps_every_argument_and_field_of_the_full_one(tool: object) -> None:
+    full_arguments, full_results = tool.input_schema, tool.output_schema  # type: ignore[attr-defined]
+    arguments, results = concise_arguments(full_arguments), concise_results(full_results)
+    assert set(arguments["properties"]) == set(full_arguments["properties"])
+    assert arguments.get("required") == full_arguments.get("required")
+    assert set(results["properties"]) == set(full_results["properties"])
+    for name, field in results["properties"].items():  # only what the full schema says too: a result valid under
+        assert all(full_results["properties"][name][key] == value for key, value in field.items())  # it still is
+
+
+def test_a_description_keeps_its_first_sentence() -> None:
+    assert first_sentence("Columns to analyze (e.g. a, b). The rest is detail.") == "Columns to analyze (e.g. a, b)."
+    assert first_sentence("Wall-clock limit in seconds; The policy caps it.") == "Wall-clock limit in seconds."
+    assert first_sentence("no full stop") == "no full stop"

@@ -46,9 +46,12 @@ def current_owner() -> str:
 
 
 def owner_alive(owner: str) -> bool:
-    """Whether the server process named by an owner label still runs (another host's is assumed alive)."""
+    """Whether the server process named by an owner label still runs (another host's is assumed alive). A part of
+    a process may label what it makes apart from the rest with a role after its start time (`…:<start>-posture`,
+    `doctor --posture`'s proxies): alive as long as that process is."""
     host, _, rest = owner.partition(":")
     pid_text, _, created_text = rest.partition(":")
+    created_text = created_text.partition("-")[0]
     if host != socket.gethostname():
         return True  # another host's server: not ours to judge
     try:

@@ -142,7 +142,10 @@ def images_of(store: Path) -> Path:
 
 
 def left_by_exited_servers() -> list[str]:
-    """Our containers whose server process has exited (warm ones of servers still running are theirs)."""
+    """Our containers whose server process has exited (warm ones of servers still running are theirs), once the
+    reapers of servers that ended have done their work (side by side, another worker's server killed a moment ago
+    leaves its containers to its reaper, which may be removing them still)."""
+    _reapers_finished()
     api = docker.from_env().api
     items = api.containers(all=True, filters={"label": SANDBOX_LABEL})
     api.close()

@@ -232,6 +232,30 @@ def no_container_left_behind() -> Iterator[None]:
         assert not leftover, f"sandbox containers left behind: {leftover}"
 
 
+@pytest.fixture(autouse=True)
+def no_mount_left_in_the_tests_folder(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test whose servers leave a mount in its own folder fails, naming it; the mount is let go of, so the
+    folder can still be removed (pytest's removal of old runs' folders would otherwise fail on it, later)."""
+    folder = request.getfixturevalue("tmp_path") if "tmp_path" in request.fixturenames else None
+    yield
+    if folder is not None:
+        _no_mount_under(folder)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_mount_left_in_the_runs_folder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """As `no_mount_left_in_the_tests_folder`, for the folders of a module's or a session's fixtures."""
+    yield
+    _no_mount_under(tmp_path_factory.getbasetemp())
+
+
+def _no_mount_under(folder: Path) -> None:
+    left = mounts.mounted(folder)
+    for target in left:
+        mounts.detach(target)
+    assert not left, f"left mounted on the host: {left}"
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """The controller of a side-by-side run: the leftover check of `no_container_left_behind`, once for all."""
     config = session.config

@@ -298,14 +298,16 @@ def _made_by(owner: str, server: str) -> bool:
 
 def stop_server(process: subprocess.Popen[bytes]) -> None:
     """Stop a server as a supervisor that does not wait for it to drain: SIGTERM (an HTTP server then lets what
-    runs finish, for up to serve --grace-s), SIGTERM again a moment later (stop now), SIGKILL after 10 s."""
+    runs finish, for up to serve --grace-s), SIGTERM again a moment later (stop now), SIGKILL after 30 s (a
+    server that stops takes a second or two, or more while the suite's workers hold the host busy; one killed
+    leaves its mounts behind, which the test's folder check reports)."""
     process.terminate()
     try:
         process.wait(timeout=1)
     except subprocess.TimeoutExpired:
         process.terminate()
         try:
-            process.wait(timeout=10)
+            process.wait(timeout=30)
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()

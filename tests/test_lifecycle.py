@@ -1,11 +1,14 @@
 """Containers are always destroyed: also when the server itself dies mid-call."""
 
+import select
 import signal
+import time
 from pathlib import Path
 
 import anyio
 import pytest
 
+from sandbox_server.sandbox import mounts
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
 from tests.conftest import containers_of, containers_running
 from tests.mcp_harness import connect, http_server, http_server_process
@@ -51,3 +54,24 @@ async def test_a_second_sigterm_while_stopping_leaves_no_container_and_no_mount(
         assert server.process.wait(timeout=30) == 0
     assert not containers_of(server.process.pid)
     assert str(tmp_path) not in Path("/proc/mounts").read_text(), "workspaces left mounted on the host"
+
+
+def test_a_sigterm_as_the_workspaces_mount_while_the_server_starts_leaves_no_mount(tmp_path: Path) -> None:
+    """A supervisor may stop a server as soon as its port opens, while its parts are still being made: a signal
+    the moment its workspaces' first mount appears (the kernel's mount table says when) stops it, and whatever
+    it mounted goes with it."""
+    with http_server_process("--state-dir", str(tmp_path), "--no-pool") as server:
+        with open("/proc/self/mountinfo", "rb") as table:
+            changes = select.poll()
+            changes.register(table, select.POLLPRI)
+            deadline = time.monotonic() + 60
+            while not mounts.mounted(tmp_path):
+                assert time.monotonic() < deadline, server.lines
+                table.seek(0)
+                table.read()  # read to its end: the next change of the table wakes the poll
+                if not mounts.mounted(tmp_path):
+                    changes.poll(1000)
+        server.process.send_signal(signal.SIGTERM)
+        assert server.process.wait(timeout=60) == 0, server.lines
+        server.wait_for_line("SIGTERM while starting: stopped")
+    assert not mounts.mounted(tmp_path), f"left mounted: {mounts.mounted(tmp_path)}; the server logged {server.lines}"

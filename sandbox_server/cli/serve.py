@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.to_thread
 
+from sandbox_server.cli.stopping import STOPPING, StopAsked
 from sandbox_server.errors import SandboxServerError, UsageError
 from sandbox_server.ops.bootstrap import host_facts
 
@@ -60,7 +61,7 @@ def serve_command(args: argparse.Namespace) -> int:
     # A signal before the event loop takes signals over (while the parts start) unwinds the start: each part
     # started is closed (its mounts, its containers), where the default action would leave them behind. Taken
     # before the port opens: a supervisor that saw the port open may stop the server at once.
-    signal.signal(signal.SIGTERM, _stop_asked)
+    signal.signal(signal.SIGTERM, STOPPING.asked)
     try:
         return _start_and_serve(args, log)
     except StopAsked as stopped:
@@ -95,20 +96,13 @@ def _start_and_serve(args: argparse.Namespace, log: logging.Logger) -> int:
     return 0
 
 
-class StopAsked(BaseException):
-    """SIGTERM came before the server took signals over: what started is undone on the way out."""
-
-
-def _stop_asked(signum: int, _: Any) -> None:
-    raise StopAsked(signal.Signals(signum).name)
-
-
 async def _serve(
     args: argparse.Namespace, wired: Wired, listener: Any, preview_listener: Any, log: logging.Logger
 ) -> None:
     """The parts' loops beside the transport, until it ends or a signal comes; then, however it ended (a signal
     while it was starting included), the parts closed in order."""
     try:
+        STOPPING.release()  # a signal since the parts started opening (cli/wiring.py) stops them now
         await _run_parts(args, wired, listener, preview_listener, log)
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # stopping (stdin closed, say): as in stop_on_signal

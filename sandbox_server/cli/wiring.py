@@ -24,6 +24,7 @@ import anyio
 
 from sandbox_server.cli import callers
 from sandbox_server.cli.previews import preview_links, preview_origin, preview_routes
+from sandbox_server.cli.stopping import STOPPING
 from sandbox_server.cli.storage import workspace_store
 from sandbox_server.errors import SandboxServerError, UsageError
 from sandbox_server.ops.bootstrap import host_facts
@@ -98,8 +99,12 @@ def wire(
     _clear_strays(runtime, log)
     held = HeldMemory()  # running tasks' and services' containers count against warm containers' memory
     pool = None if args.no_pool else WarmPool(runtime, runtime.activity, held)
-    workspaces = workspace_store(args, runtime, database, policy, alive, log)
-    with _undone_unless_started(pool, workspaces):
+    # From the workspaces' mounts on, a signal waits for the parts to be served (cli/serve.py releases it where
+    # their closing is sure): one that came while the store opened, or just after, would leave its mounts behind.
+    STOPPING.hold()
+    with _undone_unless_started(pool) as undo:
+        workspaces = workspace_store(args, runtime, database, policy, alive, log)
+        undo.callback(workspaces.close)
         audit = _audit(args, policy, workspaces.root.parent, runtime.owner if database is not None else None, log)
         proxies = _proxies(runtime)
         registry = _registry(args, tools, policy, pool, proxies, workspaces, runtime)
@@ -129,16 +134,14 @@ def wire(
 
 
 @contextlib.contextmanager
-def _undone_unless_started(pool: WarmPool[Any] | None, workspaces: WorkspaceStore) -> Iterator[None]:
+def _undone_unless_started(pool: WarmPool[Any] | None) -> Iterator[contextlib.ExitStack]:
     """A server that does not start (a part fails, or a signal stops it) leaves none of its first containers nor
-    mounts behind."""
-    try:
-        yield
-    except BaseException:
+    mounts behind: the parts opened in the block are closed, last first, unless it ends with them started."""
+    with contextlib.ExitStack() as undo:
         if pool is not None:
-            anyio.run(pool.close)
-        workspaces.close()
-        raise
+            undo.callback(anyio.run, pool.close)
+        yield undo
+        undo.pop_all()
 
 
 def _liveness(database: Database | None) -> Callable[[str], bool]:

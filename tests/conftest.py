@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -17,7 +18,7 @@ from mcp import Client
 from sandbox_server.sandbox import mounts, wire
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
 from sandbox_server.sandbox.images import catalog, image_status
-from sandbox_server.sandbox.removal import OWNER_LABEL, owner_alive
+from sandbox_server.sandbox.removal import LABELS_VARIABLE, OWNER_LABEL, owner_alive
 from sandbox_server.sandbox.runc_runtime import RuncRuntime
 from sandbox_server.sandbox.runc_state import STATE, is_runc, listed, owner_of
 from sandbox_server.sandbox.spec import SANDBOX_LABEL
@@ -214,22 +215,61 @@ WORKER = os.environ.get("PYTEST_XDIST_WORKER")
 """The worker this process is when the suite runs side by side (pytest-xdist), else None."""
 
 
+WORKER_LABEL = "sandbox-server-tests.worker"
+"""On every container the servers of a test process make (SANDBOX_CONTAINER_LABELS, which the servers it starts
+inherit): the worker's name side by side, `main` otherwise."""
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """A worker's servers keep their state in a folder of the worker's own (its audit trail, workspaces and
-    images pool), as servers on separate hosts would; the sandboxes are told apart by their server already."""
+    images pool), as servers on separate hosts would, and label their containers with the worker's name."""
     if WORKER:  # beside the folder a server would use (as root XDG_STATE_HOME is not read: SANDBOX_STATE_DIR is)
         folder = default_state_dir()
         os.environ["SANDBOX_STATE_DIR"] = str(folder.with_name(f"{folder.name}-tests-{WORKER}"))
+    os.environ[LABELS_VARIABLE] = f"{WORKER_LABEL}={WORKER or 'main'}"
 
 
 @pytest.fixture(scope="session", autouse=True)
 def no_container_left_behind() -> Iterator[None]:
-    """After the whole suite, no container of ours remains (side by side, the controller checks once every worker
-    has ended: a worker ending first would see the others' sandboxes)."""
+    """After a test process's last test, no container its servers made remains (each worker checks its own, by
+    its label, while the others run); once the whole suite has ended, none of ours at all (side by side, the
+    controller checks that once every worker has ended)."""
     yield
+    leftover = _left_by_this_process()
+    assert not leftover, f"sandbox containers this test process's servers left behind: {leftover}"
     if not WORKER:
         leftover = _left_behind()
         assert not leftover, f"sandbox containers left behind: {leftover}"
+
+
+def _left_by_this_process() -> list[str]:
+    """The containers carrying this test process's worker label (the engine's and those runc runs itself), once
+    the reapers of servers that ended are done."""
+    _reapers_finished()
+    mine = os.environ[LABELS_VARIABLE]
+    api = docker.from_env().api
+    try:
+        found = [item["Id"] for item in api.containers(all=True, filters={"label": mine})]
+    finally:
+        api.close()
+    key, _, value = mine.partition("=")
+    return found + [name for name in sorted(listed(STATE)) if labels_of(name).get(key) == value]
+
+
+def labels_of(container_id: str) -> dict[str, str]:
+    """A sandbox's labels: the engine's, or the annotations of the bundle runc runs it from ({} when it is gone)."""
+    if not is_runc(container_id):
+        api = docker.from_env().api
+        try:
+            return dict(api.inspect_container(container_id)["Config"].get("Labels") or {})
+        except docker.errors.NotFound:
+            return {}
+        finally:
+            api.close()
+    try:
+        return dict(json.loads((STATE / "bundles" / container_id / "config.json").read_text()).get("annotations") or {})
+    except (OSError, ValueError):
+        return {}  # being deleted
 
 
 @pytest.fixture(autouse=True)

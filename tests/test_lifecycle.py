@@ -1,5 +1,6 @@
 """Containers are always destroyed: also when the server itself dies mid-call."""
 
+import os
 import select
 import signal
 import time
@@ -10,7 +11,9 @@ import pytest
 
 from sandbox_server.sandbox import mounts
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
-from tests.conftest import containers_of, containers_running
+from sandbox_server.sandbox.removal import LABELS_VARIABLE, OWNER_LABEL
+from sandbox_server.sandbox.spec import SANDBOX_LABEL
+from tests.conftest import containers_of, containers_running, labels_of, run_cli
 from tests.mcp_harness import connect, http_server, http_server_process
 
 pytestmark = pytest.mark.anyio
@@ -75,3 +78,31 @@ def test_a_sigterm_as_the_workspaces_mount_while_the_server_starts_leaves_no_mou
         assert server.process.wait(timeout=60) == 0, server.lines
         server.wait_for_line("SIGTERM while starting: stopped")
     assert not mounts.mounted(tmp_path), f"left mounted: {mounts.mounted(tmp_path)}; the server logged {server.lines}"
+
+
+async def test_every_sandbox_a_server_makes_carries_the_operators_labels() -> None:
+    """SANDBOX_CONTAINER_LABELS: an operator finds a deployment's sandboxes with the engine's own filters (the
+    suite's workers find theirs so)."""
+    running = anyio.Event()
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        running.set()
+
+    labels = f"{os.environ[LABELS_VARIABLE]}, team=data ,cost-centre=42"
+    with http_server_process("--no-pool", env={LABELS_VARIABLE: labels}) as server:
+        async with connect(server.url) as session, anyio.create_task_group() as group:
+            call = session.call_tool("execute_command", {"command": "sleep 300"}, progress_callback=on_progress)
+            group.start_soon(lambda: call)
+            with anyio.fail_after(30):
+                await running.wait()
+            [busy] = containers_of(server.process.pid, running=True)
+            said = labels_of(busy)
+            assert said["team"] == "data" and said["cost-centre"] == "42", said
+            assert said[SANDBOX_LABEL] == "1" and f":{server.process.pid}:" in said[OWNER_LABEL], said
+            group.cancel_scope.cancel()
+
+
+def test_a_label_that_is_no_key_value_pair_stops_the_server_before_it_starts_naming_it() -> None:
+    done = run_cli("serve", env={LABELS_VARIABLE: "team=data,cost-centre"})
+    assert done.returncode == 2, done.stderr
+    assert "SANDBOX_CONTAINER_LABELS: 'cost-centre' is not a label of the operator's own" in done.stderr

@@ -38,6 +38,7 @@ def serve_command(args: argparse.Namespace) -> int:
     """`sandbox-server serve`: check the options, build the parts (cli/wiring.py), and run them beside the
     transport until the client leaves or a signal comes; then close them in order."""
     from sandbox_server.protocol.addresses import LOOPBACK_HOSTS
+    from sandbox_server.sandbox.removal import operator_labels
 
     if args.transport == "http" and args.host not in LOOPBACK_HOSTS and not args.tokens and not args.issuer:
         raise UsageError(
@@ -56,6 +57,7 @@ def serve_command(args: argparse.Namespace) -> int:
         raise UsageError("--preview-port and --no-preview are for stdio; over HTTP previews are served beside /mcp")
     if args.preview_port is not None and args.no_preview:
         raise UsageError("--preview-port opens a port for previews, --no-preview none: give one of them")
+    operator_labels()  # a malformed SANDBOX_CONTAINER_LABELS is said before anything starts
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="sandbox-server: %(message)s")
     log = logging.getLogger("sandbox_server")
     # A signal before the event loop takes signals over (while the parts start) unwinds the start: each part

@@ -42,8 +42,8 @@ from sandbox_server.network.firewall import close_to_proxy, firewall_managed, op
 from sandbox_server.network.proxy_files import Trust, write_proxy_files
 from sandbox_server.network.proxy_log import ProxyRequest, RequestRecords, parse_log_line
 from sandbox_server.network.secrets import CERTIFICATES
-from sandbox_server.sandbox.removal import OWNER_LABEL
-from sandbox_server.sandbox.spec import SANDBOX_LABEL, Mount
+from sandbox_server.sandbox.removal import owned_by
+from sandbox_server.sandbox.spec import Mount
 
 __all__ = ["PROXY_IMAGE", "PROXY_LABEL", "EgressProxies"]
 
@@ -154,7 +154,7 @@ class EgressProxies:
         return self._apart
 
     def _labels(self, proxy: _Proxy) -> dict[str, str]:
-        return {SANDBOX_LABEL: "1", OWNER_LABEL: self._owner, PROXY_LABEL: proxy.key}
+        return {**owned_by(self._owner), PROXY_LABEL: proxy.key}
 
     # -- the call path ---------------------------------------------------------------------
 

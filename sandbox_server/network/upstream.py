@@ -10,8 +10,7 @@ import docker
 
 from sandbox_server.errors import SandboxServerError
 from sandbox_server.network.proxies import EgressProxies
-from sandbox_server.sandbox.removal import OWNER_LABEL
-from sandbox_server.sandbox.spec import SANDBOX_LABEL
+from sandbox_server.sandbox.removal import owned_by
 
 __all__ = ["PAGE", "make_network", "paths_seen", "remove_trial", "start_upstream", "wait_listening"]
 
@@ -37,7 +36,7 @@ server.serve_forever()
 def make_network(api: docker.APIClient, owner: str) -> str:
     """An internal network of the check's own (its reaper's label on it), by name."""
     network = f"sandbox-posture-{secrets.token_hex(4)}"
-    api.create_network(network, internal=True, labels={SANDBOX_LABEL: "1", OWNER_LABEL: owner})
+    api.create_network(network, internal=True, labels=owned_by(owner))
     return network
 
 
@@ -45,7 +44,7 @@ def start_upstream(api: docker.APIClient, network: str, port: int, owner: str) -
     """The upstream listening on `port` of `network`: its container and address."""
     created = api.create_container(
         UPSTREAM_IMAGE, ["python3", "-c", UPSTREAM, str(port)],
-        labels={SANDBOX_LABEL: "1", OWNER_LABEL: owner},
+        labels=owned_by(owner),
         host_config=api.create_host_config(network_mode=network, read_only=True, cap_drop=["ALL"],
                                            security_opt=["no-new-privileges"]),
     )  # fmt: skip

@@ -30,7 +30,7 @@ from sandbox_server.sandbox.attach import Drain, Ending, exit_from_trailer, pers
 from sandbox_server.sandbox.engine import Engine, engine_errors, oom_reported
 from sandbox_server.sandbox.host_config import host_config_kwargs, masked_paths
 from sandbox_server.sandbox.meter import Meter
-from sandbox_server.sandbox.removal import OWNER_LABEL, Remover, current_owner
+from sandbox_server.sandbox.removal import Remover, current_owner, owned_by
 from sandbox_server.sandbox.runtime import NO_HOOKS, ProgressCallback, RunHooks
 from sandbox_server.sandbox.spec import SANDBOX_LABEL, ExecutionResult, SandboxSpec
 from sandbox_server.sandbox.streams import Stream
@@ -92,7 +92,7 @@ class DockerRuntime(Engine):
 
     def prepare(self, spec: SandboxSpec) -> WarmContainer:
         """Create, attach and start a container whose launcher then waits for its request."""
-        labels = {SANDBOX_LABEL: "1", OWNER_LABEL: self.owner, **dict(spec.labels)}
+        labels = {**owned_by(self.owner), **dict(spec.labels)}
         slot = tempfile.mkdtemp(prefix="slot-", dir=spec.workspace_slots) if spec.workspace_slots else None
         # The slot itself stays root's (mode 0700): a program never writes to the host's disk through it.
         try:

@@ -20,14 +20,17 @@ import docker
 import docker.errors
 import psutil
 
+from sandbox_server.errors import UsageError
 from sandbox_server.sandbox.activity import Activity
 from sandbox_server.sandbox.engine import engine_errors
 from sandbox_server.sandbox.runc_state import delete_left_by
 from sandbox_server.sandbox.spec import SANDBOX_LABEL
 
-__all__ = ["OWNER_LABEL", "Remover", "current_owner", "owner_alive"]
+__all__ = ["LABELS_VARIABLE", "OWNER_LABEL", "Remover", "current_owner", "operator_labels", "owned_by", "owner_alive"]
 
 OWNER_LABEL = "org.sandbox-server.owner"
+LABELS_VARIABLE = "SANDBOX_CONTAINER_LABELS"
+"""The operator's own labels for everything a server makes, `key=value` pairs split by commas."""
 DEFER_S = 2.0
 """The longest a used container's removal waits for a pause between calls."""
 CLOSING_WORKERS = 8
@@ -43,6 +46,28 @@ def current_owner() -> str:
     """This server process as an owner label: host, pid and start time."""
     me = psutil.Process()
     return f"{socket.gethostname()}:{me.pid}:{int(me.create_time())}"
+
+
+def operator_labels() -> dict[str, str]:
+    """The labels SANDBOX_CONTAINER_LABELS adds to every container and network a server makes (to find a
+    deployment's, or a test worker's, with the engine's own filters). A pair without `=` or with an empty key, or
+    a key of the server's own, is refused: UsageError naming the variable and the pair."""
+    said = os.environ.get(LABELS_VARIABLE, "")
+    labels = {}
+    for pair in filter(None, (part.strip() for part in said.split(","))):
+        key, equals, value = (part.strip() for part in pair.partition("="))
+        if not equals or not key or key.startswith("org.sandbox-server."):
+            raise UsageError(
+                f"{LABELS_VARIABLE}: {pair!r} is not a label of the operator's own: give key=value pairs split by "
+                "commas, with keys outside org.sandbox-server.*, which the server's own labels use"
+            )
+        labels[key] = value
+    return labels
+
+
+def owned_by(owner: str) -> dict[str, str]:
+    """The labels of a container or network a server makes: ours, its owner's, and the operator's own."""
+    return {**operator_labels(), SANDBOX_LABEL: "1", OWNER_LABEL: owner}
 
 
 def owner_alive(owner: str) -> bool:

@@ -40,7 +40,7 @@ from sandbox_server.sandbox.docker_runtime import DockerRuntime
 from sandbox_server.sandbox.engine import engine_errors
 from sandbox_server.sandbox.oci import INIT_SOURCE
 from sandbox_server.sandbox.pipes import PipeStream
-from sandbox_server.sandbox.removal import OWNER_LABEL, Remover, owner_alive
+from sandbox_server.sandbox.removal import Remover, owned_by, owner_alive
 from sandbox_server.sandbox.runc_state import (
     CGROUP_PARENT,
     IMAGES,
@@ -55,7 +55,7 @@ from sandbox_server.sandbox.runc_state import (
     sandbox_name,
     wait_for_pid_file,
 )  # fmt: skip
-from sandbox_server.sandbox.spec import SANDBOX_LABEL, SandboxSpec
+from sandbox_server.sandbox.spec import SandboxSpec
 from sandbox_server.sandbox.warm_container import WarmContainer, process_tree
 
 __all__ = ["RuncRuntime", "runc_usable"]
@@ -232,7 +232,7 @@ class RuncRuntime(DockerRuntime):
             image_env=(inspected.get("Config") or {}).get("Env") or (),
             extra_env=[(wire.LINGER_ENV, "1")],
             cgroups_path=f"/{CGROUP_PARENT}/{name}",
-            annotations={SANDBOX_LABEL: "1", OWNER_LABEL: self.owner, **dict(spec.labels)},
+            annotations={**owned_by(self.owner), **dict(spec.labels)},
         )  # fmt: skip
         stream = PipeStream()
         assert stream.sandbox_ends is not None

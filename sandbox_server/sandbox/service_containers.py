@@ -22,8 +22,8 @@ import docker
 from sandbox_server.sandbox import mounts
 from sandbox_server.sandbox.engine import Engine, engine_errors
 from sandbox_server.sandbox.host_config import host_config_kwargs, masked_paths
-from sandbox_server.sandbox.removal import OWNER_LABEL
-from sandbox_server.sandbox.spec import SANDBOX_LABEL, SandboxSpec
+from sandbox_server.sandbox.removal import owned_by
+from sandbox_server.sandbox.spec import SandboxSpec
 
 __all__ = ["SERVICE_LABEL", "Started", "container_state", "ensure_network", "listening_ports", "log_tail",
            "network_name", "remove", "remove_network", "start_container"]  # fmt: skip
@@ -47,7 +47,7 @@ def ensure_network(api: docker.APIClient, name: str, owner: str) -> None:
             driver="bridge",
             internal=True,
             options={"com.docker.network.bridge.inhibit_ipv4": "true"},
-            labels={SANDBOX_LABEL: "1", OWNER_LABEL: owner, SERVICE_LABEL: "network"},
+            labels={**owned_by(owner), SERVICE_LABEL: "network"},
         )
 
 
@@ -96,7 +96,7 @@ def start_container(
                 user=spec.user,
                 working_dir=spec.workdir,
                 environment=dict(spec.env) | dict(spec.call_env),
-                labels={SANDBOX_LABEL: "1", OWNER_LABEL: owner, SERVICE_LABEL: service_id, **dict(spec.labels)},
+                labels={**owned_by(owner), SERVICE_LABEL: service_id, **dict(spec.labels)},
                 hostname=name,
                 host_config=host_config,
                 networking_config=api.create_networking_config({network: api.create_endpoint_config(aliases=[name])}),

@@ -1,13 +1,26 @@
-"""The remover's close, without an engine: a network the engine will not remove does not hold a stopping server."""
+"""Removal without an engine: a network the engine will not remove does not hold a stopping server; what labels
+say whose a container is."""
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 
 import docker
+import pytest
 
-from sandbox_server.sandbox.removal import Remover, current_owner, owner_alive
+from sandbox_server.errors import UsageError
+from sandbox_server.sandbox.removal import (
+    LABELS_VARIABLE,
+    OWNER_LABEL,
+    Remover,
+    current_owner,
+    operator_labels,
+    owned_by,
+    owner_alive,
+)
+from sandbox_server.sandbox.spec import SANDBOX_LABEL
 
 
 class Refusing:
@@ -38,3 +51,23 @@ def test_what_a_part_of_a_live_process_labels_with_its_role_is_not_taken_for_a_d
     assert owner_alive(mine) and owner_alive(f"{mine}-posture")
     host, pid, _ = mine.split(":")
     assert not owner_alive(f"{host}:{pid}:1-posture")  # the same pid with another start time: another process
+
+
+def test_the_operators_labels_go_on_everything_a_server_makes_and_never_over_its_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(LABELS_VARIABLE, " team=data , cost-centre=42,,empty=")
+    assert operator_labels() == {"team": "data", "cost-centre": "42", "empty": ""}
+    labels = owned_by("host:1:2")
+    assert labels == {"team": "data", "cost-centre": "42", "empty": "", SANDBOX_LABEL: "1", OWNER_LABEL: "host:1:2"}
+    monkeypatch.delenv(LABELS_VARIABLE, raising=False)
+    assert owned_by("host:1:2") == {SANDBOX_LABEL: "1", OWNER_LABEL: "host:1:2"}
+
+
+@pytest.mark.parametrize("said", ["team", "=data", f"{OWNER_LABEL}=someone-else", "org.sandbox-server.any=1"])
+def test_a_label_that_is_no_pair_or_names_the_servers_own_is_refused_naming_it(
+    monkeypatch: pytest.MonkeyPatch, said: str
+) -> None:
+    monkeypatch.setenv(LABELS_VARIABLE, f"team=data,{said}")
+    with pytest.raises(UsageError, match=rf"SANDBOX_CONTAINER_LABELS: {re.escape(repr(said))} is not"):
+        operator_labels()

@@ -41,6 +41,17 @@ def keeping(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Keeping]
     yield Keeping(policy, tmp_path / "state", tmp_path / "audit.jsonl", request.param)
 
 
+@pytest.fixture(scope="module", params=["mounted", "archived"])
+def url(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[str]:
+    """One HTTP server for each way of keeping workspaces, shared by the tests that only open sessions and call:
+    their workspaces are apart by session or id, and a client may keep 16, so none counts another test's."""
+    folder = tmp_path_factory.mktemp(f"shared-{request.param}")
+    policy = folder / "keeping.yaml"
+    policy.write_text(KEEPING.replace("max_per_client: 3", "max_per_client: 16"))
+    with http_server(*_serve_args(Keeping(policy, folder / "state", folder / "audit.jsonl", request.param))) as url:
+        yield url
+
+
 def _serve_args(keeping: Keeping) -> tuple[str, ...]:
     return (
         "--policy", str(keeping.policy), "--state-dir", str(keeping.state), "--audit-log", str(keeping.audit),
@@ -72,16 +83,13 @@ async def test_a_stdio_session_finds_its_files_in_the_next_call_in_another_conta
     assert not [*(keeping.state / "workspaces").glob("ws-*"), *(keeping.state / "workspaces").glob("img-*")]
 
 
-async def test_http_sessions_each_have_their_own_and_cannot_open_anothers(
-    keeping: Keeping, runtime: DockerRuntime
-) -> None:
-    with http_server(*_serve_args(keeping)) as url:
-        async with connect(url) as alice, connect(url) as bob:
-            written = await _call(alice, "echo secret > mine.txt")
-            theirs = await _call(bob, "ls")
-            forged = await _call(bob, "cat mine.txt", workspace=written["workspace"])
-            made_up = await _call(bob, "true", workspace="ws-" + "A" * 22)
-            again = await _call(alice, "cat mine.txt")
+async def test_http_sessions_each_have_their_own_and_cannot_open_anothers(url: str, runtime: DockerRuntime) -> None:
+    async with connect(url) as alice, connect(url) as bob:
+        written = await _call(alice, "echo secret > mine.txt")
+        theirs = await _call(bob, "ls")
+        forged = await _call(bob, "cat mine.txt", workspace=written["workspace"])
+        made_up = await _call(bob, "true", workspace="ws-" + "A" * 22)
+        again = await _call(alice, "cat mine.txt")
     assert theirs["workspace"] != written["workspace"] and "mine.txt" not in theirs["stdout"]
     assert forged["is_error"] and made_up["is_error"]
     assert forged["error"]["field"] == "workspace" and forged["text"].replace(written["workspace"], "X") == made_up[
@@ -91,14 +99,13 @@ async def test_http_sessions_each_have_their_own_and_cannot_open_anothers(
 
 
 async def test_2026_era_calls_continue_by_id_and_each_call_without_one_starts_empty(
-    keeping: Keeping, runtime: DockerRuntime
+    url: str, runtime: DockerRuntime
 ) -> None:
-    with http_server(*_serve_args(keeping)) as url:
-        async with connect(url, mode="2026-07-28") as session:
-            first = await _call(session, "echo one > n.txt")
-            continued = await _call(session, "cat n.txt; echo two >> n.txt", workspace=first["workspace"])
-            fresh = await _call(session, "ls")
-            last = await _call(session, "cat n.txt", workspace=first["workspace"])
+    async with connect(url, mode="2026-07-28") as session:
+        first = await _call(session, "echo one > n.txt")
+        continued = await _call(session, "cat n.txt; echo two >> n.txt", workspace=first["workspace"])
+        fresh = await _call(session, "ls")
+        last = await _call(session, "cat n.txt", workspace=first["workspace"])
     assert continued["stdout"] == "one\n" and last["stdout"] == "one\ntwo\n"
     assert fresh["workspace"] != first["workspace"] and "n.txt" not in fresh["stdout"]
 
@@ -249,19 +256,18 @@ async def test_programs_run_from_the_workspace_with_either_way_of_keeping_it(
 
 
 async def test_in_the_2026_era_over_http_a_workspaces_files_are_listed_by_its_id(
-    keeping: Keeping, runtime: DockerRuntime
+    url: str, runtime: DockerRuntime
 ) -> None:
-    with http_server(*_serve_args(keeping)) as url:
-        async with connect(url, mode="2026-07-28") as session:
-            made = await session.call_tool("run_python", {"code": "x = 1\nopen('notes.txt', 'w').write('hi')"})
-            assert made.structured_content is not None, text_of(made)
-            workspace = made.structured_content["workspace"]
-            templates = await session.list_resource_templates()
-            read = await session.read_resource(f"sandbox://workspace/{workspace}/")
-            listed = json.loads(read.contents[0].text)  # type: ignore[union-attr]
-            file = await session.read_resource(listed["files"][0]["uri"])
-            with pytest.raises(MCPError):  # an id that is no workspace lists nothing
-                await session.read_resource("sandbox://workspace/ws-AAAAAAAAAAAAAAAAAAAAAA/")
+    async with connect(url, mode="2026-07-28") as session:
+        made = await session.call_tool("run_python", {"code": "x = 1\nopen('notes.txt', 'w').write('hi')"})
+        assert made.structured_content is not None, text_of(made)
+        workspace = made.structured_content["workspace"]
+        templates = await session.list_resource_templates()
+        read = await session.read_resource(f"sandbox://workspace/{workspace}/")
+        listed = json.loads(read.contents[0].text)  # type: ignore[union-attr]
+        file = await session.read_resource(listed["files"][0]["uri"])
+        with pytest.raises(MCPError):  # an id that is no workspace lists nothing
+            await session.read_resource("sandbox://workspace/ws-AAAAAAAAAAAAAAAAAAAAAA/")
     assert "sandbox://workspace/{workspace}/" in [t.uri_template for t in templates.resource_templates]
     assert [entry["path"] for entry in listed["files"]] == ["notes.txt"]  # not run_python's own .sandbox/
     assert file.contents[0].text == "hi"  # type: ignore[union-attr]
@@ -318,20 +324,19 @@ async def test_a_policy_that_keeps_nothing_refuses_a_workspace_id(tmp_path: Path
     assert second["stdout"] == "out\n"
 
 
-async def test_workspace_files_are_resources_of_their_session_only(keeping: Keeping, runtime: DockerRuntime) -> None:
-    with http_server(*_serve_args(keeping)) as url:
-        async with connect(url) as alice, connect(url) as bob:
-            written = await _call(alice, "mkdir -p data && printf 'a,b\\n1,2\\n' > data/t.csv")
-            listed = (await alice.list_resources()).resources
-            uri = next(str(r.uri) for r in listed if r.name == "data/t.csv")
-            read = await alice.read_resource(uri)
-            with pytest.raises(MCPError) as foreign:
-                await bob.read_resource(uri)
-            bobs = [r.name for r in (await bob.list_resources()).resources]
-            templates = (await alice.list_resource_templates()).resource_templates
-        async with connect(url, mode="2026-07-28") as modern:
-            with pytest.raises(MCPError) as by_id:
-                await modern.read_resource(uri)
+async def test_workspace_files_are_resources_of_their_session_only(url: str, runtime: DockerRuntime) -> None:
+    async with connect(url) as alice, connect(url) as bob:
+        written = await _call(alice, "mkdir -p data && printf 'a,b\\n1,2\\n' > data/t.csv")
+        listed = (await alice.list_resources()).resources
+        uri = next(str(r.uri) for r in listed if r.name == "data/t.csv")
+        read = await alice.read_resource(uri)
+        with pytest.raises(MCPError) as foreign:
+            await bob.read_resource(uri)
+        bobs = [r.name for r in (await bob.list_resources()).resources]
+        templates = (await alice.list_resource_templates()).resource_templates
+    async with connect(url, mode="2026-07-28") as modern:
+        with pytest.raises(MCPError) as by_id:
+            await modern.read_resource(uri)
     assert uri == f"sandbox://workspace/{written['workspace']}/data/t.csv"
     assert isinstance(read.contents[0], types.TextResourceContents) and read.contents[0].text == "a,b\n1,2\n"
     assert [r.mime_type for r in listed if r.name == "data/t.csv"] == ["text/csv"]
@@ -345,11 +350,10 @@ async def test_workspace_files_are_resources_of_their_session_only(keeping: Keep
     ]
 
 
-async def test_a_2026_workspace_file_is_read_by_its_id(keeping: Keeping, runtime: DockerRuntime) -> None:
-    with http_server(*_serve_args(keeping)) as url:
-        async with connect(url, mode="2026-07-28") as session:
-            written = await _call(session, "echo hello > greeting.txt")
-            read = await session.read_resource(f"sandbox://workspace/{written['workspace']}/greeting.txt")
+async def test_a_2026_workspace_file_is_read_by_its_id(url: str, runtime: DockerRuntime) -> None:
+    async with connect(url, mode="2026-07-28") as session:
+        written = await _call(session, "echo hello > greeting.txt")
+        read = await session.read_resource(f"sandbox://workspace/{written['workspace']}/greeting.txt")
     assert isinstance(read.contents[0], types.TextResourceContents) and read.contents[0].text == "hello\n"
 
 

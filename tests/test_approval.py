@@ -201,6 +201,6 @@ async def test_a_tool_that_writes_to_the_host_asks_first_and_a_decline_writes_no
     assert not accepted["is_error"] and (shared / "accepted.txt").read_text() == "yes\n"
     assert python["stdout"] == "2\n" and len(person.shown) == 2
     assert f"it can write to the host's {shared} as /mnt/shared" in person.shown[0]
-    assert tool.annotations is not None and tool.annotations.destructive_hint is True
+    assert tool.annotations is not None and tool.annotations.destructive_hint is not False  # unsaid: destructive
     assert f"it can write to host folders: {shared} (as /mnt/shared)" in (tool.description or "")
     assert "approval.writable_mounts" in (tool.description or "")

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["concise_arguments", "concise_results"]
+__all__ = ["HINT_DEFAULTS", "concise_arguments", "concise_hints", "concise_results"]
 
 BOUNDS = frozenset(
     {
@@ -19,6 +19,8 @@ BOUNDS = frozenset(
 )  # fmt: skip
 """What the server checks and a model need not read (a call past one is refused, naming it)."""
 SHAPE = ("type", "enum", "const")
+HINT_DEFAULTS = {"readOnlyHint": False, "destructiveHint": True, "idempotentHint": False, "openWorldHint": True}
+"""What a client takes a tool's hint to be when it is not given (the specification's ToolAnnotations)."""
 
 
 def concise_arguments(schema: Mapping[str, Any], depth: int = 0) -> dict[str, Any]:
@@ -27,8 +29,8 @@ def concise_arguments(schema: Mapping[str, Any], depth: int = 0) -> dict[str, An
     enough beside the argument's own)."""
     said: dict[str, Any] = {}
     for key, value in schema.items():
-        if key in BOUNDS or (key == "description" and depth > 1):
-            continue
+        if key in BOUNDS or (key == "description" and depth > 1) or (key == "title" and depth == 0):
+            continue  # (the arguments' own title says the tool's name again)
         if key == "properties" and isinstance(value, Mapping):
             said[key] = {name: concise_arguments(inner, depth + 1) for name, inner in value.items()}
         elif key == "items" and isinstance(value, Mapping):
@@ -51,12 +53,25 @@ def first_sentence(text: str) -> str:
 
 
 def concise_results(schema: Mapping[str, Any]) -> dict[str, Any]:
-    """The results' schema as far as a model reads it: each field of the answer by its type (or choices), and
-    which are there in which case; what each nested field holds is the full schema's."""
+    """The results' schema as far as a model reads it: each field of the answer (by its type or choices where it
+    is a plain value), and which are there in which case; what each object or list holds is the full schema's."""
     said: dict[str, Any] = {"type": "object"}
     properties = schema.get("properties") or {}
-    said["properties"] = {name: {k: v for k, v in inner.items() if k in SHAPE} for name, inner in properties.items()}
+    said["properties"] = {name: _scalar_shape(inner) for name, inner in properties.items()}
     for key in ("required", "anyOf"):
         if key in schema:
             said[key] = schema[key]
     return said
+
+
+def _scalar_shape(field: Mapping[str, Any]) -> dict[str, Any]:
+    """A result field's type or choices where it is a value a model reads as it is (a number, a string, a flag);
+    nothing for an object or a list, whose name says what it holds and whose shape is the full schema's."""
+    if field.get("type") in ("object", "array"):
+        return {}
+    return {key: value for key, value in field.items() if key in SHAPE}
+
+
+def concise_hints(hints: Mapping[str, Any]) -> dict[str, Any]:
+    """A tool's hints without those a client assumes anyway."""
+    return {key: value for key, value in hints.items() if HINT_DEFAULTS.get(key, not value) != value}

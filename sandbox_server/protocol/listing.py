@@ -12,7 +12,7 @@ from mcp_types.jsonrpc import INVALID_PARAMS
 
 from sandbox_server.access.approval import approval_notice
 from sandbox_server.policy import Policy
-from sandbox_server.protocol.concise import concise_arguments, concise_results
+from sandbox_server.protocol.concise import concise_arguments, concise_hints, concise_results
 from sandbox_server.protocol.meta import APPROVAL_META, OWN_NAME_META
 from sandbox_server.protocol.paging import paginate
 from sandbox_server.tools import Tool
@@ -35,7 +35,7 @@ def tool_model(
     `ui`: the view its results open in, for a client that negotiated MCP Apps)."""
     tool_policy = policy.for_tool(tool.name)
     hints = annotations_for(tool, tool_policy)
-    description, meta = tool.description, dict[str, Any]({OWN_NAME_META: tool.name})
+    description, meta = tool.description, dict[str, Any]({OWN_NAME_META: tool.name} if exposed != tool.name else {})
     writable = [f"{m.host_path} (as {m.sandbox_path})" for m in tool_policy.writable_mounts]
     if writable:
         description += f"\nUnder policy '{policy.name}' it can write to host folders: {', '.join(writable)}."
@@ -55,10 +55,10 @@ def tool_model(
         description=description,
         input_schema=_with_header(arguments) if workspace_header else arguments,
         output_schema=output_schema,
-        annotations=types.ToolAnnotations.model_validate(hints),  # its title is the tool's own
+        annotations=types.ToolAnnotations.model_validate(concise_hints(hints)),  # its title is the tool's own
         # 2025-11-25: a client may ask for any call as a task when the policy runs tasks
         execution=types.ToolExecution(task_support="optional" if policy.tasks.running > 0 else "forbidden"),
-        _meta=meta,
+        _meta=meta or None,
     )
 
 

@@ -128,18 +128,15 @@ class AnalyzeCsv(Sandboxed):
     """Statistics of a CSV file under the policy's data mounts or uploaded with the call."""
 
     name = "analyze_csv"
-    title = "Analyze a CSV file (statistics, groups, plot)"
+    title = "Analyze a CSV file"
     description = (
-        "Statistics of a CSV file without loading it whole: sum, average, count, min, max, median, std (sample), "
-        "distinct, nulls, describe; per column, optionally per group (`group_by`; `period` for dates) and with a "
-        "plot (histogram, bar, line, scatter) as a PNG. Delimiter, header, encoding, decimal mark and bad rows "
-        "are detected and said in the answer (the arguments of those names override); gzip and zstd CSVs, "
-        "Parquet and xlsx (`sheet`) are read the same way. `filepath` is under a data folder the policy mounts "
-        "(such as /data) or a file sent with `files` (relative to /workspace). The full table also comes back "
-        "as result.csv.\n"
-        'Example: {"filepath": "sales.csv", "operations": ["sum", "average", "count"], '
-        '"columns": ["amount"], "group_by": ["region"], "plot": {"kind": "bar", "y": "amount"}, '
-        '"files": [{"path": "sales.csv", "content": "region,amount\\nnorth,12.5\\nsouth,8\\nnorth,3\\n"}]}'
+        "Statistics of a CSV file without loading it whole (sum, average, count, min, max, median, std, distinct, "
+        "nulls, describe), per column, per group (`group_by`, `period` for dates), with a plot as a PNG. "
+        "Delimiter, header, encoding, decimal mark and bad rows are detected and said in the answer; gzip, zstd, "
+        "Parquet and xlsx are read alike. `filepath`: under a data folder the policy mounts (such as /data), or a "
+        "file sent with `files`. The full table also comes back as result.csv.\n"
+        'Example: {"filepath": "/data/sales.csv", "operations": ["sum", "average"], "columns": ["amount"], '
+        '"group_by": ["region"], "plot": {"kind": "bar", "y": "amount"}}'
     )
     input_schema: dict[str, Any] = {
         "type": "object",
@@ -148,21 +145,21 @@ class AnalyzeCsv(Sandboxed):
                 "type": "string",
                 "minLength": 1,
                 "maxLength": 4096,
-                "description": "The file: under a policy data mount (e.g. /data/sales.csv) or one sent in `files`.",
+                "description": "Under a data mount (/data/sales.csv) or sent in `files`.",
             },
             "operations": {
                 "type": "array",
                 "items": {"enum": OPERATIONS},
                 "minItems": 1,
                 "uniqueItems": True,
-                "description": "Statistics per column (std: the sample's; describe: count, mean, std, min, quartiles, "
-                "max).",
+                "description": "Statistics per column. std is the sample's; describe gives count, mean, std, min, "
+                "quartiles and max.",
             },
             "columns": {
                 "type": "array",
                 "items": {"type": "string"},
                 "maxItems": 1000,
-                "description": "Columns to analyze (default: all but group_by's).",
+                "description": "Columns to analyze (default: all).",
             },
             "group_by": {
                 "type": "array",
@@ -175,45 +172,45 @@ class AnalyzeCsv(Sandboxed):
                 "minimum": 1,
                 "maximum": 500,
                 "default": 50,
-                "description": "Groups returned, in key order (the answer says how many exist).",
+                "description": "Groups returned, in key order. The answer says how many exist.",
             },
             "encoding": {
                 "type": "string",
                 "maxLength": 40,
                 "pattern": "^[A-Za-z0-9_.:-]+$",
-                "description": "A Python codec name (gb18030, shift_jis, cp1252, utf-16, ...); detected when left out.",
+                "description": "A Python codec name (cp1252, utf-16, ...); detected if left out.",
             },
             "delimiter": {
                 "type": "string",
                 "minLength": 1,
                 "maxLength": 1,
-                "description": "The field delimiter; detected when left out.",
+                "description": "Detected if left out.",
             },
-            "header": {"type": "boolean", "description": "Whether the first row names the columns (detected)."},
+            "header": {"type": "boolean", "description": "The first row names the columns (detected)."},
             "skip_bad_rows": {
                 "type": "boolean",
                 "default": True,
-                "description": "Skip rows of too many or too few fields, counted (false: refuse the file).",
+                "description": "Skip and count rows of the wrong width (false: refuse the file).",
             },
             "decimal": {
                 "type": "string",
                 "enum": [".", ","],
-                "description": "The decimal mark; detected when left out.",
+                "description": "Detected if left out.",
             },
             "thousands": {
                 "type": "string",
                 "enum": ["", ",", ".", " ", "'"],
-                "description": "The thousands separator ('' for none); detected when left out.",
+                "description": "'' for none; detected if left out.",
             },
             "sheet": {
                 "type": "string",
                 "maxLength": 200,
-                "description": "The xlsx sheet (default: the first).",
+                "description": "Default: the first.",
             },
             "period": {
                 "type": "string",
                 "enum": ["day", "week", "month", "year"],
-                "description": "Group a date column of group_by by this period (each group is named by its first day).",
+                "description": "Group by date, by this period. Each group is named by its first day.",
             },
             "plot": {
                 "type": "object",

@@ -38,7 +38,7 @@ WORKSPACE = wire.WORKSPACE
 
 FILES_SCHEMA: dict[str, Any] = {
     "type": "array",
-    "description": "Input files written under /workspace before the program starts.",
+    "description": "Written under /workspace first.",
     "maxItems": 10000,
     "items": {
         "type": "object",
@@ -77,8 +77,7 @@ stop or remove things, reach nothing outside."""
 WORKSPACE_ARGUMENT: dict[str, Any] = {
     "type": "string",
     "maxLength": 64,
-    "description": "The workspace to continue: an earlier result's `workspace` id, or a name kept with the "
-    "workspaces tool. Without it, a call over stdio or in a handshake-era HTTP session continues its "
+    "description": "A result's `workspace` id, or a kept name, to continue. Without it, a call over stdio or in a handshake-era HTTP session continues its "
     "connection's workspace; over HTTP in the 2026-07-28 era it starts a new one. With a policy that keeps "
     "nothing, every call starts empty.",
 }
@@ -86,7 +85,7 @@ WORKSPACE_ARGUMENT: dict[str, Any] = {
 TIMEOUT_SCHEMA: dict[str, Any] = {
     "type": "number",
     "exclusiveMinimum": 0,
-    "description": "Wall-clock limit in seconds; the policy caps it.",
+    "description": "Seconds of wall-clock time; the policy caps it.",
 }
 
 SANDBOX_ANNOTATIONS: dict[str, Any] = {
@@ -141,7 +140,7 @@ def annotations_for(tool: Tool, policy: ToolPolicy) -> dict[str, Any]:
     """The tool's hints under a policy: what the sandbox can reach changes what the tool may do."""
     hints = dict(tool.annotations)
     writes_outside = bool(policy.writable_mounts)
-    hints["destructiveHint"] = bool(not hints.get("readOnlyHint") and writes_outside)
+    hints["destructiveHint"] = bool(not hints.get("readOnlyHint") and (hints.get("destructiveHint") or writes_outside))
     hints["openWorldHint"] = policy.egress is not None
     return hints
 

@@ -74,13 +74,11 @@ class ExecuteCommand(Sandboxed):
     name = "execute_command"
     title = "Run a shell command in a sandbox"
     description = (
-        "Run a command in a fresh, isolated Linux container (Debian, no network, read-only root, "
-        "writable /workspace and /tmp) that is destroyed afterwards. Without `args`, `command` runs "
-        "through /bin/sh -c (pipes and redirections work); with `args`, the program runs with exactly "
-        "those arguments and no shell. Files written to /workspace/out are returned; when the policy keeps "
-        "workspaces, the rest of /workspace is there in the next call.\n"
-        'Example: {"command": "ls -la /workspace && wc -l data.txt", '
-        '"files": [{"path": "data.txt", "content": "a\\nb\\n"}]}\n'
+        "Run a command in a fresh Linux container (Debian; no network; read-only root; writable /workspace and "
+        "/tmp), destroyed afterwards. `command` runs through /bin/sh -c; with `args`, exactly those arguments "
+        "and no shell. Files written to /workspace/out come back; when the policy keeps workspaces, /workspace "
+        "is there in the next call.\n"
+        'Example: {"command": "wc -l data.txt", "files": [{"path": "data.txt", "content": "a\\nb\\n"}]}\n'
         'Example: {"command": "grep", "args": ["-n", "needle", "notes.txt"], "timeout_s": 5}'
     )
     input_schema: dict[str, Any] = {
@@ -98,13 +96,13 @@ class ExecuteCommand(Sandboxed):
                 "maxItems": 10000,
                 "description": "Arguments passed literally (no shell, no expansion).",
             },
-            "stdin": {"type": "string", "description": "Text given to the program on standard input."},
+            "stdin": {"type": "string", "description": "Given on standard input."},
             "workdir": {
                 "type": "string",
                 "minLength": 1,
                 "maxLength": 4096,
                 "pattern": NO_NUL,
-                "description": "Folder to run in: /workspace (the default) or a folder under it, made if missing.",
+                "description": "A folder under /workspace to run in (made if missing).",
             },
             "timeout_s": TIMEOUT_SCHEMA,
             "files": FILES_SCHEMA,

@@ -77,8 +77,8 @@ def _kept_variables(kept: Kept | None) -> str:
 
 
 def _installed() -> str:
-    """The libraries the python-data image pins, with their versions (from its wheels.lock)."""
-    named = ", ".join(f"{library} {version}" for library, version in libraries("python-data"))
+    """The libraries the python-data image pins, with their major and minor versions (from its wheels.lock)."""
+    named = ", ".join(f"{library} {'.'.join(version.split('.')[:2])}" for library, version in libraries("python-data"))
     return f"Installed: {named}." if named else "pandas, numpy and matplotlib are installed."
 
 
@@ -86,17 +86,14 @@ class RunPython(Sandboxed):
     """Run Python code in a fresh container from the python-data image."""
 
     name = "run_python"
-    title = "Run Python (pandas, numpy, matplotlib, scikit-learn, …) in a sandbox"
+    title = "Run Python in a sandbox"
     description = (
-        "Run Python 3.11 code like a notebook cell in a fresh, isolated container (no network) that is "
-        f"destroyed afterwards. {_installed()} The value of a final "
-        "expression is printed; each matplotlib figure the cell draws or changes comes back as a PNG image; "
-        "files written to /workspace/out come back as resources. Input files land in /workspace. When the "
-        "policy keeps workspaces, /workspace and the cell's picklable variables are there in the next cell "
-        "(a cell loads only the kept variables it names).\n"
+        "Run Python 3.11 code as a notebook cell in a fresh container (no network), destroyed afterwards. "
+        f"{_installed()} A final expression's value is printed; each matplotlib figure the cell draws or changes "
+        "comes back as a PNG; files written to /workspace/out come back. When the policy keeps workspaces, "
+        "/workspace and the cell's picklable variables are there in the next cell.\n"
         'Example: {"code": "import pandas as pd\\ndf = pd.read_csv(\'data.csv\')\\ndf.describe()", '
-        '"files": [{"path": "data.csv", "content": "x,y\\n1,2\\n3,4\\n"}]}\n'
-        'Example: {"code": "import matplotlib.pyplot as plt\\nplt.plot([1, 4, 9])\\nplt.title(\'squares\')"}'
+        '"files": [{"path": "data.csv", "content": "x,y\\n1,2\\n3,4\\n"}]}'
     )
     input_schema: dict[str, Any] = {
         "type": "object",

@@ -48,8 +48,8 @@ SERVICE_SCHEMA: dict[str, Any] = {
 
 SERVICE_ARGUMENT: dict[str, Any] = {
     "type": "object",
-    "description": "Start the command as a service instead of waiting for it to end: a program that keeps running "
-    "after this call (a web server, an API), in a container of its own that sees the workspace. The call returns "
+    "description": "Run it as a service that outlives the call (a web server, an API). It runs in a container of "
+    "its own that sees the workspace, and the call returns "
     "once it listens on `port`; the workspace's next calls reach it as http://<name>:<port>/ (curl works), and "
     "nothing else can. It stops when the session ends, when idle, or at the policy's maximum lifetime.",
     "properties": {

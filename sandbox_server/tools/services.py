@@ -71,12 +71,10 @@ class ServicesTool:
     """List the workspace's services, read one's log, stop or restart one; runs no sandbox of its own."""
 
     name = "services"
-    title = "List, read, stop or restart the workspace's services"
+    title = "The workspace's services"
     description = (
-        "The services running in this workspace (started by execute_command with `service`): `list` them with "
-        "their state, port, address and uptime; read one's `log` (the end of what it printed); `stop` one (its "
-        "container and every process in it removed); or `restart` one (its container made again and its command "
-        "run anew, answered once it listens again).\n"
+        "This workspace's services (started by execute_command with `service`): `list` them (state, port, "
+        "address, uptime), read one's `log`, `stop` one, or `restart` one (answered once it listens again).\n"
         'Example: {"action": "list"}'
     )
     input_schema: dict[str, Any] = {

@@ -42,18 +42,15 @@ class WorkspacesTool:
     workspaces."""
 
     name = "workspaces"
-    title = "Keep, fork, branch, snapshot, restore, compare, export, pause or delete your workspaces"
+    title = "Keep, fork, compare or delete workspaces"
     description = (
-        "This caller's kept workspaces (/workspace's files and run_python's variables): the one `workspace` names "
-        "(an id or a name), else the session's. `list` them and their snapshots. `keep` it under `name`: it "
-        "outlives the session and restarts, and later calls pass the name as `workspace`. `fork` it (`name` "
-        "optional): a copy the next calls change apart (the answer's `forked`). `snapshot` it: a copy kept as it "
-        'is; `restore` with `snapshot` makes a new workspace of one, or with "replace": true the call\'s own '
-        "again. `branch`: one fork per entry of `calls` (a sandbox tool and its arguments), run side by side. "
-        "`compare` it with `branches`: what each changed (files, variables). `export` it (or a `snapshot`) as one "
-        "file, read as a resource in parts; `import` an export at `path` as a new workspace. `pause` it: its "
-        "services stop and it holds no container until `resume` or its next call. `delete` it (or a `snapshot`) "
-        "and all it holds.\n"
+        "This caller's kept workspaces (/workspace's files and run_python's variables): the one `workspace` names, "
+        "else the session's. `list` them with their snapshots. `keep` it under `name`: it outlives the session, "
+        "and later calls pass the name as `workspace`. `fork` it: a copy changed apart. `snapshot` it; `restore` "
+        "a `snapshot` as a new workspace (or, with `replace`, over this one). `branch`: one fork per entry of "
+        "`calls`, run side by side; `compare` with `branches`: what each changed. `export` it as one file; "
+        "`import` one at `path`. `pause` it (services stopped) until `resume` or its next call. `delete` it or a "
+        "`snapshot`.\n"
         'Example: {"action": "list"}'
     )
     input_schema: dict[str, Any] = {
@@ -68,11 +65,10 @@ class WorkspacesTool:
                 "type": "string",
                 "pattern": "^(?!ws-)[a-z0-9][a-z0-9._-]{0,62}$",
                 "x-in-words": NAME_IN_WORDS,
-                "description": "The name to keep the workspace under (keep), or to give its fork, snapshot or "
-                "restored copy",
+                "description": "keep: the name to keep it under; fork, snapshot, restore: the copy's name.",
             },
             "workspace": WORKSPACE_ARGUMENT,
-            "snapshot": REFERENCE | {"description": "The snapshot to restore or delete (its id or name)"},
+            "snapshot": REFERENCE | {"description": "restore, delete: its id or name."},
             "calls": {
                 "type": "array",
                 "minItems": 1,
@@ -86,20 +82,19 @@ class WorkspacesTool:
                     "required": ["tool"],
                     "additionalProperties": False,
                 },
-                "description": "branch: one call per branch (a sandbox tool and its arguments, without workspace), "
-                "each run in a fork of the call's workspace made for it",
+                "description": "branch: a tool call per branch. Each runs in a fork of the call's workspace made for it; "
+                "its arguments name no workspace.",
             },
             "path": {
                 "type": "string",
                 "minLength": 1,
                 "maxLength": 4096,
-                "description": "import: an export's file in the call's workspace (relative to /workspace), made a "
-                "new workspace",
+                "description": "import: the export's file. It is relative to /workspace, and becomes a new workspace.",
             },
             "replace": {
                 "type": "boolean",
-                "description": "restore: make the call's workspace the snapshot's again (what it holds now is "
-                "gone) rather than a new workspace",
+                "description": "restore over the call's workspace. What it holds now is gone, where without it the "
+                "snapshot is restored as a new workspace.",
             },
             "branches": {
                 "type": "array",
@@ -107,7 +102,7 @@ class WorkspacesTool:
                 "minItems": 1,
                 "maxItems": 8,
                 "uniqueItems": True,
-                "description": "compare: the workspaces to compare with the call's (forks of it, by id or name)",
+                "description": "compare: its forks, by id or name.",
             },
         },
         "required": ["action"],

@@ -53,7 +53,7 @@ HOMES = POLICY.replace("workspace: {persist: false}", "workspace: {max_per_clien
 async def run(folder: Path, callers: int, before_s: float, homes: bool = False) -> dict[str, Any]:
     policy = folder / "policy.yaml"
     policy.write_text(HOMES if homes else POLICY)
-    args = ("--policy", str(policy), "--no-pool", "--grace-s", "30", *(("--workspaces", "mounted") if homes else ()))
+    args = ("--policy", str(policy), "--no-pool", "--grace-s", "30", "--workspaces", "mounted" if homes else "archived")
     timed: list[tuple[float, float, bool]] = []
     """Each call: when it started, how long it took, whether it failed."""
     reasons: list[str] = []

@@ -193,7 +193,7 @@ def main(argv: list[str]) -> int:
         database_row = anyio.run(database_part, database.url, folder / "part", options.rounds * 5)
         servers = {
             "archived workspace, local files": (None, ("--workspaces", "archived")),
-            "archived workspace, PostgreSQL (--state)": (database.url, ()),
+            "archived workspace, PostgreSQL (--state)": (database.url, ("--workspaces", "archived")),
             "mounted workspace, one server (the default)": (None, ()),
         }
         with ExitStack() as running:
@@ -202,11 +202,11 @@ def main(argv: list[str]) -> int:
                 for number, (label, (state, extra)) in enumerate(servers.items())
             }
             latency = anyio.run(continued, urls, options.rounds, options.gap_s)
-        args = ("--policy", str(stateless))
-        with replica(folder / "one", database.url, *args) as one:
+        stateless_args = ("--policy", str(stateless), "--workspaces", "archived")
+        with replica(folder / "one", database.url, *stateless_args) as one:
             with haproxy(folder, one, one) as url:
                 throughput["1 replica behind HAProxy"] = anyio.run(flood, url, options.callers, options.calls)
-            with replica(folder / "two", database.url, *args) as two, haproxy(folder, one, two) as url:
+            with replica(folder / "two", database.url, *stateless_args) as two, haproxy(folder, one, two) as url:
                 throughput["2 replicas behind HAProxy"] = anyio.run(flood, url, options.callers, options.calls)
     print_table(
         ("a call continuing a workspace (servers taking turns)", "p50 ms", "p95 ms", "vs local archives, per turn"),

@@ -57,7 +57,17 @@ class Cluster:
 def cluster(tmp_path_factory: pytest.TempPathFactory, runtime: DockerRuntime) -> Iterator[Cluster]:
     folder = tmp_path_factory.mktemp("draining")
     policy, tokens, token = one_caller(folder, POLICY)
-    args = ("--policy", str(policy), "--tokens", str(tokens), "--no-pool", "--grace-s", "30")
+    args = (
+        "--policy",
+        str(policy),
+        "--tokens",
+        str(tokens),
+        "--no-pool",
+        "--grace-s",
+        "30",
+        "--workspaces",
+        "archived",
+    )
     with postgres() as database:
         found = Cluster(database, {}, token, args, folder)
         try:

@@ -64,9 +64,10 @@ class Homes:
 def homes(tmp_path_factory: pytest.TempPathFactory, runtime: DockerRuntime) -> Iterator[Homes]:
     folder = tmp_path_factory.mktemp("homes")
     policy, tokens, token = one_caller(folder, POLICY)
-    args = ("--policy", str(policy), "--tokens", str(tokens), "--no-pool", "--workspaces", "mounted")
+    args = ("--policy", str(policy), "--tokens", str(tokens), "--no-pool")  # --workspaces auto: homes where it mounts
     with postgres() as database:
         one = start_replica(folder / "one", database.url, *args)
+        one.wait_for_line("workspaces are mounted on their home replica")
         found = Homes(database, one, one, token, folder, args)
         try:
             found.two = start_replica(folder / "two", database.url, *args)

@@ -148,7 +148,9 @@ async def test_replicas_decide_alike_and_count_their_questions_together(asking: 
     person = Person()
     with postgres() as database:
         replicas = [
-            start_replica(tmp_path / name, database.url, "--policy", str(asking.policy), "--no-pool")
+            start_replica(
+                tmp_path / name, database.url, "--policy", str(asking.policy), "--no-pool", "--workspaces", "archived"
+            )
             for name in ("one", "two")
         ]
         try:

@@ -82,7 +82,7 @@ def deployment(tmp_path_factory: pytest.TempPathFactory, runtime: DockerRuntime)
         added = run_cli("token", "add", name, "--policy", str(its_policy), "--tokens", str(tokens_file))
         assert added.returncode == 0, added.stderr
         tokens[name] = added.stdout.splitlines()[-1]
-    args = ("--policy", str(policy), "--tokens", str(tokens_file), "--no-pool")
+    args = ("--policy", str(policy), "--tokens", str(tokens_file), "--no-pool", "--workspaces", "archived")
     with postgres() as database:
         one = start_replica(folder / "one", database.url, *args)
         try:
@@ -310,7 +310,15 @@ async def test_a_killed_replica_loses_nothing_finished_and_its_task_fails_on_the
     deployment: Deployment, runtime: DockerRuntime
 ) -> None:
     alice = deployment.tokens["alice"]
-    args = ("--policy", str(deployment.policy), "--tokens", str(deployment.tokens_file), "--no-pool")
+    args = (
+        "--policy",
+        str(deployment.policy),
+        "--tokens",
+        str(deployment.tokens_file),
+        "--no-pool",
+        "--workspaces",
+        "archived",
+    )
     doomed = start_replica(deployment.folder / "doomed", deployment.database.url, *args)
     owner = doomed.owner()
     try:
@@ -355,7 +363,7 @@ async def test_migrations_run_once_and_a_newer_schema_is_refused(deployment: Dep
     deployment.database.query(f"INSERT INTO schema_version (version) VALUES ({newer})")
     try:
         with pytest.raises(AssertionError) as refused:
-            start_replica(deployment.folder / "older", deployment.database.url, "--no-pool")
+            start_replica(deployment.folder / "older", deployment.database.url, "--no-pool", "--workspaces", "archived")
     finally:
         deployment.database.query(f"DELETE FROM schema_version WHERE version = {newer}")
     said = str(refused.value)

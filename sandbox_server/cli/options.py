@@ -33,7 +33,8 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
         choices=["auto", "mounted", "archived"],
         default="auto",
         help="how kept workspaces are kept: mounted (a sized filesystem per workspace; root on the engine's "
-        "host), archived (a tar carried in and out of each call; works anywhere), or auto (mounted when it can)",
+        "host; with --state, each on its home replica), archived (a tar carried in and out of each call; works "
+        "anywhere), or auto (mounted when it can)",
     )
     serve.add_argument(
         "--sandboxes",

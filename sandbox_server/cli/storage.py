@@ -80,22 +80,23 @@ def _contents(choice: str, runtime: DockerRuntime, log: logging.Logger) -> Calla
 def _shared_contents(
     choice: str, runtime: DockerRuntime, database: Database, policy: Policy, log: logging.Logger
 ) -> tuple[Callable[[Path], Any], SharedBook]:
-    """How replicas keep workspace files: archives in the shared state, or mounted on each one's home replica."""
-    from sandbox_server.workspaces.shared import SharedArchives, SharedBook
-
-    book = SharedBook(database)
-    archives = functools.partial(SharedArchives, book=book)
-    if choice != "mounted":
-        log.info("workspaces are kept as archives in the shared state, continued on any replica")
-        return archives, book
+    """How replicas keep workspace files: mounted on each one's home replica (saved to the shared state after its
+    calls) where this replica can mount them, else archives in the shared state."""
     from sandbox_server.sandbox import mounts
     from sandbox_server.sandbox.removal import owner_alive
     from sandbox_server.state.homes import Homes
     from sandbox_server.workspaces.homed import HomedMounts
+    from sandbox_server.workspaces.shared import SharedArchives, SharedBook
 
-    why_not = mounts.unavailable(runtime.on_this_host())
-    if why_not is not None:
+    book = SharedBook(database)
+    archives = functools.partial(SharedArchives, book=book)
+    why_not = None if choice == "archived" else mounts.unavailable(runtime.on_this_host())
+    if choice == "mounted" and why_not is not None:
         raise SandboxServerError(f"--workspaces mounted: kept workspaces cannot be mounted here: {why_not}")
+    if choice == "archived" or why_not is not None:  # auto: homes where this replica can mount, as on one server
+        reason = "as asked" if choice == "archived" else f"{why_not}, so they cannot be mounted"
+        log.info("workspaces are kept as archives in the shared state, continued on any replica (%s)", reason)
+        return archives, book
     homes = Homes(book.database)
     log.info("workspaces are mounted on their home replica, each saved to the shared state after its calls")
 

@@ -108,8 +108,8 @@ class Replica(ServerProcess):
 
     def owner(self) -> str:
         """Its owner label (in its log's first lines)."""
-        line = self.wait_for_line("(replica ")
-        return line.rsplit("(replica ", 1)[1].split(")", 1)[0]
+        line = self.wait_for_line(", process ")
+        return line.rsplit(", process ", 1)[1].split(")", 1)[0]
 
     def stop(self) -> None:
         stop_server(self.process)
@@ -145,8 +145,9 @@ async def start_replicas(folder: Path, state_url: str, *serve_args: str) -> dict
 
 
 def start_replica(folder: Path, state_url: str | None, *serve_args: str, port: int | None = None) -> Replica:
-    """A replica (a server of its own without `state_url`), once its /healthz answers 200; on `port` (a replica
-    started again where a load balancer knows it), else a free one."""
+    """A replica (a server of its own without `state_url`), once its /healthz answers 200, named after its folder
+    (unless `serve_args` name it); on `port` (a replica started again where a load balancer knows it), else a free
+    one."""
     import httpx2 as httpx
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -154,7 +155,7 @@ def start_replica(folder: Path, state_url: str | None, *serve_args: str, port: i
     command = [
         sys.executable, "-m", "sandbox_server", "serve", "--transport", "http", "--port", str(port),
         *(("--state", state_url) if state_url else ()), "--state-dir", str(folder / "state"), "--audit-log", str(folder / "audit.jsonl"),
-        "--no-watch", *serve_args,
+        "--no-watch", *(() if "--name" in serve_args else ("--name", folder.name)), *serve_args,
     ]  # fmt: skip
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     replica = Replica(f"http://127.0.0.1:{port}/mcp", process, folder, port)

@@ -166,19 +166,28 @@ async def test_a_rolling_restart_under_load_loses_no_call_and_finishes_the_runni
     assert answered[0] >= 2 * CALLERS
 
 
-async def test_an_operator_drains_a_replica_through_the_shared_state(cluster: Cluster) -> None:
+async def test_an_operator_drains_a_replica_through_the_shared_state_by_its_name_which_outlives_restarts(
+    cluster: Cluster,
+) -> None:
     listed = run_cli("replicas", "list", "--state", cluster.database.url)
     assert listed.returncode == 0, listed.stderr
-    replicas = [json.loads(line) for line in listed.stdout.splitlines()]
+    replicas = {r["name"]: r for r in map(json.loads, listed.stdout.splitlines())}
     two = cluster.replicas["two"]
     owner = two.owner()
-    assert owner in {r["replica"] for r in replicas} and not any(r["draining"] for r in replicas), replicas
-    asked = run_cli("replicas", "drain", owner, "--state", cluster.database.url)
-    assert asked.returncode == 0 and f"asked {owner} to drain" in asked.stderr, asked.stderr
+    assert replicas["two"]["replica"] == owner and not any(r["draining"] for r in replicas.values()), replicas
+    with pytest.raises(AssertionError, match="--name two: the replica .* has this name and is alive"):
+        start_replica(cluster.folder / "impostor", cluster.database.url, *cluster.args, "--name", "two")
+    asked = run_cli("replicas", "drain", "two", "--state", cluster.database.url)
+    assert asked.returncode == 0 and "asked two to drain" in asked.stderr, asked.stderr
     assert await anyio.to_thread.run_sync(_stopped, two) == 0
     assert "draining: asked through the shared state" in "".join(two.lines)
     after = run_cli("replicas", "list", "--state", cluster.database.url)
     assert owner not in after.stdout, after.stdout  # it said it left
     unknown = run_cli("replicas", "drain", "no-such-replica", "--state", cluster.database.url)
     assert unknown.returncode == 1 and "no replica 'no-such-replica'" in unknown.stderr
-    cluster.restart("two")
+    again = cluster.restart("two")
+    relisted = {
+        r["name"]: r
+        for r in map(json.loads, run_cli("replicas", "list", "--state", cluster.database.url).stdout.splitlines())
+    }
+    assert relisted["two"]["replica"] == again.owner() != owner, relisted  # the same name, another process

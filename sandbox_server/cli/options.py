@@ -125,6 +125,11 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
         "PostgreSQL database (postgresql://user@host/db; SANDBOX_STATE_URL); default: local files, one process",
     )  # fmt: skip
     serve.add_argument(
+        "--name",
+        help="replicas: this replica's name in `replicas list` and `replicas drain`, the same across its restarts "
+        "(default: the host's name); a replica that is alive keeps its name, and another given it is refused",
+    )
+    serve.add_argument(
         "--advertise", metavar="URL",
         help="replicas: the address its peers reach this replica at, to forward what lives here (a workspace "
         "mounted here, its services); default: http://<--host>:<--port>",

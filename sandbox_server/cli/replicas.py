@@ -18,11 +18,13 @@ def add_replicas_commands(commands: Any) -> None:
     """The `replicas` subcommand and its actions."""
     replicas = commands.add_parser("replicas", help="the replicas sharing a database: list them, drain one")
     actions = replicas.add_subparsers(dest="replicas_command", required=True, metavar="ACTION")
-    listing = actions.add_parser("list", help="each replica as a JSON line: its name, last word, whether it drains")
+    listing = actions.add_parser(
+        "list", help="each replica as a JSON line: its name and process, last word, whether it drains"
+    )
     listing.add_argument("--state", metavar="URL", help="the shared state (postgresql://…; SANDBOX_STATE_URL)")
     listing.set_defaults(handler=_list)
     drain = actions.add_parser("drain", help="take a replica out of service: it finishes what runs there, then exits")
-    drain.add_argument("replica", help="the replica's name, as `replicas list` shows it")
+    drain.add_argument("replica", help="the replica's name (serve --name) or process, as `replicas list` shows them")
     drain.add_argument("--state", metavar="URL", help="the shared state (postgresql://…; SANDBOX_STATE_URL)")
     drain.set_defaults(handler=_drain)
 

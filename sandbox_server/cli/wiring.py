@@ -282,8 +282,10 @@ def _packages_built(policy: Policy, names: list[str], runtime: DockerRuntime, re
 
 
 def _shared_state(args: argparse.Namespace, owner: str, log: logging.Logger) -> Database | None:
-    """The shared state's database (serve --state, SANDBOX_STATE_URL), connected and migrated; None without."""
+    """The shared state's database (serve --state, SANDBOX_STATE_URL), connected and migrated, with this replica's
+    name taken (serve --name, else the host's); None without."""
     import os
+    import socket
 
     url = args.state or os.environ.get("SANDBOX_STATE_URL")
     if not url:
@@ -296,9 +298,11 @@ def _shared_state(args: argparse.Namespace, owner: str, log: logging.Logger) -> 
         raise UsageError(
             f"--state needs the PostgreSQL driver ({exc.name} is missing): pip install 'sandbox-server[postgresql]'"
         ) from exc
-    database = Database(url, owner)
-    database.open()
-    log.info("shared state: %s (replica %s)", shown_url(url), owner)
+    from sandbox_server.sandbox.removal import owner_alive
+
+    database = Database(url, owner, name=args.name or socket.gethostname())
+    database.open(alive=owner_alive)
+    log.info("shared state: %s (replica %s, process %s)", shown_url(url), database.name, owner)
     return database
 
 

@@ -17,13 +17,13 @@ import hashlib
 import logging
 import re
 import secrets
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import psycopg
 import psycopg_pool
 
-from sandbox_server.errors import Refusal
+from sandbox_server.errors import Refusal, UsageError
 from sandbox_server.state.schema import MIGRATIONS
 
 __all__ = ["BEAT_S", "REPLICA_LOST_S", "Database", "StateUnavailable", "lock_key", "shown_url"]
@@ -67,8 +67,11 @@ def lock_key(name: str) -> int:
 class Database:
     """One replica's connections to the shared state."""
 
-    def __init__(self, url: str, owner: str, max_connections: int = 10, max_calls: int = 20) -> None:
-        self.url, self.owner = url, owner
+    def __init__(
+        self, url: str, owner: str, max_connections: int = 10, max_calls: int = 20, name: str | None = None
+    ) -> None:
+        self.url, self.owner, self.name = url, owner, name
+        """`owner`: this process (host, pid, start); `name`: the replica's, the same across its restarts."""
         self.beat_s = BEAT_S
         self.where = re.sub(r"^.*@", "", shown_url(url)).split("?", 1)[0] or "the default socket"
         settings: dict[str, Any] = {
@@ -83,8 +86,9 @@ class Database:
         so `max_calls` bounds those calls on this replica."""
         self._calls_open = False
 
-    def open(self, replica: bool = True) -> None:
-        """Connect, migrate the schema to this version's, and (a replica) say it is alive."""
+    def open(self, replica: bool = True, alive: Callable[[str], bool] = lambda owner: True) -> None:
+        """Connect, migrate the schema to this version's, and (a replica) take its name and say it is alive
+        (`alive`: whether a replica's process still runs, as far as this host can tell)."""
         try:
             self.pool.open(wait=True, timeout=POOL_WAIT_S)
         except psycopg_pool.PoolTimeout as exc:
@@ -93,6 +97,7 @@ class Database:
         if applied:
             logger.info("shared state at %s: %d migration(s) applied", self.where, applied)
         if replica:
+            self._take_name(alive)
             self.beat()
 
     def close(self) -> None:
@@ -181,26 +186,49 @@ class Database:
         """Say this replica is alive, whether it drains, and where its peers reach it (serve --advertise): whether
         an operator asked it to drain."""
         rows = self.run(
-            "INSERT INTO replicas (owner, draining, address) VALUES (%s, %s, %s) ON CONFLICT (owner) DO UPDATE "
-            "SET beat_at = now(), draining = excluded.draining, address = excluded.address RETURNING drain_asked",
-            (self.owner, draining, address),
+            "INSERT INTO replicas (owner, draining, address, name) VALUES (%s, %s, %s, %s) ON CONFLICT (owner) "
+            "DO UPDATE SET beat_at = now(), draining = excluded.draining, address = excluded.address "
+            "RETURNING drain_asked",
+            (self.owner, draining, address, self.name),
         )
         return bool(rows and rows[0][0])
 
-    def replicas(self) -> list[dict[str, Any]]:
-        """Every replica that said it was alive lately: its owner, seconds since its last word, whether it drains
-        or was asked to, where its peers reach it, and how many workspaces live on it (replicas with homes)."""
-        rows = self.run(
-            "SELECT r.owner, extract(epoch FROM now() - r.beat_at), r.draining, r.drain_asked, r.address, "
-            "(SELECT count(*) FROM workspaces w WHERE w.home = r.owner) FROM replicas r ORDER BY r.owner"
+    def _take_name(self, alive: Callable[[str], bool]) -> None:
+        """This replica's name, taken from a replica of that name that is gone (a restart of this one); a replica
+        that still has it is refused: UsageError naming it."""
+        if self.name is None:
+            return
+        held = self.run(
+            "SELECT owner, extract(epoch FROM now() - beat_at) FROM replicas WHERE name = %s AND owner <> %s",
+            (self.name, self.owner),
         )
-        return [{"replica": owner, "beat_s_ago": round(float(ago), 1), "draining": draining, "drain_asked": asked,
-                 "address": address, "workspaces_homed": homed}
-                for owner, ago, draining, asked, address, homed in rows]  # fmt: skip
+        for holder, ago in held:
+            if float(ago) <= REPLICA_LOST_S and alive(holder):
+                raise UsageError(
+                    f"--name {self.name}: the replica {holder} has this name and is alive (heard from "
+                    f"{float(ago):.0f} s ago): give each replica a name of its own"
+                )
+            self.run("UPDATE replicas SET name = NULL WHERE owner = %s", (holder,))  # gone: the name is free
 
-    def ask_to_drain(self, owner: str) -> bool:
-        """Ask a replica to drain (it begins at its next heartbeat): whether there is such a replica."""
-        return bool(self.run("UPDATE replicas SET drain_asked = true WHERE owner = %s RETURNING owner", (owner,)))
+    def replicas(self) -> list[dict[str, Any]]:
+        """Every replica that said it was alive lately: its name and owner (process), seconds since its last word,
+        whether it drains or was asked to, where its peers reach it, and how many workspaces live on it."""
+        rows = self.run(
+            "SELECT r.name, r.owner, extract(epoch FROM now() - r.beat_at), r.draining, r.drain_asked, r.address, "
+            "(SELECT count(*) FROM workspaces w WHERE w.home = r.owner) FROM replicas r ORDER BY r.name, r.owner"
+        )
+        return [{"name": name, "replica": owner, "beat_s_ago": round(float(ago), 1), "draining": draining,
+                 "drain_asked": asked, "address": address, "workspaces_homed": homed}
+                for name, owner, ago, draining, asked, address, homed in rows]  # fmt: skip
+
+    def ask_to_drain(self, replica: str) -> bool:
+        """Ask a replica, by its name or owner, to drain (it begins at its next heartbeat): whether there is one."""
+        return bool(
+            self.run(
+                "UPDATE replicas SET drain_asked = true WHERE owner = %s OR name = %s RETURNING owner",
+                (replica, replica),
+            )
+        )
 
     def alive(self, owner: str) -> bool:
         """Whether a replica said it was alive within REPLICA_LOST_S (a replica of another version included)."""

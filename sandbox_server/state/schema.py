@@ -234,4 +234,9 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX services_workspace ON services (workspace_id);
     """,
+    # 10: a replica's name, the same across its restarts (serve --name; its host's by default), one replica's alone
+    """
+    ALTER TABLE replicas ADD COLUMN name text;
+    CREATE UNIQUE INDEX replicas_name ON replicas (name);
+    """,
 )

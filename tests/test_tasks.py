@@ -117,6 +117,25 @@ async def test_2026_stdio_a_long_call_is_a_task_with_live_output_and_a_whole_res
         assert whole.contents[0].text.rstrip().endswith("line 25")
 
 
+async def test_2026_a_task_through_the_python_extension_reports_its_progress_while_it_runs(
+    tmp_path: Path, runtime: DockerRuntime
+) -> None:
+    """The SDK keeps a call's own progress callback from an extension: the extension takes one of its own, and
+    hears every poll of the task (its seconds so far, its statusMessage) until it ends."""
+    heard: list[tuple[float, float | None, str | None]] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        heard.append((progress, total, message))
+
+    params = stdio_parameters("--policy", str(short_policy(tmp_path)), "--state-dir", str(tmp_path / "state"))
+    async with Client(params, mode="2026-07-28", extensions=[TasksExtension(on_progress=on_progress)]) as client:
+        result = await client.call_tool("execute_command", {"command": COUNTING, "timeout_s": 60})
+    assert not result.is_error and "line 25" in text_of(result), text_of(result)
+    assert len(heard) >= 5, heard  # about 5 s polled every 0.2 s (the policy's pollIntervalMs)
+    assert [p for p, _, _ in heard] == sorted(p for p, _, _ in heard) and heard[-1][0] >= 3, heard
+    assert any("last line: line" in (message or "") for _, _, message in heard), heard
+
+
 def add_token(tokens: Path, name: str, policy: Path) -> str:
     done = run_cli("token", "add", name, "--policy", str(policy), "--tokens", str(tokens))
     assert done.returncode == 0, done.stderr

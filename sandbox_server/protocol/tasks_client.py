@@ -1,11 +1,14 @@
 """The client's side of tasks (2026-07-28 era), for the official Python client: an extension that names the
 tasks extension in every request and, when a call is answered with a task, follows it to its end.
 
-    async with Client(url, mode="2026-07-28", extensions=[TasksExtension(on_status)]) as client:
+    async with Client(url, mode="2026-07-28", extensions=[TasksExtension(on_progress=show)]) as client:
         result = await client.call_tool("execute_command", {"command": "make test", "timeout_s": 900})
 
-`on_status` hears the task each time it is polled (its statusMessage says the time and the last output line).
-A call cancelled while it follows its task cancels the task (tasks/cancel), so no container is left running.
+`on_progress` is a progress callback as `call_tool` takes one (progress, total, message): it hears, each time the
+task is polled (every pollIntervalMs, 2 s by default), the seconds it has run and its statusMessage (the time, the
+output's size and its last line). The SDK does not hand a call's own progress callback to an extension, so a task
+reports its progress here. `on_status` hears the whole task each time instead. A call cancelled while it follows
+its task cancels the task (tasks/cancel), so no container is left running.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import anyio
 import mcp_types as types
 from mcp.client.extension import ClaimContext, ClientExtension, ResultClaim
 from mcp.client.session import ClientSession
+from mcp.shared.dispatcher import ProgressFnT
 from mcp.shared.exceptions import MCPError
 from pydantic import ConfigDict
 
@@ -58,19 +62,25 @@ class TasksExtension(ClientExtension):
 
     identifier = EXTENSION
 
-    def __init__(self, on_status: Callable[[dict[str, Any]], Awaitable[None]] | None = None) -> None:
-        self._on_status = on_status
+    def __init__(
+        self,
+        on_status: Callable[[dict[str, Any]], Awaitable[None]] | None = None,
+        on_progress: ProgressFnT | None = None,
+    ) -> None:
+        self._on_status, self._on_progress = on_status, on_progress
 
     def claims(self) -> Sequence[ResultClaim[Any]]:
         return [ResultClaim(result_type="task", model=CreatedTask, resolve=self._follow)]
 
     async def _follow(self, created: CreatedTask, ctx: ClaimContext) -> types.CallToolResult:
-        task_id = created.task_id
+        task_id, started = created.task_id, anyio.current_time()
         try:
             while True:
                 task = await task_request(ctx.session, "tasks/get", taskId=task_id)
                 if self._on_status is not None:
                     await self._on_status(task)
+                if self._on_progress is not None and task["status"] not in TERMINAL:
+                    await self._on_progress(round(anyio.current_time() - started, 1), None, task.get("statusMessage"))
                 if task["status"] in TERMINAL:
                     break
                 await anyio.sleep(max(0.1, (task.get("pollIntervalMs") or 1000) / 1000))

@@ -111,14 +111,14 @@ class Admission:
             window = self._window(client, rate, policy_name, now)
             if not self._waiting and self._room(client, rate.concurrent_calls):
                 if starts_sandbox:
-                    self._refuse_when_saturated()
+                    self._refuse_when_saturated(client)
                 window.append(now)
                 return self._take(client)
             wait = min(self.rate.queue_wait_s, deadline_s)
             if wait <= 0 or self._waiting >= self.rate.queue_length:
                 raise self._busy(client, rate, policy_name, wait)
             if starts_sandbox:
-                self._refuse_when_saturated()
+                self._refuse_when_saturated(client)
             window.append(now)  # a call that waits counts as started for the calls per minute
             waiter = _Waiter(client, rate.concurrent_calls)
             self._queues.setdefault(client, deque()).append(waiter)
@@ -231,7 +231,7 @@ class Admission:
             window = self._window(client, rate, policy_name, self._clock())
             if self._waiting or not self._room(client, rate.concurrent_calls):
                 raise self._busy(client, rate, policy_name, 0)
-            self._refuse_when_saturated()
+            self._refuse_when_saturated(client)
             window.append(self._clock())
             return self._take(client)
 
@@ -263,7 +263,11 @@ class Admission:
         """Refuse (a Refusal) when the host is saturated: a call that takes no slot still needs room."""
         self._refuse_when_saturated()
 
-    def _refuse_when_saturated(self) -> None:
+    def _refuse_when_saturated(self, client: str | None = None) -> None:
+        """Refuse when the host is short of memory; when its load is past the policy's, refuse a caller that runs
+        at least its fair share of the calls running here (all of them over the callers running any, itself
+        counted): the load is theirs, and a caller running fewer, none most often, still gets its turn. Without
+        `client` (a task, a branch), refuse on the load alone."""
         available_mb = psutil.virtual_memory().available // (1024 * 1024)
         if available_mb < self.host.min_available_memory_mb:
             raise Refusal(
@@ -275,10 +279,15 @@ class Admission:
                 retry_after_s=5,
             )
         load_per_cpu = os.getloadavg()[0] / (psutil.cpu_count() or 1)
-        if load_per_cpu > self.host.max_load_per_cpu:
+        if load_per_cpu <= self.host.max_load_per_cpu:
+            return
+        mine = self._running_by.get(client, 0) if client is not None else 0
+        callers = len(self._running_by) + (client is not None and client not in self._running_by)
+        if client is None or mine * callers >= self._running:
+            share = f"; this caller runs {mine} of the {self._running} calls running" if self._running else ""
             raise Refusal(
                 f"busy: host load is {load_per_cpu:.1f} per CPU, above {self.host.max_load_per_cpu:g} "
-                f"(policy '{self.policy_name}', field host.max_load_per_cpu); retry in 5 s",
+                f"(policy '{self.policy_name}', field host.max_load_per_cpu){share}; retry in 5 s",
                 "host.max_load_per_cpu",
                 kind="busy",
                 retry_after_s=5,

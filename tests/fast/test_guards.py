@@ -123,3 +123,22 @@ async def test_a_cancelled_or_timed_out_queued_call_leaves_the_queue() -> None:
     running.release()
     assert admission.running == 0
     admission.admit("d").release()  # the slot went back, not to a cancelled call
+
+
+def test_a_loaded_host_refuses_the_callers_running_their_share_of_the_calls_and_admits_the_others() -> None:
+    rate = RateLimits(calls_per_minute=10_000, concurrent_calls=8)
+    admission = Admission(rate, HostAdmission(min_available_memory_mb=0, max_load_per_cpu=10**6), "p")
+    heavy = [admission.admit("heavy"), admission.admit("heavy")]
+    admission.reconfigure(rate, HostAdmission(min_available_memory_mb=0, max_load_per_cpu=-1), "p")  # loaded
+    with pytest.raises(Refusal) as refused:
+        admission.admit("heavy")
+    assert refused.value.field == "host.max_load_per_cpu" and refused.value.kind == "busy"
+    assert "this caller runs 2 of the 2 calls running" in refused.value.message, refused.value.message
+    light = [admission.admit("light"), admission.admit("light")]  # below its share (none, then 1 of 3)
+    with pytest.raises(Refusal):
+        admission.admit("light")  # 2 of 4 over two callers: its share, as heavy's
+    for ticket in heavy + light:
+        ticket.release()
+    with pytest.raises(Refusal) as nobodys:
+        admission.admit("anyone")  # nothing runs here: the load is not a caller's, and no one may add to it
+    assert nobodys.value.field == "host.max_load_per_cpu" and "calls running" not in nobodys.value.message

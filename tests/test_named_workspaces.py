@@ -68,6 +68,32 @@ async def test_a_named_workspace_outlives_its_session_and_a_restart_and_opens_by
     assert ("sales-2024", kept["workspace"]) in names and (None, fresh["workspace"]) in names
 
 
+async def test_a_second_server_on_the_default_folder_says_where_a_name_given_through_the_first_is_kept(
+    tmp_path: Path, runtime: DockerRuntime
+) -> None:
+    """Two desktop clients, or a client and `sandbox-server call` in a terminal, each start a server from one
+    environment: the second keeps its workspaces in a subfolder of the default one, and a name given through the
+    first is not the second's, which says where it lives and which process holds it."""
+    policy = tmp_path / "keeping.yaml"
+    policy.write_text(KEEPING)
+    environment = {"SANDBOX_STATE_DIR": str(tmp_path / "state")}  # the default folder, as both clients' servers find it
+    async with connect(stdio_parameters("--policy", str(policy), "--workspaces", "archived", env=environment)) as first:
+        await _call(first, "execute_command", command="echo rows > ventes.csv")
+        kept = await _call(first, "workspaces", action="keep", name="ventes-hgb")
+        assert not kept["is_error"], kept["text"]
+        second_server = stdio_parameters("--policy", str(policy), "--workspaces", "archived", env=environment)
+        async with connect(second_server) as second:
+            refused = await _call(second, "execute_command", command="ls", workspace="ventes-hgb")
+            listed = await _call(second, "workspaces", action="export", workspace="ventes-hgb")
+    assert refused["is_error"] and refused["error"]["field"] == "workspace", refused["text"]
+    said = refused["text"]
+    assert (
+        f"unknown workspace 'ventes-hgb' here: it is kept in {tmp_path / 'state'}, which the server of process" in said
+    )
+    assert f"this server keeps its workspaces in {tmp_path / 'state' / 'servers' / '2'}" in said, said
+    assert listed["is_error"] and "it is kept in" in listed["text"], listed["text"]  # by name through any tool
+
+
 async def test_names_are_the_callers_own_bounded_by_the_policy_and_refused_in_words(
     keeping: Keeping, runtime: DockerRuntime
 ) -> None:

@@ -49,9 +49,16 @@ def workspace_store(
         contents, book = _contents(args.workspaces, runtime, log), None
     else:
         contents, book = _shared_contents(args.workspaces, runtime, database, policy, log)
+    elsewhere = None
+    if database is None and not chosen:  # servers on the default folder: where a name given through another is
+        from sandbox_server.workspaces.names import named_elsewhere
+
+        default = state_dir if held.shared_with is None else state_dir.parent.parent
+        elsewhere = functools.partial(named_elsewhere, default, state_dir)
     workspaces = WorkspaceStore(
         state_dir / "workspaces", policy.workspace, policy.host.workspace_storage_mb * 1024 * 1024, contents, book,
         alive if database is not None else None, callers_share_the_host=bool(args.tokens or args.issuer),
+        names_elsewhere=elsewhere,
     )  # fmt: skip
     swept = workspaces.sweep(alive)
     if swept:

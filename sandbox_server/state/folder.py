@@ -19,7 +19,7 @@ from pathlib import Path
 
 from sandbox_server.errors import UsageError
 
-__all__ = ["LOCK_NAME", "StateFolder", "claim_state_folder", "default_state_dir"]
+__all__ = ["LOCK_NAME", "StateFolder", "claim_state_folder", "default_state_dir", "servers_folders"]
 
 LOCK_NAME = "server.lock"
 MAX_SUBFOLDERS = 64
@@ -87,3 +87,26 @@ def default_state_dir() -> Path:
         return Path("/var/lib/sandbox-server")
     base = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
     return Path(base) / "sandbox-server"
+
+
+def servers_folders(folder: Path) -> list[tuple[Path, int | None]]:
+    """A default state folder and the subfolders later servers took (`servers/2`, ...), those that exist, each with
+    the process id of the server holding it now (None: none holds it, as far as its lock file tells)."""
+    found = []
+    for place in (folder, *(folder / "servers" / str(n) for n in range(2, MAX_SUBFOLDERS + 2))):
+        if place.is_dir():
+            found.append((place, _holder(place)))
+    return found
+
+
+def _holder(folder: Path) -> int | None:
+    """The process that wrote its id in a folder's lock, if it still runs (read, never locked: a server starting
+    meanwhile must find the lock free)."""
+    try:
+        pid = int((folder / LOCK_NAME).read_text().strip() or 0)
+        if pid <= 0:
+            return None
+        os.kill(pid, 0)  # (a signal of 0: whether it runs)
+    except (OSError, ValueError):
+        return None
+    return pid

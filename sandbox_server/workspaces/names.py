@@ -14,16 +14,17 @@ from typing import TYPE_CHECKING
 
 from sandbox_server.errors import Refusal
 from sandbox_server.policy import WorkspaceSettings
+from sandbox_server.state.folder import servers_folders
 from sandbox_server.workspaces.caps import CappedWorkspaces
 from sandbox_server.workspaces.compare import INDEX_BYTES, INDEX_PATH
 from sandbox_server.workspaces.contents import Contents
 from sandbox_server.workspaces.naming import ID_PATTERN, NAME_IN_WORDS, NAME_PATTERN
-from sandbox_server.workspaces.records import WorkspaceRecord
+from sandbox_server.workspaces.records import FileBook, WorkspaceRecord
 
 if TYPE_CHECKING:
     pass
 
-__all__ = ["NamedWorkspaces", "counted", "not_a_snapshot", "refuse_change"]
+__all__ = ["NamedWorkspaces", "counted", "named_elsewhere", "not_a_snapshot", "refuse_change"]
 
 
 class NamedWorkspaces(CappedWorkspaces):
@@ -44,8 +45,17 @@ class NamedWorkspaces(CappedWorkspaces):
     _remove: Callable[..., bool]
     _write_record: Callable[[WorkspaceRecord], None]
     unknown: Callable[[str], Refusal]
+    names_elsewhere: Callable[[str, str | None], str | None] | None
+    """Where else on this host a caller's name is kept, said when it is not kept here (`named_elsewhere`)."""
 
     # Its naming side:
+    def _unknown_name(self, name: str, tenant: str | None) -> Refusal:
+        """The answer for a name this caller has not given here: `unknown`, or where on this host it lives."""
+        where = self.names_elsewhere(name, tenant) if self.names_elsewhere is not None else None
+        if where is None:
+            return self.unknown(name)
+        return Refusal(f"refused: unknown workspace {name!r} here: {where}", "workspace")
+
     def _named(self, name: str, tenant: str | None, now: float) -> WorkspaceRecord | None:
         """This caller's live workspace of that name (under the lock)."""
         self._fresh()
@@ -158,6 +168,8 @@ class NamedWorkspaces(CappedWorkspaces):
             else:
                 self._fresh(requested if ID_PATTERN.fullmatch(requested) else None)
                 found = self._records.get(requested)
+            if found is None and NAME_PATTERN.fullmatch(requested):
+                raise self._unknown_name(requested, tenant)
             if found is None or not self._visible(found, session, tenant, now):
                 raise self.unknown(requested)
         return found
@@ -290,3 +302,25 @@ def _below(
 def _check_name(name: str) -> None:
     if not NAME_PATTERN.fullmatch(name):
         raise Refusal(f"refused: {name!r} is not a workspace name: a name is {NAME_IN_WORDS}", "name")
+
+
+def named_elsewhere(default: Path, own: Path, name: str, tenant: str | None) -> str | None:
+    """Where a caller's name is kept in another server's state folder on this host, said for a refusal: a second
+    server started from the same environment (another MCP client's, a terminal's `sandbox-server call`) keeps its
+    workspaces in a subfolder of the default one (state.folder), so a name given through one is not the other's."""
+    for folder, holder in servers_folders(default):
+        workspaces = folder / "workspaces"
+        if folder == own or not workspaces.is_dir():
+            continue
+        if any(r.name == name and r.tenant == tenant for r in FileBook(workspaces).load().values()):
+            held = (
+                f"which the server of process {holder} holds (another client's, or a terminal's): call it there"
+                if holder is not None
+                else "which no server holds now: stop this server and start it again once the others have "
+                "stopped, and it takes that folder"
+            )
+            return (
+                f"it is kept in {folder}, {held}; this server keeps its workspaces in {own}, as each server on a "
+                "host has a state folder of its own"
+            )
+    return None

@@ -62,6 +62,7 @@ class WorkspaceStore(CarriedWorkspaces):
         book: RecordBook | None = None,
         replica_alive: Callable[[str], bool] | None = None,
         callers_share_the_host: bool = False,
+        names_elsewhere: Callable[[str, str | None], str | None] | None = None,
     ) -> None:
         self.root, self.callers_share_the_host = root, callers_share_the_host
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -82,6 +83,7 @@ class WorkspaceStore(CarriedWorkspaces):
         self.book: RecordBook = book if book is not None else FileBook(root)
         self.exports = Exports(root / "exports")  # made through the `workspaces` tool, read as resources
         self.last_changes = LastChanges()  # what each workspace's last call here changed (for its view)
+        self.names_elsewhere = names_elsewhere
         self.replica_alive = replica_alive
         """Replicas: whether the replica of a handshake session still runs (its workspace is adopted if not)."""
         self._records = self.book.load()
@@ -117,7 +119,7 @@ class WorkspaceStore(CarriedWorkspaces):
             if requested is not None and NAME_PATTERN.fullmatch(requested):
                 record = self._named(requested, tenant, now)
                 if record is None:
-                    raise self.unknown(requested)
+                    raise self._unknown_name(requested, tenant)
                 return self._continued(not_a_snapshot(record, requested)), []
             if requested is not None:
                 valid = ID_PATTERN.fullmatch(requested) is not None

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import subprocess
 from collections.abc import Iterator
@@ -150,6 +151,19 @@ def number(text: str) -> float:
     return float(text.replace(",", ""))
 
 
+SHOTS = os.environ.get("SANDBOX_VIEW_SHOTS")
+"""A folder to keep the views' screenshots in (docs/views.md shows them: `SANDBOX_VIEW_SHOTS=docs/views scripts/run
+test tests/test_views.py` makes them again); else each test's own folder."""
+
+
+def shot_path(folder: Path, name: str) -> Path:
+    """Where a view's screenshot is written: SANDBOX_VIEW_SHOTS when set, else the test's folder."""
+    if SHOTS:
+        Path(SHOTS).mkdir(parents=True, exist_ok=True)
+        return Path(SHOTS) / name
+    return folder / name
+
+
 def looked_at(path: str) -> np.ndarray:
     """A screenshot's pixels, rows by columns by RGB."""
     return np.asarray(Image.open(path).convert("RGB")).astype(int)
@@ -213,7 +227,7 @@ def test_analyze_csv_view_sorts_filters_hovers_and_switches_the_statistic(host: 
     assert drawn == pytest.approx(highs.to_dict(), abs=1e-3)
 
     # Looked at: each bar is drawn, as tall as its value says, with the background above it.
-    shot = looked_at(host("screenshot", path=str(tmp_path / "table.png")))
+    shot = looked_at(host("screenshot", path=str(shot_path(tmp_path, "table.png"))))
     boxes = host("boxes", selector="#chart rect.mark")
     for x, y, width, height in boxes:
         assert near(shot[int(y + height / 2), int(x + width / 2)], ACCENT), (x, y)
@@ -292,7 +306,7 @@ def test_run_python_view_shows_the_cell_as_a_notebook_does(host: Host, tmp_path:
     assert host("text", selector="#value tbody tr") == ["0\tOslo\t3.5", "1\tLima\t19", "2\tPune\t27.25"]
     kept = dict(row.split("\t") for row in host("text", selector="#kept tbody tr"))
     assert kept == {"n": "int 42", "df": "DataFrame 3 x 2"}, kept
-    shot = looked_at(host("screenshot", path=str(tmp_path / "cell.png")))
+    shot = looked_at(host("screenshot", path=str(shot_path(tmp_path, "cell.png"))))
     [(x, y, width, height)] = host("boxes", selector="img.figure")
     red = count(shot[int(y) : int(y + height), int(x) : int(x + width)], (214, 39, 40), 30)
     assert red > 2000, f"the figure's bars are not drawn ({red} red pixels)"
@@ -310,7 +324,7 @@ def test_task_view_follows_a_running_task_and_cancels_it(host: Host, server: tup
     host("click", selector="#cancel")
     host("wait", selector="body[data-state=cancelled]")
     assert host("settled") == {"cancelled": True}
-    shot = looked_at(host("screenshot", path=str(tmp_path / "task.png")))
+    shot = looked_at(host("screenshot", path=str(shot_path(tmp_path, "task.png"))))
     [(x, y, width, height)] = host("boxes", selector="#state")
     assert count(shot[int(y) : int(y + height), int(x) : int(x + width)], DANGER, 40) > 40  # said in red
     [(x, y, width, height)] = host("boxes", selector="#log")
@@ -337,7 +351,7 @@ def test_files_view_lists_the_workspace_highlights_the_last_call_and_downloads(h
     assert {"notes.txt", "out.csv"} <= set(paths)
     assert host("attr", selector="#files tbody tr.changed", name="data-path") == ["out.csv"]
     assert host("text", selector="#changes") == ["Its last call (highlighted) created: out.csv"]
-    shot = looked_at(host("screenshot", path=str(tmp_path / "files.png")))
+    shot = looked_at(host("screenshot", path=str(shot_path(tmp_path, "files.png"))))
     [(x, y, width, height)] = host("boxes", selector="#files tbody tr.changed")
     assert near(shot[int(y + 3), int(x + width - 30)], CHANGED, 8)
     [(x, y, width, height)] = host("boxes", selector="#files tbody tr[data-path='notes.txt']")
@@ -380,7 +394,7 @@ def test_service_view_embeds_the_preview_where_the_host_allows_frames_else_links
     host("wait", selector="body[data-ready]")
     [source] = host("attr", selector="iframe.preview", name="src")
     assert source.split("?")[0] == preview.split("?")[0]
-    shot = looked_at(host("screenshot", path=str(tmp_path / "service.png")))
+    shot = looked_at(host("screenshot", path=str(shot_path(tmp_path, "service.png"))))
     [(x, y, width, height)] = host("boxes", selector="iframe.preview")
     inside = shot[int(y) + 60 : int(y + height) - 4, int(x) + 4 : int(x + width) - 4]
     green = count(inside, (27, 158, 119), 12)
@@ -412,7 +426,7 @@ def test_service_view_embeds_the_preview_where_the_host_allows_frames_else_links
 def test_a_view_takes_the_hosts_dark_theme(host: Host, tmp_path: Path) -> None:
     host("open", tool="workspaces", arguments={"action": "list"}, theme="dark")
     host("wait", selector="body[data-ready]")
-    shot = looked_at(host("screenshot", path=str(tmp_path / "dark.png")))
+    shot = looked_at(host("screenshot", path=str(shot_path(tmp_path, "dark.png"))))
     assert near(shot[5, 5], (27, 30, 36), 6), shot[5, 5]  # the page, dark
     [(x, y, width, height)] = host("boxes", selector="#title")
     title = shot[int(y) : int(y + height), int(x) : int(x + width)]

@@ -119,6 +119,11 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
         help="HTTP: on SIGTERM (or `replicas drain`) take no new work and let running calls and tasks finish for up "
         "to this long before stopping (default 30; a second signal stops at once)",
     )  # fmt: skip
+    add_replica_arguments(serve)
+
+
+def add_replica_arguments(serve: argparse.ArgumentParser) -> None:
+    """The options of `sandbox-server serve` that make it one replica of several (docs/scale-out.md)."""
     serve.add_argument(
         "--state", metavar="URL",
         help="replicas: keep what every replica needs (workspaces, tasks, approvals, rate counts) in this "

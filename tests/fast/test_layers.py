@@ -36,6 +36,8 @@ WIDE_CLASSES = {
     "workspaces/store.py:WorkspaceStore": "a workspace's life: made, found, held by a call, saved, swept, removed",
 }
 MAX_FUNCTION_LINES = 80
+TABLE_LINES = 120
+"""A table too (one declaration after another) is cut where its declarations part, past this."""
 """Lines of one function, its docstring included: past this it does several things that could each be named."""
 TABLES = {
     "cli/main.py:build_parser": "the commands' argument parsers, one declaration after another",
@@ -211,7 +213,7 @@ def test_classes_hold_one_idea_and_functions_take_few_parameters() -> None:
 
 
 def test_functions_stay_short_and_parts_are_asked_nothing_of_what_they_are() -> None:
-    """Every function under MAX_FUNCTION_LINES (tables aside); no getattr/hasattr probe of the package's own parts
+    """Every function under MAX_FUNCTION_LINES (tables under TABLE_LINES); no getattr/hasattr probe of the package's own parts
     (a part says what it is in its type); no private name of a package module used from another module."""
     long, probes, crossed = {}, [], []
     defined: dict[str, set[str]] = {}
@@ -230,7 +232,7 @@ def test_functions_stay_short_and_parts_are_asked_nothing_of_what_they_are() -> 
         for node in ast.walk(tree):
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
                 lines = (node.end_lineno or node.lineno) - node.lineno + 1
-                if lines > MAX_FUNCTION_LINES and f"{where}:{node.name}" not in TABLES:
+                if lines > (TABLE_LINES if f"{where}:{node.name}" in TABLES else MAX_FUNCTION_LINES):
                     long[f"{where}:{node.name}"] = lines
             elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
                 if node.func.id in ("getattr", "hasattr") and where not in FOREIGN_PROBES:

@@ -204,16 +204,26 @@ def test_the_reaper_removes_what_a_server_left_even_when_it_watches_too_late(run
         owner = f"{socket.gethostname()}:{stand_in.pid}:{started - 1000}"
     api = docker.from_env().api
     image = next(iter(catalog().values())).reference
+    since = int(time.time()) - 1
     left = api.create_container(image, "true", labels={SANDBOX_LABEL: "", OWNER_LABEL: owner})["Id"]
     try:
         reaping = threading.Thread(target=reap_after, args=(stand_in.pid, owner), daemon=True)
         reaping.start()
         reaping.join(timeout=30)
         assert not reaping.is_alive(), "the reaper waited on a process that is not the server"
+        # Side by side, another worker's server starting meanwhile reaps what dead servers left too, and the engine
+        # answers the second removal "already in progress": removed once the engine says it was destroyed.
+        destroyed = api.events(
+            since=since, until=int(time.time()) + 30, filters={"container": [left], "event": ["destroy"]}, decode=True
+        )
+        try:
+            assert next(destroyed, None) is not None, "the container the dead server left is still there"
+        finally:
+            destroyed.close()
         assert left[:12] not in {cid[:12] for cid in runtime.sandbox_containers()}
     finally:
         stand_in.kill()
         stand_in.wait()
-        with contextlib.suppress(docker.errors.NotFound):
+        with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):  # (gone, or going)
             api.remove_container(left, force=True)
         api.close()

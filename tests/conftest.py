@@ -153,6 +153,19 @@ def left_by_exited_servers() -> list[str]:
     return [item["Id"] for item in items if not owner_alive((item.get("Labels") or {}).get(OWNER_LABEL, ""))]
 
 
+def networks_left_by_exited_servers() -> list[str]:
+    """This test process's networks (egress, services, the posture check's: its worker's label) whose server has
+    exited, once the reapers of servers that ended have done their work (side by side, the other workers' servers
+    have networks of their own meanwhile)."""
+    _reapers_finished()
+    api = docker.from_env().api
+    try:
+        items = api.networks(filters={"label": [SANDBOX_LABEL, os.environ[LABELS_VARIABLE]]})
+    finally:
+        api.close()
+    return [n["Name"] for n in items if not owner_alive((n.get("Labels") or {}).get(OWNER_LABEL, ""))]
+
+
 def run_cli(
     *args: str,
     env: dict[str, str] | None = None,

@@ -10,7 +10,7 @@ from sandbox_server.ops.posture import compare, read_view
 from sandbox_server.policy.loader import load_policy
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
 from sandbox_server.sandbox.spec import Mount
-from tests.conftest import ENGINE, left_by_exited_servers, run_cli
+from tests.conftest import ENGINE, left_by_exited_servers, networks_left_by_exited_servers, run_cli
 
 
 def test_doctor_is_healthy_and_proves_the_limits(runtime: DockerRuntime) -> None:
@@ -141,6 +141,4 @@ def test_posture_tries_an_allow_list_through_its_own_proxy_against_an_upstream_o
         assert checks[f"{name}: network"]["detail"] == "interfaces ['eth0', 'lo']"
     # analyze_csv has no network under this policy: its sandbox has loopback alone.
     assert checks["posture allow/analyze_csv: network"]["detail"] == "interfaces ['lo']"
-    assert not left_by_exited_servers()
-    api = runtime.api
-    assert not [n["Name"] for n in api.networks() if n["Name"].startswith(("sandbox-posture-", "sandbox-egress-"))]
+    assert not left_by_exited_servers() and not networks_left_by_exited_servers()

@@ -76,7 +76,11 @@ def test_a_sigterm_as_the_workspaces_mount_while_the_server_starts_leaves_no_mou
                     changes.poll(1000)
         server.process.send_signal(signal.SIGTERM)
         assert server.process.wait(timeout=60) == 0, server.lines
-        server.wait_for_line("SIGTERM while starting: stopped")
+        server.reader.join(timeout=10)  # its log read to the end
+        # (a start past its parts' opening before the signal lands, on a host the suite holds busy, stops as any)
+        assert any(
+            "SIGTERM while starting: stopped" in line or "SIGTERM: shutting down" in line for line in server.lines
+        ), server.lines
     assert not mounts.mounted(tmp_path), f"left mounted: {mounts.mounted(tmp_path)}; the server logged {server.lines}"
 
 

@@ -166,26 +166,32 @@ async def test_a_burst_of_large_calls_waiting_for_a_person_holds_a_bounded_share
             await _still_serving(warm)
         level = memory.memory_info().rss
         peak = level
-        async with connect(server.url, elicitation_callback=silent_person) as session:
+        try:  # the attacker's own client leaves with calls in flight on connections the server closed: its
+            # transport may fail as it goes (httpx2.ReadError out of the SDK's task group); the server is judged
+            async with connect(server.url, elicitation_callback=silent_person) as session:
 
-            async def one() -> None:
-                try:
-                    result = await session.call_tool(
-                        "execute_command", {"command": "rm -f x", "stdin": "x" * 3_000_000}
-                    )
-                    outcomes.append(result.structured_content["error"]["field"] if result.structured_content else "?")
-                except Exception as exc:  # refused at the door: a 503 that names the option
-                    outcomes.append(type(exc).__name__)
+                async def one() -> None:
+                    try:
+                        result = await session.call_tool(
+                            "execute_command", {"command": "rm -f x", "stdin": "x" * 3_000_000}
+                        )
+                        outcomes.append(
+                            result.structured_content["error"]["field"] if result.structured_content else "?"
+                        )
+                    except Exception as exc:  # refused at the door: a 503 that names the option
+                        outcomes.append(type(exc).__name__)
 
-            async with anyio.create_task_group() as group:
-                for _ in range(150):
-                    group.start_soon(one)
-                with anyio.fail_after(120):  # every call is answered but those waiting for the person
-                    while len(outcomes) < 146:
-                        peak = max(peak, memory.memory_info().rss)
-                        await anyio.sleep(0.05)
-                peak = max(peak, memory.memory_info().rss)
-                group.cancel_scope.cancel()  # the client leaves with four calls still waiting
+                async with anyio.create_task_group() as group:
+                    for _ in range(150):
+                        group.start_soon(one)
+                    with anyio.fail_after(120):  # every call is answered but those waiting for the person
+                        while len(outcomes) < 146:
+                            peak = max(peak, memory.memory_info().rss)
+                            await anyio.sleep(0.05)
+                    peak = max(peak, memory.memory_info().rss)
+                    group.cancel_scope.cancel()  # the client leaves with four calls still waiting
+        except* httpx2.TransportError:
+            pass
         assert peak - level < 320 * MiB, (level // MiB, peak // MiB)  # not 150 calls' arguments held many times over
         with anyio.fail_after(30):  # and what it held goes back to the host once its calls are gone
             while memory.memory_info().rss - level > 48 * MiB:

@@ -68,20 +68,31 @@ def workspace_store(
 
 def _contents(choice: str, runtime: DockerRuntime, log: logging.Logger) -> Callable[[Path], Contents]:
     """How a server alone keeps workspace files (serve --workspaces)."""
-    from sandbox_server.sandbox import mounts
     from sandbox_server.sandbox.removal import owner_alive
     from sandbox_server.workspaces.contents import ArchivedContents
     from sandbox_server.workspaces.mounted import MountedContents
 
-    why_not = None if choice == "archived" else mounts.unavailable(runtime.on_this_host())
-    if choice == "mounted" and why_not is not None:
-        raise SandboxServerError(f"--workspaces mounted: kept workspaces cannot be mounted here: {why_not}")
-    if choice == "archived" or why_not is not None:
-        reason = "as asked" if choice == "archived" else f"{why_not}, so they cannot be mounted"
+    reason = _archives_because(choice, runtime)
+    if reason is not None:
         log.info("workspaces are kept as archives carried in and out of each call (%s)", reason)
         return ArchivedContents
     log.info("workspaces are kept as sized filesystems mounted into each call's container")
     return lambda root: MountedContents(root, runtime.owner, owner_alive, runtime.activity)
+
+
+def _archives_because(choice: str, runtime: DockerRuntime) -> str | None:
+    """Why workspaces are kept as archives (None: they are mounted); `--workspaces mounted` where they cannot be
+    mounted is refused, saying why."""
+    from sandbox_server.sandbox import mounts
+
+    if choice == "archived":
+        return "as asked"
+    why_not = mounts.unavailable(runtime.on_this_host())
+    if why_not is None:
+        return None
+    if choice == "mounted":
+        raise SandboxServerError(f"--workspaces mounted: kept workspaces cannot be mounted here: {why_not}")
+    return f"{why_not}, so they cannot be mounted"
 
 
 def _shared_contents(
@@ -89,7 +100,6 @@ def _shared_contents(
 ) -> tuple[Callable[[Path], Any], SharedBook]:
     """How replicas keep workspace files: mounted on each one's home replica (saved to the shared state after its
     calls) where this replica can mount them, else archives in the shared state."""
-    from sandbox_server.sandbox import mounts
     from sandbox_server.sandbox.removal import owner_alive
     from sandbox_server.state.homes import Homes
     from sandbox_server.workspaces.homed import HomedMounts
@@ -97,11 +107,8 @@ def _shared_contents(
 
     book = SharedBook(database)
     archives = functools.partial(SharedArchives, book=book)
-    why_not = None if choice == "archived" else mounts.unavailable(runtime.on_this_host())
-    if choice == "mounted" and why_not is not None:
-        raise SandboxServerError(f"--workspaces mounted: kept workspaces cannot be mounted here: {why_not}")
-    if choice == "archived" or why_not is not None:  # auto: homes where this replica can mount, as on one server
-        reason = "as asked" if choice == "archived" else f"{why_not}, so they cannot be mounted"
+    reason = _archives_because(choice, runtime)  # auto: homes where this replica can mount, as on one server
+    if reason is not None:
         log.info("workspaces are kept as archives in the shared state, continued on any replica (%s)", reason)
         return archives, book
     homes = Homes(book.database)

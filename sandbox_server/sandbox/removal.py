@@ -8,6 +8,7 @@ the latter when it starts.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import select
 import socket
@@ -52,7 +53,12 @@ def operator_labels() -> dict[str, str]:
     """The labels SANDBOX_CONTAINER_LABELS adds to every container and network a server makes (to find a
     deployment's, or a test worker's, with the engine's own filters). A pair without `=` or with an empty key, or
     a key of the server's own, is refused: UsageError naming the variable and the pair."""
-    said = os.environ.get(LABELS_VARIABLE, "")
+    return dict(_labels_said(os.environ.get(LABELS_VARIABLE, "")))
+
+
+@functools.cache
+def _labels_said(said: str) -> tuple[tuple[str, str], ...]:
+    """SANDBOX_CONTAINER_LABELS's pairs, read once per value (every container a server makes asks for them)."""
     labels = {}
     for pair in filter(None, (part.strip() for part in said.split(","))):
         key, equals, value = (part.strip() for part in pair.partition("="))
@@ -62,7 +68,7 @@ def operator_labels() -> dict[str, str]:
                 "commas, with keys outside org.sandbox-server.*, which the server's own labels use"
             )
         labels[key] = value
-    return labels
+    return tuple(labels.items())
 
 
 def owned_by(owner: str) -> dict[str, str]:

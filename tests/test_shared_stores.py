@@ -283,14 +283,24 @@ async def test_a_call_that_locked_its_workspace_at_admission_never_waits_behind_
 ) -> None:
     """Call B took the workspace's lock with its admission; call A of the same replica, admitted after it and so
     without the lock, reached the workspace first and waits for the lock there. B must not then wait for A on the
-    replica's own turn in the workspace: each would wait for the other until their time ran out."""
+    replica's own turn in the workspace: each would wait for the other until their time ran out. And B forgets
+    that it holds the workspace before it lets go of the lock, so that A, which takes the lock then, neither finds
+    B as its holder (and saves on B's connection while B still uses it) nor loses its own hold to B's leaving."""
     one, _ = replicas
     first, _ = await one.call(Writes(1024), None)
     workspace = first.record.id
     rate = SharedRate(one.database)
     b_call = await rate.admit("client", LIMITS, "team", workspace)
     assert b_call.connection is not None
-    a_waits = anyio.Event()
+    a_waits, b_done = anyio.Event(), anyio.Event()
+    held_when: dict[str, bool] = {}
+    saves_and_ends = b_call.save_and_end
+
+    async def save_and_end(sql: str, params: tuple[Any, ...]) -> tuple[Any, ...] | None:
+        held_when["B lets go"] = workspace in one.book.holders
+        return await saves_and_ends(sql, params)
+
+    b_call.save_and_end = save_and_end  # type: ignore[method-assign]
 
     class Noted(Writes):
         def __init__(self, size: int, name: str) -> None:
@@ -299,6 +309,9 @@ async def test_a_call_that_locked_its_workspace_at_admission_never_waits_behind_
 
         async def run(self, spec: SandboxSpec, hooks: RunHooks = NO_HOOKS) -> ExecutionResult:
             order.append(self.name)
+            if self.name == "A":  # A holds the lock now; B has let go of it, and is leaving
+                await b_done.wait()
+                held_when["A runs"] = workspace in one.book.held
             return await super().run(spec, hooks)
 
     order: list[str] = []
@@ -317,6 +330,7 @@ async def test_a_call_that_locked_its_workspace_at_admission_never_waits_behind_
             await kept.run(SPEC)
             assert kept.saved
         finally:
+            b_done.set()
             await rate.leave(b_call)
 
     with anyio.fail_after(60):  # each waiting for the other would wait until then; in order, a second or two
@@ -327,6 +341,7 @@ async def test_a_call_that_locked_its_workspace_at_admission_never_waits_behind_
             a_waits.set()
             group.start_soon(call_b)
     assert order == ["B", "A"] and one.generation(workspace) == 3
+    assert held_when == {"B lets go": False, "A runs": True}
     assert not held_elsewhere(database, workspace) and running(database) == 0
 
 

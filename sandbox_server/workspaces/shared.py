@@ -58,6 +58,8 @@ class SharedBook:
         self.held: dict[str, int] = {}
         """The workspaces a call of this replica holds now, and the generation of each as the hold found it or
         its call saved it (SharedArchives asks the database for none of them)."""
+        self.owners: dict[str, object] = {}
+        """Whose entry each of `held` is: a call, or the token of a hold taken after the call's admission."""
         self.holders: dict[str, SharedCall] = {}
         """The calls that hold their workspace with the lock their admission took (one call at a time works in a
         workspace): its save ends the call's count in the same statement."""
@@ -108,6 +110,22 @@ class SharedBook:
         """Whether the call took the workspace's lock with its admission (state.calls)."""
         return call is not None and call.locked(workspace_id)
 
+    def let_go(self, workspace_id: str, owner: object) -> None:
+        """Forget that `owner` (a call, or a hold's token) holds the workspace. Its lock may have been let go of
+        already (a save lets go of it with the call's count), and another call of this replica have taken it
+        since: that call's entries are its own, and stay."""
+        if self.owners.get(workspace_id) is owner:
+            del self.owners[workspace_id]
+            self.held.pop(workspace_id, None)
+            self.holders.pop(workspace_id, None)
+
+    def saving(self, workspace_id: str, call: SharedCall) -> None:
+        """The call's save is about to let go of the workspace's lock: from then on another call of this replica
+        may take it, and must not find this one as its holder (its save would go out on this call's connection,
+        which this call still uses)."""
+        if self.holders.get(workspace_id) is call:
+            del self.holders[workspace_id]
+
     @contextlib.asynccontextmanager
     async def hold(self, workspace_id: str, wait_s: float, call: SharedCall | None = None) -> AsyncIterator[bool]:
         """An advisory lock on a connection of its own, held while the call runs: taken with the call's admission
@@ -115,16 +133,15 @@ class SharedBook:
         the workspace's generation, in one statement on the event loop, and let go of in another."""
         generation = call.take_lock(workspace_id) if call is not None else None
         if call is not None and generation is not None:
-            self.held[workspace_id] = generation
+            self.held[workspace_id], self.owners[workspace_id] = generation, call
             self.holders[workspace_id] = call
             try:
                 yield True
             finally:
-                self.held.pop(workspace_id, None)
-                self.holders.pop(workspace_id, None)
+                self.let_go(workspace_id, call)
                 await call.end()
             return
-        key = workspace_lock(workspace_id)
+        key, token = workspace_lock(workspace_id), object()
         stack = contextlib.AsyncExitStack()
         try:
             with anyio.CancelScope(shield=True):  # a lock taken is always let go of
@@ -133,11 +150,11 @@ class SharedBook:
             if generation is None:
                 yield False
                 return
-            self.held[workspace_id] = generation
+            self.held[workspace_id], self.owners[workspace_id] = generation, token
             try:
                 yield True
             finally:
-                self.held.pop(workspace_id, None)
+                self.let_go(workspace_id, token)
                 with anyio.CancelScope(shield=True), contextlib.suppress(psycopg.Error):
                     await connection.execute("SELECT pg_advisory_unlock(%s)", (key,))
         finally:
@@ -250,9 +267,12 @@ class SharedArchives(ArchivedContents):
         go of it (state.calls). The lock is let go of as soon as the save commits, so this replica's copy is made
         first, and marked unsure until then: whoever finds it so reads the database's."""
         first = saved.read_bytes()
+        path = self.archive_path(workspace_id)
         with self._lock:
-            os.replace(saved, self.archive_path(workspace_id))
+            os.replace(saved, path)
             self._have.pop(workspace_id, None)
+            mine = _identity(path)
+        self.book.saving(workspace_id, call)
         try:
             row = anyio.from_thread.run(call.save_and_end, _SAVE, (workspace_id, first, record, cap))
         except StateUnavailable as exc:
@@ -260,8 +280,11 @@ class SharedArchives(ArchivedContents):
         generation, problem = _saved(row, cap)
         if generation is None:
             return problem
-        with self._lock:
-            self._holding(workspace_id, generation)
+        with self._lock:  # unless a call of this replica took the lock since then, and made the copy its own
+            if _identity(path) == mine:
+                self._have[workspace_id] = generation
+            if self.book.owners.get(workspace_id) is call:
+                self.held[workspace_id] = generation
         return None
 
     def _holding(self, workspace_id: str, generation: int) -> None:
@@ -294,6 +317,15 @@ class SharedArchives(ArchivedContents):
         """Remove the chunks no generation of any workspace names, once unused for CHUNK_GRACE_S (a save names
         the chunks it puts, and marks each used as it does, in its own transaction)."""
         self.database.run(_SWEEP_CHUNKS, (CHUNK_GRACE_S,))
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    """Which file `path` is now (None: none), to tell whether another replaced it since."""
+    try:
+        found = path.stat()
+    except FileNotFoundError:
+        return None
+    return found.st_ino, found.st_mtime_ns
 
 
 _SAVE = "SELECT * FROM sandbox_save_workspace(%s, %s, %s, %s)"

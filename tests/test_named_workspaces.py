@@ -276,6 +276,41 @@ async def test_a_callers_storage_share_holds_under_many_forks(keeping: Keeping, 
     assert sum(row["size_bytes"] for row in listed["workspaces"]) <= share
 
 
+async def test_a_workspace_counts_at_what_its_files_take_and_whole_while_a_call_may_fill_it(
+    keeping: Keeping, runtime: DockerRuntime
+) -> None:
+    """An empty workspace takes next to nothing of the caps, and forks count at what they hold, so a host's cap of
+    40 MiB holds three workspaces of 12 MiB. A mounted workspace's calls write its filesystem in place, so a call
+    that continues one counts it at its whole size (21.8 MiB) while it runs: refused, busy, when that does not fit.
+    An archived workspace's save is checked instead, so that call runs."""
+    keeping.policy.write_text(
+        "extends: default\nworkspace: {persist: true, size_mb: 16, files: 2000, max_per_client: 8, "
+        "named_per_caller: 8}\nhost: {workspace_storage_mb: 40}\n"
+    )
+    mib = 2**20
+    with http_server(*keeping.args()) as url:
+        async with connect(url, mode="2026-07-28") as session:
+            empty = await _call(session, "execute_command", command="true")
+            base = await _call(session, "execute_command", command="head -c 12M /dev/urandom > data")
+            forks = [
+                await _call(session, "workspaces", action="fork", name=f"f{index}", workspace=base["workspace"])
+                for index in range(2)
+            ]
+            listed = await _call(session, "workspaces", action="list", workspace=base["workspace"])
+            again = await _call(session, "execute_command", command="wc -c < data", workspace="f0")
+    assert not any(fork["is_error"] for fork in forks), [fork["text"] for fork in forks]
+    sizes = {row["name"] or row["id"]: row["size_bytes"] for row in listed["workspaces"]}
+    assert sizes[empty["workspace"]] < 64 * 1024, sizes
+    for held in (sizes[base["workspace"]], sizes["f0"], sizes["f1"]):
+        assert 12 * mib <= held < 12 * mib + 256 * 1024, sizes
+    if keeping.kind == "mounted":
+        assert again["is_error"] and again["error"]["kind"] == "busy", again["text"]
+        assert again["error"]["field"] == "host.workspace_storage_mb", again["text"]
+        assert "may fill it to its whole size" in again["text"] and "above the host's cap of 41943040" in again["text"]
+    else:
+        assert not again["is_error"] and again["stdout"] == f"{12 * mib}\n", again["text"]
+
+
 async def test_each_workspace_event_is_audited_with_who_did_it(keeping: Keeping, runtime: DockerRuntime) -> None:
     audit = keeping.state.parent / "audit.jsonl"
     async with connect(stdio_parameters(*keeping.args(), "--audit-log", str(audit))) as session:

@@ -294,11 +294,11 @@ async def test_a_workspace_past_the_hosts_storage_cap_is_not_kept_and_the_answer
     keeping: Keeping, runtime: DockerRuntime
 ) -> None:
     policy = keeping.policy
-    if keeping.kind == "mounted":  # a filesystem takes its whole size of the cap when it is made
-        policy.write_text(KEEPING + "host: {workspace_storage_mb: 40}\n")
+    if keeping.kind == "mounted":  # a new filesystem counts at its whole size (21.8 MiB) while its first call runs
+        policy.write_text(KEEPING + "host: {workspace_storage_mb: 30}\n")
         with http_server(*_serve_args(keeping)) as url:
             async with connect(url, mode="2026-07-28") as session:
-                first = await _call(session, "head -c 2000000 /dev/zero > big; echo wrote")
+                first = await _call(session, "head -c 12M /dev/zero > big; echo wrote")  # then 12 MiB
                 second = await _call(session, "true")
         assert not first["is_error"] and second["is_error"], second["text"]
         assert second["error"]["field"] == "host.workspace_storage_mb" and "no new workspace" in second["text"]

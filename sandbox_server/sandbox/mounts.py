@@ -205,6 +205,13 @@ def image_bytes(size_mb: int, inodes: int) -> int:
     return usable + usable // 48 + inodes * INODE_BYTES + (JOURNAL_MB + 1) * 1024 * 1024
 
 
+def used_bytes(target: Path) -> int:
+    """What the files of a mounted workspace take of its filesystem: the blocks in use (ext4 counts its own
+    tables and journal apart, and blocks a program wrote but the kernel has not yet put on the image)."""
+    found = os.statvfs(target)
+    return (found.f_blocks - found.f_bfree) * found.f_frsize
+
+
 def make_image(path: Path, size_mb: int, inodes: int, owner: str) -> None:
     """A new sparse ext4 image whose root folder belongs to the sandbox's user ("uid:gid").
 

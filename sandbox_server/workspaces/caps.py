@@ -1,10 +1,12 @@
-"""What a caller's workspaces, snapshots and exports may take together, and all of them on the host: each counted
-at its whole size against workspace.storage_per_caller_mb and host.workspace_storage_mb. Part of the store
-(WorkspaceStore), which holds the records, the exports and their lock."""
+"""What a caller's workspaces, snapshots and exports may take together, and all of them on the host, against
+workspace.storage_per_caller_mb and host.workspace_storage_mb: each counted at what its files take, and a
+workspace whose calls write its files in place (a mounted one) at its whole size while a call works in it, since
+that call may fill it. Part of the store (WorkspaceStore), which holds the records, the exports and their lock."""
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from sandbox_server.errors import Refusal
@@ -14,6 +16,7 @@ from sandbox_server.workspaces.records import WorkspaceRecord
 
 if TYPE_CHECKING:
     from sandbox_server.state.calls import SharedCall
+    from sandbox_server.workspaces.contents import Contents
 
 __all__ = ["CappedWorkspaces"]
 
@@ -27,6 +30,9 @@ class CappedWorkspaces:
     settings: WorkspaceSettings
     storage_bytes: int
     exports: Exports
+    contents: Contents
+    _in_use: Callable[..., bool]
+    """Whether a call works in a workspace (the store's own)."""
     callers_share_the_host: bool
     """Whether callers by token share this host (`serve --tokens` or `--issuer`): then a caller whose policy gives no
     share of its own (workspace.storage_per_caller_mb: 0) has half the host's cap, so that no one caller's forks,
@@ -34,6 +40,12 @@ class CappedWorkspaces:
 
     def _fresh(self, workspace_id: str | None = None, shared: SharedCall | None = None) -> None:
         raise NotImplementedError
+
+    def _counted(self, record: WorkspaceRecord) -> int:
+        """What a workspace or snapshot takes of the caps now (under the lock)."""
+        if self._in_use(record.id, opening=True):
+            return max(record.size_bytes, self.contents.reserve(self.settings))
+        return record.size_bytes
 
     def _within_share(self, tenant: str | None, more: int, what: str, besides: str | None = None) -> None:
         """Refuse `more` bytes for this caller past workspace.storage_per_caller_mb (under the lock); `besides`: a
@@ -45,24 +57,24 @@ class CappedWorkspaces:
             said += " is 0: half of host.workspace_storage_mb, as callers by token share this host"
         if not share:
             return
-        theirs = sum(r.size_bytes for r in self._records.values() if r.tenant == tenant and r.id != besides)
+        theirs = sum(self._counted(r) for r in self._records.values() if r.tenant == tenant and r.id != besides)
         theirs += self.exports.held_by(tenant)
         if theirs + more > share:
             raise Refusal(
                 f"refused: {what}: this caller's workspaces, snapshots and exports would take {theirs + more} bytes, "
-                f"above its share of {share} ({said}; each counted at its whole size, an export for an hour after it "
-                "is made); delete some first",
+                f"above its share of {share} ({said}; each counted at what its files take, at its whole size while a "
+                "call works in it, an export for an hour after it is made); delete some first",
                 "workspace.storage_per_caller_mb",
             )
 
     def _held_bytes(self, besides: str | None = None) -> int:
         """What all workspaces, snapshots and live exports take of the host's cap (under the lock)."""
-        return sum(r.size_bytes for r in self._records.values() if r.id != besides) + self.exports.total()
+        return sum(self._counted(r) for r in self._records.values() if r.id != besides) + self.exports.total()
 
-    def _within_host(self, more: int, what: str, busy: bool = False) -> None:
-        """Refuse `more` bytes past host.workspace_storage_mb (under the lock); `busy`: a new workspace, which may
-        have room once older ones expire."""
-        taken = self._held_bytes() + more
+    def _within_host(self, more: int, what: str, busy: bool = False, besides: str | None = None) -> None:
+        """Refuse `more` bytes past host.workspace_storage_mb (under the lock); `busy`: room may come once older
+        workspaces expire; `besides`: a workspace whose size `more` replaces."""
+        taken = self._held_bytes(besides) + more
         if taken > self.storage_bytes:
             raise Refusal(
                 f"refused: {what}: all workspaces, snapshots and exports together would take {taken} bytes, above "
@@ -74,8 +86,8 @@ class CappedWorkspaces:
             )
 
     def holdings(self) -> dict[tuple[str | None, str], tuple[int, int]]:
-        """Per caller and kind (workspace, snapshot): how many it holds and what they take, each at its whole
-        size (the meters' gauge)."""
+        """Per caller and kind (workspace, snapshot): how many it holds and what their files take (the meters'
+        gauge)."""
         with self._lock:
             self._fresh()
             held: dict[tuple[str | None, str], tuple[int, int]] = {}

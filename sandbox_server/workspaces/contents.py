@@ -106,8 +106,9 @@ class Contents(Protocol):
     def finish(self, workspace_id: str, result: ExecutionResult, settings: WorkspaceSettings, room: Room) -> str | None:
         """After a call: keep what it left; the problem, when the workspace could not be kept as it left it."""
 
-    def files(self, workspace_id: str) -> list[tuple[str, int]]:
-        """The regular files of a workspace (path, size)."""
+    def held_bytes(self, workspace_id: str) -> int | None:
+        """What the workspace's files take now, for a workspace whose calls write its files in place (counted at
+        its whole size while a call works in it, since the call may fill it); None: counted at its save."""
 
     def states(self, workspace_id: str) -> dict[str, FileState]:
         """The regular files of a workspace and their states, for what a call changed."""
@@ -170,6 +171,9 @@ class ArchivedContents:
     def reserve(self, settings: WorkspaceSettings) -> int:
         return 0  # counted when saved, at its real size
 
+    def held_bytes(self, workspace_id: str) -> int | None:
+        return None  # a call's files are counted as its save keeps them (a save past a cap is refused)
+
     def begin(self, workspace_id: str, spec: SandboxSpec) -> SandboxSpec:
         path = self.archive_path(workspace_id)
         return replace(spec, saved_workspace=str(path) if path.exists() else "")
@@ -206,9 +210,6 @@ class ArchivedContents:
                 yield from kept_entries(kept)
         except FileNotFoundError:
             return
-
-    def files(self, workspace_id: str) -> list[tuple[str, int]]:
-        return [(name, member.size) for name, member, _ in self._members(workspace_id) if member.isreg()]
 
     def states(self, workspace_id: str) -> dict[str, FileState]:
         # An archive keeps no inode: a renamed file is one deleted and one created.

@@ -11,7 +11,7 @@ import os
 import stat
 from collections.abc import Iterator
 
-__all__ = ["MAX_DEPTH", "MAX_LISTED", "FileState", "file_states", "open_below", "open_regular", "regular_files"]
+__all__ = ["MAX_DEPTH", "MAX_LISTED", "FileState", "file_states", "open_below", "open_regular"]
 
 FileState = tuple[int, int, int]
 """A regular file as a call may have changed it: (size, modification time in ns, inode)."""
@@ -20,12 +20,6 @@ MAX_DEPTH = 64
 """Folders deeper than this in a workspace are not listed (a walk holds one descriptor per level)."""
 MAX_LISTED = 100_000
 """Entries a listing looks at, at most."""
-
-
-def regular_files(top: int, skip: str = "") -> Iterator[tuple[str, int]]:
-    """(path, size) of the regular files under an open folder, which it closes (see file_states)."""
-    for path, (size, _, _) in file_states(top, skip):
-        yield path, size
 
 
 def file_states(top: int, skip: str = "") -> Iterator[tuple[str, FileState]]:

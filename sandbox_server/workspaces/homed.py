@@ -127,9 +127,6 @@ class HomedMounts(MountedContents):
 
     # -- reads: the mount where it is home, else the saved archive ----------------------------
 
-    def files(self, workspace_id: str) -> list[tuple[str, int]]:
-        return super().files(workspace_id) if workspace_id in self._here else self.archives.files(workspace_id)
-
     def states(self, workspace_id: str) -> dict[str, FileState]:
         return super().states(workspace_id) if workspace_id in self._here else self.archives.states(workspace_id)
 

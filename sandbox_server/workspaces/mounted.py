@@ -24,7 +24,7 @@ from sandbox_server.sandbox.activity import Activity
 from sandbox_server.sandbox.archive import OUTPUT_LEAF
 from sandbox_server.sandbox.spec import ExecutionResult, SandboxSpec
 from sandbox_server.workspaces.contents import Add, Homing, Room, too_large
-from sandbox_server.workspaces.files import FileState, file_states, open_regular, regular_files
+from sandbox_server.workspaces.files import FileState, file_states, open_regular
 from sandbox_server.workspaces.image_files import (
     ImageNames,
     Shape,
@@ -196,10 +196,10 @@ class MountedContents:
         self.giving_back.after_call(workspace_id)
         return None
 
-    def files(self, workspace_id: str) -> list[tuple[str, int]]:
+    def held_bytes(self, workspace_id: str) -> int | None:
         if not self.names.image(workspace_id).exists():
-            return []
-        return sorted(regular_files(mounts.open_folder(self._mounted(workspace_id)), skip=OUTPUT_LEAF))
+            return 0
+        return mounts.used_bytes(self._mounted(workspace_id))
 
     def states(self, workspace_id: str) -> dict[str, FileState]:
         if not self.names.image(workspace_id).exists():
@@ -304,12 +304,12 @@ class MountedContents:
         try:
             mounts.make_image(self.names.image(workspace_id), settings.size_mb, settings.files, user)
             fill_folder(self._mounted(workspace_id), kept, user)
+            return mounts.used_bytes(self._mounted(workspace_id))
         except BaseException:
             self.remove(workspace_id)
             raise
         finally:
             kept.unlink(missing_ok=True)
-        return mounts.image_bytes(settings.size_mb, settings.files)
 
     def close(self) -> None:
         with self._lock:

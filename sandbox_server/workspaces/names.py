@@ -17,7 +17,6 @@ from sandbox_server.policy import WorkspaceSettings
 from sandbox_server.state.folder import servers_folders
 from sandbox_server.workspaces.caps import CappedWorkspaces
 from sandbox_server.workspaces.compare import INDEX_BYTES, INDEX_PATH
-from sandbox_server.workspaces.contents import Contents
 from sandbox_server.workspaces.naming import ID_PATTERN, NAME_IN_WORDS, NAME_PATTERN
 from sandbox_server.workspaces.records import FileBook, WorkspaceRecord
 
@@ -35,13 +34,11 @@ class NamedWorkspaces(CappedWorkspaces):
     _records: dict[str, WorkspaceRecord]
     _users: dict[str, int]
     settings: WorkspaceSettings
-    contents: Contents
 
     # The store's own (WorkspaceStore), declared for the naming side's use:
     _fresh: Callable[..., None]
     _visible: Callable[[WorkspaceRecord, str | None, str | None, float], bool]
     _expired: Callable[[WorkspaceRecord, float], bool]
-    _in_use: Callable[[str], bool]
     _remove: Callable[..., bool]
     _write_record: Callable[[WorkspaceRecord], None]
     unknown: Callable[[str], Refusal]

@@ -20,7 +20,7 @@ def workspace_entries(store: WorkspaceStore, record: WorkspaceRecord) -> list[tu
     """A workspace's files as resources, (URI, name, MIME type, size)."""
     return [
         (resource_uri(record.id, path), shown_name(path), mime_type(path), size)
-        for path, size in store.contents.files(record.id)
+        for path, (size, _, _) in sorted(store.contents.states(record.id).items())
         if not internal(path)
     ]
 

@@ -234,8 +234,10 @@ class WorkspaceStore(CarriedWorkspaces):
         """Hold the workspace for one call, yielding how long it waited. Calls run side by side in a mounted
         workspace; a call that must run `alone` there (a cell with kept variables), and every call in an
         archived one, waits up to `wait_s` for the one before it, then is answered busy."""
-        self._users[record.id] = self._users.get(record.id, 0) + 1
-        self._opening.pop(record.id, None)
+        with self._lock:
+            self._may_fill(record)
+            self._users[record.id] = self._users.get(record.id, 0) + 1
+            self._opening.pop(record.id, None)
         stack = contextlib.AsyncExitStack()
         try:
             if self.contents.side_by_side and not alone:
@@ -281,6 +283,16 @@ class WorkspaceStore(CarriedWorkspaces):
             if not self._users[record.id]:
                 del self._users[record.id]
 
+    def _may_fill(self, record: WorkspaceRecord) -> None:
+        """A call is about to work in the workspace (under the lock): one whose calls write its files in place
+        counts at its whole size from now, as the call may fill it; refused busy when the caps have no room."""
+        whole = self.contents.reserve(self.settings)
+        current = self._records.get(record.id, record)
+        if whole > current.size_bytes and not self._in_use(record.id, opening=True):
+            what = f"workspace {record.id} was not continued (a call may fill it to its whole size, {whole} bytes)"
+            self._within_share(current.tenant, whole, what, besides=record.id)
+            self._within_host(whole, what, busy=True, besides=record.id)
+
     def find(self, workspace_id: str, session: str | None, tenant: str | None = None) -> WorkspaceRecord | None:
         """A live workspace or snapshot this caller may see, by its id or its name (the one answer, None, for
         every other case)."""
@@ -318,6 +330,12 @@ class WorkspaceStore(CarriedWorkspaces):
     def finish(self, record: WorkspaceRecord, result: ExecutionResult) -> str | None:
         """Keep the workspace as its call left it; the problem, when it could not be kept."""
         problem = self.contents.finish(record.id, result, self.settings, self._grow)
+        held = self.contents.held_bytes(record.id)
+        if held is not None:  # what its files take now (counted whole while a call works in it)
+            with self._lock:
+                current = self._records.get(record.id)
+                if current is not None:
+                    self._records[record.id] = replace(current, size_bytes=held)
         self.touch(record)
         return problem
 

@@ -191,8 +191,13 @@ async def test_an_empty_workspace_exports_and_imports_as_an_empty_workspace(
     assert not by_tool["is_error"], by_tool["text"]
 
 
-def _small_export(path: Path) -> None:
-    path.write_bytes(hostile.export_of([hostile.file_member("workspace/data.txt", b"from elsewhere\n")]))
+def _small_export(path: Path, zeros: int = 0) -> None:
+    """An export of one short file, and `zeros` bytes of zeros in another (small once compressed, whole once
+    imported)."""
+    members = [hostile.file_member("workspace/data.txt", b"from elsewhere\n")]
+    if zeros:
+        members.append(hostile.file_member("workspace/zeros.bin", bytes(zeros)))
+    path.write_bytes(hostile.export_of(members))
 
 
 async def test_imports_are_bounded_as_forks_are_by_the_client_count_and_the_hosts_cap(
@@ -201,9 +206,9 @@ async def test_imports_are_bounded_as_forks_are_by_the_client_count_and_the_host
     policy, state, archive = tmp_path / "capped.yaml", tmp_path / "state", tmp_path / "ok.tar.zst"
     policy.write_text(
         "extends: default\nworkspace: {persist: true, size_mb: 16, files: 2000, max_per_client: 2}\n"
-        "host: {workspace_storage_mb: 80}\n"
-    )  # each workspace an image of 21.8 MiB: three fit, a fourth does not
-    _small_export(archive)
+        "host: {workspace_storage_mb: 36}\n"
+    )  # an import counts at its workspace's whole size (21.8 MiB) as it is made, then at what it holds (8 MiB)
+    _small_export(archive, zeros=8 * 2**20)
     upload = {"path": "ok.tar.zst", "content": base64.b64encode(archive.read_bytes()).decode(), "encoding": "base64"}
     async with connect(stdio_parameters("--policy", str(policy), "--state-dir", str(state))) as session:
         await _call(session, "execute_command", command="true", files=[upload])
@@ -218,7 +223,7 @@ async def test_imports_are_bounded_as_forks_are_by_the_client_count_and_the_host
         assert refused["is_error"] and refused["error"]["field"] == field, refused["text"]
         assert "this client holds 2 workspaces" in refused["text"], refused["text"]
     assert past_host["is_error"] and past_host["error"]["field"] == "host.workspace_storage_mb", past_host["text"]
-    assert "above the host's cap of 83886080" in past_host["text"], past_host["text"]
+    assert "above the host's cap of 37748736" in past_host["text"], past_host["text"]
     assert inside["stdout"] == "from elsewhere\n"
     assert _left_behind(state) == []
     # The command line is bounded the same way (named imports, past what the server's session left).
@@ -237,8 +242,9 @@ async def test_exports_count_in_the_callers_share_and_one_of_sparse_files_stops_
 ) -> None:
     policy, state = tmp_path / "share.yaml", tmp_path / "state"
     policy.write_text(
-        "extends: default\nworkspace: {persist: true, size_mb: 16, files: 2000, storage_per_caller_mb: 80}\n"
-    )  # the workspace 21.8 MiB; each export counted at that while written, then at its own size (8 MiB)
+        "extends: default\nworkspace: {persist: true, size_mb: 16, files: 2000, storage_per_caller_mb: 64}\n"
+    )  # the workspace holds 7.6 MiB; each export counts at the workspace's whole size (21.8 MiB) while written,
+    # then at its own (7.6 MiB): five fit
     async with connect(stdio_parameters("--policy", str(policy), "--state-dir", str(state))) as session:
         await _call(session, "execute_command", command="for i in 1 2 3 4 5 6 7 8; do truncate -s 15M s$i.bin; done")
         began = time.monotonic()

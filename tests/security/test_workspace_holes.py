@@ -173,12 +173,14 @@ async def test_callers_by_token_with_no_share_of_their_own_have_half_the_host(
     """One caller's forks fill no more than half the host's cap when its policy names no share, so another caller
     still gets a workspace."""
     policy = tmp_path / "shared.yaml"
-    policy.write_text(KEEPING + "host: {workspace_storage_mb: 120}\n")  # each workspace 21.8 MiB, a share 60 MiB
+    policy.write_text(
+        "extends: default\nworkspace: {persist: true, size_mb: 32, files: 2000}\nhost: {workspace_storage_mb: 120}\n"
+    )  # a share is 60 MiB; a workspace counts at what it holds (20 MiB here), at 38.2 MiB while a call works in it
     tokens, (ada, bob) = tokens_file(tmp_path, "ada", "bob", policy=str(policy))
     serve = ("--policy", str(policy), "--tokens", str(tokens), "--state-dir", str(tmp_path / "state"))
     with http_server(*serve) as url:
         async with as_caller(url, ada) as first:
-            await _call(first, "execute_command", command="true")
+            await _call(first, "execute_command", command="head -c 20M /dev/urandom > data")
             forked = await _call(first, "workspaces", action="fork")
             past = await _call(first, "workspaces", action="fork")
             async with as_caller(url, bob) as second:

@@ -143,13 +143,15 @@ def images_of(store: Path) -> Path:
 
 
 def left_by_exited_servers() -> list[str]:
-    """Our containers whose server process has exited (warm ones of servers still running are theirs), once the
-    reapers of servers that ended have done their work (side by side, another worker's server killed a moment ago
-    leaves its containers to its reaper, which may be removing them still)."""
+    """This test process's containers (its worker's label) whose server process has exited (warm ones of servers
+    still running are theirs), once the reapers of servers that ended have done their work (side by side, another
+    worker's server that ended a moment ago may be having its containers removed still)."""
     _reapers_finished()
     api = docker.from_env().api
-    items = api.containers(all=True, filters={"label": SANDBOX_LABEL})
-    api.close()
+    try:
+        items = api.containers(all=True, filters={"label": [SANDBOX_LABEL, os.environ[LABELS_VARIABLE]]})
+    finally:
+        api.close()
     return [item["Id"] for item in items if not owner_alive((item.get("Labels") or {}).get(OWNER_LABEL, ""))]
 
 

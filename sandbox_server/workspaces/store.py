@@ -74,6 +74,7 @@ class WorkspaceStore(CarriedWorkspaces):
         """Per workspace, for the calls that run one at a time in it."""
         self._users: dict[str, int] = {}
         self._opening: dict[str, float] = {}  # new workspaces whose first call has not begun, since when
+        self._filling: set[str] = set()  # workspaces in use whose whole size the caps were found to have room for
         """Per workspace, the calls working in it now."""
         self._records: dict[str, WorkspaceRecord] = {}
         self._written: dict[str, float] = {}
@@ -234,10 +235,8 @@ class WorkspaceStore(CarriedWorkspaces):
         """Hold the workspace for one call, yielding how long it waited. Calls run side by side in a mounted
         workspace; a call that must run `alone` there (a cell with kept variables), and every call in an
         archived one, waits up to `wait_s` for the one before it, then is answered busy."""
-        with self._lock:
-            self._may_fill(record)
-            self._users[record.id] = self._users.get(record.id, 0) + 1
-            self._opening.pop(record.id, None)
+        self._users[record.id] = self._users.get(record.id, 0) + 1
+        self._opening.pop(record.id, None)
         stack = contextlib.AsyncExitStack()
         try:
             if self.contents.side_by_side and not alone:
@@ -282,16 +281,23 @@ class WorkspaceStore(CarriedWorkspaces):
             self._users[record.id] -= 1
             if not self._users[record.id]:
                 del self._users[record.id]
+                self._filling.discard(record.id)
 
     def _may_fill(self, record: WorkspaceRecord) -> None:
-        """A call is about to work in the workspace (under the lock): one whose calls write its files in place
-        counts at its whole size from now, as the call may fill it; refused busy when the caps have no room."""
+        """A workspace whose calls write its files in place counts at its whole size while a call works in it
+        (`using`), as the call may fill it: the first of its calls to begin is refused when the caps have no room
+        for that (busy for the host's cap)."""
         whole = self.contents.reserve(self.settings)
-        current = self._records.get(record.id, record)
-        if whole > current.size_bytes and not self._in_use(record.id, opening=True):
+        if not whole:
+            return
+        with self._lock:
+            current = self._records.get(record.id, record)
+            if whole <= current.size_bytes or record.id in self._filling:
+                return
             what = f"workspace {record.id} was not continued (a call may fill it to its whole size, {whole} bytes)"
             self._within_share(current.tenant, whole, what, besides=record.id)
             self._within_host(whole, what, busy=True, besides=record.id)
+            self._filling.add(record.id)
 
     def find(self, workspace_id: str, session: str | None, tenant: str | None = None) -> WorkspaceRecord | None:
         """A live workspace or snapshot this caller may see, by its id or its name (the one answer, None, for
@@ -324,7 +330,9 @@ class WorkspaceStore(CarriedWorkspaces):
         return self.contents.shape(spec)
 
     def begin(self, record: WorkspaceRecord, spec: SandboxSpec) -> SandboxSpec:
-        """The spec of one call in the workspace as its previous call left it."""
+        """The spec of one call in the workspace as its previous call left it (in `using`); refused when the caps
+        have no room for what it may write (`_may_fill`)."""
+        self._may_fill(record)
         return self.contents.begin(record.id, spec)
 
     def finish(self, record: WorkspaceRecord, result: ExecutionResult) -> str | None:

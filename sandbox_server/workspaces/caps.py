@@ -41,11 +41,15 @@ class CappedWorkspaces:
     def _fresh(self, workspace_id: str | None = None, shared: SharedCall | None = None) -> None:
         raise NotImplementedError
 
+    def _at_most(self, record: WorkspaceRecord) -> int:
+        """The most a workspace or snapshot may take: its whole size where its calls write its files in place (a
+        mounted one), else what its files take."""
+        return max(record.size_bytes, self.contents.reserve(self.settings))
+
     def _counted(self, record: WorkspaceRecord) -> int:
-        """What a workspace or snapshot takes of the caps now (under the lock)."""
-        if self._in_use(record.id, opening=True):
-            return max(record.size_bytes, self.contents.reserve(self.settings))
-        return record.size_bytes
+        """What a workspace or snapshot takes of the caps now (under the lock): the most it may take while a call
+        works in it."""
+        return self._at_most(record) if self._in_use(record.id, opening=True) else record.size_bytes
 
     def _within_share(self, tenant: str | None, more: int, what: str, besides: str | None = None) -> None:
         """Refuse `more` bytes for this caller past workspace.storage_per_caller_mb (under the lock); `besides`: a

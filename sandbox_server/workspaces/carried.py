@@ -25,11 +25,11 @@ class CarriedWorkspaces(PausedWorkspaces):
     def export(self, record: WorkspaceRecord, deadline: float) -> tuple[str, int, dict[str, Any]]:
         """An export of a workspace or snapshot to be read as a resource (its URI, size and manifest), counted in
         its caller's share and the host's cap: at the most its workspace may hold while it is written (a sparse
-        file's zeros are written out), then at its own size. Refused, naming the field, past either, past the workspace's size in bytes of content
-        or `deadline`; one that fails leaves no file behind."""
+        file's zeros are written out), then at its own size. Refused, naming the field, past either, past the
+        workspace's size in bytes of content or `deadline`; one that fails leaves no file behind."""
         with self._lock:
             current = self._current(record)
-            most = max(current.size_bytes, self.contents.reserve(self.settings))
+            most = self._at_most(current)
             self._within_share(current.tenant, most, "not exported")
             self._within_host(most, "not exported")
             uri, path = self.exports.begin(current.tenant, most)

@@ -73,9 +73,10 @@ class WorkspaceStore(CarriedWorkspaces):
         self._busy: dict[str, anyio.Lock] = {}
         """Per workspace, for the calls that run one at a time in it."""
         self._users: dict[str, int] = {}
-        self._opening: dict[str, float] = {}  # new workspaces whose first call has not begun, since when
-        self._filling: set[str] = set()  # workspaces in use whose whole size the caps were found to have room for
         """Per workspace, the calls working in it now."""
+        self._opening: dict[str, float] = {}  # new workspaces whose first call has not begun, since when
+        self._filling: set[str] = set()
+        """The workspaces in use whose whole size the caps were found to have room for (`_may_fill`)."""
         self._records: dict[str, WorkspaceRecord] = {}
         self._written: dict[str, float] = {}
         """When each record was last written to disk."""

@@ -118,7 +118,8 @@ class HostAdmission:
     pool_memory_mb: int = 2048
     """All warm containers together may hold at most this much memory."""
     workspace_storage_mb: int = 8192
-    """All kept workspaces together may take at most this much of the host's disk (mounted ones: their whole size)."""
+    """All kept workspaces together may take at most this much of the host's disk (each at what its files take, a
+    mounted one at its whole size while a call works in it)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,8 +142,9 @@ class WorkspaceSettings:
     snapshots_per_caller: int = 20
     """Snapshots one caller may hold (apart from its workspaces)."""
     storage_per_caller_mb: int = 0
-    """What one caller's workspaces and snapshots may take together, MiB (each counted at its whole size, a
-    fork's shared blocks included); 0: only host.workspace_storage_mb bounds them."""
+    """What one caller's workspaces, snapshots and live exports may take together, MiB (each counted as for
+    host.workspace_storage_mb); 0: no share of its own (half of host.workspace_storage_mb where callers by token
+    share the server)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,7 @@ from starlette.requests import HTTPConnection
 
 from sandbox_server.access.identity import Identity, anonymous, local_user, token_identity
 from sandbox_server.protocol.draining import FORWARDED
-from sandbox_server.workspaces.store import session_key
+from sandbox_server.workspaces.records import session_key
 
 __all__ = ["Context", "client_name", "handshake_era", "http_session", "identity_of", "session_of"]
 

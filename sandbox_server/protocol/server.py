@@ -53,7 +53,7 @@ from sandbox_server.services.manager import Services
 from sandbox_server.tasks.manager import Tasks
 from sandbox_server.tasks.records import TaskRecord
 from sandbox_server.tools import ToolOutcome
-from sandbox_server.workspaces.store import session_key
+from sandbox_server.workspaces.records import session_key
 
 if TYPE_CHECKING:  # the PostgreSQL driver is imported only by a server given --state
     from sandbox_server.access.shared import SharedAccess

@@ -16,7 +16,18 @@ from sandbox_server.workspaces.naming import ID_PATTERN
 if TYPE_CHECKING:  # the PostgreSQL driver is imported only by a server given --state
     from sandbox_server.state.calls import SharedCall
 
-__all__ = ["FileBook", "RecordBook", "WorkspaceRecord", "from_fields", "over_cap", "to_fields"]
+__all__ = [
+    "FileBook",
+    "RecordBook",
+    "WorkspaceRecord",
+    "from_fields",
+    "over_cap",
+    "server_of",
+    "session_key",
+    "to_fields",
+]
+
+SESSION_PREFIX = "session:"
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,3 +170,13 @@ def from_fields(fields: dict[str, Any]) -> WorkspaceRecord:
     named = {known.get(name, name): value for name, value in fields.items()}
     named["services"] = tuple(named.get("services") or ())
     return WorkspaceRecord(**named)
+
+
+def session_key(server: str, session: str) -> str:
+    """A handshake session as kept workspaces name it: its server process and its session id."""
+    return f"{SESSION_PREFIX}{server}|{session}"
+
+
+def server_of(session: str) -> str:
+    """The server process of a handshake session as kept workspaces name it."""
+    return session.removeprefix(SESSION_PREFIX).split("|", 1)[0]

@@ -32,13 +32,13 @@ from sandbox_server.workspaces.exports import Exports
 from sandbox_server.workspaces.files import FileState
 from sandbox_server.workspaces.names import not_a_snapshot
 from sandbox_server.workspaces.naming import ID_PATTERN, NAME_PATTERN
-from sandbox_server.workspaces.records import FileBook, RecordBook, WorkspaceRecord, server_of, session_key
+from sandbox_server.workspaces.records import FileBook, RecordBook, WorkspaceRecord, server_of
 from sandbox_server.workspaces.sweeping import SweptWorkspaces
 
 if TYPE_CHECKING:  # the PostgreSQL driver is imported only by a server given --state
     from sandbox_server.state.calls import SharedCall
 
-__all__ = ["WorkspaceRecord", "WorkspaceStore", "session_key"]
+__all__ = ["WorkspaceRecord", "WorkspaceStore"]
 
 
 class WorkspaceStore(SweptWorkspaces):
@@ -61,18 +61,14 @@ class WorkspaceStore(SweptWorkspaces):
         self.storage_bytes = storage_bytes
         self.contents = contents(root)
         self._lock = threading.Lock()
+        # The state its sides declare and say (workspaces.held, workspaces.sweeping):
         self._busy: dict[str, anyio.Lock] = {}
-        """Per workspace, for the calls that run one at a time in it."""
         self._users: dict[str, int] = {}
-        """Per workspace, the calls working in it now."""
-        self._opening: dict[str, float] = {}  # new workspaces whose first call has not begun, since when
+        self._opening: dict[str, float] = {}
         self._filling: set[str] = set()
-        """The workspaces in use whose whole size the caps were found to have room for (`_may_fill`)."""
         self._records: dict[str, WorkspaceRecord] = {}
         self._written: dict[str, float] = {}
-        """When each record was last written to disk."""
         self._evicted: OrderedDict[str, tuple[str | None, str]] = OrderedDict()
-        """Workspaces removed to make room, by id: their tenant, and what a call naming one is told."""
         self.book: RecordBook = book if book is not None else FileBook(root)
         self.exports = Exports(root / "exports")  # made through the `workspaces` tool, read as resources
         self.last_changes = LastChanges()  # what each workspace's last call here changed (for its view)

@@ -13,7 +13,8 @@ import pytest
 from sandbox_server.errors import Refusal
 from sandbox_server.policy import WorkspaceSettings
 from sandbox_server.sandbox.mounts import copy_sparse
-from sandbox_server.workspaces.store import WorkspaceStore, session_key
+from sandbox_server.workspaces.records import session_key
+from sandbox_server.workspaces.store import WorkspaceStore
 
 
 def _store(root: Path, **settings: float) -> WorkspaceStore:

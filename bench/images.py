@@ -47,6 +47,10 @@ rate: {calls_per_minute: 1000000}
 host: {min_available_memory_mb: 64, max_load_per_cpu: 1000}
 """
 TOOLCHAIN = "sandbox-server/toolchain:latest"
+RUNS = 6
+"""Each toolchain command's runs, through the server and on the host: the first, then those with its caches made."""
+HOST_MOUNTS = 'mount --bind "$1" "$2/workspace" && mount --rbind /proc "$2/proc" && mount --rbind /dev "$2/dev"'
+"""The workspace folder, then the host's /proc and /dev, in the unpacked image (in a mount namespace of its own)."""
 LANGUAGES = {
     "C": ("hello.c", '#include <stdio.h>\nint main(void) { printf("hello\\n"); return 0; }\n',
           "gcc -O2 -o hello hello.c && ./hello"),
@@ -88,11 +92,16 @@ def _builds(runtime: DockerRuntime, folder: Path, round_number: int) -> tuple[di
     return times, team.reference
 
 
+async def _pools_filled(client: Client) -> None:
+    """A new server's first calls, spaced so that its pools are filled before anything is timed."""
+    for _ in range(3):
+        await client.call_tool("execute_command", {"command": "true"})
+        await anyio.sleep(1)
+
+
 async def _true_p50(policy: Path) -> float:
     async with Client(server_parameters(["--policy", str(policy)]), mode="legacy") as client:
-        for _ in range(3):  # the pool filled
-            await client.call_tool("execute_command", {"command": "true"})
-            await anyio.sleep(1)
+        await _pools_filled(client)
         samples, failures = await timed_calls(client, "execute_command", {"command": "true"}, 30, 0.3)
         assert failures == 0
     return percentiles(samples)["p50"]
@@ -103,12 +112,10 @@ async def _toolchain_calls() -> dict[str, dict[str, float]]:
     filled: seconds of the first call, and the median of the later ones (the workspace's caches made)."""
     found: dict[str, dict[str, float]] = {}
     async with Client(server_parameters(["--policy", "toolchain"]), mode="legacy") as client:
-        for _ in range(3):  # the pools filled, as _true_p50's
-            await client.call_tool("execute_command", {"command": "true"})
-            await anyio.sleep(1)
+        await _pools_filled(client)
         for language, (path, source, command) in LANGUAGES.items():
             times = []
-            for _ in range(6):
+            for _ in range(RUNS):
                 files = [{"path": path, "content": source}]
                 started = time.perf_counter()
                 result = await client.call_tool("execute_command", {"command": command, "files": files})
@@ -123,11 +130,11 @@ async def _toolchain_calls() -> dict[str, dict[str, float]]:
 def _on_the_host(api: docker.APIClient) -> dict[str, float]:
     """Each language's command run on the host itself, with no sandbox: the toolchain image's own compilers (its
     files unpacked, as runc's sandboxes use them) under chroot as the sandbox's user, its workspace a folder on the
-    host's disk bound at /workspace, the host's /proc and /dev beside it (in a mount namespace of its own), run six times 0.5 s apart as the calls are;
-    seconds, the median of the runs after the first (its caches made)."""
+    host's disk (HOST_MOUNTS), run RUNS times 0.5 s apart as the calls are; seconds, the median of the runs after
+    the first (its caches made)."""
     root = unpacked(api, TOOLCHAIN, api.inspect_image(TOOLCHAIN), IMAGES)
     script = "cd /workspace && " + " && ".join(
-        f"printf %s {_quoted(source)} > {path} && for i in 1 2 3 4 5 6; do s=$(date +%s%N) && {command} >/dev/null"
+        f"printf %s {_quoted(source)} > {path} && for i in $(seq {RUNS}); do s=$(date +%s%N) && {command} >/dev/null"
         f" && echo {language} $(( ($(date +%s%N) - s) / 1000 )) && sleep 0.5; done"
         for language, (path, source, command) in LANGUAGES.items()
     )
@@ -136,8 +143,8 @@ def _on_the_host(api: docker.APIClient) -> dict[str, float]:
     inside = ["env", "-i", "HOME=/workspace", "PATH=/usr/local/bin:/usr/bin:/bin", "LANG=C.UTF-8", "/bin/sh", "-c"]
     try:
         done = subprocess.run(
-            ["unshare", "--mount", "sh", "-c", 'mount --bind "$1" "$2/workspace" && mount --rbind /proc "$2/proc" && mount --rbind /dev "$2/dev" && shift 2 && exec "$@"', "sh",
-             str(folder), str(root), "chroot", "--userspec=1000:1000", str(root), *inside, script],
+            ["unshare", "--mount", "sh", "-c", f'{HOST_MOUNTS} && shift 2 && exec "$@"', "sh", str(folder), str(root),
+             "chroot", "--userspec=1000:1000", str(root), *inside, script],
             capture_output=True, text=True, timeout=600, check=False,
         )  # fmt: skip
         assert done.returncode == 0, done.stderr

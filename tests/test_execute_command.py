@@ -32,9 +32,10 @@ def http_url(runtime: DockerRuntime) -> Iterator[str]:
         yield url
 
 
-@pytest.fixture(params=["stdio", "http"])
+@pytest.fixture(scope="module", params=["stdio", "http"])
 async def client(request: pytest.FixtureRequest, http_url: str) -> AsyncIterator[Client]:
-    """A client session with the real server over each transport."""
+    """A client session with the real server over each transport, one per module: no test here changes the server
+    or its session (each call is a sandbox of its own), and a stdio server costs seconds to start."""
     target = stdio_parameters() if request.param == "stdio" else http_url
     async with connect(target) as session:
         yield session

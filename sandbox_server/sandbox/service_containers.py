@@ -14,6 +14,7 @@ import contextlib
 import hashlib
 import os
 import tempfile
+import time
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -51,13 +52,25 @@ def ensure_network(api: docker.APIClient, name: str, owner: str) -> None:
         )
 
 
+NETWORK_REMOVAL_TRIES = 50
+"""How often removing a network is tried, 0.2 s apart: a warm container the pool was making for it when its last
+service stopped may join it between letting go of what is on it and removing it."""
+
+
 def remove_network(api: docker.APIClient, name: str) -> None:
-    """Remove a workspace's network (an egress proxy that joined it let go of first); never raises."""
-    with contextlib.suppress(docker.errors.APIError, docker.errors.NotFound):
-        for container in api.inspect_network(name).get("Containers") or {}:
-            with contextlib.suppress(docker.errors.APIError, docker.errors.NotFound):
-                api.disconnect_container_from_network(container, name, force=True)
-        api.remove_network(name)
+    """Remove a workspace's network (an egress proxy or a warm container that joined it let go of first); never
+    raises."""
+    for _ in range(NETWORK_REMOVAL_TRIES):
+        try:
+            for container in api.inspect_network(name).get("Containers") or {}:
+                with contextlib.suppress(docker.errors.APIError, docker.errors.NotFound):
+                    api.disconnect_container_from_network(container, name, force=True)
+            api.remove_network(name)
+            return
+        except docker.errors.NotFound:
+            return
+        except docker.errors.APIError:  # something joined it meanwhile: let go of that too
+            time.sleep(0.2)
 
 
 @dataclass(frozen=True, slots=True)

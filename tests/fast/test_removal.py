@@ -1,5 +1,5 @@
-"""Removal without an engine: a network the engine will not remove does not hold a stopping server; what labels
-say whose a container is."""
+"""Removal without an engine: a network the engine will not remove does not hold a stopping server; a container
+that joins a services' network as it is removed does not keep it; what labels say whose a container is."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from sandbox_server.sandbox.removal import (
     owned_by,
     owner_alive,
 )
+from sandbox_server.sandbox.service_containers import remove_network
 from sandbox_server.sandbox.spec import SANDBOX_LABEL
 
 
@@ -42,6 +43,35 @@ def test_a_network_the_engine_will_not_remove_does_not_hold_up_close() -> None:
     started = time.monotonic()
     remover.close()
     assert time.monotonic() - started < 2  # not the 10 s of retries: the next server's reaper tries again
+
+
+class Joined:
+    """An engine on which a warm container (made for the network before its last service stopped) joins the network
+    after what was on it was let go of, and before it is removed: as the engine does, removal then fails."""
+
+    def __init__(self) -> None:
+        self.attached = {"service-container"}
+        self.late = ["warm-container"]
+        self.removed = False
+
+    def inspect_network(self, name: str) -> dict[str, object]:
+        return {"Containers": {container: {} for container in self.attached}}
+
+    def disconnect_container_from_network(self, container: str, name: str, force: bool) -> None:
+        self.attached.discard(container)
+
+    def remove_network(self, name: str) -> None:
+        self.attached.update(self.late)
+        self.late = []
+        if self.attached:
+            raise docker.errors.APIError(f"error while removing network: network {name} has active endpoints")
+        self.removed = True
+
+
+def test_a_container_joining_a_services_network_as_it_is_removed_is_let_go_of_and_the_network_goes() -> None:
+    engine = Joined()
+    remove_network(engine, "sandbox-svc-0123456789abcdef")
+    assert engine.removed and not engine.attached
 
 
 def test_what_a_part_of_a_live_process_labels_with_its_role_is_not_taken_for_a_dead_servers() -> None:

@@ -86,6 +86,10 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+SERVING = "serving MCP over Streamable HTTP at"
+"""What an HTTP server logs once its parts are made (tests wait for it, not for its port, bound before them)."""
+
+
 class ServerProcess:
     """A running `serve --transport http` child: its URL, process, and the lines of its log."""
 
@@ -93,6 +97,8 @@ class ServerProcess:
         self.url = url
         self.process = process
         self.lines: list[str] = []
+        self.ended = False
+        """Its log ended: the process is gone."""
         self._changed = threading.Condition()
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
@@ -103,6 +109,18 @@ class ServerProcess:
             with self._changed:
                 self.lines.append(raw.decode(errors="replace"))
                 self._changed.notify_all()
+        with self._changed:
+            self.ended = True
+            self._changed.notify_all()
+
+    def wait_until_serving(self, timeout_s: float = 30) -> None:
+        """Block until the server says it serves: its parts are made (its state folder held, its pools begun), not
+        only its port bound, which comes first so that a taken port is said at once."""
+        with self._changed:
+            self._changed.wait_for(lambda: self.ended or any(SERVING in line for line in self.lines), timeout_s)
+            if not any(SERVING in line for line in self.lines):
+                state = "exited" if self.ended else f"did not serve within {timeout_s} s"
+                raise RuntimeError(f"server {state}: {''.join(self.lines)}")
 
     def wait_for_line(self, text: str, timeout_s: float = 30, after: int = 0) -> str:
         """Block until the server logs a line containing `text` (among its lines from index `after` on). The
@@ -136,18 +154,8 @@ def http_server_process(*serve_args: str, env: dict[str, str] | None = None) -> 
     )
     server: ServerProcess | None = None
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError(f"server exited: {process.stderr.read().decode() if process.stderr else ''}")
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise RuntimeError("HTTP server did not start listening within 30 s") from None
-                time.sleep(0.05)
         server = ServerProcess(f"http://127.0.0.1:{port}/mcp", process)
+        server.wait_until_serving()
         yield server
     finally:
         stop_server(process)

@@ -19,7 +19,7 @@ from mcp import Client
 
 from tests.mcp_harness import text_of
 
-pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("invariants")]
+pytestmark = [pytest.mark.anyio, pytest.mark.alone, pytest.mark.usefixtures("invariants")]
 
 Check = Callable[[types.CallToolResult, str, dict[str, Any]], None]
 

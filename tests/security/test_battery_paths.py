@@ -21,7 +21,7 @@ from mcp import Client
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
 from tests.mcp_harness import text_of, upload
 
-pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("invariants")]
+pytestmark = [pytest.mark.anyio, pytest.mark.alone, pytest.mark.usefixtures("invariants")]
 
 
 FORGE_OUTPUT = '''

@@ -12,7 +12,7 @@ from mcp import Client
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
 from tests.mcp_harness import connect, stdio_parameters, text_of
 
-pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("invariants")]
+pytestmark = [pytest.mark.anyio, pytest.mark.alone, pytest.mark.usefixtures("invariants")]
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ from sandbox_server.sandbox.runc_state import is_runc
 from tests.conftest import containers_running, kill_from_outside
 from tests.mcp_harness import text_of
 
-pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("invariants")]
+pytestmark = [pytest.mark.anyio, pytest.mark.alone, pytest.mark.usefixtures("invariants")]
 
 ENGINE_UP = Path(__file__).resolve().parents[2] / "scripts" / "engine-up"
 

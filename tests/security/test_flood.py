@@ -29,7 +29,7 @@ from sandbox_server.sandbox.spec import SANDBOX_LABEL
 from tests.conftest import containers_of, interpreters_warm
 from tests.mcp_harness import connect, http_server_process, text_of
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.alone]
 
 CALLS = 200
 TOOL_NAMES = ("analyze_csv", "execute_command", "run_python")

@@ -553,7 +553,7 @@ async def test_callers_on_one_allow_list_cannot_reach_each_other_nor_take_the_pr
     import docker
 
     from sandbox_server.network.proxies import PROXY_LABEL
-    from tests.conftest import containers_running
+    from tests.conftest import containers_of, containers_running
     from tests.mcp_harness import first_sandboxes
 
     network, unused = egress_network
@@ -569,7 +569,8 @@ async def test_callers_on_one_allow_list_cannot_reach_each_other_nor_take_the_pr
     with http_server_process("--tokens", str(tokens), "--policy", str(policy), "--no-pool") as server:
         async with as_caller(server.url, alice) as hers, as_caller(server.url, dave) as his:
             await _call(hers, command="true")  # the proxy is up
-            (proxy,) = [c["Id"] for c in api.containers(filters={"label": PROXY_LABEL})]
+            ours = set(containers_of(server.process.pid))  # (other tests' servers may run beside this one)
+            (proxy,) = [c["Id"] for c in api.containers(filters={"label": PROXY_LABEL}) if c["Id"] in ours]
             listening: dict[str, Any] = {}
 
             async def serve_for_a_while() -> None:
@@ -578,7 +579,9 @@ async def test_callers_on_one_allow_list_cannot_reach_each_other_nor_take_the_pr
             async with anyio.create_task_group() as group:
                 group.start_soon(serve_for_a_while)
                 found = await anyio.to_thread.run_sync(
-                    first_sandboxes, api, lambda: set(containers_running("http.server"))
+                    first_sandboxes,
+                    api,
+                    lambda: set(containers_running("http.server")) & set(containers_of(server.process.pid)),
                 )
                 (listener,) = found
                 networks = api.inspect_container(listener)["NetworkSettings"]["Networks"]

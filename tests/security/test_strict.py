@@ -18,7 +18,7 @@ from sandbox_server.sandbox.docker_runtime import DockerRuntime
 from tests.mcp_harness import connect, stdio_parameters, text_of
 from tests.security.conftest import warm_pools_ready
 
-pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("invariants")]
+pytestmark = [pytest.mark.anyio, pytest.mark.alone, pytest.mark.usefixtures("invariants")]
 
 
 @pytest.fixture(scope="module")

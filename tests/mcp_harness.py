@@ -113,26 +113,20 @@ class ServerProcess:
             self.ended = True
             self._changed.notify_all()
 
-    def wait_until_serving(self, timeout_s: float = 30) -> None:
-        """Block until the server says it serves: its parts are made (its state folder held, its pools begun), not
-        only its port bound, which comes first so that a taken port is said at once."""
-        with self._changed:
-            self._changed.wait_for(lambda: self.ended or any(SERVING in line for line in self.lines), timeout_s)
-            if not any(SERVING in line for line in self.lines):
-                state = "exited" if self.ended else f"did not serve within {timeout_s} s"
-                raise RuntimeError(f"server {state}: {''.join(self.lines)}")
-
     def wait_for_line(self, text: str, timeout_s: float = 30, after: int = 0) -> str:
         """Block until the server logs a line containing `text` (among its lines from index `after` on). The
         line comes at once on an idle host; 30 s leaves room for a start the suite's workers side by side hold
         back, and is spent only by a test that fails."""
         with self._changed:
-            found = self._changed.wait_for(
-                lambda: next((line for line in self.lines[after:] if text in line), None), timeout_s
-            )
-        if not found:
-            raise AssertionError(f"the server did not log {text!r} within {timeout_s} s; it logged: {self.lines}")
+            self._changed.wait_for(lambda: self._line(text, after) is not None or self.ended, timeout_s)
+            found = self._line(text, after)
+        if found is None:
+            within = "before it exited" if self.ended else f"within {timeout_s} s"
+            raise AssertionError(f"the server did not log {text!r} {within}; it logged: {self.lines}")
         return found
+
+    def _line(self, text: str, after: int) -> str | None:
+        return next((line for line in self.lines[after:] if text in line), None)
 
 
 @contextmanager
@@ -155,7 +149,7 @@ def http_server_process(*serve_args: str, env: dict[str, str] | None = None) -> 
     server: ServerProcess | None = None
     try:
         server = ServerProcess(f"http://127.0.0.1:{port}/mcp", process)
-        server.wait_until_serving()
+        server.wait_for_line(SERVING)  # its parts made (its state folder held, its pools begun), not only its port
         yield server
     finally:
         stop_server(process)

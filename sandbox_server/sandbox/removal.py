@@ -27,7 +27,8 @@ from sandbox_server.sandbox.engine import engine_errors
 from sandbox_server.sandbox.runc_state import delete_left_by
 from sandbox_server.sandbox.spec import SANDBOX_LABEL
 
-__all__ = ["LABELS_VARIABLE", "OWNER_LABEL", "Remover", "current_owner", "operator_labels", "owned_by", "owner_alive"]
+__all__ = ["LABELS_VARIABLE", "OWNER_LABEL", "Remover", "current_owner", "operator_labels", "owned_by", "owner_alive",
+           "until_network_removed"]  # fmt: skip
 
 OWNER_LABEL = "org.sandbox-server.owner"
 LABELS_VARIABLE = "SANDBOX_CONTAINER_LABELS"
@@ -41,6 +42,24 @@ BACKLOG = 48
 """With more removals than this waiting, none waits for a pause. A burst of calls one after another can use up a
 whole warm pool (40 on `default`) before its first pause: each used container waits stopped, holding a few MiB,
 and removing them beside the burst's calls would slow each call several times over."""
+NETWORK_TRIES = 50
+"""How often removing a network is tried, 0.2 s apart: the engine refuses while a container is on it (one being
+removed, or one that joined it meanwhile)."""
+
+
+def until_network_removed(remove: Callable[[], None], giving_up: Callable[[], bool] = lambda: False) -> None:
+    """Call `remove` until the network is gone (or was already), at most NETWORK_TRIES times, unless `giving_up`
+    says to stop; never raises."""
+    for _ in range(NETWORK_TRIES):
+        try:
+            remove()
+            return
+        except docker.errors.NotFound:
+            return
+        except docker.errors.APIError:
+            if giving_up():
+                return
+            time.sleep(0.2)
 
 
 def current_owner() -> str:
@@ -207,18 +226,11 @@ class Remover:
         """Remove a network of a server that is gone, after the containers on it; never raises."""
 
         def remove() -> None:
-            for _ in range(50):
-                try:
-                    self._api().remove_network(network_id)
-                    return
-                except docker.errors.NotFound:
-                    return
-                except docker.errors.APIError:  # its containers are still being removed
-                    if self._closing:  # a stopping server does not wait on another's network: its reaper will
-                        return
-                    time.sleep(0.2)
+            self._api().remove_network(network_id)
 
-        self._workers.submit(remove)
+        # (refused while its containers are still being removed; a stopping server does not wait on another's
+        # network: its reaper will)
+        self._workers.submit(until_network_removed, remove, lambda: self._closing)
 
     def close(self) -> None:
         """Finish the removals under way (none waits for a pause any more), and retry the failed ones once."""

@@ -14,7 +14,6 @@ import contextlib
 import hashlib
 import os
 import tempfile
-import time
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -23,7 +22,7 @@ import docker
 from sandbox_server.sandbox import mounts
 from sandbox_server.sandbox.engine import Engine, engine_errors
 from sandbox_server.sandbox.host_config import host_config_kwargs, masked_paths
-from sandbox_server.sandbox.removal import owned_by
+from sandbox_server.sandbox.removal import owned_by, until_network_removed
 from sandbox_server.sandbox.spec import SandboxSpec
 
 __all__ = ["SERVICE_LABEL", "Started", "container_state", "ensure_network", "listening_ports", "log_tail",
@@ -52,25 +51,18 @@ def ensure_network(api: docker.APIClient, name: str, owner: str) -> None:
         )
 
 
-NETWORK_REMOVAL_TRIES = 50
-"""How often removing a network is tried, 0.2 s apart: a warm container the pool was making for it when its last
-service stopped may join it between letting go of what is on it and removing it."""
-
-
 def remove_network(api: docker.APIClient, name: str) -> None:
-    """Remove a workspace's network (an egress proxy or a warm container that joined it let go of first); never
-    raises."""
-    for _ in range(NETWORK_REMOVAL_TRIES):
-        try:
-            for container in api.inspect_network(name).get("Containers") or {}:
-                with contextlib.suppress(docker.errors.APIError, docker.errors.NotFound):
-                    api.disconnect_container_from_network(container, name, force=True)
-            api.remove_network(name)
-            return
-        except docker.errors.NotFound:
-            return
-        except docker.errors.APIError:  # something joined it meanwhile: let go of that too
-            time.sleep(0.2)
+    """Remove a workspace's network, what joined it let go of first (an egress proxy; a warm container the pool was
+    making for it as its last service stopped, which may join between letting go and removing: then again);
+    never raises."""
+
+    def let_go_and_remove() -> None:
+        for container in api.inspect_network(name).get("Containers") or {}:
+            with contextlib.suppress(docker.errors.APIError, docker.errors.NotFound):
+                api.disconnect_container_from_network(container, name, force=True)
+        api.remove_network(name)
+
+    until_network_removed(let_go_and_remove)
 
 
 @dataclass(frozen=True, slots=True)

@@ -136,6 +136,15 @@ async def until_gone(pid: int, within_s: float = 30) -> None:
         await anyio.sleep(0.1)
 
 
+async def until_networks_gone(before: set[str], within_s: float = 30) -> None:
+    """Wait until no services' network is left beyond `before`: a network goes after its containers (its removal
+    tried again while something still leaves it)."""
+    deadline = time.monotonic() + within_s
+    while service_networks() - before:
+        assert time.monotonic() < deadline, service_networks() - before
+        await anyio.sleep(0.1)
+
+
 async def test_a_sessions_services_are_reached_by_name_from_it_and_from_nowhere_else(
     tmp_path: Path, runtime: DockerRuntime
 ) -> None:
@@ -198,7 +207,7 @@ async def test_a_sessions_services_are_reached_by_name_from_it_and_from_nowhere_
             assert capped["is_error"] and "(field services.per_session: 3)" in capped["text"], capped["text"]
         # The session ended (the client closed it): its services and their network are gone.
         await until_gone(server.process.pid)
-        assert not service_networks() - networks_before
+        await until_networks_gone(networks_before)
     audit = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
     events = [(r["event"], r["name"], r.get("reason")) for r in audit if str(r.get("event", "")).startswith("service")]
     assert sorted(events) == [
@@ -429,10 +438,7 @@ async def test_a_killed_servers_services_and_their_network_are_removed_by_its_re
             server.process.kill()  # no goodbye: what it started is the reaper's to remove
             server.process.wait(timeout=30)
             await until_gone(server.process.pid)
-    deadline = time.monotonic() + 30
-    while service_networks() - networks_before:  # the reaper removes the network after the containers
-        assert time.monotonic() < deadline, service_networks() - networks_before
-        await anyio.sleep(0.1)
+    await until_networks_gone(networks_before)  # the reaper removes the network after the containers
     with http_server_process(*serve) as again:  # the next server on the same state lets go of what was left mounted
         async with as_caller(again.url) as session:
             assert not (await call(session, command="true"))["is_error"]

@@ -8,6 +8,7 @@ name server. Refusals are proven against those upstreams and the proxy's own con
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections.abc import AsyncIterator
@@ -251,18 +252,22 @@ async def test_once_its_proxy_runs_a_tool_with_an_allow_list_is_served_by_warm_c
         proxy = _proxy_container(api, upstreams)
         network = next(name for name in proxy["NetworkSettings"]["Networks"] if name.startswith("sandbox-egress-"))
 
-        def waiting() -> set[str]:  # the sandboxes on the allow list's network now: the pool's, between calls
-            listed = api.containers(filters={"network": network, "label": SANDBOX_LABEL})
-            return {c["Id"][:12] for c in listed if PROXY_LABEL not in c["Labels"]}
+        def made(running_only: bool) -> set[str]:  # the sandboxes on the network no call has used yet: the pool's
+            used = {record.get("container_id") for record in audit_records(audit_path)}  # `true`'s may linger
+            listed = api.containers(all=not running_only, filters={"network": network, "label": SANDBOX_LABEL})
+            ids = {c["Id"][:12] for c in listed if PROXY_LABEL not in c["Labels"]}
+            return ids - used
 
-        with anyio.fail_after(60):
-            before = await anyio.to_thread.run_sync(first_sandboxes, api, waiting)
+        with anyio.fail_after(60):  # one of them running: the pool fills on this network
+            await anyio.to_thread.run_sync(first_sandboxes, api, functools.partial(made, True))
+        before = made(False)  # and every one it has begun (a call finding none ready waits for one being made)
     finally:
         api.close()
     answer = await run(session, "curl -sS -m 10 http://web.test/warm")
     assert answer["stdout"] == "hello from web /warm\n", answer["text"]
     assert [r["host"] for r in answer["network"]["requests"]] == ["web.test"]  # filed by the warm one's address
-    assert audit_records(audit_path)[-1]["container_id"] in before
+    used = audit_records(audit_path)[-1]["container_id"]
+    assert used in before, (used, before)  # made before the call: a cold one is made after it begins
 
 
 async def test_a_killed_proxy_refuses_calls_with_the_reason_until_it_is_back(

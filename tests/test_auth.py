@@ -6,6 +6,7 @@ token, the real engine; tokens made by the real `sandbox-server token` commands.
 
 from __future__ import annotations
 
+import functools
 import http.server
 import json
 import os
@@ -32,6 +33,7 @@ from mcp.shared.exceptions import MCPError
 
 from sandbox_server.policy.loader import load_policy
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
+from sandbox_server.sandbox.removal import OWNER_LABEL
 from sandbox_server.sandbox.spec import SANDBOX_LABEL
 from sandbox_server.tools import all_tools
 from tests.conftest import run_cli
@@ -378,7 +380,8 @@ async def test_callers_of_another_policy_are_served_by_warm_containers_of_theirs
         api = docker.from_env().api
         try:
             with anyio.fail_after(60):
-                waiting = await anyio.to_thread.run_sync(_warm_gvisor_containers, api, abandon_on_cancel=True)
+                made = functools.partial(_warm_gvisor_containers, api, server.process.pid)
+                waiting = await anyio.to_thread.run_sync(made, abandon_on_cancel=True)
         finally:
             api.close()
         team = Team(server, tokens, audit, "", bob, "")
@@ -389,15 +392,17 @@ async def test_callers_of_another_policy_are_served_by_warm_containers_of_theirs
     assert record["runtime"] == "runsc" and record["container_id"] in waiting
 
 
-def _warm_gvisor_containers(api: docker.APIClient) -> set[str]:
-    """The sandboxes under gVisor waiting now, once there is one for execute_command (a first call runs in the
-    one the engine is making for its kind, if none waits yet: strict's run_python pool, which preloads, fills
-    first)."""
+def _warm_gvisor_containers(api: docker.APIClient, pid: int) -> set[str]:
+    """The sandboxes under gVisor the server `pid` made, waiting now, once there is one for execute_command (a
+    first call runs in the one the engine is making for its kind, if none waits yet: strict's run_python pool,
+    which preloads, fills first). Other servers' are not counted: tests run side by side."""
     image = load_policy("strict", [t.name for t in all_tools()]).for_tool("execute_command").image
 
     def waiting() -> set[str]:
         found, shell = set(), False
         for listed in api.containers(filters={"label": SANDBOX_LABEL}):
+            if f":{pid}:" not in listed["Labels"].get(OWNER_LABEL, ""):
+                continue
             try:
                 inspected = api.inspect_container(listed["Id"])
             except docker.errors.NotFound:

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import docker
 import httpx2
 import mcp_types as types
 import pytest
@@ -29,7 +28,6 @@ from mcp.shared.exceptions import MCPError
 
 from sandbox_server.protocol.tasks_client import TasksExtension, task_request
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
-from sandbox_server.sandbox.spec import SANDBOX_LABEL
 from tests.conftest import containers_of, run_cli
 from tests.mcp_harness import first_sandboxes, http_server, http_server_process, stdio_parameters, text_of
 
@@ -82,10 +80,6 @@ async def until(client: Client, task_id: str, done: Callable[[dict[str, Any]], b
             if done(task):
                 return task
             await anyio.sleep(task["pollIntervalMs"] / 1000)
-
-
-def sandboxes(api: docker.APIClient) -> set[str]:
-    return {c["Id"] for c in api.containers(all=True, filters={"label": SANDBOX_LABEL})}
 
 
 async def test_2026_stdio_a_long_call_is_a_task_with_live_output_and_a_whole_result(

@@ -1,8 +1,9 @@
 """What a sandbox costs to make through the engine against runc itself, in one run: the same hardened sandbox
 (the default policy's profile, limits, read-only root, no network) running `true`, made through the Docker SDK
 (create, start, wait, remove) and as an OCI bundle run by runc (create, start, wait, delete), alternating.
-Wall time per sandbox (p50, p95) and the engine's CPU per sandbox (dockerd, containerd, its shims and runc, from
-/proc), each path against the other.
+Wall time per sandbox (p50, p95) and the engine's CPU per sandbox: all the host ran meanwhile outside the
+sandbox's own cgroup and this process (dockerd, containerd, the shim, runc, the kernel's work for them), read from
+cgroups; and the sandbox's own beside it. Each path against the other.
 
     python -m bench runtimes [--rounds 40]
 """
@@ -10,10 +11,11 @@ Wall time per sandbox (p50, p95) and the engine's CPU per sandbox (dockerd, cont
 from __future__ import annotations
 
 import argparse
-import resource
+import os
 import subprocess
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,25 +26,51 @@ from bench.common import median, print_table, write_results
 from sandbox_server.policy.loader import load_policy
 from sandbox_server.sandbox.bundles import image_root, write_bundle
 from sandbox_server.sandbox.host_config import host_config_kwargs
+from sandbox_server.sandbox.runc_state import CGROUP_PARENT
 from sandbox_server.sandbox.spec import SandboxSpec
 from sandbox_server.tools import all_tools
 
-ENGINE = ("dockerd", "containerd", "containerd-shim", "containerd-shim-runc-v2", "runc")
+SANDBOX_CGROUPS = ("docker", CGROUP_PARENT)
+"""Where the sandboxes run, the engine's and runc's: what is charged here is the sandbox's own (its init, its
+programs, and the runtime's init once it joined), not the engine's."""
 
 
-def engine_cpu(names: tuple[str, ...] = ENGINE) -> float:
-    """CPU seconds the processes so named (and the ones that ended, as far as their parents counted them) used."""
-    used = 0.0
-    for process in psutil.process_iter(["name", "cpu_times"]):
-        if process.info["name"] in names and process.info["cpu_times"] is not None:
-            times = process.info["cpu_times"]
-            used += times.user + times.system + times.children_user + times.children_system
-    return used
+def cgroup_cpu(name: str = "") -> float:
+    """CPU seconds charged to a cgroup and every cgroup ever under it (cgroup v1's cpuacct, or v2's cpu.stat; 0
+    where there is none). The root's is everything the host ran, kernel threads included."""
+    v1 = Path("/sys/fs/cgroup/cpuacct", name, "cpuacct.usage")
+    if v1.exists():
+        return int(v1.read_text()) / 1e9
+    v2 = Path("/sys/fs/cgroup", name, "cpu.stat")
+    if v2.exists():
+        for line in v2.read_text().splitlines():
+            if line.startswith("usage_usec "):
+                return int(line.split()[1]) / 1e6
+    if not name:  # no cgroup file for the root on v2: the kernel's own count of busy time
+        busy = [int(n) for n in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        return (sum(busy) - busy[3] - busy[4]) / os.sysconf("SC_CLK_TCK")  # less idle and iowait
+    return 0.0
 
 
-def _children_cpu() -> float:
-    used = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return used.ru_utime + used.ru_stime
+@dataclass(frozen=True)
+class EngineCpu:
+    """A reading of what the host spent making and removing sandboxes: everything it ran, less the sandboxes' own
+    cgroups, less the processes given (the server's own CPU, this process's), each in CPU seconds. Read from
+    cgroups, not from the engine's processes: a container's shim is the child of PID 1, and what it and the runc
+    it ran used is counted nowhere once it exits."""
+
+    outside: float
+    inside: float
+
+    @classmethod
+    def now(cls, *others: psutil.Process) -> EngineCpu:
+        inside = sum(cgroup_cpu(name) for name in SANDBOX_CGROUPS)
+        mine = psutil.Process()
+        own = sum(p.cpu_times().user + p.cpu_times().system for p in (mine, *others))
+        return cls(cgroup_cpu() - inside - own, inside)
+
+    def since(self, earlier: EngineCpu) -> EngineCpu:
+        return EngineCpu(self.outside - earlier.outside, self.inside - earlier.inside)
 
 
 def _p95(values: list[float]) -> float:
@@ -62,7 +90,8 @@ def main(argv: list[str]) -> int:
     api = docker.from_env().api
     folder = Path(tempfile.mkdtemp(prefix="bench-runtimes-"))
     rootfs = image_root(api, spec.image, folder / "images")
-    bundle = write_bundle(folder / "bundle", spec, rootfs, ["true"])
+    cgroup = f"/{CGROUP_PARENT}/bench-runtimes"  # where the server's own sandboxes go: theirs is counted apart
+    bundle = write_bundle(folder / "bundle", spec, rootfs, ["true"], cgroups_path=cgroup)
 
     def through_engine() -> None:
         config = api.create_host_config(**host_config_kwargs(spec))
@@ -76,25 +105,31 @@ def main(argv: list[str]) -> int:
         subprocess.run(["runc", "delete", "--force", f"bench-{index}"], check=False, capture_output=True)
 
     walls: dict[str, list[float]] = {"engine": [], "runc": []}
-    cpu: dict[str, float] = {"engine": 0.0, "runc": 0.0}
+    cpu: dict[str, EngineCpu] = {"engine": EngineCpu(0, 0), "runc": EngineCpu(0, 0)}
     for index in range(options.rounds):
         for path in ("engine", "runc") if index % 2 == 0 else ("runc", "engine"):
-            before, mine, began = engine_cpu(), _children_cpu(), time.perf_counter()
+            before, began = EngineCpu.now(), time.perf_counter()
             through_engine() if path == "engine" else through_runc(index)
             walls[path].append((time.perf_counter() - began) * 1000)
-            cpu[path] += engine_cpu() - before + _children_cpu() - mine  # (runc is this process's child)
+            spent = EngineCpu.now().since(before)
+            cpu[path] = EngineCpu(cpu[path].outside + spent.outside, cpu[path].inside + spent.inside)
     rows: list[list[Any]] = []
     for path in ("engine", "runc"):
-        rows.append([path, median(walls[path]), _p95(walls[path]), round(cpu[path] * 1000 / options.rounds, 1)])
+        per = [round(cpu[path].outside * 1000 / options.rounds, 1), round(cpu[path].inside * 1000 / options.rounds, 1)]
+        rows.append([path, median(walls[path]), _p95(walls[path]), *per])
     ratio = round(median(walls["engine"]) / median(walls["runc"]), 2)
-    print_table(["path", "p50 ms", "p95 ms", "engine CPU ms per sandbox"], rows)
-    print(f"runc is {ratio}x faster at p50")
+    print_table(["path", "p50 ms", "p95 ms", "engine CPU ms per sandbox", "in the sandbox ms"], rows)
+    print(f"runc is {ratio}x faster at p50; engine CPU, runc over engine: {round(rows[1][3] / rows[0][3], 2)}")
     written = write_results(
         "runtimes",
         {
             "rounds": options.rounds,
-            "paths": {row[0]: {"p50_ms": row[1], "p95_ms": row[2], "engine_cpu_ms": row[3]} for row in rows},
+            "paths": {
+                row[0]: {"p50_ms": row[1], "p95_ms": row[2], "engine_cpu_ms": row[3], "sandbox_cpu_ms": row[4]}
+                for row in rows
+            },
             "p50_ratio_engine_over_runc": ratio,
+            "engine_cpu_runc_over_engine": round(rows[1][3] / rows[0][3], 2),
         },
     )
     print(f"written to {written}")

@@ -6,8 +6,9 @@ calls would pass them; its 8 concurrent calls stay), in one run: each path's ser
 - back to back: 40 calls one after another (a session's first burst: calls outrun the pool's refill);
 - burst: 100 `echo` calls at once in one session (every one answered? p50 and p99);
 - run_python `1 + 1`, back to back;
-- the engine's CPU per sandbox in those calls: dockerd, containerd and its shims (from /proc), plus what the
-  server's children used (each runc run is one).
+- the engine's CPU per call in those calls: all the host ran outside the sandboxes' own cgroups, the server's
+  own CPU and this process's (dockerd, containerd, the shims, runc, the kernel's work for them), read from
+  cgroups; and the sandboxes' own beside it.
 
     scripts/run bench sandboxes [--rounds 2]
 
@@ -23,12 +24,11 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import psutil
 from mcp import Client
 
 from bench.common import median, print_table, write_results
 from bench.measure import percentiles, server_process, timed_calls
-from bench.runtimes import engine_cpu
+from bench.runtimes import EngineCpu
 from sandbox_server.cli.client import server_parameters
 
 POLICY = """\
@@ -36,14 +36,6 @@ extends: default
 rate: {calls_per_minute: 1000000}
 host: {min_available_memory_mb: 64, max_load_per_cpu: 1000}
 """
-DAEMONS = ("dockerd", "containerd", "containerd-shim", "containerd-shim-runc-v2")
-"""The engine's processes; runc is left out: a waiting sandbox's `runc run` is the server's child, counted once it
-ends among the server's children."""
-
-
-def _children_cpu(server: psutil.Process) -> float:
-    times = server.cpu_times()
-    return times.children_user + times.children_system
 
 
 async def _ready(client: Client) -> None:
@@ -78,15 +70,16 @@ async def _measure(path: str, burst: int, policy: Path) -> dict[str, Any]:
         spaced, failed = await timed_calls(client, "execute_command", {"command": "true"}, 20, 0.5)
         report["spaced"] = {**percentiles(spaced), "failures": failed}
         await anyio.sleep(3)
-        daemons, children = engine_cpu(DAEMONS), _children_cpu(server)
+        before = EngineCpu.now(server)
         back, failed = await timed_calls(client, "execute_command", {"command": "true"}, 40, 0)
         report["back_to_back"] = {**percentiles(back), "failures": failed}
         await anyio.sleep(3)
         many, failed = await _burst(client, burst)
         report["burst"] = {**percentiles(many), "failures": failed, "answered": len(many)}
         await anyio.sleep(3)
-        cpu = engine_cpu(DAEMONS) - daemons + _children_cpu(server) - children
-        report["engine_cpu_ms_per_sandbox"] = round(cpu / (40 + burst) * 1000, 1)
+        spent = EngineCpu.now(server).since(before)
+        report["engine_cpu_ms_per_sandbox"] = round(spent.outside / (40 + burst) * 1000, 1)
+        report["sandbox_cpu_ms_per_sandbox"] = round(spent.inside / (40 + burst) * 1000, 1)
         cells, failed = await timed_calls(client, "run_python", {"code": "1 + 1"}, 20, 0)
         report["run_python_back_to_back"] = {**percentiles(cells), "failures": failed}
     return report
@@ -115,6 +108,7 @@ def main(argv: list[str]) -> int:
             "burst_failures": sum(r["burst"]["failures"] + options.burst - r["burst"]["answered"] for r in reports),
             "run_python_back_to_back_p50_ms": median([r["run_python_back_to_back"]["p50"] for r in reports]),
             "engine_cpu_ms_per_sandbox": median([r["engine_cpu_ms_per_sandbox"] for r in reports]),
+            "sandbox_cpu_ms_per_sandbox": median([r["sandbox_cpu_ms_per_sandbox"] for r in reports]),
         }
         summary[path]["back_to_back_p50_over_spaced"] = round(
             summary[path]["back_to_back_p50_ms"] / summary[path]["spaced_p50_ms"], 2

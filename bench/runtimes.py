@@ -47,8 +47,8 @@ def cgroup_cpu(name: str = "") -> float:
             if line.startswith("usage_usec "):
                 return int(line.split()[1]) / 1e6
     if not name:  # no cgroup file for the root on v2: the kernel's own count of busy time
-        busy = [int(n) for n in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-        return (sum(busy) - busy[3] - busy[4]) / os.sysconf("SC_CLK_TCK")  # less idle and iowait
+        ticks = [int(n) for n in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]  # (guests are in user)
+        return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")  # less idle and iowait
     return 0.0
 
 

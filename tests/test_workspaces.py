@@ -501,6 +501,7 @@ async def test_a_result_says_what_the_call_changed_in_its_workspace(keeping: Kee
             session, "echo more >> a.txt; rm b.txt; mv c.txt d.txt; echo t > tmp; rm tmp; echo n > new.txt"
         )
         nothing = await _call(session, "cat a.txt > /dev/null")
+    assert not any(answer["is_error"] for answer in (made, changed, nothing)), (made, changed, nothing)
     assert made["changes"]["created"] == ["a.txt", "b.txt", "c.txt"]  # not out/: returned, never kept
     changes = changed["changes"]
     assert changes["modified"] == ["a.txt"] and changes["more"] == 0

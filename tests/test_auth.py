@@ -33,10 +33,8 @@ from mcp.shared.exceptions import MCPError
 
 from sandbox_server.policy.loader import load_policy
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
-from sandbox_server.sandbox.removal import OWNER_LABEL
-from sandbox_server.sandbox.spec import SANDBOX_LABEL
 from sandbox_server.tools import all_tools
-from tests.conftest import run_cli
+from tests.conftest import containers_of, run_cli
 from tests.mcp_harness import (
     CheckedClient,
     ServerProcess,
@@ -400,15 +398,13 @@ def _warm_gvisor_containers(api: docker.APIClient, pid: int) -> set[str]:
 
     def waiting() -> set[str]:
         found, shell = set(), False
-        for listed in api.containers(filters={"label": SANDBOX_LABEL}):
-            if f":{pid}:" not in listed["Labels"].get(OWNER_LABEL, ""):
-                continue
+        for container in containers_of(pid, running=True):
             try:
-                inspected = api.inspect_container(listed["Id"])
-            except docker.errors.NotFound:
+                inspected = api.inspect_container(container)
+            except docker.errors.NotFound:  # gone, or one runc runs itself (never gVisor's)
                 continue
             if inspected["HostConfig"]["Runtime"] == "runsc":
-                found.add(listed["Id"][:12])
+                found.add(container[:12])
                 shell = shell or inspected["Config"]["Image"] == image
         return found if shell else set()
 

@@ -75,6 +75,24 @@ def containers_running(command: str) -> list[str]:
     ]
 
 
+def egress_address_of(container_id: str) -> str:
+    """A running sandbox's address on its allow list's network: the engine's word, or read in the namespace of a
+    sandbox runc runs."""
+    if is_runc(container_id):
+        shown = subprocess.run(
+            ["nsenter", f"--net=/proc/{_init_of(container_id)}/ns/net", "ip", "-4", "-o", "address", "show", "eth0"],
+            capture_output=True, text=True, check=True, timeout=30,
+        ).stdout.split()  # fmt: skip
+        return shown[shown.index("inet") + 1].split("/")[0]
+    api = docker.from_env().api
+    try:
+        networks = api.inspect_container(container_id)["NetworkSettings"]["Networks"]
+    finally:
+        api.close()
+    (address,) = [n["IPAddress"] for name, n in networks.items() if name.startswith("sandbox-egress-")]
+    return str(address)
+
+
 def kill_from_outside(container_id: str) -> None:
     """SIGKILL a sandbox's init as someone on the host would: through the engine, or through runc for the
     sandboxes runc runs itself."""

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import base64
+import ctypes
 import json
 import os
+import select
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -27,7 +30,7 @@ from mcp.client.stdio import StdioServerParameters
 
 from sandbox_server.protocol.meta import OWN_NAME_META
 from sandbox_server.sandbox.removal import OWNER_LABEL
-from sandbox_server.sandbox.runc_state import STATE, owner_of
+from sandbox_server.sandbox.runc_state import IN_CREATE, IN_MOVED_TO, STATE, inotify_watch, owner_of
 from sandbox_server.sandbox.runc_state import listed as listed_by_runc
 from sandbox_server.sandbox.spec import SANDBOX_LABEL
 from sandbox_server.tools import all_tools
@@ -221,6 +224,35 @@ def first_sandboxes(api: docker.APIClient, waiting: Callable[[], set[str]], with
     finally:
         close_stream(events)
     raise AssertionError(f"no such sandbox started within {within_s:g} s (the engine's event stream ended)")
+
+
+def first_runc_sandboxes(waiting: Callable[[], set[str]], within_s: float = 120) -> set[str]:
+    """What `waiting` finds once it finds anything, among the sandboxes runc runs: looked for now, then each time
+    runc starts one (it renames its pid file into the sandbox's bundle, seen with inotify), for at most
+    `within_s`."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    bundles = STATE / "bundles"
+    bundles.mkdir(parents=True, exist_ok=True)
+    watch = inotify_watch(bundles, IN_CREATE)
+    folders: dict[int, str] = {}
+    deadline = time.monotonic() + within_s
+    try:
+        while True:
+            if found := waiting():
+                return found
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([watch], [], [], left)[0]:
+                raise AssertionError(f"no such sandbox started within {within_s:g} s")
+            events = os.read(watch, 65536)
+            while events:  # struct inotify_event: wd, mask, cookie, len, then the name
+                folder, _mask, _cookie, size = struct.unpack_from("iIII", events)
+                name = events[16 : 16 + size].rstrip(b"\0").decode()
+                events = events[16 + size :]
+                if folder not in folders and name:  # a new bundle: its pid file is watched for
+                    added = libc.inotify_add_watch(watch, os.fsencode(bundles / name), IN_MOVED_TO)
+                    folders[added] = name
+    finally:
+        os.close(watch)
 
 
 @dataclass

@@ -8,7 +8,9 @@ name server. Refusals are proven against those upstreams and the proxy's own con
 
 from __future__ import annotations
 
+import difflib
 import functools
+import ipaddress
 import json
 import time
 from collections.abc import AsyncIterator
@@ -24,9 +26,20 @@ from mcp import Client
 from sandbox_server.network.egress import parse_egress
 from sandbox_server.network.proxies import PROXY_LABEL
 from sandbox_server.sandbox.removal import OWNER_LABEL
+from sandbox_server.sandbox.runc_state import STATE, is_runc, listed
 from sandbox_server.sandbox.service_containers import SERVICE_LABEL
 from sandbox_server.sandbox.spec import SANDBOX_LABEL
-from tests.mcp_harness import answer, audit_records, close_stream, connect, first_sandboxes, stdio_parameters, text_of
+from sandbox_server.sandbox.veth import NETWORK_ANNOTATION, layout_of, mac_of
+from tests.mcp_harness import (
+    answer,
+    audit_records,
+    close_stream,
+    connect,
+    first_runc_sandboxes,
+    first_sandboxes,
+    stdio_parameters,
+    text_of,
+)
 from tests.upstreams import SHELL, Upstreams, shell_network, upstreams_fixture  # noqa: F401 (the upstreams fixture)
 
 pytestmark = pytest.mark.anyio
@@ -247,6 +260,7 @@ async def test_once_its_proxy_runs_a_tool_with_an_allow_list_is_served_by_warm_c
     session: Client, upstreams: Upstreams, audit_path: Path
 ) -> None:
     await run(session, "true")  # the proxy is up, so its network is, and the pool fills on it
+    by_runc = is_runc(audit_records(audit_path)[-1]["container_id"])  # who makes this host's sandboxes on it
     api = docker.from_env().api
     try:
         proxy = _proxy_container(api, upstreams)
@@ -256,10 +270,14 @@ async def test_once_its_proxy_runs_a_tool_with_an_allow_list_is_served_by_warm_c
             used = {record.get("container_id") for record in audit_records(audit_path)}  # `true`'s may linger
             listed = api.containers(all=not running_only, filters={"network": network, "label": SANDBOX_LABEL})
             ids = {c["Id"][:12] for c in listed if PROXY_LABEL not in c["Labels"]}
-            return ids - used
+            return (ids | {name[:12] for name in runc_sandboxes_on(network, running_only)}) - used
 
+        waiting = functools.partial(made, True)
         with anyio.fail_after(60):  # one of them running: the pool fills on this network
-            await anyio.to_thread.run_sync(first_sandboxes, api, functools.partial(made, True))
+            if by_runc:
+                await anyio.to_thread.run_sync(first_runc_sandboxes, waiting)
+            else:
+                await anyio.to_thread.run_sync(first_sandboxes, api, waiting)
         before = made(False)  # and every one it has begun (a call finding none ready waits for one being made)
     finally:
         api.close()
@@ -268,6 +286,21 @@ async def test_once_its_proxy_runs_a_tool_with_an_allow_list_is_served_by_warm_c
     assert [r["host"] for r in answer["network"]["requests"]] == ["web.test"]  # filed by the warm one's address
     used = audit_records(audit_path)[-1]["container_id"]
     assert used in before, (used, before)  # made before the call: a cold one is made after it begins
+
+
+def runc_sandboxes_on(network: str, running_only: bool) -> set[str]:
+    """The sandboxes runc runs on an engine network (their bundles say which); only the started ones if
+    `running_only` (runc writes a pid file then)."""
+    found = set()
+    for name in listed(STATE):
+        bundle = STATE / "bundles" / name
+        try:
+            annotations = json.loads((bundle / "config.json").read_text()).get("annotations") or {}
+        except (OSError, ValueError):
+            continue  # being made or deleted
+        if annotations.get(NETWORK_ANNOTATION) == network and (not running_only or (bundle / "pid").exists()):
+            found.add(name)
+    return found
 
 
 async def test_a_killed_proxy_refuses_calls_with_the_reason_until_it_is_back(
@@ -384,3 +417,68 @@ async def test_a_sandboxs_own_flood_of_denied_requests_does_not_push_its_allowed
     assert len(answer["network"]["denied"]) == 200 and answer["network"]["denied_not_listed"] == 9_800
     assert len(json.dumps(answer)) < 256 * 1024, len(json.dumps(answer))
     assert "and 9980 more (policy field network.allow)" in answer["text"]  # the note names 20 of them
+
+
+NETWORK_PROBE = r"""
+echo "links=$(ls /sys/class/net | tr '\n' ' ') mtu=$(cat /sys/class/net/eth0/mtu)"
+echo "ipv6=$(cat /proc/sys/net/ipv6/conf/all/disable_ipv6 /proc/sys/net/ipv6/conf/eth0/disable_ipv6 | tr '\n' ' ')"
+echo "ipv6 addresses=$(wc -l < /proc/net/if_inet6)"
+awk 'NR > 1 {print "route", $1, $2, $3, $8}' /proc/net/route
+echo "mac $(cat /sys/class/net/eth0/address)"
+curl -sS -m 10 http://web.test/probe
+python3 -c "import socket; socket.create_connection(('$1', 80), timeout=3)" 2>/dev/null && echo direct || echo "no direct"
+"""
+
+
+async def test_runc_makes_an_allow_lists_sandboxes_as_the_engine_does_at_an_address_of_the_servers_half(
+    upstreams: Upstreams, tmp_path: Path
+) -> None:
+    policy = tmp_path / "egress.yaml"
+    tools = {"execute_command": {"network": shell_network(upstreams)}}
+    policy.write_text(json.dumps({"extends": "default", "workspace": {"persist": False}, "tools": tools}))
+    said: dict[str, dict[str, Any]] = {}
+    for path in ("engine", "runc"):
+        audit = tmp_path / f"{path}.jsonl"
+        serve = ("--policy", str(policy), "--sandboxes", path, "--audit-log", str(audit))
+        async with connect(stdio_parameters(*serve)) as client:
+            said[path] = await answer(
+                client, "execute_command", {"command": f"sh probe.sh {upstreams.web}", "files": [
+                    {"path": "probe.sh", "content": NETWORK_PROBE}]},
+            )  # fmt: skip
+            record = audit_records(audit)[-1]
+            api = docker.from_env().api
+            try:  # the network the sandbox was on, while its server runs
+                (inspected,) = [
+                    api.inspect_network(n["Id"]) for n in api.networks(filters={"label": OWNER_LABEL})
+                    if n["Name"].startswith("sandbox-egress-")
+                    and ipaddress.IPv4Address(record["address"]) in ipaddress.IPv4Network(n["IPAM"]["Config"][0]["Subnet"])
+                ]  # fmt: skip
+            finally:
+                api.close()
+        said[path] |= {"record": record, "layout": layout_of(inspected)}
+    engine, runc = said["engine"], said["runc"]
+    assert not runc["is_error"] and not engine["is_error"], (engine["text"], runc["text"])
+    assert is_runc(runc["record"]["container_id"]) and not is_runc(engine["record"]["container_id"])
+
+    def apart(stdout: str) -> list[str]:  # the lines of the network's own addresses apart: each server has its own
+        return [line for line in stdout.splitlines() if not line.startswith(("route ", "mac "))]
+
+    differ = list(difflib.unified_diff(apart(engine["stdout"]), apart(runc["stdout"]), lineterm=""))
+    assert not differ, "\n".join(differ)
+    for each in (engine, runc):  # the engine's routes and MAC, which it derives from the address, on both paths
+        address, layout = ipaddress.IPv4Address(each["record"]["address"]), each["layout"]
+        assert layout is not None, "the allow list's network leaves the server no addresses"
+        assert layout.gateway is not None, layout
+        hexed = [
+            a.packed[::-1].hex().upper() for a in (layout.gateway, layout.subnet.network_address, layout.subnet.netmask)
+        ]
+        routes = [f"route eth0 00000000 {hexed[0]} 00000000", f"route eth0 {hexed[1]} 00000000 {hexed[2]}"]
+        assert [line for line in each["stdout"].splitlines() if line.startswith("route ")] == routes, each["text"]
+        assert f"mac {mac_of(address)}" in each["stdout"].splitlines(), each["text"]
+    assert "hello from web /probe\nno direct\n" in runc["stdout"] and "links=eth0 lo " in runc["stdout"], runc["text"]
+    assert "ipv6=1 1 " in runc["stdout"] and "ipv6 addresses=0" in runc["stdout"], runc["text"]
+    assert [r["host"] for r in runc["network"]["requests"]] == ["web.test"]  # the proxy named it by its address
+    layout = runc["layout"]
+    assert layout is not None, "the allow list's network leaves the server no addresses"
+    assert ipaddress.IPv4Address(runc["record"]["address"]) in layout.ours
+    assert ipaddress.IPv4Address(engine["record"]["address"]) not in layout.ours

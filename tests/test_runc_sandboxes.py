@@ -6,18 +6,23 @@ from __future__ import annotations
 
 import difflib
 import json
+import os
 import signal
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import anyio
+import docker
 import psutil
 import pytest
 
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
 from sandbox_server.sandbox.runc_runtime import unpack_for_runc
 from sandbox_server.sandbox.runc_state import CGROUP_PARENT, STATE
+from sandbox_server.sandbox.service_containers import remove_network
+from sandbox_server.sandbox.veth import host_end
 from tests.mcp_harness import answer, audit_records, command_of, connect, http_server_process, stdio_parameters
 
 pytestmark = pytest.mark.anyio
@@ -127,14 +132,17 @@ async def test_a_mounted_workspace_and_a_warm_interpreter_work_on_runc(tmp_path:
     assert [f["path"] for f in cell["files"]] == ["figure-1.png"], cell["text"]
 
 
-async def test_a_server_killed_mid_burst_leaves_no_runc_sandbox_cgroup_or_bundle(
-    tmp_path: Path, runtime: DockerRuntime
+async def test_a_server_killed_mid_burst_leaves_no_runc_sandbox_cgroup_bundle_or_network_port(
+    tmp_path: Path, runtime: DockerRuntime, internal_network: str
 ) -> None:
     import httpx2
     from mcp.client.streamable_http import streamable_http_client
     from mcp.shared.exceptions import MCPError
 
-    with http_server_process("--policy", _policy(tmp_path), "--sandboxes", "runc") as server:
+    # On an allow list (whose host is never asked for), so that each sandbox is plugged into its proxy's network.
+    allow = {"allow": ["web.test"], "egress_network": internal_network, "hosts": {"web.test": "192.0.2.1"}}
+    policy = _policy(tmp_path, f"tools: {{execute_command: {{network: {json.dumps(allow)}}}}}\n")
+    with http_server_process("--policy", policy, "--sandboxes", "runc") as server:
         server.wait_for_line("warm pool ready")
         pid = server.process.pid
         reaper = next(child for child in psutil.Process(pid).children() if "reap-after" in command_of(child))
@@ -153,9 +161,11 @@ async def test_a_server_killed_mid_burst_leaves_no_runc_sandbox_cgroup_or_bundle
                     group.start_soon(call, index)
                 await started.wait()
                 with anyio.fail_after(30):
-                    while len([p for p in _sandboxes_of(pid) if _running(p)]) < 6:
+                    while len(running := [p for p in _sandboxes_of(pid) if _running(p)]) < 6:
                         await anyio.sleep(0.05)
                 assert _cgroups_of(pid), "the sandboxes' cgroups are where the test looks for them"
+                ports = {host_end(name) for name in running}
+                assert ports & _host_links(), "the sandboxes' ports on the network are where the test looks for them"
                 server.process.send_signal(signal.SIGKILL)
                 server.process.wait()
         except* (httpx2.HTTPError, anyio.BrokenResourceError, anyio.ClosedResourceError, MCPError):
@@ -163,7 +173,25 @@ async def test_a_server_killed_mid_burst_leaves_no_runc_sandbox_cgroup_or_bundle
         # The reaper the server started deletes what it left, then ends.
         await anyio.to_thread.run_sync(lambda: reaper.wait(timeout=60))
     assert _sandboxes_of(pid) == set() and _cgroups_of(pid) == set()
+    assert not ports & _host_links()
     assert not [p for p in psutil.process_iter(["cmdline"]) if any(_made_by(a, pid) for a in p.info["cmdline"] or ())]
+
+
+def _host_links() -> set[str]:
+    return set(os.listdir("/sys/class/net"))
+
+
+@pytest.fixture
+def internal_network() -> Iterator[str]:
+    """An internal network of the test's own for an allow list's proxy to go out by (nothing on it answers)."""
+    api = docker.from_env().api
+    name = f"sandbox-test-runc-{os.getpid()}"
+    api.create_network(name, internal=True)
+    try:
+        yield name
+    finally:
+        remove_network(api, name)
+        api.close()
 
 
 def _running(name: str) -> bool:

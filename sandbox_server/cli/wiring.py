@@ -187,7 +187,8 @@ def _clear_strays(runtime: DockerRuntime, log: logging.Logger) -> None:
     why_not = runtime.runc_refused() if isinstance(runtime, RuncRuntime) else "its only path"
     if why_not is None:
         log.info(
-            "calls' sandboxes without a network are made by runc itself from the engine's images; others by the engine"
+            "calls' sandboxes without a network or on an allow list are made by runc itself from the engine's "
+            "images; others by the engine"
         )
     else:
         log.info("calls' sandboxes are made by the engine (%s)", why_not)

@@ -44,6 +44,7 @@ from sandbox_server.network.proxy_log import ProxyRequest, RequestRecords, parse
 from sandbox_server.network.secrets import CERTIFICATES
 from sandbox_server.sandbox.removal import owned_by
 from sandbox_server.sandbox.spec import Mount
+from sandbox_server.sandbox.veth import create_network
 
 __all__ = ["PROXY_IMAGE", "PROXY_LABEL", "EgressProxies"]
 
@@ -300,9 +301,7 @@ class EgressProxies:
                 if self.sandboxes_apart():  # each sandbox reaches the proxy alone, never another sandbox
                     options["com.docker.network.bridge.enable_icc"] = "false"
                     options["com.docker.network.bridge.name"] = self.bridge_name(proxy.key)
-                api.create_network(
-                    proxy.network, driver="bridge", internal=True, options=options, labels=self._labels(proxy)
-                )
+                create_network(api, proxy.network, internal=True, options=options, labels=self._labels(proxy))
             proxy.config_dir = tempfile.mkdtemp(prefix="sandbox-proxy-")
             os.chmod(proxy.config_dir, 0o755)
             if egress.secrets and proxy.trust is None:

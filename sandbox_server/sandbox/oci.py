@@ -151,7 +151,9 @@ def oci_config(
             "pids": {"limit": limits.pids},
             "cpu": {"quota": int(limits.cpus * 100_000), "period": 100_000},
         },
-        "sysctl": {"net.ipv6.conf.all.disable_ipv6": "1"} if spec.networked else {},
+        "sysctl": {f"net.ipv6.conf.{which}.disable_ipv6": "1" for which in ("all", "default")}
+        if spec.networked
+        else {},
     }
     if spec.seccomp_profile is not None:
         linux["seccomp"] = oci_seccomp(spec.seccomp_profile)

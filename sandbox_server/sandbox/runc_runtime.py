@@ -2,10 +2,11 @@
 
 The engine spends most of a quarter second of its own to start a container on a small machine; runc alone,
 given a bundle, a fraction of that. Where it can (the server is root on the engine's host, the call's policy
-runs on runc, and the call has no network), this runtime makes the call's sandbox from a bundle: the image's
-root filesystem unpacked once and shared read-only (sandbox.bundles), and a config with the engine's own
-hardening (sandbox.oci). Everything else goes through the engine as before: sandboxes with a network (the
-proxy's allow-lists, services' neighbours), gVisor's, image builds, services, the proxy.
+runs on runc, and the call has no network or an allow list's alone), this runtime makes the call's sandbox from a
+bundle: the image's root filesystem unpacked once and shared read-only (sandbox.bundles), and a config with the
+engine's own hardening (sandbox.oci); one on an allow list's network is plugged into the engine's bridge of it, at
+an address of the server's own (sandbox.veth). Everything else goes through the engine as before: services'
+neighbours (found by the engine's names), gVisor's, image builds, services, the proxy.
 
 Each sandbox runs under a `runc run` of its own, a child of the server that waits for it and gives its exit
 status, its stdio three pipes read as the engine's attach stream (sandbox.pipes). It is made ahead, as the
@@ -56,6 +57,7 @@ from sandbox_server.sandbox.runc_state import (
     wait_for_pid_file,
 )  # fmt: skip
 from sandbox_server.sandbox.spec import SandboxSpec
+from sandbox_server.sandbox.veth import Addresses, Layout, layout_of, on_network, plug
 from sandbox_server.sandbox.warm_container import WarmContainer, process_tree
 
 __all__ = ["RuncRuntime", "runc_usable"]
@@ -143,11 +145,17 @@ class RuncRemover(Remover):
     """The engine's remover, which deletes the sandboxes runc runs itself with runc."""
 
     def __init__(
-        self, api: Callable[[], docker.APIClient], activity: Activity, state: Path, runs: dict[str, Run]
+        self,
+        api: Callable[[], docker.APIClient],
+        activity: Activity,
+        state: Path,
+        runs: dict[str, Run],
+        addresses: Addresses,
     ) -> None:
         super().__init__(api, activity)
         self._state = state
         self._runs = runs
+        self._addresses = addresses
 
     def remove(self, container_id: str) -> None:
         if not is_runc(container_id):
@@ -158,6 +166,7 @@ class RuncRemover(Remover):
             # Killed here, a sandbox is deleted as a stopped one (runc's own --force kill waits in steps of 0.1 s).
             run.kill()
         delete(self._state, container_id, stopped=run is not None and run.process.returncode is not None)
+        self._addresses.give_back(container_id)  # its namespace, and the veth in it, went with its last process
 
     def reap(self, owner: str) -> int:
         removed = super().reap(owner)
@@ -170,7 +179,7 @@ class RuncRemover(Remover):
 
 
 class RuncRuntime(DockerRuntime):
-    """The engine's runtime, whose calls without a network runc runs itself where it may."""
+    """The engine's runtime, whose calls without a network or on an allow list runc runs itself where it may."""
 
     def __init__(
         self,
@@ -186,7 +195,9 @@ class RuncRuntime(DockerRuntime):
         self.state, self.images = state, images
         self._runs: dict[str, Run] = {}
         self._chosen: str | None = None
-        self.removal = RuncRemover(lambda: self.api, self.activity, state, self._runs)
+        self.addresses = Addresses()
+        """The addresses of the server's half of its allow lists' networks (sandbox.veth), each held by a sandbox."""
+        self.removal = RuncRemover(lambda: self.api, self.activity, state, self._runs, self.addresses)
 
     def runc_refused(self) -> str | None:
         """Why runc makes no sandbox here (None: it makes those it can), decided once; asked for runc, a host that
@@ -202,8 +213,9 @@ class RuncRuntime(DockerRuntime):
         return self._chosen or None
 
     def takes(self, spec: SandboxSpec) -> bool:
-        """Whether runc makes this spec's sandbox (else the engine does)."""
-        return spec.runtime == "runc" and not spec.networked and self.runc_refused() is None
+        """Whether runc may make this spec's sandbox (else the engine does): a runc policy's, with no network or on
+        an allow list's alone (a workspace's services are found by the engine's names)."""
+        return spec.runtime == "runc" and spec.service_network is None and self.runc_refused() is None
 
     def sandbox_containers(self) -> list[str]:
         return [*super().sandbox_containers(), *sorted(listed(self.state))]
@@ -211,15 +223,21 @@ class RuncRuntime(DockerRuntime):
     def prepare(self, spec: SandboxSpec) -> WarmContainer:
         if not self.takes(spec):
             return super().prepare(spec)
+        layout = None
+        if spec.network != "none":
+            with engine_errors(f"inspect network {spec.network}"):
+                layout = layout_of(self.api.inspect_network(spec.network))
+            if layout is None:  # a network made without the server's half of its addresses
+                return super().prepare(spec)
         slot = tempfile.mkdtemp(prefix="slot-", dir=spec.workspace_slots) if spec.workspace_slots else None
         try:
-            return self._run_ahead(spec, slot)
+            return self._run_ahead(spec, slot, layout)
         except BaseException:
             if slot is not None:
                 os.rmdir(slot)
             raise
 
-    def _run_ahead(self, spec: SandboxSpec, slot: str | None) -> WarmContainer:
+    def _run_ahead(self, spec: SandboxSpec, slot: str | None, layout: Layout | None) -> WarmContainer:
         with engine_errors(f"inspect image {spec.image}"):
             inspected = self.api.inspect_image(spec.image)
         try:
@@ -232,7 +250,7 @@ class RuncRuntime(DockerRuntime):
             image_env=(inspected.get("Config") or {}).get("Env") or (),
             extra_env=[(wire.LINGER_ENV, "1")],
             cgroups_path=f"/{CGROUP_PARENT}/{name}",
-            annotations={**owned_by(self.owner), **dict(spec.labels)},
+            annotations={**owned_by(self.owner), **dict(spec.labels), **on_network(layout)},
         )  # fmt: skip
         stream = PipeStream()
         assert stream.sandbox_ends is not None
@@ -247,14 +265,19 @@ class RuncRuntime(DockerRuntime):
             raise EngineError(f"could not run runc: {exc}") from exc
         stream.handed_over()
         self._runs[name] = run = Run(process)
+        address = ""
         try:
             pid = self._started(name, process, bundle)
             run.init = os.pidfd_open(pid)
+            if layout is not None:
+                taken = self.addresses.take(layout, name)
+                plug(pid, name, layout, taken)
+                address = str(taken)
         except BaseException:
             stream.close()
             self.removal.remove(name)
             raise
-        return WarmContainer(name, stream, spec.container_key(), time.monotonic(), None, slot, pid)
+        return WarmContainer(name, stream, spec.container_key(), time.monotonic(), None, slot, pid, address)
 
     @staticmethod
     def _started(name: str, process: subprocess.Popen[bytes], bundle: Path) -> int:

@@ -298,6 +298,7 @@ def test_only_the_engine_modules_import_docker() -> None:
         "sandbox/docker_runtime.py",
         "sandbox/runc_runtime.py",
         "sandbox/service_containers.py",
+        "sandbox/veth.py",
         "network/proxies.py",
         "network/upstream.py",
     }

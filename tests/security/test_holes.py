@@ -30,6 +30,7 @@ from mcp.shared.exceptions import MCPError
 
 from sandbox_server.network.egress import CONNECTIONS_PER_SANDBOX
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
+from sandbox_server.sandbox.runc_runtime import RuncRuntime
 from sandbox_server.sandbox.service_containers import remove_network
 from tests.conftest import images_of
 from tests.mcp_harness import CheckedClient, connect, http_server_process, stdio_parameters, text_of
@@ -548,13 +549,13 @@ def egress_network(runtime: DockerRuntime) -> Iterator[tuple[str, str]]:
 
 
 async def test_callers_on_one_allow_list_cannot_reach_each_other_nor_take_the_proxy(
-    tmp_path: Path, egress_network: tuple[str, str]
+    tmp_path: Path, egress_network: tuple[str, str], runtime: RuncRuntime
 ) -> None:
     import docker
 
     from sandbox_server.network.proxies import PROXY_LABEL
-    from tests.conftest import containers_of, containers_running
-    from tests.mcp_harness import first_sandboxes
+    from tests.conftest import containers_of, containers_running, egress_address_of
+    from tests.mcp_harness import first_runc_sandboxes, first_sandboxes
 
     network, unused = egress_network
     policy = tmp_path / "egress.yaml"
@@ -578,14 +579,16 @@ async def test_callers_on_one_allow_list_cannot_reach_each_other_nor_take_the_pr
 
             async with anyio.create_task_group() as group:
                 group.start_soon(serve_for_a_while)
-                found = await anyio.to_thread.run_sync(
-                    first_sandboxes,
-                    api,
-                    lambda: set(containers_running("http.server")) & set(containers_of(server.process.pid)),
-                )
+
+                def listeners() -> set[str]:
+                    return set(containers_running("http.server")) & set(containers_of(server.process.pid))
+
+                if runtime.runc_refused() is None:  # runc makes this host's sandboxes on an allow list
+                    found = await anyio.to_thread.run_sync(first_runc_sandboxes, listeners)
+                else:
+                    found = await anyio.to_thread.run_sync(first_sandboxes, api, listeners)
                 (listener,) = found
-                networks = api.inspect_container(listener)["NetworkSettings"]["Networks"]
-                (address,) = [n["IPAddress"] for name, n in networks.items() if name.startswith("sandbox-egress-")]
+                address = await anyio.to_thread.run_sync(egress_address_of, listener)
                 reached = await _call(his, command=f"python3 reach.py {address}", files=[
                     {"path": "reach.py", "content": REACH}])  # fmt: skip
                 group.cancel_scope.cancel()

@@ -1,0 +1,74 @@
+"""How the server shares an allow list's network with the engine: its half of the addresses, handed out in turn."""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import Any
+
+import pytest
+
+from sandbox_server.errors import EngineError
+from sandbox_server.sandbox.veth import Addresses, engine_range, host_end, layout_of, mac_of
+
+
+def _inspected(ip_range: str | None = "172.30.0.0/25", **overrides: Any) -> dict[str, Any]:
+    config = {"Subnet": "172.30.0.0/24", "Gateway": "172.30.0.1"} | ({"IPRange": ip_range} if ip_range else {})
+    return {
+        "Name": "sandbox-egress-k-s", "Id": "0123456789abcdef", "Driver": "bridge", "IPAM": {"Config": [config]},
+        "Options": {"com.docker.network.bridge.name": "sbxbridge"},
+    } | overrides  # fmt: skip
+
+
+def test_the_engine_hands_out_the_first_half_of_a_subnet_and_the_server_the_second() -> None:
+    assert engine_range("172.30.0.0/16") == "172.30.0.0/17"
+    layout = layout_of(_inspected())
+    assert layout is not None
+    assert (layout.network, layout.bridge) == ("sandbox-egress-k-s", "sbxbridge")
+    assert layout.ours == ipaddress.IPv4Network("172.30.0.128/25")
+    assert layout.gateway == ipaddress.IPv4Address("172.30.0.1")
+    assert layout.gateway not in layout.ours  # the engine's own, in its half
+
+
+@pytest.mark.parametrize(
+    "inspected",
+    [
+        _inspected(ip_range=None),  # made as any network (an earlier version's): every address is the engine's
+        _inspected(ip_range="172.30.0.0/26"),  # a range the server did not set
+        _inspected(Driver="overlay"),
+        _inspected(IPAM={"Config": [{"Subnet": "fd00::/64", "IPRange": "fd00::/65"}]}),
+        _inspected(IPAM={"Config": [{"Subnet": "172.30.0.0/30", "IPRange": "172.30.0.0/31"}]}),  # too small
+        _inspected(IPAM={}),
+    ],
+)
+def test_a_network_that_leaves_the_server_no_addresses_has_no_layout(inspected: dict[str, Any]) -> None:
+    assert layout_of(inspected) is None
+
+
+def test_a_network_without_a_bridge_of_its_own_name_is_on_the_engines_bridge_of_its_id() -> None:
+    layout = layout_of(_inspected(Options={}))
+    assert layout is not None and layout.bridge == "br-0123456789ab"
+
+
+def test_addresses_are_handed_out_in_turn_each_to_one_sandbox_and_never_the_broadcast() -> None:
+    layout = layout_of(_inspected())
+    assert layout is not None
+    addresses = Addresses()
+    first, second = addresses.take(layout, "a"), addresses.take(layout, "b")
+    assert (str(first), str(second)) == ("172.30.0.128", "172.30.0.129")
+    assert addresses.held("a") == first
+    addresses.give_back("a")
+    assert addresses.held("a") is None
+    third = addresses.take(layout, "c")
+    assert str(third) == "172.30.0.130"  # a freed address comes round again only after the others
+    taken = {addresses.take(layout, f"s{n}") for n in range(125)}  # the rest of the half but its broadcast
+    assert str(first) in {str(a) for a in taken} and ipaddress.IPv4Address("172.30.0.255") not in taken
+    with pytest.raises(EngineError, match="all 127 of the server's addresses are in use"):
+        addresses.take(layout, "one too many")
+    addresses.give_back("b")
+    assert addresses.take(layout, "d") == second
+
+
+def test_a_sandbox_has_the_mac_the_engine_derives_from_its_address_and_a_short_host_port_name() -> None:
+    assert mac_of(ipaddress.IPv4Address("172.17.0.2")) == "02:42:ac:11:00:02"  # as the engine gives its containers
+    name = host_end("sbx-0123abcd-12345-1795995553")
+    assert len(name) <= 15 and name.startswith("sbv") and name == host_end("sbx-0123abcd-12345-1795995553")

@@ -6,6 +6,9 @@ calls would pass them; its 8 concurrent calls stay), in one run: each path's ser
 - back to back: 40 calls one after another (a session's first burst: calls outrun the pool's refill);
 - burst: 100 `echo` calls at once in one session (every one answered? p50 and p99);
 - run_python `1 + 1`, back to back;
+- on an allow list (a second server per path, execute_command given an allow list whose host is never asked
+  for, its proxy going out by an internal network of the benchmark's own): `true` spaced, 40 back to back, and
+  40 `true` at once, with the engine's CPU per call in the last two;
 - the engine's CPU per call in those calls: all the host ran outside the sandboxes' own cgroups, the server's
   own CPU and this process's (dockerd, containerd, the shims, runc, the kernel's work for them), read from
   cgroups; and the sandboxes' own beside it.
@@ -18,24 +21,34 @@ Prints a table and writes bench/results/sandboxes.json; ratios are between numbe
 from __future__ import annotations
 
 import argparse
+import os
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import anyio
+import docker
 from mcp import Client
 
 from bench.common import median, print_table, write_results
 from bench.measure import percentiles, server_process, timed_calls
 from bench.runtimes import EngineCpu
 from sandbox_server.cli.client import server_parameters
+from sandbox_server.sandbox.service_containers import remove_network
 
 POLICY = """\
 extends: default
 rate: {calls_per_minute: 1000000}
 host: {min_available_memory_mb: 64, max_load_per_cpu: 1000}
 """
+ALLOW_LISTED = """\
+tools:
+  execute_command:
+    network: {allow: [web.test], egress_network: %s, hosts: {web.test: 192.0.2.1}}
+"""
+"""execute_command on an allow list (its host, from the documentation's own range, is never asked for)."""
+ALLOW_LISTED_BURST = 40
 
 
 async def _ready(client: Client) -> None:
@@ -45,14 +58,14 @@ async def _ready(client: Client) -> None:
         await anyio.sleep(2)
 
 
-async def _burst(client: Client, calls: int) -> tuple[list[float], int]:
+async def _burst(client: Client, calls: int, command: str = "echo") -> tuple[list[float], int]:
     samples: list[float] = []
     failures = 0
 
     async def one() -> None:
         nonlocal failures
         began = time.perf_counter()
-        result = await client.call_tool("execute_command", {"command": "echo", "args": ["hello"]})
+        result = await client.call_tool("execute_command", {"command": command, "args": ["hello"]})
         samples.append(time.perf_counter() - began)
         failures += bool(result.is_error)
 
@@ -85,18 +98,66 @@ async def _measure(path: str, burst: int, policy: Path) -> dict[str, Any]:
     return report
 
 
+async def _measure_allow_listed(path: str, policy: Path) -> dict[str, Any]:
+    report: dict[str, Any] = {}
+    async with Client(server_parameters(["--sandboxes", path, "--policy", str(policy)]), mode="legacy") as client:
+        server = server_process()
+        await _ready(client)  # its first call starts the proxy; the pool fills on its network after
+        spaced, failed = await timed_calls(client, "execute_command", {"command": "true"}, 20, 0.5)
+        report["spaced"] = {**percentiles(spaced), "failures": failed}
+        await anyio.sleep(3)
+        before = EngineCpu.now(server)
+        back, failed = await timed_calls(client, "execute_command", {"command": "true"}, 40, 0)
+        report["back_to_back"] = {**percentiles(back), "failures": failed}
+        await anyio.sleep(3)
+        many, failed = await _burst(client, ALLOW_LISTED_BURST, "true")
+        report["burst"] = {**percentiles(many), "failures": failed, "answered": len(many)}
+        await anyio.sleep(3)
+        spent = EngineCpu.now(server).since(before)
+        report["engine_cpu_ms_per_sandbox"] = round(spent.outside / (40 + ALLOW_LISTED_BURST) * 1000, 1)
+    return report
+
+
+def _allow_listed_summary(reports: list[dict[str, Any]]) -> dict[str, float]:
+    return {
+        "allow_list_spaced_p50_ms": median([r["spaced"]["p50"] for r in reports]),
+        "allow_list_back_to_back_p50_ms": median([r["back_to_back"]["p50"] for r in reports]),
+        "allow_list_back_to_back_p95_ms": median([r["back_to_back"]["p95"] for r in reports]),
+        "allow_list_burst_40_p99_ms": median([r["burst"]["p99"] for r in reports]),
+        "allow_list_failures": sum(
+            r["spaced"]["failures"]
+            + r["back_to_back"]["failures"]
+            + r["burst"]["failures"]
+            + ALLOW_LISTED_BURST
+            - r["burst"]["answered"]
+            for r in reports
+        ),  # fmt: skip
+        "allow_list_engine_cpu_ms_per_sandbox": median([r["engine_cpu_ms_per_sandbox"] for r in reports]),
+    }
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench sandboxes")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--burst", type=int, default=100)
     options = parser.parse_args(argv)
     runs: dict[str, list[dict[str, Any]]] = {"engine": [], "runc": []}
-    with tempfile.TemporaryDirectory() as work_dir:
-        policy = Path(work_dir) / "bench.yaml"
-        policy.write_text(POLICY)
-        for _ in range(options.rounds):
-            for path in runs:
-                runs[path].append(anyio.run(_measure, path, options.burst, policy))
+    allow_listed: dict[str, list[dict[str, Any]]] = {"engine": [], "runc": []}
+    api = docker.from_env().api
+    network = f"sandbox-bench-upstream-{os.getpid()}"
+    api.create_network(network, internal=True)
+    try:
+        with tempfile.TemporaryDirectory() as work_dir:
+            policy, listed = Path(work_dir) / "bench.yaml", Path(work_dir) / "allow-listed.yaml"
+            policy.write_text(POLICY)
+            listed.write_text(POLICY + ALLOW_LISTED % network)
+            for _ in range(options.rounds):
+                for path in runs:
+                    runs[path].append(anyio.run(_measure, path, options.burst, policy))
+                    allow_listed[path].append(anyio.run(_measure_allow_listed, path, listed))
+    finally:
+        remove_network(api, network)
+        api.close()
     summary: dict[str, dict[str, float]] = {}
     for path, reports in runs.items():
         summary[path] = {
@@ -116,10 +177,19 @@ def main(argv: list[str]) -> int:
         summary[path]["back_to_back_p95_over_spaced_p50"] = round(
             summary[path]["back_to_back_p95_ms"] / summary[path]["spaced_p50_ms"], 2
         )
+        summary[path] |= _allow_listed_summary(allow_listed[path])
     rows = [[name, summary["engine"][name], summary["runc"][name]] for name in summary["engine"]]
     print_table(["measure", "engine", "runc"], rows)
     cpu_ratio = round(summary["runc"]["engine_cpu_ms_per_sandbox"] / summary["engine"]["engine_cpu_ms_per_sandbox"], 2)
-    print(f"engine CPU per sandbox, runc over engine: {cpu_ratio}")
-    written = write_results("sandboxes", {"summary": summary, "cpu_runc_over_engine": cpu_ratio, "runs": runs})
+    listed_ratio = round(
+        summary["runc"]["allow_list_engine_cpu_ms_per_sandbox"]
+        / summary["engine"]["allow_list_engine_cpu_ms_per_sandbox"],
+        2,
+    )
+    print(f"engine CPU per sandbox, runc over engine: {cpu_ratio} (on an allow list: {listed_ratio})")
+    written = write_results("sandboxes", {
+        "summary": summary, "cpu_runc_over_engine": cpu_ratio, "allow_list_cpu_runc_over_engine": listed_ratio,
+        "runs": runs, "allow_listed_runs": allow_listed,
+    })  # fmt: skip
     print(f"wrote {written}")
     return 0

@@ -6,6 +6,7 @@ token, the real engine; tokens made by the real `sandbox-server token` commands.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import http.server
 import json
@@ -33,6 +34,9 @@ from mcp.shared.exceptions import MCPError
 
 from sandbox_server.policy.loader import load_policy
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
+from sandbox_server.sandbox.runc_runtime import RuncRuntime
+from sandbox_server.sandbox.runc_state import STATE, is_gvisor
+from sandbox_server.sandbox.spec import SandboxSpec
 from sandbox_server.tools import all_tools
 from tests.conftest import containers_of, run_cli
 from tests.mcp_harness import (
@@ -41,6 +45,7 @@ from tests.mcp_harness import (
     answer,
     audit_records,
     connect,
+    first_runc_sandboxes,
     first_sandboxes,
     free_port,
     http_server_process,
@@ -370,7 +375,7 @@ def test_serve_refuses_issuer_options_it_cannot_use(issuer: Issuer) -> None:
 
 
 async def test_callers_of_another_policy_are_served_by_warm_containers_of_theirs(
-    runtime: DockerRuntime, tmp_path: Path
+    runtime: RuncRuntime, tmp_path: Path
 ) -> None:
     tokens, audit = tmp_path / "tokens.json", tmp_path / "audit.jsonl"
     bob = add_token(tokens, "bob", "strict")  # the server's own policy is default; bob's is gVisor's
@@ -378,7 +383,8 @@ async def test_callers_of_another_policy_are_served_by_warm_containers_of_theirs
         api = docker.from_env().api
         try:
             with anyio.fail_after(60):
-                made = functools.partial(_warm_gvisor_containers, api, server.process.pid)
+                by_runsc = runtime.takes(SandboxSpec(image="i", argv=("true",), runtime="runsc"))  # as the server's
+                made = functools.partial(_warm_gvisor_containers, api, server.process.pid, by_runsc)
                 waiting = await anyio.to_thread.run_sync(made, abandon_on_cancel=True)
         finally:
             api.close()
@@ -390,15 +396,22 @@ async def test_callers_of_another_policy_are_served_by_warm_containers_of_theirs
     assert record["runtime"] == "runsc" and record["container_id"] in waiting
 
 
-def _warm_gvisor_containers(api: docker.APIClient, pid: int) -> set[str]:
+def _warm_gvisor_containers(api: docker.APIClient, pid: int, by_runsc: bool) -> set[str]:
     """The sandboxes under gVisor the server `pid` made, waiting now, once there is one for execute_command (a
     first call runs in the one the engine is making for its kind, if none waits yet: strict's run_python pool,
     which preloads, fills first). Other servers' are not counted: tests run side by side."""
     image = load_policy("strict", [t.name for t in all_tools()]).for_tool("execute_command").image
+    unpacked_as = str(api.inspect_image(image)["Id"]).removeprefix("sha256:")[:24]  # its folder, for runsc's
 
     def waiting() -> set[str]:
         found, shell = set(), False
         for container in containers_of(pid, running=True):
+            if is_gvisor(STATE, container):  # made by runsc itself: its bundle's root is the image's, unpacked
+                with contextlib.suppress(OSError, ValueError, KeyError):
+                    root = json.loads((STATE / "bundles" / container / "config.json").read_text())["root"]["path"]
+                    found.add(container[:12])
+                    shell = shell or unpacked_as in root
+                continue
             try:
                 inspected = api.inspect_container(container)
             except docker.errors.NotFound:  # gone, or one runc runs itself (never gVisor's)
@@ -408,6 +421,8 @@ def _warm_gvisor_containers(api: docker.APIClient, pid: int) -> set[str]:
                 shell = shell or inspected["Config"]["Image"] == image
         return found if shell else set()
 
+    if by_runsc:
+        return first_runc_sandboxes(waiting)
     return first_sandboxes(api, waiting)
 
 

@@ -20,7 +20,7 @@ import pytest
 
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
 from sandbox_server.sandbox.runc_runtime import unpack_for_runc
-from sandbox_server.sandbox.runc_state import CGROUP_PARENT, STATE
+from sandbox_server.sandbox.runc_state import CGROUP_PARENT, STATE, is_gvisor, listed
 from sandbox_server.sandbox.service_containers import remove_network
 from sandbox_server.sandbox.veth import host_end
 from tests.mcp_harness import answer, audit_records, command_of, connect, http_server_process, stdio_parameters
@@ -220,3 +220,88 @@ def test_images_are_unpacked_for_runc_ahead_and_those_no_longer_tagged_are_remov
     said.clear()
     unpack_for_runc(runtime, ["sandbox-server/base:latest"], said.append, tmp_path)
     assert said == []  # unpacked once, kept while tagged
+
+
+GVISOR_PROBE = r"""
+import os, resource, socket
+for line in open("/proc/self/status"):
+    if line.split(":")[0] in ("Uid", "Gid", "Groups", "CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb", "NoNewPrivs"):
+        print(line.rstrip())
+print("host", socket.gethostname(), "links", sorted(os.listdir("/sys/class/net")))
+for path in ("/etc/x", "/workspace/w", "/tmp/t"):
+    try:
+        open(path, "w").close()
+        print(path, "writable")
+    except OSError as exc:
+        print(path, "refused", exc.errno)
+for name in ("NOFILE", "FSIZE", "CORE", "NPROC"):
+    print(name, resource.getrlimit(getattr(resource, "RLIMIT_" + name)))
+for line in sorted(open("/proc/mounts")):
+    where, kind, options = line.split()[1:4]
+    if where in ("/", "/tmp", "/workspace", "/dev/shm", "/proc", "/sys"):
+        print("mount", where, kind, ",".join(o for o in options.split(",") if not o.startswith(("size=", "nr_inodes="))))
+print("pid1", open("/proc/1/cmdline").read().split("\0")[0])
+print(sorted(k for k in os.environ))
+"""
+
+
+async def test_the_same_probe_reads_the_same_gvisor_sandbox_from_runsc_as_from_the_engine(
+    tmp_path: Path, runtime: DockerRuntime
+) -> None:
+    said: dict[str, dict[str, Any]] = {}
+    hog = "b = []\nwhile True:\n    b.append(bytearray(2**24))"
+    for path in ("engine", "runc"):
+        audit = tmp_path / f"{path}.jsonl"
+        serve = ("--policy", "strict", "--sandboxes", path, "--audit-log", str(audit))
+        async with connect(stdio_parameters(*serve)) as session:
+            said[path] = await answer(session, "run_python", {"code": GVISOR_PROBE})
+            if path == "runc":  # and its outcomes told apart: memory, time, an exit code
+                hungry = await answer(session, "run_python", {"code": hog})
+                slow = await answer(session, "run_python", {"code": "while True:\n    pass", "timeout_s": 3})
+                exits = await answer(session, "execute_command", {"command": "ls", "args": ["/nowhere"]})
+        said[path]["containers"] = [record["container_id"] for record in audit_records(audit)]
+    engine, runsc = said["engine"], said["runc"]
+    assert not runsc["is_error"], runsc["text"]
+    assert all(name.startswith("sbx-") for name in runsc["containers"]) and len(runsc["containers"]) == 4
+    assert not engine["containers"][0].startswith("sbx-")
+    differ = list(difflib.unified_diff(engine["stdout"].splitlines(), runsc["stdout"].splitlines(), lineterm=""))
+    assert not differ, "\n".join(differ)  # every line: user, capabilities, links, the read-only root, limits, mounts
+    assert "CapEff:\t0000000000000000" in runsc["stdout"] and "/etc/x refused" in runsc["stdout"], runsc["stdout"]
+    assert hungry["oom_killed"] and not hungry["timed_out"] and "out of memory" in hungry["text"], hungry["text"]
+    assert slow["timed_out"] and not slow["oom_killed"] and "timed out" in slow["text"], slow["text"]
+    assert exits["exit_code"] == 2 and exits["is_error"] and "/nowhere" in exits["stderr"], exits["text"]
+
+
+async def test_a_server_killed_with_gvisor_sandboxes_running_leaves_none_nor_their_cgroups(
+    tmp_path: Path, runtime: DockerRuntime
+) -> None:
+    import httpx2
+    from mcp.client.streamable_http import streamable_http_client
+    from mcp.shared.exceptions import MCPError
+
+    with http_server_process("--policy", "strict", "--sandboxes", "runc") as server:
+        server.wait_for_line("warm pool ready")
+        pid = server.process.pid
+        reaper = next(child for child in psutil.Process(pid).children() if "reap-after" in command_of(child))
+
+        async def call() -> None:
+            async with httpx2.AsyncClient(timeout=httpx2.Timeout(30, read=60)) as http:
+                async with connect(streamable_http_client(server.url, http_client=http)) as session:
+                    await session.call_tool("run_python", {"code": "import time\ntime.sleep(60)", "timeout_s": 20})
+
+        try:
+            async with anyio.create_task_group() as group:
+                for _ in range(2):  # strict's two concurrent calls, each in one of its two warm sandboxes
+                    group.start_soon(call)
+                with anyio.fail_after(60):  # the calls took the two, and the pool made two more beside them
+                    while len([name for name in _sandboxes_of(pid) if is_gvisor(STATE, name)]) < 4:
+                        await anyio.sleep(0.05)
+                assert _cgroups_of(pid), "the sandboxes' cgroups are where the test looks for them"
+                server.process.send_signal(signal.SIGKILL)
+                server.process.wait()
+        except* (httpx2.HTTPError, anyio.BrokenResourceError, anyio.ClosedResourceError, MCPError):
+            pass  # the calls end with their server
+        await anyio.to_thread.run_sync(lambda: reaper.wait(timeout=60))
+    assert _sandboxes_of(pid) == set() and _cgroups_of(pid) == set()
+    assert not [n for n in listed(STATE) if _made_by(n, pid)]  # runsc's own state of them too
+    assert not [p for p in psutil.process_iter(["cmdline"]) if any(_made_by(a, pid) for a in p.info["cmdline"] or ())]

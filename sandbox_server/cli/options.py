@@ -41,7 +41,7 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
         choices=["auto", "runc", "engine"],
         default=os.environ.get("SANDBOX_SANDBOXES", "auto"),
         help="who makes calls' sandboxes: runc (runc itself, from the engine's images, for calls without a network or "
-        "on an allow list; root on the engine's host), engine (the engine, every call), or auto (runc when it can); default: "
+        "on an allow list, and runsc for gVisor's; root on the engine's host), engine (the engine, every call), or auto (runc when it can); default: "
         "SANDBOX_SANDBOXES, else auto",
     )
     serve.add_argument(

@@ -177,6 +177,7 @@ def _policy(args: argparse.Namespace, runtime: DockerRuntime, log: logging.Logge
 def _clear_strays(runtime: DockerRuntime, log: logging.Logger) -> None:
     """The sandboxes a killed server left behind are removed; who makes calls' sandboxes is said."""
     from sandbox_server.sandbox.runc_runtime import RuncRuntime
+    from sandbox_server.sandbox.runc_state import runsc_path
 
     try:
         reaped = runtime.reap_strays()
@@ -186,9 +187,11 @@ def _clear_strays(runtime: DockerRuntime, log: logging.Logger) -> None:
         log.warning("%s", exc)
     why_not = runtime.runc_refused() if isinstance(runtime, RuncRuntime) else "its only path"
     if why_not is None:
+        gvisor = "gVisor's by runsc itself, " if runsc_path() is not None else ""
         log.info(
             "calls' sandboxes without a network or on an allow list are made by runc itself from the engine's "
-            "images; others by the engine"
+            "images, %sothers by the engine",
+            gvisor,
         )
     else:
         log.info("calls' sandboxes are made by the engine (%s)", why_not)

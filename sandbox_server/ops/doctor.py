@@ -331,7 +331,8 @@ async def runc_sandboxes_check() -> Check:
         "sandboxes by runc",
         outcome.exit_code == 0,
         f"`true` in a sandbox runc made exited {outcome.exit_code} in {outcome.duration_ms} ms "
-        "(serve --sandboxes auto or runc makes calls without a network or on an allow list so)",
+        "(serve --sandboxes auto or runc makes calls without a network or on an allow list so, and gVisor's with "
+        "runsc)",
         "see the runc log the message names",
         required=False,
     )

@@ -16,7 +16,7 @@ import platform
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sandbox_server.sandbox.host_config import MASKED_PATHS
+from sandbox_server.sandbox.host_config import ENGINE_MASKED_PATHS, MASKED_PATHS, RUNSC_PIDS_BASE, RUNSC_PIDS_FACTOR
 from sandbox_server.sandbox.spec import SandboxSpec
 
 __all__ = ["INIT_PATH", "INIT_SOURCE", "READONLY_PATHS", "merged_env", "oci_config", "oci_seccomp"]
@@ -86,6 +86,7 @@ def oci_config(
     environment (the spec's and `extra_env` override it), `cgroups_path` where runc makes its cgroups (None:
     runc's choice), `annotations` what the bundle says of its owner."""
     limits = spec.limits
+    gvisor = spec.runtime == "runsc"
     uid_text, _, gid_text = spec.user.partition(":")
     uid, gid = int(uid_text), int(gid_text or uid_text)
     memory = limits.memory_mb * 1024 * 1024
@@ -143,12 +144,12 @@ def oci_config(
     env = merged_env(image_env, [*spec.env, *extra_env])
     linux: dict[str, Any] = {
         "namespaces": [{"type": kind} for kind in ("pid", "ipc", "uts", "mount", "network", "cgroup")],
-        "maskedPaths": list(MASKED_PATHS),
+        "maskedPaths": list(ENGINE_MASKED_PATHS if gvisor else MASKED_PATHS),  # as the engine's path has them
         "readonlyPaths": list(READONLY_PATHS),
         "resources": {
             "devices": [{"allow": False, "access": "rwm"}],
             "memory": {"limit": memory, "swap": memory},
-            "pids": {"limit": limits.pids},
+            "pids": {"limit": limits.pids * RUNSC_PIDS_FACTOR + RUNSC_PIDS_BASE if gvisor else limits.pids},
             "cpu": {"quota": int(limits.cpus * 100_000), "period": 100_000},
         },
         "sysctl": {f"net.ipv6.conf.{which}.disable_ipv6": "1" for which in ("all", "default")}

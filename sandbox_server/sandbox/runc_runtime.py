@@ -5,8 +5,9 @@ given a bundle, a fraction of that. Where it can (the server is root on the engi
 runs on runc, and the call has no network or an allow list's alone), this runtime makes the call's sandbox from a
 bundle: the image's root filesystem unpacked once and shared read-only (sandbox.bundles), and a config with the
 engine's own hardening (sandbox.oci); one on an allow list's network is plugged into the engine's bridge of it, at
-an address of the server's own (sandbox.veth). Everything else goes through the engine as before: services'
-neighbours (found by the engine's names), gVisor's, image builds, services, the proxy.
+an address of the server's own (sandbox.veth). gVisor's are made by runsc itself from the same bundles
+(sandbox.gvisor). Everything else goes through the engine as before: services' neighbours (found by the engine's
+names), image builds, services, the proxy.
 
 Each sandbox runs under a `runc run` of its own, a child of the server that waits for it and gives its exit
 status, its stdio three pipes read as the engine's attach stream (sandbox.pipes). It is made ahead, as the
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
+import select
 import signal
 import subprocess
 import tempfile
@@ -39,6 +40,7 @@ from sandbox_server.sandbox.activity import Activity
 from sandbox_server.sandbox.bundles import is_unpacked, prune_unpacked, unpacked, write_bundle
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
 from sandbox_server.sandbox.engine import engine_errors
+from sandbox_server.sandbox.gvisor import gvisor_exit, start_gvisor
 from sandbox_server.sandbox.oci import INIT_SOURCE
 from sandbox_server.sandbox.pipes import PipeStream
 from sandbox_server.sandbox.removal import Remover, owned_by, owner_alive
@@ -53,12 +55,13 @@ from sandbox_server.sandbox.runc_state import (
     oom_kills,
     owner_of,
     runc_path,
+    runsc_path,
     sandbox_name,
     wait_for_pid_file,
 )  # fmt: skip
 from sandbox_server.sandbox.spec import SandboxSpec
 from sandbox_server.sandbox.veth import Addresses, Layout, layout_of, on_network, plug
-from sandbox_server.sandbox.warm_container import WarmContainer, process_tree
+from sandbox_server.sandbox.warm_container import SETTLE_S, WarmContainer, process_tree
 
 __all__ = ["RuncRuntime", "runc_usable"]
 
@@ -113,9 +116,11 @@ def unpack_for_runc(
 
 @dataclass
 class Run:
-    """One sandbox's `runc run`, and a pidfd of the sandbox's init (to kill it, never a later process)."""
+    """One sandbox's `runc run` (or gVisor's `runsc wait`), and a pidfd of the sandbox's init (gVisor's sandbox
+    process), to kill it, never a later process."""
 
     process: subprocess.Popen[bytes]
+    gvisor: bool = False
     init: int = -1
 
     def kill_init(self) -> None:
@@ -127,6 +132,8 @@ class Run:
     def kill(self) -> None:
         """Kill the sandbox's init, then wait for runc; never raises."""
         self.kill_init()
+        if self.gvisor:  # its word, a second after, is not needed: runsc's delete follows
+            self.process.kill()
         try:
             self.process.wait(timeout=RUNC_WAIT_S)
         except subprocess.TimeoutExpired:
@@ -213,9 +220,14 @@ class RuncRuntime(DockerRuntime):
         return self._chosen or None
 
     def takes(self, spec: SandboxSpec) -> bool:
-        """Whether runc may make this spec's sandbox (else the engine does): a runc policy's, with no network or on
-        an allow list's alone (a workspace's services are found by the engine's names)."""
-        return spec.runtime == "runc" and spec.service_network is None and self.runc_refused() is None
+        """Whether runc (runsc for gVisor) may make this spec's sandbox, else the engine does: a runc policy's,
+        with no network or on an allow list's alone (a workspace's services are found by the engine's names); a
+        gVisor policy's (which has no network here) where runsc is installed."""
+        if spec.service_network is not None or self.runc_refused() is not None:
+            return False
+        if spec.runtime == "runsc":
+            return not spec.networked and runsc_path() is not None
+        return spec.runtime == "runc"
 
     def sandbox_containers(self) -> list[str]:
         return [*super().sandbox_containers(), *sorted(listed(self.state))]
@@ -248,27 +260,22 @@ class RuncRuntime(DockerRuntime):
         bundle = write_bundle(
             self.state / "bundles" / name, spec, rootfs, [wire.LAUNCHER], slot,
             image_env=(inspected.get("Config") or {}).get("Env") or (),
-            extra_env=[(wire.LINGER_ENV, "1")],
+            extra_env=[] if spec.runtime == "runsc" else [(wire.LINGER_ENV, "1")],  # as the engine's path has it
             cgroups_path=f"/{CGROUP_PARENT}/{name}",
             annotations={**owned_by(self.owner), **dict(spec.labels), **on_network(layout)},
         )  # fmt: skip
         stream = PipeStream()
         assert stream.sandbox_ends is not None
-        stdin, stdout, stderr = stream.sandbox_ends
-        command = [runc_path() or "runc", "--root", str(self.state / "runc"), "--log", str(bundle / "runc.log")]
-        command += ["run", "--keep", "--bundle", str(bundle), "--pid-file", str(bundle / "pid"), name]
         try:
-            process = subprocess.Popen(command, stdin=stdin, stdout=stdout, stderr=stderr, start_new_session=True)
-        except OSError as exc:
+            run, pid = self._launch(name, bundle, stream.sandbox_ends, spec.runtime == "runsc")
+        except BaseException:
             stream.close()
-            shutil.rmtree(bundle, ignore_errors=True)
-            raise EngineError(f"could not run runc: {exc}") from exc
-        stream.handed_over()
-        self._runs[name] = run = Run(process)
+            self.removal.remove(name)
+            raise
+        finally:
+            stream.handed_over()
         address = ""
         try:
-            pid = self._started(name, process, bundle)
-            run.init = os.pidfd_open(pid)
             if layout is not None:
                 taken = self.addresses.take(layout, name)
                 plug(pid, name, layout, taken)
@@ -278,6 +285,25 @@ class RuncRuntime(DockerRuntime):
             self.removal.remove(name)
             raise
         return WarmContainer(name, stream, spec.container_key(), time.monotonic(), None, slot, pid, address)
+
+    def _launch(self, name: str, bundle: Path, stdio: tuple[int, int, int], gvisor: bool) -> tuple[Run, int]:
+        """Start the sandbox of `bundle` under runc (or runsc for gVisor), known to the remover from the first
+        moment; its Run and the host pid of its first process once it runs."""
+        if gvisor:  # one that runsc made but could not start is still deleted: runsc keeps its state
+            process, pid = start_gvisor(self.state, bundle, name, stdio, STARTED_WITHIN_S)
+            self._runs[name] = run = Run(process, gvisor=True)
+        else:
+            command = [runc_path() or "runc", "--root", str(self.state / "runc"), "--log", str(bundle / "runc.log")]
+            command += ["run", "--keep", "--bundle", str(bundle), "--pid-file", str(bundle / "pid"), name]
+            stdin, stdout, stderr = stdio
+            try:
+                process = subprocess.Popen(command, stdin=stdin, stdout=stdout, stderr=stderr, start_new_session=True)
+            except OSError as exc:
+                raise EngineError(f"could not run runc: {exc}") from exc
+            self._runs[name] = run = Run(process)
+            pid = self._started(name, process, bundle)
+        run.init = os.pidfd_open(pid)
+        return run, pid
 
     @staticmethod
     def _started(name: str, process: subprocess.Popen[bytes], bundle: Path) -> int:
@@ -319,7 +345,18 @@ class RuncRuntime(DockerRuntime):
         if run.process.poll() is None and lingering:
             run.kill_init()
         try:
-            code = run.process.wait(timeout=30)
+            if run.gvisor:
+                code = gvisor_exit(run.process.communicate(timeout=30)[0])
+            else:
+                code = run.process.wait(timeout=30)
         except subprocess.TimeoutExpired as exc:
             raise EngineError(f"sandbox {container_id} did not end after its output did") from exc
         return code, oom_kills(container_id) > 0
+
+    def _settled(self, warm: WarmContainer, spec: SandboxSpec) -> bool:
+        run = self._runs.get(warm.container_id)
+        if run is None or not run.gvisor:
+            return super()._settled(warm, spec)
+        if spec.mounted_workspace is None and not spec.networked:
+            return True  # as on the engine's path: nothing of the call outlives its answer but the sandbox
+        return bool(select.select([run.init], [], [], SETTLE_S)[0])  # gVisor's sandbox process has ended

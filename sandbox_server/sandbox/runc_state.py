@@ -21,9 +21,9 @@ import time
 from pathlib import Path
 
 __all__ = [
-    "CGROUP_PARENT", "IMAGES", "PREFIX", "STATE", "delete", "delete_left_by", "is_runc", "listed", "oom_kills",
-    "IN_CREATE", "IN_DELETE", "IN_MOVED_TO", "inotify_watch", "owner_of", "run_runc", "runc_path", "sandbox_name",
-    "wait_for_pid_file",
+    "CGROUP_PARENT", "IMAGES", "PREFIX", "RUNSC_FLAGS", "STATE", "delete", "delete_left_by", "is_gvisor", "is_runc",
+    "listed", "oom_kills", "IN_CREATE", "IN_DELETE", "IN_MOVED_TO", "inotify_watch", "owner_of", "run_runc",
+    "run_runsc", "runc_path", "runsc_path", "sandbox_name", "wait_for_pid_file",
 ]  # fmt: skip
 
 STATE = Path(os.environ.get("SANDBOX_RUNC_STATE", "/run/sandbox-server/runc"))
@@ -69,11 +69,38 @@ def run_runc(state: Path, *args: str) -> subprocess.CompletedProcess[bytes]:
     )
 
 
+def runsc_path() -> str | None:
+    """gVisor's runsc binary of this host, if there is one."""
+    return shutil.which("runsc")
+
+
+RUNSC_FLAGS = ("--network=none",)
+"""runsc's own flags, as the engine's registration of it gives them: gVisor sandboxes have no network here."""
+
+
+def run_runsc(state: Path, *args: str) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(
+        [runsc_path() or "runsc", "--root", str(state / "runsc"), *RUNSC_FLAGS, *args],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        timeout=RUNC_WAIT_S * 3,
+        check=False,
+    )
+
+
+def is_gvisor(state: Path, name: str) -> bool:
+    """Whether runsc (gVisor) runs the sandbox `name` (it keeps a state file per sandbox in its root)."""
+    return (state / "runsc" / f"{name}_sandbox:{name}.state").exists()
+
+
 def delete(state: Path, name: str, stopped: bool = False) -> None:
     """Kill and delete one sandbox and remove its bundle; never raises. A sandbox known `stopped` (its runc run
     ended) is deleted as runc deletes a stopped one, without starting runc: its cgroups removed, then its state;
-    should any cgroup still hold a process, runc kills and deletes it."""
-    if not (stopped and _delete_stopped(state / "runc" / name)):
+    should any cgroup still hold a process, runc kills and deletes it. gVisor's are deleted by runsc."""
+    if is_gvisor(state, name):
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            run_runsc(state, "delete", "--force", name)
+    elif not (stopped and _delete_stopped(state / "runc" / name)):
         with contextlib.suppress(OSError, subprocess.SubprocessError):
             run_runc(state, "delete", "--force", name)
     shutil.rmtree(state / "bundles" / name, ignore_errors=True)
@@ -140,6 +167,12 @@ def listed(state: Path) -> set[str]:
     for place in (state / "runc", state / "bundles"):
         with contextlib.suppress(OSError):
             found.update(name for name in os.listdir(place) if is_runc(name))
+    with contextlib.suppress(OSError):  # runsc's: <sandbox>_sandbox:<container>.state, the two named alike
+        found.update(
+            entry.removesuffix(".state").partition("_sandbox:")[2]
+            for entry in os.listdir(state / "runsc")
+            if entry.endswith(".state") and is_runc(entry)
+        )
     return found
 
 

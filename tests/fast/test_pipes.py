@@ -84,19 +84,23 @@ def test_the_environment_is_the_images_with_the_policys_over_it() -> None:
     ("spec", "by_runc"),
     [
         (SandboxSpec(image="i", argv=("true",)), True),
-        (SandboxSpec(image="i", argv=("true",), runtime="runsc"), False),
+        (SandboxSpec(image="i", argv=("true",), runtime="runsc"), True),  # by runsc itself
+        (SandboxSpec(image="i", argv=("true",), runtime="runsc", network="egress-net"), False),
         (SandboxSpec(image="i", argv=("true",), network="egress-net"), True),  # if the network leaves it addresses
         (SandboxSpec(image="i", argv=("true",), service_network="services"), False),
         (SandboxSpec(image="i", argv=("true",), network="egress-net", service_network="services"), False),
     ],
 )
 def test_runc_makes_the_sandboxes_of_runc_policies_without_a_network_or_on_an_allow_list_and_the_engine_the_others(
-    spec: SandboxSpec, by_runc: bool, tmp_path: Path
+    spec: SandboxSpec, by_runc: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     runc, engine = RuncRuntime(None, "auto", state=tmp_path), RuncRuntime(None, "engine", state=tmp_path)
     runc._chosen = ""  # this host lets runc make sandboxes (asked of the engine otherwise)
+    monkeypatch.setattr(runc_runtime, "runsc_path", lambda: "/usr/bin/runsc")
     assert runc.takes(spec) is by_runc
     assert engine.takes(spec) is False and engine.runc_refused() == "as asked"
+    monkeypatch.setattr(runc_runtime, "runsc_path", lambda: None)  # gVisor's stay the engine's without runsc
+    assert runc.takes(spec) is (by_runc and spec.runtime == "runc")
 
 
 def test_runc_is_not_used_where_the_server_is_not_root(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -10,14 +10,12 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import anyio
-import docker
 import psutil
 import pytest
 from mcp import Client
 
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
 from sandbox_server.sandbox.runc_state import CGROUP_PARENT
-from sandbox_server.sandbox.spec import SANDBOX_LABEL
 from tests.conftest import command_lines, sandbox_inits
 from tests.mcp_harness import connect, stdio_parameters
 
@@ -77,14 +75,11 @@ def busy_containers() -> list[str]:
 
 
 async def warm_pools_ready(count: int) -> None:
-    """Wait until `count` of our containers run (a new server's warm pools are full)."""
-    api = docker.from_env().api
-    try:
-        with anyio.fail_after(60):
-            while len(api.containers(filters={"label": SANDBOX_LABEL, "status": "running"})) < count:
-                await anyio.sleep(0.1)
-    finally:
-        api.close()
+    """Wait until `count` of our sandboxes run, the engine's and those runc or runsc run (a new server's warm pools
+    are full)."""
+    with anyio.fail_after(60):
+        while len(await anyio.to_thread.run_sync(sandbox_inits)) < count:
+            await anyio.sleep(0.1)
 
 
 @pytest.fixture(scope="module")

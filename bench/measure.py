@@ -16,6 +16,7 @@ from mcp import Client
 
 from sandbox_server.sandbox.host_config import host_config_kwargs
 from sandbox_server.sandbox.removal import OWNER_LABEL
+from sandbox_server.sandbox.runc_state import STATE, listed, owner_of
 from sandbox_server.sandbox.spec import SANDBOX_LABEL, SandboxSpec
 
 BASE = "sandbox-server/base:latest"
@@ -50,9 +51,11 @@ async def wait_for_pool(pid: int, expected: int) -> None:
 
 
 def _containers_of(api: docker.APIClient, pid: int) -> int:
-    """How many of our containers the server process `pid` has (its owner label), warm or used."""
+    """How many of our sandboxes the server process `pid` has (its owner label), warm or used: the engine's, and
+    those runc or runsc run for it."""
     found = api.containers(filters={"label": SANDBOX_LABEL})
-    return sum(f":{pid}:" in (item.get("Labels") or {}).get(OWNER_LABEL, "") for item in found)
+    by_engine = sum(f":{pid}:" in (item.get("Labels") or {}).get(OWNER_LABEL, "") for item in found)
+    return by_engine + sum(f":{pid}:" in owner_of(name) for name in listed(STATE))
 
 
 async def settled_containers(pid: int, still_s: float = 1.5) -> int:

@@ -266,17 +266,13 @@ class RuncRuntime(DockerRuntime):
         )  # fmt: skip
         stream = PipeStream()
         assert stream.sandbox_ends is not None
-        try:
-            run, pid = self._launch(name, bundle, stream.sandbox_ends, spec.runtime == "runsc")
-        except BaseException:
-            stream.close()
-            self.removal.remove(name)
-            raise
-        finally:
-            stream.handed_over()
         address = ""
         try:
-            if layout is not None:
+            try:
+                pid = self._launch(name, bundle, stream.sandbox_ends, spec.runtime == "runsc")
+            finally:
+                stream.handed_over()
+            if layout is not None:  # on an allow list's network, at an address of the server's half
                 taken = self.addresses.take(layout, name)
                 plug(pid, name, layout, taken)
                 address = str(taken)
@@ -286,9 +282,9 @@ class RuncRuntime(DockerRuntime):
             raise
         return WarmContainer(name, stream, spec.container_key(), time.monotonic(), None, slot, pid, address)
 
-    def _launch(self, name: str, bundle: Path, stdio: tuple[int, int, int], gvisor: bool) -> tuple[Run, int]:
+    def _launch(self, name: str, bundle: Path, stdio: tuple[int, int, int], gvisor: bool) -> int:
         """Start the sandbox of `bundle` under runc (or runsc for gVisor), known to the remover from the first
-        moment; its Run and the host pid of its first process once it runs."""
+        moment (runsc's own state says a gVisor one); the host pid of its first process once it runs."""
         if gvisor:  # one that runsc made but could not start is still deleted: runsc keeps its state
             process, pid = start_gvisor(self.state, bundle, name, stdio, STARTED_WITHIN_S)
             self._runs[name] = run = Run(process, gvisor=True)
@@ -303,7 +299,7 @@ class RuncRuntime(DockerRuntime):
             self._runs[name] = run = Run(process)
             pid = self._started(name, process, bundle)
         run.init = os.pidfd_open(pid)
-        return run, pid
+        return pid
 
     @staticmethod
     def _started(name: str, process: subprocess.Popen[bytes], bundle: Path) -> int:

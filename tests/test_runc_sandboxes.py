@@ -9,7 +9,7 @@ import json
 import os
 import signal
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -135,46 +135,69 @@ async def test_a_mounted_workspace_and_a_warm_interpreter_work_on_runc(tmp_path:
 async def test_a_server_killed_mid_burst_leaves_no_runc_sandbox_cgroup_bundle_or_network_port(
     tmp_path: Path, runtime: DockerRuntime, internal_network: str
 ) -> None:
+    # On an allow list (whose host is never asked for), so that each sandbox is plugged into its proxy's network.
+    allow = {"allow": ["web.test"], "egress_network": internal_network, "hosts": {"web.test": "192.0.2.1"}}
+    policy = _policy(tmp_path, f"tools: {{execute_command: {{network: {json.dumps(allow)}}}}}\n")
+    ports: set[str] = set()
+
+    def plugged(running: list[str]) -> None:
+        ports.update(host_end(name) for name in running)
+        assert ports & _host_links(), "the sandboxes' ports on the network are where the test looks for them"
+
+    with http_server_process("--policy", policy, "--sandboxes", "runc") as server:
+        pid = server.process.pid
+        await _killed_mid_calls(
+            server, ("execute_command", {"command": "sleep 60"}), 6,
+            lambda: [p for p in _sandboxes_of(pid) if _running(p)], 6, 30, plugged,
+        )  # fmt: skip
+    assert _sandboxes_of(pid) == set() and _cgroups_of(pid) == set()
+    assert not ports & _host_links()
+    assert not [p for p in psutil.process_iter(["cmdline"]) if any(_made_by(a, pid) for a in p.info["cmdline"] or ())]
+
+
+async def _killed_mid_calls(
+    server: Any,
+    call: tuple[str, dict[str, Any]],
+    calls: int,
+    running: Callable[[], list[str]],
+    count: int,
+    within_s: float,
+    look: Callable[[list[str]], None] = lambda running: None,
+) -> None:
+    """Make `calls` calls side by side, each in a session of its own; once `running()` lists `count` sandboxes
+    (the calls' and the pool's; within `within_s`), `look` at them, kill the server with SIGKILL, and wait for its reaper to end."""
     import httpx2
     from mcp.client.streamable_http import streamable_http_client
     from mcp.shared.exceptions import MCPError
 
-    # On an allow list (whose host is never asked for), so that each sandbox is plugged into its proxy's network.
-    allow = {"allow": ["web.test"], "egress_network": internal_network, "hosts": {"web.test": "192.0.2.1"}}
-    policy = _policy(tmp_path, f"tools: {{execute_command: {{network: {json.dumps(allow)}}}}}\n")
-    with http_server_process("--policy", policy, "--sandboxes", "runc") as server:
-        server.wait_for_line("warm pool ready")
-        pid = server.process.pid
-        reaper = next(child for child in psutil.Process(pid).children() if "reap-after" in command_of(child))
-        started = anyio.Event()
+    server.wait_for_line("warm pool ready")
+    pid = server.process.pid
+    reaper = next(child for child in psutil.Process(pid).children() if "reap-after" in command_of(child))
+    started = anyio.Event()
 
-        async def call(index: int) -> None:
-            async with httpx2.AsyncClient(timeout=httpx2.Timeout(30, read=60)) as http:
-                async with connect(streamable_http_client(server.url, http_client=http)) as session:
-                    if index == 0:
-                        started.set()
-                    await session.call_tool("execute_command", {"command": "sleep 60"})
+    async def one(index: int) -> None:
+        async with httpx2.AsyncClient(timeout=httpx2.Timeout(30, read=60)) as http:
+            async with connect(streamable_http_client(server.url, http_client=http)) as session:
+                if index == 0:
+                    started.set()
+                await session.call_tool(*call)
 
-        try:
-            async with anyio.create_task_group() as group:
-                for index in range(6):
-                    group.start_soon(call, index)
-                await started.wait()
-                with anyio.fail_after(30):
-                    while len(running := [p for p in _sandboxes_of(pid) if _running(p)]) < 6:
-                        await anyio.sleep(0.05)
-                assert _cgroups_of(pid), "the sandboxes' cgroups are where the test looks for them"
-                ports = {host_end(name) for name in running}
-                assert ports & _host_links(), "the sandboxes' ports on the network are where the test looks for them"
-                server.process.send_signal(signal.SIGKILL)
-                server.process.wait()
-        except* (httpx2.HTTPError, anyio.BrokenResourceError, anyio.ClosedResourceError, MCPError):
-            pass  # the calls end with their server
-        # The reaper the server started deletes what it left, then ends.
-        await anyio.to_thread.run_sync(lambda: reaper.wait(timeout=60))
-    assert _sandboxes_of(pid) == set() and _cgroups_of(pid) == set()
-    assert not ports & _host_links()
-    assert not [p for p in psutil.process_iter(["cmdline"]) if any(_made_by(a, pid) for a in p.info["cmdline"] or ())]
+    try:
+        async with anyio.create_task_group() as group:
+            for index in range(calls):
+                group.start_soon(one, index)
+            await started.wait()
+            with anyio.fail_after(within_s):
+                while len(found := running()) < count:
+                    await anyio.sleep(0.05)
+            assert _cgroups_of(pid), "the sandboxes' cgroups are where the test looks for them"
+            look(found)
+            server.process.send_signal(signal.SIGKILL)
+            server.process.wait()
+    except* (httpx2.HTTPError, anyio.BrokenResourceError, anyio.ClosedResourceError, MCPError):
+        pass  # the calls end with their server
+    # The reaper the server started deletes what it left, then ends.
+    await anyio.to_thread.run_sync(lambda: reaper.wait(timeout=60))
 
 
 def _host_links() -> set[str]:
@@ -275,33 +298,13 @@ async def test_the_same_probe_reads_the_same_gvisor_sandbox_from_runsc_as_from_t
 async def test_a_server_killed_with_gvisor_sandboxes_running_leaves_none_nor_their_cgroups(
     tmp_path: Path, runtime: DockerRuntime
 ) -> None:
-    import httpx2
-    from mcp.client.streamable_http import streamable_http_client
-    from mcp.shared.exceptions import MCPError
-
     with http_server_process("--policy", "strict", "--sandboxes", "runc") as server:
-        server.wait_for_line("warm pool ready")
         pid = server.process.pid
-        reaper = next(child for child in psutil.Process(pid).children() if "reap-after" in command_of(child))
-
-        async def call() -> None:
-            async with httpx2.AsyncClient(timeout=httpx2.Timeout(30, read=60)) as http:
-                async with connect(streamable_http_client(server.url, http_client=http)) as session:
-                    await session.call_tool("run_python", {"code": "import time\ntime.sleep(60)", "timeout_s": 20})
-
-        try:
-            async with anyio.create_task_group() as group:
-                for _ in range(2):  # strict's two concurrent calls, each in one of its two warm sandboxes
-                    group.start_soon(call)
-                with anyio.fail_after(60):  # the calls took the two, and the pool made two more beside them
-                    while len([name for name in _sandboxes_of(pid) if is_gvisor(STATE, name)]) < 4:
-                        await anyio.sleep(0.05)
-                assert _cgroups_of(pid), "the sandboxes' cgroups are where the test looks for them"
-                server.process.send_signal(signal.SIGKILL)
-                server.process.wait()
-        except* (httpx2.HTTPError, anyio.BrokenResourceError, anyio.ClosedResourceError, MCPError):
-            pass  # the calls end with their server
-        await anyio.to_thread.run_sync(lambda: reaper.wait(timeout=60))
+        # strict's two concurrent calls take its two warm sandboxes, and the pool makes two more beside them
+        sleeping = ("run_python", {"code": "import time\ntime.sleep(60)", "timeout_s": 20})
+        await _killed_mid_calls(
+            server, sleeping, 2, lambda: [name for name in _sandboxes_of(pid) if is_gvisor(STATE, name)], 4, 60
+        )
     assert _sandboxes_of(pid) == set() and _cgroups_of(pid) == set()
     assert not [n for n in listed(STATE) if _made_by(n, pid)]  # runsc's own state of them too
     assert not [p for p in psutil.process_iter(["cmdline"]) if any(_made_by(a, pid) for a in p.info["cmdline"] or ())]

@@ -75,47 +75,39 @@ async def _burst(client: Client, calls: int, command: str = "echo") -> tuple[lis
     return samples, failures
 
 
-async def _measure(path: str, burst: int, policy: Path) -> dict[str, Any]:
+async def _execute_command_rows(client: Client, burst: int, command: str) -> dict[str, Any]:
+    """execute_command `true` spaced and back to back, then `burst` calls of `command` at once, and the engine's and
+    the sandboxes' CPU per call over the last two."""
     report: dict[str, Any] = {}
+    server = server_process()
+    await _ready(client)  # a policy's first call on an allow list starts its proxy; the pool fills on it after
+    spaced, failed = await timed_calls(client, "execute_command", {"command": "true"}, 20, 0.5)
+    report["spaced"] = {**percentiles(spaced), "failures": failed}
+    await anyio.sleep(3)
+    before = EngineCpu.now(server)
+    back, failed = await timed_calls(client, "execute_command", {"command": "true"}, 40, 0)
+    report["back_to_back"] = {**percentiles(back), "failures": failed}
+    await anyio.sleep(3)
+    many, failed = await _burst(client, burst, command)
+    report["burst"] = {**percentiles(many), "failures": failed, "answered": len(many)}
+    await anyio.sleep(3)
+    spent = EngineCpu.now(server).since(before)
+    report["engine_cpu_ms_per_sandbox"] = round(spent.outside / (40 + burst) * 1000, 1)
+    report["sandbox_cpu_ms_per_sandbox"] = round(spent.inside / (40 + burst) * 1000, 1)
+    return report
+
+
+async def _measure(path: str, burst: int, policy: Path) -> dict[str, Any]:
     async with Client(server_parameters(["--sandboxes", path, "--policy", str(policy)]), mode="legacy") as client:
-        server = server_process()
-        await _ready(client)
-        spaced, failed = await timed_calls(client, "execute_command", {"command": "true"}, 20, 0.5)
-        report["spaced"] = {**percentiles(spaced), "failures": failed}
-        await anyio.sleep(3)
-        before = EngineCpu.now(server)
-        back, failed = await timed_calls(client, "execute_command", {"command": "true"}, 40, 0)
-        report["back_to_back"] = {**percentiles(back), "failures": failed}
-        await anyio.sleep(3)
-        many, failed = await _burst(client, burst)
-        report["burst"] = {**percentiles(many), "failures": failed, "answered": len(many)}
-        await anyio.sleep(3)
-        spent = EngineCpu.now(server).since(before)
-        report["engine_cpu_ms_per_sandbox"] = round(spent.outside / (40 + burst) * 1000, 1)
-        report["sandbox_cpu_ms_per_sandbox"] = round(spent.inside / (40 + burst) * 1000, 1)
+        report = await _execute_command_rows(client, burst, "echo")
         cells, failed = await timed_calls(client, "run_python", {"code": "1 + 1"}, 20, 0)
         report["run_python_back_to_back"] = {**percentiles(cells), "failures": failed}
     return report
 
 
 async def _measure_allow_listed(path: str, policy: Path) -> dict[str, Any]:
-    report: dict[str, Any] = {}
     async with Client(server_parameters(["--sandboxes", path, "--policy", str(policy)]), mode="legacy") as client:
-        server = server_process()
-        await _ready(client)  # its first call starts the proxy; the pool fills on its network after
-        spaced, failed = await timed_calls(client, "execute_command", {"command": "true"}, 20, 0.5)
-        report["spaced"] = {**percentiles(spaced), "failures": failed}
-        await anyio.sleep(3)
-        before = EngineCpu.now(server)
-        back, failed = await timed_calls(client, "execute_command", {"command": "true"}, 40, 0)
-        report["back_to_back"] = {**percentiles(back), "failures": failed}
-        await anyio.sleep(3)
-        many, failed = await _burst(client, ALLOW_LISTED_BURST, "true")
-        report["burst"] = {**percentiles(many), "failures": failed, "answered": len(many)}
-        await anyio.sleep(3)
-        spent = EngineCpu.now(server).since(before)
-        report["engine_cpu_ms_per_sandbox"] = round(spent.outside / (40 + ALLOW_LISTED_BURST) * 1000, 1)
-    return report
+        return await _execute_command_rows(client, ALLOW_LISTED_BURST, "true")
 
 
 def _allow_listed_summary(reports: list[dict[str, Any]]) -> dict[str, float]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
@@ -63,6 +64,12 @@ def command_lines(first: int) -> list[str]:
         except OSError:
             continue  # ended meanwhile
     return said
+
+
+def a_sleep_of_its_own(seconds: int) -> str:
+    """A `sleep` of about `seconds` whose command line no other test's shares, so `containers_running` finds this
+    one alone while other workers run theirs on the same engine."""
+    return f"sleep {seconds}.{secrets.randbelow(10**6):06d}"
 
 
 def containers_running(command: str) -> list[str]:

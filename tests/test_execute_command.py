@@ -15,7 +15,7 @@ from mcp import Client
 from mcp.shared.exceptions import MCPError
 
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
-from tests.conftest import containers_running
+from tests.conftest import a_sleep_of_its_own, containers_running
 from tests.mcp_harness import connect, http_server, stdio_parameters, text_of
 
 pytestmark = pytest.mark.anyio
@@ -277,17 +277,18 @@ async def test_progress_arrives_for_long_calls(client: Client) -> None:
 
 async def _cancel_mid_call(session: Client, runtime: DockerRuntime) -> None:
     running = anyio.Event()
+    command = a_sleep_of_its_own(100)  # the other era's test may be cancelling its own at the same time
 
     async def on_progress(progress: float, total: float | None, message: str | None) -> None:
         running.set()
 
     async with anyio.create_task_group() as group:
         group.start_soon(
-            lambda: session.call_tool("execute_command", {"command": "sleep 100"}, progress_callback=on_progress)
+            lambda: session.call_tool("execute_command", {"command": command}, progress_callback=on_progress)
         )
         with anyio.fail_after(10):
             await running.wait()
-        [container] = containers_running("sleep 100")
+        [container] = containers_running(command)
         group.cancel_scope.cancel()
     with anyio.fail_after(5):
         while container in runtime.sandbox_containers():

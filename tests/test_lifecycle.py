@@ -13,7 +13,7 @@ from sandbox_server.sandbox import mounts
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
 from sandbox_server.sandbox.removal import LABELS_VARIABLE, OWNER_LABEL
 from sandbox_server.sandbox.spec import SANDBOX_LABEL
-from tests.conftest import containers_of, containers_running, labels_of, run_cli
+from tests.conftest import a_sleep_of_its_own, containers_of, containers_running, labels_of, run_cli
 from tests.mcp_harness import connect, http_server, http_server_process
 
 pytestmark = pytest.mark.anyio
@@ -21,6 +21,7 @@ pytestmark = pytest.mark.anyio
 
 async def test_a_server_killed_mid_call_leaves_a_stray_that_the_next_server_reaps(runtime: DockerRuntime) -> None:
     running = anyio.Event()
+    command = a_sleep_of_its_own(300)  # another worker's test may leave a `sleep 300` of its own running
 
     async def on_progress(progress: float, total: float | None, message: str | None) -> None:
         running.set()
@@ -30,13 +31,11 @@ async def test_a_server_killed_mid_call_leaves_a_stray_that_the_next_server_reap
         with pytest.raises(Exception):  # noqa: B017 (the connection dies with the server, whichever way it surfaces)
             async with connect(url) as session, anyio.create_task_group() as group:
                 group.start_soon(
-                    lambda: session.call_tool(
-                        "execute_command", {"command": "sleep 300"}, progress_callback=on_progress
-                    )
+                    lambda: session.call_tool("execute_command", {"command": command}, progress_callback=on_progress)
                 )
                 with anyio.fail_after(10):
                     await running.wait()
-                [busy] = containers_running("sleep 300")
+                [busy] = containers_running(command)
                 process.kill()
                 process.wait()
         strays = containers_of(process.pid)

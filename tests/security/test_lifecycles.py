@@ -302,10 +302,11 @@ async def test_one_client_holding_every_session_of_its_caller_locks_the_callers_
     }
     with http_server_process("--tokens", str(tokens), "--no-pool", "--state-dir", str(tmp_path / "s")) as server:
         async with httpx2.AsyncClient(headers=headers, timeout=30) as flooder:
-            opened = [(await flooder.post(server.url, json=initialize)).headers["mcp-session-id"] for _ in range(100)]
+            opened = [(await flooder.post(server.url, json=initialize)).headers["mcp-session-id"]]
+            started = time.monotonic()  # the oldest session's last use: the room comes once it has idled long enough
+            opened += [(await flooder.post(server.url, json=initialize)).headers["mcp-session-id"] for _ in range(99)]
             refused = await flooder.post(server.url, json=initialize)  # all of them just used: none is ended yet
             assert refused.status_code == 503 and "serve --max-sessions-per-caller 100" in refused.text, refused.text
-            started = time.monotonic()
             with anyio.fail_after(ROOM_AFTER_S + 20):
                 while True:
                     try:

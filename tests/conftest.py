@@ -23,6 +23,7 @@ from sandbox_server.sandbox.removal import LABELS_VARIABLE, OWNER_LABEL, owner_a
 from sandbox_server.sandbox.runc_runtime import RuncRuntime
 from sandbox_server.sandbox.runc_state import STATE, is_runc, listed, owner_of
 from sandbox_server.sandbox.spec import SANDBOX_LABEL
+from sandbox_server.sandbox.veth import NETWORK_ANNOTATION
 from sandbox_server.sandbox.warm_container import process_tree
 from sandbox_server.state.folder import default_state_dir
 from tests.mcp_harness import connect, stdio_parameters
@@ -80,6 +81,22 @@ def containers_running(command: str) -> list[str]:
         for container, first in sandbox_inits().items()
         if any(command in said for said in command_lines(first))
     ]
+
+
+def runc_sandboxes_on(network: str, running_only: bool) -> set[str]:
+    """The sandboxes runc runs on an engine network (their bundles say which); only the started ones if
+    `running_only` (runc writes a pid file then)."""
+    found = set()
+    for name in listed(STATE):
+        bundle = STATE / "bundles" / name
+        try:
+            annotations = json.loads((bundle / "config.json").read_text()).get("annotations") or {}
+        except (OSError, ValueError):
+            continue  # being made or deleted
+        on_it = network in annotations.get(NETWORK_ANNOTATION, "").split(",")
+        if on_it and (not running_only or (bundle / "pid").exists()):
+            found.add(name)
+    return found
 
 
 def egress_address_of(container_id: str) -> str:

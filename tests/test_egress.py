@@ -26,10 +26,11 @@ from mcp import Client
 from sandbox_server.network.egress import parse_egress
 from sandbox_server.network.proxies import PROXY_LABEL
 from sandbox_server.sandbox.removal import OWNER_LABEL
-from sandbox_server.sandbox.runc_state import STATE, is_runc, listed
+from sandbox_server.sandbox.runc_state import is_runc
 from sandbox_server.sandbox.service_containers import SERVICE_LABEL
 from sandbox_server.sandbox.spec import SANDBOX_LABEL
-from sandbox_server.sandbox.veth import NETWORK_ANNOTATION, layout_of, mac_of
+from sandbox_server.sandbox.veth import layout_of, mac_of
+from tests.conftest import runc_sandboxes_on
 from tests.mcp_harness import (
     answer,
     audit_records,
@@ -286,21 +287,6 @@ async def test_once_its_proxy_runs_a_tool_with_an_allow_list_is_served_by_warm_c
     assert [r["host"] for r in answer["network"]["requests"]] == ["web.test"]  # filed by the warm one's address
     used = audit_records(audit_path)[-1]["container_id"]
     assert used in before, (used, before)  # made before the call: a cold one is made after it begins
-
-
-def runc_sandboxes_on(network: str, running_only: bool) -> set[str]:
-    """The sandboxes runc runs on an engine network (their bundles say which); only the started ones if
-    `running_only` (runc writes a pid file then)."""
-    found = set()
-    for name in listed(STATE):
-        bundle = STATE / "bundles" / name
-        try:
-            annotations = json.loads((bundle / "config.json").read_text()).get("annotations") or {}
-        except (OSError, ValueError):
-            continue  # being made or deleted
-        if annotations.get(NETWORK_ANNOTATION) == network and (not running_only or (bundle / "pid").exists()):
-            found.add(name)
-    return found
 
 
 async def test_a_killed_proxy_refuses_calls_with_the_reason_until_it_is_back(

@@ -7,7 +7,10 @@ another session's and another caller's calls reach them neither by name nor by a
 
 from __future__ import annotations
 
+import difflib
+import ipaddress
 import json
+import os
 import re
 import subprocess
 import time
@@ -29,9 +32,11 @@ from websockets.sync.client import connect
 
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
 from sandbox_server.sandbox.removal import OWNER_LABEL
+from sandbox_server.sandbox.runc_state import STATE, is_runc
 from sandbox_server.sandbox.service_containers import SERVICE_LABEL
 from sandbox_server.sandbox.spec import SANDBOX_LABEL
-from tests.conftest import run_cli
+from sandbox_server.sandbox.veth import layout_of, mac_of
+from tests.conftest import run_cli, runc_sandboxes_on
 from tests.mcp_harness import (
     CheckedClient,
     answer,
@@ -416,8 +421,9 @@ async def test_the_services_tool_lists_reads_the_log_of_restarts_and_stops_a_wor
             stopped = await services(action="stop", name="web")
             assert [s["name"] for s in stopped["services"]] == ["api"]
             gone = await call(session, command="curl -sS --max-time 3 http://web:8000/; true")
-            # The name is no more (the network's name server, asked for it, finds no one: it has no way out).
-            assert gone["stdout"] == "" and "Resol" in gone["stderr"], gone["stderr"]
+            # The name is no more: not in the server's hosts file of runc's sandboxes, and the engine's name server,
+            # asked for it, finds no one (it has no way out: "Resolving timed out").
+            assert gone["stdout"] == "" and "resol" in gone["stderr"].lower(), gone["stderr"]
             unknown = await services(action="log", name="web")
             assert (
                 unknown["is_error"]
@@ -435,10 +441,15 @@ async def test_a_killed_servers_services_and_their_network_are_removed_by_its_re
         async with as_caller(server.url) as session:
             await start_web(session)
             assert len(services_of(server.process.pid)) == 1 and service_networks() - networks_before
+            beside = await call(session, command="getent hosts web")  # a sandbox beside it, which runc makes
+            assert not beside["is_error"] and beside["stdout"].endswith(" web\n"), beside
+            names = list((STATE / "hosts").glob(f"{server.process.pid}-*"))  # its services' names, for runc's
+            assert names or os.environ.get("SANDBOX_SANDBOXES") == "engine", "no hosts file for runc's sandboxes"
             server.process.kill()  # no goodbye: what it started is the reaper's to remove
             server.process.wait(timeout=30)
             await until_gone(server.process.pid)
     await until_networks_gone(networks_before)  # the reaper removes the network after the containers
+    assert not [folder for folder in names if folder.exists()], names  # and the names, before them
     with http_server_process(*serve) as again:  # the next server on the same state lets go of what was left mounted
         async with as_caller(again.url) as session:
             assert not (await call(session, command="true"))["is_error"]
@@ -484,24 +495,95 @@ async def test_calls_beside_a_service_take_warm_containers_waiting_on_its_networ
             [network] = service["NetworkSettings"]["Networks"]
             api = docker.from_env().api
 
-            def waiting_on_it() -> set[str]:  # the server's warm containers on the services' network
+            def waiting_on_it() -> set[str]:  # the server's warm containers on the services' network, either path's
                 found = api.containers(filters={"label": SANDBOX_LABEL, "network": network})
-                return {c["Id"][:12] for c in found if SERVICE_LABEL not in (c.get("Labels") or {})}
+                made = {c["Id"][:12] for c in found if SERVICE_LABEL not in (c.get("Labels") or {})}
+                return made | {name[:12] for name in runc_sandboxes_on(network, True)}
 
             deadline = time.monotonic() + 30
             while len(waiting_on_it()) < 2:  # execute_command's and the python tools' (no event says "warm")
                 assert time.monotonic() < deadline, waiting_on_it()
                 await anyio.sleep(0.1)
             warm = waiting_on_it()
-            reached = await call(session, command="curl -s -o /dev/null -w '%{http_code}' http://web:8000/")
-            assert reached["stdout"] == "200", reached
+            # A service started after they were made is found by its name all the same, as is the first.
+            assert not (await call(session, command=API, service={"name": "api", "port": 9000}))["is_error"]
+            reached = await call(
+                session, command="curl -s -o /dev/null -w '%{http_code} ' http://web:8000/; curl -s http://api:9000/hi"
+            )
+            assert reached["stdout"] == '200 {"api": "/hi"}', reached
             used = json.loads(audit.read_text().splitlines()[-1])["container_id"]
             assert used in warm, (used, warm)  # the call took one of them
+            await session.call_tool("services", {"action": "stop", "name": "api"})
+            gone = await call(
+                session, command="getent hosts web >/dev/null && echo web; getent hosts api || echo no api"
+            )
+            assert gone["stdout"] == "web\nno api\n", gone  # a stopped service's name is not found any more
             await session.call_tool("services", {"action": "stop", "name": "web"})
             deadline = time.monotonic() + 30
             while waiting_on_it() or api.networks(names=[network]):  # they go with the network
                 assert time.monotonic() < deadline, waiting_on_it()
                 await anyio.sleep(0.1)
+
+
+NEIGHBOUR_PROBE = r"""
+echo "links=$(ls /sys/class/net | tr '\n' ' ') mtu=$(cat /sys/class/net/eth0/mtu)"
+echo "ipv6=$(cat /proc/sys/net/ipv6/conf/all/disable_ipv6 /proc/sys/net/ipv6/conf/eth0/disable_ipv6 | tr '\n' ' ')"
+echo "ipv6 addresses=$(wc -l < /proc/net/if_inet6)"
+awk 'NR > 1 {print "route", $1, $2, $3, $8}' /proc/net/route
+echo "mac $(cat /sys/class/net/eth0/address)"
+curl -sS -m 10 http://web:8000/hello.txt
+python3 -c "import socket; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.connect(('web', 8000)); print('me', s.getsockname()[0])"
+getent hosts nowhere.test || echo "nowhere.test: not found"
+getent hosts localhost
+"""
+
+
+async def test_runc_makes_the_sandboxes_beside_services_as_the_engine_does_at_an_address_of_the_servers_half(
+    tmp_path: Path,
+) -> None:
+    said: dict[str, dict[str, Any]] = {}
+    for path in ("engine", "runc"):
+        audit = tmp_path / f"{path}.jsonl"
+        serve = ("--policy", str(short_policy(tmp_path)), "--sandboxes", path, "--audit-log", str(audit))
+        with http_server_process(*serve, "--state-dir", str(tmp_path / path)) as server:
+            async with as_caller(server.url) as session:
+                page = "echo hello from web > hello.txt && exec python3 -m http.server 8000"
+                assert not (await call(session, command=page, service={"name": "web", "port": 8000}))["is_error"]
+                probe = await call(
+                    session, command="sh probe.sh", files=[{"path": "probe.sh", "content": NEIGHBOUR_PROBE}]
+                )
+                record = json.loads(audit.read_text().splitlines()[-1])
+                [service] = services_of(server.process.pid)
+                [network] = service["NetworkSettings"]["Networks"]
+                api = docker.from_env().api
+                try:
+                    layout = layout_of(api.inspect_network(network))
+                finally:
+                    api.close()
+        said[path] = probe | {"record": record, "layout": layout}
+    engine, runc = said["engine"], said["runc"]
+    assert not engine["is_error"] and not runc["is_error"], (engine["text"], runc["text"])
+    assert is_runc(runc["record"]["container_id"]) and not is_runc(engine["record"]["container_id"])
+
+    def apart(stdout: str) -> list[str]:  # each server's network has its own addresses
+        return [line for line in stdout.splitlines() if not line.startswith(("route ", "mac ", "me "))]
+
+    differ = list(difflib.unified_diff(apart(engine["stdout"]), apart(runc["stdout"]), lineterm=""))
+    assert not differ, "\n".join(differ)
+    assert "links=eth0 lo " in runc["stdout"] and "hello from web\nme " in runc["stdout"], runc["text"]
+    assert "ipv6=1 1 " in runc["stdout"] and "nowhere.test: not found" in runc["stdout"], runc["text"]
+    for each in (engine, runc):  # the engine's routes and MAC, derived from the network and the address
+        layout = each["layout"]
+        assert layout is not None and layout.gateway is not None, "the services' network leaves the server no addresses"
+        [me] = [line.split()[1] for line in each["stdout"].splitlines() if line.startswith("me ")]
+        address = ipaddress.IPv4Address(me)
+        hexed = [
+            a.packed[::-1].hex().upper() for a in (layout.gateway, layout.subnet.network_address, layout.subnet.netmask)
+        ]
+        routes = [f"route eth0 00000000 {hexed[0]} 00000000", f"route eth0 {hexed[1]} 00000000 {hexed[2]}"]
+        assert [line for line in each["stdout"].splitlines() if line.startswith("route ")] == routes, each["text"]
+        assert f"mac {mac_of(address)}" in each["stdout"].splitlines(), each["text"]
+        assert (address in layout.ours) is (each is runc), (address, layout)  # runc's from the server's half
 
 
 def test_a_server_on_every_address_gives_no_preview_link_until_told_its_public_url(tmp_path: Path) -> None:

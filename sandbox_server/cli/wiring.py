@@ -15,7 +15,7 @@ import argparse
 import contextlib
 import functools
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -187,10 +187,10 @@ def _clear_strays(runtime: DockerRuntime, log: logging.Logger) -> None:
         log.warning("%s", exc)
     why_not = runtime.runc_refused() if isinstance(runtime, RuncRuntime) else "its only path"
     if why_not is None:
-        gvisor = "gVisor's by runsc itself, " if runsc_path() is not None else ""
+        gvisor = "by runsc itself" if runsc_path() is not None else "by the engine (no runsc here)"
         log.info(
-            "calls' sandboxes without a network or on an allow list are made by runc itself from the engine's "
-            "images, %sothers by the engine",
+            "calls' sandboxes are made by runc itself from the engine's images (gVisor's %s); services, "
+            "image builds and the proxy by the engine",
             gvisor,
         )
     else:
@@ -263,11 +263,18 @@ def _services(
     held: HeldMemory,
 ) -> Services:
     """The services of workspaces; warm containers wait beside their networks when there is a pool (`pooled`)."""
+    from sandbox_server.sandbox.runc_runtime import RuncRuntime
     from sandbox_server.services.manager import Services
+
+    def networks_changed(named: Mapping[str, Mapping[str, str]]) -> None:
+        if isinstance(runtime, RuncRuntime):  # its sandboxes beside services find them by these names
+            runtime.name_services(named)
+        if pooled is not None:  # warm containers wait on the networks with services running
+            pooled.service_networks(set(named))
 
     return Services(
         runtime, workspaces, audit, proxies,
-        on_networks=pooled.service_networks if pooled is not None else lambda _: None,
+        on_networks=networks_changed,
         links=links, observe=metrics.observe if metrics is not None else None, held=held,
     )  # fmt: skip
 

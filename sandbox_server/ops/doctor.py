@@ -337,7 +337,7 @@ async def runc_sandboxes_check() -> Check:
         "sandboxes by runc",
         outcome.exit_code == 0 and (under_gvisor is None or under_gvisor.exit_code == 0),
         f"`true` in a sandbox runc made exited {outcome.exit_code} in {outcome.duration_ms} ms; {said} "
-        "(serve --sandboxes auto or runc makes calls without a network or on an allow list so, and gVisor's)",
+        "(serve --sandboxes auto or runc makes every call's sandbox so, and gVisor's)",
         "see the runc log the message names",
         required=False,
     )

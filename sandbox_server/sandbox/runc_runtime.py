@@ -2,12 +2,12 @@
 
 The engine spends most of a quarter second of its own to start a container on a small machine; runc alone,
 given a bundle, a fraction of that. Where it can (the server is root on the engine's host, the call's policy
-runs on runc, and the call has no network or an allow list's alone), this runtime makes the call's sandbox from a
-bundle: the image's root filesystem unpacked once and shared read-only (sandbox.bundles), and a config with the
-engine's own hardening (sandbox.oci); one on an allow list's network is plugged into the engine's bridge of it, at
-an address of the server's own (sandbox.veth). gVisor's are made by runsc itself from the same bundles
-(sandbox.gvisor). Everything else goes through the engine as before: services' neighbours (found by the engine's
-names), image builds, services, the proxy.
+runs on runc), this runtime makes the call's sandbox from a bundle: the image's root filesystem unpacked once and
+shared read-only (sandbox.bundles), and a config with the engine's own hardening (sandbox.oci). One on an allow
+list's network, or beside a workspace's services on theirs, is plugged into the engine's bridge of each, at an
+address of the server's own (sandbox.veth), and finds the services by their names in a hosts file the server keeps
+(sandbox.hosts). gVisor's are made by runsc itself from the same bundles (sandbox.gvisor). Everything else goes
+through the engine as before: image builds, services, the proxy.
 
 Each sandbox runs under a `runc run` of its own, a child of the server that waits for it and gives its exit
 status, its stdio three pipes read as the engine's attach stream (sandbox.pipes). It is made ahead, as the
@@ -24,12 +24,13 @@ from __future__ import annotations
 import contextlib
 import os
 import select
+import shutil
 import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import docker
@@ -41,6 +42,7 @@ from sandbox_server.sandbox.bundles import is_unpacked, prune_unpacked, unpacked
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
 from sandbox_server.sandbox.engine import engine_errors
 from sandbox_server.sandbox.gvisor import gvisor_exit, start_gvisor
+from sandbox_server.sandbox.hosts import forget_hosts, hosts_file, hosts_folder, hosts_left, write_hosts
 from sandbox_server.sandbox.oci import INIT_SOURCE
 from sandbox_server.sandbox.pipes import PipeStream
 from sandbox_server.sandbox.removal import Remover, owned_by, owner_alive
@@ -59,7 +61,7 @@ from sandbox_server.sandbox.runc_state import (
     sandbox_name,
     wait_for_pid_file,
 )  # fmt: skip
-from sandbox_server.sandbox.spec import SandboxSpec
+from sandbox_server.sandbox.spec import Mount, SandboxSpec
 from sandbox_server.sandbox.veth import Addresses, Layout, layout_of, on_network, plug
 from sandbox_server.sandbox.warm_container import SETTLE_S, WarmContainer, process_tree
 
@@ -182,11 +184,14 @@ class RuncRemover(Remover):
             if other != owner and not owner_alive(other):
                 self.remove(name)
                 removed += 1
+        for other, folder in hosts_left(self._state).items():
+            if other != owner and not owner_alive(other):
+                shutil.rmtree(folder, ignore_errors=True)
         return removed
 
 
 class RuncRuntime(DockerRuntime):
-    """The engine's runtime, whose calls without a network or on an allow list runc runs itself where it may."""
+    """The engine's runtime, whose calls' sandboxes runc (runsc for gVisor) runs itself where it may."""
 
     def __init__(
         self,
@@ -220,14 +225,21 @@ class RuncRuntime(DockerRuntime):
         return self._chosen or None
 
     def takes(self, spec: SandboxSpec) -> bool:
-        """Whether runc (runsc for gVisor) may make this spec's sandbox, else the engine does: a runc policy's,
-        with no network or on an allow list's alone (a workspace's services are found by the engine's names); a
+        """Whether runc (runsc for gVisor) may make this spec's sandbox, else the engine does: a runc policy's; a
         gVisor policy's (which has no network here) where runsc is installed."""
-        if spec.service_network is not None or self.runc_refused() is not None:
+        if self.runc_refused() is not None:
             return False
         if spec.runtime == "runsc":
             return not spec.networked and runsc_path() is not None
         return spec.runtime == "runc"
+
+    def name_services(self, networks: Mapping[str, Mapping[str, str]]) -> None:
+        """Write the hosts file of each services' network in `networks` (its services' names and addresses), which
+        its sandboxes have bound at /etc/hosts, and remove those of networks no longer there."""
+        folder = hosts_folder(self.state, self.owner)
+        for network, names in networks.items():
+            write_hosts(folder, network, names)
+        forget_hosts(folder, networks)
 
     def sandbox_containers(self) -> list[str]:
         return [*super().sandbox_containers(), *sorted(listed(self.state))]
@@ -235,21 +247,29 @@ class RuncRuntime(DockerRuntime):
     def prepare(self, spec: SandboxSpec) -> WarmContainer:
         if not self.takes(spec):
             return super().prepare(spec)
-        layout = None
-        if spec.network != "none":
-            with engine_errors(f"inspect network {spec.network}"):
-                layout = layout_of(self.api.inspect_network(spec.network))
-            if layout is None:  # a network made without the server's half of its addresses
-                return super().prepare(spec)
+        layouts = []  # as the engine joins them: an allow list's network first, then the services'
+        for network in (spec.network if spec.network != "none" else None, spec.service_network):
+            if network is not None:
+                with engine_errors(f"inspect network {network}"):
+                    layout = layout_of(self.api.inspect_network(network))
+                if layout is None:  # a network made without the server's half of its addresses
+                    return super().prepare(spec)
+                layouts.append(layout)
         slot = tempfile.mkdtemp(prefix="slot-", dir=spec.workspace_slots) if spec.workspace_slots else None
         try:
-            return self._run_ahead(spec, slot, layout)
+            return self._run_ahead(spec, slot, layouts)
         except BaseException:
             if slot is not None:
                 os.rmdir(slot)
             raise
 
-    def _run_ahead(self, spec: SandboxSpec, slot: str | None, layout: Layout | None) -> WarmContainer:
+    def _run_ahead(self, spec: SandboxSpec, slot: str | None, layouts: list[Layout]) -> WarmContainer:
+        bundled = spec  # the spec as its bundle says it: beside services, their names bound at /etc/hosts
+        if spec.service_network is not None:  # (what the engine's resolver would answer)
+            names = hosts_file(hosts_folder(self.state, self.owner), spec.service_network)
+            if not names.exists():
+                write_hosts(names.parent, spec.service_network, {})
+            bundled = replace(spec, mounts=(*spec.mounts, Mount(str(names), "/etc/hosts")))
         with engine_errors(f"inspect image {spec.image}"):
             inspected = self.api.inspect_image(spec.image)
         try:
@@ -258,11 +278,11 @@ class RuncRuntime(DockerRuntime):
             raise EngineError(f"could not unpack {spec.image} for runc: {exc}") from exc
         name = sandbox_name(self.owner)
         bundle = write_bundle(
-            self.state / "bundles" / name, spec, rootfs, [wire.LAUNCHER], slot,
+            self.state / "bundles" / name, bundled, rootfs, [wire.LAUNCHER], slot,
             image_env=(inspected.get("Config") or {}).get("Env") or (),
             extra_env=[] if spec.runtime == "runsc" else [(wire.LINGER_ENV, "1")],  # as the engine's path has it
             cgroups_path=f"/{CGROUP_PARENT}/{name}",
-            annotations={**owned_by(self.owner), **dict(spec.labels), **on_network(layout)},
+            annotations={**owned_by(self.owner), **dict(spec.labels), **on_network(layouts)},
         )  # fmt: skip
         stream = PipeStream()
         assert stream.sandbox_ends is not None
@@ -272,10 +292,11 @@ class RuncRuntime(DockerRuntime):
                 pid = self._launch(name, bundle, stream.sandbox_ends, spec.runtime == "runsc")
             finally:
                 stream.handed_over()
-            if layout is not None:  # on an allow list's network, at an address of the server's half
+            for index, layout in enumerate(layouts):  # on each network, at an address of the server's half
                 taken = self.addresses.take(layout, name)
-                plug(pid, name, layout, taken)
-                address = str(taken)
+                plug(pid, name, layout, taken, index)
+                if layout.network == spec.network:  # the address the proxy and the egress audit know it by
+                    address = str(taken)
         except BaseException:
             stream.close()
             self.removal.remove(name)

@@ -20,6 +20,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from sandbox_server.sandbox.hosts import hosts_folder
+
 __all__ = [
     "CGROUP_PARENT", "IMAGES", "PREFIX", "RUNSC_FLAGS", "STATE", "delete", "delete_left_by", "is_gvisor", "is_runc",
     "listed", "oom_kills", "IN_CREATE", "IN_DELETE", "IN_MOVED_TO", "inotify_watch", "owner_of", "run_runc",
@@ -177,10 +179,11 @@ def listed(state: Path) -> set[str]:
 
 
 def delete_left_by(owner: str, state: Path = STATE) -> int:
-    """Delete the sandboxes a server (by its owner label) left; returns how many."""
+    """Delete the sandboxes a server (by its owner label) left, and its hosts files; returns how many sandboxes."""
     left = [name for name in listed(state) if owner_of(name) == owner]
     for name in left:
         delete(state, name)
+    shutil.rmtree(hosts_folder(state, owner), ignore_errors=True)  # the names of its services
     return len(left)
 
 

@@ -24,6 +24,7 @@ from sandbox_server.sandbox.engine import Engine, engine_errors
 from sandbox_server.sandbox.host_config import host_config_kwargs, masked_paths
 from sandbox_server.sandbox.removal import owned_by, until_network_removed
 from sandbox_server.sandbox.spec import SandboxSpec
+from sandbox_server.sandbox.veth import create_network
 
 __all__ = ["SERVICE_LABEL", "Started", "container_state", "ensure_network", "listening_ports", "log_tail",
            "network_name", "remove", "remove_network", "start_container"]  # fmt: skip
@@ -42,9 +43,9 @@ def ensure_network(api: docker.APIClient, name: str, owner: str) -> None:
     with engine_errors("create the services' network"):
         if api.networks(names=[name]):
             return
-        api.create_network(
+        create_network(  # the second half of its addresses the server's, for the calls' sandboxes runc makes
+            api,
             name,
-            driver="bridge",
             internal=True,
             options={"com.docker.network.bridge.inhibit_ipv4": "true"},
             labels={**owned_by(owner), SERVICE_LABEL: "network"},
@@ -73,6 +74,8 @@ class Started:
     pid: int
     """Its init's host pid: its network namespace's sockets are read through it."""
     slot: str | None
+    address: str = ""
+    """Its address on its workspace's network (where its name leads)."""
 
 
 def start_container(
@@ -110,11 +113,14 @@ def start_container(
         try:
             with engine_errors("start the service's container"):
                 api.start(container_id)
-                pid = int(api.inspect_container(container_id)["State"].get("Pid") or 0)
+                state = api.inspect_container(container_id)
+                pid = int(state["State"].get("Pid") or 0)
+                networks = (state.get("NetworkSettings") or {}).get("Networks") or {}
+                address = str((networks.get(network) or {}).get("IPAddress") or "")
         except BaseException:
             remove(api, container_id, None)
             raise
-        return Started(container_id, pid, slot)
+        return Started(container_id, pid, slot, address)
     except BaseException:
         _free_slot(slot)
         raise

@@ -1,10 +1,12 @@
-"""A sandbox runc runs, on an allow list's network: its own network namespace, plugged into the engine's bridge.
+"""A sandbox runc runs on an engine network (an allow list's, its workspace's services', or both): its own network
+namespace, plugged into each network's bridge.
 
 The proxy, the host's firewall and the egress audit tell a network's sandboxes apart by their addresses, so every
 sandbox needs one of its own that nothing else on the network holds. The engine hands out addresses from the
 network's `ip range`, which the server sets at the network's creation to the first half of its subnet
 (`engine_range`); the second half is the server's, and it hands those out itself (`Addresses`), one per sandbox,
-in turn. A sandbox's namespace gets one end of a veth pair, named `eth0`, with its address and the MAC address the
+in turn. A sandbox's namespace gets one end of a veth pair per network, named `eth0` (then `eth1`, as the engine
+names them in the order they are joined), with its address and the MAC address the
 engine itself derives from an address (so a neighbour's cache can never hold a stale one for it); the other end
 joins the network's bridge. Everything the engine's bridge does for its own containers (the firewall's rules,
 which match the bridge; traffic between sandboxes off; no way out of an internal network) does the same for
@@ -18,7 +20,7 @@ import hashlib
 import ipaddress
 import subprocess
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -106,8 +108,8 @@ class Addresses:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._held: dict[str, tuple[str, ipaddress.IPv4Address]] = {}
-        """Sandbox name: its network and address."""
+        self._held: dict[str, list[tuple[str, ipaddress.IPv4Address]]] = {}
+        """Sandbox name: its networks and its address on each, in the order they were taken."""
         self._taken: dict[str, set[ipaddress.IPv4Address]] = {}
         self._next: dict[str, int] = {}
 
@@ -123,27 +125,27 @@ class Addresses:
                 if address in taken or address == layout.subnet.broadcast_address:
                     continue
                 taken.add(address)
-                self._held[sandbox] = (layout.network, address)
+                self._held.setdefault(sandbox, []).append((layout.network, address))
                 self._next[layout.network] = (start + step + 1) % size
                 return address
         raise EngineError(f"network {layout.network}: all {size - 1} of the server's addresses are in use")
 
     def give_back(self, sandbox: str) -> None:
-        """Free the address `sandbox` held (none held: nothing)."""
+        """Free the addresses `sandbox` held (none held: nothing)."""
         with self._lock:
-            held = self._held.pop(sandbox, None)
-            if held is not None:
-                self._taken.get(held[0], set()).discard(held[1])
+            for network, address in self._held.pop(sandbox, ()):
+                self._taken.get(network, set()).discard(address)
 
     def held(self, sandbox: str) -> ipaddress.IPv4Address | None:
+        """The first address `sandbox` took (its first network's), if any."""
         with self._lock:
             found = self._held.get(sandbox)
-        return None if found is None else found[1]
+        return found[0][1] if found else None
 
 
-def on_network(layout: Layout | None) -> dict[str, str]:
-    """The annotation of a sandbox's bundle that names its network (none without one)."""
-    return {} if layout is None else {NETWORK_ANNOTATION: layout.network}
+def on_network(layouts: Sequence[Layout]) -> dict[str, str]:
+    """The annotation of a sandbox's bundle that names its networks, comma-separated (none without one)."""
+    return {NETWORK_ANNOTATION: ",".join(layout.network for layout in layouts)} if layouts else {}
 
 
 def mac_of(address: ipaddress.IPv4Address) -> str:
@@ -151,25 +153,28 @@ def mac_of(address: ipaddress.IPv4Address) -> str:
     return ":".join(f"{part:02x}" for part in (0x02, 0x42, *address.packed))
 
 
-def host_end(sandbox: str) -> str:
-    """The name of a sandbox's veth end on the host (at most 15 characters, as the kernel allows)."""
-    return "sbv" + hashlib.sha256(sandbox.encode()).hexdigest()[:12]
+def host_end(sandbox: str, index: int = 0) -> str:
+    """The name of the host's end of a sandbox's `index`th veth (`eth<index>` inside), at most 15 characters, as
+    the kernel allows."""
+    return "sbv" + hashlib.sha256(sandbox.encode()).hexdigest()[:11] + str(index)
 
 
-def plug(pid: int, sandbox: str, layout: Layout, address: ipaddress.IPv4Address) -> None:
-    """Give the network namespace of the host process `pid` (a sandbox's init) an `eth0` at `address` on the
-    network's bridge; EngineError when the host would not."""
-    host = host_end(sandbox)
+def plug(pid: int, sandbox: str, layout: Layout, address: ipaddress.IPv4Address, index: int = 0) -> None:
+    """Give the network namespace of the host process `pid` (a sandbox's init) an `eth<index>` at `address` on
+    the network's bridge; EngineError when the host would not. As the engine does, only a sandbox's first
+    network routes what is for no network of its (through its gateway)."""
+    host, inside = host_end(sandbox, index), f"eth{index}"
     _ip(
         ["ip", "-batch", "-"],
-        f"link add {host} type veth peer name eth0 address {mac_of(address)} netns {pid}\n"
+        f"link add {host} type veth peer name {inside} address {mac_of(address)} netns {pid}\n"
         f"link set {host} master {layout.bridge} up\n",
         sandbox,
     )
+    routed = index == 0 and layout.gateway is not None
     _ip(
         ["nsenter", f"--net=/proc/{pid}/ns/net", "ip", "-batch", "-"],
-        f"address add {address}/{layout.subnet.prefixlen} dev eth0\nlink set eth0 up\n"
-        + (f"route add default via {layout.gateway} dev eth0\n" if layout.gateway is not None else ""),
+        f"address add {address}/{layout.subnet.prefixlen} dev {inside}\nlink set {inside} up\n"
+        + (f"route add default via {layout.gateway} dev {inside}\n" if routed else ""),
         sandbox,
     )
 

@@ -55,6 +55,7 @@ class ServiceMaker:
                 service.ask_stop("its container could not start")
                 raise
         service.container_id, service.pid, service.slot = started.container_id, started.pid, started.slot
+        service.address = started.address
         service.meter = Meter.start(started.pid)
         self.networks_changed()
         problem, field_name = await until_ready(self.runtime.api, service)
@@ -88,4 +89,4 @@ class ServiceMaker:
     async def remove_container(self, service: Service) -> None:
         if service.container_id:
             await anyio.to_thread.run_sync(containers.remove, self.runtime.api, service.container_id, service.slot)
-        service.container_id, service.slot = "", None
+        service.container_id, service.slot, service.address = "", None, ""

@@ -56,7 +56,7 @@ class Services:
         audit: AuditLog | None = None,
         proxies: EgressProxies | None = None,
         *,
-        on_networks: Callable[[set[str]], None] = lambda _: None,
+        on_networks: Callable[[Mapping[str, Mapping[str, str]]], None] = lambda _: None,
         links: PreviewLinks | None = None,
         observe: Callable[[Mapping[str, Any]], None] | None = None,
         held: HeldMemory | None = None,
@@ -67,7 +67,9 @@ class Services:
         """Per workspace: held while its recorded services are started again (one call starts them, others wait)."""
         self._group: anyio.abc.TaskGroup | None = None
         self.on_networks = on_networks
-        """Told the networks of workspaces with running services whenever they change (the warm pools)."""
+        """Told the networks of workspaces with running services, and each one's services by name with their
+        addresses there, whenever a service's container comes or goes (the warm pools; the names that sandboxes
+        runc makes beside them read)."""
         self.links = links if links is not None else PreviewLinks()
         """The links this server gives to its services' previews (none, and why, when it gives none)."""
         self.observe = observe
@@ -240,8 +242,7 @@ class Services:
         service.ask_stop(service.stop_reason or "the server stopped")
         service.state = "stopped"
         last = not self.running(service.workspace_id)
-        if last:
-            self._networks_changed()  # the warm containers on its network go, beside its own container
+        self._networks_changed()  # its name goes; and if it was the last, the warm containers on its network
         used = service.spend()  # before its container goes
         try:
             if not recorded:  # its caller stopped it, or it stopped by itself: not to start again (said before it
@@ -266,7 +267,11 @@ class Services:
             service.stopped.set()
 
     def _networks_changed(self) -> None:
-        self.on_networks({s.network for s in self.running() if s.container_id})
+        named: dict[str, dict[str, str]] = {}
+        for service in self.running():
+            if service.container_id:
+                named.setdefault(service.network, {})[service.name] = service.address
+        self.on_networks(named)
 
     async def stop_session(self, session: str) -> None:
         """A handshake session ended: its workspace's services stop."""

@@ -69,6 +69,8 @@ class Service:
     container_id: str = ""
     pid: int = 0
     slot: str | None = None
+    address: str = ""
+    """Its container's address on its workspace's network."""
     spec: SandboxSpec | None = None
     """What its container is made from (a restart makes it again)."""
     restarts: int = 0

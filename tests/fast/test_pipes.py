@@ -87,11 +87,12 @@ def test_the_environment_is_the_images_with_the_policys_over_it() -> None:
         (SandboxSpec(image="i", argv=("true",), runtime="runsc"), True),  # by runsc itself
         (SandboxSpec(image="i", argv=("true",), runtime="runsc", network="egress-net"), False),
         (SandboxSpec(image="i", argv=("true",), network="egress-net"), True),  # if the network leaves it addresses
-        (SandboxSpec(image="i", argv=("true",), service_network="services"), False),
-        (SandboxSpec(image="i", argv=("true",), network="egress-net", service_network="services"), False),
+        (SandboxSpec(image="i", argv=("true",), service_network="services"), True),  # beside services
+        (SandboxSpec(image="i", argv=("true",), network="egress-net", service_network="services"), True),
+        (SandboxSpec(image="i", argv=("true",), runtime="runsc", service_network="services"), False),
     ],
 )
-def test_runc_makes_the_sandboxes_of_runc_policies_without_a_network_or_on_an_allow_list_and_the_engine_the_others(
+def test_runc_makes_the_sandboxes_of_runc_policies_and_runsc_those_of_gvisor_without_a_network(
     spec: SandboxSpec, by_runc: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     runc, engine = RuncRuntime(None, "auto", state=tmp_path), RuncRuntime(None, "engine", state=tmp_path)

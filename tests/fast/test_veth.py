@@ -1,13 +1,17 @@
-"""How the server shares an allow list's network with the engine: its half of the addresses, handed out in turn."""
+"""How the server shares an engine network with the engine (an allow list's, a workspace's services'): its half of
+the addresses, handed out in turn, and the services' names in a hosts file it keeps."""
 
 from __future__ import annotations
 
 import ipaddress
+import socket
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from sandbox_server.errors import EngineError
+from sandbox_server.sandbox.hosts import LOCAL_NAMES, forget_hosts, hosts_folder, hosts_left, write_hosts
 from sandbox_server.sandbox.veth import Addresses, engine_range, host_end, layout_of, mac_of
 
 
@@ -72,3 +76,34 @@ def test_a_sandbox_has_the_mac_the_engine_derives_from_its_address_and_a_short_h
     assert mac_of(ipaddress.IPv4Address("172.17.0.2")) == "02:42:ac:11:00:02"  # as the engine gives its containers
     name = host_end("sbx-0123abcd-12345-1795995553")
     assert len(name) <= 15 and name.startswith("sbv") and name == host_end("sbx-0123abcd-12345-1795995553")
+    second = host_end("sbx-0123abcd-12345-1795995553", 1)  # its end on a second network
+    assert len(second) <= 15 and second != name and second[:-1] == name[:-1]
+
+
+def test_a_sandbox_on_two_networks_holds_an_address_on_each_and_gives_both_back() -> None:
+    egress, services = layout_of(_inspected()), layout_of(_inspected(Name="sandbox-svc-x"))
+    assert egress is not None and services is not None
+    addresses = Addresses()
+    first = addresses.take(egress, "a")
+    addresses.take(services, "a")
+    assert addresses.held("a") == first  # its first network's: the one the proxy knows it by
+    addresses.give_back("a")
+    assert addresses.held("a") is None
+    assert str(addresses.take(services, "b")) == "172.30.0.129"  # each network hands out its own in turn
+
+
+def test_the_hosts_file_of_a_services_network_is_rewritten_in_place_and_goes_with_its_server(tmp_path: Path) -> None:
+    owner = f"{socket.gethostname()}:4242:1795848710"
+    folder = hosts_folder(tmp_path, owner)
+    path = write_hosts(folder, "net", {"web": "172.30.0.2", "api": "172.30.0.3", "starting": ""})
+    inode = path.stat().st_ino
+    assert path.read_text() == LOCAL_NAMES + "172.30.0.3\tapi\n172.30.0.2\tweb\n"  # one not yet up: unnamed
+    write_hosts(folder, "net", {"web": "172.30.0.2"})
+    assert path.stat().st_ino == inode  # the file sandboxes have bound: the same one, shorter
+    assert path.read_text() == LOCAL_NAMES + "172.30.0.2\tweb\n"
+    write_hosts(folder, "other", {})
+    assert hosts_left(tmp_path) == {owner: folder}
+    forget_hosts(folder, ["other"])
+    assert not path.exists() and (folder / "other").exists()
+    forget_hosts(folder, [])
+    assert not folder.exists()  # the last network's gone: the folder too

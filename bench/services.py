@@ -3,7 +3,8 @@ that reaches it by name, the same session's `true` while a service runs (its cal
 so they take no warm container) against `true` with none, a page through the preview (a loopback preview
 port, the link's cookie held), and pausing the workspace then resuming it (answered once the service listens
 again) against starting the service fresh. All in one stdio session on the default policy, the warm pool on; medians of
-`--rounds`. Writes bench/results/services.json.
+`--rounds`. The same rounds run once per `--sandboxes` path (runc making the calls' sandboxes, beside services
+too, then the engine making them all), one after the other. Writes bench/results/services.json.
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-async def measure(rounds: int, gap_s: float, work: Path) -> dict[str, dict[str, Any]]:
-    arguments = ["--state-dir", str(work / "state"), "--preview-port", str(_free_port())]
+async def measure(rounds: int, gap_s: float, work: Path, sandboxes: str) -> dict[str, dict[str, Any]]:
+    arguments = ["--state-dir", str(work / sandboxes), "--preview-port", str(_free_port()), "--sandboxes", sandboxes]
     samples: dict[str, list[float]] = {
         name: [] for name in ("true, no service", "start a service", "true beside a service", "curl the service",
                               "preview page", "pause the workspace", "resume it (service listens)",
@@ -75,16 +76,28 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench services", description=__doc__)
     parser.add_argument("--rounds", type=int, default=15, help="rounds of start, calls, preview, stop (default 15)")
     parser.add_argument("--gap-s", type=float, default=0.25, help="pause between calls (default 0.25 s)")
+    parser.add_argument(
+        "--sandboxes", default="runc,engine", help="the paths to measure, comma-separated (default runc,engine)"
+    )
     options = parser.parse_args(argv)
+    paths: dict[str, dict[str, dict[str, Any]]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-services-") as folder:
-        rows = anyio.run(measure, options.rounds, options.gap_s, Path(folder))
-    base = rows["true, no service"]["p50"]
-    table = [(name, r["p50"], r["p95"], f"{r['p50'] / base:.1f}x") for name, r in rows.items()]
-    print_table(("what", "p50 ms", "p95 ms", "p50 / true"), table)
-    resume = rows["resume it (service listens)"]["p50"] / rows["start a service"]["p50"]
+        for sandboxes in options.sandboxes.split(","):
+            paths[sandboxes] = rows = anyio.run(measure, options.rounds, options.gap_s, Path(folder), sandboxes)
+            base = rows["true, no service"]["p50"]
+            table = [(name, r["p50"], r["p95"], f"{r['p50'] / base:.1f}x") for name, r in rows.items()]
+            print(f"\n--sandboxes {sandboxes}")
+            print_table(("what", "p50 ms", "p95 ms", "p50 / true"), table)
+    first = next(iter(paths.values()))
+    resume = first["resume it (service listens)"]["p50"] / first["start a service"]["p50"]
     print(f"resume of a paused workspace / a fresh start of its service: {resume:.2f}x (p50)")
+    if {"runc", "engine"} <= set(paths):
+        for row in ("true beside a service", "curl the service"):
+            runc, engine = paths["runc"][row]["p50"], paths["engine"][row]["p50"]
+            print(f"{row}: runc {runc} ms, the engine {engine} ms (p50): {runc / engine:.2f}x")
     path = write_results(
-        "services", {"rounds": options.rounds, "gap_s": options.gap_s, "rows": rows, "resume_over_start": resume}
+        "services",
+        {"rounds": options.rounds, "gap_s": options.gap_s, "rows": first, "paths": paths, "resume_over_start": resume},
     )
     print(f"wrote {path}")
     return 0

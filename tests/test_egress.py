@@ -358,8 +358,14 @@ async def test_a_service_goes_out_through_the_proxy_and_the_sessions_calls_reach
     [container] = api.containers(filters={"label": label})
     [network] = container["NetworkSettings"]["Networks"]
     assert network.startswith("sandbox-svc-"), network
-    both = await run(session, "curl -sS -m 10 http://svc:8000/fetched.txt; curl -sS -m 10 http://web.test/from-a-call")
-    assert both["stdout"] == "hello from web /from-the-service\nhello from web /from-a-call\n", both["text"]
+    both = await run(
+        session,
+        "curl -sS -m 10 http://svc:8000/fetched.txt; curl -sS -m 10 http://web.test/from-a-call; "
+        'echo $(ls /sys/class/net) $(awk \'NR > 1 && $2 == "00000000" {print "default via", $1}\' /proc/net/route)',
+    )
+    assert both["stdout"] == (  # the allow list's network first (the way out), the services' beside it
+        "hello from web /from-the-service\nhello from web /from-a-call\neth0 eth1 lo default via eth0\n"
+    ), both["text"]
     assert [r["host"] for r in both["network"]["requests"]] == ["web.test"]  # the service is reached directly
     stopped = await session.call_tool("services", {"action": "stop", "name": "svc"})
     assert not stopped.is_error, text_of(stopped)

@@ -16,7 +16,7 @@ import socket
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-__all__ = ["LOCAL_NAMES", "forget_hosts", "hosts_file", "hosts_folder", "hosts_left", "write_hosts"]
+__all__ = ["LOCAL_NAMES", "ensure_hosts", "forget_hosts", "hosts_file", "hosts_folder", "hosts_left", "write_hosts"]
 
 LOCAL_NAMES = (
     "127.0.0.1\tlocalhost\n"
@@ -49,10 +49,26 @@ def write_hosts(folder: Path, network: str, names: Mapping[str, str]) -> Path:
     data = text.encode()
     descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:
-        os.pwrite(descriptor, data, 0)
+        # Blank lines over what a shorter file leaves of the longer one: a sandbox reading it meanwhile reads
+        # names whole, never the end of an old line.
+        os.pwrite(descriptor, data + b"\n" * max(0, os.fstat(descriptor).st_size - len(data)), 0)
         os.ftruncate(descriptor, len(data))
     finally:
         os.close(descriptor)
+    return path
+
+
+def ensure_hosts(folder: Path, network: str) -> Path:
+    """The hosts file of `network`, made with no service's name unless it exists (never emptied: its services'
+    names may have been written a moment before)."""
+    path = hosts_file(folder, network)
+    folder.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileExistsError):
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        try:
+            os.write(descriptor, LOCAL_NAMES.encode())
+        finally:
+            os.close(descriptor)
     return path
 
 

@@ -42,7 +42,7 @@ from sandbox_server.sandbox.bundles import is_unpacked, prune_unpacked, unpacked
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
 from sandbox_server.sandbox.engine import engine_errors
 from sandbox_server.sandbox.gvisor import gvisor_exit, start_gvisor
-from sandbox_server.sandbox.hosts import forget_hosts, hosts_file, hosts_folder, hosts_left, write_hosts
+from sandbox_server.sandbox.hosts import ensure_hosts, forget_hosts, hosts_folder, hosts_left, write_hosts
 from sandbox_server.sandbox.oci import INIT_SOURCE
 from sandbox_server.sandbox.pipes import PipeStream
 from sandbox_server.sandbox.removal import Remover, owned_by, owner_alive
@@ -266,9 +266,7 @@ class RuncRuntime(DockerRuntime):
     def _run_ahead(self, spec: SandboxSpec, slot: str | None, layouts: list[Layout]) -> WarmContainer:
         bundled = spec  # the spec as its bundle says it: beside services, their names bound at /etc/hosts
         if spec.service_network is not None:  # (what the engine's resolver would answer)
-            names = hosts_file(hosts_folder(self.state, self.owner), spec.service_network)
-            if not names.exists():
-                write_hosts(names.parent, spec.service_network, {})
+            names = ensure_hosts(hosts_folder(self.state, self.owner), spec.service_network)
             bundled = replace(spec, mounts=(*spec.mounts, Mount(str(names), "/etc/hosts")))
         with engine_errors(f"inspect image {spec.image}"):
             inspected = self.api.inspect_image(spec.image)

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from sandbox_server.errors import EngineError
-from sandbox_server.sandbox.hosts import LOCAL_NAMES, forget_hosts, hosts_folder, hosts_left, write_hosts
+from sandbox_server.sandbox.hosts import LOCAL_NAMES, ensure_hosts, forget_hosts, hosts_folder, hosts_left, write_hosts
 from sandbox_server.sandbox.veth import Addresses, engine_range, host_end, layout_of, mac_of
 
 
@@ -101,7 +101,8 @@ def test_the_hosts_file_of_a_services_network_is_rewritten_in_place_and_goes_wit
     write_hosts(folder, "net", {"web": "172.30.0.2"})
     assert path.stat().st_ino == inode  # the file sandboxes have bound: the same one, shorter
     assert path.read_text() == LOCAL_NAMES + "172.30.0.2\tweb\n"
-    write_hosts(folder, "other", {})
+    assert ensure_hosts(folder, "net").read_text() == LOCAL_NAMES + "172.30.0.2\tweb\n"  # never emptied
+    assert ensure_hosts(folder, "other").read_text() == LOCAL_NAMES  # made as it is first needed
     assert hosts_left(tmp_path) == {owner: folder}
     forget_hosts(folder, ["other"])
     assert not path.exists() and (folder / "other").exists()

@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-__all__ = ["LOCAL_NAMES", "ensure_hosts", "forget_hosts", "hosts_file", "hosts_folder", "hosts_left", "write_hosts"]
+__all__ = ["LOCAL_NAMES", "ensure_hosts", "forget_hosts", "hosts_file", "write_hosts"]
 
 LOCAL_NAMES = (
     "127.0.0.1\tlocalhost\n"
@@ -29,15 +28,8 @@ LOCAL_NAMES = (
 """What the engine writes at the top of every container's /etc/hosts."""
 
 
-def hosts_folder(state: Path, owner: str) -> Path:
-    """The hosts files of the server whose owner label is `owner` (host:pid:start), in a folder of its own
-    (`<pid>-<start>`): removed with what the server leaves when it is gone."""
-    _, pid, created = owner.split(":")
-    return state / "hosts" / f"{pid}-{created}"
-
-
 def hosts_file(folder: Path, network: str) -> Path:
-    """The hosts file of a services' network, in its server's folder."""
+    """The hosts file of a services' network, in its server's folder (runc_state.hosts_folder)."""
     return folder / network
 
 
@@ -81,13 +73,3 @@ def forget_hosts(folder: Path, keep: Iterable[str]) -> None:
                 path.unlink(missing_ok=True)
     with contextlib.suppress(OSError):
         folder.rmdir()  # not empty: some are kept
-
-
-def hosts_left(state: Path) -> dict[str, Path]:
-    """Every server's hosts folder, by its owner label."""
-    found: dict[str, Path] = {}
-    with contextlib.suppress(OSError):
-        for path in (state / "hosts").iterdir():
-            pid, _, created = path.name.partition("-")
-            found[f"{socket.gethostname()}:{pid}:{created}"] = path
-    return found

@@ -42,7 +42,7 @@ from sandbox_server.sandbox.bundles import is_unpacked, prune_unpacked, unpacked
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
 from sandbox_server.sandbox.engine import engine_errors
 from sandbox_server.sandbox.gvisor import gvisor_exit, start_gvisor
-from sandbox_server.sandbox.hosts import ensure_hosts, forget_hosts, hosts_folder, hosts_left, write_hosts
+from sandbox_server.sandbox.hosts import ensure_hosts, forget_hosts, write_hosts
 from sandbox_server.sandbox.oci import INIT_SOURCE
 from sandbox_server.sandbox.pipes import PipeStream
 from sandbox_server.sandbox.removal import Remover, owned_by, owner_alive
@@ -52,6 +52,8 @@ from sandbox_server.sandbox.runc_state import (
     RUNC_WAIT_S,
     STATE,
     delete,
+    hosts_folder,
+    hosts_left,
     is_runc,
     listed,
     oom_kills,

@@ -20,11 +20,9 @@ import subprocess
 import time
 from pathlib import Path
 
-from sandbox_server.sandbox.hosts import hosts_folder
-
 __all__ = [
-    "CGROUP_PARENT", "IMAGES", "PREFIX", "RUNSC_FLAGS", "STATE", "delete", "delete_left_by", "is_gvisor", "is_runc",
-    "listed", "oom_kills", "IN_CREATE", "IN_DELETE", "IN_MOVED_TO", "inotify_watch", "owner_of", "run_runc",
+    "CGROUP_PARENT", "IMAGES", "PREFIX", "RUNSC_FLAGS", "STATE", "delete", "delete_left_by", "hosts_folder",
+    "hosts_left", "is_gvisor", "is_runc", "listed", "oom_kills", "IN_CREATE", "IN_DELETE", "IN_MOVED_TO", "inotify_watch", "owner_of", "run_runc",
     "run_runsc", "runc_path", "runsc_path", "sandbox_name", "wait_for_pid_file",
 ]  # fmt: skip
 
@@ -44,16 +42,39 @@ def runc_path() -> str | None:
     return shutil.which("runc") or next((p for p in ("/usr/sbin/runc", "/usr/bin/runc") if os.access(p, os.X_OK)), None)
 
 
+def _server(owner: str) -> str:
+    """`<pid>-<start>` of an owner label (host:pid:start): how the names of what a server leaves here end."""
+    _, pid, created = owner.split(":")
+    return f"{pid}-{created}"
+
+
+def _owner(server: str) -> str:
+    """The owner label (this host's) of a server by its `<pid>-<start>`."""
+    pid, _, created = server.partition("-")
+    return f"{socket.gethostname()}:{pid}:{created}"
+
+
 def owner_of(name: str) -> str:
     """The owner label of the server that made the sandbox `name` (this host's)."""
-    _, _, pid, created = (name.split("-", 3) + ["", "", ""])[:4]
-    return f"{socket.gethostname()}:{pid}:{created}"
+    return _owner((name.split("-", 2) + ["", ""])[2])
 
 
 def sandbox_name(owner: str) -> str:
     """A new sandbox's name, for the server whose owner label is `owner`."""
-    _, pid, created = owner.split(":")
-    return f"{PREFIX}{secrets.token_hex(4)}-{pid}-{created}"
+    return f"{PREFIX}{secrets.token_hex(4)}-{_server(owner)}"
+
+
+def hosts_folder(state: Path, owner: str) -> Path:
+    """The hosts files (sandbox.hosts) of the server whose owner label is `owner`, in a folder of its own: removed
+    with what the server leaves when it is gone."""
+    return state / "hosts" / _server(owner)
+
+
+def hosts_left(state: Path) -> dict[str, Path]:
+    """Every server's hosts folder, by its owner label."""
+    with contextlib.suppress(OSError):
+        return {_owner(path.name): path for path in (state / "hosts").iterdir()}
+    return {}
 
 
 def is_runc(container_id: str) -> bool:

@@ -6,12 +6,12 @@ sandbox needs one of its own that nothing else on the network holds. The engine 
 network's `ip range`, which the server sets at the network's creation to the first half of its subnet
 (`engine_range`); the second half is the server's, and it hands those out itself (`Addresses`), one per sandbox,
 in turn. A sandbox's namespace gets one end of a veth pair per network, named `eth0` (then `eth1`, as the engine
-names them in the order they are joined), with its address and the MAC address the
-engine itself derives from an address (so a neighbour's cache can never hold a stale one for it); the other end
-joins the network's bridge. Everything the engine's bridge does for its own containers (the firewall's rules,
-which match the bridge; traffic between sandboxes off; no way out of an internal network) does the same for
-these, and nothing in the sandbox can change its address (it holds no capability). The pair goes when the
-sandbox's namespace does: nothing is left on the host.
+names them in the order they are joined), with its address and the MAC address the engine itself derives from an
+address (so a neighbour's cache can never hold a stale one for it); the other end joins the network's bridge.
+Everything the engine's bridge does for its own containers (the firewall's rules, which match the bridge; traffic
+between sandboxes off on an allow list's; no way out of an internal network) does the same for these, and nothing
+in the sandbox can change its address (it holds no capability). The pair goes when the sandbox's namespace does:
+nothing is left on the host.
 """
 
 from __future__ import annotations

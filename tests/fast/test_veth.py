@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from sandbox_server.errors import EngineError
-from sandbox_server.sandbox.hosts import LOCAL_NAMES, ensure_hosts, forget_hosts, hosts_folder, hosts_left, write_hosts
+from sandbox_server.sandbox.hosts import LOCAL_NAMES, ensure_hosts, forget_hosts, write_hosts
+from sandbox_server.sandbox.runc_state import hosts_folder, hosts_left
 from sandbox_server.sandbox.veth import Addresses, engine_range, host_end, layout_of, mac_of
 
 

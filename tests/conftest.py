@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import secrets
@@ -9,6 +10,7 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 import docker
@@ -23,7 +25,7 @@ from sandbox_server.sandbox.removal import LABELS_VARIABLE, OWNER_LABEL, owner_a
 from sandbox_server.sandbox.runc_runtime import RuncRuntime
 from sandbox_server.sandbox.runc_state import STATE, is_runc, listed, owner_of
 from sandbox_server.sandbox.spec import SANDBOX_LABEL
-from sandbox_server.sandbox.veth import NETWORK_ANNOTATION
+from sandbox_server.sandbox.veth import NETWORK_ANNOTATION, Layout, mac_of
 from sandbox_server.sandbox.warm_container import process_tree
 from sandbox_server.state.folder import default_state_dir
 from tests.mcp_harness import connect, stdio_parameters
@@ -97,6 +99,20 @@ def runc_sandboxes_on(network: str, running_only: bool) -> set[str]:
         if on_it and (not running_only or (bundle / "pid").exists()):
             found.add(name)
     return found
+
+
+def assert_engine_routes_and_mac(probe: dict[str, Any], layout: Layout | None, address: ipaddress.IPv4Address) -> None:
+    """A network probe's `route` and `mac` lines (its answer, `probe`) are those the engine derives for `eth0` at
+    `address` on the network of `layout`: a default route through its gateway, the subnet's own, 02:42 and the
+    address."""
+    assert layout is not None and layout.gateway is not None, "the network leaves the server no addresses"
+    hexed = [
+        a.packed[::-1].hex().upper() for a in (layout.gateway, layout.subnet.network_address, layout.subnet.netmask)
+    ]
+    routes = [f"route eth0 00000000 {hexed[0]} 00000000", f"route eth0 {hexed[1]} 00000000 {hexed[2]}"]
+    lines = probe["stdout"].splitlines()
+    assert [line for line in lines if line.startswith("route ")] == routes, probe["text"]
+    assert f"mac {mac_of(address)}" in lines, probe["text"]
 
 
 def egress_address_of(container_id: str) -> str:

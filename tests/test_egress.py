@@ -29,8 +29,8 @@ from sandbox_server.sandbox.removal import OWNER_LABEL
 from sandbox_server.sandbox.runc_state import is_runc
 from sandbox_server.sandbox.service_containers import SERVICE_LABEL
 from sandbox_server.sandbox.spec import SANDBOX_LABEL
-from sandbox_server.sandbox.veth import layout_of, mac_of
-from tests.conftest import runc_sandboxes_on
+from sandbox_server.sandbox.veth import layout_of
+from tests.conftest import assert_engine_routes_and_mac, runc_sandboxes_on
 from tests.mcp_harness import (
     answer,
     audit_records,
@@ -458,15 +458,7 @@ async def test_runc_makes_an_allow_lists_sandboxes_as_the_engine_does_at_an_addr
     differ = list(difflib.unified_diff(apart(engine["stdout"]), apart(runc["stdout"]), lineterm=""))
     assert not differ, "\n".join(differ)
     for each in (engine, runc):  # the engine's routes and MAC, which it derives from the address, on both paths
-        address, layout = ipaddress.IPv4Address(each["record"]["address"]), each["layout"]
-        assert layout is not None, "the allow list's network leaves the server no addresses"
-        assert layout.gateway is not None, layout
-        hexed = [
-            a.packed[::-1].hex().upper() for a in (layout.gateway, layout.subnet.network_address, layout.subnet.netmask)
-        ]
-        routes = [f"route eth0 00000000 {hexed[0]} 00000000", f"route eth0 {hexed[1]} 00000000 {hexed[2]}"]
-        assert [line for line in each["stdout"].splitlines() if line.startswith("route ")] == routes, each["text"]
-        assert f"mac {mac_of(address)}" in each["stdout"].splitlines(), each["text"]
+        assert_engine_routes_and_mac(each, each["layout"], ipaddress.IPv4Address(each["record"]["address"]))
     assert "hello from web /probe\nno direct\n" in runc["stdout"] and "links=eth0 lo " in runc["stdout"], runc["text"]
     assert "ipv6=1 1 " in runc["stdout"] and "ipv6 addresses=0" in runc["stdout"], runc["text"]
     assert [r["host"] for r in runc["network"]["requests"]] == ["web.test"]  # the proxy named it by its address

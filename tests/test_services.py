@@ -35,8 +35,8 @@ from sandbox_server.sandbox.removal import OWNER_LABEL
 from sandbox_server.sandbox.runc_state import STATE, is_runc
 from sandbox_server.sandbox.service_containers import SERVICE_LABEL
 from sandbox_server.sandbox.spec import SANDBOX_LABEL
-from sandbox_server.sandbox.veth import layout_of, mac_of
-from tests.conftest import run_cli, runc_sandboxes_on
+from sandbox_server.sandbox.veth import layout_of
+from tests.conftest import assert_engine_routes_and_mac, run_cli, runc_sandboxes_on
 from tests.mcp_harness import (
     CheckedClient,
     answer,
@@ -573,16 +573,9 @@ async def test_runc_makes_the_sandboxes_beside_services_as_the_engine_does_at_an
     assert "links=eth0 lo " in runc["stdout"] and "hello from web\nme " in runc["stdout"], runc["text"]
     assert "ipv6=1 1 " in runc["stdout"] and "nowhere.test: not found" in runc["stdout"], runc["text"]
     for each in (engine, runc):  # the engine's routes and MAC, derived from the network and the address
-        layout = each["layout"]
-        assert layout is not None and layout.gateway is not None, "the services' network leaves the server no addresses"
         [me] = [line.split()[1] for line in each["stdout"].splitlines() if line.startswith("me ")]
-        address = ipaddress.IPv4Address(me)
-        hexed = [
-            a.packed[::-1].hex().upper() for a in (layout.gateway, layout.subnet.network_address, layout.subnet.netmask)
-        ]
-        routes = [f"route eth0 00000000 {hexed[0]} 00000000", f"route eth0 {hexed[1]} 00000000 {hexed[2]}"]
-        assert [line for line in each["stdout"].splitlines() if line.startswith("route ")] == routes, each["text"]
-        assert f"mac {mac_of(address)}" in each["stdout"].splitlines(), each["text"]
+        address, layout = ipaddress.IPv4Address(me), each["layout"]
+        assert_engine_routes_and_mac(each, layout, address)
         assert (address in layout.ours) is (each is runc), (address, layout)  # runc's from the server's half
 
 

@@ -137,9 +137,8 @@ class ToolRegistry:
                 template = replace(template, network=network, mounts=template.mounts + trusted)
             if policy.workspace.persist and self.workspaces is not None:
                 template = self.workspaces.shape(template)  # calls in kept workspaces get such containers
-            most = tool_policy.pool_most
-            ahead = tool_policy.pool_ahead
-            targets.append(PoolTarget(template, tool_policy.pool_size, tool_policy.pool_idle_s, most, ahead))
+            most, ahead, deeper = tool_policy.pool_most, tool_policy.pool_ahead, tool_policy.pool_on_runc
+            targets.append(PoolTarget(template, tool_policy.pool_size, tool_policy.pool_idle_s, most, ahead, deeper))
             if policy.workspace.persist and tool_policy.pool_size > 0:  # one on each running services' network
                 for network in sorted(self._service_networks):
                     on_it = replace(template, service_network=network)

@@ -92,13 +92,15 @@ def wire(
     from sandbox_server.protocol.server import Parts, SandboxServer
     from sandbox_server.sandbox.held import HeldMemory
     from sandbox_server.sandbox.pool import WarmPool
+    from sandbox_server.sandbox.runc_runtime import RuncRuntime
 
     database = _shared_state(args, runtime.owner, log)
     alive = _liveness(database)
     policy, tools = _policy(args, runtime, log)
     _clear_strays(runtime, log)
     held = HeldMemory()  # running tasks' and services' containers count against warm containers' memory
-    pool = None if args.no_pool else WarmPool(runtime, runtime.activity, held)
+    runc_makes = runtime.makes_itself if isinstance(runtime, RuncRuntime) else None
+    pool = None if args.no_pool else WarmPool(runtime, runtime.activity, held, runc_makes)
     # From the workspaces' mounts on, a signal waits for the parts to be served (cli/serve.py releases it where
     # their closing is sure): one that came while the store opened, or just after, would leave its mounts behind.
     STOPPING.hold()

@@ -135,9 +135,19 @@ def _tool_policy(
         pool_size=int(settings.get("pool", {}).get("min", settings.get("pool", {}).get("size", defaults.pool_size))),
         pool_max=int(settings.get("pool", {}).get("max", defaults.pool_max)),
         pool_ahead=int(settings.get("pool", {}).get("ahead", defaults.pool_ahead)),
+        pool_on_runc=_on_runc(settings.get("pool", {})),
         pool_idle_s=float(settings.get("pool", {}).get("idle_s", defaults.pool_idle_s)),
         preload=tuple(settings.get("preload", defaults.preload)),
     )
+
+
+def _on_runc(pool: dict[str, Any]) -> tuple[int, int] | None:
+    """A pool's (ahead, max) where runc itself makes its sandboxes (`pool.runc`), each as elsewhere when not given."""
+    deeper = pool.get("runc")
+    if deeper is None:
+        return None
+    ahead = int(deeper.get("ahead", pool.get("ahead", 0)))
+    return ahead, int(deeper.get("max", pool.get("max", 0)))
 
 
 def _beyond_host(limits: ResourceLimits, runtime: str, host: HostFacts, error: Callable[[str, str], None]) -> None:

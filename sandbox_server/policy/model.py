@@ -65,6 +65,9 @@ class ToolPolicy:
     """The most its pool grows to under demand (0: no growth, it stays at pool_size)."""
     pool_ahead: int = 0
     """How many its pool keeps ready once in use, made in the pauses between calls (0: only demand grows it)."""
+    pool_on_runc: tuple[int, int] | None = None
+    """Its pool's (ahead, max) where runc itself makes its sandboxes, which cost less to keep waiting (None: as
+    everywhere else)."""
     pool_idle_s: float = 300.0
     """How long a warm container may wait before it is replaced."""
     preload: tuple[str, ...] = ()

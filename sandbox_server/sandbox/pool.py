@@ -33,7 +33,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Generic, Protocol, TypeVar
 
 import anyio
@@ -103,6 +103,8 @@ class PoolTarget:
     """The most this pool grows to under demand (never below `size`)."""
     ahead: int = 0
     """What the pool keeps once a call used it, until its containers wait idle_s unused (0: only `size`)."""
+    on_runc: tuple[int, int] | None = None
+    """Its (ahead, maximum) where runc itself makes its containers, which cost less to keep (None: the same)."""
 
     @property
     def most(self) -> int:
@@ -113,6 +115,13 @@ class PoolTarget:
     def key(self) -> Key:
         """The container key this target fills."""
         return self.spec.container_key()
+
+    def at_depth(self, runc_makes: Callable[[SandboxSpec], bool]) -> PoolTarget:
+        """This target as its pool keeps it: at its depth on runc where runc itself makes its containers."""
+        if self.on_runc is None or not runc_makes(self.spec):
+            return self
+        ahead, maximum = self.on_runc
+        return replace(self, ahead=ahead, maximum=maximum, on_runc=None)
 
 
 @dataclass(slots=True)
@@ -137,8 +146,11 @@ class WarmPool(Generic[WarmT]):
         engine: WarmEngine[WarmT],
         activity: Activity | None = None,
         held_elsewhere: HeldMemory | None = None,
+        runc_makes: Callable[[SandboxSpec], bool] | None = None,
     ) -> None:
         self._engine = engine
+        self._runc_makes = runc_makes or (lambda spec: False)
+        """Whether runc itself makes a spec's containers (a target's `on_runc` depth then applies)."""
         self._activity = activity or Activity()
         self._targets: dict[Key, PoolTarget] = {}
         self._ready: dict[Key, deque[WarmT]] = {}
@@ -171,7 +183,7 @@ class WarmPool(Generic[WarmT]):
         if host_room is not None:
             self.memory.host_room = host_room
         wanted: dict[Key, PoolTarget] = {}
-        for target in targets:
+        for target in (target.at_depth(self._runc_makes) for target in targets):
             if target.size > 0:
                 known = wanted.get(target.key)
                 wanted[target.key] = target if known is None or target.size > known.size else known

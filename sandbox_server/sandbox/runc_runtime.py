@@ -235,6 +235,13 @@ class RuncRuntime(DockerRuntime):
             return not spec.networked and runsc_path() is not None
         return spec.runtime == "runc"
 
+    def makes_itself(self, spec: SandboxSpec) -> bool:
+        """Whether runc itself makes this spec's sandboxes (not runsc, not the engine): a pool of them may be kept
+        deeper, as a policy's `pool.runc` says."""
+        with contextlib.suppress(EngineError):  # runc asked for and refused here: the engine's depth, said at start
+            return spec.runtime == "runc" and self.takes(spec)
+        return False
+
     def name_services(self, networks: Mapping[str, Mapping[str, str]]) -> None:
         """Write the hosts file of each services' network in `networks` (its services' names and addresses), which
         its sandboxes have bound at /etc/hosts, and remove those of networks no longer there."""

@@ -166,6 +166,18 @@ def test_a_pool_grows_past_the_concurrency_cap_and_a_files_defaults_pool_is_ever
     policy = load_policy(str(named), TOOLS, BOTH)
     assert policy.for_tool("execute_command").pool_most == 30 and policy.for_tool("run_python").pool_most == 4
     assert load_policy("strict", TOOLS, BOTH).for_tool("execute_command").pool_most == 2
+    # Where runc itself makes the sandboxes (cheaper to keep waiting), the default's shell pool is deeper.
+    assert (shell.pool_on_runc, python.pool_on_runc) == ((100, 100), None)
+    assert {policy.for_tool(tool).pool_on_runc for tool in TOOLS} == {None}  # not inherited past a pool of its own
+    deeper = _write(
+        tmp_path,
+        "deeper.yaml",
+        "extends: child.yaml\ntools:\n  execute_command:\n    pool: {ahead: 3, runc: {ahead: 10}}\n",
+    )
+    assert load_policy(str(deeper), TOOLS, BOTH).for_tool("execute_command").pool_on_runc == (
+        10,
+        4,
+    )  # its max, as elsewhere
 
 
 def test_an_extends_cycle_is_refused(tmp_path: Path) -> None:

@@ -113,6 +113,27 @@ def test_a_pool_with_an_ahead_count_fills_to_it_from_its_first_call_until_idle_t
     assert target.most == 5
 
 
+def test_a_pool_whose_containers_runc_itself_makes_keeps_its_depth_on_runc_and_others_their_own() -> None:
+
+    def runc_makes(spec: SandboxSpec) -> bool:
+        return spec.runtime == "runc"
+
+    on_runc, gvisor = (SandboxSpec(image="img", argv=("true",), runtime=name) for name in ("runc", "runsc"))
+    targets = [PoolTarget(spec, 1, idle_s=60, maximum=4, ahead=5, on_runc=(9, 12)) for spec in (on_runc, gvisor)]
+    for made_by_runc, deep in ((runc_makes, {"runc"}), (None, set())):  # None: the engine makes every one
+        pool = WarmPool(_FakeEngine(), runc_makes=made_by_runc)
+        pool.configure(targets)
+        for target in targets:
+            key, runc_itself = target.spec.container_key(), target.spec.runtime in deep
+            assert pool.wanted(key) == 1  # a server nobody called keeps its min, on every path
+            pool.add(pool._targets[key], _FakeWarm(key, time.monotonic()))  # as the pool's fill adds it
+            assert pool.take(key) is not None  # in use, its last taken: filled to its depth, and one more
+            assert pool.wanted(key) == (10 if runc_itself else 5)
+            for _ in range(3):
+                assert pool.take(key) is None
+            assert pool.wanted(key) == (12 if runc_itself else 5)  # grown by demand to its max, no further
+
+
 def test_a_pool_makes_no_container_past_its_memory_budget_or_the_hosts_floor() -> None:
 
     engine = _FakeEngine()  # every container holds 100 bytes

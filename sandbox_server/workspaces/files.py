@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 
 __all__ = ["MAX_DEPTH", "MAX_LISTED", "FileState", "file_states", "open_below", "open_regular"]
 
@@ -22,13 +22,14 @@ MAX_LISTED = 100_000
 """Entries a listing looks at, at most."""
 
 
-def file_states(top: int, skip: str = "") -> Iterator[tuple[str, FileState]]:
+def file_states(top: int, skip: Collection[str] = ()) -> Iterator[tuple[str, FileState]]:
     """(path, (size, mtime_ns, inode)) of the regular files under an open folder, which it closes; never through
     a link.
 
     It holds one open folder per level it stands in (at most MAX_DEPTH, never one per folder
     it has seen), reading each folder's entries whole before going into any of them, and looks
-    at MAX_LISTED entries at most; the top-level entry named `skip` is left out. Names are as
+    at MAX_LISTED entries at most; the entries at the paths in `skip`, and all under them, are left out
+    unopened. Names are as
     the kernel gives them: bytes that are not UTF-8 arrive as surrogate escapes, for the
     caller to show escaped.
     """
@@ -48,7 +49,7 @@ def file_states(top: int, skip: str = "") -> Iterator[tuple[str, FileState]]:
                 return
             name, is_folder, state = entry
             path = prefix + name
-            if path == skip:
+            if path in skip:
                 continue
             if not is_folder:
                 yield path, state

@@ -11,7 +11,7 @@ import hashlib
 import hmac
 import os
 import tarfile
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -144,14 +144,13 @@ def remove_run_folder(folder: Path) -> None:
         folder.rmdir()
 
 
-def folder_entries(where: Path, add: Callable[[tarfile.TarInfo, IO[bytes] | None], None], skip: str) -> None:
+def folder_entries(
+    where: Path, add: Callable[[tarfile.TarInfo, IO[bytes] | None], None], skip: Collection[str]
+) -> None:
     """A mounted workspace's regular files, each given to `add` with its relative name (an export), never through
-    a link; the top-level `skip` (the calls' output folder) and calls' own folders left out. Links and empty
-    folders are not carried: a workspace's files and kept variables are."""
-    calls = "/".join(mounts.CALLS) + "/"
+    a link; the folders in `skip` (the calls' output folders) left out. Links and empty folders are not carried: a
+    workspace's files and kept variables are."""
     for path, _ in file_states(mounts.open_folder(where), skip=skip):
-        if path.startswith(calls):
-            continue
         handle = open_regular(mounts.open_folder(where), path)
         if handle is None:
             continue

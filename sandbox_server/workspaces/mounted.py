@@ -40,6 +40,10 @@ from sandbox_server.workspaces.spares import GivingBack, Spares
 
 __all__ = ["MountedContents"]
 
+NOT_ITS_FILES = (OUTPUT_LEAF, "/".join(mounts.CALLS))
+"""A mounted workspace's folders that are the calls' and not its files: the output folder, and each running call's
+own output folder (one for each call running or just ended, removed in a pause after its answer), never walked."""
+
 IMAGE_KEY = "image-key"
 """The state folder's key for naming workspace images (32 random bytes, mode 0600)."""
 DEFER_S = 2.0
@@ -204,7 +208,7 @@ class MountedContents:
     def states(self, workspace_id: str) -> dict[str, FileState]:
         if not self.names.image(workspace_id).exists():
             return {}
-        return dict(file_states(mounts.open_folder(self._mounted(workspace_id)), skip=OUTPUT_LEAF))
+        return dict(file_states(mounts.open_folder(self._mounted(workspace_id)), skip=NOT_ITS_FILES))
 
     def read_file(
         self, workspace_id: str, path: str, max_bytes: int, offset: int = 0, length: int | None = None
@@ -298,7 +302,7 @@ class MountedContents:
 
     def entries(self, workspace_id: str, add: Add) -> None:
         if self.names.image(workspace_id).exists():
-            folder_entries(self._mounted(workspace_id), add, OUTPUT_LEAF)
+            folder_entries(self._mounted(workspace_id), add, NOT_ITS_FILES)
 
     def load(self, workspace_id: str, kept: Path, settings: WorkspaceSettings, user: str) -> int:
         try:

@@ -189,6 +189,29 @@ def test_a_file_is_opened_below_its_folder_never_above_it(tmp_path: Path) -> Non
     ] * 5
 
 
+def test_a_walk_of_a_workspace_leaves_the_calls_folders_out_unopened(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sandbox_server.workspaces import files
+    from sandbox_server.workspaces.mounted import NOT_ITS_FILES
+
+    for path in ("a.txt", "sub/b.txt", "out/x", ".sandbox/calls/slot-1/y", ".sandbox/cell-state.pickle"):
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text(path)
+    opened: list[str] = []
+    real_open_below = files.open_below
+
+    def open_below(folder: int, name: str, *, directory: bool) -> int:
+        opened.append(name)
+        return real_open_below(folder, name, directory=directory)
+
+    monkeypatch.setattr(files, "open_below", open_below)
+    walked = dict(files.file_states(os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY), skip=NOT_ITS_FILES))
+    assert sorted(walked) == [".sandbox/cell-state.pickle", "a.txt", "sub/b.txt"]
+    assert walked["a.txt"][0] == len("a.txt")
+    assert sorted(opened) == [".sandbox", "sub"]  # a call's own output folder is never opened, however many
+
+
 def test_a_kept_members_content_is_read_straight_from_the_file_as_tarfile_reads_it(tmp_path: Path) -> None:
     from sandbox_server.sandbox.archive import kept_entries, member_content
 

@@ -117,6 +117,19 @@ def test_a_sandboxs_name_says_which_server_made_it() -> None:
     assert runc_state.is_runc("sbx-4242-1-a") and not runc_state.is_runc("3f2a" * 16)
 
 
+def test_the_cgroup_paths_of_runcs_state_are_read_without_decoding_its_config() -> None:
+    paths = {"": "/sys/fs/cgroup/unified/s/sbx-1", "memory": "/sys/fs/cgroup/memory/s/sbx-1"}
+    config = {"labels": ['sandbox.owner="cgroup_paths": {}'], "env": ['X={"cgroup_paths": 1}'], "n": [1] * 9}
+    for separators in ((",", ":"), (", ", ": ")):  # as runc writes it, and spaced
+        state = json.dumps(
+            {"id": "sbx-1", "config": config, "cgroup_paths": paths, "rootless": False}, separators=separators
+        )
+        assert runc_state.cgroup_paths(state) == json.loads(state)["cgroup_paths"] == paths
+    for broken in ('{"id": "sbx-1"}', '{"cgroup_paths": [1]}', '{"cgroup_paths": {"memory": '):
+        with pytest.raises(ValueError):
+            runc_state.cgroup_paths(broken)
+
+
 def test_a_stopped_sandbox_is_deleted_without_runc_unless_a_cgroup_still_holds_a_process(tmp_path: Path) -> None:
     """runc deletes a stopped sandbox by removing its cgroups, then its state; a cgroup that cannot be removed (a
     process still in it) leaves everything to runc's forced delete."""

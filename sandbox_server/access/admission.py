@@ -22,6 +22,7 @@ import psutil
 
 from sandbox_server.errors import Refusal
 from sandbox_server.policy import HostAdmission, RateLimits
+from sandbox_server.sandbox.host_memory import available_bytes
 
 __all__ = ["Admission", "Ticket", "Waiting"]
 
@@ -268,7 +269,7 @@ class Admission:
         at least its fair share of the calls running here (all of them over the callers running any, itself
         counted): the load is theirs, and a caller running fewer, none most often, still gets its turn. Without
         `client` (a task, a branch), refuse on the load alone."""
-        available_mb = psutil.virtual_memory().available // (1024 * 1024)
+        available_mb = available_bytes() // (1024 * 1024)
         if available_mb < self.host.min_available_memory_mb:
             raise Refusal(
                 f"busy: the host has {available_mb} MiB of memory available, below "

@@ -13,11 +13,11 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-import psutil
 from jsonschema import Draft202012Validator
 
 from sandbox_server.network.proxies import EgressProxies
 from sandbox_server.policy import Policy
+from sandbox_server.sandbox.host_memory import available_bytes
 from sandbox_server.sandbox.pool import PoolTarget, WarmPool
 from sandbox_server.tools import Tool, offers
 from sandbox_server.workspaces.store import WorkspaceStore
@@ -154,7 +154,7 @@ class ToolRegistry:
         floor = policy.host.min_available_memory_mb * 2**20
 
         def host_room() -> bool:
-            return bool(psutil.virtual_memory().available > floor)
+            return available_bytes() > floor
 
         targets = self._pool_targets(policy)
         for other in self._caller_policies.values():

@@ -3,6 +3,7 @@
 import json
 from pathlib import Path
 
+import psutil
 import pytest
 
 from sandbox_server.access.admission import Admission
@@ -30,6 +31,27 @@ def test_a_saturated_host_refuses_new_sandboxes_and_says_which_field() -> None:
     assert refused.value.message.startswith("busy: the host has")
     assert refused.value.field == "host.min_available_memory_mb" and refused.value.kind == "busy"
     assert admission.running == 0
+
+
+def test_the_hosts_available_memory_is_read_again_only_once_its_reading_is_old() -> None:
+    from sandbox_server.sandbox.host_memory import READ_EVERY_S, Reading, available_bytes
+
+    reads: list[float] = []
+    now = [100.0]
+
+    def read() -> int:
+        reads.append(now[0])
+        return len(reads)
+
+    reading = Reading(read, lambda: now[0])
+    assert reading() == 1 and reading() == 1  # a burst's calls share one reading
+    now[0] += READ_EVERY_S / 2
+    assert reading() == 1
+    now[0] += READ_EVERY_S
+    assert reading() == 2 and reads == [100.0, 100.0 + READ_EVERY_S * 1.5]
+    now[0] -= 10  # a clock that went back never keeps an old reading
+    assert reading() == 3
+    assert 0 < available_bytes() <= psutil.virtual_memory().total
 
 
 def test_admission_forgets_clients_idle_for_a_minute() -> None:

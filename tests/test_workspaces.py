@@ -438,17 +438,24 @@ async def _running(command: str) -> None:
 async def test_a_call_that_changes_the_workspace_tells_the_session_its_resources_changed(
     keeping: Keeping, runtime: DockerRuntime
 ) -> None:
-    changed = anyio.Event()
+    send, told = anyio.create_memory_object_stream[object](16)
 
     async def on_message(message: object) -> None:
         if isinstance(message, types.ResourceListChangedNotification):
-            changed.set()
+            await send.send(message)
 
-    async with connect(stdio_parameters(*_serve_args(keeping)), message_handler=on_message) as session:
+    async with send, told, connect(stdio_parameters(*_serve_args(keeping)), message_handler=on_message) as session:
+        await _call(session, "true")  # kept, changing nothing: nothing to list again
         await _call(session, "echo new > file.txt")
         with anyio.fail_after(5):
-            await changed.wait()
+            await told.receive()
+        await _call(session, "cat file.txt")  # read, not changed
+        await _call(session, "echo newer > file.txt")  # changed again
+        with anyio.fail_after(5):
+            await told.receive()
         capabilities = session.server_capabilities
+        # A notification is handled before the answer after it on the one stream: none came for the other calls.
+        assert told.statistics().current_buffer_used == 0
     assert capabilities.resources is not None and capabilities.resources.list_changed
 
 

@@ -5,8 +5,8 @@ for, the files, the tool's own rules), ask a person when the policy says so (the
 handed in with the call), admit the call against its caller's limits, open its kept workspace,
 find its egress proxy, run the tool, add what its sandbox asked of the network, and turn
 every refusal and engine fault on the way into an outcome. Every call, refused or not,
-leaves one audit record. What the protocol layer must announce (a workspace saved, so
-its files changed) comes back with the outcome.
+leaves one audit record. What the protocol layer must announce (a workspace's files
+changed) comes back with the outcome.
 """
 
 from __future__ import annotations
@@ -67,8 +67,9 @@ class CallEnd:
     limits: ResourceLimits | None = None
     """The tool's limits under the call's policy (what a result may carry)."""
     question: Any = None
-    workspace_saved: bool = False
-    """The call saved its kept workspace: the files it lists may have changed."""
+    workspace_changed: bool = False
+    """The call saved its kept workspace with its files changed (or where what changed is not known): the list of
+    its files, what clients are told changed, may have."""
 
 
 class CallPipeline:
@@ -134,7 +135,7 @@ class CallPipeline:
                 await self._finished(record, ToolOutcome.refused(Refusal(message, "name"), policy.name), started)
                 raise UnknownTool(message)
             record["judged"] = judged_facts(tool.name, call.arguments, call.task is not None or call.in_task)
-            outcome, saved = None, False
+            outcome, changed = None, False
             try:
                 try:
                     files = self._check(call)
@@ -144,13 +145,13 @@ class CallPipeline:
                         return CallEnd(question=question)
                     if call.task is not None:
                         await call.task.created()
-                    outcome, saved = await self._run(call, files)
+                    outcome, changed = await self._run(call, files)
                 except Refusal as refusal:  # the one place a refusal becomes an outcome
                     outcome = ToolOutcome.refused(refusal, policy.name)
                     if refusal.field == "workspace":
                         record.update(await self._denied(call))
                 outcome = with_usage(outcome, time.monotonic() - started, call.task is not None)
-                return CallEnd(outcome, call.tool_policy.limits, workspace_saved=saved)
+                return CallEnd(outcome, call.tool_policy.limits, workspace_changed=changed)
             finally:
                 with anyio.CancelScope(shield=True):
                     await self._finished(record, outcome, started)
@@ -209,8 +210,8 @@ class CallPipeline:
             await anyio.to_thread.run_sync(self.audit.write, record)
 
     async def _run(self, call: Call, files: tuple[InputFile, ...]) -> tuple[ToolOutcome, bool]:
-        """Admit the call, open its workspace, find its network, run the tool: its outcome and whether it saved
-        a kept workspace; refusals are raised, engine faults become refusals."""
+        """Admit the call, open its workspace, find its network, run the tool: its outcome and whether it changed
+        a kept workspace's files; refusals are raised, engine faults become refusals."""
         assert call.tool is not None
         try:
             async with contextlib.AsyncExitStack() as stack:
@@ -387,7 +388,8 @@ def _in_workspace(
     outcome: ToolOutcome, kept: KeptWorkspace | None, scope: ServiceScope | None
 ) -> tuple[ToolOutcome, bool]:
     """The outcome with what its kept workspace adds (its id, what changed, the services running in it), and
-    whether the call saved the workspace."""
+    whether the call changed the workspace's files (saved with a change; a call that changed nothing, as most
+    calls of a burst of commands, tells no client to list the files again)."""
     if kept is None or kept.deleted:
         return outcome, False
     structured = {**(outcome.structured or {}), "workspace": kept.record.id}
@@ -404,4 +406,5 @@ def _in_workspace(
         notes = (*notes, f"workspace {kept.record.name!r} ({kept.record.id}): pass either as `workspace` to continue")
     elif kept.record.session is None:  # the 2026-07-28 era: the id is how the next call continues it
         notes = (*notes, f"workspace {kept.record.id}: pass it as `workspace` to continue in it")
-    return replace(outcome, structured=structured, notes=notes), kept.saved
+    changed = kept.changes is None or any(kept.changes.values())
+    return replace(outcome, structured=structured, notes=notes), kept.saved and changed

@@ -301,7 +301,7 @@ class SandboxServer:
             if end.question is not None:
                 asked: types.InputRequiredResult = end.question
                 return asked
-            if end.workspace_saved:
+            if end.workspace_changed:
                 await self._resources_changed(ctx, tell_session=task is None)
             assert end.outcome is not None and end.limits is not None
             limits, outcome = end.limits, end.outcome

@@ -105,6 +105,8 @@ def _tool_policy(
         mounts.append(Mount(item["host"], item["sandbox"], item.get("mode", "ro") == "ro"))
     seccomp, seccomp_source = _seccomp(settings, source, runtime, error)
     egress = _egress(settings, host, runtime, error)
+    pool = settings.get("pool", {})
+    pool_max, pool_ahead = int(pool.get("max", defaults.pool_max)), int(pool.get("ahead", defaults.pool_ahead))
     env_settings = settings.get("env", {})
     environment = {name: os.environ[name] for name in env_settings.get("pass", []) if name in os.environ}
     environment.update(env_settings.get("set", {}))
@@ -133,21 +135,20 @@ def _tool_policy(
         env=tuple(sorted(environment.items())),
         enabled=bool(settings.get("enabled", True)),
         pool_size=int(settings.get("pool", {}).get("min", settings.get("pool", {}).get("size", defaults.pool_size))),
-        pool_max=int(settings.get("pool", {}).get("max", defaults.pool_max)),
-        pool_ahead=int(settings.get("pool", {}).get("ahead", defaults.pool_ahead)),
-        pool_on_runc=_on_runc(settings.get("pool", {})),
+        pool_max=pool_max,
+        pool_ahead=pool_ahead,
+        pool_on_runc=_on_runc(pool.get("runc"), pool_ahead, pool_max),
         pool_idle_s=float(settings.get("pool", {}).get("idle_s", defaults.pool_idle_s)),
         preload=tuple(settings.get("preload", defaults.preload)),
     )
 
 
-def _on_runc(pool: dict[str, Any]) -> tuple[int, int] | None:
-    """A pool's (ahead, max) where runc itself makes its sandboxes (`pool.runc`), each as elsewhere when not given."""
-    deeper = pool.get("runc")
+def _on_runc(deeper: Mapping[str, Any] | None, ahead: int, most: int) -> tuple[int, int] | None:
+    """A pool's (ahead, max) where runc itself makes its sandboxes (`pool.runc`), each as the pool's own `ahead`
+    and `max` when not given."""
     if deeper is None:
         return None
-    ahead = int(deeper.get("ahead", pool.get("ahead", 0)))
-    return ahead, int(deeper.get("max", pool.get("max", 0)))
+    return int(deeper.get("ahead", ahead)), int(deeper.get("max", most))
 
 
 def _beyond_host(limits: ResourceLimits, runtime: str, host: HostFacts, error: Callable[[str, str], None]) -> None:

@@ -134,7 +134,7 @@ def _delete_stopped(place: Path) -> bool:
         paths = cgroup_paths((place / "state.json").read_text()).values()
     except FileNotFoundError:
         return True  # runc never made it, or it is deleted already
-    except (OSError, ValueError, KeyError, AttributeError):
+    except (OSError, ValueError):
         return False
     for path in paths:
         try:

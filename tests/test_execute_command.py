@@ -165,6 +165,26 @@ async def test_output_is_capped_head_and_tail_with_a_marker(client: Client) -> N
     assert f"output cut to the cap: {dropped} bytes of stdout dropped (policy field limits.output_bytes)" in first
 
 
+@pytest.mark.parametrize("size", [49_000, 50_500, 77_000, 99_000, 101_000])
+@pytest.mark.parametrize("stream", ["stdout", "stderr"])
+async def test_output_comes_back_whole_up_to_the_cap_and_marked_past_it(client: Client, stream: str, size: int) -> None:
+    """A 77 KB test log used to come back as its first 50,000 bytes, unmarked: every size up to the cap is whole."""
+    redirect = " >&2" if stream == "stderr" else ""
+    command = f"{{ head -c {size - 12} /dev/zero | tr '\\0' x; printf '\\nRan 901 OK\\n'; }}{redirect}"
+    result = await client.call_tool("execute_command", {"command": command})
+    structured = result.structured_content
+    assert structured is not None and not result.is_error, text_of(result)
+    output = structured[stream]
+    assert output.endswith("\nRan 901 OK\n") and output.startswith("xxx")
+    if size <= 100_000:  # the default policy's limits.output_bytes
+        assert len(output) == size and structured["truncated"] is False
+        assert "truncated" not in output and "output cut" not in text_of(result).splitlines()[0]
+    else:
+        assert structured["truncated"] is True
+        assert f"[… {size - 100_000} bytes truncated …]" in output
+        assert f"{size - 100_000} bytes of {stream} dropped" in text_of(result).splitlines()[0]
+
+
 async def test_a_result_never_carries_the_same_output_twice(client: Client) -> None:
     result = await client.call_tool("execute_command", {"command": "head -c 50000000 /dev/zero | tr '\\0' x"})
     assert result.structured_content is not None and result.structured_content["truncated"] is True

@@ -155,9 +155,9 @@ def close_socket(raw: Stream) -> None:
 
 
 def joined(buffer: CappedBuffer) -> bytes:
-    """Head and tail with a marker where the middle was dropped."""
+    """The whole stream when it fit the cap; otherwise head and tail with a marker where the middle was dropped."""
     if not buffer.truncated_bytes:
-        return buffer.head()
+        return buffer.head() + buffer.tail()  # past half the cap, what fit is kept in both parts
     marker = f"\n[… {buffer.truncated_bytes} bytes truncated …]\n".encode()
     return buffer.head() + marker + buffer.tail()
 

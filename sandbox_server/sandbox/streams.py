@@ -59,7 +59,7 @@ class CappedBuffer:
         return bytes(self._head)
 
     def tail(self) -> bytes:
-        """The kept end of the stream (empty when nothing was dropped)."""
+        """The kept end of the stream: what came after the head's half of the cap (empty while the head holds all)."""
         return bytes(self._tail)
 
     def last_line(self) -> str:

@@ -4,7 +4,7 @@ import struct
 
 import pytest
 
-from sandbox_server.sandbox.attach import exit_from_trailer, pids_limited
+from sandbox_server.sandbox.attach import exit_from_trailer, joined, pids_limited
 from sandbox_server.sandbox.streams import CappedBuffer, FrameDemuxer, StdoutSplitter
 
 
@@ -25,6 +25,24 @@ def test_capped_buffer_keeps_head_and_tail_and_counts_the_middle() -> None:
     assert buffer.tail() == bytes(65 + i % 26 for i in range(95, 100))
     assert buffer.total == 100
     assert buffer.truncated_bytes == 90
+
+
+@pytest.mark.parametrize("size", [49, 50, 51, 77, 99, 100])
+def test_a_stream_up_to_its_cap_comes_back_whole(size: int) -> None:
+    """Past half the cap the buffer keeps what fits in its head and tail parts: all of it comes back, unmarked."""
+    buffer = CappedBuffer(100)
+    data = bytes(65 + index % 26 for index in range(size))
+    for index in range(0, size, 7):
+        buffer.feed(data[index : index + 7])
+    assert buffer.truncated_bytes == 0
+    assert joined(buffer) == data
+
+
+def test_a_stream_past_its_cap_comes_back_as_head_marker_and_tail() -> None:
+    buffer = CappedBuffer(100)
+    buffer.feed(bytes(range(101)))
+    marker = "\n[… 1 bytes truncated …]\n".encode()
+    assert joined(buffer) == bytes(range(50)) + marker + bytes(range(51, 101))
 
 
 def _frame(stream: int, payload: bytes) -> bytes:

@@ -125,6 +125,14 @@ def test_the_shipped_seccomp_profile_is_current_and_refuses_io_uring() -> None:
     assert not {name for name in allowed if name.startswith("io_uring")}
     assert {"read", "write", "execve", "clone", "futex", "mmap"} <= allowed
     assert not {"unshare", "setns", "mount", "bpf", "keyctl", "finit_module"} & allowed
+    # What the engine's default keeps from a sandbox with no capability stays refused here.
+    refused = {"fanotify_init", "move_pages", "set_mempolicy", "mbind", "migrate_pages", "pidfd_getfd", "chroot"}
+    assert not refused & allowed
+    assert [entry["subArchitectures"] for entry in shipped["archMap"]] == [[], []]  # no i386 nor x32 calls
+    rules = {name: rule for rule in shipped["syscalls"] for name in rule["names"] if rule.get("args")}
+    assert rules["socket"]["args"] == [{"index": 0, "value": 40, "valueTwo": 0, "op": "SCMP_CMP_NE"}]  # no AF_VSOCK
+    personas = [r["args"][0]["value"] for r in shipped["syscalls"] if r["names"] == ["personality"]]
+    assert sorted(personas) == [0, 8, 0x20000, 0x20008, 0xFFFFFFFF]  # ADDR_NO_RANDOMIZE (0x40000) not among them
     tool = load_policy("default", TOOLS, BOTH).for_tool("execute_command")
     assert tool.seccomp_profile is not None and json.loads(tool.seccomp_profile) == shipped
 

@@ -348,3 +348,21 @@ async def test_a_previews_websocket_opened_through_the_other_replica_reaches_the
     forged = {"Authorization": f"Bearer {homes.token}", "Sandbox-Forwarded": f"x;{time.time():.3f};{'0' * 64}"}
     with pytest.raises((InvalidStatus, ConnectionClosed)):  # a forged signature: closed before it is carried
         await anyio.to_thread.run_sync(talk, forged)
+
+
+@pytest.mark.parametrize("mode", ["legacy", "2026-07-28"])
+async def test_each_protocol_era_is_served_through_either_replica_and_through_haproxy(
+    homes: Homes, mode: str, tmp_path: Path
+) -> None:
+    """A handshake-era session (2025-11-25) got HTTP 400 "Parse error" for every request after its `initialize`
+    where replicas keep homes: each era keeps a workspace through each replica and through the load balancer."""
+    with haproxy(tmp_path, homes.one, homes.two) as balanced:
+        for url in (homes.one.url, homes.two.url, balanced):
+            async with client_of(url, homes.token, mode=mode) as session:
+                result, made = await shell(session, "echo 1 > note.txt && cat note.txt")
+                assert not result.is_error and made["stdout"] == "1\n", (url, text_of(result))
+                workspace = made["workspace"]
+                result, seen = await shell(session, "echo 2 >> note.txt && cat note.txt", workspace=workspace)
+                assert not result.is_error and seen["stdout"] == "1\n2\n", (url, text_of(result))
+                listed = await session.list_tools()
+                assert "execute_command" in {tool.name for tool in listed.tools}

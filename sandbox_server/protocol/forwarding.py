@@ -136,8 +136,10 @@ class Forwarding:
                 return
             home: Home | None = None
             body, whole, named = b"", True, ""
+            given = receive  # the request's own receive, until part of its body is read here
             if path == self.mcp_path and method == "POST" and b"mcp-session-id" not in headers:
                 body, whole = await read_body(receive, body_bytes)
+                given = replayed(body, whole, receive)
                 mirrored = headers.get(b"mcp-param-workspace", b"").decode("latin-1")
                 named = mirrored or _named_workspace(body)
                 if named and not mirrored and named.isascii() and named.isprintable() and named.strip() == named:
@@ -153,8 +155,11 @@ class Forwarding:
                 home = await anyio.to_thread.run_sync(self.homes.of_service, service)
                 if home is not None:
                     body, whole = await read_body(receive, PREVIEW_BODY_BYTES)
+                    given = replayed(body, whole, receive)
             if home is None or not whole or not await self._forward(home, scope, body, send, receive, named):
-                await app(scope, replayed(body, whole, receive), send)  # here (its home let go of it meanwhile)
+                # here (its home let go of it meanwhile); a request whose body was not read here (a handshake-era
+                # session's) keeps its own receive: an empty body replayed in its place read as "EOF" to the SDK
+                await app(scope, given, send)
 
         return forwarding
 

@@ -181,3 +181,67 @@ async def test_an_image_from_any_base_the_engine_has_is_made_a_sandbox_image(
         ), text_of(result)
     finally:
         _remove(runtime, image)
+
+
+HIJACKING = """\
+FROM sandbox-server/shell:latest
+USER root
+RUN printf '#!/bin/sh\\necho hijacked "$@"; exit 3\\n' > /usr/local/bin/hijack && chmod 755 /usr/local/bin/hijack
+ENTRYPOINT ["/usr/local/bin/hijack"]
+CMD ["--as-command"]
+USER 1000:1000
+"""
+
+
+@pytest.mark.parametrize("path", ["engine", "runc"])
+async def test_a_teams_entrypoint_never_runs_in_place_of_the_launcher_or_a_service(
+    path: str, tmp_path: Path, runtime: DockerRuntime
+) -> None:
+    """A team's ENTRYPOINT (and its CMD) stayed in the image: the engine ran it in place of the launcher (answered
+    "killed from outside") and services failed on both paths. A call and a service now run as on ours."""
+    (tmp_path / "hijacking").mkdir()
+    (tmp_path / "hijacking" / "Dockerfile").write_text(HIJACKING)
+    policy = _policy(tmp_path, "hijacking", "tools:\n  execute_command:\n    build: hijacking\n")
+    image = _team_image(policy)
+    try:
+        built = run_cli("images", "build", "--policy", str(policy), timeout_s=600)
+        assert built.returncode == 0, built.stderr
+        serve = ("--policy", str(policy), "--sandboxes", path, "--state-dir", str(tmp_path / "state"))
+        async with connect(stdio_parameters(*serve)) as session:
+            result = await session.call_tool("execute_command", {"command": "echo ran; hijack x || true"})
+            assert not result.is_error and result.structured_content is not None, text_of(result)
+            assert result.structured_content["stdout"] == "ran\nhijacked x\n", text_of(result)
+            started = await session.call_tool(
+                "execute_command",
+                {"command": "exec python3 -m http.server 8000", "service": {"name": "web", "port": 8000}},
+            )
+            assert not started.is_error, text_of(started)
+            workspace = (started.structured_content or {})["workspace"]
+            reached = await session.call_tool(
+                "execute_command",
+                {"command": "python3 -c \"import urllib.request as u; print(u.urlopen('http://web:8000/').status)\"",
+                 "workspace": workspace},
+            )  # fmt: skip
+            assert not reached.is_error and (reached.structured_content or {})["stdout"] == "200\n", text_of(reached)
+    finally:
+        _remove(runtime, image)
+
+
+def test_an_image_whose_environment_would_run_first_in_the_launcher_is_refused(
+    tmp_path: Path, runtime: DockerRuntime
+) -> None:
+    (tmp_path / "preloading").mkdir()
+    (tmp_path / "preloading" / "Dockerfile").write_text(
+        f"FROM sandbox-server/shell:latest\nENV LD_PRELOAD=/workspace/evil.so BASH_ENV=/tmp/x NOTE={uuid.uuid4().hex}\n"
+    )
+    policy = _policy(tmp_path, "preloading", "tools:\n  execute_command:\n    build: preloading\n")
+    image = _team_image(policy)
+    try:
+        said = run_cli("images", "build", "--policy", str(policy), timeout_s=300)
+        assert said.returncode == 1, said.stderr
+        assert f"{image} sets BASH_ENV, LD_PRELOAD in its environment, which would run code of the image's" in (
+            said.stderr
+        )
+        assert runtime.image(image) is None
+    finally:
+        _remove(runtime, image)

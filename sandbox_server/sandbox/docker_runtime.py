@@ -12,7 +12,6 @@ import contextlib
 import io
 import os
 import secrets
-import select
 import socket
 import tempfile
 import time
@@ -30,6 +29,7 @@ from sandbox_server.sandbox.attach import Drain, Ending, exit_from_trailer, pers
 from sandbox_server.sandbox.engine import Engine, engine_errors, oom_reported
 from sandbox_server.sandbox.host_config import host_config_kwargs, masked_paths
 from sandbox_server.sandbox.meter import Meter
+from sandbox_server.sandbox.polling import readable
 from sandbox_server.sandbox.removal import Remover, current_owner, owned_by
 from sandbox_server.sandbox.runtime import NO_HOOKS, ProgressCallback, RunHooks
 from sandbox_server.sandbox.spec import SANDBOX_LABEL, ExecutionResult, SandboxSpec
@@ -112,7 +112,7 @@ class DockerRuntime(Engine):
                 host_config["MaskedPaths"] = masked  # the engine client has no keyword for it
             created = self.api.create_container(
                 image=spec.image,
-                command=[wire.LAUNCHER],
+                entrypoint=[wire.LAUNCHER],  # the launcher alone: neither the image's ENTRYPOINT nor its CMD
                 user=spec.user,
                 working_dir=spec.workdir,
                 environment=dict(spec.env) | ({} if spec.runtime == "runsc" else {wire.LINGER_ENV: "1"}),
@@ -147,10 +147,10 @@ class DockerRuntime(Engine):
     def healthy(warm: WarmContainer) -> bool:
         """Still waiting for its request: its stream has neither ended nor said anything."""
         try:
-            readable, _, _ = select.select([warm.stream], [], [], 0)
+            said = readable([warm.stream], 0)
         except (OSError, ValueError):
             return False
-        return not readable
+        return not said
 
     def host_pids(self, container_id: str) -> list[int]:
         """Host pids of a running container's processes: its first process, then every descendant."""

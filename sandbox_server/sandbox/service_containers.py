@@ -100,7 +100,8 @@ def start_container(
                 host_config["MaskedPaths"] = masked
             created = api.create_container(
                 image=spec.image,
-                command=list(spec.argv),
+                entrypoint=list(spec.argv[:1]),  # the program alone: neither the image's ENTRYPOINT nor its CMD
+                command=list(spec.argv[1:]) or None,
                 user=spec.user,
                 working_dir=spec.workdir,
                 environment=dict(spec.env) | dict(spec.call_env),

@@ -6,7 +6,10 @@ a container), it is made a sandbox image: in a container of it that never starts
 tools' calls run (a shell, tar, Python and the cell runner for run_python), writes its launcher, a user 1000 when
 the image has none and `/workspace`, and commits that with `USER 1000:1000`. Refused, naming why: a Dockerfile
 whose image runs as root by its own choice (a last `USER root`), a failing step (its number, instruction and last
-lines), and an image without what its tools' calls run (what is missing).
+lines), an image without what its tools' calls run (what is missing), and one whose environment would run its
+own code in the launcher (LD_PRELOAD and the loader's other variables, BASH_ENV, ENV). Whatever ENTRYPOINT and CMD
+it keeps, no sandbox runs them: every container of it is made with the launcher (or a service's program) as its
+entrypoint.
 
 The image is named by its context's content (`sandbox-server/team-<folder>-<hash>:latest`): a changed context is
 another image, which `serve` refuses until `images build --policy` has built it. Its hash label also covers what
@@ -48,6 +51,9 @@ BASE_LABEL = "org.sandbox-server.base"
 _FROM = re.compile(r"^\s*FROM\s+(?:--platform=\S+\s+)?(\S+)", re.IGNORECASE | re.MULTILINE)
 _USER = re.compile(r"^\s*USER\s+(\S+)", re.IGNORECASE | re.MULTILINE)
 ROOT_USERS = {"root", "0"}
+_RUNS_FIRST = re.compile(r"LD_[A-Z0-9_]+|BASH_ENV|ENV")
+"""Variables that make every process of the launcher load or run something first: the dynamic loader's (LD_PRELOAD,
+LD_AUDIT, LD_LIBRARY_PATH, …) and the shells' start-up files."""
 
 LAUNCHER_NEEDS = ("sh", "tar", "mkdir", "rm", "cat", "sleep", "setsid")
 """The programs every sandbox's launcher runs (images/base/sandbox-launch)."""
@@ -171,6 +177,13 @@ def _make_sandbox_image(runtime: DockerRuntime, image: TeamImage, stage: str, la
     launcher, the user 1000 and /workspace written into a container of it that never starts, then committed."""
     config = runtime.image_config(stage)
     env = dict(item.split("=", 1) for item in config.get("Env") or () if "=" in item)
+    foreign = sorted(name for name in env if _RUNS_FIRST.fullmatch(name))
+    if foreign:
+        raise ImageError(
+            f"{image.reference} sets {', '.join(foreign)} in its environment, which would run code of the image's "
+            "inside the server's launcher before every call (the dynamic loader's and the shell's start-up): "
+            "remove those ENV lines from its Dockerfile (a program that needs one can be given it in its command)"
+        )
     with runtime.unstarted(stage) as container:
         folders = env.get("PATH", DEFAULT_PATH).split(":")
         missing = [

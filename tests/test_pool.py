@@ -11,13 +11,15 @@ from pathlib import Path
 
 import anyio
 import docker
+import psutil
 import pytest
 
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
 from sandbox_server.sandbox.runc_runtime import RuncRuntime
 from sandbox_server.sandbox.spec import SANDBOX_LABEL
-from tests.conftest import containers_of, kill_from_outside
-from tests.mcp_harness import connect, http_server_process
+from tests.conftest import containers_of, kill_from_outside, run_cli
+from tests.mcp_harness import connect, http_server_process, text_of
+from tests.test_replicas import client_of, shell
 
 pytestmark = pytest.mark.anyio
 
@@ -229,3 +231,50 @@ def test_the_reaper_removes_what_a_server_left_even_when_it_watches_too_late(run
         with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):  # (gone, or going)
             api.remove_container(left, force=True)
         api.close()
+
+
+CALLERS_OWN = """
+extends: default
+name: %(name)s
+tools:
+  execute_command:
+    pool: {min: 2, ahead: 60, max: 60, idle_s: 300, runc: {ahead: 60, max: 60}}
+"""
+
+
+async def test_two_callers_policies_keep_no_more_sandboxes_waiting_than_the_server_allows(
+    tmp_path: Path, runtime: DockerRuntime
+) -> None:
+    """Two callers by token under policies of their own, each asking for 60 waiting: 165 waited once, the server
+    held 1,019 descriptors and every refill failed in select(). All pools together now keep host.pool_sandboxes."""
+
+    server_policy = tmp_path / "server.yaml"
+    server_policy.write_text("extends: default\nhost: {pool_sandboxes: 24}\n")
+    tokens_file, tokens = tmp_path / "tokens.json", {}
+    for name in ("ada", "bob"):
+        policy = tmp_path / f"{name}.yaml"
+        policy.write_text(CALLERS_OWN % {"name": name})
+        added = run_cli("token", "add", name, "--policy", str(policy), "--tokens", str(tokens_file))
+        assert added.returncode == 0, added.stderr
+        tokens[name] = added.stdout.splitlines()[-1]
+    serve = ("--policy", str(server_policy), "--tokens", str(tokens_file))
+    with http_server_process(*serve) as server:
+        for name in ("ada", "bob"):
+            async with client_of(server.url, tokens[name]) as session:
+                for turn in range(8):
+                    result, said = await shell(session, f"echo {name}-{turn}")
+                    assert not result.is_error and said["stdout"] == f"{name}-{turn}\n", said
+        server.wait_for_line("warm pools hold 24 sandbox(es), waiting or being made: the most the server keeps")
+        process = psutil.Process(server.process.pid)
+        async with client_of(server.url, tokens["ada"]) as session:
+            for _ in range(4):  # each takes one; the pools make it again, within the count
+                result, _ = await shell(session, "true")
+                assert not result.is_error, text_of(result)
+        seen: list[int] = []
+        with anyio.fail_after(60):
+            while not seen or seen[-1] < 24:
+                seen.append(len(containers_of(server.process.pid)))
+                await anyio.sleep(0.2)
+        assert max(seen) <= 24, seen
+        assert process.num_fds() < 24 * 6 + 200, process.num_fds()
+        assert not [line for line in server.lines if "out of range" in line or "could not prepare" in line]

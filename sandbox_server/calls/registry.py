@@ -159,4 +159,4 @@ class ToolRegistry:
         targets = self._pool_targets(policy)
         for other in self._caller_policies.values():
             targets += self._pool_targets(other)
-        self.pool.configure(targets, policy.host.pool_memory_mb * 2**20, host_room)
+        self.pool.configure(targets, policy.host.pool_memory_mb * 2**20, host_room, policy.host.pool_sandboxes)

@@ -120,6 +120,8 @@ class HostAdmission:
     max_load_per_cpu: float = 8.0
     pool_memory_mb: int = 2048
     """All warm containers together may hold at most this much memory."""
+    pool_sandboxes: int = 160
+    """All warm pools together, every caller's policy's included, keep at most this many sandboxes waiting."""
     workspace_storage_mb: int = 8192
     """All kept workspaces together may take at most this much of the host's disk (each at what its files take, a
     mounted one at its whole size while a call works in it)."""

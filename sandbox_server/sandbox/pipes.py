@@ -16,11 +16,11 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import select
 import socket
 import threading
 from typing import BinaryIO
 
+from sandbox_server.sandbox.polling import readable
 from sandbox_server.sandbox.streams import STDERR, STDOUT, frame
 
 __all__ = ["PipeStream"]
@@ -64,8 +64,8 @@ class PipeStream:
         with self._lock:
             if self._closed:
                 return True
-            readable, _, _ = select.select(list(self._reads.values()), [], [], 0)
-        return bool(readable)
+            said = readable(self._reads.values(), 0)
+        return bool(said)
 
     def sendall(self, data: bytes | memoryview) -> None:
         """Write all of `data` to the sandbox's stdin (OSError once it stopped reading)."""
@@ -93,7 +93,7 @@ class PipeStream:
             self._reading = True
         try:
             while self._reads:
-                ready, _, _ = select.select([*self._reads.values(), self._wake_read], [], [])
+                ready = readable([*self._reads.values(), self._wake_read])
                 if self._wake_read in ready or self.closed:
                     raise OSError(errno.EBADF, "the sandbox's streams were closed")
                 for stream, fd in list(self._reads.items()):

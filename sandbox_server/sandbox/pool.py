@@ -22,7 +22,8 @@ dozens, so only containers made before a burst serve it. It never holds more mem
 its budget (the warm containers' resident memory, read from the host), and makes none
 while the host has less memory available than its floor. It makes containers in the
 pauses between calls (engine work beside back-to-back calls would slow each of them),
-unless none is left waiting.
+unless none is left waiting. All pools together, every caller's policy's included, keep at most the
+server policy's `host.pool_sandboxes` waiting, within a quarter of the process's open-file limit.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import resource
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -62,6 +64,9 @@ waits, the next call is served warm, and making its replacement beside the runni
 DEFER_S = 2.0
 """The longest a pool with enough containers waiting defers making more while calls run back to back."""
 MAX_BACKOFF_S = 30.0
+FILES_PER_WAITING = 6
+"""The server's open files for one waiting sandbox, with room: runc's three pipes and its process handle (the
+engine's attach socket for one of the engine's)."""
 SWEEP_S = 1.0
 """How often waiting containers are checked for a stream that ended (killed, engine restarted).
 A check is a zero-timeout select on each stream: no engine round trip."""
@@ -169,6 +174,8 @@ class WarmPool(Generic[WarmT]):
         self._started_early: list[tuple[PoolTarget, Early[WarmT]]] = []
         """Containers head_start() is making, for maintain() to receive."""
         self.memory = PoolMemory(held_elsewhere)
+        self._most_waiting = most_allowed(None)
+        self._said_full = False
         """What the waiting containers hold, and whether one more fits (the budget, the host's floor)."""
         self.stats = PoolStats()
 
@@ -177,9 +184,13 @@ class WarmPool(Generic[WarmT]):
         targets: Iterable[PoolTarget],
         memory_budget: float = math.inf,
         host_room: Callable[[], bool] | None = None,
+        most_waiting: int | None = None,
     ) -> None:
-        """Keep these pools from now on; containers of pools no longer wanted are destroyed."""
+        """Keep these pools from now on; containers of pools no longer wanted are destroyed. `most_waiting` bounds
+        the sandboxes of all of them together (waiting and being made), within what the open-file limit allows."""
         self.memory.budget = memory_budget
+        self._most_waiting = most_allowed(most_waiting)
+        self._said_full = False
         if host_room is not None:
             self.memory.host_room = host_room
         wanted: dict[Key, PoolTarget] = {}
@@ -302,6 +313,10 @@ class WarmPool(Generic[WarmT]):
                     for key, target in fill_order(self._targets, missing, empty, self._making_s):
                         if key in held:
                             continue
+                        if self.ready_count() + sum(self._filling.values()) >= self._most_waiting:
+                            self.stats.held_back += 1
+                            self._say_full()
+                            break  # every pool together holds as many as the server allows
                         if not self.memory.affordable(key, self.waiting(), self._filling):  # nor more this turn
                             held.add(key)
                             self.stats.held_back += 1
@@ -310,6 +325,16 @@ class WarmPool(Generic[WarmT]):
                         group.start_soon(self._fill, target, limiter)
                 with anyio.move_on_after(self._next_deadline(now)):
                     await self._wakeup.wait()
+
+    def _say_full(self) -> None:
+        """Said once per configuration: the pools stopped growing at the count the server allows."""
+        if not self._said_full:
+            self._said_full = True
+            log.info(
+                "warm pools hold %d sandbox(es), waiting or being made: the most the server keeps "
+                "(host.pool_sandboxes, within a quarter of its open-file limit)",
+                self._most_waiting,
+            )
 
     def _expire(self, now: float) -> None:
         for key, queue in self._ready.items():
@@ -410,6 +435,15 @@ class WarmPool(Generic[WarmT]):
         async with anyio.create_task_group() as group:
             for warm in waiting:
                 group.start_soon(anyio.to_thread.run_sync, self._engine.discard, warm)
+
+
+def most_allowed(most_waiting: int | None) -> int:
+    """The most sandboxes all pools together keep: `most_waiting` (None: no count of its own), within a quarter of
+    this process's open-file limit at FILES_PER_WAITING each, so that waiting sandboxes never take the descriptors
+    calls, connections and workspaces need."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    by_files = math.inf if soft == resource.RLIM_INFINITY else soft // 4 // FILES_PER_WAITING
+    return int(min(by_files, math.inf if most_waiting is None else most_waiting))
 
 
 def fill_order(

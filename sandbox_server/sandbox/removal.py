@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import select
 import socket
 import threading
 import time
@@ -24,6 +23,7 @@ import psutil
 from sandbox_server.errors import UsageError
 from sandbox_server.sandbox.activity import Activity
 from sandbox_server.sandbox.engine import engine_errors
+from sandbox_server.sandbox.polling import readable
 from sandbox_server.sandbox.runc_state import delete_left_by
 from sandbox_server.sandbox.spec import SANDBOX_LABEL
 
@@ -124,7 +124,7 @@ def reap_after(pid: int, owner: str) -> int:
     if handle is not None:
         try:
             if owner_alive(owner):  # the pid is still the server's, not a later process given the same number
-                select.select([handle], [], [])
+                readable([handle])
         finally:
             os.close(handle)
     delete_left_by(owner)  # the sandboxes runc ran for it

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import select
 import shutil
 import signal
 import subprocess
@@ -45,6 +44,7 @@ from sandbox_server.sandbox.gvisor import gvisor_exit, start_gvisor
 from sandbox_server.sandbox.hosts import ensure_hosts, forget_hosts, write_hosts
 from sandbox_server.sandbox.oci import INIT_SOURCE
 from sandbox_server.sandbox.pipes import PipeStream
+from sandbox_server.sandbox.polling import readable
 from sandbox_server.sandbox.removal import Remover, owned_by, owner_alive
 from sandbox_server.sandbox.runc_state import (
     CGROUP_PARENT,
@@ -383,4 +383,4 @@ class RuncRuntime(DockerRuntime):
             return super()._settled(warm, spec)
         if spec.mounted_workspace is None and not spec.networked:
             return True  # as on the engine's path: nothing of the call outlives its answer but the sandbox
-        return bool(select.select([run.init], [], [], SETTLE_S)[0])  # gVisor's sandbox process has ended
+        return bool(readable([run.init], SETTLE_S))  # gVisor's sandbox process has ended

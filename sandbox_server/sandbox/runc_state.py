@@ -13,12 +13,13 @@ import ctypes
 import json
 import os
 import secrets
-import select
 import shutil
 import socket
 import subprocess
 import time
 from pathlib import Path
+
+from sandbox_server.sandbox.polling import readable
 
 __all__ = [
     "CGROUP_PARENT", "IMAGES", "PREFIX", "RUNSC_FLAGS", "STATE", "cgroup_paths", "delete", "delete_left_by", "hosts_folder",
@@ -193,7 +194,7 @@ def wait_for_pid_file(pid_file: Path, process: subprocess.Popen[bytes], within_s
             left = deadline - time.monotonic()
             if process.poll() is not None or left <= 0:
                 return None
-            if watch in select.select([watch, runc], [], [], left)[0]:
+            if watch in readable([watch, runc], left):
                 with contextlib.suppress(BlockingIOError):
                     os.read(watch, 4096)
     finally:

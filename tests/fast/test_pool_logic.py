@@ -4,6 +4,7 @@ early; and the host's view of a sandbox's process tree. The pool on the real eng
 
 from __future__ import annotations
 
+import resource
 import threading
 import time
 from typing import Any
@@ -11,7 +12,7 @@ from typing import Any
 import anyio
 
 from sandbox_server.sandbox import wire
-from sandbox_server.sandbox.pool import PoolTarget, WarmPool, fill_order
+from sandbox_server.sandbox.pool import FILES_PER_WAITING, PoolTarget, WarmPool, fill_order, most_allowed
 from sandbox_server.sandbox.spec import ExecutionResult, SandboxSpec
 
 
@@ -153,6 +154,45 @@ def test_a_pool_makes_no_container_past_its_memory_budget_or_the_hosts_floor() -
     assert pool.memory.held(pool.waiting()) == 100 and pool.memory.affordable(key, pool.waiting(), {})
     room[0] = False
     assert not pool.memory.affordable(key, pool.waiting(), {})  # the host is short of memory: nothing more is made
+
+
+class _MakingEngine(_FakeEngine):
+    """Makes containers in the pool's worker threads, as the real engines do."""
+
+    def prepare(self, spec: SandboxSpec) -> _FakeWarm:
+        return _FakeWarm(spec.container_key(), time.monotonic())
+
+
+def test_all_pools_together_keep_no_more_waiting_than_the_server_allows_and_share_it() -> None:
+    """Two callers' policies, each asking for 30 waiting: 165 waited once, and the server ran out of descriptors."""
+
+    async def main() -> None:
+        pool = WarmPool(_MakingEngine())
+        one, two = SandboxSpec(image="one", argv=("true",)), SandboxSpec(image="two", argv=("true",))
+        pool.configure([PoolTarget(one, 30, idle_s=60), PoolTarget(two, 30, idle_s=60)], most_waiting=20)
+        async with anyio.create_task_group() as group:
+            group.start_soon(pool.maintain)
+            with anyio.fail_after(10):
+                while pool.ready_count() < 20 or not pool.stats.held_back:  # full, and then held back
+                    await anyio.sleep(0.01)
+            held = pool.stats.held_back
+            while pool.stats.held_back < held + 3:  # it looked again, and again made none
+                await anyio.sleep(0.01)
+            waiting = [key for key, _ in pool.waiting()]
+            assert len(waiting) == 20 and waiting.count(one.container_key()) == 10, waiting  # one of each in turn
+            assert pool.take(two.container_key()) is not None
+            with anyio.fail_after(10):
+                while pool.ready_count() < 20:  # what a call took is made again, within the count
+                    await anyio.sleep(0.01)
+            group.cancel_scope.cancel()
+        await pool.close()
+
+    anyio.run(main)
+
+
+def test_the_count_of_waiting_sandboxes_stays_within_a_quarter_of_the_open_file_limit() -> None:
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    assert most_allowed(10**9) == soft // 4 // FILES_PER_WAITING and most_allowed(3) == 3
 
 
 class _GatedEngine(_FakeEngine):

@@ -64,6 +64,7 @@ waits, the next call is served warm, and making its replacement beside the runni
 DEFER_S = 2.0
 """The longest a pool with enough containers waiting defers making more while calls run back to back."""
 MAX_BACKOFF_S = 30.0
+FULL = "warm pools hold %d sandbox(es), waiting or being made: the most the server keeps (host.pool_sandboxes, within a quarter of its open-file limit)"
 FILES_PER_WAITING = 6
 """The server's open files for one waiting sandbox, with room: runc's three pipes and its process handle (the
 engine's attach socket for one of the engine's)."""
@@ -315,7 +316,9 @@ class WarmPool(Generic[WarmT]):
                             continue
                         if self.ready_count() + sum(self._filling.values()) >= self._most_waiting:
                             self.stats.held_back += 1
-                            self._say_full()
+                            if not self._said_full:  # once per configuration
+                                self._said_full = True
+                                log.info(FULL, self._most_waiting)
                             break  # every pool together holds as many as the server allows
                         if not self.memory.affordable(key, self.waiting(), self._filling):  # nor more this turn
                             held.add(key)
@@ -325,16 +328,6 @@ class WarmPool(Generic[WarmT]):
                         group.start_soon(self._fill, target, limiter)
                 with anyio.move_on_after(self._next_deadline(now)):
                     await self._wakeup.wait()
-
-    def _say_full(self) -> None:
-        """Said once per configuration: the pools stopped growing at the count the server allows."""
-        if not self._said_full:
-            self._said_full = True
-            log.info(
-                "warm pools hold %d sandbox(es), waiting or being made: the most the server keeps "
-                "(host.pool_sandboxes, within a quarter of its open-file limit)",
-                self._most_waiting,
-            )
 
     def _expire(self, now: float) -> None:
         for key, queue in self._ready.items():

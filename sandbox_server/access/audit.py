@@ -15,13 +15,20 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CHAIN_FIELD", "AuditLog", "Spent", "call_record", "event_record", "line_digest"]
+from sandbox_server.access.audit_seal import SEAL_EVENT, SealingKey, sealing_key_path
+
+__all__ = ["CHAIN_FIELD", "ROTATED_EVENT", "AuditLog", "Spent", "call_record", "event_record", "line_digest"]
 
 
 CHAIN_FIELD = "previous_sha256"
 """Each record's link to the line before it: the SHA-256 of that line's bytes (its newline left out)."""
 FIRST = "0" * 64
 """The link of a trail's very first line."""
+SEAL_INTERVAL_S = 60
+"""How often a running server seals its trail (audit.seal_interval_s): the longest a line waits for its seal."""
+ROTATED_EVENT = "audit_rotated_away"
+"""The record a writer appends when rotation removes the oldest file: the link the oldest kept file now starts from,
+so that a trail whose first lines were cut by anyone else is told from one rotated."""
 
 
 def line_digest(line: bytes) -> str:
@@ -53,14 +60,19 @@ class AuditLog:
 
     Every record names the SHA-256 of the line written before it (`previous_sha256`), across rotations and restarts
     and whichever process wrote that line (writers take an exclusive lock on the file while they append), so a line
-    changed, removed or added shows as a broken link where it was (`sandbox-server audit verify`).
+    changed, removed or added shows as a broken link where it was (`sandbox-server audit verify`). With sealing
+    (`seal_interval_s` not None, and a sealing key beside the trail), a seal follows a record once the last seal is
+    that old (sandbox_server.access.audit_seal).
     """
 
     def __init__(
         self, path: str | os.PathLike[str], max_bytes: int = 10_000_000, keep: int = 5, replica: str | None = None,
-        max_age_s: float = 0.0,
+        max_age_s: float = 0.0, seal_interval_s: float | None = None,
     ) -> None:  # fmt: skip
         self.path = Path(path)
+        self.seal_interval_s = seal_interval_s
+        """Seal at most this long after a record (None: the trail is not sealed here); a running server's timer
+        calls tick() at this interval."""
         self.max_age_s = max_age_s
         """Rotate once the file's first line is older than this (0: by size alone)."""
         self._born: tuple[int, float] | None = None
@@ -76,22 +88,76 @@ class AuditLog:
         with contextlib.suppress(FileNotFoundError):
             os.chmod(self.path, 0o600)  # one an earlier version made readable by others
 
+    def begin_sealing(self) -> str | None:
+        """Make the trail's sealing key when it has none: its verification key then (once: to keep elsewhere)."""
+        with self._lock, open(self._lock_path(), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if sealing_key_path(self.path).exists():
+                return None
+            interval = int(self.seal_interval_s or SEAL_INTERVAL_S)
+            return SealingKey.create(sealing_key_path(self.path), interval, time.time())[1]
+
+    def tick(self) -> None:
+        """On a timer, and as the server stops: seal the lines written since the last seal, and let the key of an
+        epoch that ended go even when there is nothing to seal."""
+        if self.seal_interval_s is None:
+            return
+        with self._lock, open(self._lock_path(), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            key = SealingKey.load(sealing_key_path(self.path))
+            if key is None:
+                return
+            previous = self._previous()
+            if previous != FIRST and previous != key.sealed_line:
+                self._seal(key, previous)
+            elif key.advance(time.time()):
+                key.save()
+
     def write(self, record: Mapping[str, Any]) -> None:
-        """Append one record, linked to the line before it, and flush it to the disk."""
-        if self.replica is not None:
-            record = {**record, "replica": self.replica}
+        """Append one record, linked to the line before it, and flush it to the disk; then a seal, when one is due."""
         with self._lock, open(self._lock_path(), "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # another process appending to this trail (a one-shot call) waits
             previous = self._previous()
-            body = json.dumps({**record, CHAIN_FIELD: previous}, ensure_ascii=False, separators=(",", ":"), default=str)
-            line = (body + "\n").encode("utf-8", "surrogatepass")
-            self._rotate_if_needed(len(line))
-            descriptor = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
-            with open(descriptor, "ab") as handle:  # the server's user alone reads who did what
-                handle.write(line)
-                handle.flush()
-                os.fsync(handle.fileno())
-                self._last = (handle.tell(), line_digest(line))
+            line = self._line(record, previous)
+            dropped = self._rotate_if_needed(len(line))
+            if dropped is not None:  # the oldest file went: say what the oldest kept one starts from
+                said = {"time": _now(), "event": ROTATED_EVENT, "through_sha256": dropped}
+                previous = self._append(self._line(said, previous))
+                line = self._line(record, previous)
+            previous = self._append(line)
+            if self.seal_interval_s is not None:
+                self._seal_if_due(previous)
+
+    def _line(self, record: Mapping[str, Any], previous: str) -> bytes:
+        if self.replica is not None:
+            record = {**record, "replica": self.replica}
+        body = json.dumps({**record, CHAIN_FIELD: previous}, ensure_ascii=False, separators=(",", ":"), default=str)
+        return (body + "\n").encode("utf-8", "surrogatepass")
+
+    def _append(self, line: bytes) -> str:
+        """Append one line, flushed to the disk; its hash."""
+        descriptor = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        with open(descriptor, "ab") as handle:  # the server's user alone reads who did what
+            handle.write(line)
+            handle.flush()
+            os.fsync(handle.fileno())
+            self._last = (handle.tell(), line_digest(line))
+        return self._last[1]
+
+    def _seal_if_due(self, previous: str) -> None:
+        """A seal over the line just written, when the last is `seal_interval_s` old (the key's file says when)."""
+        key = SealingKey.load(sealing_key_path(self.path))
+        if key is not None and time.time() - key.sealed_at >= (self.seal_interval_s or 0.0):
+            self._seal(key, previous)
+
+    def _seal(self, key: SealingKey, previous: str) -> None:
+        """Append the seal of the line hashed `previous`; the key is saved first, naming the seal's own line."""
+        when = _now()
+        seal = key.seal(when, time.time(), previous)
+        line = self._line({"time": when, "event": SEAL_EVENT, "seal": seal}, previous)
+        key.sealed_line = line_digest(line)
+        key.save()
+        self._append(line)
 
     def _lock_path(self) -> Path:
         return self.path.with_name(f".{self.path.name}.lock")
@@ -111,18 +177,22 @@ class AuditLog:
                 return found
         return FIRST
 
-    def _rotate_if_needed(self, incoming: int) -> None:
+    def _rotate_if_needed(self, incoming: int) -> str | None:
+        """Rotate when the file is full or old; the link the oldest kept file starts from, when one was removed."""
         try:
             found = self.path.stat()
         except FileNotFoundError:
-            return
+            return None
         if found.st_size + incoming <= self.max_bytes and not self._too_old(found.st_ino):
-            return
+            return None
+        oldest = self.path.with_name(f"{self.path.name}.{self.keep}")
+        dropped = last_line_digest(oldest) if oldest.exists() else None
         for index in range(self.keep - 1, 0, -1):
             older = self.path.with_name(f"{self.path.name}.{index}")
             if older.exists():
                 os.replace(older, self.path.with_name(f"{self.path.name}.{index + 1}"))
         os.replace(self.path, self.path.with_name(f"{self.path.name}.1"))
+        return dropped
 
     def _too_old(self, inode: int) -> bool:
         """Whether the file's first line is older than max_age_s (read once per file: its `time`)."""
@@ -134,6 +204,10 @@ class AuditLog:
                 born = datetime.fromisoformat(json.loads(handle.readline())["time"]).timestamp()
             self._born = (inode, born)
         return time.time() - self._born[1] > self.max_age_s
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds")
 
 
 def call_record(

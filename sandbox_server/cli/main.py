@@ -124,6 +124,12 @@ def _usage(args: argparse.Namespace) -> int:
 
     kept = load_policy(args.policy, _tool_names()).audit.path
     paths = args.audit_log or [kept or default_state_dir() / "audit.jsonl"]  # where a server keeps it by default
+    from sandbox_server.cli.audit import trail_caution
+
+    for path in paths:
+        caution = trail_caution(Path(path))
+        if caution is not None:
+            print(f"sandbox-server: {caution}", file=sys.stderr)
     read = [read_records(Path(path)) for path in paths]  # replicas: each one's trail
     records = [record for theirs, _ in read for record in theirs]
     unreadable = sum(bad for _, bad in read)

@@ -48,6 +48,11 @@ def policy_replay(args: argparse.Namespace, tool_names: Any) -> int:
     if not trail.exists():
         print(f"sandbox-server: no audit trail at {trail}", file=sys.stderr)
         return 2
+    from sandbox_server.cli.audit import trail_caution
+
+    caution = trail_caution(trail)
+    if caution is not None:
+        print(f"sandbox-server: {caution}", file=sys.stderr)
     found = replay_trail(trail, policy, args.from_policy, since, max(0, args.show))
     changed = sum(found.counts.values())
     if args.json:

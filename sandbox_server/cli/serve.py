@@ -21,6 +21,7 @@ from sandbox_server.ops.bootstrap import host_facts
 if TYPE_CHECKING:
     import socket
 
+    from sandbox_server.access.audit import AuditLog
     from sandbox_server.cli.wiring import Wired
     from sandbox_server.protocol.draining import Drain
     from sandbox_server.sandbox.docker_runtime import DockerRuntime
@@ -150,6 +151,8 @@ async def _run_parts(
         await group.start(wired.services.serve)
         await group.start(app.parked.serve)  # 2026-07-28 calls asking about hosts run beside their requests
         group.start_soon(_surviving, "the workspace sweep", functools.partial(_sweep_workspaces, wired, log), log)
+        if wired.audit.seal_interval_s is not None:
+            group.start_soon(_surviving, "the audit trail's seals", functools.partial(_seal_audit, wired.audit), log)
         if database is not None:
             address = _address(listener, args.advertise) if listener is not None else None
             await anyio.to_thread.run_sync(database.beat, drain.active, address)  # peers know where it is at once
@@ -248,6 +251,7 @@ async def _close(wired: Wired, log: logging.Logger) -> None:
     await anyio.to_thread.run_sync(wired.proxies.close)
     wired.workspaces.close()
     await anyio.to_thread.run_sync(wired.stop_tracing)  # the last spans go out
+    await anyio.to_thread.run_sync(wired.audit.tick)  # the trail's last lines sealed
     if database is not None:
         await database.aclose()
         await anyio.to_thread.run_sync(database.close)
@@ -263,6 +267,13 @@ async def _surviving(name: str, work: Callable[[], Awaitable[None]], log: loggin
         except OSError as exc:
             log.warning("%s failed (%s); it starts again in %g s", name, exc, RESTART_S)
             await anyio.sleep(RESTART_S)
+
+
+async def _seal_audit(audit: AuditLog) -> None:
+    """Seal what the trail holds since its last seal, and let each ended epoch's key go, every interval."""
+    while True:
+        await anyio.sleep(audit.seal_interval_s or 60)
+        await anyio.to_thread.run_sync(audit.tick)
 
 
 async def _sweep_workspaces(wired: Wired, log: logging.Logger) -> None:

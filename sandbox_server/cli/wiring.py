@@ -15,6 +15,7 @@ import argparse
 import contextlib
 import functools
 import logging
+import os
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -81,6 +82,8 @@ class Wired:
     """Whether a server process (a replica, with shared state) still runs."""
     drain: Drain
     """How the server leaves service over HTTP (serve --grace-s)."""
+    audit: AuditLog
+    """The audit trail, sealed on a timer while the server runs and once more as it stops."""
 
 
 def wire(
@@ -132,6 +135,7 @@ def wire(
         return Wired(
             app, runtime, policy, [tool.name for tool in tools], database, pool, workspaces, proxies, tasks, services,
             authentication, routes, previews, stop_tracing, alive, Drain(args.grace_s, _peers(database, services)),
+            audit,
         )  # fmt: skip
 
 
@@ -202,10 +206,26 @@ def _clear_strays(runtime: DockerRuntime, log: logging.Logger) -> None:
 def _audit(args: argparse.Namespace, policy: Policy, state: Path, replica: str | None, log: logging.Logger) -> AuditLog:
     """The audit trail, kept by default in the state folder (readable by the server's user alone)."""
     from sandbox_server.access.audit import AuditLog
+    from sandbox_server.access.audit_seal import verification_key_path
 
     path = args.audit_log or policy.audit.path or state / "audit.jsonl"
-    audit = AuditLog(path, policy.audit.max_bytes, policy.audit.keep, replica, policy.audit.max_age_h * 3600)
+    settings = policy.audit
+    audit = AuditLog(
+        path, settings.max_bytes, settings.keep, replica, settings.max_age_h * 3600, settings.seal_interval_s
+    )
     log.info("audit trail: %s", audit.path)
+    verification = audit.begin_sealing() if settings.seal_interval_s is not None else None
+    if verification is not None:
+        kept = verification_key_path(audit.path)
+        descriptor = os.open(kept, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o400)
+        with open(descriptor, "w") as handle:
+            handle.write(verification + "\n")
+        log.warning(
+            "the audit trail is sealed from now on (every %d s, audit.seal_interval_s); its verification key is in "
+            "%s: move it off this machine (a key kept beside the trail vouches for nothing against whoever holds the "
+            "machine) and check the trail with `sandbox-server audit verify --key FILE`",
+            settings.seal_interval_s, kept,
+        )  # fmt: skip
     return audit
 
 

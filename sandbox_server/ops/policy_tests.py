@@ -20,6 +20,7 @@ from sandbox_server.calls.arguments import argument_path
 from sandbox_server.calls.judge import Judge, Verdict
 from sandbox_server.errors import ConfigError
 from sandbox_server.policy import Policy
+from sandbox_server.policy.yaml_files import load_yaml
 from sandbox_server.tools import all_tools
 
 __all__ = ["CASES_SCHEMA", "CaseResult", "load_cases", "run_cases"]
@@ -72,9 +73,11 @@ class CaseResult:
 def load_cases(path: Path) -> list[dict[str, Any]]:
     """A cases file read and checked: each error names the case and the field."""
     try:
-        document = yaml.safe_load(path.read_text())
+        document = load_yaml(path)
     except FileNotFoundError:
         raise ConfigError(f"no test cases at {path}: write what the policy must allow and refuse there") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not YAML: {exc}") from None
     errors = sorted(Draft202012Validator(CASES_SCHEMA).iter_errors(document), key=lambda e: list(map(str, e.path)))

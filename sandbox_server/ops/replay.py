@@ -9,7 +9,6 @@ of change is counted in full and listed up to a bound.
 
 from __future__ import annotations
 
-import json
 import re
 from collections import Counter
 from collections.abc import Iterator, Mapping
@@ -18,7 +17,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sandbox_server.access.audit_verify import trail_files
+from sandbox_server.access.audit_verify import trail_files, trail_lines
 from sandbox_server.calls.judge import Judge, Verdict
 from sandbox_server.policy import Policy
 from sandbox_server.tools import all_tools
@@ -98,19 +97,12 @@ class Replay:
 
 def _records(path: Path, replay: Replay) -> Iterator[tuple[str, dict[str, Any]]]:
     """Each readable record of the trail, oldest first, with where it is."""
-    for file in trail_files(path):
-        replay.files.append(str(file))
-        with open(file, "rb") as handle:
-            for number, line in enumerate(handle, 1):
-                try:
-                    record = json.loads(line)
-                except ValueError:
-                    replay.unreadable += 1
-                    continue
-                if isinstance(record, dict):
-                    yield f"{file.name}:{number}", record
-                else:
-                    replay.unreadable += 1
+    replay.files = [str(file) for file in trail_files(path)]
+    for line in trail_lines(path):
+        if line.record is None:
+            replay.unreadable += 1
+        else:
+            yield f"{line.file}:{line.number}", line.record
 
 
 def replay_trail(

@@ -7,16 +7,15 @@ guessed at.
 
 from __future__ import annotations
 
-import json
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from sandbox_server.access.audit import Spent
-from sandbox_server.access.audit_verify import trail_files
+from sandbox_server.access.audit_verify import trail_files, trail_lines
 from sandbox_server.errors import UsageError
 
 __all__ = ["Totals", "parse_since", "read_records", "summarize"]
@@ -89,23 +88,13 @@ def read_records(path: Path) -> tuple[list[dict[str, Any]], int]:
     if not files:
         raise UsageError(f"{path}: no audit trail there (serve writes one with --audit-log or the policy's audit.path)")
     records, unreadable = [], 0
-    for file in files:
-        for line in _lines(file):
-            try:
-                record = json.loads(line)
-            except ValueError:
-                unreadable += 1
-                continue
-            if not isinstance(record, dict):
-                unreadable += 1
-            elif "tool" in record and Spent.of(record) is not None:
-                records.append(record)
+    for line in trail_lines(path):
+        record = line.record
+        if record is None:
+            unreadable += 1
+        elif "tool" in record and Spent.of(record) is not None:
+            records.append(record)
     return records, unreadable
-
-
-def _lines(file: Path) -> Iterator[str]:
-    with open(file, encoding="utf-8", errors="replace") as handle:
-        yield from (line for line in handle if line.strip())
 
 
 def summarize(records: Iterable[dict[str, Any]], by: str, since: datetime | None = None) -> dict[str, Totals]:

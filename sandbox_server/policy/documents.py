@@ -15,6 +15,7 @@ from jsonschema import Draft202012Validator
 
 from sandbox_server.policy.hints import in_words, unexpected_key_hint
 from sandbox_server.policy.references import policy_path
+from sandbox_server.policy.yaml_files import load_yaml
 from sandbox_server.shipped import policy_schema_path
 
 __all__ = ["effective_tool_settings", "resolved_document", "schema"]
@@ -40,9 +41,9 @@ def _field(path: Iterable[Any]) -> str:
 
 def _read(path: Path) -> tuple[dict[str, Any] | None, list[str]]:
     try:
-        document = yaml.safe_load(path.read_text(encoding="utf-8"))
+        document = load_yaml(path)
     except OSError as exc:
-        return None, [f"{path}: cannot read: {exc.strerror}"]
+        return None, [f"{path}: cannot read: {exc.strerror or exc}"]
     except yaml.YAMLError as exc:
         return None, [f"{path}: not valid YAML: {exc}"]
     if document is None:

@@ -10,6 +10,7 @@ import yaml
 
 from sandbox_server.policy.model import Policy, ToolPolicy
 from sandbox_server.policy.references import policy_path
+from sandbox_server.policy.yaml_files import load_yaml
 
 __all__ = ["diff_policies", "explain_policy", "flatten"]
 
@@ -75,7 +76,10 @@ def set_by(source: Path) -> dict[str, str]:
     path: Path | None = source.resolve()
     while path is not None and path not in seen and path.is_file():
         seen.add(path)
-        document = yaml.safe_load(path.read_text()) or {}
+        try:
+            document = load_yaml(path) or {}
+        except (OSError, yaml.YAMLError):
+            break  # the loader has said what is wrong with it
         if not isinstance(document, dict):
             break
         written = {k: v for k, v in document.items() if k not in ("extends", "name", "description")}

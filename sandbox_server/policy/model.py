@@ -215,6 +215,8 @@ class AuditSettings:
     keep: int = 5
     max_age_h: float = 0
     """Rotate once the file's first line is this many hours old (0: by size alone)."""
+    seal_interval_s: int | None = 60
+    """Seal the trail this often with a forward-secure key (None: the chain alone)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -69,13 +69,31 @@ def test_lines_from_before_the_chain_are_counted_and_the_chain_starts_after_them
     assert json.loads(_lines(path)[2])[CHAIN_FIELD] == line_digest(_lines(path)[1].encode())
 
 
-def test_a_trail_whose_oldest_lines_were_rotated_away_says_so_and_holds(tmp_path: Path) -> None:
+def test_a_trail_whose_oldest_file_rotation_removed_holds_and_one_whose_first_lines_were_cut_does_not(
+    tmp_path: Path,
+) -> None:
     path = tmp_path / "audit.jsonl"
-    _trail(path, 20, max_bytes=600)
-    for old in trail_files(path)[:2]:
-        old.unlink()  # as rotation drops the oldest
+    log = AuditLog(path, max_bytes=600, keep=2)
+    for number in range(20):  # rotation removes the oldest file again and again, and says so each time
+        log.write({"time": f"2026-11-28T10:00:{number:02d}", "tool": "execute_command", "n": number})
     verdict = verify_trail(path)
-    assert verdict.holds and verdict.starts_after_rotated
+    assert verdict.holds and verdict.starts_after_rotated, verdict.breaks
+    oldest = trail_files(path)[0]
+    oldest.unlink()  # as rotation would, but by hand: nothing said which link the trail now starts from
+    [cut] = verify_trail(path).breaks
+    assert "the trail's first lines were cut" in cut.reason, cut
+    lines = _lines(path)
+    path.write_text("".join(lines[3:]))  # the first lines of the only file, cut
+    assert "first lines were cut" in verify_trail(path).breaks[0].reason
+
+
+def test_unlinked_lines_forged_before_the_first_are_breaks(tmp_path: Path) -> None:
+    path = tmp_path / "audit.jsonl"
+    _trail(path, 3)
+    forged = '{"time": "2026-11-01T00:00:00", "tool": "execute_command", "caller": "mallory"}\n'
+    path.write_text(forged + path.read_text())
+    [found] = verify_trail(path).breaks
+    assert found.line == 1 and "no chained line follows it" in found.reason
 
 
 def test_a_trail_rotates_by_age_once_its_first_line_is_older_than_the_cap_and_its_chain_runs_on(

@@ -18,6 +18,8 @@ def test_audit_log_appends_json_lines_and_rotates_by_size(tmp_path: Path) -> Non
         log.write({"call": index, "padding": "x" * 40})
     current = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
     rotated = [json.loads(line) for line in (tmp_path / "audit.jsonl.1").read_text().splitlines()]
+    assert current[0]["event"] == "audit_rotated_away"  # the oldest file went: said where the oldest kept starts
+    current = current[1:]
     assert current[-1]["call"] == 199
     assert rotated[-1]["call"] == current[0]["call"] - 1
     assert (tmp_path / "audit.jsonl.2").exists() and not (tmp_path / "audit.jsonl.3").exists()

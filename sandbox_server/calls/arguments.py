@@ -7,8 +7,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError
+from jsonschema.protocols import Validator
 
 from sandbox_server.errors import Refusal
 from sandbox_server.policy import Policy
@@ -38,9 +38,7 @@ def describe_error(error: ValidationError) -> str:
     return f"`{argument_path(error)}`: {message}"
 
 
-def check_arguments(
-    tool_name: str, validator: Draft202012Validator, arguments: Mapping[str, Any], policy: Policy
-) -> None:
+def check_arguments(tool_name: str, validator: Validator, arguments: Mapping[str, Any], policy: Policy) -> None:
     """Refuse arguments over the policy's size cap or not valid against the tool's input schema."""
     tool_policy = policy.for_tool(tool_name)
     size = len(json.dumps(arguments, ensure_ascii=False).encode("utf-8", "surrogatepass"))

@@ -18,12 +18,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from jsonschema import Draft202012Validator
+from jsonschema.protocols import Validator
 
 from sandbox_server.access.approval import approval_needed, shell_commands
 from sandbox_server.calls.arguments import check_arguments
 from sandbox_server.errors import Refusal
 from sandbox_server.policy import Policy
+from sandbox_server.policy.ecma import SchemaValidator
 from sandbox_server.tools import Tool, offers
 from sandbox_server.tools.arguments import check_call
 
@@ -95,7 +96,7 @@ class Judge:
     def __init__(self, policy: Policy, tools: list[Tool]) -> None:
         self.policy = policy
         self.tools = {tool.name: tool for tool in tools}
-        self._validators: dict[str, Draft202012Validator] = {}
+        self._validators: dict[str, Validator] = {}
 
     def call(self, tool_name: str, arguments: Mapping[str, Any], long: bool = False) -> Verdict:
         """A call whose arguments are known in full (a policy test's case, a trail that keeps them)."""
@@ -105,7 +106,7 @@ class Judge:
             return offered
         assert tool is not None
         try:
-            validator = self._validators.get(tool_name) or Draft202012Validator(tool.input_schema)
+            validator = self._validators.get(tool_name) or SchemaValidator(tool.input_schema)
             self._validators[tool_name] = validator
             check_arguments(tool_name, validator, arguments, policy)
             check_call(tool, arguments, policy.for_tool(tool_name), policy.name, long)

@@ -13,10 +13,9 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from jsonschema import Draft202012Validator
-
 from sandbox_server.network.proxies import EgressProxies
 from sandbox_server.policy import Policy
+from sandbox_server.policy.ecma import SchemaValidator
 from sandbox_server.sandbox.host_memory import available_bytes
 from sandbox_server.sandbox.pool import PoolTarget, WarmPool
 from sandbox_server.tools import Tool, offers
@@ -42,7 +41,7 @@ class ToolRegistry:
         server_reference: str | None = None,
     ) -> None:
         self.all_tools = {tool.name: tool for tool in tools}
-        self.validators = {tool.name: Draft202012Validator(tool.input_schema) for tool in tools}
+        self.validators = {tool.name: SchemaValidator(tool.input_schema) for tool in tools}
         self.policy = policy
         self.pool = pool
         self.proxies = proxies

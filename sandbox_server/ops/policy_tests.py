@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from jsonschema import Draft202012Validator
 
 from sandbox_server.calls.arguments import argument_path
 from sandbox_server.calls.judge import Judge, Verdict
 from sandbox_server.errors import ConfigError
 from sandbox_server.policy import Policy
+from sandbox_server.policy.ecma import SchemaValidator
 from sandbox_server.policy.yaml_files import load_yaml
 from sandbox_server.tools import all_tools
 
@@ -80,7 +80,7 @@ def load_cases(path: Path) -> list[dict[str, Any]]:
         raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not YAML: {exc}") from None
-    errors = sorted(Draft202012Validator(CASES_SCHEMA).iter_errors(document), key=lambda e: list(map(str, e.path)))
+    errors = sorted(SchemaValidator(CASES_SCHEMA).iter_errors(document), key=lambda e: list(map(str, e.path)))
     if errors:
         said = [f"{argument_path(error)}: {error.message[:200]}" for error in errors[:10]]
         raise ConfigError(f"{path}: cases refused:\n  " + "\n  ".join(said))

@@ -11,8 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from jsonschema import Draft202012Validator
+from jsonschema.protocols import Validator
 
+from sandbox_server.policy.ecma import SchemaValidator
 from sandbox_server.policy.hints import in_words, unexpected_key_hint
 from sandbox_server.policy.references import policy_path
 from sandbox_server.policy.yaml_files import load_yaml
@@ -28,8 +29,8 @@ def schema() -> dict[str, Any]:
 
 
 @cache
-def _validator() -> Draft202012Validator:
-    return Draft202012Validator(schema())
+def _validator() -> Validator:
+    return SchemaValidator(schema())
 
 
 def _field(path: Iterable[Any]) -> str:

@@ -10,7 +10,9 @@ same 404 as for an id that never existed.
 Previews share the server's origin, so a page of another origin must not ride on a browser's cookie: a request
 whose `Host` is not one the server answers to is refused (as /mcp refuses it, against DNS rebinding), and one
 from another origin (its `Origin`, or a browser's `Sec-Fetch-Site` for anything but opening the page) is
-refused for every method and for WebSocket upgrades. A service's cookies are kept to its own prefix: their
+refused for every method and for WebSocket upgrades. Even opening: another site's page (another port of this one
+included) may open a preview with its link, never with the browser's cookie alone, which would carry a side effect
+of the caller's; the link's own redirect is marked once, since a browser still says it comes from that site. A service's cookies are kept to its own prefix: their
 `Domain` is dropped and their `Path` put below `/preview/<id>/`, and none may take a preview cookie's name. A
 service that fails to answer, or answers what is not HTTP, gets a 502 that says so.
 """
@@ -47,6 +49,11 @@ __all__ = ["Previews", "relay", "serve_previews"]
 log = logging.getLogger("sandbox_server")
 
 BROWSER_TTL_S = 8 * 3600.0
+LANDING = "sandbox-landing"
+"""The query parameter a redeemed link's redirect carries, once (the service never sees it)."""
+LANDING_S = 30.0
+OURS = ("grant", LANDING)
+"""The query parameters of the server's own, left out of what a service is sent."""
 """A browser's preview session lasts this long at most (and no longer than its service)."""
 MAX_BODY_BYTES = 16 * 1024 * 1024
 HOP_BY_HOP = frozenset(
@@ -73,6 +80,9 @@ class Previews:
         self._browsers: dict[str, tuple[str, str, float]] = {}
         """A browser's cookie -> (service id, caller, expiry)."""
         self._seen: set[tuple[str, str]] = set()
+        self._landings: dict[str, tuple[str, float]] = {}
+        """The mark on a redeemed link's redirect -> (service id, until when): that one request may come marked
+        as another site's, as the link that began it did."""
 
     def routes(self) -> list[BaseRoute]:
         return [
@@ -117,8 +127,26 @@ class Previews:
             return await self._seen_by(service, holder.limits_key, "token"), 200, ""
         browser = self._browsers.get(connection.cookies.get(self._cookie_name(service.id), ""))
         if browser is not None and browser[:2] == (service.id, service.caller) and browser[2] > time.time():
+            site = connection.headers.get("sec-fetch-site")
+            if site in ("same-site", "cross-site") and not self._landed(connection, service):
+                return (
+                    None,
+                    403,
+                    (
+                        f"a page of another site, or another port of this one, opened this preview (Sec-Fetch-Site: "
+                        f"{site}): its cookie is not used so. Open the preview's link again, or this address from the "
+                        "browser's address bar\n"
+                    ),
+                )
             return service, 200, ""
         return None, 401, "open the preview link this service's answer gave, or send your bearer token\n"
+
+    def _landed(self, connection: HTTPConnection, service: Service) -> bool:
+        """Whether this is the first request after a link was redeemed (once, within LANDING_S): the end of the
+        redirect its link began, which a browser still marks as coming from the site that opened the link."""
+        mark = connection.query_params.get(LANDING)
+        landing = self._landings.pop(mark, None) if mark else None
+        return landing is not None and landing[0] == service.id and landing[1] > time.time()
 
     def _foreign(self, connection: HTTPConnection) -> str:
         """Why a request comes from where it may not (an empty string when it does not)."""
@@ -160,8 +188,11 @@ class Previews:
         self._browsers = {k: v for k, v in self._browsers.items() if v[2] > now}
         self._browsers[cookie] = (service.id, service.caller, now + BROWSER_TTL_S)
         await self._seen_by(service, service.caller, "link")
-        kept = [(k, v) for k, v in parse_qsl(request.url.query, keep_blank_values=True) if k != "grant"]
-        response = RedirectResponse(request.url.path + (f"?{urlencode(kept)}" if kept else ""), 303)
+        kept = [(k, v) for k, v in parse_qsl(request.url.query, keep_blank_values=True) if k not in OURS]
+        mark = secrets.token_urlsafe(16)
+        self._landings = {k: v for k, v in self._landings.items() if v[1] > now}
+        self._landings[mark] = (service.id, now + LANDING_S)
+        response = RedirectResponse(request.url.path + "?" + urlencode([*kept, (LANDING, mark)]), 303)
         # Opened in a frame (a view beside a conversation, on another site): a cookie partitioned by that site, the
         # one a browser keeps for a frame; elsewhere one that no other site's page can carry.
         framed = request.headers.get("sec-fetch-dest") == "iframe"
@@ -180,7 +211,7 @@ class Previews:
         """The request's path below the service's prefix, as the browser sent it (without a link)."""
         raw = connection.scope.get("raw_path") or connection.url.path.encode()
         path = raw.decode("latin-1").split(f"{PREVIEW_PREFIX}/{service.id}", 1)[-1] or "/"
-        query = [(k, v) for k, v in parse_qsl(connection.url.query, keep_blank_values=True) if k != "grant"]
+        query = [(k, v) for k, v in parse_qsl(connection.url.query, keep_blank_values=True) if k not in OURS]
         return ("/" + path.lstrip("/")) + (f"?{urlencode(query)}" if query else "")
 
     def _headers(self, connection: HTTPConnection, service: Service) -> dict[str, str]:
@@ -199,9 +230,9 @@ class Previews:
 
     async def _http(self, request: Request) -> Response:
         service, status, why = await self._admit(request)
-        if "grant" in request.query_params:
+        if "grant" in request.query_params and (service is not None or status != 403 or self._foreign(request) == ""):
             if service is not None:  # a browser that has its session already: the same address without the link
-                kept = [(k, v) for k, v in parse_qsl(request.url.query, keep_blank_values=True) if k != "grant"]
+                kept = [(k, v) for k, v in parse_qsl(request.url.query, keep_blank_values=True) if k not in OURS]
                 return RedirectResponse(request.url.path + (f"?{urlencode(kept)}" if kept else ""), 303)
             redeemed = await self._redeem(request)
             if redeemed is not None:

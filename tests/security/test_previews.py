@@ -80,18 +80,28 @@ async def test_previews_refuse_other_origins_and_hosts_keep_a_services_cookies_t
                     prefix + "x", headers={"Sec-Fetch-Site": "same-site", "Sec-Fetch-Mode": "cors"}
                 )
                 assert fetched.status_code == 403, fetched.text
-                navigated = await browser.get(
-                    prefix, headers={"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "navigate"}
-                )
-                assert navigated.status_code == 200  # a link from elsewhere still opens the page
-                # A frame in a sandboxed page (an MCP Apps view: Origin null) may open it, and do nothing more.
+                # Another site's page, or another port of this one, navigating to it: the browser's cookie would
+                # carry a side effect of the caller's (it did: a GET that deletes, served). Only a link opens it so.
+                for site in ("cross-site", "same-site"):
+                    navigated = await browser.get(
+                        prefix + "delete", headers={"Sec-Fetch-Site": site, "Sec-Fetch-Mode": "navigate"}
+                    )
+                    assert navigated.status_code == 403, navigated.text
+                    assert f"opened this preview (Sec-Fetch-Site: {site})" in navigated.text, navigated.text
                 for mode, method, status in (("navigate", "GET", 200), ("cors", "GET", 403), ("navigate", "POST", 403)):
+                    # A link from elsewhere, a frame in a sandboxed page (an MCP Apps view: Origin null) among them,
+                    # opens the page, and does nothing more.
+                    listed = await session.call_tool("services", {"action": "list", "workspace": app["workspace"]})
+                    [fresh] = [
+                        r["preview"] for r in (listed.structured_content or {})["services"] if r["name"] == "app"
+                    ]
                     sandboxed = await browser.request(
                         method,
-                        prefix,
+                        fresh,
                         headers={"Origin": "null", "Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": mode},
                     )
                     assert sandboxed.status_code == status, (mode, method, sandboxed.text)
+                    assert status == 403 or sandboxed.text == "seen /", sandboxed.text
                 same = await browser.post(prefix + "form", headers={"Origin": f"http://{own}"}, content=b"mine")
                 assert same.status_code == 200 and same.text == "posted"
                 posted = await call(session, command="cat posted.txt")

@@ -118,3 +118,40 @@ async def test_a_secret_the_server_cannot_read_refuses_the_call_naming_the_field
         refused = await run(client, "curl -sS http://web.test/")
     assert refused["is_error"] and refused["error"]["kind"] == "network_unavailable", refused["text"]
     assert "network.secrets[0].from" in refused["text"] and "TEST_NOT_SET_ANYWHERE" in refused["text"]
+
+
+async def test_a_killed_servers_proxy_files_holding_the_secret_are_never_in_tmp_and_go_with_it(
+    upstreams: Upstreams, tmp_path: Path
+) -> None:
+    """A killed server's proxy folders stayed under /tmp for hours, each with the proxy's CA key and a squid.conf
+    holding the injected secret in clear: they live on the runc state (memory-backed, root's) and the reaper
+    removes them once the server is gone."""
+    import signal
+
+    import anyio
+
+    from sandbox_server.sandbox.runc_state import STATE, folders_left
+    from tests.mcp_harness import http_server_process
+
+    policy = tmp_path / "secrets.yaml"
+    network = {
+        "allow": ["web.test:80"], "egress_network": upstreams.network, "hosts": {"web.test": upstreams.web},
+        "secrets": [{"host": "web.test", "header": "X-Api-Key", "from": "env:TEST_UPSTREAM_KEY"}],
+    }  # fmt: skip
+    policy.write_text(json.dumps({"extends": "default", "tools": {"execute_command": {"network": network}}}))
+    with http_server_process("--policy", str(policy), env={"TEST_UPSTREAM_KEY": API_KEY}) as server:
+        async with connect(server.url) as client:
+            said = await run(client, "curl -sS -m 10 http://web.test/headers")
+            assert not said["is_error"], said["text"]
+        pid = server.process.pid
+        [folder] = [
+            path for owner, path in folders_left(STATE) if f":{pid}:" in owner and path.parent.name == "proxies"
+        ]
+        holding = [path for path in folder.rglob("*") if path.is_file() and API_KEY.encode() in path.read_bytes()]
+        assert holding, "the proxy's configuration is there while it runs"
+        in_tmp = [p for p in Path("/tmp").glob("sandbox-proxy-*") if p.is_dir()]
+        assert not any(API_KEY.encode() in f.read_bytes() for p in in_tmp for f in p.rglob("*") if f.is_file())
+        server.process.send_signal(signal.SIGKILL)
+        with anyio.fail_after(30):  # the reaper, a process of its own, removes what the server left
+            while folder.exists():
+                await anyio.sleep(0.1)

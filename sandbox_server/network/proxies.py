@@ -20,11 +20,11 @@ import logging
 import os
 import shutil
 import socket
-import tempfile
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 
 import docker
 
@@ -39,7 +39,7 @@ from sandbox_server.network.egress import (
     ProxyEndpoint,
 )
 from sandbox_server.network.firewall import close_to_proxy, firewall_managed, open_to_proxy
-from sandbox_server.network.proxy_files import Trust, write_proxy_files
+from sandbox_server.network.proxy_files import Trust, files_folder, write_proxy_files
 from sandbox_server.network.proxy_log import ProxyRequest, RequestRecords, parse_log_line
 from sandbox_server.network.secrets import CERTIFICATES
 from sandbox_server.sandbox.removal import owned_by
@@ -120,9 +120,15 @@ class EgressProxies:
     """The proxies of one server process; every method blocks (call them from a worker thread)."""
 
     def __init__(
-        self, api: Callable[[], docker.APIClient], owner: str, on_this_host: Callable[[], bool] = lambda: True
+        self,
+        api: Callable[[], docker.APIClient],
+        owner: str,
+        on_this_host: Callable[[], bool] = lambda: True,
+        folder: Path | None = None,
     ) -> None:
         self._api = api
+        self._folder = folder
+        """Where its proxies' files go (a CA's key, the secrets it adds): the server's own, the reaper removes it."""
         self._owner = owner
         self._suffix = hashlib.sha256(owner.encode()).hexdigest()[:8]
         self._proxies: dict[str, _Proxy] = {}
@@ -243,6 +249,8 @@ class EgressProxies:
                     proxy.trust.remove()
             with contextlib.suppress(docker.errors.APIError, docker.errors.NotFound):
                 self._api().remove_network(proxy.network)
+        if self._folder is not None:
+            shutil.rmtree(self._folder, ignore_errors=True)
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -302,10 +310,9 @@ class EgressProxies:
                     options["com.docker.network.bridge.enable_icc"] = "false"
                     options["com.docker.network.bridge.name"] = self.bridge_name(proxy.key)
                 create_network(api, proxy.network, internal=True, options=options, labels=self._labels(proxy))
-            proxy.config_dir = tempfile.mkdtemp(prefix="sandbox-proxy-")
-            os.chmod(proxy.config_dir, 0o755)
+            proxy.config_dir = files_folder("sandbox-proxy-", self._folder)
             if egress.secrets and proxy.trust is None:
-                proxy.trust = Trust(proxy.policy_name)
+                proxy.trust = Trust(proxy.policy_name, self._folder)
             write_proxy_files(proxy.config_dir, egress, proxy.policy_name, proxy.trust)
             if egress.ask is not None:
                 proxy.channel = AskChannel(proxy.config_dir, proxy.key, self.gatekeeper)

@@ -25,15 +25,27 @@ SYSTEM_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 """The system's CAs (Debian's ca-certificates, as in the sandbox images), which the sandboxes keep trusting."""
 
 
+def files_folder(prefix: str, under: Path | None) -> str:
+    """A new folder for one proxy's files (mode 0755: bound read-only into its container), in the server's own
+    folder `under` when it can make that one (the system's temporary folder otherwise: not root)."""
+    if under is not None:
+        try:
+            under.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError:
+            under = None
+    folder = tempfile.mkdtemp(prefix=prefix, dir=under)
+    os.chmod(folder, 0o755)
+    return folder
+
+
 class Trust:
     """The CA of one proxy that opens HTTPS, made once and kept while the server runs (across the proxy's
     restarts, so that warm containers made earlier still trust it), and the bundle its sandboxes trust: the
     system's CAs and this one."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, under: Path | None = None) -> None:
         self.certificate, self.key = make_ca(name)
-        self.folder = tempfile.mkdtemp(prefix="sandbox-proxy-trust-")
-        os.chmod(self.folder, 0o755)
+        self.folder = files_folder("sandbox-proxy-trust-", under)
         system = SYSTEM_BUNDLE.read_bytes() if SYSTEM_BUNDLE.exists() else b""
         self.bundle = os.path.join(self.folder, "ca-bundle.pem")
         with open(self.bundle, "wb") as out:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import shutil
 import socket
 import threading
 import time
@@ -24,7 +25,7 @@ from sandbox_server.errors import UsageError
 from sandbox_server.sandbox.activity import Activity
 from sandbox_server.sandbox.engine import engine_errors
 from sandbox_server.sandbox.polling import readable
-from sandbox_server.sandbox.runc_state import delete_left_by
+from sandbox_server.sandbox.runc_state import STATE, delete_left_by, folders_left
 from sandbox_server.sandbox.spec import SANDBOX_LABEL
 
 __all__ = ["LABELS_VARIABLE", "OWNER_LABEL", "Remover", "current_owner", "operator_labels", "owned_by", "owner_alive",
@@ -220,6 +221,9 @@ class Remover:
             other = (network.get("Labels") or {}).get(OWNER_LABEL, "")
             if other != owner and not owner_alive(other):
                 self.remove_network(network["Id"])
+        for other, folder in folders_left(STATE):  # hosts files, and proxies' keys and configurations
+            if other != owner and not owner_alive(other):
+                shutil.rmtree(folder, ignore_errors=True)
         return removed
 
     def remove_network(self, network_id: str) -> None:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
 import subprocess
 import tempfile
@@ -53,7 +52,6 @@ from sandbox_server.sandbox.runc_state import (
     STATE,
     delete,
     hosts_folder,
-    hosts_left,
     is_runc,
     listed,
     oom_kills,
@@ -186,9 +184,6 @@ class RuncRemover(Remover):
             if other != owner and not owner_alive(other):
                 self.remove(name)
                 removed += 1
-        for other, folder in hosts_left(self._state).items():
-            if other != owner and not owner_alive(other):
-                shutil.rmtree(folder, ignore_errors=True)
         return removed
 
 

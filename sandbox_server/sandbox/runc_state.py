@@ -23,7 +23,7 @@ from sandbox_server.sandbox.polling import readable
 
 __all__ = [
     "CGROUP_PARENT", "IMAGES", "PREFIX", "RUNSC_FLAGS", "STATE", "cgroup_paths", "delete", "delete_left_by", "hosts_folder",
-    "hosts_left", "is_gvisor", "is_runc", "listed", "oom_kills", "IN_CREATE", "IN_DELETE", "IN_MOVED_TO", "inotify_watch", "owner_of", "run_runc",
+    "folders_left", "proxies_folder", "is_gvisor", "is_runc", "listed", "oom_kills", "IN_CREATE", "IN_DELETE", "IN_MOVED_TO", "inotify_watch", "owner_of", "run_runc",
     "run_runsc", "runc_path", "runsc_path", "sandbox_name", "wait_for_pid_file",
 ]  # fmt: skip
 
@@ -65,17 +65,29 @@ def sandbox_name(owner: str) -> str:
     return f"{PREFIX}{secrets.token_hex(4)}-{_server(owner)}"
 
 
+SERVER_FOLDERS = ("hosts", "proxies")
+"""What each server keeps here in a folder of its own, removed with what it leaves when it is gone: its services'
+hosts files (sandbox.hosts), and its egress proxies' files (a CA's private key, a Squid configuration holding the
+secrets a policy adds), on this memory-backed, root-only state rather than under /tmp."""
+
+
 def hosts_folder(state: Path, owner: str) -> Path:
-    """The hosts files (sandbox.hosts) of the server whose owner label is `owner`, in a folder of its own: removed
-    with what the server leaves when it is gone."""
+    """The hosts files (sandbox.hosts) of the server whose owner label is `owner`."""
     return state / "hosts" / _server(owner)
 
 
-def hosts_left(state: Path) -> dict[str, Path]:
-    """Every server's hosts folder, by its owner label."""
-    with contextlib.suppress(OSError):
-        return {_owner(path.name): path for path in (state / "hosts").iterdir()}
-    return {}
+def proxies_folder(state: Path, owner: str) -> Path:
+    """The egress proxies' files of the server whose owner label is `owner`."""
+    return state / "proxies" / _server(owner)
+
+
+def folders_left(state: Path) -> list[tuple[str, Path]]:
+    """Every server's folders here, each with its owner label."""
+    found = []
+    for kind in SERVER_FOLDERS:
+        with contextlib.suppress(OSError):
+            found += [(_owner(path.name), path) for path in (state / kind).iterdir()]
+    return found
 
 
 def is_runc(container_id: str) -> bool:
@@ -222,7 +234,8 @@ def delete_left_by(owner: str, state: Path = STATE) -> int:
     left = [name for name in listed(state) if owner_of(name) == owner]
     for name in left:
         delete(state, name)
-    shutil.rmtree(hosts_folder(state, owner), ignore_errors=True)  # the names of its services
+    for kind in SERVER_FOLDERS:  # the names of its services, its proxies' keys and configurations
+        shutil.rmtree(state / kind / _server(owner), ignore_errors=True)
     return len(left)
 
 

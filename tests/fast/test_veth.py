@@ -12,7 +12,7 @@ import pytest
 
 from sandbox_server.errors import EngineError
 from sandbox_server.sandbox.hosts import LOCAL_NAMES, ensure_hosts, forget_hosts, write_hosts
-from sandbox_server.sandbox.runc_state import hosts_folder, hosts_left
+from sandbox_server.sandbox.runc_state import delete_left_by, folders_left, hosts_folder, proxies_folder
 from sandbox_server.sandbox.veth import Addresses, engine_range, host_end, layout_of, mac_of
 
 
@@ -104,8 +104,19 @@ def test_the_hosts_file_of_a_services_network_is_rewritten_in_place_and_goes_wit
     assert path.read_text() == LOCAL_NAMES + "172.30.0.2\tweb\n"
     assert ensure_hosts(folder, "net").read_text() == LOCAL_NAMES + "172.30.0.2\tweb\n"  # never emptied
     assert ensure_hosts(folder, "other").read_text() == LOCAL_NAMES  # made as it is first needed
-    assert hosts_left(tmp_path) == {owner: folder}
+    assert folders_left(tmp_path) == [(owner, folder)]
     forget_hosts(folder, ["other"])
     assert not path.exists() and (folder / "other").exists()
     forget_hosts(folder, [])
     assert not folder.exists()  # the last network's gone: the folder too
+
+
+def test_what_a_server_keeps_here_goes_with_it_its_proxies_keys_among_it(tmp_path: Path) -> None:
+    owner = f"{socket.gethostname()}:4242:1795848710"
+    hosts, proxies = hosts_folder(tmp_path, owner), proxies_folder(tmp_path, owner)
+    for folder in (hosts, proxies):
+        folder.mkdir(parents=True)
+    (proxies / "ca-key.pem").write_text("secret")
+    assert sorted(folders_left(tmp_path)) == sorted([(owner, hosts), (owner, proxies)])
+    delete_left_by(owner, tmp_path)
+    assert folders_left(tmp_path) == [] and not proxies.exists()

@@ -308,3 +308,21 @@ async def test_a_server_killed_with_gvisor_sandboxes_running_leaves_none_nor_the
     assert _sandboxes_of(pid) == set() and _cgroups_of(pid) == set()
     assert not [n for n in listed(STATE) if _made_by(n, pid)]  # runsc's own state of them too
     assert not [p for p in psutil.process_iter(["cmdline"]) if any(_made_by(a, pid) for a in p.info["cmdline"] or ())]
+
+
+async def test_a_relative_state_folder_is_made_absolute_at_start_and_calls_run_in_it(
+    tmp_path: Path, runtime: DockerRuntime
+) -> None:
+    """`serve --state-dir state` broke every call on runc's path (its bundles named a folder relative to another
+    working folder), and the answer handed the caller host paths."""
+    policy = tmp_path / "keeping.yaml"
+    policy.write_text("extends: default\nworkspace: {persist: true, size_mb: 64, idle_ttl_s: 600}\n")
+    parameters = stdio_parameters("--policy", str(policy), "--state-dir", "state", "--sandboxes", "runc")
+    parameters.cwd = tmp_path
+    async with connect(parameters) as session:
+        said = await answer(session, "execute_command", {"command": "echo kept > note.txt && cat note.txt"})
+        again = await answer(session, "execute_command", {"command": "cat note.txt", "workspace": said["workspace"]})
+    assert not said["is_error"] and said["stdout"] == "kept\n", said["text"]
+    assert again["stdout"] == "kept\n", again["text"]
+    assert str(tmp_path) not in json.dumps([said, again])
+    assert (tmp_path / "state").is_dir()

@@ -9,6 +9,12 @@ import re
 __all__ = ["add_serve_arguments", "tool_prefix"]
 
 
+def _absolute(path: str) -> str:
+    """A folder or file named on the command line, made absolute once, at start: the server and what it starts
+    (runc's bundles, the reaper) read it from other working folders."""
+    return os.path.abspath(os.path.expanduser(path))
+
+
 def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
     """The options of `sandbox-server serve`."""
     serve.add_argument(
@@ -21,10 +27,13 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
     serve.add_argument(
         "--no-pool", action="store_true", help="no warm containers: every call creates its container (pool size 0)"
     )
-    serve.add_argument("--audit-log", help="append one JSON line per call to this file (overrides audit.path)")
+    serve.add_argument(
+        "--audit-log", type=_absolute, help="append one JSON line per call to this file (overrides audit.path)"
+    )
     serve.add_argument("--no-watch", action="store_true", help="do not reload the policy when its file changes")
     serve.add_argument(
         "--state-dir",
+        type=_absolute,
         help="where kept workspaces live (default: SANDBOX_STATE_DIR, /var/lib/sandbox-server as root, "
         "else ~/.local/state/sandbox-server)",
     )

@@ -82,7 +82,7 @@ def default_state_dir() -> Path:
     """Where workspaces are kept: SANDBOX_STATE_DIR, /var/lib/sandbox-server as root, else the user's state folder."""
     configured = os.environ.get("SANDBOX_STATE_DIR")
     if configured:
-        return Path(configured)
+        return Path(configured).expanduser().absolute()
     if os.geteuid() == 0:
         return Path("/var/lib/sandbox-server")
     base = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")

@@ -186,9 +186,15 @@ async def answer(client: Client, tool: str, arguments: dict[str, Any]) -> dict[s
     return {"text": text_of(result), "is_error": result.is_error, **result.structured_content}
 
 
+TRAILS_OWN = ("audit_seal", "audit_rotated_away")
+"""The records a trail writes of itself (its seals, and where rotation left it), among the calls and events."""
+
+
 def audit_records(path: Path) -> list[dict[str, Any]]:
-    """The records of an audit log, oldest first."""
-    return [json.loads(line) for line in path.read_text().splitlines()]
+    """The records of an audit log's one file, oldest first: its calls and the events of tasks, services and
+    workspaces, without the trail's own seals and rotation notes."""
+    found = [json.loads(line) for line in path.read_text().splitlines()]
+    return [record for record in found if record.get("event") not in TRAILS_OWN]
 
 
 def text_of(result: types.CallToolResult) -> str:

@@ -4,7 +4,6 @@ test's own (initdb, pg_ctl), sandbox-server replicas sharing it, and HAProxy wit
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -17,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.mcp_harness import ServerProcess, free_port, stop_server
+from tests.mcp_harness import ServerProcess, audit_records, free_port, stop_server
 
 ROOT = Path(__file__).resolve().parent.parent
 HAPROXY_CONFIG = ROOT / "deploy" / "haproxy.cfg"
@@ -104,7 +103,7 @@ class Replica(ServerProcess):
 
     def audit(self) -> list[dict[str, Any]]:
         path = self.folder / "audit.jsonl"
-        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+        return audit_records(path) if path.exists() else []
 
     def owner(self) -> str:
         """Its owner label (in its log's first lines)."""

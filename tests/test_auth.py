@@ -177,7 +177,7 @@ async def test_each_callers_calls_run_under_the_policy_of_its_token_and_the_audi
     assert alices["stdout"] == "1000\n", alices["text"]  # default
     assert bobs["stdout"] == "65534\n", bobs["text"]  # strict
     assert shell["is_error"] and "policy 'strict' does not allow a shell (field commands.shell)" in shell["text"]
-    records = [json.loads(line) for line in team.audit.read_text().splitlines()]
+    records = audit_records(team.audit)
     assert [(r["caller"], r["policy"]) for r in records[-3:]] == [
         ("alice", "default"),
         ("bob", "strict"),
@@ -326,7 +326,7 @@ async def test_a_jwt_of_the_issuer_runs_under_the_policy_its_scope_or_claim_pick
                 cell = await call(client, "run_python", code="import os\nos.getuid()", timeout_s=20)  # as above
                 uids.append(cell["stdout"])
     assert uids == ["1000\n", "65534\n", "65534\n"]  # default (the server's), strict, strict
-    records = [json.loads(line) for line in oauth.audit.read_text().splitlines()]
+    records = audit_records(oauth.audit)
     assert [(r["caller"], r["policy"]) for r in records[-3:]] == [
         ("alice@example.org", "default"),
         ("bob@example.org", "strict"),
@@ -392,7 +392,7 @@ async def test_callers_of_another_policy_are_served_by_warm_containers_of_theirs
         async with as_caller(team, bob) as client:
             answer = await call(client, "execute_command", command="id", args=["-u"])
     assert answer["stdout"] == "65534\n", answer["text"]
-    record = json.loads(audit.read_text().splitlines()[-1])
+    record = audit_records(audit)[-1]
     assert record["runtime"] == "runsc" and record["container_id"] in waiting
 
 

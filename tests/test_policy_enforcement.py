@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -12,7 +11,7 @@ import pytest
 from mcp.shared.exceptions import MCPError
 
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
-from tests.mcp_harness import CheckedClient, connect, http_server_process, stdio_parameters, text_of
+from tests.mcp_harness import CheckedClient, audit_records, connect, http_server_process, stdio_parameters, text_of
 
 pytestmark = pytest.mark.anyio
 
@@ -68,7 +67,7 @@ async def test_every_call_leaves_exactly_one_audit_line(tight: tuple[CheckedClie
     await session.call_tool("execute_command", {"command": "true", "timeout_s": 100})
     with pytest.raises(MCPError):
         await session.call_tool("no_such_tool", {})
-    lines = [json.loads(line) for line in audit.read_text().splitlines()]
+    lines = audit_records(audit)
     assert [line["outcome"] for line in lines] == ["ok", "error", "refused", "refused", "refused"]
     first = lines[0]
     assert first["tool"] == "execute_command" and first["policy"] == "tight" and len(first["policy_sha256"]) == 64

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import signal
 import threading
 import time
@@ -18,7 +17,7 @@ from sandbox_server.sandbox.docker_runtime import DockerRuntime
 from sandbox_server.sandbox.runc_runtime import RuncRuntime
 from sandbox_server.sandbox.spec import SANDBOX_LABEL
 from tests.conftest import containers_of, kill_from_outside, run_cli
-from tests.mcp_harness import connect, http_server_process, text_of
+from tests.mcp_harness import audit_records, connect, http_server_process, text_of
 from tests.test_replicas import client_of, shell
 
 pytestmark = pytest.mark.anyio
@@ -41,7 +40,7 @@ def _policy(tmp_path: Path, size: int = 2, idle: float = 300) -> Path:
 
 
 def _audited_containers(audit: Path) -> list[str]:
-    return [json.loads(line)["container_id"] for line in audit.read_text().splitlines()]
+    return [record["container_id"] for record in audit_records(audit)]
 
 
 async def _gone(runtime: DockerRuntime, container_ids: set[str]) -> None:

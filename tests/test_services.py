@@ -40,6 +40,7 @@ from tests.conftest import assert_engine_routes_and_mac, run_cli, runc_sandboxes
 from tests.mcp_harness import (
     CheckedClient,
     answer,
+    audit_records,
     free_port,
     http_server_process,
     stdio_parameters,
@@ -213,7 +214,7 @@ async def test_a_sessions_services_are_reached_by_name_from_it_and_from_nowhere_
         # The session ended (the client closed it): its services and their network are gone.
         await until_gone(server.process.pid)
         await until_networks_gone(networks_before)
-    audit = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
+    audit = audit_records(tmp_path / "audit.jsonl")
     events = [(r["event"], r["name"], r.get("reason")) for r in audit if str(r.get("event", "")).startswith("service")]
     assert sorted(events) == [
         ("service_started", "api", None),
@@ -385,7 +386,7 @@ async def test_the_preview_opens_a_service_for_its_caller_alone_in_a_real_browse
             assert await anyio.to_thread.run_sync(talk, alice) == "echo: hello through the preview"
             with pytest.raises(InvalidStatus):
                 await anyio.to_thread.run_sync(talk, bob)
-    audit = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
+    audit = audit_records(tmp_path / "audit.jsonl")
     previewed = {(r["name"], r["by"], r["by_means_of"]) for r in audit if r.get("event") == "service_previewed"}
     assert previewed == {("web", "alice", "token"), ("ws", "alice", "token")}, previewed
 
@@ -511,7 +512,7 @@ async def test_calls_beside_a_service_take_warm_containers_waiting_on_its_networ
                 session, command="curl -s -o /dev/null -w '%{http_code} ' http://web:8000/; curl -s http://api:9000/hi"
             )
             assert reached["stdout"] == '200 {"api": "/hi"}', reached
-            used = json.loads(audit.read_text().splitlines()[-1])["container_id"]
+            used = audit_records(audit)[-1]["container_id"]
             assert used in warm, (used, warm)  # the call took one of them
             await session.call_tool("services", {"action": "stop", "name": "api"})
             gone = await call(
@@ -552,7 +553,7 @@ async def test_runc_makes_the_sandboxes_beside_services_as_the_engine_does_at_an
                 probe = await call(
                     session, command="sh probe.sh", files=[{"path": "probe.sh", "content": NEIGHBOUR_PROBE}]
                 )
-                record = json.loads(audit.read_text().splitlines()[-1])
+                record = audit_records(audit)[-1]
                 [service] = services_of(server.process.pid)
                 [network] = service["NetworkSettings"]["Networks"]
                 api = docker.from_env().api

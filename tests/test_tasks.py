@@ -29,7 +29,14 @@ from mcp.shared.exceptions import MCPError
 from sandbox_server.protocol.tasks_client import TasksExtension, task_request
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
 from tests.conftest import containers_of, run_cli
-from tests.mcp_harness import first_sandboxes, http_server, http_server_process, stdio_parameters, text_of
+from tests.mcp_harness import (
+    audit_records,
+    first_sandboxes,
+    http_server,
+    http_server_process,
+    stdio_parameters,
+    text_of,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -175,7 +182,7 @@ async def test_2026_http_tasks_outlive_their_client_are_their_callers_alone_and_
             assert (await request(other, "tasks/list"))["tasks"] == []
             with pytest.raises(MCPError):
                 await other.read_resource(f"sandbox://tasks/{counted['taskId']}/output")
-    audit = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
+    audit = audit_records(tmp_path / "audit.jsonl")
     events = [(r["event"], r.get("status")) for r in audit if r.get("task") == counted["taskId"] and "event" in r]
     assert events == [("task_created", None), ("task_finished", "completed")], events
     assert ("task_cancelled", "cancelled") in [(r.get("event"), r.get("status")) for r in audit]

@@ -18,7 +18,7 @@ from sandbox_server.sandbox.removal import OWNER_LABEL
 from sandbox_server.sandbox.runc_state import IMAGES, STATE, listed, owner_of
 from sandbox_server.sandbox.spec import SANDBOX_LABEL
 from tests.conftest import run_cli
-from tests.mcp_harness import _made_by, connect, stdio_parameters, text_of
+from tests.mcp_harness import _made_by, audit_records, connect, stdio_parameters, text_of
 
 pytestmark = pytest.mark.anyio
 
@@ -110,7 +110,7 @@ async def test_a_teams_image_with_a_tool_of_its_own_is_built_served_pooled_and_a
         assert not result.is_error and result.structured_content is not None, text_of(result)
         assert result.structured_content["stdout"] == f"teamctl {marker}: hello\n1000\n/workspace\n"
         assert python.structured_content is not None and python.structured_content["stdout"] == "2\n"
-        records = [json.loads(line) for line in audit.read_text().splitlines()]
+        records = audit_records(audit)
         assert [(r["tool"], r["image"], r["policy"]) for r in records] == [
             ("execute_command", image, "team"),
             ("run_python", "sandbox-server/python-data:latest", "team"),

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
-from tests.mcp_harness import CheckedClient, connect, preloaded, stdio_parameters, text_of
+from tests.mcp_harness import CheckedClient, audit_records, connect, preloaded, stdio_parameters, text_of
 
 pytestmark = pytest.mark.anyio
 
@@ -53,7 +53,7 @@ async def test_a_cell_in_a_warm_interpreter_sees_a_clean_namespace_and_the_prelo
     # `import pandas` is the preloaded module; no figure it did not make; the cold start's folder.
     assert values == ("(['os', 'pd', 'sys'], True, True, '__main__', [], '/workspace', None, True)"), values
     assert second["stdout"] == first["stdout"]
-    containers = [json.loads(line)["container_id"] for line in audit.read_text().splitlines()]
+    containers = [record["container_id"] for record in audit_records(audit)]
     assert len(set(containers)) == 2  # still one container per call
 
 

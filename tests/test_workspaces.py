@@ -14,7 +14,7 @@ from mcp.shared.exceptions import MCPError
 
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
 from tests.conftest import containers_running
-from tests.mcp_harness import CheckedClient, connect, http_server, stdio_parameters, text_of
+from tests.mcp_harness import CheckedClient, audit_records, connect, http_server, stdio_parameters, text_of
 
 pytestmark = pytest.mark.anyio
 
@@ -60,7 +60,7 @@ def _serve_args(keeping: Keeping) -> tuple[str, ...]:
 
 
 def _containers(audit: Path) -> list[str]:
-    return [json.loads(line)["container_id"] for line in audit.read_text().splitlines() if "container_id" in line]
+    return [r["container_id"] for r in audit_records(audit) if "container_id" in r]
 
 
 async def _call(session: CheckedClient, command: str, **extra: Any) -> dict[str, Any]:

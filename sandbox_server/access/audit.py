@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sandbox_server.access.audit_seal import SEAL_EVENT, SealingKey, sealing_key_path
+from sandbox_server.access.audit_seal import SEAL_EVENT, SealingKey, sealing_key_path, verification_key_path
 
 __all__ = ["CHAIN_FIELD", "ROTATED_EVENT", "AuditLog", "Spent", "call_record", "event_record", "line_digest"]
 
@@ -88,14 +88,22 @@ class AuditLog:
         with contextlib.suppress(FileNotFoundError):
             os.chmod(self.path, 0o600)  # one an earlier version made readable by others
 
-    def begin_sealing(self) -> str | None:
-        """Make the trail's sealing key when it has none: its verification key then (once: to keep elsewhere)."""
+    def begin_sealing(self) -> Path | None:
+        """Make the trail's sealing key when it has none, and write its verification key once, beside the trail
+        (mode 0400), for the operator to move elsewhere: that file's path then."""
         with self._lock, open(self._lock_path(), "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             if sealing_key_path(self.path).exists():
                 return None
             interval = int(self.seal_interval_s or SEAL_INTERVAL_S)
-            return SealingKey.create(sealing_key_path(self.path), interval, time.time())[1]
+            verification = SealingKey.create(sealing_key_path(self.path), interval, time.time())[1]
+            kept = verification_key_path(self.path)
+            with contextlib.suppress(FileNotFoundError):
+                kept.unlink()  # one of an earlier key, whose trail's key is gone: it verifies nothing now
+            descriptor = os.open(kept, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o400)
+            with open(descriptor, "w") as handle:
+                handle.write(verification + "\n")
+            return kept
 
     def tick(self) -> None:
         """On a timer, and as the server stops: seal the lines written since the last seal, and let the key of an

@@ -81,9 +81,9 @@ def _start_and_serve(args: argparse.Namespace, log: logging.Logger) -> int:
     from sandbox_server.sandbox.runc_runtime import RuncRuntime
 
     open_files = raise_open_files_limit()  # bounded by the caps on connections, walks and sessions, never by hope
-    log.info("open files: at most %d (the warm pools keep their sandboxes within a quarter of it)", open_files)
     return_freed_memory()  # what a burst of large calls held goes back to the host once they are answered
     listener = listen(args.host, args.port) if args.transport == "http" else None  # a taken port is said first
+    log.info("open files: at most %d (the warm pools keep their sandboxes within a quarter of it)", open_files)
     # stdio: previews on a loopback port of their own, a free one unless one is named (links alone open them)
     wants_previews = args.transport == "stdio" and not args.no_preview
     preview_listener = listen("127.0.0.1", args.preview_port or 0) if wants_previews else None

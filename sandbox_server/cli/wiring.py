@@ -15,7 +15,6 @@ import argparse
 import contextlib
 import functools
 import logging
-import os
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -206,7 +205,6 @@ def _clear_strays(runtime: DockerRuntime, log: logging.Logger) -> None:
 def _audit(args: argparse.Namespace, policy: Policy, state: Path, replica: str | None, log: logging.Logger) -> AuditLog:
     """The audit trail, kept by default in the state folder (readable by the server's user alone)."""
     from sandbox_server.access.audit import AuditLog
-    from sandbox_server.access.audit_seal import verification_key_path
 
     path = args.audit_log or policy.audit.path or state / "audit.jsonl"
     settings = policy.audit
@@ -214,12 +212,8 @@ def _audit(args: argparse.Namespace, policy: Policy, state: Path, replica: str |
         path, settings.max_bytes, settings.keep, replica, settings.max_age_h * 3600, settings.seal_interval_s
     )
     log.info("audit trail: %s", audit.path)
-    verification = audit.begin_sealing() if settings.seal_interval_s is not None else None
-    if verification is not None:
-        kept = verification_key_path(audit.path)
-        descriptor = os.open(kept, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o400)
-        with open(descriptor, "w") as handle:
-            handle.write(verification + "\n")
+    kept = audit.begin_sealing() if settings.seal_interval_s is not None else None
+    if kept is not None:
         log.warning(
             "the audit trail is sealed from now on (every %d s, audit.seal_interval_s); its verification key is in "
             "%s: move it off this machine (a key kept beside the trail vouches for nothing against whoever holds the "
@@ -235,7 +229,10 @@ def _proxies(runtime: DockerRuntime) -> EgressProxies:
     from sandbox_server.network.proxies import EgressProxies
 
     sweep_firewall()
-    return EgressProxies(lambda: runtime.api, runtime.owner, runtime.on_this_host)
+    from sandbox_server.sandbox.runc_state import STATE, proxies_folder
+
+    folder = proxies_folder(STATE, runtime.owner)  # memory-backed, root's, removed with what the server leaves
+    return EgressProxies(lambda: runtime.api, runtime.owner, runtime.on_this_host, folder)
 
 
 def _registry(

@@ -28,6 +28,10 @@ LONG_MODULES: dict[str, str] = {
     "tasks/manager.py": "the running tasks: started past their caps, run in the server's group, read, cancelled, "
     "ended and kept",
     "calls/pipeline.py": "one call's stages, from its arguments to its outcome",
+    "network/proxies.py": "one server's egress proxies: each allow list's network, proxy container, log and "
+    "firewall opening, started, watched, restarted and removed",
+    "protocol/preview.py": "a service opened in a person's browser: who may open it, from which page, and its "
+    "HTTP and WebSocket carried to it",
 }
 MAX_METHODS = 20
 """Methods of one class: past this it likely holds two ideas."""

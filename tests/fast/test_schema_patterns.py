@@ -82,7 +82,7 @@ def test_a_value_with_a_trailing_newline_is_refused_by_every_pattern(pattern: st
 def test_a_service_named_with_a_trailing_newline_is_refused_by_the_tools_schema() -> None:
     tool = next(tool for tool in all_tools() if tool.name == "execute_command")
     validator = SchemaValidator(tool.input_schema)
-    good = {"command": "true", "service": {"name": "web2", "port": 8000}}
+    good: dict[str, Any] = {"command": "true", "service": {"name": "web2", "port": 8000}}
     assert validator.is_valid(good)
     errors = list(validator.iter_errors({**good, "service": {"name": "web2\n", "port": 8000}}))
     assert [list(error.absolute_path) for error in errors] == [["service", "name"]], errors

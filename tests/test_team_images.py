@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 import uuid
 from pathlib import Path
 
@@ -245,3 +246,66 @@ def test_an_image_whose_environment_would_run_first_in_the_launcher_is_refused(
         assert runtime.image(image) is None
     finally:
         _remove(runtime, image)
+
+
+HARMFUL = """\
+FROM sandbox-server/shell:latest
+USER root
+RUN mknod /opt/disk b 8 0 && mknod /opt/mem c 1 1 && cp /bin/true /opt/suid && chmod 6755 /opt/suid \\
+    && truncate -s 1G /opt/sparse && mkfifo /opt/fifo
+USER 1000:1000
+"""
+
+
+async def test_a_teams_image_unpacked_for_runc_holds_no_device_node_setuid_bit_or_written_out_hole(
+    tmp_path: Path, runtime: DockerRuntime
+) -> None:
+    """Unpacked team images recreated device nodes (the host's root disk, /dev/mem) and setuid files on the host,
+    and a 1 GiB sparse file took 1 GiB of its disk."""
+    (tmp_path / "harmful").mkdir()
+    (tmp_path / "harmful" / "Dockerfile").write_text(HARMFUL + f"# {uuid.uuid4().hex}\n")
+    policy = _policy(tmp_path, "harmful", "tools:\n  execute_command:\n    build: harmful\n")
+    image = _team_image(policy)
+    try:
+        built = run_cli("images", "build", "--policy", str(policy), timeout_s=600)
+        assert built.returncode == 0, built.stderr
+        serve = ("--policy", str(policy), "--sandboxes", "runc", "--no-pool", "--state-dir", str(tmp_path / "s"))
+        async with connect(stdio_parameters(*serve)) as session:
+            result = await session.call_tool("execute_command", {"command": "ls /opt; stat -c %a /opt/suid"})
+        assert result.structured_content is not None and not result.is_error, text_of(result)
+        assert result.structured_content["stdout"] == "sparse\nsuid\n755\n", text_of(result)
+        unpacked = IMAGES / str(runtime.api.inspect_image(image)["Id"]).removeprefix("sha256:")[:24] / "rootfs"
+        names = {path.name: path.lstat() for path in (unpacked / "opt").iterdir()}
+        assert sorted(names) == ["sparse", "suid"], sorted(names)  # no node, no FIFO
+        assert not names["suid"].st_mode & 0o6000
+        assert names["sparse"].st_size == 1 << 30 and names["sparse"].st_blocks * 512 < 1 << 20  # its hole kept
+    finally:
+        _remove(runtime, image)
+
+
+def test_a_build_past_its_time_cap_is_stopped_and_a_context_past_its_size_cap_refused(
+    tmp_path: Path, runtime: DockerRuntime
+) -> None:
+    (tmp_path / "endless").mkdir()
+    (tmp_path / "endless" / "Dockerfile").write_text(
+        f"FROM sandbox-server/shell:latest\nRUN echo {uuid.uuid4().hex} && sleep 600\n"
+    )
+    endless = _policy(tmp_path, "endless", "tools:\n  execute_command:\n    build: endless\n")
+    image = _team_image(endless)
+    try:
+        started = time.monotonic()
+        said = run_cli("images", "build", "--policy", str(endless), "--max-s", "8", timeout_s=120)
+        assert said.returncode == 1 and time.monotonic() - started < 60, said.stderr
+        assert "took longer than its cap of 8 s (images build --max-s) and was stopped at Step 2/2" in said.stderr
+        assert runtime.image(image) is None
+    finally:
+        _remove(runtime, image)
+    (tmp_path / "huge").mkdir()
+    (tmp_path / "huge" / "Dockerfile").write_text("FROM sandbox-server/shell:latest\n")
+    with open(tmp_path / "huge" / "data.bin", "wb") as handle:
+        handle.truncate(3 * 1024**3)  # sparse: it costs nothing here, and was read whole at every policy load
+    huge = _policy(tmp_path, "huge", "tools:\n  execute_command:\n    build: huge\n")
+    said = run_cli("images", "build", "--policy", str(huge), timeout_s=120)
+    assert said.returncode != 0 and "above the cap of 2147483648 (its largest file: data.bin" in said.stderr, (
+        said.stderr
+    )

@@ -51,7 +51,7 @@ def images_build(
         for image, (base, lock, user) in wanted.items():
             outcomes.append(build_with_packages(runtime, image, base, Path(lock), user, say, args.force))
         for team in team_images(policy, tool_names()):
-            outcomes.append(build_team_image(runtime, team, say, args.force))
+            outcomes.append(build_team_image(runtime, team, say, args.force, args.max_s))
     rebuilt = [outcome.name for outcome in outcomes if outcome.rebuilt]
     say(f"built: {', '.join(rebuilt)}" if rebuilt else "all images current: nothing rebuilt")
     from sandbox_server.ops.bootstrap import policy_images

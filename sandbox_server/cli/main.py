@@ -189,6 +189,11 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument(
         "--policy", metavar="POLICY", help="also the images this policy's tools build or add packages to"
     )
+    build.add_argument(
+        "--max-s", type=float, default=1800.0, metavar="SECONDS",
+        help="the longest a team's image may take to build, every step together (default 1800): past it the "
+        "build is stopped and refused",
+    )  # fmt: skip
     build.set_defaults(
         handler=functools.partial(images_build, tool_names=_tool_names, host_facts=_runtime_facts, say=_say)
     )

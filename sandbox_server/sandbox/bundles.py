@@ -15,6 +15,7 @@ import json
 import os
 import secrets
 import shutil
+import stat
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -24,8 +25,13 @@ from sandbox_server.sandbox.spec import SandboxSpec
 
 __all__ = ["image_root", "is_unpacked", "prune_unpacked", "unpacked", "write_bundle"]
 
-WHOLE = ".whole"
-"""Written last into an unpacked image's folder: it is complete."""
+WHOLE = ".whole-harmless"
+"""Written last into an unpacked image's folder: it is complete, and made harmless (a copy an earlier version
+unpacked, without this, is unpacked again)."""
+UNPACKED_MAX_BYTES = 16 * 1024**3
+"""The most an image may hold unpacked for runc (the engine's export of it, holes written out)."""
+SPARSE_FROM_BYTES = 16 * 1024**2
+"""Files at least this large have their runs of zeros made holes again after unpacking."""
 
 
 def image_root(api: Any, image: str, folder: Path) -> Path:
@@ -54,6 +60,7 @@ def unpacked(api: Any, image: str, inspected: dict[str, Any], folder: Path) -> P
             return place / "rootfs"
         for left in folder.glob(f".{image_id}-*"):  # a killed process's half-unpacked copy
             shutil.rmtree(left, ignore_errors=True)
+        shutil.rmtree(place, ignore_errors=True)  # an earlier version's copy
         _unpack(api, image, inspected, folder, place)
     return place / "rootfs"
 
@@ -68,16 +75,46 @@ def _unpack(api: Any, image: str, inspected: dict[str, Any], folder: Path, place
             ["tar", "-x", "-p", "--numeric-owner", "-f", "-", "-C", str(making / "rootfs")], stdin=subprocess.PIPE
         ) as unpack:
             assert unpack.stdin is not None
+            sent = 0
             with contextlib.closing(unpack.stdin):
                 for part in api.export(created["Id"]):
+                    sent += len(part)
+                    if sent > UNPACKED_MAX_BYTES:
+                        unpack.kill()
+                        raise OSError(f"{image} is larger than {UNPACKED_MAX_BYTES} bytes unpacked: not unpacked")
                     unpack.stdin.write(part)
         if unpack.returncode != 0:
             raise OSError(f"tar could not unpack {image} (exit {unpack.returncode})")
+        made_harmless(making / "rootfs")
         (making / WHOLE).write_text(image + "\n")
         os.rename(making, place)
     finally:
         api.remove_container(created["Id"], force=True)
         shutil.rmtree(making, ignore_errors=True)
+
+
+def made_harmless(root: Path) -> None:
+    """An unpacked copy on the host's disk without what could serve someone on the host: no device node (an image
+    may carry the host's root disk, or /dev/mem), FIFO or socket, and no setuid or setgid bit; and runs of zeros
+    in large files made holes again (the engine's export writes a sparse file's holes out)."""
+    for folder, folders, names in os.walk(root):
+        for name in [*names, *folders]:
+            path = os.path.join(folder, name)
+            found = os.lstat(path)
+            if (
+                stat.S_ISCHR(found.st_mode)
+                or stat.S_ISBLK(found.st_mode)
+                or stat.S_ISFIFO(found.st_mode)
+                or (stat.S_ISSOCK(found.st_mode))
+            ):
+                os.unlink(path)
+                continue
+            if stat.S_ISLNK(found.st_mode):
+                continue
+            if found.st_mode & (stat.S_ISUID | stat.S_ISGID):
+                os.chmod(path, stat.S_IMODE(found.st_mode) & ~(stat.S_ISUID | stat.S_ISGID))
+            if stat.S_ISREG(found.st_mode) and found.st_size >= SPARSE_FROM_BYTES and found.st_blocks * 512 > 0:
+                subprocess.run(["fallocate", "--dig-holes", path], capture_output=True, check=False)
 
 
 def prune_unpacked(api: Any, folder: Path, bundles: Path) -> list[str]:

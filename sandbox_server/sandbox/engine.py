@@ -15,6 +15,7 @@ import socket
 import struct
 import tarfile
 import threading
+import time
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from typing import Any
 import docker
 import docker.errors
 import requests.exceptions
+import urllib3.exceptions
 
 from sandbox_server.errors import EngineError, EngineUnavailable, ImageError
 from sandbox_server.sandbox.dialect import EngineDialect, dialect_of
@@ -83,6 +85,25 @@ def engine_errors(action: str) -> Iterator[None]:
         if isinstance(exc, docker.errors.DockerException):
             raise EngineError(f"sandbox engine refused to {action}: {exc}") from exc
         raise EngineUnavailable(f"sandbox engine unavailable while trying to {action}: {exc}") from exc
+
+
+def _within(stream: Iterator[dict[str, Any]], ends: float | None) -> Iterator[dict[str, Any]]:
+    """A build's events until `ends` (a monotonic time; None: no end): past it, or when a silent step's read timed
+    out there, the stream is closed (the engine then cancels the build) and TimeoutError raised."""
+    while True:
+        try:
+            event = next(stream)
+        except StopIteration:
+            return
+        except (requests.exceptions.RequestException, urllib3.exceptions.HTTPError, OSError):
+            if ends is None or time.monotonic() < ends - 1:
+                raise
+            event = {}
+        if ends is not None and time.monotonic() >= ends:
+            with contextlib.suppress(Exception):
+                stream.close()  # type: ignore[attr-defined]
+            raise TimeoutError
+        yield event
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,11 +302,14 @@ class Engine:
         return record.image_id
 
     def build(
-        self, context_dir: str, reference: str, buildargs: dict[str, str], labels: dict[str, str]
-    ) -> Iterator[str]:
+        self, context_dir: str, reference: str, buildargs: dict[str, str], labels: dict[str, str],
+        within_s: float | None = None,
+    ) -> Iterator[str]:  # fmt: skip
         """Build an image, yielding the build's progress lines; raises ImageError on failure, naming the step that
-        failed and the last lines it printed."""
+        failed and the last lines it printed, and on a build past `within_s` (stopped: the engine cancels a build
+        whose client went away)."""
         step, said = "", deque[str](maxlen=8)
+        ends = time.monotonic() + within_s if within_s is not None else None
         with engine_errors(f"build {reference}"):
             stream = self.api.build(
                 path=context_dir,
@@ -296,8 +320,20 @@ class Engine:
                 forcerm=True,
                 pull=False,
                 decode=True,
+                timeout=within_s,  # a step that says nothing is cut off by the read's own timeout
             )
-            for event in stream:
+            events = _within(stream, ends)
+            while True:
+                try:
+                    event = next(events)
+                except StopIteration:
+                    break
+                except TimeoutError:
+                    at = f" at {step}" if step else ""
+                    raise ImageError(
+                        f"building {reference} took longer than its cap of {within_s:g} s (images build --max-s) "
+                        f"and was stopped{at}: make the step finish, or give it more time"
+                    ) from None
                 if "error" in event:
                     number, _, instruction = step.removeprefix("Step ").partition(" : ")
                     where = f" at step {number} ({instruction})" if step else ""

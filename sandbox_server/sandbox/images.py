@@ -122,16 +122,31 @@ def _shared_files(context_dir: Path) -> dict[str, Path]:
     return {WIRE_NAME: shipped.wire_module()} if WIRE_NAME in (context_dir / "Dockerfile").read_text() else {}
 
 
+CONTEXT_MAX_BYTES = 2 * 1024**3
+"""The most a build context may hold: the engine is sent all of it for each build, and it is hashed at every
+policy load that names it."""
+
+
 def context_digest(context_dir: Path) -> hashlib._Hash:
+    """The hash of a build context's files (their names, modes and contents, each read in pieces); ImageError for a
+    context past CONTEXT_MAX_BYTES, naming its largest file."""
     digest = hashlib.sha256()
     files = {path.relative_to(context_dir).as_posix(): path for path in context_dir.rglob("*") if path.is_file()}
     files.update(_shared_files(context_dir))
-    for relative, path in sorted(files.items()):
-        if "__pycache__" in relative:
-            continue
+    sizes = {relative: path.stat().st_size for relative, path in files.items() if "__pycache__" not in relative}
+    if sum(sizes.values()) > CONTEXT_MAX_BYTES:
+        largest = max(sizes, key=lambda relative: sizes[relative])
+        raise ImageError(
+            f"the build context {context_dir} holds {sum(sizes.values())} bytes, above the cap of "
+            f"{CONTEXT_MAX_BYTES} (its largest file: {largest}, {sizes[largest]} bytes): leave what the build "
+            "does not need out of the folder"
+        )
+    for relative in sorted(sizes):
+        path = files[relative]
         digest.update(relative.encode() + b"\0")
         digest.update(oct(path.stat().st_mode & 0o777).encode() + b"\0")
-        digest.update(hashlib.sha256(path.read_bytes()).digest())
+        with open(path, "rb") as handle:
+            digest.update(hashlib.file_digest(handle, "sha256").digest())
     return digest
 
 

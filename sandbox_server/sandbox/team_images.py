@@ -51,6 +51,8 @@ BASE_LABEL = "org.sandbox-server.base"
 _FROM = re.compile(r"^\s*FROM\s+(?:--platform=\S+\s+)?(\S+)", re.IGNORECASE | re.MULTILINE)
 _USER = re.compile(r"^\s*USER\s+(\S+)", re.IGNORECASE | re.MULTILINE)
 ROOT_USERS = {"root", "0"}
+BUILD_MAX_S = 1800.0
+"""The longest a team's build may take, every step together (`images build --max-s`)."""
 _RUNS_FIRST = re.compile(r"LD_[A-Z0-9_]+|BASH_ENV|ENV")
 """Variables that make every process of the launcher load or run something first: the dynamic loader's (LD_PRELOAD,
 LD_AUDIT, LD_LIBRARY_PATH, …) and the shells' start-up files."""
@@ -137,9 +139,11 @@ def team_image_status(runtime: DockerRuntime, image: TeamImage) -> tuple[bool, b
 
 
 def build_team_image(
-    runtime: DockerRuntime, image: TeamImage, say: Callable[[str], None] = print, force: bool = False
-) -> BuildOutcome:
-    """Build a team's image when its context or its base changed; ImageError says why one is refused."""
+    runtime: DockerRuntime, image: TeamImage, say: Callable[[str], None] = print, force: bool = False,
+    max_s: float = BUILD_MAX_S,
+) -> BuildOutcome:  # fmt: skip
+    """Build a team's image when its context or its base changed; ImageError says why one is refused (a build
+    past `max_s` among the reasons)."""
     name = image.reference.split("/", 1)[1].rsplit(":", 1)[0]
     dockerfile = image.context / "Dockerfile"
     if not dockerfile.is_file():
@@ -160,7 +164,7 @@ def build_team_image(
     stage = f"{PREFIX}/{name}:stage"
     try:
         try:
-            for line in steps_said(runtime.build(str(image.context), stage, {}, {})):
+            for line in steps_said(runtime.build(str(image.context), stage, {}, {}, within_s=max_s)):
                 say(f"[{name}] {line}")
         except ImageError as exc:
             raise ImageError(str(exc).replace(stage, image.reference)) from exc

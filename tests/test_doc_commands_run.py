@@ -23,6 +23,7 @@ ELSEWHERE = {
     "workspace export": "tests/test_workspace_transfer.py (export and import through the command line)",
     "workspace import": "tests/test_workspace_transfer.py",
     "replicas": "tests/test_draining.py (list and drain on a real PostgreSQL)",
+    "audit": "tests/test_audit_trail.py (verify, and verify --key, on a real server's sealed trail)",
 }
 CELL = "import os, pandas as pd\ndf = pd.read_csv('data.csv')\nprint(df)\nos.makedirs('out', exist_ok=True)\ndf.to_csv('out/sales.csv', index=False)"
 """What the reader's args.json asks: the uploaded file read, and a file sent back for --save."""

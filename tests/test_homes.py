@@ -203,7 +203,7 @@ async def test_a_killed_home_loses_no_finished_call_and_its_services_are_said_go
                 await anyio.sleep(0.5)
     said = text_of(result)
     assert not result.is_error, said
-    assert f"workspace {workspace} lived on replica" in said and "stopped answering" in said, said
+    assert f"workspace {workspace} lived on replica one (" in said and "stopped answering" in said, said  # its --name
     assert "its services there (web) are gone with that replica" in said, said
     assert continued["stdout"].count("kept-before-the-kill") == 2, said  # the file, and the service started again
     homes.one = start_replica(homes.folder / "one", homes.database.url, *homes.args)

@@ -62,6 +62,13 @@ HOME_RESPONSE = b"sandbox-workspace"
 forwarded answer, which would teach it the wrong replica."""
 
 
+UNREACHED = "does not answer now; nothing of this request reached it: send it again in a moment"
+LOST_WITH_IT = (
+    "stopped answering while it had this request, which may have run there in whole or in part; what lives there "
+    "moves to a replica that answers once its heartbeat is old: look at its files (a call in its workspace) first"
+)
+
+
 def signature(
     key: bytes, replica: str, stamp: str, nonce: str, method: str, target: str, body: bytes, credentials: bytes
 ) -> str:
@@ -284,10 +291,8 @@ class Forwarding:
                 if after != home:
                     return await self._forward(after, scope, body, send, receive, named)
             log.warning("replica %s, home of what %s %s asks for, did not answer: %s", home.replica, method, path, exc)
-            message = (
-                f"the replica where this lives ({home.replica}) does not answer now; nothing of this request ran "
-                "there that this replica knows of: send it again in a moment"
-            )
+            unreached = isinstance(exc, (httpx2.ConnectError, httpx2.ConnectTimeout))  # else a call may have run
+            message = f"the replica where this lives ({home.replica}) " + (UNREACHED if unreached else LOST_WITH_IT)
             if path == self.mcp_path:
                 await refuse(scope, receive, send, message)
             else:

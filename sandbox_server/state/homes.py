@@ -44,7 +44,7 @@ WITH old AS (SELECT w.id, w.home, (w.home IS NULL OR w.home = %(me)s OR NOT EXIS
                  SELECT 1 FROM replicas r WHERE r.owner = w.home AND {_LIVE})) AS free
              FROM workspaces w WHERE w.id = %(id)s FOR UPDATE),
      took AS (UPDATE workspaces w SET home = %(me)s FROM old WHERE w.id = old.id AND old.free RETURNING w.id)
-SELECT old.home, old.free FROM old
+SELECT old.home, old.free, (SELECT r.name FROM replicas r WHERE r.owner = old.home) FROM old
 """
 _HOME_OF = f"""
 SELECT DISTINCT w.home, r.address FROM workspaces w JOIN replicas r ON r.owner = w.home
@@ -73,14 +73,14 @@ class Homes:
             row = connection.execute(_CLAIM, self._params(id=workspace_id)).fetchone()
             if row is None:
                 return Claim(home=None)
-            home, free = row
+            home, free, name = row
             if not free:
                 return Claim(home=home)
             gone = connection.execute(
                 "DELETE FROM services WHERE workspace_id = %s AND replica <> %s RETURNING name",
                 (workspace_id, self.me),
             ).fetchall()
-        lost = home if home not in (None, self.me) else None
+        lost = (f"{name} ({home})" if name else home) if home not in (None, self.me) else None
         return Claim(home=self.me, lost=lost, gone=tuple(sorted(name for (name,) in gone)))
 
     def of_workspace(self, key: str) -> Home | None:

@@ -6,14 +6,18 @@ which log the headers each request reached them with."""
 from __future__ import annotations
 
 import json
+import os
 import secrets
+import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import docker
 import pytest
 from mcp import Client
 
+from sandbox_server.sandbox.removal import OWNER_LABEL
 from tests.mcp_harness import answer, connect, stdio_parameters
 from tests.upstreams import Upstreams, upstreams_fixture  # noqa: F401 (the upstreams fixture)
 
@@ -151,7 +155,22 @@ async def test_a_killed_servers_proxy_files_holding_the_secret_are_never_in_tmp_
         assert holding, "the proxy's configuration is there while it runs"
         in_tmp = [p for p in Path("/tmp").glob("sandbox-proxy-*") if p.is_dir()]
         assert not any(API_KEY.encode() in f.read_bytes() for p in in_tmp for f in p.rglob("*") if f.is_file())
+        api = docker.from_env().api
+        networks = [n for n in api.networks() if f":{pid}:" in (n.get("Labels") or {}).get(OWNER_LABEL, "")]
+        ours = {str((n.get("Options") or {}).get("com.docker.network.bridge.name")) for n in networks} - {"None"}
+        assert ours and ours <= _egress_bridges(), "the firewall lets the sandboxes reach their proxy while it runs"
         server.process.send_signal(signal.SIGKILL)
         with anyio.fail_after(30):  # the reaper, a process of its own, removes what the server left
-            while folder.exists():
+            while folder.exists() or any(os.path.exists(f"/sys/class/net/{bridge}") for bridge in ours):
                 await anyio.sleep(0.1)
+            while ours & _egress_bridges():  # and the rules of its bridges, gone with them
+                await anyio.sleep(0.1)
+        api.close()
+
+
+def _egress_bridges() -> set[str]:
+    """The bridges the firewall lets sandboxes reach a proxy on (of any server's)."""
+    from sandbox_server.network.firewall import FIREWALL_COMMENT
+
+    listed = subprocess.run(["iptables", "-w", "-S", "DOCKER-USER"], capture_output=True, text=True, check=True)
+    return {line.split(" -i ")[1].split()[0] for line in listed.stdout.splitlines() if FIREWALL_COMMENT in line}

@@ -86,9 +86,12 @@ def _warm_plan(reference: str, runtime: DockerRuntime) -> WarmPlan:
 
 
 def _reap_after(args: argparse.Namespace) -> int:
+    from sandbox_server.network.firewall import sweep_firewall
     from sandbox_server.sandbox.removal import reap_after
 
-    return reap_after(args.pid, args.owner)
+    reaped = reap_after(args.pid, args.owner)
+    sweep_firewall()  # the rules of the bridges its egress networks had, gone with them
+    return reaped
 
 
 def _serve(args: argparse.Namespace) -> int:

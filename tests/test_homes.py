@@ -28,7 +28,7 @@ from sandbox_server.sandbox.docker_runtime import DockerRuntime
 from tests.conftest import run_cli
 from tests.mcp_harness import text_of
 from tests.replicas import Postgres, Replica, haproxy, one_caller, postgres, start_replica
-from tests.test_replicas import client_of, shell
+from tests.test_replicas import a_workspace_kept_in_each_era, client_of, shell
 from tests.test_tasks import request, until
 
 pytestmark = pytest.mark.anyio
@@ -357,12 +357,4 @@ async def test_each_protocol_era_is_served_through_either_replica_and_through_ha
     """A handshake-era session (2025-11-25) got HTTP 400 "Parse error" for every request after its `initialize`
     where replicas keep homes: each era keeps a workspace through each replica and through the load balancer."""
     with haproxy(tmp_path, homes.one, homes.two) as balanced:
-        for url in (homes.one.url, homes.two.url, balanced):
-            async with client_of(url, homes.token, mode=mode) as session:
-                result, made = await shell(session, "echo 1 > note.txt && cat note.txt")
-                assert not result.is_error and made["stdout"] == "1\n", (url, text_of(result))
-                workspace = made["workspace"]
-                result, seen = await shell(session, "echo 2 >> note.txt && cat note.txt", workspace=workspace)
-                assert not result.is_error and seen["stdout"] == "1\n2\n", (url, text_of(result))
-                listed = await session.list_tools()
-                assert "execute_command" in {tool.name for tool in listed.tools}
+        await a_workspace_kept_in_each_era((homes.one.url, homes.two.url, balanced), homes.token, mode)

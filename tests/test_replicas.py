@@ -115,6 +115,18 @@ async def shell(client: Client, command: str, **arguments: Any) -> tuple[types.C
     return result, result.structured_content or {}
 
 
+async def a_workspace_kept_in_each_era(urls: tuple[str, ...], token: str, mode: str) -> None:
+    """Through each URL, a session of the era `mode` makes a workspace and continues it, and lists the tools."""
+    for url in urls:
+        async with client_of(url, token, mode=mode) as session:
+            result, made = await shell(session, "echo 1 > note.txt && cat note.txt")
+            assert not result.is_error and made["stdout"] == "1\n", (url, text_of(result))
+            result, seen = await shell(session, "echo 2 >> note.txt && cat note.txt", workspace=made["workspace"])
+            assert not result.is_error and seen["stdout"] == "1\n2\n", (url, text_of(result))
+            listed = await session.list_tools()
+            assert "execute_command" in {tool.name for tool in listed.tools}
+
+
 def calls_in(replica: Replica, marker: str) -> int:
     return sum(1 for line in replica.audit() if marker in json.dumps(line.get("arguments", line)))
 
@@ -278,6 +290,17 @@ async def test_a_burst_of_tasks_through_both_replicas_gets_exactly_the_callers_s
         assert len(created) == cap and refused == [field] * (10 - cap), (created, refused)
         for client, task_id in created:
             await request(client, "tasks/cancel", taskId=task_id)
+
+
+@pytest.mark.parametrize("mode", ["legacy", "2026-07-28"])
+async def test_each_protocol_era_keeps_a_workspace_through_either_archived_replica_and_through_haproxy(
+    deployment: Deployment, mode: str, tmp_path: Path
+) -> None:
+    with haproxy(tmp_path, deployment.one, deployment.two) as balanced:
+        urls = (deployment.one.url, deployment.two.url, balanced)
+        await a_workspace_kept_in_each_era(
+            urls, deployment.tokens["held"], mode
+        )  # alice's workspaces are counted below
 
 
 async def test_haproxy_spreads_2026_requests_and_keeps_a_handshake_session_on_one_replica(

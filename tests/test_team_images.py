@@ -37,6 +37,15 @@ def _policy(folder: Path, name: str, body: str) -> Path:
     return policy
 
 
+def _context(folder: Path, name: str, dockerfile: str) -> tuple[Path, str]:
+    """A team's build context `name` under `folder` with this Dockerfile, the policy whose execute_command builds it,
+    and the image it makes."""
+    (folder / name).mkdir()
+    (folder / name / "Dockerfile").write_text(dockerfile)
+    policy = _policy(folder, name, f"tools:\n  execute_command:\n    build: {name}\n")
+    return policy, _team_image(policy)
+
+
 def _team_image(policy: Path) -> str:
     listed_images = run_cli("images", "list", "--json", "--policy", str(policy))
     [row] = [row for row in json.loads(listed_images.stdout) if row["policy"] is not None]
@@ -200,10 +209,7 @@ async def test_a_teams_entrypoint_never_runs_in_place_of_the_launcher_or_a_servi
 ) -> None:
     """A team's ENTRYPOINT (and its CMD) stayed in the image: the engine ran it in place of the launcher (answered
     "killed from outside") and services failed on both paths. A call and a service now run as on ours."""
-    (tmp_path / "hijacking").mkdir()
-    (tmp_path / "hijacking" / "Dockerfile").write_text(HIJACKING)
-    policy = _policy(tmp_path, "hijacking", "tools:\n  execute_command:\n    build: hijacking\n")
-    image = _team_image(policy)
+    policy, image = _context(tmp_path, "hijacking", HIJACKING)
     try:
         built = run_cli("images", "build", "--policy", str(policy), timeout_s=600)
         assert built.returncode == 0, built.stderr
@@ -231,12 +237,11 @@ async def test_a_teams_entrypoint_never_runs_in_place_of_the_launcher_or_a_servi
 def test_an_image_whose_environment_would_run_first_in_the_launcher_is_refused(
     tmp_path: Path, runtime: DockerRuntime
 ) -> None:
-    (tmp_path / "preloading").mkdir()
-    (tmp_path / "preloading" / "Dockerfile").write_text(
-        f"FROM sandbox-server/shell:latest\nENV LD_PRELOAD=/workspace/evil.so BASH_ENV=/tmp/x NOTE={uuid.uuid4().hex}\n"
+    policy, image = _context(
+        tmp_path,
+        "preloading",
+        f"FROM sandbox-server/shell:latest\nENV LD_PRELOAD=/workspace/evil.so BASH_ENV=/tmp/x NOTE={uuid.uuid4().hex}\n",
     )
-    policy = _policy(tmp_path, "preloading", "tools:\n  execute_command:\n    build: preloading\n")
-    image = _team_image(policy)
     try:
         said = run_cli("images", "build", "--policy", str(policy), timeout_s=300)
         assert said.returncode == 1, said.stderr
@@ -262,10 +267,7 @@ async def test_a_teams_image_unpacked_for_runc_holds_no_device_node_setuid_bit_o
 ) -> None:
     """Unpacked team images recreated device nodes (the host's root disk, /dev/mem) and setuid files on the host,
     and a 1 GiB sparse file took 1 GiB of its disk."""
-    (tmp_path / "harmful").mkdir()
-    (tmp_path / "harmful" / "Dockerfile").write_text(HARMFUL + f"# {uuid.uuid4().hex}\n")
-    policy = _policy(tmp_path, "harmful", "tools:\n  execute_command:\n    build: harmful\n")
-    image = _team_image(policy)
+    policy, image = _context(tmp_path, "harmful", HARMFUL + f"# {uuid.uuid4().hex}\n")
     try:
         built = run_cli("images", "build", "--policy", str(policy), timeout_s=600)
         assert built.returncode == 0, built.stderr
@@ -286,12 +288,9 @@ async def test_a_teams_image_unpacked_for_runc_holds_no_device_node_setuid_bit_o
 def test_a_build_past_its_time_cap_is_stopped_and_a_context_past_its_size_cap_refused(
     tmp_path: Path, runtime: DockerRuntime
 ) -> None:
-    (tmp_path / "endless").mkdir()
-    (tmp_path / "endless" / "Dockerfile").write_text(
-        f"FROM sandbox-server/shell:latest\nRUN echo {uuid.uuid4().hex} && sleep 600\n"
+    endless, image = _context(
+        tmp_path, "endless", f"FROM sandbox-server/shell:latest\nRUN echo {uuid.uuid4().hex} && sleep 600\n"
     )
-    endless = _policy(tmp_path, "endless", "tools:\n  execute_command:\n    build: endless\n")
-    image = _team_image(endless)
     try:
         started = time.monotonic()
         said = run_cli("images", "build", "--policy", str(endless), "--max-s", "8", timeout_s=120)

@@ -24,8 +24,6 @@ CHAIN_FIELD = "previous_sha256"
 """Each record's link to the line before it: the SHA-256 of that line's bytes (its newline left out)."""
 FIRST = "0" * 64
 """The link of a trail's very first line."""
-SEAL_INTERVAL_S = 60
-"""How often a running server seals its trail (audit.seal_interval_s): the longest a line waits for its seal."""
 ROTATED_EVENT = "audit_rotated_away"
 """The record a writer appends when rotation removes the oldest file: the link the oldest kept file now starts from,
 so that a trail whose first lines were cut by anyone else is told from one rotated."""
@@ -89,14 +87,15 @@ class AuditLog:
             os.chmod(self.path, 0o600)  # one an earlier version made readable by others
 
     def begin_sealing(self) -> Path | None:
-        """Make the trail's sealing key when it has none, and write its verification key once, beside the trail
-        (mode 0400), for the operator to move elsewhere: that file's path then."""
+        """Make the trail's sealing key when it is sealed and has none, and write its verification key once, beside
+        the trail (mode 0400), for the operator to move elsewhere: that file's path then."""
+        if self.seal_interval_s is None:
+            return None
         with self._lock, open(self._lock_path(), "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             if sealing_key_path(self.path).exists():
                 return None
-            interval = int(self.seal_interval_s or SEAL_INTERVAL_S)
-            verification = SealingKey.create(sealing_key_path(self.path), interval, time.time())[1]
+            verification = SealingKey.create(sealing_key_path(self.path), int(self.seal_interval_s), time.time())[1]
             kept = verification_key_path(self.path)
             with contextlib.suppress(FileNotFoundError):
                 kept.unlink()  # one of an earlier key, whose trail's key is gone: it verifies nothing now

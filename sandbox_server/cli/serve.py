@@ -151,8 +151,9 @@ async def _run_parts(
         await group.start(wired.services.serve)
         await group.start(app.parked.serve)  # 2026-07-28 calls asking about hosts run beside their requests
         group.start_soon(_surviving, "the workspace sweep", functools.partial(_sweep_workspaces, wired, log), log)
-        if wired.audit.seal_interval_s is not None:
-            group.start_soon(_surviving, "the audit trail's seals", functools.partial(_seal_audit, wired.audit), log)
+        if (every := wired.audit.seal_interval_s) is not None:
+            sealing = functools.partial(_seal_audit, wired.audit, every)
+            group.start_soon(_surviving, "the audit trail's seals", sealing, log)
         if database is not None:
             address = _address(listener, args.advertise) if listener is not None else None
             await anyio.to_thread.run_sync(database.beat, drain.active, address)  # peers know where it is at once
@@ -269,10 +270,10 @@ async def _surviving(name: str, work: Callable[[], Awaitable[None]], log: loggin
             await anyio.sleep(RESTART_S)
 
 
-async def _seal_audit(audit: AuditLog) -> None:
-    """Seal what the trail holds since its last seal, and let each ended epoch's key go, every interval."""
+async def _seal_audit(audit: AuditLog, every_s: float) -> None:
+    """Seal what the trail holds since its last seal, and let each ended epoch's key go, every `every_s`."""
     while True:
-        await anyio.sleep(audit.seal_interval_s or 60)
+        await anyio.sleep(every_s)
         await anyio.to_thread.run_sync(audit.tick)
 
 

@@ -212,7 +212,7 @@ def _audit(args: argparse.Namespace, policy: Policy, state: Path, replica: str |
         path, settings.max_bytes, settings.keep, replica, settings.max_age_h * 3600, settings.seal_interval_s
     )
     log.info("audit trail: %s", audit.path)
-    kept = audit.begin_sealing() if settings.seal_interval_s is not None else None
+    kept = audit.begin_sealing()
     if kept is not None:
         log.warning(
             "the audit trail is sealed from now on (every %d s, audit.seal_interval_s); its verification key is in "

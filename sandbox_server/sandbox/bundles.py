@@ -113,7 +113,7 @@ def made_harmless(root: Path) -> None:
                 continue
             if found.st_mode & (stat.S_ISUID | stat.S_ISGID):
                 os.chmod(path, stat.S_IMODE(found.st_mode) & ~(stat.S_ISUID | stat.S_ISGID))
-            if stat.S_ISREG(found.st_mode) and found.st_size >= SPARSE_FROM_BYTES and found.st_blocks * 512 > 0:
+            if stat.S_ISREG(found.st_mode) and found.st_size >= SPARSE_FROM_BYTES and found.st_blocks:
                 subprocess.run(["fallocate", "--dig-holes", path], capture_output=True, check=False)
 
 

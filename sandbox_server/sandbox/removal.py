@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import docker
 import docker.errors
@@ -145,8 +146,12 @@ def reap_after(pid: int, owner: str) -> int:
 class Remover:
     """Kills and removes containers; never raises, and remembers what the engine could not remove."""
 
-    def __init__(self, api: Callable[[], docker.APIClient], activity: Activity | None = None) -> None:
+    def __init__(
+        self, api: Callable[[], docker.APIClient], activity: Activity | None = None, state: Path = STATE
+    ) -> None:
         self._api = api
+        self.state = state
+        """runc's state, where each server also keeps folders of its own (runc_state.SERVER_FOLDERS)."""
         self._activity = activity or Activity()
         self._pending: dict[int, Callable[[], None]] = {}
         """Removals submitted and not yet begun, by their number: close() takes them all at once."""
@@ -221,7 +226,7 @@ class Remover:
             other = (network.get("Labels") or {}).get(OWNER_LABEL, "")
             if other != owner and not owner_alive(other):
                 self.remove_network(network["Id"])
-        for other, folder in folders_left(STATE):  # hosts files, and proxies' keys and configurations
+        for other, folder in folders_left(self.state):  # hosts files, and proxies' keys and configurations
             if other != owner and not owner_alive(other):
                 shutil.rmtree(folder, ignore_errors=True)
         return removed

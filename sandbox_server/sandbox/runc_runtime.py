@@ -161,8 +161,7 @@ class RuncRemover(Remover):
         runs: dict[str, Run],
         addresses: Addresses,
     ) -> None:
-        super().__init__(api, activity)
-        self._state = state
+        super().__init__(api, activity, state)
         self._runs = runs
         self._addresses = addresses
 
@@ -174,12 +173,12 @@ class RuncRemover(Remover):
         if run is not None:
             # Killed here, a sandbox is deleted as a stopped one (runc's own --force kill waits in steps of 0.1 s).
             run.kill()
-        delete(self._state, container_id, stopped=run is not None and run.process.returncode is not None)
+        delete(self.state, container_id, stopped=run is not None and run.process.returncode is not None)
         self._addresses.give_back(container_id)  # its namespace, and the veth in it, went with its last process
 
     def reap(self, owner: str) -> int:
         removed = super().reap(owner)
-        for name in listed(self._state):
+        for name in listed(self.state):
             other = owner_of(name)
             if other != owner and not owner_alive(other):
                 self.remove(name)

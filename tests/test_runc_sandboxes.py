@@ -7,6 +7,7 @@ from __future__ import annotations
 import difflib
 import json
 import os
+import re
 import signal
 import subprocess
 from collections.abc import Callable, Iterator
@@ -18,6 +19,7 @@ import docker
 import psutil
 import pytest
 
+from sandbox_server.sandbox import host_ids
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
 from sandbox_server.sandbox.runc_runtime import unpack_for_runc
 from sandbox_server.sandbox.runc_state import CGROUP_PARENT, STATE, is_gvisor, listed
@@ -29,6 +31,7 @@ pytestmark = pytest.mark.anyio
 
 PROBE = r"""
 grep -E '^(Uid|Gid|Groups|CapInh|CapPrm|CapEff|CapBnd|CapAmb|NoNewPrivs|Seccomp):' /proc/self/status
+echo "uid_map=$(cat /proc/self/uid_map | tr -s ' ') gid_map=$(cat /proc/self/gid_map | tr -s ' ')"
 echo "host=$(hostname) links=$(ls /sys/class/net | tr '\n' ' ')"
 touch /etc/x 2>/dev/null && echo "root=writable" || echo "root=read-only"
 echo ok > /workspace/w && echo "workspace=$(cat /workspace/w)"
@@ -66,6 +69,26 @@ def _cgroups_of(pid: int) -> set[str]:
     return {p.name for p in memory.iterdir() if _made_by(p.name, pid)} if memory.is_dir() else set()
 
 
+def _held_by(pid: int) -> set[str]:
+    """The sandboxes of the server `pid` holding a host id range."""
+    return {name for name in host_ids.held_by(STATE).values() if _made_by(name, pid)}
+
+
+def _views_of(pid: int) -> list[str]:
+    """What is mounted in the bundles of the server `pid`'s sandboxes (their views, their namespaces)."""
+    with open("/proc/self/mountinfo", encoding="utf-8") as table:
+        targets = [line.split()[4] for line in table]
+    bundles = f"{STATE}/bundles/"
+    return [t for t in targets if t.startswith(bundles) and _made_by(t.removeprefix(bundles).split("/")[0], pid)]
+
+
+def _first_host_id(said: str) -> int:
+    """The host id a sandbox's id 0 is, read from its uid map (and its gid map the same)."""
+    uid_map = re.search(r"uid_map= ?0 (\d+) 65536 gid_map= ?0 (\d+) 65536", said)
+    assert uid_map is not None and uid_map[1] == uid_map[2], said
+    return int(uid_map[1])
+
+
 def _made_by(name: str, pid: int) -> bool:
     return name.startswith("sbx-") and name.split("-")[2:3] == [str(pid)]
 
@@ -83,7 +106,15 @@ async def test_the_same_probe_reads_the_same_sandbox_from_runc_as_from_the_engin
     engine, runc = said["engine"], said["runc"]
     assert not runc["is_error"] and runc["exit_code"] == 0, runc["text"]
     assert runc["container"].startswith("sbx-") and not engine["container"].startswith("sbx-")
-    differ = list(difflib.unified_diff(engine["stdout"].splitlines(), runc["stdout"].splitlines(), lineterm=""))
+    # runc's sandbox has host ids of its own: its ids 0-65535 are a range of the server's, which the kernel shows
+    # in the uid map and, in the host's ids, in the options of the tmpfs mounts it made (which name root's only
+    # when it is not the host's); the rest is the same
+    assert " 0 0 4294967295 " in f" {engine['stdout']} "
+    first = _first_host_id(runc["stdout"])
+    assert first >= host_ids.BASE and (first - host_ids.BASE) % host_ids.SPAN == 0, runc["stdout"]
+    seen_inside = re.sub(r"(uid|gid)=(\d+)", lambda m: f"{m[1]}={int(m[2]) - first}", runc["stdout"])
+    seen_inside = seen_inside.replace(f"= 0 {first} 65536", "= 0 0 4294967295").replace(",uid=0,gid=0", "")
+    differ = list(difflib.unified_diff(engine["stdout"].splitlines(), seen_inside.splitlines(), lineterm=""))
     assert not differ, "\n".join(differ)  # every line: user, capabilities, seccomp, mounts, limits, env
     facts = runc["stdout"]
     for expected in (
@@ -143,6 +174,7 @@ async def test_a_server_killed_mid_burst_leaves_no_runc_sandbox_cgroup_bundle_or
     def plugged(running: list[str]) -> None:
         ports.update(host_end(name) for name in running)
         assert ports & _host_links(), "the sandboxes' ports on the network are where the test looks for them"
+        assert _held_by(pid) and _views_of(pid), "their id ranges and views are where the test looks for them"
 
     with http_server_process("--policy", policy, "--sandboxes", "runc") as server:
         pid = server.process.pid
@@ -152,6 +184,7 @@ async def test_a_server_killed_mid_burst_leaves_no_runc_sandbox_cgroup_bundle_or
         )  # fmt: skip
     assert _sandboxes_of(pid) == set() and _cgroups_of(pid) == set()
     assert not ports & _host_links()
+    assert _held_by(pid) == set() and _views_of(pid) == []  # no id range held, nothing mounted
     assert not [p for p in psutil.process_iter(["cmdline"]) if any(_made_by(a, pid) for a in p.info["cmdline"] or ())]
 
 
@@ -326,3 +359,61 @@ async def test_a_relative_state_folder_is_made_absolute_at_start_and_calls_run_i
     assert again["stdout"] == "kept\n", again["text"]
     assert str(tmp_path) not in json.dumps([said, again])
     assert (tmp_path / "state").is_dir()
+
+
+HOLDER = r"""
+import ctypes, os, time
+libc = ctypes.CDLL(None, use_errno=True)
+class Attr(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_long), ("maxmsg", ctypes.c_long), ("msgsize", ctypes.c_long), ("cur", ctypes.c_long), ("pad", ctypes.c_long * 4)]
+instances = 0
+while libc.inotify_init() >= 0:
+    instances += 1
+stopped = os.strerror(ctypes.get_errno())
+queues = 0
+while libc.mq_open(f"/held-{queues}".encode(), os.O_CREAT | os.O_RDWR, 0o600, ctypes.byref(Attr(0, 10, 8192, 0))) >= 0:
+    queues += 1
+print(f"inotify={instances} ({stopped}) queues={queues} ({os.strerror(ctypes.get_errno())})", flush=True)
+open("/workspace/held", "w").close()
+deadline = time.monotonic() + 30
+while not os.path.exists("/workspace/tried") and time.monotonic() < deadline:
+    time.sleep(0.01)
+"""
+TRIER = r"""
+import ctypes, os, time
+libc = ctypes.CDLL(None, use_errno=True)
+class Attr(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_long), ("maxmsg", ctypes.c_long), ("msgsize", ctypes.c_long), ("cur", ctypes.c_long), ("pad", ctypes.c_long * 4)]
+deadline = time.monotonic() + 30
+while not os.path.exists("/workspace/held") and time.monotonic() < deadline:
+    time.sleep(0.01)
+watch = libc.inotify_init()
+watch_error = os.strerror(ctypes.get_errno())
+queue = libc.mq_open(b"/mine", os.O_CREAT | os.O_RDWR, 0o600, ctypes.byref(Attr(0, 10, 8192, 0)))
+print(f"inotify={'made' if watch >= 0 else watch_error} queue={'made' if queue >= 0 else os.strerror(ctypes.get_errno())}")
+open("/workspace/tried", "w").close()
+"""
+
+
+async def test_a_sandbox_holding_every_per_user_limit_leaves_another_sandbox_its_own(
+    tmp_path: Path, runtime: DockerRuntime
+) -> None:
+    # The kernel counts inotify instances and message queue bytes per host user: one sandbox takes all it may, and
+    # another, running beside it in the same workspace, still gets its own (each is a range of host ids of its own).
+    policy = _policy(tmp_path, "workspace: {persist: true}\ntools:\n  execute_command:\n    limits: {timeout_s: 60}\n")
+    said: dict[str, dict[str, Any]] = {}
+    async with connect(stdio_parameters("--policy", policy, "--sandboxes", "runc")) as session:
+
+        async def run(role: str, program: str) -> None:
+            said[role] = await answer(session, "execute_command", {"command": f"python3 - <<'EOF'\n{program}\nEOF"})
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(run, "holder", HOLDER)
+            group.start_soon(run, "trier", TRIER)
+    holder, trier = said["holder"], said["trier"]
+    assert not holder["is_error"] and not trier["is_error"], (holder["text"], trier["text"])
+    held = re.fullmatch(r"inotify=(\d+) \((.*)\) queues=(\d+) \((.*)\)\n", holder["stdout"])
+    assert held is not None, holder["stdout"]
+    assert int(held[1]) == int(Path("/proc/sys/fs/inotify/max_user_instances").read_text()), held[0]
+    assert held[2] == held[4] == "Too many open files" and int(held[3]) > 0, held[0]  # both limits reached
+    assert trier["stdout"] == "inotify=made queue=made\n", trier["stdout"]

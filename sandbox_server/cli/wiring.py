@@ -198,6 +198,12 @@ def _clear_strays(runtime: DockerRuntime, log: logging.Logger) -> None:
             "image builds and the proxy by the engine",
             gvisor,
         )
+        assert isinstance(runtime, RuncRuntime)
+        shared = runtime.own_ids_refused()
+        if shared is None:
+            log.info("each of runc's sandboxes runs as host ids of its own (a user namespace of its own)")
+        else:
+            log.warning("runc's sandboxes share the sandbox user's host ids and its per-user limits: %s", shared)
     else:
         log.info("calls' sandboxes are made by the engine (%s)", why_not)
 

@@ -327,6 +327,7 @@ async def runc_sandboxes_check() -> Check:
                 "serve as root on the engine's host with runc installed (docs/sandbox.md)", required=False,
             )  # fmt: skip
         outcome = await runc.run(SandboxSpec(image=image_reference("base"), argv=("/bin/true",)))
+        shared = runc.own_ids_refused()
         gvisor = SandboxSpec(image=image_reference("base"), argv=("/bin/true",), runtime="runsc")
         under_gvisor = await runc.run(gvisor) if runc.takes(gvisor) else None
     except SandboxServerError as exc:
@@ -340,7 +341,9 @@ async def runc_sandboxes_check() -> Check:
     return Check(
         "sandboxes by runc",
         outcome.exit_code == 0 and (under_gvisor is None or under_gvisor.exit_code == 0),
-        f"`true` in a sandbox runc made exited {outcome.exit_code} in {outcome.duration_ms} ms; {said} "
+        f"`true` in a sandbox runc made exited {outcome.exit_code} in {outcome.duration_ms} ms, "
+        + ("as host ids of its own; " if shared is None else f"as the sandbox user's host ids ({shared}); ")
+        + f"{said} "
         "(serve --sandboxes auto or runc makes every call's sandbox so, and gVisor's)",
         "see the runc log the message names",
         required=False,

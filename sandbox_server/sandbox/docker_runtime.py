@@ -235,8 +235,8 @@ class DockerRuntime(Engine):
             raise ValueError("a container with a workspace slot runs exactly the calls with a mounted workspace")
         if spec.mounted_workspace is not None and warm.slot is not None:
             try:
-                mounts.bind(spec.mounted_workspace, warm.slot)
-                mounts.bind_outputs(warm.slot, spec.user)
+                mounts.bind(spec.mounted_workspace, warm.slot, warm.namespace)
+                mounts.bind_outputs(warm.slot, spec.user, spec.mounted_workspace, warm.namespace)
             except OSError as exc:
                 self.discard_later(warm)
                 raise EngineError(f"could not mount the workspace into the sandbox: {exc}") from exc

@@ -25,6 +25,8 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+from sandbox_server.sandbox import host_ids
+
 __all__ = [
     "MountError",
     "bind",
@@ -71,12 +73,16 @@ def _mount(source: str | None, target: str, flags: int, kind: str | None = None,
         raise MountError(code, f"mount {source or ''} on {target}: {os.strerror(code)}")
 
 
-def bind(source: str, target: str) -> None:
-    """Bind-mount a folder (and what is mounted under it) onto another."""
-    _mount(source, target, MS_BIND | MS_REC)
+def bind(source: str, target: str, namespace: Path | None = None) -> None:
+    """Bind-mount a folder (and what is mounted under it) onto another, idmapped for the user namespace held on
+    `namespace` when one is given (a sandbox with host ids of its own: sandbox.host_ids)."""
+    if namespace is None:
+        _mount(source, target, MS_BIND | MS_REC)
+    else:
+        host_ids.view(source, Path(target), namespace)
 
 
-def bind_outputs(slot: str, owner: str) -> None:
+def bind_outputs(slot: str, owner: str, source: str | None = None, namespace: Path | None = None) -> None:
     """Give the call in this slot an output folder of its own, so that calls in one workspace run side by side.
 
     `.sandbox/calls/<the slot's name>` of the workspace bound on the slot at its `out`: the mount
@@ -87,7 +93,7 @@ def bind_outputs(slot: str, owner: str) -> None:
     uid, _, gid = owner.partition(":")
     ids = (int(uid), int(gid or uid))
     try:
-        _bind_outputs(slot, ids)
+        _bind_outputs(slot, ids, source if namespace is not None else None, namespace)
     except OSError as exc:
         if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise
@@ -96,16 +102,19 @@ def bind_outputs(slot: str, owner: str) -> None:
         _remove_below(slot, (), OUTPUT_NAME)
 
 
-def _bind_outputs(slot: str, ids: tuple[int, int]) -> None:
-    opened = [open_folder(slot)]
+def _bind_outputs(slot: str, ids: tuple[int, int], source: str | None, namespace: Path | None) -> None:
+    opened = [open_folder(source or slot)]
     try:
         for name in CALLS:
             opened.append(_own_folder(opened[-1], name, ids))
         outputs = _own_folder(opened[-1], os.path.basename(slot), ids)
         opened.append(outputs)
-        target = _own_folder(opened[0], OUTPUT_NAME, ids)
-        opened.append(target)
-        _mount(f"/proc/self/fd/{outputs}", f"/proc/self/fd/{target}", MS_BIND)
+        opened.append(_own_folder(opened[0], OUTPUT_NAME, ids))
+        if namespace is None:
+            _mount(f"/proc/self/fd/{outputs}", f"/proc/self/fd/{opened[-1]}", MS_BIND)
+            return
+        opened.append(_open_path(open_folder(slot), (OUTPUT_NAME,)))  # the same folder, in the slot's mount
+        host_ids.view_on(f"/proc/self/fd/{outputs}", opened[-1], namespace)
     finally:
         for handle in opened:
             os.close(handle)

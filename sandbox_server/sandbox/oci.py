@@ -19,6 +19,9 @@ from typing import Any
 from sandbox_server.sandbox.host_config import ENGINE_MASKED_PATHS, MASKED_PATHS, RUNSC_PIDS_BASE, RUNSC_PIDS_FACTOR
 from sandbox_server.sandbox.spec import SandboxSpec
 
+SPAN = 65536
+"""Ids a sandbox with a user namespace of its own has: 0-65535, each a host id of its range (sandbox.host_ids)."""
+
 __all__ = ["INIT_PATH", "INIT_SOURCE", "READONLY_PATHS", "merged_env", "oci_config", "oci_seccomp"]
 
 INIT_PATH = "/sbin/docker-init"
@@ -70,6 +73,15 @@ def merged_env(image_env: Sequence[str], env: Sequence[tuple[str, str]]) -> list
     return [f"{name}={value}" for name, value in merged.items()]
 
 
+def _limited(nofile: int, file_size: int, argv: list[str]) -> list[str]:
+    """`argv` run by a shell that first sets the sandbox's rlimits on itself, soft and hard (refused: the sandbox
+    ends before its launcher runs). runc sets them from outside with prlimit(2), which this kernel refuses for a
+    process in a user namespace that another host id owns; a process may always lower its own."""
+    blocks = file_size // 512  # ulimit -f counts 512-byte blocks
+    script = f'ulimit -n {nofile} && ulimit -f {blocks} && ulimit -c 0 || exit 126; exec "$0" "$@"'
+    return ["/bin/sh", "-c", script, *argv]
+
+
 def oci_config(
     spec: SandboxSpec,
     rootfs: str,
@@ -77,14 +89,15 @@ def oci_config(
     slot: str | None = None,
     *,
     image_env: Sequence[str] = (),
-    extra_env: Sequence[tuple[str, str]] = (),
     cgroups_path: str | None = None,
     annotations: Mapping[str, str] | None = None,
+    user_namespace: tuple[str, int] | None = None,
 ) -> dict[str, Any]:
     """The bundle's config.json for a spec: `rootfs` the image's unpacked root, `argv` the program (after the
     init), `slot` the host folder bound at the workspace (None: a sized tmpfs there), `image_env` the image's own
-    environment (the spec's and `extra_env` override it), `cgroups_path` where runc makes its cgroups (None:
-    runc's choice), `annotations` what the bundle says of its owner."""
+    environment (the spec's overrides it), `cgroups_path` where runc makes its cgroups (None:
+    runc's choice), `annotations` what the bundle says of its owner, `user_namespace` the file holding the sandbox's
+    user namespace and the first host id it maps ids 0-65535 onto (None: the host's ids, as the engine's)."""
     limits = spec.limits
     gvisor = spec.runtime == "runsc"
     uid_text, _, gid_text = spec.user.partition(":")
@@ -141,7 +154,7 @@ def oci_config(
         mounts.append(
             {"destination": mount.sandbox_path, "type": "bind", "source": mount.host_path, "options": options}
         )
-    env = merged_env(image_env, [*spec.env, *extra_env])
+    env = merged_env(image_env, spec.env)
     linux: dict[str, Any] = {
         "namespaces": [{"type": kind} for kind in ("pid", "ipc", "uts", "mount", "network", "cgroup")],
         "maskedPaths": list(ENGINE_MASKED_PATHS if gvisor else MASKED_PATHS),  # as the engine's path has them
@@ -156,6 +169,10 @@ def oci_config(
         if spec.networked
         else {},
     }
+    if user_namespace is not None:
+        held, first = user_namespace
+        linux["namespaces"].insert(0, {"type": "user", "path": held})
+        linux["uidMappings"] = linux["gidMappings"] = [{"containerID": 0, "hostID": first, "size": SPAN}]
     if spec.seccomp_profile is not None:
         linux["seccomp"] = oci_seccomp(spec.seccomp_profile)
     if cgroups_path is not None:
@@ -169,7 +186,7 @@ def oci_config(
         "process": {
             "terminal": False,
             "user": {"uid": uid, "gid": gid, "additionalGids": [gid]},
-            "args": [INIT_PATH, "--", *argv],
+            "args": [INIT_PATH, "--", *(argv if user_namespace is None else _limited(limits.nofile, file_size, argv))],
             "env": env,
             "cwd": spec.workdir,
             "capabilities": {kind: [] for kind in ("bounding", "effective", "inheritable", "permitted", "ambient")},
@@ -177,7 +194,9 @@ def oci_config(
                 {"type": "RLIMIT_NOFILE", "soft": limits.nofile, "hard": limits.nofile},
                 {"type": "RLIMIT_FSIZE", "soft": file_size, "hard": file_size},
                 {"type": "RLIMIT_CORE", "soft": 0, "hard": 0},
-            ],
+            ]
+            if user_namespace is None
+            else [],
             "noNewPrivileges": True,
         },
         "linux": linux,

@@ -34,7 +34,7 @@ from pathlib import Path
 import docker
 
 from sandbox_server.errors import EngineError, EngineUnavailable
-from sandbox_server.sandbox import wire
+from sandbox_server.sandbox import host_ids, wire
 from sandbox_server.sandbox.activity import Activity
 from sandbox_server.sandbox.bundles import is_unpacked, prune_unpacked, unpacked, write_bundle
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
@@ -59,7 +59,7 @@ from sandbox_server.sandbox.runc_state import (
     runc_path,
     runsc_path,
     sandbox_name,
-    wait_for_pid_file,
+    started_pid,
 )  # fmt: skip
 from sandbox_server.sandbox.spec import Mount, SandboxSpec
 from sandbox_server.sandbox.veth import Addresses, Layout, layout_of, on_network, plug
@@ -203,6 +203,8 @@ class RuncRuntime(DockerRuntime):
         self.state, self.images = state, images
         self._runs: dict[str, Run] = {}
         self._chosen: str | None = None
+        self._own_ids: str | None = None
+        self._next_range = 0
         self.addresses = Addresses()
         """The addresses of the server's half of its allow lists' networks (sandbox.veth), each held by a sandbox."""
         self.removal = RuncRemover(lambda: self.api, self.activity, state, self._runs, self.addresses)
@@ -219,6 +221,14 @@ class RuncRuntime(DockerRuntime):
                 raise EngineError(f"--sandboxes runc: runc cannot make sandboxes here: {why_not}")
             self._chosen = why_not or ""
         return self._chosen or None
+
+    def own_ids_refused(self) -> str | None:
+        """Why runc's sandboxes share the sandbox user's host ids here (None: each has a range of its own,
+        sandbox.host_ids), found once by trying."""
+        if self._own_ids is None:
+            self.images.mkdir(parents=True, exist_ok=True)
+            self._own_ids = host_ids.unavailable(self.state, self.images) or ""
+        return self._own_ids or None
 
     def takes(self, spec: SandboxSpec) -> bool:
         """Whether runc (runsc for gVisor) may make this spec's sandbox, else the engine does: a runc policy's; a
@@ -260,6 +270,8 @@ class RuncRuntime(DockerRuntime):
                 layouts.append(layout)
         slot = tempfile.mkdtemp(prefix="slot-", dir=spec.workspace_slots) if spec.workspace_slots else None
         try:
+            if slot is not None:  # empty, root's until a call's; a sandbox's own root (not the host's) enters it
+                os.chmod(slot, 0o755)
             return self._run_ahead(spec, slot, layouts)
         except BaseException:
             if slot is not None:
@@ -268,9 +280,11 @@ class RuncRuntime(DockerRuntime):
 
     def _run_ahead(self, spec: SandboxSpec, slot: str | None, layouts: list[Layout]) -> WarmContainer:
         bundled = spec  # the spec as its bundle says it: beside services, their names bound at /etc/hosts
+        if spec.runtime != "runsc":  # and its launcher lingers after its trailer, as on the engine's path
+            bundled = replace(spec, env=(*spec.env, (wire.LINGER_ENV, "1")))
         if spec.service_network is not None:  # (what the engine's resolver would answer)
             names = ensure_hosts(hosts_folder(self.state, self.owner), spec.service_network)
-            bundled = replace(spec, mounts=(*spec.mounts, Mount(str(names), "/etc/hosts")))
+            bundled = replace(bundled, mounts=(*spec.mounts, Mount(str(names), "/etc/hosts")))
         with engine_errors(f"inspect image {spec.image}"):
             inspected = self.api.inspect_image(spec.image)
         try:
@@ -278,13 +292,22 @@ class RuncRuntime(DockerRuntime):
         except (OSError, docker.errors.DockerException) as exc:
             raise EngineError(f"could not unpack {spec.image} for runc: {exc}") from exc
         name = sandbox_name(self.owner)
-        bundle = write_bundle(
-            self.state / "bundles" / name, bundled, rootfs, [wire.LAUNCHER], slot,
-            image_env=(inspected.get("Config") or {}).get("Env") or (),
-            extra_env=[] if spec.runtime == "runsc" else [(wire.LINGER_ENV, "1")],  # as the engine's path has it
-            cgroups_path=f"/{CGROUP_PARENT}/{name}",
-            annotations={**owned_by(self.owner), **dict(spec.labels), **on_network(layouts)},
-        )  # fmt: skip
+        place, own = self.state / "bundles" / name, host_ids.OwnIds(rootfs, bundled, slot)
+        try:
+            if spec.runtime == "runc" and self.own_ids_refused() is None:
+                own = host_ids.give_own_ids(self.state, place, name, rootfs, bundled, slot, self._next_range)
+                self._next_range = own.index + 1
+            bundle = write_bundle(
+                place, own.spec, own.rootfs, [wire.LAUNCHER], own.slot, user_namespace=own.mapping,
+                image_env=(inspected.get("Config") or {}).get("Env") or (),
+                cgroups_path=f"/{CGROUP_PARENT}/{name}",
+                annotations={**owned_by(self.owner), **dict(spec.labels), **on_network(layouts)},
+            )  # fmt: skip
+        except BaseException as exc:
+            delete(self.state, name)
+            if isinstance(exc, OSError):
+                raise EngineError(f"could not make sandbox {name}'s bundle: {exc}") from exc
+            raise
         stream = PipeStream()
         assert stream.sandbox_ends is not None
         address = ""
@@ -302,7 +325,8 @@ class RuncRuntime(DockerRuntime):
             stream.close()
             self.removal.remove(name)
             raise
-        return WarmContainer(name, stream, spec.container_key(), time.monotonic(), None, slot, pid, address)
+        key, now = spec.container_key(), time.monotonic()
+        return WarmContainer(name, stream, key, now, None, slot, pid, address, own.namespace)
 
     def _launch(self, name: str, bundle: Path, stdio: tuple[int, int, int], gvisor: bool) -> int:
         """Start the sandbox of `bundle` under runc (or runsc for gVisor), known to the remover from the first
@@ -319,19 +343,8 @@ class RuncRuntime(DockerRuntime):
             except OSError as exc:
                 raise EngineError(f"could not run runc: {exc}") from exc
             self._runs[name] = run = Run(process)
-            pid = self._started(name, process, bundle)
+            pid = started_pid(name, process, bundle, STARTED_WITHIN_S)
         run.init = os.pidfd_open(pid)
-        return pid
-
-    @staticmethod
-    def _started(name: str, process: subprocess.Popen[bytes], bundle: Path) -> int:
-        """The host pid of the sandbox's init once runc has started it (runc writes it then)."""
-        pid = wait_for_pid_file(bundle / "pid", process, STARTED_WITHIN_S)
-        if pid is None:
-            said = ""
-            with contextlib.suppress(OSError, IndexError):
-                said = (bundle / "runc.log").read_text(errors="replace").strip().splitlines()[-1][:400]
-            raise EngineError(f"runc could not start sandbox {name}: {said or 'it said nothing'}")
         return pid
 
     def healthy(self, warm: WarmContainer) -> bool:  # type: ignore[override]

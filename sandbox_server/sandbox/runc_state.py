@@ -19,12 +19,14 @@ import subprocess
 import time
 from pathlib import Path
 
+from sandbox_server.errors import EngineError
+from sandbox_server.sandbox import host_ids
 from sandbox_server.sandbox.polling import readable
 
 __all__ = [
     "CGROUP_PARENT", "IMAGES", "PREFIX", "RUNSC_FLAGS", "STATE", "cgroup_paths", "delete", "delete_left_by", "hosts_folder",
     "folders_left", "proxies_folder", "is_gvisor", "is_runc", "listed", "oom_kills", "IN_CREATE", "IN_DELETE", "IN_MOVED_TO", "inotify_watch", "owner_of", "run_runc",
-    "run_runsc", "runc_path", "runsc_path", "sandbox_name", "wait_for_pid_file",
+    "run_runsc", "runc_path", "runsc_path", "sandbox_name", "started_pid", "wait_for_pid_file",
 ]  # fmt: skip
 
 STATE = Path(os.environ.get("SANDBOX_RUNC_STATE", "/run/sandbox-server/runc"))
@@ -139,7 +141,13 @@ def delete(state: Path, name: str, stopped: bool = False) -> None:
     elif not (stopped and _delete_stopped(state / "runc" / name)):
         with contextlib.suppress(OSError, subprocess.SubprocessError):
             run_runc(state, "delete", "--force", name)
-    shutil.rmtree(state / "bundles" / name, ignore_errors=True)
+    bundle = state / "bundles" / name
+    if not host_ids.detach_all(bundle):  # its views and its user namespace, then its range
+        return  # never removed through a view still mounted: the next sweep tries again
+    index = host_ids.ranges_of(bundle)
+    if index is not None:
+        host_ids.give_back(state, index, name)
+    shutil.rmtree(bundle, ignore_errors=True)
 
 
 def _delete_stopped(place: Path) -> bool:
@@ -214,6 +222,18 @@ def wait_for_pid_file(pid_file: Path, process: subprocess.Popen[bytes], within_s
         os.close(watch)
 
 
+def started_pid(name: str, process: subprocess.Popen[bytes], bundle: Path, within_s: float) -> int:
+    """The host pid of a sandbox's init once `process` (its runc run) has started it; EngineError, with the last
+    line runc logged, when runc ends first or `within_s` passes."""
+    pid = wait_for_pid_file(bundle / "pid", process, within_s)
+    if pid is None:
+        said = ""
+        with contextlib.suppress(OSError, IndexError):
+            said = (bundle / "runc.log").read_text(errors="replace").strip().splitlines()[-1][:400]
+        raise EngineError(f"runc could not start sandbox {name}: {said or 'it said nothing'}")
+    return pid
+
+
 def listed(state: Path) -> set[str]:
     """Every sandbox runc knows of, or whose bundle is left, under `state`."""
     found: set[str] = set()
@@ -234,6 +254,9 @@ def delete_left_by(owner: str, state: Path = STATE) -> int:
     left = [name for name in listed(state) if owner_of(name) == owner]
     for name in left:
         delete(state, name)
+    for index, name in host_ids.held_by(state).items():  # ranges taken for sandboxes it never made
+        if owner_of(name) == owner:
+            host_ids.give_back(state, index, name)
     for kind in SERVER_FOLDERS:  # the names of its services, its proxies' keys and configurations
         shutil.rmtree(state / kind / _server(owner), ignore_errors=True)
     return len(left)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from sandbox_server.sandbox import mounts
@@ -33,6 +34,9 @@ class WarmContainer:
     """The host pid of its init, to read its memory from the host (0: unknown)."""
     address: str = ""
     """Its IP address on its network ("" with no network): how the proxy's log names it."""
+    namespace: Path | None = None
+    """Where its user namespace is held, when it has host ids of its own (sandbox.host_ids): what is bound on its
+    slot is idmapped for it."""
 
     def close(self) -> None:
         """Close our end of the attach stream; never raises."""

@@ -1,0 +1,292 @@
+"""Host ids of its own for each sandbox runc makes: a user namespace per sandbox, and the mounts it sees made for it.
+
+The kernel counts some limits per host user: inotify instances and watches, the bytes of POSIX message queues,
+user namespaces, processes. Were every sandbox host uid 1000, one holding its 128 inotify instances or its
+819,200 bytes of queues would make `inotify_init` and `mq_open` fail in every other for as long as it ran. So
+each sandbox runc makes takes a range of 65,536 host ids no other sandbox holds (from `BASE` up, as Podman's
+subordinate ids are ranges of a host's), and runs in a user namespace that maps its ids 0-65535 onto that range:
+its user 1000 is host id `first + 1000`. The namespace is made by a short helper running as the range's first id,
+which so owns it: what the sandbox's processes hold is counted, in the host's own namespace, against that id, and
+against no other sandbox's. A range taken is a file in the state folder, made exclusively, so that servers of one
+host never share one; it is given back when the sandbox is deleted.
+
+Files keep the ids they have on disk. The image's root, the workspace bound at a call and every folder a policy
+mounts are seen through a mount of their own, idmapped (mount_setattr(2)) for the sandbox's namespace: a file of
+uid 1000 on disk is the sandbox user's inside, what the sandbox writes is uid 1000 on disk, and root's files are
+root's. These mounts, and the namespace itself (held by a bind of its file), lie in the sandbox's bundle folder
+and go with it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import os
+import subprocess
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from sandbox_server.sandbox.oci import SPAN
+from sandbox_server.sandbox.spec import SandboxSpec
+
+__all__ = [
+    "BASE", "SPAN", "HostIdsError", "OwnIds", "detach_all", "first_id", "give_back", "give_own_ids", "held_by",
+    "make_namespace", "ranges_of", "take", "unavailable", "view", "view_on",
+]  # fmt: skip
+
+BASE = 1 << 30
+"""The first host id of the server's ranges (far above the ids of people and of system users)."""
+RANGES = 16384
+"""How many ranges the server may hand out at once (BASE + RANGES * SPAN is 2**31)."""
+IDS = "ids"
+"""The state folder's folder of taken ranges: a file per range, named by its number, holding the sandbox's name."""
+NAMESPACE = "userns"
+"""In a bundle: the file its user namespace is bound on."""
+VIEWS = "views"
+"""In a bundle: the folder of the idmapped mounts its sandbox is given."""
+
+AT_FDCWD, AT_EMPTY_PATH, AT_RECURSIVE = -100, 0x1000, 0x8000
+OPEN_TREE_CLONE, OPEN_TREE_CLOEXEC = 1, os.O_CLOEXEC
+MOVE_MOUNT_F_EMPTY_PATH = 0x4
+MOUNT_ATTR_RDONLY, MOUNT_ATTR_IDMAP = 0x1, 0x100000
+MNT_DETACH, UMOUNT_NOFOLLOW = 0x2, 0x8
+SYS_OPEN_TREE, SYS_MOVE_MOUNT, SYS_MOUNT_SETATTR = 428, 429, 442  # the same on every architecture since 5.2
+HELPER_WAIT_S = 10.0
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.syscall.restype = ctypes.c_long
+
+
+class _MountAttr(ctypes.Structure):
+    _fields_ = [
+        ("attr_set", ctypes.c_uint64),
+        ("attr_clr", ctypes.c_uint64),
+        ("propagation", ctypes.c_uint64),
+        ("userns_fd", ctypes.c_uint64),
+    ]
+
+
+class HostIdsError(OSError):
+    """A range, a namespace or a mount of a sandbox's own that the host could not make."""
+
+
+def _failed(what: str) -> HostIdsError:
+    code = ctypes.get_errno()
+    return HostIdsError(code, f"{what}: {os.strerror(code)}")
+
+
+def first_id(index: int) -> int:
+    """The first host id of range `index`."""
+    return BASE + index * SPAN
+
+
+def take(state: Path, name: str, hint: int = 0) -> int:
+    """A range no sandbox of any server holds, taken for sandbox `name` (its index); HostIdsError when all are."""
+    folder = state / IDS
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    for step in range(RANGES):
+        index = (hint + step) % RANGES
+        try:
+            handle = os.open(folder / str(index), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        except FileExistsError:
+            continue
+        with os.fdopen(handle, "w") as file:
+            file.write(name)
+        return index
+    raise HostIdsError(errno.EUSERS, f"all {RANGES} host id ranges are held by sandboxes")
+
+
+def give_back(state: Path, index: int, name: str) -> None:
+    """Give back range `index` if sandbox `name` holds it; never raises."""
+    place = state / IDS / str(index)
+    with contextlib.suppress(OSError):
+        if place.read_text() == name:
+            place.unlink()
+
+
+def held_by(state: Path) -> dict[int, str]:
+    """Every range taken here, with the name of the sandbox that holds it."""
+    found = {}
+    with contextlib.suppress(OSError):
+        for place in (state / IDS).iterdir():
+            with contextlib.suppress(OSError, ValueError):
+                found[int(place.name)] = place.read_text()
+    return found
+
+
+@dataclass(frozen=True, slots=True)
+class OwnIds:
+    """What a sandbox with host ids of its own is made of: its namespace, the first host id of its range, and the
+    views its bundle names in place of the host's paths."""
+
+    rootfs: Path
+    spec: SandboxSpec
+    """The spec whose mounts are the views of its folders."""
+    slot: str | None
+    index: int = -1
+    namespace: Path | None = None
+    """None: the host's ids (what the bundle names are the host's own paths)."""
+    first: int = 0
+
+    @property
+    def mapping(self) -> tuple[str, int] | None:
+        """The namespace's file and the first host id of its range, as oci_config takes them."""
+        return None if self.namespace is None else (str(self.namespace), self.first)
+
+
+def give_own_ids(state: Path, bundle: Path, name: str, rootfs: Path, spec: SandboxSpec, slot: str | None, hint: int) -> OwnIds:  # fmt: skip
+    """A range for sandbox `name`, its namespace, and in `bundle` the views of its root, of its spec's mounts and
+    of its workspace's slot (a plain copy, which the workspace bound there at a call reaches: the copy is a peer
+    of the slots' shared mount). What was made is undone by `detach_all` and `give_back` (the bundle says the
+    range in its `ids` file)."""
+    bundle.mkdir(parents=True, exist_ok=True, mode=0o711)  # the sandbox's root, host id `first`, passes through
+    index = take(state, name, hint)
+    (bundle / IDS).write_text(str(index))
+    first, namespace, views = first_id(index), bundle / NAMESPACE, bundle / VIEWS
+    make_namespace(namespace, first)
+    views.mkdir(mode=0o711, exist_ok=True)
+    view(rootfs, views / "rootfs", namespace)  # writable here for runc to make mount points; read-only inside
+    mounts = []
+    for number, mount in enumerate(spec.mounts):
+        target = views / f"mount-{number}"
+        view(mount.host_path, target, namespace, read_only=mount.read_only)
+        mounts.append(replace(mount, host_path=str(target)))
+    slot_view = None
+    if slot is not None:
+        view(slot, views / "slot", None)
+        slot_view = str(views / "slot")
+    return OwnIds(views / "rootfs", replace(spec, mounts=tuple(mounts)), slot_view, index, namespace, first)
+
+
+def ranges_of(bundle: Path) -> int | None:
+    """The range a bundle's sandbox holds (None: none)."""
+    with contextlib.suppress(OSError, ValueError):
+        return int((bundle / IDS).read_text())
+    return None
+
+
+def make_namespace(held: Path, first: int) -> None:
+    """A user namespace owned by host id `first`, mapping ids 0-65535 onto `first` up, held by a bind of its file
+    on `held` (made here): a helper running as `first` makes it, root writes its maps, and the helper ends."""
+    helper = subprocess.Popen(
+        ["unshare", "--user", "--", "sh", "-c", "echo made; read _"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+        user=first, group=first, extra_groups=[], cwd="/", env={"PATH": "/usr/bin:/bin"}, close_fds=True,
+    )  # fmt: skip
+    assert helper.stdin is not None and helper.stdout is not None
+    try:
+        if helper.stdout.readline() != b"made\n":
+            raise HostIdsError(errno.EPERM, "could not make a user namespace (unshare --user failed)")
+        for kind in ("uid_map", "gid_map"):
+            with open(f"/proc/{helper.pid}/{kind}", "w", encoding="ascii") as mapping:
+                mapping.write(f"0 {first} {SPAN}\n")
+        held.touch(mode=0o600)
+        _bind(f"/proc/{helper.pid}/ns/user", held)
+    finally:
+        helper.stdin.close()
+        try:
+            helper.wait(timeout=HELPER_WAIT_S)
+        except subprocess.TimeoutExpired:
+            helper.kill()
+            helper.wait()
+        helper.stdout.close()
+
+
+def _bind(source: str, target: Path) -> None:
+    if _libc.mount(source.encode(), os.fsencode(target), None, 0x1000, None) != 0:  # MS_BIND
+        raise _failed(f"bind the user namespace on {target}")
+
+
+def view(source: str | Path, target: Path, namespace: Path | None, *, read_only: bool = False) -> None:
+    """Mount a copy of `source` (a folder and what is mounted under it, or a file) on `target` (made here),
+    idmapped for the user namespace held on `namespace` (None: as it is), read-only if asked. A file system that
+    cannot be idmapped gets a plain copy when `read_only` (what the sandbox only reads needs no ids of its own),
+    else HostIdsError."""
+    tree = _libc.syscall(SYS_OPEN_TREE, AT_FDCWD, os.fsencode(source), OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE)  # fmt: skip
+    if tree < 0:
+        raise _failed(f"copy the mount of {source}")
+    try:
+        if namespace is not None or read_only:
+            _set(tree, source, namespace, read_only)
+        if os.path.isdir(source):
+            target.mkdir(mode=0o755, exist_ok=True)
+        else:
+            target.touch(mode=0o600, exist_ok=True)
+        if _libc.syscall(SYS_MOVE_MOUNT, tree, b"", AT_FDCWD, os.fsencode(target), MOVE_MOUNT_F_EMPTY_PATH) < 0:
+            raise _failed(f"mount {source} on {target}")
+    finally:
+        os.close(tree)
+
+
+def view_on(source: str | Path, target_fd: int, namespace: Path) -> None:
+    """Mount a copy of folder `source`, idmapped for the namespace held on `namespace`, on the open folder
+    `target_fd` (a mount made on a descriptor follows no link a program left)."""
+    tree = _libc.syscall(SYS_OPEN_TREE, AT_FDCWD, os.fsencode(source), OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE)  # fmt: skip
+    if tree < 0:
+        raise _failed(f"copy the mount of {source}")
+    try:
+        _set(tree, source, namespace, False)
+        moved = _libc.syscall(SYS_MOVE_MOUNT, tree, b"", target_fd, b"", MOVE_MOUNT_F_EMPTY_PATH | 0x40)  # T_EMPTY_PATH
+        if moved < 0:
+            raise _failed(f"mount {source} in the sandbox's workspace")
+    finally:
+        os.close(tree)
+
+
+def _set(tree: int, source: str | Path, namespace: Path | None, read_only: bool) -> None:
+    if read_only:
+        _setattr(tree, MOUNT_ATTR_RDONLY, -1)
+    if namespace is None:
+        return
+    handle = os.open(namespace, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        if _setattr(tree, MOUNT_ATTR_IDMAP, handle) < 0 and not (read_only and ctypes.get_errno() == errno.EINVAL):
+            raise _failed(f"give {source} the sandbox's ids (its file system may not allow idmapped mounts)")
+    finally:
+        os.close(handle)
+
+
+def _setattr(tree: int, flags: int, namespace_fd: int) -> int:
+    attr = _MountAttr(flags, 0, 0, max(namespace_fd, 0))
+    return int(_libc.syscall(SYS_MOUNT_SETATTR, tree, b"", AT_EMPTY_PATH | AT_RECURSIVE, ctypes.byref(attr), ctypes.sizeof(attr)))  # fmt: skip
+
+
+def detach_all(bundle: Path) -> bool:
+    """Detach a bundle's views and its namespace's bind; whether none is left mounted (a bundle that still has
+    one must not be removed file by file: its root's view and its slot's lead to what every sandbox shares);
+    never raises."""
+    places = [bundle / NAMESPACE]
+    with contextlib.suppress(OSError):
+        places += list((bundle / VIEWS).iterdir())
+    for place in places:
+        _detach(place)
+    return not any(os.path.ismount(place) for place in places)
+
+
+def _detach(target: Path) -> None:
+    while _libc.umount2(os.fsencode(target), MNT_DETACH | UMOUNT_NOFOLLOW) == 0:
+        pass
+
+
+def unavailable(state: Path, probe_source: Path) -> str | None:
+    """Why sandboxes cannot have host ids of their own here (None: they can), found by making a namespace and an
+    idmapped view of `probe_source` (the images' folder) in a folder of `state`."""
+    place = state / "ids-probe"
+    place.mkdir(parents=True, exist_ok=True, mode=0o700)
+    index = -1
+    try:
+        index = take(state, place.name)
+        make_namespace(place / NAMESPACE, first_id(index))
+        view(probe_source, place / "view", place / NAMESPACE)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"the kernel would not give a sandbox a user namespace and idmapped mounts ({exc})"
+    finally:
+        give_back(state, index, place.name)
+        _detach(place / "view")
+        _detach(place / NAMESPACE)
+        with contextlib.suppress(OSError):
+            for leftover in place.iterdir():
+                (leftover.rmdir if leftover.is_dir() else leftover.unlink)()
+            place.rmdir()
+    return None

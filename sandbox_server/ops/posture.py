@@ -92,12 +92,22 @@ def _limit(pid: int, title: str) -> int | None:
     return None
 
 
+def _inside(pid: int, kind: str, host_id: int) -> int:
+    """A host id as the sandbox of process `pid` sees it: through its user namespace's map (a sandbox with host ids
+    of its own, sandbox.host_ids), else itself."""
+    for line in (PROC / str(pid) / kind).read_text().splitlines():
+        inside, start, count = (int(word) for word in line.split())
+        if start <= host_id < start + count:
+            return inside + host_id - start
+    return host_id
+
+
 def _process(pid: int) -> ProcessView:
     status = _status(pid)
     return ProcessView(
         pid=pid,
-        uid=int(status["Uid"].split()[1]),
-        gid=int(status["Gid"].split()[1]),
+        uid=_inside(pid, "uid_map", int(status["Uid"].split()[1])),
+        gid=_inside(pid, "gid_map", int(status["Gid"].split()[1])),
         cap_eff=int(status["CapEff"], 16),
         cap_prm=int(status["CapPrm"], 16),
         no_new_privs=int(status.get("NoNewPrivs", "0")),

@@ -74,12 +74,12 @@ def merged_env(image_env: Sequence[str], env: Sequence[tuple[str, str]]) -> list
 
 
 def _limited(nofile: int, file_size: int, argv: list[str]) -> list[str]:
-    """`argv` run by a shell that first sets the sandbox's rlimits on itself, soft and hard (refused: the sandbox
-    ends before its launcher runs). runc sets them from outside with prlimit(2), which this kernel refuses for a
+    """The init and `argv` run by a shell that first sets the sandbox's rlimits on itself, soft and hard, then
+    becomes the init (refused: the sandbox ends before anything else runs). runc sets them from outside with prlimit(2), which this kernel refuses for a
     process in a user namespace that another host id owns; a process may always lower its own."""
     blocks = file_size // 512  # ulimit -f counts 512-byte blocks
     script = f'ulimit -n {nofile} && ulimit -f {blocks} && ulimit -c 0 || exit 126; exec "$0" "$@"'
-    return ["/bin/sh", "-c", script, *argv]
+    return ["/bin/sh", "-c", script, INIT_PATH, "--", *argv]
 
 
 def oci_config(
@@ -186,7 +186,7 @@ def oci_config(
         "process": {
             "terminal": False,
             "user": {"uid": uid, "gid": gid, "additionalGids": [gid]},
-            "args": [INIT_PATH, "--", *(argv if user_namespace is None else _limited(limits.nofile, file_size, argv))],
+            "args": [INIT_PATH, "--", *argv] if user_namespace is None else _limited(limits.nofile, file_size, argv),
             "env": env,
             "cwd": spec.workdir,
             "capabilities": {kind: [] for kind in ("bounding", "effective", "inheritable", "permitted", "ambient")},

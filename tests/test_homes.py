@@ -15,16 +15,19 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import anyio
 import anyio.to_thread
 import httpx2
+import psutil
 import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
 from sandbox_server.protocol.forwarding import signature, signed_credentials
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
+from sandbox_server.sandbox.mounts import mounted
 from tests.conftest import run_cli
 from tests.mcp_harness import text_of
 from tests.replicas import Postgres, Replica, haproxy, one_caller, postgres, start_replica
@@ -185,22 +188,42 @@ async def test_a_forwarded_request_needs_the_replicas_signature(homes: Homes) ->
 
 async def test_a_killed_home_loses_no_finished_call_and_its_services_are_said_gone(homes: Homes) -> None:
     workspace, _ = await _start_site(homes)
+    lost: dict[str, Any] = {}
     async with client_of(homes.two.url, homes.token) as two:
         result, _ = await shell(two, "echo kept-before-the-kill > site/kept.txt", workspace=workspace)
         assert not result.is_error, text_of(result)
-    homes.one.process.send_signal(signal.SIGKILL)
+
+        async def under_way() -> None:  # forwarded to one, whose sandbox runs it when one is killed
+            lost["result"], lost["said"] = await shell(two, "sleep 61.25", workspace=workspace)
+
+        reaper = next(p for p in psutil.Process(homes.one.process.pid).children() if "reap-after" in p.cmdline())
+        async with anyio.create_task_group() as group:
+            group.start_soon(under_way)
+            with anyio.fail_after(60):
+                while not _running(("sleep", "61.25")):
+                    await anyio.sleep(0.05)
+            homes.one.process.send_signal(signal.SIGKILL)
+    # The call under way is a result its caller reads (checked against the tool's outputSchema), not an error raised
+    # in the client: it may have run, and when to send it again.
+    said, error = text_of(lost["result"]), lost["said"]["error"]
+    assert lost["result"].is_error and "stopped answering while it had this request" in said, said
+    assert (error["kind"], error["retry_after_s"]) == ("engine_error", 10.0), error
     homes.one.stop()
-    # Until one's heartbeat is old enough for it to be taken for dead, two answers that the home does not answer.
+    # one's reaper lets go of the workspaces it had mounted, so that two may mount them; nothing stays mounted
+    await anyio.to_thread.run_sync(lambda: reaper.wait(timeout=60))
+    assert mounted(homes.folder / "one" / "state" / "workspaces" / "run") == [], "its workspaces stay mounted"
+    # Until one's heartbeat is old enough for it to be taken for dead, two answers that the home does not answer,
+    # and when to ask again; then it takes the workspace over.
     deadline = time.monotonic() + 60
-    async with client_of(homes.two.url, homes.token, checked=False) as two:
+    async with client_of(homes.two.url, homes.token) as two:
         while True:
-            try:
-                result, continued = await shell(two, f"cat site/kept.txt && {READ % 'kept.txt'}", workspace=workspace)
+            result, continued = await shell(two, f"cat site/kept.txt && {READ % 'kept.txt'}", workspace=workspace)
+            if not result.is_error:
                 break
-            except Exception as exc:  # the client raises the 503 the forwarding answers while one may live
-                assert "does not answer" in str(exc) or "503" in str(exc), exc
-                assert time.monotonic() < deadline, "replica two never took the workspace over"
-                await anyio.sleep(0.5)
+            assert continued["error"]["kind"] == "engine_unavailable", text_of(result)
+            assert "does not answer now; nothing of this request reached it" in text_of(result), text_of(result)
+            assert time.monotonic() < deadline, "replica two never took the workspace over"
+            await anyio.sleep(continued["error"]["retry_after_s"])
     said = text_of(result)
     assert not result.is_error, said
     assert f"workspace {workspace} lived on replica one (" in said and "stopped answering" in said, said  # its --name
@@ -358,3 +381,8 @@ async def test_each_protocol_era_is_served_through_either_replica_and_through_ha
     where replicas keep homes: each era keeps a workspace through each replica and through the load balancer."""
     with haproxy(tmp_path, homes.one, homes.two) as balanced:
         await a_workspace_kept_in_each_era((homes.one.url, homes.two.url, balanced), homes.token, mode)
+
+
+def _running(argv: tuple[str, ...]) -> bool:
+    """Whether a process of this host runs with exactly this command line."""
+    return any(tuple(p.info["cmdline"] or ()) == argv for p in psutil.process_iter(["cmdline"]))

@@ -91,6 +91,10 @@ def _reap_after(args: argparse.Namespace) -> int:
 
     reaped = reap_after(args.pid, args.owner)
     sweep_firewall()  # the rules of the bridges its egress networks had, gone with them
+    if args.workspaces:  # its mounted workspaces, free for another server (a replica taking them over) to mount
+        from sandbox_server.workspaces.mounted import let_go_of_run
+
+        let_go_of_run(Path(args.workspaces), args.owner)
     return reaped
 
 
@@ -217,6 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
     reaper = commands.add_parser("reap-after")
     reaper.add_argument("--pid", type=int, required=True, help="the server process to outlive")
     reaper.add_argument("--owner", required=True, help="the owner label of that server's containers")
+    reaper.add_argument("--workspaces", help="the workspaces' folder of that server's state folder")
     reaper.set_defaults(handler=_reap_after)
 
     call = commands.add_parser(

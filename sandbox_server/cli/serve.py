@@ -79,6 +79,7 @@ def _start_and_serve(args: argparse.Namespace, log: logging.Logger) -> int:
     from sandbox_server.protocol.addresses import listen, url_of
     from sandbox_server.protocol.http_limits import raise_open_files_limit
     from sandbox_server.sandbox.runc_runtime import RuncRuntime
+    from sandbox_server.state.folder import default_state_dir
 
     open_files = raise_open_files_limit()  # bounded by the caps on connections, walks and sessions, never by hope
     return_freed_memory()  # what a burst of large calls held goes back to the host once they are answered
@@ -94,7 +95,7 @@ def _start_and_serve(args: argparse.Namespace, log: logging.Logger) -> int:
     else:
         preview_base = None
     runtime = RuncRuntime(None, args.sandboxes)
-    _start_reaper(runtime.owner)
+    _start_reaper(runtime.owner, Path(args.state_dir) if args.state_dir else default_state_dir())
     wired = wire(args, log, runtime, preview_base)
     anyio.run(_serve, args, wired, listener, preview_listener, log)
     return 0
@@ -320,13 +321,25 @@ def _engine_problem(runtime: DockerRuntime) -> str | None:
     return None
 
 
-def _start_reaper(owner: str) -> None:
-    """A small process that outlives this one: if this server is killed, it removes the server's containers."""
+def _start_reaper(owner: str, state_dir: Path) -> None:
+    """A small process that outlives this one: if this server is killed, it removes the server's containers and
+    lets go of the workspaces it had mounted."""
     import os
     import subprocess
 
+    workspaces = ["--workspaces", str(state_dir / "workspaces")]
     subprocess.Popen(
-        [sys.executable, "-m", "sandbox_server", "reap-after", "--pid", str(os.getpid()), "--owner", owner],
+        [
+            sys.executable,
+            "-m",
+            "sandbox_server",
+            "reap-after",
+            "--pid",
+            str(os.getpid()),
+            "--owner",
+            owner,
+            *workspaces,
+        ],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

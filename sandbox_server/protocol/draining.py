@@ -27,7 +27,7 @@ import anyio
 if TYPE_CHECKING:
     from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-__all__ = ["FORWARDED", "LIVES_HERE", "Drain", "read_body", "refuse", "replayed"]
+__all__ = ["FORWARDED", "LIVES_HERE", "Drain", "read_body", "refuse", "refuse_call", "replayed"]
 
 NEW_WORK = frozenset({"tools/call", "initialize"})
 FORWARDED = "sandbox_server.forwarded"
@@ -197,3 +197,28 @@ async def refuse(scope: Scope, receive: Receive, send: Send, message: str) -> No
     await JSONResponse(error, status_code=503, headers={"connection": "close", "retry-after": "1"})(
         scope, receive, send
     )
+
+
+async def refuse_call(
+    scope: Scope, receive: Receive, send: Send, body: bytes, message: str, kind: str, retry_after_s: float
+) -> bool:
+    """Answer a `tools/call` as its tool answers a call that could not run: an error result the model reads and
+    acts on (`kind` and `retry_after_s` in its structured error), where a JSON-RPC error would be raised to the
+    client's code instead; whether `body` was such a call (else nothing is sent)."""
+    from starlette.responses import JSONResponse
+
+    try:
+        found = json.loads(body)
+    except ValueError:
+        return False
+    if not (isinstance(found, dict) and found.get("method") == "tools/call" and "id" in found):
+        return False
+    error = {"kind": kind, "message": message, "policy": None, "field": None, "retry_after_s": retry_after_s}
+    result = {
+        "content": [{"type": "text", "text": message}, {"type": "text", "text": json.dumps({"error": error})}],
+        "structuredContent": {"error": error},
+        "isError": True,
+        "resultType": "complete",  # required from 2026-07-28 on; a client of an earlier era reads past it
+    }
+    await JSONResponse({"jsonrpc": "2.0", "id": found["id"], "result": result})(scope, receive, send)
+    return True

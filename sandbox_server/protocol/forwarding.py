@@ -33,7 +33,8 @@ from typing import TYPE_CHECKING, Any
 
 import anyio.to_thread
 
-from sandbox_server.protocol.draining import FORWARDED, LIVES_HERE, read_body, refuse, replayed
+from sandbox_server.protocol.draining import FORWARDED, LIVES_HERE, read_body, refuse, refuse_call, replayed
+from sandbox_server.state.database import BEAT_S, REPLICA_LOST_S
 
 if TYPE_CHECKING:
     from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -48,8 +49,8 @@ HEADER = "sandbox-forwarded"
 FORWARD_SKEW_S = 30.0
 PREVIEW_BODY_BYTES = 16 * 1024 * 1024
 HANDOVER_WAIT_S = 20.0
-"""How long a call for a workspace whose home drains and no longer answers waits for that home to let go of it (it
-does once its services have stopped), before it is answered 503."""
+"""How long a call for a workspace whose home drains and stops answering waits for it to let go of it (it does once
+its services have stopped), before it is answered 503."""
 HANDOVER_POLL_S = 0.2
 HOP_BY_HOP = frozenset(
     [b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te", b"trailer", b"trailers",
@@ -60,8 +61,6 @@ which it answers to), not the address its peer reached it at."""
 HOME_RESPONSE = b"sandbox-workspace"
 """The answer's header naming the workspace its home served (a load balancer learns where it lives); dropped from a
 forwarded answer, which would teach it the wrong replica."""
-
-
 UNREACHED = "does not answer now; nothing of this request reached it: send it again in a moment"
 LOST_WITH_IT = (
     "stopped answering while it had this request, which may have run there in whole or in part; what lives there "
@@ -293,10 +292,11 @@ class Forwarding:
             log.warning("replica %s, home of what %s %s asks for, did not answer: %s", home.replica, method, path, exc)
             unreached = isinstance(exc, (httpx2.ConnectError, httpx2.ConnectTimeout))  # else a call may have run
             message = f"the replica where this lives ({home.replica}) " + (UNREACHED if unreached else LOST_WITH_IT)
-            if path == self.mcp_path:
-                await refuse(scope, receive, send, message)
-            else:
+            kind, wait_s = ("engine_unavailable", BEAT_S) if unreached else ("engine_error", REPLICA_LOST_S)
+            if path != self.mcp_path:
                 await _answer(scope, receive, send, 503, message + "\n", {"retry-after": "1"})
+            elif not await refuse_call(scope, receive, send, body, message, kind, wait_s):  # a call: a result
+                await refuse(scope, receive, send, message)  # saying when to send it again; else the server's error
             return True
         try:
             kept = [

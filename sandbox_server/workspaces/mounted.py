@@ -38,7 +38,7 @@ from sandbox_server.workspaces.image_files import (
 )
 from sandbox_server.workspaces.spares import GivingBack, Spares
 
-__all__ = ["MountedContents"]
+__all__ = ["MountedContents", "let_go_of_run"]
 
 NOT_ITS_FILES = (OUTPUT_LEAF, "/".join(mounts.CALLS))
 """A mounted workspace's folders that are the calls' and not its files: the output folder, and each running call's
@@ -48,6 +48,16 @@ IMAGE_KEY = "image-key"
 """The state folder's key for naming workspace images (32 random bytes, mode 0600)."""
 DEFER_S = 2.0
 """The longest work beside the calls (spares, freed blocks, removals) waits for a pause between them."""
+
+
+def let_go_of_run(root: Path, process: str) -> None:
+    """Detach what the server `process` (gone) mounted under the workspaces' `root`, and remove its run folder and
+    spares: its workspaces are then free for another server to mount (the reaper does this as it ends)."""
+    folder = root / "run" / process.replace("/", "_")
+    mounts.detach_under(folder)
+    remove_run_folder(folder)
+    for images in (root, root / reflinks.POOL_FOLDER):  # where images clone; the pool is never mounted for this
+        remove_spares(images / "spares" / folder.name)
 
 
 class MountedContents:
@@ -111,9 +121,7 @@ class MountedContents:
         """Let go of what server processes that no longer run left mounted, and their spares."""
         for folder in (self.root / "run").glob("*"):
             if folder != self.run and not self._process_alive(folder.name):
-                mounts.detach_under(folder)
-                remove_run_folder(folder)
-                remove_spares(self.folder / "spares" / folder.name)
+                let_go_of_run(self.root, folder.name)
 
     def kept_files(self, workspace_ids: list[str]) -> set[str]:
         """The names of the files in the store's folder that hold these workspaces."""

@@ -147,6 +147,17 @@ async def test_time_memory_and_exit_codes_are_told_apart_and_metered_on_runc(
     assert [f["path"] for f in files["files"]] == ["a.txt"], files["text"]
     records = audit_records(audit)
     assert len(records) == 5 and all(r["container_id"].startswith("sbx-") for r in records), records
+    assert "memory" not in slow["text"], slow["text"]  # a timeout at rest says nothing of memory
+    # A call past its timeout whose memory met its limit says so: here the page cache of a file it wrote, which the
+    # kernel reclaims at the limit (no process killed), and a timeout.
+    kept = tmp_path / "kept.yaml"
+    kept.write_text(Path(_policy(tmp_path, short)).read_text().replace("persist: false", "persist: true"))
+    async with connect(stdio_parameters("--policy", str(kept), "--sandboxes", "runc")) as session:
+        write = "for i in 1 2 3 4; do dd if=/dev/zero of=big$i bs=1M count=50 status=none; done"
+        cached = {"command": f"{write} && sleep 30"}
+        pressed = await answer(session, "execute_command", cached)
+    assert pressed["timed_out"] and not pressed["oom_killed"], pressed["text"]
+    assert "its memory having reached its limit of 96 MiB (policy field limits.memory_mb" in pressed["text"], pressed
 
 
 async def test_a_mounted_workspace_and_a_warm_interpreter_work_on_runc(tmp_path: Path, runtime: DockerRuntime) -> None:

@@ -178,6 +178,17 @@ class Ending:
     usage: Usage = field(default_factory=Usage)
 
 
+NEAR_LIMIT_BYTES = 4 * 1024 * 1024
+"""How close to its limit a sandbox's peak memory is taken to have reached it: the kernel reclaims as usage nears
+the limit, and a charge that meets it may not be counted (a cgroup v1's failcnt stays 0 when reclaim came first)."""
+
+
+def at_memory_limit(usage: Usage, memory_mb: int) -> bool:
+    """Whether a sandbox's memory reached its limit during the call, by the kernel's counters."""
+    peak = usage.peak_memory_bytes
+    return usage.memory_limit_hits > 0 or (peak is not None and peak >= memory_mb * 1024 * 1024 - NEAR_LIMIT_BYTES)
+
+
 def result_of(
     spec: SandboxSpec, drain: Drain, ending: Ending, container: tuple[str, str], duration_ms: int
 ) -> ExecutionResult:
@@ -216,5 +227,6 @@ def result_of(
         address=container[1],
         cpu_s=ending.usage.cpu_s,
         peak_memory_bytes=ending.usage.peak_memory_bytes,
+        at_memory_limit=at_memory_limit(ending.usage, spec.limits.memory_mb),
         workspace=archive if written else None,
     )

@@ -263,6 +263,7 @@ class DockerRuntime(Engine):
             ending.timed_out = deadline.cancelled_caught
             if ending.timed_out or drain.flooded:
                 ending.usage = meter.read()
+                ending.oom_killed = ending.usage.oom_kills > 0  # the kernel's kill for memory, however late
                 # Close our end first: the engine does not finish a kill while an attach stream backs up.
                 warm.close()
                 await anyio.to_thread.run_sync(self.removal.remove, warm.container_id)

@@ -23,6 +23,10 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 class Usage:
     cpu_s: float | None = None
     peak_memory_bytes: int | None = None
+    memory_limit_hits: int = 0
+    """How often an allocation met the memory limit (the kernel then reclaims, and a program near it crawls)."""
+    oom_kills: int = 0
+    """How many processes the kernel killed for memory."""
 
 
 class Meter:
@@ -34,6 +38,7 @@ class Meter:
         if peak is not None and peak.name == "memory.max_usage_in_bytes":
             with contextlib.suppress(OSError):
                 peak.write_text("0")  # v1: the peak from now on (the warm-up's is not the call's)
+        self.memory_start = _memory_events(peak.parent) if peak is not None else (0, 0)
 
     @classmethod
     def start(cls, pid: int) -> Meter:
@@ -57,11 +62,30 @@ class Meter:
         if self.cpu is not None and self.cpu_start is not None:
             now = _cpu_ns(self.cpu)
             cpu_s = round((now - self.cpu_start) / 1e9, 6) if now is not None else None
-        peak = None
+        peak, hits, kills = None, 0, 0
         if self.peak is not None:
             with contextlib.suppress(OSError, ValueError):
                 peak = int(self.peak.read_text().split()[0])
-        return Usage(cpu_s, peak)
+            now_hits, now_kills = _memory_events(self.peak.parent)
+            hits, kills = now_hits - self.memory_start[0], now_kills - self.memory_start[1]
+        return Usage(cpu_s, peak, hits, kills)
+
+
+def _memory_events(folder: Path) -> tuple[int, int]:
+    """A memory cgroup's count of allocations that met its limit and of processes killed for memory (v1's
+    failcnt and oom_control, v2's memory.events); zeros where they cannot be read."""
+    hits = kills = 0
+    with contextlib.suppress(OSError, ValueError):
+        if (folder / "memory.failcnt").exists():
+            hits = int((folder / "memory.failcnt").read_text())
+            lines = (folder / "memory.oom_control").read_text().splitlines()
+        else:
+            lines = (folder / "memory.events").read_text().splitlines()
+        for line in lines:
+            key, _, value = line.partition(" ")
+            if key in ("max", "oom_kill"):  # v2's max is its failcnt
+                hits, kills = (int(value), kills) if key == "max" else (hits, int(value))
+    return hits, kills
 
 
 def _cgroups(pid: int) -> dict[str, str]:

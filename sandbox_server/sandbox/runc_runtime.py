@@ -382,7 +382,8 @@ class RuncRuntime(DockerRuntime):
                 code = run.process.wait(timeout=30)
         except subprocess.TimeoutExpired as exc:
             raise EngineError(f"sandbox {container_id} did not end after its output did") from exc
-        return code, oom_kills(container_id) > 0
+        oom = oom_kills(container_id) > 0  # a sandbox killed so exited as SIGKILL ends it (runsc may say nothing)
+        return (137 if code is None and oom else code), oom
 
     def _settled(self, warm: WarmContainer, spec: SandboxSpec) -> bool:
         run = self._runs.get(warm.container_id)

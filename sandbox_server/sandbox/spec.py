@@ -163,6 +163,8 @@ class ExecutionResult:
     """CPU time the sandbox's processes used during the call, read by the host (None: it cannot read it)."""
     peak_memory_bytes: int | None = None
     """The sandbox's peak memory, read by the host (None: it cannot read it)."""
+    at_memory_limit: bool = False
+    """Its memory met its limit during the call (what a program slowed by the kernel's reclaim shows)."""
     workspace: BinaryIO | None = None
     """A kept workspace as the program left it (a tar in a temporary file, which the keeper closes), when
     the launcher could write it whole."""

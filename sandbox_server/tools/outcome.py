@@ -33,13 +33,20 @@ SIGNALS = {9: "SIGKILL", 15: "SIGTERM", 24: "SIGXCPU", 25: "SIGXFSZ", 11: "SIGSE
 
 
 def _headline(result: ExecutionResult, limits: ResourceLimits) -> _Headline:
-    if result.timed_out:
-        return _Headline(
-            f"timed out after {limits.timeout_s:g} s (partial output below); the call's timeout_s, at most the "
-            "policy field limits.max_timeout_s"
-        )
     if result.oom_killed:
-        return _Headline(f"killed: out of memory ({limits.memory_mb} MiB); policy field limits.memory_mb")
+        late = f", past its timeout of {limits.timeout_s:g} s" if result.timed_out else ""
+        return _Headline(f"killed: out of memory ({limits.memory_mb} MiB{late}); policy field limits.memory_mb")
+    if result.timed_out:
+        pressed = (
+            f", its memory having reached its limit of {limits.memory_mb} MiB (policy field limits.memory_mb: at the "
+            "limit the kernel reclaims memory, which slows a program)"
+            if result.at_memory_limit
+            else ""
+        )
+        return _Headline(
+            f"timed out after {limits.timeout_s:g} s{pressed} (partial output below); the call's timeout_s, at "
+            "most the policy field limits.max_timeout_s"
+        )
     if result.flooded:
         return _Headline(
             "killed: output flood (far more output than the cap; partial output below); "

@@ -52,6 +52,8 @@ async def test_strict_resource_limits_hold_under_gvisor(server: Client, case: st
     result = await server.call_tool("run_python", {"code": code, "timeout_s": 5})
     assert time.monotonic() - started < 5 + 2 + 3  # gVisor starts slower than runc
     assert result.is_error and any(phrase in text_of(result) for phrase in phrases), text_of(result)
+    if case == "03 memory bomb":  # killed by the kernel for memory, said as the engine says it: SIGKILL's 137
+        assert (result.structured_content or {}).get("exit_code") == 137, result.structured_content
 
 
 ESCAPES = """

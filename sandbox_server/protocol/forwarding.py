@@ -14,9 +14,8 @@ FORWARD_SKEW_S old, or whose nonce the home saw within that time (a captured req
 caller's token in it) is refused 403.
 
 Requests of a handshake-era session are not forwarded: the session lives on the replica that began it, and the
-load balancer keeps them there. A home that does not answer is answered 503 with `Retry-After`, so the load
-balancer sends the request again; once the home has been silent for the replicas' lost time, the next replica
-asked takes the workspace over from its saved archive.
+load balancer keeps them there. A call whose home does not answer is an error result saying when to send it again
+(whether it may have run); once the home is silent for the replicas' lost time, the next replica takes it over.
 """
 
 from __future__ import annotations
@@ -34,7 +33,6 @@ from typing import TYPE_CHECKING, Any
 import anyio.to_thread
 
 from sandbox_server.protocol.draining import FORWARDED, LIVES_HERE, read_body, refuse, refuse_call, replayed
-from sandbox_server.state.database import BEAT_S, REPLICA_LOST_S
 
 if TYPE_CHECKING:
     from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -260,6 +258,8 @@ class Forwarding:
         """Send the request to its home and its answer back: whether it was answered (False: a call for `named`,
         whose home drained and let go of it while this replica waited, is to run here)."""
         import httpx2
+
+        from sandbox_server.state.database import BEAT_S, REPLICA_LOST_S  # psycopg's, as the homes are
 
         if self._client is None:
             # A jar that keeps no cookie: one caller's preview cookie must never ride along with another's request.

@@ -67,6 +67,9 @@ from sandbox_server.sandbox.warm_container import SETTLE_S, WarmContainer, proce
 
 __all__ = ["RuncRuntime", "runc_usable"]
 
+ROOTFS = "sandbox-server.rootfs"
+"""The bundle's annotation naming the image's unpacked root (its root is a view of it when the sandbox has host ids
+of its own), so that the bundle says which image it runs."""
 STARTED_WITHIN_S = 30.0
 """The longest runc may take to start a sandbox before the call is told the runtime failed."""
 
@@ -301,7 +304,7 @@ class RuncRuntime(DockerRuntime):
                 place, own.spec, own.rootfs, [wire.LAUNCHER], own.slot, user_namespace=own.mapping,
                 image_env=(inspected.get("Config") or {}).get("Env") or (),
                 cgroups_path=f"/{CGROUP_PARENT}/{name}",
-                annotations={**owned_by(self.owner), **dict(spec.labels), **on_network(layouts)},
+                annotations={**owned_by(self.owner), **dict(spec.labels), **on_network(layouts), ROOTFS: str(rootfs)},
             )  # fmt: skip
         except BaseException as exc:
             delete(self.state, name)

@@ -80,9 +80,10 @@ class CarriedWorkspaces(PausedWorkspaces):
                     self._records.pop(made.id, None)
                     self._users.pop(made.id, None)
                 if isinstance(exc, (OSError, tarfile.TarError)):
+                    said = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)  # no host path
                     raise Refusal(
                         f"refused: not imported: its files could not be made a workspace ({type(exc).__name__}: "
-                        f"{str(exc)[:200]})",
+                        f"{said[:200]})",
                         "archive",
                     ) from None
                 raise

@@ -27,6 +27,8 @@ import anyio
 if TYPE_CHECKING:
     from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+    from sandbox_server.errors import RefusalKind
+
 __all__ = ["FORWARDED", "LIVES_HERE", "Drain", "read_body", "refuse", "refuse_call", "replayed"]
 
 NEW_WORK = frozenset({"tools/call", "initialize"})
@@ -200,12 +202,15 @@ async def refuse(scope: Scope, receive: Receive, send: Send, message: str) -> No
 
 
 async def refuse_call(
-    scope: Scope, receive: Receive, send: Send, body: bytes, message: str, kind: str, retry_after_s: float
+    scope: Scope, receive: Receive, send: Send, body: bytes, message: str, may_have_run: bool, retry_after_s: float
 ) -> bool:
     """Answer a `tools/call` as its tool answers a call that could not run: an error result the model reads and
-    acts on (`kind` and `retry_after_s` in its structured error), where a JSON-RPC error would be raised to the
-    client's code instead; whether `body` was such a call (else nothing is sent)."""
+    acts on (`engine_error` when it `may_have_run`, else `engine_unavailable`, and `retry_after_s`), where a
+    JSON-RPC error would be raised to the client's code instead; whether `body` was such a call (else nothing is
+    sent)."""
     from starlette.responses import JSONResponse
+
+    from sandbox_server.tools.base import ToolOutcome
 
     try:
         found = json.loads(body)
@@ -213,10 +218,11 @@ async def refuse_call(
         return False
     if not (isinstance(found, dict) and found.get("method") == "tools/call" and "id" in found):
         return False
-    error = {"kind": kind, "message": message, "policy": None, "field": None, "retry_after_s": retry_after_s}
+    kind: RefusalKind = "engine_error" if may_have_run else "engine_unavailable"
+    structured = dict(ToolOutcome.failed(kind, message, retry_after_s=retry_after_s).structured or {})
     result = {
-        "content": [{"type": "text", "text": message}, {"type": "text", "text": json.dumps({"error": error})}],
-        "structuredContent": {"error": error},
+        "content": [{"type": "text", "text": message}, {"type": "text", "text": json.dumps(structured)}],
+        "structuredContent": structured,
         "isError": True,
         "resultType": "complete",  # required from 2026-07-28 on; a client of an earlier era reads past it
     }

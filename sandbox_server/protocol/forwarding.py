@@ -292,10 +292,10 @@ class Forwarding:
             log.warning("replica %s, home of what %s %s asks for, did not answer: %s", home.replica, method, path, exc)
             unreached = isinstance(exc, (httpx2.ConnectError, httpx2.ConnectTimeout))  # else a call may have run
             message = f"the replica where this lives ({home.replica}) " + (UNREACHED if unreached else LOST_WITH_IT)
-            kind, wait_s = ("engine_unavailable", BEAT_S) if unreached else ("engine_error", REPLICA_LOST_S)
+            retry_s = BEAT_S if unreached else REPLICA_LOST_S
             if path != self.mcp_path:
                 await _answer(scope, receive, send, 503, message + "\n", {"retry-after": "1"})
-            elif not await refuse_call(scope, receive, send, body, message, kind, wait_s):  # a call: a result
+            elif not await refuse_call(scope, receive, send, body, message, not unreached, retry_s):  # a call: a result
                 await refuse(scope, receive, send, message)  # saying when to send it again; else the server's error
             return True
         try:

@@ -20,19 +20,19 @@ and go with it.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
 import os
 import subprocess
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from sandbox_server.sandbox import mounts, views
 from sandbox_server.sandbox.oci import SPAN
 from sandbox_server.sandbox.spec import SandboxSpec
 
 __all__ = [
     "BASE", "SPAN", "HostIdsError", "OwnIds", "detach_all", "first_id", "give_back", "give_own_ids", "held_by",
-    "make_namespace", "ranges_of", "take", "unavailable", "view", "view_on",
+    "make_namespace", "range_of", "take", "unavailable",
 ]  # fmt: skip
 
 BASE = 1 << 30
@@ -46,34 +46,11 @@ NAMESPACE = "userns"
 VIEWS = "views"
 """In a bundle: the folder of the idmapped mounts its sandbox is given."""
 
-AT_FDCWD, AT_EMPTY_PATH, AT_RECURSIVE = -100, 0x1000, 0x8000
-OPEN_TREE_CLONE, OPEN_TREE_CLOEXEC = 1, os.O_CLOEXEC
-MOVE_MOUNT_F_EMPTY_PATH = 0x4
-MOUNT_ATTR_RDONLY, MOUNT_ATTR_IDMAP = 0x1, 0x100000
-MNT_DETACH, UMOUNT_NOFOLLOW = 0x2, 0x8
-SYS_OPEN_TREE, SYS_MOVE_MOUNT, SYS_MOUNT_SETATTR = 428, 429, 442  # the same on every architecture since 5.2
 HELPER_WAIT_S = 10.0
-
-_libc = ctypes.CDLL(None, use_errno=True)
-_libc.syscall.restype = ctypes.c_long
-
-
-class _MountAttr(ctypes.Structure):
-    _fields_ = [
-        ("attr_set", ctypes.c_uint64),
-        ("attr_clr", ctypes.c_uint64),
-        ("propagation", ctypes.c_uint64),
-        ("userns_fd", ctypes.c_uint64),
-    ]
 
 
 class HostIdsError(OSError):
-    """A range, a namespace or a mount of a sandbox's own that the host could not make."""
-
-
-def _failed(what: str) -> HostIdsError:
-    code = ctypes.get_errno()
-    return HostIdsError(code, f"{what}: {os.strerror(code)}")
+    """A range or a namespace of a sandbox's own that the host could not make."""
 
 
 def first_id(index: int) -> int:
@@ -143,23 +120,23 @@ def give_own_ids(state: Path, bundle: Path, name: str, rootfs: Path, spec: Sandb
     bundle.mkdir(parents=True, exist_ok=True, mode=0o711)  # the sandbox's root, host id `first`, passes through
     index = take(state, name, hint)
     (bundle / IDS).write_text(str(index))
-    first, namespace, views = first_id(index), bundle / NAMESPACE, bundle / VIEWS
+    first, namespace, folder = first_id(index), bundle / NAMESPACE, bundle / VIEWS
     make_namespace(namespace, first)
-    views.mkdir(mode=0o711, exist_ok=True)
-    view(rootfs, views / "rootfs", namespace)  # writable here for runc to make mount points; read-only inside
-    mounts = []
+    folder.mkdir(mode=0o711, exist_ok=True)
+    views.view(rootfs, folder / "rootfs", namespace)  # writable here for runc to make mount points; read-only inside
+    seen = []
     for number, mount in enumerate(spec.mounts):
-        target = views / f"mount-{number}"
-        view(mount.host_path, target, namespace, read_only=mount.read_only)
-        mounts.append(replace(mount, host_path=str(target)))
+        target = folder / f"mount-{number}"
+        views.view(mount.host_path, target, namespace, read_only=mount.read_only)
+        seen.append(replace(mount, host_path=str(target)))
     slot_view = None
     if slot is not None:
-        view(slot, views / "slot", None)
-        slot_view = str(views / "slot")
-    return OwnIds(views / "rootfs", replace(spec, mounts=tuple(mounts)), slot_view, index, namespace, first)
+        views.view(slot, folder / "slot", None)
+        slot_view = str(folder / "slot")
+    return OwnIds(folder / "rootfs", replace(spec, mounts=tuple(seen)), slot_view, index, namespace, first)
 
 
-def ranges_of(bundle: Path) -> int | None:
+def range_of(bundle: Path) -> int | None:
     """The range a bundle's sandbox holds (None: none)."""
     with contextlib.suppress(OSError, ValueError):
         return int((bundle / IDS).read_text())
@@ -182,7 +159,7 @@ def make_namespace(held: Path, first: int) -> None:
             with open(f"/proc/{helper.pid}/{kind}", "w", encoding="ascii") as mapping:
                 mapping.write(f"0 {first} {SPAN}\n")
         held.touch(mode=0o600)
-        _bind(f"/proc/{helper.pid}/ns/user", held)
+        mounts.bind(f"/proc/{helper.pid}/ns/user", str(held))
     finally:
         helper.stdin.close()
         try:
@@ -193,65 +170,6 @@ def make_namespace(held: Path, first: int) -> None:
         helper.stdout.close()
 
 
-def _bind(source: str, target: Path) -> None:
-    if _libc.mount(source.encode(), os.fsencode(target), None, 0x1000, None) != 0:  # MS_BIND
-        raise _failed(f"bind the user namespace on {target}")
-
-
-def view(source: str | Path, target: Path, namespace: Path | None, *, read_only: bool = False) -> None:
-    """Mount a copy of `source` (a folder and what is mounted under it, or a file) on `target` (made here),
-    idmapped for the user namespace held on `namespace` (None: as it is), read-only if asked. A file system that
-    cannot be idmapped gets a plain copy when `read_only` (what the sandbox only reads needs no ids of its own),
-    else HostIdsError."""
-    tree = _libc.syscall(SYS_OPEN_TREE, AT_FDCWD, os.fsencode(source), OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE)  # fmt: skip
-    if tree < 0:
-        raise _failed(f"copy the mount of {source}")
-    try:
-        if namespace is not None or read_only:
-            _set(tree, source, namespace, read_only)
-        if os.path.isdir(source):
-            target.mkdir(mode=0o755, exist_ok=True)
-        else:
-            target.touch(mode=0o600, exist_ok=True)
-        if _libc.syscall(SYS_MOVE_MOUNT, tree, b"", AT_FDCWD, os.fsencode(target), MOVE_MOUNT_F_EMPTY_PATH) < 0:
-            raise _failed(f"mount {source} on {target}")
-    finally:
-        os.close(tree)
-
-
-def view_on(source: str | Path, target_fd: int, namespace: Path) -> None:
-    """Mount a copy of folder `source`, idmapped for the namespace held on `namespace`, on the open folder
-    `target_fd` (a mount made on a descriptor follows no link a program left)."""
-    tree = _libc.syscall(SYS_OPEN_TREE, AT_FDCWD, os.fsencode(source), OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE)  # fmt: skip
-    if tree < 0:
-        raise _failed(f"copy the mount of {source}")
-    try:
-        _set(tree, source, namespace, False)
-        moved = _libc.syscall(SYS_MOVE_MOUNT, tree, b"", target_fd, b"", MOVE_MOUNT_F_EMPTY_PATH | 0x40)  # T_EMPTY_PATH
-        if moved < 0:
-            raise _failed(f"mount {source} in the sandbox's workspace")
-    finally:
-        os.close(tree)
-
-
-def _set(tree: int, source: str | Path, namespace: Path | None, read_only: bool) -> None:
-    if read_only:
-        _setattr(tree, MOUNT_ATTR_RDONLY, -1)
-    if namespace is None:
-        return
-    handle = os.open(namespace, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        if _setattr(tree, MOUNT_ATTR_IDMAP, handle) < 0 and not (read_only and ctypes.get_errno() == errno.EINVAL):
-            raise _failed(f"give {source} the sandbox's ids (its file system may not allow idmapped mounts)")
-    finally:
-        os.close(handle)
-
-
-def _setattr(tree: int, flags: int, namespace_fd: int) -> int:
-    attr = _MountAttr(flags, 0, 0, max(namespace_fd, 0))
-    return int(_libc.syscall(SYS_MOUNT_SETATTR, tree, b"", AT_EMPTY_PATH | AT_RECURSIVE, ctypes.byref(attr), ctypes.sizeof(attr)))  # fmt: skip
-
-
 def detach_all(bundle: Path) -> bool:
     """Detach a bundle's views and its namespace's bind; whether none is left mounted (a bundle that still has
     one must not be removed file by file: its root's view and its slot's lead to what every sandbox shares);
@@ -260,13 +178,8 @@ def detach_all(bundle: Path) -> bool:
     with contextlib.suppress(OSError):
         places += list((bundle / VIEWS).iterdir())
     for place in places:
-        _detach(place)
+        mounts.detach(str(place))
     return not any(os.path.ismount(place) for place in places)
-
-
-def _detach(target: Path) -> None:
-    while _libc.umount2(os.fsencode(target), MNT_DETACH | UMOUNT_NOFOLLOW) == 0:
-        pass
 
 
 def unavailable(state: Path, probe_source: Path) -> str | None:
@@ -278,13 +191,13 @@ def unavailable(state: Path, probe_source: Path) -> str | None:
     try:
         index = take(state, place.name)
         make_namespace(place / NAMESPACE, first_id(index))
-        view(probe_source, place / "view", place / NAMESPACE)
+        views.view(probe_source, place / "view", place / NAMESPACE)
     except (OSError, subprocess.SubprocessError) as exc:
         return f"the kernel would not give a sandbox a user namespace and idmapped mounts ({exc})"
     finally:
         give_back(state, index, place.name)
-        _detach(place / "view")
-        _detach(place / NAMESPACE)
+        mounts.detach(str(place / "view"))
+        mounts.detach(str(place / NAMESPACE))
         with contextlib.suppress(OSError):
             for leftover in place.iterdir():
                 (leftover.rmdir if leftover.is_dir() else leftover.unlink)()

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Meter", "Usage"]
+__all__ = ["Meter", "Usage", "memory_events"]
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
@@ -38,7 +38,7 @@ class Meter:
         if peak is not None and peak.name == "memory.max_usage_in_bytes":
             with contextlib.suppress(OSError):
                 peak.write_text("0")  # v1: the peak from now on (the warm-up's is not the call's)
-        self.memory_start = _memory_events(peak.parent) if peak is not None else (0, 0)
+        self.memory_start = memory_events(peak.parent) if peak is not None else (0, 0)
 
     @classmethod
     def start(cls, pid: int) -> Meter:
@@ -66,12 +66,12 @@ class Meter:
         if self.peak is not None:
             with contextlib.suppress(OSError, ValueError):
                 peak = int(self.peak.read_text().split()[0])
-            now_hits, now_kills = _memory_events(self.peak.parent)
+            now_hits, now_kills = memory_events(self.peak.parent)
             hits, kills = now_hits - self.memory_start[0], now_kills - self.memory_start[1]
         return Usage(cpu_s, peak, hits, kills)
 
 
-def _memory_events(folder: Path) -> tuple[int, int]:
+def memory_events(folder: Path) -> tuple[int, int]:
     """A memory cgroup's count of allocations that met its limit and of processes killed for memory (v1's
     failcnt and oom_control, v2's memory.events); zeros where they cannot be read."""
     hits = kills = 0
@@ -83,8 +83,10 @@ def _memory_events(folder: Path) -> tuple[int, int]:
             lines = (folder / "memory.events").read_text().splitlines()
         for line in lines:
             key, _, value = line.partition(" ")
-            if key in ("max", "oom_kill"):  # v2's max is its failcnt
-                hits, kills = (int(value), kills) if key == "max" else (hits, int(value))
+            if key == "max":  # v2's failcnt
+                hits = int(value)
+            elif key == "oom_kill":
+                kills = int(value)
     return hits, kills
 
 

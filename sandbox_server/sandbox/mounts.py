@@ -25,7 +25,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-from sandbox_server.sandbox import host_ids
+from sandbox_server.sandbox import views
 
 __all__ = [
     "MountError",
@@ -79,7 +79,7 @@ def bind(source: str, target: str, namespace: Path | None = None) -> None:
     if namespace is None:
         _mount(source, target, MS_BIND | MS_REC)
     else:
-        host_ids.view(source, Path(target), namespace)
+        views.view(source, Path(target), namespace)
 
 
 def bind_outputs(slot: str, owner: str, source: str | None = None, namespace: Path | None = None) -> None:
@@ -114,7 +114,7 @@ def _bind_outputs(slot: str, ids: tuple[int, int], source: str | None, namespace
             _mount(f"/proc/self/fd/{outputs}", f"/proc/self/fd/{opened[-1]}", MS_BIND)
             return
         opened.append(_open_path(open_folder(slot), (OUTPUT_NAME,)))  # the same folder, in the slot's mount
-        host_ids.view_on(f"/proc/self/fd/{outputs}", opened[-1], namespace)
+        views.view_on(f"/proc/self/fd/{outputs}", opened[-1], namespace)
     finally:
         for handle in opened:
             os.close(handle)

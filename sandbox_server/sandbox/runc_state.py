@@ -21,6 +21,7 @@ from pathlib import Path
 
 from sandbox_server.errors import EngineError
 from sandbox_server.sandbox import host_ids
+from sandbox_server.sandbox.meter import memory_events
 from sandbox_server.sandbox.polling import readable
 
 __all__ = [
@@ -144,7 +145,7 @@ def delete(state: Path, name: str, stopped: bool = False) -> None:
     bundle = state / "bundles" / name
     if not host_ids.detach_all(bundle):  # its views and its user namespace, then its range
         return  # never removed through a view still mounted: the next sweep tries again
-    index = host_ids.ranges_of(bundle)
+    index = host_ids.range_of(bundle)
     if index is not None:
         host_ids.give_back(state, index, name)
     shutil.rmtree(bundle, ignore_errors=True)
@@ -264,13 +265,7 @@ def delete_left_by(owner: str, state: Path = STATE) -> int:
 
 def oom_kills(name: str) -> int:
     """How many processes the kernel killed for memory in a sandbox's cgroup (0 when it cannot be read)."""
-    for path in (
-        Path("/sys/fs/cgroup/memory") / CGROUP_PARENT / name / "memory.oom_control",  # v1
-        Path("/sys/fs/cgroup") / CGROUP_PARENT / name / "memory.events",  # v2
-    ):
-        with contextlib.suppress(OSError, ValueError):
-            for line in path.read_text().splitlines():
-                key, _, value = line.partition(" ")
-                if key == "oom_kill":
-                    return int(value)
+    for folder in (Path("/sys/fs/cgroup/memory") / CGROUP_PARENT / name, Path("/sys/fs/cgroup") / CGROUP_PARENT / name):
+        if folder.is_dir():  # v1's memory controller, else v2's one hierarchy
+            return memory_events(folder)[1]
     return 0

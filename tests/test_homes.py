@@ -208,22 +208,34 @@ async def test_a_killed_home_loses_no_finished_call_and_its_services_are_said_go
     said, error = text_of(lost["result"]), lost["said"]["error"]
     assert lost["result"].is_error and "stopped answering while it had this request" in said, said
     assert (error["kind"], error["retry_after_s"]) == ("engine_error", 10.0), error
-    homes.one.stop()
-    # one's reaper lets go of the workspaces it had mounted, so that two may mount them; nothing stays mounted
-    await anyio.to_thread.run_sync(lambda: reaper.wait(timeout=60))
-    assert mounted(homes.folder / "one" / "state" / "workspaces" / "run") == [], "its workspaces stay mounted"
     # Until one's heartbeat is old enough for it to be taken for dead, two answers that the home does not answer,
-    # and when to ask again; then it takes the workspace over.
-    deadline = time.monotonic() + 60
+    # and when to ask again: a call of this era is forwarded, and finds no one there ...
     async with client_of(homes.two.url, homes.token) as two:
+        result, unreached = await shell(two, "true", workspace=workspace)
+    assert result.is_error and unreached["error"]["kind"] == "engine_unavailable", text_of(result)
+    assert "does not answer now; nothing of this request reached it" in text_of(result), text_of(result)
+    # ... and a handshake-era session's, never forwarded (its session lives on two), is told how long one has been
+    # silent and when it is taken for lost: sent again then, as told, it runs, continuing the workspace on two.
+    deadline, told = time.monotonic() + 60, 0
+    async with client_of(homes.two.url, homes.token, mode="legacy") as two:
         while True:
             result, continued = await shell(two, f"cat site/kept.txt && {READ % 'kept.txt'}", workspace=workspace)
             if not result.is_error:
                 break
-            assert continued["error"]["kind"] == "engine_unavailable", text_of(result)
-            assert "does not answer now; nothing of this request reached it" in text_of(result), text_of(result)
+            error, said = continued["error"], text_of(result)
+            if error["kind"] == "engine_unavailable":
+                assert "lives on replica one (" in said and "has not said it is alive for" in said, said
+                assert 1 <= error["retry_after_s"] <= 11, error
+                told += 1
+            else:
+                assert error["kind"] == "busy" and "lives on replica one (" in said, said
             assert time.monotonic() < deadline, "replica two never took the workspace over"
-            await anyio.sleep(continued["error"]["retry_after_s"])
+            await anyio.sleep(error["retry_after_s"])
+    assert told == 1, "the session was told when to send the call again, and it ran when sent then"
+    homes.one.stop()
+    # one's reaper lets go of the workspaces it had mounted, so that two may mount them; nothing stays mounted
+    await anyio.to_thread.run_sync(lambda: reaper.wait(timeout=60))
+    assert mounted(homes.folder / "one" / "state" / "workspaces" / "run") == [], "its workspaces stay mounted"
     said = text_of(result)
     assert not result.is_error, said
     assert f"workspace {workspace} lived on replica one (" in said and "stopped answering" in said, said  # its --name

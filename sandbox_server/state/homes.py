@@ -36,6 +36,15 @@ class Claim:
     """The replica it was taken over from, which had stopped answering (None: it had no home, or this one)."""
     gone: tuple[str, ...] = ()
     """The services that ran on that replica, gone with it."""
+    named: str | None = None
+    """The `--name` of the replica that is its home, when another one is and it has a name."""
+    silent_s: float = 0.0
+    """How long ago that home last said it was alive (it is taken for lost past REPLICA_LOST_S)."""
+
+    @property
+    def shown(self) -> str:
+        """The home as its operator knows it: its name and owner, or its owner alone."""
+        return f"{self.named} ({self.home})" if self.named else str(self.home)
 
 
 _LIVE = "r.beat_at > now() - make_interval(secs => %(lost_s)s)"
@@ -44,7 +53,8 @@ WITH old AS (SELECT w.id, w.home, (w.home IS NULL OR w.home = %(me)s OR NOT EXIS
                  SELECT 1 FROM replicas r WHERE r.owner = w.home AND {_LIVE})) AS free
              FROM workspaces w WHERE w.id = %(id)s FOR UPDATE),
      took AS (UPDATE workspaces w SET home = %(me)s FROM old WHERE w.id = old.id AND old.free RETURNING w.id)
-SELECT old.home, old.free, (SELECT r.name FROM replicas r WHERE r.owner = old.home) FROM old
+SELECT old.home, old.free, r.name, extract(epoch FROM now() - r.beat_at)
+FROM old LEFT JOIN replicas r ON r.owner = old.home
 """
 _HOME_OF = f"""
 SELECT DISTINCT w.home, r.address FROM workspaces w JOIN replicas r ON r.owner = w.home
@@ -73,9 +83,9 @@ class Homes:
             row = connection.execute(_CLAIM, self._params(id=workspace_id)).fetchone()
             if row is None:
                 return Claim(home=None)
-            home, free, name = row
+            home, free, name, silent = row
             if not free:
-                return Claim(home=home)
+                return Claim(home=home, named=name, silent_s=float(silent or 0.0))
             gone = connection.execute(
                 "DELETE FROM services WHERE workspace_id = %s AND replica <> %s RETURNING name",
                 (workspace_id, self.me),

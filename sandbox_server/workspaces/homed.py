@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import math
 import tarfile
 import threading
 from collections.abc import Callable
@@ -23,7 +24,8 @@ from sandbox_server.policy import WorkspaceSettings
 from sandbox_server.sandbox.activity import Activity
 from sandbox_server.sandbox.archive import WORKSPACE_DIR
 from sandbox_server.sandbox.spec import ExecutionResult, SandboxSpec
-from sandbox_server.state.homes import Homes
+from sandbox_server.state.database import BEAT_S, REPLICA_LOST_S
+from sandbox_server.state.homes import Claim, Homes
 from sandbox_server.workspaces.contents import Add, Room
 from sandbox_server.workspaces.files import FileState
 from sandbox_server.workspaces.mounted import MountedContents
@@ -70,12 +72,7 @@ class HomedMounts(MountedContents):
                 return None
             claim = self.homes.claim(workspace_id)
             if claim.home is not None and claim.home != self.homes.me:
-                raise Refusal(
-                    f"busy: workspace {workspace_id} lives on replica {claim.home}, which answers its calls; retry",
-                    "workspace",
-                    kind="busy",
-                    retry_after_s=1,
-                )
+                raise _elsewhere(workspace_id, claim)
             super().remove(workspace_id)  # what this host may hold of it from before is stale
             self.archives.refresh(workspace_id)
             saved = self.archives.archive_path(workspace_id)
@@ -208,3 +205,26 @@ class HomedMounts(MountedContents):
         with contextlib.suppress(Refusal):
             self.let_go_of_homes()
         super().close()
+
+
+def _elsewhere(workspace_id: str, claim: Claim) -> Refusal:
+    """The refusal of a call that reached this replica for a workspace another live replica is the home of: busy
+    while that home says it is alive; once it has missed its beats, that it does not answer and when it is taken
+    for lost (a handshake-era session, whose calls are never forwarded, asks again then rather than every second)."""
+    if claim.silent_s <= 2 * BEAT_S:
+        return Refusal(
+            f"busy: workspace {workspace_id} lives on replica {claim.shown}, which answers its calls; retry",
+            "workspace",
+            kind="busy",
+            retry_after_s=1,
+        )
+    left = max(1.0, math.ceil(REPLICA_LOST_S - claim.silent_s + 1))
+    return Refusal(
+        f"workspace {workspace_id} lives on replica {claim.shown}, which has not said it is alive for "
+        f"{claim.silent_s:.0f} s; nothing of this request ran. It is taken for lost {REPLICA_LOST_S:.0f} s after "
+        f"its last word, and this replica then continues the workspace from its last saved call: send it again in "
+        f"{left:.0f} s",
+        "workspace",
+        kind="engine_unavailable",
+        retry_after_s=left,
+    )

@@ -126,6 +126,7 @@ def wire(
             Parts(
                 registry, pool or runtime, audit, (metrics.observe,) if metrics is not None else (), tracing, tasks,
                 services, callers.shared_access(database), runtime.owner, args.page_size, preview_origin=preview_origin(args, links),
+                host_folders=_host_folders(runtime, workspaces.root.parent, audit.path.parent),
             )
         )  # fmt: skip
         authentication = callers.authentication(args, registry.named, log, database)
@@ -206,6 +207,14 @@ def _clear_strays(runtime: DockerRuntime, log: logging.Logger) -> None:
             log.warning("runc's sandboxes share the sandbox user's host ids and its per-user limits: %s", shared)
     else:
         log.info("calls' sandboxes are made by the engine (%s)", why_not)
+
+
+def _host_folders(runtime: DockerRuntime, state: Path, audit: Path) -> tuple[str, ...]:
+    """The folders of this host no answer names a path into: the server's state and trail, and runc's bundles."""
+    from sandbox_server.sandbox.runc_runtime import RuncRuntime
+
+    folders = [state, audit, *([runtime.state] if isinstance(runtime, RuncRuntime) else [])]
+    return tuple(sorted({str(f) for folder in folders for f in (folder, folder.resolve())}))
 
 
 def _audit(args: argparse.Namespace, policy: Policy, state: Path, replica: str | None, log: logging.Logger) -> AuditLog:

@@ -15,7 +15,8 @@ import re
 import threading
 import uuid
 from collections import OrderedDict
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import quote
 
@@ -156,6 +157,14 @@ def _file_block(
     }
 
 
+def unplaced(text: str, folders: Sequence[str]) -> str:
+    """The server's own words with no path into the host's `folders` (its state, its sandboxes' bundles): each
+    such path, to its end, is said as a folder of the server (an error the system or the engine raised names one)."""
+    for folder in sorted({f.rstrip("/") for f in folders if len(f.rstrip("/")) > 1}, key=len, reverse=True):
+        text = re.sub(re.escape(folder) + r"(?![^/\s'\"])[^\s'\"]*", "<a folder of the server>", text)
+    return text
+
+
 def render(
     outcome: ToolOutcome,
     store: ResourceStore,
@@ -163,9 +172,13 @@ def render(
     max_image_bytes: int = 4_000_000,
     tenant: str | None = None,
     kept: list[Any] | None = None,
+    host_folders: Sequence[str] = (),
 ) -> RenderedResult:
     """The blocks a client receives: text first, then structured JSON, images and files (large ones kept for `tenant`);
-    `kept` hears of every file kept (uri, MIME type, bytes, tenant), for replicas to keep them too."""
+    `kept` hears of every file kept (uri, MIME type, bytes, tenant), for replicas to keep them too. What the server
+    says itself (the headline, the notes, an error's message) names no path into `host_folders`."""
+    if host_folders:
+        outcome = _unplaced_outcome(outcome, host_folders)
     lines = [sanitize(outcome.headline)]
     for title, body in outcome.sections:
         if body or title == "stdout":
@@ -219,6 +232,19 @@ def render(
             item["path"] = sanitize(item["path"])
         content[1]["text"] = json.dumps(_without_repeats(structured), ensure_ascii=False)
     return RenderedResult(content=content, structured=structured, is_error=outcome.is_error)
+
+
+def _unplaced_outcome(outcome: ToolOutcome, folders: Sequence[str]) -> ToolOutcome:
+    structured = outcome.structured
+    error = (structured or {}).get("error")
+    if structured is not None and isinstance(error, dict) and isinstance(error.get("message"), str):
+        structured = {**structured, "error": {**error, "message": unplaced(error["message"], folders)}}
+    return replace(
+        outcome,
+        headline=unplaced(outcome.headline, folders),
+        notes=tuple(unplaced(note, folders) for note in outcome.notes),
+        structured=structured,
+    )
 
 
 def _without_repeats(structured: dict[str, Any]) -> dict[str, Any]:

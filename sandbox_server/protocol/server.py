@@ -94,6 +94,8 @@ class Parts:
     store: ResourceStore | None = None
     preview_origin: str | None = None
     """Where services' previews are served (the origin the service view may frame)."""
+    host_folders: tuple[str, ...] = ()
+    """The host's folders the server keeps its state and its sandboxes in: no answer names a path into them."""
 
 
 class SandboxServer:
@@ -110,6 +112,7 @@ class SandboxServer:
         self.services = services
         self.page_size = max(1, parts.page_size)
         self.store = parts.store or ResourceStore()
+        self.host_folders = parts.host_folders
         self.workspaces = workspaces = registry.workspaces
         self.instance = parts.instance
         """This server process, in the key of its handshake sessions' workspaces."""
@@ -309,8 +312,9 @@ class SandboxServer:
                 outcome = replace(outcome, view=None)
             kept: list[Any] | None = [] if self.shared_files is not None else None
             rendered = render(
-                outcome, self.store, limits.returned_images, limits.returned_image_bytes, identity.tenant, kept
-            )
+                outcome, self.store, limits.returned_images, limits.returned_image_bytes, identity.tenant, kept,
+                self.host_folders,
+            )  # fmt: skip
             if self.shared_files is not None and kept:  # readable on every replica before the answer leaves
                 await anyio.to_thread.run_sync(self.shared_files.keep, kept)
             result = _result_model(rendered)
@@ -339,7 +343,7 @@ class SandboxServer:
             )  # fmt: skip
         except Refusal as refusal:
             outcome = ToolOutcome.refused(refusal, policy.name)
-            return _result_model(render(outcome, self.store, tenant=identity.tenant))
+            return _result_model(render(outcome, self.store, tenant=identity.tenant, host_folders=self.host_folders))
         return started.record if started.record is not None else started.answer
 
     def _parks(self, ctx: Context, call: Call) -> bool:

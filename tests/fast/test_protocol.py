@@ -22,7 +22,7 @@ from mcp.shared.exceptions import MCPError
 
 from sandbox_server.access.audit import AuditLog
 from sandbox_server.calls.registry import ToolRegistry
-from sandbox_server.errors import EngineUnavailable
+from sandbox_server.errors import EngineError, EngineUnavailable
 from sandbox_server.network.egress import Destination, Egress
 from sandbox_server.policy import Policy, RateLimits, ToolPolicy
 from sandbox_server.protocol.concise import HINT_DEFAULTS
@@ -77,7 +77,9 @@ async def serving(
     runtime: FakeRuntime, mode: str = "legacy", *, page_size: int = 50, audit: Path | None = None, **changes: Any
 ) -> AsyncIterator[tuple[SandboxServer, CheckedClient]]:
     registry = ToolRegistry(all_tools(), policy(**changes))
-    app = SandboxServer(Parts(registry, runtime, AuditLog(audit) if audit else None, page_size=page_size))
+    app = SandboxServer(
+        Parts(registry, runtime, AuditLog(audit) if audit else None, page_size=page_size, host_folders=HOST_FOLDERS)
+    )
     async with connect(app.server, mode=mode) as client:
         yield app, client
 
@@ -214,6 +216,25 @@ async def test_a_call_the_policy_refuses_is_answered_at_once_even_with_every_slo
         assert result.is_error and result.structured_content is not None, text_of(result)
         assert result.structured_content["error"]["field"] == field, text_of(result)
     assert len(runtime.specs) == 1  # only the call that held the slot reached the engine
+
+
+HOST_FOLDERS = ("/var/lib/sandbox-server", "/run/sandbox-server/runc")
+
+
+@pytest.mark.parametrize("mode", ERAS)
+async def test_no_answer_names_a_path_into_the_servers_own_folders(mode: str) -> None:
+    """An engine's or the system's error carries a path into the server's state or runc's bundles: the answer
+    says a folder of the server instead (the text, the structured error), and keeps every other path."""
+    bundle = "/run/sandbox-server/runc/sbx-1a2b/bundle/views/rootfs"
+    said = f"could not make sandbox sbx-1a2b's bundle: [Errno 28] No space left on device: '{bundle}'"
+    runtime = FakeRuntime(error=EngineError(f"{said}; /var/lib/sandbox-server2/x and /workspace/a are not ours"))
+    async with serving(runtime, mode) as (_, client):
+        result = await client.call_tool("execute_command", {"command": "true"})
+    text, error = text_of(result), (result.structured_content or {})["error"]
+    for shown in (text, error["message"]):
+        assert "/run/sandbox-server/runc" not in shown and "sbx-1a2b/bundle" not in shown, shown
+        assert "No space left on device: '<a folder of the server>'" in shown, shown
+        assert "/var/lib/sandbox-server2/x and /workspace/a are not ours" in shown, shown  # a neighbour, a sandbox path
 
 
 async def test_an_engine_that_does_not_answer_is_a_refusal_of_that_kind() -> None:

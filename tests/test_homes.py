@@ -184,6 +184,16 @@ async def test_a_forwarded_request_needs_the_replicas_signature(homes: Homes) ->
     assert taken.status_code == 200 and "execute_command" in taken.text, (taken.status_code, taken.text[:300])
     replayed = await anyio.to_thread.run_sync(post, captured)
     assert replayed.status_code == 403 and "signature" in replayed.text, (replayed.status_code, replayed.text)
+    # A workspace's hand-over is asked for by a replica alone: unsigned, or signed without the key, it is refused.
+    async with client_of(homes.one.url, homes.token) as one:
+        _, made = await shell(one, "echo mine > f.txt")
+    asked = json.dumps({"workspace": made["workspace"]}).encode()
+    hand_over = homes.one.url.removesuffix("/mcp") + "/replicas/hand-over"
+    for headers in ({}, {"Sandbox-Forwarded": f"someone;{time.time():.3f};n6;{'0' * 64}"}):
+        refused = await anyio.to_thread.run_sync(lambda h=headers: httpx2.post(hand_over, content=asked, headers=h))
+        assert refused.status_code == 403, (headers, refused.status_code, refused.text)
+    rows = homes.database.query(f"SELECT home FROM workspaces WHERE id = '{made['workspace']}'")
+    assert rows == [(homes.one.owner(),)], rows  # still homed where it was made
 
 
 async def test_a_killed_home_loses_no_finished_call_and_its_services_are_said_gone(homes: Homes) -> None:
@@ -398,3 +408,33 @@ async def test_each_protocol_era_is_served_through_either_replica_and_through_ha
 def _running(argv: tuple[str, ...]) -> bool:
     """Whether a process of this host runs with exactly this command line."""
     return any(tuple(p.info["cmdline"] or ()) == argv for p in psutil.process_iter(["cmdline"]))
+
+
+@pytest.mark.parametrize("mode", ["legacy", "2026-07-28"])
+async def test_a_workspace_made_through_one_replica_is_continued_by_a_session_of_either_era_on_the_other(
+    homes: Homes, mode: str
+) -> None:
+    """A handshake-era client's next session lands on another replica than the one its named workspace lives on
+    (HAProxy keeps a session, not a workspace, on one replica): its calls there run, from the files it left."""
+    workspace = f"carried-{mode}"
+    async with client_of(homes.one.url, homes.token, mode=mode) as first:
+        result, made = await shell(first, "echo 1 > note.txt && cat note.txt")
+        assert not result.is_error, text_of(result)
+        kept = await first.call_tool(
+            "workspaces", {"action": "keep", "name": workspace, "workspace": made["workspace"]}
+        )
+        assert not kept.is_error, text_of(kept)
+        result, _ = await shell(
+            first, "exec python3 -m http.server 8000", workspace=workspace, service={"name": "web", "port": 8000}
+        )
+        assert not result.is_error, text_of(result)
+    async with client_of(homes.two.url, homes.token, mode=mode) as second:
+        for line in ("2", "3"):
+            result, seen = await shell(second, f"echo {line} >> note.txt && cat note.txt", workspace=workspace)
+            assert not result.is_error, text_of(result)
+        assert seen["stdout"] == "1\n2\n3\n", text_of(result)
+        result, served = await shell(second, READ % "note.txt", workspace=workspace)  # its service goes with it
+        assert not result.is_error and served["stdout"] == "1\n2\n3\n\n", text_of(result)
+    async with client_of(homes.one.url, homes.token, mode=mode) as back:  # and back again, a session later
+        result, seen = await shell(back, "echo 4 >> note.txt && cat note.txt", workspace=workspace)
+    assert not result.is_error and seen["stdout"] == "1\n2\n3\n4\n", text_of(result)

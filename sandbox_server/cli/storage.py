@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from sandbox_server.workspaces.shared import SharedBook
     from sandbox_server.workspaces.store import WorkspaceStore
 
-__all__ = ["workspace_store"]
+__all__ = ["host_folders", "workspace_store"]
 
 
 def workspace_store(
@@ -100,6 +100,7 @@ def _shared_contents(
 ) -> tuple[Callable[[Path], Any], SharedBook]:
     """How replicas keep workspace files: mounted on each one's home replica (saved to the shared state after its
     calls) where this replica can mount them, else archives in the shared state."""
+    from sandbox_server.protocol.handover import asking_for
     from sandbox_server.sandbox.removal import owner_alive
     from sandbox_server.state.homes import Homes
     from sandbox_server.workspaces.homed import HomedMounts
@@ -112,9 +113,20 @@ def _shared_contents(
         log.info("workspaces are kept as archives in the shared state, continued on any replica (%s)", reason)
         return archives, book
     homes = Homes(book.database)
+    ask_hand_over = asking_for(homes, book.database.key("forwarding"))  # the signed channel forwarding uses
     log.info("workspaces are mounted on their home replica, each saved to the shared state after its calls")
 
     def homed(root: Path) -> HomedMounts:
-        return HomedMounts(root, runtime.owner, owner_alive, runtime.activity, archives(root), homes, policy.workspace)
+        return HomedMounts(
+            root, runtime.owner, owner_alive, runtime.activity, archives(root), homes, policy.workspace, ask_hand_over
+        )
 
     return homed, book
+
+
+def host_folders(runtime: DockerRuntime, state: Path, audit: Path) -> tuple[str, ...]:
+    """The folders of this host no answer names a path into: the server's state and trail, and runc's bundles."""
+    from sandbox_server.sandbox.runc_runtime import RuncRuntime
+
+    folders = [state, audit, *([runtime.state] if isinstance(runtime, RuncRuntime) else [])]
+    return tuple(sorted({str(f) for folder in folders for f in (folder, folder.resolve())}))

@@ -25,7 +25,7 @@ import anyio
 from sandbox_server.cli import callers
 from sandbox_server.cli.previews import preview_links, preview_origin, preview_routes
 from sandbox_server.cli.stopping import STOPPING
-from sandbox_server.cli.storage import workspace_store
+from sandbox_server.cli.storage import host_folders, workspace_store
 from sandbox_server.errors import SandboxServerError, UsageError
 from sandbox_server.ops.bootstrap import host_facts
 
@@ -126,7 +126,7 @@ def wire(
             Parts(
                 registry, pool or runtime, audit, (metrics.observe,) if metrics is not None else (), tracing, tasks,
                 services, callers.shared_access(database), runtime.owner, args.page_size, preview_origin=preview_origin(args, links),
-                host_folders=_host_folders(runtime, workspaces.root.parent, audit.path.parent),
+                host_folders=host_folders(runtime, workspaces.root.parent, audit.path.parent),
             )
         )  # fmt: skip
         authentication = callers.authentication(args, registry.named, log, database)
@@ -134,7 +134,7 @@ def wire(
             app.know_policies(authentication.verifier.policies())
         return Wired(
             app, runtime, policy, [tool.name for tool in tools], database, pool, workspaces, proxies, tasks, services,
-            authentication, routes, previews, stop_tracing, alive, Drain(args.grace_s, _peers(database, services)),
+            authentication, routes, previews, stop_tracing, alive, Drain(args.grace_s, _peers(database, services, routes)),
             audit,
         )  # fmt: skip
 
@@ -207,14 +207,6 @@ def _clear_strays(runtime: DockerRuntime, log: logging.Logger) -> None:
             log.warning("runc's sandboxes share the sandbox user's host ids and its per-user limits: %s", shared)
     else:
         log.info("calls' sandboxes are made by the engine (%s)", why_not)
-
-
-def _host_folders(runtime: DockerRuntime, state: Path, audit: Path) -> tuple[str, ...]:
-    """The folders of this host no answer names a path into: the server's state and trail, and runc's bundles."""
-    from sandbox_server.sandbox.runc_runtime import RuncRuntime
-
-    folders = [state, audit, *([runtime.state] if isinstance(runtime, RuncRuntime) else [])]
-    return tuple(sorted({str(f) for folder in folders for f in (folder, folder.resolve())}))
 
 
 def _audit(args: argparse.Namespace, policy: Policy, state: Path, replica: str | None, log: logging.Logger) -> AuditLog:
@@ -392,12 +384,17 @@ def _tracing(args: argparse.Namespace, owner: str, log: logging.Logger) -> tuple
     return made
 
 
-def _peers(database: Database | None, services: Services) -> Callable[[ASGIApp, int], ASGIApp] | None:
-    """Replicas with homes: the forwarding of what lives on a peer to it, keyed with a secret the replicas share."""
+def _peers(
+    database: Database | None, services: Services, routes: list[Route]
+) -> Callable[[ASGIApp, int], ASGIApp] | None:
+    """Replicas with homes: the forwarding of what lives on a peer to it, keyed with a secret the replicas share,
+    and the hand-over of a workspace to the replica a call that cannot be forwarded reached (a route of `routes`)."""
     homed = services.store.contents.homed
     if database is None or homed is None:
         return None
     from sandbox_server.protocol.forwarding import Forwarding
+    from sandbox_server.protocol.handover import hand_over_route
 
+    routes.append(hand_over_route(homed, services.store.holds, services))
     runs_here = lambda service: services.get(service) is not None  # noqa: E731
     return Forwarding(homed.homes, database.key("forwarding"), homed.homed_here, runs_here).wrap

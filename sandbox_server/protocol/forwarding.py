@@ -71,18 +71,15 @@ def signature(
 ) -> str:
     """The HMAC-SHA256 a replica signs a forwarded request with: who forwards it, when (and a nonce, used once),
     what it is (`target`: its path and query), and on whose behalf (its `credentials`, `signed_credentials`)."""
-    said = "\n".join(
-        [
-            replica,
-            stamp,
-            nonce,
-            method,
-            target,
-            hashlib.sha256(body).hexdigest(),
-            hashlib.sha256(credentials).hexdigest(),
-        ]
-    )
+    digests = [hashlib.sha256(body).hexdigest(), hashlib.sha256(credentials).hexdigest()]
+    said = "\n".join([replica, stamp, nonce, method, target, *digests])
     return hmac.new(key, said.encode(), hashlib.sha256).hexdigest()
+
+
+def signed_by(key: bytes, me: str, method: str, target: str, body: bytes, headers: dict[bytes, bytes]) -> str:
+    """The `Sandbox-Forwarded` value replica `me` sends a request with."""
+    stamp, nonce = f"{time.time():.3f}", secrets.token_urlsafe(16)
+    return f"{me};{stamp};{nonce};{signature(key, me, stamp, nonce, method, target, body, signed_credentials(headers))}"
 
 
 def signed_credentials(headers: dict[bytes, bytes]) -> bytes:
@@ -227,10 +224,7 @@ class Forwarding:
         return service if service and not self.runs_here(service) else ""
 
     def _signed(self, method: str, target: str, body: bytes, headers: dict[bytes, bytes]) -> str:
-        """The `Sandbox-Forwarded` value this replica sends a request with."""
-        stamp, nonce, me = f"{time.time():.3f}", secrets.token_urlsafe(16), self.homes.me
-        mac = signature(self.key, me, stamp, nonce, method, target, body, signed_credentials(headers))
-        return f"{me};{stamp};{nonce};{mac}"
+        return signed_by(self.key, self.homes.me, method, target, body, headers)
 
     def _signer(self, said: bytes, method: str, target: str, body: bytes, headers: dict[bytes, bytes]) -> str | None:
         """The peer replica that signed a forwarded request, when its signature holds over this request and these

@@ -63,6 +63,8 @@ class Services:
     ) -> None:
         self.runtime, self.store, self.audit, self.proxies = runtime, store, audit, proxies
         self._services: dict[str, Service] = {}
+        self._holding: dict[str, Service] = {}
+        """Services whose task has not ended: each holds its workspace until then, stopped or not."""
         self.resuming: dict[str, anyio.Lock] = {}
         """Per workspace: held while its recorded services are started again (one call starts them, others wait)."""
         self._group: anyio.abc.TaskGroup | None = None
@@ -88,6 +90,10 @@ class Services:
             for s in self._services.values()
             if s.state != "stopped" and (workspace_id is None or s.workspace_id == workspace_id)
         ]
+
+    def holding(self, workspace_id: str) -> list[Service]:
+        """The services that hold the workspace now, those stopping included (`let_go` is set as each ends)."""
+        return [s for s in self._holding.values() if s.workspace_id == workspace_id]
 
     def network_of(self, workspace_id: str) -> str | None:
         """The network a call in this workspace joins to reach its services (None: it has none running)."""
@@ -169,6 +175,7 @@ class Services:
         """A service from its start to its end: the one task that makes, remakes and removes its container."""
         failure: Exception | None = None
         failed_restart: Answer | None = None
+        self._holding[service.id] = service
         try:
             async with self.store.using(record, 0):  # held as a running call holds it, until what it made is gone
                 try:
@@ -183,6 +190,8 @@ class Services:
             up.answer(failure if failure is not None else stopped)  # once what it made is gone
             if failed_restart is not None:
                 failed_restart.answer(failure)
+            self._holding.pop(service.id, None)
+            service.let_go.set()
 
     async def _live(
         self, service: Service, record: WorkspaceRecord, spec: SandboxSpec, proxy: ProxyEndpoint | None, up: Answer

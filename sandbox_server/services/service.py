@@ -89,6 +89,8 @@ class Service:
     """Restarts asked of its task, in turn."""
     wake: anyio.Event = field(default_factory=anyio.Event)
     stopped: anyio.Event = field(default_factory=anyio.Event)
+    let_go: anyio.Event = field(default_factory=anyio.Event)
+    """Its task ended: its workspace is no longer held by it."""
     meter: Meter | None = None
     """Its container's CPU time and peak memory, read from the host."""
     used: Usage = field(default_factory=Usage)

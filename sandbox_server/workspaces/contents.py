@@ -83,6 +83,10 @@ class Homing(Protocol):
         """This replica stops: every workspace homed here saved and homed nowhere."""
         ...
 
+    def hand_over(self, workspace_id: str, in_use: Callable[[str], bool]) -> bool:
+        """Let go of a workspace homed here for the replica that asked for it (False: a call works in it)."""
+        ...
+
 
 class Contents(Protocol):
     """How one host keeps its workspaces' files."""

@@ -52,6 +52,10 @@ class HeldWorkspaces(CarriedWorkspaces):
         opened = self._opening.get(workspace_id) if opening else None
         return self._users.get(workspace_id, 0) > 0 or (opened is not None and time.monotonic() - opened < OPENING_S)
 
+    def holds(self, workspace_id: str) -> int:
+        """How many calls and services of this process hold the workspace now."""
+        return self._users.get(workspace_id, 0)
+
     @contextlib.asynccontextmanager
     async def using(
         self, record: WorkspaceRecord, wait_s: float, alone: bool = False, shared: SharedCall | None = None

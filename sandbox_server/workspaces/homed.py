@@ -46,19 +46,23 @@ class HomedMounts(MountedContents):
         archives: SharedArchives,
         homes: Homes,
         settings: WorkspaceSettings,
+        ask_hand_over: Callable[[str], bool] | None = None,
     ) -> None:
         self._here: set[str] = set()
         """Workspaces this process is the home of, mounted from their saved archive (or made here)."""
         self.archives, self.homes, self.settings = archives, homes, settings
         self._saved: dict[str, str] = {}
         """Per workspace, the fingerprint of its files at its last save (a call that changed nothing saves none)."""
-        self._homing: dict[str, threading.Lock] = {}
+        self._homing: dict[str, threading.RLock] = {}
+        self.ask_hand_over = ask_hand_over
+        """Asks the live replica that is a workspace's home to let go of it for this one (whether it did): set
+        where the replicas reach each other (protocol/handover.py)."""
         super().__init__(root, process, process_alive, activity)  # (its first sweep reads what is set above)
         self.homed = self
 
-    def _lock_of(self, workspace_id: str) -> threading.Lock:
+    def _lock_of(self, workspace_id: str) -> threading.RLock:
         with self._lock:
-            return self._homing.setdefault(workspace_id, threading.Lock())
+            return self._homing.setdefault(workspace_id, threading.RLock())
 
     def homed_here(self, workspace_id: str) -> bool:
         return workspace_id in self._here
@@ -71,6 +75,12 @@ class HomedMounts(MountedContents):
             if workspace_id in self._here:
                 return None
             claim = self.homes.claim(workspace_id)
+            elsewhere = claim.home is not None and claim.home != self.homes.me
+            if elsewhere and claim.silent_s <= 2 * BEAT_S and self.ask_hand_over is not None:
+                # a call that was not forwarded to the home (a handshake-era session's lives here): the workspace
+                # comes here, from the home's last save, once no call works in it there
+                if self.ask_hand_over(workspace_id):
+                    claim = self.homes.claim(workspace_id)
             if claim.home is not None and claim.home != self.homes.me:
                 raise _elsewhere(workspace_id, claim)
             super().remove(workspace_id)  # what this host may hold of it from before is stale
@@ -85,9 +95,22 @@ class HomedMounts(MountedContents):
             return claim.lost
 
     def begin(self, workspace_id: str, spec: SandboxSpec) -> SandboxSpec:
-        if workspace_id not in self._here:
-            self.come_home(workspace_id, spec.user)
+        self.come_home(workspace_id, spec.user)  # (under its lock: never while it is handed over)
         return super().begin(workspace_id, spec)
+
+    def hand_over(self, workspace_id: str, in_use: Callable[[str], bool]) -> bool:
+        """Let go of a workspace homed here, for the replica that asked to continue it: saved, unmounted and homed
+        nowhere. False while a call works in it (`in_use`), or when it could not be saved: it stays here."""
+        with self._lock_of(workspace_id):
+            if workspace_id not in self._here:
+                return True
+            if in_use(workspace_id) or self.save(workspace_id) is not None:
+                return False
+            self._here.discard(workspace_id)
+            self._saved.pop(workspace_id, None)
+            self.homes.let_go(workspace_id)
+            self.release(workspace_id)
+            return True
 
     def finish(self, workspace_id: str, result: ExecutionResult, settings: WorkspaceSettings, room: Room) -> str | None:
         super().finish(workspace_id, result, settings, room)

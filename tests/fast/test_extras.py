@@ -11,6 +11,7 @@ EXTRAS = ("psycopg", "psycopg_pool", "opentelemetry.sdk", "opentelemetry.exporte
 MCP SDK itself)."""
 NEEDING_EXTRAS = {
     "sandbox_server.access.shared",
+    "sandbox_server.protocol.handover",
     "sandbox_server.state.database",
     "sandbox_server.state.files",
     "sandbox_server.state.homes",

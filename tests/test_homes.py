@@ -190,7 +190,9 @@ async def test_a_forwarded_request_needs_the_replicas_signature(homes: Homes) ->
     asked = json.dumps({"workspace": made["workspace"]}).encode()
     hand_over = homes.one.url.removesuffix("/mcp") + "/replicas/hand-over"
     for headers in ({}, {"Sandbox-Forwarded": f"someone;{time.time():.3f};n6;{'0' * 64}"}):
-        refused = await anyio.to_thread.run_sync(lambda h=headers: httpx2.post(hand_over, content=asked, headers=h))
+        refused = await anyio.to_thread.run_sync(
+            functools.partial(httpx2.post, hand_over, content=asked, headers=headers)
+        )
         assert refused.status_code == 403, (headers, refused.status_code, refused.text)
     rows = homes.database.query(f"SELECT home FROM workspaces WHERE id = '{made['workspace']}'")
     assert rows == [(homes.one.owner(),)], rows  # still homed where it was made

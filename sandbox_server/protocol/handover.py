@@ -50,7 +50,7 @@ def hand_over_route(homed: Homing, holds: Callable[[str], int], services: Servic
             return PlainTextResponse("a JSON object naming the workspace\n", status_code=400)
         if not ID_PATTERN.fullmatch(workspace) or not homed.homed_here(workspace):
             return PlainTextResponse("not homed here\n")
-        holding = services.holding(workspace)  # its services, those stopping included
+        holding = services.running(workspace, stopping=True)
         if holds(workspace) > len(holding):
             return PlainTextResponse("a call works in it now\n", status_code=409)
         for service in services.running(workspace):  # started again by the workspace's next call, there

@@ -84,16 +84,15 @@ class Services:
 
     # -- what calls and resources see ------------------------------------------------------
 
-    def running(self, workspace_id: str | None = None) -> list[Service]:
+    def running(self, workspace_id: str | None = None, stopping: bool = False) -> list[Service]:
+        """The services (of a workspace) starting or running; `stopping`: those stopping too, each until it has let
+        go of its workspace (its `let_go`)."""
+        among = self._holding if stopping else self._services
         return [
             s
-            for s in self._services.values()
-            if s.state != "stopped" and (workspace_id is None or s.workspace_id == workspace_id)
+            for s in among.values()
+            if (stopping or s.state != "stopped") and (workspace_id is None or s.workspace_id == workspace_id)
         ]
-
-    def holding(self, workspace_id: str) -> list[Service]:
-        """The services that hold the workspace now, those stopping included (`let_go` is set as each ends)."""
-        return [s for s in self._holding.values() if s.workspace_id == workspace_id]
 
     def network_of(self, workspace_id: str) -> str | None:
         """The network a call in this workspace joins to reach its services (None: it has none running)."""

@@ -47,10 +47,11 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
     )
     serve.add_argument(
         "--sandboxes",
-        choices=["auto", "runc", "engine"],
+        choices=["auto", "runc", "template", "engine"],
         default=os.environ.get("SANDBOX_SANDBOXES", "auto"),
         help="who makes calls' sandboxes: runc (runc itself, from the engine's images, for calls without a network or "
-        "on an allow list, and runsc for gVisor's; root on the engine's host), engine (the engine, every call), or auto (runc when it can); default: "
+        "on an allow list, and runsc for gVisor's; root on the engine's host), template (as runc, each sandbox forked from "
+        "its image's template), engine (the engine, every call), or auto (runc when it can); default: "
         "SANDBOX_SANDBOXES, else auto",
     )
     serve.add_argument(

@@ -23,12 +23,11 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import docker
@@ -48,8 +47,8 @@ from sandbox_server.sandbox.removal import Remover, owned_by, owner_alive
 from sandbox_server.sandbox.runc_state import (
     CGROUP_PARENT,
     IMAGES,
-    RUNC_WAIT_S,
     STATE,
+    Run,
     delete,
     hosts_folder,
     is_runc,
@@ -62,6 +61,8 @@ from sandbox_server.sandbox.runc_state import (
     started_pid,
 )  # fmt: skip
 from sandbox_server.sandbox.spec import Mount, SandboxSpec
+from sandbox_server.sandbox.template.host import Templates
+from sandbox_server.sandbox.template.launch import forked
 from sandbox_server.sandbox.veth import Addresses, Layout, layout_of, on_network, plug
 from sandbox_server.sandbox.warm_container import SETTLE_S, WarmContainer, process_tree
 
@@ -119,40 +120,6 @@ def unpack_for_runc(
         say(f"removed {len(removed)} unpacked image(s) the engine no longer has tagged")
 
 
-@dataclass
-class Run:
-    """One sandbox's `runc run` (or gVisor's `runsc wait`), and a pidfd of the sandbox's init (gVisor's sandbox
-    process), to kill it, never a later process."""
-
-    process: subprocess.Popen[bytes]
-    gvisor: bool = False
-    init: int = -1
-
-    def kill_init(self) -> None:
-        """SIGKILL the sandbox's init, its pid namespace ending with it; never raises."""
-        if self.init >= 0:
-            with contextlib.suppress(OSError):
-                signal.pidfd_send_signal(self.init, signal.SIGKILL)
-
-    def kill(self) -> None:
-        """Kill the sandbox's init, then wait for runc; never raises."""
-        self.kill_init()
-        if self.gvisor:  # its word, a second after, is not needed: runsc's delete follows
-            self.process.kill()
-        try:
-            self.process.wait(timeout=RUNC_WAIT_S)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-        self.close()
-
-    def close(self) -> None:
-        if self.init >= 0:
-            with contextlib.suppress(OSError):
-                os.close(self.init)
-            self.init = -1
-
-
 class RuncRemover(Remover):
     """The engine's remover, which deletes the sandboxes runc runs itself with runc."""
 
@@ -199,10 +166,12 @@ class RuncRuntime(DockerRuntime):
         state: Path = STATE,
         images: Path = IMAGES,
     ) -> None:
-        """`sandboxes`: "runc" (runc makes what it can, or the server does not start), "engine" (the engine makes
-        every sandbox), "auto" (runc where this host lets it)."""
+        """`sandboxes`: "runc" (runc makes what it can, or the server does not start), "template" (as "runc", each
+        sandbox forked from its image's template where the image has one: sandbox.template), "engine" (the engine
+        makes every sandbox), "auto" (runc where this host lets it)."""
         super().__init__(client)
         self.sandboxes = sandboxes
+        self.templates = Templates() if sandboxes == "template" else None
         self.state, self.images = state, images
         self._runs: dict[str, Run] = {}
         self._chosen: str | None = None
@@ -220,8 +189,8 @@ class RuncRuntime(DockerRuntime):
                 why_not = "as asked" if self.sandboxes == "engine" else runc_refusal(self)
             except EngineUnavailable:  # asked again once it answers; until then no sandbox is made at all
                 return "the engine does not answer yet"
-            if why_not is not None and self.sandboxes == "runc":
-                raise EngineError(f"--sandboxes runc: runc cannot make sandboxes here: {why_not}")
+            if why_not is not None and self.sandboxes in ("runc", "template"):
+                raise EngineError(f"--sandboxes {self.sandboxes}: runc cannot make sandboxes here: {why_not}")
             self._chosen = why_not or ""
         return self._chosen or None
 
@@ -297,7 +266,7 @@ class RuncRuntime(DockerRuntime):
         name = sandbox_name(self.owner)
         place, own = self.state / "bundles" / name, host_ids.OwnIds(rootfs, bundled, slot)
         try:
-            if spec.runtime == "runc" and self.own_ids_refused() is None:
+            if spec.runtime == "runc" and self.templates is None and self.own_ids_refused() is None:
                 own = host_ids.give_own_ids(self.state, place, name, rootfs, bundled, slot, self._next_range)
                 self._next_range = own.index + 1
             bundle = write_bundle(
@@ -337,6 +306,9 @@ class RuncRuntime(DockerRuntime):
         if gvisor:  # one that runsc made but could not start is still deleted: runsc keeps its state
             process, pid = start_gvisor(self.state, bundle, name, stdio, STARTED_WITHIN_S)
             self._runs[name] = run = Run(process, gvisor=True)
+        elif self.templates is not None:
+            self._runs[name] = run = Run(forked(self.templates, bundle, stdio, STARTED_WITHIN_S))
+            pid = run.process.pid
         else:
             command = [runc_path() or "runc", "--root", str(self.state / "runc"), "--log", str(bundle / "runc.log")]
             command += ["run", "--keep", "--bundle", str(bundle), "--pid-file", str(bundle / "pid"), name]
@@ -379,7 +351,7 @@ class RuncRuntime(DockerRuntime):
         if run.process.poll() is None and lingering:
             run.kill_init()
         try:
-            if run.gvisor:
+            if isinstance(run.process, subprocess.Popen) and run.gvisor:
                 code = gvisor_exit(run.process.communicate(timeout=30)[0])
             else:
                 code = run.process.wait(timeout=30)

@@ -14,18 +14,23 @@ import json
 import os
 import secrets
 import shutil
+import signal
 import socket
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from sandbox_server.errors import EngineError
 from sandbox_server.sandbox import host_ids
 from sandbox_server.sandbox.meter import memory_events
 from sandbox_server.sandbox.polling import readable
+from sandbox_server.sandbox.template.host import Forked
+from sandbox_server.sandbox.template.launch import MARK as FORKED
+from sandbox_server.sandbox.template.launch import remove_cgroups
 
 __all__ = [
-    "CGROUP_PARENT", "IMAGES", "PREFIX", "RUNSC_FLAGS", "STATE", "cgroup_paths", "delete", "delete_left_by", "hosts_folder",
+    "CGROUP_PARENT", "Run", "IMAGES", "PREFIX", "RUNSC_FLAGS", "STATE", "cgroup_paths", "delete", "delete_left_by", "hosts_folder",
     "folders_left", "proxies_folder", "is_gvisor", "is_runc", "listed", "oom_kills", "IN_CREATE", "IN_DELETE", "IN_MOVED_TO", "inotify_watch", "owner_of", "run_runc",
     "run_runsc", "runc_path", "runsc_path", "sandbox_name", "started_pid", "wait_for_pid_file",
 ]  # fmt: skip
@@ -136,13 +141,16 @@ def delete(state: Path, name: str, stopped: bool = False) -> None:
     """Kill and delete one sandbox and remove its bundle; never raises. A sandbox known `stopped` (its runc run
     ended) is deleted as runc deletes a stopped one, without starting runc: its cgroups removed, then its state;
     should any cgroup still hold a process, runc kills and deletes it. gVisor's are deleted by runsc."""
+    bundle = state / "bundles" / name
     if is_gvisor(state, name):
         with contextlib.suppress(OSError, subprocess.SubprocessError):
             run_runsc(state, "delete", "--force", name)
+    elif (bundle / FORKED).exists():  # forked from a template, not run by runc: its cgroups are the server's
+        if not remove_cgroups(bundle):
+            return
     elif not (stopped and _delete_stopped(state / "runc" / name)):
         with contextlib.suppress(OSError, subprocess.SubprocessError):
             run_runc(state, "delete", "--force", name)
-    bundle = state / "bundles" / name
     if not host_ids.detach_all(bundle):  # its views and its user namespace, then its range
         return  # never removed through a view still mounted: the next sweep tries again
     index = host_ids.range_of(bundle)
@@ -269,3 +277,39 @@ def oom_kills(name: str) -> int:
         if folder.is_dir():  # v1's memory controller, else v2's one hierarchy
             return memory_events(folder)[1]
     return 0
+
+
+@dataclass
+class Run:
+    """One sandbox's `runc run` (or gVisor's `runsc wait`), and a pidfd of the sandbox's init (gVisor's sandbox
+    process), to kill it, never a later process."""
+
+    process: subprocess.Popen[bytes] | Forked
+    gvisor: bool = False
+    init: int = -1
+
+    def kill_init(self) -> None:
+        """SIGKILL the sandbox's init, its pid namespace ending with it; never raises."""
+        if self.init >= 0:
+            with contextlib.suppress(OSError):
+                signal.pidfd_send_signal(self.init, signal.SIGKILL)
+
+    def kill(self) -> None:
+        """Kill the sandbox's init, then wait for runc; never raises."""
+        self.kill_init()
+        if self.gvisor:  # its word, a second after, is not needed: runsc's delete follows
+            self.process.kill()
+        try:
+            self.process.wait(timeout=RUNC_WAIT_S)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.close()
+
+    def close(self) -> None:
+        if isinstance(self.process, Forked):
+            self.process.close()
+        if self.init >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self.init)
+            self.init = -1

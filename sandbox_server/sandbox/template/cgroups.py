@@ -1,0 +1,93 @@
+"""A template sandbox's cgroups, made by the host as runc makes a sandbox's (cgroup v1, one folder per
+hierarchy, at `<hierarchy>/sandbox-server/<name>`, where the meters read them), with the config's limits; the
+child joins them through their `cgroup.procs`, handed over open."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+__all__ = ["HIERARCHIES", "kill_and_remove", "made", "usable"]
+
+ROOT = Path("/sys/fs/cgroup")
+HIERARCHIES = ("memory", "cpu", "cpuacct", "pids", "devices", "freezer", "blkio")
+"""The v1 hierarchies a sandbox has a cgroup in (cpuset stays the host's: a sandbox's CPU time is its quota)."""
+DEVICES = ("c 1:3 rwm", "c 1:5 rwm", "c 1:7 rwm", "c 1:8 rwm", "c 1:9 rwm", "c 5:0 rwm", "c 5:2 rwm", "c 136:* rwm")
+"""The devices a sandbox may use (null, zero, full, random, urandom, tty, ptmx, its terminals), as runc allows."""
+GONE_WITHIN_S = 5.0
+
+
+def usable() -> str | None:
+    """Why a template sandbox's cgroups cannot be made here (None: they can): cgroup v1's hierarchies."""
+    missing = [h for h in HIERARCHIES if not (ROOT / h / "cgroup.procs").exists()]
+    return f"cgroup v1's {', '.join(missing)} hierarchies are not mounted at {ROOT}" if missing else None
+
+
+def _folders(path: str) -> dict[str, Path]:
+    return {h: ROOT / h / path.lstrip("/") for h in HIERARCHIES}
+
+
+def made(path: str, resources: Mapping[str, Any]) -> list[int]:
+    """The cgroups at `path` with the config's `resources`: their `cgroup.procs`, open for writing."""
+    folders = _folders(path)
+    opened: list[int] = []
+    try:
+        for hierarchy, folder in folders.items():
+            folder.mkdir(parents=True, exist_ok=True)
+            _limit(hierarchy, folder, resources)
+            opened.append(os.open(folder / "cgroup.procs", os.O_WRONLY | os.O_CLOEXEC))
+    except BaseException:
+        for fd in opened:
+            os.close(fd)
+        kill_and_remove(path)
+        raise
+    return opened
+
+
+def _limit(hierarchy: str, folder: Path, resources: Mapping[str, Any]) -> None:
+    def put(name: str, value: object) -> None:
+        (folder / name).write_text(str(value))
+
+    if hierarchy == "memory":
+        memory = resources["memory"]
+        put("memory.limit_in_bytes", memory["limit"])
+        if (folder / "memory.memsw.limit_in_bytes").exists():
+            put("memory.memsw.limit_in_bytes", memory.get("swap", memory["limit"]))
+    elif hierarchy == "pids":
+        put("pids.max", resources["pids"]["limit"])
+    elif hierarchy == "cpu":
+        put("cpu.cfs_period_us", resources["cpu"]["period"])
+        put("cpu.cfs_quota_us", resources["cpu"]["quota"])
+    elif hierarchy == "devices":
+        put("devices.deny", "a")
+        for device in DEVICES:
+            put("devices.allow", device)
+
+
+def kill_and_remove(path: str) -> bool:
+    """Every process in the cgroups killed, then the cgroups removed: whether they are gone."""
+    folders = _folders(path)
+    deadline = time.monotonic() + GONE_WITHIN_S
+    for folder in folders.values():
+        while folder.exists():
+            try:
+                pids = [int(p) for p in (folder / "cgroup.procs").read_text().split()]
+            except (OSError, ValueError):
+                pids = []
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            try:
+                folder.rmdir()
+            except FileNotFoundError:
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    return False
+                time.sleep(0.002)  # the killed processes leave their cgroup as the kernel reaps them
+    return True

@@ -1,0 +1,91 @@
+"""A child of the template made into a call's sandbox: one ordered list of steps, each a function of its own
+module (nsjail's containProc is the model), then the config's program.
+
+The template forks a child for each sandbox. The child joins the call's cgroup, goes back to the host's tree
+(the template's own root is the image's, where its interpreter lives), makes its namespaces, and forks the
+sandbox's first process: pid 1 of the new pid namespace, which takes the steps below and becomes the program.
+The child stays to wait for it and to tell the host its pid and how it ended, on the report pipe."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from . import caps, cgroup, kernel, limits, mnt, net
+
+NAMESPACES = (
+    kernel.CLONE_NEWNS | kernel.CLONE_NEWUTS | kernel.CLONE_NEWIPC | kernel.CLONE_NEWNET | kernel.CLONE_NEWCGROUP
+    | kernel.CLONE_NEWPID
+)  # fmt: skip
+"""Everything a sandbox has of its own; its user namespace stays the host's (its ids the sandbox user's)."""
+
+
+def steps(config: Mapping[str, Any], new_root: str, seccomp: bytes) -> list[tuple[str, Callable[[], None]]]:
+    """What the sandbox's first process does, in order, before it becomes the program."""
+    process = config["process"]
+    return [
+        ("its filesystem", lambda: mnt.root(config, new_root)),
+        ("its root", lambda: mnt.pivot(new_root, bool(config["root"].get("readonly")))),
+        ("its /proc", lambda: mnt.proc(config)),
+        ("its host name", lambda: kernel.sethostname(config.get("hostname", "sandbox"))),
+        ("its loopback", net.loopback_up),
+        ("its limits", lambda: limits.rlimits(process.get("rlimits", []))),
+        ("no capabilities", caps.drop_bounding),
+        ("its user", lambda: caps.become(process["user"])),
+        ("no new privileges", caps.no_new_privileges),
+        ("its working folder", lambda: os.chdir(process.get("cwd", "/"))),
+        ("its system calls", lambda: kernel.load_seccomp(seccomp) if seccomp else None),
+    ]
+
+
+def child(request: Mapping[str, Any], fds: Sequence[int], host_root: int, seccomp: bytes) -> None:
+    """The template's child for one sandbox (never returns). `fds`: the sandbox's stdin, stdout and stderr, the
+    report pipe, then `cgroup.procs` of each of the call's cgroups."""
+    stdin, stdout, stderr, report, *procs = fds
+    config, new_root = request["config"], request["root"]
+    for ignored in (signal.SIGCHLD, signal.SIGPIPE, signal.SIGXFSZ):  # the interpreter's, not the program's
+        signal.signal(ignored, signal.SIG_DFL)
+    try:
+        cgroup.join(procs)
+        os.fchdir(host_root)
+        os.chroot(".")
+        os.close(host_root)
+        kernel.unshare(NAMESPACES)
+        for fd, std in ((stdin, 0), (stdout, 1), (stderr, 2)):
+            os.dup2(fd, std)
+            os.close(fd)
+        first = os.fork()
+    except BaseException as exc:  # said on the report pipe, whatever it is
+        _say(report, {"error": f"the sandbox could not be made: {exc}"})
+        os._exit(125)
+    if first == 0:
+        _first(config, new_root, seccomp, report)
+    _say(report, {"pid": first})
+    _, status = os.waitpid(first, 0)
+    code = os.waitstatus_to_exitcode(status)
+    _say(report, {"exit": code if code >= 0 else 128 - code})
+    os._exit(0)
+
+
+def _first(config: Mapping[str, Any], new_root: str, seccomp: bytes, report: int) -> None:
+    step = "its start"
+    try:
+        for named, take in steps(config, new_root, seccomp):
+            step = named
+            take()
+        process = config["process"]
+        env = dict(entry.split("=", 1) for entry in process.get("env", []))
+        os.execve(process["args"][0], process["args"], env)
+    except BaseException as exc:
+        _say(report, {"error": f"the sandbox could not be made ({step}): {exc}"})
+    os._exit(127)
+
+
+def _say(report: int, what: Mapping[str, Any]) -> None:
+    try:
+        os.write(report, (json.dumps(what) + "\n").encode())
+    except OSError:
+        pass

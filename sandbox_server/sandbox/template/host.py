@@ -1,0 +1,182 @@
+"""The host's side of template sandboxes: a template process per image root and seccomp filter, started once
+and kept while the server runs; a sandbox asked of it per call, and how that sandbox ends.
+
+A template is the image's own `python3`, chrooted into the image's unpacked root, running this package's
+child-side modules (kernel, mnt, net, caps, limits, cgroup, contain, template), which are handed to it as text:
+nothing of the server is installed in an image. It keeps a descriptor of the host's root, so that its children
+can build each sandbox's root from the host's tree before they pivot into it and detach the rest."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from sandbox_server.errors import EngineError
+from sandbox_server.sandbox.polling import readable
+from sandbox_server.sandbox.template import bpf, cgroups
+
+__all__ = ["Forked", "Templates", "template_refusal"]
+
+CHILD_MODULES = ("kernel", "mnt", "net", "caps", "limits", "cgroup", "contain", "template")
+"""The modules a template runs, in the order they are loaded (each imports only those before it)."""
+BOOT = """
+import json, os, sys, types
+blob = b""
+code, control, host_root = (int(fd) for fd in sys.argv[1:4])
+while chunk := os.read(code, 1 << 20):
+    blob += chunk
+os.close(code)
+given = json.loads(blob)
+package = types.ModuleType("sandbox_template")
+package.__path__ = []
+sys.modules["sandbox_template"] = package
+for name in given["order"]:
+    module = types.ModuleType("sandbox_template." + name)
+    module.__package__ = "sandbox_template"
+    sys.modules[module.__name__] = module
+    setattr(package, name, module)
+    exec(compile(given["modules"][name], "/sandbox-template/" + name + ".py", "exec"), module.__dict__)
+package.template.serve(control, host_root, bytes.fromhex(given["seccomp"]))
+"""
+PYTHON = "/usr/bin/python3"
+STARTED_WITHIN_S = 10.0
+HERE = Path(__file__).parent
+
+
+def template_refusal(rootfs: Path) -> str | None:
+    """Why a template cannot be made of this image root (None: it can)."""
+    if not (rootfs / PYTHON.lstrip("/")).exists():
+        return f"the image has no {PYTHON}"
+    return cgroups.usable()
+
+
+class Template:
+    """One template process and its end of the socket it is asked on."""
+
+    def __init__(self, rootfs: Path, seccomp: bytes) -> None:
+        self.rootfs = rootfs
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        code_read, code_write = os.pipe()
+        host_root = os.open("/", os.O_PATH | os.O_DIRECTORY)
+        modules = {name: (HERE / f"{name}.py").read_text() for name in CHILD_MODULES}
+        given = json.dumps({"order": CHILD_MODULES, "modules": modules, "seccomp": seccomp.hex()}).encode()
+        try:
+            fds = (code_read, theirs.fileno(), host_root)
+            command = ["chroot", str(rootfs), PYTHON, "-I", "-S", "-c", BOOT, *(str(fd) for fd in fds)]
+            self.process = subprocess.Popen(command, pass_fds=fds, stdin=subprocess.DEVNULL, start_new_session=True)
+        finally:
+            os.close(code_read)
+            theirs.close()
+            os.close(host_root)
+        with os.fdopen(code_write, "wb") as code:
+            code.write(given)
+        self.socket = ours
+        self.lock = threading.Lock()
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def fork(self, request: dict[str, Any], fds: list[int]) -> None:
+        """Ask for a sandbox: the request and its descriptors in one message."""
+        with self.lock:
+            socket.send_fds(self.socket, [json.dumps(request).encode()], fds)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.socket.close()
+        with contextlib.suppress(OSError):
+            self.process.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=5)
+
+
+class Templates:
+    """The server's templates, one per image root and seccomp filter, each made at its first sandbox."""
+
+    def __init__(self) -> None:
+        self._made: dict[tuple[str, bytes], Template] = {}
+        self._lock = threading.Lock()
+
+    def of(self, rootfs: Path, seccomp: dict[str, Any] | None) -> Template:
+        program = bpf.compiled(json.dumps(seccomp, sort_keys=True)) if seccomp else b""
+        key = (str(rootfs), program)
+        with self._lock:
+            made = self._made.get(key)
+            if made is None or not made.alive():
+                if made is not None:
+                    made.close()
+                made = self._made[key] = Template(rootfs, program)
+            return made
+
+    def close(self) -> None:
+        with self._lock:
+            for made in self._made.values():
+                made.close()
+            self._made.clear()
+
+
+class Forked:
+    """A template sandbox's first process as the host knows it (what runc's `run` process is on runc's path):
+    its pid, then its exit status, said by the template's child on the report pipe."""
+
+    def __init__(self, report: int, cgroup_path: str) -> None:
+        self.report = report
+        self.cgroup_path = cgroup_path
+        self.returncode: int | None = None
+        self.pid = -1
+        self._said = b""
+
+    def _read(self, timeout: float | None) -> dict[str, Any] | None:
+        while b"\n" not in self._said:
+            if timeout is not None and not readable([self.report], timeout):
+                return None
+            chunk = os.read(self.report, 4096)
+            if not chunk:
+                return {"exit": 255} if self.pid >= 0 else {"error": "the template's child ended without a word"}
+            self._said += chunk
+        line, self._said = self._said.split(b"\n", 1)
+        said: dict[str, Any] = json.loads(line)
+        return said
+
+    def started(self, within_s: float) -> int:
+        said = self._read(within_s)
+        if said is None:
+            raise EngineError(f"the template made no sandbox within {within_s:g} s")
+        if "error" in said:
+            raise EngineError(str(said["error"]))
+        self.pid = int(said["pid"])
+        return self.pid
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            said = self._read(0)
+            if said is not None:
+                self.returncode = int(said.get("exit", 255))
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.returncode is None:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            said = self._read(left)
+            if said is None:
+                raise subprocess.TimeoutExpired("sandbox", timeout or 0)
+            self.returncode = int(said.get("exit", 255))
+        return self.returncode
+
+    def kill(self) -> None:
+        if self.pid > 0 and self.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            os.close(self.report)

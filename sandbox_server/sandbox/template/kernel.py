@@ -1,0 +1,102 @@
+"""The kernel's calls the template's child makes, through the C library (the standard library has no unshare,
+mount, pivot_root, capset or seccomp of its own): each raises OSError with the call's name when it fails.
+
+Like every module of the child's way in, it needs the standard library alone: it runs in the image's own
+interpreter, where nothing of this package is installed."""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+
+LIBC = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+
+CLONE_NEWNS, CLONE_NEWCGROUP, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x02000000, 0x04000000, 0x08000000
+CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 0x1, 0x2, 0x4, 0x8
+MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE, MS_SLAVE = 0x20, 0x1000, 0x4000, 0x40000, 0x80000
+MS_NOATIME, MS_NODIRATIME, MS_RELATIME, MS_STRICTATIME = 0x400, 0x800, 0x200000, 0x1000000
+MNT_DETACH = 2
+PR_SET_PDEATHSIG, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP = 1, 24, 38, 22
+PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
+SECCOMP_MODE_FILTER = 2
+SYS_PIVOT_ROOT = 155  # x86_64
+SYS_CAPSET = 126
+
+MOUNT_FLAGS = {
+    "ro": MS_RDONLY, "nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC, "noatime": MS_NOATIME,
+    "nodiratime": MS_NODIRATIME, "relatime": MS_RELATIME, "strictatime": MS_STRICTATIME, "bind": MS_BIND,
+    "rbind": MS_BIND | MS_REC,
+}  # fmt: skip
+"""The OCI runtime spec's mount options that are flags (the others are the filesystem's data, or propagation)."""
+PROPAGATION = {"rslave": MS_SLAVE | MS_REC, "slave": MS_SLAVE, "rprivate": MS_PRIVATE | MS_REC, "private": MS_PRIVATE}
+
+
+def _checked(name: str, result: int) -> int:
+    if result < 0:
+        error = ctypes.get_errno()
+        raise OSError(error, f"{name}: {os.strerror(error)}")
+    return result
+
+
+def unshare(flags: int) -> None:
+    _checked("unshare", LIBC.unshare(ctypes.c_int(flags)))
+
+
+def mount(source: str | None, target: str, kind: str | None, flags: int, data: str | None = None) -> None:
+    def text(value: str | None) -> bytes | None:
+        return value.encode() if value is not None else None
+
+    result = LIBC.mount(text(source), text(target), text(kind), ctypes.c_ulong(flags), text(data))
+    if result < 0:
+        error = ctypes.get_errno()
+        raise OSError(error, f"mount {kind or 'bind'} on {target}: {os.strerror(error)}")
+
+
+def umount(target: str, flags: int = MNT_DETACH) -> None:
+    _checked(f"umount {target}", LIBC.umount2(target.encode(), ctypes.c_int(flags)))
+
+
+def pivot_root(new_root: str, put_old: str) -> None:
+    _checked("pivot_root", LIBC.syscall(ctypes.c_long(SYS_PIVOT_ROOT), new_root.encode(), put_old.encode()))
+
+
+def prctl(option: int, arg2: int | ctypes.c_void_p = 0, arg3: int = 0) -> None:
+    _checked(f"prctl {option}", LIBC.prctl(ctypes.c_int(option), arg2, ctypes.c_ulong(arg3), 0, 0))
+
+
+def sethostname(name: str) -> None:
+    _checked("sethostname", LIBC.sethostname(name.encode(), ctypes.c_size_t(len(name))))
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+
+def capset_none() -> None:
+    """Every capability set of this thread emptied (effective, permitted, inheritable)."""
+    header = _CapHeader(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3
+    data = (_CapData * 2)()
+    _checked("capset", LIBC.syscall(ctypes.c_long(SYS_CAPSET), ctypes.byref(header), ctypes.byref(data)))
+
+
+class _SockFilter(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)]
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_uint16), ("filter", ctypes.POINTER(_SockFilter))]
+
+
+def load_seccomp(program: bytes) -> None:
+    """Load a compiled seccomp filter (its BPF instructions, 8 bytes each) on this thread (no_new_privs set)."""
+    count = len(program) // 8
+    instructions = (_SockFilter * count).from_buffer_copy(program)
+    prog = _SockFprog(count, ctypes.cast(instructions, ctypes.POINTER(_SockFilter)))
+    _checked("seccomp", LIBC.prctl(ctypes.c_int(PR_SET_SECCOMP), ctypes.c_ulong(SECCOMP_MODE_FILTER),
+                                   ctypes.byref(prog), 0, 0))  # fmt: skip

@@ -1,0 +1,59 @@
+"""A sandbox of runc's path forked from its image's template rather than started by `runc run`: the same bundle
+(its config.json is what the template's child applies), the same cgroups, the same stdio pipes."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from sandbox_server.errors import EngineError
+from sandbox_server.sandbox.template import cgroups
+from sandbox_server.sandbox.template.host import Forked, Templates
+
+__all__ = ["MARK", "forked", "remove_cgroups"]
+
+MARK = "template"
+"""The file in a bundle that says its sandbox was forked from a template (its cgroups are the server's to remove)."""
+
+
+def forked(templates: Templates, bundle: Path, stdio: tuple[int, int, int], within_s: float) -> Forked:
+    """The sandbox of `bundle` forked from its image's template, running (its first process's pid known)."""
+    config = json.loads((bundle / "config.json").read_text())
+    linux = config["linux"]
+    path = linux["cgroupsPath"]
+    (bundle / MARK).write_text(path)
+    (bundle / "root").mkdir(exist_ok=True)
+    try:
+        template = templates.of(Path(config["root"]["path"]), linux.get("seccomp"))
+        procs = cgroups.made(path, linux["resources"])
+    except OSError as exc:
+        raise EngineError(f"could not make the sandbox's template or cgroups: {exc}") from exc
+    report, told = os.pipe()
+    given = {**config, "linux": {k: v for k, v in linux.items() if k != "seccomp"}, "annotations": {}}
+    try:
+        template.fork({"config": given, "root": str(bundle / "root")}, [*stdio, told, *procs])
+    except OSError as exc:
+        os.close(report)
+        raise EngineError(f"the template of {config['root']['path']} did not answer: {exc}") from exc
+    finally:
+        os.close(told)
+        for fd in procs:
+            os.close(fd)
+    sandbox = Forked(report, path)
+    try:
+        pid = sandbox.started(within_s)
+    except BaseException:
+        sandbox.close()
+        raise
+    (bundle / "pid").write_text(str(pid))
+    return sandbox
+
+
+def remove_cgroups(bundle: Path) -> bool:
+    """A forked sandbox's cgroups gone, every process in them killed (True where the bundle is not one's)."""
+    try:
+        path = (bundle / MARK).read_text()
+    except OSError:
+        return True
+    return cgroups.kill_and_remove(path)

@@ -1,0 +1,38 @@
+"""The template: a process started once per image in the image's own root and interpreter, which never runs
+a caller's code. It waits for the host's requests on its socket, each one message (the sandbox's config and
+where its root goes) with the sandbox's descriptors, and forks a child for each (contain.child)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+
+from . import contain, kernel
+
+MAX_REQUEST = 1 << 20
+MAX_FDS = 32
+
+
+def serve(control: int, host_root: int, seccomp: bytes) -> None:
+    """Until the host closes its end: a sandbox per request. Ends with the server (its parent) if it dies."""
+    kernel.prctl(kernel.PR_SET_PDEATHSIG, signal.SIGKILL)
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the children reaped by the kernel as they end
+    sock = socket.socket(fileno=control)
+    while True:
+        try:
+            message, fds, _, _ = socket.recv_fds(sock, MAX_REQUEST, MAX_FDS)
+        except InterruptedError:
+            continue
+        if not message:
+            return
+        pid = os.fork()
+        if pid == 0:
+            sock.close()
+            try:
+                contain.child(json.loads(message), fds, host_root, seccomp)
+            finally:
+                os._exit(125)
+        for fd in fds:
+            os.close(fd)

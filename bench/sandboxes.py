@@ -1,4 +1,4 @@
-"""Who makes a call's sandbox, the engine or runc itself (serve --sandboxes), measured through the real server
+"""Who makes a call's sandbox, the engine, runc itself, or a fork of a template (serve --sandboxes), measured through the real server
 and the official client over stdio, on the default policy with its rate and host-load caps lifted (a benchmark's
 calls would pass them; its 8 concurrent calls stay), in one run: each path's server in turn, twice over.
 
@@ -133,9 +133,11 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench sandboxes")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--burst", type=int, default=100)
+    parser.add_argument("--paths", default="engine,runc,template", help="the servers' --sandboxes, in turn")
     options = parser.parse_args(argv)
-    runs: dict[str, list[dict[str, Any]]] = {"engine": [], "runc": []}
-    allow_listed: dict[str, list[dict[str, Any]]] = {"engine": [], "runc": []}
+    paths = options.paths.split(",")
+    runs: dict[str, list[dict[str, Any]]] = {path: [] for path in paths}
+    allow_listed: dict[str, list[dict[str, Any]]] = {path: [] for path in paths}
     api = docker.from_env().api
     network = f"sandbox-bench-upstream-{os.getpid()}"
     api.create_network(network, internal=True)
@@ -172,18 +174,22 @@ def main(argv: list[str]) -> int:
             summary[path]["back_to_back_p95_ms"] / summary[path]["spaced_p50_ms"], 2
         )
         summary[path] |= _allow_listed_summary(allow_listed[path])
-    rows = [[name, summary["engine"][name], summary["runc"][name]] for name in summary["engine"]]
-    print_table(["measure", "engine", "runc"], rows)
-    cpu_ratio = round(summary["runc"]["engine_cpu_ms_per_sandbox"] / summary["engine"]["engine_cpu_ms_per_sandbox"], 2)
-    listed_ratio = round(
-        summary["runc"]["allow_list_engine_cpu_ms_per_sandbox"]
-        / summary["engine"]["allow_list_engine_cpu_ms_per_sandbox"],
-        2,
+    rows = [[name, *(summary[path][name] for path in paths)] for name in summary[paths[0]]]
+    print_table(["measure", *paths], rows)
+    ratios: dict[str, float] = {}
+    for path, over in (("runc", "engine"), ("template", "engine"), ("template", "runc")):
+        if path in summary and over in summary:
+            for key, measure in (
+                ("cpu", "engine_cpu_ms_per_sandbox"),
+                ("allow_list_cpu", "allow_list_engine_cpu_ms_per_sandbox"),
+            ):
+                ratios[f"{key}_{path}_over_{over}"] = round(summary[path][measure] / summary[over][measure], 2)
+            for measure in ("spaced_p50_ms", "burst_p99_ms", "run_python_back_to_back_p50_ms"):
+                ratios[f"{measure}_{path}_over_{over}"] = round(summary[path][measure] / summary[over][measure], 2)
+    for name, ratio in ratios.items():
+        print(f"{name}: {ratio}")
+    written = write_results(
+        "sandboxes", {"summary": summary, **ratios, "runs": runs, "allow_listed_runs": allow_listed}
     )
-    print(f"engine CPU per sandbox, runc over engine: {cpu_ratio} (on an allow list: {listed_ratio})")
-    written = write_results("sandboxes", {
-        "summary": summary, "cpu_runc_over_engine": cpu_ratio, "allow_list_cpu_runc_over_engine": listed_ratio,
-        "runs": runs, "allow_listed_runs": allow_listed,
-    })  # fmt: skip
     print(f"wrote {written}")
     return 0

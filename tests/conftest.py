@@ -6,6 +6,7 @@ import ipaddress
 import json
 import os
 import secrets
+import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
@@ -25,6 +26,7 @@ from sandbox_server.sandbox.removal import LABELS_VARIABLE, OWNER_LABEL, owner_a
 from sandbox_server.sandbox.runc_runtime import RuncRuntime
 from sandbox_server.sandbox.runc_state import STATE, is_runc, listed, owner_of
 from sandbox_server.sandbox.spec import SANDBOX_LABEL
+from sandbox_server.sandbox.template.launch import MARK as FORKED
 from sandbox_server.sandbox.veth import NETWORK_ANNOTATION, Layout, mac_of
 from sandbox_server.sandbox.warm_container import process_tree
 from sandbox_server.state.folder import default_state_dir
@@ -136,6 +138,9 @@ def egress_address_of(container_id: str) -> str:
 def kill_from_outside(container_id: str) -> None:
     """SIGKILL a sandbox's init as someone on the host would: through the engine, or through runc for the
     sandboxes runc runs itself."""
+    if _forked(container_id):  # forked from a template: its first process, by the pid its bundle says
+        os.kill(int((STATE / "bundles" / container_id / "pid").read_text()), signal.SIGKILL)
+        return
     if is_runc(container_id):
         subprocess.run(["runc", "--root", str(STATE / "runc"), "kill", container_id, "KILL"], check=True, timeout=30)
         return
@@ -144,9 +149,18 @@ def kill_from_outside(container_id: str) -> None:
     api.close()
 
 
+def _forked(container_id: str) -> bool:
+    return is_runc(container_id) and (STATE / "bundles" / container_id / FORKED).exists()
+
+
 def exec_in(container_id: str, argv: list[str], user: str = "1000") -> str:
     """What `argv` says (stdout and stderr) run inside a sandbox as `user`: through the engine, or through runc
     for the sandboxes runc runs itself."""
+    if _forked(container_id):  # into its namespaces (its user namespace's ids), as the user asked for
+        pid = (STATE / "bundles" / container_id / "pid").read_text().strip()
+        command = ["nsenter", "-t", pid, "-a", "-S", user, "-G", user, "--", *argv]
+        done = subprocess.run(command, capture_output=True, timeout=30, check=False)
+        return (done.stdout + done.stderr).decode(errors="replace")
     if is_runc(container_id):
         command = ["runc", "--root", str(STATE / "runc"), "exec", "--user", f"{user}:{user}", container_id, *argv]
         done = subprocess.run(command, capture_output=True, timeout=30, check=False)

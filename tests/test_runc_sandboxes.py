@@ -89,6 +89,16 @@ def _first_host_id(said: str) -> int:
     return int(uid_map[1])
 
 
+def as_the_engine_sees(said: str) -> str:
+    """The probe's lines of a sandbox with host ids of its own as the engine's would read: its range's first id
+    taken from the ids the kernel shows in host ids (the uid map, the options of the tmpfs mounts it made, which
+    name root's only when it is not the host's)."""
+    first = _first_host_id(said)
+    assert first >= host_ids.BASE and (first - host_ids.BASE) % host_ids.SPAN == 0, said
+    seen_inside = re.sub(r"(uid|gid)=(\d+)", lambda m: f"{m[1]}={int(m[2]) - first}", said)
+    return seen_inside.replace(f"= 0 {first} 65536", "= 0 0 4294967295").replace(",uid=0,gid=0", "")
+
+
 def _made_by(name: str, pid: int) -> bool:
     return name.startswith("sbx-") and name.split("-")[2:3] == [str(pid)]
 
@@ -110,10 +120,7 @@ async def test_the_same_probe_reads_the_same_sandbox_from_runc_as_from_the_engin
     # in the uid map and, in the host's ids, in the options of the tmpfs mounts it made (which name root's only
     # when it is not the host's); the rest is the same
     assert " 0 0 4294967295 " in f" {engine['stdout']} "
-    first = _first_host_id(runc["stdout"])
-    assert first >= host_ids.BASE and (first - host_ids.BASE) % host_ids.SPAN == 0, runc["stdout"]
-    seen_inside = re.sub(r"(uid|gid)=(\d+)", lambda m: f"{m[1]}={int(m[2]) - first}", runc["stdout"])
-    seen_inside = seen_inside.replace(f"= 0 {first} 65536", "= 0 0 4294967295").replace(",uid=0,gid=0", "")
+    seen_inside = as_the_engine_sees(runc["stdout"])
     differ = list(difflib.unified_diff(engine["stdout"].splitlines(), seen_inside.splitlines(), lineterm=""))
     assert not differ, "\n".join(differ)  # every line: user, capabilities, seccomp, mounts, limits, env
     facts = runc["stdout"]

@@ -62,15 +62,12 @@ from sandbox_server.sandbox.runc_state import (
 )  # fmt: skip
 from sandbox_server.sandbox.spec import Mount, SandboxSpec
 from sandbox_server.sandbox.template.host import Templates
-from sandbox_server.sandbox.template.launch import forked
+from sandbox_server.sandbox.template.launch import ROOTFS, forked
 from sandbox_server.sandbox.veth import Addresses, Layout, layout_of, on_network, plug
 from sandbox_server.sandbox.warm_container import SETTLE_S, WarmContainer, process_tree
 
 __all__ = ["RuncRuntime", "runc_usable"]
 
-ROOTFS = "sandbox-server.rootfs"
-"""The bundle's annotation naming the image's unpacked root (its root is a view of it when the sandbox has host ids
-of its own), so that the bundle says which image it runs."""
 STARTED_WITHIN_S = 30.0
 """The longest runc may take to start a sandbox before the call is told the runtime failed."""
 
@@ -266,7 +263,7 @@ class RuncRuntime(DockerRuntime):
         name = sandbox_name(self.owner)
         place, own = self.state / "bundles" / name, host_ids.OwnIds(rootfs, bundled, slot)
         try:
-            if spec.runtime == "runc" and self.templates is None and self.own_ids_refused() is None:
+            if spec.runtime == "runc" and self.own_ids_refused() is None:
                 own = host_ids.give_own_ids(self.state, place, name, rootfs, bundled, slot, self._next_range)
                 self._next_range = own.index + 1
             bundle = write_bundle(
@@ -306,9 +303,9 @@ class RuncRuntime(DockerRuntime):
         if gvisor:  # one that runsc made but could not start is still deleted: runsc keeps its state
             process, pid = start_gvisor(self.state, bundle, name, stdio, STARTED_WITHIN_S)
             self._runs[name] = run = Run(process, gvisor=True)
-        elif self.templates is not None:
-            self._runs[name] = run = Run(forked(self.templates, bundle, stdio, STARTED_WITHIN_S))
-            pid = run.process.pid
+        elif self.templates is not None and (made := forked(self.templates, bundle, stdio, STARTED_WITHIN_S)):
+            self._runs[name] = run = Run(made)
+            pid = made.pid
         else:
             command = [runc_path() or "runc", "--root", str(self.state / "runc"), "--log", str(bundle / "runc.log")]
             command += ["run", "--keep", "--bundle", str(bundle), "--pid-file", str(bundle / "pid"), name]

@@ -20,7 +20,8 @@ NAMESPACES = (
     kernel.CLONE_NEWNS | kernel.CLONE_NEWUTS | kernel.CLONE_NEWIPC | kernel.CLONE_NEWNET | kernel.CLONE_NEWCGROUP
     | kernel.CLONE_NEWPID
 )  # fmt: skip
-"""Everything a sandbox has of its own; its user namespace stays the host's (its ids the sandbox user's)."""
+"""Everything a sandbox has of its own but its user namespace: that one the host made ahead and maps onto a range of
+host ids of the sandbox's own (sandbox.host_ids), entered first (else the host's, its ids the sandbox user's)."""
 
 
 def steps(config: Mapping[str, Any], new_root: str, seccomp: bytes) -> list[tuple[str, Callable[[], None]]]:
@@ -28,8 +29,8 @@ def steps(config: Mapping[str, Any], new_root: str, seccomp: bytes) -> list[tupl
     process = config["process"]
     return [
         ("its filesystem", lambda: mnt.root(config, new_root)),
+        ("its /proc", lambda: mnt.proc(config, new_root)),
         ("its root", lambda: mnt.pivot(new_root, bool(config["root"].get("readonly")))),
-        ("its /proc", lambda: mnt.proc(config)),
         ("its host name", lambda: kernel.sethostname(config.get("hostname", "sandbox"))),
         ("its loopback", net.loopback_up),
         ("its limits", lambda: limits.rlimits(process.get("rlimits", []))),
@@ -53,16 +54,27 @@ def child(request: Mapping[str, Any], fds: Sequence[int], host_root: int, seccom
         os.fchdir(host_root)
         os.chroot(".")
         os.close(host_root)
+        if request.get("userns"):  # the sandbox's own ids: its namespaces are made inside its user namespace
+            held = os.open(request["userns"], os.O_RDONLY | os.O_CLOEXEC)
+            kernel.setns(held, kernel.CLONE_NEWUSER)
+            os.close(held)
+            os.setresgid(0, 0, 0)  # its root (the host's is not mapped there: what it makes must be owned)
+            os.setresuid(0, 0, 0)
         kernel.unshare(NAMESPACES)
         for fd, std in ((stdin, 0), (stdout, 1), (stderr, 2)):
             os.dup2(fd, std)
             os.close(fd)
+        ready, readied = os.pipe2(os.O_CLOEXEC)
         first = os.fork()
     except BaseException as exc:  # said on the report pipe, whatever it is
         _say(report, {"error": f"the sandbox could not be made: {exc}"})
         os._exit(125)
     if first == 0:
-        _first(config, new_root, seccomp, report)
+        os.close(ready)
+        _first(config, new_root, seccomp, report, readied)
+    os.close(readied)
+    os.read(ready, 1)  # its every step taken (or it failed one, and said so): the host may look at it now
+    os.close(ready)
     _say(report, {"pid": first})
     _, status = os.waitpid(first, 0)
     code = os.waitstatus_to_exitcode(status)
@@ -70,7 +82,7 @@ def child(request: Mapping[str, Any], fds: Sequence[int], host_root: int, seccom
     os._exit(0)
 
 
-def _first(config: Mapping[str, Any], new_root: str, seccomp: bytes, report: int) -> None:
+def _first(config: Mapping[str, Any], new_root: str, seccomp: bytes, report: int, readied: int) -> None:
     step = "its start"
     try:
         for named, take in steps(config, new_root, seccomp):
@@ -78,6 +90,7 @@ def _first(config: Mapping[str, Any], new_root: str, seccomp: bytes, report: int
             take()
         process = config["process"]
         env = dict(entry.split("=", 1) for entry in process.get("env", []))
+        os.write(readied, b"1")
         os.execve(process["args"][0], process["args"], env)
     except BaseException as exc:
         _say(report, {"error": f"the sandbox could not be made ({step}): {exc}"})

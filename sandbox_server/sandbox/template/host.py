@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import signal
 import socket
@@ -49,6 +50,8 @@ package.template.serve(control, host_root, bytes.fromhex(given["seccomp"]))
 PYTHON = "/usr/bin/python3"
 STARTED_WITHIN_S = 10.0
 HERE = Path(__file__).parent
+
+log = logging.getLogger("sandbox_server")
 
 
 def template_refusal(rootfs: Path) -> str | None:
@@ -103,7 +106,18 @@ class Templates:
 
     def __init__(self) -> None:
         self._made: dict[tuple[str, bytes], Template] = {}
+        self._refused: dict[str, str | None] = {}
         self._lock = threading.Lock()
+
+    def serves(self, rootfs: Path) -> bool:
+        """Whether the image of this root can have a template (said once per image, in the log, when not)."""
+        with self._lock:
+            if str(rootfs) not in self._refused:
+                self._refused[str(rootfs)] = why_not = template_refusal(rootfs)
+                if why_not is not None:
+                    log.info("sandboxes of %s are started by runc, not forked from a template: %s", rootfs.parent.name,
+                             why_not)  # fmt: skip
+            return self._refused[str(rootfs)] is None
 
     def of(self, rootfs: Path, seccomp: dict[str, Any] | None) -> Template:
         program = bpf.compiled(json.dumps(seccomp, sort_keys=True)) if seccomp else b""
@@ -144,6 +158,9 @@ class Forked:
             self._said += chunk
         line, self._said = self._said.split(b"\n", 1)
         said: dict[str, Any] = json.loads(line)
+        if "error" in said and self.pid >= 0:  # its first process failed a step: said, then its end is read
+            log.warning("sandbox %s: %s", self.cgroup_path.rsplit("/", 1)[-1], said["error"])
+            return self._read(timeout)
         return said
 
     def started(self, within_s: float) -> int:

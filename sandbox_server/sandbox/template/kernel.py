@@ -18,6 +18,9 @@ MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 0x1, 0x2, 0x4, 0x8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE, MS_SLAVE = 0x20, 0x1000, 0x4000, 0x40000, 0x80000
 MS_NOATIME, MS_NODIRATIME, MS_RELATIME, MS_STRICTATIME = 0x400, 0x800, 0x200000, 0x1000000
 MNT_DETACH = 2
+STATVFS_FLAGS = {os.ST_RDONLY: MS_RDONLY, os.ST_NOSUID: MS_NOSUID, os.ST_NODEV: MS_NODEV, os.ST_NOEXEC: MS_NOEXEC,
+                 os.ST_NOATIME: MS_NOATIME, os.ST_NODIRATIME: MS_NODIRATIME, os.ST_RELATIME: MS_RELATIME}  # fmt: skip
+"""A mount's flags as statvfs says them, as mount(2) takes them."""
 PR_SET_PDEATHSIG, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP = 1, 24, 38, 22
 PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
 SECCOMP_MODE_FILTER = 2
@@ -44,6 +47,10 @@ def unshare(flags: int) -> None:
     _checked("unshare", LIBC.unshare(ctypes.c_int(flags)))
 
 
+def setns(fd: int, kind: int) -> None:
+    _checked("setns", LIBC.setns(ctypes.c_int(fd), ctypes.c_int(kind)))
+
+
 def mount(source: str | None, target: str, kind: str | None, flags: int, data: str | None = None) -> None:
     def text(value: str | None) -> bytes | None:
         return value.encode() if value is not None else None
@@ -52,6 +59,14 @@ def mount(source: str | None, target: str, kind: str | None, flags: int, data: s
     if result < 0:
         error = ctypes.get_errno()
         raise OSError(error, f"mount {kind or 'bind'} on {target}: {os.strerror(error)}")
+
+
+def remount(target: str, flags: int) -> None:
+    """A bind mount's flags changed: `flags` added to those it has (in a user namespace the flags it was made with
+    are locked, and a remount without them is refused)."""
+    found = os.statvfs(target).f_flag
+    held = sum(flag for given, flag in STATVFS_FLAGS.items() if found & given)
+    mount(None, target, None, MS_REMOUNT | MS_BIND | held | flags)
 
 
 def umount(target: str, flags: int = MNT_DETACH) -> None:

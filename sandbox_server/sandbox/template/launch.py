@@ -11,28 +11,36 @@ from sandbox_server.errors import EngineError
 from sandbox_server.sandbox.template import cgroups
 from sandbox_server.sandbox.template.host import Forked, Templates
 
-__all__ = ["MARK", "forked", "remove_cgroups"]
+__all__ = ["MARK", "ROOTFS", "forked", "remove_cgroups"]
 
+ROOTFS = "sandbox-server.rootfs"
+"""The bundle's annotation naming the image's unpacked root (its root is a view of it when the sandbox has host ids
+of its own), so that the bundle says which image it runs: a template per image."""
 MARK = "template"
 """The file in a bundle that says its sandbox was forked from a template (its cgroups are the server's to remove)."""
 
 
-def forked(templates: Templates, bundle: Path, stdio: tuple[int, int, int], within_s: float) -> Forked:
-    """The sandbox of `bundle` forked from its image's template, running (its first process's pid known)."""
+def forked(templates: Templates, bundle: Path, stdio: tuple[int, int, int], within_s: float) -> Forked | None:
+    """The sandbox of `bundle` forked from its image's template, running (its first process's pid known); None
+    when its image can have no template (runc runs it)."""
     config = json.loads((bundle / "config.json").read_text())
+    image_root = Path(config.get("annotations", {}).get(ROOTFS, config["root"]["path"]))  # (its root may be a view)
+    if not templates.serves(image_root):
+        return None
     linux = config["linux"]
     path = linux["cgroupsPath"]
     (bundle / MARK).write_text(path)
     (bundle / "root").mkdir(exist_ok=True)
+    userns = next((n.get("path") for n in linux.get("namespaces", []) if n["type"] == "user"), None)
     try:
-        template = templates.of(Path(config["root"]["path"]), linux.get("seccomp"))
+        template = templates.of(image_root, linux.get("seccomp"))
         procs = cgroups.made(path, linux["resources"])
     except OSError as exc:
         raise EngineError(f"could not make the sandbox's template or cgroups: {exc}") from exc
     report, told = os.pipe()
     given = {**config, "linux": {k: v for k, v in linux.items() if k != "seccomp"}, "annotations": {}}
     try:
-        template.fork({"config": given, "root": str(bundle / "root")}, [*stdio, told, *procs])
+        template.fork({"config": given, "root": str(bundle / "root"), "userns": userns}, [*stdio, told, *procs])
     except OSError as exc:
         os.close(report)
         raise EngineError(f"the template of {config['root']['path']} did not answer: {exc}") from exc

@@ -11,8 +11,8 @@ from typing import Any
 
 from . import kernel
 
-DEVICES = (("null", 1, 3), ("zero", 1, 5), ("full", 1, 7), ("random", 1, 8), ("urandom", 1, 9), ("tty", 5, 0))
-"""The device nodes every sandbox has in its /dev, as runc makes them (character devices, mode 0666)."""
+DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
+"""The devices every sandbox has in its /dev, as runc gives them."""
 LINKS = (("/proc/self/fd", "fd"), ("/proc/self/fd/0", "stdin"), ("/proc/self/fd/1", "stdout"),
          ("/proc/self/fd/2", "stderr"), ("pts/ptmx", "ptmx"), ("/proc/kcore", "core"))  # fmt: skip
 
@@ -58,11 +58,11 @@ def root(config: Mapping[str, Any], new_root: str) -> None:
     for entry in config["mounts"]:
         if entry["destination"] == "/proc":
             continue
-        _one(entry, new_root)
+        _one(entry, new_root, config["linux"]["cgroupsPath"])
     _devices(new_root)
 
 
-def _one(entry: Mapping[str, Any], new_root: str) -> None:
+def _one(entry: Mapping[str, Any], new_root: str, cgroups: str) -> None:
     kind, source = entry.get("type", "bind"), entry.get("source", "none")
     flags, propagation, data = split_options(entry.get("options", []))
     bind = bool(flags & kernel.MS_BIND)
@@ -70,70 +70,67 @@ def _one(entry: Mapping[str, Any], new_root: str) -> None:
     target = _inside(new_root, entry["destination"])
     _point(target, directory)
     if kind == "cgroup":
-        _cgroups(target, flags)
+        _cgroups(target, flags, cgroups)
         return
     if bind:
         kernel.mount(source, target, None, flags & (kernel.MS_BIND | kernel.MS_REC))
         if flags & ~(kernel.MS_BIND | kernel.MS_REC):  # bind's own flags take a remount
-            kernel.mount(None, target, None, kernel.MS_REMOUNT | kernel.MS_BIND | (flags & ~kernel.MS_REC))
+            kernel.remount(target, flags & ~(kernel.MS_BIND | kernel.MS_REC))
     else:
         kernel.mount(source, target, kind, flags, data or None)
     if propagation:
         kernel.mount(None, target, None, propagation)
 
 
-def _cgroups(target: str, flags: int) -> None:
-    """cgroup v1's hierarchies, as the sandbox's cgroup namespace shows them (its own cgroup their root), under a
-    tmpfs: read-only, as runc mounts them."""
+def _cgroups(target: str, flags: int, path: str) -> None:
+    """The call's own cgroup of each v1 hierarchy the host made it in, bound read-only under a tmpfs (as runc binds
+    them where it may not mount cgroupfs: in a user namespace of the sandbox's own)."""
     kernel.mount("tmpfs", target, "tmpfs", kernel.MS_NOSUID | kernel.MS_NODEV | kernel.MS_NOEXEC, "mode=755")
-    with open("/proc/self/mountinfo") as table:
-        hierarchies = []
-        for line in table:
-            fields = line.split(" - ", 1)
-            if len(fields) == 2 and fields[1].startswith("cgroup "):
-                options = fields[1].split()[2].split(",")
-                wanted = [o for o in options if o not in ("rw", "ro", "relatime")]
-                if wanted:
-                    hierarchies.append(",".join(wanted))
-    for hierarchy in hierarchies:
-        name = hierarchy.removeprefix("name=")
-        os.mkdir(os.path.join(target, name), 0o755)
-        kernel.mount("cgroup", os.path.join(target, name), "cgroup", flags | kernel.MS_RDONLY, hierarchy)
-    kernel.mount(None, target, None, kernel.MS_REMOUNT | kernel.MS_RDONLY | kernel.MS_NOSUID | kernel.MS_NODEV
-                 | kernel.MS_NOEXEC, "mode=755")  # fmt: skip
+    for hierarchy in sorted(os.listdir("/sys/fs/cgroup")):  # those the host made the call's cgroup in
+        source = os.path.join("/sys/fs/cgroup", hierarchy, path.lstrip("/"))
+        if os.path.isdir(source):
+            os.mkdir(os.path.join(target, hierarchy), 0o755)
+            kernel.mount(source, os.path.join(target, hierarchy), None, kernel.MS_BIND)
+            kernel.remount(os.path.join(target, hierarchy), flags | kernel.MS_RDONLY)
+    kernel.remount(target, kernel.MS_RDONLY)
 
 
 def _devices(new_root: str) -> None:
+    """The host's null, zero, full, random, urandom and tty bound into the sandbox's /dev (no device node is made:
+    in a user namespace none may be), and the links runc makes."""
     dev = os.path.join(new_root, "dev")
-    for name, major, minor in DEVICES:
+    for name in DEVICES:
         node = os.path.join(dev, name)
-        os.mknod(node, 0o666 | stat.S_IFCHR, os.makedev(major, minor))
-        os.chmod(node, 0o666)
+        os.close(os.open(node, os.O_CREAT | os.O_WRONLY, 0o666))
+        kernel.mount(os.path.join("/dev", name), node, None, kernel.MS_BIND)
     for source, name in LINKS:
         os.symlink(source, os.path.join(dev, name))
 
 
-def proc(config: Mapping[str, Any]) -> None:
-    """/proc of the sandbox's own pid namespace (mounted by its first process there), then the masked paths (an
-    empty read-only tmpfs on a folder, /dev/null on a file) and the read-only ones: after the pivot."""
+def proc(config: Mapping[str, Any], new_root: str) -> None:
+    """/proc of the sandbox's own pid namespace (mounted by its first process there, before the pivot: in a user
+    namespace the kernel mounts a new proc only where one is fully visible), then the masked paths (an empty
+    read-only tmpfs on a folder, /dev/null on a file) and the read-only ones."""
     entry = next(m for m in config["mounts"] if m["destination"] == "/proc")
     flags, _, _ = split_options(entry.get("options", []))
-    kernel.mount("proc", "/proc", "proc", flags)
+    kernel.mount("proc", _inside(new_root, "/proc"), "proc", flags)
     linux = config["linux"]
     for name, value in (linux.get("sysctl") or {}).items():
-        with open("/proc/sys/" + name.replace(".", "/"), "w") as setting:
+        with open(_inside(new_root, "/proc/sys/" + name.replace(".", "/")), "w") as setting:
             setting.write(value)
-    for path in linux.get("maskedPaths", []):
+    for masked in linux.get("maskedPaths", []):
+        path = _inside(new_root, masked)
         if not os.path.lexists(path):
             continue
         if os.path.isdir(path):
             kernel.mount("tmpfs", path, "tmpfs", kernel.MS_RDONLY, "size=0")
         else:
             kernel.mount("/dev/null", path, None, kernel.MS_BIND)
-    for path in linux.get("readonlyPaths", []):
+    for read_only in linux.get("readonlyPaths", []):
+        path = _inside(new_root, read_only)
         if os.path.lexists(path):
             kernel.mount(path, path, None, kernel.MS_BIND | kernel.MS_REC)
-            kernel.mount(None, path, None, kernel.MS_REMOUNT | kernel.MS_BIND | kernel.MS_RDONLY)
+            kernel.remount(path, kernel.MS_RDONLY)
 
 
 def pivot(new_root: str, read_only: bool) -> None:
@@ -143,4 +140,4 @@ def pivot(new_root: str, read_only: bool) -> None:
     kernel.umount(".", kernel.MNT_DETACH)
     os.chdir("/")
     if read_only:
-        kernel.mount(None, "/", None, kernel.MS_REMOUNT | kernel.MS_BIND | kernel.MS_RDONLY)
+        kernel.remount("/", kernel.MS_RDONLY)

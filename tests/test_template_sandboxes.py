@@ -1,0 +1,179 @@
+"""Sandboxes forked from a template (serve --sandboxes template), through the real server and the official
+client: the same sandbox as the engine's and runc's, nothing of one call reaching another (during it or after
+it), the template out of the calls' reach, and nothing left behind by a server killed mid-burst."""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import psutil
+import pytest
+
+from sandbox_server.sandbox.docker_runtime import DockerRuntime
+from tests.mcp_harness import answer, audit_records, connect, http_server_process, stdio_parameters
+from tests.test_runc_sandboxes import (
+    PROBE,
+    _cgroups_of,
+    _held_by,
+    _killed_mid_calls,
+    _policy,
+    _sandboxes_of,
+    _views_of,
+    as_the_engine_sees,
+)
+
+pytestmark = pytest.mark.anyio
+
+SECRET = "s3cr3t-of-call-a"
+HOLD = f"""
+export CALL_A_SECRET={SECRET}
+echo {SECRET} > /tmp/secret && echo {SECRET} > /dev/shm/secret
+python3 -c "
+import socket, time
+tcp = socket.socket(); tcp.bind(('127.0.0.1', 47111)); tcp.listen()
+unix = socket.socket(socket.AF_UNIX); unix.bind('\\0{SECRET}'); unix.listen()
+secret = '{SECRET}'
+time.sleep(60)
+" {SECRET} &
+sleep 60
+"""
+"""Call A: its secret in an environment variable, in files of its /tmp and /dev/shm, in a variable and the argv of a
+process it leaves running, and listening on a TCP port and an abstract socket of its own."""
+LOOK = f"""
+printf '%s%s' '{SECRET[:8]}' '{SECRET[8:]}' > /workspace/needle
+echo "processes: $(ls -d /proc/[0-9]* | wc -l)"
+echo "found: $(grep -lsF -f /workspace/needle /proc/[0-9]*/cmdline /proc/[0-9]*/environ /tmp/* /dev/shm/* | wc -l)"
+echo "env: $(env | grep -cF -f /workspace/needle)"
+python3 -c "
+import socket
+secret = open('/workspace/needle').read()
+for family, address in ((socket.AF_INET, ('127.0.0.1', 47111)), (socket.AF_UNIX, '\\0' + secret)):
+    try:
+        socket.socket(family).connect(address)
+        print('reached', address)
+    except OSError as exc:
+        print('refused', exc.errno)
+"
+"""
+"""Call B (and C, after A): looks for A everywhere it could be (the secret it looks for is never in its own command
+line: it would find itself)."""
+
+
+def _templates_of(pid: int) -> list[psutil.Process]:
+    """The server's template processes (each its image's own python3, started once)."""
+    found = []
+    for child in psutil.Process(pid).children():
+        with contextlib.suppress(psutil.Error):  # (one that ended meanwhile)
+            if "sandbox_template" in " ".join(child.cmdline()):
+                found.append(child)
+    return found
+
+
+def _every_process_of(templates: list[psutil.Process]) -> Iterator[psutil.Process]:
+    for template in templates:
+        yield template
+        with contextlib.suppress(psutil.Error):
+            yield from template.children(recursive=True)
+
+
+async def test_the_same_probe_reads_the_same_sandbox_forked_from_a_template_as_from_the_engine(
+    tmp_path: Path, runtime: DockerRuntime
+) -> None:
+    said = {}
+    for path in ("engine", "template"):
+        audit = tmp_path / f"{path}.jsonl"
+        serve = ("--policy", _policy(tmp_path), "--sandboxes", path, "--audit-log", str(audit))
+        async with connect(stdio_parameters(*serve)) as session:
+            said[path] = await answer(session, "execute_command", {"command": PROBE})
+        said[path]["container"] = audit_records(audit)[-1]["container_id"]
+    engine, forked = said["engine"], said["template"]
+    assert not forked["is_error"] and forked["exit_code"] == 0, forked["text"]
+    assert forked["container"].startswith("sbx-") and not engine["container"].startswith("sbx-")
+    # each forked sandbox has host ids of its own too, as runc's: seen as the engine's sandbox would be, the same
+    seen_inside = as_the_engine_sees(forked["stdout"])
+    differ = list(difflib.unified_diff(engine["stdout"].splitlines(), seen_inside.splitlines(), lineterm=""))
+    assert not differ, "\n".join(differ)  # every line: user, capabilities, seccomp, mounts, limits, env
+    for expected in (
+        "NoNewPrivs:\t1", "Seccomp:\t2", "CapBnd:\t0000000000000000", "host=sandbox links=lo ", "root=read-only",
+        "workspace=ok", "tmp=noexec", "pid1=docker-init kcore=0", "sysrq=refused", "io_uring -1 1",
+    ):  # fmt: skip
+        assert expected in forked["stdout"], (expected, forked["stdout"])
+
+
+async def test_nothing_of_one_call_reaches_another_and_the_template_is_out_of_reach(
+    tmp_path: Path, runtime: DockerRuntime
+) -> None:
+    import httpx2
+    from mcp.client.streamable_http import streamable_http_client
+
+    policy = _policy(tmp_path, "defaults:\n  limits: {timeout_s: 90, max_timeout_s: 90}\n")
+    with http_server_process("--policy", policy, "--sandboxes", "template") as server:
+        server.wait_for_line("warm pool ready")
+        async with contextlib.AsyncExitStack() as stack:
+            http = await stack.enter_async_context(httpx2.AsyncClient(timeout=120))
+            a, b = [await stack.enter_async_context(connect(streamable_http_client(server.url, http_client=http)))
+                    for _ in range(2)]  # fmt: skip
+            held: dict[str, dict[str, object]] = {}
+            async with anyio.create_task_group() as group:
+
+                async def call_a() -> None:
+                    held["a"] = await answer(a, "execute_command", {"command": HOLD, "timeout_s": 8})
+
+                group.start_soon(call_a)
+                with anyio.fail_after(60):  # A's process holding the secret runs
+                    while not _holding_the_secret():
+                        await anyio.sleep(0.05)
+                templates = _templates_of(server.process.pid)
+                assert templates, "the template is where the test looks for it"
+                during = await answer(b, "execute_command", {"command": LOOK})
+            assert not _holding_the_secret(), "A's leftover process ended with its call"
+            after = await answer(b, "execute_command", {"command": LOOK})
+            for seen in (during, after):
+                out = str(seen["stdout"])
+                assert "found: 0" in out and "env: 0" in out, out
+                assert "reached" not in out and out.count("refused") == 2, out
+                assert int(out.split("processes: ")[1].split()[0]) <= 6, out  # its own few: no other call's
+            # a call that kills every process it may signal reaches none of the template's, nor the server
+            await answer(b, "execute_command", {"command": "kill -9 -1; sleep 1"})
+            assert all(t.is_running() for t in templates)
+            served = await answer(b, "execute_command", {"command": "echo served"})
+            assert served["stdout"] == "served\n", served["text"]
+        assert {t.pid for t in _templates_of(server.process.pid)} >= {t.pid for t in templates}
+
+
+def _holding_the_secret() -> bool:
+    return any(SECRET in (p.info["cmdline"] or []) for p in psutil.process_iter(["cmdline"]))
+
+
+async def test_a_server_killed_mid_burst_leaves_no_template_sandbox_process_cgroup_or_bundle(
+    tmp_path: Path, runtime: DockerRuntime
+) -> None:
+    seen: list[psutil.Process] = []
+
+    def look(running: list[str]) -> None:
+        seen.extend(_every_process_of(_templates_of(pid)))
+        assert len(seen) > 1, "the template and its sandboxes are where the test looks for them"
+
+    with http_server_process("--policy", _policy(tmp_path), "--sandboxes", "template") as server:
+        pid = server.process.pid
+        await _killed_mid_calls(
+            server, ("execute_command", {"command": "sleep 60"}), 6,
+            lambda: [p for p in _sandboxes_of(pid) if _running_forked(p)], 6, 30, look,
+        )  # fmt: skip
+    assert _sandboxes_of(pid) == set() and _cgroups_of(pid) == set()
+    assert _held_by(pid) == set() and _views_of(pid) == []  # no id range held, nothing mounted
+    assert not [p for p in seen if p.is_running()], "a template or a sandbox outlived its server"
+
+
+def _running_forked(name: str) -> bool:
+    """Whether a forked sandbox's first process runs (its pid, in its bundle, alive)."""
+    from sandbox_server.sandbox.runc_state import STATE
+
+    try:
+        return psutil.pid_exists(int((STATE / "bundles" / name / "pid").read_text()))
+    except (OSError, ValueError):
+        return False

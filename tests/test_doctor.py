@@ -40,7 +40,7 @@ def test_doctor_is_healthy_and_proves_the_limits(runtime: DockerRuntime) -> None
     if ENGINE == "podman":
         assert not runc["ok"] and not runc["required"] and "the engine is Podman" in runc["detail"], runc
     else:
-        assert runc["ok"] and "`true` in a sandbox runc made exited 0" in runc["detail"], runc
+        assert runc["ok"] and "`true` in a sandbox forked from its image template exited 0" in runc["detail"], runc
         assert "`true` in a gVisor sandbox runsc made exited 0" in runc["detail"], runc
     assert not left_by_exited_servers()
 

@@ -49,9 +49,10 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
         "--sandboxes",
         choices=["auto", "runc", "template", "engine"],
         default=os.environ.get("SANDBOX_SANDBOXES", "auto"),
-        help="who makes calls' sandboxes: runc (runc itself, from the engine's images, for calls without a network or "
-        "on an allow list, and runsc for gVisor's; root on the engine's host), template (as runc, each sandbox forked from "
-        "its image's template), engine (the engine, every call), or auto (runc when it can); default: "
+        help="who makes calls' sandboxes: template (each forked from a template of its image, runc's bundle applied; "
+        "an image without python3 by runc; root on the engine's host), runc (runc itself, for calls without a network, "
+        "on an allow list or beside services, and runsc for gVisor's), engine (the engine, every call), or auto "
+        "(template where the host lets it, else the engine); default: "
         "SANDBOX_SANDBOXES, else auto",
     )
     serve.add_argument(

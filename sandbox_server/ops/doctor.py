@@ -315,7 +315,8 @@ async def _gvisor_check(runtime: DockerRuntime) -> Check:
 
 
 async def runc_sandboxes_check() -> Check:
-    """Whether runc itself can make calls' sandboxes here (serve --sandboxes auto or runc), shown by making one."""
+    """Whether runc itself can make calls' sandboxes here (serve --sandboxes auto or runc), and fork them from a
+    template (auto), shown by making one."""
     from sandbox_server.sandbox.runc_runtime import RuncRuntime
 
     runc = RuncRuntime(None, "auto")
@@ -326,7 +327,8 @@ async def runc_sandboxes_check() -> Check:
                 "sandboxes by runc", False, f"the engine makes every sandbox: {why_not}",
                 "serve as root on the engine's host with runc installed (docs/sandbox.md)", required=False,
             )  # fmt: skip
-        outcome = await runc.run(SandboxSpec(image=image_reference("base"), argv=("/bin/true",)))
+        image = image_reference("shell" if runc.templates else "base")  # (base has no python3 for a template)
+        outcome = await runc.run(SandboxSpec(image=image, argv=("/bin/true",)))
         shared = runc.own_ids_refused()
         gvisor = SandboxSpec(image=image_reference("base"), argv=("/bin/true",), runtime="runsc")
         under_gvisor = await runc.run(gvisor) if runc.takes(gvisor) else None
@@ -341,10 +343,11 @@ async def runc_sandboxes_check() -> Check:
     return Check(
         "sandboxes by runc",
         outcome.exit_code == 0 and (under_gvisor is None or under_gvisor.exit_code == 0),
-        f"`true` in a sandbox runc made exited {outcome.exit_code} in {outcome.duration_ms} ms, "
+        f"`true` in a sandbox {'forked from its image template' if runc.templates else 'runc made'} exited "
+        f"{outcome.exit_code} in {outcome.duration_ms} ms, "
         + ("as host ids of its own; " if shared is None else f"as the sandbox user's host ids ({shared}); ")
         + f"{said} "
-        "(serve --sandboxes auto or runc makes every call's sandbox so, and gVisor's)",
+        "(serve --sandboxes auto makes every call's sandbox so, runc has runc start each, and gVisor's)",
         "see the runc log the message names",
         required=False,
     )

@@ -164,11 +164,12 @@ class RuncRuntime(DockerRuntime):
         images: Path = IMAGES,
     ) -> None:
         """`sandboxes`: "runc" (runc makes what it can, or the server does not start), "template" (as "runc", each
-        sandbox forked from its image's template where the image has one: sandbox.template), "engine" (the engine
-        makes every sandbox), "auto" (runc where this host lets it)."""
+        sandbox forked from its image's template where the image can have one: sandbox.template), "engine" (the
+        engine makes every sandbox), "auto" (as "template" where this host lets runc make sandboxes)."""
         super().__init__(client)
         self.sandboxes = sandboxes
-        self.templates = Templates() if sandboxes == "template" else None
+        self.templates = Templates() if sandboxes in ("template", "auto") else None
+        """The templates sandboxes are forked from (None: runc starts each)."""
         self.state, self.images = state, images
         self._runs: dict[str, Run] = {}
         self._chosen: str | None = None
@@ -177,6 +178,11 @@ class RuncRuntime(DockerRuntime):
         self.addresses = Addresses()
         """The addresses of the server's half of its allow lists' networks (sandbox.veth), each held by a sandbox."""
         self.removal = RuncRemover(lambda: self.api, self.activity, state, self._runs, self.addresses)
+
+    def close_connection(self) -> None:
+        if self.templates is not None:  # (after every sandbox forked from them is deleted)
+            self.templates.close()
+        super().close_connection()
 
     def runc_refused(self) -> str | None:
         """Why runc makes no sandbox here (None: it makes those it can), decided once; asked for runc, a host that

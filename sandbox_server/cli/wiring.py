@@ -195,15 +195,9 @@ def _clear_strays(runtime: DockerRuntime, log: logging.Logger) -> None:
     if why_not is None:
         gvisor = "by runsc itself" if runsc_path() is not None else "by the engine (no runsc here)"
         assert isinstance(runtime, RuncRuntime)
-        made = (
-            "forked from a template per image (runc's where an image has no python3)"
-            if runtime.templates
-            else "made by runc itself"
-        )
-        log.info(
-            "calls' sandboxes are %s from the engine's images (gVisor's %s); services, image builds and the proxy "
-            "by the engine", made, gvisor,
-        )  # fmt: skip
+        made = "forked from a template per image (runc's if it has no python3)" if runtime.templates else "made by runc"
+        log.info("calls' sandboxes are %s from the engine's images (gVisor's %s); services, image builds and the "
+                 "proxy by the engine", made, gvisor)  # fmt: skip
         shared = runtime.own_ids_refused()
         if shared is None:
             log.info("each of runc's sandboxes runs as host ids of its own (a user namespace of its own)")

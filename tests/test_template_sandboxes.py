@@ -145,6 +145,21 @@ async def test_nothing_of_one_call_reaches_another_and_the_template_is_out_of_re
         assert {t.pid for t in _templates_of(server.process.pid)} >= {t.pid for t in templates}
 
 
+async def test_a_template_killed_is_made_again_and_no_call_hangs(tmp_path: Path, runtime: DockerRuntime) -> None:
+    with http_server_process("--policy", _policy(tmp_path), "--sandboxes", "template", "--no-pool") as server:
+        async with connect(server.url) as session:
+            first = await answer(session, "execute_command", {"command": "echo one"})
+            [template] = _templates_of(server.process.pid)
+            template.kill()
+            with anyio.fail_after(10):
+                while template.is_running() and template.status() != psutil.STATUS_ZOMBIE:
+                    await anyio.sleep(0.02)
+            with anyio.fail_after(30):  # answered, from a template made again
+                again = await answer(session, "execute_command", {"command": "echo two"})
+        assert first["stdout"] == "one\n" and again["stdout"] == "two\n", again["text"]
+        assert [t.pid for t in _templates_of(server.process.pid)] != [template.pid]
+
+
 def _holding_the_secret() -> bool:
     return any(SECRET in (p.info["cmdline"] or []) for p in psutil.process_iter(["cmdline"]))
 

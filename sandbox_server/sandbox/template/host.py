@@ -48,6 +48,10 @@ for name in given["order"]:
 package.template.serve(control, host_root, bytes.fromhex(given["seccomp"]))
 """
 PYTHON = "/usr/bin/python3"
+FORKS_PER_TEMPLATE = 5000
+TEMPLATE_LIFE_S = 3600.0
+"""A template is made again after this many sandboxes, or this long: whatever its interpreter may have gathered
+(memory it grew to, a state its loop kept) lasts a bounded time; its sandboxes never ran in it."""
 STARTED_WITHIN_S = 10.0
 HERE = Path(__file__).parent
 
@@ -83,14 +87,25 @@ class Template:
             code.write(given)
         self.socket = ours
         self.lock = threading.Lock()
+        self.forks, self.born = 0, time.monotonic()
 
     def alive(self) -> bool:
         return self.process.poll() is None
+
+    def spent(self) -> bool:
+        """Whether it has made its share of sandboxes, or lived its time (FORKS_PER_TEMPLATE, TEMPLATE_LIFE_S)."""
+        return self.forks >= FORKS_PER_TEMPLATE or time.monotonic() - self.born > TEMPLATE_LIFE_S
 
     def fork(self, request: dict[str, Any], fds: list[int]) -> None:
         """Ask for a sandbox: the request and its descriptors in one message."""
         with self.lock:
             socket.send_fds(self.socket, [json.dumps(request).encode()], fds)
+            self.forks += 1
+
+    def retire(self) -> None:
+        """No more requests: it forks those already sent, then ends (its sandboxes live on)."""
+        with contextlib.suppress(OSError):
+            self.socket.close()
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
@@ -124,8 +139,10 @@ class Templates:
         key = (str(rootfs), program)
         with self._lock:
             made = self._made.get(key)
-            if made is None or not made.alive():
-                if made is not None:
+            if made is None or not made.alive() or made.spent():
+                if made is not None and made.alive():
+                    made.retire()
+                elif made is not None:  # a dead one's requests were answered by their report pipes' end
                     made.close()
                 made = self._made[key] = Template(rootfs, program)
             return made

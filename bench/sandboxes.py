@@ -11,8 +11,9 @@ calls would pass them; its 8 concurrent calls stay), in one run: each path's ser
   for, its proxy going out by an internal network of the benchmark's own): `true` spaced, 40 back to back, and
   40 `true` at once, with the engine's CPU per call in the last two;
 - the engine's CPU per call in those calls: all the host ran outside the sandboxes' own cgroups, the server's
-  own CPU and this process's (dockerd, containerd, the shims, runc, the kernel's work for them), read from
-  cgroups; and the sandboxes' own beside it.
+  own CPU and this process's (dockerd, containerd, the shims, runc, a template, the kernel's work for them), read
+  from cgroups; the sandboxes' own beside it (a forked sandbox's child builds its root inside its cgroup, so that
+  work is counted there); and the server process's own CPU per call.
 
     scripts/run bench sandboxes [--rounds 2]
 
@@ -30,6 +31,7 @@ from typing import Any
 
 import anyio
 import docker
+import psutil
 from mcp import Client
 
 from bench.common import median, print_table, write_results
@@ -85,7 +87,7 @@ async def _execute_command_rows(client: Client, burst: int, command: str) -> dic
     spaced, failed = await timed_calls(client, "execute_command", {"command": "true"}, 20, 0.5)
     report["spaced"] = {**percentiles(spaced), "failures": failed}
     await anyio.sleep(3)
-    before = EngineCpu.now(server)
+    before, served_before = EngineCpu.now(server), _cpu_s(server)
     back, failed = await timed_calls(client, "execute_command", {"command": "true"}, 40, 0)
     report["back_to_back"] = {**percentiles(back), "failures": failed}
     report["warm_before_burst"] = await settled_containers(server.pid)  # as a burst meets an idle server
@@ -95,7 +97,14 @@ async def _execute_command_rows(client: Client, burst: int, command: str) -> dic
     spent = EngineCpu.now(server).since(before)
     report["engine_cpu_ms_per_sandbox"] = round(spent.outside / (40 + burst) * 1000, 1)
     report["sandbox_cpu_ms_per_sandbox"] = round(spent.inside / (40 + burst) * 1000, 1)
+    report["server_cpu_ms_per_call"] = round((_cpu_s(server) - served_before) / (40 + burst) * 1000, 1)
     return report
+
+
+def _cpu_s(process: psutil.Process) -> float:
+    """The server process's own CPU seconds (its threads; not its children: the templates are counted outside)."""
+    times = process.cpu_times()
+    return times.user + times.system
 
 
 async def _measure(path: str, burst: int, policy: Path) -> dict[str, Any]:
@@ -166,6 +175,7 @@ def main(argv: list[str]) -> int:
             "run_python_back_to_back_p50_ms": median([r["run_python_back_to_back"]["p50"] for r in reports]),
             "engine_cpu_ms_per_sandbox": median([r["engine_cpu_ms_per_sandbox"] for r in reports]),
             "sandbox_cpu_ms_per_sandbox": median([r["sandbox_cpu_ms_per_sandbox"] for r in reports]),
+            "server_cpu_ms_per_call": median([r["server_cpu_ms_per_call"] for r in reports]),
         }
         summary[path]["back_to_back_p50_over_spaced"] = round(
             summary[path]["back_to_back_p50_ms"] / summary[path]["spaced_p50_ms"], 2

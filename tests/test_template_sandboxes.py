@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import signal
+import subprocess
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -158,6 +162,42 @@ async def test_a_template_killed_is_made_again_and_no_call_hangs(tmp_path: Path,
                 again = await answer(session, "execute_command", {"command": "echo two"})
         assert first["stdout"] == "one\n" and again["stdout"] == "two\n", again["text"]
         assert [t.pid for t in _templates_of(server.process.pid)] != [template.pid]
+
+
+def test_a_template_outlives_the_thread_that_started_it(runtime: DockerRuntime) -> None:
+    """The server starts templates from worker threads that end when idle: a template must not end with one (a
+    parent-death signal would kill it as that thread ends, and a call in flight with it)."""
+    from sandbox_server.sandbox.bundles import unpacked
+    from sandbox_server.sandbox.runc_state import IMAGES
+    from sandbox_server.sandbox.template.host import Templates
+
+    image = "sandbox-server/shell:latest"
+    rootfs = unpacked(runtime.api, image, runtime.api.inspect_image(image), IMAGES)
+    templates = Templates()
+    try:
+
+        def start() -> None:  # the template started, and serving (its children's SIGCHLD ignored), as it ends
+            made = templates.of(rootfs, None)
+            deadline = time.monotonic() + 30
+            while not _serving(made.process.pid):
+                assert time.monotonic() < deadline, "the template never began to serve"
+                time.sleep(0.01)  # (nothing to await: its state is read from /proc)
+
+        starter = threading.Thread(target=start)
+        starter.start()
+        starter.join()
+        template = templates.of(rootfs, None)  # the one that thread started
+        with pytest.raises(subprocess.TimeoutExpired):  # it lives on
+            template.process.wait(timeout=2)
+    finally:
+        templates.close()
+
+
+def _serving(pid: int) -> bool:
+    """Whether a template's loop has begun: it ignores SIGCHLD from then on (its children reaped as they end)."""
+    with open(f"/proc/{pid}/status") as status:
+        ignored = next(int(line.split()[1], 16) for line in status if line.startswith("SigIgn:"))
+    return bool(ignored & (1 << (signal.SIGCHLD - 1)))
 
 
 def _holding_the_secret() -> bool:

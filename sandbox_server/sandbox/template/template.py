@@ -9,15 +9,16 @@ import os
 import signal
 import socket
 
-from . import contain, kernel
+from . import contain
 
 MAX_REQUEST = 1 << 20
 MAX_FDS = 32
 
 
 def serve(control: int, host_root: int, seccomp: bytes) -> None:
-    """Until the host closes its end: a sandbox per request. Ends with the server (its parent) if it dies."""
-    kernel.prctl(kernel.PR_SET_PDEATHSIG, signal.SIGKILL)
+    """Until the host closes its end: a sandbox per request. It ends with the server, whose end of the socket closes
+    as it dies (no parent-death signal: the kernel sends that when the thread that started it ends, and the server
+    starts templates from threads that come and go)."""
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the children reaped by the kernel as they end
     sock = socket.socket(fileno=control)
     while True:

@@ -186,7 +186,7 @@ def _living(pids: list[int]) -> Iterator[ProcessView]:
     for index, pid in enumerate(pids):
         try:
             yield _process(pid)
-        except FileNotFoundError:
+        except (FileNotFoundError, ProcessLookupError):  # (its user namespace's map: "No such process")
             if index == 0:
                 raise  # the container's init: the sandbox itself is gone
 

@@ -103,32 +103,34 @@ def _made_by(name: str, pid: int) -> bool:
     return name.startswith("sbx-") and name.split("-")[2:3] == [str(pid)]
 
 
-async def test_the_same_probe_reads_the_same_sandbox_from_runc_as_from_the_engine(
+async def test_the_same_probe_reads_the_same_sandbox_from_runc_and_from_a_template_as_from_the_engine(
     tmp_path: Path, runtime: DockerRuntime
 ) -> None:
     said: dict[str, dict[str, Any]] = {}
-    for path in ("engine", "runc"):
+    for path in ("engine", "runc", "template"):
         audit = tmp_path / f"{path}.jsonl"
         serve = ("--policy", _policy(tmp_path), "--sandboxes", path, "--audit-log", str(audit))
         async with connect(stdio_parameters(*serve)) as session:
             said[path] = await answer(session, "execute_command", {"command": PROBE})
         said[path]["container"] = audit_records(audit)[-1]["container_id"]
-    engine, runc = said["engine"], said["runc"]
-    assert not runc["is_error"] and runc["exit_code"] == 0, runc["text"]
-    assert runc["container"].startswith("sbx-") and not engine["container"].startswith("sbx-")
-    # runc's sandbox has host ids of its own: its ids 0-65535 are a range of the server's, which the kernel shows
-    # in the uid map and, in the host's ids, in the options of the tmpfs mounts it made (which name root's only
-    # when it is not the host's); the rest is the same
+    engine = said["engine"]
     assert " 0 0 4294967295 " in f" {engine['stdout']} "
-    seen_inside = as_the_engine_sees(runc["stdout"])
-    differ = list(difflib.unified_diff(engine["stdout"].splitlines(), seen_inside.splitlines(), lineterm=""))
-    assert not differ, "\n".join(differ)  # every line: user, capabilities, seccomp, mounts, limits, env
-    facts = runc["stdout"]
-    for expected in (
-        "NoNewPrivs:\t1", "Seccomp:\t2", "CapBnd:\t0000000000000000", "host=sandbox links=lo ", "root=read-only",
-        "workspace=ok", "tmp=noexec", "pid1=docker-init kcore=0", "sysrq=refused", "io_uring -1 1",
-    ):  # fmt: skip
-        assert expected in facts, (expected, facts)
+    for path in ("runc", "template"):  # runc starting it, and forked from its image's template
+        made = said[path]
+        assert not made["is_error"] and made["exit_code"] == 0, (path, made["text"])
+        assert made["container"].startswith("sbx-") and not engine["container"].startswith("sbx-")
+        # the sandbox has host ids of its own: its ids 0-65535 are a range of the server's, which the kernel shows
+        # in the uid map and, in the host's ids, in the options of the tmpfs mounts it made (which name root's only
+        # when it is not the host's); the rest is the same
+        seen_inside = as_the_engine_sees(made["stdout"])
+        differ = list(difflib.unified_diff(engine["stdout"].splitlines(), seen_inside.splitlines(), lineterm=""))
+        assert not differ, (path, "\n".join(differ))  # every line: user, capabilities, seccomp, mounts, limits, env
+        facts = made["stdout"]
+        for expected in (
+            "NoNewPrivs:\t1", "Seccomp:\t2", "CapBnd:\t0000000000000000", "host=sandbox links=lo ", "root=read-only",
+            "workspace=ok", "tmp=noexec", "pid1=docker-init kcore=0", "sysrq=refused", "io_uring -1 1",
+        ):  # fmt: skip
+            assert expected in facts, (path, expected, facts)
 
 
 async def test_time_memory_and_exit_codes_are_told_apart_and_metered_on_runc(

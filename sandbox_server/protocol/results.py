@@ -9,6 +9,7 @@ images, embedded text or blobs, or, when large, as resource links served by
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import mimetypes
 import re
@@ -160,9 +161,17 @@ def _file_block(
 def unplaced(text: str, folders: Sequence[str]) -> str:
     """The server's own words with no path into the host's `folders` (its state, its sandboxes' bundles): each
     such path, to its end, is said as a folder of the server (an error the system or the engine raised names one)."""
-    for folder in sorted({f.rstrip("/") for f in folders if len(f.rstrip("/")) > 1}, key=len, reverse=True):
-        text = re.sub(re.escape(folder) + r"(?![^/\s'\"])[^\s'\"]*", "<a folder of the server>", text)
-    return text
+    pattern = _paths_into(tuple(folders))
+    return pattern.sub("<a folder of the server>", text) if pattern is not None else text
+
+
+@functools.cache
+def _paths_into(folders: tuple[str, ...]) -> re.Pattern[str] | None:
+    """One pattern for a path into any of `folders` (the longest first), made once per set of folders."""
+    kept = sorted({f.rstrip("/") for f in folders if len(f.rstrip("/")) > 1}, key=len, reverse=True)
+    if not kept:
+        return None
+    return re.compile("(?:" + "|".join(map(re.escape, kept)) + r")(?![^/\s'\"])[^\s'\"]*")
 
 
 def render(

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sandbox_server.state.database import REPLICA_LOST_S, Database
+from sandbox_server.state.database import BEAT_S, REPLICA_LOST_S, Database
 
 __all__ = ["Claim", "Home", "Homes"]
 
@@ -40,6 +40,11 @@ class Claim:
     """The `--name` of the replica that is its home, when another one is and it has a name."""
     silent_s: float = 0.0
     """How long ago that home last said it was alive (it is taken for lost past REPLICA_LOST_S)."""
+
+    @property
+    def answering(self) -> bool:
+        """Whether that home has said it is alive within its last two beats (else it is on its way to lost)."""
+        return self.silent_s <= 2 * BEAT_S
 
     @property
     def shown(self) -> str:

@@ -24,7 +24,7 @@ from sandbox_server.policy import WorkspaceSettings
 from sandbox_server.sandbox.activity import Activity
 from sandbox_server.sandbox.archive import WORKSPACE_DIR
 from sandbox_server.sandbox.spec import ExecutionResult, SandboxSpec
-from sandbox_server.state.database import BEAT_S, REPLICA_LOST_S
+from sandbox_server.state.database import REPLICA_LOST_S
 from sandbox_server.state.homes import Claim, Homes
 from sandbox_server.workspaces.contents import Add, Room
 from sandbox_server.workspaces.files import FileState
@@ -55,8 +55,8 @@ class HomedMounts(MountedContents):
         """Per workspace, the fingerprint of its files at its last save (a call that changed nothing saves none)."""
         self._homing: dict[str, threading.RLock] = {}
         self.ask_hand_over = ask_hand_over
-        """Asks the live replica that is a workspace's home to let go of it for this one (whether it did): set
-        where the replicas reach each other (protocol/handover.py)."""
+        """Asks the live replica that is a workspace's home to let go of it for this one (whether it did), over the
+        replicas' signed channel (protocol/handover.py); None: nobody is asked."""
         super().__init__(root, process, process_alive, activity)  # (its first sweep reads what is set above)
         self.homed = self
 
@@ -76,7 +76,7 @@ class HomedMounts(MountedContents):
                 return None
             claim = self.homes.claim(workspace_id)
             elsewhere = claim.home is not None and claim.home != self.homes.me
-            if elsewhere and claim.silent_s <= 2 * BEAT_S and self.ask_hand_over is not None:
+            if elsewhere and claim.answering and self.ask_hand_over is not None:
                 # a call that was not forwarded to the home (a handshake-era session's lives here): the workspace
                 # comes here, from the home's last save, once no call works in it there
                 if self.ask_hand_over(workspace_id):
@@ -234,7 +234,7 @@ def _elsewhere(workspace_id: str, claim: Claim) -> Refusal:
     """The refusal of a call that reached this replica for a workspace another live replica is the home of: busy
     while that home says it is alive; once it has missed its beats, that it does not answer and when it is taken
     for lost (a handshake-era session, whose calls are never forwarded, asks again then rather than every second)."""
-    if claim.silent_s <= 2 * BEAT_S:
+    if claim.answering:
         return Refusal(
             f"busy: workspace {workspace_id} lives on replica {claim.shown}, which answers its calls; retry",
             "workspace",

@@ -52,7 +52,6 @@ FORKS_PER_TEMPLATE = 5000
 TEMPLATE_LIFE_S = 3600.0
 """A template is made again after this many sandboxes, or this long: whatever its interpreter may have gathered
 (memory it grew to, a state its loop kept) lasts a bounded time; its sandboxes never ran in it."""
-STARTED_WITHIN_S = 10.0
 HERE = Path(__file__).parent
 
 log = logging.getLogger("sandbox_server")
@@ -69,7 +68,6 @@ class Template:
     """One template process and its end of the socket it is asked on."""
 
     def __init__(self, rootfs: Path, seccomp: bytes) -> None:
-        self.rootfs = rootfs
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         code_read, code_write = os.pipe()
         host_root = os.open("/", os.O_PATH | os.O_DIRECTORY)

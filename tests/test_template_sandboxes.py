@@ -123,6 +123,77 @@ async def test_nothing_of_one_call_reaches_another_and_the_template_is_out_of_re
         assert {t.pid for t in _templates_of(server.process.pid)} >= {t.pid for t in templates}
 
 
+WARM_A = f"""
+import os, random, sys, numpy, pandas
+pandas.SECRET = '{SECRET}'
+os.environ['CALL_A_SECRET'] = '{SECRET}'
+open('/tmp/secret', 'w').write('{SECRET}')
+secret = '{SECRET}'
+print(random.random(), float(numpy.random.rand()))
+sys.stdout.flush()
+if os.environ.get('HOLD_S'):  # a process that shows the secret to the host: A is running
+    import subprocess
+    subprocess.run(['sh', '-c', 'sleep ' + os.environ['HOLD_S'], secret])
+"""
+"""A warm cell (forked from the python-data template): its secret in a module the template imported, in its
+environment, in a file of its /tmp and in a variable; and the first numbers of the generators the template seeded."""
+WARM_LOOK = """
+import os, random, numpy, pandas
+def status(pid):
+    return {k: v.strip() for k, _, v in (l.partition(':') for l in open(f'/proc/{pid}/status'))}
+mine = status('self')
+needle = 's3cr3t' + '-of-call-a'
+seen = [open(f'/proc/{p}/cmdline', 'rb').read().replace(b'\\0', b' ').decode() for p in os.listdir('/proc') if p.isdigit()]
+found = sum(needle in text for text in seen) + sum(needle in open(f).read() for f in ('/tmp/secret',) if os.path.exists(f))
+print(repr((random.random(), float(numpy.random.rand()))))
+print({'module': hasattr(pandas, 'SECRET'), 'env': 'CALL_A_SECRET' in os.environ, 'found': found,
+       'processes': seen, 'fds': sorted(os.listdir('/proc/self/fd')),
+       'posture': [mine[k] for k in ('CapEff', 'CapBnd', 'CapAmb', 'NoNewPrivs', 'Seccomp', 'Uid')]})
+"""
+"""Another warm cell, during A or after it: looks for A everywhere a cell could, and says its own posture."""
+
+
+async def test_warm_cells_share_the_templates_imports_and_nothing_of_each_other(
+    tmp_path: Path, runtime: DockerRuntime
+) -> None:
+    import ast
+
+    import httpx2
+    from mcp.client.streamable_http import streamable_http_client
+
+    policy = _policy(tmp_path, "defaults:\n  limits: {timeout_s: 90, max_timeout_s: 90}\n")
+    with http_server_process("--policy", policy, "--sandboxes", "template") as server:
+        async with contextlib.AsyncExitStack() as stack:
+            http = await stack.enter_async_context(httpx2.AsyncClient(timeout=120))
+            a, b = [await stack.enter_async_context(connect(streamable_http_client(server.url, http_client=http)))
+                    for _ in range(2)]  # fmt: skip
+            first = await answer(a, "run_python", {"code": WARM_A})
+            after = await answer(b, "run_python", {"code": WARM_LOOK})
+            async with anyio.create_task_group() as group:  # B while A holds its secret
+                group.start_soon(answer, a, "run_python", {"code": f"import os\nos.environ['HOLD_S'] = '5'\n{WARM_A}"})
+                with anyio.fail_after(60):
+                    while not _holding_the_secret():
+                        await anyio.sleep(0.05)
+                during = await answer(b, "run_python", {"code": WARM_LOOK})
+            warm = [t for root in _templates_of(server.process.pid) for t in root.children()]
+            assert warm, "the warm template is where the test looks for it"
+            killer = await answer(b, "run_python", {"code": "import os, signal\nos.kill(-1, signal.SIGKILL)"})
+            assert all(t.is_running() for t in warm), killer["text"]
+    numbers = [str(first["stdout"]).split()]
+    for seen in (after, during):
+        drawn, said = str(seen["stdout"]).splitlines()
+        numbers.append([str(n) for n in ast.literal_eval(drawn)])
+        found = ast.literal_eval(said)
+        assert not found["module"] and not found["env"] and found["found"] == 0, found
+        # Its first process (a fork of the template, with its command line), the launcher, itself: nothing of
+        # another call's, nor the template's (a call that kills all it can reach leaves them running, below).
+        assert len(found["processes"]) <= 4, found
+        # its stdio, the cell runner's /dev/null and the listing's own, as on runc's path: none of the template's
+        assert found["fds"] == ["0", "1", "2", "3", "4"], found
+        assert found["posture"] == ["0000000000000000"] * 3 + ["1", "2", "1000\t1000\t1000\t1000"], found
+    assert len({tuple(n) for n in numbers}) == 3, numbers  # each drew numbers of its own
+
+
 async def test_a_template_killed_is_made_again_and_no_call_hangs(tmp_path: Path, runtime: DockerRuntime) -> None:
     with http_server_process("--policy", _policy(tmp_path), "--sandboxes", "template", "--no-pool") as server:
         async with connect(server.url) as session:
@@ -195,7 +266,8 @@ async def test_a_server_killed_mid_burst_leaves_no_template_sandbox_process_cgro
         )  # fmt: skip
     assert _sandboxes_of(pid) == set() and _cgroups_of(pid) == set()
     assert _held_by(pid) == set() and _views_of(pid) == []  # no id range held, nothing mounted
-    assert not [p for p in seen if p.is_running()], "a template or a sandbox outlived its server"
+    # Each ended: once its parent has gone, the host's init reaps it (a zombie until then, awaited here).
+    assert not psutil.wait_procs(seen, timeout=10)[1], "a template or a sandbox outlived its server"
 
 
 def _running_forked(name: str) -> bool:

@@ -76,7 +76,7 @@ async def test_a_cell_that_breaks_the_preloaded_libraries_breaks_only_itself(
     async with connect(stdio_parameters("--policy", _policy(tmp_path, ""))) as session:
         broken = await _cell(session, breaking)
         after = await _cell(session, working)
-    assert not broken["is_error"] and broken["stdout"].strip() == "'broken'"
+    assert not broken["is_error"] and broken["stdout"].strip() == "'broken'", broken["text"]
     assert not after["is_error"] and after["stdout"].strip() == "1", after["text"]
     assert [f["path"] for f in after["files"]] == ["figure-1.png"]
 
@@ -85,11 +85,12 @@ async def test_a_call_that_comes_while_its_interpreter_imports_waits_for_no_libr
     tmp_path: Path, runtime: DockerRuntime
 ) -> None:
     """The server's first container is made before it answers; a call at once finds it importing a long list, and
-    the interpreter stops at the next module: the cell runs without waiting for statsmodels or polars."""
+    the interpreter stops at the next module: the cell runs without waiting for statsmodels or polars. (Where each
+    sandbox has an interpreter of its own: one forked from a warm template finds it has imported them all.)"""
     long = (
         "tools:\n  run_python:\n    preload: [numpy, pandas, sklearn, scipy.stats, statsmodels.api, seaborn, polars]\n"
     )
-    async with connect(stdio_parameters("--policy", _policy(tmp_path, long))) as session:
+    async with connect(stdio_parameters("--policy", _policy(tmp_path, long), "--sandboxes", "runc")) as session:
         cell = await _cell(
             session, "import sys\n('statsmodels' in sys.modules, open('/tmp/.sandbox-warm/errors').read())"
         )

@@ -22,7 +22,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from sandbox_wire import PRELOAD_ENV, REQUEST_DIR, WARM_DIR, WARM_ERRORS, WARM_JOB
+from sandbox_wire import PRELOAD_ENV, REQUEST_DIR, WARM_DIR, WARM_DONE, WARM_ERRORS, WARM_FORKS_ENV, WARM_JOB
 
 _started = time.monotonic()
 
@@ -60,6 +60,114 @@ def _preload(called: Callable[[], bool]) -> None:
         os.close(quiet)
         for fd in saved:
             os.close(fd)
+
+
+def preload_template() -> str:
+    """A warm template's preload (sandbox-server's template for this image and preload list, in a sandbox of its
+    own that never runs a call): what importing said, for each of its sandboxes' WARM_ERRORS."""
+    os.makedirs(WARM_DIR, mode=0o700, exist_ok=True)
+    _preload(lambda: False)
+    with open(WARM_ERRORS, encoding="utf-8", errors="replace") as said:
+        return said.read()
+
+
+def first_process(argv: list, environment: dict, preloaded: str) -> None:
+    """The first process of a sandbox forked from a warm template (never returns): it starts the launcher (`argv`),
+    forks the one program the launcher hands over to it, already warm, says its pid and then its exit code on
+    WARM_DONE, reaps what is left to it as a sandbox's first process does, and ends when the launcher ends or stops
+    to linger (the sandbox ends with it)."""
+    import signal
+
+    os.makedirs(WARM_DIR, mode=0o700)
+    os.mkfifo(WARM_JOB, 0o600)
+    os.mkfifo(WARM_DONE, 0o600)
+    with open(WARM_ERRORS, "w", encoding="utf-8") as said:
+        said.write(preloaded)
+    job = os.open(WARM_JOB, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)  # never an end of file while it waits
+    done = os.open(WARM_DONE, os.O_RDWR | os.O_CLOEXEC)  # the launcher's read never waits for it to open
+    woken, wake = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    signal.set_wakeup_fd(wake)  # a child that ends or stops wakes the wait below
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    os.environ.clear()
+    os.environ.update(environment)
+    launcher = os.posix_spawn(argv[0], argv, {**environment, WARM_FORKS_ENV: "1"})
+    program = 0
+    while True:
+        ready = select.select([woken] if program else [job, woken], [], [])[0]
+        if job in ready and not program:
+            program = _fork_program(job, done, (job, done, woken, wake))
+        if woken in ready:
+            _drain(woken)
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG | os.WUNTRACED)
+            except ChildProcessError:
+                pid, status = 0, 0
+            if pid == 0:
+                break
+            if pid == program and not os.WIFSTOPPED(status):
+                os.write(done, b"%d\n" % _exit_code(status))
+            elif pid == launcher:
+                os._exit(0 if os.WIFSTOPPED(status) else _exit_code(status))
+
+
+def _fork_program(job: int, done: int, theirs: tuple) -> int:
+    """The program handed over on `job`, forked to become it (in a process group of its own), its pid said."""
+    import signal
+
+    os.set_blocking(job, True)
+    while not os.read(job, 4096).endswith(b"\n"):
+        pass
+    program = os.fork()
+    if program == 0:
+        os.setpgid(0, 0)
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        for fd in theirs:
+            os.close(fd)
+        _own_streams()
+        _fresh_randomness()
+        become_program()
+    try:
+        os.setpgid(program, program)  # (also its own first step: the launcher's deadline stops this group)
+    except OSError:
+        pass
+    os.write(done, b"%d\n" % program)
+    return program
+
+
+def _drain(fd: int) -> None:
+    try:
+        while os.read(fd, 64):
+            pass
+    except BlockingIOError:
+        pass
+
+
+def _exit_code(status: int) -> int:
+    code = os.waitstatus_to_exitcode(status)
+    return code if code >= 0 else 128 - code
+
+
+def _own_streams() -> None:
+    """stdout and stderr as the image's PYTHONUNBUFFERED interpreter has them, on the sandbox's descriptors (the
+    template's interpreter started isolated, its streams buffered)."""
+    import io
+
+    sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8", write_through=True)
+    sys.stderr = io.TextIOWrapper(
+        io.FileIO(2, "w", closefd=False), encoding="utf-8", errors="backslashreplace", write_through=True
+    )
+    sys.__stdout__, sys.__stderr__ = sys.stdout, sys.stderr
+
+
+def _fresh_randomness() -> None:
+    """Generators seeded when the template imported them are seeded again from the kernel: no two sandboxes of one
+    template draw the same numbers."""
+    if "random" in sys.modules:
+        sys.modules["random"].seed()
+    if "numpy.random" in sys.modules:
+        sys.modules["numpy.random"].seed()
 
 
 def _rehearse() -> None:
@@ -143,6 +251,12 @@ def main() -> None:
         fifo = open(WARM_JOB, "rb")  # blocks until the launcher hands over its call's program
     with fifo:
         fifo.readline()
+    become_program()
+
+
+def become_program() -> None:
+    """Become the program the launcher handed over in WARM_DIR: its argv, environment, folder and stdin, run in
+    this interpreter with what it has imported (never returns)."""
     argv = [part.decode() for part in _read("argv").split(b"\0")[:-1]]
     environment = _exported(_read("env").decode("utf-8", "surrogateescape"))
     os.chdir(_read("cwd").decode().rstrip("\n"))

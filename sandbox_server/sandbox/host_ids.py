@@ -32,7 +32,7 @@ from sandbox_server.sandbox.spec import SandboxSpec
 
 __all__ = [
     "BASE", "SPAN", "HostIdsError", "OwnIds", "detach_all", "first_id", "give_back", "give_own_ids", "held_by",
-    "make_namespace", "range_of", "take", "unavailable",
+    "make_namespace", "range_of", "share_ids", "take", "unavailable",
 ]  # fmt: skip
 
 BASE = 1 << 30
@@ -120,8 +120,16 @@ def give_own_ids(state: Path, bundle: Path, name: str, rootfs: Path, spec: Sandb
     bundle.mkdir(parents=True, exist_ok=True, mode=0o711)  # the sandbox's root, host id `first`, passes through
     index = take(state, name, hint)
     (bundle / IDS).write_text(str(index))
-    first, namespace, folder = first_id(index), bundle / NAMESPACE, bundle / VIEWS
+    first, namespace = first_id(index), bundle / NAMESPACE
     make_namespace(namespace, first)
+    return replace(share_ids(bundle, namespace, first, rootfs, spec, slot), index=index)
+
+
+def share_ids(bundle: Path, namespace: Path, first: int, rootfs: Path, spec: SandboxSpec, slot: str | None) -> OwnIds:
+    """In `bundle`, the views of a sandbox's root, mounts and slot for a user namespace it shares (a warm
+    template's: sandbox.template.warm), which stays when the sandbox goes."""
+    bundle.mkdir(parents=True, exist_ok=True, mode=0o711)
+    folder = bundle / VIEWS
     folder.mkdir(mode=0o711, exist_ok=True)
     views.view(rootfs, folder / "rootfs", namespace)  # writable here for runc to make mount points; read-only inside
     seen = []
@@ -133,7 +141,7 @@ def give_own_ids(state: Path, bundle: Path, name: str, rootfs: Path, spec: Sandb
     if slot is not None:
         views.view(slot, folder / "slot", None)
         slot_view = str(folder / "slot")
-    return OwnIds(folder / "rootfs", replace(spec, mounts=tuple(seen)), slot_view, index, namespace, first)
+    return OwnIds(folder / "rootfs", replace(spec, mounts=tuple(seen)), slot_view, -1, namespace, first)
 
 
 def range_of(bundle: Path) -> int | None:

@@ -39,6 +39,7 @@ __all__ = [
     "image_bytes",
     "make_image",
     "make_shared",
+    "share_in_place",
     "mount_image",
     "set_executable",
     "mounted",
@@ -205,6 +206,15 @@ def make_shared(folder: Path) -> None:
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
     if str(folder.resolve()) not in mounted(folder):
         _mount("sandbox-slots", str(folder), MS_NOSUID | MS_NODEV | MS_NOEXEC, "tmpfs", "size=1m,mode=0700")
+    _mount(None, str(folder), MS_SHARED)
+
+
+def share_in_place(folder: Path) -> None:
+    """Make a folder a mount of its own (bound on itself), shared: what is mounted under it later also appears in
+    the mount namespaces copied from the host's before (a warm template's: sandbox.template.warm)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    if str(folder.resolve()) not in mounted(folder):
+        _mount(str(folder), str(folder), MS_BIND)
     _mount(None, str(folder), MS_SHARED)
 
 

@@ -22,6 +22,7 @@ SIGKILL leaves sandboxes that its reaper, or the next server's sweep, deletes (s
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import subprocess
 import tempfile
@@ -62,7 +63,8 @@ from sandbox_server.sandbox.runc_state import (
 )  # fmt: skip
 from sandbox_server.sandbox.spec import Mount, SandboxSpec
 from sandbox_server.sandbox.template.host import Templates
-from sandbox_server.sandbox.template.launch import ROOTFS, forked
+from sandbox_server.sandbox.template.launch import ROOTFS, WARM, forked, warm_request
+from sandbox_server.sandbox.template.userns import WarmNamespaces
 from sandbox_server.sandbox.veth import Addresses, Layout, layout_of, on_network, plug
 from sandbox_server.sandbox.warm_container import SETTLE_S, WarmContainer, process_tree
 
@@ -171,6 +173,7 @@ class RuncRuntime(DockerRuntime):
         self.templates = Templates() if sandboxes in ("template", "auto") else None
         """The templates sandboxes are forked from (None: runc starts each)."""
         self.state, self.images = state, images
+        self.warm_namespaces = WarmNamespaces(state, lambda: sandbox_name(self.owner))
         self._runs: dict[str, Run] = {}
         self._chosen: str | None = None
         self._own_ids: str | None = None
@@ -182,6 +185,7 @@ class RuncRuntime(DockerRuntime):
     def close_connection(self) -> None:
         if self.templates is not None:  # (after every sandbox forked from them is deleted)
             self.templates.close()
+        self.warm_namespaces.close()
         super().close_connection()
 
     def runc_refused(self) -> str | None:
@@ -266,17 +270,21 @@ class RuncRuntime(DockerRuntime):
             rootfs = unpacked(self.api, spec.image, inspected, self.images)
         except (OSError, docker.errors.DockerException) as exc:
             raise EngineError(f"could not unpack {spec.image} for runc: {exc}") from exc
-        name = sandbox_name(self.owner)
-        place, own = self.state / "bundles" / name, host_ids.OwnIds(rootfs, bundled, slot)
+        name, image_env = sandbox_name(self.owner), (inspected.get("Config") or {}).get("Env") or []
+        place, own, warm = self.state / "bundles" / name, host_ids.OwnIds(rootfs, bundled, slot), None
         try:
             if spec.runtime == "runc" and self.own_ids_refused() is None:
-                own = host_ids.give_own_ids(self.state, place, name, rootfs, bundled, slot, self._next_range)
-                self._next_range = own.index + 1
+                warm = warm_request(self.templates, self.warm_namespaces, rootfs, spec, image_env)
+                if warm is not None:  # forked warm, in its template's user namespace
+                    own = host_ids.share_ids(place, Path(str(warm["userns"])), int(str(warm["first"])), rootfs, bundled, slot)  # fmt: skip
+                else:
+                    own = host_ids.give_own_ids(self.state, place, name, rootfs, bundled, slot, self._next_range)
+                    self._next_range = own.index + 1
+            annotations = {**owned_by(self.owner), **dict(spec.labels), **on_network(layouts), ROOTFS: str(rootfs)}
             bundle = write_bundle(
                 place, own.spec, own.rootfs, [wire.LAUNCHER], own.slot, user_namespace=own.mapping,
-                image_env=(inspected.get("Config") or {}).get("Env") or (),
-                cgroups_path=f"/{CGROUP_PARENT}/{name}",
-                annotations={**owned_by(self.owner), **dict(spec.labels), **on_network(layouts), ROOTFS: str(rootfs)},
+                image_env=image_env, cgroups_path=f"/{CGROUP_PARENT}/{name}",
+                annotations={**annotations, WARM: json.dumps(warm)} if warm else annotations,
             )  # fmt: skip
         except BaseException as exc:
             delete(self.state, name)

@@ -25,6 +25,7 @@ from sandbox_server.errors import EngineError
 from sandbox_server.sandbox import host_ids
 from sandbox_server.sandbox.meter import memory_events
 from sandbox_server.sandbox.polling import readable
+from sandbox_server.sandbox.template import userns
 from sandbox_server.sandbox.template.host import Forked
 from sandbox_server.sandbox.template.launch import MARK as FORKED
 from sandbox_server.sandbox.template.launch import remove_cgroups
@@ -263,6 +264,7 @@ def delete_left_by(owner: str, state: Path = STATE) -> int:
     left = [name for name in listed(state) if owner_of(name) == owner]
     for name in left:
         delete(state, name)
+    userns.remove_left(state, lambda name: owner_of(name) == owner)  # its warm templates' namespaces
     for index, name in host_ids.held_by(state).items():  # ranges taken for sandboxes it never made
         if owner_of(name) == owner:
             host_ids.give_back(state, index, name)

@@ -31,6 +31,12 @@ WARM_JOB = f"{WARM_DIR}/job"
 WARM_ERRORS = f"{WARM_DIR}/errors"
 """What importing the preloaded modules said (nothing may reach the attach stream before the request)."""
 WARM_PYTHON = f"{LAUNCHERS_DIR}/warm_python.py"
+WARM_DONE = f"{WARM_DIR}/done"
+"""In a sandbox forked from a warm template: the FIFO on which its first process, the warm interpreter, tells the
+launcher the program's pid (its process group), then the program's exit code."""
+WARM_FORKS_ENV = "SANDBOX_WARM_FORKS"
+"""In the launcher's environment: "1" when its parent, the sandbox's first process, is a warm interpreter that forks
+the program handed over on WARM_JOB (the launcher starts no interpreter of its own)."""
 LINGER_ENV = "SANDBOX_LINGER"
 """In a container's environment: "1" has the launcher stop itself after its trailer, so the container
 ends when the host removes it (in a pause between calls), not at once."""

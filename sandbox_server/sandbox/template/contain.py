@@ -16,6 +16,8 @@ from typing import Any
 
 from . import caps, cgroup, kernel, limits, mnt, net
 
+Becoming = Callable[[Mapping[str, Any], dict[str, str]], None]
+
 NAMESPACES = (
     kernel.CLONE_NEWNS | kernel.CLONE_NEWUTS | kernel.CLONE_NEWIPC | kernel.CLONE_NEWNET | kernel.CLONE_NEWCGROUP
     | kernel.CLONE_NEWPID
@@ -42,9 +44,12 @@ def steps(config: Mapping[str, Any], new_root: str, seccomp: bytes) -> list[tupl
     ]
 
 
-def child(request: Mapping[str, Any], fds: Sequence[int], host_root: int, seccomp: bytes) -> None:
+def child(
+    request: Mapping[str, Any], fds: Sequence[int], host_root: int, seccomp: bytes, becoming: Becoming | None = None
+) -> None:
     """The template's child for one sandbox (never returns). `fds`: the sandbox's stdin, stdout and stderr, the
-    report pipe, then `cgroup.procs` of each of the call's cgroups."""
+    report pipe, then `cgroup.procs` of each of the call's cgroups. `becoming`: what its first process becomes once
+    every step is taken, given the config's process and environment (None: it execs the config's program)."""
     stdin, stdout, stderr, report, *procs = fds
     config, new_root = request["config"], request["root"]
     for ignored in (signal.SIGCHLD, signal.SIGPIPE, signal.SIGXFSZ):  # the interpreter's, not the program's
@@ -71,7 +76,7 @@ def child(request: Mapping[str, Any], fds: Sequence[int], host_root: int, seccom
         os._exit(125)
     if first == 0:
         os.close(ready)
-        _first(config, new_root, seccomp, report, readied)
+        _first(config, new_root, seccomp, report, readied, becoming)
     os.close(readied)
     os.read(ready, 1)  # its every step taken (or it failed one, and said so): the host may look at it now
     os.close(ready)
@@ -82,7 +87,9 @@ def child(request: Mapping[str, Any], fds: Sequence[int], host_root: int, seccom
     os._exit(0)
 
 
-def _first(config: Mapping[str, Any], new_root: str, seccomp: bytes, report: int, readied: int) -> None:
+def _first(
+    config: Mapping[str, Any], new_root: str, seccomp: bytes, report: int, readied: int, becoming: Becoming | None
+) -> None:
     step = "its start"
     try:
         for named, take in steps(config, new_root, seccomp):
@@ -91,6 +98,10 @@ def _first(config: Mapping[str, Any], new_root: str, seccomp: bytes, report: int
         process = config["process"]
         env = dict(entry.split("=", 1) for entry in process.get("env", []))
         os.write(readied, b"1")
+        if becoming is not None:  # (no descriptor of the template's reaches what it starts or forks)
+            os.close(readied)
+            os.close(report)
+            becoming(process, env)
         os.execve(process["args"][0], process["args"], env)
     except BaseException as exc:
         _say(report, {"error": f"the sandbox could not be made ({step}): {exc}"})

@@ -17,16 +17,17 @@ import socket
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from sandbox_server.errors import EngineError
 from sandbox_server.sandbox.polling import readable
 from sandbox_server.sandbox.template import bpf, cgroups
 
-__all__ = ["Forked", "Templates", "template_refusal"]
+__all__ = ["Asked", "Forked", "Templates", "WarmTemplate", "template_refusal"]
 
-CHILD_MODULES = ("kernel", "mnt", "net", "caps", "limits", "cgroup", "contain", "template")
+CHILD_MODULES = ("kernel", "mnt", "net", "caps", "limits", "cgroup", "contain", "warm", "template")
 """The modules a template runs, in the order they are loaded (each imports only those before it)."""
 BOOT = """
 import json, os, sys, types
@@ -50,9 +51,12 @@ package.template.serve(control, host_root, bytes.fromhex(given["seccomp"]))
 PYTHON = "/usr/bin/python3"
 FORKS_PER_TEMPLATE = 5000
 TEMPLATE_LIFE_S = 3600.0
+WARM_WITHIN_S = 60.0
+"""The longest a warm template may take to import its preload list."""
 """A template is made again after this many sandboxes, or this long: whatever its interpreter may have gathered
 (memory it grew to, a state its loop kept) lasts a bounded time; its sandboxes never ran in it."""
 HERE = Path(__file__).parent
+T = TypeVar("T", bound="Asked")
 
 log = logging.getLogger("sandbox_server")
 
@@ -64,31 +68,13 @@ def template_refusal(rootfs: Path) -> str | None:
     return cgroups.usable()
 
 
-class Template:
-    """One template process and its end of the socket it is asked on."""
+class Asked:
+    """A template's socket, on which each request is one message with its descriptors, and its count of them."""
 
-    def __init__(self, rootfs: Path, seccomp: bytes) -> None:
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        code_read, code_write = os.pipe()
-        host_root = os.open("/", os.O_PATH | os.O_DIRECTORY)
-        modules = {name: (HERE / f"{name}.py").read_text() for name in CHILD_MODULES}
-        given = json.dumps({"order": CHILD_MODULES, "modules": modules, "seccomp": seccomp.hex()}).encode()
-        try:
-            fds = (code_read, theirs.fileno(), host_root)
-            command = ["chroot", str(rootfs), PYTHON, "-I", "-S", "-c", BOOT, *(str(fd) for fd in fds)]
-            self.process = subprocess.Popen(command, pass_fds=fds, stdin=subprocess.DEVNULL, start_new_session=True)
-        finally:
-            os.close(code_read)
-            theirs.close()
-            os.close(host_root)
-        with os.fdopen(code_write, "wb") as code:
-            code.write(given)
+    def __init__(self, ours: socket.socket) -> None:
         self.socket = ours
         self.lock = threading.Lock()
         self.forks, self.born = 0, time.monotonic()
-
-    def alive(self) -> bool:
-        return self.process.poll() is None
 
     def spent(self) -> bool:
         """Whether it has made its share of sandboxes, or lived its time (FORKS_PER_TEMPLATE, TEMPLATE_LIFE_S)."""
@@ -105,13 +91,89 @@ class Template:
         with contextlib.suppress(OSError):
             self.socket.close()
 
+    def alive(self) -> bool:
+        raise NotImplementedError
+
     def close(self) -> None:
-        with contextlib.suppress(OSError):
-            self.socket.close()
+        raise NotImplementedError
+
+
+class Template(Asked):
+    """One template process and its end of the socket it is asked on."""
+
+    def __init__(self, rootfs: Path, seccomp: bytes) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        code_read, code_write = os.pipe()
+        host_root = os.open("/", os.O_PATH | os.O_DIRECTORY)
+        modules = {name: (HERE / f"{name}.py").read_text() for name in CHILD_MODULES}
+        given = json.dumps({"order": CHILD_MODULES, "modules": modules, "seccomp": seccomp.hex()}).encode()
+        try:
+            fds = (code_read, theirs.fileno(), host_root)
+            command = ["chroot", str(rootfs), PYTHON, "-I", "-S", "-c", BOOT, *(str(fd) for fd in fds)]
+            self.process = subprocess.Popen(
+                command, pass_fds=fds, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True
+            )  # (nothing of it reaches the server's stdout, which may be its MCP channel)
+        finally:
+            os.close(code_read)
+            theirs.close()
+            os.close(host_root)
+        with os.fdopen(code_write, "wb") as code:
+            code.write(given)
+        super().__init__(ours)
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def close(self) -> None:
+        self.retire()
         with contextlib.suppress(OSError):
             self.process.kill()
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.process.wait(timeout=5)
+
+
+class WarmTemplate(Asked):
+    """A warm template (the child side's `warm`): forked by its image's template into a user namespace the host
+    made for it, it has imported the policy's preload list, and forks each of its sandboxes already warm."""
+
+    def __init__(self, root: Template, warm: dict[str, Any], within_s: float) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        report, told = os.pipe()
+        try:
+            root.fork({"warm": warm}, [theirs.fileno(), told])
+        except OSError:
+            ours.close()
+            os.close(report)
+            raise
+        finally:
+            theirs.close()
+            os.close(told)
+        super().__init__(ours)
+        self.pid, self.pidfd, self.preloaded = -1, -1, ""
+        try:
+            said = Forked(report, "warm template")
+            self.pid = said.started(within_s)
+            self.pidfd = os.pidfd_open(self.pid)
+            ready = said.line(within_s)
+            if ready is None or "ready" not in ready:
+                raise EngineError(f"the warm template did not preload: {(ready or {}).get('error', 'no answer')}")
+            self.preloaded = str(ready["ready"])
+        except BaseException:
+            self.close()
+            raise
+        finally:
+            said.close()
+
+    def alive(self) -> bool:
+        return self.pidfd >= 0 and not readable([self.pidfd], 0)
+
+    def close(self) -> None:
+        self.retire()
+        if self.pidfd >= 0:
+            with contextlib.suppress(OSError):
+                signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+            os.close(self.pidfd)
+            self.pidfd = -1
 
 
 class Templates:
@@ -119,8 +181,10 @@ class Templates:
 
     def __init__(self) -> None:
         self._made: dict[tuple[str, bytes], Template] = {}
+        self._warm: dict[tuple[str, bytes, str], WarmTemplate] = {}
         self._refused: dict[str, str | None] = {}
         self._lock = threading.Lock()
+        self._warming = threading.Lock()
 
     def serves(self, rootfs: Path) -> bool:
         """Whether the image of this root can have a template (said once per image, in the log, when not)."""
@@ -134,22 +198,35 @@ class Templates:
 
     def of(self, rootfs: Path, seccomp: dict[str, Any] | None) -> Template:
         program = bpf.compiled(json.dumps(seccomp, sort_keys=True)) if seccomp else b""
-        key = (str(rootfs), program)
         with self._lock:
-            made = self._made.get(key)
-            if made is None or not made.alive() or made.spent():
-                if made is not None and made.alive():
-                    made.retire()
-                elif made is not None:  # a dead one's requests were answered by their report pipes' end
-                    made.close()
-                made = self._made[key] = Template(rootfs, program)
-            return made
+            return self._current(self._made, (str(rootfs), program), lambda: Template(rootfs, program))
+
+    def warm(self, rootfs: Path, seccomp: dict[str, Any] | None, warm: dict[str, Any]) -> WarmTemplate:
+        """The warm template of this image, seccomp filter and `warm` request (its user namespace, environment and
+        preload list), made by the image's template at its first sandbox (it preloads meanwhile)."""
+        program = bpf.compiled(json.dumps(seccomp, sort_keys=True)) if seccomp else b""
+        key = (str(rootfs), program, json.dumps(warm, sort_keys=True))
+        with self._warming:  # (one preload at a time; forks from made templates go on meanwhile)
+            return self._current(self._warm, key, lambda: WarmTemplate(self.of(rootfs, seccomp), warm, WARM_WITHIN_S))
+
+    @staticmethod
+    def _current(made: dict[Any, T], key: Any, make: Callable[[], T]) -> T:
+        """The living, unspent template of `key`, made (again) when there is none; a spent one retires."""
+        found = made.get(key)
+        if found is None or not found.alive() or found.spent():
+            if found is not None and found.alive():
+                found.retire()
+            elif found is not None:  # a dead one's requests were answered by their report pipes' end
+                found.close()
+            found = made[key] = make()
+        return found
 
     def close(self) -> None:
-        with self._lock:
-            for made in self._made.values():
+        with self._warming, self._lock:
+            for made in (*self._warm.values(), *self._made.values()):
                 made.close()
             self._made.clear()
+            self._warm.clear()
 
 
 class Forked:
@@ -177,6 +254,10 @@ class Forked:
             log.warning("sandbox %s: %s", self.cgroup_path.rsplit("/", 1)[-1], said["error"])
             return self._read(timeout)
         return said
+
+    def line(self, within_s: float) -> dict[str, Any] | None:
+        """The next line said, as it is (None: nothing within `within_s`)."""
+        return self._read(within_s)
 
     def started(self, within_s: float) -> int:
         said = self._read(within_s)

@@ -8,14 +8,20 @@ import os
 from pathlib import Path
 
 from sandbox_server.errors import EngineError
+from sandbox_server.sandbox import wire
+from sandbox_server.sandbox.spec import SandboxSpec
 from sandbox_server.sandbox.template import cgroups
-from sandbox_server.sandbox.template.host import Forked, Templates
+from sandbox_server.sandbox.template.host import Asked, Forked, Templates
+from sandbox_server.sandbox.template.userns import WarmNamespaces
 
-__all__ = ["MARK", "ROOTFS", "forked", "remove_cgroups"]
+__all__ = ["MARK", "ROOTFS", "WARM", "forked", "remove_cgroups", "warm_request"]
 
 ROOTFS = "sandbox-server.rootfs"
 """The bundle's annotation naming the image's unpacked root (its root is a view of it when the sandbox has host ids
 of its own), so that the bundle says which image it runs: a template per image."""
+WARM = "sandbox-server.warm"
+"""The bundle's annotation for a sandbox forked from a warm template: that template's request (its user namespace,
+the image's environment and the preload list), as JSON."""
 MARK = "template"
 """The file in a bundle that says its sandbox was forked from a template (its cgroups are the server's to remove)."""
 
@@ -32,8 +38,13 @@ def forked(templates: Templates, bundle: Path, stdio: tuple[int, int, int], with
     (bundle / MARK).write_text(path)
     (bundle / "root").mkdir(exist_ok=True)
     userns = next((n.get("path") for n in linux.get("namespaces", []) if n["type"] == "user"), None)
+    warm = config.get("annotations", {}).get(WARM)
+    template: Asked
     try:
-        template = templates.of(image_root, linux.get("seccomp"))
+        if warm:  # in the warm template's user namespace already
+            template, userns = templates.warm(image_root, linux.get("seccomp"), json.loads(warm)), None
+        else:
+            template = templates.of(image_root, linux.get("seccomp"))
         procs = cgroups.made(path, linux["resources"])
     except OSError as exc:
         raise EngineError(f"could not make the sandbox's template or cgroups: {exc}") from exc
@@ -65,3 +76,22 @@ def remove_cgroups(bundle: Path) -> bool:
     except OSError:
         return True
     return cgroups.kill_and_remove(path)
+
+
+def warm_request(
+    templates: Templates | None, namespaces: WarmNamespaces, rootfs: Path, spec: SandboxSpec, image_env: list[str]
+) -> dict[str, object] | None:
+    """The request of the warm template this spec's sandboxes are forked from (None: they are forked cold, or not
+    at all): a python-data policy's that preloads, on runc's path, of an image with the warm interpreter. Its user
+    namespace is made here, at the first."""
+    preload = dict(spec.env).get(wire.PRELOAD_ENV)
+    if templates is None or not preload or spec.runtime != "runc" or not templates.serves(rootfs):
+        return None
+    if not (rootfs / wire.WARM_PYTHON.lstrip("/")).is_file():
+        return None
+    held, first, view = namespaces.of(json.dumps([str(rootfs), preload]), rootfs)
+    env = [entry for entry in image_env if not entry.startswith(f"{wire.PRELOAD_ENV}=")]
+    return {
+        "userns": str(held), "first": first, "rootfs": str(view), "env": [*env, f"{wire.PRELOAD_ENV}={preload}"],
+        "launchers": wire.LAUNCHERS_DIR,
+    }  # fmt: skip

@@ -9,13 +9,13 @@ import os
 import signal
 import socket
 
-from . import contain
+from . import contain, warm
 
 MAX_REQUEST = 1 << 20
 MAX_FDS = 32
 
 
-def serve(control: int, host_root: int, seccomp: bytes) -> None:
+def serve(control: int, host_root: int, seccomp: bytes, becoming: contain.Becoming | None = None) -> None:
     """Until the host closes its end: a sandbox per request. It ends with the server, whose end of the socket closes
     as it dies (no parent-death signal: the kernel sends that when the thread that started it ends, and the server
     starts templates from threads that come and go)."""
@@ -32,7 +32,12 @@ def serve(control: int, host_root: int, seccomp: bytes) -> None:
         if pid == 0:
             sock.close()
             try:
-                contain.child(json.loads(message), fds, host_root, seccomp)
+                request = json.loads(message)
+                if "warm" in request:  # a warm template of this image (its socket, its report pipe)
+                    own_root, first = warm.become(request["warm"], host_root, fds[1])
+                    serve(fds[0], own_root, seccomp, first)
+                else:
+                    contain.child(request, fds, host_root, seccomp, becoming)
             finally:
                 os._exit(125)
         for fd in fds:

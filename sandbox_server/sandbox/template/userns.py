@@ -1,0 +1,74 @@
+"""The user namespaces of the server's warm templates: one per image and preload list, on a range of host ids of its
+own (sandbox.host_ids), made at its first sandbox and held in the state folder while the server runs. A warm
+template made again (spent, or dead) enters the same one, so the views of sandboxes made ahead stay right."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from sandbox_server.sandbox import host_ids, mounts, views
+
+__all__ = ["FOLDER", "WarmNamespaces", "remove_left"]
+
+FOLDER = "templates"
+"""The state folder's folder of warm templates' namespaces: one folder each, named as a sandbox of its server is."""
+VIEW = "rootfs"
+
+
+class WarmNamespaces:
+    def __init__(self, state: Path, name: Callable[[], str]) -> None:
+        """`name`: a new name, as the server names its sandboxes (what a server left is found by it)."""
+        self.state, self._name = state, name
+        self._made: dict[str, tuple[Path, int, Path]] = {}
+        self._lock = threading.Lock()
+
+    def of(self, key: str, rootfs: Path) -> tuple[Path, int, Path]:
+        """The namespace of warm template `key` (its held file and its range's first host id), made at first, and
+        the view of the image's root its template imports from: idmapped for it and read-only (the images' folder
+        is root's alone, and what the template runs may write nothing there)."""
+        with self._lock:
+            if key not in self._made:
+                if not self._made:  # its sandboxes' bundles, made later, reach its mount namespace
+                    mounts.share_in_place(self.state / "bundles")
+                name = self._name()
+                folder = self.state / FOLDER / name
+                folder.mkdir(parents=True, mode=0o711)
+                index = host_ids.take(self.state, name)
+                try:
+                    (folder / host_ids.IDS).write_text(str(index))
+                    host_ids.make_namespace(folder / host_ids.NAMESPACE, host_ids.first_id(index))
+                    views.view(rootfs, folder / VIEW, folder / host_ids.NAMESPACE, read_only=True)
+                except BaseException:
+                    _remove(self.state, folder)
+                    raise
+                self._made[key] = (folder / host_ids.NAMESPACE, host_ids.first_id(index), folder / VIEW)
+            return self._made[key]
+
+    def close(self) -> None:
+        """Every namespace let go and its range given back (its templates ended first); never raises."""
+        with self._lock:
+            for held, _, _ in self._made.values():
+                _remove(self.state, held.parent)
+            self._made.clear()
+
+
+def remove_left(state: Path, left_by: Callable[[str], bool]) -> None:
+    """The namespaces a server left (by their names, as `left_by` tells them) let go; never raises."""
+    with contextlib.suppress(OSError):
+        for folder in (state / FOLDER).iterdir():
+            if left_by(folder.name):
+                _remove(state, folder)
+
+
+def _remove(state: Path, folder: Path) -> None:
+    mounts.detach(str(folder / VIEW))
+    mounts.detach(str(folder / host_ids.NAMESPACE))
+    index = host_ids.range_of(folder)
+    if index is not None:
+        host_ids.give_back(state, index, folder.name)
+    if not any((folder / name).is_mount() for name in (host_ids.NAMESPACE, VIEW)):
+        shutil.rmtree(folder, ignore_errors=True)

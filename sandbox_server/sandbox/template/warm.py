@@ -1,0 +1,100 @@
+"""A warm template: forked from its image's template, it makes itself a sandbox of its own, imports what the
+policy preloads there, then forks each of its sandboxes already warm (contain.child, its first process the image's
+warm interpreter rather than an exec).
+
+It never runs as the host's root: it enters a user namespace the host made for it (a range of host ids of its own,
+as each sandbox of runc's path has), makes a mount namespace of its own (with a /tmp and /dev of its own over the
+image's), and only then, chrooted into the image's root, imports the image's libraries. Its sandboxes are made in
+its user namespace: they share its host ids, each with every other namespace of its own."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from . import kernel
+
+OWN_MOUNTS = (
+    ("tmpfs", "tmpfs", "tmp", kernel.MS_NOSUID | kernel.MS_NODEV),
+    (None, "/dev", "dev", kernel.MS_BIND | kernel.MS_REC),
+)
+"""Over the image's root, in the warm template's own mount namespace (its sandboxes see none of them: theirs are
+made of the config): a /tmp to write the preload's caches to, and the host's devices."""
+
+
+def become(warm: Mapping[str, Any], host_root: int, report: int) -> tuple[int, Callable[..., None]]:
+    """The warm template made of this child of the template: its new host root (a descriptor of its own mount
+    namespace's), and what each of its sandboxes' first process becomes (`first_process`), the image's warm
+    interpreter loaded and preloaded. Said on `report`: its pid, then what the preload said (or why it could not
+    be made)."""
+    rootfs = warm["rootfs"]
+    try:
+        os.fchdir(host_root)
+        os.chroot(".")
+        os.close(host_root)
+        held = os.open(warm["userns"], os.O_RDONLY | os.O_CLOEXEC)
+        kernel.setns(held, kernel.CLONE_NEWUSER)
+        os.close(held)
+        os.setresgid(0, 0, 0)
+        os.setresuid(0, 0, 0)
+        kernel.unshare(kernel.CLONE_NEWNS)
+        kernel.mount(None, "/", None, kernel.MS_REC | kernel.MS_SLAVE)
+        for kind, source, target, flags in OWN_MOUNTS:
+            if os.path.isdir(os.path.join(rootfs, target)):
+                kernel.mount(source, os.path.join(rootfs, target), kind, flags, "size=64m" if kind else None)
+        own_root = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        os.chroot(rootfs)
+        os.chdir("/")
+        module = _warm_interpreter(warm)
+        _say(report, {"pid": os.getpid()})
+        said = module.preload_template()
+        _flush()
+    except BaseException as exc:  # said on the report pipe, whatever it is
+        _say(report, {"error": f"the warm template could not be made: {type(exc).__name__}: {exc}"})
+        os._exit(125)
+    _say(report, {"ready": said})
+    os.close(report)
+    return own_root, first_process(module, said)
+
+
+def _warm_interpreter(warm: Mapping[str, Any]) -> Any:
+    """The image's warm interpreter module, imported as the image's own interpreter would find it (its site
+    packages, its launchers' folder first), with the image's environment and the preload list."""
+    import importlib
+    import site
+
+    os.environ.clear()
+    os.environ.update(dict(entry.split("=", 1) for entry in warm["env"]))
+    sys.dont_write_bytecode = True
+    site.main()
+    sys.path.insert(0, warm["launchers"])
+    return importlib.import_module("warm_python")
+
+
+def first_process(module: Any, preloaded: str) -> Callable[..., None]:
+    """What a warm sandbox's first process becomes once its every step is taken: the image's warm interpreter,
+    which starts the launcher and forks the program it hands over."""
+
+    def become_first(process: Mapping[str, Any], env: dict[str, str]) -> None:
+        args = list(process["args"])  # the launcher alone: no init before it (this process is the sandbox's)
+        module.first_process(args[args.index("--") + 1 :] if "--" in args else args, env, preloaded)
+
+    return become_first
+
+
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+
+
+def _say(report: int, what: Mapping[str, Any]) -> None:
+    try:
+        os.write(report, (json.dumps(what) + "\n").encode())
+    except OSError:
+        pass

@@ -7,6 +7,9 @@ calls would pass them; its 8 concurrent calls stay), in one run: each path's ser
 - burst: 100 `echo` calls at once in one session, once the server is idle (its pools refilled: how many sandboxes
   waited is recorded), as computesdk measures (every one answered? p50 and p99);
 - run_python `1 + 1`, back to back;
+- memory (a third server per path, 40 calls at once admitted): the host's memory in use with the server idle and
+  its pools refilled, against before it started; and at the peak of 40 run_python cells side by side, each using
+  pandas then sleeping 5 s, against just before them;
 - on an allow list (a second server per path, execute_command given an allow list whose host is never asked
   for, its proxy going out by an internal network of the benchmark's own): `true` spaced, 40 back to back, and
   40 `true` at once, with the engine's CPU per call in the last two;
@@ -115,6 +118,62 @@ async def _measure(path: str, burst: int, policy: Path) -> dict[str, Any]:
     return report
 
 
+SIDE_BY_SIDE = 40
+SIDE_BY_SIDE_RATE = "rate: {calls_per_minute: 1000000, concurrent_calls: 40}"
+NO_WORKSPACE = "workspace: {persist: false}\n"
+"""(A session's calls in its kept workspace take turns.)"""
+HOLDING = "import pandas as pd, time\ndf = pd.DataFrame({'x': range(100_000)})\ntime.sleep(5)\nint(df.x.sum())"
+"""A cell that uses pandas, then holds its sandbox 5 s."""
+
+
+def _in_use() -> int:
+    """The host's memory in use: all but what it has available."""
+    memory = psutil.virtual_memory()
+    return int(memory.total - memory.available)
+
+
+async def _measure_memory(path: str, policy: Path) -> dict[str, Any]:
+    """The host's memory held by the server idle, its pools refilled (against before it started), and at the peak
+    of 40 run_python cells side by side, each using pandas then sleeping 5 s (against just before them)."""
+    before = _in_use()
+    async with Client(server_parameters(["--sandboxes", path, "--policy", str(policy)]), mode="legacy") as client:
+        await _ready(client)
+        await settled_containers(server_process().pid)
+        await anyio.sleep(5)  # (forked sandboxes are not the engine's containers: their pools' refill, awaited)
+        idle = _in_use() - before
+        start, peak, done = _in_use(), 0, anyio.Event()
+
+        async def sample() -> None:
+            nonlocal peak
+            while not done.is_set():
+                peak = max(peak, _in_use())
+                await anyio.sleep(0.1)
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(sample)
+            cells, failed = await _burst_of(client, SIDE_BY_SIDE, "run_python", {"code": HOLDING})
+            done.set()
+    return {"idle_server_mib": round(idle / 2**20), "side_by_side_40_mib": round((peak - start) / 2**20),
+            "side_by_side_failures": failed + SIDE_BY_SIDE - len(cells)}  # fmt: skip
+
+
+async def _burst_of(client: Client, calls: int, tool: str, arguments: dict[str, Any]) -> tuple[list[float], int]:
+    times: list[float] = []
+    failures = 0
+
+    async def one() -> None:
+        nonlocal failures
+        began = time.monotonic()
+        result = await client.call_tool(tool, arguments)
+        times.append((time.monotonic() - began) * 1000)
+        failures += bool(result.is_error)
+
+    async with anyio.create_task_group() as group:
+        for _ in range(calls):
+            group.start_soon(one)
+    return times, failures
+
+
 async def _measure_allow_listed(path: str, policy: Path) -> dict[str, Any]:
     async with Client(server_parameters(["--sandboxes", path, "--policy", str(policy)]), mode="legacy") as client:
         return await _execute_command_rows(client, ALLOW_LISTED_BURST, "true")
@@ -155,9 +214,12 @@ def main(argv: list[str]) -> int:
             policy, listed = Path(work_dir) / "bench.yaml", Path(work_dir) / "allow-listed.yaml"
             policy.write_text(POLICY)
             listed.write_text(POLICY + ALLOW_LISTED % network)
+            side = Path(work_dir) / "side-by-side.yaml"
+            side.write_text(POLICY.replace("rate: {calls_per_minute: 1000000}", SIDE_BY_SIDE_RATE) + NO_WORKSPACE)
             for _ in range(options.rounds):
                 for path in runs:
                     runs[path].append(anyio.run(_measure, path, options.burst, policy))
+                    runs[path][-1] |= anyio.run(_measure_memory, path, side)
                     allow_listed[path].append(anyio.run(_measure_allow_listed, path, listed))
     finally:
         remove_network(api, network)
@@ -176,12 +238,18 @@ def main(argv: list[str]) -> int:
             "engine_cpu_ms_per_sandbox": median([r["engine_cpu_ms_per_sandbox"] for r in reports]),
             "sandbox_cpu_ms_per_sandbox": median([r["sandbox_cpu_ms_per_sandbox"] for r in reports]),
             "server_cpu_ms_per_call": median([r["server_cpu_ms_per_call"] for r in reports]),
+            "idle_server_mib": median([r["idle_server_mib"] for r in reports]),
+            "side_by_side_40_mib": median([r["side_by_side_40_mib"] for r in reports]),
+            "side_by_side_failures": sum(r["side_by_side_failures"] for r in reports),
         }
         summary[path]["back_to_back_p50_over_spaced"] = round(
             summary[path]["back_to_back_p50_ms"] / summary[path]["spaced_p50_ms"], 2
         )
         summary[path]["back_to_back_p95_over_spaced_p50"] = round(
             summary[path]["back_to_back_p95_ms"] / summary[path]["spaced_p50_ms"], 2
+        )
+        summary[path]["run_python_back_to_back_p50_over_spaced_true"] = round(
+            summary[path]["run_python_back_to_back_p50_ms"] / summary[path]["spaced_p50_ms"], 2
         )
         summary[path] |= _allow_listed_summary(allow_listed[path])
     rows = [[name, *(summary[path][name] for path in paths)] for name in summary[paths[0]]]
@@ -194,7 +262,10 @@ def main(argv: list[str]) -> int:
                 ("allow_list_cpu", "allow_list_engine_cpu_ms_per_sandbox"),
             ):
                 ratios[f"{key}_{path}_over_{over}"] = round(summary[path][measure] / summary[over][measure], 2)
-            for measure in ("spaced_p50_ms", "burst_p99_ms", "run_python_back_to_back_p50_ms"):
+            for measure in (
+                "spaced_p50_ms", "burst_p99_ms", "run_python_back_to_back_p50_ms", "idle_server_mib",
+                "side_by_side_40_mib",
+            ):  # fmt: skip
                 ratios[f"{measure}_{path}_over_{over}"] = round(summary[path][measure] / summary[over][measure], 2)
     for name, ratio in ratios.items():
         print(f"{name}: {ratio}")

@@ -63,7 +63,7 @@ from sandbox_server.sandbox.runc_state import (
 )  # fmt: skip
 from sandbox_server.sandbox.spec import Mount, SandboxSpec
 from sandbox_server.sandbox.template.host import Templates
-from sandbox_server.sandbox.template.launch import ROOTFS, WARM, forked, warm_request
+from sandbox_server.sandbox.template.launch import ROOTFS, WARM, forked, held_memory, warm_request
 from sandbox_server.sandbox.template.userns import WarmNamespaces
 from sandbox_server.sandbox.veth import Addresses, Layout, layout_of, on_network, plug
 from sandbox_server.sandbox.warm_container import SETTLE_S, WarmContainer, process_tree
@@ -340,6 +340,13 @@ class RuncRuntime(DockerRuntime):
         stream = warm.stream
         assert isinstance(stream, PipeStream)
         return run is not None and run.process.poll() is None and not stream.said_anything()
+
+    def memory(self, warm: WarmContainer) -> int:  # type: ignore[override]
+        if is_runc(warm.container_id):  # one forked from a template: what it holds of its own
+            held = held_memory(self.state / "bundles" / warm.container_id)
+            if held is not None:
+                return held
+        return DockerRuntime.memory(warm)
 
     def host_pids(self, container_id: str) -> list[int]:
         if not is_runc(container_id):

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["HIERARCHIES", "kill_and_remove", "made", "usable"]
+__all__ = ["HIERARCHIES", "charged", "kill_and_remove", "made", "usable"]
 
 ROOT = Path("/sys/fs/cgroup")
 HIERARCHIES = ("memory", "cpu", "cpuacct", "pids", "devices", "freezer", "blkio")
@@ -91,3 +91,12 @@ def kill_and_remove(path: str) -> bool:
                     return False
                 time.sleep(0.002)  # the killed processes leave their cgroup as the kernel reaps them
     return True
+
+
+def charged(path: str) -> int | None:
+    """The memory charged to the cgroup at `path`: what its sandbox holds of its own (pages it shares with its
+    template, charged where they were first touched, are not in it); None when it cannot be read."""
+    try:
+        return int((ROOT / "memory" / path.lstrip("/") / "memory.usage_in_bytes").read_text())
+    except (OSError, ValueError):
+        return None

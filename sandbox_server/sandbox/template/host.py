@@ -15,6 +15,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -46,15 +47,20 @@ for name in given["order"]:
     sys.modules[module.__name__] = module
     setattr(package, name, module)
     exec(compile(given["modules"][name], "/sandbox-template/" + name + ".py", "exec"), module.__dict__)
-package.template.serve(control, host_root, bytes.fromhex(given["seccomp"]))
+becoming = None
+if len(sys.argv) > 4:  # a warm template: the image's own interpreter, in the sandbox of its own it made
+    host_root, becoming = package.warm.ready(int(sys.argv[4]), json.loads(sys.argv[5]))
+package.template.serve(control, host_root, bytes.fromhex(given["seccomp"]), becoming, blob)
 """
+"""What a template's interpreter runs: the child's modules, read from a descriptor, loaded as a package."""
 PYTHON = "/usr/bin/python3"
+"""The image's interpreter, which a warm template executes once it is in a sandbox of its own."""
 FORKS_PER_TEMPLATE = 5000
 TEMPLATE_LIFE_S = 3600.0
-WARM_WITHIN_S = 60.0
-"""The longest a warm template may take to import its preload list."""
 """A template is made again after this many sandboxes, or this long: whatever its interpreter may have gathered
 (memory it grew to, a state its loop kept) lasts a bounded time; its sandboxes never ran in it."""
+WARM_WITHIN_S = 60.0
+"""The longest a warm template may take to import its preload list."""
 HERE = Path(__file__).parent
 T = TypeVar("T", bound="Asked")
 
@@ -63,8 +69,8 @@ log = logging.getLogger("sandbox_server")
 
 def template_refusal(rootfs: Path) -> str | None:
     """Why a template cannot be made of this image root (None: it can)."""
-    if not (rootfs / PYTHON.lstrip("/")).exists():
-        return f"the image has no {PYTHON}"
+    if not rootfs.is_dir():
+        return "its root is not unpacked"
     return cgroups.usable()
 
 
@@ -101,15 +107,16 @@ class Asked:
 class Template(Asked):
     """One template process and its end of the socket it is asked on."""
 
-    def __init__(self, rootfs: Path, seccomp: bytes) -> None:
+    def __init__(self, seccomp: bytes) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         code_read, code_write = os.pipe()
         host_root = os.open("/", os.O_PATH | os.O_DIRECTORY)
         modules = {name: (HERE / f"{name}.py").read_text() for name in CHILD_MODULES}
-        given = json.dumps({"order": CHILD_MODULES, "modules": modules, "seccomp": seccomp.hex()}).encode()
+        given = {"order": CHILD_MODULES, "modules": modules, "seccomp": seccomp.hex(), "boot": BOOT, "python": PYTHON}
         try:
             fds = (code_read, theirs.fileno(), host_root)
-            command = ["chroot", str(rootfs), PYTHON, "-I", "-S", "-c", BOOT, *(str(fd) for fd in fds)]
+            # The server's own interpreter, isolated, its standard library alone: nothing of the image runs here.
+            command = [sys.executable, "-I", "-S", "-c", BOOT, *(str(fd) for fd in fds)]
             self.process = subprocess.Popen(
                 command, pass_fds=fds, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True
             )  # (nothing of it reaches the server's stdout, which may be its MCP channel)
@@ -118,7 +125,7 @@ class Template(Asked):
             theirs.close()
             os.close(host_root)
         with os.fdopen(code_write, "wb") as code:
-            code.write(given)
+            code.write(json.dumps(given).encode())
         super().__init__(ours)
 
     def alive(self) -> bool:
@@ -180,7 +187,7 @@ class Templates:
     """The server's templates, one per image root and seccomp filter, each made at its first sandbox."""
 
     def __init__(self) -> None:
-        self._made: dict[tuple[str, bytes], Template] = {}
+        self._made: dict[bytes, Template] = {}
         self._warm: dict[tuple[str, bytes, str], WarmTemplate] = {}
         self._refused: dict[str, str | None] = {}
         self._lock = threading.Lock()
@@ -197,9 +204,11 @@ class Templates:
             return self._refused[str(rootfs)] is None
 
     def of(self, rootfs: Path, seccomp: dict[str, Any] | None) -> Template:
+        """The template that forks the sandboxes of this image with this seccomp filter (one per filter: it runs
+        nothing of any image, so the image's sandboxes share it with every other's)."""
         program = bpf.compiled(json.dumps(seccomp, sort_keys=True)) if seccomp else b""
         with self._lock:
-            return self._current(self._made, (str(rootfs), program), lambda: Template(rootfs, program))
+            return self._current(self._made, program, lambda: Template(program))
 
     def warm(self, rootfs: Path, seccomp: dict[str, Any] | None, warm: dict[str, Any]) -> WarmTemplate:
         """The warm template of this image, seccomp filter and `warm` request (its user namespace, environment and

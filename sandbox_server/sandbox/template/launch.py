@@ -14,7 +14,7 @@ from sandbox_server.sandbox.template import cgroups
 from sandbox_server.sandbox.template.host import Asked, Forked, Templates
 from sandbox_server.sandbox.template.userns import WarmNamespaces
 
-__all__ = ["MARK", "ROOTFS", "WARM", "forked", "remove_cgroups", "warm_request"]
+__all__ = ["MARK", "ROOTFS", "WARM", "forked", "held_memory", "remove_cgroups", "warm_request"]
 
 ROOTFS = "sandbox-server.rootfs"
 """The bundle's annotation naming the image's unpacked root (its root is a view of it when the sandbox has host ids
@@ -67,6 +67,16 @@ def forked(templates: Templates, bundle: Path, stdio: tuple[int, int, int], with
         raise
     (bundle / "pid").write_text(str(pid))
     return sandbox
+
+
+def held_memory(bundle: Path) -> int | None:
+    """The memory a forked sandbox holds of its own (None: the bundle is not one's): its cgroup's charge, not its
+    processes' resident sizes, which count every page of its template's it maps."""
+    try:
+        path = (bundle / MARK).read_text()
+    except OSError:
+        return None
+    return cgroups.charged(path)
 
 
 def remove_cgroups(bundle: Path) -> bool:

@@ -1,6 +1,8 @@
-"""The template: a process started once per image in the image's own root and interpreter, which never runs
-a caller's code. It waits for the host's requests on its socket, each one message (the sandbox's config and
-where its root goes) with the sandbox's descriptors, and forks a child for each (contain.child)."""
+"""The template: a process started once per seccomp filter (the server's own interpreter), or once per image and
+preload list (a warm template: the image's, in a sandbox of its own), which never runs a caller's code. It waits
+for the host's requests on its socket, each one message (the sandbox's config and where its root goes) with the
+sandbox's descriptors, and forks a child for each (contain.child); a request for a warm template forks the child
+that becomes one (warm.enter)."""
 
 from __future__ import annotations
 
@@ -15,7 +17,9 @@ MAX_REQUEST = 1 << 20
 MAX_FDS = 32
 
 
-def serve(control: int, host_root: int, seccomp: bytes, becoming: contain.Becoming | None = None) -> None:
+def serve(
+    control: int, host_root: int, seccomp: bytes, becoming: contain.Becoming | None = None, given: bytes = b""
+) -> None:
     """Until the host closes its end: a sandbox per request. It ends with the server, whose end of the socket closes
     as it dies (no parent-death signal: the kernel sends that when the thread that started it ends, and the server
     starts templates from threads that come and go)."""
@@ -33,9 +37,8 @@ def serve(control: int, host_root: int, seccomp: bytes, becoming: contain.Becomi
             sock.close()
             try:
                 request = json.loads(message)
-                if "warm" in request:  # a warm template of this image (its socket, its report pipe)
-                    own_root, first = warm.become(request["warm"], host_root, fds[1])
-                    serve(fds[0], own_root, seccomp, first)
+                if "warm" in request:  # a warm template of an image (its socket, its report pipe)
+                    warm.enter(request["warm"], host_root, fds, given)
                 else:
                     contain.child(request, fds, host_root, seccomp, becoming)
             finally:

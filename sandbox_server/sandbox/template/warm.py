@@ -1,18 +1,19 @@
-"""A warm template: forked from its image's template, it makes itself a sandbox of its own, imports what the
-policy preloads there, then forks each of its sandboxes already warm (contain.child, its first process the image's
-warm interpreter rather than an exec).
+"""A warm template: forked from a template, it makes itself a sandbox of its own, executes the image's interpreter
+there, imports what the policy preloads, then forks each of its sandboxes already warm (contain.child, its first
+process the image's warm interpreter rather than an exec).
 
-It never runs as the host's root: it enters a user namespace the host made for it (a range of host ids of its own,
-as each sandbox of runc's path has), makes a mount namespace of its own (with a /tmp and /dev of its own over the
-image's), and only then, chrooted into the image's root, imports the image's libraries. Its sandboxes are made in
-its user namespace: they share its host ids, each with every other namespace of its own."""
+Nothing of the image runs as the host's root: the child enters a user namespace the host made for it (a range of
+host ids of its own, as each sandbox of runc's path has), makes a mount namespace of its own (with a /tmp and /dev
+of its own over the image's root, seen through a read-only view), and only then, chrooted there, executes the
+image's `python3`. Its sandboxes are made in its user namespace: they share its host ids, each with every other
+namespace of its own."""
 
 from __future__ import annotations
 
 import json
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from . import kernel
@@ -25,12 +26,12 @@ OWN_MOUNTS = (
 made of the config): a /tmp to write the preload's caches to, and the host's devices."""
 
 
-def become(warm: Mapping[str, Any], host_root: int, report: int) -> tuple[int, Callable[..., None]]:
-    """The warm template made of this child of the template: its new host root (a descriptor of its own mount
-    namespace's), and what each of its sandboxes' first process becomes (`first_process`), the image's warm
-    interpreter loaded and preloaded. Said on `report`: its pid, then what the preload said (or why it could not
-    be made)."""
-    rootfs = warm["rootfs"]
+def enter(warm: Mapping[str, Any], host_root: int, fds: Sequence[int], given: bytes) -> None:
+    """The template's child that becomes a warm template (never returns): in the user namespace the host made for
+    it, with a mount namespace of its own, chrooted into the view of the image's root, it executes the image's
+    interpreter, which loads these modules again from `given` and goes on in `ready`. `fds`: its socket and its
+    report pipe, on which its pid, then what the preload said (or why it could not be made), are said."""
+    control, report = fds
     try:
         os.fchdir(host_root)
         os.chroot(".")
@@ -42,22 +43,42 @@ def become(warm: Mapping[str, Any], host_root: int, report: int) -> tuple[int, C
         os.setresuid(0, 0, 0)
         kernel.unshare(kernel.CLONE_NEWNS)
         kernel.mount(None, "/", None, kernel.MS_REC | kernel.MS_SLAVE)
+        rootfs = warm["rootfs"]
         for kind, source, target, flags in OWN_MOUNTS:
             if os.path.isdir(os.path.join(rootfs, target)):
                 kernel.mount(source, os.path.join(rootfs, target), kind, flags, "size=64m" if kind else None)
-        own_root = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        own_root = os.open("/", os.O_PATH | os.O_DIRECTORY)
         os.chroot(rootfs)
         os.chdir("/")
+        code = os.memfd_create("sandbox-template", 0)
+        os.write(code, given)
+        os.lseek(code, 0, os.SEEK_SET)
+        for fd in (code, control, own_root, report):  # (what it executes keeps these four)
+            os.set_inheritable(fd, True)
+        python = json.loads(given)["python"]
+        boot = json.loads(given)["boot"]
+        fds_said = [str(fd) for fd in (code, control, own_root, report)]
+        os.execve(python, [python, "-I", "-S", "-c", boot, *fds_said, json.dumps(dict(warm))], {})
+    except BaseException as exc:  # said on the report pipe, whatever it is
+        _say(report, {"error": f"the warm template could not be made: {type(exc).__name__}: {exc}"})
+    os._exit(125)
+
+
+def ready(report: int, warm: Mapping[str, Any]) -> tuple[int, Callable[..., None]]:
+    """In the image's interpreter, executed by `enter`: the preload imported, said on `report`; its root's
+    descriptor (the host's tree in its mount namespace), and what each of its sandboxes' first process becomes."""
+    host_root = int(sys.argv[3])
+    try:
         module = _warm_interpreter(warm)
         _say(report, {"pid": os.getpid()})
         said = module.preload_template()
         _flush()
     except BaseException as exc:  # said on the report pipe, whatever it is
-        _say(report, {"error": f"the warm template could not be made: {type(exc).__name__}: {exc}"})
+        _say(report, {"error": f"the warm template could not preload: {type(exc).__name__}: {exc}"})
         os._exit(125)
     _say(report, {"ready": said})
     os.close(report)
-    return own_root, first_process(module, said)
+    return host_root, first_process(module, said)
 
 
 def _warm_interpreter(warm: Mapping[str, Any]) -> Any:

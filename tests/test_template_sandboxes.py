@@ -6,8 +6,10 @@ from the engine's and runc's)."""
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -17,6 +19,7 @@ import anyio
 import psutil
 import pytest
 
+from sandbox_server.sandbox import host_ids
 from sandbox_server.sandbox.docker_runtime import DockerRuntime
 from tests.mcp_harness import answer, connect, http_server_process
 from tests.test_runc_sandboxes import (
@@ -179,6 +182,11 @@ async def test_warm_cells_share_the_templates_imports_and_nothing_of_each_other(
             assert warm, "the warm template is where the test looks for it"
             killer = await answer(b, "run_python", {"code": "import os, signal\nos.kill(-1, signal.SIGKILL)"})
             assert all(t.is_running() for t in warm), killer["text"]
+            for root in _templates_of(server.process.pid):  # the server's own interpreter, nothing of an image's
+                assert os.path.realpath(f"/proc/{root.pid}/exe") == os.path.realpath(sys.executable)
+                assert os.readlink(f"/proc/{root.pid}/root") == "/"
+            for template in warm:  # the image's interpreter, never as the host's root: ids of a range of its own
+                assert min(template.uids()) >= host_ids.BASE and min(template.gids()) >= host_ids.BASE
     numbers = [str(first["stdout"]).split()]
     for seen in (after, during):
         drawn, said = str(seen["stdout"]).splitlines()

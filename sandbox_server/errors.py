@@ -53,6 +53,10 @@ class EngineUnavailable(EngineError):
     """No container engine answers."""
 
 
+class ServerStopping(EngineError):
+    """A sandbox asked for as the server stops (a warm pool's, ahead of calls): it is not made."""
+
+
 class ImageError(SandboxServerError):
     """A sandbox image is missing, stale or failed to build."""
 

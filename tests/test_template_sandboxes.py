@@ -170,6 +170,11 @@ async def test_warm_cells_share_the_templates_imports_and_nothing_of_each_other(
             http = await stack.enter_async_context(httpx2.AsyncClient(timeout=120))
             a, b = [await stack.enter_async_context(connect(streamable_http_client(server.url, http_client=http)))
                     for _ in range(2)]  # fmt: skip
+            for _ in range(20):  # the sandboxes made while the warm template imported preload themselves
+                probe = await answer(a, "run_python", {"code": "import os\nos.path.exists('/tmp/.sandbox-warm/done')"})
+                if str(probe["stdout"]).strip() == "True":
+                    break
+            assert str(probe["stdout"]).strip() == "True", "no sandbox was forked from the warm template"
             first = await answer(a, "run_python", {"code": WARM_A})
             after = await answer(b, "run_python", {"code": WARM_LOOK})
             async with anyio.create_task_group() as group:  # B while A holds its secret

@@ -3,8 +3,8 @@
 Calls per minute and a saturated host are answered at once (a Refusal saying which limit,
 which policy field and when to retry). A call beyond the concurrency cap waits its turn in
 a queue, fair between callers (each caller's oldest call first, callers in turn), for at most
-`rate.queue_wait_s` and never past its own timeout; it is refused only when the queue is full
-or the wait would pass its deadline, and the refusal says how long the queue was.
+`rate.queue_wait_s` (its own timeout is the program's, counted from when it starts); it is refused only when the
+queue is full or that wait passes, and the refusal says how long the queue was.
 """
 
 from __future__ import annotations
@@ -95,15 +95,14 @@ class Admission:
         client: str,
         rate: RateLimits | None = None,
         policy_name: str | None = None,
-        deadline_s: float = math.inf,
         waiting: Waiting | None = None,
         starts_sandbox: bool = True,
     ) -> Ticket:
         """A ticket, at once or once the call's turn comes; the Refusal to send back when it may not run.
 
         A call that finds every slot taken waits in the queue for at most the server policy's
-        `rate.queue_wait_s` and `deadline_s` (what is left of its own timeout), telling `waiting` how many
-        calls are ahead of it; cancelled, it leaves the queue. A call that starts no sandbox (bookkeeping:
+        `rate.queue_wait_s` (not its own timeout: that is its program's, from its start), telling `waiting` how
+        many calls are ahead of it; cancelled, it leaves the queue. A call that starts no sandbox (bookkeeping:
         listing, keeping, comparing, deleting workspaces) is never refused for the host's load or memory.
         """
         rate, policy_name = rate or self.rate, policy_name or self.policy_name
@@ -115,7 +114,7 @@ class Admission:
                     self._refuse_when_saturated(client)
                 window.append(now)
                 return self._take(client)
-            wait = min(self.rate.queue_wait_s, deadline_s)
+            wait = self.rate.queue_wait_s
             if wait <= 0 or self._waiting >= self.rate.queue_length:
                 raise self._busy(client, rate, policy_name, wait)
             if starts_sandbox:
@@ -147,7 +146,7 @@ class Admission:
             raise Refusal(
                 f"busy: waited {wait:g} s for one of {self.rate.concurrent_calls} slots (policy '{self.policy_name}', "
                 f"field rate.concurrent_calls), and {self._waiting} calls still wait (field rate.queue_wait_s: "
-                f"{self.rate.queue_wait_s:g} s, and the call's own timeout); retry later",
+                f"{self.rate.queue_wait_s:g} s); retry later",
                 "rate.queue_wait_s",
                 kind="busy",
                 retry_after_s=max(1.0, wait),

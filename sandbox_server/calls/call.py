@@ -71,15 +71,6 @@ class Call:
         assert self.tool is not None
         return self.policy.for_tool(self.tool.name)
 
-    @property
-    def deadline_s(self) -> float:
-        """How long the call may run, and so wait for a slot: its `timeout_s`, else its policy's."""
-        timeout = self.arguments.get("timeout_s")
-        if isinstance(timeout, int | float):
-            return float(timeout)
-        limits = self.tool_policy.limits
-        return self.tool_policy.max_task_s if self.task is not None else limits.timeout_s
-
 
 def branch_calls(call: Call) -> int:
     """The calls a `branch` runs side by side (each a sandbox of its own); 1 for any other call."""

@@ -253,8 +253,8 @@ class CallPipeline:
 
     @contextlib.asynccontextmanager
     async def _admitted(self, call: Call) -> AsyncIterator[SharedCall | None]:
-        """The call admitted against its caller's limits (one past the concurrency cap waits its turn, within its
-        own deadline), across the replicas too: their side of the call, if any. An authenticated caller's limits
+        """The call admitted against its caller's limits (one past the concurrency cap waits its turn, for at most
+        the queue's wait: its timeout is its program's), across the replicas too: their side of the call, if any. An authenticated caller's limits
         are its own policy's and count its calls alone; a task was counted by the tasks' own caps, and only the
         host's saturation may still refuse it."""
         if call.task is not None or branching(call):  # a branch's calls are admitted each as any call is
@@ -267,9 +267,7 @@ class CallPipeline:
             return
         policy, key = call.policy, call.identity.limits_key
         with self.tracing.span("admission"):
-            ticket = await self.admission.enter(
-                key, policy.rate, policy.name, call.deadline_s, call.waiting, starts_sandbox(call)
-            )
+            ticket = await self.admission.enter(key, policy.rate, policy.name, call.waiting, starts_sandbox(call))
         shared = None
         try:
             if self.shared_rate is not None:

@@ -41,7 +41,7 @@ from typing import Generic, Protocol, TypeVar
 import anyio
 import anyio.to_thread
 
-from sandbox_server.errors import SandboxServerError
+from sandbox_server.errors import SandboxServerError, ServerStopping
 from sandbox_server.sandbox.activity import Activity
 from sandbox_server.sandbox.held import HeldMemory
 from sandbox_server.sandbox.making import Early, Making
@@ -280,6 +280,8 @@ class WarmPool(Generic[WarmT]):
         """A container head_start() made, queued as a fill's would be."""
         try:
             warm = await early.made()
+        except ServerStopping:
+            return
         except Exception as exc:
             self.stats.failures += 1
             log.warning("could not prepare a warm container: %s", exc)
@@ -385,6 +387,8 @@ class WarmPool(Generic[WarmT]):
                     finally:
                         self._making.end(key)  # a call waiting for it looks again
                     self._making_s[key] = time.monotonic() - started
+        except ServerStopping:  # (nothing to retry, nothing to say)
+            return
         except Exception as exc:  # the pool is an optimisation: calls still run cold, the server goes on
             self.stats.failures += 1
             backoff = min(MAX_BACKOFF_S, 2.0 ** min(self.stats.failures, 5))

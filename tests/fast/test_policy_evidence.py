@@ -24,7 +24,7 @@ NAMES = [tool.name for tool in all_tools()]
 
 
 def test_every_shipped_policy_carries_cases_and_passes_them(capsys: pytest.CaptureFixture[str]) -> None:
-    assert set(shipped_policies()) == {"data-science", "default", "strict", "toolchain"}
+    assert set(shipped_policies()) == {"data-science", "default", "evaluation", "strict", "toolchain"}
     assert main(["policy", "test"]) == 0
     said = capsys.readouterr().out
     for name in shipped_policies():

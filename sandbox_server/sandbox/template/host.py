@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sandbox_server.errors import EngineError
+from sandbox_server.errors import EngineError, ServerStopping
 from sandbox_server.sandbox.polling import readable
 from sandbox_server.sandbox.template import bpf, cgroups
 
@@ -61,6 +61,8 @@ TEMPLATE_LIFE_S = 3600.0
 (memory it grew to, a state its loop kept) lasts a bounded time; its sandboxes never ran in it."""
 WARM_WITHIN_S = 60.0
 """The longest a warm template may take to import its preload list."""
+WARM_RETRY_S = 30.0
+"""How long after a warm template could not be made it is tried again."""
 HERE = Path(__file__).parent
 T = TypeVar("T", bound="Asked")
 
@@ -143,7 +145,10 @@ class WarmTemplate(Asked):
     """A warm template (the child side's `warm`): forked by its image's template into a user namespace the host
     made for it, it has imported the policy's preload list, and forks each of its sandboxes already warm."""
 
-    def __init__(self, root: Template, warm: dict[str, Any], within_s: float) -> None:
+    def __init__(
+        self, root: Template, warm: dict[str, Any], within_s: float, preloading: Callable[[WarmTemplate], None]
+    ) -> None:
+        """`preloading`: told of it once it runs and imports (closing it then ends the wait for its preload)."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         report, told = os.pipe()
         try:
@@ -161,6 +166,7 @@ class WarmTemplate(Asked):
             said = Forked(report, "warm template")
             self.pid = said.started(within_s)
             self.pidfd = os.pidfd_open(self.pid)
+            preloading(self)
             ready = said.line(within_s)
             if ready is None or "ready" not in ready:
                 raise EngineError(f"the warm template did not preload: {(ready or {}).get('error', 'no answer')}")
@@ -191,7 +197,11 @@ class Templates:
         self._warm: dict[tuple[str, bytes, str], WarmTemplate] = {}
         self._refused: dict[str, str | None] = {}
         self._lock = threading.Lock()
-        self._warming = threading.Lock()
+        self._closed = False
+        self._making: set[tuple[str, bytes, str]] = set()
+        self._retry_at: dict[tuple[str, bytes, str], float] = {}
+        self._preloads: set[WarmTemplate] = set()
+        """The warm templates importing their preload list now."""
 
     def serves(self, rootfs: Path) -> bool:
         """Whether the image of this root can have a template (said once per image, in the log, when not)."""
@@ -208,15 +218,52 @@ class Templates:
         nothing of any image, so the image's sandboxes share it with every other's)."""
         program = bpf.compiled(json.dumps(seccomp, sort_keys=True)) if seccomp else b""
         with self._lock:
+            if self._closed:
+                raise ServerStopping("the server is stopping")
             return self._current(self._made, program, lambda: Template(program))
 
-    def warm(self, rootfs: Path, seccomp: dict[str, Any] | None, warm: dict[str, Any]) -> WarmTemplate:
+    def warm(self, rootfs: Path, seccomp: dict[str, Any] | None, warm: dict[str, Any]) -> WarmTemplate | None:
         """The warm template of this image, seccomp filter and `warm` request (its user namespace, environment and
-        preload list), made by the image's template at its first sandbox (it preloads meanwhile)."""
+        preload list); None while it is made, in a thread of its own from its first sandbox on (its preload takes
+        seconds: a sandbox asked for meanwhile is forked cold, its launcher starting an interpreter of its own)."""
         program = bpf.compiled(json.dumps(seccomp, sort_keys=True)) if seccomp else b""
         key = (str(rootfs), program, json.dumps(warm, sort_keys=True))
-        with self._warming:  # (one preload at a time; forks from made templates go on meanwhile)
-            return self._current(self._warm, key, lambda: WarmTemplate(self.of(rootfs, seccomp), warm, WARM_WITHIN_S))
+        with self._lock:
+            if self._closed:
+                raise ServerStopping("the server is stopping")
+            found = self._warm.get(key)
+            if found is not None and found.alive() and not found.spent():
+                return found
+            if key not in self._making and time.monotonic() >= self._retry_at.get(key, 0.0):
+                self._making.add(key)
+                made = threading.Thread(target=self._make_warm, args=(key, rootfs, seccomp, warm), daemon=True)
+                made.start()
+            return found if found is not None and found.alive() else None  # (a spent one serves until replaced)
+
+    def _make_warm(self, key: tuple[str, bytes, str], rootfs: Path, seccomp: dict[str, Any] | None, warm: dict[str, Any]) -> None:  # fmt: skip
+        made = None
+        try:
+            made = WarmTemplate(self.of(rootfs, seccomp), warm, WARM_WITHIN_S, self._preloading)
+        except EngineError as exc:
+            if not self._closed:  # (ended by the server's stop: nothing to say)
+                log.warning("the warm template of %s could not be made (its sandboxes import their libraries "
+                            "themselves; tried again in %g s): %s", rootfs.parent.name, WARM_RETRY_S, exc)  # fmt: skip
+                self._retry_at[key] = time.monotonic() + WARM_RETRY_S
+        finally:
+            with self._lock:
+                self._making.discard(key)
+                if made is not None:
+                    self._preloads.discard(made)
+                    if self._closed:
+                        made.close()
+                    else:
+                        self._current(self._warm, key, lambda: made)
+
+    def _preloading(self, made: WarmTemplate) -> None:
+        with self._lock:
+            self._preloads.add(made)
+            if self._closed:
+                made.close()
 
     @staticmethod
     def _current(made: dict[Any, T], key: Any, make: Callable[[], T]) -> T:
@@ -231,8 +278,10 @@ class Templates:
         return found
 
     def close(self) -> None:
-        with self._warming, self._lock:
-            for made in (*self._warm.values(), *self._made.values()):
+        """Every template ended, those still importing their preload list too (nothing waits for them)."""
+        with self._lock:
+            self._closed = True
+            for made in (*self._warm.values(), *self._made.values(), *self._preloads):
                 made.close()
             self._made.clear()
             self._warm.clear()

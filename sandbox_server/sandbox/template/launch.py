@@ -41,9 +41,10 @@ def forked(templates: Templates, bundle: Path, stdio: tuple[int, int, int], with
     warm = config.get("annotations", {}).get(WARM)
     template: Asked
     try:
-        if warm:  # in the warm template's user namespace already
-            template, userns = templates.warm(image_root, linux.get("seccomp"), json.loads(warm)), None
-        else:
+        made = templates.warm(image_root, linux.get("seccomp"), json.loads(warm)) if warm else None
+        if made is not None:  # in the warm template's user namespace already
+            template, userns = made, None
+        else:  # (a warm one's while its template is made: its launcher starts an interpreter that imports the list)
             template = templates.of(image_root, linux.get("seccomp"))
         procs = cgroups.made(path, linux["resources"])
     except OSError as exc:

@@ -93,10 +93,11 @@ def warm_request(
     templates: Templates | None, namespaces: WarmNamespaces, rootfs: Path, spec: SandboxSpec, image_env: list[str]
 ) -> dict[str, object] | None:
     """The request of the warm template this spec's sandboxes are forked from (None: they are forked cold, or not
-    at all): a python-data policy's that preloads, on runc's path, of an image with the warm interpreter. Its user
+    at all): on runc's path, of an image with the warm interpreter (python-data's and the images built on it),
+    whatever the policy preloads (nothing preloaded, its cells still start in no new interpreter). Its user
     namespace is made here, at the first."""
-    preload = dict(spec.env).get(wire.PRELOAD_ENV)
-    if templates is None or not preload or spec.runtime != "runc" or not templates.serves(rootfs):
+    preload = dict(spec.env).get(wire.PRELOAD_ENV, "")
+    if templates is None or spec.runtime != "runc" or not templates.serves(rootfs):
         return None
     if not (rootfs / wire.WARM_PYTHON.lstrip("/")).is_file():
         return None

@@ -3,6 +3,7 @@ the official client, each answered, its outcome read from structuredContent."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -14,7 +15,7 @@ from tests.mcp_harness import connect, stdio_parameters
 pytestmark = pytest.mark.anyio
 
 SLEEPY = "import time\ntime.sleep(1)\nassert sum(range(4)) == 6"
-"""A program that passes after a second: 40 of them take 8 at a time, five rounds."""
+"""A program that passes after a second: 16 of them take 2 at a time (a policy extending evaluation), eight rounds."""
 
 
 def outcome(answer: dict[str, Any]) -> str:
@@ -29,21 +30,23 @@ def outcome(answer: dict[str, Any]) -> str:
 
 
 async def test_programs_past_the_running_ones_wait_in_the_queue_however_short_their_own_timeout(
-    runtime: DockerRuntime,
+    tmp_path: Path, runtime: DockerRuntime
 ) -> None:
-    """Each asks for 3 s; the last of the 40 waits over 4 s for its turn, and still runs its full second."""
+    """Each asks for 5 s; the last of the 16 waits 7 s and more for its turn, and still runs its full second."""
+    policy = tmp_path / "harness.yaml"
+    policy.write_text("extends: evaluation\nrate: {concurrent_calls: 2}\n")
     answers: list[dict[str, Any]] = []
-    async with connect(stdio_parameters("--policy", "evaluation")) as session:
+    async with connect(stdio_parameters("--policy", str(policy))) as session:
 
         async def one() -> None:
-            result = await session.call_tool("run_python", {"code": SLEEPY, "timeout_s": 3})
+            result = await session.call_tool("run_python", {"code": SLEEPY, "timeout_s": 5})
             assert result.structured_content is not None
             answers.append(result.structured_content)
 
         async with anyio.create_task_group() as group:
-            for _ in range(40):
+            for _ in range(16):
                 group.start_soon(one)
-    assert [outcome(answer) for answer in answers] == ["passed"] * 40, answers[0]
+    assert [outcome(answer) for answer in answers] == ["passed"] * 16, answers[0]
 
 
 async def test_each_outcome_is_told_apart_in_structured_content(runtime: DockerRuntime) -> None:

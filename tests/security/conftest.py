@@ -22,10 +22,13 @@ from tests.mcp_harness import connect, stdio_parameters
 BATTERY_POLICY = os.environ.get("SANDBOX_BATTERY_POLICY", "default")
 """The policy the battery attacks (a shipped name or a file); the expected answers are the default's."""
 
-IDLE_LAUNCHER = ("docker-init", "sandbox-launch", "tar -x", "warm_python.py")
+WARM_FIRST = "sandbox_template"
+"""In the command line of a warm template's processes, its sandboxes' first process and what that forks."""
+IDLE_LAUNCHER = ("docker-init", "sandbox-launch", "tar -x", "warm_python.py", WARM_FIRST)
 """What a warm container runs while it waits for its call: init, the launcher, tar reading stdin, and a warm
 interpreter waiting for its program (read from the host's /proc: the engine's `top` cannot list bare command
-lines)."""
+lines); in a sandbox forked from a warm template, its first process (one: the program it forks has the same command
+line)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +73,8 @@ def busy_containers() -> list[str]:
         if any("runsc" in line for line in said):
             continue  # gVisor's: its programs run inside its own kernel, not as processes of the host's
         if not said or any(not any(idle in line for idle in IDLE_LAUNCHER) for line in said):
+            busy.append(container)
+        elif sum(WARM_FIRST in line for line in said) > 1:  # a program forked by the warm first process runs
             busy.append(container)
     return busy
 

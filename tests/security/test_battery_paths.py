@@ -28,8 +28,10 @@ FORGE_OUTPUT = '''
 import io, os, re, sys, tarfile
 
 def boundary_of_the_launcher():
-    """The program shares the launcher's user, so it can read the launcher's memory."""
-    pid = os.getppid()
+    """The program shares the launcher's user, so it can read the launcher's memory (its parent's, or in a sandbox
+    forked warm its sibling's: found by its command line)."""
+    shell = b"/bin/sh\\0/usr/local/bin/sandbox-launch\\0"  # (not the init, whose arguments name it too)
+    pid = next(p for p in os.listdir("/proc") if p.isdigit() and open(f"/proc/{p}/cmdline", "rb").read() == shell)
     with open(f"/proc/{pid}/maps") as maps, open(f"/proc/{pid}/mem", "rb", buffering=0) as mem:
         for line in maps:
             fields = line.split()

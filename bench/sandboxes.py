@@ -9,7 +9,7 @@ calls would pass them; its 8 concurrent calls stay), in one run: each path's ser
 - run_python `1 + 1`, back to back;
 - memory (a third server per path, 40 calls at once admitted): the host's memory in use with the server idle and
   its pools refilled, against before it started; and at the peak of 40 run_python cells side by side, each using
-  pandas then sleeping 5 s, against just before them;
+  pandas then sleeping 5 s, against just before them; then 1,000 `echo` calls at once (every one answered? p99);
 - on an allow list (a second server per path, execute_command given an allow list whose host is never asked
   for, its proxy going out by an internal network of the benchmark's own): `true` spaced, 40 back to back, and
   40 `true` at once, with the engine's CPU per call in the last two;
@@ -119,7 +119,9 @@ async def _measure(path: str, burst: int, policy: Path) -> dict[str, Any]:
 
 
 SIDE_BY_SIDE = 40
-SIDE_BY_SIDE_RATE = "rate: {calls_per_minute: 1000000, concurrent_calls: 40}"
+SIDE_BY_SIDE_RATE = "rate: {calls_per_minute: 1000000, concurrent_calls: 40, queue_length: 2000, queue_wait_s: 600}"
+THOUSAND = 1000
+"""The big burst: `echo` calls at once in one session, on the same server (its queue holds them all)."""
 NO_WORKSPACE = "workspace: {persist: false}\n"
 """(A session's calls in its kept workspace take turns.)"""
 HOLDING = "import pandas as pd, time\ndf = pd.DataFrame({'x': range(100_000)})\ntime.sleep(5)\nint(df.x.sum())"
@@ -153,8 +155,11 @@ async def _measure_memory(path: str, policy: Path) -> dict[str, Any]:
             group.start_soon(sample)
             cells, failed = await _burst_of(client, SIDE_BY_SIDE, "run_python", {"code": HOLDING})
             done.set()
+        await anyio.sleep(3)
+        many, many_failed = await _burst_of(client, THOUSAND, "execute_command", {"command": "echo"})
     return {"idle_server_mib": round(idle / 2**20), "side_by_side_40_mib": round((peak - start) / 2**20),
-            "side_by_side_failures": failed + SIDE_BY_SIDE - len(cells)}  # fmt: skip
+            "side_by_side_failures": failed + SIDE_BY_SIDE - len(cells),
+            "burst_1000_p99_ms": percentiles(many)["p99"], "burst_1000_failures": many_failed + THOUSAND - len(many)}  # fmt: skip
 
 
 async def _burst_of(client: Client, calls: int, tool: str, arguments: dict[str, Any]) -> tuple[list[float], int]:
@@ -241,6 +246,8 @@ def main(argv: list[str]) -> int:
             "idle_server_mib": median([r["idle_server_mib"] for r in reports]),
             "side_by_side_40_mib": median([r["side_by_side_40_mib"] for r in reports]),
             "side_by_side_failures": sum(r["side_by_side_failures"] for r in reports),
+            "burst_1000_p99_ms": median([r["burst_1000_p99_ms"] for r in reports]),
+            "burst_1000_failures": sum(r["burst_1000_failures"] for r in reports),
         }
         summary[path]["back_to_back_p50_over_spaced"] = round(
             summary[path]["back_to_back_p50_ms"] / summary[path]["spaced_p50_ms"], 2

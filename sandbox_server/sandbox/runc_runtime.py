@@ -247,6 +247,8 @@ class RuncRuntime(DockerRuntime):
                 if layout is None:  # a network made without the server's half of its addresses
                     return super().prepare(spec)
                 layouts.append(layout)
+        if self.templates is not None:  # before this server's first bundle: see WarmNamespaces.share_bundles
+            self.warm_namespaces.share_bundles()
         slot = tempfile.mkdtemp(prefix="slot-", dir=spec.workspace_slots) if spec.workspace_slots else None
         try:
             if slot is not None:  # empty, root's until a call's; a sandbox's own root (not the host's) enters it

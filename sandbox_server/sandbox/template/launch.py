@@ -97,7 +97,7 @@ def warm_request(
     whatever the policy preloads (nothing preloaded, its cells still start in no new interpreter). Its user
     namespace is made here, at the first."""
     preload = dict(spec.env).get(wire.PRELOAD_ENV, "")
-    if templates is None or spec.runtime != "runc" or not templates.serves(rootfs):
+    if templates is None or spec.runtime != "runc" or not templates.serves(rootfs) or not namespaces.share_bundles():
         return None
     if not (rootfs / wire.WARM_PYTHON.lstrip("/")).is_file():
         return None

@@ -5,6 +5,7 @@ template made again (spent, or dead) enters the same one, so the views of sandbo
 from __future__ import annotations
 
 import contextlib
+import logging
 import shutil
 import threading
 from collections.abc import Callable
@@ -18,6 +19,8 @@ FOLDER = "templates"
 """The state folder's folder of warm templates' namespaces: one folder each, named as a sandbox of its server is."""
 VIEW = "rootfs"
 
+log = logging.getLogger("sandbox_server")
+
 
 class WarmNamespaces:
     def __init__(self, state: Path, name: Callable[[], str]) -> None:
@@ -25,6 +28,7 @@ class WarmNamespaces:
         self.state, self._name = state, name
         self._made: dict[str, tuple[Path, int, Path]] = {}
         self._lock = threading.Lock()
+        self._shared: bool | None = None
 
     def of(self, key: str, rootfs: Path) -> tuple[Path, int, Path]:
         """The namespace of warm template `key` (its held file and its range's first host id), made at first, and
@@ -32,8 +36,6 @@ class WarmNamespaces:
         is root's alone, and what the template runs may write nothing there)."""
         with self._lock:
             if key not in self._made:
-                if not self._made:  # its sandboxes' bundles, made later, reach its mount namespace
-                    mounts.share_in_place(self.state / "bundles")
                 name = self._name()
                 folder = self.state / FOLDER / name
                 folder.mkdir(parents=True, mode=0o711)
@@ -47,6 +49,23 @@ class WarmNamespaces:
                     raise
                 self._made[key] = (folder / host_ids.NAMESPACE, host_ids.first_id(index), folder / VIEW)
             return self._made[key]
+
+    def share_bundles(self) -> bool:
+        """Whether the bundles folder is a shared mount (bound on itself), so that the views of sandboxes made
+        after a warm template reach its mount namespace: made so before this server's first sandbox. False (said
+        once) where something was mounted under it before: a bind would hide those mounts from their removal."""
+        with self._lock:
+            if self._shared is None:
+                bundles = self.state / "bundles"
+                bundles.mkdir(parents=True, exist_ok=True)
+                under = mounts.mounted(bundles)
+                self._shared = not under or str(bundles.resolve()) in under
+                if self._shared:
+                    mounts.share_in_place(bundles)
+                else:
+                    log.warning("sandboxes are forked without warm templates: %d mounts were left under %s by an "
+                                "earlier server (warm templates come back at a start that finds none)", len(under), bundles)  # fmt: skip
+            return self._shared
 
     def close(self) -> None:
         """Every namespace let go and its range given back (its templates ended first); never raises."""

@@ -1,6 +1,8 @@
 """`sandbox-server doctor` proves the limits on this host, and says what to do when it cannot."""
 
+import contextlib
 import json
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -87,15 +89,32 @@ def test_posture_reads_from_the_host_what_the_kernel_applied(runtime: DockerRunt
     assert not left_by_exited_servers()
 
 
+def _waiting(runtime: DockerRuntime, container_id: str) -> list[int]:
+    """The sandbox's processes once its launcher waits for its request (read from the host's /proc: nothing to
+    await), not while its start still runs a program of its own (on a loaded host, a moment after it is made)."""
+    deadline = time.monotonic() + 10
+    while True:
+        pids = runtime.host_pids(container_id)
+        lines = []
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                lines.append(Path(f"/proc/{pid}/cmdline").read_bytes())
+        if lines and all(b"sandbox-launch" in line for line in lines) or time.monotonic() > deadline:
+            return pids
+        time.sleep(0.01)
+
+
 def test_posture_names_every_field_the_kernel_did_not_apply(runtime: DockerRuntime, tmp_path: Path) -> None:
     """A real default sandbox, read from the host, held against a policy that wants other limits."""
     tool = load_policy("default", ["analyze_csv", "execute_command", "run_python"]).for_tool("execute_command")
     warm = runtime.prepare(tool.container_spec())
     try:
-        view = read_view(runtime.host_pids(warm.container_id))
+        view = read_view(_waiting(runtime, warm.container_id))
     finally:
         runtime.discard(warm)
-    assert compare(view, tool, "same") and all(check.ok for check in compare(view, tool, "same"))
+    assert compare(view, tool, "same") and all(check.ok for check in compare(view, tool, "same")), [
+        check for check in compare(view, tool, "same") if not check.ok
+    ]
     wanted = replace(
         tool,
         user="1001:1001",

@@ -65,20 +65,7 @@ async def _ready(client: Client) -> None:
 
 
 async def _burst(client: Client, calls: int, command: str = "echo") -> tuple[list[float], int]:
-    samples: list[float] = []
-    failures = 0
-
-    async def one() -> None:
-        nonlocal failures
-        began = time.perf_counter()
-        result = await client.call_tool("execute_command", {"command": command, "args": ["hello"]})
-        samples.append(time.perf_counter() - began)
-        failures += bool(result.is_error)
-
-    async with anyio.create_task_group() as group:
-        for _ in range(calls):
-            group.start_soon(one)
-    return samples, failures
+    return await _burst_of(client, calls, "execute_command", {"command": command, "args": ["hello"]})
 
 
 async def _execute_command_rows(client: Client, burst: int, command: str) -> dict[str, Any]:
@@ -163,14 +150,15 @@ async def _measure_memory(path: str, policy: Path) -> dict[str, Any]:
 
 
 async def _burst_of(client: Client, calls: int, tool: str, arguments: dict[str, Any]) -> tuple[list[float], int]:
+    """`calls` calls at once: each one's seconds, and how many were errors."""
     times: list[float] = []
     failures = 0
 
     async def one() -> None:
         nonlocal failures
-        began = time.monotonic()
+        began = time.perf_counter()
         result = await client.call_tool(tool, arguments)
-        times.append(time.monotonic() - began)
+        times.append(time.perf_counter() - began)
         failures += bool(result.is_error)
 
     async with anyio.create_task_group() as group:

@@ -254,9 +254,9 @@ class CallPipeline:
     @contextlib.asynccontextmanager
     async def _admitted(self, call: Call) -> AsyncIterator[SharedCall | None]:
         """The call admitted against its caller's limits (one past the concurrency cap waits its turn, for at most
-        the queue's wait: its timeout is its program's), across the replicas too: their side of the call, if any. An authenticated caller's limits
-        are its own policy's and count its calls alone; a task was counted by the tasks' own caps, and only the
-        host's saturation may still refuse it."""
+        the queue's wait: its timeout is its program's), across the replicas too: their side of the call, if any.
+        An authenticated caller's limits are its own policy's and count its calls alone; a task was counted by the
+        tasks' own caps, and only the host's saturation may still refuse it."""
         if call.task is not None or branching(call):  # a branch's calls are admitted each as any call is
             self.admission.check_host()
             if branching(call):  # but no fork is made for calls the caller's rate has no room for

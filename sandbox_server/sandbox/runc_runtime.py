@@ -278,7 +278,7 @@ class RuncRuntime(DockerRuntime):
             if spec.runtime == "runc" and self.own_ids_refused() is None:
                 warm = warm_request(self.templates, self.warm_namespaces, rootfs, spec, image_env)
                 if warm is not None:  # forked warm, in its template's user namespace
-                    own = host_ids.share_ids(place, Path(str(warm["userns"])), int(str(warm["first"])), rootfs, bundled, slot)  # fmt: skip
+                    own = host_ids.share_ids(place, Path(warm["userns"]), warm["first"], rootfs, bundled, slot)
                 else:
                     own = host_ids.give_own_ids(self.state, place, name, rootfs, bundled, slot, self._next_range)
                     self._next_range = own.index + 1

@@ -69,6 +69,11 @@ T = TypeVar("T", bound="Asked")
 log = logging.getLogger("sandbox_server")
 
 
+def _filter(seccomp: dict[str, Any] | None) -> bytes:
+    """The OCI seccomp profile as the kernel's filter (empty: none)."""
+    return bpf.compiled(json.dumps(seccomp, sort_keys=True)) if seccomp else b""
+
+
 def template_refusal(rootfs: Path) -> str | None:
     """Why a template cannot be made of this image root (None: it can)."""
     if not rootfs.is_dir():
@@ -161,7 +166,7 @@ class WarmTemplate(Asked):
             theirs.close()
             os.close(told)
         super().__init__(ours)
-        self.pid, self.pidfd, self.preloaded = -1, -1, ""
+        self.pid, self.pidfd = -1, -1
         try:
             said = Forked(report, "warm template")
             self.pid = said.started(within_s)
@@ -170,7 +175,6 @@ class WarmTemplate(Asked):
             ready = said.line(within_s)
             if ready is None or "ready" not in ready:
                 raise EngineError(f"the warm template did not preload: {(ready or {}).get('error', 'no answer')}")
-            self.preloaded = str(ready["ready"])
         except BaseException:
             self.close()
             raise
@@ -190,7 +194,8 @@ class WarmTemplate(Asked):
 
 
 class Templates:
-    """The server's templates, one per image root and seccomp filter, each made at its first sandbox."""
+    """The server's templates, one per seccomp filter, and its warm templates, one per image, filter and preload
+    list; each made at its first sandbox."""
 
     def __init__(self) -> None:
         self._made: dict[bytes, Template] = {}
@@ -216,7 +221,7 @@ class Templates:
     def of(self, rootfs: Path, seccomp: dict[str, Any] | None) -> Template:
         """The template that forks the sandboxes of this image with this seccomp filter (one per filter: it runs
         nothing of any image, so the image's sandboxes share it with every other's)."""
-        program = bpf.compiled(json.dumps(seccomp, sort_keys=True)) if seccomp else b""
+        program = _filter(seccomp)
         with self._lock:
             if self._closed:
                 raise ServerStopping("the server is stopping")
@@ -226,7 +231,7 @@ class Templates:
         """The warm template of this image, seccomp filter and `warm` request (its user namespace, environment and
         preload list); None while it is made, in a thread of its own from its first sandbox on (its preload takes
         seconds: a sandbox asked for meanwhile is forked cold, its launcher starting an interpreter of its own)."""
-        program = bpf.compiled(json.dumps(seccomp, sort_keys=True)) if seccomp else b""
+        program = _filter(seccomp)
         key = (str(rootfs), program, json.dumps(warm, sort_keys=True))
         with self._lock:
             if self._closed:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 from sandbox_server.errors import EngineError
 from sandbox_server.sandbox import wire
@@ -91,7 +92,7 @@ def remove_cgroups(bundle: Path) -> bool:
 
 def warm_request(
     templates: Templates | None, namespaces: WarmNamespaces, rootfs: Path, spec: SandboxSpec, image_env: list[str]
-) -> dict[str, object] | None:
+) -> dict[str, Any] | None:
     """The request of the warm template this spec's sandboxes are forked from (None: they are forked cold, or not
     at all): on runc's path, of an image with the warm interpreter (python-data's and the images built on it),
     whatever the policy preloads (nothing preloaded, its cells still start in no new interpreter). Its user

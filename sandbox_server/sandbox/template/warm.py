@@ -55,10 +55,9 @@ def enter(warm: Mapping[str, Any], host_root: int, fds: Sequence[int], given: by
         os.lseek(code, 0, os.SEEK_SET)
         for fd in (code, control, own_root, report):  # (what it executes keeps these four)
             os.set_inheritable(fd, True)
-        python = json.loads(given)["python"]
-        boot = json.loads(given)["boot"]
-        fds_said = [str(fd) for fd in (code, control, own_root, report)]
-        os.execve(python, [python, "-I", "-S", "-c", boot, *fds_said, json.dumps(dict(warm))], {})
+        loaded = json.loads(given)
+        python, fds_said = loaded["python"], [str(fd) for fd in (code, control, own_root, report)]
+        os.execve(python, [python, "-I", "-S", "-c", loaded["boot"], *fds_said, json.dumps(dict(warm))], {})
     except BaseException as exc:  # said on the report pipe, whatever it is
         _say(report, {"error": f"the warm template could not be made: {type(exc).__name__}: {exc}"})
     os._exit(125)

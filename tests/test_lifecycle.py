@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 import anyio
+import psutil
 import pytest
 
 from sandbox_server.sandbox import mounts
@@ -14,7 +15,7 @@ from sandbox_server.sandbox.docker_runtime import DockerRuntime
 from sandbox_server.sandbox.removal import LABELS_VARIABLE, OWNER_LABEL
 from sandbox_server.sandbox.spec import SANDBOX_LABEL
 from tests.conftest import a_sleep_of_its_own, containers_of, containers_running, labels_of, run_cli
-from tests.mcp_harness import connect, http_server, http_server_process
+from tests.mcp_harness import command_of, connect, http_server, http_server_process
 
 pytestmark = pytest.mark.anyio
 
@@ -36,10 +37,15 @@ async def test_a_server_killed_mid_call_leaves_a_stray_that_the_next_server_reap
                 with anyio.fail_after(10):
                     await running.wait()
                 [busy] = containers_running(command)
+                # Its reaper killed first (as a supervisor killing every process of the server does): what it
+                # would remove as soon as the server ends is left for the next server's start-up sweep.
+                reaper = next(p for p in psutil.Process(process.pid).children() if "reap-after" in command_of(p))
+                reaper.kill()
+                reaper.wait()
                 process.kill()
                 process.wait()
         strays = containers_of(process.pid)
-        assert busy in strays, "a SIGKILLed server cannot clean up: its container must still be there"
+        assert busy in strays, "a SIGKILLed server and its reaper cannot clean up: its sandbox must still be there"
     with http_server():  # listening means the start-up reaper has run
         assert not set(strays) & set(runtime.sandbox_containers())
 

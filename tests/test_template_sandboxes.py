@@ -170,10 +170,9 @@ async def test_warm_cells_share_the_templates_imports_and_nothing_of_each_other(
             http = await stack.enter_async_context(httpx2.AsyncClient(timeout=120))
             a, b = [await stack.enter_async_context(connect(streamable_http_client(server.url, http_client=http)))
                     for _ in range(2)]  # fmt: skip
-            for _ in range(20):  # the sandboxes made while the warm template imported preload themselves
-                probe = await answer(a, "run_python", {"code": "import os\nos.path.exists('/tmp/.sandbox-warm/done')"})
-                if str(probe["stdout"]).strip() == "True":
-                    break
+            await anyio.to_thread.run_sync(server.wait_for_line, "warm template of")
+            # (a sandbox made while it imported waits no more: it is replaced by one forked from the template)
+            probe = await answer(a, "run_python", {"code": "import os\nos.path.exists('/tmp/.sandbox-warm/done')"})
             assert str(probe["stdout"]).strip() == "True", "no sandbox was forked from the warm template"
             first = await answer(a, "run_python", {"code": WARM_A})
             after = await answer(b, "run_python", {"code": WARM_LOOK})

@@ -122,10 +122,24 @@ async def test_a_program_that_is_not_the_images_own_python_stops_the_warm_interp
     assert "for f in" in result.structured_content["stdout"]  # the listing saw its own shell
 
 
-async def test_a_cold_container_does_the_same_work_on_the_calls_path(tmp_path: Path, runtime: DockerRuntime) -> None:
-    async with connect(stdio_parameters("--policy", _policy(tmp_path, ""), "--no-pool")) as session:
+@pytest.mark.parametrize(
+    ("sandboxes", "imported"),
+    [("runc", "True"), ("auto", "False")],
+    ids=["a container imports the list on the call's path", "a forked one while its template imports: what it uses"],
+)
+async def test_a_cold_sandbox_runs_the_cell_as_a_warm_one_does(
+    tmp_path: Path, runtime: DockerRuntime, sandboxes: str, imported: str
+) -> None:
+    """No sandbox waits (no pool), so the first call's is cold. A container started by runc imports the preload
+    list on the call's path; one forked while its warm template is still importing that list leaves the cell to
+    import what it uses (no second interpreter importing it all beside the template). The cell sees the same."""
+    policy = _policy(tmp_path, "")
+    async with connect(stdio_parameters("--policy", policy, "--no-pool", "--sandboxes", sandboxes)) as session:
         cold = await _cell(session, PROBE)
-    assert not cold["is_error"] and cold["stdout"].strip().endswith("'/workspace', None, True)"), cold["text"]
+    assert not cold["is_error"], cold["text"]
+    # duckdb never imported: a call coming at once stops the preloading at the next module
+    expected = f"(['os', 'pd', 'sys'], False, True, '__main__', [], '/workspace', None, {imported})"
+    assert cold["stdout"].strip() == expected, cold["text"]
 
 
 async def test_a_warm_interpreter_gives_the_program_the_environment_a_plain_one_has(
@@ -140,6 +154,8 @@ async def test_a_warm_interpreter_gives_the_program_the_environment_a_plain_one_
     seen = []
     for preload in ("", "tools:\n  run_python: {preload: []}\n"):
         async with connect(stdio_parameters("--policy", _policy(tmp_path, environment + preload))) as session:
+            if not preload:
+                await preloaded(runtime.api, tmp_path)  # a warm interpreter waiting, not a sandbox made cold
             result = await _cell(session, cell)
         assert not result["is_error"], result["text"]
         first, _, rest = result["stdout"].partition("\n")
@@ -181,6 +197,8 @@ async def test_a_warm_interpreter_finds_packages_in_the_workspaces_user_site_as_
     seen = []
     for preload in ("", "tools:\n  run_python: {preload: []}\n"):
         async with connect(stdio_parameters("--policy", _policy(tmp_path, preload))) as session:
+            if not preload:
+                await preloaded(runtime.api, tmp_path)  # a warm interpreter waiting, not a sandbox made cold
             result = await session.call_tool("run_python", {"code": cell, "files": files})
         assert result.structured_content is not None and not result.is_error, text_of(result)
         seen.append(result.structured_content["stdout"].strip())

@@ -62,7 +62,7 @@ from sandbox_server.sandbox.runc_state import (
     started_pid,
 )  # fmt: skip
 from sandbox_server.sandbox.spec import Mount, SandboxSpec
-from sandbox_server.sandbox.template.host import Templates
+from sandbox_server.sandbox.template.host import Forked, Templates
 from sandbox_server.sandbox.template.launch import ROOTFS, WARM, forked, held_memory, warm_request
 from sandbox_server.sandbox.template.userns import WarmNamespaces
 from sandbox_server.sandbox.veth import Addresses, Layout, layout_of, on_network, plug
@@ -341,7 +341,9 @@ class RuncRuntime(DockerRuntime):
         run = self._runs.get(warm.container_id)
         stream = warm.stream
         assert isinstance(stream, PipeStream)
-        return run is not None and run.process.poll() is None and not stream.said_anything()
+        if run is None or run.process.poll() is not None or stream.said_anything():
+            return False
+        return not (isinstance(run.process, Forked) and run.process.superseded())  # (replaced by a warm one)
 
     def memory(self, warm: WarmContainer) -> int:  # type: ignore[override]
         if is_runc(warm.container_id):  # one forked from a template: what it holds of its own

@@ -230,7 +230,7 @@ class Templates:
     def warm(self, rootfs: Path, seccomp: dict[str, Any] | None, warm: dict[str, Any]) -> WarmTemplate | None:
         """The warm template of this image, seccomp filter and `warm` request (its user namespace, environment and
         preload list); None while it is made, in a thread of its own from its first sandbox on (its preload takes
-        seconds: a sandbox asked for meanwhile is forked cold, its launcher starting an interpreter of its own)."""
+        seconds: a sandbox asked for meanwhile is forked cold, its program importing what it uses itself)."""
         program = _filter(seccomp)
         key = (str(rootfs), program, json.dumps(warm, sort_keys=True))
         with self._lock:
@@ -251,7 +251,7 @@ class Templates:
             made = WarmTemplate(self.of(rootfs, seccomp), warm, WARM_WITHIN_S, self._preloading)
         except EngineError as exc:
             if not self._closed:  # (ended by the server's stop: nothing to say)
-                log.warning("the warm template of %s could not be made (its sandboxes import their libraries "
+                log.warning("the warm template of %s could not be made (its sandboxes' programs import their libraries "
                             "themselves; tried again in %g s): %s", rootfs.parent.name, WARM_RETRY_S, exc)  # fmt: skip
                 self._retry_at[key] = time.monotonic() + WARM_RETRY_S
         finally:
@@ -263,6 +263,8 @@ class Templates:
                         made.close()
                     else:
                         self._current(self._warm, key, lambda: made)
+                        log.info("warm template of %s ready: its sandboxes start with its imports from now on",
+                                 rootfs.parent.name)  # fmt: skip
 
     def _preloading(self, made: WarmTemplate) -> None:
         with self._lock:
@@ -302,6 +304,8 @@ class Forked:
         self.returncode: int | None = None
         self.pid = -1
         self._said = b""
+        self.superseded: Callable[[], bool] = lambda: False
+        """Whether a sandbox made now would serve better (one forked cold while its warm template was made)."""
 
     def _read(self, timeout: float | None) -> dict[str, Any] | None:
         while b"\n" not in self._said:

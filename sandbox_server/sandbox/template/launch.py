@@ -45,13 +45,15 @@ def forked(templates: Templates, bundle: Path, stdio: tuple[int, int, int], with
         made = templates.warm(image_root, linux.get("seccomp"), json.loads(warm)) if warm else None
         if made is not None:  # in the warm template's user namespace already
             template, userns = made, None
-        else:  # (a warm one's while its template is made: its launcher starts an interpreter that imports the list)
+        else:  # (a warm one's while its template is made: forked cold, its program importing what it uses)
             template = templates.of(image_root, linux.get("seccomp"))
         procs = cgroups.made(path, linux["resources"])
     except OSError as exc:
         raise EngineError(f"could not make the sandbox's template or cgroups: {exc}") from exc
     report, told = os.pipe()
     given = {**config, "linux": {k: v for k, v in linux.items() if k != "seccomp"}, "annotations": {}}
+    if warm and made is None:  # no interpreter importing the list a second time beside the template's
+        given["process"] = {**config["process"], "env": _without_preload(config["process"].get("env", []))}
     try:
         template.fork({"config": given, "root": str(bundle / "root"), "userns": userns}, [*stdio, told, *procs])
     except OSError as exc:
@@ -62,6 +64,8 @@ def forked(templates: Templates, bundle: Path, stdio: tuple[int, int, int], with
         for fd in procs:
             os.close(fd)
     sandbox = Forked(report, path)
+    if warm and made is None:  # once its warm template is made, a fresh sandbox forked from it serves better
+        sandbox.superseded = lambda: templates.warm(image_root, linux.get("seccomp"), json.loads(warm)) is not None
     try:
         pid = sandbox.started(within_s)
     except BaseException:
@@ -69,6 +73,12 @@ def forked(templates: Templates, bundle: Path, stdio: tuple[int, int, int], with
         raise
     (bundle / "pid").write_text(str(pid))
     return sandbox
+
+
+def _without_preload(env: list[str]) -> list[str]:
+    """A cold sandbox's environment while its warm template imports: its program imports what it uses itself,
+    rather than the launcher starting an interpreter that imports the whole list, as the template is doing."""
+    return [entry for entry in env if not entry.startswith(f"{wire.PRELOAD_ENV}=")]
 
 
 def held_memory(bundle: Path) -> int | None:
@@ -103,7 +113,7 @@ def warm_request(
     if not (rootfs / wire.WARM_PYTHON.lstrip("/")).is_file():
         return None
     held, first, view = namespaces.of(json.dumps([str(rootfs), preload]), rootfs)
-    env = [entry for entry in image_env if not entry.startswith(f"{wire.PRELOAD_ENV}=")]
+    env = _without_preload(image_env)
     return {
         "userns": str(held), "first": first, "rootfs": str(view), "env": [*env, f"{wire.PRELOAD_ENV}={preload}"],
         "launchers": wire.LAUNCHERS_DIR,

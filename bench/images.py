@@ -35,11 +35,11 @@ from mcp import Client
 from bench.common import median, print_table, write_results
 from bench.measure import percentiles, timed_calls
 from sandbox_server.cli.client import server_parameters
-from sandbox_server.sandbox.bundles import unpacked
-from sandbox_server.sandbox.docker_runtime import DockerRuntime
-from sandbox_server.sandbox.runc_runtime import unpack_for_runc
-from sandbox_server.sandbox.runc_state import IMAGES
-from sandbox_server.sandbox.team_images import TeamImage, build_team_image, team_image_reference
+from sandbox_server.sandbox.engine.runtime import DockerRuntime
+from sandbox_server.sandbox.engine.team_images import TeamImage, build_team_image, team_image_reference
+from sandbox_server.sandbox.runc.bundles import unpacked
+from sandbox_server.sandbox.runc.runtime import unpack_for_runc
+from sandbox_server.sandbox.runc.state import IMAGES
 
 POLICY = """\
 extends: default

@@ -14,9 +14,9 @@ import docker
 import psutil
 from mcp import Client
 
-from sandbox_server.sandbox.host_config import host_config_kwargs
-from sandbox_server.sandbox.removal import OWNER_LABEL
-from sandbox_server.sandbox.runc_state import STATE, listed, owner_of
+from sandbox_server.sandbox.engine.host_config import host_config_kwargs
+from sandbox_server.sandbox.engine.removal import OWNER_LABEL
+from sandbox_server.sandbox.runc.state import STATE, listed, owner_of
 from sandbox_server.sandbox.spec import SANDBOX_LABEL, SandboxSpec
 
 BASE = "sandbox-server/base:latest"

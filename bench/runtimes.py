@@ -24,9 +24,9 @@ import psutil
 
 from bench.common import median, print_table, write_results
 from sandbox_server.policy.loader import load_policy
-from sandbox_server.sandbox.bundles import image_root, write_bundle
-from sandbox_server.sandbox.host_config import host_config_kwargs
-from sandbox_server.sandbox.runc_state import CGROUP_PARENT
+from sandbox_server.sandbox.engine.host_config import host_config_kwargs
+from sandbox_server.sandbox.runc.bundles import image_root, write_bundle
+from sandbox_server.sandbox.runc.state import CGROUP_PARENT
 from sandbox_server.sandbox.spec import SandboxSpec
 from sandbox_server.tools import all_tools
 

@@ -41,7 +41,7 @@ from bench.common import median, print_table, write_results
 from bench.measure import percentiles, server_process, settled_containers, timed_calls
 from bench.runtimes import EngineCpu
 from sandbox_server.cli.client import server_parameters
-from sandbox_server.sandbox.service_containers import remove_network
+from sandbox_server.sandbox.engine.services import remove_network
 
 POLICY = """\
 extends: default

@@ -42,8 +42,8 @@ from bench.common import print_table, update_results
 from bench.measure import engine_ceiling, percentiles, server_process, timed_calls, wait_for_pool
 from sandbox_server.cli.client import server_parameters
 from sandbox_server.errors import SandboxServerError
-from sandbox_server.sandbox.docker_runtime import DockerRuntime
-from sandbox_server.sandbox.removal import OWNER_LABEL
+from sandbox_server.sandbox.engine.removal import OWNER_LABEL
+from sandbox_server.sandbox.engine.runtime import DockerRuntime
 from sandbox_server.sandbox.spec import SANDBOX_LABEL, SandboxSpec
 
 DATA = "sandbox-server/python-data:latest"

@@ -20,14 +20,14 @@ import pytest
 from mcp import Client
 
 from sandbox_server.sandbox import mounts, wire
-from sandbox_server.sandbox.docker_runtime import DockerRuntime
-from sandbox_server.sandbox.images import catalog, image_status
-from sandbox_server.sandbox.removal import LABELS_VARIABLE, OWNER_LABEL, owner_alive
-from sandbox_server.sandbox.runc_runtime import RuncRuntime
-from sandbox_server.sandbox.runc_state import STATE, is_runc, listed, owner_of
+from sandbox_server.sandbox.engine.images import catalog, image_status
+from sandbox_server.sandbox.engine.removal import LABELS_VARIABLE, OWNER_LABEL, owner_alive
+from sandbox_server.sandbox.engine.runtime import DockerRuntime
+from sandbox_server.sandbox.runc.runtime import RuncRuntime
+from sandbox_server.sandbox.runc.state import STATE, is_runc, listed, owner_of
+from sandbox_server.sandbox.runc.veth import NETWORK_ANNOTATION, Layout, mac_of
 from sandbox_server.sandbox.spec import SANDBOX_LABEL
 from sandbox_server.sandbox.template.launch import MARK as FORKED
-from sandbox_server.sandbox.veth import NETWORK_ANNOTATION, Layout, mac_of
 from sandbox_server.sandbox.warm_container import process_tree
 from sandbox_server.state.folder import default_state_dir
 from tests.mcp_harness import connect, stdio_parameters

@@ -29,9 +29,9 @@ from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
 from sandbox_server.protocol.meta import OWN_NAME_META
-from sandbox_server.sandbox.removal import OWNER_LABEL
-from sandbox_server.sandbox.runc_state import IN_CREATE, IN_MOVED_TO, STATE, inotify_watch, owner_of
-from sandbox_server.sandbox.runc_state import listed as listed_by_runc
+from sandbox_server.sandbox.engine.removal import OWNER_LABEL
+from sandbox_server.sandbox.runc.state import IN_CREATE, IN_MOVED_TO, STATE, inotify_watch, owner_of
+from sandbox_server.sandbox.runc.state import listed as listed_by_runc
 from sandbox_server.sandbox.spec import SANDBOX_LABEL
 from sandbox_server.tools import all_tools
 

@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 from mcp import Client
 
-from sandbox_server.sandbox.docker_runtime import DockerRuntime
+from sandbox_server.sandbox.engine.runtime import DockerRuntime
 from sandbox_server.tools.analyze_csv import sandbox_path
 from sandbox_server.tools.csv_answer import markdown_table
 from tests.mcp_harness import connect, stdio_parameters, text_of, upload

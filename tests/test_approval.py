@@ -14,7 +14,7 @@ import mcp_types as types
 import pytest
 from mcp.shared.exceptions import MCPError
 
-from sandbox_server.sandbox.docker_runtime import DockerRuntime
+from sandbox_server.sandbox.engine.runtime import DockerRuntime
 from tests.mcp_harness import (
     CheckedClient,
     Person,

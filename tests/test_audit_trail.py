@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from sandbox_server.access.audit_verify import trail_files
-from sandbox_server.sandbox.docker_runtime import DockerRuntime
+from sandbox_server.sandbox.engine.runtime import DockerRuntime
 from tests.conftest import run_cli
 from tests.mcp_harness import connect, stdio_parameters
 

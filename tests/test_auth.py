@@ -33,9 +33,9 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
 from sandbox_server.policy.loader import load_policy
-from sandbox_server.sandbox.docker_runtime import DockerRuntime
-from sandbox_server.sandbox.runc_runtime import RuncRuntime
-from sandbox_server.sandbox.runc_state import STATE, is_gvisor
+from sandbox_server.sandbox.engine.runtime import DockerRuntime
+from sandbox_server.sandbox.runc.runtime import RuncRuntime
+from sandbox_server.sandbox.runc.state import STATE, is_gvisor
 from sandbox_server.sandbox.spec import SandboxSpec
 from sandbox_server.tools import all_tools
 from tests.conftest import containers_of, run_cli

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import psutil
 
-from sandbox_server.sandbox.docker_runtime import DockerRuntime
+from sandbox_server.sandbox.engine.runtime import DockerRuntime
 from tests.conftest import ROOT, left_by_exited_servers, run_cli
 
 

@@ -10,7 +10,7 @@ import json
 import shlex
 from pathlib import Path
 
-from sandbox_server.sandbox.docker_runtime import DockerRuntime
+from sandbox_server.sandbox.engine.runtime import DockerRuntime
 from tests.conftest import left_by_exited_servers, run_cli
 from tests.fast.test_doc_commands import COMMANDS, SHELL
 

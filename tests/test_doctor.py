@@ -10,7 +10,7 @@ import pytest
 
 from sandbox_server.ops.posture import compare, read_view
 from sandbox_server.policy.loader import load_policy
-from sandbox_server.sandbox.docker_runtime import DockerRuntime
+from sandbox_server.sandbox.engine.runtime import DockerRuntime
 from sandbox_server.sandbox.spec import Mount
 from tests.conftest import ENGINE, left_by_exited_servers, networks_left_by_exited_servers, run_cli
 

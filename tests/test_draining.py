@@ -16,7 +16,7 @@ import anyio.to_thread
 import httpx2
 import pytest
 
-from sandbox_server.sandbox.docker_runtime import DockerRuntime
+from sandbox_server.sandbox.engine.runtime import DockerRuntime
 from tests.conftest import containers_running, run_cli
 from tests.mcp_harness import text_of
 from tests.replicas import Postgres, Replica, haproxy, one_caller, postgres, start_replica

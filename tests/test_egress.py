@@ -25,11 +25,11 @@ from mcp import Client
 
 from sandbox_server.network.egress import parse_egress
 from sandbox_server.network.proxies import PROXY_LABEL
-from sandbox_server.sandbox.removal import OWNER_LABEL
-from sandbox_server.sandbox.runc_state import is_runc
-from sandbox_server.sandbox.service_containers import SERVICE_LABEL
+from sandbox_server.sandbox.engine.removal import OWNER_LABEL
+from sandbox_server.sandbox.engine.services import SERVICE_LABEL
+from sandbox_server.sandbox.runc.state import is_runc
+from sandbox_server.sandbox.runc.veth import layout_of
 from sandbox_server.sandbox.spec import SANDBOX_LABEL
-from sandbox_server.sandbox.veth import layout_of
 from tests.conftest import assert_engine_routes_and_mac, runc_sandboxes_on
 from tests.mcp_harness import (
     answer,

@@ -9,7 +9,7 @@ from typing import Any
 import anyio
 import pytest
 
-from sandbox_server.sandbox.docker_runtime import DockerRuntime
+from sandbox_server.sandbox.engine.runtime import DockerRuntime
 from tests.mcp_harness import connect, stdio_parameters
 
 pytestmark = pytest.mark.anyio

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import pytest
 from mcp import Client
 
-from sandbox_server.sandbox.docker_runtime import DockerRuntime
+from sandbox_server.sandbox.engine.runtime import DockerRuntime
 from sandbox_server.tools import all_tools
 from tests.mcp_harness import connect, stdio_parameters, text_of
 

@@ -14,7 +14,7 @@ import pytest
 from mcp import Client
 from mcp.shared.exceptions import MCPError
 
-from sandbox_server.sandbox.docker_runtime import DockerRuntime
+from sandbox_server.sandbox.engine.runtime import DockerRuntime
 from tests.conftest import a_sleep_of_its_own, containers_running
 from tests.mcp_harness import connect, http_server, stdio_parameters, text_of
 

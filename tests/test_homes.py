@@ -26,7 +26,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
 from sandbox_server.protocol.forwarding import signature, signed_credentials
-from sandbox_server.sandbox.docker_runtime import DockerRuntime
+from sandbox_server.sandbox.engine.runtime import DockerRuntime
 from sandbox_server.sandbox.mounts import mounted
 from tests.conftest import run_cli
 from tests.mcp_harness import text_of

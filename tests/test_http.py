@@ -8,7 +8,7 @@ import anyio
 import httpx2
 import pytest
 
-from sandbox_server.sandbox.docker_runtime import DockerRuntime
+from sandbox_server.sandbox.engine.runtime import DockerRuntime
 from tests.mcp_harness import connect, http_server, text_of
 
 INITIALIZE = {

@@ -7,9 +7,9 @@ import pytest
 
 from sandbox_server.errors import ImageError
 from sandbox_server.policy.loader import load_policy, policy_errors
-from sandbox_server.sandbox.docker_runtime import DockerRuntime
-from sandbox_server.sandbox.images import catalog, expected_hash, image_reference
-from sandbox_server.sandbox.wheels import fetch_wheel, locked_wheels
+from sandbox_server.sandbox.engine.images import catalog, expected_hash, image_reference
+from sandbox_server.sandbox.engine.runtime import DockerRuntime
+from sandbox_server.sandbox.engine.wheels import fetch_wheel, locked_wheels
 from sandbox_server.tools import all_tools
 from tests.conftest import run_cli
 

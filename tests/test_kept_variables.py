@@ -11,7 +11,7 @@ from typing import Any
 import mcp_types as types
 import pytest
 
-from sandbox_server.sandbox.docker_runtime import DockerRuntime
+from sandbox_server.sandbox.engine.runtime import DockerRuntime
 from tests.mcp_harness import CheckedClient, connect, stdio_parameters, text_of
 from tests.test_workspaces import KEEPING, Keeping, _serve_args
 

@@ -11,8 +11,8 @@ import psutil
 import pytest
 
 from sandbox_server.sandbox import mounts
-from sandbox_server.sandbox.docker_runtime import DockerRuntime
-from sandbox_server.sandbox.removal import LABELS_VARIABLE, OWNER_LABEL
+from sandbox_server.sandbox.engine.removal import LABELS_VARIABLE, OWNER_LABEL
+from sandbox_server.sandbox.engine.runtime import DockerRuntime
 from sandbox_server.sandbox.spec import SANDBOX_LABEL
 from tests.conftest import a_sleep_of_its_own, containers_of, containers_running, labels_of, run_cli
 from tests.mcp_harness import command_of, connect, http_server, http_server_process

@@ -23,7 +23,7 @@ import httpx2
 import pytest
 from mcp.client.streamable_http import streamable_http_client
 
-from sandbox_server.sandbox.docker_runtime import DockerRuntime
+from sandbox_server.sandbox.engine.runtime import DockerRuntime
 from tests.conftest import run_cli
 from tests.mcp_harness import (
     CheckedClient,

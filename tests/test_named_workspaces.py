@@ -10,7 +10,7 @@ from typing import Any, NamedTuple
 
 import pytest
 
-from sandbox_server.sandbox.docker_runtime import DockerRuntime
+from sandbox_server.sandbox.engine.runtime import DockerRuntime
 from tests.mcp_harness import CheckedClient, audit_records, connect, http_server, stdio_parameters, text_of
 
 pytestmark = pytest.mark.anyio

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from sandbox_server.policy.loader import load_policy
-from sandbox_server.sandbox.bundles import image_root, write_bundle
-from sandbox_server.sandbox.docker_runtime import DockerRuntime
-from sandbox_server.sandbox.runc_state import IMAGES
+from sandbox_server.sandbox.engine.runtime import DockerRuntime
+from sandbox_server.sandbox.runc.bundles import image_root, write_bundle
+from sandbox_server.sandbox.runc.state import IMAGES
 from sandbox_server.sandbox.spec import ResourceLimits, SandboxSpec
 from sandbox_server.tools import all_tools
 
@@ -100,7 +100,7 @@ def test_a_32_bit_system_call_is_refused_outright_on_the_runc_path(tmp_path: Pat
 
 @pytest.mark.parametrize("bad", ["1000", "1000:1000"])
 def test_the_sandboxs_user_is_its_policys(bad: str) -> None:
-    from sandbox_server.sandbox.oci import oci_config
+    from sandbox_server.sandbox.runc.oci import oci_config
 
     config = oci_config(SandboxSpec(image="x", argv=("true",), user=bad), "/r", ["true"])
     assert config["process"]["user"]["uid"] == 1000 and config["process"]["user"]["gid"] == 1000

@@ -6,8 +6,8 @@ from __future__ import annotations
 import docker
 import pytest
 
-from sandbox_server.sandbox.docker_runtime import DockerRuntime
-from sandbox_server.sandbox.engine import oom_reported
+from sandbox_server.sandbox.engine.connection import oom_reported
+from sandbox_server.sandbox.engine.runtime import DockerRuntime
 
 SHELL = "sandbox-server/shell:latest"
 

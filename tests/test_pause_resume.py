@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from sandbox_server.sandbox.docker_runtime import DockerRuntime
+from sandbox_server.sandbox.engine.runtime import DockerRuntime
 from sandbox_server.workspaces.image_files import image_key
 from sandbox_server.workspaces.mounted import IMAGE_KEY
 from tests.mcp_harness import CheckedClient, answer, audit_records, http_server_process

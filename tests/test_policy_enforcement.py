@@ -10,7 +10,7 @@ import mcp_types as types
 import pytest
 from mcp.shared.exceptions import MCPError
 
-from sandbox_server.sandbox.docker_runtime import DockerRuntime
+from sandbox_server.sandbox.engine.runtime import DockerRuntime
 from tests.mcp_harness import CheckedClient, audit_records, connect, http_server_process, stdio_parameters, text_of
 
 pytestmark = pytest.mark.anyio

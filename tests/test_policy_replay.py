@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from sandbox_server.sandbox.docker_runtime import DockerRuntime
+from sandbox_server.sandbox.engine.runtime import DockerRuntime
 from tests.conftest import run_cli
 from tests.mcp_harness import Person, answer, connect, stdio_parameters
 from tests.upstreams import Upstreams, upstreams_fixture  # noqa: F401 (the upstreams fixture)

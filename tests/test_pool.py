@@ -13,8 +13,8 @@ import docker
 import psutil
 import pytest
 
-from sandbox_server.sandbox.docker_runtime import DockerRuntime
-from sandbox_server.sandbox.runc_runtime import RuncRuntime
+from sandbox_server.sandbox.engine.runtime import DockerRuntime
+from sandbox_server.sandbox.runc.runtime import RuncRuntime
 from sandbox_server.sandbox.spec import SANDBOX_LABEL
 from tests.conftest import containers_of, kill_from_outside, run_cli
 from tests.mcp_harness import audit_records, connect, http_server_process, text_of
@@ -193,8 +193,8 @@ def test_the_reaper_removes_what_a_server_left_even_when_it_watches_too_late(run
 
     import psutil
 
-    from sandbox_server.sandbox.images import catalog
-    from sandbox_server.sandbox.removal import OWNER_LABEL, reap_after
+    from sandbox_server.sandbox.engine.images import catalog
+    from sandbox_server.sandbox.engine.removal import OWNER_LABEL, reap_after
     from sandbox_server.sandbox.spec import SANDBOX_LABEL
 
     stand_in = subprocess.Popen(["sleep", "60"])

@@ -26,7 +26,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
 from sandbox_server.protocol.tasks_client import TasksExtension
-from sandbox_server.sandbox.docker_runtime import DockerRuntime
+from sandbox_server.sandbox.engine.runtime import DockerRuntime
 from sandbox_server.workspaces.naming import resource_uri
 from tests.conftest import containers_owned_by, run_cli
 from tests.mcp_harness import CheckedClient, Person, text_of

@@ -11,7 +11,7 @@ import mcp_types as types
 import pytest
 from mcp import Client
 
-from sandbox_server.sandbox.docker_runtime import DockerRuntime
+from sandbox_server.sandbox.engine.runtime import DockerRuntime
 from tests.mcp_harness import connect, stdio_parameters, text_of
 
 pytestmark = pytest.mark.anyio

@@ -19,12 +19,12 @@ import docker
 import psutil
 import pytest
 
-from sandbox_server.sandbox import host_ids
-from sandbox_server.sandbox.docker_runtime import DockerRuntime
-from sandbox_server.sandbox.runc_runtime import unpack_for_runc
-from sandbox_server.sandbox.runc_state import CGROUP_PARENT, STATE, is_gvisor, listed
-from sandbox_server.sandbox.service_containers import remove_network
-from sandbox_server.sandbox.veth import host_end
+from sandbox_server.sandbox.engine.runtime import DockerRuntime
+from sandbox_server.sandbox.engine.services import remove_network
+from sandbox_server.sandbox.runc import host_ids
+from sandbox_server.sandbox.runc.runtime import unpack_for_runc
+from sandbox_server.sandbox.runc.state import CGROUP_PARENT, STATE, is_gvisor, listed
+from sandbox_server.sandbox.runc.veth import host_end
 from tests.mcp_harness import answer, audit_records, command_of, connect, http_server_process, stdio_parameters
 
 pytestmark = pytest.mark.anyio

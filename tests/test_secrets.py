@@ -17,7 +17,7 @@ import docker
 import pytest
 from mcp import Client
 
-from sandbox_server.sandbox.removal import OWNER_LABEL
+from sandbox_server.sandbox.engine.removal import OWNER_LABEL
 from tests.mcp_harness import answer, connect, stdio_parameters
 from tests.upstreams import Upstreams, upstreams_fixture  # noqa: F401 (the upstreams fixture)
 
@@ -134,7 +134,7 @@ async def test_a_killed_servers_proxy_files_holding_the_secret_are_never_in_tmp_
 
     import anyio
 
-    from sandbox_server.sandbox.runc_state import STATE, folders_left
+    from sandbox_server.sandbox.runc.state import STATE, folders_left
     from tests.mcp_harness import http_server_process
 
     policy = tmp_path / "secrets.yaml"

@@ -30,12 +30,12 @@ from PIL import Image
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
-from sandbox_server.sandbox.docker_runtime import DockerRuntime
-from sandbox_server.sandbox.removal import OWNER_LABEL
-from sandbox_server.sandbox.runc_state import STATE, is_runc
-from sandbox_server.sandbox.service_containers import SERVICE_LABEL
+from sandbox_server.sandbox.engine.removal import OWNER_LABEL
+from sandbox_server.sandbox.engine.runtime import DockerRuntime
+from sandbox_server.sandbox.engine.services import SERVICE_LABEL
+from sandbox_server.sandbox.runc.state import STATE, is_runc
+from sandbox_server.sandbox.runc.veth import layout_of
 from sandbox_server.sandbox.spec import SANDBOX_LABEL
-from sandbox_server.sandbox.veth import layout_of
 from tests.conftest import assert_engine_routes_and_mac, run_cli, runc_sandboxes_on
 from tests.mcp_harness import (
     CheckedClient,

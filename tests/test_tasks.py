@@ -27,7 +27,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
 from sandbox_server.protocol.tasks_client import TasksExtension, task_request
-from sandbox_server.sandbox.docker_runtime import DockerRuntime
+from sandbox_server.sandbox.engine.runtime import DockerRuntime
 from tests.conftest import containers_of, run_cli
 from tests.mcp_harness import (
     audit_records,

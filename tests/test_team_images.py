@@ -13,10 +13,10 @@ import anyio
 import docker
 import pytest
 
-from sandbox_server.sandbox.bundles import prune_unpacked
-from sandbox_server.sandbox.docker_runtime import DockerRuntime
-from sandbox_server.sandbox.removal import OWNER_LABEL
-from sandbox_server.sandbox.runc_state import IMAGES, STATE, listed, owner_of
+from sandbox_server.sandbox.engine.removal import OWNER_LABEL
+from sandbox_server.sandbox.engine.runtime import DockerRuntime
+from sandbox_server.sandbox.runc.bundles import prune_unpacked
+from sandbox_server.sandbox.runc.state import IMAGES, STATE, listed, owner_of
 from sandbox_server.sandbox.spec import SANDBOX_LABEL
 from tests.conftest import run_cli
 from tests.mcp_harness import _made_by, audit_records, connect, stdio_parameters, text_of

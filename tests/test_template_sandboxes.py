@@ -19,8 +19,8 @@ import anyio
 import psutil
 import pytest
 
-from sandbox_server.sandbox import host_ids
-from sandbox_server.sandbox.docker_runtime import DockerRuntime
+from sandbox_server.sandbox.engine.runtime import DockerRuntime
+from sandbox_server.sandbox.runc import host_ids
 from tests.mcp_harness import answer, connect, http_server_process
 from tests.test_runc_sandboxes import (
     _cgroups_of,
@@ -224,8 +224,8 @@ async def test_a_template_killed_is_made_again_and_no_call_hangs(tmp_path: Path,
 def test_a_template_outlives_the_thread_that_started_it(runtime: DockerRuntime) -> None:
     """The server starts templates from worker threads that end when idle: a template must not end with one (a
     parent-death signal would kill it as that thread ends, and a call in flight with it)."""
-    from sandbox_server.sandbox.bundles import unpacked
-    from sandbox_server.sandbox.runc_state import IMAGES
+    from sandbox_server.sandbox.runc.bundles import unpacked
+    from sandbox_server.sandbox.runc.state import IMAGES
     from sandbox_server.sandbox.template.host import Templates
 
     image = "sandbox-server/shell:latest"
@@ -284,7 +284,7 @@ async def test_a_server_killed_mid_burst_leaves_no_template_sandbox_process_cgro
 
 def _running_forked(name: str) -> bool:
     """Whether a forked sandbox's first process runs (its pid, in its bundle, alive)."""
-    from sandbox_server.sandbox.runc_state import STATE
+    from sandbox_server.sandbox.runc.state import STATE
 
     try:
         return psutil.pid_exists(int((STATE / "bundles" / name / "pid").read_text()))

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from mcp import Client
 
-from sandbox_server.sandbox.docker_runtime import DockerRuntime
+from sandbox_server.sandbox.engine.runtime import DockerRuntime
 from tests.mcp_harness import connect, stdio_parameters, text_of
 from tests.upstreams import Upstreams, upstreams_fixture
 

@@ -31,7 +31,7 @@ from mcp.server.apps import APP_MIME_TYPE, EXTENSION_ID
 from mcp.shared.exceptions import MCPError
 from PIL import Image
 
-from sandbox_server.sandbox.docker_runtime import DockerRuntime
+from sandbox_server.sandbox.engine.runtime import DockerRuntime
 from tests.mcp_harness import audit_records, connect, free_port, http_server_process, upload
 
 HOST = Path(__file__).parent / "apps_host"

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from sandbox_server.sandbox.docker_runtime import DockerRuntime
+from sandbox_server.sandbox.engine.runtime import DockerRuntime
 from tests.mcp_harness import CheckedClient, audit_records, connect, preloaded, stdio_parameters, text_of
 
 pytestmark = pytest.mark.anyio

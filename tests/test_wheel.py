@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from sandbox_server.sandbox.docker_runtime import DockerRuntime
+from sandbox_server.sandbox.engine.runtime import DockerRuntime
 from tests.conftest import ROOT
 
 INSTALL_TIMEOUT_S = 600

@@ -10,7 +10,7 @@ import pytest
 from sandbox_server import shipped
 from sandbox_server.policy import ToolPolicy
 from sandbox_server.sandbox import wire
-from sandbox_server.sandbox.docker_runtime import DockerRuntime
+from sandbox_server.sandbox.engine.runtime import DockerRuntime
 from sandbox_server.tools.analyze_csv import analysis_request
 from tests.mcp_harness import connect, stdio_parameters, text_of
 

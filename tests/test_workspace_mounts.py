@@ -13,7 +13,7 @@ import anyio
 import pytest
 
 from sandbox_server.sandbox import mounts
-from sandbox_server.sandbox.docker_runtime import DockerRuntime
+from sandbox_server.sandbox.engine.runtime import DockerRuntime
 from sandbox_server.sandbox.spec import SandboxSpec
 from tests.conftest import exec_in, images_of
 from tests.mcp_harness import CheckedClient, connect, http_server_process, stdio_parameters, text_of

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from sandbox_server.sandbox.docker_runtime import DockerRuntime
+from sandbox_server.sandbox.engine.runtime import DockerRuntime
 from sandbox_server.workspaces.transfer import write_export
 from tests.conftest import run_cli
 from tests.mcp_harness import CheckedClient, connect, stdio_parameters, text_of

@@ -12,7 +12,7 @@ import mcp_types as types
 import pytest
 from mcp.shared.exceptions import MCPError
 
-from sandbox_server.sandbox.docker_runtime import DockerRuntime
+from sandbox_server.sandbox.engine.runtime import DockerRuntime
 from tests.conftest import containers_running
 from tests.mcp_harness import CheckedClient, audit_records, connect, http_server, stdio_parameters, text_of
 

@@ -19,9 +19,9 @@ import docker
 import pytest
 
 from sandbox_server.network.upstream import wait_listening
-from sandbox_server.sandbox.docker_runtime import DockerRuntime
-from sandbox_server.sandbox.service_containers import remove_network
-from sandbox_server.sandbox.wheels import fetch_wheel
+from sandbox_server.sandbox.engine.runtime import DockerRuntime
+from sandbox_server.sandbox.engine.services import remove_network
+from sandbox_server.sandbox.engine.wheels import fetch_wheel
 
 __all__ = ["SHELL", "Upstreams", "shell_network", "upstreams_fixture"]
 

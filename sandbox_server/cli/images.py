@@ -11,14 +11,14 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from sandbox_server.policy import Policy
-    from sandbox_server.sandbox.team_images import TeamImage
+    from sandbox_server.sandbox.engine.team_images import TeamImage
 
 __all__ = ["images_build", "images_list"]
 
 
 def team_images(policy: Policy, tool_names: list[str]) -> list[TeamImage]:
     """The team images a policy's tools run in, each once with the tools that use it."""
-    from sandbox_server.sandbox.team_images import TeamImage
+    from sandbox_server.sandbox.engine.team_images import TeamImage
 
     contexts: dict[tuple[str, str], list[str]] = {}
     for name in tool_names:
@@ -35,15 +35,15 @@ def images_build(
     say: Callable[[str], None],
 ) -> int:
     """Build what changed; with --policy, also the images its tools build or add their own packages to."""
-    from sandbox_server.sandbox.docker_runtime import DockerRuntime
-    from sandbox_server.sandbox.images import build_images
+    from sandbox_server.sandbox.engine.images import build_images
+    from sandbox_server.sandbox.engine.runtime import DockerRuntime
 
     runtime = DockerRuntime.connect()
     outcomes = build_images(runtime, args.names or None, say=say, force=args.force)
     if args.policy:
         from sandbox_server.policy.loader import load_policy
-        from sandbox_server.sandbox.images import build_with_packages
-        from sandbox_server.sandbox.team_images import build_team_image
+        from sandbox_server.sandbox.engine.images import build_with_packages
+        from sandbox_server.sandbox.engine.team_images import build_team_image
 
         policy = load_policy(args.policy, tool_names(), host_facts())
         tools = map(policy.for_tool, tool_names())
@@ -55,7 +55,7 @@ def images_build(
     rebuilt = [outcome.name for outcome in outcomes if outcome.rebuilt]
     say(f"built: {', '.join(rebuilt)}" if rebuilt else "all images current: nothing rebuilt")
     from sandbox_server.ops.bootstrap import policy_images
-    from sandbox_server.sandbox.runc_runtime import unpack_for_runc
+    from sandbox_server.sandbox.runc.runtime import unpack_for_runc
 
     unpack_for_runc(runtime, policy_images(args.policy or "default", host_facts()), say)
     return 0
@@ -63,9 +63,9 @@ def images_build(
 
 def images_list(args: argparse.Namespace, tool_names: Callable[[], list[str]], host_facts: Callable[[], Any]) -> int:
     """Which images are built and current, their size, base and policy (exit 1 when one is not current)."""
-    from sandbox_server.sandbox.docker_runtime import DockerRuntime
-    from sandbox_server.sandbox.images import catalog, image_reference, image_status
-    from sandbox_server.sandbox.team_images import dockerfile_base, team_image_status
+    from sandbox_server.sandbox.engine.images import catalog, image_reference, image_status
+    from sandbox_server.sandbox.engine.runtime import DockerRuntime
+    from sandbox_server.sandbox.engine.team_images import dockerfile_base, team_image_status
 
     runtime = DockerRuntime.connect()
     rows: list[dict[str, Any]] = []

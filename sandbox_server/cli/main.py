@@ -26,7 +26,7 @@ from sandbox_server.protocol.http_limits import add_limit_arguments
 if TYPE_CHECKING:
     from sandbox_server.ops.doctor import WarmPlan
     from sandbox_server.policy.loader import HostFacts
-    from sandbox_server.sandbox.docker_runtime import DockerRuntime
+    from sandbox_server.sandbox.engine.runtime import DockerRuntime
 
 __all__ = ["main"]
 
@@ -37,7 +37,7 @@ def _say(line: str) -> None:
 
 def _doctor(args: argparse.Namespace) -> int:
     from sandbox_server.ops.doctor import Check, DoctorReport, run_doctor
-    from sandbox_server.sandbox.docker_runtime import DockerRuntime
+    from sandbox_server.sandbox.engine.runtime import DockerRuntime
 
     try:
         runtime = DockerRuntime.connect()
@@ -87,7 +87,7 @@ def _warm_plan(reference: str, runtime: DockerRuntime) -> WarmPlan:
 
 def _reap_after(args: argparse.Namespace) -> int:
     from sandbox_server.network.firewall import sweep_firewall
-    from sandbox_server.sandbox.removal import reap_after
+    from sandbox_server.sandbox.engine.removal import reap_after
 
     reaped = reap_after(args.pid, args.owner)
     sweep_firewall()  # the rules of the bridges its egress networks had, gone with them
@@ -165,7 +165,7 @@ def _tool_names(sandboxed: bool = False) -> list[str]:
 
 def _runtime_facts() -> HostFacts:
     from sandbox_server.ops.bootstrap import host_facts
-    from sandbox_server.sandbox.docker_runtime import DockerRuntime
+    from sandbox_server.sandbox.engine.runtime import DockerRuntime
 
     return host_facts(DockerRuntime.lazy())
 

@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 if TYPE_CHECKING:
     from sandbox_server.policy import Policy
     from sandbox_server.protocol.preview import Previews
-    from sandbox_server.sandbox.docker_runtime import DockerRuntime
+    from sandbox_server.sandbox.engine.runtime import DockerRuntime
     from sandbox_server.services.links import PreviewLinks
     from sandbox_server.services.manager import Services
 
@@ -22,7 +22,7 @@ __all__ = ["preview_links", "preview_origin", "preview_routes"]
 def preview_links(runtime: DockerRuntime, preview_base: tuple[str, str] | None) -> PreviewLinks:
     """The links answers give to services' previews: none when previews are not served, or where no person could
     open them (and the answers say why)."""
-    from sandbox_server.sandbox import netns
+    from sandbox_server.sandbox.runc import netns
     from sandbox_server.services.links import PreviewLinks
 
     if preview_base is None:

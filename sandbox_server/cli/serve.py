@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from sandbox_server.access.audit import AuditLog
     from sandbox_server.cli.wiring import Wired
     from sandbox_server.protocol.draining import Drain
-    from sandbox_server.sandbox.docker_runtime import DockerRuntime
+    from sandbox_server.sandbox.engine.runtime import DockerRuntime
     from sandbox_server.state.database import Database
 
 __all__ = ["serve_command"]
@@ -39,7 +39,7 @@ def serve_command(args: argparse.Namespace) -> int:
     """`sandbox-server serve`: check the options, build the parts (cli/wiring.py), and run them beside the
     transport until the client leaves or a signal comes; then close them in order."""
     from sandbox_server.protocol.addresses import LOOPBACK_HOSTS
-    from sandbox_server.sandbox.removal import operator_labels
+    from sandbox_server.sandbox.engine.removal import operator_labels
 
     if args.transport == "http" and args.host not in LOOPBACK_HOSTS and not args.tokens and not args.issuer:
         raise UsageError(
@@ -78,7 +78,7 @@ def _start_and_serve(args: argparse.Namespace, log: logging.Logger) -> int:
     from sandbox_server.ops.memory import return_freed_memory
     from sandbox_server.protocol.addresses import listen, url_of
     from sandbox_server.protocol.http_limits import raise_open_files_limit
-    from sandbox_server.sandbox.runc_runtime import RuncRuntime
+    from sandbox_server.sandbox.runc.runtime import RuncRuntime
     from sandbox_server.state.folder import default_state_dir
 
     open_files = raise_open_files_limit()  # bounded by the caps on connections, walks and sessions, never by hope

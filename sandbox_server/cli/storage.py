@@ -14,7 +14,7 @@ from sandbox_server.errors import SandboxServerError
 
 if TYPE_CHECKING:
     from sandbox_server.policy import Policy
-    from sandbox_server.sandbox.docker_runtime import DockerRuntime
+    from sandbox_server.sandbox.engine.runtime import DockerRuntime
     from sandbox_server.state.database import Database
     from sandbox_server.workspaces.contents import Contents
     from sandbox_server.workspaces.shared import SharedBook
@@ -68,7 +68,7 @@ def workspace_store(
 
 def _contents(choice: str, runtime: DockerRuntime, log: logging.Logger) -> Callable[[Path], Contents]:
     """How a server alone keeps workspace files (serve --workspaces)."""
-    from sandbox_server.sandbox.removal import owner_alive
+    from sandbox_server.sandbox.engine.removal import owner_alive
     from sandbox_server.workspaces.contents import ArchivedContents
     from sandbox_server.workspaces.mounted import MountedContents
 
@@ -101,7 +101,7 @@ def _shared_contents(
     """How replicas keep workspace files: mounted on each one's home replica (saved to the shared state after its
     calls) where this replica can mount them, else archives in the shared state."""
     from sandbox_server.protocol.handover import asking_for
-    from sandbox_server.sandbox.removal import owner_alive
+    from sandbox_server.sandbox.engine.removal import owner_alive
     from sandbox_server.state.homes import Homes
     from sandbox_server.workspaces.homed import HomedMounts
     from sandbox_server.workspaces.shared import SharedArchives, SharedBook
@@ -126,7 +126,7 @@ def _shared_contents(
 
 def host_folders(runtime: DockerRuntime, state: Path, audit: Path) -> tuple[str, ...]:
     """The folders of this host no answer names a path into: the server's state and trail, and runc's bundles."""
-    from sandbox_server.sandbox.runc_runtime import RuncRuntime
+    from sandbox_server.sandbox.runc.runtime import RuncRuntime
 
     folders = [state, audit, *([runtime.state] if isinstance(runtime, RuncRuntime) else [])]
     return tuple(sorted({str(f) for folder in folders for f in (folder, folder.resolve())}))

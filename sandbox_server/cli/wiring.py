@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from sandbox_server.protocol.draining import Drain
     from sandbox_server.protocol.preview import Previews
     from sandbox_server.protocol.server import SandboxServer
-    from sandbox_server.sandbox.docker_runtime import DockerRuntime
+    from sandbox_server.sandbox.engine.runtime import DockerRuntime
     from sandbox_server.sandbox.held import HeldMemory
     from sandbox_server.sandbox.pool import WarmPool
     from sandbox_server.services.links import PreviewLinks
@@ -94,7 +94,7 @@ def wire(
     from sandbox_server.protocol.server import Parts, SandboxServer
     from sandbox_server.sandbox.held import HeldMemory
     from sandbox_server.sandbox.pool import WarmPool
-    from sandbox_server.sandbox.runc_runtime import RuncRuntime
+    from sandbox_server.sandbox.runc.runtime import RuncRuntime
 
     database = _shared_state(args, runtime.owner, log)
     alive = _liveness(database)
@@ -153,7 +153,7 @@ def _undone_unless_started(pool: WarmPool[Any] | None) -> Iterator[contextlib.Ex
 def _liveness(database: Database | None) -> Callable[[str], bool]:
     """Whether a server process (a replica, with shared state) still runs; a database that does not answer tells
     nothing, and nothing is taken for dead on its silence."""
-    from sandbox_server.sandbox.removal import owner_alive
+    from sandbox_server.sandbox.engine.removal import owner_alive
 
     def alive(owner: str) -> bool:
         if not owner_alive(owner):
@@ -182,8 +182,8 @@ def _policy(args: argparse.Namespace, runtime: DockerRuntime, log: logging.Logge
 
 def _clear_strays(runtime: DockerRuntime, log: logging.Logger) -> None:
     """The sandboxes a killed server left behind are removed; who makes calls' sandboxes is said."""
-    from sandbox_server.sandbox.runc_runtime import RuncRuntime
-    from sandbox_server.sandbox.runc_state import runsc_path
+    from sandbox_server.sandbox.runc.runtime import RuncRuntime
+    from sandbox_server.sandbox.runc.state import runsc_path
 
     try:
         reaped = runtime.reap_strays()
@@ -234,7 +234,7 @@ def _proxies(runtime: DockerRuntime) -> EgressProxies:
     from sandbox_server.network.proxies import EgressProxies
 
     sweep_firewall()
-    from sandbox_server.sandbox.runc_state import STATE, proxies_folder
+    from sandbox_server.sandbox.runc.state import STATE, proxies_folder
 
     folder = proxies_folder(STATE, runtime.owner)  # memory-backed, root's, removed with what the server leaves
     return EgressProxies(lambda: runtime.api, runtime.owner, runtime.on_this_host, folder)
@@ -287,7 +287,7 @@ def _services(
     held: HeldMemory,
 ) -> Services:
     """The services of workspaces; warm containers wait beside their networks when there is a pool (`pooled`)."""
-    from sandbox_server.sandbox.runc_runtime import RuncRuntime
+    from sandbox_server.sandbox.runc.runtime import RuncRuntime
     from sandbox_server.services.manager import Services
 
     def networks_changed(named: Mapping[str, Mapping[str, str]]) -> None:
@@ -333,7 +333,7 @@ def _shared_state(args: argparse.Namespace, owner: str, log: logging.Logger) -> 
         raise UsageError(
             f"--state needs the PostgreSQL driver ({exc.name} is missing): pip install 'sandbox-server[postgresql]'"
         ) from exc
-    from sandbox_server.sandbox.removal import owner_alive
+    from sandbox_server.sandbox.engine.removal import owner_alive
 
     database = Database(url, owner, name=args.name or socket.gethostname())
     database.open(alive=owner_alive)

@@ -154,7 +154,7 @@ def _store(args: argparse.Namespace) -> Iterator[tuple[WorkspaceStore, str, str]
     """The state folder's workspaces, held by this process while it works on them."""
     from sandbox_server.policy.loader import load_policy
     from sandbox_server.sandbox import mounts
-    from sandbox_server.sandbox.removal import current_owner, owner_alive
+    from sandbox_server.sandbox.engine.removal import current_owner, owner_alive
     from sandbox_server.state.folder import claim_state_folder, default_state_dir
     from sandbox_server.tools import all_tools
     from sandbox_server.workspaces.contents import ArchivedContents, Contents

@@ -42,9 +42,9 @@ from sandbox_server.network.firewall import close_to_proxy, firewall_managed, op
 from sandbox_server.network.proxy_files import Trust, files_folder, write_proxy_files
 from sandbox_server.network.proxy_log import ProxyRequest, RequestRecords, parse_log_line
 from sandbox_server.network.secrets import CERTIFICATES
-from sandbox_server.sandbox.removal import owned_by
+from sandbox_server.sandbox.engine.removal import owned_by
+from sandbox_server.sandbox.runc.veth import create_network
 from sandbox_server.sandbox.spec import Mount
-from sandbox_server.sandbox.veth import create_network
 
 __all__ = ["PROXY_IMAGE", "PROXY_LABEL", "EgressProxies"]
 

@@ -10,7 +10,7 @@ import docker
 
 from sandbox_server.errors import SandboxServerError
 from sandbox_server.network.proxies import EgressProxies
-from sandbox_server.sandbox.removal import owned_by
+from sandbox_server.sandbox.engine.removal import owned_by
 
 __all__ = ["PAGE", "make_network", "paths_seen", "remove_trial", "start_upstream", "wait_listening"]
 

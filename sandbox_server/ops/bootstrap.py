@@ -17,9 +17,9 @@ from pathlib import Path
 
 from sandbox_server.errors import EngineUnavailable, SandboxServerError
 from sandbox_server.policy.loader import HostFacts, load_policy
-from sandbox_server.sandbox.docker_runtime import DockerRuntime
-from sandbox_server.sandbox.images import build_images
-from sandbox_server.sandbox.runc_runtime import unpack_for_runc
+from sandbox_server.sandbox.engine.images import build_images
+from sandbox_server.sandbox.engine.runtime import DockerRuntime
+from sandbox_server.sandbox.runc.runtime import unpack_for_runc
 from sandbox_server.shipped import engine_script
 from sandbox_server.tools import all_tools
 

@@ -17,11 +17,11 @@ import anyio.to_thread
 
 from sandbox_server.errors import SandboxServerError
 from sandbox_server.sandbox import wire
-from sandbox_server.sandbox.docker_runtime import DockerRuntime
-from sandbox_server.sandbox.engine import EngineInfo
-from sandbox_server.sandbox.images import catalog, image_reference, image_status
+from sandbox_server.sandbox.engine.connection import EngineInfo
+from sandbox_server.sandbox.engine.images import catalog, image_reference, image_status
+from sandbox_server.sandbox.engine.runtime import DockerRuntime
+from sandbox_server.sandbox.engine.wheels import libraries
 from sandbox_server.sandbox.spec import ResourceLimits, SandboxSpec
-from sandbox_server.sandbox.wheels import libraries
 
 if TYPE_CHECKING:
     from sandbox_server.policy.model import Policy
@@ -317,7 +317,7 @@ async def _gvisor_check(runtime: DockerRuntime) -> Check:
 async def runc_sandboxes_check() -> Check:
     """Whether runc itself can make calls' sandboxes here (serve --sandboxes auto or runc), and fork them from a
     template (auto), shown by making one."""
-    from sandbox_server.sandbox.runc_runtime import RuncRuntime
+    from sandbox_server.sandbox.runc.runtime import RuncRuntime
 
     runc = RuncRuntime(None, "auto")
     try:

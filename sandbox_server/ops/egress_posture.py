@@ -33,7 +33,7 @@ from sandbox_server.network.proxies import EgressProxies
 from sandbox_server.network.upstream import PAGE, make_network, paths_seen, remove_trial, start_upstream
 from sandbox_server.ops.doctor import Check
 from sandbox_server.policy import ToolPolicy
-from sandbox_server.sandbox.docker_runtime import DockerRuntime
+from sandbox_server.sandbox.engine.runtime import DockerRuntime
 from sandbox_server.sandbox.spec import SandboxSpec
 
 __all__ = ["UNLISTED", "EgressTrial", "Probe", "behind", "firewall_check", "judge", "probe", "read_probe", "trial"]

@@ -27,8 +27,8 @@ from sandbox_server.errors import SandboxServerError
 from sandbox_server.ops.doctor import Check
 from sandbox_server.ops.egress_posture import behind, probe, trial
 from sandbox_server.policy import Policy, ToolPolicy
-from sandbox_server.sandbox.docker_runtime import DockerRuntime
-from sandbox_server.sandbox.host_config import RUNSC_PIDS_BASE, RUNSC_PIDS_FACTOR
+from sandbox_server.sandbox.engine.host_config import RUNSC_PIDS_BASE, RUNSC_PIDS_FACTOR
+from sandbox_server.sandbox.engine.runtime import DockerRuntime
 from sandbox_server.sandbox.spec import SandboxSpec
 
 __all__ = ["ProcessView", "SandboxView", "compare", "read_view", "run_posture"]

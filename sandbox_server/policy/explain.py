@@ -25,7 +25,7 @@ def _tool_view(tool: ToolPolicy) -> dict[str, Any]:
 def explain_policy(policy: Policy, tool_names: list[str], managing: tuple[str, ...] = ()) -> dict[str, Any]:
     """The effective policy of every tool it offers (`tool_names`) and the exact container settings each one gets,
     every other section resolved, and which file set each setting a file sets (the rest are built-in defaults)."""
-    from sandbox_server.sandbox.host_config import host_config_kwargs
+    from sandbox_server.sandbox.engine.host_config import host_config_kwargs
 
     tools: dict[str, Any] = {}
     for name in tool_names:

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from sandbox_server.errors import ImageError
-from sandbox_server.sandbox.team_images import team_image_reference
-from sandbox_server.sandbox.wheels import with_packages
+from sandbox_server.sandbox.engine.team_images import team_image_reference
+from sandbox_server.sandbox.engine.wheels import with_packages
 
 __all__ = ["tool_image"]
 

@@ -40,7 +40,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from sandbox_server.access.identity import token_identity
 from sandbox_server.errors import UsageError
-from sandbox_server.sandbox.netns import connect_inside
+from sandbox_server.sandbox.runc.netns import connect_inside
 from sandbox_server.services.links import PREVIEW_PREFIX
 from sandbox_server.services.manager import Service, Services
 

@@ -25,7 +25,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-from sandbox_server.sandbox import views
+from sandbox_server.sandbox.runc import views
 
 __all__ = [
     "MountError",

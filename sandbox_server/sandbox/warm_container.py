@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from sandbox_server.sandbox import mounts
-from sandbox_server.sandbox.attach import close_socket
+from sandbox_server.sandbox.engine.attach import close_socket
 from sandbox_server.sandbox.streams import Stream
 
 __all__ = ["SETTLED_STATES", "SETTLE_S", "WarmContainer", "process_state", "process_tree"]

@@ -13,8 +13,8 @@ import anyio.to_thread
 from sandbox_server.errors import Refusal
 from sandbox_server.network.egress import ProxyEndpoint
 from sandbox_server.network.proxies import EgressProxies
-from sandbox_server.sandbox import service_containers as containers
-from sandbox_server.sandbox.docker_runtime import DockerRuntime
+from sandbox_server.sandbox.engine import services as containers
+from sandbox_server.sandbox.engine.runtime import DockerRuntime
 from sandbox_server.sandbox.meter import Meter
 from sandbox_server.sandbox.spec import SandboxSpec
 from sandbox_server.services.readiness import until_ready

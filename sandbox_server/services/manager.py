@@ -24,8 +24,8 @@ from sandbox_server.access.audit import AuditLog, event_record
 from sandbox_server.errors import Refusal
 from sandbox_server.network.egress import ProxyEndpoint
 from sandbox_server.network.proxies import EgressProxies
-from sandbox_server.sandbox import service_containers as containers
-from sandbox_server.sandbox.docker_runtime import DockerRuntime
+from sandbox_server.sandbox.engine import services as containers
+from sandbox_server.sandbox.engine.runtime import DockerRuntime
 from sandbox_server.sandbox.held import HeldMemory
 from sandbox_server.sandbox.spec import SandboxSpec
 from sandbox_server.services.caps import refuse_past_caps

@@ -8,8 +8,8 @@ from typing import Any
 import anyio
 import anyio.to_thread
 
-from sandbox_server.sandbox import netns
-from sandbox_server.sandbox import service_containers as containers
+from sandbox_server.sandbox.engine import services as containers
+from sandbox_server.sandbox.runc import netns
 from sandbox_server.services.service import Service
 
 __all__ = ["READY_POLL_S", "until_ready"]

@@ -9,8 +9,8 @@ from typing import Any
 
 from sandbox_server.policy import ToolPolicy
 from sandbox_server.sandbox import wire
+from sandbox_server.sandbox.engine.wheels import libraries
 from sandbox_server.sandbox.spec import OutputFile
-from sandbox_server.sandbox.wheels import libraries
 from sandbox_server.tools.arguments import sandbox_spec
 from sandbox_server.tools.base import (
     FILES_SCHEMA,

@@ -13,8 +13,8 @@ from typing import Any
 import anyio
 import pytest
 
-from sandbox_server.sandbox import removal
 from sandbox_server.sandbox.activity import PAUSE_S, Activity
+from sandbox_server.sandbox.engine import removal
 from sandbox_server.sandbox.pool import PoolTarget, WarmPool
 from sandbox_server.sandbox.spec import SandboxSpec
 from tests.fast.test_pool_logic import _FakeEngine, _FakeWarm

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from sandbox_server.sandbox.dialect import DOCKER, dialect_of, process_limit
-from sandbox_server.sandbox.engine import engine_pid
-from sandbox_server.sandbox.host_config import host_config_kwargs
+from sandbox_server.sandbox.engine.connection import engine_pid
+from sandbox_server.sandbox.engine.dialect import DOCKER, dialect_of, process_limit
+from sandbox_server.sandbox.engine.host_config import host_config_kwargs
 from sandbox_server.sandbox.spec import ResourceLimits, SandboxSpec
 
 PODMAN_VERSION = {

@@ -19,7 +19,7 @@ from sandbox_server.network.egress import (
 )
 from sandbox_server.network.proxy_log import ProxyRequest, RequestRecords, parse_log_line
 from sandbox_server.policy.loader import HostFacts, load_policy
-from sandbox_server.sandbox.host_config import host_config_kwargs
+from sandbox_server.sandbox.engine.host_config import host_config_kwargs
 from sandbox_server.sandbox.spec import SandboxSpec
 
 TOOLS = ("execute_command", "run_python", "analyze_csv")

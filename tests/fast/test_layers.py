@@ -43,14 +43,14 @@ TABLE_LINES = 120
 TABLES = {
     "cli/main.py:build_parser": "the commands' argument parsers, one declaration after another",
     "cli/options.py:add_serve_arguments": "serve's options, one declaration after another",
-    "sandbox/oci.py:oci_config": "the OCI runtime configuration of a sandbox, field by field",
+    "sandbox/runc/oci.py:oci_config": "the OCI runtime configuration of a sandbox, field by field",
     "network/egress.py:squid_config": "the proxy's configuration file, directive by directive",
 }
 """Functions past MAX_FUNCTION_LINES that are declarative tables, with what they declare."""
 FOREIGN_PROBES = {
     "protocol/stdio_errors.py": "the SDK's read stream, which has a sender's context on some transports alone",
     "sandbox/archive.py": "a tar's file object, a real file (whose descriptor is read in place) or a buffer",
-    "sandbox/docker_runtime.py": "docker-py's attach socket, a socket or its wrapper depending on the version",
+    "sandbox/engine/runtime.py": "docker-py's attach socket, a socket or its wrapper depending on the version",
 }
 """Modules that ask a foreign object (the SDK's, the standard library's, docker-py's) what it is, and why."""
 MAX_PARAMETERS = 8
@@ -296,13 +296,13 @@ def test_the_wiring_hands_every_part_its_collaborators_in_its_constructor() -> N
 
 def test_only_the_engine_modules_import_docker() -> None:
     assert _importers("docker") == {
-        "sandbox/engine.py",
-        "sandbox/host_config.py",
-        "sandbox/removal.py",
-        "sandbox/docker_runtime.py",
-        "sandbox/runc_runtime.py",
-        "sandbox/service_containers.py",
-        "sandbox/veth.py",
+        "sandbox/engine/connection.py",
+        "sandbox/engine/host_config.py",
+        "sandbox/engine/removal.py",
+        "sandbox/engine/runtime.py",
+        "sandbox/engine/services.py",
+        "sandbox/runc/runtime.py",
+        "sandbox/runc/veth.py",
         "network/proxies.py",
         "network/upstream.py",
     }

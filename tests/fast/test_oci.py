@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 
 from sandbox_server.policy.loader import load_policy
-from sandbox_server.sandbox.host_config import MASKED_PATHS, host_config_kwargs
-from sandbox_server.sandbox.oci import INIT_PATH, NATIVE, oci_config, oci_seccomp
+from sandbox_server.sandbox.engine.host_config import MASKED_PATHS, host_config_kwargs
+from sandbox_server.sandbox.runc.oci import INIT_PATH, NATIVE, oci_config, oci_seccomp
 from sandbox_server.sandbox.spec import Mount, ResourceLimits, SandboxSpec
 from sandbox_server.tools import all_tools
 

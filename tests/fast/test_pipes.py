@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from sandbox_server.sandbox import runc_runtime, runc_state
-from sandbox_server.sandbox.oci import merged_env
-from sandbox_server.sandbox.pipes import PipeStream
-from sandbox_server.sandbox.runc_runtime import RuncRuntime
+from sandbox_server.sandbox.runc import runtime as runc_runtime
+from sandbox_server.sandbox.runc import state as runc_state
+from sandbox_server.sandbox.runc.oci import merged_env
+from sandbox_server.sandbox.runc.pipes import PipeStream
+from sandbox_server.sandbox.runc.runtime import RuncRuntime
 from sandbox_server.sandbox.spec import SandboxSpec
 from sandbox_server.sandbox.streams import STDERR, STDOUT, FrameDemuxer
 

@@ -11,7 +11,7 @@ import docker
 import pytest
 
 from sandbox_server.errors import UsageError
-from sandbox_server.sandbox.removal import (
+from sandbox_server.sandbox.engine.removal import (
     LABELS_VARIABLE,
     OWNER_LABEL,
     Remover,
@@ -20,7 +20,7 @@ from sandbox_server.sandbox.removal import (
     owned_by,
     owner_alive,
 )
-from sandbox_server.sandbox.service_containers import remove_network
+from sandbox_server.sandbox.engine.services import remove_network
 from sandbox_server.sandbox.spec import SANDBOX_LABEL
 
 

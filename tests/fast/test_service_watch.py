@@ -10,7 +10,7 @@ import anyio
 import pytest
 
 from sandbox_server.policy import ServiceSettings
-from sandbox_server.sandbox import service_containers
+from sandbox_server.sandbox.engine import services as service_containers
 from sandbox_server.services.manager import Services
 from sandbox_server.services.service import Service
 

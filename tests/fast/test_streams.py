@@ -4,7 +4,7 @@ import struct
 
 import pytest
 
-from sandbox_server.sandbox.attach import exit_from_trailer, joined, pids_limited
+from sandbox_server.sandbox.engine.attach import exit_from_trailer, joined, pids_limited
 from sandbox_server.sandbox.streams import CappedBuffer, FrameDemuxer, StdoutSplitter
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from sandbox_server.policy.loader import load_policy, policy_errors
-from sandbox_server.sandbox.team_images import TeamImage
+from sandbox_server.sandbox.engine.team_images import TeamImage
 from sandbox_server.tools import all_tools
 
 TOOLS = [tool.name for tool in all_tools()]

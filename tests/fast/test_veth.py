@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from sandbox_server.errors import EngineError
-from sandbox_server.sandbox.hosts import LOCAL_NAMES, ensure_hosts, forget_hosts, write_hosts
-from sandbox_server.sandbox.runc_state import delete_left_by, folders_left, hosts_folder, proxies_folder
-from sandbox_server.sandbox.veth import Addresses, engine_range, host_end, layout_of, mac_of
+from sandbox_server.sandbox.runc.hosts import LOCAL_NAMES, ensure_hosts, forget_hosts, write_hosts
+from sandbox_server.sandbox.runc.state import delete_left_by, folders_left, hosts_folder, proxies_folder
+from sandbox_server.sandbox.runc.veth import Addresses, engine_range, host_end, layout_of, mac_of
 
 
 def _inspected(ip_range: str | None = "172.30.0.0/25", **overrides: Any) -> dict[str, Any]:

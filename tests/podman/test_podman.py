@@ -14,8 +14,8 @@ import mcp_types as types
 import pytest
 from mcp import Client
 
-from sandbox_server.sandbox.docker_runtime import DockerRuntime
-from sandbox_server.sandbox.service_containers import SERVICE_LABEL
+from sandbox_server.sandbox.engine.runtime import DockerRuntime
+from sandbox_server.sandbox.engine.services import SERVICE_LABEL
 from tests.conftest import run_cli
 
 pytestmark = pytest.mark.anyio

@@ -14,8 +14,8 @@ import psutil
 import pytest
 from mcp import Client
 
-from sandbox_server.sandbox.docker_runtime import DockerRuntime
-from sandbox_server.sandbox.runc_state import CGROUP_PARENT
+from sandbox_server.sandbox.engine.runtime import DockerRuntime
+from sandbox_server.sandbox.runc.state import CGROUP_PARENT
 from tests.conftest import command_lines, sandbox_inits
 from tests.mcp_harness import connect, stdio_parameters
 

@@ -18,7 +18,7 @@ import mcp_types as types
 import pytest
 from mcp import Client
 
-from sandbox_server.sandbox.docker_runtime import DockerRuntime
+from sandbox_server.sandbox.engine.runtime import DockerRuntime
 from tests.mcp_harness import text_of, upload
 
 pytestmark = [pytest.mark.anyio, pytest.mark.alone, pytest.mark.usefixtures("invariants")]

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from mcp import Client
 
-from sandbox_server.sandbox.docker_runtime import DockerRuntime
+from sandbox_server.sandbox.engine.runtime import DockerRuntime
 from tests.mcp_harness import connect, stdio_parameters, text_of
 
 pytestmark = [pytest.mark.anyio, pytest.mark.alone, pytest.mark.usefixtures("invariants")]

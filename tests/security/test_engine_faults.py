@@ -15,8 +15,8 @@ import psutil
 import pytest
 from mcp import Client
 
-from sandbox_server.sandbox.runc_runtime import RuncRuntime
-from sandbox_server.sandbox.runc_state import is_runc
+from sandbox_server.sandbox.runc.runtime import RuncRuntime
+from sandbox_server.sandbox.runc.state import is_runc
 from tests.conftest import containers_running, kill_from_outside
 from tests.mcp_harness import text_of
 

@@ -22,9 +22,9 @@ import psutil
 import pytest
 
 from sandbox_server.policy.loader import load_policy
-from sandbox_server.sandbox.docker_runtime import DockerRuntime
-from sandbox_server.sandbox.removal import OWNER_LABEL
-from sandbox_server.sandbox.runc_state import IN_CREATE, IN_DELETE, STATE, inotify_watch, is_runc, owner_of
+from sandbox_server.sandbox.engine.removal import OWNER_LABEL
+from sandbox_server.sandbox.engine.runtime import DockerRuntime
+from sandbox_server.sandbox.runc.state import IN_CREATE, IN_DELETE, STATE, inotify_watch, is_runc, owner_of
 from sandbox_server.sandbox.spec import SANDBOX_LABEL
 from tests.conftest import containers_of, interpreters_warm
 from tests.mcp_harness import connect, http_server_process, text_of

@@ -29,9 +29,9 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
 from sandbox_server.network.egress import CONNECTIONS_PER_SANDBOX
-from sandbox_server.sandbox.docker_runtime import DockerRuntime
-from sandbox_server.sandbox.runc_runtime import RuncRuntime
-from sandbox_server.sandbox.service_containers import remove_network
+from sandbox_server.sandbox.engine.runtime import DockerRuntime
+from sandbox_server.sandbox.engine.services import remove_network
+from sandbox_server.sandbox.runc.runtime import RuncRuntime
 from tests.conftest import images_of
 from tests.mcp_harness import CheckedClient, connect, http_server_process, stdio_parameters, text_of
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox_server.sandbox.docker_runtime import DockerRuntime
+from sandbox_server.sandbox.engine.runtime import DockerRuntime
 from tests.mcp_harness import answer, connect, stdio_parameters
 
 pytestmark = pytest.mark.anyio

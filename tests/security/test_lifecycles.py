@@ -21,7 +21,7 @@ from mcp.shared.exceptions import MCPError
 
 from sandbox_server.protocol.http_sessions import ROOM_AFTER_S
 from sandbox_server.protocol.tasks_client import task_request
-from sandbox_server.sandbox.docker_runtime import DockerRuntime
+from sandbox_server.sandbox.engine.runtime import DockerRuntime
 from tests.mcp_harness import CheckedClient, answer, connect, http_server_process, text_of
 from tests.test_replicas import client_of
 from tests.test_services import add_token, as_caller, services_of, short_policy, until_gone

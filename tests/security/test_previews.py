@@ -17,7 +17,7 @@ import pytest
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect as ws_connect
 
-from sandbox_server.sandbox.docker_runtime import DockerRuntime
+from sandbox_server.sandbox.engine.runtime import DockerRuntime
 from tests.mcp_harness import free_port, http_server_process
 from tests.test_services import as_caller, call, short_policy
 

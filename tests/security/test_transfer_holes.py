@@ -16,7 +16,7 @@ from typing import Any
 import psutil
 import pytest
 
-from sandbox_server.sandbox.docker_runtime import DockerRuntime
+from sandbox_server.sandbox.engine.runtime import DockerRuntime
 from tests import hostile_exports as hostile
 from tests.mcp_harness import CheckedClient, command_of, connect, stdio_parameters, text_of
 

@@ -15,7 +15,7 @@ from typing import Any
 import anyio
 import pytest
 
-from sandbox_server.sandbox.docker_runtime import DockerRuntime
+from sandbox_server.sandbox.engine.runtime import DockerRuntime
 from tests.mcp_harness import (
     CheckedClient,
     ServerProcess,

@@ -11,7 +11,8 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from sandbox_server.sandbox import host_ids, mounts, views
+from sandbox_server.sandbox import mounts
+from sandbox_server.sandbox.runc import host_ids, views
 
 __all__ = ["FOLDER", "WarmNamespaces", "remove_left"]
 

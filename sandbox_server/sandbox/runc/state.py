@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sandbox_server.errors import EngineError
-from sandbox_server.sandbox import host_ids
 from sandbox_server.sandbox.meter import memory_events
 from sandbox_server.sandbox.polling import readable
+from sandbox_server.sandbox.runc import host_ids
 from sandbox_server.sandbox.template import userns
 from sandbox_server.sandbox.template.host import Forked
 from sandbox_server.sandbox.template.launch import MARK as FORKED

@@ -25,12 +25,12 @@ from sandbox_server.errors import EngineError
 from sandbox_server.sandbox import mounts, wire
 from sandbox_server.sandbox.activity import Activity
 from sandbox_server.sandbox.archive import build_request
-from sandbox_server.sandbox.attach import Drain, Ending, exit_from_trailer, persist_grace_s, result_of
-from sandbox_server.sandbox.engine import Engine, engine_errors, oom_reported
-from sandbox_server.sandbox.host_config import host_config_kwargs, masked_paths
+from sandbox_server.sandbox.engine.attach import Drain, Ending, exit_from_trailer, persist_grace_s, result_of
+from sandbox_server.sandbox.engine.connection import Engine, engine_errors, oom_reported
+from sandbox_server.sandbox.engine.host_config import host_config_kwargs, masked_paths
+from sandbox_server.sandbox.engine.removal import Remover, current_owner, owned_by
 from sandbox_server.sandbox.meter import Meter
 from sandbox_server.sandbox.polling import readable
-from sandbox_server.sandbox.removal import Remover, current_owner, owned_by
 from sandbox_server.sandbox.runtime import NO_HOOKS, ProgressCallback, RunHooks
 from sandbox_server.sandbox.spec import SANDBOX_LABEL, ExecutionResult, SandboxSpec
 from sandbox_server.sandbox.streams import Stream

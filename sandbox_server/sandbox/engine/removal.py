@@ -24,9 +24,9 @@ import psutil
 
 from sandbox_server.errors import UsageError
 from sandbox_server.sandbox.activity import Activity
-from sandbox_server.sandbox.engine import engine_errors
+from sandbox_server.sandbox.engine.connection import engine_errors
 from sandbox_server.sandbox.polling import readable
-from sandbox_server.sandbox.runc_state import STATE, delete_left_by, folders_left
+from sandbox_server.sandbox.runc.state import STATE, delete_left_by, folders_left
 from sandbox_server.sandbox.spec import SANDBOX_LABEL
 
 __all__ = ["LABELS_VARIABLE", "OWNER_LABEL", "Remover", "current_owner", "operator_labels", "owned_by", "owner_alive",

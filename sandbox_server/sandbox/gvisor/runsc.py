@@ -17,7 +17,7 @@ import subprocess
 from pathlib import Path
 
 from sandbox_server.errors import EngineError
-from sandbox_server.sandbox.runc_state import RUNSC_FLAGS, runsc_path
+from sandbox_server.sandbox.runc.state import RUNSC_FLAGS, runsc_path
 
 __all__ = ["start_gvisor", "gvisor_exit"]
 

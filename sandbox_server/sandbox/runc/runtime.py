@@ -34,18 +34,19 @@ from pathlib import Path
 import docker
 
 from sandbox_server.errors import EngineError, EngineUnavailable
-from sandbox_server.sandbox import host_ids, wire
+from sandbox_server.sandbox import wire
 from sandbox_server.sandbox.activity import Activity
-from sandbox_server.sandbox.bundles import is_unpacked, prune_unpacked, unpacked, write_bundle
-from sandbox_server.sandbox.docker_runtime import DockerRuntime
-from sandbox_server.sandbox.engine import engine_errors
-from sandbox_server.sandbox.gvisor import gvisor_exit, start_gvisor
-from sandbox_server.sandbox.hosts import ensure_hosts, forget_hosts, write_hosts
-from sandbox_server.sandbox.oci import INIT_SOURCE
-from sandbox_server.sandbox.pipes import PipeStream
+from sandbox_server.sandbox.engine.connection import engine_errors
+from sandbox_server.sandbox.engine.removal import Remover, owned_by, owner_alive
+from sandbox_server.sandbox.engine.runtime import DockerRuntime
+from sandbox_server.sandbox.gvisor.runsc import gvisor_exit, start_gvisor
 from sandbox_server.sandbox.polling import readable
-from sandbox_server.sandbox.removal import Remover, owned_by, owner_alive
-from sandbox_server.sandbox.runc_state import (
+from sandbox_server.sandbox.runc import host_ids
+from sandbox_server.sandbox.runc.bundles import is_unpacked, prune_unpacked, unpacked, write_bundle
+from sandbox_server.sandbox.runc.hosts import ensure_hosts, forget_hosts, write_hosts
+from sandbox_server.sandbox.runc.oci import INIT_SOURCE
+from sandbox_server.sandbox.runc.pipes import PipeStream
+from sandbox_server.sandbox.runc.state import (
     CGROUP_PARENT,
     IMAGES,
     STATE,
@@ -61,11 +62,11 @@ from sandbox_server.sandbox.runc_state import (
     sandbox_name,
     started_pid,
 )  # fmt: skip
+from sandbox_server.sandbox.runc.veth import Addresses, Layout, layout_of, on_network, plug
 from sandbox_server.sandbox.spec import Mount, SandboxSpec
 from sandbox_server.sandbox.template.host import Forked, Templates
 from sandbox_server.sandbox.template.launch import ROOTFS, WARM, forked, held_memory, warm_request
 from sandbox_server.sandbox.template.userns import WarmNamespaces
-from sandbox_server.sandbox.veth import Addresses, Layout, layout_of, on_network, plug
 from sandbox_server.sandbox.warm_container import SETTLE_S, WarmContainer, process_tree
 
 __all__ = ["RuncRuntime", "runc_usable"]

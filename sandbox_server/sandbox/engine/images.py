@@ -25,8 +25,8 @@ from pathlib import Path
 
 from sandbox_server import shipped
 from sandbox_server.errors import ImageError
-from sandbox_server.sandbox.docker_runtime import DockerRuntime
-from sandbox_server.sandbox.wheels import IMAGE_PYTHON, WHEELS_LOCK, fetch_wheel, locked_wheels, read_lock
+from sandbox_server.sandbox.engine.runtime import DockerRuntime
+from sandbox_server.sandbox.engine.wheels import IMAGE_PYTHON, WHEELS_LOCK, fetch_wheel, locked_wheels, read_lock
 
 __all__ = [
     "expected_hash",

@@ -20,11 +20,11 @@ from typing import Any
 import docker
 
 from sandbox_server.sandbox import mounts
-from sandbox_server.sandbox.engine import Engine, engine_errors
-from sandbox_server.sandbox.host_config import host_config_kwargs, masked_paths
-from sandbox_server.sandbox.removal import owned_by, until_network_removed
+from sandbox_server.sandbox.engine.connection import Engine, engine_errors
+from sandbox_server.sandbox.engine.host_config import host_config_kwargs, masked_paths
+from sandbox_server.sandbox.engine.removal import owned_by, until_network_removed
+from sandbox_server.sandbox.runc.veth import create_network
 from sandbox_server.sandbox.spec import SandboxSpec
-from sandbox_server.sandbox.veth import create_network
 
 __all__ = ["SERVICE_LABEL", "Started", "container_state", "ensure_network", "listening_ports", "log_tail",
            "network_name", "remove", "remove_network", "start_container"]  # fmt: skip

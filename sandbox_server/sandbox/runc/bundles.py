@@ -20,7 +20,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from sandbox_server.sandbox.oci import oci_config
+from sandbox_server.sandbox.runc.oci import oci_config
 from sandbox_server.sandbox.spec import SandboxSpec
 
 __all__ = ["image_root", "is_unpacked", "prune_unpacked", "unpacked", "write_bundle"]

@@ -30,8 +30,7 @@ from pathlib import Path
 from sandbox_server import shipped
 from sandbox_server.errors import ImageError
 from sandbox_server.sandbox import wire
-from sandbox_server.sandbox.docker_runtime import DockerRuntime
-from sandbox_server.sandbox.images import (
+from sandbox_server.sandbox.engine.images import (
     HASH_LABEL,
     NAME_LABEL,
     PREFIX,
@@ -41,6 +40,7 @@ from sandbox_server.sandbox.images import (
     context_digest,
     steps_said,
 )  # fmt: skip
+from sandbox_server.sandbox.engine.runtime import DockerRuntime
 
 __all__ = ["BASE_LABEL", "CONTEXT_LABEL", "TeamImage", "build_team_image", "team_image_reference", "team_image_status"]
 

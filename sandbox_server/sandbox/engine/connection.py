@@ -28,7 +28,7 @@ import requests.exceptions
 import urllib3.exceptions
 
 from sandbox_server.errors import EngineError, EngineUnavailable, ImageError
-from sandbox_server.sandbox.dialect import EngineDialect, dialect_of
+from sandbox_server.sandbox.engine.dialect import EngineDialect, dialect_of
 
 __all__ = ["ENGINE_HINT", "Engine", "EngineInfo", "ImageRecord", "engine_address", "engine_errors", "oom_reported"]
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from docker.types import Mount
 
-from sandbox_server.sandbox.dialect import DOCKER, EngineDialect
+from sandbox_server.sandbox.engine.dialect import DOCKER, EngineDialect
 from sandbox_server.sandbox.spec import SandboxSpec
 
 __all__ = ["MASKED_PATHS", "RUNSC_PIDS_BASE", "RUNSC_PIDS_FACTOR", "host_config_kwargs", "masked_paths"]

@@ -16,7 +16,12 @@ import platform
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sandbox_server.sandbox.host_config import ENGINE_MASKED_PATHS, MASKED_PATHS, RUNSC_PIDS_BASE, RUNSC_PIDS_FACTOR
+from sandbox_server.sandbox.engine.host_config import (
+    ENGINE_MASKED_PATHS,
+    MASKED_PATHS,
+    RUNSC_PIDS_BASE,
+    RUNSC_PIDS_FACTOR,
+)
 from sandbox_server.sandbox.spec import SandboxSpec
 
 SPAN = 65536

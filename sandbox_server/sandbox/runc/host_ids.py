@@ -26,8 +26,9 @@ import subprocess
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from sandbox_server.sandbox import mounts, views
-from sandbox_server.sandbox.oci import SPAN
+from sandbox_server.sandbox import mounts
+from sandbox_server.sandbox.runc import views
+from sandbox_server.sandbox.runc.oci import SPAN
 from sandbox_server.sandbox.spec import SandboxSpec
 
 __all__ = [

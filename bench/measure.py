@@ -41,6 +41,12 @@ def server_process() -> psutil.Process:
     raise RuntimeError("the server process was not found")
 
 
+def own_cpu_s(process: psutil.Process) -> float:
+    """A server process's own CPU seconds (its threads; not its children: the templates are counted outside)."""
+    times = process.cpu_times()
+    return times.user + times.system
+
+
 async def wait_for_pool(pid: int, expected: int) -> None:
     """Until the server has `expected` warm containers (bounded)."""
     api = docker.APIClient()

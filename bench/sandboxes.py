@@ -38,7 +38,7 @@ import psutil
 from mcp import Client
 
 from bench.common import median, print_table, write_results
-from bench.measure import percentiles, server_process, settled_containers, timed_calls
+from bench.measure import own_cpu_s, percentiles, server_process, settled_containers, timed_calls
 from bench.runtimes import EngineCpu
 from sandbox_server.cli.client import server_parameters
 from sandbox_server.sandbox.engine.services import remove_network
@@ -77,7 +77,7 @@ async def _execute_command_rows(client: Client, burst: int, command: str) -> dic
     spaced, failed = await timed_calls(client, "execute_command", {"command": "true"}, 20, 0.5)
     report["spaced"] = {**percentiles(spaced), "failures": failed}
     await anyio.sleep(3)
-    before, served_before = EngineCpu.now(server), _cpu_s(server)
+    before, served_before = EngineCpu.now(server), own_cpu_s(server)
     back, failed = await timed_calls(client, "execute_command", {"command": "true"}, 40, 0)
     report["back_to_back"] = {**percentiles(back), "failures": failed}
     report["warm_before_burst"] = await settled_containers(server.pid)  # as a burst meets an idle server
@@ -87,14 +87,8 @@ async def _execute_command_rows(client: Client, burst: int, command: str) -> dic
     spent = EngineCpu.now(server).since(before)
     report["engine_cpu_ms_per_sandbox"] = round(spent.outside / (40 + burst) * 1000, 1)
     report["sandbox_cpu_ms_per_sandbox"] = round(spent.inside / (40 + burst) * 1000, 1)
-    report["server_cpu_ms_per_call"] = round((_cpu_s(server) - served_before) / (40 + burst) * 1000, 1)
+    report["server_cpu_ms_per_call"] = round((own_cpu_s(server) - served_before) / (40 + burst) * 1000, 1)
     return report
-
-
-def _cpu_s(process: psutil.Process) -> float:
-    """The server process's own CPU seconds (its threads; not its children: the templates are counted outside)."""
-    times = process.cpu_times()
-    return times.user + times.system
 
 
 async def _measure(path: str, burst: int, policy: Path) -> dict[str, Any]:

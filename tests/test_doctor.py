@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox_server.ops.posture import compare, read_view
+from sandbox_server.ops.posture import SandboxView, compare, read_view
 from sandbox_server.policy.loader import load_policy
 from sandbox_server.sandbox.engine.runtime import DockerRuntime
 from sandbox_server.sandbox.spec import Mount
@@ -99,9 +99,22 @@ def _waiting(runtime: DockerRuntime, container_id: str) -> list[int]:
         for pid in pids:
             with contextlib.suppress(OSError):
                 lines.append(Path(f"/proc/{pid}/cmdline").read_bytes())
-        if lines and all(b"sandbox-launch" in line for line in lines) or time.monotonic() > deadline:
+        settled = lines and all(b"sandbox-launch" in line for line in lines) and pids == runtime.host_pids(container_id)
+        if settled or time.monotonic() > deadline:
             return pids
         time.sleep(0.01)
+
+
+def _said(view: SandboxView) -> list[str]:
+    """Each process read, as the host saw it then (for a failure's message)."""
+    lines = []
+    for process in view.processes:
+        try:
+            said = Path(f"/proc/{process.pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            said = "(ended)"
+        lines.append(f"{process.pid} nofile={process.nofile} uid={process.uid}: {said}")
+    return lines
 
 
 def test_posture_names_every_field_the_kernel_did_not_apply(runtime: DockerRuntime, tmp_path: Path) -> None:
@@ -112,9 +125,8 @@ def test_posture_names_every_field_the_kernel_did_not_apply(runtime: DockerRunti
         view = read_view(_waiting(runtime, warm.container_id))
     finally:
         runtime.discard(warm)
-    assert compare(view, tool, "same") and all(check.ok for check in compare(view, tool, "same")), [
-        check for check in compare(view, tool, "same") if not check.ok
-    ]
+    unapplied = [f"{check.name}: {check.detail}" for check in compare(view, tool, "same") if not check.ok]
+    assert compare(view, tool, "same") and not unapplied, (unapplied, _said(view))
     wanted = replace(
         tool,
         user="1001:1001",

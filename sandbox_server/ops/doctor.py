@@ -15,13 +15,13 @@ from typing import TYPE_CHECKING
 import anyio
 import anyio.to_thread
 
-from sandbox_server.errors import SandboxServerError
+from sandbox_server.errors import EngineError, SandboxServerError
 from sandbox_server.sandbox import wire
 from sandbox_server.sandbox.engine.connection import EngineInfo
 from sandbox_server.sandbox.engine.images import catalog, image_reference, image_status
 from sandbox_server.sandbox.engine.runtime import DockerRuntime
 from sandbox_server.sandbox.engine.wheels import libraries
-from sandbox_server.sandbox.spec import ResourceLimits, SandboxSpec
+from sandbox_server.sandbox.spec import ExecutionResult, ResourceLimits, SandboxSpec
 
 if TYPE_CHECKING:
     from sandbox_server.policy.model import Policy
@@ -164,6 +164,32 @@ class WarmPlan:
         )
 
 
+COLD = "cold: no warm interpreter"
+"""What the warm interpreter check's cell says in a sandbox that has none: one forked while its warm template
+still imports (each sandbox of an image is forked from that template once it is ready)."""
+
+
+async def _warm_answer(runtime: DockerRuntime, spec: SandboxSpec) -> tuple[ExecutionResult, int]:
+    """The check's cell run in a waiting sandbox once its imports are done (what it holds stops growing), and what
+    it held then; a sandbox made while its warm template imported is made again (within 30 s)."""
+    result, held = None, 0
+    with anyio.move_on_after(30):
+        while True:
+            warm = await anyio.to_thread.run_sync(runtime.prepare, spec)
+            held, previous = 0, -1
+            with anyio.move_on_after(20):  # until its imports are done: what it holds stops growing
+                while held != previous or held == 0:
+                    previous, held = held, runtime.memory(warm)
+                    await anyio.sleep(0.5)
+            result = await runtime.run(spec, warm=warm)
+            if result.stdout.strip() != COLD.encode():
+                return result, held
+            await anyio.sleep(0.5)
+    if result is None:
+        raise EngineError("no python-data sandbox answered within 30 s")
+    return result, held
+
+
 async def warm_interpreter_check(runtime: DockerRuntime, plan: WarmPlan) -> Check:
     """Whether a warm python-data container imports the plan's modules before its call, what it then holds,
     and what the policy's pools of such containers hold."""
@@ -173,18 +199,12 @@ async def warm_interpreter_check(runtime: DockerRuntime, plan: WarmPlan) -> Chec
     spec = SandboxSpec(
         image=image_reference("python-data"),
         argv=("python3", wire.RUN_CELL),
-        stdin=f"print(open({wire.WARM_ERRORS!r}).read())".encode(),
+        stdin=f"import os\nprint(open({wire.WARM_ERRORS!r}).read() if os.path.exists({wire.WARM_ERRORS!r}) else {COLD!r})".encode(),
         env=((wire.PRELOAD_ENV, " ".join(preload)),),
         limits=ResourceLimits(timeout_s=60, memory_mb=1024),
     )
     try:
-        warm = await anyio.to_thread.run_sync(runtime.prepare, spec)
-        held, previous = 0, -1
-        with anyio.move_on_after(20):  # until its imports are done: what it holds stops growing
-            while held != previous or held == 0:
-                previous, held = held, runtime.memory(warm)
-                await anyio.sleep(0.5)
-        result = await runtime.run(spec, warm=warm)
+        result, held = await _warm_answer(runtime, spec)
     except SandboxServerError as exc:
         return Check("warm interpreter", False, str(exc), "see the engine's log", False)
     said = result.stdout.decode(errors="replace")

@@ -17,13 +17,15 @@ import secrets
 import shutil
 import stat
 import subprocess
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
 from sandbox_server.sandbox.runc.oci import oci_config
 from sandbox_server.sandbox.spec import SandboxSpec
 
-__all__ = ["image_root", "is_unpacked", "prune_unpacked", "unpacked", "write_bundle"]
+__all__ = ["Inspected", "image_root", "is_unpacked", "prune_unpacked", "unpacked", "write_bundle"]
 
 WHOLE = ".whole-harmless"
 """Written last into an unpacked image's folder: it is complete, and made harmless (a copy an earlier version
@@ -32,6 +34,30 @@ UNPACKED_MAX_BYTES = 16 * 1024**3
 """The most an image may hold unpacked for runc (the engine's export of it, holes written out)."""
 SPARSE_FROM_BYTES = 16 * 1024**2
 """Files at least this large have their runs of zeros made holes again after unpacking."""
+
+
+INSPECTED_FOR_S = 1.0
+"""How long the engine's word on what an image tag names serves sandboxes made one after another: a tag moved by a
+build is seen within a second, and a burst of sandboxes asks the engine once a second rather than once each."""
+
+
+class Inspected:
+    """The engine's inspection of each image tag, asked again once INSPECTED_FOR_S has passed."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._said: dict[str, tuple[float, dict[str, Any]]] = {}
+
+    def of(self, api: Any, image: str) -> dict[str, Any]:
+        now = time.monotonic()
+        with self._lock:
+            said = self._said.get(image)
+        if said is not None and now - said[0] < INSPECTED_FOR_S:
+            return said[1]
+        inspected: dict[str, Any] = api.inspect_image(image)
+        with self._lock:
+            self._said[image] = (now, inspected)
+        return inspected
 
 
 def image_root(api: Any, image: str, folder: Path) -> Path:

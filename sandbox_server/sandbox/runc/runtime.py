@@ -42,7 +42,7 @@ from sandbox_server.sandbox.engine.runtime import DockerRuntime
 from sandbox_server.sandbox.gvisor.runsc import gvisor_exit, start_gvisor
 from sandbox_server.sandbox.polling import readable
 from sandbox_server.sandbox.runc import host_ids
-from sandbox_server.sandbox.runc.bundles import is_unpacked, prune_unpacked, unpacked, write_bundle
+from sandbox_server.sandbox.runc.bundles import Inspected, is_unpacked, prune_unpacked, unpacked, write_bundle
 from sandbox_server.sandbox.runc.hosts import ensure_hosts, forget_hosts, write_hosts
 from sandbox_server.sandbox.runc.oci import INIT_SOURCE
 from sandbox_server.sandbox.runc.pipes import PipeStream
@@ -173,7 +173,7 @@ class RuncRuntime(DockerRuntime):
         self.sandboxes = sandboxes
         self.templates = Templates() if sandboxes in ("template", "auto") else None
         """The templates sandboxes are forked from (None: runc starts each)."""
-        self.state, self.images = state, images
+        self.state, self.images, self.inspected = state, images, Inspected()
         self.warm_namespaces = WarmNamespaces(state, lambda: sandbox_name(self.owner))
         self._runs: dict[str, Run] = {}
         self._chosen: str | None = None
@@ -268,7 +268,7 @@ class RuncRuntime(DockerRuntime):
             names = ensure_hosts(hosts_folder(self.state, self.owner), spec.service_network)
             bundled = replace(bundled, mounts=(*spec.mounts, Mount(str(names), "/etc/hosts")))
         with engine_errors(f"inspect image {spec.image}"):
-            inspected = self.api.inspect_image(spec.image)
+            inspected = self.inspected.of(self.api, spec.image)
         try:
             rootfs = unpacked(self.api, spec.image, inspected, self.images)
         except (OSError, docker.errors.DockerException) as exc:

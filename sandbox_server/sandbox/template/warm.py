@@ -10,6 +10,7 @@ namespace of its own."""
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import sys
@@ -72,6 +73,8 @@ def ready(report: int, warm: Mapping[str, Any]) -> tuple[int, Callable[..., None
         _say(report, {"pid": os.getpid()})
         said = module.preload_template()
         _flush()
+        gc.collect()  # what importing left behind, then every object it keeps out of the collector's sight: a
+        gc.freeze()  # collection in a sandbox would otherwise write to each one's header, copying every page
     except BaseException as exc:  # said on the report pipe, whatever it is
         _say(report, {"error": f"the warm template could not preload: {type(exc).__name__}: {exc}"})
         os._exit(125)

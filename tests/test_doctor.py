@@ -99,7 +99,8 @@ def _waiting(runtime: DockerRuntime, container_id: str) -> list[int]:
         for pid in pids:
             with contextlib.suppress(OSError):
                 lines.append(Path(f"/proc/{pid}/cmdline").read_bytes())
-        settled = lines and all(b"sandbox-launch" in line for line in lines) and pids == runtime.host_pids(container_id)
+        # the launcher itself (`sh sandbox-launch`), not the shell before it that sets the limits (`sh -c … launch`)
+        settled = lines and all(line.split(b"\0")[1:2] == [b"/usr/local/bin/sandbox-launch"] for line in lines)
         if settled or time.monotonic() > deadline:
             return pids
         time.sleep(0.01)

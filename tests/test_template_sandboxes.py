@@ -290,3 +290,32 @@ def _running_forked(name: str) -> bool:
         return psutil.pid_exists(int((STATE / "bundles" / name / "pid").read_text()))
     except (OSError, ValueError):
         return False
+
+
+RLIMITS_CELL = """
+import resource
+print(resource.getrlimit(resource.RLIMIT_NOFILE), resource.getrlimit(resource.RLIMIT_FSIZE))
+with open('/tmp/big', 'wb') as big:
+    big.write(b'x' * (2 * 1024 * 1024))
+print('written')
+"""
+"""A cell that says its open-files and file-size limits, then writes 2 MiB to one file (the kernel stops it)."""
+
+
+async def test_a_warm_cell_has_the_policys_open_files_and_file_size_limits(
+    tmp_path: Path, runtime: DockerRuntime
+) -> None:
+    """A warm sandbox's program is forked by its first process, not started by the shell that sets a sandbox's
+    rlimits on itself: the template's child sets them before anything of the image runs (it once ran with the
+    server's 20,000 open files and no file-size limit)."""
+    policy = _policy(tmp_path, "defaults:\n  limits: {nofile: 128, file_size_mb: 1}\n")
+    with http_server_process("--policy", policy, "--sandboxes", "template") as server:
+        await anyio.to_thread.run_sync(server.wait_for_line, "warm template of")
+        async with connect(server.url) as session:
+            probe = await answer(
+                session, "run_python", {"code": "import os\nos.path.exists('/tmp/.sandbox-warm/done')"}
+            )
+            assert str(probe["stdout"]).strip() == "True", "not forked from the warm template"
+            cell = await answer(session, "run_python", {"code": RLIMITS_CELL})
+    assert str(cell["stdout"]).splitlines() == ["(128, 128) (1048576, 1048576)"], cell
+    assert cell["is_error"] and "a file grew past 1 MiB (policy field limits.file_size_mb)" in str(cell["text"]), cell

@@ -27,6 +27,7 @@ from sandbox_server.errors import SandboxServerError
 from sandbox_server.ops.doctor import Check
 from sandbox_server.ops.egress_posture import behind, probe, trial
 from sandbox_server.policy import Policy, ToolPolicy
+from sandbox_server.sandbox import wire
 from sandbox_server.sandbox.engine.host_config import RUNSC_PIDS_BASE, RUNSC_PIDS_FACTOR
 from sandbox_server.sandbox.engine.runtime import DockerRuntime
 from sandbox_server.sandbox.spec import SandboxSpec
@@ -323,6 +324,27 @@ async def run_posture(
     return checks
 
 
+LAUNCHED_WITHIN_S = 10.0
+"""How long the posture check waits for a sandbox's launcher to run before reading it as it is."""
+
+
+async def _launched(runtime: DockerRuntime, container_id: str) -> list[int]:
+    """The sandbox's processes once its launcher runs: the shell before it may still be setting the sandbox's
+    limits on itself (a sandbox with host ids of its own), and read then they would look unapplied."""
+    with anyio.move_on_after(LAUNCHED_WITHIN_S):
+        while not any(map(_runs_launcher, await anyio.to_thread.run_sync(runtime.host_pids, container_id))):
+            await anyio.sleep(0.02)
+    return await anyio.to_thread.run_sync(runtime.host_pids, container_id)
+
+
+def _runs_launcher(pid: int) -> bool:
+    try:
+        argv = (PROC / str(pid) / "cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return len(argv) > 1 and argv[1] == wire.LAUNCHER.encode()
+
+
 async def _posture(
     runtime: DockerRuntime, name: str, tool: ToolPolicy, spec: SandboxSpec, read: Callable[[list[int]], SandboxView]
 ) -> list[Check]:
@@ -332,7 +354,10 @@ async def _posture(
     except SandboxServerError as exc:
         return [Check(f"posture {name}", False, str(exc), "see `sandbox-server doctor`")]
     try:
-        pids = await anyio.to_thread.run_sync(runtime.host_pids, warm.container_id)
+        if tool.runtime == "runsc":  # (the host sees gVisor's sentry, never the sandbox's own processes)
+            pids = await anyio.to_thread.run_sync(runtime.host_pids, warm.container_id)
+        else:
+            pids = await _launched(runtime, warm.container_id)
         view = await anyio.to_thread.run_sync(read, pids)
     except (OSError, SandboxServerError, ValueError, KeyError) as exc:
         return [Check(f"posture {name}", False, f"cannot read the sandbox from the host: {exc}",

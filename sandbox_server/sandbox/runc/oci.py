@@ -78,6 +78,20 @@ def merged_env(image_env: Sequence[str], env: Sequence[tuple[str, str]]) -> list
     return [f"{name}={value}" for name, value in merged.items()]
 
 
+RLIMITS = "sandbox-server.rlimits"
+"""The annotation holding the rlimits of a sandbox with host ids of its own, whose config gives runc none (its first
+shell sets them): a sandbox forked from a template has them set by the template's child before anything of the
+image runs, so a warm interpreter's program, which the shell does not start, has them too."""
+
+
+def _rlimits(nofile: int, file_size: int) -> list[dict[str, Any]]:
+    return [
+        {"type": "RLIMIT_NOFILE", "soft": nofile, "hard": nofile},
+        {"type": "RLIMIT_FSIZE", "soft": file_size, "hard": file_size},
+        {"type": "RLIMIT_CORE", "soft": 0, "hard": 0},
+    ]
+
+
 def _limited(nofile: int, file_size: int, argv: list[str]) -> list[str]:
     """The init and `argv` run by a shell that first sets the sandbox's rlimits on itself, soft and hard, then
     becomes the init (refused: the sandbox ends before anything else runs). runc sets them from outside with prlimit(2), which this kernel refuses for a
@@ -182,8 +196,12 @@ def oci_config(
         linux["seccomp"] = oci_seccomp(spec.seccomp_profile)
     if cgroups_path is not None:
         linux["cgroupsPath"] = cgroups_path
+    rlimits = _rlimits(limits.nofile, file_size)
+    said = dict(annotations or {})
+    if user_namespace is not None:  # (runc is not given them; a template's child sets them on itself, as the shell)
+        said[RLIMITS] = json.dumps(rlimits)
     return {
-        "annotations": dict(annotations or {}),
+        "annotations": said,
         "ociVersion": "1.0.2",
         "root": {"path": rootfs, "readonly": True},
         "hostname": "sandbox",
@@ -195,13 +213,7 @@ def oci_config(
             "env": env,
             "cwd": spec.workdir,
             "capabilities": {kind: [] for kind in ("bounding", "effective", "inheritable", "permitted", "ambient")},
-            "rlimits": [
-                {"type": "RLIMIT_NOFILE", "soft": limits.nofile, "hard": limits.nofile},
-                {"type": "RLIMIT_FSIZE", "soft": file_size, "hard": file_size},
-                {"type": "RLIMIT_CORE", "soft": 0, "hard": 0},
-            ]
-            if user_namespace is None
-            else [],
+            "rlimits": rlimits if user_namespace is None else [],
             "noNewPrivileges": True,
         },
         "linux": linux,

@@ -10,6 +10,7 @@ from typing import Any
 
 from sandbox_server.errors import EngineError
 from sandbox_server.sandbox import wire
+from sandbox_server.sandbox.runc.oci import RLIMITS
 from sandbox_server.sandbox.spec import SandboxSpec
 from sandbox_server.sandbox.template import cgroups
 from sandbox_server.sandbox.template.host import Asked, Forked, Templates
@@ -52,8 +53,12 @@ def forked(templates: Templates, bundle: Path, stdio: tuple[int, int, int], with
         raise EngineError(f"could not make the sandbox's template or cgroups: {exc}") from exc
     report, told = os.pipe()
     given = {**config, "linux": {k: v for k, v in linux.items() if k != "seccomp"}, "annotations": {}}
+    process = dict(config["process"])
+    if RLIMITS in config.get("annotations", {}):  # set by the child on itself, before anything of the image runs
+        process["rlimits"] = json.loads(config["annotations"][RLIMITS])
     if warm and made is None:  # no interpreter importing the list a second time beside the template's
-        given["process"] = {**config["process"], "env": _without_preload(config["process"].get("env", []))}
+        process["env"] = _without_preload(process.get("env", []))
+    given["process"] = process
     try:
         template.fork({"config": given, "root": str(bundle / "root"), "userns": userns}, [*stdio, told, *procs])
     except OSError as exc:

@@ -10,6 +10,7 @@ import pytest
 
 from sandbox_server.ops.posture import SandboxView, compare, read_view
 from sandbox_server.policy.loader import load_policy
+from sandbox_server.sandbox import wire
 from sandbox_server.sandbox.engine.runtime import DockerRuntime
 from sandbox_server.sandbox.spec import Mount
 from tests.conftest import ENGINE, left_by_exited_servers, networks_left_by_exited_servers, run_cli
@@ -100,7 +101,7 @@ def _waiting(runtime: DockerRuntime, container_id: str) -> list[int]:
             with contextlib.suppress(OSError):
                 lines.append(Path(f"/proc/{pid}/cmdline").read_bytes())
         # the launcher itself (`sh sandbox-launch`), not the shell before it that sets the limits (`sh -c … launch`)
-        settled = lines and all(line.split(b"\0")[1:2] == [b"/usr/local/bin/sandbox-launch"] for line in lines)
+        settled = lines and all(line.split(b"\0")[1:2] == [wire.LAUNCHER.encode()] for line in lines)
         if settled or time.monotonic() > deadline:
             return pids
         time.sleep(0.01)

@@ -32,7 +32,8 @@ def forked(templates: Templates, bundle: Path, stdio: tuple[int, int, int], with
     """The sandbox of `bundle` forked from its image's template, running (its first process's pid known); None
     when its image can have no template (runc runs it)."""
     config = json.loads((bundle / "config.json").read_text())
-    image_root = Path(config.get("annotations", {}).get(ROOTFS, config["root"]["path"]))  # (its root may be a view)
+    annotations = config.get("annotations", {})
+    image_root = Path(annotations.get(ROOTFS, config["root"]["path"]))  # (its root may be a view)
     if not templates.serves(image_root):
         return None
     linux = config["linux"]
@@ -40,10 +41,10 @@ def forked(templates: Templates, bundle: Path, stdio: tuple[int, int, int], with
     (bundle / MARK).write_text(path)
     (bundle / "root").mkdir(exist_ok=True)
     userns = next((n.get("path") for n in linux.get("namespaces", []) if n["type"] == "user"), None)
-    warm = config.get("annotations", {}).get(WARM)
+    warm = json.loads(annotations[WARM]) if WARM in annotations else None
     template: Asked
     try:
-        made = templates.warm(image_root, linux.get("seccomp"), json.loads(warm)) if warm else None
+        made = templates.warm(image_root, linux.get("seccomp"), warm) if warm else None
         if made is not None:  # in the warm template's user namespace already
             template, userns = made, None
         else:  # (a warm one's while its template is made: forked cold, its program importing what it uses)
@@ -54,8 +55,8 @@ def forked(templates: Templates, bundle: Path, stdio: tuple[int, int, int], with
     report, told = os.pipe()
     given = {**config, "linux": {k: v for k, v in linux.items() if k != "seccomp"}, "annotations": {}}
     process = dict(config["process"])
-    if RLIMITS in config.get("annotations", {}):  # set by the child on itself, before anything of the image runs
-        process["rlimits"] = json.loads(config["annotations"][RLIMITS])
+    if RLIMITS in annotations:  # set by the child on itself, before anything of the image runs
+        process["rlimits"] = json.loads(annotations[RLIMITS])
     if warm and made is None:  # no interpreter importing the list a second time beside the template's
         process["env"] = _without_preload(process.get("env", []))
     given["process"] = process
@@ -70,7 +71,7 @@ def forked(templates: Templates, bundle: Path, stdio: tuple[int, int, int], with
             os.close(fd)
     sandbox = Forked(report, path)
     if warm and made is None:  # once its warm template is made, a fresh sandbox forked from it serves better
-        sandbox.superseded = lambda: templates.warm(image_root, linux.get("seccomp"), json.loads(warm)) is not None
+        sandbox.superseded = lambda: templates.warm(image_root, linux.get("seccomp"), warm) is not None
     try:
         pid = sandbox.started(within_s)
     except BaseException:

@@ -121,7 +121,7 @@ def _said(view: SandboxView) -> list[str]:
 
 def test_posture_names_every_field_the_kernel_did_not_apply(runtime: DockerRuntime, tmp_path: Path) -> None:
     """A real default sandbox, read from the host, held against a policy that wants other limits."""
-    tool = load_policy("default", ["analyze_csv", "execute_command", "run_python"]).for_tool("execute_command")
+    tool = load_policy("default", ["analyze_csv", "execute_command", "files", "run_python"]).for_tool("execute_command")
     warm = runtime.prepare(tool.container_spec())
     try:
         view = read_view(_waiting(runtime, warm.container_id))

@@ -23,11 +23,20 @@ HINT_DEFAULTS = {"readOnlyHint": False, "destructiveHint": True, "idempotentHint
 """What a client takes a tool's hint to be when it is not given (the specification's ToolAnnotations)."""
 
 
+FIELDS_IN_WORDS = "x-fields-in-words"
+"""On an array argument whose items are objects: their fields in a few words, which the listing gives instead of
+the items' schema (the input files of three tools, listed once each)."""
+
+
 def concise_arguments(schema: Mapping[str, Any], depth: int = 0) -> dict[str, Any]:
     """The arguments' schema without its bounds: names, types, choices, defaults and what is required; each
     argument's description in its first sentence, and none for the fields within an argument (their names say
     enough beside the argument's own)."""
     said: dict[str, Any] = {}
+    if FIELDS_IN_WORDS in schema and isinstance(schema.get("items"), Mapping):  # its items' fields said in words
+        said["description"] = f"{first_sentence(schema.get('description', ''))} Each {schema[FIELDS_IN_WORDS]}."
+        said["items"] = {"type": "object", "required": schema["items"].get("required", [])}
+        schema = {k: v for k, v in schema.items() if k not in ("description", "items", FIELDS_IN_WORDS)}
     for key, value in schema.items():
         if key in BOUNDS or (key == "description" and depth > 1) or (key == "title" and depth == 0):
             continue  # (the arguments' own title says the tool's name again)
@@ -54,13 +63,13 @@ def first_sentence(text: str) -> str:
 
 def concise_results(schema: Mapping[str, Any]) -> dict[str, Any]:
     """The results' schema as far as a model reads it: each field of the answer (by its type or choices where it
-    is a plain value), and which are there in which case; what each object or list holds is the full schema's."""
+    is a plain value); which are there in which case (an answer, an error, a service started), and what each
+    object or list holds, are the full schema's, which the server's results meet."""
     said: dict[str, Any] = {"type": "object"}
     properties = schema.get("properties") or {}
     said["properties"] = {name: _scalar_shape(inner) for name, inner in properties.items()}
-    for key in ("required", "anyOf"):
-        if key in schema:
-            said[key] = schema[key]
+    if "required" in schema:
+        said["required"] = schema["required"]
     return said
 
 

@@ -9,6 +9,7 @@ from sandbox_server.policy import Policy
 from sandbox_server.tools.analyze_csv import AnalyzeCsv
 from sandbox_server.tools.base import Tool, ToolContext, ToolOutcome
 from sandbox_server.tools.execute_command import ExecuteCommand
+from sandbox_server.tools.files import Files
 from sandbox_server.tools.run_python import RunPython
 from sandbox_server.tools.services import ServicesTool
 from sandbox_server.tools.workspaces import WorkspacesTool
@@ -18,7 +19,7 @@ __all__ = ["Tool", "ToolContext", "ToolOutcome", "all_tools", "offers"]
 
 def all_tools() -> list[Tool]:
     """Every tool, in the order tools/list shows them."""
-    return [ExecuteCommand(), RunPython(), AnalyzeCsv(), ServicesTool(), WorkspacesTool()]
+    return [ExecuteCommand(), Files(), RunPython(), AnalyzeCsv(), ServicesTool(), WorkspacesTool()]
 
 
 def offers(policy: Policy, tool: Tool) -> bool:

@@ -130,12 +130,12 @@ class AnalyzeCsv(Sandboxed):
     name = "analyze_csv"
     title = "Analyze a CSV file"
     description = (
-        "Statistics of a CSV file without loading it whole (sum, average, count, min, max, median, std, distinct, "
-        "nulls, describe), per column, per group (`group_by`, `period` for dates), with a plot as a PNG. "
+        "Statistics of a CSV file without loading it whole, per column, per group (`group_by`, `period` for "
+        "dates), with a plot as a PNG. "
         "Delimiter, header, encoding, decimal mark and bad rows are detected and said in the answer; gzip, zstd, "
         "Parquet and xlsx are read alike. `filepath`: under a data folder the policy mounts (such as /data), or a "
         "file sent with `files`. The full table also comes back as result.csv.\n"
-        'Example: {"filepath": "sales.csv", "operations": ["sum", "average"], "columns": ["amount"], '
+        'Example: {"filepath": "sales.csv", "operations": ["sum", "average"], '
         '"group_by": ["region"], "plot": {"kind": "bar", "y": "amount"}, '
         '"files": [{"path": "sales.csv", "content": "region,amount\\nnorth,12.5\\nsouth,8\\n"}]}'
     )
@@ -153,8 +153,8 @@ class AnalyzeCsv(Sandboxed):
                 "items": {"enum": OPERATIONS},
                 "minItems": 1,
                 "uniqueItems": True,
-                "description": "Statistics per column. std is the sample's; describe gives count, mean, std, min, "
-                "quartiles and max.",
+                "description": "Statistics per column (std: the sample's; describe: count, mean, std, min, quartiles, "
+                "max).",
             },
             "columns": {
                 "type": "array",
@@ -181,23 +181,14 @@ class AnalyzeCsv(Sandboxed):
                 "pattern": "^[A-Za-z0-9_.:-]+$",
                 "description": "A Python codec name (cp1252, utf-16, ...); detected if left out.",
             },
-            "delimiter": {
-                "type": "string",
-                "minLength": 1,
-                "maxLength": 1,
-                "description": "Detected if left out.",
-            },
+            "delimiter": {"type": "string", "minLength": 1, "maxLength": 1},
             "header": {"type": "boolean", "description": "The first row names the columns (detected)."},
             "skip_bad_rows": {
                 "type": "boolean",
                 "default": True,
                 "description": "Skip and count rows of the wrong width (false: refuse the file).",
             },
-            "decimal": {
-                "type": "string",
-                "enum": [".", ","],
-                "description": "Detected if left out.",
-            },
+            "decimal": {"type": "string", "enum": [".", ","]},
             "thousands": {
                 "type": "string",
                 "enum": ["", ",", ".", " ", "'"],

@@ -39,6 +39,7 @@ WORKSPACE = wire.WORKSPACE
 FILES_SCHEMA: dict[str, Any] = {
     "type": "array",
     "description": "Written under /workspace first.",
+    "x-fields-in-words": "{path, content, encoding: utf-8 or base64, mtime, executable}",
     "maxItems": 10000,
     "items": {
         "type": "object",
@@ -77,7 +78,7 @@ stop or remove things, reach nothing outside."""
 WORKSPACE_ARGUMENT: dict[str, Any] = {
     "type": "string",
     "maxLength": 64,
-    "description": "A result's `workspace` id, or a kept name, to continue. Without it, a call over stdio or in a handshake-era HTTP session continues its "
+    "description": "A result's `workspace` id or a kept name. Without it, a call over stdio or in a handshake-era HTTP session continues its "
     "connection's workspace; over HTTP in the 2026-07-28 era it starts a new one. With a policy that keeps "
     "nothing, every call starts empty.",
 }
@@ -85,7 +86,7 @@ WORKSPACE_ARGUMENT: dict[str, Any] = {
 TIMEOUT_SCHEMA: dict[str, Any] = {
     "type": "number",
     "exclusiveMinimum": 0,
-    "description": "Seconds of wall-clock time; the policy caps it.",
+    "description": "Seconds; the policy caps it.",
 }
 
 SANDBOX_ANNOTATIONS: dict[str, Any] = {

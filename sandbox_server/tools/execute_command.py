@@ -21,6 +21,7 @@ from sandbox_server.tools.base import (
 from sandbox_server.tools.outcome import outcome_from_execution
 from sandbox_server.tools.schemas import SERVICE_ARGUMENT
 from sandbox_server.tools.services import start_service
+from sandbox_server.tools.shell_session import session_argv
 
 __all__ = ["EXECUTION_PROPERTIES", "EXECUTION_REQUIRED", "OUTPUT_SCHEMA", "ExecuteCommand"]
 
@@ -75,11 +76,11 @@ class ExecuteCommand(Sandboxed):
     title = "Run a shell command in a sandbox"
     description = (
         "Run a command in a fresh Linux container (Debian; no network; read-only root; writable /workspace and "
-        "/tmp), destroyed afterwards. `command` runs through /bin/sh -c; with `args`, exactly those arguments "
-        "and no shell. Files written to /workspace/out come back; when the policy keeps workspaces, /workspace "
-        "is there in the next call.\n"
-        'Example: {"command": "wc -l data.txt", "files": [{"path": "data.txt", "content": "a\\nb\\n"}]}\n'
-        'Example: {"command": "grep", "args": ["-n", "needle", "notes.txt"], "timeout_s": 5}'
+        "/tmp), destroyed afterwards. `command` is a shell command line; with `args`, the program run with exactly "
+        "those arguments. Files written to /workspace/out come back. Where the policy keeps workspaces, the next "
+        "call finds /workspace and the shell (bash) as this one left them: its folder, exported variables, "
+        "functions, aliases, options. Processes end with the call (`service` keeps a server running).\n"
+        'Example: {"command": "wc -l data.txt", "files": [{"path": "data.txt", "content": "a\\nb\\n"}]}'
     )
     input_schema: dict[str, Any] = {
         "type": "object",
@@ -103,6 +104,10 @@ class ExecuteCommand(Sandboxed):
                 "maxLength": 4096,
                 "pattern": NO_NUL,
                 "description": "A folder under /workspace to run in (made if missing).",
+            },
+            "reset": {
+                "type": "boolean",
+                "description": "Start in a clean shell, carrying nothing of earlier calls.",
             },
             "timeout_s": TIMEOUT_SCHEMA,
             "files": FILES_SCHEMA,
@@ -129,7 +134,12 @@ class ExecuteCommand(Sandboxed):
 
     async def run(self, args: Mapping[str, Any], ctx: ToolContext) -> ToolOutcome:
         """Build the spec from the arguments and the policy (checked by `refuse`), run it, describe what happened."""
-        argv = (args["command"], *args["args"]) if "args" in args else ("/bin/sh", "-c", args["command"])
+        if "args" in args:
+            argv: tuple[str, ...] = (args["command"], *args["args"])
+        elif ctx.kept_workspace and "service" not in args:
+            argv = session_argv(args["command"], ctx.policy.image, "workdir" in args, bool(args.get("reset")))
+        else:
+            argv = ("/bin/sh", "-c", args["command"])
         spec = sandbox_spec(args, ctx, argv, args.get("stdin", "").encode("utf-8", "surrogatepass"))
         if "service" in args:
             return await start_service(args, ctx, spec, self.name)

@@ -88,12 +88,12 @@ class RunPython(Sandboxed):
     name = "run_python"
     title = "Run Python in a sandbox"
     description = (
-        "Run Python 3.11 code as a notebook cell in a fresh container (no network), destroyed afterwards. "
-        f"{_installed()} A final expression's value is printed; each matplotlib figure the cell draws or changes "
-        "comes back as a PNG; files written to /workspace/out come back. When the policy keeps workspaces, "
-        "/workspace and the cell's picklable variables are there in the next cell.\n"
-        'Example: {"code": "import pandas as pd\\ndf = pd.read_csv(\'data.csv\')\\ndf.describe()", '
-        '"files": [{"path": "data.csv", "content": "x,y\\n1,2\\n3,4\\n"}]}'
+        "Run Python 3.11 code as a notebook cell in a fresh container (no network). "
+        f"{_installed()} A final expression's value is printed; figures come back as PNGs, files written to "
+        "/workspace/out as files. Where workspaces are kept, the next cell finds /workspace and the picklable "
+        "variables.\n"
+        'Example: {"code": "import pandas as pd\\npd.read_csv(\'d.csv\').describe()", '
+        '"files": [{"path": "d.csv", "content": "x,y\\n1,2\\n"}]}'
     )
     input_schema: dict[str, Any] = {
         "type": "object",

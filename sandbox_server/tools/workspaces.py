@@ -44,13 +44,11 @@ class WorkspacesTool:
     name = "workspaces"
     title = "Keep, fork, compare or delete workspaces"
     description = (
-        "This caller's kept workspaces (/workspace's files and run_python's variables): the one `workspace` names, "
-        "else the session's. `list` them with their snapshots. `keep` it under `name`: it outlives the session, "
-        "and later calls pass the name as `workspace`. `fork` it: a copy changed apart. `snapshot` it; `restore` "
-        "a `snapshot` as a new workspace (or, with `replace`, over this one). `branch`: one fork per entry of "
-        "`calls`, run side by side; `compare` with `branches`: what each changed. `export` it as one file; "
-        "`import` one at `path`. `pause` it (services stopped) until `resume` or its next call. `delete` it or a "
-        "`snapshot`.\n"
+        "This caller's kept workspaces: the one `workspace` names, else the session's. `list` them with their "
+        "snapshots. `keep` it under `name` (it outlives the session; pass the name as `workspace`). `fork`: a "
+        "copy. `snapshot`; `restore` one as a new workspace (`replace`: over this one). `branch`: a fork per entry "
+        "of `calls`, run side by side; `compare` `branches`. `export` as one file; `import` one at `path`. "
+        "`pause` (services stopped) until `resume` or its next call. `delete` it or a `snapshot`.\n"
         'Example: {"action": "list"}'
     )
     input_schema: dict[str, Any] = {

@@ -22,7 +22,7 @@ from sandbox_server.policy.loader import HostFacts, load_policy
 from sandbox_server.sandbox.engine.host_config import host_config_kwargs
 from sandbox_server.sandbox.spec import SandboxSpec
 
-TOOLS = ("execute_command", "run_python", "analyze_csv")
+TOOLS = ("execute_command", "files", "run_python", "analyze_csv")
 
 
 def _parse(network: object) -> tuple[Egress | None, list[str]]:

@@ -64,7 +64,7 @@ def test_a_mistake_under_defaults_is_said_once_naming_the_tools_it_reaches(tmp_p
     result = run_cli("policy", "check", str(path))
     lines = [line.strip() for line in result.stdout.splitlines()[1:]]
     assert lines == [
-        f"{path}: defaults.limits.max_timeout_s: 50 is below limits.timeout_s (100) (so for execute_command, "
+        f"{path}: defaults.limits.max_timeout_s: 50 is below limits.timeout_s (100) (so for execute_command, files, "
         "analyze_csv)",  # run_python sets its own
         f"{path}: tools.analyze_csv.commands.shell: must be false when commands.allow or commands.deny is set: a "
         "shell runs anything",
@@ -231,7 +231,13 @@ def test_policy_explain_and_diff_show_every_section_which_file_set_each_setting_
     assert explained["services"]["tools"] == [] and explained["workspace"]["persist"] is True
     assert explained["audit"]["path"] is None  # as written; and where the trail goes all the same:
     assert explained["audit"]["written_to"].startswith(f"{default_state_dir() / 'audit.jsonl'} (the state folder's")
-    assert list(explained["tools"]) == ["execute_command", "run_python", "analyze_csv", "workspaces"]  # no services
+    assert list(explained["tools"]) == [
+        "execute_command",
+        "files",
+        "run_python",
+        "analyze_csv",
+        "workspaces",
+    ]  # no services
     assert explained["tools"]["workspaces"] == {"runs_no_sandbox": True}
     set_by = explained["set_by"]
     assert set_by["rate.calls_per_minute"] == set_by["services.tools"] == str(mine)

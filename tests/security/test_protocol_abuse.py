@@ -61,6 +61,7 @@ def test_32_deeply_nested_json_is_refused_and_the_server_lives(runtime: object) 
     assert [tool["name"] for tool in by_id[3]["result"]["tools"]] == [
         "analyze_csv",
         "execute_command",
+        "files",
         "run_python",
         "services",
         "workspaces",
@@ -87,4 +88,4 @@ def test_every_unreadable_message_over_stdio_is_answered_with_the_json_rpc_error
     assert [e["error"]["code"] for e in errors] == [code for _, code in unreadable], errors
     assert "batch" in errors[3]["error"]["message"], errors[3]
     assert not [a for a in answers if isinstance(a.get("id"), int) and 100 <= a["id"] < 600]  # no batch member ran
-    assert len(answers[-1]["result"]["tools"]) == 5, answers[-1]
+    assert len(answers[-1]["result"]["tools"]) == 6, answers[-1]

@@ -1,0 +1,85 @@
+"""The shell a coding agent expects: in a kept workspace, each call's sandbox is fresh and its shell's state is the
+one the previous call left (its folder, exported variables, functions, aliases and options)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sandbox_server.sandbox.engine.runtime import DockerRuntime
+from tests.mcp_harness import CheckedClient, answer, connect, http_server, stdio_parameters
+
+pytestmark = pytest.mark.anyio
+
+
+async def _run(session: CheckedClient, command: str, **extra: Any) -> dict[str, Any]:
+    return await answer(session, "execute_command", {"command": command, **extra})
+
+
+async def test_a_session_remembers_its_folder_variables_functions_aliases_and_options(
+    tmp_path: Path, runtime: DockerRuntime
+) -> None:
+    serve = ("--state-dir", str(tmp_path / "state"))
+    async with connect(stdio_parameters(*serve)) as session:
+        first = await _run(
+            session,
+            "mkdir -p src && cd src && export CC=clang GREETING='two words' && unset LANG && "
+            "greet() { echo \"hello $1\"; } && alias ll='ls -1' && set -o pipefail && shopt -s extglob && "
+            "touch one.c two.h",
+        )
+        second = await _run(
+            session,
+            'pwd; echo "CC=$CC GREETING=$GREETING LANG=${LANG-unset}"; greet agent; ll; '
+            "false | true; echo pipefail=$?; echo !(one.c)",
+        )
+        exited = await _run(session, "cd /workspace/src && export AFTER=1 && exit 3")
+        after_exit = await _run(session, 'pwd; echo "AFTER=$AFTER"')
+        elsewhere = await _run(session, "pwd", workdir="/workspace")
+        left = await _run(session, "cd /tmp && pwd")
+        back = await _run(session, "pwd")
+        clean = await _run(session, 'pwd; echo "CC=${CC-unset}"; type greet 2>&1; false | true; echo $?', reset=True)
+    assert not first["is_error"], first["text"]
+    assert second["stdout"].splitlines() == [
+        "/workspace/src",
+        "CC=clang GREETING=two words LANG=unset",
+        "hello agent",
+        "one.c",
+        "two.h",
+        "pipefail=1",
+        "two.h",
+    ], second
+    assert second["stderr"] == ""
+    assert exited["exit_code"] == 3 and after_exit["stdout"] == "/workspace/src\nAFTER=1\n"
+    assert elsewhere["stdout"] == "/workspace\n"
+    assert left["stdout"] == "/tmp\n" and back["stdout"] == "/workspace\n"  # only folders of the workspace carry
+    assert clean["stdout"].splitlines()[0:2] == ["/workspace", "CC=unset"]
+    assert "not found" in clean["stdout"] and clean["stdout"].endswith("0\n")
+
+
+async def test_only_what_a_call_changed_in_its_environment_is_carried(tmp_path: Path, runtime: DockerRuntime) -> None:
+    """A variable the call started with and left as it was is not saved, so the next call gets the value its policy
+    and image give it then, never an older copy."""
+    serve = ("--state-dir", str(tmp_path / "state"))
+    async with connect(stdio_parameters(*serve)) as session:
+        await _run(session, "export MINE=1; echo $PATH")
+        changed = await _run(session, "export HOME=/workspace/home")
+        seen = await _run(session, 'echo "$HOME $MINE"; cat /workspace/.sandbox/shell.sh')
+    assert not changed["is_error"]
+    assert seen["stdout"].startswith("/workspace/home 1\n")
+    saved = seen["stdout"].splitlines()[1:]
+    assert 'declare -x HOME="/workspace/home"' in saved and 'declare -x MINE="1"' in saved
+    assert not [line for line in saved if "PATH" in line or "LANG" in line], saved
+
+
+async def test_a_session_over_http_in_the_stateless_era_follows_its_workspace(
+    tmp_path: Path, runtime: DockerRuntime
+) -> None:
+    with http_server("--state-dir", str(tmp_path / "state")) as url:
+        async with connect(url, mode="2026-07-28") as session:
+            first = await _run(session, "mkdir -p a/b && cd a/b && export STEP=1")
+            second = await _run(session, 'pwd; echo "$STEP"', workspace=first["workspace"])
+            fresh = await _run(session, 'pwd; echo "${STEP-none}"')
+    assert second["stdout"] == "/workspace/a/b\n1\n"
+    assert fresh["stdout"] == "/workspace\nnone\n"

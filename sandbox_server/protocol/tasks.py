@@ -7,7 +7,8 @@
 - 2026-07-28 (the `io.modelcontextprotocol/tasks` extension): the client names the extension in a request's
   capabilities and the server decides: a call asking for more than `limits.max_timeout_s`, or of a tool in the
   policy's `tasks.first`, is answered `resultType: "task"`, then served by tasks/get, tasks/update and
-  tasks/cancel. Without the extension, such a call is answered -32021, naming it.
+  tasks/cancel. Without the extension, such a call is refused as any call asking too much is: a tool result
+  naming the cap, the task's, and the extension.
 
 The SDK has no tasks of its own: the methods are registered with its request-handler API, and the 2025 task
 answer to tools/call (which its tools/call result check would refuse) is given by a server middleware.
@@ -91,7 +92,9 @@ class TaskProtocol:
     # -- which calls are tasks ------------------------------------------------------------------------------------
 
     def as_task(self, ctx: Context, params: types.CallToolRequestParams, tool: str | None) -> bool:
-        """Whether a 2026-07-28 call becomes a task (the server decides); -32021 when it must and cannot."""
+        """Whether a 2026-07-28 call becomes a task (the server decides). One that asks for more time than a request
+        may take, from a client that cannot take a task, is not: the call's own check refuses it as a tool result
+        a model reads (naming the cap, the task's longer one and the extension), as in the handshake era."""
         if handshake_era(ctx) or tool is None:
             return False
         policy = self._policy_of(ctx)
@@ -102,18 +105,7 @@ class TaskProtocol:
         long = isinstance(timeout, int | float) and limits.max_timeout_s < timeout <= limits.max_task_s
         if not (long or tool in policy.tasks.first):
             return False
-        if _declares_extension(ctx):
-            return True
-        if not long:
-            return False  # a task-first tool runs as an ordinary call for a client that cannot take a task
-        raise MCPError(
-            MISSING_REQUIRED_CLIENT_CAPABILITY,
-            f"Missing required client capability: timeout_s {timeout:g} is above the {limits.max_timeout_s:g} s a "
-            f"call may take in one request (policy '{policy.name}', field limits.max_timeout_s); longer calls run as "
-            f"tasks (up to {limits.max_task_s:g} s, limits.max_task_s), and this request does not name the {EXTENSION}"
-            " extension in its client capabilities",
-            {"requiredCapabilities": {"extensions": {EXTENSION: {}}}},
-        )
+        return _declares_extension(ctx)  # (a task-first tool runs as an ordinary call for a client without it)
 
     async def _task_augmented_call(self, ctx: Context, call_next: CallNext) -> HandlerResult:
         """2025-11-25: a tools/call with `task` is answered CreateTaskResult (the middleware gives the answer

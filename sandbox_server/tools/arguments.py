@@ -92,7 +92,12 @@ def refuse_timeout(requested: float | None, policy: ToolPolicy, policy_name: str
     """Refuse a call that asks for more time than the policy allows (a task: limits.max_task_s)."""
     cap, field = (policy.max_task_s, "limits.max_task_s") if task else (policy.max_timeout_s, "limits.max_timeout_s")
     if requested is not None and requested > cap:
-        longer = "" if task or policy.max_task_s <= cap else f", or up to {policy.max_task_s:g} s as a task"
+        longer = (
+            ""
+            if task or policy.max_task_s <= cap
+            else f", or up to {policy.max_task_s:g} s as an MCP task (a 2025-11-25 client asks with `task`, a "
+            "2026-07-28 one names the io.modelcontextprotocol/tasks extension)"
+        )
         raise Refusal(
             f"refused: timeout_s {requested:g} is above the cap of {cap:g} s set by policy '{policy_name}' "
             f"(field {field}); ask for {cap:g} or less{longer}",

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import base64
+import io
 import json
 import time
+import wave
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -368,3 +370,26 @@ async def test_files_keep_their_times_going_in_and_coming_out(client: Client) ->
     assert before - 2 <= int(stated["undated.txt"]) <= time.time() + 2  # else the time of the call, never 1970
     (returned,) = result.structured_content["files"]
     assert returned["path"] == "old.txt" and returned["modified"] == "2020-09-13T12:26:40Z", returned
+
+
+TONE = (
+    "import math, struct, wave\n"
+    "with wave.open('out/tone.wav', 'wb') as w:\n"
+    "    w.setnchannels(1); w.setsampwidth(2); w.setframerate(8000)\n"
+    "    w.writeframes(b''.join(struct.pack('<h', int(12000 * math.sin(2 * math.pi * 440 * i / 8000)))"
+    " for i in range(4000)))\n"
+)
+
+
+async def test_a_sound_a_program_writes_comes_back_as_audio_content(client: Client) -> None:
+    result = await client.call_tool(
+        "execute_command", {"command": "python3 tone.py", "files": [{"path": "tone.py", "content": TONE}]}
+    )
+    audio = [block for block in result.content if isinstance(block, types.AudioContent)]
+    assert not result.is_error and len(audio) == 1, result.content
+    assert audio[0].mime_type == "audio/wav"
+    with wave.open(io.BytesIO(base64.b64decode(audio[0].data))) as heard:
+        assert (heard.getnchannels(), heard.getframerate(), heard.getnframes()) == (1, 8000, 4000)
+        frames = heard.readframes(4000)
+    peak = max(abs(int.from_bytes(frames[i : i + 2], "little", signed=True)) for i in range(0, len(frames), 2))
+    assert 11_500 < peak <= 12_000  # the tone itself, not silence

@@ -83,3 +83,35 @@ async def test_a_session_over_http_in_the_stateless_era_follows_its_workspace(
             fresh = await _run(session, 'pwd; echo "${STEP-none}"')
     assert second["stdout"] == "/workspace/a/b\n1\n"
     assert fresh["stdout"] == "/workspace\nnone\n"
+
+
+async def test_what_a_call_leaves_running_and_what_will_not_run_from_tmp_are_said(
+    tmp_path: Path, runtime: DockerRuntime
+) -> None:
+    async with connect(stdio_parameters("--state-dir", str(tmp_path / "state"))) as session:
+        started = await _run(session, "nohup sleep 100 >/dev/null 2>&1 &")
+        gone = await _run(session, "pgrep -c sleep || true")
+        from_tmp = await _run(session, "cp /bin/true /tmp/mine && /tmp/mine")
+        from_workspace = await _run(session, "cp /bin/true ./mine && ./mine")
+        url = await _run(session, "echo 'http://h/?a=1&b=2'")
+    assert not started["is_error"] and "start it with the `service` argument" in started["text"], started["text"]
+    assert gone["stdout"] == "0\n"
+    assert from_tmp["exit_code"] == 126 and "/tmp is mounted noexec" in from_tmp["text"], from_tmp["text"]
+    assert "build and run programs under /workspace" in from_tmp["text"]
+    assert from_workspace["exit_code"] == 0 and "noexec" not in from_workspace["text"]
+    assert "service" not in url["text"]
+
+
+async def test_a_program_that_wants_a_terminal_gets_one_and_its_output_reads_as_drawn(
+    tmp_path: Path, runtime: DockerRuntime
+) -> None:
+    async with connect(stdio_parameters("--state-dir", str(tmp_path / "state"))) as session:
+        plain = await _run(session, "test -t 1 && echo terminal || echo pipe")
+        sized = await _run(session, "test -t 0 && test -t 1 && stty size", tty={"columns": 120, "rows": 40})
+        bar = await _run(session, r"printf '\033[32m 10%%\r 50%%\r100%%\033[0m done\n'", tty=True)
+        repl = await _run(session, "python3 -q", tty=True, stdin="x = 6 * 7\nprint(x)\n")
+    assert plain["stdout"] == "pipe\n"
+    assert sized["stdout"] == "40 120\n", sized
+    assert bar["stdout"] == "100% done\n", bar
+    assert ">>> print(x)\n42\n" in repl["stdout"] and repl["exit_code"] == 0, repl
+    assert "\x1b" not in repl["stdout"] and "\r" not in repl["stdout"]

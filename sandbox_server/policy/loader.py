@@ -274,6 +274,7 @@ def _build(
     digest = hashlib.sha256(json.dumps(document, sort_keys=True).encode()).hexdigest()
     policy = Policy(
         name=document["name"],
+        description=str(document.get("description") or ""),
         tool_prefix=str(document.get("tool_prefix", "")),
         default=default,
         tools=tools,

@@ -224,6 +224,8 @@ class Policy:
     """A named, fully resolved policy."""
 
     name: str = "default"
+    description: str = ""
+    """The policy's own words for what it is for (tools/list says them beside the shell)."""
     tool_prefix: str = ""
     """Put before every tool name clients see (`sbx_` gives `sbx_execute_command`)."""
     default: ToolPolicy = field(default_factory=ToolPolicy)

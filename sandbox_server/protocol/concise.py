@@ -35,7 +35,7 @@ def concise_arguments(schema: Mapping[str, Any], depth: int = 0) -> dict[str, An
     said: dict[str, Any] = {}
     if FIELDS_IN_WORDS in schema and isinstance(schema.get("items"), Mapping):  # its items' fields said in words
         said["description"] = f"{first_sentence(schema.get('description', ''))} Each {schema[FIELDS_IN_WORDS]}."
-        said["items"] = {"type": "object", "required": schema["items"].get("required", [])}
+        said["items"] = {"type": "object"}
         schema = {k: v for k, v in schema.items() if k not in ("description", "items", FIELDS_IN_WORDS)}
     for key, value in schema.items():
         if key in BOUNDS or (key == "description" and depth > 1) or (key == "title" and depth == 0):

@@ -36,6 +36,8 @@ def tool_model(
     tool_policy = policy.for_tool(tool.name)
     hints = annotations_for(tool, tool_policy)
     description, meta = tool.description, dict[str, Any]({OWN_NAME_META: tool.name} if exposed != tool.name else {})
+    if "timeout_s" in tool.input_schema.get("properties", {}):
+        description += _here(tool.name, policy)
     writable = [f"{m.host_path} (as {m.sandbox_path})" for m in tool_policy.writable_mounts]
     if writable:
         description += f"\nUnder policy '{policy.name}' it can write to host folders: {', '.join(writable)}."
@@ -60,6 +62,16 @@ def tool_model(
         execution=types.ToolExecution(task_support="optional" if policy.tasks.running > 0 else "forbidden"),
         _meta=meta or None,
     )
+
+
+def _here(tool: str, policy: Policy) -> str:
+    """What the policy serving the tool makes of it: the policy's own words (for the shell, whose image is the
+    policy's choice; the shipped default's are the tool's own), and the time a call has and may ask for."""
+    tool_policy = policy.for_tool(tool)
+    said = f"\nPolicy '{policy.name}'"
+    if tool == "execute_command" and policy.description and policy.name != "default":
+        said += f" ({policy.description.rstrip('.')})"
+    return f"{said}: {tool_policy.limits.timeout_s:g} s a call, {tool_policy.max_timeout_s:g} s at most."
 
 
 VIEW_SCHEMA: dict[str, Any] = {

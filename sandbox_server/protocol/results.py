@@ -40,6 +40,8 @@ _INVISIBLE = re.compile(r"[\u200b-\u200f\u202a-\u202e\u2066-\u2069\ufeff]")
 EMBED_TEXT_BYTES = 64 * 1024
 EMBED_BLOB_BYTES = 256 * 1024
 IMAGE_TYPES = {b"\x89PNG\r\n\x1a\n": "image/png", b"\xff\xd8\xff": "image/jpeg", b"GIF8": "image/gif"}
+AUDIO_TYPES = {b"OggS": "audio/ogg", b"fLaC": "audio/flac", b"ID3": "audio/mpeg", b"\xff\xfb": "audio/mpeg"}
+"""Audio by its first bytes; a WAV file is RIFF with WAVE at byte 8 (see `_audio_type`)."""
 
 
 def sanitize(text: str) -> str:
@@ -116,12 +118,14 @@ class RenderedResult:
 
 
 def _mime_type(file: OutputFile) -> str:
-    """An image type only when the bytes are one (whatever the name says); otherwise a guess by name."""
-    for magic, mime in IMAGE_TYPES.items():
+    """An image or audio type only when the bytes are one (whatever the name says); otherwise a guess by name."""
+    for magic, mime in (*IMAGE_TYPES.items(), *AUDIO_TYPES.items()):
         if file.content.startswith(magic):
             return mime
+    if file.content[:4] == b"RIFF" and file.content[8:12] == b"WAVE":
+        return "audio/wav"
     guessed, _ = mimetypes.guess_type(file.path)
-    if guessed is None or guessed.startswith("image/") and guessed != "image/svg+xml":
+    if guessed is None or guessed.startswith(("image/", "audio/")) and guessed != "image/svg+xml":
         return "application/octet-stream"
     return guessed
 
@@ -137,6 +141,9 @@ def _file_block(
     if mime in IMAGE_TYPES.values() and len(file.content) <= EMBED_BLOB_BYTES * 8:
         data = base64.b64encode(file.content).decode()
         return {"type": "image", "data": data, "mimeType": mime, "_meta": {PATH_META: sanitize(file.path)}}
+    if mime.startswith("audio/") and len(file.content) <= EMBED_BLOB_BYTES * 8:
+        data = base64.b64encode(file.content).decode()
+        return {"type": "audio", "data": data, "mimeType": mime, "_meta": {PATH_META: sanitize(file.path)}}
     try:
         text = file.content.decode("utf-8")
     except UnicodeDecodeError:

@@ -135,9 +135,8 @@ class AnalyzeCsv(Sandboxed):
         "Delimiter, header, encoding, decimal mark and bad rows are detected and said in the answer; gzip, zstd, "
         "Parquet and xlsx are read alike. `filepath`: under a data folder the policy mounts (such as /data), or a "
         "file sent with `files`. The full table also comes back as result.csv.\n"
-        'Example: {"filepath": "sales.csv", "operations": ["sum", "average"], '
-        '"group_by": ["region"], "plot": {"kind": "bar", "y": "amount"}, '
-        '"files": [{"path": "sales.csv", "content": "region,amount\\nnorth,12.5\\nsouth,8\\n"}]}'
+        'Example: {"filepath": "s.csv", "operations": ["sum"], "group_by": ["region"], "plot": {"kind": "bar", '
+        '"y": "amount"}, "files": [{"path": "s.csv", "content": "region,amount\\nn,1\\ns,2\\n"}]}'
     )
     input_schema: dict[str, Any] = {
         "type": "object",

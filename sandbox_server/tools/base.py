@@ -39,7 +39,7 @@ WORKSPACE = wire.WORKSPACE
 FILES_SCHEMA: dict[str, Any] = {
     "type": "array",
     "description": "Written under /workspace first.",
-    "x-fields-in-words": "{path, content, encoding: utf-8 or base64, mtime, executable}",
+    "x-fields-in-words": "{path, content; optional: encoding (utf-8 or base64), mtime, executable}",
     "maxItems": 10000,
     "items": {
         "type": "object",

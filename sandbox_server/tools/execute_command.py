@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from sandbox_server.errors import Refusal
@@ -22,10 +24,17 @@ from sandbox_server.tools.outcome import outcome_from_execution
 from sandbox_server.tools.schemas import SERVICE_ARGUMENT
 from sandbox_server.tools.services import start_service
 from sandbox_server.tools.shell_session import session_argv
+from sandbox_server.tools.terminal import TTY_SCHEMA, rendered, size_of, tty_argv
 
 __all__ = ["EXECUTION_PROPERTIES", "EXECUTION_REQUIRED", "OUTPUT_SCHEMA", "ExecuteCommand"]
 
 NO_NUL = "^[^\\u0000]*$"
+BACKGROUND = re.compile(r"(?<![&|><])&(?=\s|$|[;)])|\b(?:nohup|disown|setsid)\b")
+"""A shell command line that starts something in the background."""
+BACKGROUND_NOTE = (
+    "processes left running in the background end with the call (its sandbox is removed); to keep a server "
+    "running for later calls, start it with the `service` argument"
+)
 
 EXECUTION_PROPERTIES: dict[str, Any] = {
     "exit_code": {"type": ["integer", "null"], "description": "null when the program was killed"},
@@ -75,11 +84,11 @@ class ExecuteCommand(Sandboxed):
     name = "execute_command"
     title = "Run a shell command in a sandbox"
     description = (
-        "Run a command in a fresh Linux container (Debian; no network; read-only root; writable /workspace and "
-        "/tmp), destroyed afterwards. `command` is a shell command line; with `args`, the program run with exactly "
-        "those arguments. Files written to /workspace/out come back. Where the policy keeps workspaces, the next "
-        "call finds /workspace and the shell (bash) as this one left them: its folder, exported variables, "
-        "functions, aliases, options. Processes end with the call (`service` keeps a server running).\n"
+        "Run a command in a fresh Linux sandbox (Debian; no network; read-only root; writable /workspace, /tmp). "
+        "`command` is a shell command line; with `args`, the program run with exactly those arguments. Files "
+        "written to /workspace/out come back. Where workspaces are kept, the next call finds /workspace and the "
+        "shell (bash) as this one left them: its folder, exported variables, functions, aliases, options. "
+        "Processes end with the call (`service` keeps a server running).\n"
         'Example: {"command": "wc -l data.txt", "files": [{"path": "data.txt", "content": "a\\nb\\n"}]}'
     )
     input_schema: dict[str, Any] = {
@@ -105,9 +114,10 @@ class ExecuteCommand(Sandboxed):
                 "pattern": NO_NUL,
                 "description": "A folder under /workspace to run in (made if missing).",
             },
+            "tty": TTY_SCHEMA,
             "reset": {
                 "type": "boolean",
-                "description": "Start in a clean shell, carrying nothing of earlier calls.",
+                "description": "A clean shell: nothing carried over.",
             },
             "timeout_s": TIMEOUT_SCHEMA,
             "files": FILES_SCHEMA,
@@ -140,8 +150,16 @@ class ExecuteCommand(Sandboxed):
             argv = session_argv(args["command"], ctx.policy.image, "workdir" in args, bool(args.get("reset")))
         else:
             argv = ("/bin/sh", "-c", args["command"])
+        size = size_of(args.get("tty", False)) if "service" not in args else None
+        if size is not None:
+            argv = tty_argv(argv, size)
         spec = sandbox_spec(args, ctx, argv, args.get("stdin", "").encode("utf-8", "surrogatepass"))
         if "service" in args:
             return await start_service(args, ctx, spec, self.name)
         result = await ctx.runtime.run(spec, ctx.hooks)
-        return outcome_from_execution(result, spec)
+        if size is not None:
+            result = replace(result, stdout=rendered(result.stdout))
+        outcome = outcome_from_execution(result, spec)
+        if "args" not in args and BACKGROUND.search(args["command"]):
+            outcome = replace(outcome, notes=(*outcome.notes, BACKGROUND_NOTE))
+        return outcome

@@ -97,13 +97,18 @@ class Files:
     description = (
         "The workspace's files. `read`: numbered lines (`offset`, `limit`). `write`: `content` as the whole file. "
         "`edit`: `old`, found exactly once, replaced by `new`; the diff comes back. `find`: paths matching a glob "
-        "(`**/*.py`). `grep`: lines matching a regex. `path`: a file or folder under /workspace."
+        "(`**/*.py`). `grep`: lines matching a regex."
     )
     input_schema: dict[str, Any] = {
         "type": "object",
         "properties": {
             "action": {"enum": ["read", "write", "edit", "find", "grep"]},
-            "path": {"type": "string", "minLength": 1, "maxLength": 4096, "description": "Default: /workspace."},
+            "path": {
+                "type": "string",
+                "minLength": 1,
+                "maxLength": 4096,
+                "description": "A file or folder (default: /workspace).",
+            },
             "offset": {"type": "integer", "minimum": 1, "description": "read: the first line (from 1)."},
             "limit": {"type": "integer", "minimum": 1, "maximum": 100000, "description": "read: lines at most."},
             "content": {"type": "string"},

@@ -117,9 +117,25 @@ def outcome_from_execution(result: ExecutionResult, spec: SandboxSpec) -> ToolOu
         sections=(("stdout", stdout), ("stderr", stderr)),
         structured=structured,
         files=result.files,
-        notes=result.skipped_files + _network_note(spec, stdout, stderr),
+        notes=result.skipped_files + _network_note(spec, stdout, stderr) + _tmp_note(spec, stderr),
         audit=audit,
     )
+
+
+NOT_FROM_TMP = re.compile(r"^(?:/bin/)?(?:ba|da)?sh: (?:line )?(?:\d+: )?/tmp/\S*: Permission denied", re.MULTILINE)
+"""What a shell says when it is asked to run a program under /tmp, which is mounted noexec."""
+
+
+def _tmp_note(spec: SandboxSpec, stderr: str) -> tuple[str, ...]:
+    """A note saying why a program under /tmp would not run, and where one may."""
+    if NOT_FROM_TMP.search(stderr[-20_000:]) is None:
+        return ()
+    where = (
+        "build and run programs under /workspace instead"
+        if spec.limits.workspace_exec
+        else "this policy runs no program from /workspace either (policy field workspace.exec)"
+    )
+    return (f"/tmp is mounted noexec: nothing under it runs as a program; {where}",)
 
 
 def _network_note(spec: SandboxSpec, stdout: str, stderr: str) -> tuple[str, ...]:

@@ -92,13 +92,12 @@ class RunPython(Sandboxed):
         f"{_installed()} A final expression's value is printed; figures come back as PNGs, files written to "
         "/workspace/out as files. Where workspaces are kept, the next cell finds /workspace and the picklable "
         "variables.\n"
-        'Example: {"code": "import pandas as pd\\npd.read_csv(\'d.csv\').describe()", '
-        '"files": [{"path": "d.csv", "content": "x,y\\n1,2\\n"}]}'
+        'Example: {"code": "import numpy as np\\nnp.arange(6).reshape(2, 3)"}'
     )
     input_schema: dict[str, Any] = {
         "type": "object",
         "properties": {
-            "code": {"type": "string", "minLength": 1, "description": "Python 3 source, run as one cell."},
+            "code": {"type": "string", "minLength": 1, "description": "Python 3 source."},
             "timeout_s": TIMEOUT_SCHEMA,
             "files": FILES_SCHEMA,
             "workspace": WORKSPACE_ARGUMENT,

@@ -67,3 +67,18 @@ def test_a_description_keeps_its_first_sentence() -> None:
     assert first_sentence("Columns to analyze (e.g. a, b). The rest is detail.") == "Columns to analyze (e.g. a, b)."
     assert first_sentence("Wall-clock limit in seconds; The policy caps it.") == "Wall-clock limit in seconds."
     assert first_sentence("no full stop") == "no full stop"
+
+
+async def test_descriptions_follow_the_policy_serving_them() -> None:
+    async def described(name: str) -> dict[str, str]:
+        policy = load_policy(name, [tool.name for tool in all_tools()])
+        app = SandboxServer(Parts(ToolRegistry(all_tools(), policy), FakeRuntime(), None))
+        async with connect(app.server) as client:
+            return {tool.name: tool.description or "" for tool in (await client.list_tools()).tools}
+
+    toolchain, default = await described("toolchain"), await described("default")
+    assert "C, C++, Go, Rust" in toolchain["execute_command"]
+    assert toolchain["execute_command"].endswith("300 s a call, 900 s at most.")
+    assert default["execute_command"].endswith("Policy 'default': 30 s a call, 120 s at most.")
+    assert "the shell (bash) as this one left them" in default["execute_command"]
+    assert "s a call" not in default["files"]  # no timeout of its own to ask for

@@ -306,7 +306,7 @@ async def test_a_workspace_counts_at_what_its_files_take_and_whole_while_a_call_
     if keeping.kind == "mounted":
         assert again["is_error"] and again["error"]["kind"] == "busy", again["text"]
         assert again["error"]["field"] == "host.workspace_storage_mb", again["text"]
-        assert "may fill it to its whole size" in again["text"] and "above the host's cap of 41943040" in again["text"]
+        assert "are counted at" in again["text"] and "above the host's cap of 41943040" in again["text"]
     else:
         assert not again["is_error"] and again["stdout"] == f"{12 * mib}\n", again["text"]
 

@@ -614,3 +614,22 @@ async def test_over_stdio_previews_open_on_a_free_loopback_port_by_default_and_s
         started = await start_web(session)
     assert "preview" not in started["service"], started["service"]
     assert "no preview link: this server was started with --no-preview" in started["text"], started["text"]
+
+
+async def test_a_service_started_with_files_finds_them_in_its_workspace(tmp_path: Path, runtime: DockerRuntime) -> None:
+    serve = ("--policy", str(short_policy(tmp_path)), "--no-pool", "--state-dir", str(tmp_path / "s"))
+    app = "import http.server as h\nclass A(h.BaseHTTPRequestHandler):\n    def do_GET(self):\n" \
+          "        self.send_response(200); self.end_headers(); self.wfile.write(b'from files')\n" \
+          "h.HTTPServer(('', 8000), A).serve_forever()\n"  # fmt: skip
+    with http_server_process(*serve) as server:
+        async with as_caller(server.url) as session:
+            started = await call(
+                session, command="exec python3 app.py", files=[{"path": "app.py", "content": app}],
+                service={"name": "app", "port": 8000},
+            )  # fmt: skip
+            reached = await call(session, command="curl -s http://app:8000/; echo; ls")
+            stdin = await call(session, command="cat", stdin="x", service={"name": "other", "port": 8001})
+        await until_gone(server.process.pid)
+    assert not started["is_error"], started["text"]
+    assert reached["stdout"].startswith("from files\n") and "app.py" in reached["stdout"], reached["stdout"]
+    assert stdin["is_error"] and stdin["error"]["field"] == "stdin", stdin["text"]

@@ -159,3 +159,43 @@ async def test_a_snapshot_exported_through_the_tool_is_read_in_parts_and_importe
     assert not whole.is_error
     assert imported.returncode == 0, imported.stderr
     assert files["stdout"] == made["stdout"] and cell["stdout"] == "kept in v1\n", (files["text"], cell["text"])
+
+
+async def test_a_plain_tar_or_a_folder_is_imported_as_a_workspace_checked_as_any_archive(
+    tmp_path: Path, runtime: DockerRuntime
+) -> None:
+    policy = tmp_path / "keeping.yaml"
+    policy.write_text(KEEPING)
+    where = _where(policy, tmp_path / "state", "mounted")
+    tarball = tmp_path / "project.tar.gz"
+    with tarfile.open(tarball, "w:gz") as tar:
+        for name, content in (("./proj/src/main.c", b"int main(void) { return 0; }\n"), ("../evil", b"out\n")):
+            entry = tarfile.TarInfo(name)
+            entry.size = len(content)
+            tar.addfile(entry, io.BytesIO(content))
+    folder = tmp_path / "checkout"
+    (folder / "pkg").mkdir(parents=True)
+    (folder / "pkg" / "mod.py").write_text("VALUE = 42\n")
+    (folder / "README").write_text("hello\n")
+    garbage = tmp_path / "garbage.bin"
+    garbage.write_bytes(os.urandom(4096))
+    from_tar = run_cli("workspace", "import", str(tarball), "--name", "proj", *where)
+    from_folder = run_cli("workspace", "import", "--from", str(folder), "--name", "checkout", *where)
+    refused = run_cli("workspace", "import", str(garbage), "--name", "junk", *where)
+    both = run_cli("workspace", "import", str(tarball), "--from", str(folder), *where)
+    assert from_tar.returncode == 0 and "imported as proj" in from_tar.stdout, from_tar.stderr
+    assert from_folder.returncode == 0, from_folder.stderr
+    assert refused.returncode != 0 and "neither an export nor a readable tar" in refused.stderr, refused.stderr
+    assert both.returncode != 0 and "not both" in both.stderr
+    async with connect(stdio_parameters(*where)) as session:
+        project = await _call(
+            session, "execute_command", command="find . -path ./out -prune -o -type f -print | sort", workspace="proj"
+        )
+        checkout = await _call(
+            session,
+            "execute_command",
+            command="cat README; python3 -c 'import pkg.mod as m; print(m.VALUE)'",
+            workspace="checkout",
+        )
+    assert project["stdout"] == "./proj/src/main.c\n", project["text"]
+    assert checkout["stdout"] == "hello\n42\n", checkout["text"]

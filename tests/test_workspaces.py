@@ -13,7 +13,7 @@ import pytest
 from mcp.shared.exceptions import MCPError
 
 from sandbox_server.sandbox.engine.runtime import DockerRuntime
-from tests.conftest import containers_running
+from tests.conftest import a_sleep_of_its_own, containers_running, kill_from_outside
 from tests.mcp_harness import CheckedClient, audit_records, connect, http_server, stdio_parameters, text_of
 
 pytestmark = pytest.mark.anyio
@@ -520,3 +520,38 @@ async def test_a_result_says_what_the_call_changed_in_its_workspace(keeping: Kee
     assert "workspace changes: " in changed["text"] and "a.txt" in changed["text"]
     assert nothing["changes"] == {"created": [], "modified": [], "deleted": [], "renamed": [], "more": 0}
     assert "workspace changes" not in nothing["text"]
+
+
+async def test_large_workspaces_in_use_count_what_they_hold_plus_a_bounded_reserve(
+    tmp_path: Path, runtime: DockerRuntime
+) -> None:
+    """A 2 GiB workspace in use holding a few kilobytes counts 256 MiB (an eighth of its size), not 2 GiB: a host's
+    cap of 900 MiB holds three in use at once. A fourth is refused busy, naming what holds the room; a call that
+    only lists workspaces is never refused for storage."""
+    policy = tmp_path / "large.yaml"
+    policy.write_text(
+        "extends: default\nworkspace: {persist: true, size_mb: 2048, files: 2000, max_per_client: 8}\n"
+        "host: {workspace_storage_mb: 900}\n"
+    )
+    sleep = a_sleep_of_its_own(30)
+    with http_server(*_serve_args(Keeping(policy, tmp_path / "state", tmp_path / "audit.jsonl", "mounted"))) as url:
+        async with connect(url, mode="2026-07-28") as session:
+            held: list[dict[str, Any]] = []
+
+            async def hold() -> None:
+                held.append(await _call(session, f"{sleep} & wait"))
+
+            async with anyio.create_task_group() as group:
+                for _ in range(3):
+                    group.start_soon(hold)
+                while len(containers_running(sleep)) < 3:
+                    await anyio.sleep(0.05)
+                fourth = await _call(session, "true")
+                bookkeeping = await session.call_tool("workspaces", {"action": "list"})
+                for container in containers_running(sleep):
+                    kill_from_outside(container)
+    assert len(held) == 3 and all(not result["timed_out"] for result in held), held
+    assert fourth["is_error"] and fourth["error"]["kind"] == "busy", fourth["text"]
+    assert fourth["error"]["field"] == "host.workspace_storage_mb"
+    assert "no new workspace" in fourth["text"] and "in use (a call or a service works in it) counts" in fourth["text"]
+    assert not bookkeeping.is_error, text_of(bookkeeping)

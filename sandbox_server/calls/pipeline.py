@@ -305,6 +305,7 @@ class CallPipeline:
             identity.holder,
             identity.tenant,
             shared,
+            call.tool is not None and not call.tool.sandbox,  # the managing tools (workspaces, services) write no files
         )
 
     def _brancher(self, call: Call) -> Callable[[str, Mapping[str, Any], str], Awaitable[ToolOutcome]]:

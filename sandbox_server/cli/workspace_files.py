@@ -15,6 +15,8 @@ import contextlib
 import json
 import os
 import sys
+import tarfile
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
@@ -35,8 +37,11 @@ def add_workspace_commands(commands: Any) -> None:  # argparse's subparsers acti
     export.add_argument("workspace", help="its name or id")
     export.add_argument("--output", "-o", required=True, help="the file to write (- for standard output)")
     listed = actions.add_parser("list", help="the kept workspaces and snapshots of a caller (JSON lines)")
-    imported = actions.add_parser("import", help="make a new workspace of an exported file")
-    imported.add_argument("archive", help="the .tar.zst file (- for standard input)")
+    imported = actions.add_parser("import", help="make a new workspace of an exported file, a plain tar or a folder")
+    imported.add_argument(
+        "archive", nargs="?", help="an export (.tar.zst) or a plain tar, compressed or not (- for standard input)"
+    )
+    imported.add_argument("--from", dest="folder", help="a folder whose files become the workspace's")
     imported.add_argument("--name", help="the name to keep it under (else it is reached by the id printed)")
     copies = {
         "fork": "a new workspace holding what a workspace holds now",
@@ -98,8 +103,10 @@ def workspace_list(args: argparse.Namespace) -> int:
 
 
 def workspace_import(args: argparse.Namespace) -> int:
+    if (args.archive is None) == (args.folder is None):
+        raise UsageError("workspace import takes a file (or - for standard input), or --from a folder, not both")
     with _store(args) as (store, policy_name, user):
-        with _opened(args.archive, "rb") as archive:
+        with _opened(args.archive, "rb") if args.folder is None else _folder_tar(args.folder) as archive:
             try:
                 made = store.import_from(archive, args.caller, "cli", args.name, policy_name, user)
             except Refusal as refused:
@@ -147,6 +154,19 @@ def _opened(path: str, mode: str) -> Iterator[BinaryIO]:
         return
     with open(path, mode) as handle:
         yield handle  # type: ignore[misc]
+
+
+@contextlib.contextmanager
+def _folder_tar(folder: str) -> Iterator[BinaryIO]:
+    """A folder's files as a plain tar (its links as links: the import checks it as any archive)."""
+    if not Path(folder).is_dir():
+        raise UsageError(f"--from {folder!r}: no such folder")
+    with tempfile.TemporaryFile() as made:
+        with tarfile.open(fileobj=made, mode="w", format=tarfile.PAX_FORMAT) as tar:
+            for entry in sorted(Path(folder).iterdir()):
+                tar.add(entry, arcname=entry.name)
+        made.seek(0)
+        yield made
 
 
 @contextlib.contextmanager

@@ -29,12 +29,14 @@ async def start_service(
     wanted = args["service"]
     if ctx.services is None:
         raise Refusal("refused: this server starts no services", "services.tools")
-    if spec.files or spec.stdin:
-        raise Refusal(
-            "refused: a service takes no `files` or `stdin`; write its files with a call first (they stay in the "
-            "workspace), then start it",
-            "service",
-        )
+    if spec.stdin:
+        raise Refusal("refused: a service reads no `stdin` (it runs until stopped); give it files instead", "stdin")
+    if spec.files:  # written into the workspace by a call of their own, as a call's files are, then it starts
+        written = await ctx.runtime.run(replace(spec, argv=("true",), stdin=b"", call_workdir=""), ctx.hooks)
+        if written.exit_code != 0 or written.workspace_problem:
+            why = written.workspace_problem or f"exit code {written.exit_code}"
+            raise Refusal(f"refused: the service's `files` could not be written to its workspace ({why})", "files")
+        spec = replace(spec, files=())
     settings = ctx.services.settings
     limits = replace(spec.limits, memory_mb=settings.memory_mb, cpus=settings.cpus)
     # The program runs as the container's first process (under its init), in the folder asked for.

@@ -1,7 +1,9 @@
 """What a caller's workspaces, snapshots and exports may take together, and all of them on the host, against
 workspace.storage_per_caller_mb and host.workspace_storage_mb: each counted at what its files take, and a
-workspace whose calls write its files in place (a mounted one) at its whole size while a call works in it, since
-that call may fill it. Part of the store (WorkspaceStore), which holds the records, the exports and their lock."""
+workspace whose calls write its files in place (a mounted one) at that plus a bounded reserve while a call or a
+service works in it, since that call may write more (the kernel still stops each at its own size: the reserve is
+what the caps hold back for it, not what it may take). Part of the store (WorkspaceStore), which holds the records,
+the exports and their lock."""
 
 from __future__ import annotations
 
@@ -18,7 +20,16 @@ if TYPE_CHECKING:
     from sandbox_server.state.calls import SharedCall
     from sandbox_server.workspaces.contents import Contents
 
-__all__ = ["CappedWorkspaces"]
+__all__ = ["RESERVE_MIN_BYTES", "CappedWorkspaces", "bounded_reserve"]
+
+RESERVE_MIN_BYTES = 256 * 1024 * 1024
+"""The least a mounted workspace in use is counted above what its files take (or its whole size, if less)."""
+
+
+def bounded_reserve(whole: int) -> int:
+    """What the caps hold back for a mounted workspace's calls to write: an eighth of its size, at least 256 MiB, at
+    most the whole (a 4 GiB workspace in use holding 18 MB counts 530 MB, not 4 GiB)."""
+    return min(whole, max(RESERVE_MIN_BYTES, whole // 8))
 
 
 class CappedWorkspaces:
@@ -42,9 +53,12 @@ class CappedWorkspaces:
         raise NotImplementedError
 
     def _at_most(self, record: WorkspaceRecord) -> int:
-        """The most a workspace or snapshot may take: its whole size where its calls write its files in place (a
-        mounted one), else what its files take."""
-        return max(record.size_bytes, self.contents.reserve(self.settings))
+        """What a workspace or snapshot is counted at while in use: where its calls write its files in place (a
+        mounted one), what they take plus the bounded reserve, within its whole size; else what its files take."""
+        whole = self.contents.reserve(self.settings)
+        if not whole:
+            return record.size_bytes
+        return max(record.size_bytes, min(whole, record.size_bytes + bounded_reserve(whole)))
 
     def _counted(self, record: WorkspaceRecord) -> int:
         """What a workspace or snapshot takes of the caps now (under the lock): the most it may take while a call
@@ -82,12 +96,23 @@ class CappedWorkspaces:
         if taken > self.storage_bytes:
             raise Refusal(
                 f"refused: {what}: all workspaces, snapshots and exports together would take {taken} bytes, above "
-                f"the host's cap of {self.storage_bytes} (policy field host.workspace_storage_mb)"
+                f"the host's cap of {self.storage_bytes} (policy field host.workspace_storage_mb); {self._holders()}"
                 + ("; retry when older workspaces have expired" if busy else ""),
                 "host.workspace_storage_mb",
                 kind="busy" if busy else "refused",
                 retry_after_s=60 if busy else None,
             )
+
+    def _holders(self) -> str:
+        """The workspaces that hold the most of the host's cap, said for a refusal (under the lock)."""
+        counted = sorted(((self._counted(r), r) for r in self._records.values()), key=lambda c: -c[0])[:3]
+        said = []
+        for size, record in counted:
+            name = f"{'snapshot' if record.snapshot else 'workspace'} {record.name or record.id}"
+            using = " in use (a call or a service works in it)" if self._in_use(record.id) else ""
+            said.append(f"{name}{using} counts {size} bytes")
+        exports = self.exports.total()
+        return "held most by: " + ", ".join(said + ([f"exports {exports} bytes"] if exports else []))
 
     def holdings(self) -> dict[tuple[str | None, str], tuple[int, int]]:
         """Per caller and kind (workspace, snapshot): how many it holds and what their files take (the meters'

@@ -4,7 +4,9 @@ a workspace or snapshot, an import made a new workspace, bounded as a fork is. P
 from __future__ import annotations
 
 import secrets
+import shutil
 import tarfile
+import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -13,7 +15,15 @@ from typing import Any, BinaryIO
 from sandbox_server.errors import Refusal
 from sandbox_server.workspaces.pausing import PausedWorkspaces
 from sandbox_server.workspaces.records import WorkspaceRecord
-from sandbox_server.workspaces.transfer import Bounds, ExportStopped, TransferError, read_export, write_export
+from sandbox_server.workspaces.transfer import (
+    Bounds,
+    ExportStopped,
+    NotAnExport,
+    TransferError,
+    read_export,
+    read_plain,
+    write_export,
+)
 
 __all__ = ["CarriedWorkspaces"]
 
@@ -60,16 +70,25 @@ class CarriedWorkspaces(PausedWorkspaces):
     def import_from(
         self, archive: BinaryIO, tenant: str | None, holder: str, name: str | None, policy_name: str, user: str
     ) -> WorkspaceRecord:
-        """A new workspace of an exported one (named if `name` is given), checked as any upload is: refused,
-        saying why, when the file is not a whole export or holds more than this policy's workspace may, and
-        bounded as a fork is (workspace.max_per_client or named_per_caller, the caller's share, the host's cap).
-        Its temporary files are removed whatever happens."""
+        """A new workspace of an exported one, or of a plain tar of files (named if `name` is given), checked as
+        any upload is: refused, saying why, when the file is not a whole export (or a readable tar) or holds more
+        than this policy's workspace may, and bounded as a fork is (workspace.max_per_client or named_per_caller,
+        the caller's share, the host's cap). Its temporary files are removed whatever happens."""
         settings = self.settings
         kept = self.root / f".import-{secrets.token_hex(8)}.tar"
+        bounds = (settings.size_mb * 1024 * 1024, settings.files)
         try:
             try:
-                with open(kept, "wb") as cleaned:
-                    manifest = read_export(archive, settings.size_mb * 1024 * 1024, settings.files, cleaned)
+                with tempfile.TemporaryFile(dir=self.root) as spooled, open(kept, "wb") as cleaned:
+                    shutil.copyfileobj(archive, spooled, 1 << 20)  # read twice when it is not an export
+                    spooled.seek(0)
+                    try:
+                        manifest = read_export(spooled, *bounds, cleaned)
+                    except NotAnExport:
+                        spooled.seek(0)
+                        cleaned.seek(0)
+                        cleaned.truncate()
+                        manifest = read_plain(spooled, *bounds, cleaned)
             except TransferError as exc:
                 raise Refusal(f"refused: not imported: {exc}", "archive") from None
             made = self._begin_import(kept, manifest, tenant, holder, name, policy_name)

@@ -115,16 +115,19 @@ class HeldWorkspaces(CarriedWorkspaces):
         """A workspace whose calls write its files in place counts at its whole size while a call works in it
         (`using`), as the call may fill it: the first of its calls to begin is refused when the caps have no room
         for that (busy for the host's cap)."""
-        whole = self.contents.reserve(self.settings)
-        if not whole:
+        if not self.contents.reserve(self.settings):
             return
         with self._lock:
             current = self._records.get(record.id, record)
-            if whole <= current.size_bytes or record.id in self._filling:
+            most = self._at_most(current)
+            if most <= current.size_bytes or record.id in self._filling:
                 return
-            what = f"workspace {record.id} was not continued (a call may fill it to its whole size, {whole} bytes)"
-            self._within_share(current.tenant, whole, what, besides=record.id)
-            self._within_host(whole, what, busy=True, besides=record.id)
+            what = (
+                f"workspace {record.id} was not continued (it holds {current.size_bytes} bytes and its calls are "
+                f"counted at {most} while they work, for what they may write)"
+            )
+            self._within_share(current.tenant, most, what, besides=record.id)
+            self._within_host(most, what, busy=True, besides=record.id)
             self._filling.add(record.id)
 
     def begin(self, record: WorkspaceRecord, spec: SandboxSpec) -> SandboxSpec:

@@ -52,6 +52,7 @@ class KeptWorkspace:
         holder: str,
         tenant: str | None = None,
         shared: SharedCall | None = None,
+        bookkeeping: bool = False,
     ) -> KeptWorkspace | None:
         """The kept workspace a call works in; None when nothing is kept (then an id is refused as unknown).
         `shared` is the replicas' side of the call (its admission may have read the record and taken its lock)."""
@@ -59,7 +60,7 @@ class KeptWorkspace:
             if requested is not None:
                 raise WorkspaceStore.unknown(requested)
             return None
-        record, notes = store.open(requested, session, holder, tenant, shared)
+        record, notes = store.open(requested, session, holder, tenant, shared, bookkeeping)
         kept = cls(inner, store, record, shared)
         kept.notes.extend(notes)
         return kept

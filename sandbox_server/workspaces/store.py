@@ -26,6 +26,7 @@ import anyio
 from sandbox_server.errors import Refusal
 from sandbox_server.policy import WorkspaceSettings
 from sandbox_server.sandbox.spec import SandboxSpec
+from sandbox_server.workspaces.caps import bounded_reserve
 from sandbox_server.workspaces.changes import LastChanges
 from sandbox_server.workspaces.contents import ArchivedContents, Contents
 from sandbox_server.workspaces.exports import Exports
@@ -100,9 +101,11 @@ class WorkspaceStore(SweptWorkspaces):
         holder: str,
         tenant: str | None = None,
         shared: SharedCall | None = None,
+        bookkeeping: bool = False,
     ) -> tuple[WorkspaceRecord, list[str]]:
         """The workspace a call works in, and notes for its answer; raises Refusal for an id it may not use.
-        `shared` is the replicas' side of the call, which may have read the record with its admission."""
+        `shared` is the replicas' side of the call, which may have read the record with its admission;
+        `bookkeeping`: a call that writes no files (listing, naming), never refused for storage."""
         now = time.time()
         with self._lock:
             if requested is not None and NAME_PATTERN.fullmatch(requested):
@@ -134,10 +137,11 @@ class WorkspaceStore(SweptWorkspaces):
                 if mine:
                     return self._continued(max(mine, key=lambda r: r.last_used)), []
             notes = self._make_room(holder, now)
-            reserved = self.contents.reserve(self.settings)
-            self._within_share(tenant, reserved, "no new workspace")
-            self._within_host(reserved, "no new workspace", busy=True)
-            record = WorkspaceRecord(f"ws-{secrets.token_urlsafe(16)}", session, holder, now, now, reserved, tenant)
+            reserved = bounded_reserve(self.contents.reserve(self.settings))  # its files take nothing yet
+            if not bookkeeping:
+                self._within_share(tenant, reserved, "no new workspace")
+                self._within_host(reserved, "no new workspace", busy=True)
+            record = WorkspaceRecord(f"ws-{secrets.token_urlsafe(16)}", session, holder, now, now, 0, tenant)
             self._opening[record.id] = time.monotonic()
             self._records[record.id] = record
             self._write_record(record)

@@ -35,7 +35,10 @@ import zstandard
 from sandbox_server.sandbox.archive import BoundedTar, UnsafeMember, WorkspaceTooLarge, keep_workspace
 from sandbox_server.workspaces.naming import shown_time
 
-__all__ = ["FORMAT", "Add", "Bounds", "ExportStopped", "TransferError", "read_export", "write_export"]
+__all__ = [
+    "FORMAT", "PLAIN", "Add", "Bounds", "ExportStopped", "NotAnExport", "TransferError", "read_export", "read_plain",
+    "write_export",
+]  # fmt: skip
 
 FORMAT = "sandbox-server-workspace/3"
 SECOND_FORMAT = "sandbox-server-workspace/2"
@@ -56,6 +59,15 @@ Add = Callable[[tarfile.TarInfo, IO[bytes] | None], None]
 
 class TransferError(ValueError):
     """An exported workspace that cannot be read back, and why."""
+
+
+class NotAnExport(TransferError):
+    """A file that is no export at all (not zstd, or no manifest first): it may be a plain tar of files."""
+
+
+PLAIN = "plain tar"
+"""The manifest's format of an import made of a plain tar (or a folder): no manifest, no checksum of its own."""
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 
 
 class ExportStopped(Exception):
@@ -184,10 +196,15 @@ def read_export(archive: BinaryIO, max_bytes: int, max_entries: int, kept: Binar
         cast(IO[bytes], _Prefixed(head, archive)), closefd=False
     )
     try:
+        if not head.startswith(ZSTD_MAGIC):
+            raise NotAnExport("it is not zstd-compressed, as an export is")
         checked = zstandard.get_frame_parameters(head).has_checksum
         capped = _Capped(reader, limit)
         with tempfile.TemporaryFile() as payload, BoundedTar.open(fileobj=capped, mode="r|") as tar:
-            manifest = _json_member(tar.next(), tar, MANIFEST, "first")
+            first = tar.next()
+            if first is None or first.name != MANIFEST:
+                raise NotAnExport(f"its first member is not {MANIFEST}")
+            manifest = _json_member(first, tar, MANIFEST, "first")
             if manifest.get("format") not in (FORMAT, SECOND_FORMAT, FIRST_FORMAT):
                 raise TransferError(f"its {MANIFEST} is not of the format {FORMAT!r}")
             if manifest["format"] == FORMAT and not checked:
@@ -219,6 +236,46 @@ def read_export(archive: BinaryIO, max_bytes: int, max_entries: int, kept: Binar
     except (tarfile.TarError, EOFError, OSError) as exc:
         raise TransferError(f"it is not a readable zstd-compressed tar ({exc})") from None
     return manifest
+
+
+def read_plain(archive: BinaryIO, max_bytes: int, max_entries: int, kept: BinaryIO) -> dict[str, Any]:
+    """A plain tar of files (as `tar` or `git archive` make one, compressed or not) written to `kept` cleaned as
+    any workspace archive is, each entry counted before a byte of it is written: its counts, as a manifest's."""
+    head = archive.read(FRAME_HEADER_MAX)
+    source: BinaryIO = cast(BinaryIO, _Prefixed(head, archive))
+    if head.startswith(ZSTD_MAGIC):
+        source = cast(BinaryIO, zstandard.ZstdDecompressor(max_window_size=WINDOW_BYTES).stream_reader(source))
+    limit = max_bytes + (max_entries + 4) * TAR_OVERHEAD
+    entries = declared = 0
+    try:
+        with tempfile.TemporaryFile() as payload:
+            with (
+                BoundedTar.open(fileobj=_Capped(source, limit * 2), mode="r|*") as tar,
+                tarfile.open(fileobj=payload, mode="w", format=tarfile.PAX_FORMAT) as inner,
+            ):
+                for member in tar:
+                    name = member.name.removeprefix("./").rstrip("/")
+                    if not name or name == ".":
+                        continue
+                    entries += 1
+                    declared += member.size if member.isreg() else 0
+                    if declared > max_bytes or entries > max_entries:
+                        raise WorkspaceTooLarge(
+                            f"it holds more than the workspace can ({max_bytes} bytes, {max_entries} entries)"
+                        )
+                    inner.addfile(_plain(member, name), tar.extractfile(member) if member.isreg() else None)
+            payload.flush()
+            payload.seek(0)
+            keep_workspace(payload, kept, max_bytes, max_entries)
+    except WorkspaceTooLarge as exc:
+        raise TransferError(f"{exc} (policy fields workspace.size_mb and workspace.files)") from None
+    except UnsafeMember as exc:
+        raise TransferError(str(exc)) from None
+    except _TooLarge:
+        raise TransferError(f"it unpacks past the {limit * 2} bytes the policy's workspace could hold") from None
+    except (tarfile.TarError, zstandard.ZstdError, EOFError, OSError) as exc:
+        raise TransferError(f"it is neither an export nor a readable tar ({exc})") from None
+    return {"format": PLAIN, "files": entries, "bytes": declared}
 
 
 def _entries(

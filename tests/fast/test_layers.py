@@ -32,6 +32,8 @@ LONG_MODULES: dict[str, str] = {
     "firewall opening, started, watched, restarted and removed",
     "protocol/preview.py": "a service opened in a person's browser: who may open it, from which page, and its "
     "HTTP and WebSocket carried to it",
+    "workspaces/transfer.py": "a workspace as one file: written in one pass, and read back (an export, or a plain tar "
+    "of files) trusting nothing in it",
 }
 MAX_METHODS = 20
 """Methods of one class: past this it likely holds two ideas."""

@@ -109,7 +109,7 @@ def test_an_export_of_the_first_format_is_still_read() -> None:
 @pytest.mark.parametrize(
     ("archive", "said"),
     [
-        (b"not zstd at all" * 100, "not a readable zstd-compressed tar"),
+        (b"not zstd at all" * 100, "not zstd-compressed, as an export is"),
         (_packed([_file("workspace.tar", b"x")]), "first member is not manifest.json"),
         (_packed([_file("manifest.json", b"[1, 2]")]), "not a JSON object"),
         (_packed([_file("manifest.json", b"{}")]), "not of the format"),

@@ -124,7 +124,7 @@ def test_the_mcp_conformance_suite_passes_its_applicable_scenarios(runtime: Dock
 def test_the_demo_runs_a_real_session_and_succeeds(runtime: DockerRuntime) -> None:
     result = run_cli("demo")
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "tools: analyze_csv, execute_command, run_python" in result.stdout
+    assert "tools: analyze_csv, execute_command, files, run_python" in result.stdout
     assert "timed out after 1 s" in result.stdout and result.stdout.count("[image image/png") == 2
     assert "| north | amount | 2 | 162.5 | 81.25 |" in result.stdout
     assert "refused: filepath '../../etc/passwd' is not inside a readable root" in result.stdout

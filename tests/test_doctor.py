@@ -81,9 +81,11 @@ def test_posture_reads_from_the_host_what_the_kernel_applied(runtime: DockerRunt
     report = json.loads(result.stdout)
     posture = {check["name"]: check for check in report["checks"] if check["name"].startswith("posture ")}
     assert report["healthy"] is True, [check for check in report["checks"] if not check["ok"]]
-    # Tools whose containers are alike are checked once; strict's run_python preloads less than its analyze_csv.
+    # Tools whose containers are alike are checked once (the files tool's are the shell's, where workspaces are
+    # kept); strict's run_python preloads less than its analyze_csv.
     data_tools = ("run_python", "analyze_csv") if policy == "strict" else ("run_python+analyze_csv",)
-    for tool in ("execute_command", *data_tools):
+    shell = "execute_command" if policy == "strict" else "execute_command+files"
+    for tool in (shell, *data_tools):
         for field in expected:
             assert posture[f"posture {policy}/{tool}: {field}"]["ok"]
     assert result.returncode == 0

@@ -333,6 +333,7 @@ async def test_the_stateless_2026_era_serves_tools_too(http_url: str) -> None:
             assert [tool.name for tool in listed.tools] == [
                 "analyze_csv",
                 "execute_command",
+                "files",
                 "run_python",
                 "services",
                 "workspaces",

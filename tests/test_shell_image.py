@@ -24,8 +24,8 @@ async def test_the_everyday_tools_are_found_and_work(module_session: Client) -> 
         "echo '{\"a\": [1, 2]}' | jq -c .a\n"
         "sqlite3 :memory: 'select 40 + 2'\n"
         "echo '2^10' | bc\n"
-        "git init -q repo && cd repo && git -c user.email=a@b -c user.name=a commit -q --allow-empty -m first "
-        "&& git log --format=%s\n"
+        "git init -q repo && git -C repo -c user.email=a@b -c user.name=a commit -q --allow-empty -m first "
+        "&& git -C repo log --format=%s\n"
     )
     result = await module_session.call_tool("execute_command", {"command": script})
     assert result.structured_content is not None, text_of(result)

@@ -36,7 +36,8 @@ async def test_a_session_remembers_its_folder_variables_functions_aliases_and_op
         )
         exited = await _run(session, "cd /workspace/src && export AFTER=1 && exit 3")
         after_exit = await _run(session, 'pwd; echo "AFTER=$AFTER"')
-        elsewhere = await _run(session, "pwd", workdir="/workspace")
+        elsewhere = await _run(session, "pwd; cd /workspace", workdir="/workspace")
+        still = await _run(session, "pwd")
         left = await _run(session, "cd /tmp && pwd")
         back = await _run(session, "pwd")
         clean = await _run(session, 'pwd; echo "CC=${CC-unset}"; type greet 2>&1; false | true; echo $?', reset=True)
@@ -52,7 +53,7 @@ async def test_a_session_remembers_its_folder_variables_functions_aliases_and_op
     ], second
     assert second["stderr"] == ""
     assert exited["exit_code"] == 3 and after_exit["stdout"] == "/workspace/src\nAFTER=1\n"
-    assert elsewhere["stdout"] == "/workspace\n"
+    assert elsewhere["stdout"] == "/workspace\n" and still["stdout"] == "/workspace/src\n"  # workdir: a one-off
     assert left["stdout"] == "/tmp\n" and back["stdout"] == "/workspace\n"  # only folders of the workspace carry
     assert clean["stdout"].splitlines()[0:2] == ["/workspace", "CC=unset"]
     assert "not found" in clean["stdout"] and clean["stdout"].endswith("0\n")

@@ -161,7 +161,7 @@ async def test_a_c_library_is_built_and_its_make_check_passes_and_a_broken_check
     project = {"ring/ring.h": RING_H, "ring/ring.c": RING_C, "ring/test_ring.c": RING_TEST, "ring/Makefile": MAKEFILE}
     async with connect(stdio_parameters("--policy", "toolchain")) as session:
         built = await _run(session, "cd ring && make -s && make -s check && ls libring.a libring.so", project)
-        broken = await _run(session, "cd ring && make -s -B check EXPECTED_FIRST=2", {})  # the session's workspace
+        broken = await _run(session, "make -s -B check EXPECTED_FIRST=2", {})  # the session's shell is still in ring
     assert not built["is_error"], built["text"]
     assert built["stdout"] == "6 of 6 checks passed\nlibring.a\nlibring.so\n", built["stdout"]
     assert broken["is_error"] and broken["exit_code"] == 2, broken["text"]  # make's own code for a failed check

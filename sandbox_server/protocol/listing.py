@@ -71,7 +71,7 @@ def _here(tool: str, policy: Policy) -> str:
     said = f"\nPolicy '{policy.name}'"
     if tool == "execute_command" and policy.description and policy.name != "default":
         said += f" ({policy.description.rstrip('.')})"
-    return f"{said}: {tool_policy.limits.timeout_s:g} s a call, {tool_policy.max_timeout_s:g} s at most."
+    return f"{said}: {tool_policy.limits.timeout_s:g} s a call, up to {tool_policy.max_timeout_s:g}."
 
 
 VIEW_SCHEMA: dict[str, Any] = {

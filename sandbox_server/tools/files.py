@@ -93,11 +93,12 @@ class Files:
     """Read, write and edit files of the workspace, and find and grep in it, each call in a fresh sandbox."""
 
     name = "files"
-    title = "Read, write, edit and search workspace files"
+    title = "Edit and search workspace files"
     description = (
         "The workspace's files. `read`: numbered lines (`offset`, `limit`). `write`: `content` as the whole file. "
         "`edit`: `old`, found exactly once, replaced by `new`; the diff comes back. `find`: paths matching a glob "
-        "(`**/*.py`). `grep`: lines matching a regex."
+        "(`**/*.py`). `grep`: lines matching a regex.\n"
+        'Example: {"action": "grep", "pattern": "TODO"}'
     )
     input_schema: dict[str, Any] = {
         "type": "object",

@@ -12,7 +12,7 @@ program is started for it), and the file is the sandbox's own, in the workspace 
 kept variables of run_python: it follows the workspace when it is forked, branched, exported
 and resumed, and the server never reads it. A program replaced by `exec`, or stopped at its
 deadline, leaves the state the call found. `reset` starts from a clean shell; `workdir` starts
-the call in the folder it names rather than where the last one ended.
+the call in the folder it names rather than where the last one ended, and leaves the session's folder as it was.
 """
 
 from __future__ import annotations
@@ -52,7 +52,11 @@ __sbx_save() {{
         unset -f __sbx_save
         declare -f
         alias -p
-        case $PWD in {wire.WORKSPACE}|{wire.WORKSPACE}/*) printf '__sbx_cwd=%q\\n' "$PWD" ;; esac
+        if [ -n "$__sbx_workdir" ]; then
+            [ -n "$__sbx_home" ] && printf '__sbx_cwd=%q\\n' "$__sbx_home"
+        else
+            case $PWD in {wire.WORKSPACE}|{wire.WORKSPACE}/*) printf '__sbx_cwd=%q\\n' "$PWD" ;; esac
+        fi
         printf '__sbx_so=%q __sbx_bo=%q\\n' "$__sbx_so" "$__sbx_bo"
     }} >"$__sbx_state"
     return "$__sbx_rc"
@@ -63,7 +67,11 @@ trap '{{ __sbx_save; }} 2>/dev/null' EXIT
 __sbx_cwd= __sbx_so= __sbx_bo=
 shopt -s expand_aliases
 [ -r "$__sbx_state" ] && . "$__sbx_state" 2>/dev/null
-case $__sbx_flags in *workdir*) ;; *) [ -n "$__sbx_cwd" ] && cd -- "$__sbx_cwd" 2>/dev/null ;; esac
+__sbx_workdir= __sbx_home=$__sbx_cwd
+case $__sbx_flags in
+    *workdir*) __sbx_workdir=1 ;;  # a folder of its own: the session's stays where it was for the next call
+    *) [ -n "$__sbx_cwd" ] && cd -- "$__sbx_cwd" 2>/dev/null ;;
+esac
 if [ -n "$__sbx_bo" ]; then
     for __sbx_n in ${{BASHOPTS//:/ }}; do [[ :$__sbx_bo: == *:$__sbx_n:* ]] || shopt -u "$__sbx_n"; done
     shopt -s ${{__sbx_bo//:/ }} 2>/dev/null

@@ -78,7 +78,7 @@ async def test_descriptions_follow_the_policy_serving_them() -> None:
 
     toolchain, default = await described("toolchain"), await described("default")
     assert "C, C++, Go, Rust" in toolchain["execute_command"]
-    assert toolchain["execute_command"].endswith("300 s a call, 900 s at most.")
-    assert default["execute_command"].endswith("Policy 'default': 30 s a call, 120 s at most.")
+    assert toolchain["execute_command"].endswith("300 s a call, up to 900.")
+    assert default["execute_command"].endswith("Policy 'default': 30 s a call, up to 120.")
     assert "the shell (bash) as this one left them" in default["execute_command"]
     assert "s a call" not in default["files"]  # no timeout of its own to ask for

@@ -214,3 +214,16 @@ async def test_pip_builds_a_c_extension_from_an_allow_listed_index_and_its_tests
     assert installed["stdout"].strip() == marker and "Ran 3 tests" in installed["stderr"], installed["text"]
     requests = [(r["host"], r["status"]) for r in installed.get("network", {}).get("requests", [])]
     assert ("index.test", 200) in requests and all(host == "index.test" for host, _ in requests), requests
+
+
+async def test_the_toolchains_are_current_and_uv_makes_a_project_offline(runtime: DockerRuntime) -> None:
+    """Rust 1.85, Go 1.23, Node.js 22 LTS ahead of Debian's 18, and uv, which sets up a project with no network."""
+    async with connect(stdio_parameters("--policy", "toolchain")) as session:
+        versions = await _run(session, "rustc --version; cargo --version; go version; node --version; uv --version", {})
+        uv = await _run(session, "uv init -q --bare --no-workspace app && cd app && uv run --offline -q main.py",
+                        {"app/main.py": "print('Hello from app!')\n"})  # fmt: skip
+    lines = versions["stdout"].splitlines()
+    assert lines[0].startswith("rustc 1.85.") and lines[1].startswith("cargo 1.85."), lines
+    assert lines[2].startswith("go version go1.23.") and lines[3].startswith("v22."), lines
+    assert lines[4].startswith("uv 0.13."), lines
+    assert not uv["is_error"] and uv["stdout"] == "Hello from app!\n", uv["text"]

@@ -6,6 +6,7 @@ import importlib
 import sys
 
 BENCHMARKS = {
+    "agent_shell": "bench.agent_shell",
     "analyze_csv": "bench.analyze_csv",
     "audit": "bench.audit",
     "csv_launcher": "bench.csv_launcher",

@@ -3,13 +3,15 @@ one the previous call left (its folder, exported variables, functions, aliases a
 
 from __future__ import annotations
 
+import base64
 from pathlib import Path
 from typing import Any
 
+import mcp_types as types
 import pytest
 
 from sandbox_server.sandbox.engine.runtime import DockerRuntime
-from tests.mcp_harness import CheckedClient, answer, connect, http_server, stdio_parameters
+from tests.mcp_harness import CheckedClient, answer, connect, http_server, stdio_parameters, text_of
 
 pytestmark = pytest.mark.anyio
 
@@ -116,3 +118,28 @@ async def test_a_program_that_wants_a_terminal_gets_one_and_its_output_reads_as_
     assert bar["stdout"] == "100% done\n", bar
     assert ">>> print(x)\n42\n" in repl["stdout"] and repl["exit_code"] == 0, repl
     assert "\x1b" not in repl["stdout"] and "\r" not in repl["stdout"]
+
+
+async def test_a_long_log_shows_its_start_and_end_and_is_kept_whole_to_read_in_parts(
+    tmp_path: Path, runtime: DockerRuntime
+) -> None:
+    """A 901-test run's log of 200 KB: the answer keeps its head and tail, says what was cut, and the whole log is
+    a resource read in parts."""
+    policy = tmp_path / "small.yaml"
+    policy.write_text("extends: default\ndefaults:\n  limits: {output_bytes: 100000}\n")
+    command = "for i in $(seq 1 901); do printf 'test_%04d (tests.Case) ... ok %s\\n' $i $(printf '%0180d' 0); done"
+    async with connect(stdio_parameters("--policy", str(policy), "--state-dir", str(tmp_path / "s"))) as session:
+        result = await session.call_tool("execute_command", {"command": command})
+        link = next(block for block in result.content if isinstance(block, types.ResourceLink))
+        whole, uri = b"", f"{link.uri}?offset=0"
+        while uri:
+            part = (await session.read_resource(uri)).contents[0]
+            assert isinstance(part, types.BlobResourceContents)
+            whole += base64.b64decode(part.blob)
+            uri = (part.meta or {})["org.sandbox-server/part"]["next"]
+    text = text_of(result)
+    lines = whole.decode().splitlines()
+    assert len(lines) == 901 and lines[0].startswith("test_0001 ") and lines[-1].startswith("test_0901 ")
+    assert link.size == len(whole) > 100_000 and str(link.uri).endswith("/stdout")
+    assert "test_0001 " in text and "test_0901 " in text and "bytes truncated" in text
+    assert f"the whole stdout ({len(whole)} bytes) is kept at {link.uri}" in text

@@ -23,6 +23,7 @@ from urllib.parse import quote
 
 from sandbox_server.protocol.meta import PATH_META
 from sandbox_server.sandbox.spec import OutputFile
+from sandbox_server.sandbox.streams import WHOLE_BYTES
 from sandbox_server.tools.base import ToolOutcome
 
 __all__ = ["RenderedResult", "ResourceStore", "render", "sanitize"]
@@ -228,6 +229,17 @@ def render(
             image_bytes += file.size
         uris[file.path] = f"sandbox://calls/{call_id}/out/{quote(file.path, safe='/')}"
         content.append(_file_block(file, uris[file.path], store, tenant, kept))
+    for name, whole in outcome.outputs:  # a stream the answer cut, kept whole
+        uri = f"sandbox://calls/{call_id}/{name}"
+        store.put(uri, "text/plain", whole, tenant)
+        if kept is not None:
+            kept.append((uri, "text/plain", whole, tenant))
+        skipped.append(
+            f"note: the whole {name} ({len(whole)} bytes{', its first 8 MiB' if len(whole) >= WHOLE_BYTES else ''}) "
+            f"is kept at {uri}: read it with resources/read, in parts from {uri}?offset=0"
+        )
+        content.append({"type": "resource_link", "uri": uri, "name": f"the whole {name}", "mimeType": "text/plain",
+                        "size": len(whole), "description": f"{name} as it came; the answer shows its start and end"})  # fmt: skip
     if skipped:
         content[0]["text"] += "\n" + "\n".join(skipped)
     started = (outcome.structured or {}).get("service")

@@ -153,6 +153,8 @@ class ExecutionResult:
     """The program wrote far more than its output cap and was stopped."""
     stdout_truncated_bytes: int = 0
     stderr_truncated_bytes: int = 0
+    whole_output: tuple[tuple[str, bytes], ...] = ()
+    """A stream cut to the output cap, as it came (up to 8 MiB): ("stdout" or "stderr", its bytes)."""
     files: tuple[OutputFile, ...] = ()
     skipped_files: tuple[str, ...] = ()
     """Notes on output entries not returned (links, devices, over the caps)."""

@@ -16,6 +16,9 @@ LAST_BYTES = 512
 """The end of a stream kept for its last line (progress notifications show it)."""
 LINE_CHARS = 160
 """A last line longer than this is shown cut, its end kept."""
+WHOLE_BYTES = 8 * 1024 * 1024
+"""A stream cut to its cap is also kept whole up to this, for the caller to read as a resource in parts (kept only
+once the stream passes its cap: until then its head and tail are all of it)."""
 _feeds = itertools.count(1)
 
 
@@ -29,12 +32,17 @@ class CappedBuffer:
         self._head = bytearray()
         self._tail = bytearray()
         self._last = bytearray()
+        self._whole: bytearray | None = None
         self.total = 0
         self.fed = 0
         """When it was last fed, in the order of every buffer's feeds (0: never)."""
 
     def feed(self, data: bytes) -> None:
-        """Add bytes; memory stays bounded by `limit`."""
+        """Add bytes; memory stays bounded by `limit` and, once the stream passes it, WHOLE_BYTES."""
+        if self._whole is None and self.total + len(data) > self.limit:  # nothing dropped yet: head and tail are all
+            self._whole = self._head + self._tail
+        if self._whole is not None and self.total < WHOLE_BYTES:
+            self._whole += data[: WHOLE_BYTES - self.total]
         self.total += len(data)
         if data:
             self.fed = next(_feeds)
@@ -48,6 +56,10 @@ class CappedBuffer:
             self._tail += data
             if len(self._tail) > self._tail_limit:
                 del self._tail[: len(self._tail) - self._tail_limit]
+
+    def whole(self) -> bytes | None:
+        """The stream as it came, up to WHOLE_BYTES, when it was cut to the cap (None when it was not)."""
+        return bytes(self._whole) if self._whole is not None and self.truncated_bytes else None
 
     @property
     def truncated_bytes(self) -> int:

@@ -188,6 +188,8 @@ class ToolOutcome:
     """What the audit line records about the sandbox (container, runtime, limits, outcome)."""
     view: Mapping[str, Any] | None = None
     """What only a view shows (MCP Apps): `structuredContent.view`, for clients that negotiated views alone."""
+    outputs: tuple[tuple[str, bytes], ...] = ()
+    """A stream the answer shows cut, as it came ("stdout" or "stderr", its bytes): kept as a resource."""
 
     @classmethod
     def refused(cls, refusal: Refusal, policy_name: str) -> ToolOutcome:

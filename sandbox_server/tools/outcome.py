@@ -119,6 +119,7 @@ def outcome_from_execution(result: ExecutionResult, spec: SandboxSpec) -> ToolOu
         files=result.files,
         notes=result.skipped_files + _network_note(spec, stdout, stderr) + _tmp_note(spec, stderr),
         audit=audit,
+        outputs=result.whole_output,
     )
 
 

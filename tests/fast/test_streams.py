@@ -159,3 +159,19 @@ def test_the_last_line_of_a_stream_is_what_a_person_would_read(chunks: list[byte
     for chunk in chunks:
         buffer.feed(chunk)
     assert buffer.last_line() == expected
+
+
+def test_a_stream_past_its_cap_is_also_kept_whole_up_to_its_own_bound() -> None:
+    from sandbox_server.sandbox.streams import WHOLE_BYTES
+
+    buffer = CappedBuffer(100)
+    data = bytes(range(256)) * 4
+    for start in range(0, len(data), 7):
+        buffer.feed(data[start : start + 7])
+    assert buffer.truncated_bytes == len(data) - 100 and buffer.whole() == data
+    small = CappedBuffer(100)
+    small.feed(b"x" * 100)
+    assert small.whole() is None  # it fit: the answer holds it all
+    flood = CappedBuffer(10)
+    flood.feed(b"y" * (WHOLE_BYTES + 5))
+    assert flood.whole() == b"y" * WHOLE_BYTES

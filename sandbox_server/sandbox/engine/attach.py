@@ -221,6 +221,11 @@ def result_of(
         flooded=drain.flooded,
         stdout_truncated_bytes=drain.stdout.truncated_bytes,
         stderr_truncated_bytes=drain.stderr.truncated_bytes,
+        whole_output=tuple(
+            (name, whole)
+            for name, buffer in (("stdout", drain.stdout), ("stderr", drain.stderr))
+            if (whole := buffer.whole()) is not None
+        ),
         files=files,
         skipped_files=notes,
         container_id=container[0],

@@ -7,10 +7,12 @@ that is down) is an `isError` result whose first line says what happened.
 
 from __future__ import annotations
 
+import base64
 import logging
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from importlib import resources
 from typing import TYPE_CHECKING, Any
 
 import anyio.to_thread
@@ -66,10 +68,21 @@ REMEMBERED_SESSIONS = 1024
 INSTRUCTIONS = (
     "Every tool call runs in a fresh, isolated, resource-limited container that is destroyed "
     "afterwards; processes and /tmp never outlive a call. When the policy keeps workspaces, "
-    "/workspace is as the previous call of this connection left it (over HTTP in the 2026-07-28 era: of the "
+    "/workspace (and execute_command's shell: its folder, variables, functions, options) is as the previous call "
+    "of this connection left it (over HTTP in the 2026-07-28 era: of the "
     "`workspace` id you pass back from a result), and run_python keeps a cell's variables for the "
     "next. Send input files with `files`; files written to /workspace/out come back with the result."
 )
+
+
+ICON = types.Icon(
+    src="data:image/svg+xml;base64,"
+    + base64.b64encode(resources.files("sandbox_server.views").joinpath("icon.svg").read_bytes()).decode(),
+    mime_type="image/svg+xml",
+    sizes=["any"],
+)
+"""The server's icon, shipped with the package, in its serverInfo (a client that shows servers shows it). The
+tools carry none of their own: six in tools/list would take it past the 12,000 characters a model reads."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +157,7 @@ class SandboxServer:
             version=__version__,
             title="Sandbox server",
             instructions=INSTRUCTIONS,
+            icons=[ICON],
             on_list_tools=self._list_tools,
             on_call_tool=self._call_tool,
             on_list_resources=self._list_resources,

@@ -82,3 +82,16 @@ async def test_descriptions_follow_the_policy_serving_them() -> None:
     assert default["execute_command"].endswith("Policy 'default': 30 s a call, up to 120.")
     assert "the shell (bash) as this one left them" in default["execute_command"]
     assert "s a call" not in default["files"]  # no timeout of its own to ask for
+
+
+async def test_the_server_shows_its_icon_shipped_with_the_package() -> None:
+    import base64
+    from xml.etree import ElementTree
+
+    policy = load_policy("default", [tool.name for tool in all_tools()])
+    app = SandboxServer(Parts(ToolRegistry(all_tools(), policy), FakeRuntime(), None))
+    async with connect(app.server) as client:
+        (icon,) = client.server_info.icons or []
+    assert icon.mime_type == "image/svg+xml" and icon.src.startswith("data:image/svg+xml;base64,")
+    drawn = ElementTree.fromstring(base64.b64decode(icon.src.split(",", 1)[1]))
+    assert drawn.tag.endswith("svg") and drawn.get("viewBox") == "0 0 64 64" and len(list(drawn)) >= 5

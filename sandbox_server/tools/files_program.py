@@ -8,8 +8,6 @@ answer as hostile input. Paths arrive already checked to be inside /workspace, a
 path ("" for /workspace itself).
 """
 
-import difflib
-import fnmatch
 import json
 import os
 import re
@@ -117,6 +115,8 @@ def edit(request: dict[str, Any]) -> dict[str, Any]:
             handle.write(changed)
     except OSError as error:
         raise Refused(f"{_shown(path)} cannot be written: {error.strerror}", "path") from None
+    import difflib  # (each action imports what it alone needs: the program starts for every call)
+
     name = _shown(path)
     diff = difflib.unified_diff(
         text.splitlines(keepends=True), changed.splitlines(keepends=True), f"a/{name}", f"b/{name}", n=3
@@ -141,6 +141,8 @@ def _walk(start: str) -> Iterator[str]:
 
 
 def find(request: dict[str, Any]) -> dict[str, Any]:
+    import fnmatch
+
     start = os.path.join(ROOT, request["path"])
     if not os.path.exists(start):
         raise Refused(f"{_shown(start)} does not exist", "path")

@@ -91,6 +91,7 @@ async def test_the_server_shows_its_icon_shipped_with_the_package() -> None:
     policy = load_policy("default", [tool.name for tool in all_tools()])
     app = SandboxServer(Parts(ToolRegistry(all_tools(), policy), FakeRuntime(), None))
     async with connect(app.server) as client:
+        assert client.server_info is not None
         (icon,) = client.server_info.icons or []
     assert icon.mime_type == "image/svg+xml" and icon.src.startswith("data:image/svg+xml;base64,")
     drawn = ElementTree.fromstring(base64.b64decode(icon.src.split(",", 1)[1]))

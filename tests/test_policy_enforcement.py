@@ -51,8 +51,8 @@ async def test_memory_pids_timeout_output_and_network_limits_are_enforced(tight:
     assert refused.is_error
     assert text_of(refused) == (
         "refused: timeout_s 9 is above the cap of 8 s set by policy 'tight' (field limits.max_timeout_s); "
-        "ask for 8 or less, or up to 3600 s as an MCP task (a 2025-11-25 client asks with `task`, a 2026-07-28 one "
-        "names the io.modelcontextprotocol/tasks extension)"
+        "ask for 8 or less, or up to 3600 s as a task (an MCP task: a 2025-11-25 client asks with `task`, a "
+        "2026-07-28 one names the io.modelcontextprotocol/tasks extension)"
     )
     network = await session.call_tool("execute_command", {"command": "ls /sys/class/net; getent hosts example.com"})
     assert network.structured_content is not None and network.structured_content["stdout"] == "lo\n"

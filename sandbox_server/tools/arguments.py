@@ -95,8 +95,8 @@ def refuse_timeout(requested: float | None, policy: ToolPolicy, policy_name: str
         longer = (
             ""
             if task or policy.max_task_s <= cap
-            else f", or up to {policy.max_task_s:g} s as an MCP task (a 2025-11-25 client asks with `task`, a "
-            "2026-07-28 one names the io.modelcontextprotocol/tasks extension)"
+            else f", or up to {policy.max_task_s:g} s as a task (an MCP task: a 2025-11-25 client asks with `task`, "
+            "a 2026-07-28 one names the io.modelcontextprotocol/tasks extension)"
         )
         raise Refusal(
             f"refused: timeout_s {requested:g} is above the cap of {cap:g} s set by policy '{policy_name}' "

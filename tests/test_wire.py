@@ -63,3 +63,24 @@ async def test_the_python_image_holds_the_hosts_contract(runtime: DockerRuntime)
     assert result.structured_content is not None
     in_image = json.loads(ast.literal_eval(result.structured_content["stdout"].strip()))
     assert in_image == json.loads(json.dumps(CONTRACT))
+
+
+def test_the_base_image_holds_the_session_shell_at_the_path_the_host_names() -> None:
+    from sandbox_server.tools.shell_session import SESSION, SHELL_STATE, SOURCE
+
+    base = shipped.images_dir() / "base"
+    assert f"COPY shell-session.bash {SESSION}" in (base / "Dockerfile").read_text()
+    assert SESSION.startswith(wire.LAUNCHERS_DIR + "/")
+    assert f"__sbx_state={wire.WORKSPACE}/{SHELL_STATE} " in SOURCE and f"{wire.REQUEST_DIR}/shell" in SOURCE
+
+
+def test_the_session_shell_runs_from_the_image_only_in_the_catalogs_images() -> None:
+    from sandbox_server.sandbox.engine.images import catalog
+    from sandbox_server.tools.shell_session import OURS, SCRIPT, SESSION, session_argv
+
+    assert set(OURS) == set(catalog()) - {"proxy"}
+    ours = session_argv("make", "sandbox-server/toolchain:latest", False, True)
+    assert ours == (("/bin/bash", "-c", "make", "bash"), (("BASH_ENV", SESSION), ("SANDBOX_SHELL", "reset")))
+    inline, added = session_argv("make", "sandbox-server/team-tools:abc", True, False)
+    assert inline[:2] == ("/bin/sh", "-c") and inline[3:6] == ("/bin/bash", "make", "workdir") and inline[6] == SCRIPT
+    assert added == () and session_argv("ls", "debian:bookworm", False, False)[0][0] == "/bin/sh"

@@ -144,16 +144,17 @@ class ExecuteCommand(Sandboxed):
 
     async def run(self, args: Mapping[str, Any], ctx: ToolContext) -> ToolOutcome:
         """Build the spec from the arguments and the policy (checked by `refuse`), run it, describe what happened."""
+        session: tuple[tuple[str, str], ...] = ()
         if "args" in args:
             argv: tuple[str, ...] = (args["command"], *args["args"])
         elif ctx.kept_workspace and "service" not in args:
-            argv = session_argv(args["command"], ctx.policy.image, "workdir" in args, bool(args.get("reset")))
+            argv, session = session_argv(args["command"], ctx.policy.image, "workdir" in args, bool(args.get("reset")))
         else:
             argv = ("/bin/sh", "-c", args["command"])
         size = size_of(args.get("tty", False)) if "service" not in args else None
         if size is not None:
             argv = tty_argv(argv, size)
-        spec = sandbox_spec(args, ctx, argv, args.get("stdin", "").encode("utf-8", "surrogatepass"))
+        spec = sandbox_spec(args, ctx, argv, args.get("stdin", "").encode("utf-8", "surrogatepass"), session)
         if "service" in args:
             return await start_service(args, ctx, spec, self.name)
         result = await ctx.runtime.run(spec, ctx.hooks)

@@ -123,8 +123,9 @@ def outcome_from_execution(result: ExecutionResult, spec: SandboxSpec) -> ToolOu
     )
 
 
-NOT_FROM_TMP = re.compile(r"^(?:/bin/)?(?:ba|da)?sh: (?:line )?(?:\d+: )?/tmp/\S*: Permission denied", re.MULTILINE)
-"""What a shell says when it is asked to run a program under /tmp, which is mounted noexec."""
+NOT_FROM_TMP = re.compile(r"^\S+: (?:line )?\d+: /tmp/\S*: Permission denied", re.MULTILINE)
+"""What a shell (bash or dash, naming the line) says when it is asked to run a program under /tmp, which is mounted
+noexec."""
 
 
 def _tmp_note(spec: SandboxSpec, stderr: str) -> tuple[str, ...]:

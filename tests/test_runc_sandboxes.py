@@ -437,3 +437,32 @@ async def test_a_sandbox_holding_every_per_user_limit_leaves_another_sandbox_its
     assert int(held[1]) == int(Path("/proc/sys/fs/inotify/max_user_instances").read_text()), held[0]
     assert held[2] == held[4] == "Too many open files" and int(held[3]) > 0, held[0]  # both limits reached
     assert trier["stdout"] == "inotify=made queue=made\n", trier["stdout"]
+
+
+def test_a_cgroup_a_killed_server_made_before_its_sandboxs_bundle_is_swept_with_its_process(
+    runtime: DockerRuntime,
+) -> None:
+    """A server killed between making a sandbox's cgroups and writing its bundle leaves cgroups no bundle names
+    (seen once under a loaded burst): the next start's sweep finds them by the server's name in theirs."""
+    import socket
+
+    from sandbox_server.sandbox.runc.state import delete_left_by, sandbox_name
+    from sandbox_server.sandbox.template.cgroups import HIERARCHIES, ROOT
+
+    owner = f"{socket.gethostname()}:999999:1"  # a server that is gone
+    name = sandbox_name(owner)
+    folders = [ROOT / hierarchy / CGROUP_PARENT / name for hierarchy in HIERARCHIES]
+    stray = subprocess.Popen(["sleep", "300"])
+    try:
+        for folder in folders:
+            folder.mkdir(parents=True)
+        (folders[0] / "cgroup.procs").write_text(str(stray.pid))
+        assert delete_left_by(owner, STATE) == 0  # no bundle of its own
+        assert stray.wait(timeout=10) == -signal.SIGKILL
+        assert not [folder for folder in folders if folder.exists()]
+    finally:
+        stray.kill()
+        stray.wait()
+        for folder in folders:
+            if folder.exists():
+                folder.rmdir()

@@ -143,3 +143,42 @@ async def test_a_long_log_shows_its_start_and_end_and_is_kept_whole_to_read_in_p
     assert link.size == len(whole) > 100_000 and str(link.uri).endswith("/stdout")
     assert "test_0001 " in text and "test_0901 " in text and "bytes truncated" in text
     assert f"the whole stdout ({len(whole)} bytes) is kept at {link.uri}" in text
+
+
+TESTED = "def add(a, b):\n    return a - b\n"
+TEST = "from calc import add\nassert add(2, 2) == 4, 'add is wrong'\nprint('ok')\n"
+
+
+@pytest.mark.parametrize("era", ["legacy", "2026-07-28"])
+async def test_an_agents_session_in_both_eras(era: str, tmp_path: Path, runtime: DockerRuntime) -> None:
+    """cd, an export and a function carried; a failing test found by grep and fixed by an exact edit whose diff
+    comes back; a REPL under a terminal."""
+    with http_server("--state-dir", str(tmp_path / "state")) as url:
+        async with connect(url, mode=era) as session:
+            kept: dict[str, Any] = {}
+
+            async def call(tool: str, **arguments: Any) -> dict[str, Any]:
+                done = await answer(session, tool, {**arguments, **kept})
+                if era != "legacy":
+                    kept["workspace"] = done["workspace"]  # the stateless era continues by the id
+                return done
+
+            await call("files", action="write", path="proj/calc.py", content=TESTED)
+            await call("files", action="write", path="proj/test_calc.py", content=TEST)
+            setup = await call(
+                "execute_command",
+                command="cd proj && export PYTHONDONTWRITEBYTECODE=1 && t() { python3 test_calc.py; }",
+            )
+            failing = await call("execute_command", command="t")
+            found = await call("files", action="grep", pattern=r"return a - b")
+            edited = await call("files", action="edit", path=found["matches"][0]["path"], old="a - b", new="a + b")
+            passing = await call("execute_command", command="t && pwd && ls")
+            repl = await call(
+                "execute_command", command="python3 -q", tty=True, stdin="from calc import add\nadd(40, 2)\n"
+            )
+    assert not setup["is_error"], setup["text"]
+    assert failing["exit_code"] == 1 and "add is wrong" in failing["stderr"], failing["text"]
+    assert found["matches"] == [{"path": "proj/calc.py", "line": 2, "text": "    return a - b"}]
+    assert "-    return a - b\n+    return a + b" in edited["diff"]
+    assert passing["stdout"] == "ok\n/workspace/proj\ncalc.py\ntest_calc.py\n", passing["text"]
+    assert ">>> add(40, 2)\n42\n" in repl["stdout"], repl["stdout"]

@@ -25,7 +25,7 @@ from sandbox_server.errors import EngineError
 from sandbox_server.sandbox.meter import memory_events
 from sandbox_server.sandbox.polling import readable
 from sandbox_server.sandbox.runc import host_ids
-from sandbox_server.sandbox.template import userns
+from sandbox_server.sandbox.template import cgroups, userns
 from sandbox_server.sandbox.template.host import Forked
 from sandbox_server.sandbox.template.launch import MARK as FORKED
 from sandbox_server.sandbox.template.launch import remove_cgroups
@@ -264,6 +264,8 @@ def delete_left_by(owner: str, state: Path = STATE) -> int:
     left = [name for name in listed(state) if owner_of(name) == owner]
     for name in left:
         delete(state, name)
+    for name in _cgroups_left_by(owner):  # made for a sandbox it was killed before it wrote the bundle of
+        cgroups.kill_and_remove(f"/{CGROUP_PARENT}/{name}")
     userns.remove_left(state, lambda name: owner_of(name) == owner)  # its warm templates' namespaces
     for index, name in host_ids.held_by(state).items():  # ranges taken for sandboxes it never made
         if owner_of(name) == owner:
@@ -271,6 +273,16 @@ def delete_left_by(owner: str, state: Path = STATE) -> int:
     for kind in SERVER_FOLDERS:  # the names of its services, its proxies' keys and configurations
         shutil.rmtree(state / kind / _server(owner), ignore_errors=True)
     return len(left)
+
+
+def _cgroups_left_by(owner: str) -> list[str]:
+    """The sandboxes' cgroups a server (by its owner label) left, bundle or no bundle (cgroup v1's memory
+    hierarchy names them all: each sandbox has one in every hierarchy)."""
+    try:
+        names = os.listdir(cgroups.ROOT / "memory" / CGROUP_PARENT)
+    except OSError:
+        return []
+    return [name for name in names if is_runc(name) and owner_of(name) == owner]
 
 
 def oom_kills(name: str) -> int:

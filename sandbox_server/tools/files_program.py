@@ -208,7 +208,9 @@ def _grep_program(pattern: str, where: str, most: int) -> tuple[list[dict[str, A
 
     command = ["grep", "-rnIZP", f"--exclude-dir={TOOLS_FOLDER}", "-e", pattern, "--", where]
     try:
-        found = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        found = subprocess.Popen(  # bytes matched as bytes, as `re` on bytes does: no locale's decoding
+            command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env={**os.environ, "LC_ALL": "C"}
+        )
     except OSError:
         return None
     assert found.stdout is not None

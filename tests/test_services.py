@@ -633,3 +633,22 @@ async def test_a_service_started_with_files_finds_them_in_its_workspace(tmp_path
     assert not started["is_error"], started["text"]
     assert reached["stdout"].startswith("from files\n") and "app.py" in reached["stdout"], reached["stdout"]
     assert stdin["is_error"] and stdin["error"]["field"] == "stdin", stdin["text"]
+
+
+async def test_a_storage_refusal_names_the_service_that_holds_the_room(tmp_path: Path, runtime: DockerRuntime) -> None:
+    """A 2 GiB workspace whose service runs counts its bounded reserve (256 MiB); on a host's cap of 400 MiB a second
+    session's new workspace does not fit, and the refusal says which service holds the room."""
+    policy = tmp_path / "room.yaml"
+    policy.write_text(
+        SHORT % {"idle": 600, "lifetime": 600}
+        + "workspace: {persist: true, size_mb: 2048, files: 2000}\nhost: {workspace_storage_mb: 400}\n"
+    )
+    serve = ("--policy", str(policy), "--no-pool", "--state-dir", str(tmp_path / "s"))
+    with http_server_process(*serve) as server:
+        async with as_caller(server.url) as first:
+            await start_web(first)
+            async with as_caller(server.url) as second:
+                refused = await call(second, command="true")
+        await until_gone(server.process.pid)
+    assert refused["is_error"] and refused["error"]["field"] == "host.workspace_storage_mb", refused["text"]
+    assert "in use by its service web counts" in refused["text"], refused["text"]

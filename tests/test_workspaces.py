@@ -553,5 +553,5 @@ async def test_large_workspaces_in_use_count_what_they_hold_plus_a_bounded_reser
     assert len(held) == 3 and all(not result["timed_out"] for result in held), held
     assert fourth["is_error"] and fourth["error"]["kind"] == "busy", fourth["text"]
     assert fourth["error"]["field"] == "host.workspace_storage_mb"
-    assert "no new workspace" in fourth["text"] and "in use (a call or a service works in it) counts" in fourth["text"]
+    assert "no new workspace" in fourth["text"] and "in use (a call works in it) counts" in fourth["text"]
     assert not bookkeeping.is_error, text_of(bookkeeping)

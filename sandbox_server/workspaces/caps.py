@@ -109,7 +109,14 @@ class CappedWorkspaces:
         said = []
         for size, record in counted:
             name = f"{'snapshot' if record.snapshot else 'workspace'} {record.name or record.id}"
-            using = " in use (a call or a service works in it)" if self._in_use(record.id) else ""
+            services = [str(entry.get("name")) for entry in record.services if entry.get("name")]
+            using = (
+                f" in use by its service{'s' if len(services) > 1 else ''} {', '.join(services)}"
+                if services
+                else " in use (a call works in it)"
+                if self._in_use(record.id)
+                else ""
+            )
             said.append(f"{name}{using} counts {size} bytes")
         exports = self.exports.total()
         return "held most by: " + ", ".join(said + ([f"exports {exports} bytes"] if exports else []))

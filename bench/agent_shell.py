@@ -24,15 +24,10 @@ from typing import Any
 import anyio
 from mcp import Client
 
-from bench.common import median, print_table, write_results
+from bench.common import UNCAPPED, median, print_table, write_results
 from bench.measure import percentiles
 from sandbox_server.cli.client import server_parameters
 
-POLICY = """\
-extends: default
-rate: {calls_per_minute: 1000000}
-host: {min_available_memory_mb: 64, max_load_per_cpu: 1000}
-"""
 STATE = (
     "for i in $(seq 1 20); do export VAR_$i=value_$i; done; "
     + "; ".join(f'f{i}() {{ echo {i} "$@"; }}' for i in range(10))
@@ -74,7 +69,7 @@ async def measure(calls: int) -> dict[str, Any]:
     rows: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="bench-agent-") as work:
         policy = Path(work) / "bench.yaml"
-        policy.write_text(POLICY)
+        policy.write_text(UNCAPPED)
         serve = ["--policy", str(policy), "--state-dir", str(Path(work) / "state")]
         async with Client(server_parameters(serve)) as client:
             for _ in range(5):  # the pools filled, the workspace made

@@ -14,6 +14,15 @@ from typing import Any
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
+UNCAPPED = """\
+extends: default
+rate: {calls_per_minute: 1000000}
+host: {min_available_memory_mb: 64, max_load_per_cpu: 1000}
+"""
+"""The default policy with its rate and host-load caps lifted: a benchmark's calls would pass them (its
+concurrency cap stays)."""
+
+
 def median(values: Sequence[float]) -> float:
     """The median, rounded for reading."""
     return round(statistics.median(values), 3)

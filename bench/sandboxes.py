@@ -37,17 +37,12 @@ import docker
 import psutil
 from mcp import Client
 
-from bench.common import median, print_table, write_results
+from bench.common import UNCAPPED, median, print_table, write_results
 from bench.measure import own_cpu_s, percentiles, server_process, settled_containers, timed_calls
 from bench.runtimes import EngineCpu
 from sandbox_server.cli.client import server_parameters
 from sandbox_server.sandbox.engine.services import remove_network
 
-POLICY = """\
-extends: default
-rate: {calls_per_minute: 1000000}
-host: {min_available_memory_mb: 64, max_load_per_cpu: 1000}
-"""
 ALLOW_LISTED = """\
 tools:
   execute_command:
@@ -199,10 +194,10 @@ def main(argv: list[str]) -> int:
     try:
         with tempfile.TemporaryDirectory() as work_dir:
             policy, listed = Path(work_dir) / "bench.yaml", Path(work_dir) / "allow-listed.yaml"
-            policy.write_text(POLICY)
-            listed.write_text(POLICY + ALLOW_LISTED % network)
+            policy.write_text(UNCAPPED)
+            listed.write_text(UNCAPPED + ALLOW_LISTED % network)
             side = Path(work_dir) / "side-by-side.yaml"
-            side.write_text(POLICY.replace("rate: {calls_per_minute: 1000000}", SIDE_BY_SIDE_RATE) + NO_WORKSPACE)
+            side.write_text(UNCAPPED.replace("rate: {calls_per_minute: 1000000}", SIDE_BY_SIDE_RATE) + NO_WORKSPACE)
             for _ in range(options.rounds):
                 for path in runs:
                     runs[path].append(anyio.run(_measure, path, options.burst, policy))

@@ -42,7 +42,7 @@ EMBED_TEXT_BYTES = 64 * 1024
 EMBED_BLOB_BYTES = 256 * 1024
 IMAGE_TYPES = {b"\x89PNG\r\n\x1a\n": "image/png", b"\xff\xd8\xff": "image/jpeg", b"GIF8": "image/gif"}
 AUDIO_TYPES = {b"OggS": "audio/ogg", b"fLaC": "audio/flac", b"ID3": "audio/mpeg", b"\xff\xfb": "audio/mpeg"}
-"""Audio by its first bytes; a WAV file is RIFF with WAVE at byte 8 (see `_audio_type`)."""
+"""Audio by its first bytes; a WAV file is RIFF with WAVE at byte 8 (`_mime_type` knows it so)."""
 
 
 def sanitize(text: str) -> str:
@@ -139,12 +139,10 @@ def _file_block(
     store.put(uri, mime, file.content, tenant)
     if kept is not None:
         kept.append((uri, mime, file.content, tenant))
-    if mime in IMAGE_TYPES.values() and len(file.content) <= EMBED_BLOB_BYTES * 8:
+    media = "image" if mime in IMAGE_TYPES.values() else "audio" if mime.startswith("audio/") else None
+    if media is not None and len(file.content) <= EMBED_BLOB_BYTES * 8:
         data = base64.b64encode(file.content).decode()
-        return {"type": "image", "data": data, "mimeType": mime, "_meta": {PATH_META: sanitize(file.path)}}
-    if mime.startswith("audio/") and len(file.content) <= EMBED_BLOB_BYTES * 8:
-        data = base64.b64encode(file.content).decode()
-        return {"type": "audio", "data": data, "mimeType": mime, "_meta": {PATH_META: sanitize(file.path)}}
+        return {"type": media, "data": data, "mimeType": mime, "_meta": {PATH_META: sanitize(file.path)}}
     try:
         text = file.content.decode("utf-8")
     except UnicodeDecodeError:

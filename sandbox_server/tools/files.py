@@ -166,13 +166,13 @@ class Files:
         answer = _answer(result.stdout) if result.exit_code == 0 and not result.truncated else None
         if answer is None:
             return replace(ran, is_error=True)
-        if "refused" in answer or not _valid(action, answer["ok"]):
-            if "refused" not in answer:
-                return replace(
-                    ran, headline=f"the files program's answer was not understood · {ran.headline}", is_error=True
-                )
+        if "refused" in answer:
             message = f"refused: {answer['refused']}"
             return ToolOutcome.failed("invalid_arguments", message, ctx.policy_name, str(answer.get("field")))
+        if not _valid(action, answer["ok"]):
+            return replace(
+                ran, headline=f"the files program's answer was not understood · {ran.headline}", is_error=True
+            )
         return _rendered(action, answer["ok"], result.duration_ms, ran)
 
 

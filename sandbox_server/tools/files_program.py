@@ -76,16 +76,20 @@ def read(request: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _written(path: str, text: str) -> None:
+    """`text` as the whole file at `path`, its folders made; a Refusal naming `path` when the kernel says no."""
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w", encoding="utf-8", errors="surrogateescape", newline="") as handle:
+            handle.write(text)
+    except OSError as error:
+        raise Refused(f"{_shown(path)} cannot be written: {error.strerror}", "path") from None
+
+
 def write(request: dict[str, Any]) -> dict[str, Any]:
     path = os.path.join(ROOT, request["path"])
     existed = os.path.lexists(path)
-    folder = os.path.dirname(path)
-    try:
-        os.makedirs(folder, exist_ok=True)
-        with open(path, "w", encoding="utf-8", errors="surrogateescape", newline="") as handle:
-            handle.write(request["content"])
-    except OSError as error:
-        raise Refused(f"{_shown(path)} cannot be written: {error.strerror}", "path") from None
+    _written(path, request["content"])
     return {"path": _shown(path), "size": os.path.getsize(path), "created": not existed}
 
 
@@ -110,11 +114,7 @@ def edit(request: dict[str, Any]) -> dict[str, Any]:
             "old",
         )
     changed = text.replace(old, new, 1)
-    try:
-        with open(path, "w", encoding="utf-8", errors="surrogateescape", newline="") as handle:
-            handle.write(changed)
-    except OSError as error:
-        raise Refused(f"{_shown(path)} cannot be written: {error.strerror}", "path") from None
+    _written(path, changed)
     import difflib  # (each action imports what it alone needs: the program starts for every call)
 
     name = _shown(path)

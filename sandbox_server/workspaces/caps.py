@@ -109,14 +109,11 @@ class CappedWorkspaces:
         said = []
         for size, record in counted:
             name = f"{'snapshot' if record.snapshot else 'workspace'} {record.name or record.id}"
-            services = [str(entry.get("name")) for entry in record.services if entry.get("name")]
-            using = (
-                f" in use by its service{'s' if len(services) > 1 else ''} {', '.join(services)}"
-                if services
-                else " in use (a call works in it)"
-                if self._in_use(record.id)
-                else ""
-            )
+            using = ""
+            if self._in_use(record.id, opening=True):  # as `_counted` counts it
+                services = [str(entry.get("name")) for entry in record.services if entry.get("name")]
+                using = f" in use by its service{'s' if len(services) > 1 else ''} {', '.join(services)}"
+                using = using if services else " in use (a call works in it)"
             said.append(f"{name}{using} counts {size} bytes")
         exports = self.exports.total()
         return "held most by: " + ", ".join(said + ([f"exports {exports} bytes"] if exports else []))

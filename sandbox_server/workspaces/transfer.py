@@ -257,15 +257,9 @@ def read_plain(archive: BinaryIO, max_bytes: int, max_entries: int, kept: Binary
                     name = member.name.removeprefix("./").rstrip("/")
                     if not name or name == ".":
                         continue
-                    entries += 1
-                    declared += member.size if member.isreg() else 0
-                    if declared > max_bytes or entries > max_entries:
-                        raise WorkspaceTooLarge(
-                            f"it holds more than the workspace can ({max_bytes} bytes, {max_entries} entries)"
-                        )
+                    entries, declared = _counted(member, entries, declared, max_bytes, max_entries)
                     inner.addfile(_plain(member, name), tar.extractfile(member) if member.isreg() else None)
             payload.flush()
-            payload.seek(0)
             keep_workspace(payload, kept, max_bytes, max_entries)
     except WorkspaceTooLarge as exc:
         raise TransferError(f"{exc} (policy fields workspace.size_mb and workspace.files)") from None
@@ -293,12 +287,7 @@ def _entries(
         while (member := tar.next()) is not None and member.name != CHECKSUM:
             if not member.name.startswith(ENTRIES):
                 raise TransferError(f"its member {member.name[:100]!r} is neither under {ENTRIES} nor {CHECKSUM}")
-            entries += 1
-            declared += member.size if member.isreg() else 0
-            if declared > max_bytes or entries > max_entries:
-                raise WorkspaceTooLarge(
-                    f"it holds more than the workspace can ({max_bytes} bytes, {max_entries} entries)"
-                )
+            entries, declared = _counted(member, entries, declared, max_bytes, max_entries)
             entry = _plain(member, member.name[len(ENTRIES) :])
             content: IO[bytes] | None = tar.extractfile(member) if member.isreg() else None
             if hashed:
@@ -312,6 +301,16 @@ def _entries(
     if hashed and trailer.get("sha256") != digest.hexdigest():
         raise TransferError(f"its workspace does not match its {CHECKSUM}'s SHA-256: it was changed or damaged")
     return {key: trailer[key] for key in ("files", "bytes", "sha256") if key in trailer}
+
+
+def _counted(member: tarfile.TarInfo, entries: int, declared: int, max_bytes: int, max_entries: int) -> tuple[int, int]:
+    """The entries and declared bytes with `member` counted in, before a byte of it is written; WorkspaceTooLarge
+    past what the workspace holds."""
+    entries += 1
+    declared += member.size if member.isreg() else 0
+    if declared > max_bytes or entries > max_entries:
+        raise WorkspaceTooLarge(f"it holds more than the workspace can ({max_bytes} bytes, {max_entries} entries)")
+    return entries, declared
 
 
 def _plain(member: tarfile.TarInfo, name: str) -> tarfile.TarInfo:

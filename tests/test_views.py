@@ -434,6 +434,39 @@ def test_a_view_takes_the_hosts_dark_theme(host: Host, tmp_path: Path) -> None:
     host.clean()
 
 
+ICON_STROKE = (34, 102, 221)
+"""The tools' icons are drawn in one stroke of this blue (#26d), which reads on light and dark themes alike."""
+
+
+@pytest.mark.parametrize("theme", ["light", "dark"])
+def test_a_tool_picker_shows_each_tools_own_icon_on_either_theme(host: Host, tmp_path: Path, theme: str) -> None:
+    """The icons as a client shows them: the official client's tools/list, each icon drawn at 32 and at 16 pixels
+    beside its title by Chromium. Each draws its stroke, none is blank, and no two are the same drawing."""
+    for size in (32, 16):
+        seen = host(
+            "picker", path=str(shot_path(tmp_path, f"icons-{theme}-{size}.png")), size=size, dark=theme == "dark"
+        )
+        shot = looked_at(seen["path"])
+        assert sorted(seen["tools"]) == [
+            "analyze_csv",
+            "execute_command",
+            "files",
+            "run_python",
+            "services",
+            "tasks",
+            "workspaces",
+        ]
+        drawings = []
+        for icon in seen["icons"]:
+            x, y, width, height = (int(round(v)) for v in icon["box"])
+            drawn = shot[y : y + height, x : x + width]
+            stroke = (np.abs(drawn - np.array(ICON_STROKE)) <= 60).all(axis=2)
+            assert icon["drawn"] and 0.08 * size * size < stroke.sum() < 0.6 * size * size, (icon, int(stroke.sum()))
+            drawings.append(stroke.tobytes())
+        assert len(set(drawings)) == len(drawings)  # seven drawings, not one seven times
+    host.clean()
+
+
 class AppsSupport(ClientExtension):
     """A client that renders MCP Apps, as far as the server can tell."""
 

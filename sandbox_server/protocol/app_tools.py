@@ -19,6 +19,7 @@ import mcp_types as types
 
 from sandbox_server.access.audit import AuditLog
 from sandbox_server.policy import Policy
+from sandbox_server.protocol.listing import icons_of
 from sandbox_server.protocol.requests import Context, client_name, identity_of
 from sandbox_server.tasks.manager import Tasks
 from sandbox_server.tasks.records import TaskRecord
@@ -82,6 +83,7 @@ class AppTools:
                 "properties": {"tasks": {"type": "array", "items": _TASK}, "error": {"type": "string"}},
             },
             annotations=types.ToolAnnotations(title="Your tasks", read_only_hint=False, destructive_hint=False),
+            icons=icons_of(TASKS_TOOL),
             _meta={"ui": {"visibility": ["app"]}},
         )
 

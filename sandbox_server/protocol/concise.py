@@ -18,7 +18,7 @@ BOUNDS = frozenset(
     }
 )  # fmt: skip
 """What the server checks and a model need not read (a call past one is refused, naming it)."""
-SHAPE = ("type", "enum", "const")
+SHAPE = ("enum", "const")
 HINT_DEFAULTS = {"readOnlyHint": False, "destructiveHint": True, "idempotentHint": False, "openWorldHint": True}
 """What a client takes a tool's hint to be when it is not given (the specification's ToolAnnotations)."""
 
@@ -35,11 +35,12 @@ def concise_arguments(schema: Mapping[str, Any], depth: int = 0) -> dict[str, An
     said: dict[str, Any] = {}
     if FIELDS_IN_WORDS in schema and isinstance(schema.get("items"), Mapping):  # its items' fields said in words
         said["description"] = f"{first_sentence(schema.get('description', ''))} Each {schema[FIELDS_IN_WORDS]}."
-        said["items"] = {"type": "object"}
         schema = {k: v for k, v in schema.items() if k not in ("description", "items", FIELDS_IN_WORDS)}
     for key, value in schema.items():
         if key in BOUNDS or (key == "description" and depth > 1) or (key == "title" and depth == 0):
             continue  # (the arguments' own title says the tool's name again)
+        if key == "type" and "enum" in schema:
+            continue  # the choices say it
         if key == "properties" and isinstance(value, Mapping):
             said[key] = {name: concise_arguments(inner, depth + 1) for name, inner in value.items()}
         elif key == "items" and isinstance(value, Mapping):
@@ -74,10 +75,8 @@ def concise_results(schema: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _scalar_shape(field: Mapping[str, Any]) -> dict[str, Any]:
-    """A result field's type or choices where it is a value a model reads as it is (a number, a string, a flag);
-    nothing for an object or a list, whose name says what it holds and whose shape is the full schema's."""
-    if field.get("type") in ("object", "array"):
-        return {}
+    """A result field's choices where it has a few (a model reads which values to expect); nothing else: its name
+    and value say what it is (`stdout`, `exit_code`), and its type and shape are the full schema's."""
     return {key: value for key, value in field.items() if key in SHAPE}
 
 

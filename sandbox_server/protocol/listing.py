@@ -3,7 +3,10 @@ what needs a person's approval."""
 
 from __future__ import annotations
 
+import base64
+import functools
 from collections.abc import Mapping
+from importlib import resources
 from typing import Any
 
 import mcp_types as types
@@ -18,7 +21,7 @@ from sandbox_server.protocol.paging import paginate
 from sandbox_server.tools import Tool
 from sandbox_server.tools.base import annotations_for
 
-__all__ = ["WORKSPACE_HEADER", "page_of", "tool_model"]
+__all__ = ["WORKSPACE_HEADER", "icons_of", "page_of", "shipped_icon", "tool_model"]
 
 
 WORKSPACE_HEADER = "Workspace"
@@ -60,8 +63,26 @@ def tool_model(
         annotations=types.ToolAnnotations.model_validate(concise_hints(hints)),  # its title is the tool's own
         # 2025-11-25: a client may ask for any call as a task when the policy runs tasks
         execution=types.ToolExecution(task_support="optional" if policy.tasks.running > 0 else "forbidden"),
+        icons=icons_of(tool.name),
         _meta=meta or None,
     )
+
+
+@functools.cache
+def shipped_icon(name: str) -> types.Icon | None:
+    """An SVG icon shipped with the package (views/`name`), as a data: URI a client shows without fetching anything;
+    its type is the URI's own, and an SVG serves any size."""
+    found = resources.files("sandbox_server.views").joinpath(name)
+    if not found.is_file():
+        return None
+    return types.Icon(src="data:image/svg+xml;base64," + base64.b64encode(found.read_bytes().strip()).decode())
+
+
+def icons_of(tool: str) -> list[types.Icon] | None:
+    """A tool's icon (2025-11-25 on): one small stroke drawing each, in the views' accent, which reads on light
+    and dark themes alike; a tool of another maker's (none shipped) has none."""
+    icon = shipped_icon(f"icons/{tool}.svg")
+    return [icon] if icon is not None else None
 
 
 def _here(tool: str, policy: Policy) -> str:
@@ -71,7 +92,7 @@ def _here(tool: str, policy: Policy) -> str:
     said = f"\nPolicy '{policy.name}'"
     if tool == "execute_command" and policy.description and policy.name != "default":
         said += f" ({policy.description.rstrip('.')})"
-    return f"{said}: {tool_policy.limits.timeout_s:g} s a call, up to {tool_policy.max_timeout_s:g}."
+    return f"{said}: {tool_policy.limits.timeout_s:g} s a call, `timeout_s` up to {tool_policy.max_timeout_s:g}."
 
 
 VIEW_SCHEMA: dict[str, Any] = {

@@ -7,12 +7,10 @@ that is down) is an `isError` result whose first line says what happened.
 
 from __future__ import annotations
 
-import base64
 import logging
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from importlib import resources
 from typing import TYPE_CHECKING, Any
 
 import anyio.to_thread
@@ -38,7 +36,7 @@ from sandbox_server.policy import Policy
 from sandbox_server.protocol.app_tools import TASKS_TOOL, AppTools
 from sandbox_server.protocol.apps import Views, advertise, tool_ui
 from sandbox_server.protocol.asking import APPROVAL_TTL_S, Approvals, ParkedCalls, elicits, host_question
-from sandbox_server.protocol.listing import page_of, tool_model
+from sandbox_server.protocol.listing import page_of, shipped_icon, tool_model
 from sandbox_server.protocol.requests import (
     Context,
     client_name,
@@ -75,14 +73,9 @@ INSTRUCTIONS = (
 )
 
 
-ICON = types.Icon(
-    src="data:image/svg+xml;base64,"
-    + base64.b64encode(resources.files("sandbox_server.views").joinpath("icon.svg").read_bytes()).decode(),
-    mime_type="image/svg+xml",
-    sizes=["any"],
-)
-"""The server's icon, shipped with the package, in its serverInfo (a client that shows servers shows it). The
-tools carry none of their own: six in tools/list would take it past the 12,000 characters a model reads."""
+ICON = shipped_icon("icon.svg")
+"""The server's icon, shipped with the package, in its serverInfo (a client that shows servers shows it); each tool
+has its own in tools/list (protocol.listing)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,7 +150,7 @@ class SandboxServer:
             version=__version__,
             title="Sandbox server",
             instructions=INSTRUCTIONS,
-            icons=[ICON],
+            icons=[ICON] if ICON is not None else None,
             on_list_tools=self._list_tools,
             on_call_tool=self._call_tool,
             on_list_resources=self._list_resources,

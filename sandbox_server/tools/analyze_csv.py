@@ -133,10 +133,9 @@ class AnalyzeCsv(Sandboxed):
         "Statistics of a CSV file without loading it whole, per column, per group (`group_by`, `period` for "
         "dates), with a plot as a PNG. "
         "Delimiter, header, encoding, decimal mark and bad rows are detected and said in the answer; gzip, zstd, "
-        "Parquet and xlsx are read alike. `filepath`: under a data folder the policy mounts (such as /data), or a "
-        "file sent with `files`. The full table also comes back as result.csv.\n"
-        'Example: {"filepath": "s.csv", "operations": ["sum"], "group_by": ["region"], "plot": {"kind": "bar", '
-        '"y": "amount"}, "files": [{"path": "s.csv", "content": "region,amount\\nn,1\\ns,2\\n"}]}'
+        "Parquet and xlsx are read alike. The full table also comes back as result.csv.\n"
+        'Example: {"filepath": "s.csv", "operations": ["sum"], "group_by": ["region"], '
+        '"files": [{"path": "s.csv", "content": "region,amount\\nn,1\\ns,2\\n"}]}'
     )
     input_schema: dict[str, Any] = {
         "type": "object",
@@ -152,8 +151,8 @@ class AnalyzeCsv(Sandboxed):
                 "items": {"enum": OPERATIONS},
                 "minItems": 1,
                 "uniqueItems": True,
-                "description": "Statistics per column (std: the sample's; describe: count, mean, std, min, quartiles, "
-                "max).",
+                "description": "Statistics per column. std is the sample's; describe gives count, mean, std, min, "
+                "quartiles and max.",
             },
             "columns": {
                 "type": "array",
@@ -178,10 +177,10 @@ class AnalyzeCsv(Sandboxed):
                 "type": "string",
                 "maxLength": 40,
                 "pattern": "^[A-Za-z0-9_.:-]+$",
-                "description": "A Python codec name (cp1252, utf-16, ...); detected if left out.",
+                "description": "A Python codec name (cp1252, utf-16, ...).",
             },
             "delimiter": {"type": "string", "minLength": 1, "maxLength": 1},
-            "header": {"type": "boolean", "description": "The first row names the columns (detected)."},
+            "header": {"type": "boolean", "description": "The first row names the columns."},
             "skip_bad_rows": {
                 "type": "boolean",
                 "default": True,
@@ -191,7 +190,7 @@ class AnalyzeCsv(Sandboxed):
             "thousands": {
                 "type": "string",
                 "enum": ["", ",", ".", " ", "'"],
-                "description": "'' for none; detected if left out.",
+                "description": "'' for none.",
             },
             "sheet": {
                 "type": "string",

@@ -39,7 +39,7 @@ WORKSPACE = wire.WORKSPACE
 FILES_SCHEMA: dict[str, Any] = {
     "type": "array",
     "description": "Written under /workspace first.",
-    "x-fields-in-words": "{path, content; optional: encoding (utf-8 or base64), mtime, executable}",
+    "x-fields-in-words": "{path, content, encoding?: utf-8|base64, mtime?, executable?}",
     "maxItems": 10000,
     "items": {
         "type": "object",
@@ -86,8 +86,8 @@ WORKSPACE_ARGUMENT: dict[str, Any] = {
 TIMEOUT_SCHEMA: dict[str, Any] = {
     "type": "number",
     "exclusiveMinimum": 0,
-    "description": "Seconds; the policy caps it.",
 }
+"""Seconds: the tool's description says the policy's default and cap (protocol.listing)."""
 
 SANDBOX_ANNOTATIONS: dict[str, Any] = {
     "readOnlyHint": False,

@@ -85,8 +85,7 @@ class ExecuteCommand(Sandboxed):
     title = "Run a shell command in a sandbox"
     description = (
         "Run a command in a fresh Linux sandbox (Debian; no network; read-only root; writable /workspace, /tmp). "
-        "`command` is a shell command line; with `args`, the program run with exactly those arguments. Files "
-        "written to /workspace/out come back. Where workspaces are kept, the next call finds /workspace and the "
+        "Files written to /workspace/out come back. Where workspaces are kept, the next call finds /workspace and the "
         "shell (bash) as this one left them: its folder, exported variables, functions, aliases, options. "
         "Processes end with the call (`service` keeps a server running).\n"
         'Example: {"command": "wc -l data.txt", "files": [{"path": "data.txt", "content": "a\\nb\\n"}]}'

@@ -97,8 +97,7 @@ class Files:
     description = (
         "The workspace's files. `read`: numbered lines (`offset`, `limit`). `write`: `content` as the whole file. "
         "`edit`: `old`, found exactly once, replaced by `new`; the diff comes back. `find`: paths matching a glob "
-        "(`**/*.py`). `grep`: lines matching a regex.\n"
-        'Example: {"action": "grep", "pattern": "TODO"}'
+        "(`**/*.py`). `grep`: lines matching a regex."
     )
     input_schema: dict[str, Any] = {
         "type": "object",

@@ -48,7 +48,7 @@ SERVICE_SCHEMA: dict[str, Any] = {
 
 SERVICE_ARGUMENT: dict[str, Any] = {
     "type": "object",
-    "description": "Run it as a service that outlives the call (a web server, an API). It runs in a container of "
+    "description": "Keep it running as a service (a web server, an API). It runs in a container of "
     "its own that sees the workspace, and the call returns "
     "once it listens on `port`; the workspace's next calls reach it as http://<name>:<port>/ (curl works), and "
     "nothing else can. It stops when the session ends, when idle, or at the policy's maximum lifetime.",

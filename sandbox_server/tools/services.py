@@ -76,8 +76,7 @@ class ServicesTool:
     title = "The workspace's services"
     description = (
         "This workspace's services (started by execute_command with `service`): `list` them (state, port, "
-        "address, uptime), read one's `log`, `stop` one, or `restart` one (answered once it listens again).\n"
-        'Example: {"action": "list"}'
+        "address, uptime), read one's `log`, `stop` one, or `restart` one (answered once it listens again)."
     )
     input_schema: dict[str, Any] = {
         "type": "object",

@@ -44,12 +44,10 @@ class WorkspacesTool:
     name = "workspaces"
     title = "Keep, fork, compare or delete workspaces"
     description = (
-        "This caller's kept workspaces: the one `workspace` names, else the session's. `list` them with their "
-        "snapshots. `keep` it under `name` (it outlives the session; pass the name as `workspace`). `fork`: a "
-        "copy. `snapshot`; `restore` one as a new workspace (`replace`: over this one). `branch`: a fork per entry "
-        "of `calls`, run side by side; `compare` `branches`. `export` as one file; `import` one at `path`. "
-        "`pause` (services stopped) until `resume` or its next call. `delete` it or a `snapshot`.\n"
-        'Example: {"action": "list"}'
+        "This caller's kept workspaces: the one `workspace` names, else the session's. `list` (with snapshots), "
+        "`keep` (under `name`, passed as `workspace` later: it outlives the session), `fork`, `snapshot`, `restore` "
+        "a snapshot, `branch` (forks run side by side), `compare`, `export` (one file), `import`, `pause` (services "
+        "stopped) until `resume` or its next call, `delete` it or a `snapshot`."
     )
     input_schema: dict[str, Any] = {
         "type": "object",

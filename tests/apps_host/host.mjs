@@ -127,9 +127,33 @@ async function intrude({ url: framed }) {
   }
 }
 
+// The tools as a client's tool picker shows them: each tool's first icon at `size` pixels beside its title, one row
+// a tool, on a light or a dark theme; the screenshot is the list's, and each row's box says where its icon is.
+async function picker({ path, size = 32, dark = false }) {
+  const tools = (await client.listTools()).tools;
+  const listed = await browser.newPage({ viewport: { width: 480, height: 60 + tools.length * (size + 12) } });
+  const row = (tool) => `<li style="display:flex;align-items:center;gap:10px;margin:6px">` +
+    `<img width="${size}" height="${size}" src="${tool.icons?.[0]?.src ?? ""}" alt="">${tool.title ?? tool.name}</li>`;
+  try {
+    await listed.setContent(`<!doctype html><body style="margin:0;font:14px sans-serif;` +
+      `background:${dark ? "#1e1e1e" : "#fff"};color:${dark ? "#ddd" : "#111"}"><ul id="tools" ` +
+      `style="list-style:none;margin:0;padding:4px">${tools.map(row).join("")}</ul></body>`);
+    await listed.waitForFunction(() => [...document.images].every((image) => image.complete));
+    const boxes = await listed.locator("#tools img").evaluateAll((images) => images.map((image) => {
+      const r = image.getBoundingClientRect();
+      return { box: [r.x, r.y, r.width, r.height], drawn: image.naturalWidth > 0 };
+    }));
+    await listed.screenshot({ path });
+    return { path, tools: tools.map((tool) => tool.name), icons: boxes };
+  } finally {
+    await listed.close();
+  }
+}
+
 const commands = {
   open,
   intrude,
+  picker,
   settled: async () => await running,
   tools: async () => (await client.listTools()).tools,
   resources: async () => (await client.listResources()).resources,

@@ -17,8 +17,8 @@ from tests.mcp_harness import connect
 pytestmark = pytest.mark.anyio
 
 LISTING_CHARS = 12_000
-"""The default policy's six tools as tools/list gives them: under 12,000 characters (54,700 when each schema was
-listed whole; 11,860 for five tools, about 11,850 with `files`)."""
+"""The default policy's six tools as tools/list gives them, each with its icon: under 12,000 characters (54,700 when
+each schema was listed whole; 11,860 for five tools, about 11,850 with `files` and no icons)."""
 
 
 async def test_the_default_listing_of_six_tools_is_small_and_carries_no_bound() -> None:
@@ -42,7 +42,8 @@ async def test_the_default_listing_of_six_tools_is_small_and_carries_no_bound() 
     assert execute.input_schema["required"] == ["command"] and "workspace" in execute.input_schema["properties"]
     assert set(execute.output_schema or {}) == {"type", "properties"}
     results = (execute.output_schema or {})["properties"]
-    assert results["stdout"] == {"type": "string"} and results["files"] == {}  # a list's shape: the full schema's
+    assert results["stdout"] == {} and results["files"] == {}  # named; their shapes are the full schema's
+    assert all(tool.icons for tool in page.tools)
     hints = {
         tool.name: tool.annotations.model_dump(by_alias=True, exclude_none=True)
         for tool in page.tools
@@ -78,13 +79,13 @@ async def test_descriptions_follow_the_policy_serving_them() -> None:
 
     toolchain, default = await described("toolchain"), await described("default")
     assert "C, C++, Go, Rust" in toolchain["execute_command"]
-    assert toolchain["execute_command"].endswith("300 s a call, up to 900.")
-    assert default["execute_command"].endswith("Policy 'default': 30 s a call, up to 120.")
+    assert toolchain["execute_command"].endswith("300 s a call, `timeout_s` up to 900.")
+    assert default["execute_command"].endswith("Policy 'default': 30 s a call, `timeout_s` up to 120.")
     assert "the shell (bash) as this one left them" in default["execute_command"]
     assert "s a call" not in default["files"]  # no timeout of its own to ask for
 
 
-async def test_the_server_shows_its_icon_shipped_with_the_package() -> None:
+async def test_the_server_and_each_tool_show_an_icon_shipped_with_the_package() -> None:
     import base64
     from xml.etree import ElementTree
 
@@ -93,6 +94,11 @@ async def test_the_server_shows_its_icon_shipped_with_the_package() -> None:
     async with connect(app.server) as client:
         assert client.server_info is not None
         (icon,) = client.server_info.icons or []
-    assert icon.mime_type == "image/svg+xml" and icon.src.startswith("data:image/svg+xml;base64,")
-    drawn = ElementTree.fromstring(base64.b64decode(icon.src.split(",", 1)[1]))
-    assert drawn.tag.endswith("svg") and drawn.get("viewBox") == "0 0 64 64" and len(list(drawn)) >= 5
+        tools = (await client.list_tools()).tools
+    drawings = {"server": icon.src} | {tool.name: (tool.icons or [])[0].src for tool in tools}
+    for name, src in drawings.items():
+        assert src.startswith("data:image/svg+xml;base64,"), name  # the URI says its type: nothing to fetch
+        drawn = ElementTree.fromstring(base64.b64decode(src.split(",", 1)[1]))
+        assert drawn.tag.endswith("svg") and drawn.get("viewBox") in ("0 0 64 64", "0 0 8 8") and len(list(drawn))
+        assert not any(element.tag.endswith("script") or "href" in str(element.attrib) for element in drawn.iter())
+    assert len(set(drawings.values())) == 7 and max(len(src) for src in drawings.values()) < 800

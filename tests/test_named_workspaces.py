@@ -52,6 +52,7 @@ async def test_a_named_workspace_outlives_its_session_and_a_restart_and_opens_by
         kept = await _call(session, "workspaces", action="keep", name="sales-2024")
         scratch = await _call(session, "workspaces", action="list")
     assert not kept["is_error"] and "kept as 'sales-2024'" in kept["text"], kept["text"]
+    assert "it lasts 30 days unused (workspace.keep_s)" in kept["text"], kept["text"]  # as people say it
     [row] = scratch["workspaces"]  # the session goes on in the workspace it named
     assert (row["name"], row["id"], row["current"]) == ("sales-2024", kept["workspace"], True)
     assert row["expires_in_s"] > 2_000_000  # workspace.keep_s (30 days), not idle_ttl_s

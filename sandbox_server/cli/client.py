@@ -12,6 +12,7 @@ import argparse
 import base64
 import json
 import os
+import re
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -116,14 +117,19 @@ async def save_result(client: Client, result: types.CallToolResult, folder: Path
     return written
 
 
+OWN_LINE = re.compile(r"^(?:\S+ )?sandbox-server: (.*)$")
+"""A line of the server's own log (dated, or undated where journald dates it), its words in the group."""
+
+
 def _reason(log: TextIO) -> str:
     """The server's own last words, on one line."""
     log.seek(0)
     lines = [line.rstrip() for line in log.read().splitlines() if line.strip()]
-    start = max((i for i, line in enumerate(lines) if line.startswith("sandbox-server: ")), default=None)
+    said = [OWN_LINE.match(line) for line in lines]
+    start = max((i for i, line in enumerate(said) if line), default=None)
     if start is None:
         return "the server exited before answering" + (f": {lines[-1]}" if lines else " and said nothing")
-    return " ".join(line.strip() for line in lines[start:]).removeprefix("sandbox-server: ")
+    return " ".join([said[start].group(1), *(line.strip() for line in lines[start + 1 :])])  # type: ignore[union-attr]
 
 
 def _resolve(name: str, tools: Sequence[types.Tool]) -> str:

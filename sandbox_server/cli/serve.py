@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import datetime
 import functools
 import logging
+import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable
@@ -35,6 +37,9 @@ RESTART_S = 1.0
 """How long a task beside the transport that failed with an OSError waits before it starts again."""
 
 
+LOG_FORMAT = "sandbox-server: %(message)s"
+
+
 def serve_command(args: argparse.Namespace) -> int:
     """`sandbox-server serve`: check the options, build the parts (cli/wiring.py), and run them beside the
     transport until the client leaves or a signal comes; then close them in order."""
@@ -59,7 +64,7 @@ def serve_command(args: argparse.Namespace) -> int:
     if args.preview_port is not None and args.no_preview:
         raise UsageError("--preview-port opens a port for previews, --no-preview none: give one of them")
     operator_labels()  # a malformed SANDBOX_CONTAINER_LABELS is said before anything starts
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="sandbox-server: %(message)s")
+    logging.basicConfig(level=logging.INFO, handlers=[_log_handler()])
     log = logging.getLogger("sandbox_server")
     # A signal before the event loop takes signals over (while the parts start) unwinds the start: each part
     # started is closed (its mounts, its containers), where the default action would leave them behind. Taken
@@ -70,6 +75,28 @@ def serve_command(args: argparse.Namespace) -> int:
     except StopAsked as stopped:
         log.info("%s while starting: stopped", stopped)
     return 0
+
+
+class _Dated(logging.Formatter):
+    """Each line dated as RFC 3339 says, in UTC to the millisecond (`2026-12-06T20:40:12.345Z sandbox-server: …`),
+    as sshd's and dockerd's lines are."""
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+        when = datetime.datetime.fromtimestamp(record.created, datetime.UTC)
+        return when.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _log_handler() -> logging.Handler:
+    """The server's log on stderr: dated, unless journald reads it (JOURNAL_STREAM names stderr), which dates each
+    line itself."""
+    handler = logging.StreamHandler(sys.stderr)
+    journald = os.environ.get("JOURNAL_STREAM", "").split(":")
+    try:
+        on_journal = len(journald) == 2 and (os.fstat(2).st_dev, os.fstat(2).st_ino) == tuple(map(int, journald))
+    except (OSError, ValueError):
+        on_journal = False
+    handler.setFormatter(logging.Formatter(LOG_FORMAT) if on_journal else _Dated(f"%(asctime)s {LOG_FORMAT}"))
+    return handler
 
 
 def _start_and_serve(args: argparse.Namespace, log: logging.Logger) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from sandbox_server.errors import Refusal
 from sandbox_server.policy import TaskSettings
+from sandbox_server.words import duration
 
 __all__ = ["refuse_past_held", "refuse_past_running"]
 
@@ -45,7 +46,7 @@ def refuse_past_held(settings: TaskSettings, policy_name: str, cap: str, count: 
     if cap == "per_caller":
         raise Refusal(
             f"refused: you hold {count} tasks, the most policy '{policy_name}' keeps for a caller "
-            f"(field tasks.per_caller); they are forgotten {settings.ttl_s:g} s after they start (tasks.ttl_s)",
+            f"(field tasks.per_caller); they are forgotten {duration(settings.ttl_s)} after they start (tasks.ttl_s)",
             "tasks.per_caller",
         )
     raise Refusal(

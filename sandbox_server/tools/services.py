@@ -13,6 +13,7 @@ from sandbox_server.errors import Refusal
 from sandbox_server.policy import Policy, ToolPolicy
 from sandbox_server.sandbox.spec import SandboxSpec
 from sandbox_server.tools.base import MANAGING_ANNOTATIONS, WORKSPACE_ARGUMENT, ToolContext, ToolOutcome, result_schema
+from sandbox_server.words import duration
 
 __all__ = ["ServicesTool", "start_service"]
 
@@ -57,8 +58,8 @@ async def start_service(
         sections=(("how to reach it", reach),),
         structured={"service": described},
         notes=(
-            f"it stops when its session ends, after {settings.idle_s:g} s without a call in its workspace "
-            f"(services.idle_s), or {settings.max_lifetime_s:g} s after its start (services.max_lifetime_s); "
+            f"it stops when its session ends, after {duration(settings.idle_s)} without a call in its workspace "
+            f"(services.idle_s), or {duration(settings.max_lifetime_s)} after its start (services.max_lifetime_s); "
             "the `services` tool lists, stops and restarts it and reads its log",
             *(
                 [f"no preview link: {why}"]

@@ -23,6 +23,7 @@ from sandbox_server.tools.workspace_rows import (
     listing,
     workspace_event,
 )
+from sandbox_server.words import duration
 from sandbox_server.workspaces.exports import KEEP_S
 from sandbox_server.workspaces.kept import KeptWorkspace
 from sandbox_server.workspaces.naming import NAME_IN_WORDS
@@ -187,7 +188,7 @@ class WorkspacesTool:
             record = kept.record = store.keep(record, name, ctx.policy_name)
             return (
                 f'workspace {record.id} is kept as {name!r}: pass "workspace": "{name}" to continue it from any '
-                f"session; it lasts {store.settings.keep_s:g} s unused (workspace.keep_s)"
+                f"session; it lasts {duration(store.settings.keep_s)} unused (workspace.keep_s)"
             ), record
         if action == "fork":
             fork = await anyio.to_thread.run_sync(store.fork, record, name, ctx.policy_name)
@@ -203,7 +204,7 @@ class WorkspacesTool:
             called = f" as {taken.name!r}" if taken.name else ""
             return (
                 f'workspace {record.id} is snapshotted{called}: restore it with {{"action": "restore", "snapshot": '
-                f'"{taken.name or taken.id}"}}; it lasts {store.settings.keep_s:g} s (workspace.keep_s)'
+                f'"{taken.name or taken.id}"}}; it lasts {duration(store.settings.keep_s)} (workspace.keep_s)'
             ), record
         if action == "restore":
             return await self._restore(args, kept, name, ctx, extra)

@@ -113,3 +113,21 @@ def test_a_trail_rotates_by_age_once_its_first_line_is_older_than_the_cap_and_it
     sized.write({"time": "2026-01-01T00:00:00.000+00:00"})
     sized.write({"time": fresh})
     assert trail_files(tmp_path / "sized.jsonl") == [tmp_path / "sized.jsonl"]
+
+
+def test_a_copy_shipped_whole_holds_and_one_whose_long_line_a_shipper_cut_does_not(tmp_path: Path) -> None:
+    """docs/policies.md: rsyslog cuts a message at 8 KiB unless `global(maxMessageSize=…)` says more; a copy whose
+    16 KiB line was cut is found at that line (its own text unreadable) and the one after it."""
+    path = tmp_path / "audit.jsonl"
+    log = AuditLog(path, max_bytes=10_000_000, keep=5)
+    log.write({"time": "2026-11-28T10:00:00", "tool": "execute_command", "n": 0})
+    log.write({"time": "2026-11-28T10:00:01", "tool": "execute_command", "notes": ["x" * 16_300]})
+    log.write({"time": "2026-11-28T10:00:02", "tool": "execute_command", "n": 2})
+    lines = _lines(path)
+    assert len(lines[1]) > 16_000
+    whole, cut = tmp_path / "whole.jsonl", tmp_path / "cut.jsonl"
+    whole.write_text("".join(lines))
+    cut.write_text(lines[0] + lines[1][:8096] + "\n" + lines[2])
+    assert verify_trail(whole).holds
+    found = verify_trail(cut)
+    assert not found.holds and 3 in [b.line for b in found.breaks], found.breaks

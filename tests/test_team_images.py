@@ -87,7 +87,7 @@ async def test_a_teams_image_with_a_tool_of_its_own_is_built_served_pooled_and_a
     (tmp_path / "team-tools" / "Dockerfile").write_text(TEAM_TOOL.format(marker=marker))
     policy = _policy(tmp_path, "team", "tools:\n  execute_command:\n    build: team-tools\n")
     image = _team_image(policy)
-    assert image.startswith("sandbox-server/team-team-tools-"), image
+    assert image.startswith("sandbox-server/team-tools-"), image
     try:
         refused = run_cli("call", "execute_command", "--policy", str(policy), "--arg", "command=teamctl")
         assert refused.returncode == 2, refused.stdout + refused.stderr
@@ -97,7 +97,7 @@ async def test_a_teams_image_with_a_tool_of_its_own_is_built_served_pooled_and_a
         assert f"run `sandbox-server images build --policy {policy}`" in refused.stderr
         built = run_cli("images", "build", "--policy", str(policy), timeout_s=600)
         assert built.returncode == 0, built.stderr
-        steps = [line for line in built.stderr.splitlines() if line.startswith("[team-team-tools-")]
+        steps = [line for line in built.stderr.splitlines() if line.startswith("[team-tools-")]
         assert any(re.search(r"\] Step 3/\d+ : RUN printf", line) for line in steps), built.stderr  # one line per step
         assert "the sandbox user, the launcher and /workspace added" in built.stderr
         again = run_cli("images", "build", "--policy", str(policy))

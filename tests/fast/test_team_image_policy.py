@@ -18,11 +18,11 @@ def test_a_build_context_beside_the_policy_names_an_image_by_its_content(tmp_pat
     policy.write_text("extends: default\ntools:\n  execute_command:\n    build: Team Tools\n")
     tool = load_policy(str(policy), TOOLS).for_tool("execute_command")
     assert tool.build == str(tmp_path / "Team Tools") and tool.packages is None
-    assert tool.image.startswith("sandbox-server/team-team-tools-") and tool.image.endswith(":latest")
+    assert tool.image.startswith("sandbox-server/team-tools-") and tool.image.endswith(":latest")
     assert load_policy(str(policy), TOOLS).for_tool("run_python").image == "sandbox-server/python-data:latest"
     (tmp_path / "Team Tools" / "teamctl").write_text("#!/bin/sh\n")
     changed = load_policy(str(policy), TOOLS).for_tool("execute_command").image
-    assert changed != tool.image and changed.startswith("sandbox-server/team-team-tools-")
+    assert changed != tool.image and changed.startswith("sandbox-server/team-tools-")
     needs = TeamImage(changed, tmp_path, ("execute_command", "run_python")).needs
     assert needs[:2] == ("sh", "tar") and needs[-2:] == ("python3", "/usr/local/lib/sandbox/run_cell.py")
 

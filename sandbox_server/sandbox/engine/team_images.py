@@ -68,8 +68,9 @@ SANDBOX_USER = ("sandbox:x:1000:1000::/workspace:/bin/sh\n", "sandbox:x:1000:\n"
 
 
 def team_image_reference(context: Path) -> str:
-    """The tag a context's image is built under: its folder's name and a hash of its files."""
-    slug = re.sub(r"[^a-z0-9]+", "-", context.name.lower()).strip("-")[:40] or "image"
+    """The tag a context's image is built under: its folder's name (`team-` said once, when the folder's name
+    starts with it) and a hash of its files."""
+    slug = re.sub(r"[^a-z0-9]+", "-", context.name.lower()).strip("-").removeprefix("team-")[:40] or "image"
     return f"{PREFIX}/team-{slug}-{context_digest(context).hexdigest()[:12]}:latest"
 
 

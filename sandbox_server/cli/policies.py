@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sandbox_server.cli.policy_evidence import add_policy_evidence_commands
+from sandbox_server.policy.references import CASES_SUFFIX
 
 if TYPE_CHECKING:
     from sandbox_server.policy import Policy
@@ -40,6 +41,22 @@ def add_policy_commands(commands: Any, tool_names: Callable[[], list[str]], fact
     add_policy_evidence_commands(policy_commands, tool_names)
 
 
+def _cases_checked(path: Path) -> bool:
+    """A policy's test cases, known by their name: checked as cases, not as a policy (as `opa check` knows a
+    `_test.rego`); whether they are well formed."""
+    from sandbox_server.errors import ConfigError
+    from sandbox_server.ops.policy_tests import load_cases
+
+    policy = path.with_name(path.name.removesuffix(CASES_SUFFIX) + ".yaml")
+    try:
+        cases = load_cases(path)
+    except ConfigError as error:
+        print(f"{path}: test cases: {str(error).removeprefix(f'{path}: ')}")
+        return False
+    print(f"{path}: test cases of {policy.name}: {len(cases)} case(s), well formed (run them: policy test {policy})")
+    return True
+
+
 def _policy_check(args: argparse.Namespace, tool_names: Callable[[], list[str]], facts: Callable[[], HostFacts]) -> int:
     from sandbox_server.policy.loader import load_policy, policy_errors, policy_path
 
@@ -47,6 +64,9 @@ def _policy_check(args: argparse.Namespace, tool_names: Callable[[], list[str]],
     failed = False
     for reference in args.files:
         path = policy_path(reference) if not Path(reference).exists() else Path(reference)
+        if path.name.endswith(CASES_SUFFIX):  # `policies/*.yaml` names the cases beside each policy too
+            failed = not _cases_checked(path) or failed
+            continue
         errors = policy_errors(path, tool_names(), facts_here)
         if errors:
             failed = True

@@ -36,6 +36,23 @@ def test_every_shipped_policy_passes_policy_check() -> None:
     assert result.stdout.count(": ok") == 3
 
 
+def test_policy_check_of_a_folder_s_yaml_checks_each_policy_and_knows_its_test_cases_by_their_name(
+    tmp_path: Path,
+) -> None:
+    from sandbox_server.shipped import policies_dir
+
+    shipped = sorted(str(path) for path in policies_dir().glob("*.yaml"))  # as `policy check policies/*.yaml`
+    result = run_cli("policy", "check", *shipped)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.count(": ok\n") == len(shipped) // 2
+    assert "default.tests.yaml: test cases of default.yaml: 11 case(s), well formed" in result.stdout
+    _write(tmp_path, "team.yaml", "extends: default\n")
+    cases = _write(tmp_path, "team.tests.yaml", "cases:\n  - {name: one, tool: execute_command, expect: maybe}\n")
+    broken = run_cli("policy", "check", str(tmp_path / "team.yaml"), str(cases))
+    assert broken.returncode == 1 and f"{tmp_path / 'team.yaml'}: ok" in broken.stdout, broken.stdout
+    assert f"{cases}: test cases: cases refused:" in broken.stdout and "expect" in broken.stdout, broken.stdout
+
+
 def test_a_broken_policy_is_refused_with_every_error_and_its_field_path(tmp_path: Path) -> None:
     path = _write(
         tmp_path,

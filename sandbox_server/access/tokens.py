@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from sandbox_server.errors import ConfigError
+from sandbox_server.policy.references import same_policy
 
 __all__ = [
     "TOKEN_PREFIX", "Caller", "TokensFile", "add_caller", "caller_of", "new_caller", "read_callers", "revoke_caller",
@@ -212,7 +213,7 @@ def policies_said(callers: list[Caller], served: str) -> tuple[list[str], str | 
         + (f" and {len(names) - 5} more)" if len(names) > 5 else ")")
         for policy, names in by_policy.items()
     ]
-    others = [policy for policy in by_policy if policy != served]
+    others = [policy for policy in by_policy if not same_policy(policy, served)]
     if not others:
         return lines, None
     count = sum(len(by_policy[policy]) for policy in others)

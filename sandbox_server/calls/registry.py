@@ -16,6 +16,7 @@ from typing import Any
 from sandbox_server.network.proxies import EgressProxies
 from sandbox_server.policy import Policy
 from sandbox_server.policy.ecma import SchemaValidator
+from sandbox_server.policy.references import same_policy
 from sandbox_server.sandbox.host_memory import available_bytes
 from sandbox_server.sandbox.pool import PoolTarget, WarmPool
 from sandbox_server.tools import Tool, offers
@@ -83,7 +84,7 @@ class ToolRegistry:
 
     def named(self, reference: str) -> Policy:
         """The policy a reference names: the server's own as it is now, or a caller's as loaded."""
-        if reference == self.server_reference or self.caller_policy is None:
+        if self.caller_policy is None or same_policy(reference, self.server_reference):
             return self.policy
         return self.caller_policy(reference)
 

@@ -3,11 +3,21 @@ reference as a file that outlives the command keeps it."""
 
 from __future__ import annotations
 
+import functools
+import os
 from pathlib import Path
 
 from sandbox_server.shipped import policies_dir, seccomp_dir
 
-__all__ = ["CASES_SUFFIX", "cases_path", "policy_path", "seccomp_path", "shipped_policies", "stored_reference"]
+__all__ = [
+    "CASES_SUFFIX",
+    "cases_path",
+    "policy_path",
+    "same_policy",
+    "seccomp_path",
+    "shipped_policies",
+    "stored_reference",
+]
 
 CASES_SUFFIX = ".tests.yaml"
 """A policy's test cases are a file beside it: `strict.yaml`'s are `strict.tests.yaml` (`policy test`)."""
@@ -29,6 +39,17 @@ def stored_reference(reference: str) -> str:
     if "/" in reference or reference.endswith((".yaml", ".yml")):
         return str(Path(reference).resolve())
     return reference
+
+
+def same_policy(first: str, second: str | None) -> bool:
+    """Whether two references name one policy file: `./team.yaml`, its absolute path and a link to it alike, and a
+    shipped name and its file's path."""
+    return second is not None and (first == second or _file_of(first) == _file_of(second))
+
+
+@functools.lru_cache(maxsize=256)
+def _file_of(reference: str) -> str:
+    return os.path.realpath(policy_path(reference))
 
 
 def seccomp_path(reference: str, relative_to: Path) -> Path:

@@ -384,3 +384,24 @@ async def test_a_reload_refused_is_logged_once_however_often_the_file_is_saved_w
             group.cancel_scope.cancel()
     refused = [r.getMessage() for r in caplog.records if "policy change ignored" in r.getMessage()]
     assert len(refused) == 1 and "memory_mb: -5" in refused[0], refused
+
+
+def test_a_tokens_policy_that_is_the_servers_own_file_by_another_path_is_the_servers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sandbox_server.access.tokens import Caller, policies_said
+    from sandbox_server.policy.references import same_policy, stored_reference
+    from sandbox_server.shipped import policies_dir
+
+    _write(tmp_path, "team.yaml", "extends: default\n")
+    (tmp_path / "link.yaml").symlink_to(tmp_path / "team.yaml")
+    monkeypatch.chdir(tmp_path)
+    callers = [
+        Caller("alice", stored_reference("./team.yaml"), "0" * 64, "2026-12-01"),  # as `token add` kept it
+        Caller("dave", str(tmp_path / "link.yaml"), "1" * 64, "2026-12-01"),
+    ]
+    lines, warning = policies_said(callers, "./team.yaml")
+    assert warning is None and len(lines) == 2, (lines, warning)
+    _, warning = policies_said([*callers, Caller("bob", "strict", "2" * 64, "2026-12-01")], "team.yaml")
+    assert warning is not None and warning.startswith("1 caller(s) run under another policy"), warning
+    assert same_policy("default", str(policies_dir() / "default.yaml")) and not same_policy("default", "strict")

@@ -43,6 +43,9 @@ async def test_an_agent_reads_writes_edits_finds_and_greps_the_workspace_its_she
         again = await _files(session, action="write", path="/workspace/pkg/calc.py", content="x\n" * 50)
         part = await _files(session, action="read", path="pkg/calc.py", offset=10, limit=3)
     assert written["created"] and written["size"] == 32, written
+    assert written["changes"]["created"] == ["pkg/calc.py"] and edited["changes"]["modified"] == ["pkg/calc.py"]
+    for looked in (found, grepped, part):  # a read, find or grep changes nothing, and is not walked for changes
+        assert not any(looked["changes"][kind] for kind in ("created", "modified", "deleted", "renamed")), looked
     assert found["paths"] == ["pkg/calc.py", "tests/t.py"], found
     assert grepped["matches"] == [{"path": "pkg/calc.py", "line": 2, "text": "    return a - b"}], grepped
     assert edited["diff"].splitlines() == [

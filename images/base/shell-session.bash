@@ -12,13 +12,15 @@ else
 fi
 export -p >"$__sbx_t.env0"
 __sbx_so0=$SHELLOPTS __sbx_bo0=$BASHOPTS
-read -r -d '' __sbx_full <<'__SBX_END'
+# What saves the state, run only when the call changed it: a literal (a here-document would be read from a pipe
+# a byte at a time, on every call).
+__sbx_full='
 __sbx_vars() {
     local line name
     while IFS= read -r line; do
-        [[ $line == 'declare -'* ]] || continue
+        [[ $line == "declare -"* ]] || continue
         name=${line#declare -* } name=${name%%=*}
-        [[ $line == *'="'*'"' || $line != *=* ]] || line=
+        [[ $line == *=\"*\" || $line != *=* ]] || line=
         __sbx_seen[$name]=$line
     done <"$1"
 }
@@ -35,20 +37,20 @@ unset -f __sbx_vars
         [[ -n ${__sbx_old[$__sbx_n]-} && ${__sbx_old[$__sbx_n]} == "${__sbx_seen[$__sbx_n]}" ]] || declare -p -- "$__sbx_n"
     done
     for __sbx_n in "${!__sbx_old[@]}"; do
-        [[ -v __sbx_seen[$__sbx_n] ]] || printf 'unset -v %q\n' "$__sbx_n"
+        [[ -v __sbx_seen[$__sbx_n] ]] || printf "unset -v %q\n" "$__sbx_n"
     done
     declare -f
     alias -p
-    for __sbx_n in ${__sbx_bo//:/ }; do [[ :$__sbx_bo0: == *:$__sbx_n:* ]] || printf 'shopt -s %s\n' "$__sbx_n"; done
-    for __sbx_n in ${__sbx_bo0//:/ }; do [[ :$__sbx_bo: == *:$__sbx_n:* ]] || printf 'shopt -u %s\n' "$__sbx_n"; done
+    for __sbx_n in ${__sbx_bo//:/ }; do [[ :$__sbx_bo0: == *:$__sbx_n:* ]] || printf "shopt -s %s\n" "$__sbx_n"; done
+    for __sbx_n in ${__sbx_bo0//:/ }; do [[ :$__sbx_bo: == *:$__sbx_n:* ]] || printf "shopt -u %s\n" "$__sbx_n"; done
     if [ -n "$__sbx_workdir" ]; then
-        [ -n "$__sbx_home" ] && printf '__sbx_cwd=%q\n' "$__sbx_home"
+        [ -n "$__sbx_home" ] && printf "__sbx_cwd=%q\n" "$__sbx_home"
     else
-        case $PWD in /workspace|/workspace/*) printf '__sbx_cwd=%q\n' "$PWD" ;; esac
+        case $PWD in /workspace|/workspace/*) printf "__sbx_cwd=%q\n" "$PWD" ;; esac
     fi
-    printf '__sbx_so=%q\n' "$__sbx_so"
+    printf "__sbx_so=%q\n" "$__sbx_so"
 } >"$__sbx_state"
-__SBX_END
+'
 case $__sbx_flags in *reset*) : >"$__sbx_state" ;; esac 2>/dev/null
 [ -d "${__sbx_state%/*}" ] || mkdir -p -- "${__sbx_state%/*}" 2>/dev/null
 trap '{

@@ -101,6 +101,9 @@ class SandboxSpec:
     `workdir` with slave propagation instead of a tmpfs: a kept workspace is mounted there per call."""
     mounted_workspace: str | None = None
     """A kept workspace's mounted filesystem on the host, bound onto the container's slot for this call."""
+    reads_only: bool = False
+    """The program only reads the workspace (the files tool's read, find and grep, a fixed program of the
+    server's): what the call changed there is known without walking the workspace before and after it."""
     service_network: str | None = None
     """The private network of its workspace's services, which the sandbox joins to reach them by name."""
 

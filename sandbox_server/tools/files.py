@@ -40,6 +40,8 @@ READ_LINES = 2000
 MAX_RESULTS = 500
 """Paths a `find`, or matching lines a `grep`, returns at most."""
 
+READS = frozenset({"read", "find", "grep"})
+"""The actions whose program writes nothing in the workspace."""
 NEEDS = {"read": (), "write": ("content",), "edit": ("old", "new"), "find": ("pattern",), "grep": ("pattern",)}
 """The arguments each action needs besides `action` (and `path`, which `read`, `write` and `edit` need)."""
 
@@ -160,6 +162,7 @@ class Files:
         }
         stdin = json.dumps(request).encode("utf-8", "surrogatepass")
         spec = sandbox_spec({}, ctx, ("python3", "-I", "-S", "-c", PROGRAM), stdin)
+        spec = replace(spec, reads_only=action in READS)
         result = await ctx.runtime.run(spec, ctx.hooks)
         ran = outcome_from_execution(result, spec)
         answer = _answer(result.stdout) if result.exit_code == 0 and not result.truncated else None

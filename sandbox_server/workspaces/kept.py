@@ -82,13 +82,19 @@ class KeptWorkspace:
                     f"this cell waited {waited:.1f} s for the workspace's previous cell: cells that keep their "
                     "variables run one at a time in a workspace, so each sees the variables of the one before"
                 )
-            shaped, before = await anyio.to_thread.run_sync(self._begin, spec)
-            result = await self.inner.run(shaped, hooks)
-            problem, after = await anyio.to_thread.run_sync(self._finish, result)
+            if spec.reads_only:  # nothing to compare: a walk of 10,000 files each side would be most of its time
+                shaped = await anyio.to_thread.run_sync(self.store.begin, self.record, spec)
+                result = await self.inner.run(shaped, hooks)
+                problem = await anyio.to_thread.run_sync(self.store.finish, self.record, result)
+                self.changes, self.size_bytes = changes_between({}, {}), self.record.size_bytes
+            else:
+                shaped, before = await anyio.to_thread.run_sync(self._begin, spec)
+                result = await self.inner.run(shaped, hooks)
+                problem, after = await anyio.to_thread.run_sync(self._finish, result)
+                self.changes = changes_between(before, after)
+                self.size_bytes = sum(size for size, _, _ in after.values())
             self.saved = problem is None
-            self.changes = changes_between(before, after)
             self.store.last_changes.remember(self.record.id, self.changes)
-            self.size_bytes = sum(size for size, _, _ in after.values())
         notes = [*result.skipped_files, *self.notes]
         if problem is None and (result.timed_out or result.killed or result.oom_killed or result.flooded):
             notes.append("the workspace is kept as the program left it when it was stopped")

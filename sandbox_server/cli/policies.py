@@ -32,7 +32,9 @@ def add_policy_commands(commands: Any, tool_names: Callable[[], list[str]], fact
     explain = policy_commands.add_parser("explain", help="the fully resolved policy and its container settings")
     explain.add_argument("policy", metavar="NAME|PATH", help="a shipped policy name or a policy file")
     explain.set_defaults(handler=functools.partial(_policy_explain, tool_names=tool_names, facts=facts))
-    diff = policy_commands.add_parser("diff", help="what differs in effect between two policies")
+    diff = policy_commands.add_parser(
+        "diff", help="what differs in effect between two policies, by the files' own names; exit 1 when any does"
+    )
     diff.add_argument("first", metavar="A", help="a shipped policy name or a policy file")
     diff.add_argument("second", metavar="B", help="the policy to compare it with")
     diff.set_defaults(handler=functools.partial(_policy_diff, tool_names=tool_names))
@@ -101,7 +103,7 @@ def _policy_diff(args: argparse.Namespace, tool_names: Callable[[], list[str]]) 
     first, second = (json.loads(json.dumps(explain_policy(p, _offered(p), _managing()), default=str)) for p in loaded)
     lines = diff_policies(first, second)
     print("\n".join(lines) if lines else "no differences in effect")
-    return 0
+    return 1 if lines else 0  # as diff(1) and `policy replay`: 1 when they differ
 
 
 def _policy_schema(args: argparse.Namespace) -> int:

@@ -90,6 +90,7 @@ def resolved_document(path: Path, trail: tuple[Path, ...] = ()) -> tuple[dict[st
             resolved = {key: value for key, value in parent.items() if key not in ("name", "description")}
             if isinstance(document.get("defaults"), Mapping) and "pool" in document["defaults"]:
                 resolved = _without_tool_pools(resolved)
+            resolved = _without_pools_it_sets(resolved, document)
     merged = _merge(resolved, _pool_size_as_min({key: value for key, value in document.items() if key != "extends"}))
     merged.setdefault("name", path.stem)
     return merged, errors
@@ -104,6 +105,22 @@ def _without_tool_pools(document: dict[str, Any]) -> dict[str, Any]:
     kept = {name: {k: v for k, v in section.items() if k != "pool"} if isinstance(section, Mapping) else section
             for name, section in tools.items()}  # fmt: skip
     return {**document, "tools": kept}
+
+
+def _without_pools_it_sets(parent: dict[str, Any], document: Mapping[str, Any]) -> dict[str, Any]:
+    """The policy a file extends, less each pool the file sets itself: a pool is taken whole from the nearest file
+    that writes it (`pool: {min: 2, max: 8}` is a pool of at most 8, whatever `ahead` or `runc` the file it extends
+    gave), as a reader of the file takes it."""
+    parent = copy.deepcopy(parent)
+    if isinstance(document.get("defaults"), Mapping) and "pool" in document["defaults"]:
+        if isinstance(parent.get("defaults"), dict):
+            parent["defaults"].pop("pool", None)
+    tools, theirs = document.get("tools"), parent.get("tools")
+    if isinstance(tools, Mapping) and isinstance(theirs, dict):
+        for name, section in tools.items():
+            if isinstance(section, Mapping) and "pool" in section and isinstance(theirs.get(name), dict):
+                theirs[name].pop("pool", None)
+    return parent
 
 
 def _pool_size_as_min(document: dict[str, Any]) -> dict[str, Any]:

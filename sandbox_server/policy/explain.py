@@ -8,6 +8,7 @@ from typing import Any
 
 import yaml
 
+from sandbox_server.network.egress import Destination
 from sandbox_server.policy.model import Policy, ToolPolicy
 from sandbox_server.policy.references import policy_path
 from sandbox_server.policy.yaml_files import load_yaml
@@ -16,10 +17,59 @@ __all__ = ["diff_policies", "explain_policy", "flatten"]
 
 
 def _tool_view(tool: ToolPolicy) -> dict[str, Any]:
-    view = asdict(tool)
-    view["env"] = {name: "(set)" for name, _ in tool.env}
-    view["seccomp_profile"] = view.pop("seccomp_profile_source") or "engine default"
-    return view
+    """A tool's effective settings under the names its policy file gives them (`tools.<name>.limits.cpus`,
+    `commands.allow`, `network.allow`, `pool.max`), whichever file set them."""
+    limits = {
+        key: value for key, value in asdict(tool.limits).items() if key not in ("workspace_files", "workspace_exec")
+    }
+    limits |= {
+        "max_timeout_s": tool.max_timeout_s,
+        "max_task_s": tool.max_task_s,
+        "argument_bytes": tool.max_argument_bytes,
+        "input_file_bytes": tool.max_input_file_bytes,
+        "input_files": tool.max_input_files,
+        "csv_bytes": tool.max_csv_bytes,
+        "csv_line_bytes": tool.max_csv_line_bytes,
+    }
+    pool: dict[str, Any] = {"min": tool.pool_size, "max": tool.pool_max, "ahead": tool.pool_ahead}
+    if tool.pool_on_runc is not None:
+        pool["runc"] = {"ahead": tool.pool_on_runc[0], "max": tool.pool_on_runc[1]}
+    return {
+        "enabled": tool.enabled,
+        "image": tool.image,
+        "packages": tool.packages,
+        "build": tool.build,
+        "runtime": tool.runtime,
+        "user": tool.user,
+        "network": "none" if tool.egress is None else {"allow": [e for d in tool.egress.allow for e in _entries(d)]},
+        "seccomp_profile": tool.seccomp_profile_source or "engine default",
+        "limits": limits,
+        "commands": {"shell": tool.allow_shell, "allow": list(tool.commands_allow), "deny": list(tool.commands_deny)},
+        "mounts": [
+            {"host": m.host_path, "sandbox": m.sandbox_path, "mode": "ro" if m.read_only else "rw"} for m in tool.mounts
+        ],
+        "env": {name: "(set)" for name, _ in tool.env},
+        "preload": list(tool.preload),
+        "pool": {**pool, "idle_s": tool.pool_idle_s},
+    }
+
+
+def _entries(destination: Destination) -> list[str]:
+    """An allow list's entry as a file writes it: `host` (ports 443 and 80), else `host:port` per port."""
+    name = f"*.{destination.host}" if destination.subdomains else destination.host
+    if sorted(destination.ports) == [80, 443]:
+        return [name]
+    return [f"{name}:{port}" for port in destination.ports]
+
+
+def _network_mode(tool: ToolPolicy, settings: dict[str, Any]) -> str:
+    """The network a tool's sandboxes join as they run: none, or the internal one of its allow list's proxy."""
+    if tool.egress is None:
+        return str(settings.get("network_mode", "none"))
+    return (
+        f"sandbox-egress-{tool.egress.key()}-… (an internal network whose one way out is the allow list's proxy, "
+        "made at the tool's first call)"
+    )
 
 
 def explain_policy(policy: Policy, tool_names: list[str], managing: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -36,7 +86,8 @@ def explain_policy(policy: Policy, tool_names: list[str], managing: tuple[str, .
         settings = host_config_kwargs(tool.container_spec())
         if tool.seccomp_profile:
             settings["security_opt"] = ["no-new-privileges", f"seccomp={tool.seccomp_profile_source}"]
-        tools[name] = {"policy": _tool_view(tool), "container": {"user": tool.user, "image": tool.image, **settings}}
+        settings["network_mode"] = _network_mode(tool, settings)
+        tools[name] = {**_tool_view(tool), "container": {"user": tool.user, "image": tool.image, **settings}}
     return {
         "name": policy.name,
         "source": policy.source,
@@ -73,6 +124,7 @@ def set_by(source: Path) -> dict[str, str]:
     with the file that sets it: the nearest in the `extends` chain. What none sets is a built-in default."""
     found: dict[str, str] = {}
     seen: set[Path] = set()
+    whole: set[str] = set()  # the pools a nearer file set, each taken whole from it (policy.documents)
     path: Path | None = source.resolve()
     while path is not None and path not in seen and path.is_file():
         seen.add(path)
@@ -83,11 +135,21 @@ def set_by(source: Path) -> dict[str, str]:
         if not isinstance(document, dict):
             break
         written = {k: v for k, v in document.items() if k not in ("extends", "name", "description")}
-        for key in flatten(written):
+        keys = [key for key in flatten(written) if not _taken_whole(key, whole)]
+        for key in keys:
             found.setdefault(key, str(path))
+        whole |= {key.rsplit(".pool.", 1)[0] + ".pool" for key in keys if ".pool." in f".{key}"}
         parent = document.get("extends")
         path = policy_path(parent, path.parent).resolve() if isinstance(parent, str) else None
     return dict(sorted(found.items()))
+
+
+def _taken_whole(key: str, pools: set[str]) -> bool:
+    """Whether a setting of a file further up the chain is under a pool a nearer file set (a nearer `defaults.pool`
+    is every tool's that file does not name)."""
+    if any(key.startswith(f"{pool}.") for pool in pools):
+        return True
+    return "defaults.pool" in pools and key.startswith("tools.") and key.split(".")[2:3] == ["pool"]
 
 
 def flatten(value: Any, prefix: str = "") -> dict[str, Any]:

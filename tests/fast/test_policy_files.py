@@ -15,6 +15,7 @@ from sandbox_server.access.admission import Admission
 from sandbox_server.errors import ConfigError, Refusal
 from sandbox_server.policy import HostAdmission, RateLimits
 from sandbox_server.policy.loader import HostFacts, load_policy, policy_errors
+from sandbox_server.policy.references import policy_path
 from sandbox_server.sandbox.seccomp import build_profile, known_syscalls, profile_path
 from sandbox_server.state.folder import default_state_dir
 from sandbox_server.tools import all_tools
@@ -230,12 +231,38 @@ def test_policy_schema_command_prints_a_valid_2020_12_schema() -> None:
 
 def test_policy_diff_and_explain_show_the_container_settings() -> None:
     diff = run_cli("policy", "diff", "default", "strict")
-    assert diff.returncode == 0
+    assert diff.returncode == 1  # they differ, as diff(1) says
     assert "tools.execute_command.container.runtime: 'runc' -> 'runsc'" in diff.stdout
     assert "tools.execute_command.container.mem_limit: 536870912 -> 134217728" in diff.stdout
+    assert "tools.execute_command.limits.memory_mb: 512 -> 128" in diff.stdout  # the files' own names
+    assert "tools.execute_command.commands.shell: True -> False" in diff.stdout
+    assert ".policy." not in diff.stdout and "commands_allow" not in diff.stdout and "allow_shell" not in diff.stdout
+    same = run_cli("policy", "diff", "default", str(policy_path("default")))
+    assert same.returncode == 0 and same.stdout == "no differences in effect\n", same.stdout
     explain = run_cli("policy", "explain", "default")
     settings = json.loads(explain.stdout)["tools"]["execute_command"]["container"]
     assert settings["cap_drop"] == ["ALL"] and settings["read_only"] is True and settings["network_mode"] == "none"
+
+
+def test_explain_shows_a_pool_as_the_nearest_file_writes_it_and_an_allow_lists_network_as_it_runs(
+    tmp_path: Path,
+) -> None:
+    toolchain = json.loads(run_cli("policy", "explain", "toolchain").stdout)
+    pool = toolchain["tools"]["execute_command"]["pool"]
+    assert pool == {"min": 2, "max": 8, "ahead": 0, "idle_s": 300.0}, pool  # toolchain.yaml's, not default's 40/100
+    assert toolchain["set_by"]["tools.execute_command.pool.max"].endswith("toolchain.yaml")
+    assert "tools.execute_command.pool.ahead" not in toolchain["set_by"]
+    assert load_policy("toolchain", TOOLS, BOTH).for_tool("execute_command").pool_most == 8
+    assert load_policy("default", TOOLS, BOTH).for_tool("execute_command").pool_on_runc == (100, 100)
+    networked = _write(
+        tmp_path,
+        "pypi.yaml",
+        "extends: default\ntools:\n  run_python:\n    network: {allow: [pypi.org, 'files.example:8443']}\n",
+    )
+    explained = json.loads(run_cli("policy", "explain", str(networked)).stdout)["tools"]["run_python"]
+    assert explained["network"] == {"allow": ["pypi.org", "files.example:8443"]}
+    assert explained["container"]["network_mode"].startswith("sandbox-egress-"), explained["container"]
+    assert "allow list's proxy" in explained["container"]["network_mode"]
 
 
 def test_policy_explain_and_diff_show_every_section_which_file_set_each_setting_and_the_offered_tools_alone(

@@ -156,6 +156,12 @@ async def test_a_request_without_a_valid_token_gets_a_401_saying_why_and_where_t
             challenge = answer.headers["www-authenticate"]
             assert challenge.startswith("Bearer ") and f'error_description="{reason}' in challenge, challenge
             assert f'resource_metadata="{metadata}"' in challenge
+            body = answer.json()  # and as a JSON-RPC error, which clients show as the request's error
+            assert body["error"]["code"] == -32001 and reason in body["error"]["message"], body
+            assert (
+                body["error"]["data"]["error"] == "invalid_token"
+                and answer.headers["content-type"] == "application/json"
+            )
         described = (await http.get(metadata)).json()
     assert described["resource"] == team.server.url and described["bearer_methods_supported"] == ["header"]
     team.server.wait_for_line("refused an HTTP request from 127.0.0.1: the token is not known here")
@@ -193,8 +199,10 @@ async def test_a_revoked_token_fails_at_once_and_a_broken_tokens_file_keeps_the_
         assert (await call(client, "run_python", code="1 + 1"))["stdout"] == "2\n"
         assert cli("token", "revoke", "carol", "--tokens", str(team.tokens)).returncode == 0
         logged = len(team.server.lines)
-        with pytest.raises(MCPError):  # the session's very next request
+        with pytest.raises(MCPError) as refused:  # the session's very next request, the reason in what it shows
             await client.call_tool("run_python", {"code": "1 + 1"})
+        assert refused.value.error.code == -32001, refused.value.error
+        assert "unauthorized (HTTP 401): the token is not known here: revoked" in str(refused.value), refused.value
         team.server.wait_for_line("refused an HTTP request from 127.0.0.1: the token is not known here", after=logged)
     good = team.tokens.read_text()
     team.tokens.write_text(good.replace('"policy": "default"', '"policy": 7', 1))

@@ -275,8 +275,14 @@ def _why(scope: Scope, reasons: list[str]) -> str:
     return reasons[-1] if reasons else "the token was refused"
 
 
+UNAUTHORIZED = -32001
+"""The JSON-RPC error code of a request refused for its token (in the range the specification leaves to servers)."""
+
+
 class ExplainedRefusals:
-    """Passes everything through; a 401 gets the reason in WWW-Authenticate, and a log line."""
+    """Passes everything through; a 401 gets the reason in WWW-Authenticate and a log line, and, for a JSON-RPC
+    request (a POST), a JSON-RPC error body saying it: the official clients show a non-2xx answer's JSON-RPC error
+    as the request's error, where a bare 401 becomes "Server returned an error response" (-32603)."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -287,6 +293,7 @@ class ExplainedRefusals:
             return
         reasons: list[str] = []
         reset = _reasons.set(reasons)
+        refused: dict[str, Any] = {}
 
         async def explained(message: Message) -> None:
             if message.get("type") == "http.response.start" and message.get("status") == 401:
@@ -295,15 +302,40 @@ class ExplainedRefusals:
                     (name, _described(value, reason) if name.lower() == b"www-authenticate" else value)
                     for name, value in message.get("headers") or []
                 ]
-                message = {**message, "headers": headers}
                 client = (scope.get("client") or ("unknown",))[0]
                 log.warning("refused an HTTP request from %s: %s", client, reason)
+                if scope.get("method") == "POST":  # its body, the reason as a JSON-RPC error, is sent in its place
+                    refused.update(start={**message, "headers": headers}, reason=reason)
+                    return
+                message = {**message, "headers": headers}
+            elif refused and message.get("type") == "http.response.body":
+                if message.get("more_body"):
+                    return
+                body = _rpc_refusal(str(refused["reason"]))
+                kept = [
+                    (n, v)
+                    for n, v in refused["start"]["headers"]
+                    if n.lower() not in (b"content-type", b"content-length")
+                ]
+                kept += [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+                await send({**refused["start"], "headers": kept})
+                message = {"type": "http.response.body", "body": body}
             await send(message)
 
         try:
             await self.app(scope, receive, explained)
         finally:
             _reasons.reset(reset)
+
+
+def _rpc_refusal(reason: str) -> bytes:
+    """A 401's body: the reason as a JSON-RPC error (its id null: the request was refused before it was read)."""
+    error = {
+        "code": UNAUTHORIZED,
+        "message": f"unauthorized (HTTP 401): {reason}",
+        "data": {"error": "invalid_token", "error_description": reason},
+    }
+    return json.dumps({"jsonrpc": "2.0", "id": None, "error": error}).encode()
 
 
 def _described(header: bytes, reason: str) -> bytes:

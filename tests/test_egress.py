@@ -56,8 +56,14 @@ async def session(
     upstreams: Upstreams, audit_path: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[Client]:
     policy = tmp_path_factory.mktemp("policy") / "egress.yaml"
+    shell = shell_network(upstreams)  # and quiet.test:81, allowed: the web upstream, where nothing listens on 81
+    shell = {
+        **shell,
+        "allow": [*shell["allow"], "quiet.test:81"],
+        "hosts": {**shell["hosts"], "quiet.test": upstreams.web},
+    }
     tools = {
-        "execute_command": {"network": shell_network(upstreams)},
+        "execute_command": {"network": shell},
         # run_python may reach the package index alone, and the policy's environment points pip at it.
         "run_python": {
             "network": {
@@ -178,6 +184,20 @@ async def test_a_host_the_list_does_not_name_gets_a_403_naming_the_field_and_is_
         {"other.test:80", f"{upstreams.web}:80", "web.test:8080", "other.test:443"}
     )
     assert "the proxy refused" in answer["text"] and "(policy field network.allow)" in answer["text"]
+
+
+async def test_an_allowed_host_with_nothing_listening_is_said_to_be_the_proxys_answer_not_the_hosts(
+    session: Client,
+) -> None:
+    answer = await run(session, "curl -sS -m 10 -o /dev/null -w '%{http_code}\\n' http://quiet.test:81/")
+    assert answer["stdout"] == "503\n", answer["text"]
+    [request] = answer["network"]["requests"]
+    assert (request["allowed"], request["status"], request["proxy_error"]) == (True, 503, "ERR_CONNECT_FAIL"), request
+    said = "quiet.test:81 is allowed, but the proxy could not connect to it: nothing listens there, or it refused"
+    assert said in answer["text"] and "its 503 page is the proxy's, not the host's" in answer["text"], answer["text"]
+    assert answer["network"]["denied"] == []
+    plain = await run(session, "curl -sS -m 10 http://web.test/ok")
+    assert "proxy_error" not in plain["network"]["requests"][0] and "proxy could not" not in plain["text"]
 
 
 async def test_no_way_around_the_proxy_direct_connections_udp_and_name_lookups_fail(

@@ -221,7 +221,7 @@ def squid_config(egress: Egress, policy_name: str, secret_values: Sequence[str] 
         "httpd_suppress_version_string on",
         f"hosts_file {CONFIG_DIR}/hosts",
         f"error_directory {CONFIG_DIR}/errors",
-        "logformat sandbox %ts.%03tu %>a %rm %>rd %>rP %Ss %>Hs %<st %>st",
+        "logformat sandbox %ts.%03tu %>a %rm %>rd %>rP %Ss %>Hs %<st %>st %err_code",
         "access_log stdio:/dev/stdout logformat=sandbox",
         "cache_log stdio:/dev/stderr",
     ]

@@ -25,6 +25,8 @@ class ProxyRequest:
     """Bytes sent to the sandbox."""
     bytes_out: int
     """Bytes the sandbox sent."""
+    error: str | None = None
+    """The error page the proxy answered with itself (ERR_CONNECT_FAIL: nothing took the connection), else None."""
 
     @property
     def allowed(self) -> bool:
@@ -32,7 +34,7 @@ class ProxyRequest:
 
     def record(self) -> dict[str, Any]:
         """As the answer and the audit record show it."""
-        return {
+        said = {
             "method": self.method,
             "host": self.host,
             "port": self.port,
@@ -41,16 +43,20 @@ class ProxyRequest:
             "bytes_in": self.bytes_in,
             "bytes_out": self.bytes_out,
         }
+        return said | ({"proxy_error": self.error} if self.error else {})
 
 
 def parse_log_line(line: str) -> ProxyRequest | None:
     """A line of the proxy's `sandbox` log format (see egress.squid_config); None for anything else."""
     parts = line.split()
-    if len(parts) != 9:
+    if len(parts) not in (9, 10):  # (a proxy started before %err_code was logged writes 9)
         return None
-    _, client, method, host, port, status, http_status, bytes_in, bytes_out = parts
+    _, client, method, host, port, status, http_status, bytes_in, bytes_out, *error = parts
+    said = error[0] if error and error[0] != "-" else None
     try:
-        return ProxyRequest(client, method, host, int(port), status, int(http_status), int(bytes_in), int(bytes_out))
+        return ProxyRequest(
+            client, method, host, int(port), status, int(http_status), int(bytes_in), int(bytes_out), said
+        )
     except ValueError:
         return None
 

@@ -79,6 +79,11 @@ NETWORK_SCHEMA: dict[str, Any] = {
                     "method": {"type": "string"}, "host": {"type": "string"}, "port": {"type": "integer"},
                     "allowed": {"type": "boolean"}, "status": {"type": "integer"},
                     "bytes_in": {"type": "integer"}, "bytes_out": {"type": "integer"},
+                    "proxy_error": {
+                        "type": "string",
+                        "description": "The proxy answered itself, with this error (ERR_CONNECT_FAIL: the host is "
+                        "allowed, but nothing took the connection; ERR_DNS_FAIL: its name has no address)",
+                    },
                 },
                 "required": ["method", "host", "port", "allowed", "status", "bytes_in", "bytes_out"],
             },

@@ -143,6 +143,10 @@ def test_a_proxy_log_line_becomes_a_request_and_other_lines_are_skipped() -> Non
     denied = parse_log_line("1795324653.275 172.19.0.3 GET nope.test 80 TCP_DENIED 403 443 119")
     assert denied is not None and not denied.allowed
     assert parse_log_line("2026/11/22 05:17:18| storeLateRelease: released 0 objects") is None
+    quiet = parse_log_line("1795324653.300 172.19.0.3 GET quiet.test 81 TCP_MISS 503 3900 90 ERR_CONNECT_FAIL")
+    assert quiet is not None and quiet.allowed and quiet.record()["proxy_error"] == "ERR_CONNECT_FAIL"
+    plain = parse_log_line("1795324653.301 172.19.0.3 GET web.test 80 TCP_MISS 200 300 90 -")
+    assert plain is not None and plain.error is None and "proxy_error" not in plain.record()
 
 
 def test_a_sandbox_on_a_proxied_network_asks_no_name_server_and_has_no_ipv6() -> None:

@@ -62,8 +62,35 @@ async def test_a_variable_that_cannot_be_kept_costs_no_other(keeping: Keeping, r
         after, _ = await _cell(session, "small + 1")
     assert "variables kept for the next cell: small" in made["text"], made["text"]
     assert "big (the workspace is full: policy field workspace.size_mb)" in made["text"], made["text"]
-    assert "stream (TextIOWrapper)" in made["text"], made["text"]
+    assert (
+        "stream (TextIOWrapper: not picklable (cannot pickle '_io.TextIOWrapper' object); make it again" in made["text"]
+    ), made["text"]
     assert not after["is_error"] and after["stdout"] == "2\n", after["text"]
+
+
+FORMATTED = """
+import matplotlib.pyplot as plt
+from matplotlib.ticker import FuncFormatter
+fig, ax = plt.subplots()
+ax.plot([1000, 3000, 2000])
+ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value / 1000:g}k"))
+total = 6000
+"""
+
+
+async def test_a_figure_that_cannot_be_kept_says_which_part_stops_it_and_what_to_do(
+    keeping: Keeping, runtime: DockerRuntime
+) -> None:
+    async with connect(stdio_parameters(*_serve_args(keeping))) as session:
+        made, _ = await _cell(session, FORMATTED)
+        after, _ = await _cell(session, "total")
+    said = made["text"]
+    assert "variables kept for the next cell: FuncFormatter, total; not kept: fig (Figure" in said, said
+    assert (
+        "fig (Figure: not picklable, a lambda in its y axis' tick formatter; give it a function made with def" in said
+    )
+    assert "ax (Axes: not picklable, a lambda in its y axis' tick formatter" in said, said
+    assert after["stdout"] == "6000\n", after["text"]
 
 
 PLOT = "import matplotlib.pyplot as plt\nfig, ax = plt.subplots()\nax.plot([1, 3, 2])\nax.set_title('first')"

@@ -371,7 +371,7 @@ async def test_run_python_keeps_a_dataframe_for_the_next_cell_and_names_what_it_
         )
     assert not first.is_error and not second.is_error, text_of(second)
     assert "variables kept for the next cell: df, total, fig" in text_of(first)
-    assert "not kept: stream (TextIOWrapper)" in text_of(first)
+    assert "not kept: stream (TextIOWrapper: not picklable" in text_of(first)
     assert second.structured_content is not None
     assert second.structured_content["stdout"].strip() == "(6, 12, 'pandas')"
     assert not any(f["path"] == "cell-state.json" for f in second.structured_content["files"])

@@ -217,11 +217,47 @@ def _write(path, values):
     except OSError as exc:
         _remove(temporary)
         return _WHY.get(exc.errno) or exc.strerror or type(exc).__name__, (), None
-    except Exception:  # not picklable (a stream, a lock, a generator, a function of this cell)
+    except Exception as exc:  # not picklable (a stream, a lock, a generator, a function of this cell)
         _remove(temporary)
-        return type(next(iter(values.values()))).__name__, (), None
+        return _why_not(next(iter(values.values())), exc), (), None
     mutable = [identity for identity, (_, obj) in memo.items() if not isinstance(obj, IMMUTABLE) and obj is not values]
     return None, mutable, hashing.sha256.hexdigest()
+
+
+def _why_not(value, error):
+    """Why a value could not be kept, in a line: its type, the part pickle stopped at, and what to do."""
+    import re
+
+    kind = type(value).__name__
+    part = _local_function_in(value)
+    if part is not None:
+        return (
+            f"{kind}: not picklable, {part}; give it a function made with def at a cell's top level, or make it "
+            "again in the next cell"
+        )
+    said = re.sub(r" at 0x[0-9a-f]+", "", str(error).splitlines()[0] if str(error) else type(error).__name__)
+    return f"{kind}: not picklable ({said[:120]}); make it again in the next cell"
+
+
+def _local_function_in(value):
+    """Where a matplotlib figure (or one of its axes) holds a lambda or a function made inside another, which
+    pickle cannot save: its tick formatters and locators (FuncFormatter(lambda …)); None elsewhere."""
+    figure = value if hasattr(value, "get_axes") else getattr(value, "figure", None)
+    for axes in getattr(figure, "axes", None) or []:
+        for name, axis in (("x", getattr(axes, "xaxis", None)), ("y", getattr(axes, "yaxis", None))):
+            if axis is None:
+                continue
+            for what, part in (
+                ("tick formatter", axis.get_major_formatter()),
+                ("minor tick formatter", axis.get_minor_formatter()),
+                ("tick locator", axis.get_major_locator()),
+            ):
+                function = getattr(part, "func", None)
+                qualified = getattr(function, "__qualname__", "")
+                if function is not None and ("<lambda>" in qualified or "<locals>" in qualified):
+                    made = "a lambda" if "<lambda>" in qualified else f"a function made inside another ({qualified})"
+                    return f"{made} in its {name} axis' {what}"
+    return None
 
 
 def _about(value, width=80):

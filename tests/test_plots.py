@@ -229,3 +229,29 @@ async def test_run_python_draws_every_glyph_of_each_script(module_session: Clien
     assert result.structured_content is not None
     assert "('missing', [], 'warned', [])" in result.structured_content["stdout"], result.structured_content
     assert "missing from" not in result.structured_content["stderr"]
+
+
+DATE_PLOT = """
+import pandas as pd, matplotlib.pyplot as plt
+days = pd.date_range("2025-01-01", periods=120, freq="D")
+series = pd.Series(range(120), index=days, name="orders")
+axes = series.plot(figsize=(4, 3))
+axes.set_xlabel("day of the order (UTC)", fontsize=14, color="#d62728")
+plt.xticks(rotation=90)
+figure = axes.figure
+figure.set_dpi(100)
+"""
+LABEL = (214, 39, 40)
+"""The x-axis label's colour in DATE_PLOT (C3)."""
+
+
+async def test_a_figure_keeps_its_x_axis_label_below_rotated_dates(module_session: Client) -> None:
+    """A pandas date plot whose rotated dates push the x label past the figure's bottom edge: saved with a tight
+    bounding box, as a notebook shows it, the label is drawn inside the picture."""
+    result = await module_session.call_tool("run_python", {"code": DATE_PLOT})
+    assert not result.is_error, text_of(result)
+    pixels = _pixels(result)
+    label = _mask(pixels, LABEL)
+    rows = np.flatnonzero(label.any(axis=1))
+    assert label.sum() > 200 and len(rows) > 0, int(label.sum())  # the label's red letters are there
+    assert rows.max() < pixels.shape[0] - 2, (rows.max(), pixels.shape)  # and whole: background below it

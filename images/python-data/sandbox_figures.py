@@ -28,8 +28,10 @@ def seed_font_cache() -> None:
 
 
 def save_png(figure, path: str, max_bytes: int) -> None:
-    """Save at the highest resolution whose file fits max_bytes (the smallest one otherwise)."""
+    """Save at the highest resolution whose file fits max_bytes (the smallest one otherwise), cut to what is drawn
+    as Jupyter's inline backend does (a tight bounding box): a label below the axes, such as pandas' rotated
+    dates push down, is in the picture, not cut off at the figure's edge."""
     for dpi in DPI_STEPS:
-        figure.savefig(path, dpi=dpi, format="png")
+        figure.savefig(path, dpi=dpi, format="png", bbox_inches="tight", pad_inches=0.1)
         if os.path.getsize(path) <= max_bytes:
             return

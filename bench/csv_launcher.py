@@ -32,7 +32,10 @@ from sandbox_server.sandbox import wire
 
 BEFORE_COMMIT = "793d056c72fa44430f789d352f98a9895892fe5e"
 """The last commit before the launcher detected encodings (its python-data launcher and wire contract)."""
-BEFORE_KEYS = ("encoding", "decimal", "thousands", "sheet", "period")
+BEFORE_KEYS = (
+    "encoding", "decimal", "thousands", "sheet", "period", "delimiter", "header", "header_row", "drop_totals",
+    "skip_bad_rows",
+)  # fmt: skip
 """Request keys the earlier launcher's contract does not have."""
 IMAGE = "sandbox-server/python-data:latest"
 NOW = f"/usr/local/lib/sandbox/{wire.ANALYZE_CSV.rsplit('/', 1)[-1]}"
@@ -91,6 +94,11 @@ def request(workload: dict[str, Any], earlier: bool) -> dict[str, Any]:
         "max_bytes": 1 << 40,
         "max_line_bytes": 1 << 20,
         "policy": "bench",
+        "delimiter": None,
+        "header": None,
+        "header_row": None,
+        "drop_totals": False,
+        "skip_bad_rows": True,
     }
     assert sorted(document) == sorted(wire.ANALYSIS_REQUEST_KEYS), "the bench's request is not the contract's"
     return {key: value for key, value in document.items() if not (earlier and key in BEFORE_KEYS)}

@@ -423,7 +423,76 @@ async def test_a_french_export_with_bad_rows_is_read_by_the_delimiter_most_rows_
     assert refused.is_error and "6 row(s) do not have the file's 7 fields (line 152, 422" in text_of(refused)
     said = dict(refused.structured_content or {})
     assert said["error"]["field"] == "skip_bad_rows", said
-    given = await module_session.call_tool("analyze_csv", {
-        "filepath": "export.csv", "operations": ["count"], "delimiter": ",", "header": False,
-    })  # fmt: skip
-    assert not given.is_error and "delimiter ','" in text_of(given) and "no header" in text_of(given), text_of(given)
+    given = await module_session.call_tool(
+        "analyze_csv",
+        {
+            "filepath": "export.csv",
+            "operations": ["count"],
+            "delimiter": ",",
+            "header": False,
+        },
+    )  # fmt: skip  (a `;` file read at its decimal commas: most rows misread, so refused, never a success)
+    assert given.is_error and "most of the file would be dropped" in text_of(given), text_of(given)
+    assert (given.structured_content or {})["error"]["field"] == "delimiter", given.structured_content
+
+
+LAENDER = ["Baden-Württemberg", "Bayern", "Berlin", "Sachsen", "Schleswig-Holstein", "Thüringen"]
+KUNDEN = ["Müller GmbH", "Schäfer AG", "Köhler & Söhne", "Weiß KG", "Bäckerei Fuß"]
+
+
+def _german_export(rows: int = 240) -> tuple[bytes, int, pd.DataFrame]:
+    """A German sales export as Excel saves it as CSV: Latin-1, `;`, `1.234,56`, `31.12.2025`, CRLF, a title and a
+    blank line above the header, a few rows with a field too many, and a totals row (`Summe;;;…`) summing every
+    row. Its bytes, the totals row's line, and its rows (bad ones too, without the totals row)."""
+    rng = random.Random(11)
+    lines = ["Umsatzbericht 2025 (Export)", "", "Datum;Bundesland;Kunde;Umsatz"]
+    records: list[dict[str, Any]] = []
+    for index in range(rows):
+        day, month, amount = rng.randint(1, 28), rng.randint(1, 12), round(rng.uniform(100, 20_000), 2)
+        land = rng.choice(LAENDER)
+        written = f"{amount:,.2f}".replace(",", " ").replace(".", ",").replace(" ", ".")
+        extra = ";siehe Notiz" if index % 60 == 7 else ""  # a field too many: still a sale, summed by the total
+        lines.append(f"{day:02d}.{month:02d}.2025;{land};{rng.choice(KUNDEN)};{written}{extra}")
+        records.append({"month": month, "Bundesland": land, "Umsatz": amount, "bad": bool(extra)})
+    total = f"{sum(float(r['Umsatz']) for r in records):,.2f}".replace(",", " ").replace(".", ",").replace(" ", ".")
+    lines.append(f"Summe;;;{total}")
+    return ("\r\n".join(lines) + "\r\n").encode("latin-1"), len(lines), pd.DataFrame(records)
+
+
+async def test_a_german_excel_export_with_a_title_bad_rows_and_a_totals_row_reads_as_its_author_means(
+    module_session: Client,
+) -> None:
+    data, totals_line, frame = _german_export()
+    good = frame[~frame["bad"]]
+    arguments = {"filepath": "umsatz.csv", "operations": ["sum", "count"], "group_by": ["Bundesland"],
+                 "files": upload("umsatz.csv", data)}  # fmt: skip
+    kept = await _analyze(module_session, arguments)
+    encoding = kept["file"]["encoding"]
+    assert encoding.startswith("cp1252 (detected") and "reads it alike" in encoding, encoding  # its runner-up named
+    assert kept["file"]["delimiter"] == ";" and kept["file"]["header"] is True
+    assert [column["name"] for column in kept["file"]["columns"]] == ["Datum", "Bundesland", "Kunde", "Umsatz"]
+    notes = kept["notes"]
+    assert any(
+        n.startswith("the header is on line 3; the 2 line(s) above it were skipped: 'Umsatzbericht") for n in notes
+    )
+    said = f"line {totals_line} ('Summe') looks like a totals row: its 'Umsatz' is the sum of the rows above"
+    assert any(n.startswith(said) and "drop_totals: true leaves it out" in n for n in notes), notes
+    assert f"column 'Datum' holds dates written '%d.%m.%Y' except line {totals_line} ('Summe')" in notes, notes
+    sums = {entry["group"]["Bundesland"]: entry["columns"]["Umsatz"]["sum"] for entry in kept["results"]}
+    assert sums.pop(None) == pytest.approx(frame["Umsatz"].sum())  # the total, a group of its own, unless dropped
+    assert sums == pytest.approx(good.groupby("Bundesland")["Umsatz"].sum().to_dict())
+    assert "Thüringen" in sums
+
+    dropped = await _analyze(module_session, {**arguments, "drop_totals": True})
+    by_land = {entry["group"]["Bundesland"]: entry["columns"]["Umsatz"]["sum"] for entry in dropped["results"]}
+    assert None not in by_land and by_land == pytest.approx(sums)
+    assert any(n.endswith("it is left out (drop_totals)") for n in dropped["notes"]), dropped["notes"]
+    monthly = await _analyze(module_session, {**arguments, "group_by": ["Datum"], "period": "month",
+                                              "drop_totals": True})  # fmt: skip
+    by_month = [entry["columns"]["Umsatz"]["sum"] for entry in monthly["results"]]
+    assert by_month == pytest.approx(list(good.groupby("month")["Umsatz"].sum()))
+
+    wrong = await module_session.call_tool("analyze_csv", {**arguments, "group_by": [], "header_row": 1})
+    assert wrong.is_error, text_of(wrong)  # most rows would be dropped: refused, never a success of a few rows
+    error = (wrong.structured_content or {})["error"]
+    assert error["field"] == "header_row" and "most of the file would be dropped" in error["message"], error

@@ -20,6 +20,9 @@ import resource
 import sys
 
 from csv_files import (
+    DELIMITERS,
+    SAMPLE_BYTES,
+    SAMPLE_ROWS,
     container_of,
     detect_delimiter,
     detect_encoding,
@@ -32,7 +35,7 @@ from csv_files import (
     transcoding,
     workbook_rows,
 )
-from csv_numbers import DEPARTURE, NumberStyle, departure, detect_dates, detect_style, style_of
+from csv_numbers import DEPARTURE, NumberStyle, departure, detect_dates, detect_style, style_of, totals_row
 from csv_values import Refusal, json_value, quote_ident, quote_literal
 from sandbox_wire import ANALYSIS_ANSWER, ANALYSIS_REFUSED_EXIT, ANALYSIS_REQUEST_KEYS, ANALYSIS_TABLE, OUTPUT_DIR
 
@@ -107,6 +110,7 @@ class Analysis:
             )
         self.format = container_of(self.path) or "csv"
         self.transcoder = None
+        self.skip = max(0, int(request.get("header_row") or 1) - 1)
         self.asked_delimiter = request.get("delimiter")
         if self.format == "parquet":
             self._open_parquet()
@@ -135,12 +139,31 @@ class Analysis:
                 self.notes.append(f"the file is {found.codec}; it was converted to UTF-8 as it was read")
             if found.compression:
                 self.notes.append(f"the file is {found.compression}-compressed; it was decompressed as it was read")
-            if not self.asked_delimiter:  # the delimiter most rows agree on, a few bad rows notwithstanding
-                shape = detect_delimiter(sample_text(self.path, found))
+            sample = sample_text(self.path, found)
+            if len(sample.encode("utf-8")) < SAMPLE_BYTES:  # the whole file: its last line's number is known
+                self.sample, self.sample_lines = sample, len(sample.rstrip("\r\n").splitlines())
+            # the delimiter most rows agree on, a few bad rows notwithstanding, and the lines above its table
+            shape = detect_delimiter(sample, (self.asked_delimiter,) if self.asked_delimiter else DELIMITERS)
+            if not self.asked_delimiter:
                 self.asked_delimiter = shape[0] if shape is not None else None
+            if shape is not None and not request.get("header_row") and request.get("header") is not False:
+                self._skip_preamble(shape[3], sample)
         self.reader_options = {"encoding": encoding, "sample_size": 20480, "compression": compression}
         self.source_path = source_path
         self._define_source()
+
+    def _skip_preamble(self, above, sample):
+        """Lines above the header (a report's title, blank lines), which the width most rows share finds: skipped,
+        and said with the first of them."""
+        if above <= 0:
+            return
+        self.skip = above
+        first = next((line.strip() for line in sample.splitlines()[:above] if line.strip()), "")
+        shown = f": {first[:80]!r}" + (" …" if len(first) > 80 else "") if first else " (blank)"
+        self.notes.append(
+            f"the header is on line {above + 1}; the {above} line(s) above it were skipped{shown} (header_row names "
+            "another line)"
+        )
 
     def _open_parquet(self):
         """A Parquet file: DuckDB reads it natively (its own types; no encoding, delimiter or number style)."""
@@ -168,7 +191,13 @@ class Analysis:
                 f"max_line_size={int(self.request['max_line_bytes'])}",
                 "nullstr=[" + ", ".join(quote_literal(text) for text in NULL_STRINGS) + "]",
                 *([f"delim={quote_literal(self.asked_delimiter)}"] if self.asked_delimiter else []),
-                *([f"header={'true' if header else 'false'}"] if header is not None else []),
+                *([f"skip={self.skip}"] if self.skip else []),
+                *(["header=true"] if self.request.get("header_row") else []),
+                *(
+                    [f"header={'true' if header else 'false'}"]
+                    if header is not None and not self.request.get("header_row")
+                    else []
+                ),
             ]
         )
 
@@ -196,21 +225,67 @@ class Analysis:
         elif not style.plain and style.columns:
             arguments += ", types={" + ", ".join(f"{quote_literal(c)}: 'VARCHAR'" for c in style.columns) + "}"
             conversions += [f"{style.expression(quote_ident(c))} AS {quote_ident(c)}" for c in style.columns]
-        for name, (fmt, timed, other) in detect_dates(
-            self._sample_names, self._sample_rows, text - set(style.columns)
-        ).items():
-            sql = f"strptime(nullif(trim({quote_ident(name)}), ''), {quote_literal(fmt)})"
+        numbers = [c["name"] for c in sniffed_columns if c["type"] in NUMERIC_TYPES or c["type"].startswith("DECIMAL")]
+        totals = self._totals([*numbers, *style.columns])
+        rows = self._sample_rows[:-1] if totals else self._sample_rows
+        for name, (fmt, timed, other) in detect_dates(self._sample_names, rows, text - set(style.columns)).items():
+            parse = "try_strptime" if totals else "strptime"  # (the totals row's label is no date)
+            sql = f"{parse}(nullif(trim({quote_ident(name)}), ''), {quote_literal(fmt)})"
             conversions.append(f"{sql if timed else f'CAST({sql} AS DATE)'} AS {quote_ident(name)}")
+            said = self._sample_rows[-1][self._sample_names.index(name)] if totals else None
+            except_line = f" except line {totals[0]} ({said.strip()!r})" if said and said.strip() else ""
             self._note(
-                f"column {name!r} holds dates written {fmt!r}" + (f" (they also read as {other!r})" if other else "")
+                f"column {name!r} holds dates written {fmt!r}{except_line}"
+                + (f" (they also read as {other!r})" if other else "")
             )
         replaced = f"REPLACE ({', '.join(conversions)})" if conversions else ""
-        self.con.execute(f"CREATE OR REPLACE TEMP VIEW src AS SELECT * {replaced} FROM read_csv({arguments})")
+        where = self._without_totals(totals)
+        self.con.execute(f"CREATE OR REPLACE TEMP VIEW src AS SELECT * {replaced} FROM read_csv({arguments}){where}")
         self.columns = [(row[0], row[1]) for row in self.con.execute("DESCRIBE src").fetchall()]
         self._check_stream()
         unread = [name for name, declared in self.columns if declared == "VARCHAR" and name in style.numeric]
         if unread:
             self._refuse_departure(style, unread)  # numbers at the start, and somewhere a value DuckDB did not read
+
+    def _totals(self, numeric):
+        """A last row whose numbers are the sums of the rows above it, when the sample holds the whole file: its
+        line, the column and text that label it, and the columns it sums; said in a note. None when there is
+        none (or the file is longer than the sample: its end is not looked at)."""
+        import csv
+        import io
+
+        whole = getattr(self, "sample_lines", None)
+        if whole is None or len(self._sample_rows) >= SAMPLE_ROWS or not numeric or not self.delimiter:
+            return None
+        # Every row as the file writes it, bad ones too: a total sums the rows a field too many set aside as well.
+        rows = list(csv.reader(io.StringIO(self.sample, newline=""), delimiter=self.delimiter))[self.skip :]
+        rows = [row for row in rows[1 if self.has_header else 0 :] if any(cell.strip() for cell in row)]
+        summed = totals_row(self._sample_names, rows, self.numbers_sample, numeric)
+        if summed is None:
+            return None
+        last = self._sample_rows[-1]
+        labels = [(name, cell) for name, cell in zip(self._sample_names, last, strict=False)
+                  if name not in numeric and isinstance(cell, str) and cell.strip()]  # fmt: skip
+        column, label = labels[0] if labels else (None, None)
+        line = whole
+        called = f" ({label.strip()!r})" if label else ""
+        leave = (
+            "it is left out (drop_totals)" if self.request.get("drop_totals") and label
+            else "drop_totals: true leaves it out of the statistics, groups and plot" if label
+            else "it has no label to leave it out by: remove it from the file"
+        )  # fmt: skip
+        self.notes.append(
+            f"line {line}{called} looks like a totals row: its {', '.join(map(repr, summed))} "
+            f"{'is' if len(summed) == 1 else 'are'} the sum of the rows above; {leave}"
+        )
+        return line, column, label, summed
+
+    def _without_totals(self, totals):
+        """The WHERE clause leaving the totals row out, when drop_totals asks and a label names it."""
+        if not totals or not self.request.get("drop_totals") or totals[1] is None:
+            return ""
+        _, column, label, _ = totals
+        return f" WHERE {quote_ident(column)} IS DISTINCT FROM {quote_literal(label)}"
 
     def _note(self, text):
         """A note about how the file is read: once, though a re-read with wider settings finds it again."""
@@ -219,12 +294,14 @@ class Analysis:
 
     def _number_style(self, arguments, candidates):
         """The decimal mark and thousands separator of the file's numbers, from its first 2,000 rows as text."""
-        header = "" if self.request.get("header") is not None else f", header={'true' if self.has_header else 'false'}"
+        given = self.request.get("header") is not None or self.request.get("header_row")
+        header = "" if given else f", header={'true' if self.has_header else 'false'}"
         cursor = self.con.execute(f"SELECT * FROM read_csv({arguments}, all_varchar=true{header}) LIMIT 2000")
         names = [column[0] for column in cursor.description]
         request = self.request
         self._sample_names, self._sample_rows = names, cursor.fetchall()
         style = detect_style(names, self._sample_rows, request.get("decimal"), request.get("thousands"), candidates)
+        self.numbers_sample = style
         if style.mixed:
             self._refuse_departure(style, style.mixed)
         if not style.plain or style.given:
@@ -242,7 +319,7 @@ class Analysis:
         if self.format == "xlsx":
             where, rows = "row", sheet_rows(self.path, self.sheet)
         else:
-            where, rows = "line", text_rows(self.path, self.found, self.delimiter, self.has_header)
+            where, rows = "line", text_rows(self.path, self.found, self.delimiter, self.has_header, self.skip)
         found = departure(rows, columns, style)
         if found is None:
             return
@@ -362,6 +439,20 @@ class Analysis:
             f"{columns} fields (line {shown}); skip_bad_rows: false refuses such a file instead"
         )
         return {"count": count, "lines": lines, "kinds": kinds}
+
+    def _refuse_most_dropped(self, bad, kept):
+        """Most rows set aside as bad is a file misread (a header found on the wrong line, another delimiter), not a
+        success with a few rows: refused, saying what to give."""
+        if not bad or bad["count"] <= kept:
+            return
+        line = self.skip + 1
+        raise Refusal(
+            f"{self.request['path']}: {bad['count']:,} of {bad['count'] + kept:,} rows do not have the "
+            f"{len(self.columns)} field(s) of the header read on line {line} (line {', '.join(map(str, bad['lines']))} "
+            "…); nothing was computed: most of the file would be dropped. Give header_row (the line that names the "
+            "columns) or delimiter",
+            "delimiter" if self.request.get("delimiter") else "header_row",
+        )
 
     # -- planning ------------------------------------------------------------------
 
@@ -483,6 +574,7 @@ class Analysis:
             for (column, stat, _), value in zip(aggregates, row, strict=False):
                 stats.setdefault(column, {})[stat] = json_value(value)
             results.append({"group": group, "rows": row[len(aggregates)], "columns": stats})
+        self._refuse_most_dropped(bad, total_rows)
         if total_rows == 0:
             self.notes.append("the file has a header and no data rows")
             for item in skipped:

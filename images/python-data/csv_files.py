@@ -5,6 +5,8 @@ and how many threads and how much memory DuckDB may use here.
 import codecs
 import math
 import os
+import re
+import unicodedata
 
 from csv_values import Refusal
 
@@ -142,56 +144,92 @@ def detect_encoding(path, explicit=None):
     )
 
 
-COHERENCE_TIE = 0.02
-"""How close to the best reading as a language Windows-1252's reading may be and still win when it reads as a
-Western European language would (a French export reads 0.574 as cp1252 and 0.584 as cp1250, which turns its `è`
-into `č`)."""
-WESTERN_MARKS = set("€–—‘’‚“”„«»…°·\u00a0")
-"""Non-letters a Western European text holds; a Turkish, Baltic or Polish file read as cp1252 shows others
-(`³`, `¹`, `¿` between letters) or the letters only Icelandic uses."""
+SINGLE_BYTE = (
+    ("cp1252", "LATIN"),
+    ("cp1250", "LATIN"),
+    ("cp1257", "LATIN"),
+    ("cp1254", "LATIN"),
+    ("cp1258", "LATIN"),
+    ("cp1251", "CYRILLIC"),
+    ("cp1253", "GREEK"),
+    ("cp1255", "HEBREW"),
+    ("cp1256", "ARABIC"),
+)
+"""The single-byte encodings of Windows' exports, Western European first: a file whose bytes read as
+Western European text is read so, as browsers and Excel decide."""
+MARKS = set("€–—‘’‚“”„«»…°·§©®±×÷¢£¥µ¼½¾\u00a0")
+"""Non-letters text in these encodings holds; a Polish file read as Western European shows others (`³`, `¹`, `¿`
+between letters)."""
 NOT_WESTERN = set("þÞðÐýÝ")
+"""Letters only Icelandic (and Faroese) write, which Turkish and Baltic bytes become when read as Western."""
+FOREIGN_SHARE = 0.4
+"""At most this share of a Latin-script text's letters is outside ASCII (German, French, Polish: under 0.15); text
+of another script read as Latin letters is nearly all of them."""
 
 
-def _reads_as_western(head):
-    """Whether cp1252's reading of the bytes looks like a Western European language: its non-ASCII characters
-    are letters (not þ, ð, ý, which Turkish and Baltic bytes become) or the marks such text uses."""
+def _reading(head, codec):
     try:
-        text = codecs.getincrementaldecoder("cp1252")().decode(head, final=False)
+        return codecs.getincrementaldecoder(codec)().decode(head, final=False)
     except UnicodeDecodeError:
+        return None
+
+
+def _plausible(text, script):
+    """Whether a reading looks like text of its script: each character outside ASCII a letter of that script or a
+    mark such text uses; a Latin reading mostly ASCII letters, and a Western one without Icelandic's letters."""
+    odd = [char for char in text if not char.isascii() and unicodedata.category(char) != "Mn"]  # (tones: cp1258)
+    letters = [char for char in odd if char.isalpha()]
+    if any(not char.isalpha() and char not in MARKS for char in odd):
         return False
-    odd = {char for char in text if not char.isascii()}
-    return not odd & NOT_WESTERN and all(char.isalpha() or char in WESTERN_MARKS for char in odd)
+    if any(script not in unicodedata.name(char, "") for char in letters):
+        return False
+    if script == "LATIN":
+        share = len(letters) / max(1, len(letters) + sum(char.isascii() and char.isalpha() for char in text))
+        return share <= FOREIGN_SHARE
+    words = re.findall(r"[^\W\d_]+", text)
+    mixed = sum(1 for word in words if not word.isascii() and any(char.isascii() for char in word))
+    return mixed <= 0.1 * max(1, sum(1 for word in words if not word.isascii()))  # `Thьringen`: Latin bytes
 
 
 def _guess(head, utf8_error, compression):
-    """Not UTF-8: the detector's best match (charset-normalizer), Latin-1 when it has none."""
+    """Not UTF-8. A multi-byte encoding (Shift_JIS, GB18030, Big5, EUC-KR) as the detector (charset-normalizer)
+    finds it, among its cleanest readings the one most like a language. Else a single-byte encoding whose
+    reading looks like text of its script: Windows-1252 whenever it does (the detector alone reads a German
+    Latin-1 export as cp775 or cp1250), else the one the detector scores best. The label names those that read
+    the sample otherwise, as runners-up (one reading alike is no alternative)."""
     from charset_normalizer import from_bytes
 
     matches = list(from_bytes(head))
     where = f"byte 0x{head[utf8_error.start]:02x} at offset {utf8_error.start} is not UTF-8"
-    if not matches:
-        return Encoding("latin_1", f"Latin-1 ({where}; no better match)", compression)
-    best = matches[0]
-    # Among the candidates as clean as the best, the one whose text reads most like a language
-    # wins; those the detector cannot tell apart even so (a short sample): Windows-1252, the most
-    # common single-byte encoding, as browsers decide. The others are named.
-    tied = [m for m in matches if m.chaos <= best.chaos + 0.01]
-    top = max(m.coherence for m in tied)
-    western = next((m for m in tied if m.encoding == "cp1252" and m.coherence >= top - COHERENCE_TIE), None)
-    if western is not None and not _reads_as_western(head):
-        western = None
-    tied = [m for m in tied if m.coherence >= top - 0.005 or m is western]
-    chosen = next((m for m in tied if m.encoding == "cp1252"), tied[0])
-    others = sorted({m.encoding for m in tied if str(m) != str(chosen)})
-    codec = codecs.lookup(chosen.encoding).name
-    if codec in ("gbk", "gb2312"):
-        codec = "gb18030"  # the superset: every GBK file is GB18030
-    sure = max(0.0, min(1.0, 1.0 - chosen.chaos)) / (1 + len(others))
-    if sure < 0.5 and not chosen.multi_byte_usage and codec != "cp1252" and _decodes(head, "cp1252"):
-        # Too little text to tell single-byte encodings apart: Windows-1252 (Latin-1's letters and more).
-        others = sorted({codec, *others})
-        codec, sure = "cp1252", 1.0 / (1 + len(others))
-    also = f"; {', '.join(others)} would read it too, differently" if others else ""
+    wide = [m for m in matches if m.multi_byte_usage > 0]
+    if matches and matches[0].multi_byte_usage > 0:
+        clean = [m for m in wide if m.chaos <= matches[0].chaos + 0.1]
+        chosen = max(clean, key=lambda m: m.coherence)  # (max keeps the first of equals: the detector's order)
+        codec = codecs.lookup(chosen.encoding).name
+        if codec in ("gbk", "gb2312"):
+            codec = "gb18030"  # the superset: every GBK file is GB18030
+        others = sorted({codecs.lookup(m.encoding).name for m in clean} - {codec, "gbk", "gb2312"})
+    else:
+        readings = {codec: _reading(head, codec) for codec, _ in SINGLE_BYTE}
+        plausible = [codec for codec, script in SINGLE_BYTE if readings[codec] and _plausible(readings[codec], script)]
+        ranked = [codecs.lookup(m.encoding).name for m in matches]
+        scores = {codecs.lookup(m.encoding).name: (m.chaos, -m.coherence) for m in reversed(matches)}
+        if "cp1252" in plausible and not set(readings["cp1252"]) & NOT_WESTERN:
+            codec = "cp1252"
+        elif plausible:  # the cleanest reading, then the one most like a language, as the detector scores them
+            codec = min(plausible, key=lambda c: scores.get(c, (1.0, 0.0)))
+        elif matches:
+            codec = codecs.lookup(matches[0].encoding).name
+        else:
+            return Encoding("latin_1", f"Latin-1 ({where}; no better match)", compression)
+        text = readings.get(codec) or _reading(head, codec)
+        others = sorted({c for c in plausible if c != codec and readings[c] != text})
+        if not others and ranked and ranked[0] != codec and _reading(head, ranked[0]) == text:
+            where += f"; {ranked[0]} reads it alike"  # the detector's own pick, named all the same
+    sure = 1.0 / (1 + len(others))
+    also = ""
+    if others:
+        also = f"; runner{'s' if len(others) > 1 else ''}-up: {', '.join(others)}, which read{'s' if len(others) == 1 else ''} it otherwise"
     label = f"{codec} (detected, {sure:.0%} sure; {where}{also})"
     return Encoding(codec, label, compression)
 
@@ -319,34 +357,45 @@ ALIKE_ENOUGH = 0.95
 """The share of a sample's rows that must have the same number of fields for a delimiter to be a candidate."""
 
 
-def detect_delimiter(text):
-    """The delimiter that splits the sample's rows into the same number of fields (at least two), with that number
-    and how many rows of the sample have another; None when no delimiter does.
+def detect_delimiter(text, delimiters=DELIMITERS):
+    """The delimiter that splits the sample's rows into the same number of fields (at least two), with that number,
+    how many rows of the sample have another, and how many lines come before the first row of that width (a
+    preamble: a report's title and a blank line above the header); None when no delimiter does.
 
     A few rows with a field too many or too few do not decide it, as they decide a sniffer that wants every row
-    alike: each delimiter that splits 95% of the rows alike is a candidate, and the one giving the most fields wins
-    (`10,5` splits a `;` file's every row at its decimal commas into fewer, equally regular, fields)."""
+    alike: each delimiter that splits 95% of the rows alike (from the first of that width on) is a candidate, and
+    the one giving the most fields wins (`10,5` splits a `;` file's every row at its decimal commas into fewer,
+    equally regular, fields). The width most rows share decides where the table starts, not the first line."""
     import collections
     import csv
     import io
 
     candidates = []
-    for delimiter in DELIMITERS:
+    for delimiter in delimiters:
         reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter)
-        counts = collections.Counter(len(row) for _, row in zip(range(SAMPLE_ROWS), reader, strict=False) if row)
-        if not counts:
+        rows = []  # (the line a row starts on, 0-based; its width)
+        for _ in range(SAMPLE_ROWS):
+            start = reader.line_num
+            row = next(reader, None)
+            if row is None:
+                break
+            if row and any(cell.strip() for cell in row):
+                rows.append((start, len(row)))
+        if not rows:
             return None
-        fields, alike = counts.most_common(1)[0]
-        rows = sum(counts.values())
-        if fields >= 2 and alike / rows >= ALIKE_ENOUGH:
-            candidates.append((fields, alike / rows, delimiter, rows - alike))
+        fields = collections.Counter(width for _, width in rows).most_common(1)[0][0]
+        first = next(index for index, (_, width) in enumerate(rows) if width == fields)
+        table = rows[first:]
+        alike = sum(1 for _, width in table if width == fields)
+        if fields >= 2 and alike / len(table) >= ALIKE_ENOUGH:
+            candidates.append((fields, alike / len(table), delimiter, len(table) - alike, rows[first][0]))
     if not candidates:
         return None
-    fields, _, delimiter, other = max(candidates)
-    return delimiter, fields, other
+    fields, _, delimiter, other, above = max(candidates)
+    return delimiter, fields, other, above
 
 
-def text_rows(path, encoding, delimiter, has_header):
+def text_rows(path, encoding, delimiter, has_header, skip=0):
     """The file's rows as (line, {column: text}) pairs, decoded as a stream in Python: how a value DuckDB
     stopped at is traced back to the line that holds it (a slow path, taken only on such a value)."""
     import csv
@@ -355,6 +404,8 @@ def text_rows(path, encoding, delimiter, has_header):
     codec = "utf_8_sig" if encoding.codec == "utf_8" else encoding.codec
     with io.TextIOWrapper(open_raw(path, encoding.compression), encoding=codec, errors="replace", newline="") as text:
         reader = csv.reader(text, delimiter=delimiter or ",")
+        for _ in range(skip):  # the lines above the header
+            next(reader, None)
         first = next(reader, [])
         names = [name.lstrip("\ufeff") for name in first] if has_header else [f"column{i}" for i in range(len(first))]
         if not has_header:

@@ -242,3 +242,39 @@ def detect_dates(names, rows, text_columns):
             timed = any(code in fitting[0] for code in ("%H", "%M", "%S"))
             found[name] = (fitting[0], timed, fitting[1] if len(fitting) > 1 else None)
     return found
+
+
+def number_in(value, style):
+    """A cell's number as the file writes it (its decimal mark and thousands separator), or None."""
+    if not isinstance(value, str) or not value.strip():
+        return None
+    text = value.strip()
+    for separator in SPACES if style.thousands == " " else style.thousands or "":
+        text = text.replace(separator, "")
+    try:
+        return float(text.replace(style.decimal, ".") if style.decimal != "." else text)
+    except ValueError:
+        return None
+
+
+def totals_row(names, rows, style, numeric):
+    """The columns whose number in the last row is the sum of the rows above it, when every number of that row is
+    (a totals row, as a spreadsheet's export ends with); None otherwise."""
+    import math
+
+    if len(rows) < 3:
+        return None
+    *above, last = rows
+    summed = []
+    for name in numeric:
+        index = names.index(name)
+        value = number_in(last[index], style) if index < len(last) else None
+        if value is None:
+            continue
+        cells = (row[index] for row in above if index < len(row))
+        total = math.fsum(v for v in (number_in(cell, style) for cell in cells) if v is not None)
+        if abs(value - total) > 0.01 + 1e-9 * abs(total):
+            return None
+        if total:
+            summed.append(name)
+    return summed or None

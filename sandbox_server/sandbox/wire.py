@@ -70,6 +70,6 @@ ANALYSIS_REFUSED_EXIT = 2
 """analyze_csv: the exit code when the answer is a refusal ({"error": ..., "field": ...})."""
 ANALYSIS_REQUEST_KEYS = (
     "path", "roots", "operations", "columns", "group_by", "max_groups", "encoding", "decimal", "thousands", "sheet", "period", "plot", "image_bytes",
-    "max_bytes", "max_line_bytes", "policy", "delimiter", "header", "skip_bad_rows",
+    "max_bytes", "max_line_bytes", "policy", "delimiter", "header", "header_row", "drop_totals", "skip_bad_rows",
 )  # fmt: skip
 """analyze_csv: the keys of the JSON request the host sends on stdin, all of them always present."""

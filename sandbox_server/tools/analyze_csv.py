@@ -94,6 +94,8 @@ def analysis_request(args: Mapping[str, Any], policy: ToolPolicy, policy_name: s
         "policy": policy_name,
         "delimiter": args.get("delimiter"),
         "header": args.get("header"),
+        "header_row": args.get("header_row"),
+        "drop_totals": args.get("drop_totals", False),
         "skip_bad_rows": args.get("skip_bad_rows", True),
     }
 
@@ -181,6 +183,14 @@ class AnalyzeCsv(Sandboxed):
             },
             "delimiter": {"type": "string", "minLength": 1, "maxLength": 1},
             "header": {"type": "boolean", "description": "The first row names the columns."},
+            "header_row": {
+                "type": "integer",
+                "minimum": 1,
+                "maximum": 10000,
+                "description": "The line naming the columns (from 1); those above are skipped. A title above the "
+                "header is found without it.",
+            },
+            "drop_totals": {"type": "boolean", "description": "Leave out a totals row (the others' sums)."},
             "skip_bad_rows": {
                 "type": "boolean",
                 "default": True,
@@ -195,7 +205,7 @@ class AnalyzeCsv(Sandboxed):
             "sheet": {
                 "type": "string",
                 "maxLength": 200,
-                "description": "Default: the first.",
+                "description": "An xlsx workbook's sheet (default: the first).",
             },
             "period": {
                 "type": "string",

@@ -95,6 +95,10 @@ async def test_a_teams_image_with_a_tool_of_its_own_is_built_served_pooled_and_a
             refused.stderr
         )
         assert f"run `sandbox-server images build --policy {policy}`" in refused.stderr
+        unbuilt = run_cli("doctor", "--posture", "--policy", str(policy), timeout_s=300)
+        assert unbuilt.returncode == 1, unbuilt.stdout + unbuilt.stderr  # the team's image named, and how to build it
+        assert f"image {image}" in unbuilt.stdout and "not built (tools.execute_command.build:" in unbuilt.stdout
+        assert f"images build --policy {policy}" in unbuilt.stdout and "posture team/" not in unbuilt.stdout
         built = run_cli("images", "build", "--policy", str(policy), timeout_s=600)
         assert built.returncode == 0, built.stderr
         steps = [line for line in built.stderr.splitlines() if line.startswith("[team-tools-")]
@@ -106,6 +110,7 @@ async def test_a_teams_image_with_a_tool_of_its_own_is_built_served_pooled_and_a
         [line] = [line for line in listing.stdout.splitlines() if line.startswith(image)]
         assert line.split()[1:3] == ["yes", "yes"] and line.split()[-2:] == ["sandbox-server/shell:latest", "team"]
         posture = run_cli("doctor", "--posture", "--policy", str(policy), timeout_s=300)
+        assert f"image {image}: built and current (tools.execute_command.build:" in posture.stdout, posture.stdout
         assert posture.returncode == 0 and "posture team/execute_command: limits.pids" in posture.stdout, (
             posture.stdout + posture.stderr
         )

@@ -24,7 +24,8 @@ from sandbox_server.errors import SandboxServerError, UsageError
 from sandbox_server.protocol.http_limits import add_limit_arguments
 
 if TYPE_CHECKING:
-    from sandbox_server.ops.doctor import WarmPlan
+    from sandbox_server.ops.doctor import Check, WarmPlan
+    from sandbox_server.policy import Policy
     from sandbox_server.policy.loader import HostFacts
     from sandbox_server.sandbox.engine.runtime import DockerRuntime
 
@@ -65,10 +66,35 @@ def _doctor(args: argparse.Namespace) -> int:
             except SandboxServerError as exc:
                 report.checks.append(Check(f"policy {args.policy}", False, str(exc), "fix the policy file"))
             else:
-                report.checks.extend(anyio.run(run_posture, runtime, policy, _tool_names(sandboxed=True)))
+                report.checks.extend(_team_image_checks(runtime, policy, args.policy))
+                if report.healthy:  # (a team's image not built: there is nothing to start, the check says how)
+                    report.checks.extend(anyio.run(run_posture, runtime, policy, _tool_names(sandboxed=True)))
         runtime.close()
     print(report.to_json() if args.json else report.to_text())
     return 0 if report.healthy else 1
+
+
+def _team_image_checks(runtime: DockerRuntime, policy: Policy, reference: str) -> list[Check]:
+    """The images a policy's own tools run in (a team's build, a tool's packages), each built and current or what
+    to run; the posture check then starts its sandboxes in them."""
+    from sandbox_server.cli.images import team_images
+    from sandbox_server.ops.doctor import Check
+    from sandbox_server.sandbox.engine.team_images import team_image_status
+
+    checks = []
+    for team in team_images(policy, _tool_names()):
+        built, current, _ = team_image_status(runtime, team)
+        said = "built and current" if current else ("stale: its build context changed" if built else "not built")
+        checks.append(Check(
+            f"image {team.reference}", built and current,
+            f"{said} (tools.{'/'.join(team.tools)}.build: {team.context}); the posture below is checked in it",
+            f"run `sandbox-server images build --policy {reference}`",
+        ))  # fmt: skip
+    for image in sorted({policy.for_tool(n).image for n in _tool_names() if policy.for_tool(n).packages}):
+        present = runtime.image(image) is not None
+        checks.append(Check(f"image {image}", present, "built (a tool's packages)" if present else "not built",
+                            f"run `sandbox-server images build --policy {reference}`"))  # fmt: skip
+    return checks
 
 
 def _warm_plan(reference: str, runtime: DockerRuntime) -> WarmPlan:

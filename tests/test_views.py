@@ -32,6 +32,7 @@ from mcp.shared.exceptions import MCPError
 from PIL import Image
 
 from sandbox_server.sandbox.engine.runtime import DockerRuntime
+from tests.conftest import run_cli
 from tests.mcp_harness import audit_records, connect, free_port, http_server_process, upload
 
 HOST = Path(__file__).parent / "apps_host"
@@ -432,6 +433,23 @@ def test_a_view_takes_the_hosts_dark_theme(host: Host, tmp_path: Path) -> None:
     title = shot[int(y) : int(y + height), int(x) : int(x + width)]
     assert int((title.sum(axis=2) > 600).sum()) > 100  # light text on it
     host.clean()
+
+
+def test_a_result_saved_with_call_view_opens_in_its_view_in_a_browser_with_no_host(host: Host, tmp_path: Path) -> None:
+    """docs/views.md: `sandbox-server call … --view FILE` on this machine; the file opened as a person opens it."""
+    content, frame = weather()
+    (tmp_path / "wetter.csv").write_bytes(content)
+    page = tmp_path / "wetter.html"
+    arguments = json.dumps({"filepath": "wetter.csv", "operations": ["average", "max"], "group_by": ["Stadt"]})
+    done = run_cli("call", "analyze_csv", arguments, "--upload", str(tmp_path / "wetter.csv"), "--view", str(page))
+    assert done.returncode == 0 and f"view saved: {page.as_uri()}" in done.stdout, done.stdout + done.stderr
+    seen = host("saved", url=page.as_uri(), path=str(shot_path(tmp_path, "saved.png")))
+    assert seen["problems"] == [] and seen["rows"] == len(CITIES), seen
+    means = frame.groupby("Stadt")["Temperatur"].mean()
+    for city in CITIES:
+        assert city in seen["text"] and str(round(means[city], 4)) in seen["text"], (city, means[city])
+    shot = looked_at(seen["path"])
+    assert count(shot, ACCENT, 30) > 2000  # its chart's bars, drawn
 
 
 ICON_STROKE = (34, 102, 221)

@@ -27,7 +27,9 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.shared.exceptions import MCPError
 from mcp_types import CONNECTION_CLOSED
 
+from sandbox_server.cli.saved_view import saved_page
 from sandbox_server.errors import SandboxServerError, UsageError
+from sandbox_server.protocol.apps import AppsSupport
 from sandbox_server.protocol.meta import OWN_NAME_META, PATH_META
 from sandbox_server.protocol.tasks_client import TasksExtension
 from sandbox_server.sandbox.archive import safe_relative_path
@@ -132,6 +134,10 @@ def _reason(log: TextIO) -> str:
     return " ".join([said[start].group(1), *(line.strip() for line in lines[start + 1 :])])  # type: ignore[union-attr]
 
 
+def _tool(exposed: str, tools: Sequence[types.Tool]) -> types.Tool:
+    return next(tool for tool in tools if tool.name == exposed)
+
+
 def _resolve(name: str, tools: Sequence[types.Tool]) -> str:
     """The exposed name of a tool given by its exposed or its own name (a policy may prefix names)."""
     if any(tool.name == name for tool in tools):
@@ -163,6 +169,7 @@ async def run_calls(
     save_to: Path | None = None,
     as_task: bool = False,
     alone: bool = False,
+    view_to: Path | None = None,
 ) -> list[types.CallToolResult]:
     """Start the server, make each call in one session, print each result; return them. A call made `alone`
     says that nothing of it is kept once its server ends.
@@ -176,6 +183,8 @@ async def run_calls(
             transport = stdio_client(server_parameters(serve_args), errlog=log)
             # A task is the 2026-07-28 era's: the client names the tasks extension, and follows a task to its end.
             era: dict[str, Any] = {"mode": "2026-07-28", "extensions": [TasksExtension(_said)]} if as_task else {}
+            if view_to is not None:  # a client that shows views: its results carry what the view shows
+                era["extensions"] = [*era.get("extensions", []), AppsSupport()]
             async with Client(transport, **({"mode": "legacy"} | era)) as client:
                 listed = await client.list_tools()
                 names = [tool.name for tool in listed.tools]
@@ -193,6 +202,8 @@ async def run_calls(
                     if save_to is not None:
                         for path in await save_result(client, result, save_to):
                             print(f"saved {os.fspath(path)}", flush=True)
+                    if view_to is not None:
+                        await _save_view(client, _tool(exposed, listed.tools), arguments, result, view_to)
                     results.append(result)
         except Exception as exc:
             if results or not _server_exited(exc):
@@ -201,6 +212,21 @@ async def run_calls(
     if unknown is not None:
         raise UsageError(unknown)
     return results
+
+
+async def _save_view(
+    client: Client, tool: types.Tool, call: dict[str, Any], result: types.CallToolResult, to: Path
+) -> None:
+    """The result in its tool's view, as one page to open in a browser here (the view read as a client reads it)."""
+    uri = ((tool.meta or {}).get("ui") or {}).get("resourceUri")
+    if not isinstance(uri, str):
+        print(f"no view: {tool.name} has none (analyze_csv, run_python, execute_command, … have one)", flush=True)
+        return
+    contents = (await client.read_resource(uri)).contents[0]
+    document = contents.text if isinstance(contents, types.TextResourceContents) else ""
+    answer = result.model_dump(by_alias=True, exclude_none=True, mode="json")
+    to.write_text(saved_page(tool.name, call, answer, document), encoding="utf-8")
+    print(f"view saved: {to.resolve().as_uri()} (open it in a browser)", flush=True)
 
 
 _last_said: dict[str, str] = {}
@@ -294,10 +320,11 @@ def call_command(args: argparse.Namespace) -> int:
     arguments = _parse_arguments(args.arg, args.json if args.json is not None else args.arguments, args.upload)
     serve_args = ["--policy", args.policy, *(["--tool-prefix", args.tool_prefix] if args.tool_prefix else [])]
     save_to = Path(args.save) if args.save else None
+    view_to = Path(args.view) if args.view else None
     if args.task and "timeout_s" not in arguments:  # a task may run as long as the policy lets one run
         arguments["timeout_s"] = _max_task_s(args.policy, args.tool)
     try:
-        results = anyio.run(run_calls, [(args.tool, arguments)], serve_args, False, save_to, args.task, True)
+        results = anyio.run(run_calls, [(args.tool, arguments)], serve_args, False, save_to, args.task, True, view_to)
     except ServerDidNotStart as exc:
         print(f"sandbox-server call: the server did not start: {exc}", file=sys.stderr)
         return 2

@@ -205,6 +205,51 @@ class _Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
 
+def _add_call_command(commands: Any) -> None:
+    """`call`: one tool call through a real session, its result printed, saved, or opened in its view."""
+    call = commands.add_parser(
+        "call",
+        help="start the server, make one tool call, print the result",
+        epilog="exit codes: 0 the call succeeded; 1 it answered with an error (isError); 2 it could not be made "
+        "(bad arguments here, an unknown tool, a server or engine that did not start)",
+    )
+    call.add_argument("tool", help="tool name, e.g. execute_command (an unknown one lists the tools)")
+    call.add_argument(
+        "arguments", nargs="?", metavar="JSON", help="all arguments as one JSON object (as --json takes them)"
+    )
+    call.add_argument("--policy", default="default", help="the policy the server runs with (name or file)")
+    call.add_argument(
+        "--arg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an argument (repeatable); a VALUE starting with [ or { is JSON (as is timeout_s), any other a string",
+    )
+    call.add_argument("--json", metavar="JSON|@FILE|-", help="all arguments as one JSON object, from a file, or stdin")
+    call.add_argument(
+        "--upload",
+        action="append",
+        default=[],
+        metavar="LOCAL[:PATH]",
+        help="send a local file, at PATH under /workspace (default: its name); repeatable",
+    )
+    call.add_argument("--save", metavar="DIR", help="write the returned files and images into DIR")
+    call.add_argument(
+        "--view",
+        metavar="FILE",
+        help="write the result as its view shows it (MCP Apps: a table, a notebook cell) into FILE, one HTML page "
+        "to open in a browser on this machine",
+    )
+    call.add_argument("--tool-prefix", type=tool_prefix, help="serve tools with this name prefix")
+    call.add_argument(
+        "--task",
+        action="store_true",
+        help="run it as an MCP task (up to the policy's limits.max_task_s, that long unless timeout_s says less), "
+        "printing its progress on stderr until it ends; Ctrl-C cancels it",
+    )
+    call.set_defaults(handler=_call)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser for every subcommand."""
     parser = _Parser(
@@ -250,41 +295,7 @@ def build_parser() -> argparse.ArgumentParser:
     reaper.add_argument("--workspaces", help="the workspaces' folder of that server's state folder")
     reaper.set_defaults(handler=_reap_after)
 
-    call = commands.add_parser(
-        "call",
-        help="start the server, make one tool call, print the result",
-        epilog="exit codes: 0 the call succeeded; 1 it answered with an error (isError); 2 it could not be made "
-        "(bad arguments here, an unknown tool, a server or engine that did not start)",
-    )
-    call.add_argument("tool", help="tool name, e.g. execute_command (an unknown one lists the tools)")
-    call.add_argument(
-        "arguments", nargs="?", metavar="JSON", help="all arguments as one JSON object (as --json takes them)"
-    )
-    call.add_argument("--policy", default="default", help="the policy the server runs with (name or file)")
-    call.add_argument(
-        "--arg",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="an argument (repeatable); a VALUE starting with [ or { is JSON (as is timeout_s), any other a string",
-    )
-    call.add_argument("--json", metavar="JSON|@FILE|-", help="all arguments as one JSON object, from a file, or stdin")
-    call.add_argument(
-        "--upload",
-        action="append",
-        default=[],
-        metavar="LOCAL[:PATH]",
-        help="send a local file, at PATH under /workspace (default: its name); repeatable",
-    )
-    call.add_argument("--save", metavar="DIR", help="write the returned files and images into DIR")
-    call.add_argument("--tool-prefix", type=tool_prefix, help="serve tools with this name prefix")
-    call.add_argument(
-        "--task",
-        action="store_true",
-        help="run it as an MCP task (up to the policy's limits.max_task_s, that long unless timeout_s says less), "
-        "printing its progress on stderr until it ends; Ctrl-C cancels it",
-    )
-    call.set_defaults(handler=_call)
+    _add_call_command(commands)
 
     add_workspace_commands(commands)
 

@@ -18,9 +18,10 @@ from importlib import resources
 from typing import Any
 
 import mcp_types as types
+from mcp.client.extension import ClientExtension
 from mcp.server.apps import APP_MIME_TYPE, EXTENSION_ID
 
-__all__ = ["APP_MIME_TYPE", "EXTENSION_ID", "VIEW_PREFIX", "Views", "advertise", "tool_ui"]
+__all__ = ["APP_MIME_TYPE", "EXTENSION_ID", "VIEW_PREFIX", "AppsSupport", "Views", "advertise", "tool_ui"]
 
 VIEW_PREFIX = "ui://sandbox-server/"
 VIEWS: dict[str, tuple[str, str]] = {
@@ -34,6 +35,16 @@ VIEWS: dict[str, tuple[str, str]] = {
 _VIEW_OF_TOOL = {tool: view for view, (tool, _) in VIEWS.items()}
 _SHARED = ("/* bridge.js */", "bridge.js"), ("/* view.css */", "view.css")
 """Marks in each page where the shared script and style are inlined."""
+
+
+class AppsSupport(ClientExtension):
+    """A client of ours that shows views (`call --view`): it declares MCP Apps, so its results carry what their
+    views show."""
+
+    identifier = EXTENSION_ID
+
+    def settings(self) -> dict[str, Any]:
+        return {"mimeTypes": [APP_MIME_TYPE]}
 
 
 def tool_ui(tool: str) -> dict[str, Any] | None:

@@ -150,10 +150,31 @@ async function picker({ path, size = 32, dark = false }) {
   }
 }
 
+// A page `call --view` saved, opened as a person opens it (a file in the browser, no host, no server): what its
+// view shows once ready, a screenshot of the page, and what the browser refused or the page threw.
+async function saved({ url, path }) {
+  const opened = await browser.newPage({ viewport: { width: 1000, height: 800 } });
+  const problems = [];
+  opened.on("pageerror", (error) => problems.push(String(error)));
+  opened.on("console", (message) => { if (/Refused to|Content Security Policy/.test(message.text())) problems.push(message.text()); });
+  try {
+    await opened.goto(url);
+    const shown = opened.frameLocator("#view");
+    await shown.locator("body[data-ready]").waitFor({ timeout: 30000 });
+    const text = await shown.locator("body").innerText();
+    const rows = await shown.locator("tbody tr").count();
+    await opened.screenshot({ path });
+    return { text, rows, path, problems };
+  } finally {
+    await opened.close();
+  }
+}
+
 const commands = {
   open,
   intrude,
   picker,
+  saved,
   settled: async () => await running,
   tools: async () => (await client.listTools()).tools,
   resources: async () => (await client.listResources()).resources,

@@ -27,6 +27,7 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.shared.exceptions import MCPError
 from mcp_types import CONNECTION_CLOSED
 
+from sandbox_server.cli.call_arguments import call_arguments
 from sandbox_server.cli.saved_view import saved_page
 from sandbox_server.errors import SandboxServerError, UsageError
 from sandbox_server.protocol.apps import AppsSupport
@@ -264,60 +265,12 @@ def _server_exited(exc: BaseException) -> bool:
     return isinstance(exc, (anyio.ClosedResourceError, anyio.BrokenResourceError, BrokenPipeError, ConnectionError))
 
 
-def _read_json(value: str) -> dict[str, object]:
-    """`--json` as given: a JSON object inline, `@FILE`, or `-` for standard input."""
-    if value == "-":
-        text = sys.stdin.read()
-    elif value.startswith("@"):
-        try:
-            text = Path(value[1:]).read_text(encoding="utf-8")
-        except OSError as exc:
-            raise UsageError(f"--json {value}: cannot read {value[1:]}: {exc.strerror}") from None
-    else:
-        text = value
-    try:
-        document = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise UsageError(f"--json: not valid JSON ({exc})") from None
-    if not isinstance(document, dict):
-        raise UsageError("--json: the arguments must be one JSON object")
-    return document
-
-
-def _parse_arguments(pairs: list[str], raw_json: str | None, uploads: list[str]) -> dict[str, object]:
-    arguments = _read_json(raw_json) if raw_json else {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep:
-            raise UsageError(f"--arg takes KEY=VALUE, got {pair!r}")
-        try:
-            arguments[key] = json.loads(value) if value[:1] in ("[", "{") or key == "timeout_s" else value
-        except json.JSONDecodeError:
-            arguments[key] = value
-    if uploads:
-        files = arguments.setdefault("files", [])
-        if not isinstance(files, list):
-            raise UsageError("--upload: the arguments' `files` must be a list")
-        files.extend(_upload(spec) for spec in uploads)
-    return arguments
-
-
-def _upload(spec: str) -> dict[str, str]:
-    """`LOCAL[:PATH]` as one entry of `files`: the local file's bytes at PATH (default: its name) under /workspace."""
-    local, _, remote = spec.partition(":")
-    path = Path(local)
-    try:
-        content = path.read_bytes()
-    except OSError as exc:
-        raise UsageError(f"--upload {spec}: cannot read {local}: {exc.strerror}") from None
-    return {"path": remote or path.name, "content": base64.b64encode(content).decode(), "encoding": "base64"}
-
-
 def call_command(args: argparse.Namespace) -> int:
     """`sandbox-server call`: one call through a real session; 0 ok, 1 an error result, 2 not run."""
     if args.arguments is not None and args.json is not None:
         raise UsageError("give the arguments once: as JSON after the tool, or with --json")
-    arguments = _parse_arguments(args.arg, args.json if args.json is not None else args.arguments, args.upload)
+    given = args.json if args.json is not None else args.arguments
+    arguments = call_arguments(args.tool, args.arg, given, args.upload)
     serve_args = ["--policy", args.policy, *(["--tool-prefix", args.tool_prefix] if args.tool_prefix else [])]
     save_to = Path(args.save) if args.save else None
     view_to = Path(args.view) if args.view else None

@@ -223,7 +223,8 @@ def _add_call_command(commands: Any) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="an argument (repeatable); a VALUE starting with [ or { is JSON (as is timeout_s), any other a string",
+        help="an argument (repeatable); VALUE is JSON where the tool's argument is not text (true, 20, [...], {...}), "
+        "else a string",
     )
     call.add_argument("--json", metavar="JSON|@FILE|-", help="all arguments as one JSON object, from a file, or stdin")
     call.add_argument(

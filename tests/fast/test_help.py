@@ -34,7 +34,7 @@ def test_call_help_says_its_exit_codes_and_how_values_are_read() -> None:
     call = dict(_commands(build_parser()))["sandbox-server call"]
     text = " ".join(call.format_help().split())
     assert "exit codes: 0 the call succeeded; 1 it answered with an error (isError); 2 it could not be made" in text
-    assert "a VALUE starting with [ or { is JSON" in text
+    assert "VALUE is JSON where the tool's argument is not text" in text
 
 
 def test_the_readme_is_short_and_every_link_of_the_documents_leads_somewhere() -> None:

@@ -56,14 +56,8 @@ async def session(
     upstreams: Upstreams, audit_path: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[Client]:
     policy = tmp_path_factory.mktemp("policy") / "egress.yaml"
-    shell = shell_network(upstreams)  # and quiet.test:81, allowed: the web upstream, where nothing listens on 81
-    shell = {
-        **shell,
-        "allow": [*shell["allow"], "quiet.test:81"],
-        "hosts": {**shell["hosts"], "quiet.test": upstreams.web},
-    }
     tools = {
-        "execute_command": {"network": shell},
+        "execute_command": {"network": _shell(upstreams)},
         # run_python may reach the package index alone, and the policy's environment points pip at it.
         "run_python": {
             "network": {
@@ -80,6 +74,17 @@ async def session(
     )
     async with connect(stdio_parameters("--policy", str(policy))) as client:
         yield client
+
+
+def _shell(upstreams: Upstreams) -> dict[str, Any]:
+    """execute_command's network here: the web and HTTPS upstreams, and quiet.test:81, allowed: the web upstream,
+    where nothing listens on port 81."""
+    shell = shell_network(upstreams)
+    return {
+        **shell,
+        "allow": [*shell["allow"], "quiet.test:81"],
+        "hosts": {**shell["hosts"], "quiet.test": upstreams.web},
+    }
 
 
 async def run(session: Client, command: str, **arguments: Any) -> dict[str, Any]:
@@ -247,7 +252,7 @@ async def test_no_way_around_the_proxy_direct_connections_udp_and_name_lookups_f
 
 def _proxy_container(api: docker.APIClient, upstreams: Upstreams) -> dict[str, Any]:
     """execute_command's proxy (run_python's allow list has one of its own)."""
-    egress = parse_egress(shell_network(upstreams), "network", [])
+    egress = parse_egress(_shell(upstreams), "network", [])
     assert egress is not None
     found = api.containers(filters={"label": f"{PROXY_LABEL}={egress.key()}"})
     assert len(found) == 1, found
@@ -334,8 +339,8 @@ async def test_a_killed_proxy_refuses_calls_with_the_reason_until_it_is_back(
                 decode=True,
             )
             try:
-                for event in events:
-                    if event.get("Actor", {}).get("Attributes", {}).get(PROXY_LABEL):
+                for event in events:  # (the killed one's own start may fall in the window: a proxy started just before)
+                    if event.get("Actor", {}).get("Attributes", {}).get(PROXY_LABEL) and event["id"] != killed["Id"]:
                         log = api.logs(event["id"], stream=True, follow=True, stderr=True, stdout=False)
                         try:
                             if any(b"Accepting HTTP Socket connections" in line for line in log):

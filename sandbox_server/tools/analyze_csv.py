@@ -132,10 +132,9 @@ class AnalyzeCsv(Sandboxed):
     name = "analyze_csv"
     title = "Analyze a CSV file"
     description = (
-        "Statistics of a CSV file without loading it whole, per column, per group (`group_by`, `period` for "
-        "dates), with a plot as a PNG. "
-        "Delimiter, header, encoding, decimal mark and bad rows are detected and said in the answer; gzip, zstd, "
-        "Parquet and xlsx are read alike. The full table also comes back as result.csv.\n"
+        "Statistics of a CSV file, streamed, per column and per group (`group_by`, `period` for dates), with a "
+        "PNG plot. Its delimiter, header, encoding, number style and bad rows are detected and said; gzip, zstd, "
+        "Parquet and xlsx are read alike. The table also comes back as result.csv.\n"
         'Example: {"filepath": "s.csv", "operations": ["sum"], "group_by": ["region"], '
         '"files": [{"path": "s.csv", "content": "region,amount\\nn,1\\ns,2\\n"}]}'
     )
@@ -153,8 +152,8 @@ class AnalyzeCsv(Sandboxed):
                 "items": {"enum": OPERATIONS},
                 "minItems": 1,
                 "uniqueItems": True,
-                "description": "Statistics per column. std is the sample's; describe gives count, mean, std, min, "
-                "quartiles and max.",
+                "description": "Statistics per column. The std is the sample's; describe gives count, mean, std, "
+                "min, quartiles and max.",
             },
             "columns": {
                 "type": "array",
@@ -187,14 +186,14 @@ class AnalyzeCsv(Sandboxed):
                 "type": "integer",
                 "minimum": 1,
                 "maximum": 10000,
-                "description": "The line naming the columns (from 1); those above are skipped. A title above the "
-                "header is found without it.",
+                "description": "The line naming the columns (from 1). Lines above are skipped (a title above the "
+                "header is found without it).",
             },
             "drop_totals": {"type": "boolean", "description": "Leave out a totals row (the others' sums)."},
             "skip_bad_rows": {
                 "type": "boolean",
                 "default": True,
-                "description": "Skip and count rows of the wrong width (false: refuse the file).",
+                "description": "Skip and count rows of the wrong width. False: refuse such a file.",
             },
             "decimal": {"type": "string", "enum": [".", ","]},
             "thousands": {
@@ -205,7 +204,7 @@ class AnalyzeCsv(Sandboxed):
             "sheet": {
                 "type": "string",
                 "maxLength": 200,
-                "description": "An xlsx workbook's sheet (default: the first).",
+                "description": "Default: the first.",
             },
             "period": {
                 "type": "string",

@@ -87,7 +87,8 @@ class ExecuteCommand(Sandboxed):
         "Run a command in a fresh Linux sandbox (Debian; no network; read-only root; writable /workspace, /tmp). "
         "Files written to /workspace/out come back. Where workspaces are kept, the next call finds /workspace and the "
         "shell (bash) as this one left them: its folder, exported variables, functions, aliases, options. "
-        "Processes end with the call (`service` keeps a server running)."
+        "Processes end with the call (`service` keeps a server running).\n"
+        'Example: {"command": "wc -l data.txt", "files": [{"path": "data.txt", "content": "a\\nb\\n"}]}'
     )
     input_schema: dict[str, Any] = {
         "type": "object",

@@ -99,7 +99,8 @@ class Files:
     description = (
         "The workspace's files. `read`: numbered lines (`offset`, `limit`). `write`: `content` as the whole file. "
         "`edit`: `old`, found exactly once, replaced by `new`; the diff comes back. `find`: paths matching a glob "
-        "(`**/*.py`). `grep`: lines matching a regex."
+        "(`**/*.py`). `grep`: lines matching a regex.\n"
+        'Example: {"action": "grep", "pattern": "TODO"}'
     )
     input_schema: dict[str, Any] = {
         "type": "object",

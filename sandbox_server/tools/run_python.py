@@ -88,10 +88,10 @@ class RunPython(Sandboxed):
     name = "run_python"
     title = "Run Python in a sandbox"
     description = (
-        "Run Python 3.11 code as a notebook cell in a fresh container (no network). "
-        f"{_installed()} A final expression's value is printed; figures come back as PNGs, files written to "
-        "/workspace/out as files. Where workspaces are kept, the next cell finds /workspace and the picklable "
-        "variables."
+        "A notebook cell of Python 3.11 in a fresh sandbox (no network). "
+        f"{_installed()} A final expression's value is printed; figures and /workspace/out's files come back. "
+        "Where workspaces are kept, the next cell finds /workspace and the picklable variables.\n"
+        'Example: {"code": "import numpy as np\\nnp.arange(6).reshape(2, 3)"}'
     )
     input_schema: dict[str, Any] = {
         "type": "object",

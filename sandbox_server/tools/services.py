@@ -76,8 +76,9 @@ class ServicesTool:
     name = "services"
     title = "The workspace's services"
     description = (
-        "This workspace's services (started by execute_command with `service`): `list` them (state, port, "
-        "address, uptime), read one's `log`, `stop` one, or `restart` one (answered once it listens again)."
+        "The workspace's services (execute_command's `service` starts one): `list` (state, port, address, "
+        "uptime), `log`, `stop`, `restart` (answered once it listens again).\n"
+        'Example: {"action": "list"}'
     )
     input_schema: dict[str, Any] = {
         "type": "object",

@@ -23,7 +23,7 @@ TTY_SCHEMA: dict[str, Any] = {
         "rows": {"type": "integer", "minimum": 5, "maximum": 500},
     },
     "additionalProperties": False,
-    "description": "A terminal: true (80x24) or {columns, rows}; stdout is what it shows.",
+    "description": "A terminal: true (80x24) or {columns, rows}. Stdout is what it shows.",
 }
 SIZE = (80, 24)
 

@@ -45,10 +45,10 @@ class WorkspacesTool:
     name = "workspaces"
     title = "Keep, fork, compare or delete workspaces"
     description = (
-        "This caller's kept workspaces: the one `workspace` names, else the session's. `list` (with snapshots), "
-        "`keep` (under `name`, passed as `workspace` later: it outlives the session), `fork`, `snapshot`, `restore` "
-        "a snapshot, `branch` (forks run side by side), `compare`, `export` (one file), `import`, `pause` (services "
-        "stopped) until `resume` or its next call, `delete` it or a `snapshot`."
+        "This caller's kept workspaces: the one `workspace` names, else the session's. `list`, `keep` (under "
+        "`name`: it outlives the session), `fork`, `snapshot`, `restore`, `branch` (forks run side by side), "
+        "`compare`, `export`, `import`, `pause` (services stopped) until `resume`, `delete`.\n"
+        'Example: {"action": "list"}'
     )
     input_schema: dict[str, Any] = {
         "type": "object",

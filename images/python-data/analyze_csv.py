@@ -111,6 +111,8 @@ class Analysis:
         self.format = container_of(self.path) or "csv"
         self.transcoder = None
         self.skip = max(0, int(request.get("header_row") or 1) - 1)
+        self.sample = None
+        """The file as text, when its first MiB holds the whole of it (where a totals row is looked for)."""
         self.asked_delimiter = request.get("delimiter")
         if self.format == "parquet":
             self._open_parquet()
@@ -141,7 +143,7 @@ class Analysis:
                 self.notes.append(f"the file is {found.compression}-compressed; it was decompressed as it was read")
             sample = sample_text(self.path, found)
             if len(sample.encode("utf-8")) < SAMPLE_BYTES:  # the whole file: its last line's number is known
-                self.sample, self.sample_lines = sample, len(sample.rstrip("\r\n").splitlines())
+                self.sample = sample
             # the delimiter most rows agree on, a few bad rows notwithstanding, and the lines above its table
             shape = detect_delimiter(sample, (self.asked_delimiter,) if self.asked_delimiter else DELIMITERS)
             if not self.asked_delimiter:
@@ -179,9 +181,14 @@ class Analysis:
                 f"cannot read {self.request['path']} as Parquet: {str(exc).splitlines()[0]}", "filepath"
             ) from None
 
+    @property
+    def _header_asked(self):
+        """Whether the caller said the file has a header (`header_row` says it has one there), None: detected."""
+        return True if self.request.get("header_row") else self.request.get("header")
+
     def _reader_arguments(self):
         """The file and reading options, as both sniff_csv and read_csv take them."""
-        header = self.request.get("header")
+        header = self._header_asked
         return ", ".join(
             [
                 quote_literal(self.source_path),
@@ -192,12 +199,7 @@ class Analysis:
                 "nullstr=[" + ", ".join(quote_literal(text) for text in NULL_STRINGS) + "]",
                 *([f"delim={quote_literal(self.asked_delimiter)}"] if self.asked_delimiter else []),
                 *([f"skip={self.skip}"] if self.skip else []),
-                *(["header=true"] if self.request.get("header_row") else []),
-                *(
-                    [f"header={'true' if header else 'false'}"]
-                    if header is not None and not self.request.get("header_row")
-                    else []
-                ),
+                *([f"header={'true' if header else 'false'}"] if header is not None else []),
             ]
         )
 
@@ -254,20 +256,19 @@ class Analysis:
         import csv
         import io
 
-        whole = getattr(self, "sample_lines", None)
-        if whole is None or len(self._sample_rows) >= SAMPLE_ROWS or not numeric or not self.delimiter:
+        if self.sample is None or len(self._sample_rows) >= SAMPLE_ROWS or not numeric or not self.delimiter:
             return None
         # Every row as the file writes it, bad ones too: a total sums the rows a field too many set aside as well.
         rows = list(csv.reader(io.StringIO(self.sample, newline=""), delimiter=self.delimiter))[self.skip :]
         rows = [row for row in rows[1 if self.has_header else 0 :] if any(cell.strip() for cell in row)]
-        summed = totals_row(self._sample_names, rows, self.numbers_sample, numeric)
+        summed = totals_row(self._sample_names, rows, self.numbers, numeric)
         if summed is None:
             return None
         last = self._sample_rows[-1]
         labels = [(name, cell) for name, cell in zip(self._sample_names, last, strict=False)
                   if name not in numeric and isinstance(cell, str) and cell.strip()]  # fmt: skip
         column, label = labels[0] if labels else (None, None)
-        line = whole
+        line = len(self.sample.rstrip("\r\n").splitlines())  # the file's last line
         called = f" ({label.strip()!r})" if label else ""
         leave = (
             "it is left out (drop_totals)" if self.request.get("drop_totals") and label
@@ -294,14 +295,12 @@ class Analysis:
 
     def _number_style(self, arguments, candidates):
         """The decimal mark and thousands separator of the file's numbers, from its first 2,000 rows as text."""
-        given = self.request.get("header") is not None or self.request.get("header_row")
-        header = "" if given else f", header={'true' if self.has_header else 'false'}"
+        header = "" if self._header_asked is not None else f", header={'true' if self.has_header else 'false'}"
         cursor = self.con.execute(f"SELECT * FROM read_csv({arguments}, all_varchar=true{header}) LIMIT 2000")
         names = [column[0] for column in cursor.description]
         request = self.request
         self._sample_names, self._sample_rows = names, cursor.fetchall()
         style = detect_style(names, self._sample_rows, request.get("decimal"), request.get("thousands"), candidates)
-        self.numbers_sample = style
         if style.mixed:
             self._refuse_departure(style, style.mixed)
         if not style.plain or style.given:

@@ -29,10 +29,6 @@ UNREACHED = {
 """The proxy's own error pages for a host the allow list opens that it could not reach, and what each means."""
 
 
-def _status_of(requests: list[ProxyRequest], where: str) -> int:
-    return next(r.http_status for r in requests if f"{r.host}:{r.port}" == where and r.error)
-
-
 def with_requests(outcome: ToolOutcome, requests: list[ProxyRequest], dropped: int, asked: list[Any]) -> ToolOutcome:
     """The outcome with the requests its sandbox made through the proxy (`dropped`: earlier ones not kept) and the
     hosts a person was asked about, in its answer, notes and audit record."""
@@ -50,10 +46,13 @@ def with_requests(outcome: ToolOutcome, requests: list[ProxyRequest], dropped: i
             f" and {len(denied) - DENIED_NAMED} more" if len(denied) > DENIED_NAMED else ""
         )
         notes = (*notes, f"the proxy refused {named} (policy field network.allow)")
-    unreached = sorted({(f"{r.host}:{r.port}", r.error) for r in requests if r.allowed and r.error in UNREACHED})
-    for where, error in unreached[:DENIED_NAMED]:
-        notes = (*notes, f"{where} is allowed, but the proxy could not {UNREACHED[str(error)]} ({error}): its "
-                         f"{_status_of(requests, where)} page is the proxy's, not the host's")  # fmt: skip
+    unreached: dict[tuple[str, str], int] = {}  # (host:port, the proxy's error) -> the status it answered with
+    for r in requests:
+        if r.allowed and r.error in UNREACHED:
+            unreached.setdefault((f"{r.host}:{r.port}", str(r.error)), r.http_status)
+    for (where, error), status in sorted(unreached.items())[:DENIED_NAMED]:
+        notes = (*notes, f"{where} is allowed, but the proxy could not {UNREACHED[error]} ({error}): its "
+                         f"{status} page is the proxy's, not the host's")  # fmt: skip
     audit = {**(outcome.audit or {}), "network": network} if outcome.audit is not None else None
     answered = dict(network)
     if len(records) > ANSWERED_REQUESTS:  # the allowed first (a flood of refused ones pushes none out), then

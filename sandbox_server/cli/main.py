@@ -78,16 +78,15 @@ def _team_image_checks(runtime: DockerRuntime, policy: Policy, reference: str) -
     """The images a policy's own tools run in (a team's build, a tool's packages), each built and current or what
     to run; the posture check then starts its sandboxes in them."""
     from sandbox_server.cli.images import team_images
-    from sandbox_server.ops.doctor import Check
+    from sandbox_server.ops.doctor import Check, image_state
     from sandbox_server.sandbox.engine.team_images import team_image_status
 
     checks = []
     for team in team_images(policy, _tool_names()):
         built, current, _ = team_image_status(runtime, team)
-        said = "built and current" if current else ("stale: its build context changed" if built else "not built")
         checks.append(Check(
             f"image {team.reference}", built and current,
-            f"{said} (tools.{'/'.join(team.tools)}.build: {team.context}); the posture below is checked in it",
+            f"{image_state(built, current)} (tools.{'/'.join(team.tools)}.build: {team.context}); the posture below is checked in it",
             f"run `sandbox-server images build --policy {reference}`",
         ))  # fmt: skip
     for image in sorted({policy.for_tool(n).image for n in _tool_names() if policy.for_tool(n).packages}):

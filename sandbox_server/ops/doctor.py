@@ -26,7 +26,7 @@ from sandbox_server.sandbox.spec import ExecutionResult, ResourceLimits, Sandbox
 if TYPE_CHECKING:
     from sandbox_server.policy.model import Policy
 
-__all__ = ["Check", "DoctorReport", "run_doctor"]
+__all__ = ["Check", "DoctorReport", "image_state", "run_doctor"]
 
 PROBE_MEMORY_MB = 48
 PROBE_PIDS = 24
@@ -315,12 +315,20 @@ def _image_checks(runtime: DockerRuntime) -> list[Check]:
     checks = []
     for definition in catalog().values():
         status = image_status(runtime, definition)
-        ok = status.built and status.current
-        detail = "built and current" if ok else ("stale: its build context changed" if status.built else "not built")
         checks.append(
-            Check(f"image {status.reference}", ok, detail, f"run `sandbox-server images build {definition.name}`")
+            Check(
+                f"image {status.reference}",
+                status.built and status.current,
+                image_state(status.built, status.current),
+                f"run `sandbox-server images build {definition.name}`",
+            )
         )
     return checks
+
+
+def image_state(built: bool, current: bool) -> str:
+    """An image as a check says it: built and current, stale, or not built."""
+    return "built and current" if built and current else ("stale: its build context changed" if built else "not built")
 
 
 async def _gvisor_check(runtime: DockerRuntime) -> Check:

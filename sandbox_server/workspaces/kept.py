@@ -67,11 +67,16 @@ class KeptWorkspace:
 
     def _begin(self, spec: SandboxSpec) -> tuple[SandboxSpec, dict[str, FileState]]:
         """The call's spec in the workspace, and its files as the call finds them (one trip to a thread)."""
-        return self.store.begin(self.record, spec), self.store.states(self.record)
+        return self.store.begin(self.record, spec), self._states(spec)
 
-    def _finish(self, result: ExecutionResult) -> tuple[str | None, dict[str, FileState]]:
+    def _finish(self, spec: SandboxSpec, result: ExecutionResult) -> tuple[str | None, dict[str, FileState]]:
         """Keep what the call left, and its files as it left them."""
-        return self.store.finish(self.record, result), self.store.states(self.record)
+        return self.store.finish(self.record, result), self._states(spec)
+
+    def _states(self, spec: SandboxSpec) -> dict[str, FileState]:
+        """The workspace's files and their states; none looked at for a call that only reads (the files tool's
+        read, find and grep): a walk of 10,000 files each side would be most of its time, to compare nothing."""
+        return {} if spec.reads_only else self.store.states(self.record)
 
     async def run(self, spec: SandboxSpec, hooks: RunHooks = NO_HOOKS) -> ExecutionResult:
         """Run in the workspace as its previous call left it; keep it as this call leaves it."""
@@ -82,18 +87,12 @@ class KeptWorkspace:
                     f"this cell waited {waited:.1f} s for the workspace's previous cell: cells that keep their "
                     "variables run one at a time in a workspace, so each sees the variables of the one before"
                 )
-            if spec.reads_only:  # nothing to compare: a walk of 10,000 files each side would be most of its time
-                shaped = await anyio.to_thread.run_sync(self.store.begin, self.record, spec)
-                result = await self.inner.run(shaped, hooks)
-                problem = await anyio.to_thread.run_sync(self.store.finish, self.record, result)
-                self.changes, self.size_bytes = changes_between({}, {}), self.record.size_bytes
-            else:
-                shaped, before = await anyio.to_thread.run_sync(self._begin, spec)
-                result = await self.inner.run(shaped, hooks)
-                problem, after = await anyio.to_thread.run_sync(self._finish, result)
-                self.changes = changes_between(before, after)
-                self.size_bytes = sum(size for size, _, _ in after.values())
-            self.saved = problem is None
+            shaped, before = await anyio.to_thread.run_sync(self._begin, spec)
+            result = await self.inner.run(shaped, hooks)
+            problem, after = await anyio.to_thread.run_sync(self._finish, spec, result)
+            self.changes = changes_between(before, after)
+            held = self.record.size_bytes if spec.reads_only else sum(size for size, _, _ in after.values())
+            self.saved, self.size_bytes = problem is None, held
             self.store.last_changes.remember(self.record.id, self.changes)
         notes = [*result.skipped_files, *self.notes]
         if problem is None and (result.timed_out or result.killed or result.oom_killed or result.flooded):

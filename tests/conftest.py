@@ -272,6 +272,10 @@ def runtime() -> Iterator[RuncRuntime]:
     stale = [s.reference for s in (image_status(connected, d) for d in catalog().values()) if not s.current]
     if stale:
         pytest.fail(f"images not built or stale: {stale}; run `sandbox-server images build`", pytrace=False)
+    if connected.templates is not None and connected.runc_refused() is None:
+        # The bundles' folder made as a server makes it before its first bundle (a tmpfs on a machine that never
+        # ran one): a test that watches it for new sandboxes watches the folder they are made in.
+        connected.warm_namespaces.share_bundles()
     yield connected
     connected.close()
 

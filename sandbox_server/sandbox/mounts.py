@@ -209,12 +209,17 @@ def make_shared(folder: Path) -> None:
     _mount(None, str(folder), MS_SHARED)
 
 
-def share_in_place(folder: Path) -> None:
-    """Make a folder a mount of its own (bound on itself), shared: what is mounted under it later also appears in
-    the mount namespaces copied from the host's before (a warm template's: sandbox.template.warm)."""
+def share_in_place(folder: Path, tmpfs_mb: int = 0) -> None:
+    """Make a folder a mount of its own, shared: what is mounted under it later also appears in the mount
+    namespaces copied from the host's before (a warm template's: sandbox.template.warm). With `tmpfs_mb`, an empty
+    folder becomes a tmpfs of that size (what is made and removed there per sandbox costs no disk's inodes, and is
+    gone with a reboot wherever /run is on a disk); one holding anything is bound on itself, hiding nothing."""
     folder.mkdir(parents=True, exist_ok=True)
     if str(folder.resolve()) not in mounted(folder):
-        _mount(str(folder), str(folder), MS_BIND)
+        if tmpfs_mb and not any(folder.iterdir()):
+            _mount("sandbox-bundles", str(folder), MS_NOSUID | MS_NODEV, "tmpfs", f"size={tmpfs_mb}m,mode=0755")
+        else:
+            _mount(str(folder), str(folder), MS_BIND)
     _mount(None, str(folder), MS_SHARED)
 
 

@@ -19,6 +19,9 @@ __all__ = ["FOLDER", "WarmNamespaces", "remove_left"]
 FOLDER = "templates"
 """The state folder's folder of warm templates' namespaces: one folder each, named as a sandbox of its server is."""
 VIEW = "rootfs"
+BUNDLES_MB = 256
+"""The size of the bundles' tmpfs: a bundle holds its config (about 25 kB) and a few small files, so a few
+thousand sandboxes at once fit; it takes memory only for what it holds."""
 
 log = logging.getLogger("sandbox_server")
 
@@ -62,7 +65,7 @@ class WarmNamespaces:
                 under = mounts.mounted(bundles)
                 self._shared = not under or str(bundles.resolve()) in under
                 if self._shared:
-                    mounts.share_in_place(bundles)
+                    mounts.share_in_place(bundles, BUNDLES_MB)
                 else:
                     log.warning("sandboxes are forked without warm templates: %d mounts were left under %s by an "
                                 "earlier server (warm templates come back at a start that finds none)", len(under), bundles)  # fmt: skip

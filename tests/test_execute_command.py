@@ -80,6 +80,19 @@ async def test_echo_returns_text_and_structured_content(client: Client) -> None:
     }
 
 
+@pytest.mark.parametrize("with_a_file", [False, True], ids=["after the request script", "in the request tar"])
+async def test_stdin_reaches_the_program_byte_for_byte(client: Client, with_a_file: bool) -> None:
+    """A call's stdin comes after its request script (no files: the launcher copies exactly its bytes) or in the
+    request's tar (with files); either way the program reads it whole, and nothing of the request after it."""
+    stdin = "first line\n  indented; 'quoted' $HOME `x`\n\u00e9t\u00e9 \u2603\nno newline at its end" * 200
+    arguments: dict[str, object] = {"command": "cat", "stdin": stdin}
+    if with_a_file:
+        arguments["files"] = [{"path": "in.txt", "content": "a file"}]
+    result = await client.call_tool("execute_command", arguments)
+    assert not result.is_error and result.structured_content is not None, text_of(result)
+    assert result.structured_content["stdout"] == stdin
+
+
 async def test_a_program_reaching_for_a_network_the_policy_gives_none_fails_at_once_and_is_told_the_field(
     client: Client,
 ) -> None:

@@ -136,10 +136,11 @@ def build_request(
     """What the launcher reads on stdin: a first line naming the form, then the request.
 
     `tar`: a tar it unpacks (input files relative to the workspace, stdin, the request script
-    with argv, env, working folder and boundary). `script N`: the request script's N lines
-    alone, read with the shell's own `read`, for a call with no files, no stdin and no saved
-    workspace: under gVisor every program the launcher starts costs tens of milliseconds, and
-    this form starts none but the call's own.
+    with argv, env, working folder and boundary). `script N M`: the request script's N lines,
+    read with the shell's own `read`, then the M bytes of the program's stdin, for a call with
+    no files and no saved workspace: every program the launcher starts costs CPU (tens of
+    milliseconds under gVisor), and this form starts none but the call's own, and `head` for
+    a stdin (where a tar took `tar` and `rm`).
     """
     if not argv:
         raise ValueError("a request needs a program to run")
@@ -157,8 +158,9 @@ def build_request(
     if deadline_s is not None:
         script += f"deadline={deadline_s:.3f}\n"
     buffer = into if into is not None else io.BytesIO()
-    if not files and not stdin and not saved:
-        buffer.write(f"script {script.count(chr(10))}\n{script}".encode())
+    if not files and not saved:
+        buffer.write(f"script {script.count(chr(10))} {len(stdin)}\n{script}".encode())
+        buffer.write(stdin)
         return buffer.getvalue() if isinstance(buffer, io.BytesIO) else b""
     buffer.write(b"tar\n")
     if saved:  # a kept workspace's entries open the request; the tar continues after them

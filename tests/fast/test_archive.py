@@ -61,17 +61,29 @@ def test_request_holds_stdin_argv_env_boundary_and_files_under_the_workspace() -
     assert "workspace/data" in names and "workspace/out" in names
 
 
+READ_SCRIPT = (
+    'read -r form lines size; r=; while [ "$lines" -gt 0 ] && IFS= read -r l; do r="$r$l\n"; lines=$((lines-1)); '
+    'done; eval "$r"; printf "%s|" "$@" "$X" "$boundary"; [ "$size" -eq 0 ] || head -c "$size"'
+)
+"""What the launcher does with a request of the script form, its stdin copied to stdout."""
+
+
 def test_a_plain_call_is_sent_as_the_request_script_alone() -> None:
     argv = ("printf", "%s\\n", "two\nlines", "it's")
     request = build_request((), b"", argv, "b0undary", (("X", "a\nb"),))
     form, _, script = request.decode().partition("\n")
-    assert form == f"script {script.count(chr(10))}" and script.endswith("boundary=b0undary\n")
-    done = subprocess.run(
-        ["sh", "-c", 'read -r form lines; r=; while [ "$lines" -gt 0 ] && IFS= read -r l; do r="$r$l\n"; '
-         'lines=$((lines-1)); done; eval "$r"; printf "%s|" "$@" "$X" "$boundary"'],
-        input=request, capture_output=True, check=True,
-    )  # fmt: skip
+    assert form == f"script {script.count(chr(10))} 0" and script.endswith("boundary=b0undary\n")
+    done = subprocess.run(["sh", "-c", READ_SCRIPT], input=request, capture_output=True, check=True)
     assert done.stdout.decode() == "printf|%s\\n|two\nlines|it's|a\nb|b0undary|"
+
+
+def test_a_call_with_a_stdin_and_no_files_sends_its_bytes_after_the_script() -> None:
+    stdin = b"line one\n\x00binary\xff\nno newline at the end"
+    request = build_request((), stdin, ("cat",), "b0undary", (("X", "x"),))
+    form, _, rest = request.partition(b"\n")
+    assert form.startswith(b"script ") and form.endswith(b" %d" % len(stdin))
+    done = subprocess.run(["sh", "-c", READ_SCRIPT], input=request, capture_output=True, check=True)
+    assert done.stdout == b"cat|x|b0undary|" + stdin
 
 
 def test_request_refuses_paths_outside_the_workspace_and_bad_env_names() -> None:
@@ -161,7 +173,7 @@ def test_a_forged_workspace_archive_keeps_only_what_the_next_call_can_restore() 
     with pytest.raises(WorkspaceTooLarge):
         keep_workspace(forged, io.BytesIO(), max_bytes=1, max_entries=100)
     request = io.BytesIO()
-    build_request((), b"typed", ("true",), "b0undary", into=request)
+    build_request((InputFile("in.txt", b"1"),), b"typed", ("true",), "b0undary", into=request)  # (a tar: a file)
     form, _, body = request.getvalue().partition(b"\n")
     assert form == b"tar"
     with tarfile.open(fileobj=io.BytesIO(kept.getvalue() + body)) as both:

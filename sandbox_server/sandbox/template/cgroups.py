@@ -5,6 +5,7 @@ child joins them through their `cgroup.procs`, handed over open."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import time
@@ -50,13 +51,17 @@ def made(path: str, resources: Mapping[str, Any]) -> list[int]:
 
 
 def _limit(hierarchy: str, folder: Path, resources: Mapping[str, Any]) -> None:
-    def put(name: str, value: object) -> None:
-        (folder / name).write_text(str(value))
+    def put(name: str, value: object) -> None:  # (one write each, as the kernel takes a cgroup file's value)
+        fd = os.open(f"{folder}/{name}", os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            os.write(fd, str(value).encode())
+        finally:
+            os.close(fd)
 
     if hierarchy == "memory":
         memory = resources["memory"]
         put("memory.limit_in_bytes", memory["limit"])
-        if (folder / "memory.memsw.limit_in_bytes").exists():
+        if _swap_accounted():
             put("memory.memsw.limit_in_bytes", memory.get("swap", memory["limit"]))
     elif hierarchy == "pids":
         put("pids.max", resources["pids"]["limit"])
@@ -67,6 +72,12 @@ def _limit(hierarchy: str, folder: Path, resources: Mapping[str, Any]) -> None:
         put("devices.deny", "a")
         for device in DEVICES:
             put("devices.allow", device)
+
+
+@functools.cache
+def _swap_accounted() -> bool:
+    """Whether the memory hierarchy limits swap too (the kernel's swap accounting, fixed at its boot)."""
+    return (ROOT / "memory" / "memory.memsw.limit_in_bytes").exists()
 
 
 def kill_and_remove(path: str) -> bool:

@@ -39,6 +39,7 @@ def steps(config: Mapping[str, Any], new_root: str, seccomp: bytes) -> list[tupl
         ("no capabilities", caps.drop_bounding),
         ("its user", lambda: caps.become(process["user"])),
         ("no new privileges", caps.no_new_privileges),
+        ("its request's folders", mnt.request_folders),
         ("its working folder", lambda: os.chdir(process.get("cwd", "/"))),
         ("its system calls", lambda: kernel.load_seccomp(seccomp) if seccomp else None),
     ]

@@ -13,6 +13,8 @@ from . import kernel
 
 DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
 """The devices every sandbox has in its /dev, as runc gives them."""
+REQUEST_FOLDERS = ("/tmp/.sandbox", "/workspace/out")
+"""The launcher's request folder and the call's output folder (the image's launcher makes them where they lack)."""
 LINKS = (("/proc/self/fd", "fd"), ("/proc/self/fd/0", "stdin"), ("/proc/self/fd/1", "stdout"),
          ("/proc/self/fd/2", "stderr"), ("pts/ptmx", "ptmx"), ("/proc/kcore", "core"))  # fmt: skip
 
@@ -141,3 +143,15 @@ def pivot(new_root: str, read_only: bool) -> None:
     os.chdir("/")
     if read_only:
         kernel.remount("/", kernel.MS_RDONLY)
+
+
+def request_folders() -> None:
+    """The launcher's request and output folders, made as the sandbox's user before its call comes, so that its
+    launcher starts no `mkdir`; one that cannot be made here (a kept workspace's slot, which the host binds at the
+    call) is left to the launcher, as in any other sandbox."""
+    for folder in REQUEST_FOLDERS:
+        try:
+            os.mkdir(folder)
+            os.chmod(folder, 0o755)
+        except OSError:
+            pass

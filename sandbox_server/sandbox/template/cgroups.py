@@ -29,8 +29,10 @@ def usable() -> str | None:
     return f"cgroup v1's {', '.join(missing)} hierarchies are not mounted at {ROOT}" if missing else None
 
 
-def _folders(path: str) -> dict[str, Path]:
-    return {h: ROOT / h / path.lstrip("/") for h in HIERARCHIES}
+def _folders(path: str) -> dict[str, str]:
+    """Each hierarchy's folder of the cgroup at `path` (strings: a sandbox's cgroups are made and removed per call,
+    where pathlib's joins cost more than the system calls)."""
+    return {h: f"{ROOT}/{h}/{path.lstrip('/')}" for h in HIERARCHIES}
 
 
 def made(path: str, resources: Mapping[str, Any]) -> list[int]:
@@ -39,9 +41,14 @@ def made(path: str, resources: Mapping[str, Any]) -> list[int]:
     opened: list[int] = []
     try:
         for hierarchy, folder in folders.items():
-            folder.mkdir(parents=True, exist_ok=True)
+            try:
+                os.mkdir(folder)
+            except FileNotFoundError:  # (its parent, the server's own, made at the first)
+                os.makedirs(folder, exist_ok=True)
+            except FileExistsError:
+                pass
             _limit(hierarchy, folder, resources)
-            opened.append(os.open(folder / "cgroup.procs", os.O_WRONLY | os.O_CLOEXEC))
+            opened.append(os.open(f"{folder}/cgroup.procs", os.O_WRONLY | os.O_CLOEXEC))
     except BaseException:
         for fd in opened:
             os.close(fd)
@@ -50,7 +57,7 @@ def made(path: str, resources: Mapping[str, Any]) -> list[int]:
     return opened
 
 
-def _limit(hierarchy: str, folder: Path, resources: Mapping[str, Any]) -> None:
+def _limit(hierarchy: str, folder: str, resources: Mapping[str, Any]) -> None:
     def put(name: str, value: object) -> None:  # (one write each, as the kernel takes a cgroup file's value)
         fd = os.open(f"{folder}/{name}", os.O_WRONLY | os.O_CLOEXEC)
         try:
@@ -85,16 +92,19 @@ def kill_and_remove(path: str) -> bool:
     folders = _folders(path)
     deadline = time.monotonic() + GONE_WITHIN_S
     for folder in folders.values():
-        while folder.exists():
+        while True:
             try:
-                pids = [int(p) for p in (folder / "cgroup.procs").read_text().split()]
+                with open(f"{folder}/cgroup.procs", "rb") as listed:
+                    pids = [int(p) for p in listed.read().split()]
+            except FileNotFoundError:
+                break  # (gone, or never made)
             except (OSError, ValueError):
                 pids = []
             for pid in pids:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGKILL)
             try:
-                folder.rmdir()
+                os.rmdir(folder)
             except FileNotFoundError:
                 break
             except OSError:

@@ -41,12 +41,7 @@ def made(path: str, resources: Mapping[str, Any]) -> list[int]:
     opened: list[int] = []
     try:
         for hierarchy, folder in folders.items():
-            try:
-                os.mkdir(folder)
-            except FileNotFoundError:  # (its parent, the server's own, made at the first)
-                os.makedirs(folder, exist_ok=True)
-            except FileExistsError:
-                pass
+            os.makedirs(folder, exist_ok=True)
             _limit(hierarchy, folder, resources)
             opened.append(os.open(f"{folder}/cgroup.procs", os.O_WRONLY | os.O_CLOEXEC))
     except BaseException:

@@ -4,6 +4,7 @@ paths, then pivoted into, the host's tree detached behind it."""
 
 from __future__ import annotations
 
+import functools
 import os
 import stat
 from collections.abc import Mapping, Sequence
@@ -70,13 +71,9 @@ def _under(root: str, destination: str) -> str | None:
     return path
 
 
-_REAL: dict[str, bool] = {}
-
-
+@functools.cache
 def _real(root: str) -> bool:
-    if root not in _REAL:
-        _REAL[root] = os.path.isabs(root) and os.path.realpath(root) == root
-    return _REAL[root]
+    return os.path.isabs(root) and os.path.realpath(root) == root
 
 
 def root(config: Mapping[str, Any], new_root: str) -> None:

@@ -66,6 +66,8 @@ for family, address in ((socket.AF_INET, ('127.0.0.1', 47111)), (socket.AF_UNIX,
 """
 """Call B (and C, after A): looks for A everywhere it could be (the secret it looks for is never in its own command
 line: it would find itself)."""
+FDS = "python3 -c \"import os; print(*(sorted(os.listdir(f'/proc/{p}/fd')) for p in (1, 'self')))\""
+"""The descriptors the sandbox's first process and a program of the call hold (the listing's own is the latter's 3)."""
 
 
 def _templates_of(pid: int) -> list[psutil.Process]:
@@ -123,6 +125,10 @@ async def test_nothing_of_one_call_reaches_another_and_the_template_is_out_of_re
             assert all(t.is_running() for t in templates)
             served = await answer(b, "execute_command", {"command": "echo served"})
             assert served["stdout"] == "served\n", served["text"]
+            # nothing the template handed its child reaches the sandbox: the pipe its end is told on least of all
+            # (a program that wrote there could tell the server its sandbox had ended, or fill the server's memory)
+            held_fds = await answer(b, "execute_command", {"command": FDS})
+            assert held_fds["stdout"] == "['0', '1', '2'] ['0', '1', '2', '3']\n", held_fds["text"]
         assert {t.pid for t in _templates_of(server.process.pid)} >= {t.pid for t in templates}
 
 

@@ -93,6 +93,7 @@ def _first(
 ) -> None:
     step = "its start"
     try:
+        os.set_inheritable(report, False)  # (handed over by the socket, inheritable: the program must not have it)
         for named, take in steps(config, new_root, seccomp):
             step = named
             take()

@@ -70,14 +70,24 @@ FDS = "python3 -c \"import os; print(*(sorted(os.listdir(f'/proc/{p}/fd')) for p
 """The descriptors the sandbox's first process and a program of the call hold (the listing's own is the latter's 3)."""
 
 
-def _templates_of(pid: int) -> list[psutil.Process]:
-    """The server's template processes (each its image's own python3, started once)."""
+def _templates_of(pid: int, below: int = 1) -> list[psutil.Process]:
+    """The server's template processes (each its image's own python3, started once); or those `below` levels
+    below the process `pid`."""
     found = []
-    for child in psutil.Process(pid).children():
+    level = [psutil.Process(pid)]
+    for _ in range(below - 1):
+        level = [child for process in level for child in process.children()]
+    for child in (child for process in level for child in process.children()):
         with contextlib.suppress(psutil.Error):  # (one that ended meanwhile)
             if "sandbox_template" in " ".join(child.cmdline()):
                 found.append(child)
     return found
+
+
+def _ns_pids(process: psutil.Process) -> list[int]:
+    """The process's pid in each pid namespace it is in, the host's first."""
+    with open(f"/proc/{process.pid}/status") as status:
+        return next([int(p) for p in line.split()[1:]] for line in status if line.startswith("NSpid:"))
 
 
 def _every_process_of(templates: list[psutil.Process]) -> Iterator[psutil.Process]:
@@ -188,7 +198,13 @@ async def test_warm_cells_share_the_templates_imports_and_nothing_of_each_other(
                     while not _holding_the_secret():
                         await anyio.sleep(0.05)
                 during = await answer(b, "run_python", {"code": WARM_LOOK})
-            warm = [t for root in _templates_of(server.process.pid) for t in root.children()]
+                # each warm template (below the child that made it, waiting) is pid 1 of a pid namespace of its
+                # own, and A's sandbox's first process is its own child, pid 1 of a pid namespace below it
+                templates = [t for root in _templates_of(server.process.pid) for t in _templates_of(root.pid, 2)]
+                assert templates and all(_ns_pids(t)[1:] == [1] for t in templates), templates
+                firsts = [f for t in templates for f in t.children()]
+                assert firsts and all(len(_ns_pids(f)) == 3 and _ns_pids(f)[-1] == 1 for f in firsts), firsts
+                warm = [*(parent for t in templates if (parent := t.parent()) is not None), *templates]
             assert warm, "the warm template is where the test looks for it"
             killer = await answer(b, "run_python", {"code": "import os, signal\nos.kill(-1, signal.SIGKILL)"})
             assert all(t.is_running() for t in warm), killer["text"]

@@ -4,7 +4,12 @@ module (nsjail's containProc is the model), then the config's program.
 The template forks a child for each sandbox. The child joins the call's cgroup, goes back to the host's tree
 (the template's own root is the image's, where its interpreter lives), makes its namespaces, and forks the
 sandbox's first process: pid 1 of the new pid namespace, which takes the steps below and becomes the program.
-The child stays to wait for it and to tell the host its pid and how it ended, on the report pipe."""
+The child stays to wait for it and to tell the host its pid and how it ended, on the report pipe.
+
+A warm template, in the user namespace of its sandboxes already and pid 1 of a pid namespace of its own, forks
+each sandbox's first process itself, into a pid namespace made for it (`first`): the first process takes the
+child's steps, then its own, and says its pid; the warm template tells how it ended. One fork of the template's
+heap per sandbox rather than two."""
 
 from __future__ import annotations
 
@@ -53,13 +58,10 @@ def child(
     every step is taken, given the config's process and environment (None: it execs the config's program)."""
     stdin, stdout, stderr, report, *procs = fds
     config, new_root = request["config"], request["root"]
-    for ignored in (signal.SIGCHLD, signal.SIGPIPE, signal.SIGXFSZ):  # the interpreter's, not the program's
-        signal.signal(ignored, signal.SIG_DFL)
+    _default_signals()
     try:
         cgroup.join(procs)
-        os.fchdir(host_root)
-        os.chroot(".")
-        os.close(host_root)
+        _to_host_root(host_root)
         if request.get("userns"):  # the sandbox's own ids: its namespaces are made inside its user namespace
             held = os.open(request["userns"], os.O_RDONLY | os.O_CLOEXEC)
             kernel.setns(held, kernel.CLONE_NEWUSER)
@@ -67,9 +69,7 @@ def child(
             os.setresgid(0, 0, 0)  # its root (the host's is not mapped there: what it makes must be owned)
             os.setresuid(0, 0, 0)
         kernel.unshare(NAMESPACES)
-        for fd, std in ((stdin, 0), (stdout, 1), (stderr, 2)):
-            os.dup2(fd, std)
-            os.close(fd)
+        _stdio(stdin, stdout, stderr)
         ready, readied = os.pipe2(os.O_CLOEXEC)
         first = os.fork()
     except BaseException as exc:  # said on the report pipe, whatever it is
@@ -88,9 +88,53 @@ def child(
     os._exit(0)
 
 
+def first(request: Mapping[str, Any], fds: Sequence[int], host_root: int, seccomp: bytes, becoming: Becoming) -> None:
+    """A warm template's sandbox (never returns): its first process, forked by the template into a pid namespace
+    made for it, as pid 1 there. It takes the steps the child takes for the others, then its own, and says its pid
+    (the host's number for it, which /proc of the host's tree says) on the report pipe; the template says its end."""
+    stdin, stdout, stderr, report, *procs = fds
+    _default_signals()
+    try:
+        cgroup.join(procs)
+        _to_host_root(host_root)
+        pid = int(os.readlink("/proc/self"))  # (the host's /proc, not yet its own: the host's number for it)
+        kernel.unshare(NAMESPACES & ~kernel.CLONE_NEWPID)  # (its pid namespace the template made: it is its pid 1)
+        _stdio(stdin, stdout, stderr)
+    except BaseException as exc:  # said on the report pipe, whatever it is
+        _say(report, {"error": f"the sandbox could not be made: {exc}"})
+        os._exit(125)
+    _first(request["config"], request["root"], seccomp, report, None, becoming, pid)
+
+
+def _default_signals() -> None:
+    for ignored in (signal.SIGCHLD, signal.SIGPIPE, signal.SIGXFSZ):  # the interpreter's, not the program's
+        signal.signal(ignored, signal.SIG_DFL)
+
+
+def _to_host_root(host_root: int) -> None:
+    """Back to the host's tree, where its root is built (the template's own root is the image's)."""
+    os.fchdir(host_root)
+    os.chroot(".")
+    os.close(host_root)
+
+
+def _stdio(stdin: int, stdout: int, stderr: int) -> None:
+    for fd, std in ((stdin, 0), (stdout, 1), (stderr, 2)):
+        os.dup2(fd, std)
+        os.close(fd)
+
+
 def _first(
-    config: Mapping[str, Any], new_root: str, seccomp: bytes, report: int, readied: int, becoming: Becoming | None
+    config: Mapping[str, Any],
+    new_root: str,
+    seccomp: bytes,
+    report: int,
+    readied: int | None,
+    becoming: Becoming | None,
+    pid: int = -1,
 ) -> None:
+    """`readied`: written once every step is taken, for the child that waits to say its pid (None: a first process
+    a warm template forked, which says its `pid` itself)."""
     step = "its start"
     try:
         os.set_inheritable(report, False)  # (handed over by the socket, inheritable: the program must not have it)
@@ -99,9 +143,13 @@ def _first(
             take()
         process = config["process"]
         env = dict(entry.split("=", 1) for entry in process.get("env", []))
-        os.write(readied, b"1")
+        if readied is None:
+            _say(report, {"pid": pid})
+        else:
+            os.write(readied, b"1")
         if becoming is not None:  # (no descriptor of the template's reaches what it starts or forks)
-            os.close(readied)
+            if readied is not None:
+                os.close(readied)
             os.close(report)
             becoming(process, env)
         os.execve(process["args"][0], process["args"], env)

@@ -332,6 +332,8 @@ class Forked:
             raise EngineError(f"the template made no sandbox within {within_s:g} s")
         if "error" in said:
             raise EngineError(str(said["error"]))
+        if "pid" not in said:  # (a warm template's sandbox killed before its first process said its pid)
+            raise EngineError(f"the sandbox ended before it started (exit {said.get('exit')})")
         self.pid = int(said["pid"])
         return self.pid
 

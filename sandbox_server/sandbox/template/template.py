@@ -2,16 +2,19 @@
 preload list (a warm template: the image's, in a sandbox of its own), which never runs a caller's code. It waits
 for the host's requests on its socket, each one message (the sandbox's config and where its root goes) with the
 sandbox's descriptors, and forks a child for each (contain.child); a request for a warm template forks the child
-that becomes one (warm.enter)."""
+that becomes one (warm.enter). A warm template forks each sandbox's first process itself, into a pid namespace
+made for it (contain.first), and says how each ended."""
 
 from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import socket
+from collections.abc import Mapping
 
-from . import contain, warm
+from . import contain, kernel, warm
 
 MAX_REQUEST = 1 << 20
 MAX_FDS = 32
@@ -23,8 +26,11 @@ def serve(
     """Until the host closes its end: a sandbox per request. It ends with the server, whose end of the socket closes
     as it dies (no parent-death signal: the kernel sends that when the thread that started it ends, and the server
     starts templates from threads that come and go)."""
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the children reaped by the kernel as they end
     sock = socket.socket(fileno=control)
+    if becoming is not None:
+        _serve_warm(sock, host_root, seccomp, becoming)
+        return
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the children reaped by the kernel as they end
     while True:
         try:
             message, fds, _, _ = socket.recv_fds(sock, MAX_REQUEST, MAX_FDS)
@@ -45,3 +51,95 @@ def serve(
                 os._exit(125)
         for fd in fds:
             os.close(fd)
+
+
+def _serve_warm(sock: socket.socket, host_root: int, seccomp: bytes, becoming: contain.Becoming) -> None:
+    """A warm template's loop: each request's first process forked into a pid namespace made for it (below the
+    template's own, of which it is pid 1), and each one's end said on its report pipe as the template reaps it.
+    Once the host closes its end, it ends when the last of its sandboxes has: its own end would end them all."""
+    woken, wake = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    signal.set_wakeup_fd(wake)  # a sandbox that ends wakes the wait below
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    own = os.open("proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC, dir_fd=host_root)  # (the host's /proc)
+    reports: dict[int, int] = {}
+    """Each sandbox's report pipe, by its first process's pid (in the template's pid namespace)."""
+    control = sock.fileno()
+    while True:
+        asked = select.select([control, woken] if control >= 0 else [woken], [], [])[0]
+        if control in asked:
+            try:
+                message, fds, _, _ = socket.recv_fds(sock, MAX_REQUEST, MAX_FDS)
+            except InterruptedError:
+                message, fds = b"x", []
+            if not message:
+                sock.close()
+                control = -1
+            elif fds:
+                _fork_first(message, fds, reports, (control, woken, wake, own), host_root, seccomp, becoming)
+        if woken in asked:
+            _drain(woken)
+        _reap(reports)
+        if control < 0 and not reports:
+            return
+
+
+def _fork_first(
+    message: bytes, fds: list[int], reports: dict[int, int], own: tuple[int, ...], host_root: int, seccomp: bytes,
+    becoming: contain.Becoming,
+) -> None:  # fmt: skip
+    """One sandbox's first process, forked as pid 1 of a pid namespace of its own; its report pipe kept."""
+    report, others = (fds[3], fds[:3] + fds[4:]) if len(fds) > 3 else (-1, fds)
+    pid = -1
+    try:
+        kernel.unshare(kernel.CLONE_NEWPID)
+        try:
+            pid = os.fork()
+        finally:
+            if pid != 0:  # its next child in its own pid namespace again, for the next unshare
+                kernel.setns(own[-1], kernel.CLONE_NEWPID)
+    except OSError as exc:
+        _say(report, {"error": f"the sandbox could not be made: {exc}"})
+    if pid == 0:
+        try:
+            for fd in (*own, *reports.values()):  # nothing of the template's, nor of another sandbox's
+                os.close(fd)
+            signal.set_wakeup_fd(-1)
+            contain.first(json.loads(message), fds, host_root, seccomp, becoming)
+        finally:
+            os._exit(125)
+    for fd in others:
+        os.close(fd)
+    if pid > 0 and report >= 0:
+        reports[pid] = report
+    elif report >= 0:
+        os.close(report)
+
+
+def _reap(reports: dict[int, int]) -> None:
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        report = reports.pop(pid, None)
+        if report is not None:
+            code = os.waitstatus_to_exitcode(status)
+            _say(report, {"exit": code if code >= 0 else 128 - code})
+            os.close(report)
+
+
+def _drain(fd: int) -> None:
+    try:
+        while os.read(fd, 64):
+            pass
+    except BlockingIOError:
+        pass
+
+
+def _say(report: int, what: Mapping[str, object]) -> None:
+    try:
+        os.write(report, (json.dumps(what) + "\n").encode())
+    except OSError:
+        pass

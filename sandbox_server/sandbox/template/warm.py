@@ -13,6 +13,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import signal
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -42,6 +43,7 @@ def enter(warm: Mapping[str, Any], host_root: int, fds: Sequence[int], given: by
         os.close(held)
         os.setresgid(0, 0, 0)
         os.setresuid(0, 0, 0)
+        _own_pid_namespace(report)
         kernel.unshare(kernel.CLONE_NEWNS)
         kernel.mount(None, "/", None, kernel.MS_REC | kernel.MS_SLAVE)
         rootfs = warm["rootfs"]
@@ -64,13 +66,33 @@ def enter(warm: Mapping[str, Any], host_root: int, fds: Sequence[int], given: by
     os._exit(125)
 
 
+def _own_pid_namespace(report: int) -> None:
+    """The warm template goes on as pid 1 of a pid namespace of its own, owned by its user namespace: there it may
+    make one for each sandbox's first process and come back to its own after each fork (a process may only go
+    back to a pid namespace whose user namespace it has the capabilities of). This process stays as its parent,
+    having said its pid (the host's number for it), and ends with it."""
+    kernel.unshare(kernel.CLONE_NEWPID)
+    go, told = os.pipe()
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # (its template's: children reaped by the kernel)
+    template = os.fork()
+    if template == 0:
+        os.close(told)
+        os.read(go, 1)  # its pid said before anything else it may say
+        os.close(go)
+        return
+    os.close(go)
+    _say(report, {"pid": template})
+    os.closerange(3, os.sysconf("SC_OPEN_MAX"))  # (nothing held but its child, which it waits for)
+    _, status = os.waitpid(template, 0)
+    os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
+
+
 def ready(report: int, warm: Mapping[str, Any]) -> tuple[int, Callable[..., None]]:
     """In the image's interpreter, executed by `enter`: the preload imported, said on `report`; its root's
     descriptor (the host's tree in its mount namespace), and what each of its sandboxes' first process becomes."""
     host_root = int(sys.argv[3])
     try:
         module = _warm_interpreter(warm)
-        _say(report, {"pid": os.getpid()})
         said = module.preload_template()
         _flush()
         gc.collect()  # what importing left behind, then every object it keeps out of the collector's sight: a

@@ -87,6 +87,13 @@ def kill_and_remove(path: str) -> bool:
     folders = _folders(path)
     deadline = time.monotonic() + GONE_WITHIN_S
     for folder in folders.values():
+        try:
+            os.rmdir(folder)  # (its processes ended with its sandbox, as they mostly have: nothing to read or kill)
+            continue
+        except FileNotFoundError:
+            continue
+        except OSError:
+            pass
         while True:
             try:
                 with open(f"{folder}/cgroup.procs", "rb") as listed:

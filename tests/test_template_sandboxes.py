@@ -341,3 +341,39 @@ async def test_a_warm_cell_has_the_policys_open_files_and_file_size_limits(
             cell = await answer(session, "run_python", {"code": RLIMITS_CELL})
     assert str(cell["stdout"]).splitlines() == ["(128, 128) (1048576, 1048576)"], cell
     assert cell["is_error"] and "a file grew past 1 MiB (policy field limits.file_size_mb)" in str(cell["text"]), cell
+
+
+async def test_a_spent_warm_template_serves_its_running_sandbox_to_its_end_and_then_ends(
+    tmp_path: Path, runtime: DockerRuntime
+) -> None:
+    """A warm template is pid 1 of the pid namespace its sandboxes' are made below, so its end would end them: once
+    spent and replaced, it ends after its last sandbox has, whose call is answered as if nothing had happened."""
+    policy = _policy(tmp_path, "tools:\n  run_python: {preload: []}\n")
+    with http_server_process(
+        "--policy", policy, "--sandboxes", "template", "--no-pool", env={"SANDBOX_TEMPLATE_FORKS": "2"}
+    ) as server:
+        async with connect(server.url) as a, connect(server.url) as b:
+            await answer(b, "run_python", {"code": "print(1)"})  # (its warm template is made at its first)
+            await anyio.to_thread.run_sync(server.wait_for_line, "warm template of")
+            seen = len(server.lines)
+            held: dict[str, dict[str, object]] = {}
+            async with anyio.create_task_group() as group:
+
+                async def call_a() -> None:
+                    code = f"import subprocess\nsubprocess.run(['sh', '-c', 'sleep 10', '{SECRET}'])\nprint('A ended')"
+                    held["a"] = await answer(a, "run_python", {"code": code})
+
+                group.start_soon(call_a)
+                with anyio.fail_after(60):
+                    while not _holding_the_secret():
+                        await anyio.sleep(0.05)
+                [old] = [t for root in _templates_of(server.process.pid) for t in _templates_of(root.pid, 2)]
+                for _ in range(3):  # its share forked: a new one is made, and the old one retired once it is
+                    quick = await answer(b, "run_python", {"code": "print(2)"})
+                    assert quick["stdout"] == "2\n", quick["text"]
+                await anyio.to_thread.run_sync(lambda: server.wait_for_line("warm template of", 30, seen))
+                assert _holding_the_secret() and old.is_running(), "the spent template ended under its sandbox"
+                now = [t for root in _templates_of(server.process.pid) for t in _templates_of(root.pid, 2)]
+                assert any(t.pid != old.pid for t in now), now  # a new one serves (the old one waits for A's end)
+            assert held["a"]["stdout"] == "A ended\n", held["a"]["text"]
+            assert not psutil.wait_procs([old], timeout=10)[1], "the spent warm template outlived its last sandbox"

@@ -55,10 +55,11 @@ package.template.serve(control, host_root, bytes.fromhex(given["seccomp"]), beco
 """What a template's interpreter runs: the child's modules, read from a descriptor, loaded as a package."""
 PYTHON = "/usr/bin/python3"
 """The image's interpreter, which a warm template executes once it is in a sandbox of its own."""
-FORKS_PER_TEMPLATE = 5000
+FORKS_PER_TEMPLATE = int(os.environ.get("SANDBOX_TEMPLATE_FORKS", "5000"))
 TEMPLATE_LIFE_S = 3600.0
-"""A template is made again after this many sandboxes, or this long: whatever its interpreter may have gathered
-(memory it grew to, a state its loop kept) lasts a bounded time; its sandboxes never ran in it."""
+"""A template is made again after this many sandboxes (`SANDBOX_TEMPLATE_FORKS`: how many share one address-space
+layout), or this long: whatever its interpreter may have gathered (memory it grew to, a state its loop kept) lasts
+a bounded time; its sandboxes never ran in it."""
 WARM_WITHIN_S = 60.0
 """The longest a warm template may take to import its preload list."""
 WARM_RETRY_S = 30.0

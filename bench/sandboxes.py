@@ -6,7 +6,9 @@ calls would pass them; its 8 concurrent calls stay), in one run: each path's ser
 - back to back: 40 calls one after another (a session's first burst: calls outrun the pool's refill);
 - burst: 100 `echo` calls at once in one session, once the server is idle (its pools refilled: how many sandboxes
   waited is recorded), as computesdk measures (every one answered? p50 and p99);
-- run_python `1 + 1`, back to back;
+- run_python `1 + 1`, 40 back to back once the burst is over and the pools have refilled (3 s); and the same in a
+  server with no sandbox waiting (`--no-pool`: each cell's sandbox made, or forked, when its call comes), once
+  its first cells have been answered 1 s apart (a warm template is made at the first);
 - memory (a third server per path, 40 calls at once admitted): the host's memory in use with the server idle and
   its pools refilled, against before it started; and at the peak of 40 run_python cells side by side, each using
   pandas then sleeping 5 s, against just before them; then 1,000 `echo` calls at once (every one answered? p99);
@@ -89,9 +91,22 @@ async def _execute_command_rows(client: Client, burst: int, command: str) -> dic
 async def _measure(path: str, burst: int, policy: Path) -> dict[str, Any]:
     async with Client(server_parameters(["--sandboxes", path, "--policy", str(policy)]), mode="legacy") as client:
         report = await _execute_command_rows(client, burst, "echo")
-        cells, failed = await timed_calls(client, "run_python", {"code": "1 + 1"}, 20, 0)
+        await anyio.sleep(3)  # (the burst's sandboxes removed, the pools refilled: as a session's cells meet it)
+        cells, failed = await timed_calls(client, "run_python", {"code": "1 + 1"}, CELLS, 0)
         report["run_python_back_to_back"] = {**percentiles(cells), "failures": failed}
     return report
+
+
+CELLS = 40
+
+
+async def _measure_unpooled(path: str, policy: Path) -> dict[str, Any]:
+    """run_python `1 + 1` back to back with no sandbox waiting for the cells (the server's --no-pool)."""
+    serve = ["--sandboxes", path, "--policy", str(policy), "--no-pool"]
+    async with Client(server_parameters(serve), mode="legacy") as client:
+        await timed_calls(client, "run_python", {"code": "1 + 1"}, 5, 1.0)
+        cells, failed = await timed_calls(client, "run_python", {"code": "1 + 1"}, CELLS, 0)
+    return {"run_python_back_to_back_unpooled": {**percentiles(cells), "failures": failed}}
 
 
 SIDE_BY_SIDE = 40
@@ -202,6 +217,7 @@ def main(argv: list[str]) -> int:
                 for path in runs:
                     runs[path].append(anyio.run(_measure, path, options.burst, policy))
                     runs[path][-1] |= anyio.run(_measure_memory, path, side)
+                    runs[path][-1] |= anyio.run(_measure_unpooled, path, policy)
                     allow_listed[path].append(anyio.run(_measure_allow_listed, path, listed))
     finally:
         remove_network(api, network)
@@ -217,6 +233,12 @@ def main(argv: list[str]) -> int:
             "burst_failures": sum(r["burst"]["failures"] + options.burst - r["burst"]["answered"] for r in reports),
             "burst_met_warm": median([r["warm_before_burst"] for r in reports]),
             "run_python_back_to_back_p50_ms": median([r["run_python_back_to_back"]["p50"] for r in reports]),
+            "run_python_unpooled_p50_ms": median([r["run_python_back_to_back_unpooled"]["p50"] for r in reports]),
+            "run_python_failures": sum(
+                r[row]["failures"]
+                for r in reports
+                for row in ("run_python_back_to_back", "run_python_back_to_back_unpooled")
+            ),
             "engine_cpu_ms_per_sandbox": median([r["engine_cpu_ms_per_sandbox"] for r in reports]),
             "sandbox_cpu_ms_per_sandbox": median([r["sandbox_cpu_ms_per_sandbox"] for r in reports]),
             "server_cpu_ms_per_call": median([r["server_cpu_ms_per_call"] for r in reports]),
@@ -234,6 +256,9 @@ def main(argv: list[str]) -> int:
         )
         summary[path]["run_python_back_to_back_p50_over_spaced_true"] = round(
             summary[path]["run_python_back_to_back_p50_ms"] / summary[path]["spaced_p50_ms"], 2
+        )
+        summary[path]["run_python_unpooled_p50_over_spaced_true"] = round(
+            summary[path]["run_python_unpooled_p50_ms"] / summary[path]["spaced_p50_ms"], 2
         )
         summary[path] |= _allow_listed_summary(allow_listed[path])
     rows = [[name, *(summary[path][name] for path in paths)] for name in summary[paths[0]]]

@@ -73,7 +73,7 @@ def child(
         ready, readied = os.pipe2(os.O_CLOEXEC)
         first = os.fork()
     except BaseException as exc:  # said on the report pipe, whatever it is
-        _say(report, {"error": f"the sandbox could not be made: {exc}"})
+        say(report, {"error": f"the sandbox could not be made: {exc}"})
         os._exit(125)
     if first == 0:
         os.close(ready)
@@ -81,10 +81,10 @@ def child(
     os.close(readied)
     os.read(ready, 1)  # its every step taken (or it failed one, and said so): the host may look at it now
     os.close(ready)
-    _say(report, {"pid": first})
+    say(report, {"pid": first})
     _, status = os.waitpid(first, 0)
     code = os.waitstatus_to_exitcode(status)
-    _say(report, {"exit": code if code >= 0 else 128 - code})
+    say(report, {"exit": code if code >= 0 else 128 - code})
     os._exit(0)
 
 
@@ -101,7 +101,7 @@ def first(request: Mapping[str, Any], fds: Sequence[int], host_root: int, seccom
         kernel.unshare(NAMESPACES & ~kernel.CLONE_NEWPID)  # (its pid namespace the template made: it is its pid 1)
         _stdio(stdin, stdout, stderr)
     except BaseException as exc:  # said on the report pipe, whatever it is
-        _say(report, {"error": f"the sandbox could not be made: {exc}"})
+        say(report, {"error": f"the sandbox could not be made: {exc}"})
         os._exit(125)
     _first(request["config"], request["root"], seccomp, report, None, becoming, pid)
 
@@ -144,7 +144,7 @@ def _first(
         process = config["process"]
         env = dict(entry.split("=", 1) for entry in process.get("env", []))
         if readied is None:
-            _say(report, {"pid": pid})
+            say(report, {"pid": pid})
         else:
             os.write(readied, b"1")
         if becoming is not None:  # (no descriptor of the template's reaches what it starts or forks)
@@ -154,11 +154,12 @@ def _first(
             becoming(process, env)
         os.execve(process["args"][0], process["args"], env)
     except BaseException as exc:
-        _say(report, {"error": f"the sandbox could not be made ({step}): {exc}"})
+        say(report, {"error": f"the sandbox could not be made ({step}): {exc}"})
     os._exit(127)
 
 
-def _say(report: int, what: Mapping[str, Any]) -> None:
+def say(report: int, what: Mapping[str, Any]) -> None:
+    """A line on the report pipe (nothing when its reader is gone)."""
     try:
         os.write(report, (json.dumps(what) + "\n").encode())
     except OSError:

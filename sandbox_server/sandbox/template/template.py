@@ -12,7 +12,6 @@ import os
 import select
 import signal
 import socket
-from collections.abc import Mapping
 
 from . import contain, kernel, warm
 
@@ -98,7 +97,7 @@ def _fork_first(
             if pid != 0:  # its next child in its own pid namespace again, for the next unshare
                 kernel.setns(own[-1], kernel.CLONE_NEWPID)
     except OSError as exc:
-        _say(report, {"error": f"the sandbox could not be made: {exc}"})
+        contain.say(report, {"error": f"the sandbox could not be made: {exc}"})
     if pid == 0:
         try:
             for fd in (*own, *reports.values()):  # nothing of the template's, nor of another sandbox's
@@ -126,7 +125,7 @@ def _reap(reports: dict[int, int]) -> None:
         report = reports.pop(pid, None)
         if report is not None:
             code = os.waitstatus_to_exitcode(status)
-            _say(report, {"exit": code if code >= 0 else 128 - code})
+            contain.say(report, {"exit": code if code >= 0 else 128 - code})
             os.close(report)
 
 
@@ -135,11 +134,4 @@ def _drain(fd: int) -> None:
         while os.read(fd, 64):
             pass
     except BlockingIOError:
-        pass
-
-
-def _say(report: int, what: Mapping[str, object]) -> None:
-    try:
-        os.write(report, (json.dumps(what) + "\n").encode())
-    except OSError:
         pass

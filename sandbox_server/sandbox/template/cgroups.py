@@ -87,32 +87,26 @@ def kill_and_remove(path: str) -> bool:
     folders = _folders(path)
     deadline = time.monotonic() + GONE_WITHIN_S
     for folder in folders.values():
-        try:
-            os.rmdir(folder)  # (its processes ended with its sandbox, as they mostly have: nothing to read or kill)
-            continue
-        except FileNotFoundError:
-            continue
-        except OSError:
-            pass
         while True:
+            try:
+                os.rmdir(folder)  # (its processes ended with its sandbox, as they mostly have: nothing to kill)
+                break
+            except FileNotFoundError:
+                break  # (gone, or never made)
+            except OSError:
+                if time.monotonic() > deadline:
+                    return False
             try:
                 with open(f"{folder}/cgroup.procs", "rb") as listed:
                     pids = [int(p) for p in listed.read().split()]
             except FileNotFoundError:
-                break  # (gone, or never made)
+                break
             except (OSError, ValueError):
                 pids = []
             for pid in pids:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGKILL)
-            try:
-                os.rmdir(folder)
-            except FileNotFoundError:
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    return False
-                time.sleep(0.002)  # the killed processes leave their cgroup as the kernel reaps them
+            time.sleep(0.002)  # the killed processes leave their cgroup as the kernel reaps them
     return True
 
 

@@ -50,12 +50,10 @@ def steps(config: Mapping[str, Any], new_root: str, seccomp: bytes) -> list[tupl
     ]
 
 
-def child(
-    request: Mapping[str, Any], fds: Sequence[int], host_root: int, seccomp: bytes, becoming: Becoming | None = None
-) -> None:
+def child(request: Mapping[str, Any], fds: Sequence[int], host_root: int, seccomp: bytes) -> None:
     """The template's child for one sandbox (never returns). `fds`: the sandbox's stdin, stdout and stderr, the
-    report pipe, then `cgroup.procs` of each of the call's cgroups. `becoming`: what its first process becomes once
-    every step is taken, given the config's process and environment (None: it execs the config's program)."""
+    report pipe, then `cgroup.procs` of each of the call's cgroups. Its first process executes the config's program
+    once every step is taken (a warm template's first processes become its warm interpreter: `first`)."""
     stdin, stdout, stderr, report, *procs = fds
     config, new_root = request["config"], request["root"]
     _default_signals()
@@ -77,14 +75,13 @@ def child(
         os._exit(125)
     if first == 0:
         os.close(ready)
-        _first(config, new_root, seccomp, report, readied, becoming)
+        _first(config, new_root, seccomp, report, lambda: os.write(readied, b"1"))
     os.close(readied)
     os.read(ready, 1)  # its every step taken (or it failed one, and said so): the host may look at it now
     os.close(ready)
     say(report, {"pid": first})
     _, status = os.waitpid(first, 0)
-    code = os.waitstatus_to_exitcode(status)
-    say(report, {"exit": code if code >= 0 else 128 - code})
+    say(report, {"exit": exit_code(status)})
     os._exit(0)
 
 
@@ -103,7 +100,7 @@ def first(request: Mapping[str, Any], fds: Sequence[int], host_root: int, seccom
     except BaseException as exc:  # said on the report pipe, whatever it is
         say(report, {"error": f"the sandbox could not be made: {exc}"})
         os._exit(125)
-    _first(request["config"], request["root"], seccomp, report, None, becoming, pid)
+    _first(request["config"], request["root"], seccomp, report, lambda: say(report, {"pid": pid}), becoming)
 
 
 def _default_signals() -> None:
@@ -125,16 +122,11 @@ def _stdio(stdin: int, stdout: int, stderr: int) -> None:
 
 
 def _first(
-    config: Mapping[str, Any],
-    new_root: str,
-    seccomp: bytes,
-    report: int,
-    readied: int | None,
-    becoming: Becoming | None,
-    pid: int = -1,
-) -> None:
-    """`readied`: written once every step is taken, for the child that waits to say its pid (None: a first process
-    a warm template forked, which says its `pid` itself)."""
+    config: Mapping[str, Any], new_root: str, seccomp: bytes, report: int, ready: Callable[[], object],
+    becoming: Becoming | None = None,
+) -> None:  # fmt: skip
+    """`ready`: told once every step is taken (the child that waits to say the pid is written to; a first process a
+    warm template forked says its pid itself). `becoming`: what it becomes then (None: it executes the program)."""
     step = "its start"
     try:
         os.set_inheritable(report, False)  # (handed over by the socket, inheritable: the program must not have it)
@@ -143,19 +135,20 @@ def _first(
             take()
         process = config["process"]
         env = dict(entry.split("=", 1) for entry in process.get("env", []))
-        if readied is None:
-            say(report, {"pid": pid})
-        else:
-            os.write(readied, b"1")
+        ready()
         if becoming is not None:  # (no descriptor of the template's reaches what it starts or forks)
-            if readied is not None:
-                os.close(readied)
             os.close(report)
             becoming(process, env)
         os.execve(process["args"][0], process["args"], env)
     except BaseException as exc:
         say(report, {"error": f"the sandbox could not be made ({step}): {exc}"})
     os._exit(127)
+
+
+def exit_code(status: int) -> int:
+    """How a process ended, as the host is told it: its exit code, or 128 + the signal that ended it."""
+    code = os.waitstatus_to_exitcode(status)
+    return code if code >= 0 else 128 - code
 
 
 def say(report: int, what: Mapping[str, Any]) -> None:

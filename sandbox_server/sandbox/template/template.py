@@ -45,7 +45,7 @@ def serve(
                 if "warm" in request:  # a warm template of an image (its socket, its report pipe)
                     warm.enter(request["warm"], host_root, fds, given)
                 else:
-                    contain.child(request, fds, host_root, seccomp, becoming)
+                    contain.child(request, fds, host_root, seccomp)
             finally:
                 os._exit(125)
         for fd in fds:
@@ -59,22 +59,23 @@ def _serve_warm(sock: socket.socket, host_root: int, seccomp: bytes, becoming: c
     woken, wake = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     signal.set_wakeup_fd(wake)  # a sandbox that ends wakes the wait below
     signal.signal(signal.SIGCHLD, lambda *_: None)
-    own = os.open("proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC, dir_fd=host_root)  # (the host's /proc)
+    pid_ns = os.open("proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC, dir_fd=host_root)  # (the host's /proc)
     reports: dict[int, int] = {}
     """Each sandbox's report pipe, by its first process's pid (in the template's pid namespace)."""
     control = sock.fileno()
     while True:
         asked = select.select([control, woken] if control >= 0 else [woken], [], [])[0]
         if control in asked:
-            try:
-                message, fds, _, _ = socket.recv_fds(sock, MAX_REQUEST, MAX_FDS)
-            except InterruptedError:
-                message, fds = b"x", []
+            message, fds, _, _ = socket.recv_fds(sock, MAX_REQUEST, MAX_FDS)
             if not message:
                 sock.close()
                 control = -1
-            elif fds:
-                _fork_first(message, fds, reports, (control, woken, wake, own), host_root, seccomp, becoming)
+            elif len(fds) > 3:  # (stdin, stdout, stderr, the report pipe, the cgroups)
+                held = (control, woken, wake, pid_ns, *reports.values())
+                _fork_first(message, fds, reports, held, pid_ns, host_root, seccomp, becoming)
+            else:
+                for fd in fds:
+                    os.close(fd)
         if woken in asked:
             _drain(woken)
         _reap(reports)
@@ -83,11 +84,12 @@ def _serve_warm(sock: socket.socket, host_root: int, seccomp: bytes, becoming: c
 
 
 def _fork_first(
-    message: bytes, fds: list[int], reports: dict[int, int], own: tuple[int, ...], host_root: int, seccomp: bytes,
-    becoming: contain.Becoming,
+    message: bytes, fds: list[int], reports: dict[int, int], held: tuple[int, ...], pid_ns: int, host_root: int,
+    seccomp: bytes, becoming: contain.Becoming,
 ) -> None:  # fmt: skip
-    """One sandbox's first process, forked as pid 1 of a pid namespace of its own; its report pipe kept."""
-    report, others = (fds[3], fds[:3] + fds[4:]) if len(fds) > 3 else (-1, fds)
+    """One sandbox's first process, forked as pid 1 of a pid namespace of its own; its report pipe kept. `held`:
+    the template's descriptors and the other sandboxes' report pipes, none of which the sandbox may have."""
+    report = fds[3]
     pid = -1
     try:
         kernel.unshare(kernel.CLONE_NEWPID)
@@ -95,22 +97,23 @@ def _fork_first(
             pid = os.fork()
         finally:
             if pid != 0:  # its next child in its own pid namespace again, for the next unshare
-                kernel.setns(own[-1], kernel.CLONE_NEWPID)
+                kernel.setns(pid_ns, kernel.CLONE_NEWPID)
     except OSError as exc:
         contain.say(report, {"error": f"the sandbox could not be made: {exc}"})
     if pid == 0:
         try:
-            for fd in (*own, *reports.values()):  # nothing of the template's, nor of another sandbox's
+            for fd in held:
                 os.close(fd)
             signal.set_wakeup_fd(-1)
             contain.first(json.loads(message), fds, host_root, seccomp, becoming)
         finally:
             os._exit(125)
-    for fd in others:
-        os.close(fd)
-    if pid > 0 and report >= 0:
+    for fd in fds:
+        if fd != report:
+            os.close(fd)
+    if pid > 0:
         reports[pid] = report
-    elif report >= 0:
+    else:
         os.close(report)
 
 
@@ -124,8 +127,7 @@ def _reap(reports: dict[int, int]) -> None:
             return
         report = reports.pop(pid, None)
         if report is not None:
-            code = os.waitstatus_to_exitcode(status)
-            contain.say(report, {"exit": code if code >= 0 else 128 - code})
+            contain.say(report, {"exit": contain.exit_code(status)})
             os.close(report)
 
 

@@ -1,5 +1,5 @@
 """A warm template: forked from a template, it makes itself a sandbox of its own, executes the image's interpreter
-there, imports what the policy preloads, then forks each of its sandboxes already warm (contain.child, its first
+there, imports what the policy preloads, then forks each of its sandboxes already warm (contain.first, its first
 process the image's warm interpreter rather than an exec).
 
 Nothing of the image runs as the host's root: the child enters a user namespace the host made for it (a range of

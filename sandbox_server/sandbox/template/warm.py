@@ -18,7 +18,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from . import kernel
+from . import contain, kernel
 
 OWN_MOUNTS = (
     ("tmpfs", "tmpfs", "tmp", kernel.MS_NOSUID | kernel.MS_NODEV),
@@ -62,7 +62,7 @@ def enter(warm: Mapping[str, Any], host_root: int, fds: Sequence[int], given: by
         python, fds_said = loaded["python"], [str(fd) for fd in (code, control, own_root, report)]
         os.execve(python, [python, "-I", "-S", "-c", loaded["boot"], *fds_said, json.dumps(dict(warm))], {})
     except BaseException as exc:  # said on the report pipe, whatever it is
-        _say(report, {"error": f"the warm template could not be made: {type(exc).__name__}: {exc}"})
+        contain.say(report, {"error": f"the warm template could not be made: {type(exc).__name__}: {exc}"})
     os._exit(125)
 
 
@@ -81,7 +81,7 @@ def _own_pid_namespace(report: int) -> None:
         os.close(go)
         return
     os.close(go)
-    _say(report, {"pid": template})
+    contain.say(report, {"pid": template})
     os.closerange(3, os.sysconf("SC_OPEN_MAX"))  # (nothing held but its child, which it waits for)
     _, status = os.waitpid(template, 0)
     os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
@@ -98,9 +98,9 @@ def ready(report: int, warm: Mapping[str, Any]) -> tuple[int, Callable[..., None
         gc.collect()  # what importing left behind, then every object it keeps out of the collector's sight: a
         gc.freeze()  # collection in a sandbox would otherwise write to each one's header, copying every page
     except BaseException as exc:  # said on the report pipe, whatever it is
-        _say(report, {"error": f"the warm template could not preload: {type(exc).__name__}: {exc}"})
+        contain.say(report, {"error": f"the warm template could not preload: {type(exc).__name__}: {exc}"})
         os._exit(125)
-    _say(report, {"ready": said})
+    contain.say(report, {"ready": said})
     os.close(report)
     return host_root, first_process(module, said)
 
@@ -136,10 +136,3 @@ def _flush() -> None:
             stream.flush()
         except (OSError, ValueError):
             pass
-
-
-def _say(report: int, what: Mapping[str, Any]) -> None:
-    try:
-        os.write(report, (json.dumps(what) + "\n").encode())
-    except OSError:
-        pass

@@ -264,6 +264,11 @@ def delete_left_by(owner: str, state: Path = STATE) -> int:
     left = [name for name in listed(state) if owner_of(name) == owner]
     for name in left:
         delete(state, name)
+    if _runtimes_ended(owner):  # (a `runsc create` at work as its server died saves its state after the bundle
+        late = [name for name in listed(state) if owner_of(name) == owner]  # of its sandbox was removed)
+        for name in late:
+            delete(state, name)
+        left = sorted({*left, *late})
     for name in _cgroups_left_by(owner):  # made for a sandbox it was killed before it wrote the bundle of
         cgroups.kill_and_remove(f"/{CGROUP_PARENT}/{name}")
     userns.remove_left(state, lambda name: owner_of(name) == owner)  # its warm templates' namespaces
@@ -273,6 +278,25 @@ def delete_left_by(owner: str, state: Path = STATE) -> int:
     for kind in SERVER_FOLDERS:  # the names of its services, its proxies' keys and configurations
         shutil.rmtree(state / kind / _server(owner), ignore_errors=True)
     return len(left)
+
+
+def _runtimes_ended(owner: str) -> bool:
+    """The runc and runsc commands a server (by its owner label) left at work on its sandboxes ended (a `runsc
+    create` of a sandbox its pool was making, in a session of its own, outlives the server): waited for, then
+    killed; whether there was any."""
+    import psutil
+
+    def working(process: psutil.Process) -> bool:
+        with contextlib.suppress(psutil.Error):
+            return any(is_runc(arg) and owner_of(arg) == owner for arg in process.cmdline())
+        return False
+
+    found = [process for process in psutil.process_iter() if working(process)]
+    for process in psutil.wait_procs(found, timeout=RUNC_WAIT_S)[1]:
+        with contextlib.suppress(psutil.Error):
+            process.kill()
+    psutil.wait_procs(found, timeout=RUNC_WAIT_S)
+    return bool(found)
 
 
 def _cgroups_left_by(owner: str) -> list[str]:

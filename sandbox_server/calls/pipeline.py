@@ -296,6 +296,10 @@ class CallPipeline:
         Opening one may remove another to make room (unmounting it), so it happens off the event loop."""
         store = self.registry.workspaces if call.policy.workspace.persist else None
         identity = call.identity
+        if store is None:  # nothing kept, nothing to open: no trip to a thread
+            return KeptWorkspace.open(
+                self.runtime, None, call.arguments.get("workspace"), call.session, identity.holder
+            )
         return await anyio.to_thread.run_sync(
             KeptWorkspace.open,
             self.runtime,

@@ -15,6 +15,7 @@ import secrets
 import socket
 import tempfile
 import time
+from collections.abc import Callable
 from typing import BinaryIO
 
 import anyio
@@ -252,13 +253,17 @@ class DockerRuntime(Engine):
         grace_s = persist_grace_s(spec) if spec.saved_workspace is not None else 0
         meter, unwatch = Meter.start(warm.pid), hooks.watch_address(warm.address)
         ending, cancelled = Ending(), False
+        small = _small(request)  # sent by the thread that reads the answer: one trip to a thread, not two
         try:
-            await anyio.to_thread.run_sync(_send, warm.stream, request)
+            if not small:  # (a large one is sent before the deadline starts: its unpacking is not the program's)
+                await anyio.to_thread.run_sync(_send, warm.stream, request)
             with anyio.move_on_after(spec.limits.timeout_s + grace_s) as deadline:
                 async with anyio.create_task_group() as group:
                     if hooks.progress is not None:
                         group.start_soon(_report, drain, started, hooks.progress)
-                    await anyio.to_thread.run_sync(drain.run, warm.stream, abandon_on_cancel=True)
+                    await anyio.to_thread.run_sync(
+                        _answer, warm.stream, request if small else None, drain, abandon_on_cancel=True
+                    )
                     group.cancel_scope.cancel()
             ending.timed_out = deadline.cancelled_caught
             if ending.timed_out or drain.flooded:
@@ -302,7 +307,7 @@ class DockerRuntime(Engine):
             ending.exit_code, ending.oom_killed = known
         # The trailer is the launcher's word, which the program can forge: the call ends when the
         # host sees the sandbox's processes stopped; one that does not settle is removed first.
-        settled = await anyio.to_thread.run_sync(self._settled, warm, spec)
+        settled = await _settle(warm, spec, self._settled)
         ending.usage = meter.read()  # before any removal: the launcher waits, stopped, until then
         if not settled:
             warm.close()
@@ -310,25 +315,52 @@ class DockerRuntime(Engine):
             ending.removed = ending.unsettled = True
 
     def _settled(self, warm: WarmContainer, spec: SandboxSpec) -> bool:
-        """Whether the sandbox's processes have ended with its launcher's trailer: every process but its init
-        stopped or gone (runc, read from the host), or the container ended (gVisor, whose processes the host
-        cannot see; asked only when a workspace is mounted or a proxy files its requests)."""
-        if spec.runtime == "runsc" or warm.pid <= 0:
-            if spec.mounted_workspace is None and not spec.networked:
-                return True  # nothing of the call outlives its answer but the container, which is removed
-            try:
-                self.api.wait(warm.container_id, timeout=SETTLE_S)
-            except (docker.errors.APIError, OSError, ValueError):
-                return False
-            return True
-        deadline = time.monotonic() + SETTLE_S
-        while True:
-            running = [pid for pid in process_tree(warm.pid)[1:] if process_state(pid) not in SETTLED_STATES]
-            if not running:
-                return True
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.002)
+        """Whether a sandbox whose processes the host cannot see (gVisor's) has ended with its launcher's trailer
+        (`_settle`)."""
+        try:
+            self.api.wait(warm.container_id, timeout=SETTLE_S)
+        except (docker.errors.APIError, OSError, ValueError):
+            return False
+        return True
+
+
+async def _settle(warm: WarmContainer, spec: SandboxSpec, ended: Callable[[WarmContainer, SandboxSpec], bool]) -> bool:
+    """Whether the sandbox's processes have ended with its launcher's trailer: every process but its init stopped
+    or gone, read from the host's /proc between short sleeps on the event loop (a few small reads each time: no
+    trip to a thread); where the host cannot see them (gVisor), whether the sandbox ended (`ended`, in a thread),
+    asked only when a workspace is mounted or a proxy files its requests."""
+    if spec.runtime == "runsc" or warm.pid <= 0:
+        if spec.mounted_workspace is None and not spec.networked:
+            return True  # nothing of the call outlives its answer but the container, which is removed
+        return await anyio.to_thread.run_sync(ended, warm, spec)
+    deadline = time.monotonic() + SETTLE_S
+    while _running(warm.pid):
+        if time.monotonic() > deadline:
+            return False
+        await anyio.sleep(0.002)
+    return True
+
+
+def _running(init: int) -> bool:
+    """Whether a process of the sandbox whose init is `init`, other than its init, still runs (neither stopped nor
+    ended)."""
+    return any(process_state(pid) not in SETTLED_STATES for pid in process_tree(init)[1:])
+
+
+SMALL_REQUEST = 16384
+"""A request sent by the thread that reads the answer (a fresh sandbox's stdin pipe or attach socket takes this
+much at once)."""
+
+
+def _small(request: BinaryIO) -> bool:
+    return isinstance(request, io.BytesIO) and request.getbuffer().nbytes <= SMALL_REQUEST
+
+
+def _answer(raw: Stream, request: BinaryIO | None, drain: Drain) -> None:
+    """The request sent when it is small (`_small`), then the answer read (Drain.run)."""
+    if request is not None:
+        _send(raw, request)
+    drain.run(raw)
 
 
 def _send(raw: Stream, request: BinaryIO) -> None:

@@ -19,13 +19,14 @@ import stat
 import subprocess
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from sandbox_server.sandbox.runc.oci import oci_config
 from sandbox_server.sandbox.spec import SandboxSpec
 
-__all__ = ["Inspected", "image_root", "is_unpacked", "prune_unpacked", "unpacked", "write_bundle"]
+__all__ = ["Inspected", "image_root", "is_unpacked", "prune_unpacked", "unpacked", "write_bundle", "write_config"]
 
 WHOLE = ".whole-harmless"
 """Written last into an unpacked image's folder: it is complete, and made harmless (a copy an earlier version
@@ -168,6 +169,11 @@ def write_bundle(
     bundle: Path, spec: SandboxSpec, rootfs: Path, argv: list[str], slot: str | None = None, **options: Any
 ) -> Path:
     """A bundle folder (its config.json) for one sandbox of `spec` on an unpacked root (`options`: oci_config's)."""
+    return write_config(bundle, oci_config(spec, str(rootfs), argv, slot, **options))
+
+
+def write_config(bundle: Path, config: Mapping[str, Any]) -> Path:
+    """A bundle folder holding `config` as its config.json."""
     bundle.mkdir(parents=True, exist_ok=True, mode=0o700)
-    (bundle / "config.json").write_text(json.dumps(oci_config(spec, str(rootfs), argv, slot, **options)))
+    (bundle / "config.json").write_text(json.dumps(config))
     return bundle

@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import docker
 
@@ -42,9 +43,9 @@ from sandbox_server.sandbox.engine.runtime import DockerRuntime
 from sandbox_server.sandbox.gvisor.runsc import gvisor_exit, start_gvisor
 from sandbox_server.sandbox.polling import readable
 from sandbox_server.sandbox.runc import host_ids
-from sandbox_server.sandbox.runc.bundles import Inspected, is_unpacked, prune_unpacked, unpacked, write_bundle
+from sandbox_server.sandbox.runc.bundles import Inspected, is_unpacked, prune_unpacked, unpacked, write_config
 from sandbox_server.sandbox.runc.hosts import ensure_hosts, forget_hosts, write_hosts
-from sandbox_server.sandbox.runc.oci import INIT_SOURCE
+from sandbox_server.sandbox.runc.oci import INIT_SOURCE, oci_config
 from sandbox_server.sandbox.runc.pipes import PipeStream
 from sandbox_server.sandbox.runc.state import (
     CGROUP_PARENT,
@@ -284,11 +285,12 @@ class RuncRuntime(DockerRuntime):
                     own = host_ids.give_own_ids(self.state, place, name, rootfs, bundled, slot, self._next_range)
                     self._next_range = own.index + 1
             annotations = {**owned_by(self.owner), **dict(spec.labels), **on_network(layouts), ROOTFS: str(rootfs)}
-            bundle = write_bundle(
-                place, own.spec, own.rootfs, [wire.LAUNCHER], own.slot, user_namespace=own.mapping,
+            config = oci_config(
+                own.spec, str(own.rootfs), [wire.LAUNCHER], own.slot, user_namespace=own.mapping,
                 image_env=image_env, cgroups_path=f"/{CGROUP_PARENT}/{name}",
                 annotations={**annotations, WARM: json.dumps(warm)} if warm else annotations,
             )  # fmt: skip
+            bundle = write_config(place, config)
         except BaseException as exc:
             delete(self.state, name)
             if isinstance(exc, OSError):
@@ -299,7 +301,7 @@ class RuncRuntime(DockerRuntime):
         address = ""
         try:
             try:
-                pid = self._launch(name, bundle, stream.sandbox_ends, spec.runtime == "runsc")
+                pid = self._launch(name, bundle, config, stream.sandbox_ends, spec.runtime == "runsc")
             finally:
                 stream.handed_over()
             for index, layout in enumerate(layouts):  # on each network, at an address of the server's half
@@ -314,13 +316,15 @@ class RuncRuntime(DockerRuntime):
         key, now = spec.container_key(), time.monotonic()
         return WarmContainer(name, stream, key, now, None, slot, pid, address, own.namespace)
 
-    def _launch(self, name: str, bundle: Path, stdio: tuple[int, int, int], gvisor: bool) -> int:
+    def _launch(
+        self, name: str, bundle: Path, config: Mapping[str, Any], stdio: tuple[int, int, int], gvisor: bool
+    ) -> int:
         """Start the sandbox of `bundle` under runc (or runsc for gVisor), known to the remover from the first
         moment (runsc's own state says a gVisor one); the host pid of its first process once it runs."""
         if gvisor:  # one that runsc made but could not start is still deleted: runsc keeps its state
             process, pid = start_gvisor(self.state, bundle, name, stdio, STARTED_WITHIN_S)
             self._runs[name] = run = Run(process, gvisor=True)
-        elif self.templates is not None and (made := forked(self.templates, bundle, stdio, STARTED_WITHIN_S)):
+        elif self.templates is not None and (made := forked(self.templates, bundle, config, stdio, STARTED_WITHIN_S)):
             self._runs[name] = run = Run(made)
             pid = made.pid
         else:
@@ -387,6 +391,4 @@ class RuncRuntime(DockerRuntime):
         run = self._runs.get(warm.container_id)
         if run is None or not run.gvisor:
             return super()._settled(warm, spec)
-        if spec.mounted_workspace is None and not spec.networked:
-            return True  # as on the engine's path: nothing of the call outlives its answer but the sandbox
         return bool(readable([run.init], SETTLE_S))  # gVisor's sandbox process has ended

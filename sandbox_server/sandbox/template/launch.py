@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +29,11 @@ MARK = "template"
 """The file in a bundle that says its sandbox was forked from a template (its cgroups are the server's to remove)."""
 
 
-def forked(templates: Templates, bundle: Path, stdio: tuple[int, int, int], within_s: float) -> Forked | None:
-    """The sandbox of `bundle` forked from its image's template, running (its first process's pid known); None
-    when its image can have no template (runc runs it)."""
-    config = json.loads((bundle / "config.json").read_text())
+def forked(
+    templates: Templates, bundle: Path, config: Mapping[str, Any], stdio: tuple[int, int, int], within_s: float
+) -> Forked | None:
+    """The sandbox of `bundle` (`config`: its config.json's) forked from its image's template, running (its first
+    process's pid known); None when its image can have no template (runc runs it)."""
     annotations = config.get("annotations", {})
     image_root = Path(annotations.get(ROOTFS, config["root"]["path"]))  # (its root may be a view)
     if not templates.serves(image_root):

@@ -12,8 +12,9 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 import psutil
@@ -226,6 +227,43 @@ async def test_warm_cells_share_the_templates_imports_and_nothing_of_each_other(
         assert found["fds"] == ["0", "1", "2", "3", "4"], found
         assert found["posture"] == ["0000000000000000"] * 3 + ["1", "2", "1000\t1000\t1000\t1000"], found
     assert len({tuple(n) for n in numbers}) == 3, numbers  # each drew numbers of its own
+
+
+FORKED_AHEAD = "import os\nprint(os.getpid(), os.getppid(), os.path.exists('/tmp/.sandbox-warm/done'))"
+"""A cell's pid and its parent's in its sandbox, and whether the sandbox was forked from a warm template."""
+NOT_A_CELL = """
+test -p /tmp/.sandbox-warm/done || { echo cold; exit 0; }
+for i in $(seq 100); do set -- $(cat /proc/1/task/1/children); [ $# -le 1 ] && break; sleep 0.05; done
+echo "children of the first process: $#"
+"""
+"""A command of a warm template's image that is no cell: how many children its sandbox's first process has (the
+launcher alone once the process forked to become a cell has ended)."""
+
+
+async def _once_warm(session: Any, tool: str, code: str, warm: Callable[[str], bool]) -> dict[str, Any]:
+    """The answer of the first call whose stdout says it ran forked from its warm template (a sandbox made while
+    that template is made is forked cold; each preload list has a template of its own, made at its first call)."""
+    key = "code" if tool == "run_python" else "command"
+    with anyio.fail_after(60):
+        while not warm(str((said := await answer(session, tool, {key: code}))["stdout"])):
+            await anyio.sleep(0.2)
+    return said
+
+
+async def test_a_warm_cell_runs_in_the_process_forked_for_it_before_its_call(
+    tmp_path: Path, runtime: DockerRuntime
+) -> None:
+    """A warm sandbox's first process forks what becomes its cell as the sandbox is made, before its launcher starts
+    (the fork of the template's heap is off the call's path): the cell is pid 2 there, the first process's child.
+    A command of the same image that is no cell has that process end before it runs."""
+    extra = "tools:\n  execute_command: {image: sandbox-server/python-data:latest}\n"
+    with http_server_process("--policy", _policy(tmp_path, extra), "--sandboxes", "template") as server:
+        async with connect(server.url) as session:
+            cell = await _once_warm(session, "run_python", FORKED_AHEAD, lambda said: said.split()[2:] == ["True"])
+            assert str(cell["stdout"]).split() == ["2", "1", "True"], cell["text"]
+            command = await _once_warm(session, "execute_command", NOT_A_CELL, lambda said: said != "cold\n")
+            assert command["stdout"] == "children of the first process: 1\n", command["text"]
+            assert command["exit_code"] == 0
 
 
 async def test_a_template_killed_is_made_again_and_no_call_hangs(tmp_path: Path, runtime: DockerRuntime) -> None:

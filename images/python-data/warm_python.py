@@ -13,6 +13,7 @@ request); a module that cannot be imported is skipped, and the reason kept for `
 """
 
 import atexit
+import ctypes
 import importlib.util
 import os
 import runpy
@@ -25,6 +26,8 @@ from collections.abc import Callable
 from sandbox_wire import PRELOAD_ENV, REQUEST_DIR, WARM_DIR, WARM_DONE, WARM_ERRORS, WARM_FORKS_ENV, WARM_JOB
 
 _started = time.monotonic()
+_libc = ctypes.CDLL(None, use_errno=True)
+PR_SET_NAME, PR_GET_NAME = 15, 16
 
 
 def _preload(called: Callable[[], bool]) -> None:
@@ -72,10 +75,11 @@ def preload_template() -> str:
 
 
 def first_process(argv: list, environment: dict, preloaded: str) -> None:
-    """The first process of a sandbox forked from a warm template (never returns): it starts the launcher (`argv`),
-    forks the one program the launcher hands over to it, already warm, says its pid and then its exit code on
-    WARM_DONE, reaps what is left to it as a sandbox's first process does, and ends when the launcher ends or stops
-    to linger (the sandbox ends with it)."""
+    """The first process of a sandbox forked from a warm template (never returns): it forks the process that is to
+    become the program the launcher hands over (ahead of the call: the fork of the template's heap is not on the
+    call's path), says its pid on WARM_DONE, starts the launcher (`argv`), then says the program's exit code there,
+    reaps what is left to it as a sandbox's first process does, and ends when the launcher ends or stops to linger
+    (the sandbox ends with it)."""
     import signal
 
     os.makedirs(WARM_DIR, mode=0o700)
@@ -83,21 +87,18 @@ def first_process(argv: list, environment: dict, preloaded: str) -> None:
     os.mkfifo(WARM_DONE, 0o600)
     with open(WARM_ERRORS, "w", encoding="utf-8") as said:
         said.write(preloaded)
-    job = os.open(WARM_JOB, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)  # never an end of file while it waits
+    job = os.open(WARM_JOB, os.O_RDWR | os.O_CLOEXEC)  # (its program's read of the job never meets an end of file)
     done = os.open(WARM_DONE, os.O_RDWR | os.O_CLOEXEC)  # the launcher's read never waits for it to open
     woken, wake = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     signal.set_wakeup_fd(wake)  # a child that ends or stops wakes the wait below
     signal.signal(signal.SIGCHLD, lambda *_: None)
     os.environ.clear()
     os.environ.update(environment)
+    program = _fork_program(done, (job, done, woken, wake))
     launcher = os.posix_spawn(argv[0], argv, {**environment, WARM_FORKS_ENV: "1"})
-    program = 0
     while True:
-        ready = select.select([woken] if program else [job, woken], [], [])[0]
-        if job in ready and not program:
-            program = _fork_program(job, done, (job, done, woken, wake))
-        if woken in ready:
-            _drain(woken)
+        select.select([woken], [], [])
+        _drain(woken)
         while True:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG | os.WUNTRACED)
@@ -111,22 +112,20 @@ def first_process(argv: list, environment: dict, preloaded: str) -> None:
                 os._exit(0 if os.WIFSTOPPED(status) else _exit_code(status))
 
 
-def _fork_program(job: int, done: int, theirs: tuple) -> int:
-    """The program handed over on `job`, forked to become it (in a process group of its own), its pid said."""
-    import signal
+def _fork_program(done: int, theirs: tuple) -> int:
+    """The process that becomes the program handed over on WARM_JOB, forked before the launcher starts (in a
+    process group of its own), its pid said; it waits for the launcher's word, and ends at once when the launcher
+    runs a program of its own (`none`)."""
 
-    os.set_blocking(job, True)
-    while not os.read(job, 4096).endswith(b"\n"):
-        pass
     program = os.fork()
     if program == 0:
-        os.setpgid(0, 0)
-        signal.set_wakeup_fd(-1)
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        for fd in theirs:
-            os.close(fd)
-        _own_streams()
-        _fresh_randomness()
+        try:
+            _wait_for_the_program(theirs)
+        except BaseException:  # said where the call will read it (else its first process would end the sandbox)
+            import traceback
+
+            traceback.print_exc()
+            os._exit(125)
         become_program()
     try:
         os.setpgid(program, program)  # (also its own first step: the launcher's deadline stops this group)
@@ -134,6 +133,41 @@ def _fork_program(job: int, done: int, theirs: tuple) -> int:
         pass
     os.write(done, b"%d\n" % program)
     return program
+
+
+def _wait_for_the_program(theirs: tuple) -> None:
+    """In the process forked to become the program: ready to, it waits for the launcher's word on WARM_JOB, and
+    ends at once on any other word than its folder's."""
+    import signal
+
+    os.setpgid(0, 0)
+    signal.set_wakeup_fd(-1)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    job = os.open(WARM_JOB, os.O_RDONLY | os.O_CLOEXEC)  # (open for writing already: no wait)
+    for fd in theirs:
+        os.close(fd)
+    _own_streams()
+    _fresh_randomness()
+    named = _name(b"sandbox-cell")  # (what `ps` and the host say of it while it waits)
+    word = b""
+    while not word.endswith(b"\n"):
+        read = os.read(job, 4096)
+        if not read:
+            os._exit(0)
+        word += read
+    os.close(job)
+    if word != f"{WARM_DIR}\n".encode():
+        os._exit(0)
+    _name(named)
+
+
+def _name(name: bytes) -> bytes:
+    """This process's name (its `comm`, not its command line) set to `name`; the name it had. (With prctl: its
+    /proc/self/comm is root's, the process not dumpable since it became the sandbox's user.)"""
+    had = ctypes.create_string_buffer(16)
+    _libc.prctl(PR_GET_NAME, had, 0, 0, 0)
+    _libc.prctl(PR_SET_NAME, ctypes.c_char_p(name), 0, 0, 0)
+    return had.value
 
 
 def _drain(fd: int) -> None:

@@ -3,11 +3,13 @@ case's is left, and the host is back where it was."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import anyio
 import psutil
@@ -16,6 +18,7 @@ from mcp import Client
 
 from sandbox_server.sandbox.engine.runtime import DockerRuntime
 from sandbox_server.sandbox.runc.state import CGROUP_PARENT
+from sandbox_server.sandbox.warm_container import process_tree
 from tests.conftest import command_lines, sandbox_inits
 from tests.mcp_harness import connect, stdio_parameters
 
@@ -27,8 +30,8 @@ WARM_FIRST = "sandbox_template"
 IDLE_LAUNCHER = ("docker-init", "sandbox-launch", "tar -x", "warm_python.py", WARM_FIRST)
 """What a warm container runs while it waits for its call: init, the launcher, tar reading stdin, and a warm
 interpreter waiting for its program (read from the host's /proc: the engine's `top` cannot list bare command
-lines); in a sandbox forked from a warm template, its first process (one: the program it forks has the same command
-line)."""
+lines); in a sandbox forked from a warm template, its first process and the process it forked to become a cell's
+program, named `sandbox-cell` while it waits (the program has the same command line)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,9 +89,18 @@ def busy_containers() -> list[str]:
             continue  # gVisor's: its programs run inside its own kernel, not as processes of the host's
         if not said or any(not any(idle in line for idle in IDLE_LAUNCHER) for line in said):
             busy.append(container)
-        elif sum(WARM_FIRST in line for line in said) > 1:  # a program forked by the warm first process runs
-            busy.append(container)
+        elif sum(WARM_FIRST in line for line in said) - _waiting_cells(first) > 1:  # a program forked by the warm
+            busy.append(container)  # first process runs (not the one forked ahead, waiting to become a cell's)
     return busy
+
+
+def _waiting_cells(first: int) -> int:
+    """How many processes under `first` (a sandbox's init) wait to become a cell's program (`sandbox-cell`)."""
+    waiting = 0
+    for pid in process_tree(first) if first > 0 else ():
+        with contextlib.suppress(OSError):  # (ended meanwhile)
+            waiting += Path(f"/proc/{pid}/comm").read_text().strip() == "sandbox-cell"
+    return waiting
 
 
 async def warm_pools_ready(count: int) -> None:

@@ -231,6 +231,8 @@ async def test_warm_cells_share_the_templates_imports_and_nothing_of_each_other(
 
 FORKED_AHEAD = "import os\nprint(os.getpid(), os.getppid(), os.path.exists('/tmp/.sandbox-warm/done'))"
 """A cell's pid and its parent's in its sandbox, and whether the sandbox was forked from a warm template."""
+STDIN_LOOK = "import os\nprint(os.readlink('/proc/self/fd/0'), os.path.getsize('/tmp/.sandbox/stdin'), len(BIG))"
+"""Where a cell's code came from: its stdin, and the request's file of it."""
 NOT_A_CELL = """
 test -p /tmp/.sandbox-warm/done || { echo cold; exit 0; }
 for i in $(seq 100); do set -- $(cat /proc/1/task/1/children); [ $# -le 1 ] && break; sleep 0.05; done
@@ -254,13 +256,17 @@ async def test_a_warm_cell_runs_in_the_process_forked_for_it_before_its_call(
     tmp_path: Path, runtime: DockerRuntime
 ) -> None:
     """A warm sandbox's first process forks what becomes its cell as the sandbox is made, before its launcher starts
-    (the fork of the template's heap is off the call's path): the cell is pid 2 there, the first process's child.
-    A command of the same image that is no cell has that process end before it runs."""
+    (the fork of the template's heap is off the call's path): the cell is pid 2 there, the first process's child,
+    and reads its code itself where the request left it. A command of the same image that is no cell has that
+    process end before it runs."""
     extra = "tools:\n  execute_command: {image: sandbox-server/python-data:latest}\n"
     with http_server_process("--policy", _policy(tmp_path, extra), "--sandboxes", "template") as server:
         async with connect(server.url) as session:
             cell = await _once_warm(session, "run_python", FORKED_AHEAD, lambda said: said.split()[2:] == ["True"])
             assert str(cell["stdout"]).split() == ["2", "1", "True"], cell["text"]
+            # Its code, past a pipe's 64 KiB, read by the cell itself where the request left it (no `head`)
+            read = await answer(session, "run_python", {"code": f"BIG = '{'x' * 100_000}'\n{STDIN_LOOK}"})
+            assert read["stdout"] == "/memfd:stdin (deleted) 0 100000\n", read["text"]
             command = await _once_warm(session, "execute_command", NOT_A_CELL, lambda said: said != "cold\n")
             assert command["stdout"] == "children of the first process: 1\n", command["text"]
             assert command["exit_code"] == 0

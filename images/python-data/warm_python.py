@@ -23,7 +23,16 @@ import sys
 import time
 from collections.abc import Callable
 
-from sandbox_wire import PRELOAD_ENV, REQUEST_DIR, WARM_DIR, WARM_DONE, WARM_ERRORS, WARM_FORKS_ENV, WARM_JOB
+from sandbox_wire import (
+    PRELOAD_ENV,
+    REQUEST_DIR,
+    WARM_DIR,
+    WARM_DONE,
+    WARM_ERRORS,
+    WARM_FORKS_ENV,
+    WARM_JOB,
+    WARM_STDIN,
+)
 
 _started = time.monotonic()
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -223,6 +232,26 @@ def _rehearse() -> None:
     plt.close("all")
 
 
+def _program_stdin() -> int:
+    """The program's stdin: the request's file, or (handed over in a sandbox forked from a warm template) the bytes
+    that follow the request on this process's own stdin, as many as WARM_STDIN says, in a file in memory."""
+    try:
+        left = int(_read(os.path.basename(WARM_STDIN)))
+    except FileNotFoundError:
+        return os.open(os.path.join(REQUEST_DIR, "stdin"), os.O_RDONLY)
+    held = os.memfd_create("stdin", os.MFD_CLOEXEC)
+    while left > 0:
+        chunk = os.read(0, min(left, 1 << 20))
+        if not chunk:
+            break
+        written = 0
+        while written < len(chunk):
+            written += os.write(held, chunk[written:])
+        left -= len(chunk)
+    os.lseek(held, 0, os.SEEK_SET)
+    return held
+
+
 def _read(name: str) -> bytes:
     with open(os.path.join(WARM_DIR, name), "rb") as handle:
         return handle.read()
@@ -294,7 +323,7 @@ def become_program() -> None:
     argv = [part.decode() for part in _read("argv").split(b"\0")[:-1]]
     environment = _exported(_read("env").decode("utf-8", "surrogateescape"))
     os.chdir(_read("cwd").decode().rstrip("\n"))
-    stdin = os.open(os.path.join(REQUEST_DIR, "stdin"), os.O_RDONLY)
+    stdin = _program_stdin()
     os.dup2(stdin, 0)
     os.close(stdin)
     sys.stdin = open(0, encoding="utf-8", errors="surrogateescape", closefd=False)

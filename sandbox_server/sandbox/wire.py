@@ -34,6 +34,9 @@ WARM_PYTHON = f"{LAUNCHERS_DIR}/warm_python.py"
 WARM_DONE = f"{WARM_DIR}/done"
 """In a sandbox forked from a warm template: the FIFO on which its first process, the warm interpreter, tells the
 launcher the program's pid (its process group), then the program's exit code."""
+WARM_STDIN = f"{WARM_DIR}/stdin-bytes"
+"""In a sandbox forked from a warm template: how many bytes of the program's stdin follow the request on the
+launcher's stdin, when the program is handed over (it reads them there itself: no `head` is started for them)."""
 WARM_FORKS_ENV = "SANDBOX_WARM_FORKS"
 """In the launcher's environment: "1" when its parent, the sandbox's first process, is a warm interpreter that forks
 the program handed over on WARM_JOB (the launcher starts no interpreter of its own)."""

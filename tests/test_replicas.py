@@ -433,6 +433,22 @@ async def test_a_database_restart_fails_calls_clearly_and_leaves_nothing_half_wr
     assert deployment.database.query("SELECT count(*) FROM workspaces")[0][0] >= 1
 
 
+async def test_a_replica_its_peer_forgot_while_the_database_was_away_says_it_is_alive_and_serves(
+    deployment: Deployment,
+) -> None:
+    """A database away longer than a replica may be silent: the peer whose heartbeat comes back first forgets the
+    other (its row, and its running calls with it). A call the forgotten one takes before its own next heartbeat
+    is served, the replica said alive again first (before: an internal error, its call counted against no
+    replica)."""
+    owner = deployment.one.owner()
+    async with client_of(deployment.one.url, deployment.tokens["alice"]) as client:
+        await shell(client, "true")  # (its connections made)
+        deployment.database.query(f"DELETE FROM replicas WHERE owner = '{owner}'")  # as a peer's forget_lost does
+        result, structured = await shell(client, "echo served")
+    assert not result.is_error and structured["stdout"] == "served\n", structured
+    assert deployment.database.query(f"SELECT count(*) FROM replicas WHERE owner = '{owner}'") == [(1,)]
+
+
 async def test_callers_are_the_shared_states_seeded_from_the_file_and_revoked_everywhere(
     deployment: Deployment,
 ) -> None:

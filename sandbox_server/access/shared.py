@@ -14,6 +14,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import anyio
 
@@ -41,21 +42,18 @@ class SharedRate:
         on the live replicas together. One statement: the schema's sandbox_admit_call (its rows older than a
         minute are swept at each heartbeat), which for a call naming a `workspace` also reads its record and
         generation and takes its lock, on a connection the call then keeps until `leave` (state.calls)."""
+        import psycopg
+
         call = SharedCall(str(uuid.uuid4()), self.database, workspace)
-        params = (call.id, key, self.database.owner, rate.calls_per_minute, rate.concurrent_calls, REPLICA_LOST_S)
-        with anyio.CancelScope(shield=True):  # a lock taken is kept by the call, which lets go of it
-            async with contextlib.AsyncExitStack() as stack:
-                connection = await stack.enter_async_context(self.database.aconnection())
-                if workspace is None:
-                    cursor = await connection.execute(_ADMIT, params)
-                else:
-                    cursor = await connection.execute(_ADMIT_IN, (workspace_lock(workspace), *params, workspace))
-                row = await cursor.fetchone()
-                refused, amount, left_s = row[:3] if row is not None else (None, 0, None)
-                if row is not None and workspace is not None:
-                    call.record, call.generation = row[3], int(row[4] or 0)
-                    if row[5]:
-                        call.keep(connection, stack.pop_all())
+        try:
+            row = await self._admitted(call, key, rate)
+        except psycopg.errors.ForeignKeyViolation:  # forgotten by a peer while the database was away: back first
+            await self.database.rejoin()
+            try:
+                row = await self._admitted(call, key, rate)
+            except psycopg.errors.ForeignKeyViolation as exc:
+                raise StateUnavailable(self.database.where, exc) from exc
+        refused, amount, left_s = row[:3] if row is not None else (None, 0, None)
         if refused == "rate.calls_per_minute":
             retry = max(1, math.ceil(float(left_s or 1)))
             raise Refusal(
@@ -74,6 +72,25 @@ class SharedRate:
                 retry_after_s=1,
             )
         return call
+
+    async def _admitted(self, call: SharedCall, key: str, rate: RateLimits) -> tuple[Any, ...] | None:
+        """The admission's row (refused, amount, seconds left, and for a call naming a workspace its record,
+        generation and whether its lock was taken: then the call keeps the connection holding it)."""
+        workspace = call.workspace_id
+        params = (call.id, key, self.database.owner, rate.calls_per_minute, rate.concurrent_calls, REPLICA_LOST_S)
+        with anyio.CancelScope(shield=True):  # a lock taken is kept by the call, which lets go of it
+            async with contextlib.AsyncExitStack() as stack:
+                connection = await stack.enter_async_context(self.database.aconnection())
+                if workspace is None:
+                    cursor = await connection.execute(_ADMIT, params)
+                else:
+                    cursor = await connection.execute(_ADMIT_IN, (workspace_lock(workspace), *params, workspace))
+                row = await cursor.fetchone()
+                if row is not None and workspace is not None:
+                    call.record, call.generation = row[3], int(row[4] or 0)
+                    if row[5]:
+                        call.keep(connection, stack.pop_all())
+        return row
 
     async def leave(self, call: SharedCall) -> None:
         """The call ended (a replica that dies stops counting when its heartbeat stops): let go of it and of the

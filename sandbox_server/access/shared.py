@@ -48,7 +48,7 @@ class SharedRate:
         try:
             row = await self._admitted(call, key, rate)
         except psycopg.errors.ForeignKeyViolation:  # forgotten by a peer while the database was away: back first
-            await self.database.rejoin()
+            await self._rejoin()
             try:
                 row = await self._admitted(call, key, rate)
             except psycopg.errors.ForeignKeyViolation as exc:
@@ -72,6 +72,15 @@ class SharedRate:
                 retry_after_s=1,
             )
         return call
+
+    async def _rejoin(self) -> None:
+        """This replica said alive again at once, when a peer forgot it (the database was away longer than a replica
+        may be silent, and the peer's heartbeat came back first): its calls are counted against its row. Its next
+        heartbeat says where it is reached and whether it drains."""
+        await self.database.arun(
+            "INSERT INTO replicas (owner, name) VALUES (%s, %s) ON CONFLICT DO NOTHING",
+            (self.database.owner, self.database.name),
+        )
 
     async def _admitted(self, call: SharedCall, key: str, rate: RateLimits) -> tuple[Any, ...] | None:
         """The admission's row (refused, amount, seconds left, and for a call naming a workspace its record,

@@ -193,14 +193,6 @@ class Database:
         )
         return bool(rows and rows[0][0])
 
-    async def rejoin(self) -> None:
-        """This replica said alive again at once, on the event loop, when a peer forgot it (the database was away
-        longer than a replica may be silent, and the peer's heartbeat came back first): its calls are counted
-        against its row. Its next heartbeat says where it is reached and whether it drains."""
-        await self.arun(
-            "INSERT INTO replicas (owner, name) VALUES (%s, %s) ON CONFLICT DO NOTHING", (self.owner, self.name)
-        )
-
     def _take_name(self, alive: Callable[[str], bool]) -> None:
         """This replica's name, taken from a replica of that name that is gone (a restart of this one); a replica
         that still has it is refused: UsageError naming it."""

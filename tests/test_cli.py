@@ -8,6 +8,7 @@ from pathlib import Path
 import psutil
 
 from sandbox_server.sandbox.engine.runtime import DockerRuntime
+from sandbox_server.sandbox.template.cgroups import moves_mount
 from tests.conftest import ROOT, left_by_exited_servers, run_cli
 
 
@@ -111,6 +112,9 @@ def test_setup_finds_everything_ready_and_does_nothing_more(runtime: DockerRunti
     result = run_cli("setup")
     assert result.returncode == 0, result.stderr
     assert "images: all current, nothing rebuilt" in result.stderr and "Step " not in result.stderr
+    # A sandbox joins its cgroups without waiting for the kernel: the cgroup2 hierarchy is mounted favordynmods.
+    found = moves_mount(Path("/proc/self/mountinfo").read_text())
+    assert found is not None and found[1], found
 
 
 def test_the_mcp_conformance_suite_passes_its_applicable_scenarios(runtime: DockerRuntime) -> None:

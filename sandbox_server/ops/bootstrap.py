@@ -1,8 +1,9 @@
 """`sandbox-server setup`: what a host needs before the first call, from the installed package alone.
 
 An engine that answers (or, on a Debian host where we are root, the shipped engine
-script installs and starts one), every sandbox image built and current, and the data
-folder the `data-science` policy mounts. Each step does nothing when its work is done,
+script installs and starts one), every sandbox image built and current, the cgroup2
+hierarchy mounted so that a sandbox joins its cgroups without waiting (cgroups.FAVOR_MOVES),
+and the data folder the `data-science` policy mounts. Each step does nothing when its work is done,
 so running it again is cheap.
 """
 
@@ -20,6 +21,7 @@ from sandbox_server.policy.loader import HostFacts, load_policy
 from sandbox_server.sandbox.engine.images import build_images
 from sandbox_server.sandbox.engine.runtime import DockerRuntime
 from sandbox_server.sandbox.runc.runtime import unpack_for_runc
+from sandbox_server.sandbox.template.cgroups import favor_moves
 from sandbox_server.shipped import engine_script
 from sandbox_server.tools import all_tools
 
@@ -69,6 +71,9 @@ def setup_host(say: Say, force_images: bool = False) -> None:
         unpack_for_runc(runtime, policy_images("default", host_facts(runtime)), say)
     finally:
         runtime.close()
+    moves = favor_moves()
+    if moves is not None:
+        say(moves)
     if not DATA_FOLDER.is_dir():
         try:
             DATA_FOLDER.mkdir(parents=True)

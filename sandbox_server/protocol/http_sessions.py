@@ -28,7 +28,9 @@ ROOM_AFTER_S = 10.0
 
 
 class SessionEndWatcher:
-    """Calls `on_end(session_id)` after a DELETE of a session succeeded; passes everything through."""
+    """Calls `on_end(session_id)` once a DELETE of a session succeeded, before the answer's last part is sent: a
+    client that has its answer finds the session's workspace gone (after it, a metrics scrape still counted it);
+    passes everything through."""
 
     def __init__(self, app: ASGIApp, on_end: Callable[[str], Awaitable[None]]) -> None:
         self.app = app
@@ -40,15 +42,22 @@ class SessionEndWatcher:
             return
         session = dict(scope.get("headers") or []).get(MCP_SESSION_ID_HEADER.encode())
         status: list[int] = []
+        ended: list[bool] = []
+
+        async def end() -> None:
+            if session and status and 200 <= status[0] < 300 and not ended:
+                ended.append(True)
+                await self.on_end(session.decode("latin-1"))
 
         async def watched(message: Message) -> None:
             if message.get("type") == "http.response.start":
                 status.append(int(message.get("status", 500)))
+            elif message.get("type") == "http.response.body" and not message.get("more_body", False):
+                await end()
             await send(message)
 
         await self.app(scope, receive, watched)
-        if session and status and 200 <= status[0] < 300:
-            await self.on_end(session.decode("latin-1"))
+        await end()  # (an answer that never said its last part)
 
 
 class SessionCap:

@@ -3,6 +3,7 @@ to its DELETE, never after."""
 
 from __future__ import annotations
 
+from collections.abc import MutableMapping
 from typing import Any
 
 import anyio
@@ -23,14 +24,19 @@ def _deleted(status: int) -> list[str]:
     async def ended(session: str) -> None:
         seen.append(f"ended {session}")
 
-    async def send(message: dict[str, Any]) -> None:
+    async def send(message: MutableMapping[str, Any]) -> None:
         seen.append(f"{message['type']}{' (more)' if message.get('more_body') else ''}")
 
-    async def receive() -> dict[str, Any]:
+    async def receive() -> MutableMapping[str, Any]:
         return {"type": "http.request", "body": b""}
 
-    scope = {"type": "http", "method": "DELETE", "headers": [(MCP_SESSION_ID_HEADER.encode(), b"s1")]}
-    anyio.run(SessionEndWatcher(app, ended), scope, receive, send)
+    scope: dict[str, Any] = {"type": "http", "method": "DELETE", "headers": [(MCP_SESSION_ID_HEADER.encode(), b"s1")]}
+    watcher = SessionEndWatcher(app, ended)
+
+    async def delete() -> None:
+        await watcher(scope, receive, send)
+
+    anyio.run(delete)
     return seen
 
 

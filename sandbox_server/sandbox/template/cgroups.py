@@ -13,7 +13,17 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["FAVOR_MOVES", "HIERARCHIES", "charged", "favor_moves", "kill_and_remove", "made", "moves_mount", "usable"]
+__all__ = [
+    "FAVOR_MOVES",
+    "HIERARCHIES",
+    "charged",
+    "favor_moves",
+    "kill_and_remove",
+    "made",
+    "moves_here",
+    "moves_mount",
+    "usable",
+]
 
 ROOT = Path("/sys/fs/cgroup")
 HIERARCHIES = ("memory", "cpu", "cpuacct", "pids", "devices", "freezer", "blkio")
@@ -48,13 +58,18 @@ def moves_mount(mountinfo: str) -> tuple[str, bool] | None:
     return None
 
 
+def moves_here() -> tuple[str, bool] | None:
+    """moves_mount of this host's mount table."""
+    with open("/proc/self/mountinfo", encoding="utf-8") as listed:
+        return moves_mount(listed.read())
+
+
 def favor_moves() -> str | None:
     """FAVOR_MOVES set on the cgroup2 hierarchy (a remount that keeps its other options: util-linux's mount merges
     them), where we are root and it is not set yet: what was done, or why not (None: nothing to do)."""
     import subprocess
 
-    with open("/proc/self/mountinfo", encoding="utf-8") as listed:
-        found = moves_mount(listed.read())
+    found = moves_here()
     if found is None or found[1] or os.geteuid() != 0:
         return None
     target = found[0]

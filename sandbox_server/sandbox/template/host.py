@@ -79,8 +79,7 @@ def _moves_favored() -> bool:
     """Whether a move into a cgroup waits for no grace period here (cgroups.FAVOR_MOVES; True where it cannot be
     told)."""
     try:
-        with open("/proc/self/mountinfo", encoding="utf-8") as listed:
-            found = cgroups.moves_mount(listed.read())
+        found = cgroups.moves_here()
     except OSError:
         return True
     return found is None or found[1]

@@ -28,7 +28,7 @@ from sandbox_server.sandbox.runc.state import STATE, is_runc, listed, owner_of
 from sandbox_server.sandbox.runc.veth import NETWORK_ANNOTATION, Layout, mac_of
 from sandbox_server.sandbox.spec import SANDBOX_LABEL
 from sandbox_server.sandbox.template.launch import MARK as FORKED
-from sandbox_server.sandbox.warm_container import process_tree
+from sandbox_server.sandbox.warm_container import sandbox_processes
 from sandbox_server.state.folder import default_state_dir
 from tests.mcp_harness import connect, stdio_parameters
 
@@ -60,9 +60,9 @@ def sandbox_inits(running_only: bool = True) -> dict[str, int]:
 
 
 def command_lines(first: int) -> list[str]:
-    """The command line of every process under `first` (a sandbox's init), read from the host's /proc."""
+    """The command line of every process of the sandbox whose init is `first`, read from the host's /proc."""
     said = []
-    for pid in process_tree(first) if first > 0 else ():
+    for pid in sandbox_processes(first) if first > 0 else ():
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
                 said.append(cmdline.read().replace(b"\0", b" ").decode(errors="replace"))

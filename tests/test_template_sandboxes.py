@@ -200,12 +200,20 @@ async def test_warm_cells_share_the_templates_imports_and_nothing_of_each_other(
                         await anyio.sleep(0.05)
                 during = await answer(b, "run_python", {"code": WARM_LOOK})
                 # each warm template (below the child that made it, waiting) is pid 1 of a pid namespace of its
-                # own, and A's sandbox's first process is its own child, pid 1 of a pid namespace below it
+                # own; its helper's children are its sandboxes' first processes, each pid 1 of a pid namespace
+                # below it; its own other children are the sandboxes' programs, each in one of those namespaces
                 templates = [t for root in _templates_of(server.process.pid) for t in _templates_of(root.pid, 2)]
                 assert templates and all(_ns_pids(t)[1:] == [1] for t in templates), templates
-                firsts = [f for t in templates for f in t.children()]
+                below = [child for t in templates for child in t.children()]
+                helpers = [child for child in below if len(_ns_pids(child)) == 2]
+                assert len(helpers) == len(templates), below
+                firsts = [f for h in helpers for f in h.children()]
                 assert firsts and all(len(_ns_pids(f)) == 3 and _ns_pids(f)[-1] == 1 for f in firsts), firsts
-                warm = [*(parent for t in templates if (parent := t.parent()) is not None), *templates]
+                programs = [child for child in below if child not in helpers]
+                assert programs and all(len(_ns_pids(p)) == 3 and _ns_pids(p)[-1] > 1 for p in programs), programs
+                sandboxes = {os.readlink(f"/proc/{f.pid}/ns/pid") for f in firsts}
+                assert all(os.readlink(f"/proc/{p.pid}/ns/pid") in sandboxes for p in programs), programs
+                warm = [*(parent for t in templates if (parent := t.parent()) is not None), *templates, *helpers]
             assert warm, "the warm template is where the test looks for it"
             killer = await answer(b, "run_python", {"code": "import os, signal\nos.kill(-1, signal.SIGKILL)"})
             assert all(t.is_running() for t in warm), killer["text"]
@@ -229,17 +237,20 @@ async def test_warm_cells_share_the_templates_imports_and_nothing_of_each_other(
     assert len({tuple(n) for n in numbers}) == 3, numbers  # each drew numbers of its own
 
 
-FORKED_AHEAD = "import os\nprint(os.getpid(), os.getppid(), os.path.exists('/tmp/.sandbox-warm/done'))"
-"""A cell's pid and its parent's in its sandbox, and whether the sandbox was forked from a warm template."""
+FORKED_AHEAD = """import os
+rss = int(open('/proc/1/statm').read().split()[1]) * os.sysconf('SC_PAGESIZE')
+print(os.getpid(), os.getppid(), rss, os.path.exists('/tmp/.sandbox-warm/done'))"""
+"""A cell's pid and its parent's in its sandbox, the resident bytes of the sandbox's first process, and whether the
+sandbox was forked from a warm template."""
 STDIN_LOOK = "import os\nprint(os.readlink('/proc/self/fd/0'), os.path.getsize('/tmp/.sandbox/stdin'), len(BIG))"
 """Where a cell's code came from: its stdin, and the request's file of it."""
 NOT_A_CELL = """
 test -p /tmp/.sandbox-warm/done || { echo cold; exit 0; }
-for i in $(seq 100); do set -- $(cat /proc/1/task/1/children); [ $# -le 1 ] && break; sleep 0.05; done
-echo "children of the first process: $#"
+for i in $(seq 100); do set -- $(grep -lx sandbox-cell /proc/[0-9]*/comm); [ $# -eq 0 ] && break; sleep 0.05; done
+echo "processes waiting to become a cell: $#"
 """
-"""A command of a warm template's image that is no cell: how many children its sandbox's first process has (the
-launcher alone once the process forked to become a cell has ended)."""
+"""A command of a warm template's image that is no cell: how many processes of its sandbox wait to become a cell's
+program (none once the one forked for it has ended)."""
 
 
 async def _once_warm(session: Any, tool: str, code: str, warm: Callable[[str], bool]) -> dict[str, Any]:
@@ -255,20 +266,23 @@ async def _once_warm(session: Any, tool: str, code: str, warm: Callable[[str], b
 async def test_a_warm_cell_runs_in_the_process_forked_for_it_before_its_call(
     tmp_path: Path, runtime: DockerRuntime
 ) -> None:
-    """A warm sandbox's first process forks what becomes its cell as the sandbox is made, before its launcher starts
-    (the fork of the template's heap is off the call's path): the cell is pid 2 there, the first process's child,
-    and reads its code itself where the request left it. A command of the same image that is no cell has that
-    process end before it runs."""
+    """A warm sandbox's cell is forked by the template into the sandbox as the sandbox is made (the fork of the
+    template's heap is off the call's path, and the only one a call makes): its parent is outside the sandbox, its
+    sandbox's first process is not (the first process forked by the helper, without the template's libraries), and
+    it reads its code itself where the request left it. A command of the same image that is no cell has that process
+    end before it runs."""
     extra = "tools:\n  execute_command: {image: sandbox-server/python-data:latest}\n"
     with http_server_process("--policy", _policy(tmp_path, extra), "--sandboxes", "template") as server:
         async with connect(server.url) as session:
-            cell = await _once_warm(session, "run_python", FORKED_AHEAD, lambda said: said.split()[2:] == ["True"])
-            assert str(cell["stdout"]).split() == ["2", "1", "True"], cell["text"]
+            cell = await _once_warm(session, "run_python", FORKED_AHEAD, lambda said: said.split()[3:] == ["True"])
+            pid, parent, first_size, warm = str(cell["stdout"]).split()
+            assert int(pid) > 1 and parent == "0" and warm == "True", cell["text"]
+            assert int(first_size) < 40 << 20, f"the first process holds the template's libraries: {cell['text']}"
             # Its code, past a pipe's 64 KiB, read by the cell itself where the request left it (no `head`)
             read = await answer(session, "run_python", {"code": f"BIG = '{'x' * 100_000}'\n{STDIN_LOOK}"})
             assert read["stdout"] == "/memfd:stdin (deleted) 0 100000\n", read["text"]
             command = await _once_warm(session, "execute_command", NOT_A_CELL, lambda said: said != "cold\n")
-            assert command["stdout"] == "children of the first process: 1\n", command["text"]
+            assert command["stdout"] == "processes waiting to become a cell: 0\n", command["text"]
             assert command["exit_code"] == 0
 
 

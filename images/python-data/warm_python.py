@@ -83,12 +83,13 @@ def preload_template() -> str:
         return said.read()
 
 
-def first_process(argv: list, environment: dict, preloaded: str) -> None:
-    """The first process of a sandbox forked from a warm template (never returns): it forks the process that is to
-    become the program the launcher hands over (ahead of the call: the fork of the template's heap is not on the
-    call's path), says its pid on WARM_DONE, starts the launcher (`argv`), then says the program's exit code there,
-    reaps what is left to it as a sandbox's first process does, and ends when the launcher ends or stops to linger
-    (the sandbox ends with it)."""
+def first_process(argv: list, environment: dict, preloaded: str, ready: int, exits: int) -> None:
+    """The first process of a sandbox forked from a warm template (never returns). Its template forks the process
+    that is to become the program the launcher hands over (ahead of the call, once this process says it is
+    `ready`: the one copy of the template's heap a call makes) into this sandbox; that process says its pid, and the
+    template its exit code, on `exits`, which this one says on WARM_DONE. It starts the launcher (`argv`), reaps
+    what is left to it as a sandbox's first process does, and ends when the launcher ends or stops to linger (the
+    sandbox ends with it)."""
     import signal
 
     os.makedirs(WARM_DIR, mode=0o700)
@@ -96,17 +97,22 @@ def first_process(argv: list, environment: dict, preloaded: str) -> None:
     os.mkfifo(WARM_DONE, 0o600)
     with open(WARM_ERRORS, "w", encoding="utf-8") as said:
         said.write(preloaded)
-    job = os.open(WARM_JOB, os.O_RDWR | os.O_CLOEXEC)  # (its program's read of the job never meets an end of file)
+    os.open(WARM_JOB, os.O_RDWR | os.O_CLOEXEC)  # (held to its end: its program's read never meets an end of file)
     done = os.open(WARM_DONE, os.O_RDWR | os.O_CLOEXEC)  # the launcher's read never waits for it to open
     woken, wake = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     signal.set_wakeup_fd(wake)  # a child that ends or stops wakes the wait below
     signal.signal(signal.SIGCHLD, lambda *_: None)
     os.environ.clear()
     os.environ.update(environment)
-    program = _fork_program(done, (job, done, woken, wake))
+    os.write(ready, b"1")
+    os.close(ready)
     launcher = os.posix_spawn(argv[0], argv, {**environment, WARM_FORKS_ENV: "1"})
+    told = _Told(done)
     while True:
-        select.select([woken], [], [])
+        asked = select.select([woken, exits] if exits >= 0 else [woken], [], [])[0]
+        if exits in asked and not told.heard(os.read(exits, 256)):
+            os.close(exits)
+            exits = -1
         _drain(woken)
         while True:
             try:
@@ -115,33 +121,49 @@ def first_process(argv: list, environment: dict, preloaded: str) -> None:
                 pid, status = 0, 0
             if pid == 0:
                 break
-            if pid == program and not os.WIFSTOPPED(status):
-                os.write(done, b"%d\n" % _exit_code(status))
-            elif pid == launcher:
+            if pid == launcher:
                 os._exit(0 if os.WIFSTOPPED(status) else _exit_code(status))
 
 
-def _fork_program(done: int, theirs: tuple) -> int:
-    """The process that becomes the program handed over on WARM_JOB, forked before the launcher starts (in a
-    process group of its own), its pid said; it waits for the launcher's word, and ends at once when the launcher
-    runs a program of its own (`none`)."""
+class _Told:
+    """What the exits pipe says (`pid N`, then `exit C`), said on WARM_DONE as the launcher reads it: the program's
+    pid, then its exit code; an empty line for a program that was not made."""
 
-    program = os.fork()
-    if program == 0:
-        try:
-            _wait_for_the_program(theirs)
-        except BaseException:  # said where the call will read it (else its first process would end the sandbox)
-            import traceback
+    def __init__(self, done: int) -> None:
+        self.done, self.said, self.pid = done, b"", False
 
-            traceback.print_exc()
-            os._exit(125)
-        become_program()
+    def heard(self, chunk: bytes) -> bool:
+        """False at the pipe's end."""
+        self.said += chunk
+        while b"\n" in self.said:
+            line, self.said = self.said.split(b"\n", 1)
+            kind, _, value = line.partition(b" ")
+            if kind == b"pid" and not self.pid:
+                self.pid = True
+                os.write(self.done, value + b"\n")
+            elif kind == b"exit":
+                os.write(self.done, (value if self.pid else b"") + b"\n")
+                self.pid = True  # (said once)
+        if not chunk and not self.pid:
+            os.write(self.done, b"\n")
+        return bool(chunk)
+
+
+def program_process(exits: int) -> None:
+    """The process forked into a sandbox by its warm template to become the program the launcher hands over on
+    WARM_JOB (never returns): in a process group of its own, its pid said on `exits`, it waits for the launcher's
+    word, and ends at once when the launcher runs a program of its own (`none`)."""
     try:
-        os.setpgid(program, program)  # (also its own first step: the launcher's deadline stops this group)
-    except OSError:
-        pass
-    os.write(done, b"%d\n" % program)
-    return program
+        os.setpgid(0, 0)  # (the launcher's deadline stops this group)
+        os.write(exits, b"pid %d\n" % os.getpid())
+        os.close(exits)
+        _wait_for_the_program(())
+    except BaseException:  # said where the call will read it
+        import traceback
+
+        traceback.print_exc()
+        os._exit(125)
+    become_program()
 
 
 def _wait_for_the_program(theirs: tuple) -> None:

@@ -14,7 +14,7 @@ from sandbox_server.sandbox import mounts
 from sandbox_server.sandbox.engine.attach import close_socket
 from sandbox_server.sandbox.streams import Stream
 
-__all__ = ["SETTLED_STATES", "SETTLE_S", "WarmContainer", "process_state", "process_tree"]
+__all__ = ["SETTLED_STATES", "SETTLE_S", "WarmContainer", "process_state", "process_tree", "sandbox_processes"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,3 +87,21 @@ def process_tree(pid: int) -> list[int]:
             except (OSError, ValueError):
                 continue
     return found
+
+
+def sandbox_processes(first: int) -> list[int]:
+    """A sandbox's processes: `first` (its first process) and its descendants, then every other process of its
+    cgroup (a warm template's sandbox has its program forked into it by the template, not by its first process);
+    nothing when `first` is gone."""
+    found = process_tree(first)
+    if not found:
+        return found
+    try:
+        with open(f"/proc/{first}/cgroup", encoding="utf-8") as cgroups:
+            path = next(line.split(":", 2)[2].strip() for line in cgroups if line.split(":", 2)[1] == "pids")
+        with open(f"/sys/fs/cgroup/pids{path}/cgroup.procs", "rb") as procs:
+            members = [int(pid) for pid in procs.read().split()]
+    except (OSError, StopIteration, ValueError, IndexError):
+        return found  # (no pids hierarchy of cgroup v1 here, or it ended meanwhile)
+    known = set(found)
+    return found + [pid for pid in members if pid not in known]

@@ -18,7 +18,7 @@ from mcp import Client
 
 from sandbox_server.sandbox.engine.runtime import DockerRuntime
 from sandbox_server.sandbox.runc.state import CGROUP_PARENT
-from sandbox_server.sandbox.warm_container import process_tree
+from sandbox_server.sandbox.warm_container import sandbox_processes
 from tests.conftest import command_lines, sandbox_inits
 from tests.mcp_harness import connect, stdio_parameters
 
@@ -26,11 +26,11 @@ BATTERY_POLICY = os.environ.get("SANDBOX_BATTERY_POLICY", "default")
 """The policy the battery attacks (a shipped name or a file); the expected answers are the default's."""
 
 WARM_FIRST = "sandbox_template"
-"""In the command line of a warm template's processes, its sandboxes' first process and what that forks."""
+"""In the command line of a warm template's processes: it, its helper, its sandboxes' first processes and programs."""
 IDLE_LAUNCHER = ("docker-init", "sandbox-launch", "tar -x", "warm_python.py", WARM_FIRST)
 """What a warm container runs while it waits for its call: init, the launcher, tar reading stdin, and a warm
 interpreter waiting for its program (read from the host's /proc: the engine's `top` cannot list bare command
-lines); in a sandbox forked from a warm template, its first process and the process it forked to become a cell's
+lines); in a sandbox forked from a warm template, its first process and the process forked to become a cell's
 program, named `sandbox-cell` while it waits (the program has the same command line)."""
 
 
@@ -95,9 +95,9 @@ def busy_containers() -> list[str]:
 
 
 def _waiting_cells(first: int) -> int:
-    """How many processes under `first` (a sandbox's init) wait to become a cell's program (`sandbox-cell`)."""
+    """How many processes of the sandbox whose init is `first` wait to become a cell's program (`sandbox-cell`)."""
     waiting = 0
-    for pid in process_tree(first) if first > 0 else ():
+    for pid in sandbox_processes(first) if first > 0 else ():
         with contextlib.suppress(OSError):  # (ended meanwhile)
             waiting += Path(f"/proc/{pid}/comm").read_text().strip() == "sandbox-cell"
     return waiting

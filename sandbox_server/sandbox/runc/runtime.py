@@ -68,7 +68,7 @@ from sandbox_server.sandbox.spec import Mount, SandboxSpec
 from sandbox_server.sandbox.template.host import Forked, Templates
 from sandbox_server.sandbox.template.launch import ROOTFS, WARM, forked, held_memory, warm_request
 from sandbox_server.sandbox.template.userns import WarmNamespaces
-from sandbox_server.sandbox.warm_container import SETTLE_S, WarmContainer, process_tree
+from sandbox_server.sandbox.warm_container import SETTLE_S, WarmContainer, sandbox_processes
 
 __all__ = ["RuncRuntime", "runc_usable"]
 
@@ -364,7 +364,7 @@ class RuncRuntime(DockerRuntime):
             first = int((self.state / "bundles" / container_id / "pid").read_text())
         except (OSError, ValueError) as exc:
             raise EngineError(f"sandbox {container_id} is not running") from exc
-        found = process_tree(first)
+        found = sandbox_processes(first)
         if not found:
             raise EngineError(f"sandbox {container_id}: its processes cannot be read here")
         return found

@@ -14,8 +14,9 @@ import gc
 import json
 import os
 import signal
+import socket
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from . import contain, kernel
@@ -87,22 +88,32 @@ def _own_pid_namespace(report: int) -> None:
     os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
 
 
-def ready(report: int, warm: Mapping[str, Any]) -> tuple[int, Callable[..., None]]:
-    """In the image's interpreter, executed by `enter`: the preload imported, said on `report`; its root's
-    descriptor (the host's tree in its mount namespace), and what each of its sandboxes' first process becomes."""
+def ready(report: int, warm: Mapping[str, Any]) -> tuple[int, contain.Warm]:
+    """In the image's interpreter, executed by `enter`: its helper forked, the preload imported, said on `report`;
+    its root's descriptor (the host's tree in its mount namespace), and what its sandboxes' processes become. In the
+    helper (forked before the imports, so that each sandbox's first process it forks copies no library): the same,
+    for the helper's own part."""
     host_root = int(sys.argv[3])
     try:
         module = _warm_interpreter(warm)
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        helper = os.fork()
+        if helper == 0:
+            ours.close()
+            os.close(report)
+            return host_root, _becoming(module, theirs.detach(), helping=True)
+        theirs.close()
         said = module.preload_template()
         _flush()
         gc.collect()  # what importing left behind, then every object it keeps out of the collector's sight: a
         gc.freeze()  # collection in a sandbox would otherwise write to each one's header, copying every page
+        ours.send(json.dumps({"preloaded": said}).encode())
     except BaseException as exc:  # said on the report pipe, whatever it is
         contain.say(report, {"error": f"the warm template could not preload: {type(exc).__name__}: {exc}"})
         os._exit(125)
     contain.say(report, {"ready": said})
     os.close(report)
-    return host_root, first_process(module, said)
+    return host_root, _becoming(module, ours.detach(), helping=False)
 
 
 def _warm_interpreter(warm: Mapping[str, Any]) -> Any:
@@ -119,15 +130,15 @@ def _warm_interpreter(warm: Mapping[str, Any]) -> Any:
     return importlib.import_module("warm_python")
 
 
-def first_process(module: Any, preloaded: str) -> Callable[..., None]:
-    """What a warm sandbox's first process becomes once its every step is taken: the image's warm interpreter,
-    which starts the launcher and forks the program it hands over."""
+def _becoming(module: Any, helper: int, helping: bool) -> contain.Warm:
+    """What a warm sandbox's processes become once their every step is taken: the image's warm interpreter's first
+    process, which starts the launcher, and the process that becomes the program it hands over."""
 
-    def become_first(process: Mapping[str, Any], env: dict[str, str]) -> None:
+    def become_first(process: Mapping[str, Any], env: dict[str, str], preloaded: str, ready: int, exits: int) -> None:
         args = list(process["args"])  # the launcher alone: no init before it (this process is the sandbox's)
-        module.first_process(args[args.index("--") + 1 :] if "--" in args else args, env, preloaded)
+        module.first_process(args[args.index("--") + 1 :] if "--" in args else args, env, preloaded, ready, exits)
 
-    return become_first
+    return contain.Warm(become_first, module.program_process, helper, helping)
 
 
 def _flush() -> None:

@@ -242,6 +242,8 @@ rss = int(open('/proc/1/statm').read().split()[1]) * os.sysconf('SC_PAGESIZE')
 print(os.getpid(), os.getppid(), rss, os.path.exists('/tmp/.sandbox-warm/done'))"""
 """A cell's pid and its parent's in its sandbox, the resident bytes of the sandbox's first process, and whether the
 sandbox was forked from a warm template."""
+WARM_PROBE = "import os\nprint(os.path.exists('/tmp/.sandbox-warm/done'))"
+"""Whether a cell's sandbox was forked from a warm template."""
 STDIN_LOOK = "import os\nprint(os.readlink('/proc/self/fd/0'), os.path.getsize('/tmp/.sandbox/stdin'), len(BIG))"
 """Where a cell's code came from: its stdin, and the request's file of it."""
 NOT_A_CELL = """
@@ -385,7 +387,7 @@ print('written')
 async def test_a_warm_cell_has_the_policys_open_files_and_file_size_limits(
     tmp_path: Path, runtime: DockerRuntime
 ) -> None:
-    """A warm sandbox's program is forked by its first process, not started by the shell that sets a sandbox's
+    """A warm sandbox's program is forked into it by its warm template, not started by the shell that sets a sandbox's
     rlimits on itself: the template's child sets them before anything of the image runs (it once ran with the
     server's 20,000 open files and no file-size limit)."""
     policy = _policy(tmp_path, "defaults:\n  limits: {nofile: 128, file_size_mb: 1}\n")
@@ -435,3 +437,28 @@ async def test_a_spent_warm_template_serves_its_running_sandbox_to_its_end_and_t
                 assert any(t.pid != old.pid for t in now), now  # a new one serves (the old one waits for A's end)
             assert held["a"]["stdout"] == "A ended\n", held["a"]["text"]
             assert not psutil.wait_procs([old], timeout=10)[1], "the spent warm template outlived its last sandbox"
+
+
+async def test_a_warm_templates_helper_killed_ends_its_template_which_is_made_again(
+    tmp_path: Path, runtime: DockerRuntime
+) -> None:
+    """A warm template whose helper (what forks its sandboxes' first processes) has died can make no sandbox: it
+    ends rather than leave calls waiting, and the next calls are served, by a warm template made again."""
+    policy = _policy(tmp_path, "tools:\n  run_python: {preload: []}\n")
+    with http_server_process("--policy", policy, "--sandboxes", "template", "--no-pool") as server:
+        async with connect(server.url) as session:
+            await answer(session, "run_python", {"code": "print(1)"})  # (its warm template is made at its first)
+            await anyio.to_thread.run_sync(server.wait_for_line, "warm template of")
+            seen = len(server.lines)
+            warm = await _once_warm(session, "run_python", WARM_PROBE, lambda said: said == "True\n")
+            assert warm["stdout"] == "True\n", warm["text"]
+            [template] = [t for root in _templates_of(server.process.pid) for t in _templates_of(root.pid, 2)]
+            [helper] = [child for child in template.children() if len(_ns_pids(child)) == 2]
+            helper.kill()
+            assert not psutil.wait_procs([template], timeout=10)[1], "a warm template outlived its helper"
+            with anyio.fail_after(60):  # answered, forked cold meanwhile or from the template made again
+                again = await answer(session, "run_python", {"code": "print(3)"})
+            assert again["stdout"] == "3\n", again["text"]
+            await anyio.to_thread.run_sync(lambda: server.wait_for_line("warm template of", 60, seen))
+            warm = await _once_warm(session, "run_python", WARM_PROBE, lambda said: said == "True\n")
+            assert warm["stdout"] == "True\n", warm["text"]

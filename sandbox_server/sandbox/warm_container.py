@@ -91,12 +91,14 @@ def process_tree(pid: int) -> list[int]:
 
 def sandbox_processes(first: int) -> list[int]:
     """A sandbox's processes: `first` (its first process) and its descendants, then every other process of its
-    cgroup (a warm template's sandbox has its program forked into it by the template, not by its first process);
+    cgroup in its pid namespace (a warm template's sandbox has its program forked into it by the template, not by
+    its first process; a forked sandbox's cgroup also holds the template's child that waits for it, outside);
     nothing when `first` is gone."""
     found = process_tree(first)
     if not found:
         return found
     try:
+        sandbox = os.readlink(f"/proc/{first}/ns/pid")
         with open(f"/proc/{first}/cgroup", encoding="utf-8") as cgroups:
             path = next(line.split(":", 2)[2].strip() for line in cgroups if line.split(":", 2)[1] == "pids")
         with open(f"/sys/fs/cgroup/pids{path}/cgroup.procs", "rb") as procs:
@@ -104,4 +106,11 @@ def sandbox_processes(first: int) -> list[int]:
     except (OSError, StopIteration, ValueError, IndexError):
         return found  # (no pids hierarchy of cgroup v1 here, or it ended meanwhile)
     known = set(found)
-    return found + [pid for pid in members if pid not in known]
+    return found + [pid for pid in members if pid not in known and _pid_namespace(pid) == sandbox]
+
+
+def _pid_namespace(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/pid")
+    except OSError:
+        return None  # (ended meanwhile)

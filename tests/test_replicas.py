@@ -478,3 +478,28 @@ async def test_callers_are_the_shared_states_seeded_from_the_file_and_revoked_ev
         with anyio.fail_after(10):  # each replica reads the callers again within a second
             while await status(replica) != 401:
                 await anyio.sleep(0.2)
+
+
+async def test_a_replica_whose_name_was_taken_while_it_was_forgotten_says_so_and_serves(
+    deployment: Deployment,
+) -> None:
+    """A replica forgotten by a peer while the database was away, whose name another replica then took: its next
+    heartbeat says so and goes on without the name (before: the name's unique index broke its heartbeat, and the
+    error ended the server). Last in the module: the replica keeps no name after it."""
+    owner = deployment.one.owner()
+    seen = len(deployment.one.lines)
+    deployment.database.query(f"DELETE FROM replicas WHERE owner = '{owner}'")  # as a peer's forget_lost does
+    deployment.database.query("INSERT INTO replicas (owner, name) VALUES ('a-new-replica', 'one')")  # then took it
+    try:
+        said = await anyio.to_thread.run_sync(
+            lambda: deployment.one.wait_for_line("another replica took this name", 30, seen)
+        )
+        assert "--name one" in said, said
+        async with client_of(deployment.one.url, deployment.tokens["alice"]) as client:
+            result, structured = await shell(client, "echo served")
+        assert not result.is_error and structured["stdout"] == "served\n", structured
+        assert deployment.one.process.poll() is None, "the replica ended"
+        rows = deployment.database.query(f"SELECT name FROM replicas WHERE owner = '{owner}'")
+        assert rows == [(None,)], rows
+    finally:
+        deployment.database.query("DELETE FROM replicas WHERE owner = 'a-new-replica'")

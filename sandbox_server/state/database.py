@@ -185,12 +185,19 @@ class Database:
     def beat(self, draining: bool = False, address: str | None = None) -> bool:
         """Say this replica is alive, whether it drains, and where its peers reach it (serve --advertise): whether
         an operator asked it to drain."""
-        rows = self.run(
-            "INSERT INTO replicas (owner, draining, address, name) VALUES (%s, %s, %s, %s) ON CONFLICT (owner) "
-            "DO UPDATE SET beat_at = now(), draining = excluded.draining, address = excluded.address "
-            "RETURNING drain_asked",
-            (self.owner, draining, address, self.name),
-        )
+        try:
+            rows = self.run(
+                "INSERT INTO replicas (owner, draining, address, name) VALUES (%s, %s, %s, %s) ON CONFLICT (owner) "
+                "DO UPDATE SET beat_at = now(), draining = excluded.draining, address = excluded.address "
+                "RETURNING drain_asked",
+                (self.owner, draining, address, self.name),
+            )
+        except psycopg.errors.UniqueViolation as exc:  # its row forgotten by a peer, its name then taken by another
+            held, self.name = self.name, None
+            raise UsageError(
+                f"--name {held}: another replica took this name while this one was forgotten (the shared state was "
+                "away longer than a replica may be silent); this replica goes on serving without a name"
+            ) from exc
         return bool(rows and rows[0][0])
 
     def _take_name(self, alive: Callable[[str], bool]) -> None:

@@ -1,5 +1,6 @@
 """Images: build contexts are hashed, and nothing is rebuilt when nothing changed."""
 
+import contextlib
 import uuid
 from pathlib import Path
 
@@ -38,6 +39,42 @@ def test_second_build_rebuilds_nothing(runtime: DockerRuntime) -> None:
     assert result.returncode == 0, result.stderr
     assert "all images current: nothing rebuilt" in result.stderr
     assert "Step " not in result.stderr
+
+
+def test_the_image_a_rebuild_replaced_is_removed_unless_a_container_uses_it(
+    tmp_path: Path, runtime: DockerRuntime
+) -> None:
+    """Each rebuild of a changed image left the one it replaced untagged (a gigabyte at a time for python-data's):
+    the build removes it, and keeps, saying why, one a container still uses."""
+    from sandbox_server.sandbox.engine.connection import ImageRecord
+    from sandbox_server.sandbox.engine.images import drop_replaced, steps_said
+
+    reference = f"sandbox-server-test/replaced-{uuid.uuid4().hex[:8]}:latest"
+    records: list[ImageRecord] = []
+    for version in ("first", "second", "third"):
+        context = tmp_path / version
+        context.mkdir()
+        (context / "Dockerfile").write_text("FROM sandbox-server/base:latest\nCOPY version /version\n")
+        (context / "version").write_text(f"{version} {reference}\n")
+        replaced = runtime.image(reference)
+        list(steps_said(runtime.build(str(context), reference, {}, {})))
+        said: list[str] = []
+        if version == "third":  # the second one is used by a container (made, never started)
+            with runtime.unstarted(records[-1].image_id):
+                drop_replaced(runtime, replaced, reference, "replaced", said.append)
+        else:
+            drop_replaced(runtime, replaced, reference, "replaced", said.append)
+        record = runtime.image(reference)
+        assert record is not None and (replaced is None or record.image_id != replaced.image_id)
+        records.append(record)
+        if version == "second":
+            assert runtime.image(records[0].image_id) is None and not said, said  # the first removed
+        if version == "third":
+            assert runtime.image(records[1].image_id) is not None, "an image a container uses was removed"
+            assert said and "the image it replaced is kept" in said[0], said
+    for record in reversed(records):
+        with contextlib.suppress(Exception):
+            runtime.api.remove_image(record.image_id, force=True)
 
 
 def test_images_list_reports_every_image_current(runtime: DockerRuntime) -> None:

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sandbox_server import shipped
-from sandbox_server.errors import ImageError
+from sandbox_server.errors import EngineError, ImageError
+from sandbox_server.sandbox.engine.connection import ImageRecord, engine_errors
 from sandbox_server.sandbox.engine.runtime import DockerRuntime
 from sandbox_server.sandbox.engine.wheels import IMAGE_PYTHON, WHEELS_LOCK, fetch_wheel, locked_wheels, read_lock
 
@@ -40,6 +41,7 @@ __all__ = [
     "steps_said",
     "image_reference",
     "image_status",
+    "drop_replaced",
 ]
 
 PREFIX = "sandbox-server"
@@ -296,6 +298,7 @@ def build_images(
             wanted.add(name)
             name = definitions[name].parent or ""
     outcomes = []
+    replaced: list[tuple[ImageRecord | None, ImageDefinition]] = []
     for definition in definitions.values():
         if definition.name not in wanted:
             continue
@@ -309,11 +312,28 @@ def build_images(
             continue
         say(f"[{definition.name}] building {definition.reference} ({status.expected_hash})")
         labels = {HASH_LABEL: status.expected_hash, NAME_LABEL: definition.name}
+        replaced.append((runtime.image(definition.reference), definition))
         with _build_context(definition, say) as context:
             for line in steps_said(runtime.build(str(context), definition.reference, buildargs, labels)):
                 say(f"[{definition.name}] {line}")
         outcomes.append(BuildOutcome(definition.name, True, status.expected_hash))
+    for record, built in reversed(replaced):  # (a child's first: its parent is removed only once it is gone)
+        drop_replaced(runtime, record, built.reference, built.name, say)
     return outcomes
+
+
+def drop_replaced(runtime: DockerRuntime, replaced: ImageRecord | None, reference: str, name: str, say: Say) -> None:
+    """The image a rebuild replaced (`replaced`: what `reference` named before it) removed, with the layers only it
+    held: each rebuild of a changed image left the one before it untagged, a gigabyte at a time for python-data's.
+    One a container still uses, or another name still names, is kept, and said."""
+    now = runtime.image(reference)
+    if replaced is None or now is None or now.image_id == replaced.image_id:
+        return
+    try:
+        with engine_errors(f"remove the image {reference} replaced"):
+            runtime.api.remove_image(replaced.image_id)
+    except EngineError as exc:
+        say(f"[{name}] the image it replaced is kept: {exc}")
 
 
 WITH_PACKAGES = f"""\
@@ -350,4 +370,5 @@ def build_with_packages(
         with _build_context(ImageDefinition(name, context, None), say) as unpacked:
             for line in steps_said(runtime.build(str(unpacked), image, {}, labels)):
                 say(f"[{name}] {line}")
+        drop_replaced(runtime, built, image, name, say)
     return BuildOutcome(name, True, expected)

@@ -38,6 +38,7 @@ from sandbox_server.sandbox.engine.images import (
     build_images,
     catalog,
     context_digest,
+    drop_replaced,
     steps_said,
 )  # fmt: skip
 from sandbox_server.sandbox.engine.runtime import DockerRuntime
@@ -174,6 +175,7 @@ def build_team_image(
     finally:
         runtime.untag(stage)
     say(f"[{name}] built: the sandbox user, the launcher and /workspace added; {', '.join(image.needs)} found")
+    drop_replaced(runtime, built, image.reference, name, say)
     return BuildOutcome(name, True, expected)
 
 

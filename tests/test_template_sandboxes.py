@@ -288,6 +288,22 @@ async def test_a_warm_cell_runs_in_the_process_forked_for_it_before_its_call(
             assert command["exit_code"] == 0
 
 
+async def test_a_warm_cell_of_a_template_that_preloads_nothing_is_forked_by_its_first_process(
+    tmp_path: Path, runtime: DockerRuntime
+) -> None:
+    """A warm template that preloads nothing has little to copy: its sandboxes' first processes are its own forks,
+    and each forks its cell before its launcher starts (cheaper than the template's hand-over by the steps and
+    messages that saves), pid 2 of its sandbox; it reads its code where the request left it all the same."""
+    policy = _policy(tmp_path, "tools:\n  run_python: {preload: []}\n")
+    with http_server_process("--policy", policy, "--sandboxes", "template") as server:
+        async with connect(server.url) as session:
+            cell = await _once_warm(session, "run_python", FORKED_AHEAD, lambda said: said.split()[3:] == ["True"])
+            pid, parent, _, warm = str(cell["stdout"]).split()
+            assert (pid, parent, warm) == ("2", "1", "True"), cell["text"]
+            read = await answer(session, "run_python", {"code": f"BIG = '{'x' * 100_000}'\n{STDIN_LOOK}"})
+            assert read["stdout"] == "/memfd:stdin (deleted) 0 100000\n", read["text"]
+
+
 async def test_a_template_killed_is_made_again_and_no_call_hangs(tmp_path: Path, runtime: DockerRuntime) -> None:
     with http_server_process("--policy", _policy(tmp_path), "--sandboxes", "template", "--no-pool") as server:
         async with connect(server.url) as session:
@@ -443,8 +459,9 @@ async def test_a_warm_templates_helper_killed_ends_its_template_which_is_made_ag
     tmp_path: Path, runtime: DockerRuntime
 ) -> None:
     """A warm template whose helper (what forks its sandboxes' first processes) has died can make no sandbox: it
-    ends rather than leave calls waiting, and the next calls are served, by a warm template made again."""
-    policy = _policy(tmp_path, "tools:\n  run_python: {preload: []}\n")
+    ends rather than leave calls waiting, and the next calls are served, by a warm template made again. (A template
+    that preloads something has a helper: one that preloads nothing forks its sandboxes' first processes itself.)"""
+    policy = _policy(tmp_path, "tools:\n  run_python: {preload: [json]}\n")
     with http_server_process("--policy", policy, "--sandboxes", "template", "--no-pool") as server:
         async with connect(server.url) as session:
             await answer(session, "run_python", {"code": "print(1)"})  # (its warm template is made at its first)

@@ -84,12 +84,13 @@ def preload_template() -> str:
 
 
 def first_process(argv: list, environment: dict, preloaded: str, ready: int, exits: int) -> None:
-    """The first process of a sandbox forked from a warm template (never returns). Its template forks the process
-    that is to become the program the launcher hands over (ahead of the call, once this process says it is
-    `ready`: the one copy of the template's heap a call makes) into this sandbox; that process says its pid, and the
-    template its exit code, on `exits`, which this one says on WARM_DONE. It starts the launcher (`argv`), reaps
-    what is left to it as a sandbox's first process does, and ends when the launcher ends or stops to linger (the
-    sandbox ends with it)."""
+    """The first process of a sandbox forked from a warm template (never returns). It starts the launcher (`argv`),
+    reaps what is left to it as a sandbox's first process does, and ends when the launcher ends or stops to linger
+    (the sandbox ends with it). The process that is to become the program the launcher hands over is forked ahead
+    of the call: by the template, once this process says it is `ready` (the one copy of a preloaded heap a call
+    makes), that process saying its pid and the template its exit code on `exits`, which this one says on
+    WARM_DONE; or, from a template that preloads nothing (`ready` is -1), by this process itself, before the
+    launcher starts (cheaper than the template's hand-over when there is little to copy)."""
     import signal
 
     os.makedirs(WARM_DIR, mode=0o700)
@@ -97,15 +98,19 @@ def first_process(argv: list, environment: dict, preloaded: str, ready: int, exi
     os.mkfifo(WARM_DONE, 0o600)
     with open(WARM_ERRORS, "w", encoding="utf-8") as said:
         said.write(preloaded)
-    os.open(WARM_JOB, os.O_RDWR | os.O_CLOEXEC)  # (held to its end: its program's read never meets an end of file)
+    job = os.open(WARM_JOB, os.O_RDWR | os.O_CLOEXEC)  # (its program's read of the job never meets an end of file)
     done = os.open(WARM_DONE, os.O_RDWR | os.O_CLOEXEC)  # the launcher's read never waits for it to open
     woken, wake = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     signal.set_wakeup_fd(wake)  # a child that ends or stops wakes the wait below
     signal.signal(signal.SIGCHLD, lambda *_: None)
     os.environ.clear()
     os.environ.update(environment)
-    os.write(ready, b"1")
-    os.close(ready)
+    program = -1
+    if ready >= 0:
+        os.write(ready, b"1")
+        os.close(ready)
+    else:
+        program = _fork_program(done, (job, done, woken, wake))
     launcher = os.posix_spawn(argv[0], argv, {**environment, WARM_FORKS_ENV: "1"})
     told = _Told(done)
     while True:
@@ -121,8 +126,32 @@ def first_process(argv: list, environment: dict, preloaded: str, ready: int, exi
                 pid, status = 0, 0
             if pid == 0:
                 break
-            if pid == launcher:
+            if pid == program and not os.WIFSTOPPED(status):
+                os.write(done, b"%d\n" % _exit_code(status))
+            elif pid == launcher:
                 os._exit(0 if os.WIFSTOPPED(status) else _exit_code(status))
+
+
+def _fork_program(done: int, theirs: tuple) -> int:
+    """The process that becomes the program handed over on WARM_JOB, forked by the first process before the
+    launcher starts (in a process group of its own), its pid said; it waits for the launcher's word, and ends at
+    once when the launcher runs a program of its own (`none`)."""
+    program = os.fork()
+    if program == 0:
+        try:
+            _wait_for_the_program(theirs)
+        except BaseException:  # said where the call will read it (else its first process would end the sandbox)
+            import traceback
+
+            traceback.print_exc()
+            os._exit(125)
+        become_program()
+    try:
+        os.setpgid(program, program)  # (also its own first step: the launcher's deadline stops this group)
+    except OSError:
+        pass
+    os.write(done, b"%d\n" % program)
+    return program
 
 
 class _Told:

@@ -32,9 +32,12 @@ class Warm(NamedTuple):
     program: Callable[[int], None]
     """What the process forked to become the program becomes (its end of the exits pipe)."""
     helper: int
-    """The socket between the warm template and its helper (each process's own end)."""
+    """The socket between the warm template and its helper (each process's own end); -1 for a template that
+    preloads nothing, which forks its sandboxes' first processes itself, each forking its program."""
     helping: bool
     """Whether this process is the helper."""
+    preloaded: str
+    """What the preload said (the helper is told it once the template has imported it)."""
 
 
 NAMESPACES = (
@@ -122,7 +125,8 @@ def first(request: Mapping[str, Any], fds: Sequence[int], host_root: int, seccom
         kernel.unshare(NAMESPACES & ~kernel.CLONE_NEWPID)  # (its pid namespace the helper made: it is its pid 1)
         _stdio(stdin, stdout, stderr)
         for fd in (exits, ready):
-            os.set_inheritable(fd, False)
+            if fd >= 0:  # (-1: a template that preloads nothing, whose first processes fork their programs)
+                os.set_inheritable(fd, False)
     except BaseException as exc:  # said on the report pipe, whatever it is
         say(report, {"error": f"the sandbox could not be made: {exc}"})
         os._exit(125)

@@ -114,7 +114,10 @@ def warm_request(
     """The request of the warm template this spec's sandboxes are forked from (None: they are forked cold, or not
     at all): on runc's path, of an image with the warm interpreter (python-data's and the images built on it),
     whatever the policy preloads (nothing preloaded, its cells still start in no new interpreter). Its user
-    namespace is made here, at the first."""
+    namespace is made here, at the first. A template that preloads something has a helper fork its sandboxes'
+    first processes and forks their programs itself, so that a call copies its heap once (`helper`); one that
+    preloads nothing has little to copy, and its first processes fork their programs, cheaper by the steps and
+    hand-overs that saves."""
     preload = dict(spec.env).get(wire.PRELOAD_ENV, "")
     if templates is None or spec.runtime != "runc" or not templates.serves(rootfs) or not namespaces.share_bundles():
         return None
@@ -124,5 +127,5 @@ def warm_request(
     env = _without_preload(image_env)
     return {
         "userns": str(held), "first": first, "rootfs": str(view), "env": [*env, f"{wire.PRELOAD_ENV}={preload}"],
-        "launchers": wire.LAUNCHERS_DIR,
+        "launchers": wire.LAUNCHERS_DIR, "helper": bool(preload.split()),
     }  # fmt: skip

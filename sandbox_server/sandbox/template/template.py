@@ -37,6 +37,9 @@ def serve(
         sock.close()  # (the host's socket is the warm template's)
         _serve_helper(socket.socket(fileno=becoming.helper), host_root, seccomp, becoming)
         return
+    if becoming is not None and becoming.helper < 0:  # (it preloads nothing: no helper)
+        _serve_helper(sock, host_root, seccomp, becoming)
+        return
     if becoming is not None:
         _serve_warm(sock, host_root, seccomp, becoming)
         return
@@ -189,7 +192,8 @@ def _serve_helper(sock: socket.socket, host_root: int, seccomp: bytes, warm: con
     """The helper's loop: each request's first process forked into a pid namespace made for it (below the
     template's own, of which the template is pid 1), handed back to the template once it has made its sandbox, and
     its end said on its report pipe as the helper reaps it. Once the template is done asking, it ends when the last
-    of its sandboxes has."""
+    of its sandboxes has. A warm template that preloads nothing runs this loop itself, asked by the host (`sock`),
+    and hands nothing back: its sandboxes' first processes fork their programs."""
     woken, wake = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     signal.set_wakeup_fd(wake)  # a sandbox that ends wakes the wait below
     signal.signal(signal.SIGCHLD, lambda *_: None)
@@ -198,20 +202,23 @@ def _serve_helper(sock: socket.socket, host_root: int, seccomp: bytes, warm: con
     """Each sandbox's report pipe, by its first process's pid (in the template's pid namespace)."""
     readies: dict[int, tuple[int, int]] = {}
     """Each sandbox's ready pipe, until it is made: its tag and its first process's pidfd."""
-    control, preloaded = sock.fileno(), ""
+    control, preloaded = sock.fileno(), warm.preloaded
     while control >= 0 or reports:
         asked = select.select([fd for fd in (control, woken, *readies) if fd >= 0], [], [])[0]
         if control in asked:
             message, fds, _, _ = socket.recv_fds(sock, MAX_REQUEST, MAX_FDS)
             if not message:
                 control = -1
-            elif not fds:  # what the preload said, once it is done
+            elif not fds and warm.helper >= 0:  # what the preload said, once it is done
                 preloaded = json.loads(message)["preloaded"]
-            else:
-                tag, _, request = message.partition(b"\n")
+            elif len(fds) > 3:  # (stdin, stdout, stderr, the report pipe, the cgroups; the helper's, its exits pipe)
+                tag, _, request = message.partition(b"\n") if warm.helper >= 0 else (b"0", b"", message)
                 forked = _fork_first(json.loads(request), preloaded, fds, reports, pid_ns, host_root, seccomp, warm)
                 if forked is not None:
                     readies[forked[0]] = (int(tag), forked[1])
+            else:
+                for fd in fds:
+                    os.close(fd)
         for ready in [fd for fd in asked if fd in readies]:
             number, pidfd = readies.pop(ready)
             said = os.read(ready, 1)  # (nothing: its first process ended before it made the sandbox)
@@ -228,10 +235,13 @@ def _fork_first(
     request: dict[str, Any], preloaded: str, fds: list[int], reports: dict[int, int], pid_ns: int, host_root: int,
     seccomp: bytes, warm: contain.Warm,
 ) -> tuple[int, int] | None:  # fmt: skip
-    """One sandbox's first process, forked as pid 1 of a pid namespace of its own; its report pipe kept, and its
-    ready pipe's read end and pidfd returned (None: it could not be forked)."""
+    """One sandbox's first process, forked as pid 1 of a pid namespace of its own; its report pipe kept. By the
+    helper (`fds`: the request's, its exits pipe's read end after the report pipe): its ready pipe's read end and
+    pidfd returned. By a template that preloads nothing (the request's alone): None, its first process forking its
+    program itself, as it does when it could not be forked."""
+    helped = warm.helper >= 0
     report = fds[3]
-    ready, readied = os.pipe2(os.O_CLOEXEC)
+    ready, readied = os.pipe2(os.O_CLOEXEC) if helped else (-1, -1)
     pid = -1
     try:
         kernel.unshare(kernel.CLONE_NEWPID)
@@ -244,24 +254,23 @@ def _fork_first(
         contain.say(report, {"error": f"the sandbox could not be made: {exc}"})
     if pid == 0:
         try:
-            os.close(ready)
             contain.close_all_but((*fds, readied, host_root))
             signal.set_wakeup_fd(-1)
             request["preloaded"] = preloaded
-            first_fds = [*fds[:5], readied, *fds[5:]]
+            first_fds = [*fds[:5], readied, *fds[5:]] if helped else [*fds[:4], -1, -1, *fds[4:]]
             contain.first(request, first_fds, host_root, seccomp, warm)
         finally:
             os._exit(125)
-    os.close(readied)
-    for fd in fds:
-        if fd != report:
+    for fd in (readied, *(fd for fd in fds if fd != report)):
+        if fd >= 0:
             os.close(fd)
     if pid < 0:
         os.close(report)
-        os.close(ready)
+        if ready >= 0:
+            os.close(ready)
         return None
     reports[pid] = report
-    return ready, os.pidfd_open(pid)
+    return (ready, os.pidfd_open(pid)) if helped else None
 
 
 def _reap(reports: dict[int, int]) -> None:

@@ -96,24 +96,26 @@ def ready(report: int, warm: Mapping[str, Any]) -> tuple[int, contain.Warm]:
     host_root = int(sys.argv[3])
     try:
         module = _warm_interpreter(warm)
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        helper = os.fork()
-        if helper == 0:
+        helped = bool(warm.get("helper"))
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET) if helped else (None, None)
+        if ours is not None and theirs is not None and os.fork() == 0:
             ours.close()
             os.close(report)
-            return host_root, _becoming(module, theirs.detach(), helping=True)
-        theirs.close()
+            return host_root, _becoming(module, theirs.detach(), helping=True, preloaded="")
+        if theirs is not None:
+            theirs.close()
         said = module.preload_template()
         _flush()
         gc.collect()  # what importing left behind, then every object it keeps out of the collector's sight: a
         gc.freeze()  # collection in a sandbox would otherwise write to each one's header, copying every page
-        ours.send(json.dumps({"preloaded": said}).encode())
+        if ours is not None:
+            ours.send(json.dumps({"preloaded": said}).encode())
     except BaseException as exc:  # said on the report pipe, whatever it is
         contain.say(report, {"error": f"the warm template could not preload: {type(exc).__name__}: {exc}"})
         os._exit(125)
     contain.say(report, {"ready": said})
     os.close(report)
-    return host_root, _becoming(module, ours.detach(), helping=False)
+    return host_root, _becoming(module, ours.detach() if ours is not None else -1, helping=False, preloaded=said)
 
 
 def _warm_interpreter(warm: Mapping[str, Any]) -> Any:
@@ -130,7 +132,7 @@ def _warm_interpreter(warm: Mapping[str, Any]) -> Any:
     return importlib.import_module("warm_python")
 
 
-def _becoming(module: Any, helper: int, helping: bool) -> contain.Warm:
+def _becoming(module: Any, helper: int, helping: bool, preloaded: str) -> contain.Warm:
     """What a warm sandbox's processes become once their every step is taken: the image's warm interpreter's first
     process, which starts the launcher, and the process that becomes the program it hands over."""
 
@@ -138,7 +140,7 @@ def _becoming(module: Any, helper: int, helping: bool) -> contain.Warm:
         args = list(process["args"])  # the launcher alone: no init before it (this process is the sandbox's)
         module.first_process(args[args.index("--") + 1 :] if "--" in args else args, env, preloaded, ready, exits)
 
-    return contain.Warm(become_first, module.program_process, helper, helping)
+    return contain.Warm(become_first, module.program_process, helper, helping, preloaded)
 
 
 def _flush() -> None:

@@ -10,7 +10,8 @@ A warm template's sandboxes are made by two processes, so that a call copies the
 forked before the preload's imports, forks each sandbox's first process (`first`) into a pid namespace made for
 it: pid 1 there, small, it takes the sandbox's steps and its process's, says its pid and starts the launcher. The
 warm template itself then forks the process that becomes the call's program (`program`) into that pid namespace:
-it enters the first process's other namespaces and cgroups and takes the process's steps alone."""
+it enters the first process's other namespaces and cgroups and takes the process's steps alone. (A warm template
+that preloads nothing forks the first processes itself, and each forks its program.)"""
 
 from __future__ import annotations
 

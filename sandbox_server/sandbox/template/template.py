@@ -7,7 +7,9 @@ that becomes one (warm.enter).
 A warm template hands each request to its helper, a process it forked before its preload's imports: the helper
 forks the sandbox's first process into a pid namespace made for it (contain.first), small, and says how it ended.
 Once that process has made the sandbox, the helper hands it back (its pidfd), and the warm template forks into it
-the process that becomes the call's program (contain.program), the one copy of its heap a call makes."""
+the process that becomes the call's program (contain.program), the one copy of its heap a call makes. A warm
+template that preloads nothing has little to copy and no helper: it runs the helper's loop itself, and each first
+process forks its program."""
 
 from __future__ import annotations
 

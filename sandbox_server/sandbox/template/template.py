@@ -19,7 +19,7 @@ import os
 import select
 import signal
 import socket
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 from . import contain, kernel, warm
@@ -115,7 +115,7 @@ def _serve_warm(sock: socket.socket, host_root: int, seccomp: bytes, warm: conta
                 _fork_program(json.loads(said), fds, waiting, programs, pid_ns, seccomp, warm)
         if woken in asked:
             _drain(woken)
-        _reap_programs(programs)
+        _reap(programs, lambda code: b"exit %d" % code)
         if not helping and control >= 0:  # its helper gone: no sandbox can be made here
             os._exit(125)
 
@@ -147,15 +147,8 @@ def _fork_program(
     sandbox = fds[0] if fds else -1
     pid = -1
     if entry is not None and sandbox >= 0:
-        try:
-            kernel.setns(sandbox, kernel.CLONE_NEWPID)
-            try:
-                pid = os.fork()
-            finally:
-                if pid != 0:
-                    kernel.setns(pid_ns, kernel.CLONE_NEWPID)
-        except OSError:
-            pid = -1
+        with contextlib.suppress(OSError):  # (its first process ended meanwhile: said below)
+            pid = _forked_into(lambda: kernel.setns(sandbox, kernel.CLONE_NEWPID), pid_ns)
         if pid == 0:
             try:
                 contain.close_all_but((*entry.fds, entry.exits, sandbox))
@@ -173,21 +166,6 @@ def _fork_program(
     else:  # (its first process says the program was not made)
         contain.say_line(entry.exits, b"exit 125")
         os.close(entry.exits)
-
-
-def _reap_programs(programs: dict[int, int]) -> None:
-    """The programs that ended, each one's end said on its exits pipe (and the helper, once it has ended)."""
-    while True:
-        try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
-        exits = programs.pop(pid, None)
-        if exits is not None:
-            contain.say_line(exits, b"exit %d" % contain.exit_code(status))
-            os.close(exits)
 
 
 def _serve_helper(sock: socket.socket, host_root: int, seccomp: bytes, warm: contain.Warm) -> None:
@@ -230,7 +208,7 @@ def _serve_helper(sock: socket.socket, host_root: int, seccomp: bytes, warm: con
             os.close(pidfd)
         if woken in asked:
             _drain(woken)
-        _reap(reports)
+        _reap(reports, lambda code: json.dumps({"exit": code}).encode())
 
 
 def _fork_first(
@@ -246,12 +224,7 @@ def _fork_first(
     ready, readied = os.pipe2(os.O_CLOEXEC) if helped else (-1, -1)
     pid = -1
     try:
-        kernel.unshare(kernel.CLONE_NEWPID)
-        try:
-            pid = os.fork()
-        finally:
-            if pid != 0:  # its next child in its own pid namespace again, for the next unshare
-                kernel.setns(pid_ns, kernel.CLONE_NEWPID)
+        pid = _forked_into(lambda: kernel.unshare(kernel.CLONE_NEWPID), pid_ns)
     except OSError as exc:
         contain.say(report, {"error": f"the sandbox could not be made: {exc}"})
     if pid == 0:
@@ -275,7 +248,9 @@ def _fork_first(
     return (ready, os.pidfd_open(pid)) if helped else None
 
 
-def _reap(reports: dict[int, int]) -> None:
+def _reap(pipes: dict[int, int], said: Callable[[int], bytes]) -> None:
+    """The children that ended, each one's end (`said` of its exit code) on its pipe, by its pid; a child with no
+    pipe (the helper, once it has ended) reaped too."""
     while True:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -283,10 +258,23 @@ def _reap(reports: dict[int, int]) -> None:
             return
         if pid == 0:
             return
-        report = reports.pop(pid, None)
-        if report is not None:
-            contain.say(report, {"exit": contain.exit_code(status)})
-            os.close(report)
+        pipe = pipes.pop(pid, None)
+        if pipe is not None:
+            contain.say_line(pipe, said(contain.exit_code(status)))
+            os.close(pipe)
+
+
+def _forked_into(enter: Callable[[], None], own_pid_ns: int) -> int:
+    """fork(2) with the child in the pid namespace `enter` makes or enters, and this process's next child in its
+    own again (`own_pid_ns`); raises OSError."""
+    pid = -1
+    enter()
+    try:
+        pid = os.fork()
+    finally:
+        if pid != 0:
+            kernel.setns(own_pid_ns, kernel.CLONE_NEWPID)
+    return pid
 
 
 def _drain(fd: int) -> None:

@@ -395,6 +395,7 @@ def test_service_view_embeds_the_preview_where_the_host_allows_frames_else_links
     host("wait", selector="body[data-ready]")
     [source] = host("attr", selector="iframe.preview", name="src")
     assert source.split("?")[0] == preview.split("?")[0]
+    host("wait", frame="iframe.preview", selector="h1", text="preview")  # the preview's page loaded in it
     shot = looked_at(host("screenshot", path=str(shot_path(tmp_path, "service.png"))))
     [(x, y, width, height)] = host("boxes", selector="iframe.preview")
     inside = shot[int(y) + 60 : int(y + height) - 4, int(x) + 4 : int(x + width) - 4]

@@ -179,8 +179,8 @@ const commands = {
   tools: async () => (await client.listTools()).tools,
   resources: async () => (await client.listResources()).resources,
   call: async ({ tool, arguments: input }) => await client.callTool({ name: tool, arguments: input }),
-  wait: async ({ selector, text, timeout = 30000 }) => {
-    const found = view().locator(selector).first();
+  wait: async ({ selector, text, frame, timeout = 30000 }) => {
+    const found = (frame === undefined ? view() : view().frameLocator(frame)).locator(selector).first();
     if (text === undefined) await found.waitFor({ timeout });
     else await found.filter({ hasText: text }).waitFor({ timeout });
     return true;

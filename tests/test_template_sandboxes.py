@@ -161,13 +161,18 @@ WARM_LOOK = """
 import os, random, numpy, pandas
 def status(pid):
     return {k: v.strip() for k, _, v in (l.partition(':') for l in open(f'/proc/{pid}/status'))}
+def kind(fd):
+    try:
+        return os.readlink(f'/proc/self/fd/{fd}').split(':')[0]
+    except OSError:
+        return 'the listing'
 mine = status('self')
 needle = 's3cr3t' + '-of-call-a'
 seen = [open(f'/proc/{p}/cmdline', 'rb').read().replace(b'\\0', b' ').decode() for p in os.listdir('/proc') if p.isdigit()]
 found = sum(needle in text for text in seen) + sum(needle in open(f).read() for f in ('/tmp/secret',) if os.path.exists(f))
 print(repr((random.random(), float(numpy.random.rand()))))
 print({'module': hasattr(pandas, 'SECRET'), 'env': 'CALL_A_SECRET' in os.environ, 'found': found,
-       'processes': seen, 'fds': sorted(os.listdir('/proc/self/fd')),
+       'processes': seen, 'fds': {int(fd): kind(fd) for fd in os.listdir('/proc/self/fd')},
        'posture': [mine[k] for k in ('CapEff', 'CapBnd', 'CapAmb', 'NoNewPrivs', 'Seccomp', 'Uid')]})
 """
 """Another warm cell, during A or after it: looks for A everywhere a cell could, and says its own posture."""
@@ -231,8 +236,11 @@ async def test_warm_cells_share_the_templates_imports_and_nothing_of_each_other(
         # Its first process (a fork of the template, with its command line), the launcher, itself: nothing of
         # another call's, nor the template's (a call that kills all it can reach leaves them running, below).
         assert len(found["processes"]) <= 4, found
-        # its stdio, the cell runner's /dev/null and the listing's own, as on runc's path: none of the template's
-        assert found["fds"] == ["0", "1", "2", "3", "4"], found
+        # its stdio, the cell runner's /dev/null and the listing's own, as on runc's path, and the pipe on which it
+        # says its exit code to its first process: none of the template's
+        fds = found["fds"]
+        assert sorted(fds)[:5] == [0, 1, 2, 3, 4] and (fds[3], fds[4]) == ("/dev/null", "the listing"), found
+        assert len(fds) == 6 and fds[max(fds)] == "pipe", found
         assert found["posture"] == ["0000000000000000"] * 3 + ["1", "2", "1000\t1000\t1000\t1000"], found
     assert len({tuple(n) for n in numbers}) == 3, numbers  # each drew numbers of its own
 
@@ -302,6 +310,54 @@ async def test_a_warm_cell_of_a_template_that_preloads_nothing_is_forked_by_its_
             assert (pid, parent, warm) == ("2", "1", "True"), cell["text"]
             read = await answer(session, "run_python", {"code": f"BIG = '{'x' * 100_000}'\n{STDIN_LOOK}"})
             assert read["stdout"] == "/memfd:stdin (deleted) 0 100000\n", read["text"]
+
+
+FORKING = """
+import os, time
+if os.fork():
+    time.sleep(1)
+    print('the parent ended last')
+"""
+"""A cell whose child runs the cell's end before the cell does."""
+FORGING = """
+import os, time
+def pipe(fd):
+    try:
+        return os.readlink(f'/proc/self/fd/{fd}').startswith('pipe:')
+    except OSError:
+        return False
+ends = max(int(fd) for fd in os.listdir('/proc/self/fd') if pipe(fd))
+os.write(ends, b'exit 300\\nexit x\\n' + b'y' * 70000)
+os.write(ends, b'\\nexit 5\\n')
+time.sleep(30)
+print('still running')
+"""
+"""A cell that says an end of its own on the pipe its end is said on (after lines that say none), then runs on."""
+
+
+@pytest.mark.parametrize("preload", ["[pandas]", "[]"])
+async def test_a_warm_cell_says_its_own_end_as_it_exits_and_none_of_its_childrens(
+    tmp_path: Path, runtime: DockerRuntime, preload: str
+) -> None:
+    """A warm cell's process says its exit code as it exits (the launcher goes on while the kernel tears down its
+    copy of the template's memory, milliseconds for a preloaded heap): the code it exits with, whether it ends or
+    raises SystemExit. A child the cell forked, which runs the cell's end too, says nothing: the cell is answered
+    when the cell itself ends."""
+    policy = _policy(tmp_path, f"tools:\n  run_python: {{preload: {preload}}}\n")
+    with http_server_process("--policy", policy, "--sandboxes", "template") as server:
+        async with connect(server.url) as session:
+            await _once_warm(session, "run_python", WARM_PROBE, lambda said: said == "True\n")
+            forking = await answer(session, "run_python", {"code": FORKING})
+            assert str(forking["stdout"]).count("the parent ended last") == 1, forking["text"]
+            assert forking["exit_code"] == 0 and not forking["is_error"], forking["text"]
+            for code, said in (("raise SystemExit(3)", 3), ("import sys\nsys.exit(256 + 7)", 7), ("print(6 * 7)", 0)):
+                ended = await answer(session, "run_python", {"code": code})
+                assert ended["exit_code"] == said, (code, ended["text"])
+            # an end said early is the end of the cell: its code, and the launcher kills the cell before the answer
+            with anyio.fail_after(20):
+                forged = await answer(session, "run_python", {"code": FORGING})
+            assert forged["exit_code"] == 5 and "still running" not in str(forged["stdout"]), forged["text"]
+            assert not forged.get("timed_out"), forged["text"]
 
 
 async def test_a_template_killed_is_made_again_and_no_call_hangs(tmp_path: Path, runtime: DockerRuntime) -> None:

@@ -106,13 +106,13 @@ def first_process(argv: list, environment: dict, preloaded: str, ready: int, exi
     os.environ.clear()
     os.environ.update(environment)
     program = -1
+    told = _Told(done)
     if ready >= 0:
         os.write(ready, b"1")
         os.close(ready)
     else:
-        program = _fork_program(done, (job, done, woken, wake))
+        program, exits = _fork_program(told, (job, done, woken, wake))
     launcher = os.posix_spawn(argv[0], argv, {**environment, WARM_FORKS_ENV: "1"})
-    told = _Told(done)
     while True:
         asked = select.select([woken, exits] if exits >= 0 else [woken], [], [])[0]
         if exits in asked and not told.heard(os.read(exits, 256)):
@@ -127,18 +127,22 @@ def first_process(argv: list, environment: dict, preloaded: str, ready: int, exi
             if pid == 0:
                 break
             if pid == program and not os.WIFSTOPPED(status):
-                os.write(done, b"%d\n" % _exit_code(status))
+                told.exited(b"%d" % _exit_code(status))
             elif pid == launcher:
                 os._exit(0 if os.WIFSTOPPED(status) else _exit_code(status))
 
 
-def _fork_program(done: int, theirs: tuple) -> int:
+def _fork_program(told: "_Told", theirs: tuple) -> tuple:
     """The process that becomes the program handed over on WARM_JOB, forked by the first process before the
     launcher starts (in a process group of its own), its pid said; it waits for the launcher's word, and ends at
-    once when the launcher runs a program of its own (`none`)."""
+    once when the launcher runs a program of its own (`none`). Its pid and the read end of the pipe on which it
+    says its end (`told` hears it there)."""
+    heard, says = os.pipe2(os.O_CLOEXEC)
     program = os.fork()
     if program == 0:
         try:
+            os.close(heard)
+            _keep_exits(says)
             _wait_for_the_program(theirs)
         except BaseException:  # said where the call will read it (else its first process would end the sandbox)
             import traceback
@@ -146,20 +150,23 @@ def _fork_program(done: int, theirs: tuple) -> int:
             traceback.print_exc()
             os._exit(125)
         become_program()
+    os.close(says)
     try:
         os.setpgid(program, program)  # (also its own first step: the launcher's deadline stops this group)
     except OSError:
         pass
-    os.write(done, b"%d\n" % program)
-    return program
+    told.started(b"%d" % program)
+    return program, heard
 
 
 class _Told:
     """What the exits pipe says (`pid N`, then `exit C`), said on WARM_DONE as the launcher reads it: the program's
-    pid, then its exit code; an empty line for a program that was not made."""
+    pid, then its exit code, each once; an empty line for a program that was not made. The first end said is the
+    one the launcher reads: the program's own, said as it exits, or its parent's as it reaps it (killed, or ended
+    before it could say)."""
 
     def __init__(self, done: int) -> None:
-        self.done, self.said, self.pid = done, b"", False
+        self.done, self.said, self.pid, self.ended = done, b"", False, False
 
     def heard(self, chunk: bytes) -> bool:
         """False at the pipe's end."""
@@ -167,15 +174,28 @@ class _Told:
         while b"\n" in self.said:
             line, self.said = self.said.split(b"\n", 1)
             kind, _, value = line.partition(b" ")
-            if kind == b"pid" and not self.pid:
-                self.pid = True
-                os.write(self.done, value + b"\n")
+            if kind == b"pid":
+                self.started(value)
             elif kind == b"exit":
-                os.write(self.done, (value if self.pid else b"") + b"\n")
-                self.pid = True  # (said once)
-        if not chunk and not self.pid:
+                self.exited(value)
+        if len(self.said) > 64:  # (no line it would act on: the program's own writes, dropped)
+            self.said = b""
+        if not chunk and not self.pid:  # (nothing more to say of it)
             os.write(self.done, b"\n")
+            self.pid = self.ended = True
         return bool(chunk)
+
+    def started(self, pid: bytes) -> None:
+        if not self.pid and pid.isdigit():
+            self.pid = True
+            os.write(self.done, pid + b"\n")
+
+    def exited(self, code: bytes) -> None:
+        if self.ended or not (code.isdigit() and int(code) < 256):
+            return
+        self.ended = True
+        os.write(self.done, (code if self.pid else b"") + b"\n")
+        self.pid = True
 
 
 def program_process(exits: int) -> None:
@@ -185,7 +205,7 @@ def program_process(exits: int) -> None:
     try:
         os.setpgid(0, 0)  # (the launcher's deadline stops this group)
         os.write(exits, b"pid %d\n" % os.getpid())
-        os.close(exits)
+        _keep_exits(exits)
         _wait_for_the_program(())
     except BaseException:  # said where the call will read it
         import traceback
@@ -193,6 +213,33 @@ def program_process(exits: int) -> None:
         traceback.print_exc()
         os._exit(125)
     become_program()
+
+
+_exits: tuple = ()
+"""The pipe on which the program's process says its exit code as it exits, what it was (its device and inode),
+and the process's pid (a child the program forked says nothing at its own end). The launcher goes on at once,
+while the kernel tears down the process's copy of its template's memory (milliseconds for a preloaded heap);
+whoever forked the process says its end too, for when it could not: killed, or exec'd."""
+
+
+def _keep_exits(fd: int) -> None:
+    global _exits
+    found = os.fstat(fd)
+    _exits = (fd, found.st_dev, found.st_ino, os.getpid())
+
+
+def _say_exit(code: int) -> None:
+    """`exit C` on the exits pipe, if the program left it as it was (else the program's end is said as it is
+    reaped: a descriptor the program reused is never written to)."""
+    if not _exits or _exits[3] != os.getpid():
+        return
+    fd, device, inode, _ = _exits
+    try:
+        found = os.fstat(fd)
+        if (found.st_dev, found.st_ino) == (device, inode):
+            os.write(fd, b"exit %d\n" % code)
+    except OSError:
+        pass
 
 
 def _wait_for_the_program(theirs: tuple) -> None:
@@ -408,6 +455,8 @@ def become_program() -> None:
             stream.flush()
         except (OSError, ValueError):
             pass
+    code &= 0xFF  # (as the kernel keeps it)
+    _say_exit(code)
     os._exit(code)
 
 

@@ -14,7 +14,9 @@ from sandbox_server.sandbox import mounts
 from sandbox_server.sandbox.engine.attach import close_socket
 from sandbox_server.sandbox.streams import Stream
 
-__all__ = ["SETTLED_STATES", "SETTLE_S", "WarmContainer", "process_state", "process_tree", "sandbox_processes"]
+__all__ = [
+    "SETTLED_STATES", "SETTLE_S", "WarmContainer", "process_state", "process_tree", "sandbox_processes", "settled",
+]  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +60,9 @@ SETTLE_S = 1.0
 """How long the host waits, after the trailer, for the sandbox's processes to have stopped."""
 SETTLED_STATES = frozenset("TtZX")
 """Process states that can do nothing more: stopped (the launcher waits so for its removal), or dead."""
+PF_EXITING = 0x4
+"""The kernel's flag of a thread in its exit (in /proc's stat): it runs no code of its own again. A warm cell's
+process says its exit code as it exits, and the launcher goes on while the kernel tears its memory down."""
 
 
 def process_state(pid: int) -> str:
@@ -67,6 +72,25 @@ def process_state(pid: int) -> str:
             return stat.read().rsplit(b")", 1)[1].split()[0].decode()
     except (OSError, IndexError):
         return "X"
+
+
+def settled(pid: int) -> bool:
+    """Whether a process can do nothing more: each of its threads stopped, dead or exiting (PF_EXITING), or it
+    is gone."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return True
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/stat", "rb") as stat:
+                fields = stat.read().rsplit(b")", 1)[1].split()
+            state, flags = fields[0].decode(), int(fields[6])
+        except (OSError, IndexError, ValueError):
+            continue  # (ended meanwhile)
+        if state not in SETTLED_STATES and not flags & PF_EXITING:
+            return False
+    return True
 
 
 def process_tree(pid: int) -> list[int]:

@@ -35,7 +35,7 @@ from sandbox_server.sandbox.polling import readable
 from sandbox_server.sandbox.runtime import NO_HOOKS, ProgressCallback, RunHooks
 from sandbox_server.sandbox.spec import SANDBOX_LABEL, ExecutionResult, SandboxSpec
 from sandbox_server.sandbox.streams import Stream
-from sandbox_server.sandbox.warm_container import SETTLE_S, SETTLED_STATES, WarmContainer, process_state, process_tree
+from sandbox_server.sandbox.warm_container import SETTLE_S, WarmContainer, process_tree, sandbox_processes, settled
 
 __all__ = ["DockerRuntime"]
 
@@ -342,9 +342,9 @@ async def _settle(warm: WarmContainer, spec: SandboxSpec, ended: Callable[[WarmC
 
 
 def _running(init: int) -> bool:
-    """Whether a process of the sandbox whose init is `init`, other than its init, still runs (neither stopped nor
-    ended)."""
-    return any(process_state(pid) not in SETTLED_STATES for pid in process_tree(init)[1:])
+    """Whether a process of the sandbox whose init is `init`, other than its init, still runs (neither stopped,
+    exiting nor ended): its init's tree, and the warm cell's process a template forked into it."""
+    return not all(settled(pid) for pid in sandbox_processes(init)[1:])
 
 
 SMALL_REQUEST = 16384

@@ -319,6 +319,22 @@ if os.fork():
     print('the parent ended last')
 """
 """A cell whose child runs the cell's end before the cell does."""
+FILLING = """
+import os, threading, time
+made = 0
+while True:
+    try:
+        if {threads}:
+            threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
+        elif os.fork() == 0:
+            os._exit(0)
+    except (OSError, RuntimeError):
+        break
+    made += 1
+open('/workspace/out/made.txt', 'w').write(str(made))
+"""
+"""A cell that fills the process limit with threads that run on, or with children it never reaps (its first
+process reaps them once the cell is gone), then leaves a file for the launcher to send, which forks a `tar`."""
 FORGING = """
 import os, time
 def pipe(fd):
@@ -353,6 +369,10 @@ async def test_a_warm_cell_says_its_own_end_as_it_exits_and_none_of_its_children
             for code, said in (("raise SystemExit(3)", 3), ("import sys\nsys.exit(256 + 7)", 7), ("print(6 * 7)", 0)):
                 ended = await answer(session, "run_python", {"code": code})
                 assert ended["exit_code"] == said, (code, ended["text"])
+            for threads in (True, False):  # the launcher goes on only once nothing of the cell holds the limit
+                filled = await answer(session, "run_python", {"code": FILLING.format(threads=threads)})
+                assert "process limit reached" in str(filled["text"]) and filled["exit_code"] == 0, filled["text"]
+                assert "made.txt" in str(filled), filled  # (sent by the `tar` the launcher forked)
             # an end said early is the end of the cell: its code, and the launcher kills the cell before the answer
             with anyio.fail_after(20):
                 forged = await answer(session, "run_python", {"code": FORGING})

@@ -229,9 +229,9 @@ def _keep_exits(fd: int) -> None:
 
 
 def _say_exit(code: int) -> None:
-    """`exit C` on the exits pipe, if the program left it as it was (else the program's end is said as it is
-    reaped: a descriptor the program reused is never written to)."""
-    if not _exits or _exits[3] != os.getpid():
+    """`exit C` on the exits pipe, if the program left it as it was and leaves nothing behind it (else the
+    program's end is said as it is reaped: a descriptor the program reused is never written to)."""
+    if not _exits or _exits[3] != os.getpid() or not _alone():
         return
     fd, device, inode, _ = _exits
     try:
@@ -240,6 +240,20 @@ def _say_exit(code: int) -> None:
             os.write(fd, b"exit %d\n" % code)
     except OSError:
         pass
+
+
+def _alone() -> bool:
+    """Whether this process has no other thread and no child: only then does nothing of it but itself count
+    against the sandbox's process limit as the launcher goes on. Its children, even ended ones, count until its
+    sandbox's first process reaps them, after this process is gone; its threads until each has ended."""
+    try:
+        tasks = os.listdir("/proc/self/task")
+        if len(tasks) != 1:
+            return False
+        with open(f"/proc/self/task/{tasks[0]}/children", "rb") as children:
+            return not children.read().strip()
+    except OSError:
+        return False
 
 
 def _wait_for_the_program(theirs: tuple) -> None:

@@ -77,12 +77,20 @@ def _templates_of(pid: int, below: int = 1) -> list[psutil.Process]:
     found = []
     level = [psutil.Process(pid)]
     for _ in range(below - 1):
-        level = [child for process in level for child in process.children()]
-    for child in (child for process in level for child in process.children()):
+        level = [child for process in level for child in _children(process)]
+    for child in (child for process in level for child in _children(process)):
         with contextlib.suppress(psutil.Error):  # (one that ended meanwhile)
             if "sandbox_template" in " ".join(child.cmdline()):
                 found.append(child)
     return found
+
+
+def _children(process: psutil.Process) -> list[psutil.Process]:
+    """Its children; none when it ended meanwhile (a sandbox's first process, as its call ends)."""
+    try:
+        return process.children()
+    except psutil.Error:
+        return []
 
 
 def _ns_pids(process: psutil.Process) -> list[int]:

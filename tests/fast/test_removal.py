@@ -83,6 +83,15 @@ def test_what_a_part_of_a_live_process_labels_with_its_role_is_not_taken_for_a_d
     assert not owner_alive(f"{host}:{pid}:1-posture")  # the same pid with another start time: another process
 
 
+def test_a_live_server_is_alive_when_the_clock_moved_its_start_by_a_second() -> None:
+    """A process's start as a time of day moves by a whole second when the boot's time does (the clock set, or its
+    drift past a second's edge): another server's sweep would take every live server for gone, and remove their
+    sandboxes and networks mid-call."""
+    host, pid, created = current_owner().split(":")
+    assert owner_alive(f"{host}:{pid}:{int(created) - 1}") and owner_alive(f"{host}:{pid}:{int(created) + 1}")
+    assert not owner_alive(f"{host}:{pid}:{int(created) - 3}") and not owner_alive(f"{host}:{pid}:{int(created) + 3}")
+
+
 def test_the_operators_labels_go_on_everything_a_server_makes_and_never_over_its_own(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

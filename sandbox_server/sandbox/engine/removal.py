@@ -108,9 +108,17 @@ def owner_alive(owner: str) -> bool:
         return True  # another host's server: not ours to judge
     try:
         process = psutil.Process(int(pid_text))
-        return int(process.create_time()) == int(created_text)
+        return abs(process.create_time() - int(created_text)) < START_SLACK_S
     except (ValueError, psutil.Error):
         return False
+
+
+START_SLACK_S = 2.0
+"""How far a process's start, read now, may be from the one its label says. The kernel says when a process
+started in ticks since boot; as a time of day it adds the boot's time, which moves by a whole second when the
+clock is set or drifts past a second's edge: read exactly, every live server would then look gone to the next
+server's sweep, which would remove their sandboxes and networks mid-call. A pid taken again by another process
+within two seconds of the first's start is not met."""
 
 
 def reap_after(pid: int, owner: str) -> int:

@@ -65,11 +65,17 @@ PF_EXITING = 0x4
 process says its exit code as it exits, and the launcher goes on while the kernel tears its memory down."""
 
 
+def _stat(path: str) -> list[bytes]:
+    """The fields of a process's or thread's /proc stat after its name (its state first); raises OSError when it
+    is gone, IndexError when the file says nothing."""
+    with open(path, "rb") as stat:
+        return stat.read().rsplit(b")", 1)[1].split()
+
+
 def process_state(pid: int) -> str:
     """The state letter of a process from the host ("X" when it is gone)."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            return stat.read().rsplit(b")", 1)[1].split()[0].decode()
+        return _stat(f"/proc/{pid}/stat")[0].decode()
     except (OSError, IndexError):
         return "X"
 
@@ -83,8 +89,7 @@ def settled(pid: int) -> bool:
         return True
     for task in tasks:
         try:
-            with open(f"/proc/{pid}/task/{task}/stat", "rb") as stat:
-                fields = stat.read().rsplit(b")", 1)[1].split()
+            fields = _stat(f"/proc/{pid}/task/{task}/stat")
             state, flags = fields[0].decode(), int(fields[6])
         except (OSError, IndexError, ValueError):
             continue  # (ended meanwhile)

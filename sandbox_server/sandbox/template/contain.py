@@ -95,7 +95,7 @@ def child(request: Mapping[str, Any], fds: Sequence[int], host_root: int, seccom
         kernel.unshare(NAMESPACES)
         _stdio(stdin, stdout, stderr)
         ready, readied = os.pipe2(os.O_CLOEXEC)
-        first = os.fork()
+        first = kernel.fork()
     except BaseException as exc:  # said on the report pipe, whatever it is
         say(report, {"error": f"the sandbox could not be made: {exc}"})
         os._exit(125)

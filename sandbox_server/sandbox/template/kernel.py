@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import gc
 import os
 
 LIBC = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
@@ -41,6 +42,17 @@ def _checked(name: str, result: int) -> int:
         error = ctypes.get_errno()
         raise OSError(error, f"{name}: {os.strerror(error)}")
     return result
+
+
+def fork() -> int:
+    """fork(2), with every object the child was born with out of its collector's sight (`gc.freeze`): a full
+    collection in the child would write to each one's header, copying every page of its parent's heap that holds
+    one (a tenth of the CPU the template's children spent in a profile of a burst of shell calls). What the child
+    makes after is collected as ever."""
+    pid = os.fork()
+    if pid == 0:
+        gc.freeze()
+    return pid
 
 
 def unshare(flags: int) -> None:

@@ -53,7 +53,7 @@ def serve(
             continue
         if not message:
             return
-        pid = os.fork()
+        pid = kernel.fork()
         if pid == 0:
             sock.close()
             try:
@@ -270,7 +270,7 @@ def _forked_into(enter: Callable[[], None], own_pid_ns: int) -> int:
     pid = -1
     enter()
     try:
-        pid = os.fork()
+        pid = kernel.fork()
     finally:
         if pid != 0:
             kernel.setns(own_pid_ns, kernel.CLONE_NEWPID)

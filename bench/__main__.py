@@ -23,6 +23,7 @@ BENCHMARKS = {
     "sandboxes": "bench.sandboxes",
     "services": "bench.services",
     "sessions": "bench.sessions",
+    "userns": "bench.userns",
     "views": "bench.views",
     "warm": "bench.warm",
     "workspaces": "bench.workspaces",

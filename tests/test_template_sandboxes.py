@@ -276,9 +276,12 @@ async def _once_warm(session: Any, tool: str, code: str, warm: Callable[[str], b
     that template is made is forked cold; each preload list has a template of its own, made at its first call)."""
     key = "code" if tool == "run_python" else "command"
     with anyio.fail_after(60):
-        while not warm(str((said := await answer(session, tool, {key: code}))["stdout"])):
+        while True:
+            said = await answer(session, tool, {key: code})
+            assert not said["is_error"], said["text"]
+            if warm(str(said["stdout"])):
+                return said
             await anyio.sleep(0.2)
-    return said
 
 
 async def test_a_warm_cell_runs_in_the_process_forked_for_it_before_its_call(
@@ -451,6 +454,9 @@ async def test_a_server_killed_mid_burst_leaves_no_template_sandbox_process_cgro
     def look(running: list[str]) -> None:
         seen.extend(_every_process_of(_templates_of(pid)))
         assert len(seen) > 1, "the template and its sandboxes are where the test looks for them"
+        makers = [p for p in _children(psutil.Process(pid)) if "CLONE_NEWUSER" in " ".join(p.cmdline())]
+        assert len(makers) == 1, "the maker of the sandboxes' user namespaces is where the test looks for it"
+        seen.extend(makers)
 
     with http_server_process("--policy", _policy(tmp_path), "--sandboxes", "template") as server:
         pid = server.process.pid
@@ -461,7 +467,7 @@ async def test_a_server_killed_mid_burst_leaves_no_template_sandbox_process_cgro
     assert _sandboxes_of(pid) == set() and _cgroups_of(pid) == set()
     assert _held_by(pid) == set() and _views_of(pid) == []  # no id range held, nothing mounted
     # Each ended: once its parent has gone, the host's init reaps it (a zombie until then, awaited here).
-    assert not psutil.wait_procs(seen, timeout=10)[1], "a template or a sandbox outlived its server"
+    assert not psutil.wait_procs(seen, timeout=10)[1], "a template, a sandbox or the maker outlived its server"
 
 
 def _running_forked(name: str) -> bool:

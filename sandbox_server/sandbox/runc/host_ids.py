@@ -5,7 +5,7 @@ user namespaces, processes. Were every sandbox host uid 1000, one holding its 12
 819,200 bytes of queues would make `inotify_init` and `mq_open` fail in every other for as long as it ran. So
 each sandbox runc makes takes a range of 65,536 host ids no other sandbox holds (from `BASE` up, as Podman's
 subordinate ids are ranges of a host's), and runs in a user namespace that maps its ids 0-65535 onto that range:
-its user 1000 is host id `first + 1000`. The namespace is made by a short helper running as the range's first id,
+its user 1000 is host id `first + 1000`. The namespace is made by a process running as the range's first id,
 which so owns it: what the sandbox's processes hold is counted, in the host's own namespace, against that id, and
 against no other sandbox's. A range taken is a file in the state folder, made exclusively, so that servers of one
 host never share one; it is given back when the sandbox is deleted.
@@ -22,12 +22,11 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import subprocess
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from sandbox_server.sandbox import mounts
-from sandbox_server.sandbox.runc import views
+from sandbox_server.sandbox.runc import userns_maker, views
 from sandbox_server.sandbox.runc.oci import SPAN
 from sandbox_server.sandbox.spec import SandboxSpec
 
@@ -46,8 +45,6 @@ NAMESPACE = "userns"
 """In a bundle: the file its user namespace is bound on."""
 VIEWS = "views"
 """In a bundle: the folder of the idmapped mounts its sandbox is given."""
-
-HELPER_WAIT_S = 10.0
 
 
 class HostIdsError(OSError):
@@ -154,33 +151,8 @@ def range_of(bundle: Path) -> int | None:
 
 def make_namespace(held: Path, first: int) -> None:
     """A user namespace owned by host id `first`, mapping ids 0-65535 onto `first` up, held by a bind of its file
-    on `held` (made here): a helper running as `first` makes it, root writes its maps, and the helper ends. The
-    helper becomes `first` itself (setpriv), so that starting it never forks the server: a process that changes
-    its ids before it executes is made by a whole fork(2) of this one, its every page table copied (a few ms of
-    CPU each sandbox), where one that does not is started by vfork."""
-    helper = subprocess.Popen(
-        ["setpriv", f"--reuid={first}", f"--regid={first}", "--clear-groups", "--",
-         "unshare", "--user", "--", "sh", "-c", "echo made; read _"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-        cwd="/", env={"PATH": "/usr/bin:/bin"}, close_fds=True,
-    )  # fmt: skip
-    assert helper.stdin is not None and helper.stdout is not None
-    try:
-        if helper.stdout.readline() != b"made\n":
-            raise HostIdsError(errno.EPERM, "could not make a user namespace (unshare --user failed)")
-        for kind in ("uid_map", "gid_map"):
-            with open(f"/proc/{helper.pid}/{kind}", "w", encoding="ascii") as mapping:
-                mapping.write(f"0 {first} {SPAN}\n")
-        held.touch(mode=0o600)
-        mounts.bind(f"/proc/{helper.pid}/ns/user", str(held))
-    finally:
-        helper.stdin.close()
-        try:
-            helper.wait(timeout=HELPER_WAIT_S)
-        except subprocess.TimeoutExpired:
-            helper.kill()
-            helper.wait()
-        helper.stdout.close()
+    on `held` (made here): made by a process running as `first` (sandbox.runc.userns_maker)."""
+    userns_maker.make(held, first)
 
 
 def detach_all(bundle: Path) -> bool:
@@ -205,7 +177,7 @@ def unavailable(state: Path, probe_source: Path) -> str | None:
         index = take(state, place.name)
         make_namespace(place / NAMESPACE, first_id(index))
         views.view(probe_source, place / "view", place / NAMESPACE)
-    except (OSError, subprocess.SubprocessError) as exc:
+    except OSError as exc:
         return f"the kernel would not give a sandbox a user namespace and idmapped mounts ({exc})"
     finally:
         give_back(state, index, place.name)

@@ -42,7 +42,7 @@ from sandbox_server.sandbox.engine.removal import Remover, owned_by, owner_alive
 from sandbox_server.sandbox.engine.runtime import DockerRuntime
 from sandbox_server.sandbox.gvisor.runsc import gvisor_exit, start_gvisor
 from sandbox_server.sandbox.polling import readable
-from sandbox_server.sandbox.runc import host_ids
+from sandbox_server.sandbox.runc import host_ids, userns_maker
 from sandbox_server.sandbox.runc.bundles import Inspected, is_unpacked, prune_unpacked, unpacked, write_config
 from sandbox_server.sandbox.runc.hosts import ensure_hosts, forget_hosts, write_hosts
 from sandbox_server.sandbox.runc.oci import INIT_SOURCE, oci_config
@@ -188,6 +188,7 @@ class RuncRuntime(DockerRuntime):
         if self.templates is not None:  # (after every sandbox forked from them is deleted)
             self.templates.close()
         self.warm_namespaces.close()
+        userns_maker.close()
         super().close_connection()
 
     def runc_refused(self) -> str | None:

@@ -26,6 +26,7 @@ BENCHMARKS = {
     "userns": "bench.userns",
     "views": "bench.views",
     "warm": "bench.warm",
+    "warm_heap": "bench.warm_heap",
     "workspaces": "bench.workspaces",
 }
 

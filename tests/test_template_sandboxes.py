@@ -99,6 +99,12 @@ def _ns_pids(process: psutil.Process) -> list[int]:
         return next([int(p) for p in line.split()[1:]] for line in status if line.startswith("NSpid:"))
 
 
+def _anon_huge_kib(pid: int) -> int:
+    """How much of a process's anonymous memory is in huge pages, in KiB."""
+    with open(f"/proc/{pid}/smaps_rollup") as rollup:
+        return next(int(line.split()[1]) for line in rollup if line.startswith("AnonHugePages:"))
+
+
 def _every_process_of(templates: list[psutil.Process]) -> Iterator[psutil.Process]:
     for template in templates:
         yield template
@@ -227,6 +233,8 @@ async def test_warm_cells_share_the_templates_imports_and_nothing_of_each_other(
                 sandboxes = {os.readlink(f"/proc/{f.pid}/ns/pid") for f in firsts}
                 assert all(os.readlink(f"/proc/{p.pid}/ns/pid") in sandboxes for p in programs), programs
                 warm = [*(parent for t in templates if (parent := t.parent()) is not None), *templates, *helpers]
+                huge = [_anon_huge_kib(t.pid) for t in templates]  # the heap each call's fork copies
+                assert all(kib >= 2048 for kib in huge), huge
             assert warm, "the warm template is where the test looks for it"
             killer = await answer(b, "run_python", {"code": "import os, signal\nos.kill(-1, signal.SIGKILL)"})
             assert all(t.is_running() for t in warm), killer["text"]

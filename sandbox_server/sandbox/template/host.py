@@ -178,6 +178,8 @@ class WarmTemplate(Asked):
             os.close(told)
         super().__init__(ours)
         self.pid, self.pidfd = -1, -1
+        self.huge_mib = 0
+        """How much of its heap is in huge pages (kernel.collapse_heap), in MiB."""
         try:
             said = Forked(report, "warm template")
             self.pid = said.started(within_s)
@@ -186,6 +188,7 @@ class WarmTemplate(Asked):
             ready = said.line(within_s)
             if ready is None or "ready" not in ready:
                 raise EngineError(f"the warm template did not preload: {(ready or {}).get('error', 'no answer')}")
+            self.huge_mib = int(ready.get("huge_mib", 0))
         except BaseException:
             self.close()
             raise
@@ -277,8 +280,8 @@ class Templates:
                         made.close()
                     else:
                         self._current(self._warm, key, lambda: made)
-                        log.info("warm template of %s ready: its sandboxes start with its imports from now on",
-                                 rootfs.parent.name)  # fmt: skip
+                        log.info("warm template of %s ready: its sandboxes start with its imports from now on "
+                                 "(%d MiB of its heap in huge pages)", rootfs.parent.name, made.huge_mib)  # fmt: skip
 
     def _preloading(self, made: WarmTemplate) -> None:
         with self._lock:

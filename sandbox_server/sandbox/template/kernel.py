@@ -25,6 +25,8 @@ STATVFS_FLAGS = {os.ST_RDONLY: MS_RDONLY, os.ST_NOSUID: MS_NOSUID, os.ST_NODEV: 
 PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP = 24, 38, 22
 PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
 SECCOMP_MODE_FILTER = 2
+MADV_COLLAPSE = 25
+HUGE_PAGE = 2 << 20
 SYS_PIVOT_ROOT = 155  # x86_64
 SYS_CAPSET = 126
 
@@ -53,6 +55,36 @@ def fork() -> int:
     if pid == 0:
         gc.freeze()
     return pid
+
+
+def collapse_heap(maps: int) -> int:
+    """The process's own anonymous memory, 2 MiB at a time where at least half of it is in use, made huge pages
+    (madvise MADV_COLLAPSE, Linux 6.1; `maps`: its /proc/<pid>/maps, open). A fork copies one entry of the page
+    tables for each, not 512, and an exit drops one: a warm template's heap copied and torn down per call costs a
+    fraction of what it did. A child that writes to one splits that entry alone and copies the 4 KiB it wrote, as
+    before. Where the kernel will not (no huge pages free, THP set to never), nothing changes. How many MiB it made
+    huge; never raises."""
+    made = 0
+    LIBC.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    LIBC.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    resident = ctypes.create_string_buffer(HUGE_PAGE // 4096)
+    try:
+        with os.fdopen(maps, "r", encoding="ascii", errors="replace") as listing:
+            ranges = [line.split() for line in listing]
+    except OSError:
+        return 0
+    for fields in ranges:  # (start-end, permissions, offset, device, inode[, path])
+        if fields[1][:2] != "rw" or fields[1][3] != "p" or (len(fields) > 5 and fields[5] != "[heap]"):
+            continue
+        start, end = (int(bound, 16) for bound in fields[0].split("-"))
+        for place in range((start + HUGE_PAGE - 1) & -HUGE_PAGE, end & -HUGE_PAGE, HUGE_PAGE):
+            if LIBC.mincore(place, HUGE_PAGE, resident) != 0:
+                continue
+            if sum(byte & 1 for byte in resident.raw) * 2 < len(resident.raw):
+                continue  # (mostly not in use: made whole, it would take memory nobody asked for)
+            if LIBC.madvise(place, HUGE_PAGE, MADV_COLLAPSE) == 0:
+                made += 2
+    return made
 
 
 def unshare(flags: int) -> None:

@@ -108,14 +108,24 @@ def ready(report: int, warm: Mapping[str, Any]) -> tuple[int, contain.Warm]:
         _flush()
         gc.collect()  # what importing left behind, then every object it keeps out of the collector's sight: a
         gc.freeze()  # collection in a sandbox would otherwise write to each one's header, copying every page
+        huge = _huge(host_root)  # the heap each call's fork copies: huge pages, where it is in use
         if ours is not None:
             ours.send(json.dumps({"preloaded": said}).encode())
     except BaseException as exc:  # said on the report pipe, whatever it is
         contain.say(report, {"error": f"the warm template could not preload: {type(exc).__name__}: {exc}"})
         os._exit(125)
-    contain.say(report, {"ready": said})
+    contain.say(report, {"ready": said, "huge_mib": huge})
     os.close(report)
     return host_root, _becoming(module, ours.detach() if ours is not None else -1, helping=False, preloaded=said)
+
+
+def _huge(host_root: int) -> int:
+    """The warm template's heap made huge pages where it is in use (kernel.collapse_heap): how many MiB."""
+    try:
+        maps = os.open("proc/self/maps", os.O_RDONLY | os.O_CLOEXEC, dir_fd=host_root)  # (the host's /proc)
+    except OSError:
+        return 0
+    return kernel.collapse_heap(maps)
 
 
 def _warm_interpreter(warm: Mapping[str, Any]) -> Any:

@@ -42,11 +42,7 @@ def by_three_programs(held: Path, first: int) -> None:
     try:
         if helper.stdout.readline() != b"made\n":
             raise OSError("unshare --user failed")
-        for kind in ("uid_map", "gid_map"):
-            with open(f"/proc/{helper.pid}/{kind}", "w", encoding="ascii") as mapping:
-                mapping.write(f"0 {first} {host_ids.SPAN}\n")
-        held.touch(mode=0o600)
-        mounts.bind(f"/proc/{helper.pid}/ns/user", str(held))
+        userns_maker.hold(helper.pid, first, held)  # (as the maker's children's are)
     finally:
         helper.stdin.close()
         helper.wait()

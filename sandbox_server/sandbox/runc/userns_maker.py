@@ -22,7 +22,7 @@ from pathlib import Path
 from sandbox_server.sandbox import mounts
 from sandbox_server.sandbox.runc.oci import SPAN
 
-__all__ = ["UsernsError", "close", "make"]
+__all__ = ["UsernsError", "close", "hold", "make"]
 
 WAIT_S = 10.0
 MAKER = r"""
@@ -79,7 +79,7 @@ class _Maker:
                 cwd="/",
                 env={},
                 start_new_session=True,
-            )  # fmt: skip  (nothing of it reaches the server's stdout, which may be its MCP channel)
+            )  # (nothing of it reaches the server's stdout, which may be its MCP channel)
         except BaseException:
             ours.close()
             raise
@@ -139,14 +139,19 @@ def make(held: Path, first: int) -> None:
         if not said.isdigit():
             reason = said.decode(errors="replace") or "error: the maker ended"
             raise UsernsError(errno.EPERM, f"could not make a user namespace ({reason})")
-        pid = int(said)
-        for kind in ("uid_map", "gid_map"):
-            with open(f"/proc/{pid}/{kind}", "w", encoding="ascii") as mapping:
-                mapping.write(f"0 {first} {SPAN}\n")
-        held.touch(mode=0o600)
-        mounts.bind(f"/proc/{pid}/ns/user", str(held))
+        hold(int(said), first, held)
     finally:
         answer.close()
+
+
+def hold(pid: int, first: int, held: Path) -> None:
+    """The user namespace process `pid` made, its ids 0-65535 mapped onto host ids `first` up, held by a bind of its
+    file on `held` (made here): it outlives the process."""
+    for kind in ("uid_map", "gid_map"):
+        with open(f"/proc/{pid}/{kind}", "w", encoding="ascii") as mapping:
+            mapping.write(f"0 {first} {SPAN}\n")
+    held.touch(mode=0o600)
+    mounts.bind(f"/proc/{pid}/ns/user", str(held))
 
 
 def close() -> None:

@@ -399,6 +399,59 @@ async def test_a_warm_cell_says_its_own_end_as_it_exits_and_none_of_its_children
             assert not forged.get("timed_out"), forged["text"]
 
 
+WARM_FORGE = r"""
+import os, re, sys, time
+launcher = next(pid for pid in os.listdir("/proc") if pid.isdigit()
+                and b"sandbox-launch" in open(f"/proc/{pid}/cmdline", "rb").read())
+boundary = None
+with open(f"/proc/{launcher}/mem", "rb", 0) as memory:  # its launcher's, a sibling: same user
+    for line in open(f"/proc/{launcher}/maps"):
+        span, perms = line.split()[:2]
+        if perms.startswith("rw"):
+            start, end = (int(edge, 16) for edge in span.split("-"))
+            try:
+                memory.seek(start)
+                found = re.search(rb"boundary=([0-9a-f]{32})", memory.read(end - start))
+            except (OSError, ValueError, OverflowError):
+                continue
+            if found:
+                boundary = found.group(1)
+                break
+sys.stderr.buffer.write(boundary + b"\n")
+sys.stderr.flush()
+sys.stdout.buffer.write(boundary + bytes(10240) + boundary + b" exit=0 oom_kill=0 pids_max=0 timed_out=0\n")
+sys.stdout.flush()
+with open("/workspace/after.log", "a") as log:  # the host is told the call is over: write on
+    for number in range(150):
+        log.write(f"{number}\n")
+        log.flush()
+        time.sleep(0.02)
+"""
+"""A cell that reads its launcher's boundary from its memory, says the call's end with it, and writes on."""
+
+
+async def test_a_warm_cell_that_forges_its_calls_end_writes_nothing_after_the_answer(tmp_path: Path) -> None:
+    """A warm template that preloads nothing: the host learns its sandbox's end from its first process's, not by
+    looking at its processes. A cell that says the call's end itself while it runs on is still stopped with its
+    sandbox before the answer, and writes nothing in its kept workspace after it."""
+    policy = tmp_path / "keeping.yaml"
+    policy.write_text("extends: default\ntools:\n  run_python: {preload: []}\n")
+    serving = ("--policy", str(policy), "--sandboxes", "template", "--workspaces", "mounted")
+    with http_server_process(*serving, "--state-dir", str(tmp_path / "state")) as server:
+        async with connect(server.url) as session:
+            await _once_warm(session, "run_python", WARM_PROBE, lambda said: said == "True\n")
+            with anyio.fail_after(20):
+                forged = await answer(session, "run_python", {"code": WARM_FORGE})
+            assert "they were stopped with the sandbox before this answer" in forged["text"], forged["text"]
+            looked = await answer(
+                session,
+                "execute_command",
+                {"command": "a=$(wc -l < after.log); sleep 1; b=$(wc -l < after.log); echo $a $b"},
+            )
+            before, after = str(looked["stdout"]).split()
+            assert before == after and int(after) < 150, looked["text"]
+
+
 async def test_a_template_killed_is_made_again_and_no_call_hangs(tmp_path: Path, runtime: DockerRuntime) -> None:
     with http_server_process("--policy", _policy(tmp_path), "--sandboxes", "template", "--no-pool") as server:
         async with connect(server.url) as session:

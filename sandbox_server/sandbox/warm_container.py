@@ -39,6 +39,9 @@ class WarmContainer:
     namespace: Path | None = None
     """Where its user namespace is held, when it has host ids of its own (sandbox.host_ids): what is bound on its
     slot is idmapped for it."""
+    ends: int | None = None
+    """A descriptor readable once every process of the sandbox has ended (a pidfd of its first process, where that
+    process's end says so: template.host.Forked); None: the host looks at its processes after its trailer."""
 
     def close(self) -> None:
         """Close our end of the attach stream; never raises."""

@@ -12,13 +12,13 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 
 import pytest
 
 from sandbox_server import shipped
 from sandbox_server.sandbox import wire
-from sandbox_server.sandbox.warm_container import settled
+from sandbox_server.sandbox.warm_container import WarmContainer, settled
 
 
 @pytest.fixture(scope="module")
@@ -110,3 +110,50 @@ def test_a_process_is_settled_when_each_of_its_threads_can_do_nothing_more() -> 
             process.kill()
             process.wait()
     assert settled(running.pid), "a process gone is settled"
+
+
+@pytest.mark.anyio
+async def test_a_sandbox_whose_end_a_descriptor_tells_is_settled_once_it_is_readable_and_not_before(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A warm template's sandbox that preloads nothing is settled when its first process has ended (its pidfd
+    readable: the kernel has ended every other process of its pid namespace by then), awaited on the event loop,
+    without a look at /proc; one whose first process runs on past SETTLE_S is not, and is removed."""
+    import anyio
+
+    from sandbox_server.sandbox.engine import runtime
+
+    monkeypatch.setattr(runtime, "SETTLE_S", 0.3)
+    looked: list[int] = []
+
+    def look(pid: int) -> list[int]:
+        looked.append(pid)
+        return [pid, pid]
+
+    monkeypatch.setattr(runtime, "sandbox_processes", look)
+    spec = SimpleNamespace(runtime="runc", mounted_workspace=None, networked=False)
+    for ends_at in (0.1, None):
+        process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        pidfd = os.pidfd_open(process.pid)
+        warm = WarmContainer("sbx-a", None, ("key",), 0.0, pid=process.pid, ends=pidfd)  # type: ignore[arg-type]
+        try:
+            async with anyio.create_task_group() as group:
+                if ends_at is not None:
+                    group.start_soon(_kill_after, process, ends_at)
+                started = time.monotonic()
+                settled_ = await runtime._settle(warm, spec, lambda *_: True)  # type: ignore[arg-type]
+            took = time.monotonic() - started
+        finally:
+            os.close(pidfd)
+            process.kill()
+            process.wait()
+        assert settled_ == (ends_at is not None), ends_at
+        assert (took < 0.3) if ends_at is not None else (took >= 0.3), took
+    assert not looked, "a sandbox whose end is told was looked at in /proc"
+
+
+async def _kill_after(process: subprocess.Popen[bytes], seconds: float) -> None:
+    import anyio
+
+    await anyio.sleep(seconds)
+    process.kill()

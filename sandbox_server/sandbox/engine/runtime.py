@@ -325,10 +325,16 @@ class DockerRuntime(Engine):
 
 
 async def _settle(warm: WarmContainer, spec: SandboxSpec, ended: Callable[[WarmContainer, SandboxSpec], bool]) -> bool:
-    """Whether the sandbox's processes have ended with its launcher's trailer: every process but its init stopped
+    """Whether the sandbox's processes have ended with its launcher's trailer: where a descriptor tells the end of
+    every one (`warm.ends`), that one readable, awaited on the event loop; else every process but its init stopped
     or gone, read from the host's /proc between short sleeps on the event loop (a few small reads each time: no
     trip to a thread); where the host cannot see them (gVisor), whether the sandbox ended (`ended`, in a thread),
     asked only when a workspace is mounted or a proxy files its requests."""
+    if warm.ends is not None:
+        with anyio.move_on_after(SETTLE_S):
+            await anyio.wait_readable(warm.ends)
+            return True
+        return False
     if spec.runtime == "runsc" or warm.pid <= 0:
         if spec.mounted_workspace is None and not spec.networked:
             return True  # nothing of the call outlives its answer but the container, which is removed

@@ -314,8 +314,9 @@ class RuncRuntime(DockerRuntime):
             stream.close()
             self.removal.remove(name)
             raise
-        key, now = spec.container_key(), time.monotonic()
-        return WarmContainer(name, stream, key, now, None, slot, pid, address, own.namespace)
+        key, now, run = spec.container_key(), time.monotonic(), self._runs[name]
+        ends = run.init if isinstance(run.process, Forked) and run.process.ends_with_first else None
+        return WarmContainer(name, stream, key, now, None, slot, pid, address, own.namespace, ends)
 
     def _launch(
         self, name: str, bundle: Path, config: Mapping[str, Any], stdio: tuple[int, int, int], gvisor: bool

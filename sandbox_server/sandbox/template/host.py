@@ -323,6 +323,11 @@ class Forked:
         self._said = b""
         self.superseded: Callable[[], bool] = lambda: False
         """Whether a sandbox made now would serve better (one forked cold while its warm template was made)."""
+        self.ends_with_first = False
+        """Whether the host learns the sandbox's end from its first process's (its pidfd readable), rather than by
+        looking at its processes: every process of a warm template's sandbox has ended once its first process has,
+        which ends as soon as the launcher stops or ends (pid 1 of the sandbox's pid namespace, not the launcher:
+        the kernel kills every other process of the namespace and waits for their ends before it says pid 1's)."""
 
     def _read(self, timeout: float | None) -> dict[str, Any] | None:
         while b"\n" not in self._said:

@@ -99,6 +99,11 @@ def _ns_pids(process: psutil.Process) -> list[int]:
         return next([int(p) for p in line.split()[1:]] for line in status if line.startswith("NSpid:"))
 
 
+def _status(pid: int, field: str) -> str:
+    with open(f"/proc/{pid}/status") as status:
+        return next(line.split(":", 1)[1].strip() for line in status if line.startswith(f"{field}:"))
+
+
 def _anon_huge_kib(pid: int) -> int:
     """How much of a process's anonymous memory is in huge pages, in KiB."""
     with open(f"/proc/{pid}/smaps_rollup") as rollup:
@@ -235,6 +240,9 @@ async def test_warm_cells_share_the_templates_imports_and_nothing_of_each_other(
                 warm = [*(parent for t in templates if (parent := t.parent()) is not None), *templates, *helpers]
                 huge = [_anon_huge_kib(t.pid) for t in templates]  # the heap each call's fork copies
                 assert all(kib >= 2048 for kib in huge), huge
+                # no capability any process it forks could be given back by an exec, its own set emptied once
+                bounding = {_status(t.pid, "CapBnd") for t in [*templates, *helpers]}
+                assert bounding == {"0000000000000000"}, bounding
             assert warm, "the warm template is where the test looks for it"
             killer = await answer(b, "run_python", {"code": "import os, signal\nos.kill(-1, signal.SIGKILL)"})
             assert all(t.is_running() for t in warm), killer["text"]

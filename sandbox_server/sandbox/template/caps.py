@@ -3,22 +3,35 @@ user and groups the config's, no new privileges (no setuid bit, no file capabili
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Mapping
 from typing import Any
 
 from . import kernel
 
-LAST_CAP_FILE = "/proc/sys/kernel/cap_last_cap"
-
 
 def drop_bounding() -> None:
-    """Every capability out of the bounding set (while this process still has CAP_SETPCAP), and none ambient."""
-    with open(LAST_CAP_FILE) as last:
-        top = int(last.read())
-    for cap in range(top + 1):
-        kernel.prctl(kernel.PR_CAPBSET_DROP, cap)
+    """Every capability out of the bounding set (while this process still has CAP_SETPCAP), and none ambient: each
+    one the kernel knows, up to the first it calls invalid (no /proc needed: a warm template's root has none). One
+    already out is left alone: each drop commits new credentials, which a read does not (a warm template empties its
+    own set once, and the processes it forks find nothing left to drop)."""
+    cap = 0
+    while (held := _in_bounding(cap)) is not None:
+        if held:
+            kernel.prctl(kernel.PR_CAPBSET_DROP, cap)
+        cap += 1
     kernel.prctl(kernel.PR_CAP_AMBIENT, kernel.PR_CAP_AMBIENT_CLEAR_ALL)
+
+
+def _in_bounding(cap: int) -> bool | None:
+    """Whether `cap` is in this process's bounding set; None past the last capability the kernel knows."""
+    try:
+        return bool(kernel.prctl(kernel.PR_CAPBSET_READ, cap))
+    except OSError as exc:
+        if exc.errno == errno.EINVAL:
+            return None
+        raise
 
 
 def become(user: Mapping[str, Any]) -> None:

@@ -22,7 +22,7 @@ MNT_DETACH = 2
 STATVFS_FLAGS = {os.ST_RDONLY: MS_RDONLY, os.ST_NOSUID: MS_NOSUID, os.ST_NODEV: MS_NODEV, os.ST_NOEXEC: MS_NOEXEC,
                  os.ST_NOATIME: MS_NOATIME, os.ST_NODIRATIME: MS_NODIRATIME, os.ST_RELATIME: MS_RELATIME}  # fmt: skip
 """A mount's flags as statvfs says them, as mount(2) takes them."""
-PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP = 24, 38, 22
+PR_CAPBSET_READ, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP = 23, 24, 38, 22
 PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
 SECCOMP_MODE_FILTER = 2
 MADV_COLLAPSE = 25
@@ -121,8 +121,8 @@ def pivot_root(new_root: str, put_old: str) -> None:
     _checked("pivot_root", LIBC.syscall(ctypes.c_long(SYS_PIVOT_ROOT), new_root.encode(), put_old.encode()))
 
 
-def prctl(option: int, arg2: int | ctypes.c_void_p = 0, arg3: int = 0) -> None:
-    _checked(f"prctl {option}", LIBC.prctl(ctypes.c_int(option), arg2, ctypes.c_ulong(arg3), 0, 0))
+def prctl(option: int, arg2: int | ctypes.c_void_p = 0, arg3: int = 0) -> int:
+    return _checked(f"prctl {option}", LIBC.prctl(ctypes.c_int(option), arg2, ctypes.c_ulong(arg3), 0, 0))
 
 
 def sethostname(name: str) -> None:

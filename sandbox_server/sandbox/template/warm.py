@@ -19,7 +19,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from . import contain, kernel
+from . import caps, contain, kernel
 
 OWN_MOUNTS = (
     ("tmpfs", "tmpfs", "tmp", kernel.MS_NOSUID | kernel.MS_NODEV),
@@ -95,6 +95,7 @@ def ready(report: int, warm: Mapping[str, Any]) -> tuple[int, contain.Warm]:
     for the helper's own part."""
     host_root = int(sys.argv[3])
     try:
+        caps.drop_bounding()  # its own, once: inherited by every process it forks, each of which checks it is empty
         module = _warm_interpreter(warm)
         helped = bool(warm.get("helper"))
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET) if helped else (None, None)

@@ -9,6 +9,7 @@ queue is full or that wait passes, and the refusal says how long the queue was.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import threading
@@ -278,7 +279,7 @@ class Admission:
                 kind="busy",
                 retry_after_s=5,
             )
-        load_per_cpu = os.getloadavg()[0] / (psutil.cpu_count() or 1)
+        load_per_cpu = os.getloadavg()[0] / _cpus()
         if load_per_cpu <= self.host.max_load_per_cpu:
             return
         mine = self._running_by.get(client, 0) if client is not None else 0
@@ -292,3 +293,9 @@ class Admission:
                 kind="busy",
                 retry_after_s=5,
             )
+
+
+@functools.cache
+def _cpus() -> int:
+    """The host's CPUs, counted once (a count per call read /sys each time)."""
+    return psutil.cpu_count() or 1

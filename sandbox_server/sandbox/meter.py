@@ -10,7 +10,8 @@ waits stopped. None where the host cannot read them: gVisor's processes, an engi
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable
+import functools
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,7 +38,7 @@ class Meter:
         self.cpu_start = _cpu_ns(cpu) if cpu is not None else None
         if peak is not None and peak.name == "memory.max_usage_in_bytes":
             with contextlib.suppress(OSError):
-                peak.write_text("0")  # v1: the peak from now on (the warm-up's is not the call's)
+                _write(peak, b"0")  # v1: the peak from now on (the warm-up's is not the call's)
         self.memory_start = memory_events(peak.parent) if peak is not None else (0, 0)
 
     @classmethod
@@ -46,14 +47,14 @@ class Meter:
         paths = _cgroups(pid) if pid > 0 else {}
         cpu = peak = None
         if "cpuacct" in paths:  # v1 (a hybrid host's controllers are v1 too)
-            cpu = _first(CGROUP_ROOT / name / paths["cpuacct"].lstrip("/") / "cpuacct.usage"
-                         for name in ("cpuacct", "cpu,cpuacct"))  # fmt: skip
+            root = _cpuacct_root()
+            cpu = root / paths["cpuacct"].lstrip("/") / "cpuacct.usage" if root is not None else None
         elif "" in paths:
-            cpu = _first([CGROUP_ROOT / paths[""].lstrip("/") / "cpu.stat"])
+            cpu = CGROUP_ROOT / paths[""].lstrip("/") / "cpu.stat"
         if "memory" in paths:
-            peak = _first([CGROUP_ROOT / "memory" / paths["memory"].lstrip("/") / "memory.max_usage_in_bytes"])
+            peak = CGROUP_ROOT / "memory" / paths["memory"].lstrip("/") / "memory.max_usage_in_bytes"
         elif "" in paths:
-            peak = _first([CGROUP_ROOT / paths[""].lstrip("/") / "memory.peak"])
+            peak = CGROUP_ROOT / paths[""].lstrip("/") / "memory.peak"
         return cls(cpu, peak)
 
     def read(self) -> Usage:
@@ -65,7 +66,7 @@ class Meter:
         peak, hits, kills = None, 0, 0
         if self.peak is not None:
             with contextlib.suppress(OSError, ValueError):
-                peak = int(self.peak.read_text().split()[0])
+                peak = int(_read(self.peak).split()[0])
             now_hits, now_kills = memory_events(self.peak.parent)
             hits, kills = now_hits - self.memory_start[0], now_kills - self.memory_start[1]
         return Usage(cpu_s, peak, hits, kills)
@@ -76,16 +77,16 @@ def memory_events(folder: Path) -> tuple[int, int]:
     failcnt and oom_control, v2's memory.events); zeros where they cannot be read."""
     hits = kills = 0
     with contextlib.suppress(OSError, ValueError):
-        if (folder / "memory.failcnt").exists():
-            hits = int((folder / "memory.failcnt").read_text())
-            lines = (folder / "memory.oom_control").read_text().splitlines()
+        if _memory_v1():
+            hits = int(_read(folder / "memory.failcnt"))
+            lines = _read(folder / "memory.oom_control").splitlines()
         else:
-            lines = (folder / "memory.events").read_text().splitlines()
+            lines = _read(folder / "memory.events").splitlines()
         for line in lines:
-            key, _, value = line.partition(" ")
-            if key == "max":  # v2's failcnt
+            key, _, value = line.partition(b" ")
+            if key == b"max":  # v2's failcnt
                 hits = int(value)
-            elif key == "oom_kill":
+            elif key == b"oom_kill":
                 kills = int(value)
     return hits, kills
 
@@ -94,7 +95,7 @@ def _cgroups(pid: int) -> dict[str, str]:
     """The process's cgroup path per controller ("" for the v2 hierarchy)."""
     found: dict[str, str] = {}
     try:
-        lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+        lines = _read(Path(f"/proc/{pid}/cgroup")).decode().splitlines()
     except OSError:
         return found
     for line in lines:
@@ -104,19 +105,44 @@ def _cgroups(pid: int) -> dict[str, str]:
     return found
 
 
-def _first(candidates: Iterable[Path]) -> Path | None:
-    return next((path for path in candidates if path.exists()), None)
+@functools.cache
+def _cpuacct_root() -> Path | None:
+    """Where v1's cpuacct hierarchy is mounted on this host (alone, or with cpu), found once."""
+    return next((CGROUP_ROOT / name for name in ("cpuacct", "cpu,cpuacct") if (CGROUP_ROOT / name).is_dir()), None)
+
+
+@functools.cache
+def _memory_v1() -> bool:
+    """Whether this host's memory controller is v1's (its counters in failcnt and oom_control), found once."""
+    return (CGROUP_ROOT / "memory" / "memory.failcnt").exists()
+
+
+def _read(path: Path) -> bytes:
+    """A small file's bytes, in two system calls past the open (a cgroup's or /proc's file; no buffered reader)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return os.read(fd, 65536)
+    finally:
+        os.close(fd)
+
+
+def _write(path: Path, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
 
 
 def _cpu_ns(path: Path) -> int | None:
     try:
-        text = path.read_text()
+        text = _read(path)
     except OSError:
         return None
     if path.name == "cpu.stat":  # v2: usage_usec
         for line in text.splitlines():
-            name, _, value = line.partition(" ")
-            if name == "usage_usec":
+            name, _, value = line.partition(b" ")
+            if name == b"usage_usec":
                 return int(value) * 1000
         return None
     return int(text.strip())

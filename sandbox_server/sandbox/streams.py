@@ -6,7 +6,7 @@ from __future__ import annotations
 import io
 import itertools
 import struct
-from typing import Any, BinaryIO, Protocol
+from typing import Any, BinaryIO, Protocol, runtime_checkable
 
 __all__ = ["STDERR", "STDOUT", "CappedBuffer", "FrameDemuxer", "StdoutSplitter", "Stream", "frame"]
 
@@ -94,6 +94,15 @@ class Stream(Protocol):
     def shutdown(self, how: int, /) -> None: ...
     def fileno(self) -> int: ...
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class LoopStream(Stream, Protocol):
+    """A stream the event loop itself can send to and read from, awaiting its descriptors rather than a thread's
+    blocking calls (a runc sandbox's pipes)."""
+
+    async def asend(self, data: bytes, /) -> None: ...
+    async def arecv(self, size: int, /) -> bytes: ...
 
 
 def frame(stream: int, payload: bytes) -> bytes:

@@ -6,6 +6,7 @@ import json
 import os
 import socket
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -71,6 +72,57 @@ def test_closing_wakes_a_reader_waiting_in_another_thread() -> None:
     assert not reader.is_alive() and failed, "the waiting read ends with an error once the stream is closed"
     with pytest.raises(OSError):
         stream.recv(1)
+
+
+@pytest.mark.anyio
+async def test_the_event_loop_sends_a_request_and_reads_both_outputs_without_a_thread() -> None:
+    """A call's small request and its answer go through the event loop: a request past the pipe's capacity is
+    written as the sandbox reads it while the loop runs on, both outputs come framed apart, and both ended is the
+    end; a close from another thread wakes a read the loop awaits."""
+    import anyio
+
+    stream = PipeStream()
+    assert stream.sandbox_ends is not None
+    stdin, stdout, stderr = stream.sandbox_ends
+    request = os.urandom(300_000)  # (past a pipe's 64 KiB: the loop must await the sandbox's reads)
+    received = bytearray()
+
+    def sandbox() -> None:
+        while chunk := os.read(stdin, 65536):
+            received.extend(chunk)
+        os.write(stdout, b"out")
+        os.write(stderr, b"err")
+        for fd in (stdout, stderr):
+            os.close(fd)
+
+    threads_before = threading.active_count()
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as group:
+            group.start_soon(anyio.to_thread.run_sync, sandbox)
+            await stream.asend(request)
+            stream.shutdown(socket.SHUT_WR)
+            demuxer, frames = FrameDemuxer(), []
+            while chunk := await stream.arecv(65536):
+                frames += demuxer.feed(chunk)
+    assert bytes(received) == request
+    assert b"".join(p for s, p in frames if s == STDOUT) == b"out"
+    assert b"".join(p for s, p in frames if s == STDERR) == b"err"
+    stream.close()
+    assert threading.active_count() <= threads_before + 1  # (the test's own sandbox thread, idle in anyio's pool)
+
+    waiting = PipeStream()
+
+    def close_soon() -> None:
+        time.sleep(0.1)  # (while the loop awaits the read)
+        waiting.close()
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as group:
+            group.start_soon(anyio.to_thread.run_sync, close_soon)
+            with pytest.raises(OSError):
+                await waiting.arecv(65536)
+    with pytest.raises(OSError):
+        await waiting.arecv(1)
 
 
 def test_the_environment_is_the_images_with_the_policys_over_it() -> None:

@@ -18,7 +18,7 @@ from typing import BinaryIO
 from sandbox_server.sandbox.archive import OUTPUT_LEAF, read_outputs
 from sandbox_server.sandbox.meter import Usage
 from sandbox_server.sandbox.spec import ExecutionResult, SandboxSpec
-from sandbox_server.sandbox.streams import STDERR, CappedBuffer, FrameDemuxer, StdoutSplitter, Stream
+from sandbox_server.sandbox.streams import STDERR, CappedBuffer, FrameDemuxer, LoopStream, StdoutSplitter, Stream
 
 __all__ = [
     "FLOOD_FACTOR",
@@ -67,7 +67,7 @@ def launcher_timed_out(trailer: dict[str, str] | None) -> bool:
 
 
 class Drain:
-    """Reads one attach stream in a worker thread; the async side reads its state."""
+    """Reads one attach stream, in a worker thread (the async side reads its state) or on the event loop."""
 
     def __init__(
         self,
@@ -92,26 +92,43 @@ class Drain:
         """Read until the stream ends or the output turns into a flood."""
         demuxer = FrameDemuxer()
         try:
-            while True:
-                chunk = raw.recv(65536)
-                if not chunk:
-                    break
-                for stream, payload in demuxer.feed(chunk):
-                    if stream == STDERR:
-                        self.stderr_end.feed(payload)
-                    else:
-                        self.splitter.feed(payload)
-                if self.stdout.total + self.stderr.total > self.flood_limit:
-                    self.flooded = True
-                    break
-                if self.splitter.trailer is not None and self.stderr_end.found:
-                    break  # the launcher is done: no need to wait for the container to stop
+            while not self._fed(demuxer, raw.recv(65536)):
+                pass
         except OSError:
             pass  # the container was removed under us: what we have is what there is
         finally:
-            self.splitter.finish()
-            self.stderr_end.finish()
-            self.finished = True
+            self._finish()
+
+    async def run_on_loop(self, raw: LoopStream) -> None:
+        """`run`, on the event loop (a stream it can await)."""
+        demuxer = FrameDemuxer()
+        try:
+            while not self._fed(demuxer, await raw.arecv(65536)):
+                pass
+        except OSError:
+            pass
+        finally:
+            self._finish()
+
+    def _fed(self, demuxer: FrameDemuxer, chunk: bytes) -> bool:
+        """Take one chunk of the stream; whether reading is over: the stream ended, the output turned into a flood,
+        or the launcher is done (no need to wait for the container to stop)."""
+        if not chunk:
+            return True
+        for stream, payload in demuxer.feed(chunk):
+            if stream == STDERR:
+                self.stderr_end.feed(payload)
+            else:
+                self.splitter.feed(payload)
+        if self.stdout.total + self.stderr.total > self.flood_limit:
+            self.flooded = True
+            return True
+        return self.splitter.trailer is not None and self.stderr_end.found
+
+    def _finish(self) -> None:
+        self.splitter.finish()
+        self.stderr_end.finish()
+        self.finished = True
 
 
 _COUNTER = re.compile(r"[0-9]{1,10}")

@@ -26,15 +26,15 @@ from sandbox_server.errors import EngineError
 from sandbox_server.sandbox import mounts, wire
 from sandbox_server.sandbox.activity import Activity
 from sandbox_server.sandbox.archive import build_request
+from sandbox_server.sandbox.engine import answer
 from sandbox_server.sandbox.engine.attach import Drain, Ending, exit_from_trailer, persist_grace_s, result_of
 from sandbox_server.sandbox.engine.connection import Engine, engine_errors, oom_reported
 from sandbox_server.sandbox.engine.host_config import host_config_kwargs, masked_paths
 from sandbox_server.sandbox.engine.removal import Remover, current_owner, owned_by
 from sandbox_server.sandbox.meter import Meter
 from sandbox_server.sandbox.polling import readable
-from sandbox_server.sandbox.runtime import NO_HOOKS, ProgressCallback, RunHooks
+from sandbox_server.sandbox.runtime import NO_HOOKS, RunHooks
 from sandbox_server.sandbox.spec import SANDBOX_LABEL, ExecutionResult, SandboxSpec
-from sandbox_server.sandbox.streams import Stream
 from sandbox_server.sandbox.warm_container import SETTLE_S, WarmContainer, process_tree, sandbox_processes, settled
 
 __all__ = ["DockerRuntime"]
@@ -253,17 +253,15 @@ class DockerRuntime(Engine):
         grace_s = persist_grace_s(spec) if spec.saved_workspace is not None else 0
         meter, unwatch = Meter.start(warm.pid), hooks.watch_address(warm.address)
         ending, cancelled = Ending(), False
-        small = _small(request)  # sent by the thread that reads the answer: one trip to a thread, not two
+        small = answer.small(request)  # sent by whatever reads the answer: one trip to a thread at most, not two
         try:
             if not small:  # (a large one is sent before the deadline starts: its unpacking is not the program's)
-                await anyio.to_thread.run_sync(_send, warm.stream, request)
+                await anyio.to_thread.run_sync(answer.send, warm.stream, request)
             with anyio.move_on_after(spec.limits.timeout_s + grace_s) as deadline:
                 async with anyio.create_task_group() as group:
                     if hooks.progress is not None:
-                        group.start_soon(_report, drain, started, hooks.progress)
-                    await anyio.to_thread.run_sync(
-                        _answer, warm.stream, request if small else None, drain, abandon_on_cancel=True
-                    )
+                        group.start_soon(answer.report, drain, started, hooks.progress)
+                    await answer.answer(warm.stream, request, small, drain)
                     group.cancel_scope.cancel()
             ending.timed_out = deadline.cancelled_caught
             if ending.timed_out or drain.flooded:
@@ -351,43 +349,3 @@ def _running(init: int) -> bool:
     """Whether a process of the sandbox whose init is `init`, other than its init, still runs (neither stopped,
     exiting nor ended): its init's tree, and the warm cell's process a template forked into it."""
     return not all(settled(pid) for pid in sandbox_processes(init)[1:])
-
-
-SMALL_REQUEST = 16384
-"""A request sent by the thread that reads the answer (a fresh sandbox's stdin pipe or attach socket takes this
-much at once)."""
-
-
-def _small(request: BinaryIO) -> bool:
-    return isinstance(request, io.BytesIO) and request.getbuffer().nbytes <= SMALL_REQUEST
-
-
-def _answer(raw: Stream, request: BinaryIO | None, drain: Drain) -> None:
-    """The request sent when it is small (`_small`), then the answer read (Drain.run)."""
-    if request is not None:
-        _send(raw, request)
-    drain.run(raw)
-
-
-def _send(raw: Stream, request: BinaryIO) -> None:
-    """The request down the attach stream, then its end (the launcher reads to it)."""
-    try:
-        if isinstance(request, io.BytesIO):
-            raw.sendall(request.getbuffer())
-        else:
-            request.seek(0)
-            raw.sendfile(request)
-        raw.shutdown(socket.SHUT_WR)
-    except OSError:
-        pass  # the program exited before reading all of its input; its output says the rest
-    finally:
-        request.close()
-
-
-async def _report(drain: Drain, started: float, on_progress: ProgressCallback) -> None:
-    """Progress every second while the call runs: its time, its output so far and its latest line."""
-    while not drain.finished:
-        await anyio.sleep(1.0)
-        latest = max((drain.stdout, drain.stderr), key=lambda stream: stream.fed)
-        last = latest.last_line() or drain.stdout.last_line() or drain.stderr.last_line()
-        await on_progress(time.monotonic() - started, drain.stdout.total, drain.stderr.total, last)

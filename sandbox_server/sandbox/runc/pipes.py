@@ -6,9 +6,10 @@ boundary, the archive and the trailer are read exactly as on the engine's path. 
 write a frame header of its own: its two outputs are separate pipes and each chunk is framed here, and its stdin
 is a pipe it can only read.
 
-`close` may come from the call's thread while a worker thread waits in `recv`: it wakes that wait through a pipe
-of its own, and the read ends are closed by whichever side is last, so a file number is never closed under a
-wait and then reused by something else.
+`close` may come from the call's thread while a worker thread waits in `recv` (or the event loop in `arecv`): it
+wakes that wait through a pipe of its own, and the read ends are closed by whichever side is last, so a file number
+is never closed under a wait and then reused by something else. A call's small request and its answer go through
+`asend` and `arecv`, on the event loop: no trip to a thread, and no thread blocked in a read, per call.
 """
 
 from __future__ import annotations
@@ -16,9 +17,12 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import select
 import socket
 import threading
 from typing import BinaryIO
+
+import anyio
 
 from sandbox_server.sandbox.polling import readable
 from sandbox_server.sandbox.streams import STDERR, STDOUT, frame
@@ -39,6 +43,8 @@ class PipeStream:
         self._reads: dict[int, int] = {STDOUT: stdout_read, STDERR: stderr_read}
         self.sandbox_ends: tuple[int, int, int] | None = (stdin_read, stdout_write, stderr_write)
         self._lock = threading.Lock()
+        self._poller: select.epoll | None = None
+        """Our read ends and the wake pipe, as one descriptor the event loop awaits (made at the first `arecv`)."""
         self._reading = False
         self._closed = False
         self._stdin_closed = False
@@ -85,31 +91,78 @@ class PipeStream:
         else:
             self.close()
 
+    async def asend(self, data: bytes) -> None:
+        """`sendall` on the event loop: what the stdin pipe does not take at once is written as the sandbox reads."""
+        os.set_blocking(self._stdin, False)
+        view = memoryview(data)
+        while view:
+            try:
+                view = view[os.write(self._stdin, view) :]
+            except BlockingIOError:
+                await anyio.wait_writable(self._stdin)
+
     def recv(self, size: int) -> bytes:
         """The next chunk of either output as one frame; b"" once both have ended; OSError once closed."""
+        self._start_reading()
+        try:
+            while self._reads:
+                chunk = self._read_ready(size, None)
+                if chunk:
+                    return chunk
+            return b""
+        finally:
+            self._stop_reading()
+
+    async def arecv(self, size: int) -> bytes:
+        """`recv` on the event loop: the outputs awaited as one descriptor, read once one has something."""
+        self._start_reading()
+        try:
+            while self._reads:
+                chunk = self._read_ready(size, 0)
+                if chunk:
+                    return chunk
+                if self._reads:
+                    await anyio.wait_readable(self._awaited())
+            return b""
+        finally:
+            self._stop_reading()
+
+    def _start_reading(self) -> None:
         with self._lock:
             if self._closed:
                 raise OSError(errno.EBADF, "the sandbox's streams are closed")
             self._reading = True
-        try:
-            while self._reads:
-                ready = readable([*self._reads.values(), self._wake_read])
-                if self._wake_read in ready or self.closed:
-                    raise OSError(errno.EBADF, "the sandbox's streams were closed")
-                for stream, fd in list(self._reads.items()):
-                    if fd not in ready:
-                        continue
-                    data = os.read(fd, size)
-                    if data:
-                        return frame(stream, data)
-                    del self._reads[stream]  # this output ended
-                    os.close(fd)
-            return b""
-        finally:
-            with self._lock:
-                self._reading = False
-                if self.closed:
-                    self._close_reads()
+
+    def _stop_reading(self) -> None:
+        with self._lock:
+            self._reading = False
+            if self.closed:
+                self._close_reads()
+
+    def _read_ready(self, size: int, timeout_s: float | None) -> bytes:
+        """A frame of an output that has something within `timeout_s` (None: until one has); b"" when none had
+        (or one ended: it is dropped); OSError once closed."""
+        ready = readable([*self._reads.values(), self._wake_read], timeout_s)
+        if self._wake_read in ready or self.closed:
+            raise OSError(errno.EBADF, "the sandbox's streams were closed")
+        for stream, fd in list(self._reads.items()):
+            if fd not in ready:
+                continue
+            data = os.read(fd, size)
+            if data:
+                return frame(stream, data)
+            del self._reads[stream]  # this output ended
+            os.close(fd)
+        return b""
+
+    def _awaited(self) -> int:
+        """One descriptor readable when an output or the wake pipe is (an epoll of them; ended outputs leave it as
+        they are closed)."""
+        if self._poller is None:
+            self._poller = select.epoll()
+            for fd in (*self._reads.values(), self._wake_read):
+                self._poller.register(fd, select.EPOLLIN)
+        return self._poller.fileno()
 
     def close(self) -> None:
         """Close our ends (a wait in `recv` wakes and raises); never raises."""
@@ -133,7 +186,9 @@ class PipeStream:
             os.close(self._stdin)
 
     def _close_reads(self) -> None:
-        """Close the read ends and the wake pipe (under the lock, with no `recv` running)."""
+        """Close the read ends, their epoll and the wake pipe (under the lock, with no `recv` running)."""
+        if self._poller is not None:
+            self._poller.close()
         for fd in (*self._reads.values(), self._wake_read, self._wake):
             with contextlib.suppress(OSError):
                 os.close(fd)

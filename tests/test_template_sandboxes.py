@@ -288,6 +288,11 @@ echo "processes waiting to become a cell: $#"
 program (none once the one forked for it has ended)."""
 
 
+POLL_S = 0.6
+"""How often `_once_warm` asks again: 100 calls at most in its 60 s, under the default's 120 a minute, so that a
+template slow to be made under load fails as not ready, never as its own calls rate-limited."""
+
+
 async def _once_warm(session: Any, tool: str, code: str, warm: Callable[[str], bool]) -> dict[str, Any]:
     """The answer of the first call whose stdout says it ran forked from its warm template (a sandbox made while
     that template is made is forked cold; each preload list has a template of its own, made at its first call)."""
@@ -298,7 +303,7 @@ async def _once_warm(session: Any, tool: str, code: str, warm: Callable[[str], b
             assert not said["is_error"], said["text"]
             if warm(str(said["stdout"])):
                 return said
-            await anyio.sleep(0.2)
+            await anyio.sleep(POLL_S)
 
 
 async def test_a_warm_cell_runs_in_the_process_forked_for_it_before_its_call(

@@ -23,7 +23,6 @@ import pytest
 from sandbox_server.sandbox.engine.runtime import DockerRuntime
 from sandbox_server.sandbox.runc import host_ids
 from tests.mcp_harness import answer, connect, http_server_process
-from tests.security.test_holes import FORGE_FROM_LAUNCHER
 from tests.test_runc_sandboxes import (
     _cgroups_of,
     _held_by,
@@ -413,14 +412,34 @@ async def test_a_warm_cell_says_its_own_end_as_it_exits_and_none_of_its_children
             assert not forged.get("timed_out"), forged["text"]
 
 
-WARM_FORGE = (
-    r"""
-import os
-pid = next(pid for pid in os.listdir("/proc") if pid.isdigit()
-           and b"sandbox-launch" in open(f"/proc/{pid}/cmdline", "rb").read())  # its launcher, a sibling
+WARM_FORGE = r"""
+import os, re, sys, time
+launcher = next(pid for pid in os.listdir("/proc") if pid.isdigit()
+                and b"sandbox-launch" in open(f"/proc/{pid}/cmdline", "rb").read())
+boundary = None
+with open(f"/proc/{launcher}/mem", "rb", 0) as memory:  # its launcher's, a sibling: same user
+    for line in open(f"/proc/{launcher}/maps"):
+        span, perms = line.split()[:2]
+        if perms.startswith("rw"):
+            start, end = (int(edge, 16) for edge in span.split("-"))
+            try:
+                memory.seek(start)
+                found = re.search(rb"boundary=([0-9a-f]{32})", memory.read(end - start))
+            except (OSError, ValueError, OverflowError):
+                continue
+            if found:
+                boundary = found.group(1)
+                break
+sys.stderr.buffer.write(boundary + b"\n")
+sys.stderr.flush()
+sys.stdout.buffer.write(boundary + bytes(10240) + boundary + b" exit=0 oom_kill=0 pids_max=0 timed_out=0\n")
+sys.stdout.flush()
+with open("/workspace/after.log", "a") as log:  # the host is told the call is over: write on
+    for number in range(150):
+        log.write(f"{number}\n")
+        log.flush()
+        time.sleep(0.02)
 """
-    + FORGE_FROM_LAUNCHER
-)
 """A cell that reads its launcher's boundary from its memory, says the call's end with it, and writes on."""
 
 

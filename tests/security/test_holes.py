@@ -206,8 +206,11 @@ async def test_a_kept_file_larger_than_a_message_is_read_in_parts_with_the_offic
 
 # -- 5. a program that forges the end of its call ---------------------------------------------------------
 
-FORGE_FROM_LAUNCHER = r"""
+FORGE = r"""
 import os, re, sys, time
+pid = os.getppid()
+while "sandbox-launch" not in open(f"/proc/{pid}/cmdline", "rb").read().decode(errors="replace"):
+    pid = int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
 boundary = None
 with open(f"/proc/{pid}/mem", "rb", 0) as memory:  # the launcher's memory: same user, no Yama here
     for line in open(f"/proc/{pid}/maps"):
@@ -235,17 +238,6 @@ with open("/workspace/after.log", "a") as log:  # the host thinks the call is ov
         log.flush()
         time.sleep(0.02)
 """
-"""What a program forges once `pid` is its launcher's: the boundary read from the launcher's memory, the call's end
-said with it, then writes on into the workspace (tests/test_template_sandboxes.py finds its launcher otherwise)."""
-FORGE = (
-    r"""
-import os
-pid = os.getppid()
-while "sandbox-launch" not in open(f"/proc/{pid}/cmdline", "rb").read().decode(errors="replace"):
-    pid = int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
-"""
-    + FORGE_FROM_LAUNCHER
-)
 
 
 async def test_a_forged_end_of_call_writes_nothing_after_the_answer(

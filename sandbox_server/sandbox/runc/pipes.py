@@ -106,7 +106,7 @@ class PipeStream:
         self._start_reading()
         try:
             while self._reads:
-                chunk = self._read_ready(size, readable([*self._reads.values(), self._wake_read]))
+                chunk = self._read_ready(size, None)
                 if chunk:
                     return chunk
             return b""
@@ -114,17 +114,15 @@ class PipeStream:
             self._stop_reading()
 
     async def arecv(self, size: int) -> bytes:
-        """`recv` on the event loop: the outputs awaited as one descriptor (an epoll of them and the wake pipe),
-        read once one has something."""
+        """`recv` on the event loop: the outputs awaited as one descriptor, read once one has something."""
         self._start_reading()
         try:
-            awaited = self._awaited()
             while self._reads:
-                chunk = self._read_ready(size, {fd for fd, _ in awaited.poll(0)})
+                chunk = self._read_ready(size, 0)
                 if chunk:
                     return chunk
                 if self._reads:
-                    await anyio.wait_readable(awaited.fileno())
+                    await anyio.wait_readable(self._awaited())
             return b""
         finally:
             self._stop_reading()
@@ -141,9 +139,10 @@ class PipeStream:
             if self.closed:
                 self._close_reads()
 
-    def _read_ready(self, size: int, ready: set[int]) -> bytes:
-        """A frame of an output among the `ready` descriptors; b"" when none had anything (or one ended: it is
-        dropped); OSError once closed."""
+    def _read_ready(self, size: int, timeout_s: float | None) -> bytes:
+        """A frame of an output that has something within `timeout_s` (None: until one has); b"" when none had
+        (or one ended: it is dropped); OSError once closed."""
+        ready = readable([*self._reads.values(), self._wake_read], timeout_s)
         if self._wake_read in ready or self.closed:
             raise OSError(errno.EBADF, "the sandbox's streams were closed")
         for stream, fd in list(self._reads.items()):
@@ -156,14 +155,14 @@ class PipeStream:
             os.close(fd)
         return b""
 
-    def _awaited(self) -> select.epoll:
-        """An epoll of the outputs and the wake pipe, readable when one of them is (ended outputs leave it as they
-        are closed)."""
+    def _awaited(self) -> int:
+        """One descriptor readable when an output or the wake pipe is (an epoll of them; ended outputs leave it as
+        they are closed)."""
         if self._poller is None:
             self._poller = select.epoll()
             for fd in (*self._reads.values(), self._wake_read):
                 self._poller.register(fd, select.EPOLLIN)
-        return self._poller
+        return self._poller.fileno()
 
     def close(self) -> None:
         """Close our ends (a wait in `recv` wakes and raises); never raises."""

@@ -22,7 +22,7 @@ import pytest
 
 from sandbox_server.sandbox.engine.runtime import DockerRuntime
 from sandbox_server.sandbox.runc import host_ids
-from tests.mcp_harness import answer, connect, http_server_process
+from tests.mcp_harness import ServerProcess, answer, connect, http_server_process
 from tests.test_runc_sandboxes import (
     _cgroups_of,
     _held_by,
@@ -292,17 +292,25 @@ POLL_S = 0.6
 template slow to be made under load fails as not ready, never as its own calls rate-limited."""
 
 
-async def _once_warm(session: Any, tool: str, code: str, warm: Callable[[str], bool]) -> dict[str, Any]:
+async def _once_warm(
+    server: ServerProcess, session: Any, tool: str, code: str, warm: Callable[[str], bool]
+) -> dict[str, Any]:
     """The answer of the first call whose stdout says it ran forked from its warm template (a sandbox made while
-    that template is made is forked cold; each preload list has a template of its own, made at its first call)."""
+    that template is made is forked cold; each preload list has a template of its own, made at its first call).
+    One that never comes fails with what the server said of its templates and its sandboxes' making."""
     key = "code" if tool == "run_python" else "command"
-    with anyio.fail_after(60):
-        while True:
-            said = await answer(session, tool, {key: code})
-            assert not said["is_error"], said["text"]
-            if warm(str(said["stdout"])):
-                return said
-            await anyio.sleep(POLL_S)
+    try:
+        with anyio.fail_after(60):
+            while True:
+                said = await answer(session, tool, {key: code})
+                assert not said["is_error"], said["text"]
+                if warm(str(said["stdout"])):
+                    return said
+                await anyio.sleep(POLL_S)
+    except TimeoutError:
+        told = [line for line in server.lines if "template" in line]
+        raise AssertionError(f"no warm sandbox within 60 s; of its templates the server said {told}, and last "
+                             f"{server.lines[-20:]}") from None  # fmt: skip
 
 
 async def test_a_warm_cell_runs_in_the_process_forked_for_it_before_its_call(
@@ -316,14 +324,16 @@ async def test_a_warm_cell_runs_in_the_process_forked_for_it_before_its_call(
     extra = "tools:\n  execute_command: {image: sandbox-server/python-data:latest}\n"
     with http_server_process("--policy", _policy(tmp_path, extra), "--sandboxes", "template") as server:
         async with connect(server.url) as session:
-            cell = await _once_warm(session, "run_python", FORKED_AHEAD, lambda said: said.split()[3:] == ["True"])
+            cell = await _once_warm(
+                server, session, "run_python", FORKED_AHEAD, lambda said: said.split()[3:] == ["True"]
+            )
             pid, parent, first_size, warm = str(cell["stdout"]).split()
             assert int(pid) > 1 and parent == "0" and warm == "True", cell["text"]
             assert int(first_size) < 40 << 20, f"the first process holds the template's libraries: {cell['text']}"
             # Its code, past a pipe's 64 KiB, read by the cell itself where the request left it (no `head`)
             read = await answer(session, "run_python", {"code": f"BIG = '{'x' * 100_000}'\n{STDIN_LOOK}"})
             assert read["stdout"] == "/memfd:stdin (deleted) 0 100000\n", read["text"]
-            command = await _once_warm(session, "execute_command", NOT_A_CELL, lambda said: said != "cold\n")
+            command = await _once_warm(server, session, "execute_command", NOT_A_CELL, lambda said: said != "cold\n")
             assert command["stdout"] == "processes waiting to become a cell: 0\n", command["text"]
             assert command["exit_code"] == 0
 
@@ -337,7 +347,9 @@ async def test_a_warm_cell_of_a_template_that_preloads_nothing_is_forked_by_its_
     policy = _policy(tmp_path, "tools:\n  run_python: {preload: []}\n")
     with http_server_process("--policy", policy, "--sandboxes", "template") as server:
         async with connect(server.url) as session:
-            cell = await _once_warm(session, "run_python", FORKED_AHEAD, lambda said: said.split()[3:] == ["True"])
+            cell = await _once_warm(
+                server, session, "run_python", FORKED_AHEAD, lambda said: said.split()[3:] == ["True"]
+            )
             pid, parent, _, warm = str(cell["stdout"]).split()
             assert (pid, parent, warm) == ("2", "1", "True"), cell["text"]
             read = await answer(session, "run_python", {"code": f"BIG = '{'x' * 100_000}'\n{STDIN_LOOK}"})
@@ -394,7 +406,7 @@ async def test_a_warm_cell_says_its_own_end_as_it_exits_and_none_of_its_children
     policy = _policy(tmp_path, f"tools:\n  run_python: {{preload: {preload}}}\n")
     with http_server_process("--policy", policy, "--sandboxes", "template") as server:
         async with connect(server.url) as session:
-            await _once_warm(session, "run_python", WARM_PROBE, lambda said: said == "True\n")
+            await _once_warm(server, session, "run_python", WARM_PROBE, lambda said: said == "True\n")
             forking = await answer(session, "run_python", {"code": FORKING})
             assert str(forking["stdout"]).count("the parent ended last") == 1, forking["text"]
             assert forking["exit_code"] == 0 and not forking["is_error"], forking["text"]
@@ -452,7 +464,7 @@ async def test_a_warm_cell_that_forges_its_calls_end_writes_nothing_after_the_an
     serving = ("--policy", str(policy), "--sandboxes", "template", "--workspaces", "mounted")
     with http_server_process(*serving, "--state-dir", str(tmp_path / "state")) as server:
         async with connect(server.url) as session:
-            await _once_warm(session, "run_python", WARM_PROBE, lambda said: said == "True\n")
+            await _once_warm(server, session, "run_python", WARM_PROBE, lambda said: said == "True\n")
             with anyio.fail_after(20):
                 forged = await answer(session, "run_python", {"code": WARM_FORGE})
             assert "they were stopped with the sandbox before this answer" in forged["text"], forged["text"]
@@ -631,7 +643,7 @@ async def test_a_warm_templates_helper_killed_ends_its_template_which_is_made_ag
             await answer(session, "run_python", {"code": "print(1)"})  # (its warm template is made at its first)
             await anyio.to_thread.run_sync(server.wait_for_line, "warm template of")
             seen = len(server.lines)
-            warm = await _once_warm(session, "run_python", WARM_PROBE, lambda said: said == "True\n")
+            warm = await _once_warm(server, session, "run_python", WARM_PROBE, lambda said: said == "True\n")
             assert warm["stdout"] == "True\n", warm["text"]
             [template] = [t for root in _templates_of(server.process.pid) for t in _templates_of(root.pid, 2)]
             [helper] = [child for child in template.children() if len(_ns_pids(child)) == 2]
@@ -641,5 +653,5 @@ async def test_a_warm_templates_helper_killed_ends_its_template_which_is_made_ag
                 again = await answer(session, "run_python", {"code": "print(3)"})
             assert again["stdout"] == "3\n", again["text"]
             await anyio.to_thread.run_sync(lambda: server.wait_for_line("warm template of", 60, seen))
-            warm = await _once_warm(session, "run_python", WARM_PROBE, lambda said: said == "True\n")
+            warm = await _once_warm(server, session, "run_python", WARM_PROBE, lambda said: said == "True\n")
             assert warm["stdout"] == "True\n", warm["text"]

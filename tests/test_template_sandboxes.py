@@ -22,11 +22,14 @@ import pytest
 
 from sandbox_server.sandbox.engine.runtime import DockerRuntime
 from sandbox_server.sandbox.runc import host_ids
+from sandbox_server.sandbox.runc.state import STATE
+from sandbox_server.sandbox.template import userns
 from tests.mcp_harness import ServerProcess, answer, connect, http_server_process
 from tests.test_runc_sandboxes import (
     _cgroups_of,
     _held_by,
     _killed_mid_calls,
+    _made_by,
     _policy,
     _sandboxes_of,
     _views_of,
@@ -556,10 +559,44 @@ async def test_a_server_killed_mid_burst_leaves_no_template_sandbox_process_cgro
     assert not psutil.wait_procs(seen, timeout=10)[1], "a template, a sandbox or the maker outlived its server"
 
 
+async def test_what_a_server_and_its_reaper_killed_together_left_of_its_warm_template_the_next_start_sweeps(
+    tmp_path: Path, runtime: DockerRuntime
+) -> None:
+    """A server killed with SIGKILL beside its reaper (as a supervisor killing every process of it does) leaves its
+    warm template's user namespace held and the image's view mounted, each under runc's state, and a range of host
+    ids taken: the next server's start sweeps them, as it sweeps such a server's sandboxes."""
+    policy = _policy(tmp_path, "tools:\n  run_python: {preload: []}\n")
+    with http_server_process("--policy", policy, "--sandboxes", "template", "--no-pool") as server:
+        pid = server.process.pid
+        async with connect(server.url) as session:
+            await answer(session, "run_python", {"code": "print(1)"})  # (its warm template is made at its first)
+            await anyio.to_thread.run_sync(server.wait_for_line, "warm template of")
+        [held] = _namespaces_of(pid)
+        reaper = next(p for p in psutil.Process(pid).children() if "reap-after" in " ".join(p.cmdline()))
+        reaper.kill()  # (it runs nothing more once sent: a SIGKILL is never handled)
+        server.process.kill()
+        server.process.wait()
+        reaper.wait()  # (a zombie until its parent, the server, has gone)
+        left = _mounted_under(STATE / userns.FOLDER / held)
+        assert len(left) == 2 and held in _held_by(pid), "a server killed with its reaper cleans nothing up"
+    with http_server_process("--policy", policy, "--sandboxes", "template", "--no-pool"):  # (serving: swept)
+        assert _namespaces_of(pid) == [] and _held_by(pid) == set()
+        assert _mounted_under(STATE / userns.FOLDER / held) == []
+
+
+def _namespaces_of(pid: int) -> list[str]:
+    """The warm templates' namespaces the server `pid` holds (a folder each, under runc's state)."""
+    folder = STATE / userns.FOLDER
+    return sorted(p.name for p in folder.iterdir() if _made_by(p.name, pid)) if folder.is_dir() else []
+
+
+def _mounted_under(folder: Path) -> list[str]:
+    with open("/proc/self/mountinfo", encoding="utf-8") as table:
+        return [target for line in table if (target := line.split()[4]).startswith(f"{folder}/")]
+
+
 def _running_forked(name: str) -> bool:
     """Whether a forked sandbox's first process runs (its pid, in its bundle, alive)."""
-    from sandbox_server.sandbox.runc.state import STATE
-
     try:
         return psutil.pid_exists(int((STATE / "bundles" / name / "pid").read_text()))
     except (OSError, ValueError):

@@ -53,11 +53,12 @@ from sandbox_server.sandbox.runc.state import (
     STATE,
     Run,
     delete,
+    delete_left_by,
     hosts_folder,
     is_runc,
     listed,
     oom_kills,
-    owner_of,
+    owners_left,
     runc_path,
     runsc_path,
     sandbox_name,
@@ -149,11 +150,9 @@ class RuncRemover(Remover):
 
     def reap(self, owner: str) -> int:
         removed = super().reap(owner)
-        for name in listed(self.state):
-            other = owner_of(name)
-            if other != owner and not owner_alive(other):
-                self.remove(name)
-                removed += 1
+        for other in owners_left(self.state) - {owner}:  # its sandboxes, cgroups, warm templates' namespaces, ids
+            if not owner_alive(other):  # (a server whose reaper died with it)
+                removed += delete_left_by(other, self.state)
         return removed
 
 

@@ -32,7 +32,7 @@ from sandbox_server.sandbox.template.launch import remove_cgroups
 
 __all__ = [
     "CGROUP_PARENT", "Run", "IMAGES", "PREFIX", "RUNSC_FLAGS", "STATE", "cgroup_paths", "delete", "delete_left_by", "hosts_folder",
-    "folders_left", "proxies_folder", "is_gvisor", "is_runc", "listed", "oom_kills", "IN_CREATE", "IN_DELETE", "IN_MOVED_TO", "inotify_watch", "owner_of", "run_runc",
+    "folders_left", "owners_left", "proxies_folder", "is_gvisor", "is_runc", "listed", "oom_kills", "IN_CREATE", "IN_DELETE", "IN_MOVED_TO", "inotify_watch", "owner_of", "run_runc",
     "run_runsc", "runc_path", "runsc_path", "sandbox_name", "started_pid", "wait_for_pid_file",
 ]  # fmt: skip
 
@@ -278,6 +278,17 @@ def delete_left_by(owner: str, state: Path = STATE) -> int:
     for kind in SERVER_FOLDERS:  # the names of its services, its proxies' keys and configurations
         shutil.rmtree(state / kind / _server(owner), ignore_errors=True)
     return len(left)
+
+
+def owners_left(state: Path = STATE) -> set[str]:
+    """The owner labels of every server that left something here: a sandbox or its bundle, a cgroup, a warm
+    template's namespace, a range of host ids."""
+    names = {*listed(state), *host_ids.held_by(state).values()}
+    with contextlib.suppress(OSError):
+        names.update(os.listdir(cgroups.ROOT / "memory" / CGROUP_PARENT))
+    with contextlib.suppress(OSError):
+        names.update(os.listdir(state / userns.FOLDER))
+    return {owner_of(name) for name in names if is_runc(name)}
 
 
 def _runtimes_ended(owner: str) -> bool:

@@ -76,10 +76,14 @@ def _held_by(pid: int) -> set[str]:
 
 def _views_of(pid: int) -> list[str]:
     """What is mounted in the bundles of the server `pid`'s sandboxes (their views, their namespaces)."""
-    with open("/proc/self/mountinfo", encoding="utf-8") as table:
-        targets = [line.split()[4] for line in table]
     bundles = f"{STATE}/bundles/"
-    return [t for t in targets if t.startswith(bundles) and _made_by(t.removeprefix(bundles).split("/")[0], pid)]
+    return [t for t in _mounted_under(bundles) if _made_by(t.removeprefix(bundles).split("/")[0], pid)]
+
+
+def _mounted_under(folder: str) -> list[str]:
+    """Where something is mounted below `folder` (a path ending in /), in this process's mount table."""
+    with open("/proc/self/mountinfo", encoding="utf-8") as table:
+        return [target for line in table if (target := line.split()[4]).startswith(folder)]
 
 
 def _first_host_id(said: str) -> int:

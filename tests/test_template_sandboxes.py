@@ -24,12 +24,13 @@ from sandbox_server.sandbox.engine.runtime import DockerRuntime
 from sandbox_server.sandbox.runc import host_ids
 from sandbox_server.sandbox.runc.state import STATE
 from sandbox_server.sandbox.template import userns
-from tests.mcp_harness import ServerProcess, answer, connect, http_server_process
+from tests.mcp_harness import ServerProcess, answer, command_of, connect, http_server_process
 from tests.test_runc_sandboxes import (
     _cgroups_of,
     _held_by,
     _killed_mid_calls,
     _made_by,
+    _mounted_under,
     _policy,
     _sandboxes_of,
     _views_of,
@@ -573,27 +574,22 @@ async def test_what_a_server_and_its_reaper_killed_together_left_of_its_warm_tem
             await answer(session, "run_python", {"code": "print(1)"})  # (its warm template is made at its first)
             await anyio.to_thread.run_sync(server.wait_for_line, "warm template of")
         [held] = _namespaces_of(pid)
-        reaper = next(p for p in psutil.Process(pid).children() if "reap-after" in " ".join(p.cmdline()))
+        reaper = next(p for p in psutil.Process(pid).children() if "reap-after" in command_of(p))
         reaper.kill()  # (it runs nothing more once sent: a SIGKILL is never handled)
         server.process.kill()
         server.process.wait()
         reaper.wait()  # (a zombie until its parent, the server, has gone)
-        left = _mounted_under(STATE / userns.FOLDER / held)
+        left = _mounted_under(f"{STATE / userns.FOLDER / held}/")
         assert len(left) == 2 and held in _held_by(pid), "a server killed with its reaper cleans nothing up"
     with http_server_process("--policy", policy, "--sandboxes", "template", "--no-pool"):  # (serving: swept)
         assert _namespaces_of(pid) == [] and _held_by(pid) == set()
-        assert _mounted_under(STATE / userns.FOLDER / held) == []
+        assert _mounted_under(f"{STATE / userns.FOLDER / held}/") == []
 
 
 def _namespaces_of(pid: int) -> list[str]:
     """The warm templates' namespaces the server `pid` holds (a folder each, under runc's state)."""
     folder = STATE / userns.FOLDER
     return sorted(p.name for p in folder.iterdir() if _made_by(p.name, pid)) if folder.is_dir() else []
-
-
-def _mounted_under(folder: Path) -> list[str]:
-    with open("/proc/self/mountinfo", encoding="utf-8") as table:
-        return [target for line in table if (target := line.split()[4]).startswith(f"{folder}/")]
 
 
 def _running_forked(name: str) -> bool:

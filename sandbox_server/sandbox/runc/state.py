@@ -283,9 +283,7 @@ def delete_left_by(owner: str, state: Path = STATE) -> int:
 def owners_left(state: Path = STATE) -> set[str]:
     """The owner labels of every server that left something here: a sandbox or its bundle, a cgroup, a warm
     template's namespace, a range of host ids."""
-    names = {*listed(state), *host_ids.held_by(state).values()}
-    with contextlib.suppress(OSError):
-        names.update(os.listdir(cgroups.ROOT / "memory" / CGROUP_PARENT))
+    names = {*listed(state), *host_ids.held_by(state).values(), *_cgroup_names()}
     with contextlib.suppress(OSError):
         names.update(os.listdir(state / userns.FOLDER))
     return {owner_of(name) for name in names if is_runc(name)}
@@ -311,13 +309,17 @@ def _runtimes_ended(owner: str) -> bool:
 
 
 def _cgroups_left_by(owner: str) -> list[str]:
-    """The sandboxes' cgroups a server (by its owner label) left, bundle or no bundle (cgroup v1's memory
-    hierarchy names them all: each sandbox has one in every hierarchy)."""
+    """The sandboxes' cgroups a server (by its owner label) left, bundle or no bundle."""
+    return [name for name in _cgroup_names() if is_runc(name) and owner_of(name) == owner]
+
+
+def _cgroup_names() -> list[str]:
+    """Every cgroup made for a sandbox here (cgroup v1's memory hierarchy names them all: each sandbox has one in
+    every hierarchy)."""
     try:
-        names = os.listdir(cgroups.ROOT / "memory" / CGROUP_PARENT)
+        return os.listdir(cgroups.ROOT / "memory" / CGROUP_PARENT)
     except OSError:
         return []
-    return [name for name in names if is_runc(name) and owner_of(name) == owner]
 
 
 def oom_kills(name: str) -> int:

@@ -40,10 +40,10 @@ async def test_a_server_killed_mid_call_leaves_a_stray_that_the_next_server_reap
                 # Its reaper killed first (as a supervisor killing every process of the server does): what it
                 # would remove as soon as the server ends is left for the next server's start-up sweep.
                 reaper = next(p for p in psutil.Process(process.pid).children() if "reap-after" in command_of(p))
-                reaper.kill()
-                reaper.wait()
+                reaper.kill()  # (it runs nothing more once sent: a SIGKILL is never handled)
                 process.kill()
                 process.wait()
+                reaper.wait()  # (a zombie until its parent, the server, has gone or reaps it)
         strays = containers_of(process.pid)
         assert busy in strays, "a SIGKILLed server and its reaper cannot clean up: its sandbox must still be there"
     with http_server():  # listening means the start-up reaper has run

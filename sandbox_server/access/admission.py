@@ -155,13 +155,20 @@ class Admission:
         return waiter.ticket
 
     def _ahead_of(self, waiter: _Waiter) -> int:
+        """The calls whose turns come before this one's, as the queue stands: callers take turns in their order
+        (its caller's earlier calls, and in each turn before its own one call of every other caller that has one
+        left)."""
         with self._lock:
-            ahead = 0
-            for queue in self._queues.values():
-                for other in queue:
-                    if other is waiter:
-                        break
-                    ahead += 1
+            try:
+                turn = self._queues[waiter.client].index(waiter)
+            except (KeyError, ValueError):  # its turn came as it asked
+                return 0
+            ahead, before = turn, True
+            for client, queue in self._queues.items():
+                if client == waiter.client:
+                    before = False
+                else:
+                    ahead += min(len(queue), turn + before)
             return ahead
 
     def _busy(self, client: str, rate: RateLimits, policy_name: str, wait: float) -> Refusal:

@@ -6,7 +6,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from sandbox_server.access.admission import Admission
+from sandbox_server.access.admission import Admission, Waiting
 from sandbox_server.access.audit import AuditLog
 from sandbox_server.errors import Refusal
 from sandbox_server.policy import HostAdmission, RateLimits
@@ -97,6 +97,40 @@ async def test_a_queued_call_runs_when_a_slot_frees_callers_in_turn_each_oldest_
         running.release()
     assert order == ["a1", "b1", "a2", "a3"]  # b's one call does not wait behind all of a's
     assert admission.waiting == 0 and admission.running == 0
+
+
+@pytest.mark.anyio
+async def test_a_queued_call_is_told_how_many_calls_take_their_turns_before_its_own() -> None:
+    import anyio
+
+    admission = _queue()
+    running = admission.admit("a")
+    told: dict[str, list[int]] = {}
+    complete = anyio.Event()
+
+    def telling(name: str) -> Waiting:
+        async def waiting(ahead: int, waited_s: float) -> None:
+            if complete.is_set():  # (what it is told once every call below waits)
+                told.setdefault(name, []).append(ahead)
+
+        return waiting
+
+    async def call(client: str, name: str) -> None:
+        (await admission.enter(client, waiting=telling(name))).release()
+
+    async with anyio.create_task_group() as group:
+        for number, (client, name) in enumerate((("a", "a1"), ("a", "a2"), ("a", "a3"), ("b", "b1")), start=1):
+            group.start_soon(call, client, name)
+            with anyio.fail_after(5):
+                while admission.waiting < number:
+                    await anyio.sleep(0.01)
+        complete.set()
+        with anyio.fail_after(5):  # each asks again once a second
+            while len(told) < 4:
+                await anyio.sleep(0.05)
+        running.release()
+    # the turns come a1, b1, a2, a3: b's one call has one call ahead of it, not all three of a's
+    assert {name: heard[0] for name, heard in told.items()} == {"a1": 0, "b1": 1, "a2": 2, "a3": 3}, told
 
 
 @pytest.mark.anyio

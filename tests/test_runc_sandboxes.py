@@ -10,6 +10,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -279,6 +280,22 @@ def _running(name: str) -> bool:
         ["runc", "--root", str(STATE / "runc"), "state", name], capture_output=True, text=True, check=False
     )
     return done.returncode == 0 and json.loads(done.stdout).get("status") == "running"
+
+
+def test_servers_starting_together_each_find_their_sandboxes_can_have_host_ids_of_their_own(tmp_path: Path) -> None:
+    """Each server probes, as it starts, whether the kernel gives a sandbox a user namespace and idmapped mounts, in
+    one folder of the host's state that the probe removes as it ends: servers starting at once (a test run's
+    workers, replicas) took turns removing it under each other, and one would say no."""
+    state, source = tmp_path / "state", tmp_path / "source"
+    source.mkdir()
+    probe = (
+        "from pathlib import Path\nfrom sandbox_server.sandbox.runc import host_ids\n"
+        f"print({{host_ids.unavailable(Path({str(state)!r}), Path({str(source)!r})) for _ in range(15)}})"
+    )
+    servers = [subprocess.Popen([sys.executable, "-c", probe], stdout=subprocess.PIPE, text=True) for _ in range(4)]
+    said = [server.communicate(timeout=120)[0].strip() for server in servers]
+    assert said == ["{None}"] * 4, said
+    assert not (state / "ids-probe").exists() and not host_ids.held_by(state)
 
 
 def test_images_are_unpacked_for_runc_ahead_and_those_no_longer_tagged_are_removed(

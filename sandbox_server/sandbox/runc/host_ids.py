@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -170,8 +171,14 @@ def detach_all(bundle: Path) -> bool:
 def unavailable(state: Path, probe_source: Path) -> str | None:
     """Why sandboxes cannot have host ids of their own here (None: they can), found by making a namespace and an
     idmapped view of `probe_source` (the images' folder) in a folder of `state`."""
-    place = state / "ids-probe"
-    place.mkdir(parents=True, exist_ok=True, mode=0o700)
+    state.mkdir(parents=True, exist_ok=True)
+    with open(state / "ids-probe.lock", "a") as lock:  # servers starting together probe in turn: each removes it
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _probe(state, state / "ids-probe", probe_source)
+
+
+def _probe(state: Path, place: Path, probe_source: Path) -> str | None:
+    place.mkdir(exist_ok=True, mode=0o700)
     index = -1
     try:
         index = take(state, place.name)

@@ -187,6 +187,20 @@ async def test_links_fifos_and_output_files_are_not_carried_into_the_next_call(
     assert ("pipe" in listing) == (keeping.kind == "mounted")
 
 
+async def test_a_mounted_workspaces_output_folder_is_read_by_the_host_not_sent_by_the_launcher(
+    keeping: Keeping, runtime: DockerRuntime
+) -> None:
+    async with connect(stdio_parameters(*_serve_args(keeping))) as session:
+        done = await _call(
+            session, "echo a > out/a.txt; echo b > out/locked.txt; chmod 000 out/locked.txt; ln -s a.txt out/x"
+        )
+    returned = {item["path"] for item in done["files"]}
+    # The sandbox's user cannot read what it made unreadable, so the launcher's tar leaves it out; where the workspace
+    # is mounted, the host reads the folder on its own mount, and returns it. A link is never followed either way.
+    assert returned == ({"a.txt", "locked.txt"} if keeping.kind == "mounted" else {"a.txt"}), done["text"]
+    assert "x: skipped, links are never followed" in done["text"]
+
+
 async def test_a_2026_workspace_outlives_a_restart_until_its_idle_time_then_the_sweep_removes_it(
     keeping: Keeping, runtime: DockerRuntime
 ) -> None:

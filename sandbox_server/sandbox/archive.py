@@ -25,6 +25,8 @@ from sandbox_server.sandbox import wire
 from sandbox_server.sandbox.spec import InputFile, OutputFile
 
 __all__ = [
+    "LINK_SKIPPED",
+    "NOT_REGULAR_SKIPPED",
     "BoundedTar",
     "UnsafeMember",
     "WorkspaceTooLarge",
@@ -32,8 +34,11 @@ __all__ = [
     "keep_workspace",
     "kept_entries",
     "member_content",
+    "printable",
     "read_outputs",
     "safe_relative_path",
+    "skipped_for_caps",
+    "valid_text",
 ]
 
 REQUEST_DIR = wire.REQUEST_DIR.lstrip("/")
@@ -81,7 +86,7 @@ class _BoundedInfo(tarfile.TarInfo):
 
 def _sparse(name: str) -> UnsafeMember:
     return UnsafeMember(
-        f"its member {_printable(name[:100])!r} is sparse, which is refused: reading it would write out the whole "
+        f"its member {printable(name[:100])!r} is sparse, which is refused: reading it would write out the whole "
         "size it declares"
     )
 
@@ -132,6 +137,7 @@ def build_request(
     saved: str | None = None,
     deadline_s: float | None = None,
     into: BinaryIO | None = None,
+    outputs_by_host: bool = False,
 ) -> bytes:
     """What the launcher reads on stdin: a first line naming the form, then the request.
 
@@ -140,7 +146,8 @@ def build_request(
     read with the shell's own `read`, then the M bytes of the program's stdin, for a call with
     no files and no saved workspace: every program the launcher starts costs CPU (tens of
     milliseconds under gVisor), and this form starts none but the call's own, and `head` for
-    a stdin (where a tar took `tar` and `rm`).
+    a stdin (where a tar took `tar` and `rm`). `outputs_by_host`: the host reads the output folder itself
+    (sandbox.out_folder), and the launcher sends no tar of it.
     """
     if not argv:
         raise ValueError("a request needs a program to run")
@@ -157,6 +164,8 @@ def build_request(
         script += "persist=1\n"
     if deadline_s is not None:
         script += f"deadline={deadline_s:.3f}\n"
+    if outputs_by_host:
+        script += "out_by_host=1\n"
     buffer = into if into is not None else io.BytesIO()
     if not files and not saved:
         buffer.write(f"script {script.count(chr(10))} {len(stdin)}\n{script}".encode())
@@ -277,13 +286,28 @@ def member_content(tar: tarfile.TarFile, member: tarfile.TarInfo) -> IO[bytes] |
     return cast(IO[bytes], _Slice(fileno(), member.offset_data, member.size))
 
 
-def _printable(name: str) -> str:
+def printable(name: str) -> str:
+    """A name as a note shows it: ASCII, every other character escaped."""
     return name.encode("unicode_escape", "backslashreplace").decode("ascii")
 
 
-def _valid_text(name: str) -> str:
+def valid_text(name: str) -> str:
     """A name as valid Unicode: bytes that are not UTF-8 (surrogate escapes from tarfile) become `\\xNN`."""
     return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+LINK_SKIPPED = "links are never followed"
+NOT_REGULAR_SKIPPED = "not a regular file"
+
+
+def skipped_for_caps(shown: str, size: int, taken: int, used: int, max_files: int, max_bytes: int) -> str | None:
+    """The note for a regular file of `size` bytes that the caps leave out, after `taken` files of `used` bytes
+    (None: it is returned)."""
+    if taken >= max_files:
+        return f"{shown}: skipped, more than {max_files} files"
+    if used + size > max_bytes:
+        return f"{shown}: skipped, returned files are capped at {max_bytes} bytes"
+    return None
 
 
 def read_outputs(
@@ -312,24 +336,22 @@ def read_outputs(
                     if not name.startswith(under + "/"):
                         continue
                     name = name.removeprefix(under + "/")
-                shown = _printable(name or member.name)
+                shown = printable(name or member.name)
                 if member.isdir():
                     continue
                 if name is None:
                     notes.append(f"{shown}: skipped, name leaves the output folder")
                 elif member.issym() or member.islnk():
-                    notes.append(f"{shown}: skipped, links are never followed")
+                    notes.append(f"{shown}: skipped, {LINK_SKIPPED}")
                 elif not member.isreg():
-                    notes.append(f"{shown}: skipped, not a regular file")
-                elif len(files) >= max_files:
-                    notes.append(f"{shown}: skipped, more than {max_files} files")
-                elif used + member.size > max_bytes:
-                    notes.append(f"{shown}: skipped, returned files are capped at {max_bytes} bytes")
+                    notes.append(f"{shown}: skipped, {NOT_REGULAR_SKIPPED}")
+                elif capped := skipped_for_caps(shown, member.size, len(files), used, max_files, max_bytes):
+                    notes.append(capped)
                 else:
                     handle = tar.extractfile(member)
                     content = handle.read() if handle else b""
                     used += len(content)
-                    files.append(OutputFile(_valid_text(name), content, member.size, float(member.mtime)))
+                    files.append(OutputFile(valid_text(name), content, member.size, float(member.mtime)))
     except (tarfile.TarError, EOFError) as exc:
         if complete:
             notes.append(f"output archive unreadable after {len(files)} files: {exc}")

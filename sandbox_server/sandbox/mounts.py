@@ -43,6 +43,7 @@ __all__ = [
     "mount_image",
     "set_executable",
     "mounted",
+    "open_below",
     "open_folder",
     "unavailable",
 ]
@@ -141,6 +142,11 @@ def _remove_below(top: str, folders: tuple[str, ...], name: str) -> None:
             shutil.rmtree(name, dir_fd=parent)
         finally:
             os.close(parent)
+
+
+def open_below(top: str, names: tuple[str, ...]) -> int:
+    """The folder `names` below the folder `top`, open, reached without following any link."""
+    return _open_path(open_folder(top), names)
 
 
 def _open_path(top: int, names: tuple[str, ...]) -> int:

@@ -17,7 +17,7 @@ from typing import BinaryIO
 
 from sandbox_server.sandbox.archive import OUTPUT_LEAF, read_outputs
 from sandbox_server.sandbox.meter import Usage
-from sandbox_server.sandbox.spec import ExecutionResult, SandboxSpec
+from sandbox_server.sandbox.spec import ExecutionResult, OutputFile, SandboxSpec
 from sandbox_server.sandbox.streams import STDERR, CappedBuffer, FrameDemuxer, LoopStream, StdoutSplitter, Stream
 
 __all__ = [
@@ -193,6 +193,8 @@ class Ending:
     unsettled: bool = False
     """Its processes still ran after its trailer."""
     usage: Usage = field(default_factory=Usage)
+    outputs: tuple[tuple[OutputFile, ...], tuple[str, ...]] | None = None
+    """Its output folder's files and notes, read by the host (None: they are in the launcher's archive)."""
 
 
 NEAR_LIMIT_BYTES = 4 * 1024 * 1024
@@ -212,7 +214,7 @@ def result_of(
     """A call's result from what its stream said and how its sandbox ended; `container` is its id and address."""
     persist = spec.saved_workspace is not None
     archive = drain.splitter.sink
-    files, notes = read_outputs(
+    files, notes = ending.outputs or read_outputs(
         archive,
         spec.limits.returned_files,
         spec.limits.returned_file_bytes,

@@ -32,6 +32,7 @@ from sandbox_server.sandbox.engine.connection import Engine, engine_errors, oom_
 from sandbox_server.sandbox.engine.host_config import host_config_kwargs, masked_paths
 from sandbox_server.sandbox.engine.removal import Remover, current_owner, owned_by
 from sandbox_server.sandbox.meter import Meter
+from sandbox_server.sandbox.out_folder import read_by_host, read_outputs_of
 from sandbox_server.sandbox.polling import readable
 from sandbox_server.sandbox.runtime import NO_HOOKS, RunHooks
 from sandbox_server.sandbox.spec import SANDBOX_LABEL, ExecutionResult, SandboxSpec
@@ -52,6 +53,7 @@ def _request(spec: SandboxSpec, boundary: str) -> BinaryIO:
     build_request(
         spec.files, spec.stdin, spec.argv, boundary, spec.call_env, spec.call_workdir,
         saved=spec.saved_workspace, deadline_s=spec.limits.timeout_s if persist else None, into=request,
+        outputs_by_host=read_by_host(spec),
     )  # fmt: skip
     return request
 
@@ -307,6 +309,14 @@ class DockerRuntime(Engine):
         # host sees the sandbox's processes stopped; one that does not settle is removed first.
         settled = await _settle(warm, spec, self._settled)
         ending.usage = meter.read()  # before any removal: the launcher waits, stopped, until then
+        if (
+            warm.slot is not None and drain.splitter.trailer is not None and read_by_host(spec)
+        ):  # (before the slot goes)
+            limits = spec.limits
+            outputs = await anyio.to_thread.run_sync(
+                read_outputs_of, warm.slot, limits.returned_files, limits.returned_file_bytes
+            )
+            ending.outputs = outputs
         if not settled:
             warm.close()
             await anyio.to_thread.run_sync(self.removal.remove, warm.container_id)

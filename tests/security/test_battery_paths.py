@@ -19,7 +19,7 @@ import pytest
 from mcp import Client
 
 from sandbox_server.sandbox.engine.runtime import DockerRuntime
-from tests.mcp_harness import text_of, upload
+from tests.mcp_harness import connect, stdio_parameters, text_of, upload
 
 pytestmark = [pytest.mark.anyio, pytest.mark.alone, pytest.mark.usefixtures("invariants")]
 
@@ -67,27 +67,34 @@ os.write(1, boundary + archive.getvalue() + boundary + b" exit=0 oom_kill=0 pids
 
 
 async def test_21_a_forged_output_archive_writes_nothing_outside(server: Client, tmp_path: Path) -> None:
-    """The program forges the launcher's framing; the host reads the tar as hostile data."""
+    """The program forges the launcher's framing. Where the host reads the launcher's tar (a workspace kept archived,
+    whose tar frames all of /workspace, the output files under out/), it reads it as hostile data; where the
+    workspace is kept mounted, it reads the call's output folder itself, and a forged archive is not read at all."""
     probe = f"probe{os.getpid()}"
-    # In a kept workspace the launcher frames all of /workspace, and the output files are under out/.
-    first = await server.call_tool("execute_command", {"command": "true"})
-    kept = "workspace" in (first.structured_content or {})
-    code = FORGE_OUTPUT.replace("PROBE", probe).replace("PREFIX", "out/" if kept else "")
-    result = await server.call_tool("run_python", {"code": code})
+    code = FORGE_OUTPUT.replace("PROBE", probe).replace("PREFIX", "out/")
+    serve = ("--workspaces", "archived", "--state-dir", str(tmp_path / "state"), "--audit-log", str(tmp_path / "a"))
+    async with connect(stdio_parameters(*serve)) as archived:
+        result = await archived.call_tool("run_python", {"code": code})
     text = text_of(result)
     assert "../escape-" in text and "name leaves the output folder" in text, text
     assert "/tmp/absolute-" in text
     assert "link: skipped, links are never followed" in text
     assert "hard: skipped, links are never followed" in text
     assert "device: skipped, not a regular file" in text
-    returned = {block.resource.uri.rsplit("/", 1)[-1]: block.resource.text for block in result.content
-                if isinstance(block, types.EmbeddedResource) and isinstance(block.resource, types.TextResourceContents)}  # fmt: skip
+    returned = _returned(result)
     assert returned.get("fine.txt") == "fine", returned
     # What went through the link is the archive's bytes under its own name, never a host path.
     assert returned.get(f"through-{probe}") == "through the link"
+    mounted = await server.call_tool("run_python", {"code": code})
+    assert probe not in text_of(mounted) and not set(_returned(mounted)) & {"fine.txt", f"through-{probe}"}
     leftovers = [path for folder in (Path("/tmp"), Path.cwd().parent, Path.cwd(), tmp_path)
                  for path in folder.glob(f"*{probe}*")]  # fmt: skip
     assert leftovers == []
+
+
+def _returned(result: types.CallToolResult) -> dict[str, str]:
+    return {block.resource.uri.rsplit("/", 1)[-1]: block.resource.text for block in result.content
+            if isinstance(block, types.EmbeddedResource) and isinstance(block.resource, types.TextResourceContents)}  # fmt: skip
 
 
 async def test_22_hostile_output_names_come_back_escaped(server: Client) -> None:

@@ -69,6 +69,8 @@ def test_the_image_a_rebuild_replaced_is_removed_unless_a_container_uses_it(
         records.append(record)
         if version == "second":
             assert runtime.image(records[0].image_id) is None and not said, said  # the first removed
+            drop_replaced(runtime, replaced, reference, "replaced", said.append)  # as one a child's removal took
+            assert not said, f"said kept, of an image that is gone: {said}"
         if version == "third":
             assert runtime.image(records[1].image_id) is not None, "an image a container uses was removed"
             assert said and "the image it replaced is kept" in said[0], said

@@ -329,6 +329,8 @@ def drop_replaced(runtime: DockerRuntime, replaced: ImageRecord | None, referenc
     now = runtime.image(reference)
     if replaced is None or now is None or now.image_id == replaced.image_id:
         return
+    if runtime.image(replaced.image_id) is None:
+        return  # (gone already: the engine removes the untagged images below one it removes, a child's)
     try:
         with engine_errors(f"remove the image {reference} replaced"):
             runtime.api.remove_image(replaced.image_id)

@@ -43,7 +43,7 @@ __all__ = [
     "mount_image",
     "set_executable",
     "mounted",
-    "open_below",
+    "open_folders",
     "open_folder",
     "unavailable",
 ]
@@ -144,7 +144,7 @@ def _remove_below(top: str, folders: tuple[str, ...], name: str) -> None:
             os.close(parent)
 
 
-def open_below(top: str, names: tuple[str, ...]) -> int:
+def open_folders(top: str, names: tuple[str, ...]) -> int:
     """The folder `names` below the folder `top`, open, reached without following any link."""
     return _open_path(open_folder(top), names)
 

@@ -18,14 +18,10 @@ import stat
 
 from sandbox_server.sandbox import mounts
 from sandbox_server.sandbox.archive import LINK_SKIPPED, NOT_REGULAR_SKIPPED, printable, skipped_for_caps, valid_text
+from sandbox_server.sandbox.host_files import MAX_DEPTH, open_below
 from sandbox_server.sandbox.spec import OutputFile, SandboxSpec
 
-__all__ = ["DEEPEST", "read_by_host", "read_folder", "read_outputs_of"]
-
-DEEPEST = 64
-"""Folders below the output folder walked at most; what lies deeper is skipped with a note (a program can nest
-folders as deep as the workspace has inodes, and each level walked holds a descriptor)."""
-OPEN = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+__all__ = ["read_by_host", "read_folder", "read_outputs_of"]
 
 
 def read_by_host(spec: SandboxSpec) -> bool:
@@ -39,7 +35,7 @@ def read_outputs_of(slot: str, max_files: int, max_bytes: int) -> tuple[tuple[Ou
     """The outputs of the call whose sandbox has this slot: its `out`, the call's own folder bound there (or the
     workspace's shared one where it had none)."""
     try:
-        top = mounts.open_below(slot, (mounts.OUTPUT_NAME,))
+        top = mounts.open_folders(slot, (mounts.OUTPUT_NAME,))
     except OSError as exc:  # (where it had no folder of its own, the program may have replaced `out`)
         return (), (f"{mounts.OUTPUT_NAME}: skipped, the output folder could not be opened ({exc.strerror})",)
     return read_folder(top, max_files, max_bytes)
@@ -101,11 +97,11 @@ def _listed(folder: int) -> list[os.DirEntry[str]]:
 
 def _folder(parent: int, name: str, shown: str, depth: int, notes: list[str]) -> int:
     """A folder below `parent`, open (-1, said in `notes`, when it is too deep or is no longer a folder)."""
-    if depth > DEEPEST:
-        notes.append(f"{shown}: skipped, more than {DEEPEST} folders deep")
+    if depth > MAX_DEPTH:
+        notes.append(f"{shown}: skipped, more than {MAX_DEPTH} folders deep")
         return -1
     try:
-        return os.open(name, OPEN | os.O_DIRECTORY, dir_fd=parent)
+        return open_below(parent, name, directory=True)
     except OSError:
         notes.append(f"{shown}: skipped, {NOT_REGULAR_SKIPPED}")
         return -1
@@ -115,7 +111,7 @@ def _content(folder: int, name: str, size: int) -> bytes | None:
     """The file's bytes, at most `size` (what its listing said, within the caps); None when it is no longer a
     regular file."""
     try:
-        handle = os.open(name, OPEN, dir_fd=folder)
+        handle = open_below(folder, name, directory=False)
     except OSError:
         return None
     try:

@@ -15,7 +15,7 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
-from sandbox_server.workspaces.files import FileState
+from sandbox_server.sandbox.host_files import FileState
 from sandbox_server.workspaces.naming import internal, shown_name
 
 __all__ = ["MAX_CHANGES", "LastChanges", "changes_between", "changes_line"]

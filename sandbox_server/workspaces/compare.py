@@ -14,8 +14,8 @@ from typing import Any
 
 from sandbox_server.errors import Refusal
 from sandbox_server.sandbox import wire
+from sandbox_server.sandbox.host_files import FileState
 from sandbox_server.workspaces.changes import changes_between
-from sandbox_server.workspaces.files import FileState
 from sandbox_server.workspaces.records import WorkspaceRecord
 
 __all__ = ["INDEX_PATH", "Kept", "compared", "kept_variables", "variables_between"]

@@ -37,8 +37,8 @@ from sandbox_server.sandbox.archive import (
     kept_entries,
     member_content,
 )
+from sandbox_server.sandbox.host_files import FileState
 from sandbox_server.sandbox.spec import ExecutionResult, SandboxSpec
-from sandbox_server.workspaces.files import FileState
 
 if TYPE_CHECKING:  # the PostgreSQL driver is imported only by a server given --state
     from sandbox_server.state.homes import Homes

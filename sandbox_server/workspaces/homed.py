@@ -23,11 +23,11 @@ from sandbox_server.errors import Refusal
 from sandbox_server.policy import WorkspaceSettings
 from sandbox_server.sandbox.activity import Activity
 from sandbox_server.sandbox.archive import WORKSPACE_DIR
+from sandbox_server.sandbox.host_files import FileState
 from sandbox_server.sandbox.spec import ExecutionResult, SandboxSpec
 from sandbox_server.state.database import REPLICA_LOST_S
 from sandbox_server.state.homes import Claim, Homes
 from sandbox_server.workspaces.contents import Add, Room
-from sandbox_server.workspaces.files import FileState
 from sandbox_server.workspaces.mounted import MountedContents
 from sandbox_server.workspaces.shared import SharedArchives
 

@@ -18,8 +18,8 @@ from typing import IO
 
 from sandbox_server.sandbox import mounts
 from sandbox_server.sandbox.archive import WORKSPACE_DIR
+from sandbox_server.sandbox.host_files import file_states, open_regular
 from sandbox_server.sandbox.spec import ResourceLimits, SandboxSpec
-from sandbox_server.workspaces.files import file_states, open_regular
 
 __all__ = [
     "Held",

@@ -9,10 +9,10 @@ import anyio
 import anyio.to_thread
 
 from sandbox_server.sandbox import wire
+from sandbox_server.sandbox.host_files import FileState
 from sandbox_server.sandbox.runtime import NO_HOOKS, RunHooks, SandboxRuntime
 from sandbox_server.sandbox.spec import ExecutionResult, SandboxSpec
 from sandbox_server.workspaces.changes import changes_between
-from sandbox_server.workspaces.files import FileState
 from sandbox_server.workspaces.store import WorkspaceRecord, WorkspaceStore
 
 if TYPE_CHECKING:  # the PostgreSQL driver is imported only by a server given --state

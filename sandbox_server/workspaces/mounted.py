@@ -22,9 +22,9 @@ from sandbox_server.policy import WorkspaceSettings
 from sandbox_server.sandbox import mounts, reflinks
 from sandbox_server.sandbox.activity import Activity
 from sandbox_server.sandbox.archive import OUTPUT_LEAF
+from sandbox_server.sandbox.host_files import FileState, file_states, open_regular
 from sandbox_server.sandbox.spec import ExecutionResult, SandboxSpec
 from sandbox_server.workspaces.contents import Add, Homing, Room, too_large
-from sandbox_server.workspaces.files import FileState, file_states, open_regular
 from sandbox_server.workspaces.image_files import (
     ImageNames,
     Shape,

@@ -25,12 +25,12 @@ import anyio
 
 from sandbox_server.errors import Refusal
 from sandbox_server.policy import WorkspaceSettings
+from sandbox_server.sandbox.host_files import FileState
 from sandbox_server.sandbox.spec import SandboxSpec
 from sandbox_server.workspaces.caps import bounded_reserve
 from sandbox_server.workspaces.changes import LastChanges
 from sandbox_server.workspaces.contents import ArchivedContents, Contents
 from sandbox_server.workspaces.exports import Exports
-from sandbox_server.workspaces.files import FileState
 from sandbox_server.workspaces.names import not_a_snapshot
 from sandbox_server.workspaces.naming import ID_PATTERN, NAME_PATTERN
 from sandbox_server.workspaces.records import FileBook, RecordBook, WorkspaceRecord, server_of

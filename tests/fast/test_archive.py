@@ -181,7 +181,7 @@ def test_a_forged_workspace_archive_keeps_only_what_the_next_call_can_restore() 
 
 
 def test_a_file_is_opened_below_its_folder_never_above_it(tmp_path: Path) -> None:
-    from sandbox_server.workspaces.files import open_regular
+    from sandbox_server.sandbox.host_files import open_regular
 
     (tmp_path / "inside").mkdir()
     (tmp_path / "inside" / "kept.txt").write_text("mine")
@@ -204,7 +204,7 @@ def test_a_file_is_opened_below_its_folder_never_above_it(tmp_path: Path) -> Non
 def test_a_walk_of_a_workspace_leaves_the_calls_folders_out_unopened(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from sandbox_server.workspaces import files
+    from sandbox_server.sandbox import host_files as files
     from sandbox_server.workspaces.mounted import NOT_ITS_FILES
 
     for path in ("a.txt", "sub/b.txt", "out/x", ".sandbox/calls/slot-1/y", ".sandbox/cell-state.pickle"):

@@ -10,7 +10,8 @@ import tarfile
 from pathlib import Path
 
 from sandbox_server.sandbox.archive import read_outputs
-from sandbox_server.sandbox.out_folder import DEEPEST, read_folder
+from sandbox_server.sandbox.host_files import MAX_DEPTH
+from sandbox_server.sandbox.out_folder import read_folder
 
 
 def _read(folder: Path, max_files: int = 20, max_bytes: int = 10_000) -> tuple[dict[str, bytes], set[str]]:
@@ -86,12 +87,12 @@ def test_the_caps_leave_out_what_a_tar_s_reader_leaves_out(tmp_path: Path) -> No
 
 def test_folders_deeper_than_the_walk_goes_are_skipped_with_a_note(tmp_path: Path) -> None:
     folder = tmp_path / "out"
-    deep = folder.joinpath(*["d"] * (DEEPEST + 3))
+    deep = folder.joinpath(*["d"] * (MAX_DEPTH + 3))
     deep.mkdir(parents=True)
     (deep / "leaf").write_text("far down")
     (folder / "d" / "near").write_text("near")
     open_before = len(os.listdir("/proc/self/fd"))
     files, notes = _read(folder)
     assert files == {"d/near": b"near"}
-    assert notes == {"/".join(["d"] * (DEEPEST + 1)) + f": skipped, more than {DEEPEST} folders deep"}
+    assert notes == {"/".join(["d"] * (MAX_DEPTH + 1)) + f": skipped, more than {MAX_DEPTH} folders deep"}
     assert len(os.listdir("/proc/self/fd")) == open_before, "the walk left descriptors open"

@@ -1,4 +1,5 @@
-"""Reading a mounted workspace from the host, never through anything a sandbox made there.
+"""Reading from the host a folder sandboxes write in (a mounted workspace, a call's output folder on it), never
+through anything a sandbox made there.
 
 Every path is opened one component at a time from the workspace's root, without following
 a link and without blocking on a FIFO; only regular files are read; a listing holds one

@@ -20,6 +20,7 @@ from tests.mcp_harness import command_of, connect, http_server, http_server_proc
 pytestmark = pytest.mark.anyio
 
 
+@pytest.mark.alone  # (any server that starts sweeps what dead servers left: another test's would take the stray)
 async def test_a_server_killed_mid_call_leaves_a_stray_that_the_next_server_reaps(runtime: DockerRuntime) -> None:
     running = anyio.Event()
     command = a_sleep_of_its_own(300)  # another worker's test may leave a `sleep 300` of its own running

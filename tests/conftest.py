@@ -318,6 +318,17 @@ def pytest_configure(config: pytest.Config) -> None:
         folder = default_state_dir()
         os.environ["SANDBOX_STATE_DIR"] = str(folder.with_name(f"{folder.name}-tests-{WORKER}"))
     os.environ[LABELS_VARIABLE] = f"{WORKER_LABEL}={WORKER or 'main'}"
+    os.environ.setdefault(POOL_SANDBOXES_VARIABLE, str(TESTS_POOL_SANDBOXES))
+
+
+POOL_SANDBOXES_VARIABLE = "SANDBOX_POOL_SANDBOXES"
+TESTS_POOL_SANDBOXES = 16
+"""The most sandboxes a test's server keeps waiting (serve --pool-sandboxes): the default policy fills its shell
+pool to 100 after a first call, some 5 s of CPU a server, which the suite's hundreds of servers spent beside the
+other workers' tests on two cores. Pools still fill, grow and refill within it; tests of deeper pools start their
+servers with FULL_POOLS."""
+FULL_POOLS = {POOL_SANDBOXES_VARIABLE: ""}
+"""The environment of a server whose pools keep what its policy says."""
 
 
 LONG_FILES = ("test_team_images.py", "test_wheel.py", "test_services.py", "test_replicas.py", "test_homes.py")

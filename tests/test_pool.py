@@ -17,7 +17,7 @@ from sandbox_server.sandbox.engine.runtime import DockerRuntime
 from sandbox_server.sandbox.runc.runtime import RuncRuntime
 from sandbox_server.sandbox.spec import SANDBOX_LABEL
 from sandbox_server.sandbox.warm_container import process_state, process_tree
-from tests.conftest import _init_of, containers_of, kill_from_outside, run_cli
+from tests.conftest import FULL_POOLS, _init_of, containers_of, kill_from_outside, run_cli
 from tests.mcp_harness import audit_records, connect, http_server_process, text_of
 from tests.test_replicas import client_of, shell
 
@@ -267,7 +267,7 @@ async def test_two_callers_policies_keep_no_more_sandboxes_waiting_than_the_serv
         assert added.returncode == 0, added.stderr
         tokens[name] = added.stdout.splitlines()[-1]
     serve = ("--policy", str(server_policy), "--tokens", str(tokens_file))
-    with http_server_process(*serve) as server:
+    with http_server_process(*serve, env=FULL_POOLS) as server:
         for name in ("ada", "bob"):
             async with client_of(server.url, tokens[name]) as session:
                 for turn in range(8):
@@ -287,3 +287,26 @@ async def test_two_callers_policies_keep_no_more_sandboxes_waiting_than_the_serv
         assert max(seen) <= 24, seen
         assert process.num_fds() < 24 * 6 + 200, process.num_fds()
         assert not [line for line in server.lines if "out of range" in line or "could not prepare" in line]
+
+
+async def test_a_server_started_with_fewer_pool_sandboxes_than_its_policy_allows_keeps_no_more(
+    tmp_path: Path, runtime: DockerRuntime
+) -> None:
+    """`serve --pool-sandboxes`: an operator's bound (a small machine's) below the server policy's
+    host.pool_sandboxes, which the default policy's pools would otherwise fill after a first call."""
+    server_policy = tmp_path / "server.yaml"
+    server_policy.write_text("extends: default\nhost: {pool_sandboxes: 24}\n")
+    audit = tmp_path / "audit.jsonl"
+    serve = ("--policy", str(server_policy), "--pool-sandboxes", "5", "--audit-log", str(audit))
+    with http_server_process(*serve, env=FULL_POOLS) as server:
+        async with connect(server.url) as session:
+            for _ in range(3):
+                result = await session.call_tool("execute_command", {"command": "true"})
+                assert not result.is_error, text_of(result)
+        server.wait_for_line("warm pools hold 5 sandbox(es), waiting or being made: the most the server keeps")
+        used = {cid[:12] for cid in _audited_containers(audit)}  # (a used one may linger a moment before it stops)
+        seen = []
+        for _ in range(10):
+            seen.append(len({name[:12] for name in _waiting(server.process.pid)} - used))
+            await anyio.sleep(0.1)
+        assert 0 < max(seen) <= 5, seen

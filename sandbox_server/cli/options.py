@@ -15,6 +15,16 @@ def _absolute(path: str) -> str:
     return os.path.abspath(os.path.expanduser(path))
 
 
+def _pool_sandboxes(text: str) -> int:
+    try:
+        count = int(text)
+    except ValueError:
+        count = -1
+    if count < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a count of sandboxes (0 or more)")
+    return count
+
+
 def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
     """The options of `sandbox-server serve`."""
     serve.add_argument(
@@ -25,9 +35,6 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("--page-size", type=int, default=50, help="tools per tools/list page")
     serve.add_argument("--policy", default="default", help="a shipped policy name or a policy file (default: default)")
     serve.add_argument(
-        "--no-pool", action="store_true", help="no warm containers: every call creates its container (pool size 0)"
-    )
-    serve.add_argument(
         "--audit-log", type=_absolute, help="append one JSON line per call to this file (overrides audit.path)"
     )
     serve.add_argument("--no-watch", action="store_true", help="do not reload the policy when its file changes")
@@ -36,24 +43,6 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
         type=_absolute,
         help="where kept workspaces live (default: SANDBOX_STATE_DIR, /var/lib/sandbox-server as root, "
         "else ~/.local/state/sandbox-server)",
-    )
-    serve.add_argument(
-        "--workspaces",
-        choices=["auto", "mounted", "archived"],
-        default="auto",
-        help="how kept workspaces are kept: mounted (a sized filesystem per workspace; root on the engine's "
-        "host; with --state, each on its home replica), archived (a tar carried in and out of each call; works "
-        "anywhere), or auto (mounted when it can)",
-    )
-    serve.add_argument(
-        "--sandboxes",
-        choices=["auto", "runc", "template", "engine"],
-        default=os.environ.get("SANDBOX_SANDBOXES", "auto"),
-        help="who makes calls' sandboxes: template (each forked from a template of its image, runc's bundle applied; "
-        "an image without python3 by runc; root on the engine's host), runc (runc itself, for calls without a network, "
-        "on an allow list or beside services, and runsc for gVisor's), engine (the engine, every call), or auto "
-        "(template where the host lets it, else the engine); default: "
-        "SANDBOX_SANDBOXES, else auto",
     )
     serve.add_argument(
         "--tool-prefix",
@@ -131,6 +120,42 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
         "to this long before stopping (default 30; a second signal stops at once)",
     )  # fmt: skip
     add_replica_arguments(serve)
+
+    add_sandbox_arguments(serve)
+
+
+def add_sandbox_arguments(serve: argparse.ArgumentParser) -> None:
+    """The options of `sandbox-server serve` that say how calls' sandboxes and workspaces are made and kept."""
+    serve.add_argument(
+        "--no-pool", action="store_true", help="no warm containers: every call creates its container (pool size 0)"
+    )
+    serve.add_argument(
+        "--pool-sandboxes",
+        type=_pool_sandboxes,
+        default=os.environ.get("SANDBOX_POOL_SANDBOXES") or None,
+        metavar="N",
+        help="keep at most N sandboxes waiting in all warm pools together, where the server policy's "
+        "host.pool_sandboxes allows more (a small machine, a test run: each waiting sandbox is CPU spent ahead); "
+        "default: SANDBOX_POOL_SANDBOXES, else the policy's",
+    )
+    serve.add_argument(
+        "--workspaces",
+        choices=["auto", "mounted", "archived"],
+        default="auto",
+        help="how kept workspaces are kept: mounted (a sized filesystem per workspace; root on the engine's "
+        "host; with --state, each on its home replica), archived (a tar carried in and out of each call; works "
+        "anywhere), or auto (mounted when it can)",
+    )
+    serve.add_argument(
+        "--sandboxes",
+        choices=["auto", "runc", "template", "engine"],
+        default=os.environ.get("SANDBOX_SANDBOXES", "auto"),
+        help="who makes calls' sandboxes: template (each forked from a template of its image, runc's bundle applied; "
+        "an image without python3 by runc; root on the engine's host), runc (runc itself, for calls without a network, "
+        "on an allow list or beside services, and runsc for gVisor's), engine (the engine, every call), or auto "
+        "(template where the host lets it, else the engine); default: "
+        "SANDBOX_SANDBOXES, else auto",
+    )
 
 
 def add_replica_arguments(serve: argparse.ArgumentParser) -> None:

@@ -102,7 +102,7 @@ def wire(
     _clear_strays(runtime, log)
     held = HeldMemory()  # running tasks' and services' containers count against warm containers' memory
     runc_makes = runtime.makes_itself if isinstance(runtime, RuncRuntime) else None
-    pool = None if args.no_pool else WarmPool(runtime, runtime.activity, held, runc_makes)
+    pool = None if args.no_pool else WarmPool(runtime, runtime.activity, held, runc_makes, args.pool_sandboxes)
     # From the workspaces' mounts on, a signal waits for the parts to be served (cli/serve.py releases it where
     # their closing is sure): one that came while the store opened, or just after, would leave its mounts behind.
     STOPPING.hold()

@@ -23,7 +23,8 @@ its budget (the warm containers' resident memory, read from the host), and makes
 while the host has less memory available than its floor. It makes containers in the
 pauses between calls (engine work beside back-to-back calls would slow each of them),
 unless none is left waiting. All pools together, every caller's policy's included, keep at most the
-server policy's `host.pool_sandboxes` waiting, within a quarter of the process's open-file limit.
+server policy's `host.pool_sandboxes` waiting (fewer where the server was started with `--pool-sandboxes`),
+within a quarter of the process's open-file limit.
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ waits, the next call is served warm, and making its replacement beside the runni
 DEFER_S = 2.0
 """The longest a pool with enough containers waiting defers making more while calls run back to back."""
 MAX_BACKOFF_S = 30.0
-FULL = "warm pools hold %d sandbox(es), waiting or being made: the most the server keeps (host.pool_sandboxes, within a quarter of its open-file limit)"
+FULL = "warm pools hold %d sandbox(es), waiting or being made: the most the server keeps (host.pool_sandboxes, or serve --pool-sandboxes, within a quarter of its open-file limit)"
 FILES_PER_WAITING = 6
 """The server's open files for one waiting sandbox, with room: runc's three pipes and its process handle (the
 engine's attach socket for one of the engine's)."""
@@ -153,8 +154,12 @@ class WarmPool(Generic[WarmT]):
         activity: Activity | None = None,
         held_elsewhere: HeldMemory | None = None,
         runc_makes: Callable[[SandboxSpec], bool] | None = None,
+        most_waiting: int | None = None,
     ) -> None:
         self._engine = engine
+        self._operators_most = most_waiting
+        """The most sandboxes waiting the server was started with (serve --pool-sandboxes), whatever its policy
+        allows (None: as its policy says)."""
         self._runc_makes = runc_makes or (lambda spec: False)
         """Whether runc itself makes a spec's containers (a target's `on_runc` depth then applies)."""
         self._activity = activity or Activity()
@@ -190,6 +195,8 @@ class WarmPool(Generic[WarmT]):
         """Keep these pools from now on; containers of pools no longer wanted are destroyed. `most_waiting` bounds
         the sandboxes of all of them together (waiting and being made), within what the open-file limit allows."""
         self.memory.budget = memory_budget
+        if self._operators_most is not None and (most_waiting is None or self._operators_most < most_waiting):
+            most_waiting = self._operators_most
         self._most_waiting = most_allowed(most_waiting)
         self._said_full = False
         if host_room is not None:

@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 import anyio
+import pytest
 
 from sandbox_server.sandbox import wire
 from sandbox_server.sandbox.pool import FILES_PER_WAITING, PoolTarget, WarmPool, fill_order, most_allowed
@@ -184,6 +185,31 @@ def test_all_pools_together_keep_no_more_waiting_than_the_server_allows_and_shar
             with anyio.fail_after(10):
                 while pool.ready_count() < 20:  # what a call took is made again, within the count
                     await anyio.sleep(0.01)
+            group.cancel_scope.cancel()
+        await pool.close()
+
+    anyio.run(main)
+
+
+@pytest.mark.parametrize("policy_allows", [20, None])
+def test_a_pool_started_with_a_count_of_its_own_keeps_no_more_whatever_the_policy_allows(
+    policy_allows: int | None,
+) -> None:
+    """serve --pool-sandboxes: the operator's count bounds the server policy's host.pool_sandboxes from below."""
+
+    async def main() -> None:
+        pool = WarmPool(_MakingEngine(), most_waiting=7)
+        one = SandboxSpec(image="one", argv=("true",))
+        pool.configure([PoolTarget(one, 30, idle_s=60)], most_waiting=policy_allows)
+        async with anyio.create_task_group() as group:
+            group.start_soon(pool.maintain)
+            with anyio.fail_after(10):
+                while pool.ready_count() < 7 or not pool.stats.held_back:
+                    await anyio.sleep(0.01)
+            held = pool.stats.held_back
+            while pool.stats.held_back < held + 3:  # it looked again, and again made none
+                await anyio.sleep(0.01)
+            assert pool.ready_count() == 7
             group.cancel_scope.cancel()
         await pool.close()
 

@@ -21,6 +21,7 @@ BENCHMARKS = {
     "replicas": "bench.replicas",
     "runtimes": "bench.runtimes",
     "sandboxes": "bench.sandboxes",
+    "sdk_floor": "bench.sdk_floor",
     "services": "bench.services",
     "sessions": "bench.sessions",
     "userns": "bench.userns",

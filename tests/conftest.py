@@ -311,16 +311,6 @@ WORKER_LABEL = "sandbox-server-tests.worker"
 inherit): the worker's name side by side, `main` otherwise."""
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    """A worker's servers keep their state in a folder of the worker's own (its audit trail, workspaces and
-    images pool), as servers on separate hosts would, and label their containers with the worker's name."""
-    if WORKER:  # beside the folder a server would use (as root XDG_STATE_HOME is not read: SANDBOX_STATE_DIR is)
-        folder = default_state_dir()
-        os.environ["SANDBOX_STATE_DIR"] = str(folder.with_name(f"{folder.name}-tests-{WORKER}"))
-    os.environ[LABELS_VARIABLE] = f"{WORKER_LABEL}={WORKER or 'main'}"
-    os.environ.setdefault(POOL_SANDBOXES_VARIABLE, str(TESTS_POOL_SANDBOXES))
-
-
 POOL_SANDBOXES_VARIABLE = "SANDBOX_POOL_SANDBOXES"
 TESTS_POOL_SANDBOXES = 16
 """The most sandboxes a test's server keeps waiting (serve --pool-sandboxes): the default policy fills its shell
@@ -329,6 +319,17 @@ other workers' tests on two cores. Pools still fill, grow and refill within it; 
 servers with FULL_POOLS."""
 FULL_POOLS = {POOL_SANDBOXES_VARIABLE: ""}
 """The environment of a server whose pools keep what its policy says."""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A worker's servers keep their state in a folder of the worker's own (its audit trail, workspaces and
+    images pool), as servers on separate hosts would, label their containers with the worker's name, and keep at
+    most TESTS_POOL_SANDBOXES waiting unless the environment says otherwise."""
+    if WORKER:  # beside the folder a server would use (as root XDG_STATE_HOME is not read: SANDBOX_STATE_DIR is)
+        folder = default_state_dir()
+        os.environ["SANDBOX_STATE_DIR"] = str(folder.with_name(f"{folder.name}-tests-{WORKER}"))
+    os.environ[LABELS_VARIABLE] = f"{WORKER_LABEL}={WORKER or 'main'}"
+    os.environ.setdefault(POOL_SANDBOXES_VARIABLE, str(TESTS_POOL_SANDBOXES))
 
 
 LONG_FILES = ("test_team_images.py", "test_wheel.py", "test_services.py", "test_replicas.py", "test_homes.py")

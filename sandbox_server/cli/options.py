@@ -120,7 +120,6 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
         "to this long before stopping (default 30; a second signal stops at once)",
     )  # fmt: skip
     add_replica_arguments(serve)
-
     add_sandbox_arguments(serve)
 
 
